@@ -1,0 +1,2 @@
+//! CPU benchmark `cpu_gemv` (see kernels/Cargo.toml).
+fn main() {}

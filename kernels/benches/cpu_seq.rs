@@ -1,0 +1,2 @@
+//! CPU benchmark `cpu_seq` (see kernels/Cargo.toml).
+fn main() {}

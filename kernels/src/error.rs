@@ -1,0 +1,35 @@
+use crate::cpu::Isa;
+
+/// Every way a kernel call can be refused. Bad sizes are errors, never undefined behaviour.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum KernelError {
+    /// A buffer or dimension does not match what the kernel needs.
+    #[error("{op}: {what}")]
+    Shape { op: &'static str, what: String },
+    /// The requested instruction-set path is not available on this CPU or not built for this target.
+    #[error("{op}: the {isa:?} path is not available on this CPU")]
+    IsaUnavailable { op: &'static str, isa: Isa },
+    /// The crate was built without the `cuda` feature.
+    #[error("built without CUDA: rebuild with `--features cuda` (needs the pinned nvcc 13.0, see README)")]
+    NotCompiledWithCuda,
+    /// A CUDA driver or launch error.
+    #[error("CUDA: {0}")]
+    Cuda(String),
+}
+
+impl KernelError {
+    /// Shorthand used by the size checks of every safe entry point.
+    pub fn shape(op: &'static str, what: impl Into<String>) -> Self {
+        KernelError::Shape { op, what: what.into() }
+    }
+}
+
+/// Fails with a [`KernelError::Shape`] naming `op` unless `cond` holds.
+#[macro_export]
+macro_rules! ensure_shape {
+    ($cond:expr, $op:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err($crate::KernelError::shape($op, format!($($fmt)+)));
+        }
+    };
+}

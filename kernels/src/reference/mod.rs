@@ -1,0 +1,2 @@
+//! Plain Rust references (f32/f64 arithmetic, no tricks) for every kernel. Tests compare the C and CUDA kernels
+//! against these on fresh random inputs; the CUDA tests use them as their oracle too.

@@ -1,0 +1,40 @@
+//! `cargo xtask` — the front door. Each subcommand lives in its own module:
+//! `plan` (plan.rs), `codegen` (codegen.rs), `bench` (bench.rs).
+
+use miette::Result;
+
+mod bench;
+mod codegen;
+mod plan;
+
+fn main() -> Result<()> {
+    let mut args = std::env::args_os().skip(1);
+    let Some(cmd) = args.next() else {
+        print_usage();
+        return Ok(());
+    };
+    let rest: Vec<std::ffi::OsString> = args.collect();
+    match cmd.to_str() {
+        Some("plan") => plan::run(rest),
+        Some("codegen") => codegen::run(rest),
+        Some("bench") => bench::run(rest),
+        Some("help" | "--help" | "-h") => {
+            print_usage();
+            Ok(())
+        }
+        other => Err(miette::miette!(
+            "unknown subcommand `{}`; expected one of: plan, codegen, bench",
+            other.unwrap_or("<non-utf8>")
+        )),
+    }
+}
+
+fn print_usage() {
+    println!(
+        "usage: cargo xtask <command> [options]\n\n\
+         commands:\n  \
+         plan      plan a model on a device profile (cargo xtask plan --device ryzen-5090)\n  \
+         codegen   regenerate the committed JSON Schemas (--check to verify only)\n  \
+         bench     run benchmarks (cargo xtask bench cpu)"
+    );
+}

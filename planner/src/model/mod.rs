@@ -5,7 +5,31 @@
 //! prediction side of the planner. Everything here is pure: text in, values out.
 
 // The interface types below are the boundary the rest of the planner builds on. Implementations live in the
-// sibling files of this module.
+// sibling files of this module:
+// - `parse.rs`: `parse_model`, the entry point; picks the family in `arch/` (one file per architecture family).
+// - `json.rs`, `config.rs`: a JSON tree that keeps byte spans, and typed reads that turn into `ModelError`s
+//   pointing at the offending key or value (`error.rs`).
+// - `quant.rs`: which storage format each linear module has (FP8 block, modelopt NVFP4/FP8, GPTQ, dense).
+// - `inventory.rs`: module -> checkpoint tensors (weights and their scales), roles, access classes.
+// - `cache.rs`: `cache_budget` per layer type; `flops.rs`: FLOPs per decoded token and per prompt.
+
+mod arch;
+mod cache;
+mod config;
+mod error;
+mod flops;
+mod inventory;
+mod json;
+mod parse;
+mod quant;
+
+pub use cache::{
+    cache_budget, gdn_state_bytes_per_layer, kv_bytes_per_layer_token, rope_table_bytes,
+    sliding_slots, GDN_CONV_ELEM_BYTES, GDN_STATE_ELEM_BYTES, ROPE_ELEM_BYTES,
+};
+pub use error::ModelError;
+pub use flops::{decode_flops_per_token, prefill_flops};
+pub use parse::{parse_model, supported_architectures};
 
 use serde::{Deserialize, Serialize};
 
@@ -113,9 +137,16 @@ pub enum Quantization {
     /// FP8 e4m3 with block scales (`weight_block_size`).
     Fp8Block { block: [u32; 2] },
     /// modelopt NVFP4 (some modules may stay FP8 or bf16 through exclude globs).
-    Nvfp4 { group_size: u32, exclude_modules: Vec<String> },
+    Nvfp4 {
+        group_size: u32,
+        exclude_modules: Vec<String>,
+    },
     /// GPTQ integer weights.
-    Gptq { bits: u32, group_size: u32, sym: bool },
+    Gptq {
+        bits: u32,
+        group_size: u32,
+        sym: bool,
+    },
 }
 
 /// Everything the rest of the planner needs to know about one model.

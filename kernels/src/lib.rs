@@ -6,9 +6,15 @@
 //! form so tests can drive each path this machine has. The GPU API ([`cuda`]) exists in every build and returns
 //! [`KernelError::NotCompiledWithCuda`] when the crate was built without the `cuda` feature.
 
+pub mod attention;
 pub mod cpu;
 pub mod cuda;
 mod error;
+pub mod formats;
+pub mod gdn;
+pub mod linear;
+pub mod ops;
 pub mod reference;
+pub mod sampling;
 
 pub use error::KernelError;

@@ -1,7 +1,469 @@
-//! `cargo xtask plan`.
+//! `cargo xtask plan`: read a device profile and a model card from the repository, plan, print a readable summary,
+//! and write the plan TOML (atomically with `--out`, else to stdout). `--all` plans every model x profile pair and
+//! prints a table with the time planning took.
 
 use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
 
-pub(crate) fn run(_args: Vec<OsString>) -> miette::Result<()> {
-    Err(miette::miette!("`cargo xtask plan` is not implemented yet"))
+use miette::{miette, IntoDiagnostic, Result, WrapErr};
+use planner::model::{parse_model, ModelCard, SourceFile};
+use planner::workload::{Priority, TargetEngine};
+use planner::{Plan, Workload};
+
+/// The model the README's `cargo xtask plan --device ryzen-5090` plans: the seed's story (seed 000 §5).
+const DEFAULT_MODEL: &str = "qwen3.8-27b-fp8";
+
+const USAGE: &str = "usage: cargo xtask plan --device D [--model M] [--max-model-len N] [--max-num-seqs N] \
+[--prompt-len N] [--offload-gib X] [--priority speed|fidelity] [--engine edgefit|vllm] [--images] [--speculative] \
+[--out FILE] [--format toml|json] [--all]";
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Format {
+    Toml,
+    Json,
+}
+
+struct Args {
+    device: Option<String>,
+    model: Option<String>,
+    workload: Workload,
+    out: Option<PathBuf>,
+    format: Format,
+    all: bool,
+}
+
+fn parse_args(args: Vec<OsString>) -> Result<Args> {
+    use lexopt::prelude::*;
+    let mut p = lexopt::Parser::from_args(args);
+    let mut a = Args {
+        device: None,
+        model: None,
+        workload: Workload::default(),
+        out: None,
+        format: Format::Toml,
+        all: false,
+    };
+    let num = |p: &mut lexopt::Parser, flag: &str| -> Result<u64> {
+        let v = p.value().map_err(|e| miette!("{e}"))?;
+        let s = v.to_string_lossy().into_owned();
+        s.parse::<u64>()
+            .map_err(|_| miette!("{flag} expects a whole number, got `{s}`"))
+    };
+    while let Some(arg) = p.next().map_err(|e| miette!("{e}\n{USAGE}"))? {
+        match arg {
+            Long("device") => {
+                a.device = Some(
+                    p.value()
+                        .map_err(|e| miette!("{e}"))?
+                        .string()
+                        .map_err(|e| miette!("{e}"))?,
+                )
+            }
+            Long("model") => {
+                a.model = Some(
+                    p.value()
+                        .map_err(|e| miette!("{e}"))?
+                        .string()
+                        .map_err(|e| miette!("{e}"))?,
+                )
+            }
+            Long("max-model-len") => a.workload.max_model_len = num(&mut p, "--max-model-len")?,
+            Long("max-num-seqs") => a.workload.max_num_seqs = num(&mut p, "--max-num-seqs")?,
+            Long("prompt-len") => a.workload.prompt_len = num(&mut p, "--prompt-len")?,
+            Long("offload-gib") => {
+                let s = p
+                    .value()
+                    .map_err(|e| miette!("{e}"))?
+                    .to_string_lossy()
+                    .into_owned();
+                let gib: f64 = s
+                    .parse()
+                    .map_err(|_| miette!("--offload-gib expects a number of GiB, got `{s}`"))?;
+                a.workload = a
+                    .workload
+                    .clone()
+                    .with_offload_gib(gib)
+                    .map_err(miette::Report::new)?;
+            }
+            Long("priority") => {
+                let s = p
+                    .value()
+                    .map_err(|e| miette!("{e}"))?
+                    .to_string_lossy()
+                    .into_owned();
+                a.workload.priority = match s.as_str() {
+                    "speed" => Priority::Speed,
+                    "fidelity" => Priority::Fidelity,
+                    other => {
+                        return Err(miette!(
+                            "--priority expects `speed` or `fidelity`, got `{other}`"
+                        ))
+                    }
+                };
+            }
+            Long("engine") => {
+                let s = p
+                    .value()
+                    .map_err(|e| miette!("{e}"))?
+                    .to_string_lossy()
+                    .into_owned();
+                a.workload.engine = match s.as_str() {
+                    "edgefit" => TargetEngine::Edgefit,
+                    "vllm" => TargetEngine::Vllm,
+                    other => {
+                        return Err(miette!(
+                            "--engine expects `edgefit` or `vllm`, got `{other}`"
+                        ))
+                    }
+                };
+            }
+            Long("images") => a.workload.images = true,
+            Long("speculative") => a.workload.speculative = true,
+            Long("out") => a.out = Some(PathBuf::from(p.value().map_err(|e| miette!("{e}"))?)),
+            Long("format") => {
+                let s = p
+                    .value()
+                    .map_err(|e| miette!("{e}"))?
+                    .to_string_lossy()
+                    .into_owned();
+                a.format = match s.as_str() {
+                    "toml" => Format::Toml,
+                    "json" => Format::Json,
+                    other => {
+                        return Err(miette!("--format expects `toml` or `json`, got `{other}`"))
+                    }
+                };
+            }
+            Long("all") => a.all = true,
+            Short('h') | Long("help") => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => return Err(miette!("{}\n{USAGE}", other.unexpected())),
+        }
+    }
+    a.workload.validate().map_err(miette::Report::new)?;
+    Ok(a)
+}
+
+pub(crate) fn workspace_root() -> PathBuf {
+    // xtask lives one level below the workspace root.
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn read(path: &Path, shown: &str) -> Result<SourceFile> {
+    let text = std::fs::read_to_string(path)
+        .into_diagnostic()
+        .wrap_err_with(|| format!("reading {shown}"))?;
+    Ok(SourceFile {
+        path: shown.to_owned(),
+        text,
+    })
+}
+
+/// Names of the entries of `dir` that satisfy `keep`, sorted.
+fn list(dir: &Path, keep: impl Fn(&Path) -> Option<String>) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| keep(&e.path()))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+pub(crate) fn available_devices(root: &Path) -> Vec<String> {
+    list(&root.join("profiles"), |p| {
+        (p.extension()? == "toml")
+            .then(|| p.file_stem()?.to_str().map(str::to_owned))
+            .flatten()
+    })
+}
+
+pub(crate) fn available_models(root: &Path) -> Vec<String> {
+    list(&root.join("models"), |p| {
+        p.join("config.json")
+            .is_file()
+            .then(|| p.file_name()?.to_str().map(str::to_owned))
+            .flatten()
+    })
+}
+
+pub(crate) fn load_profile(root: &Path, device: &str) -> Result<SourceFile> {
+    let devices = available_devices(root);
+    if !devices.iter().any(|d| d == device) {
+        return Err(miette!(
+            "unknown device `{device}`; available: {}",
+            devices.join(", ")
+        ));
+    }
+    read(
+        &root.join("profiles").join(format!("{device}.toml")),
+        &format!("profiles/{device}.toml"),
+    )
+}
+
+pub(crate) fn load_model(root: &Path, model: &str) -> Result<ModelCard> {
+    let models = available_models(root);
+    if !models.iter().any(|m| m == model) {
+        return Err(miette!(
+            "unknown model `{model}`; available: {}",
+            models.join(", ")
+        ));
+    }
+    let dir = root.join("models").join(model);
+    let quant_path = dir.join("hf_quant_config.json");
+    Ok(ModelCard {
+        id: model.to_owned(),
+        config: read(
+            &dir.join("config.json"),
+            &format!("models/{model}/config.json"),
+        )?,
+        quant_config: if quant_path.is_file() {
+            Some(read(
+                &quant_path,
+                &format!("models/{model}/hf_quant_config.json"),
+            )?)
+        } else {
+            None
+        },
+    })
+}
+
+fn render(plan: &Plan, format: Format) -> Result<String> {
+    Ok(match format {
+        Format::Toml => plan.to_toml(),
+        Format::Json => {
+            let mut s = serde_json::to_string_pretty(plan).into_diagnostic()?;
+            s.push('\n');
+            s
+        }
+    })
+}
+
+/// Write `text` to `path` atomically: a temporary file beside it, then a rename.
+pub(crate) fn write_atomic(path: &Path, text: &str) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| miette!("--out needs a file name, got `{}`", path.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, text)
+        .into_diagnostic()
+        .wrap_err_with(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path)
+        .into_diagnostic()
+        .wrap_err_with(|| format!("renaming onto {}", path.display()))
+}
+
+pub(crate) fn run(args: Vec<OsString>) -> Result<()> {
+    let a = parse_args(args)?;
+    let root = workspace_root();
+    if a.all {
+        return run_all(&root, &a);
+    }
+    let Some(device) = a.device.as_deref() else {
+        return Err(miette!(
+            "--device is required (or --all); available: {}\n{USAGE}",
+            available_devices(&root).join(", ")
+        ));
+    };
+    let profile = load_profile(&root, device)?;
+    let card = load_model(&root, a.model.as_deref().unwrap_or(DEFAULT_MODEL))?;
+    let plan = planner::plan::plan(&card, &profile, &a.workload).map_err(miette::Report::new)?;
+    let text = render(&plan, a.format)?;
+    match &a.out {
+        Some(out) => {
+            print!("{}", plan.summary());
+            write_atomic(out, &text)?;
+            println!("plan written to {}", out.display());
+        }
+        None => {
+            eprint!("{}", plan.summary());
+            print!("{text}");
+        }
+    }
+    Ok(())
+}
+
+fn run_all(root: &Path, a: &Args) -> Result<()> {
+    let devices = available_devices(root);
+    let models = available_models(root);
+    // Read and parse every input first, so the timing below is planning only.
+    let mut profiles = Vec::new();
+    for d in &devices {
+        let file = load_profile(root, d)?;
+        let parsed = planner::parse_profile(&file).map_err(miette::Report::new)?;
+        profiles.push((file, parsed));
+    }
+    let mut cards = Vec::new();
+    for m in &models {
+        let card = load_model(root, m)?;
+        let spec = parse_model(&card).map_err(miette::Report::new)?;
+        cards.push((card, spec));
+    }
+    let start = Instant::now();
+    let mut plans = Vec::new();
+    for (file, profile) in &profiles {
+        for (card, spec) in &cards {
+            plans.push(planner::plan::plan_parsed(
+                spec,
+                card,
+                profile,
+                &file.text,
+                &a.workload,
+            ));
+        }
+    }
+    let elapsed = start.elapsed();
+    println!(
+        "{:<28} {:<13} {:<13} {:>10} {:>11} {:>9}  bound",
+        "model", "device", "verdict", "decode/s", "prefill/s", "offl GiB"
+    );
+    for p in &plans {
+        println!(
+            "{:<28} {:<13} {:<13} {:>10.3} {:>11.1} {:>9.2}  {}",
+            p.model.id,
+            p.device.profile,
+            match p.verdict {
+                planner::Verdict::Fits => "fits",
+                planner::Verdict::DoesNotFit => "does-not-fit",
+            },
+            p.prediction.decode_tok_s,
+            p.prediction.prefill_tok_s,
+            p.placement.offloaded_bytes as f64 / Workload::GIB,
+            p.prediction.bound
+        );
+    }
+    println!(
+        "planned {} pairs ({} models x {} profiles) in {:.2} ms (inputs parsed beforehand)",
+        plans.len(),
+        models.len(),
+        devices.len(),
+        elapsed.as_secs_f64() * 1e3
+    );
+    if let Some(dir) = &a.out {
+        // With --all, --out names a directory: one plan file per pair.
+        std::fs::create_dir_all(dir)
+            .into_diagnostic()
+            .wrap_err_with(|| format!("creating {}", dir.display()))?;
+        let ext = if a.format == Format::Json {
+            "json"
+        } else {
+            "toml"
+        };
+        for p in &plans {
+            write_atomic(
+                &dir.join(format!("{}@{}.{ext}", p.model.id, p.device.profile)),
+                &render(p, a.format)?,
+            )?;
+        }
+        println!("{} plans written to {}", plans.len(), dir.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Vec<OsString> {
+        v.iter().map(OsString::from).collect()
+    }
+
+    fn err(v: &[&str]) -> String {
+        match parse_args(args(v)) {
+            Ok(_) => panic!("{v:?} should be rejected"),
+            Err(e) => format!("{e}"),
+        }
+    }
+
+    #[test]
+    fn defaults_and_overrides() {
+        let a = parse_args(args(&["--device", "h200"])).unwrap();
+        assert_eq!(a.device.as_deref(), Some("h200"));
+        assert_eq!(a.workload, Workload::default());
+        let a = parse_args(args(&[
+            "--max-model-len",
+            "8192",
+            "--max-num-seqs",
+            "2",
+            "--offload-gib",
+            "10",
+            "--priority",
+            "fidelity",
+            "--engine",
+            "vllm",
+            "--images",
+            "--speculative",
+            "--format",
+            "json",
+        ]))
+        .unwrap();
+        let w = &a.workload;
+        assert_eq!((w.max_model_len, w.max_num_seqs), (8192, 2));
+        assert_eq!(w.offload_bytes, Some(10 << 30));
+        assert!(w.images && w.speculative);
+        assert_eq!(
+            (w.priority, w.engine),
+            (Priority::Fidelity, TargetEngine::Vllm)
+        );
+        assert_eq!(a.format, Format::Json);
+    }
+
+    #[test]
+    fn bad_arguments_say_what_was_expected() {
+        assert!(err(&["--max-model-len", "lots"]).contains("whole number"));
+        assert!(err(&["--offload-gib", "-1"]).contains(">= 0"));
+        assert!(err(&["--priority", "turbo"]).contains("`speed` or `fidelity`"));
+        assert!(err(&["--format", "yaml"]).contains("`toml` or `json`"));
+        assert!(err(&["--max-model-len", "0"]).contains("max_model_len"));
+        assert!(err(&["--bogus"]).contains("--bogus"));
+    }
+
+    #[test]
+    fn unknown_device_and_model_list_the_available_ones() {
+        let root = workspace_root();
+        let e = format!("{}", load_profile(&root, "nope").unwrap_err());
+        assert!(e.contains("ryzen-5090") && e.contains("h200"), "{e}");
+        let e = format!("{}", load_model(&root, "nope").unwrap_err());
+        assert!(e.contains(DEFAULT_MODEL), "{e}");
+    }
+
+    #[test]
+    fn readme_command_writes_a_plan_atomically() {
+        let dir = std::env::temp_dir().join(format!("edgefit-xtask-plan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("plan.toml");
+        run(args(&[
+            "--device",
+            "ryzen-5090",
+            "--out",
+            out.to_str().unwrap(),
+        ]))
+        .unwrap();
+        let text = std::fs::read_to_string(&out).unwrap();
+        let plan = Plan::from_toml("plan.toml", &text).unwrap();
+        assert_eq!(plan.model.id, DEFAULT_MODEL);
+        assert_eq!(plan.verdict, planner::Verdict::Fits);
+        let leftovers: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .collect();
+        assert_eq!(leftovers.len(), 1, "no temporary file is left behind");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -1,0 +1,486 @@
+/* AVX-512 (F/BW/VL/DQ + VNNI) paths of the weight kernels (see linear_common.h).
+ *
+ * One row of activations (decode) streams the weights once and decodes them in registers: int4 nibbles index a
+ * 16-entry table with _mm512_permutexvar_ps (which reads only the low 4 bits of each index, so a shift replaces a
+ * mask), e4m3 is rebuilt with shifts and a 2^120 multiply, e2m1 is a second 16-entry table, bf16 is a shift.
+ * Several rows (prefill) dequantise a tile of weights to f32 once and run a register-blocked FMA kernel over it,
+ * so the decode cost is paid once per tile instead of once per row. */
+#include <immintrin.h>
+
+#include "linear_common.h"
+
+/* Software prefetch distance for the weight streams of the GEMVs, in bytes. One thread streaming from DRAM is
+ * latency-bound on this class of core: on the 2-core AVX-512 development VM, W4A16 over 1.3 GB of weights went
+ * from 2.6-4.3 GB/s without it to 7.4-8.3 GB/s with it (h3dev, best of 25, shared machine), while in-cache speed
+ * was unchanged (17-19 GB/s). The hardware prefetcher alone does not keep enough lines in flight. */
+#define EF_PREFETCH 2048
+
+static inline size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+static inline __mmask16 mask_n(size_t cnt) { return cnt >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cnt) - 1u); }
+
+/* ----------------------------------------------------------------------------------------------------------------
+ * int4, tinygemm layout [Npad/64][K][32] */
+
+/* The 16 int4 codes minus the zero point 8, so a group's sum needs no correction term for it. */
+static inline __m512 lut_q8(void) {
+    return _mm512_setr_ps(-8.f, -7.f, -6.f, -5.f, -4.f, -3.f, -2.f, -1.f, 0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f);
+}
+
+/* Scale and zero of 16 consecutive columns: each dword of the bf16 pairs is scale | zero << 16. */
+static inline void load_sz16(const uint16_t *p, __m512 *scale, __m512 *zero) {
+    __m512i v = _mm512_loadu_si512((const void *)p);
+    *scale = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    *zero = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+/* One k-row of a block (32 bytes, 64 columns) times x[kk], into four accumulators of 16 columns. */
+#define W4_ROW(ptr, xv, c0, c1, c2, c3)                                                                             \
+    do {                                                                                                           \
+        __m512i lo_ = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ptr)));                              \
+        __m512i hi_ = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((ptr) + 16)));                       \
+        c0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(lo_, lut), xv, c0);                                             \
+        c1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(hi_, lut), xv, c1);                                             \
+        c2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(lo_, 4), lut), xv, c2);                       \
+        c3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(hi_, 4), lut), xv, c3);                       \
+    } while (0)
+
+/* Sum of x[k0..k1). */
+static inline float sum_range(const float *x, size_t k0, size_t k1) {
+    __m512 s = _mm512_setzero_ps();
+    for (size_t kk = k0; kk < k1; kk += 16) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(mask_n(k1 - kk), x + kk));
+    return _mm512_reduce_add_ps(s);
+}
+
+/* One row of x against one 64-column block, whole K. Two k-rows per iteration into two sets of accumulators, so
+ * eight FMA chains are in flight; the group sum of x comes from a separate vector pass, not a scalar chain. */
+static void w4a16_gemv_block(const float *xr, size_t k, const uint8_t *blk, const uint16_t *sz, size_t npad,
+                             size_t group, size_t b, __m512 out[4]) {
+    const __m512 lut = lut_q8();
+    size_t groups = (k + group - 1) / group;
+    for (int q = 0; q < 4; q++) out[q] = _mm512_setzero_ps();
+    for (size_t g = 0; g < groups; g++) {
+        size_t k0 = g * group, k1 = min_sz(k0 + group, k);
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        size_t kk = k0;
+        for (; kk + 2 <= k1; kk += 2) {
+            const uint8_t *p = blk + kk * 32;
+            _mm_prefetch((const char *)(p + EF_PREFETCH), _MM_HINT_T0);
+            __m512 x0 = _mm512_set1_ps(xr[kk]), x1 = _mm512_set1_ps(xr[kk + 1]);
+            W4_ROW(p, x0, a0, a1, a2, a3);
+            W4_ROW(p + 32, x1, b0, b1, b2, b3);
+        }
+        if (kk < k1) W4_ROW(blk + kk * 32, _mm512_set1_ps(xr[kk]), a0, a1, a2, a3);
+        const uint16_t *s = sz + (g * npad + b * 64) * 2;
+        __m512 acc[4] = {_mm512_add_ps(a0, b0), _mm512_add_ps(a1, b1), _mm512_add_ps(a2, b2), _mm512_add_ps(a3, b3)};
+        __m512 vsx = _mm512_set1_ps(sum_range(xr, k0, k1));
+        for (int q = 0; q < 4; q++) {
+            __m512 sc, ze;
+            load_sz16(s + 32 * q, &sc, &ze);
+            out[q] = _mm512_fmadd_ps(sc, acc[q], out[q]);
+            out[q] = _mm512_fmadd_ps(ze, vsx, out[q]);
+        }
+    }
+}
+
+/* Rows of the tile-times-activations product: acc[r][c] += sum_kk x[r][kk] * tile[kk][c], MR rows at once. */
+static inline __attribute__((always_inline)) void axpy_rows(const float *x, size_t k, size_t k0, size_t kc,
+                                                            const float *tile, float *y, size_t n, size_t c0,
+                                                            size_t cols, int first, const int mr) {
+    __m512 acc[4][4];
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < 4; j++) {
+            size_t cj = cols > (size_t)(16 * j) ? cols - 16 * j : 0;
+            acc[r][j] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask_n(cj), y + r * n + c0 + 16 * j);
+        }
+    for (size_t kk = 0; kk < kc; kk++) {
+        __m512 t0 = _mm512_loadu_ps(tile + kk * 64), t1 = _mm512_loadu_ps(tile + kk * 64 + 16);
+        __m512 t2 = _mm512_loadu_ps(tile + kk * 64 + 32), t3 = _mm512_loadu_ps(tile + kk * 64 + 48);
+        for (int r = 0; r < mr; r++) {
+            __m512 xb = _mm512_set1_ps(x[r * k + k0 + kk]);
+            acc[r][0] = _mm512_fmadd_ps(xb, t0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(xb, t1, acc[r][1]);
+            acc[r][2] = _mm512_fmadd_ps(xb, t2, acc[r][2]);
+            acc[r][3] = _mm512_fmadd_ps(xb, t3, acc[r][3]);
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < 4; j++) {
+            size_t cj = cols > (size_t)(16 * j) ? cols - 16 * j : 0;
+            _mm512_mask_storeu_ps(y + r * n + c0 + 16 * j, mask_n(cj), acc[r][j]);
+        }
+}
+
+#define W4_KC 256
+
+void ef_w4a16_avx512(const float *x, size_t m, size_t k, const uint8_t *packed, const uint16_t *sz, size_t npad,
+                     size_t group, size_t n, size_t b0, size_t b1, float *y) {
+    if (m == 1) {
+        for (size_t b = b0; b < b1; b++) {
+            __m512 out[4];
+            w4a16_gemv_block(x, k, packed + b * k * 32, sz, npad, group, b, out);
+            size_t cols = min_sz(n - b * 64, 64);
+            for (int q = 0; q < 4; q++) {
+                size_t cq = cols > (size_t)(16 * q) ? cols - 16 * q : 0;
+                _mm512_mask_storeu_ps(y + b * 64 + 16 * q, mask_n(cq), out[q]);
+            }
+        }
+        return;
+    }
+    /* Several rows: dequantise W4_KC x 64 of the block to f32 (64 KiB, stays in L2), then FMA every row over it. */
+    static _Thread_local float tile[W4_KC * 64] __attribute__((aligned(64)));
+    const __m512 lut = lut_q8();
+    for (size_t b = b0; b < b1; b++) {
+        const uint8_t *blk = packed + b * k * 32;
+        size_t cols = min_sz(n - b * 64, 64);
+        for (size_t k0 = 0; k0 < k; k0 += W4_KC) {
+            size_t kc = min_sz(W4_KC, k - k0);
+            for (size_t kk = 0; kk < kc; kk++) {
+                size_t g = (k0 + kk) / group;
+                const uint16_t *s = sz + (g * npad + b * 64) * 2;
+                __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + (k0 + kk) * 32)));
+                __m512i hi = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + (k0 + kk) * 32 + 16)));
+                __m512i idx[4] = {lo, hi, _mm512_srli_epi32(lo, 4), _mm512_srli_epi32(hi, 4)};
+                for (int q = 0; q < 4; q++) {
+                    __m512 sc, ze;
+                    load_sz16(s + 32 * q, &sc, &ze);
+                    _mm512_store_ps(tile + kk * 64 + 16 * q, _mm512_fmadd_ps(_mm512_permutexvar_ps(idx[q], lut), sc, ze));
+                }
+            }
+            size_t i = 0;
+            for (; i + 4 <= m; i += 4) axpy_rows(x + i * k, k, k0, kc, tile, y + i * n, n, b * 64, cols, k0 == 0, 4);
+            for (; i < m; i++) axpy_rows(x + i * k, k, k0, kc, tile, y + i * n, n, b * 64, cols, k0 == 0, 1);
+        }
+    }
+}
+
+/* ----------------------------------------------------------------------------------------------------------------
+ * W4A8: the same packed layout on the symmetric grid, int8 activations, VNNI dot products. */
+
+/* Four consecutive k-rows of a block become, per column, one dword of four codes (k, k+1, k+2, k+3), which is the
+ * operand shape of vpdpbusd. The unpacks work inside 128-bit lanes, so the 8 outputs hold columns in the order
+ * {0-3,16-19}, {4-7,20-23}, {8-11,24-27}, {12-15,28-31} and the same +32 for the high nibbles; fix_order restores
+ * column order once per group. */
+static inline void w4a8_quads(const uint8_t *rows, __m256i quad[8]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i r0 = _mm256_loadu_si256((const __m256i *)rows), r1 = _mm256_loadu_si256((const __m256i *)(rows + 32));
+    __m256i r2 = _mm256_loadu_si256((const __m256i *)(rows + 64)), r3 = _mm256_loadu_si256((const __m256i *)(rows + 96));
+    __m256i l[4] = {_mm256_and_si256(r0, m4), _mm256_and_si256(r1, m4), _mm256_and_si256(r2, m4), _mm256_and_si256(r3, m4)};
+    __m256i h[4] = {_mm256_and_si256(_mm256_srli_epi16(r0, 4), m4), _mm256_and_si256(_mm256_srli_epi16(r1, 4), m4),
+                    _mm256_and_si256(_mm256_srli_epi16(r2, 4), m4), _mm256_and_si256(_mm256_srli_epi16(r3, 4), m4)};
+    for (int half = 0; half < 2; half++) {
+        __m256i *v = half ? h : l;
+        __m256i a = _mm256_unpacklo_epi8(v[0], v[1]), bb = _mm256_unpacklo_epi8(v[2], v[3]);
+        __m256i c = _mm256_unpackhi_epi8(v[0], v[1]), d = _mm256_unpackhi_epi8(v[2], v[3]);
+        quad[4 * half + 0] = _mm256_unpacklo_epi16(a, bb);
+        quad[4 * half + 1] = _mm256_unpackhi_epi16(a, bb);
+        quad[4 * half + 2] = _mm256_unpacklo_epi16(c, d);
+        quad[4 * half + 3] = _mm256_unpackhi_epi16(c, d);
+    }
+}
+
+/* acc in quad order -> 8 vectors of 8 consecutive columns (0-7, 8-15, ..., 56-63). */
+static inline void fix_order(const __m256i acc[8], __m256i out[8]) {
+    for (int half = 0; half < 2; half++) {
+        const __m256i *a = acc + 4 * half;
+        __m256i *o = out + 4 * half;
+        o[0] = _mm256_permute2x128_si256(a[0], a[1], 0x20); /* cols 0-7   */
+        o[1] = _mm256_permute2x128_si256(a[2], a[3], 0x20); /* cols 8-15  */
+        o[2] = _mm256_permute2x128_si256(a[0], a[1], 0x31); /* cols 16-23 */
+        o[3] = _mm256_permute2x128_si256(a[2], a[3], 0x31); /* cols 24-31 */
+    }
+}
+
+void ef_w4a8_avx512(const int8_t *xq, const float *xs, const int32_t *xsum, size_t m, size_t k, const uint8_t *packed,
+                    const uint16_t *sz, size_t npad, size_t group, size_t n, size_t b0, size_t b1, float *y) {
+    size_t groups = (k + group - 1) / group;
+    for (size_t b = b0; b < b1; b++) {
+        const uint8_t *blk = packed + b * k * 32;
+        size_t cols = min_sz(n - b * 64, 64);
+        for (size_t i = 0; i < m; i++) {
+            const int8_t *xr = xq + i * k;
+            __m512 out[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+            for (size_t g = 0; g < groups; g++) {
+                size_t k0 = g * group, k1 = min_sz(k0 + group, k);
+                __m256i acc[8];
+                for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_si256();
+                size_t kk = k0;
+                for (; kk + 4 <= k1; kk += 4) {
+                    __m256i quad[8];
+                    int32_t xw;
+                    memcpy(&xw, xr + kk, 4);
+                    __m256i xb = _mm256_set1_epi32(xw);
+                    _mm_prefetch((const char *)(blk + kk * 32) + EF_PREFETCH, _MM_HINT_T0);
+                    _mm_prefetch((const char *)(blk + kk * 32) + EF_PREFETCH + 64, _MM_HINT_T0);
+                    w4a8_quads(blk + kk * 32, quad);
+                    for (int j = 0; j < 8; j++) acc[j] = _mm256_dpbusd_epi32(acc[j], quad[j], xb);
+                }
+                if (kk < k1) {
+                    /* A short final quad (k not a multiple of 4): copy the rows that exist, code 0 and x 0 for the
+                     * rest, so nothing past the matrix is read and the padding adds nothing. */
+                    uint8_t rows[128] = {0};
+                    int8_t xt[4] = {0, 0, 0, 0};
+                    memcpy(rows, blk + kk * 32, (k1 - kk) * 32);
+                    memcpy(xt, xr + kk, k1 - kk);
+                    int32_t xw;
+                    memcpy(&xw, xt, 4);
+                    __m256i quad[8];
+                    w4a8_quads(rows, quad);
+                    __m256i xb = _mm256_set1_epi32(xw);
+                    for (int j = 0; j < 8; j++) acc[j] = _mm256_dpbusd_epi32(acc[j], quad[j], xb);
+                }
+                __m256i ordered[8];
+                fix_order(acc, ordered);
+                /* sum x*(q-8) = sum x*q - 8 * sum x over the group. */
+                __m512i corr = _mm512_set1_epi32(8 * xsum[i * groups + g]);
+                const uint16_t *s = sz + (g * npad + b * 64) * 2;
+                for (int q = 0; q < 4; q++) {
+                    __m512i a16 = _mm512_inserti64x4(_mm512_castsi256_si512(ordered[2 * q]), ordered[2 * q + 1], 1);
+                    __m512 af = _mm512_cvtepi32_ps(_mm512_sub_epi32(a16, corr));
+                    __m512 sc, ze;
+                    load_sz16(s + 32 * q, &sc, &ze);
+                    out[q] = _mm512_fmadd_ps(sc, af, out[q]);
+                }
+            }
+            __m512 vxs = _mm512_set1_ps(xs[i]);
+            for (int q = 0; q < 4; q++) {
+                size_t cq = cols > (size_t)(16 * q) ? cols - 16 * q : 0;
+                _mm512_mask_storeu_ps(y + i * n + b * 64 + 16 * q, mask_n(cq), _mm512_mul_ps(out[q], vxs));
+            }
+        }
+    }
+}
+
+/* ----------------------------------------------------------------------------------------------------------------
+ * Row-major formats (FP8, NVFP4, bf16): GEMV streams one weight row at a time. GEMM dequantises 64 weight rows x
+ * W4_KC columns into a row-major panel, turns it into the [k][64] tile the int4 GEMM uses (16-wide gathers), and
+ * runs the same register-blocked kernel (axpy_rows) over every row of x. A dot-product kernel straight over the
+ * row-major panel was measured first and ran at a third of the speed (42 against 134 GFLOP/s at 64 x 1024 x 5120
+ * on one core of the development VM): it streams x from L2 twice per FMA pair, where the tile form broadcasts it. */
+
+typedef void (*panel_fn)(const void *ctx, size_t r, size_t k0, size_t kc, float *out);
+
+static void gemm_panels(const float *x, size_t m, size_t k, size_t n, size_t r0, size_t r1, float *y, panel_fn fill,
+                        const void *ctx) {
+    static _Thread_local float panel[64 * W4_KC] __attribute__((aligned(64)));
+    static _Thread_local float tile[W4_KC * 64] __attribute__((aligned(64)));
+    const __m512i rows16 = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                              _mm512_set1_epi32(W4_KC));
+    for (size_t rb = r0; rb < r1; rb += 64) {
+        size_t rows = min_sz(64, r1 - rb);
+        for (size_t k0 = 0; k0 < k; k0 += W4_KC) {
+            size_t kc = min_sz(W4_KC, k - k0);
+            for (size_t j = 0; j < 64; j++) {
+                if (j < rows) fill(ctx, rb + j, k0, kc, panel + j * W4_KC);
+                else memset(panel + j * W4_KC, 0, sizeof(float) * W4_KC);
+            }
+            for (size_t kk = 0; kk < kc; kk++)
+                for (int q = 0; q < 4; q++)
+                    _mm512_store_ps(tile + kk * 64 + 16 * q,
+                                    _mm512_i32gather_ps(rows16, panel + (size_t)q * 16 * W4_KC + kk, 4));
+            size_t i = 0;
+            for (; i + 4 <= m; i += 4) axpy_rows(x + i * k, k, k0, kc, tile, y + i * n, n, rb, rows, k0 == 0, 4);
+            for (; i < m; i++) axpy_rows(x + i * k, k, k0, kc, tile, y + i * n, n, rb, rows, k0 == 0, 1);
+        }
+    }
+}
+
+/* ---- FP8 e4m3, 128 x 128 block scales ---- */
+
+/* e4m3 -> f32 through fp16: the 7 magnitude bits shifted left by 7 are an fp16 with the same exponent and
+ * mantissa fields, worth 2^-8 times the e4m3 value, and that holds for subnormals too (fp16 subnormals have the
+ * same shape), so vcvtph2ps finishes the job exactly, in hardware. The sign comes from sign-extending the byte;
+ * the mask clears the copy that lands in the exponent's top bit. An earlier decode built the f32 directly and
+ * multiplied by 2^120; it was 50x slower on data with subnormal codes (0.4 against 19 GB/s, one core, in cache)
+ * because of microcode assists on f32 subnormal operands. Returns values times 2^-8; callers fold 256 into the
+ * block scale. */
+static inline __m512 e4m3x16_s8(__m128i codes) {
+    __m256i h = _mm256_cvtepi8_epi16(codes);
+    h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBFFF));
+    return _mm512_cvtph_ps(h);
+}
+
+/* The same for 32 codes, two vectors. */
+static inline void e4m3x32_s8(__m256i codes, __m512 *lo, __m512 *hi) {
+    __m512i h = _mm512_cvtepi8_epi16(codes);
+    h = _mm512_and_si512(_mm512_slli_epi16(h, 7), _mm512_set1_epi16((short)0xBFFF));
+    *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+}
+
+typedef struct {
+    const uint8_t *w;
+    const float *sinv;
+    size_t k;
+} fp8_ctx;
+
+static void fp8_panel(const void *vctx, size_t r, size_t k0, size_t kc, float *out) {
+    const fp8_ctx *c = (const fp8_ctx *)vctx;
+    size_t kb = (c->k + EF_FP8_BLOCK - 1) / EF_FP8_BLOCK;
+    const uint8_t *wr = c->w + r * c->k;
+    for (size_t kk = 0; kk < kc; kk += 16) {
+        __mmask16 mk = mask_n(kc - kk);
+        float s = c->sinv[(r / EF_FP8_BLOCK) * kb + (k0 + kk) / EF_FP8_BLOCK];
+        __m512 v = e4m3x16_s8(_mm_maskz_loadu_epi8(mk, wr + k0 + kk));
+        _mm512_mask_storeu_ps(out + kk, mk, _mm512_mul_ps(v, _mm512_set1_ps(s * 256.0f)));
+    }
+}
+
+void ef_fp8_avx512(const float *x, size_t m, size_t k, const uint8_t *w, const float *sinv, size_t n, size_t r0,
+                   size_t r1, float *y) {
+    if (m > 1) {
+        fp8_ctx c = {w, sinv, k};
+        gemm_panels(x, m, k, n, r0, r1, y, fp8_panel, &c);
+        return;
+    }
+    size_t kb = (k + EF_FP8_BLOCK - 1) / EF_FP8_BLOCK;
+    for (size_t r = r0; r < r1; r++) {
+        const uint8_t *wr = w + r * k;
+        const float *s = sinv + (r / EF_FP8_BLOCK) * kb;
+        __m512 tot = _mm512_setzero_ps();
+        for (size_t blk = 0; blk < kb; blk++) {
+            size_t k0 = blk * EF_FP8_BLOCK, k1 = min_sz(k0 + EF_FP8_BLOCK, k);
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            size_t kk = k0;
+            for (; kk + 64 <= k1; kk += 64) {
+                _mm_prefetch((const char *)(wr + kk + EF_PREFETCH), _MM_HINT_T0);
+                __m512 w0, w1, w2, w3;
+                e4m3x32_s8(_mm256_loadu_si256((const __m256i *)(wr + kk)), &w0, &w1);
+                e4m3x32_s8(_mm256_loadu_si256((const __m256i *)(wr + kk + 32)), &w2, &w3);
+                a0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + kk), a0);
+                a1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + kk + 16), a1);
+                a2 = _mm512_fmadd_ps(w2, _mm512_loadu_ps(x + kk + 32), a2);
+                a3 = _mm512_fmadd_ps(w3, _mm512_loadu_ps(x + kk + 48), a3);
+            }
+            for (; kk < k1; kk += 16) {
+                __mmask16 mk = mask_n(k1 - kk);
+                a0 = _mm512_fmadd_ps(e4m3x16_s8(_mm_maskz_loadu_epi8(mk, wr + kk)), _mm512_maskz_loadu_ps(mk, x + kk), a0);
+            }
+            __m512 acc = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
+            tot = _mm512_fmadd_ps(acc, _mm512_set1_ps(s[blk] * 256.0f), tot);
+        }
+        y[r] = _mm512_reduce_add_ps(tot);
+    }
+}
+
+/* ---- NVFP4: e2m1 codes, e4m3 scale per 16, f32 global ---- */
+
+static const float E2M1_TAIL[16] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+
+static inline __m512 lut_e2m1(void) {
+    return _mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f);
+}
+
+typedef struct {
+    const uint8_t *w;
+    const uint8_t *scales;
+    float global;
+    size_t k;
+} nvfp4_ctx;
+
+static void nvfp4_panel(const void *vctx, size_t r, size_t k0, size_t kc, float *out) {
+    const nvfp4_ctx *c = (const nvfp4_ctx *)vctx;
+    const __m512 lut = lut_e2m1();
+    /* 16 elements = 8 bytes = one scale; widen each byte twice (low nibble, then high) and interleave. */
+    const __m512i even_odd = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const uint8_t *wr = c->w + r * (c->k / 2);
+    const uint8_t *sr = c->scales + r * (c->k / EF_NVFP4_GROUP);
+    for (size_t kk = 0; kk < kc; kk += 16) {
+        size_t e = k0 + kk;
+        __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wr + e / 2)));
+        __m512 lo = _mm512_permutexvar_ps(bytes, lut), hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), lut);
+        __m512 v = _mm512_permutex2var_ps(lo, even_odd, hi);
+        float s = ef_e4m3_decode(sr[e / EF_NVFP4_GROUP]) * c->global;
+        _mm512_storeu_ps(out + kk, _mm512_mul_ps(v, _mm512_set1_ps(s)));
+    }
+}
+
+void ef_nvfp4_avx512(const float *x, const float *xp, size_t m, size_t k, const uint8_t *w, const uint8_t *scales,
+                     float global, size_t n, size_t r0, size_t r1, float *y) {
+    if (m > 1) {
+        nvfp4_ctx c = {w, scales, global, k};
+        gemm_panels(x, m, k, n, r0, r1, y, nvfp4_panel, &c);
+        return;
+    }
+    /* GEMV over 128-element chunks: the 64 bytes load as 16 dwords, dword j holding elements 8j..8j+7, and nibble t
+     * of every dword is selected by a shift of 4t (permutexvar ignores the bits above 4). xp holds x in the matching
+     * [t][j] order per chunk (the Rust side builds it once per call). Elements 8j..8j+7 share scale j/2. */
+    const __m512 lut = lut_e2m1();
+    size_t chunks = k / 128, groups = k / EF_NVFP4_GROUP;
+    for (size_t r = r0; r < r1; r++) {
+        const uint8_t *wr = w + r * (k / 2);
+        const uint8_t *sr = scales + r * groups;
+        __m512 acc = _mm512_setzero_ps();
+        for (size_t c = 0; c < chunks; c++) {
+            __m512i v = _mm512_loadu_si512((const void *)(wr + c * 64));
+            _mm_prefetch((const char *)(wr + c * 64 + EF_PREFETCH), _MM_HINT_T0);
+            const float *xc = xp + c * 128;
+            __m128i s8 = _mm_loadl_epi64((const __m128i *)(sr + c * 8));
+            __m512 sv = e4m3x16_s8(_mm_unpacklo_epi8(s8, s8)); /* lane j: scale j/2, times 2^-8 */
+            __m512 t0 = _mm512_mul_ps(_mm512_permutexvar_ps(v, lut), _mm512_loadu_ps(xc));
+            __m512 t1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut), _mm512_loadu_ps(xc + 16));
+            t0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 8), lut), _mm512_loadu_ps(xc + 32), t0);
+            t1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 12), lut), _mm512_loadu_ps(xc + 48), t1);
+            t0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 16), lut), _mm512_loadu_ps(xc + 64), t0);
+            t1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 20), lut), _mm512_loadu_ps(xc + 80), t1);
+            t0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 24), lut), _mm512_loadu_ps(xc + 96), t0);
+            t1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 28), lut), _mm512_loadu_ps(xc + 112), t1);
+            acc = _mm512_fmadd_ps(_mm512_add_ps(t0, t1), sv, acc);
+        }
+        float out = _mm512_reduce_add_ps(acc) * 256.0f; /* sv carried 2^-8 */
+        /* Tail: k is a multiple of 16 but maybe not of 128; xp keeps x in natural order there. */
+        for (size_t g = chunks * 8; g < groups; g++) {
+            float a = 0.0f;
+            for (size_t j = 0; j < 8; j++) {
+                uint8_t byte = wr[g * 8 + j];
+                float lo = E2M1_TAIL[byte & 15], hi = E2M1_TAIL[byte >> 4];
+                a += xp[g * 16 + 2 * j] * lo + xp[g * 16 + 2 * j + 1] * hi;
+            }
+            out += a * ef_e4m3_decode(sr[g]);
+        }
+        y[r] = out * global;
+    }
+}
+
+/* ---- bf16 ---- */
+
+static inline __m512 bf16x16(__m256i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)); }
+
+typedef struct {
+    const uint16_t *w;
+    size_t k;
+} bf16_ctx;
+
+static void bf16_panel(const void *vctx, size_t r, size_t k0, size_t kc, float *out) {
+    const bf16_ctx *c = (const bf16_ctx *)vctx;
+    const uint16_t *wr = c->w + r * c->k + k0;
+    for (size_t kk = 0; kk < kc; kk += 16) {
+        __mmask16 mk = mask_n(kc - kk);
+        _mm512_mask_storeu_ps(out + kk, mk, bf16x16(_mm256_maskz_loadu_epi16(mk, wr + kk)));
+    }
+}
+
+void ef_bf16_avx512(const float *x, size_t m, size_t k, const uint16_t *w, size_t n, size_t r0, size_t r1, float *y) {
+    if (m > 1) {
+        bf16_ctx c = {w, k};
+        gemm_panels(x, m, k, n, r0, r1, y, bf16_panel, &c);
+        return;
+    }
+    for (size_t r = r0; r < r1; r++) {
+        const uint16_t *wr = w + r * k;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        size_t kk = 0;
+        for (; kk + 64 <= k; kk += 64) {
+            _mm_prefetch((const char *)(wr + kk) + EF_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)(wr + kk) + EF_PREFETCH + 64, _MM_HINT_T0);
+            a0 = _mm512_fmadd_ps(bf16x16(_mm256_loadu_si256((const __m256i *)(wr + kk))), _mm512_loadu_ps(x + kk), a0);
+            a1 = _mm512_fmadd_ps(bf16x16(_mm256_loadu_si256((const __m256i *)(wr + kk + 16))), _mm512_loadu_ps(x + kk + 16), a1);
+            a2 = _mm512_fmadd_ps(bf16x16(_mm256_loadu_si256((const __m256i *)(wr + kk + 32))), _mm512_loadu_ps(x + kk + 32), a2);
+            a3 = _mm512_fmadd_ps(bf16x16(_mm256_loadu_si256((const __m256i *)(wr + kk + 48))), _mm512_loadu_ps(x + kk + 48), a3);
+        }
+        for (; kk < k; kk += 16) {
+            __mmask16 mk = mask_n(k - kk);
+            a0 = _mm512_fmadd_ps(bf16x16(_mm256_maskz_loadu_epi16(mk, wr + kk)), _mm512_maskz_loadu_ps(mk, x + kk), a0);
+        }
+        y[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    }
+}

@@ -1,0 +1,58 @@
+/* Shared declarations of the weight kernels (int4 W4A16/W4A8, FP8 block, NVFP4, bf16), one set per ISA.
+ *
+ * Conventions: x is row-major [m][k] f32 (the Rust side converts bf16 activations), y is row-major [m][n] and
+ * y = x W^T. Every kernel computes a range of output columns for all m rows, so threads split the columns and
+ * write disjoint parts of y. The Rust side (kernels/src/linear) checks every size before the call; these functions
+ * trust their arguments. */
+#ifndef EDGEFIT_LINEAR_COMMON_H
+#define EDGEFIT_LINEAR_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Decodes e4m3fn without ever making an f32 subnormal: a subnormal code (exponent field 0) is its mantissa times
+ * 2^-9, a normal one gets its exponent rebiased by adding 120 (= 127 - 7) to the f32 exponent field. Every finite
+ * code is exact; the NaN codes 0x7F/0xFF decode as +-480, checkpoints never contain them. (Multiplying an f32
+ * subnormal by 2^120 would be shorter, but x86 cores take a microcode assist on subnormal operands: 50x slower.) */
+static inline float ef_e4m3_decode(uint8_t c) {
+    uint32_t mag = c & 0x7Fu;
+    float f;
+    if (mag < 8) {
+        f = (float)mag * 0x1p-9f;
+    } else {
+        uint32_t bits = (mag << 20) + (120u << 23);
+        memcpy(&f, &bits, sizeof f);
+    }
+    return (c & 0x80) ? -f : f;
+}
+
+static inline float ef_bf16_decode(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+#define EF_DECL(isa)                                                                                               \
+    void ef_w4a16_##isa(const float *x, size_t m, size_t k, const uint8_t *packed, const uint16_t *sz,             \
+                        size_t npad, size_t group, size_t n, size_t b0, size_t b1, float *y);                      \
+    void ef_w4a8_##isa(const int8_t *xq, const float *xs, const int32_t *xsum, size_t m, size_t k,                 \
+                       const uint8_t *packed, const uint16_t *sz, size_t npad, size_t group, size_t n, size_t b0,  \
+                       size_t b1, float *y);                                                                       \
+    void ef_fp8_##isa(const float *x, size_t m, size_t k, const uint8_t *w, const float *sinv, size_t n,           \
+                      size_t r0, size_t r1, float *y);                                                             \
+    void ef_nvfp4_##isa(const float *x, const float *xp, size_t m, size_t k, const uint8_t *w,                     \
+                        const uint8_t *scales, float global, size_t n, size_t r0, size_t r1, float *y);            \
+    void ef_bf16_##isa(const float *x, size_t m, size_t k, const uint16_t *w, size_t n, size_t r0, size_t r1,      \
+                       float *y);
+
+EF_DECL(scalar)
+EF_DECL(avx2)
+EF_DECL(avx512)
+
+/* FP8 scale blocks are 128 x 128; NVFP4 scales cover 16 elements. */
+#define EF_FP8_BLOCK 128
+#define EF_NVFP4_GROUP 16
+
+#endif

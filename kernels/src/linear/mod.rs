@@ -1,0 +1,791 @@
+//! Weight kernels for the linear layers: `y = x W^T` with `W` stored int4 (tinygemm layout, W4A16 and W4A8),
+//! FP8 e4m3 with 128x128 block scales, NVFP4, or bf16, on the CPU.
+//!
+//! Each format has a safe entry point that checks every size and then runs the C kernel of the fastest path this
+//! CPU has (`*`), and a `*_with(isa, threads, ..)` form that tests and benchmarks use to drive a given path. Both
+//! return the [`Isa`] that actually ran, so a caller (and every test) can see when a format falls back to another
+//! path. Today every format has scalar, AVX2 and AVX-512 code; the AVX2 path has no tiled GEMM (each row is a GEMV).
+//! Threads split the output features (64-column blocks for int4, 64-row panels otherwise) through
+//! [`crate::cpu::parallel_ranges`]; every output element is written exactly once.
+//!
+//! One activation row (decode) streams the weights once and decodes them in registers, aiming at the memory read
+//! bandwidth (`benchmarks/cpu-avx512-2core.md` records how close each format gets); several rows (prefill)
+//! dequantise a tile once and reuse it across rows. Activations are f32 or bf16
+//! (converted to f32 once per call, `m * k` elements, negligible next to the weights).
+
+pub mod int4;
+
+pub use int4::{Int4Scheme, Int4Weights};
+
+use crate::cpu::{parallel_ranges, Isa};
+use crate::formats::bf16_to_f32;
+use crate::reference::linear::{FP8_BLOCK, NVFP4_GROUP};
+use crate::{ensure_shape, KernelError};
+use std::borrow::Cow;
+
+mod ffi {
+    macro_rules! decl {
+        ($w4a16:ident, $w4a8:ident, $fp8:ident, $nvfp4:ident, $bf16:ident) => {
+            extern "C" {
+                pub(crate) fn $w4a16(
+                    x: *const f32,
+                    m: usize,
+                    k: usize,
+                    packed: *const u8,
+                    sz: *const u16,
+                    npad: usize,
+                    group: usize,
+                    n: usize,
+                    b0: usize,
+                    b1: usize,
+                    y: *mut f32,
+                );
+                pub(crate) fn $w4a8(
+                    xq: *const i8,
+                    xs: *const f32,
+                    xsum: *const i32,
+                    m: usize,
+                    k: usize,
+                    packed: *const u8,
+                    sz: *const u16,
+                    npad: usize,
+                    group: usize,
+                    n: usize,
+                    b0: usize,
+                    b1: usize,
+                    y: *mut f32,
+                );
+                pub(crate) fn $fp8(
+                    x: *const f32,
+                    m: usize,
+                    k: usize,
+                    w: *const u8,
+                    sinv: *const f32,
+                    n: usize,
+                    r0: usize,
+                    r1: usize,
+                    y: *mut f32,
+                );
+                pub(crate) fn $nvfp4(
+                    x: *const f32,
+                    xp: *const f32,
+                    m: usize,
+                    k: usize,
+                    w: *const u8,
+                    scales: *const u8,
+                    global: f32,
+                    n: usize,
+                    r0: usize,
+                    r1: usize,
+                    y: *mut f32,
+                );
+                pub(crate) fn $bf16(
+                    x: *const f32,
+                    m: usize,
+                    k: usize,
+                    w: *const u16,
+                    n: usize,
+                    r0: usize,
+                    r1: usize,
+                    y: *mut f32,
+                );
+            }
+        };
+    }
+    decl!(
+        ef_w4a16_scalar,
+        ef_w4a8_scalar,
+        ef_fp8_scalar,
+        ef_nvfp4_scalar,
+        ef_bf16_scalar
+    );
+    #[cfg(edgefit_x86_kernels)]
+    decl!(
+        ef_w4a16_avx512,
+        ef_w4a8_avx512,
+        ef_fp8_avx512,
+        ef_nvfp4_avx512,
+        ef_bf16_avx512
+    );
+    #[cfg(edgefit_x86_kernels)]
+    extern "C" {
+        pub(crate) fn ef_w4a16_avx2(
+            x: *const f32,
+            m: usize,
+            k: usize,
+            packed: *const u8,
+            sz: *const u16,
+            npad: usize,
+            group: usize,
+            n: usize,
+            b0: usize,
+            b1: usize,
+            y: *mut f32,
+        );
+        pub(crate) fn ef_w4a8_avx2(
+            xq: *const i8,
+            xs: *const f32,
+            xsum: *const i32,
+            m: usize,
+            k: usize,
+            packed: *const u8,
+            sz: *const u16,
+            npad: usize,
+            group: usize,
+            n: usize,
+            b0: usize,
+            b1: usize,
+            y: *mut f32,
+        );
+        pub(crate) fn ef_fp8_avx2(
+            x: *const f32,
+            m: usize,
+            k: usize,
+            w: *const u8,
+            sinv: *const f32,
+            n: usize,
+            r0: usize,
+            r1: usize,
+            y: *mut f32,
+        );
+        pub(crate) fn ef_nvfp4_avx2(
+            x: *const f32,
+            xp: *const f32,
+            m: usize,
+            k: usize,
+            w: *const u8,
+            scales: *const u8,
+            global: f32,
+            n: usize,
+            r0: usize,
+            r1: usize,
+            y: *mut f32,
+        );
+        pub(crate) fn ef_bf16_avx2(
+            x: *const f32,
+            m: usize,
+            k: usize,
+            w: *const u16,
+            n: usize,
+            r0: usize,
+            r1: usize,
+            y: *mut f32,
+        );
+    }
+}
+
+type W4a16Fn = unsafe extern "C" fn(
+    *const f32,
+    usize,
+    usize,
+    *const u8,
+    *const u16,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    *mut f32,
+);
+type W4a8Fn = unsafe extern "C" fn(
+    *const i8,
+    *const f32,
+    *const i32,
+    usize,
+    usize,
+    *const u8,
+    *const u16,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    *mut f32,
+);
+type Fp8Fn = unsafe extern "C" fn(
+    *const f32,
+    usize,
+    usize,
+    *const u8,
+    *const f32,
+    usize,
+    usize,
+    usize,
+    *mut f32,
+);
+type Nvfp4Fn = unsafe extern "C" fn(
+    *const f32,
+    *const f32,
+    usize,
+    usize,
+    *const u8,
+    *const u8,
+    f32,
+    usize,
+    usize,
+    usize,
+    *mut f32,
+);
+type Bf16Fn =
+    unsafe extern "C" fn(*const f32, usize, usize, *const u16, usize, usize, usize, *mut f32);
+
+/// The kernels of one format for each path; `None` means the path has no code of its own for that format and
+/// the dispatcher runs (and reports) the scalar code instead.
+struct Table<F> {
+    scalar: F,
+    avx2: Option<F>,
+    avx512: Option<F>,
+}
+
+impl<F: Copy> Table<F> {
+    /// The kernel for `isa` and the path it really is, or an error when this CPU cannot run `isa`.
+    fn pick(&self, op: &'static str, isa: Isa) -> Result<(Isa, F), KernelError> {
+        if !isa.is_supported() {
+            return Err(KernelError::IsaUnavailable { op, isa });
+        }
+        Ok(match isa {
+            Isa::Avx512 => self
+                .avx512
+                .map_or((Isa::Scalar, self.scalar), |f| (Isa::Avx512, f)),
+            Isa::Avx2 => self
+                .avx2
+                .map_or((Isa::Scalar, self.scalar), |f| (Isa::Avx2, f)),
+            Isa::Scalar => (Isa::Scalar, self.scalar),
+        })
+    }
+}
+
+#[cfg(edgefit_x86_kernels)]
+macro_rules! x86 {
+    ($e:expr) => {
+        Some($e)
+    };
+}
+#[cfg(not(edgefit_x86_kernels))]
+macro_rules! x86 {
+    ($e:expr) => {
+        None
+    };
+}
+
+const W4A16: Table<W4a16Fn> = Table {
+    scalar: ffi::ef_w4a16_scalar,
+    avx2: x86!(ffi::ef_w4a16_avx2),
+    avx512: x86!(ffi::ef_w4a16_avx512),
+};
+const W4A8: Table<W4a8Fn> = Table {
+    scalar: ffi::ef_w4a8_scalar,
+    avx2: x86!(ffi::ef_w4a8_avx2),
+    avx512: x86!(ffi::ef_w4a8_avx512),
+};
+const FP8: Table<Fp8Fn> = Table {
+    scalar: ffi::ef_fp8_scalar,
+    avx2: x86!(ffi::ef_fp8_avx2),
+    avx512: x86!(ffi::ef_fp8_avx512),
+};
+const NVFP4: Table<Nvfp4Fn> = Table {
+    scalar: ffi::ef_nvfp4_scalar,
+    avx2: x86!(ffi::ef_nvfp4_avx2),
+    avx512: x86!(ffi::ef_nvfp4_avx512),
+};
+const BF16: Table<Bf16Fn> = Table {
+    scalar: ffi::ef_bf16_scalar,
+    avx2: x86!(ffi::ef_bf16_avx2),
+    avx512: x86!(ffi::ef_bf16_avx512),
+};
+
+/// Activations of a linear call: row-major `[m, k]`, f32 or bf16 bits.
+#[derive(Debug, Clone, Copy)]
+pub enum Activations<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [u16]),
+}
+
+impl<'a> From<&'a [f32]> for Activations<'a> {
+    fn from(x: &'a [f32]) -> Self {
+        Activations::F32(x)
+    }
+}
+impl<'a> From<&'a Vec<f32>> for Activations<'a> {
+    fn from(x: &'a Vec<f32>) -> Self {
+        Activations::F32(x)
+    }
+}
+impl<'a> From<&'a [u16]> for Activations<'a> {
+    fn from(x: &'a [u16]) -> Self {
+        Activations::Bf16(x)
+    }
+}
+impl<'a> From<&'a Vec<u16>> for Activations<'a> {
+    fn from(x: &'a Vec<u16>) -> Self {
+        Activations::Bf16(x)
+    }
+}
+
+impl<'a> Activations<'a> {
+    fn len(&self) -> usize {
+        match self {
+            Activations::F32(x) => x.len(),
+            Activations::Bf16(x) => x.len(),
+        }
+    }
+
+    fn to_f32(self) -> Cow<'a, [f32]> {
+        match self {
+            Activations::F32(x) => Cow::Borrowed(x),
+            Activations::Bf16(x) => Cow::Owned(x.iter().map(|&b| bf16_to_f32(b)).collect()),
+        }
+    }
+}
+
+/// Checks the activation and output sizes shared by every format.
+fn check_io(
+    op: &'static str,
+    x: &Activations<'_>,
+    m: usize,
+    n: usize,
+    k: usize,
+    y: &[f32],
+) -> Result<(), KernelError> {
+    ensure_shape!(m > 0, op, "m must be positive");
+    ensure_shape!(
+        x.len() == m * k,
+        op,
+        "x has {} elements, expected m*k = {m}*{k}",
+        x.len()
+    );
+    ensure_shape!(
+        y.len() == m * n,
+        op,
+        "y has {} elements, expected m*n = {m}*{n}",
+        y.len()
+    );
+    Ok(())
+}
+
+/// A raw output pointer that threads share; each writes a disjoint set of columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: the pointer is only used inside `parallel_ranges`, whose ranges are disjoint, so no two threads write the
+// same element, and the borrow of `y` outlives the scoped threads.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// Taking `self` makes a closure capture the whole (Sync) wrapper, not the raw pointer field.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// W4A16 over packed int4 weights with the detected path and all cores.
+pub fn w4a16<'a>(
+    x: impl Into<Activations<'a>>,
+    m: usize,
+    w: &Int4Weights,
+    y: &mut [f32],
+) -> Result<Isa, KernelError> {
+    w4a16_with(Isa::detected(), crate::cpu::default_threads(), x, m, w, y)
+}
+
+/// W4A16 on a given path and thread count; returns the path that ran.
+pub fn w4a16_with<'a>(
+    isa: Isa,
+    threads: usize,
+    x: impl Into<Activations<'a>>,
+    m: usize,
+    w: &Int4Weights,
+    y: &mut [f32],
+) -> Result<Isa, KernelError> {
+    const OP: &str = "w4a16";
+    let x = x.into();
+    check_io(OP, &x, m, w.n(), w.k(), y)?;
+    let (ran, f) = W4A16.pick(OP, isa)?;
+    let x = x.to_f32();
+    let out = OutPtr(y.as_mut_ptr());
+    parallel_ranges(w.blocks(), 1, threads, |b0, b1| {
+        // SAFETY: x is [m, k], the packed buffer and scales have the sizes `Int4Weights` guarantees for (n, k,
+        // group), y is [m, n] (all checked above); b0..b1 are block indices below `blocks()`, and this thread
+        // writes only columns 64*b0..min(64*b1, n), disjoint from every other thread's.
+        unsafe {
+            f(
+                x.as_ptr(),
+                m,
+                w.k(),
+                w.packed().as_ptr(),
+                w.scales_zeros().as_ptr(),
+                w.npad(),
+                w.group(),
+                w.n(),
+                b0,
+                b1,
+                out.get(),
+            )
+        }
+    });
+    Ok(ran)
+}
+
+/// Per-row int8 activations for W4A8: codes, row scales and per-group code sums.
+struct QuantizedRows {
+    q: Vec<i8>,
+    scales: Vec<f32>,
+    group_sums: Vec<i32>,
+}
+
+fn quantize_rows(x: &[f32], m: usize, k: usize, group: usize) -> QuantizedRows {
+    let (q, scales) = crate::reference::linear::quantize_rows_int8(x, m, k);
+    let groups = k.div_ceil(group);
+    let mut group_sums = vec![0i32; m * groups];
+    for i in 0..m {
+        for (g, s) in group_sums[i * groups..(i + 1) * groups]
+            .iter_mut()
+            .enumerate()
+        {
+            let row = &q[i * k + g * group..i * k + ((g + 1) * group).min(k)];
+            *s = row.iter().map(|&v| i32::from(v)).sum();
+        }
+    }
+    QuantizedRows {
+        q,
+        scales,
+        group_sums,
+    }
+}
+
+/// W4A8 (symmetric int4 weights, int8 activations quantised per row) with the detected path and all cores.
+pub fn w4a8<'a>(
+    x: impl Into<Activations<'a>>,
+    m: usize,
+    w: &Int4Weights,
+    y: &mut [f32],
+) -> Result<Isa, KernelError> {
+    w4a8_with(Isa::detected(), crate::cpu::default_threads(), x, m, w, y)
+}
+
+/// W4A8 on a given path and thread count; returns the path that ran. The weights must be on the symmetric grid.
+pub fn w4a8_with<'a>(
+    isa: Isa,
+    threads: usize,
+    x: impl Into<Activations<'a>>,
+    m: usize,
+    w: &Int4Weights,
+    y: &mut [f32],
+) -> Result<Isa, KernelError> {
+    const OP: &str = "w4a8";
+    let x = x.into();
+    check_io(OP, &x, m, w.n(), w.k(), y)?;
+    ensure_shape!(
+        w.scheme() == Int4Scheme::Symmetric,
+        OP,
+        "W4A8 needs weights quantised on the symmetric grid (zero point 8); these are asymmetric"
+    );
+    let (ran, f) = W4A8.pick(OP, isa)?;
+    let xf = x.to_f32();
+    let qr = quantize_rows(&xf, m, w.k(), w.group());
+    let out = OutPtr(y.as_mut_ptr());
+    parallel_ranges(w.blocks(), 1, threads, |b0, b1| {
+        // SAFETY: xq is [m, k], xs [m], xsum [m, ceil(k/group)] (built just above), the weights are consistent by
+        // construction of `Int4Weights`, y is [m, n]; this thread writes only the columns of blocks b0..b1.
+        unsafe {
+            f(
+                qr.q.as_ptr(),
+                qr.scales.as_ptr(),
+                qr.group_sums.as_ptr(),
+                m,
+                w.k(),
+                w.packed().as_ptr(),
+                w.scales_zeros().as_ptr(),
+                w.npad(),
+                w.group(),
+                w.n(),
+                b0,
+                b1,
+                out.get(),
+            )
+        }
+    });
+    Ok(ran)
+}
+
+/// FP8 e4m3 weights `[n, k]` with f32 `weight_scale_inv` `[ceil(n/128), ceil(k/128)]`, borrowed from wherever
+/// the checkpoint was loaded. Sizes are checked once here.
+#[derive(Debug, Clone, Copy)]
+pub struct Fp8Weights<'a> {
+    w: &'a [u8],
+    scale_inv: &'a [f32],
+    n: usize,
+    k: usize,
+}
+
+impl<'a> Fp8Weights<'a> {
+    pub fn new(w: &'a [u8], scale_inv: &'a [f32], n: usize, k: usize) -> Result<Self, KernelError> {
+        const OP: &str = "fp8 weights";
+        ensure_shape!(
+            n > 0 && k > 0,
+            OP,
+            "n and k must be positive (n = {n}, k = {k})"
+        );
+        ensure_shape!(
+            w.len() == n * k,
+            OP,
+            "weight has {} bytes, expected n*k = {n}*{k}",
+            w.len()
+        );
+        let want = n.div_ceil(FP8_BLOCK) * k.div_ceil(FP8_BLOCK);
+        ensure_shape!(
+            scale_inv.len() == want,
+            OP,
+            "weight_scale_inv has {} elements, expected ceil(n/128)*ceil(k/128) = {want}",
+            scale_inv.len()
+        );
+        Ok(Self { w, scale_inv, n, k })
+    }
+    /// Bytes a GEMV reads (codes plus scales).
+    pub fn bytes(&self) -> usize {
+        self.w.len() + self.scale_inv.len() * 4
+    }
+}
+
+/// Rows per thread unit for the row-major formats: the GEMM's 64-row panel, so threads never split a panel.
+const ROW_ALIGN: usize = 64;
+
+/// FP8 block linear with the detected path and all cores.
+pub fn fp8<'a>(
+    x: impl Into<Activations<'a>>,
+    m: usize,
+    w: &Fp8Weights<'_>,
+    y: &mut [f32],
+) -> Result<Isa, KernelError> {
+    fp8_with(Isa::detected(), crate::cpu::default_threads(), x, m, w, y)
+}
+
+/// FP8 block linear on a given path and thread count; returns the path that ran.
+pub fn fp8_with<'a>(
+    isa: Isa,
+    threads: usize,
+    x: impl Into<Activations<'a>>,
+    m: usize,
+    w: &Fp8Weights<'_>,
+    y: &mut [f32],
+) -> Result<Isa, KernelError> {
+    const OP: &str = "fp8";
+    let x = x.into();
+    check_io(OP, &x, m, w.n, w.k, y)?;
+    let (ran, f) = FP8.pick(OP, isa)?;
+    let x = x.to_f32();
+    let out = OutPtr(y.as_mut_ptr());
+    parallel_ranges(w.n, ROW_ALIGN, threads, |r0, r1| {
+        // SAFETY: x [m, k], w [n, k], scale_inv [ceil(n/128), ceil(k/128)] and y [m, n] were checked; r0..r1 is
+        // within 0..n and disjoint from the other threads' ranges, and the kernel writes only those columns.
+        unsafe {
+            f(
+                x.as_ptr(),
+                m,
+                w.k,
+                w.w.as_ptr(),
+                w.scale_inv.as_ptr(),
+                w.n,
+                r0,
+                r1,
+                out.get(),
+            )
+        }
+    });
+    Ok(ran)
+}
+
+/// NVFP4 weights (modelopt): codes `[n, k/2]` (even element in the low nibble), e4m3 scales `[n, k/16]`, and
+/// the f32 `weight_scale_2`. `k` must be a multiple of 16, as the format requires.
+#[derive(Debug, Clone, Copy)]
+pub struct Nvfp4Weights<'a> {
+    w: &'a [u8],
+    scales: &'a [u8],
+    global: f32,
+    n: usize,
+    k: usize,
+}
+
+impl<'a> Nvfp4Weights<'a> {
+    pub fn new(
+        w: &'a [u8],
+        scales: &'a [u8],
+        global: f32,
+        n: usize,
+        k: usize,
+    ) -> Result<Self, KernelError> {
+        const OP: &str = "nvfp4 weights";
+        ensure_shape!(
+            n > 0 && k > 0,
+            OP,
+            "n and k must be positive (n = {n}, k = {k})"
+        );
+        ensure_shape!(
+            k.is_multiple_of(NVFP4_GROUP),
+            OP,
+            "k = {k} is not a multiple of the 16-element scale group"
+        );
+        ensure_shape!(
+            w.len() == n * k / 2,
+            OP,
+            "weight has {} bytes, expected n*k/2 = {}",
+            w.len(),
+            n * k / 2
+        );
+        ensure_shape!(
+            scales.len() == n * k / NVFP4_GROUP,
+            OP,
+            "weight_scale has {} bytes, expected n*k/16 = {}",
+            scales.len(),
+            n * k / NVFP4_GROUP
+        );
+        ensure_shape!(
+            global.is_finite(),
+            OP,
+            "weight_scale_2 must be finite, got {global}"
+        );
+        Ok(Self {
+            w,
+            scales,
+            global,
+            n,
+            k,
+        })
+    }
+    /// Bytes a GEMV reads (codes plus scales).
+    pub fn bytes(&self) -> usize {
+        self.w.len() + self.scales.len()
+    }
+}
+
+/// Activations reordered for the AVX-512 NVFP4 GEMV: inside every full 128-element chunk, `xp[16 t + j] =
+/// x[8 j + t]` (the order in which the kernel pulls nibbles out of 32-bit lanes); the tail stays in order.
+fn nvfp4_permute(x: &[f32], k: usize) -> Vec<f32> {
+    let mut xp = x.to_vec();
+    for (dst, src) in xp.chunks_exact_mut(k).zip(x.chunks_exact(k)) {
+        for c in 0..k / 128 {
+            for t in 0..8 {
+                for j in 0..16 {
+                    dst[c * 128 + 16 * t + j] = src[c * 128 + 8 * j + t];
+                }
+            }
+        }
+    }
+    xp
+}
+
+/// NVFP4 linear with the detected path and all cores.
+pub fn nvfp4<'a>(
+    x: impl Into<Activations<'a>>,
+    m: usize,
+    w: &Nvfp4Weights<'_>,
+    y: &mut [f32],
+) -> Result<Isa, KernelError> {
+    nvfp4_with(Isa::detected(), crate::cpu::default_threads(), x, m, w, y)
+}
+
+/// NVFP4 linear on a given path and thread count; returns the path that ran.
+pub fn nvfp4_with<'a>(
+    isa: Isa,
+    threads: usize,
+    x: impl Into<Activations<'a>>,
+    m: usize,
+    w: &Nvfp4Weights<'_>,
+    y: &mut [f32],
+) -> Result<Isa, KernelError> {
+    const OP: &str = "nvfp4";
+    let x = x.into();
+    check_io(OP, &x, m, w.n, w.k, y)?;
+    let (ran, f) = NVFP4.pick(OP, isa)?;
+    let x = x.to_f32();
+    let xp: Cow<'_, [f32]> = if ran == Isa::Avx512 && m == 1 {
+        Cow::Owned(nvfp4_permute(&x, w.k))
+    } else {
+        Cow::Borrowed(&x)
+    };
+    let out = OutPtr(y.as_mut_ptr());
+    parallel_ranges(w.n, ROW_ALIGN, threads, |r0, r1| {
+        // SAFETY: x and xp are [m, k], w [n, k/2], scales [n, k/16] with k a multiple of 16, y [m, n] (checked);
+        // r0..r1 is within 0..n and disjoint from the other threads'.
+        unsafe {
+            f(
+                x.as_ptr(),
+                xp.as_ptr(),
+                m,
+                w.k,
+                w.w.as_ptr(),
+                w.scales.as_ptr(),
+                w.global,
+                w.n,
+                r0,
+                r1,
+                out.get(),
+            )
+        }
+    });
+    Ok(ran)
+}
+
+/// bf16 weights `[n, k]` (bits).
+#[derive(Debug, Clone, Copy)]
+pub struct Bf16Weights<'a> {
+    w: &'a [u16],
+    n: usize,
+    k: usize,
+}
+
+impl<'a> Bf16Weights<'a> {
+    pub fn new(w: &'a [u16], n: usize, k: usize) -> Result<Self, KernelError> {
+        const OP: &str = "bf16 weights";
+        ensure_shape!(
+            n > 0 && k > 0,
+            OP,
+            "n and k must be positive (n = {n}, k = {k})"
+        );
+        ensure_shape!(
+            w.len() == n * k,
+            OP,
+            "weight has {} elements, expected n*k = {n}*{k}",
+            w.len()
+        );
+        Ok(Self { w, n, k })
+    }
+    /// Bytes a GEMV reads.
+    pub fn bytes(&self) -> usize {
+        self.w.len() * 2
+    }
+}
+
+/// bf16 linear with the detected path and all cores.
+pub fn bf16<'a>(
+    x: impl Into<Activations<'a>>,
+    m: usize,
+    w: &Bf16Weights<'_>,
+    y: &mut [f32],
+) -> Result<Isa, KernelError> {
+    bf16_with(Isa::detected(), crate::cpu::default_threads(), x, m, w, y)
+}
+
+/// bf16 linear on a given path and thread count; returns the path that ran.
+pub fn bf16_with<'a>(
+    isa: Isa,
+    threads: usize,
+    x: impl Into<Activations<'a>>,
+    m: usize,
+    w: &Bf16Weights<'_>,
+    y: &mut [f32],
+) -> Result<Isa, KernelError> {
+    const OP: &str = "bf16";
+    let x = x.into();
+    check_io(OP, &x, m, w.n, w.k, y)?;
+    let (ran, f) = BF16.pick(OP, isa)?;
+    let x = x.to_f32();
+    let out = OutPtr(y.as_mut_ptr());
+    parallel_ranges(w.n, ROW_ALIGN, threads, |r0, r1| {
+        // SAFETY: x [m, k], w [n, k] and y [m, n] were checked; r0..r1 is within 0..n and disjoint from the other
+        // threads' ranges.
+        unsafe { f(x.as_ptr(), m, w.k, w.w.as_ptr(), w.n, r0, r1, out.get()) }
+    });
+    Ok(ran)
+}

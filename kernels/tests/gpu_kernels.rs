@@ -1,0 +1,550 @@
+//! The CUDA kernels against the plain Rust references on the CPU: fresh random inputs each run (the seed is
+//! printed), shapes that are not multiples of the tiles, outputs poisoned with NaN before the launch (so an
+//! element the kernel did not write fails, and a pass proves the GPU path ran), stated error bounds.
+//!
+//! Where there is no CUDA driver or device, or the crate was built without the `cuda` feature, each test prints
+//! "skipped: no CUDA device" and returns. Shapes are small so the whole file also runs under
+//! `compute-sanitizer --tool memcheck|racecheck` in seconds (kernels/bench/h200/run_all.sh).
+
+use kernels::attention::AttnDims;
+use kernels::cuda::{GdnGpuInputs, GdnGpuWeights, GemvPath, Gpu, PagedAttentionDims};
+use kernels::formats::{bf16_to_f32, f32_to_bf16};
+use kernels::gdn::{GdnDims, GdnInputs, GdnWeights};
+use kernels::reference;
+use kernels::KernelError;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn gpu() -> Option<Gpu> {
+    match Gpu::probe() {
+        Ok(Some(g)) => Some(g),
+        Ok(None) => {
+            println!("skipped: no CUDA device");
+            None
+        }
+        Err(KernelError::NotCompiledWithCuda) => {
+            if cfg!(feature = "cuda") {
+                panic!("a cuda build must not answer NotCompiledWithCuda");
+            }
+            println!("skipped: no CUDA device (built without the `cuda` feature)");
+            None
+        }
+        Err(e) => panic!("probing for a CUDA device failed: {e}"),
+    }
+}
+
+fn rng(test: &str) -> ChaCha8Rng {
+    let seed: u64 = rand::thread_rng().gen();
+    println!("{test}: seed {seed}");
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+fn uniform(rng: &mut ChaCha8Rng, n: usize, amp: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.gen_range(-amp..amp)).collect()
+}
+
+/// `||got - want|| / ||want||` in f64, failing on any non-finite element (an unwritten NaN-poisoned one).
+fn rel_err(what: &str, got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            g.is_finite(),
+            "{what}: element {i} is {g} (not written, or overflowed); expected {w}"
+        );
+        num += (g as f64 - w as f64).powi(2);
+        den += (w as f64).powi(2);
+    }
+    (num / den.max(1e-300)).sqrt()
+}
+
+#[test]
+fn without_cuda_the_api_refuses_and_with_it_probing_succeeds() {
+    match Gpu::probe() {
+        Err(e) => {
+            if cfg!(feature = "cuda") {
+                panic!("probe failed in a cuda build: {e}");
+            }
+            assert_eq!(e, KernelError::NotCompiledWithCuda);
+            assert!(e.to_string().contains("--features cuda"), "{e}");
+            assert_eq!(Gpu::new(0).err(), Some(KernelError::NotCompiledWithCuda));
+            println!("skipped: no CUDA device (built without the `cuda` feature)");
+        }
+        Ok(None) => println!("skipped: no CUDA device"),
+        Ok(Some(g)) => println!("device: {}", g.name().expect("device name")),
+    }
+}
+
+/// bf16 activations, returned as bits for the GPU and as the exact f32 values for the reference.
+fn bf16_activations(rng: &mut ChaCha8Rng, len: usize) -> (Vec<u16>, Vec<f32>) {
+    let bits: Vec<u16> = uniform(rng, len, 2.0)
+        .into_iter()
+        .map(f32_to_bf16)
+        .collect();
+    let vals = bits.iter().map(|&b| bf16_to_f32(b)).collect();
+    (bits, vals)
+}
+
+// fp32 accumulation of exact products (e4m3 x bf16 fits in 24 bits; on the tensor cores e4m3 and bf16 in
+// [6e-5, 65504] are exact in f16) against the f64 reference: the error is the rounding of the partial sums, ~1e-7
+// relative; 2e-5 leaves room without hiding a wrong element (one wrong scale block moves the norm by > 1e-2 at
+// these sizes).
+const GEMV_TOL: f64 = 2e-5;
+const GEMV_PATHS: [GemvPath; 3] = [GemvPath::Auto, GemvPath::CudaCores, GemvPath::TensorCores];
+
+#[test]
+fn fp8_block_gemv_matches_the_reference_on_every_path() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("fp8_block_gemv");
+    // Ragged n (not a multiple of the 16-row tile or of 2 rows per warp), k a multiple of 16 but not of 32 or 128,
+    // m across the 8-token tile boundary.
+    for &(m, n, k) in &[
+        (1, 300, 400),
+        (2, 129, 528),
+        (3, 257, 1040),
+        (7, 64, 2048),
+        (9, 33, 272),
+        (16, 1000, 656),
+        (11, 5, 16),
+    ] {
+        let w = uniform(&mut rng, n * k, 0.05);
+        let (codes, scales) = reference::linear::quantize_fp8_block(&w, n, k);
+        let (xb, xf) = bf16_activations(&mut rng, m * k);
+        let want = reference::linear::fp8_block_linear(&xf, m, &codes, &scales, n, k);
+        let (dx, dw, ds) = (
+            gpu.upload(&xb).unwrap(),
+            gpu.upload(&codes).unwrap(),
+            gpu.upload(&scales).unwrap(),
+        );
+        for path in GEMV_PATHS {
+            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            gpu.fp8_block_gemv_with(path, &dx, &dw, &ds, &mut dy, m, n, k)
+                .unwrap();
+            let got = gpu.download(&dy).unwrap();
+            let what = format!("fp8 {path:?} m={m} n={n} k={k}");
+            let e = rel_err(&what, &got, &want);
+            assert!(e < GEMV_TOL, "{what}: relative error {e:e} >= {GEMV_TOL:e}");
+        }
+    }
+}
+
+#[test]
+fn nvfp4_gemv_matches_the_reference_on_every_path() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("nvfp4_gemv");
+    // n = 16400 takes the two-rows-per-warp CUDA-core kernel (n >= 16384) with a ragged last warp.
+    for &(m, n, k) in &[
+        (1, 300, 512),
+        (2, 129, 544),
+        (4, 257, 1056),
+        (6, 64, 2048),
+        (16, 1000, 640),
+        (9, 3, 32),
+        (1, 16400, 96),
+    ] {
+        let w = uniform(&mut rng, n * k, 0.05);
+        let (packed, scales, global) = reference::linear::quantize_nvfp4(&w, n, k);
+        let (xb, xf) = bf16_activations(&mut rng, m * k);
+        let want = reference::linear::nvfp4_linear(&xf, m, &packed, &scales, global, n, k);
+        let (dx, dw, ds) = (
+            gpu.upload(&xb).unwrap(),
+            gpu.upload(&packed).unwrap(),
+            gpu.upload(&scales).unwrap(),
+        );
+        for path in GEMV_PATHS {
+            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            gpu.nvfp4_gemv_with(path, &dx, &dw, &ds, global, &mut dy, m, n, k)
+                .unwrap();
+            let got = gpu.download(&dy).unwrap();
+            let what = format!("nvfp4 {path:?} m={m} n={n} k={k}");
+            let e = rel_err(&what, &got, &want);
+            assert!(e < GEMV_TOL, "{what}: relative error {e:e} >= {GEMV_TOL:e}");
+        }
+    }
+}
+
+#[test]
+fn gemv_shape_errors_name_the_operand() {
+    let Some(gpu) = gpu() else { return };
+    let x = gpu.upload(&vec![0u16; 2 * 64]).unwrap();
+    let w = gpu.upload(&vec![0u8; 8 * 64]).unwrap();
+    let s = gpu.upload(&[1.0f32; 1]).unwrap();
+    let mut y = gpu.zeros::<f32>(2 * 8).unwrap();
+    let e = gpu
+        .fp8_block_gemv(&x, &w, &s, &mut y, 2, 8, 48)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("x has 128 elements, expected 96"),
+        "{e}"
+    );
+    let e = gpu
+        .fp8_block_gemv(&x, &w, &s, &mut y, 17, 8, 64)
+        .unwrap_err();
+    assert!(e.to_string().contains("m must be 1..=16"), "{e}");
+    let e = gpu
+        .nvfp4_gemv(&x, &w, &w, 1.0, &mut y, 2, 8, 48)
+        .unwrap_err();
+    assert!(e.to_string().contains("multiple of 32"), "{e}");
+}
+
+struct GdnCase {
+    dims: GdnDims,
+    conv_weight: Vec<f32>,
+    a_log: Vec<f32>,
+    dt_bias: Vec<f32>,
+    norm_weight: Vec<f32>,
+}
+
+#[test]
+fn gdn_decode_step_matches_the_reference_over_several_steps() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("gdn_decode_step");
+    // Hv/Hk = 3 as in Qwen3.8-27B (48/16), with fewer heads; 3 sequences, 4 steps so the conv history and the
+    // state carry over between launches.
+    let dims = GdnDims {
+        key_heads: 2,
+        value_heads: 6,
+        key_dim: 128,
+        value_dim: 128,
+        conv_kernel: 4,
+    };
+    let (seqs, steps) = (3usize, 4usize);
+    let cd = dims.conv_dim();
+    let c = GdnCase {
+        dims,
+        conv_weight: uniform(&mut rng, cd * dims.conv_kernel, 0.5),
+        a_log: uniform(&mut rng, dims.value_heads, 1.0),
+        dt_bias: uniform(&mut rng, dims.value_heads, 1.0),
+        norm_weight: (0..dims.value_dim)
+            .map(|_| rng.gen_range(0.5..1.5))
+            .collect(),
+    };
+    let w = GdnWeights {
+        conv_weight: &c.conv_weight,
+        a_log: &c.a_log,
+        dt_bias: &c.dt_bias,
+        norm_weight: &c.norm_weight,
+        norm_eps: 1e-6,
+    };
+    let mut conv_ref = uniform(&mut rng, seqs * dims.conv_state_len(), 1.0);
+    let mut state_ref = uniform(&mut rng, seqs * dims.state_len(), 0.1);
+
+    let dw = GdnGpuWeights {
+        conv_weight: &gpu.upload(&c.conv_weight).unwrap(),
+        a_log: &gpu.upload(&c.a_log).unwrap(),
+        dt_bias: &gpu.upload(&c.dt_bias).unwrap(),
+        norm_weight: &gpu.upload(&c.norm_weight).unwrap(),
+        norm_eps: 1e-6,
+    };
+    let mut conv_a = gpu.upload(&conv_ref).unwrap();
+    let mut conv_b = gpu.upload(&vec![f32::NAN; conv_ref.len()]).unwrap();
+    let mut state = gpu.upload(&state_ref).unwrap();
+    let vw = c.dims.value_width();
+    for step in 0..steps {
+        let qkv = uniform(&mut rng, seqs * cd, 2.0);
+        let z = uniform(&mut rng, seqs * vw, 2.0);
+        let a = uniform(&mut rng, seqs * dims.value_heads, 2.0);
+        let b = uniform(&mut rng, seqs * dims.value_heads, 3.0);
+        let mut want = vec![0.0f32; seqs * vw];
+        for s in 0..seqs {
+            let x = GdnInputs {
+                qkv: &qkv[s * cd..(s + 1) * cd],
+                z: &z[s * vw..(s + 1) * vw],
+                a: &a[s * dims.value_heads..(s + 1) * dims.value_heads],
+                b: &b[s * dims.value_heads..(s + 1) * dims.value_heads],
+            };
+            reference::gdn::step(
+                &dims,
+                &w,
+                &x,
+                &mut conv_ref[s * dims.conv_state_len()..(s + 1) * dims.conv_state_len()],
+                &mut state_ref[s * dims.state_len()..(s + 1) * dims.state_len()],
+                &mut want[s * vw..(s + 1) * vw],
+            )
+            .unwrap();
+        }
+        let (dq, dz, da, db) = (
+            gpu.upload(&qkv).unwrap(),
+            gpu.upload(&z).unwrap(),
+            gpu.upload(&a).unwrap(),
+            gpu.upload(&b).unwrap(),
+        );
+        let x = GdnGpuInputs {
+            qkv: &dq,
+            z: &dz,
+            a: &da,
+            b: &db,
+        };
+        let mut out = gpu.upload(&vec![f32::NAN; seqs * vw]).unwrap();
+        gpu.gdn_decode_step(
+            &dims,
+            &dw,
+            &x,
+            seqs,
+            &conv_a,
+            &mut conv_b,
+            &mut state,
+            &mut out,
+        )
+        .unwrap();
+        // fp32 through conv, norms and a 128-long dot against f64: ~1e-6 relative; 1e-4 is the bound.
+        let e = rel_err(
+            &format!("gdn out step {step}"),
+            &gpu.download(&out).unwrap(),
+            &want,
+        );
+        assert!(e < 1e-4, "gdn output, step {step}: relative error {e:e}");
+        let e = rel_err(
+            &format!("gdn state step {step}"),
+            &gpu.download(&state).unwrap(),
+            &state_ref,
+        );
+        assert!(e < 1e-5, "gdn state, step {step}: relative error {e:e}");
+        let e = rel_err(
+            &format!("gdn conv state step {step}"),
+            &gpu.download(&conv_b).unwrap(),
+            &conv_ref,
+        );
+        assert!(
+            e == 0.0,
+            "gdn conv state, step {step}: it is a copy, relative error {e:e}"
+        );
+        std::mem::swap(&mut conv_a, &mut conv_b);
+        gpu.write(&mut conv_b, &vec![f32::NAN; conv_ref.len()])
+            .unwrap();
+    }
+}
+
+#[test]
+fn gdn_decode_step_refuses_unbuilt_head_dims() {
+    let Some(gpu) = gpu() else { return };
+    let dims = GdnDims {
+        key_heads: 1,
+        value_heads: 1,
+        key_dim: 64,
+        value_dim: 64,
+        conv_kernel: 4,
+    };
+    let one = gpu.upload(&[0.0f32; 1]).unwrap();
+    let w = GdnGpuWeights {
+        conv_weight: &one,
+        a_log: &one,
+        dt_bias: &one,
+        norm_weight: &one,
+        norm_eps: 1e-6,
+    };
+    let x = GdnGpuInputs {
+        qkv: &one,
+        z: &one,
+        a: &one,
+        b: &one,
+    };
+    let (mut c, mut s, mut o) = (
+        gpu.zeros(1).unwrap(),
+        gpu.zeros(1).unwrap(),
+        gpu.zeros(1).unwrap(),
+    );
+    let e = gpu
+        .gdn_decode_step(&dims, &w, &x, 1, &one, &mut c, &mut s, &mut o)
+        .unwrap_err();
+    assert!(e.to_string().contains("key_dim = value_dim = 128"), "{e}");
+}
+
+/// One paged-attention case: random bf16 K/V for ragged lengths scattered over shuffled pages.
+fn check_attention(
+    gpu: &Gpu,
+    rng: &mut ChaCha8Rng,
+    attn: AttnDims,
+    lens: &[usize],
+    page_size: usize,
+    splits: usize,
+) {
+    let (hq, hkv, d) = (attn.q_heads, attn.kv_heads, attn.head_dim);
+    let seqs = lens.len();
+    let max_pages = lens.iter().map(|l| l.div_ceil(page_size)).max().unwrap() + 1;
+    let num_pages = seqs * max_pages + 3;
+    let mut order: Vec<u32> = (0..num_pages as u32).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.gen_range(0..=i));
+    }
+    let page_elems = hkv * page_size * d;
+    let mut kc: Vec<u16> = uniform(rng, num_pages * page_elems, 1.0)
+        .into_iter()
+        .map(f32_to_bf16)
+        .collect();
+    let mut vc: Vec<u16> = uniform(rng, num_pages * page_elems, 1.0)
+        .into_iter()
+        .map(f32_to_bf16)
+        .collect();
+    // Large keys make the softmax peaky, so a wrong max or a lost rescale shows.
+    for v in kc.iter_mut().step_by(7) {
+        *v = f32_to_bf16(bf16_to_f32(*v) * 4.0);
+    }
+    for v in vc.iter_mut().step_by(5) {
+        *v = f32_to_bf16(-bf16_to_f32(*v));
+    }
+    // Unused table slots point past the pool: the kernel must never read them.
+    let mut table = vec![u32::MAX; seqs * max_pages];
+    for s in 0..seqs {
+        for p in 0..lens[s].div_ceil(page_size) {
+            table[s * max_pages + p] = order[s * max_pages + p];
+        }
+    }
+    let q = uniform(rng, seqs * hq * d, 1.0);
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut want = vec![0.0f32; seqs * hq * d];
+    for s in 0..seqs {
+        let n = lens[s];
+        let (mut kd, mut vd) = (vec![0.0f32; n * hkv * d], vec![0.0f32; n * hkv * d]);
+        for t in 0..n {
+            let page = table[s * max_pages + t / page_size] as usize;
+            for g in 0..hkv {
+                let src = ((page * hkv + g) * page_size + t % page_size) * d;
+                for e in 0..d {
+                    kd[(t * hkv + g) * d + e] = bf16_to_f32(kc[src + e]);
+                    vd[(t * hkv + g) * d + e] = bf16_to_f32(vc[src + e]);
+                }
+            }
+        }
+        reference::attention::decode_dense(
+            &attn,
+            scale,
+            None,
+            n,
+            &q[s * hq * d..(s + 1) * hq * d],
+            &kd,
+            &vd,
+            &mut want[s * hq * d..(s + 1) * hq * d],
+        )
+        .unwrap();
+    }
+    let dims = PagedAttentionDims {
+        seqs,
+        q_heads: hq,
+        kv_heads: hkv,
+        head_dim: d,
+        page_size,
+        num_pages,
+        max_pages_per_seq: max_pages,
+    };
+    let lens32: Vec<u32> = lens.iter().map(|&l| l as u32).collect();
+    let (dq, dk, dv) = (
+        gpu.upload(&q).unwrap(),
+        gpu.upload(&kc).unwrap(),
+        gpu.upload(&vc).unwrap(),
+    );
+    let (dt, dl) = (gpu.upload(&table).unwrap(), gpu.upload(&lens32).unwrap());
+    let mut out = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
+    gpu.attention_decode_paged(&dims, &dq, &dk, &dv, &dt, &dl, scale, splits, &mut out)
+        .unwrap();
+    let got = gpu.download(&out).unwrap();
+    let what =
+        format!("attention hq={hq} hkv={hkv} d={d} lens={lens:?} page={page_size} splits={splits}");
+    // fp32 scores and exp2 on exact bf16 inputs against f64: ~1e-6 relative; 1e-4 is the bound.
+    let e = rel_err(&what, &got, &want);
+    assert!(e < 1e-4, "{what}: relative error {e:e}");
+}
+
+#[test]
+fn attention_decode_paged_matches_the_reference() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("attention_decode_paged");
+    // Qwen3.8-27B full attention: 24 query heads on 4 KV heads of 256.
+    let qwen = AttnDims {
+        q_heads: 24,
+        kv_heads: 4,
+        head_dim: 256,
+    };
+    // 300 splits: more than the short sequences have tokens, so most partials are empty (-inf, 0) and the combine
+    // kernel strides over more splits than it has threads at head_dim 64 below.
+    for &splits in &[1usize, 3, 0, 300] {
+        check_attention(&gpu, &mut rng, qwen, &[1, 37, 300, 1000], 16, splits);
+    }
+    // Spark-X2.5-4B: 16 on 4 (r = 4), page 64; and the other built head dims.
+    check_attention(
+        &gpu,
+        &mut rng,
+        AttnDims {
+            q_heads: 16,
+            kv_heads: 4,
+            head_dim: 256,
+        },
+        &[513, 2],
+        64,
+        0,
+    );
+    check_attention(
+        &gpu,
+        &mut rng,
+        AttnDims {
+            q_heads: 8,
+            kv_heads: 1,
+            head_dim: 128,
+        },
+        &[77, 129],
+        32,
+        2,
+    );
+    check_attention(
+        &gpu,
+        &mut rng,
+        AttnDims {
+            q_heads: 4,
+            kv_heads: 2,
+            head_dim: 64,
+        },
+        &[5, 250],
+        16,
+        0,
+    );
+    check_attention(
+        &gpu,
+        &mut rng,
+        AttnDims {
+            q_heads: 4,
+            kv_heads: 2,
+            head_dim: 64,
+        },
+        &[5, 250],
+        16,
+        100,
+    );
+    check_attention(
+        &gpu,
+        &mut rng,
+        AttnDims {
+            q_heads: 3,
+            kv_heads: 3,
+            head_dim: 128,
+        },
+        &[33],
+        8,
+        0,
+    );
+}
+
+#[test]
+fn attention_decode_refuses_unbuilt_group_sizes() {
+    let Some(gpu) = gpu() else { return };
+    let dims = PagedAttentionDims {
+        seqs: 1,
+        q_heads: 12,
+        kv_heads: 4,
+        head_dim: 256,
+        page_size: 16,
+        num_pages: 1,
+        max_pages_per_seq: 1,
+    };
+    let f = gpu.zeros::<f32>(1).unwrap();
+    let h = gpu.zeros::<u16>(1).unwrap();
+    let u = gpu.zeros::<u32>(1).unwrap();
+    let mut o = gpu.zeros::<f32>(1).unwrap();
+    let e = gpu
+        .attention_decode_paged(&dims, &f, &h, &h, &u, &u, 1.0, 0, &mut o)
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("must be 1, 2, 4, 6 or 8 times kv_heads"),
+        "{e}"
+    );
+}

@@ -1,0 +1,260 @@
+//! Admission: one ledger per memory pool that must add up, and a verdict. Each ledger charges, in order, what other
+//! software already holds, the engine's runtime overhead, the reserve, the caches and RoPE tables (on the decode
+//! pool only), and the weights placed there; what is left is free, and what is missing is the shortfall. The first
+//! component that crosses the pool's capacity is the one the verdict names.
+//!
+//! A pool that holds anything but declares no runtime-overhead budget fails closed: the verdict is `does-not-fit`
+//! whatever the arithmetic says (BRIEF §2: a stage that declares no budget is refused). Which ledger applies is
+//! decided by where the work is placed, never by where the planner runs.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::placement::Assignment;
+use crate::profile::DeviceProfile;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    Fits,
+    DoesNotFit,
+}
+
+/// One pool's accounts: `taken + runtime_overhead + reserve + cache + rope_tables + weights + free ==
+/// capacity + shortfall`, with at most one of `free` and `shortfall` above zero.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Ledger {
+    pub pool: String,
+    pub capacity_bytes: u64,
+    pub taken_bytes: u64,
+    pub runtime_overhead_bytes: u64,
+    pub reserve_bytes: u64,
+    pub cache_bytes: u64,
+    pub rope_table_bytes: u64,
+    pub weight_bytes: u64,
+    pub weight_tensors: u64,
+    pub free_bytes: u64,
+    pub shortfall_bytes: u64,
+    /// False when the pool declares no runtime-overhead budget.
+    pub budget_declared: bool,
+}
+
+impl Ledger {
+    /// Whether the accounts add up (the invariant every plan must keep).
+    pub fn adds_up(&self) -> bool {
+        let charged = u128::from(self.taken_bytes)
+            + u128::from(self.runtime_overhead_bytes)
+            + u128::from(self.reserve_bytes)
+            + u128::from(self.cache_bytes)
+            + u128::from(self.rope_table_bytes)
+            + u128::from(self.weight_bytes)
+            + u128::from(self.free_bytes);
+        charged == u128::from(self.capacity_bytes) + u128::from(self.shortfall_bytes)
+            && (self.free_bytes == 0 || self.shortfall_bytes == 0)
+    }
+
+    fn is_used(&self) -> bool {
+        self.weight_bytes > 0 || self.cache_bytes > 0 || self.rope_table_bytes > 0
+    }
+}
+
+/// Why a plan does not fit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Shortfall {
+    pub pool: String,
+    /// The component that crossed the pool's capacity (`weights`, `cache`, ...), or `budget` when the pool declares
+    /// none.
+    pub component: String,
+    pub shortfall_bytes: u64,
+    pub reason: String,
+}
+
+/// Build the ledgers and the verdict.
+pub fn admit(
+    profile: &DeviceProfile,
+    a: &Assignment,
+    cache_bytes: u64,
+    rope_table_bytes: u64,
+) -> (Vec<Ledger>, Verdict, Option<Shortfall>) {
+    let mut ledgers = Vec::with_capacity(profile.pools.len());
+    let mut first: Option<Shortfall> = None;
+    for (i, pool) in profile.pools.iter().enumerate() {
+        let on_primary = i == a.primary;
+        let overhead = pool.runtime_overhead_bytes.as_ref().map_or(0, |m| m.value);
+        let weight_tensors = a.pool_of.iter().filter(|&&p| p == i).count() as u64;
+        let components: [(&str, u64); 6] = [
+            ("already taken", pool.taken_bytes.value),
+            ("runtime overhead", overhead),
+            ("reserve", pool.reserve_bytes.value),
+            ("cache", if on_primary { cache_bytes } else { 0 }),
+            ("rope tables", if on_primary { rope_table_bytes } else { 0 }),
+            ("weights", a.bytes_in(i)),
+        ];
+        let capacity = pool.capacity_bytes.value;
+        let mut running: u128 = 0;
+        let mut crossing = None;
+        for (name, bytes) in components {
+            running += u128::from(bytes);
+            if crossing.is_none() && running > u128::from(capacity) {
+                crossing = Some(name);
+            }
+        }
+        let (free, shortfall) = if running >= u128::from(capacity) {
+            (
+                0,
+                u64::try_from(running - u128::from(capacity)).unwrap_or(u64::MAX),
+            )
+        } else {
+            (capacity - running as u64, 0)
+        };
+        let ledger = Ledger {
+            pool: pool.id.clone(),
+            capacity_bytes: capacity,
+            taken_bytes: components[0].1,
+            runtime_overhead_bytes: overhead,
+            reserve_bytes: components[2].1,
+            cache_bytes: components[3].1,
+            rope_table_bytes: components[4].1,
+            weight_bytes: components[5].1,
+            weight_tensors,
+            free_bytes: free,
+            shortfall_bytes: shortfall,
+            budget_declared: pool.runtime_overhead_bytes.is_some(),
+        };
+        if first.is_none() {
+            if ledger.is_used() && !ledger.budget_declared {
+                first = Some(Shortfall {
+                    pool: pool.id.clone(),
+                    component: "budget".into(),
+                    shortfall_bytes: 0,
+                    reason: format!(
+                        "pool `{}` holds work but declares no runtime_overhead_bytes: admission fails closed",
+                        pool.id
+                    ),
+                });
+            } else if let Some(name) = crossing {
+                first = Some(Shortfall {
+                    pool: pool.id.clone(),
+                    component: name.replace(' ', "_"),
+                    shortfall_bytes: shortfall,
+                    reason: format!(
+                        "{name} cross the capacity of `{}`: {shortfall} bytes ({:.2} GiB) short",
+                        pool.id,
+                        shortfall as f64 / crate::workload::Workload::GIB
+                    ),
+                });
+            }
+        }
+        ledgers.push(ledger);
+    }
+    let verdict = if first.is_some() {
+        Verdict::DoesNotFit
+    } else {
+        Verdict::Fits
+    };
+    (ledgers, verdict, first)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger(free: u64, shortfall: u64) -> Ledger {
+        Ledger {
+            pool: "p".into(),
+            capacity_bytes: 100,
+            taken_bytes: 10,
+            runtime_overhead_bytes: 10,
+            reserve_bytes: 5,
+            cache_bytes: 5,
+            rope_table_bytes: 0,
+            weight_bytes: 70 - free + shortfall,
+            weight_tensors: 1,
+            free_bytes: free,
+            shortfall_bytes: shortfall,
+            budget_declared: true,
+        }
+    }
+
+    use crate::placement::place;
+    use crate::testutil::{small_model, two_pools};
+    use crate::weight_path::choose;
+    use crate::workload::Workload;
+
+    fn admit_small(
+        vram: u64,
+        cache: u64,
+        w: &Workload,
+    ) -> (Vec<Ledger>, Verdict, Option<Shortfall>) {
+        let profile = two_pools(vram, 1000);
+        let path = choose(
+            &crate::model::Quantization::Fp8Block { block: [128, 128] },
+            &profile.compute[0],
+            w.priority,
+        );
+        let a = place(&small_model(), &path, &profile, w, cache);
+        admit(&profile, &a, cache, 0)
+    }
+
+    #[test]
+    fn a_fitting_plan_has_balanced_ledgers_and_no_shortfall() {
+        let (ledgers, verdict, sf) = admit_small(1000, 20, &Workload::default());
+        assert_eq!(verdict, Verdict::Fits);
+        assert!(sf.is_none());
+        assert_eq!(ledgers[0].free_bytes, 1000 - 10 - 20 - 680);
+        assert!(ledgers.iter().all(Ledger::adds_up));
+    }
+
+    #[test]
+    fn the_first_component_that_crosses_capacity_is_named() {
+        // Pinned zero offload: all 680 bytes on a 500-byte pool after 10 overhead and 20 cache.
+        let w = Workload {
+            offload_bytes: Some(0),
+            ..Workload::default()
+        };
+        let (ledgers, verdict, sf) = admit_small(500, 20, &w);
+        assert_eq!(verdict, Verdict::DoesNotFit);
+        let sf = sf.unwrap();
+        assert_eq!(
+            (sf.pool.as_str(), sf.component.as_str(), sf.shortfall_bytes),
+            ("vram", "weights", 210)
+        );
+        assert!(ledgers[0].adds_up());
+        // A cache larger than the pool is named instead.
+        let (_, _, sf) = admit_small(500, 600, &w);
+        assert_eq!(sf.unwrap().component, "cache");
+    }
+
+    #[test]
+    fn the_host_pool_can_be_the_one_that_does_not_fit() {
+        // 680 bytes cannot fit in 100 + 1000 - 20 of usable memory: the host overflows.
+        let profile = two_pools(100, 300);
+        let path = choose(
+            &crate::model::Quantization::Fp8Block { block: [128, 128] },
+            &profile.compute[0],
+            crate::workload::Priority::Speed,
+        );
+        let a = place(&small_model(), &path, &profile, &Workload::default(), 0);
+        let (_, verdict, sf) = admit(&profile, &a, 0, 0);
+        assert_eq!(verdict, Verdict::DoesNotFit);
+        assert_eq!(sf.unwrap().pool, "host");
+    }
+
+    #[test]
+    fn adds_up_checks_both_sides() {
+        assert!(ledger(10, 0).adds_up());
+        assert!(ledger(0, 7).adds_up());
+        let mut bad = ledger(10, 0);
+        bad.cache_bytes += 1;
+        assert!(!bad.adds_up());
+        let mut both = ledger(0, 0);
+        both.free_bytes = 1;
+        both.shortfall_bytes = 1;
+        assert!(
+            !both.adds_up(),
+            "free and shortfall cannot both be positive"
+        );
+    }
+}

@@ -1,0 +1,855 @@
+//! The plan: the one stable serialized interface between the planner and the engine (and the scripts around them).
+//! Its types are serde + schemars with `deny_unknown_fields`; `schemas/plan.schema.json` is generated from them.
+//! Fields scripts rely on: top-level `verdict`, `[prediction]` (`decode_tok_s`, `prefill_tok_s`, `bound`),
+//! `[cache]` (`bytes_per_token_flat`, `bytes_per_token_hybrid`, `state_bytes_per_seq`, `total_bytes`) and
+//! `[inventory]` (`total_bytes`, `total_params`).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::admission::{admit, Ledger, Shortfall, Verdict};
+use crate::model::{Access, CacheBudget, LayerKind, ModelSpec, Quantization, Role};
+use crate::placement::{is_decoder_layer_tensor, place, Assignment};
+use crate::predict::{predict, Prediction, Work};
+use crate::profile::DeviceProfile;
+use crate::weight_path::{choose, WeightPath};
+use crate::workload::Workload;
+
+pub const PLANNER_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    pub planner_version: String,
+    pub verdict: Verdict,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shortfall: Option<Shortfall>,
+    pub prediction: Prediction,
+    pub model: ModelInfo,
+    pub device: DeviceInfo,
+    pub inputs: InputHashes,
+    pub workload: Workload,
+    pub weight_path: WeightPath,
+    pub inventory: InventorySummary,
+    pub cache: CacheBudget,
+    pub placement: Placement,
+    /// One ledger per memory pool, TOML `[[ledger]]`.
+    #[serde(rename = "ledger")]
+    pub ledgers: Vec<Ledger>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelInfo {
+    pub id: String,
+    pub architecture: String,
+    pub model_type: String,
+    pub layers: u64,
+    pub full_attention_layers: u64,
+    pub sliding_attention_layers: u64,
+    pub linear_attention_layers: u64,
+    pub quantization: Quantization,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceInfo {
+    pub profile: String,
+    pub decode_unit: String,
+    pub decode_pool: String,
+}
+
+/// sha256 (hex) of the exact input texts, so a plan can be traced to what produced it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputHashes {
+    pub config_sha256: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quant_config_sha256: Option<String>,
+    pub profile_sha256: String,
+}
+
+impl InputHashes {
+    pub fn of(config: &str, quant_config: Option<&str>, profile: &str) -> Self {
+        Self {
+            config_sha256: sha256_hex(config),
+            quant_config_sha256: quant_config.map(sha256_hex),
+            profile_sha256: sha256_hex(profile),
+        }
+    }
+}
+
+pub fn sha256_hex(text: &str) -> String {
+    let digest = Sha256::digest(text.as_bytes());
+    let mut s = String::with_capacity(64);
+    for b in digest {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InventorySummary {
+    pub tensors: u64,
+    /// Checkpoint bytes (scales included), as the files hold them.
+    pub total_bytes: u64,
+    pub total_params: u64,
+    /// Bytes once loaded on the weight path (differs from `total_bytes` when the path converts).
+    pub planned_bytes: u64,
+    /// Planned bytes one decode step reads (hot weights, gathered rows, active experts).
+    pub decode_bytes_per_token: u64,
+    pub by_access: Vec<AccessClass>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AccessClass {
+    /// `every_token`, `gather`, `conditional_image`, `conditional_speculative`, `routed`.
+    pub class: String,
+    pub tensors: u64,
+    pub planned_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Placement {
+    pub policy: String,
+    /// Tensors placed, summed over pools; equals `inventory.tensors` (every tensor placed exactly once).
+    pub tensors_placed: u64,
+    pub offloaded_bytes: u64,
+    #[serde(rename = "pool")]
+    pub pools: Vec<PoolPlacement>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PoolPlacement {
+    pub pool: String,
+    pub tensors: u64,
+    pub bytes: u64,
+    pub decode_bytes_per_token: u64,
+    /// Decoder layers with at least one tensor here, as ranges (`0-15,20`); empty when none.
+    pub layers: String,
+    /// The decode unit's pool holds every tensor no other pool claims (see [`Plan::pool_for`]).
+    pub is_default: bool,
+    /// Decoder layers (inclusive `[first, last]` ranges) whose every decoder-layer tensor is here. Empty on the
+    /// default pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub whole_layers: Vec<[u32; 2]>,
+    /// Per role, decoder layers whose every tensor of that role is here while the rest of the layer is not (the
+    /// routed experts of a layer moved before its attention). Empty on the default pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub whole_layer_roles: Vec<LayerRoleClaim>,
+    /// Roles whose every tensor outside the decoder layers (vision tower, MTP head, embedding, ...) is here. Empty
+    /// on the default pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub whole_roles: Vec<Role>,
+    /// Tensors here that `whole_layers` and `whole_roles` do not cover (a layer split by a pinned offload). Empty
+    /// on the default pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensors_listed: Vec<String>,
+    #[serde(rename = "group")]
+    pub groups: Vec<PlacementGroup>,
+}
+
+/// Decoder layers (inclusive ranges) whose every tensor of `role` lives in the pool that makes the claim.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LayerRoleClaim {
+    pub role: Role,
+    pub layers: Vec<[u32; 2]>,
+}
+
+/// Tensors of one role and access class in one pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PlacementGroup {
+    pub role: Role,
+    pub access: String,
+    pub tensors: u64,
+    pub bytes: u64,
+    /// The tensors' names when the group is small (at most [`NAMES_LISTED`]), so a reviewer sees exactly what moved.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+}
+
+/// Groups up to this many tensors list their names in the plan.
+pub const NAMES_LISTED: usize = 4;
+
+pub fn access_class(a: &Access) -> &'static str {
+    match a {
+        Access::EveryToken => "every_token",
+        Access::Gather { .. } => "gather",
+        Access::ConditionalImage => "conditional_image",
+        Access::ConditionalSpeculative => "conditional_speculative",
+        Access::Routed { .. } => "routed",
+    }
+}
+
+/// Everything the core planner needs, already parsed. The model-side figures (cache budget, FLOPs) come from
+/// `model`; this keeps the device side testable with hand-built specs.
+pub struct Inputs<'a> {
+    pub spec: &'a ModelSpec,
+    pub cache: CacheBudget,
+    pub decode_flops_per_token: u64,
+    pub prefill_flops: u64,
+    pub profile: &'a DeviceProfile,
+    pub workload: &'a Workload,
+    pub hashes: InputHashes,
+}
+
+/// Plan a model card on a device profile: parse both (errors name the file and the span), then [`build`].
+pub fn plan(
+    card: &crate::model::ModelCard,
+    profile_file: &crate::model::SourceFile,
+    workload: &Workload,
+) -> Result<Plan, crate::error::PlanError> {
+    workload.validate()?;
+    let profile = crate::profile::parse_profile(profile_file)?;
+    let spec = crate::model::parse_model(card)?;
+    Ok(plan_parsed(
+        &spec,
+        card,
+        &profile,
+        &profile_file.text,
+        workload,
+    ))
+}
+
+/// Plan already-parsed inputs (so `--all` parses each file once). The model-side figures come from [`crate::model`].
+pub fn plan_parsed(
+    spec: &ModelSpec,
+    card: &crate::model::ModelCard,
+    profile: &DeviceProfile,
+    profile_text: &str,
+    workload: &Workload,
+) -> Plan {
+    let prompt = workload.effective_prompt_len();
+    build(Inputs {
+        spec,
+        cache: crate::model::cache_budget(spec, &workload.cache_workload()),
+        decode_flops_per_token: crate::model::decode_flops_per_token(spec, prompt),
+        prefill_flops: crate::model::prefill_flops(spec, prompt),
+        profile,
+        workload,
+        hashes: InputHashes::of(
+            &card.config.text,
+            card.quant_config.as_ref().map(|q| q.text.as_str()),
+            profile_text,
+        ),
+    })
+}
+
+/// Compile parsed inputs into a plan. Pure and total: any inputs that parsed give a plan (possibly `does-not-fit`).
+pub fn build(inputs: Inputs<'_>) -> Plan {
+    let Inputs {
+        spec,
+        cache,
+        decode_flops_per_token,
+        prefill_flops,
+        profile,
+        workload,
+        hashes,
+    } = inputs;
+    let unit = profile.decode_unit();
+    let path = choose(&spec.quantization, unit, workload.priority);
+    let fixed = cache.total_bytes.saturating_add(cache.rope_table_bytes);
+    let a = place(&spec.inventory, &path, profile, workload, fixed);
+    let (ledgers, verdict, shortfall) =
+        admit(profile, &a, cache.total_bytes, cache.rope_table_bytes);
+    let prefill_tokens = workload.effective_prompt_len();
+    let prediction = predict(
+        profile,
+        &path,
+        &a,
+        &Work {
+            cache: &cache,
+            decode_flops_per_token,
+            prefill_flops,
+            prefill_tokens,
+            decode_context: prefill_tokens,
+        },
+    );
+    let count = |k: LayerKind| spec.layers.iter().filter(|&&l| l == k).count() as u64;
+    Plan {
+        planner_version: PLANNER_VERSION.to_owned(),
+        verdict,
+        shortfall,
+        model: ModelInfo {
+            id: spec.id.clone(),
+            architecture: spec.architecture.clone(),
+            model_type: spec.model_type.clone(),
+            layers: spec.layers.len() as u64,
+            full_attention_layers: count(LayerKind::FullAttention),
+            sliding_attention_layers: count(LayerKind::SlidingAttention),
+            linear_attention_layers: count(LayerKind::LinearAttention),
+            quantization: spec.quantization.clone(),
+        },
+        device: DeviceInfo {
+            profile: profile.name.clone(),
+            decode_unit: unit.id.clone(),
+            decode_pool: profile.pools[a.primary].id.clone(),
+        },
+        inputs: hashes,
+        workload: workload.clone(),
+        inventory: inventory_summary(spec, &a),
+        placement: placement_summary(spec, profile, &a),
+        weight_path: path,
+        cache,
+        ledgers,
+        prediction,
+    }
+}
+
+fn inventory_summary(spec: &ModelSpec, a: &Assignment) -> InventorySummary {
+    let mut by: BTreeMap<&'static str, (u64, u64)> = BTreeMap::new();
+    for (i, t) in spec.inventory.iter().enumerate() {
+        let e = by.entry(access_class(&t.access)).or_default();
+        e.0 += 1;
+        e.1 += a.planned[i];
+    }
+    InventorySummary {
+        tensors: spec.inventory.len() as u64,
+        total_bytes: spec.inventory.iter().map(|t| t.bytes).sum(),
+        total_params: spec.inventory.iter().map(|t| t.params).sum(),
+        planned_bytes: a.planned.iter().sum(),
+        decode_bytes_per_token: a.per_token.iter().sum(),
+        by_access: by
+            .into_iter()
+            .map(|(class, (tensors, planned_bytes))| AccessClass {
+                class: class.to_owned(),
+                tensors,
+                planned_bytes,
+            })
+            .collect(),
+    }
+}
+
+/// Inclusive ranges of a sorted, deduplicated list.
+fn range_pairs(sorted: &[u32]) -> Vec<[u32; 2]> {
+    let mut out: Vec<[u32; 2]> = Vec::new();
+    for &l in sorted {
+        match out.last_mut() {
+            Some(r) if r[1] + 1 == l => r[1] = l,
+            _ => out.push([l, l]),
+        }
+    }
+    out
+}
+
+/// What a non-default pool claims.
+#[derive(Default)]
+struct Claims {
+    whole_layers: Vec<[u32; 2]>,
+    whole_layer_roles: Vec<LayerRoleClaim>,
+    whole_roles: Vec<Role>,
+    listed: Vec<String>,
+}
+
+/// The claims of a non-default pool: whole decoder layers, whole roles within other decoder layers, whole roles
+/// outside the decoder layers, and the names of the tensors none of these covers (at most the one unit a byte budget
+/// split). Together with "the decode pool holds the rest" they reproduce the assignment exactly, which the tests
+/// check tensor by tensor.
+fn claims(spec: &ModelSpec, a: &Assignment, pool: usize) -> Claims {
+    let inv = &spec.inventory;
+    let mut layer_all: BTreeMap<u32, bool> = BTreeMap::new();
+    let mut layer_role_all: BTreeMap<(String, u32), (Role, bool)> = BTreeMap::new();
+    let mut role_all: BTreeMap<String, (Role, bool)> = BTreeMap::new();
+    for (i, t) in inv.iter().enumerate() {
+        let here = a.pool_of[i] == pool;
+        match t.layer.filter(|_| is_decoder_layer_tensor(t)) {
+            Some(l) => {
+                *layer_all.entry(l).or_insert(true) &= here;
+                layer_role_all
+                    .entry((format!("{:?}", t.role), l))
+                    .or_insert((t.role, true))
+                    .1 &= here;
+            }
+            None => {
+                role_all
+                    .entry(format!("{:?}", t.role))
+                    .or_insert((t.role, true))
+                    .1 &= here
+            }
+        }
+    }
+    let whole_layers: Vec<u32> = layer_all
+        .iter()
+        .filter(|(_, &all)| all)
+        .map(|(&l, _)| l)
+        .collect();
+    let mut by_role: BTreeMap<String, (Role, Vec<u32>)> = BTreeMap::new();
+    for ((key, l), (role, all)) in &layer_role_all {
+        if *all && whole_layers.binary_search(l).is_err() {
+            by_role
+                .entry(key.clone())
+                .or_insert((*role, Vec::new()))
+                .1
+                .push(*l);
+        }
+    }
+    let whole_roles: Vec<Role> = role_all
+        .values()
+        .filter(|(_, all)| *all)
+        .map(|(r, _)| *r)
+        .collect();
+    let covered =
+        |t: &crate::model::TensorEntry| match t.layer.filter(|_| is_decoder_layer_tensor(t)) {
+            Some(l) => {
+                whole_layers.binary_search(&l).is_ok()
+                    || by_role
+                        .get(&format!("{:?}", t.role))
+                        .is_some_and(|(_, ls)| ls.binary_search(&l).is_ok())
+            }
+            None => whole_roles.contains(&t.role),
+        };
+    let listed = inv
+        .iter()
+        .enumerate()
+        .filter(|&(i, t)| a.pool_of[i] == pool && !covered(t))
+        .map(|(_, t)| t.name.clone())
+        .collect();
+    Claims {
+        whole_layers: range_pairs(&whole_layers),
+        whole_layer_roles: by_role
+            .into_values()
+            .map(|(role, ls)| LayerRoleClaim {
+                role,
+                layers: range_pairs(&ls),
+            })
+            .collect(),
+        whole_roles,
+        listed,
+    }
+}
+
+fn placement_summary(spec: &ModelSpec, profile: &DeviceProfile, a: &Assignment) -> Placement {
+    let mut pools = Vec::new();
+    for (p, pool) in profile.pools.iter().enumerate() {
+        let members: Vec<usize> = (0..spec.inventory.len())
+            .filter(|&i| a.pool_of[i] == p)
+            .collect();
+        if members.is_empty() {
+            continue;
+        }
+        let mut groups: BTreeMap<(String, &'static str), (Role, Vec<usize>)> = BTreeMap::new();
+        let mut layers: Vec<u32> = Vec::new();
+        for &i in &members {
+            let t = &spec.inventory[i];
+            let key = (format!("{:?}", t.role), access_class(&t.access));
+            groups
+                .entry(key)
+                .or_insert_with(|| (t.role, Vec::new()))
+                .1
+                .push(i);
+            if let Some(l) = t.layer {
+                layers.push(l);
+            }
+        }
+        layers.sort_unstable();
+        layers.dedup();
+        let is_default = p == a.primary;
+        let c = if is_default {
+            Claims::default()
+        } else {
+            claims(spec, a, p)
+        };
+        pools.push(PoolPlacement {
+            pool: pool.id.clone(),
+            tensors: members.len() as u64,
+            bytes: members.iter().map(|&i| a.planned[i]).sum(),
+            decode_bytes_per_token: members.iter().map(|&i| a.per_token[i]).sum(),
+            layers: ranges(&layers),
+            is_default,
+            whole_layers: c.whole_layers,
+            whole_layer_roles: c.whole_layer_roles,
+            whole_roles: c.whole_roles,
+            tensors_listed: c.listed,
+            groups: groups
+                .into_iter()
+                .map(|((_, access), (role, idx))| PlacementGroup {
+                    role,
+                    access: access.to_owned(),
+                    tensors: idx.len() as u64,
+                    bytes: idx.iter().map(|&i| a.planned[i]).sum(),
+                    names: if idx.len() <= NAMES_LISTED {
+                        idx.iter()
+                            .map(|&i| spec.inventory[i].name.clone())
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
+                })
+                .collect(),
+        });
+    }
+    Placement {
+        policy: a.policy.clone(),
+        tensors_placed: pools.iter().map(|p| p.tensors).sum(),
+        offloaded_bytes: profile
+            .pools
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != a.primary)
+            .map(|(i, _)| a.bytes_in(i))
+            .sum(),
+        pools,
+    }
+}
+
+/// `[0,1,2,5,7,8]` -> `0-2,5,7-8`.
+pub fn ranges(sorted: &[u32]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let start = sorted[i];
+        let mut end = start;
+        while i + 1 < sorted.len() && sorted[i + 1] == end + 1 {
+            i += 1;
+            end = sorted[i];
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        if start == end {
+            let _ = write!(out, "{start}");
+        } else {
+            let _ = write!(out, "{start}-{end}");
+        }
+        i += 1;
+    }
+    out
+}
+
+fn gib(b: u64) -> f64 {
+    b as f64 / Workload::GIB
+}
+
+impl Plan {
+    /// The pool a tensor of the model is placed in: the first non-default pool that lists it by name, holds its
+    /// whole decoder layer, or holds its whole role (outside the decoder layers); else the decode unit's pool. This is
+    /// how the engine reads a placement.
+    pub fn pool_for(&self, t: &crate::model::TensorEntry) -> &str {
+        let decoder_layer = t.layer.filter(|_| is_decoder_layer_tensor(t));
+        for p in self.placement.pools.iter().filter(|p| !p.is_default) {
+            let claimed = p.tensors_listed.contains(&t.name)
+                || match decoder_layer {
+                    Some(l) => {
+                        let within = |rs: &[[u32; 2]]| rs.iter().any(|r| r[0] <= l && l <= r[1]);
+                        within(&p.whole_layers)
+                            || p.whole_layer_roles
+                                .iter()
+                                .any(|c| c.role == t.role && within(&c.layers))
+                    }
+                    None => p.whole_roles.contains(&t.role),
+                };
+            if claimed {
+                return &p.pool;
+            }
+        }
+        &self.device.decode_pool
+    }
+
+    /// The plan as TOML text (the stable format).
+    pub fn to_toml(&self) -> String {
+        // The plan's types serialize to TOML by construction: no map keys that are not strings, no NaN (every rate
+        // is validated finite and positive), tables after values.
+        toml::to_string_pretty(self)
+            .unwrap_or_else(|e| format!("# plan serialization failed: {e}\n"))
+    }
+
+    /// Read a plan back (round-trip, or a plan handed to the engine).
+    pub fn from_toml(path: &str, text: &str) -> Result<Self, crate::error::InputError> {
+        toml::from_str(text).map_err(|e| {
+            crate::error::InputError::new(
+                path,
+                text,
+                format!("invalid plan: {}", e.message().trim()),
+            )
+            .at(e.span(), "here")
+        })
+    }
+
+    /// A readable summary: verdict, the memory map per pool, the bottleneck, the prediction.
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{} on {} ({}): {}",
+            self.model.id,
+            self.device.profile,
+            self.device.decode_unit,
+            match self.verdict {
+                Verdict::Fits => "fits".to_owned(),
+                Verdict::DoesNotFit => "DOES NOT FIT".to_owned(),
+            }
+        );
+        if let Some(sf) = &self.shortfall {
+            let _ = writeln!(
+                s,
+                "  shortfall: {} on `{}`: {}",
+                sf.component, sf.pool, sf.reason
+            );
+        }
+        let _ = writeln!(
+            s,
+            "  weight path: {:?} via {}{}\n    {}",
+            self.weight_path.format,
+            self.weight_path.kernel,
+            if self.weight_path.verified {
+                ""
+            } else {
+                " (unverified)"
+            },
+            self.weight_path.reason
+        );
+        let _ = writeln!(
+            s,
+            "  weights: {:.2} GiB checkpoint, {:.2} GiB planned, {:.2} GiB read per token; cache {:.1} MiB \
+             (hybrid {} B/token, flat {} B/token, state {:.1} MiB/seq)",
+            gib(self.inventory.total_bytes),
+            gib(self.inventory.planned_bytes),
+            gib(self.inventory.decode_bytes_per_token),
+            self.cache.total_bytes as f64 / 1048576.0,
+            self.cache.bytes_per_token_hybrid,
+            self.cache.bytes_per_token_flat,
+            self.cache.state_bytes_per_seq as f64 / 1048576.0,
+        );
+        let _ = writeln!(s, "  memory map (GiB):");
+        let _ = writeln!(
+            s,
+            "    {:<10} {:>9} {:>8} {:>9} {:>8} {:>8} {:>9} {:>8} {:>9}",
+            "pool", "capacity", "taken", "overhead", "reserve", "cache", "weights", "free", "short"
+        );
+        for l in &self.ledgers {
+            let _ = writeln!(
+                s,
+                "    {:<10} {:>9.2} {:>8.2} {:>9.2} {:>8.2} {:>8.2} {:>9.2} {:>8.2} {:>9.2}{}",
+                l.pool,
+                gib(l.capacity_bytes),
+                gib(l.taken_bytes),
+                gib(l.runtime_overhead_bytes),
+                gib(l.reserve_bytes),
+                gib(l.cache_bytes + l.rope_table_bytes),
+                gib(l.weight_bytes),
+                gib(l.free_bytes),
+                gib(l.shortfall_bytes),
+                if l.budget_declared {
+                    ""
+                } else {
+                    "  (no budget declared)"
+                }
+            );
+        }
+        let _ = writeln!(s, "  placement: {}", self.placement.policy);
+        for p in &self.placement.pools {
+            let _ = writeln!(
+                s,
+                "    {:<10} {:>6} tensors {:>8.2} GiB, {:>8.3} GiB/token, layers [{}]",
+                p.pool,
+                p.tensors,
+                gib(p.bytes),
+                gib(p.decode_bytes_per_token),
+                p.layers
+            );
+        }
+        let pr = &self.prediction;
+        let _ = writeln!(
+            s,
+            "  prediction: decode {:.3} tok/s ({:.1} ms/token), prefill {:.0} tok/s (pp{})",
+            pr.decode_tok_s,
+            pr.decode_step_s * 1e3,
+            pr.prefill_tok_s,
+            pr.prefill_tokens
+        );
+        let _ = writeln!(s, "  bottleneck: {}", pr.bound);
+        for t in &pr.decode_terms {
+            let _ = writeln!(
+                s,
+                "    {} {:<60} {:>9.2} ms",
+                if t.counted { "*" } else { " " },
+                t.name,
+                t.seconds * 1e3
+            );
+        }
+        s
+    }
+}
+
+pub fn plan_schema() -> schemars::schema::RootSchema {
+    schemars::schema_for!(Plan)
+}
+
+pub fn profile_schema() -> schemars::schema::RootSchema {
+    schemars::schema_for!(crate::profile::DeviceProfile)
+}
+
+/// The committed schema texts, exactly as `cargo xtask codegen` writes them.
+pub fn schema_files() -> Vec<(&'static str, String)> {
+    let render = |s: schemars::schema::RootSchema| {
+        let mut text = serde_json::to_string_pretty(&s).unwrap_or_default();
+        text.push('\n');
+        text
+    };
+    vec![
+        ("schemas/plan.schema.json", render(plan_schema())),
+        ("schemas/profile.schema.json", render(profile_schema())),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::model::{Access, ModelSpec, Quantization, Role};
+    use crate::testutil::{small_model, tensor, two_pools};
+
+    fn spec(inventory: Vec<crate::model::TensorEntry>) -> ModelSpec {
+        ModelSpec {
+            id: "unit".into(),
+            architecture: "Unit".into(),
+            model_type: "unit".into(),
+            hidden_size: 8,
+            vocab_size: 8,
+            layers: vec![LayerKind::FullAttention; 4],
+            num_q_heads: 1,
+            num_kv_heads: 1,
+            head_dim: 8,
+            sliding_window: None,
+            max_position_embeddings: 64,
+            tie_word_embeddings: false,
+            quantization: Quantization::Fp8Block { block: [128, 128] },
+            inventory,
+            gdn: None,
+            moe: None,
+            has_vision: true,
+            mtp_layers: 1,
+            rope: vec![],
+        }
+    }
+
+    fn unit_plan(spec: &ModelSpec, vram: u64, w: &Workload) -> (Plan, Assignment) {
+        let profile = two_pools(vram, 100_000);
+        let cache = crate::model::cache_budget(spec, &w.cache_workload());
+        let path = choose(&spec.quantization, profile.decode_unit(), w.priority);
+        let a = place(
+            &spec.inventory,
+            &path,
+            &profile,
+            w,
+            cache.total_bytes + cache.rope_table_bytes,
+        );
+        let plan = build(Inputs {
+            spec,
+            cache,
+            decode_flops_per_token: 1,
+            prefill_flops: 1,
+            profile: &profile,
+            workload: w,
+            hashes: InputHashes::of("", None, ""),
+        });
+        (plan, a)
+    }
+
+    #[test]
+    fn pool_for_reproduces_the_assignment_tensor_by_tensor() {
+        let mut inv = small_model();
+        // A second tensor per layer, so a pinned offload can split a layer.
+        for l in 0..4 {
+            inv.push(tensor(
+                &format!("layers.{l}.norm"),
+                2,
+                Access::EveryToken,
+                Role::Small,
+                Some(l),
+            ));
+        }
+        let s = spec(inv);
+        for (vram, offload) in [
+            (100_000, None),
+            (600, None),
+            (450, None),
+            (100_000, Some(150)),
+            (100_000, Some(0)),
+        ] {
+            let w = Workload {
+                offload_bytes: offload,
+                max_model_len: 4,
+                ..Workload::default()
+            };
+            let (plan, a) = unit_plan(&s, vram, &w);
+            for (i, t) in s.inventory.iter().enumerate() {
+                let want = &two_pools(1, 1).pools[a.pool_of[i]].id;
+                assert_eq!(
+                    plan.pool_for(t),
+                    want,
+                    "{} at vram {vram}, offload {offload:?}",
+                    t.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_split_layer_lists_its_offloaded_tensors_by_name() {
+        let s = spec(small_model());
+        let w = Workload {
+            offload_bytes: Some(150),
+            max_model_len: 4,
+            ..Workload::default()
+        };
+        let (plan, _) = unit_plan(&s, 100_000, &w);
+        let host = plan
+            .placement
+            .pools
+            .iter()
+            .find(|p| p.pool == "host")
+            .unwrap();
+        assert_eq!(host.whole_layers, vec![[0, 1]]);
+        assert!(host.tensors_listed.is_empty());
+        assert!(host.whole_roles.is_empty());
+    }
+
+    #[test]
+    fn summary_shows_the_memory_map_the_bottleneck_and_the_shortfall() {
+        let s = spec(small_model());
+        let w = Workload {
+            offload_bytes: Some(0),
+            max_model_len: 4,
+            ..Workload::default()
+        };
+        // 10 overhead + 640 of cache and RoPE tables fit in 1000; the 680 bytes of weights do not.
+        let (plan, _) = unit_plan(&s, 1000, &w);
+        let text = plan.summary();
+        assert!(text.contains("DOES NOT FIT"), "{text}");
+        assert!(text.contains("shortfall: weights on `vram`"), "{text}");
+        assert!(
+            text.contains("memory map") && text.contains("vram") && text.contains("host"),
+            "{text}"
+        );
+        assert!(
+            text.contains("bottleneck: bandwidth-bound: read pool `vram`"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn ranges_compress_runs() {
+        assert_eq!(ranges(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+        assert_eq!(ranges(&[]), "");
+        assert_eq!(ranges(&[3]), "3");
+    }
+
+    #[test]
+    fn sha256_of_empty_text_is_the_known_digest() {
+        assert_eq!(
+            sha256_hex(""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+}

@@ -1,0 +1,431 @@
+//! Prediction: decode and prefill rates from bytes, FLOPs and the profile's measured rates, and which term bound them.
+//!
+//! Decode at batch 1 reads every hot weight once per token, and pools are read one after the other on the critical
+//! path, so the step is the sum of one term per pool (BRIEF §2; seed 000 §5 measured `resident/472 +
+//! offloaded/10.6` within 5% over the FP8 offload sweep). On the decode unit's own pool the term is the largest of
+//! the read time, the measured kernel time (seed 000 §6: NVFP4 on sm_120 is compute-bound, the byte model 4.7x
+//! optimistic) and the arithmetic time; an offloaded pool's term is its bytes over the link's effective rate for
+//! weight reads, or over the kernel's measured offload slope when that is slower. Prefill is the larger of the
+//! arithmetic time and one pass over the resident weights, plus the offloaded bytes crossing the link once.
+//!
+//! Decode is predicted for one stream at the context where generation starts (`prompt_len` tokens), reading the
+//! caches that context needs. With speculative decoding on, the MTP head's reads are charged to every step but the
+//! accepted draft tokens are not credited: no acceptance rate has been measured on these models yet, so the
+//! prediction is a floor, not an estimate of the speed-up.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::model::CacheBudget;
+use crate::placement::Assignment;
+use crate::profile::{ComputeUnit, DeviceProfile, WeightFormat};
+use crate::weight_path::WeightPath;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BoundKind {
+    Bandwidth,
+    Compute,
+}
+
+/// One term of a step: an amount of bytes or FLOPs over a rate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Term {
+    /// What the term is (`read pool vram`, `link dram->vram`, `measured nvfp4 kernel on rtx5090`, ...).
+    pub name: String,
+    pub kind: BoundKind,
+    /// Bytes or FLOPs the term moves or computes.
+    pub amount: f64,
+    pub rate_per_s: f64,
+    pub seconds: f64,
+    /// False when another term of the same group is larger (they overlap; only the largest counts).
+    pub counted: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Prediction {
+    /// Single-stream decode rate at `decode_context` tokens of context.
+    pub decode_tok_s: f64,
+    pub prefill_tok_s: f64,
+    /// The term that dominates decode, in words.
+    pub bound: String,
+    pub bound_kind: BoundKind,
+    pub decode_step_s: f64,
+    pub decode_context: u64,
+    pub prefill_tokens: u64,
+    pub prefill_bound: String,
+    pub decode_terms: Vec<Term>,
+    pub prefill_terms: Vec<Term>,
+}
+
+/// Inputs of the prediction besides the placement.
+pub struct Work<'a> {
+    pub cache: &'a CacheBudget,
+    pub decode_flops_per_token: u64,
+    pub prefill_flops: u64,
+    pub prefill_tokens: u64,
+    pub decode_context: u64,
+}
+
+fn term(name: String, kind: BoundKind, amount: f64, rate: f64) -> Term {
+    Term {
+        name,
+        kind,
+        amount,
+        rate_per_s: rate,
+        seconds: amount / rate,
+        counted: true,
+    }
+}
+
+/// Keep only the largest term of a group counted; returns its index.
+fn overlap(terms: &mut [Term]) -> usize {
+    let mut best = 0;
+    for i in 1..terms.len() {
+        if terms[i].seconds > terms[best].seconds {
+            best = i;
+        }
+    }
+    for (i, t) in terms.iter_mut().enumerate() {
+        t.counted = i == best;
+    }
+    best
+}
+
+/// The arithmetic rate the unit sustains on this path: a measured prefill rate if the profile has one, else the
+/// peak of the dtype the path computes in, else the best declared peak.
+fn arithmetic_rate(unit: &ComputeUnit, path: &WeightPath) -> (f64, String) {
+    if let Some(r) = path
+        .kernel_rate(unit)
+        .and_then(|k| k.prefill_flops_per_s.as_ref())
+    {
+        return (
+            r.value,
+            format!("measured {:?} prefill rate on `{}`", path.format, unit.id),
+        );
+    }
+    let p = &unit.peak;
+    let by_format = match path.format {
+        WeightFormat::Fp8Block | WeightFormat::Nvfp4 => {
+            p.fp8_flops_per_s.as_ref().or(p.bf16_flops_per_s.as_ref())
+        }
+        WeightFormat::W4a8 | WeightFormat::W8a16 => {
+            p.int8_ops_per_s.as_ref().or(p.bf16_flops_per_s.as_ref())
+        }
+        _ => p.bf16_flops_per_s.as_ref(),
+    };
+    let any = by_format
+        .or(p.bf16_flops_per_s.as_ref())
+        .or(p.fp32_flops_per_s.as_ref())
+        .or(p.fp8_flops_per_s.as_ref())
+        .or(p.int8_ops_per_s.as_ref());
+    match any {
+        Some(m) => (m.value, format!("peak arithmetic on `{}`", unit.id)),
+        // `parse_profile` requires a peak on engine units; an export target without one gets a rate that never binds.
+        None => (
+            f64::INFINITY,
+            format!("no arithmetic rate declared on `{}`", unit.id),
+        ),
+    }
+}
+
+pub fn predict(
+    profile: &DeviceProfile,
+    path: &WeightPath,
+    a: &Assignment,
+    work: &Work<'_>,
+) -> Prediction {
+    let unit = profile
+        .compute
+        .iter()
+        .find(|c| c.id == path.unit)
+        .unwrap_or_else(|| profile.decode_unit());
+    let primary = &profile.pools[a.primary];
+    let kernel = path.kernel_rate(unit);
+    let (flop_rate, flop_what) = arithmetic_rate(unit, path);
+
+    // Decode, decode unit's own pool: weights read this step plus the caches at the decode context.
+    let cache_read = work.cache.bytes_per_token_hybrid as f64 * work.decode_context as f64
+        + work.cache.state_bytes_per_seq as f64;
+    let resident = a.per_token_in(a.primary) as f64 + cache_read;
+    let mut group = vec![term(
+        format!("read pool `{}`", primary.id),
+        BoundKind::Bandwidth,
+        resident,
+        primary.read_bytes_per_s.value,
+    )];
+    if let Some(k) = kernel {
+        group.push(term(
+            format!(
+                "measured {:?} kernel rate on `{}` (resident weights)",
+                path.format, unit.id
+            ),
+            BoundKind::Compute,
+            a.per_token_in(a.primary) as f64,
+            k.decode_weight_bytes_per_s.value,
+        ));
+    }
+    group.push(term(
+        flop_what.clone(),
+        BoundKind::Compute,
+        work.decode_flops_per_token as f64,
+        flop_rate,
+    ));
+    overlap(&mut group);
+    let mut decode_terms = group;
+    if let Some(sec) = a.secondary {
+        let bytes = a.per_token_in(sec) as f64;
+        let from = &profile.pools[sec];
+        let link = profile.link(&from.id, &primary.id);
+        let link_rate = link.map_or(from.read_bytes_per_s.value, |l| {
+            l.weight_read_bytes_per_s.value
+        });
+        let mut off = vec![term(
+            format!(
+                "link `{}`->`{}` (offloaded weight reads)",
+                from.id, primary.id
+            ),
+            BoundKind::Bandwidth,
+            bytes,
+            link_rate,
+        )];
+        if let Some(r) = kernel.and_then(|k| k.offloaded_weight_bytes_per_s.as_ref()) {
+            off.push(term(
+                format!(
+                    "measured {:?} kernel rate on `{}` (offloaded weights)",
+                    path.format, unit.id
+                ),
+                BoundKind::Compute,
+                bytes,
+                r.value,
+            ));
+        }
+        overlap(&mut off);
+        decode_terms.extend(off);
+    }
+    let step: f64 = decode_terms
+        .iter()
+        .filter(|t| t.counted)
+        .map(|t| t.seconds)
+        .sum();
+    let dominant = decode_terms
+        .iter()
+        .filter(|t| t.counted)
+        .max_by(|x, y| x.seconds.total_cmp(&y.seconds))
+        .cloned()
+        .unwrap_or_else(|| decode_terms[0].clone());
+    let bound = describe(&dominant);
+
+    // Prefill: one pass over the weights for the whole prompt (the vision tower too when prompts carry images),
+    // overlapped with the arithmetic; the offloaded bytes cross the link once.
+    let pass_bytes = a.prefill_in(a.primary) as f64;
+    let mut pre = vec![
+        term(
+            format!("read pool `{}`", primary.id),
+            BoundKind::Bandwidth,
+            pass_bytes,
+            primary.read_bytes_per_s.value,
+        ),
+        term(
+            flop_what.clone(),
+            BoundKind::Compute,
+            work.prefill_flops as f64,
+            flop_rate,
+        ),
+    ];
+    overlap(&mut pre);
+    if let Some(sec) = a.secondary {
+        let from = &profile.pools[sec];
+        let rate = profile
+            .link(&from.id, &primary.id)
+            .map_or(from.read_bytes_per_s.value, |l| {
+                l.weight_read_bytes_per_s.value
+            });
+        pre.push(term(
+            format!(
+                "link `{}`->`{}` (offloaded weight reads)",
+                from.id, primary.id
+            ),
+            BoundKind::Bandwidth,
+            a.prefill_in(sec) as f64,
+            rate,
+        ));
+    }
+    let pre_s: f64 = pre.iter().filter(|t| t.counted).map(|t| t.seconds).sum();
+    let pre_dominant = pre
+        .iter()
+        .filter(|t| t.counted)
+        .max_by(|x, y| x.seconds.total_cmp(&y.seconds))
+        .cloned()
+        .unwrap_or_else(|| pre[0].clone());
+
+    Prediction {
+        decode_tok_s: if step > 0.0 { 1.0 / step } else { 0.0 },
+        prefill_tok_s: if pre_s > 0.0 {
+            work.prefill_tokens as f64 / pre_s
+        } else {
+            0.0
+        },
+        bound,
+        bound_kind: dominant.kind,
+        decode_step_s: step,
+        decode_context: work.decode_context,
+        prefill_tokens: work.prefill_tokens,
+        prefill_bound: describe(&pre_dominant),
+        decode_terms,
+        prefill_terms: pre,
+    }
+}
+
+fn describe(t: &Term) -> String {
+    let share = match t.kind {
+        BoundKind::Compute if t.name.starts_with("measured ") => {
+            "compute-bound (measured kernel rate)"
+        }
+        BoundKind::Compute => "compute-bound (arithmetic)",
+        BoundKind::Bandwidth => "bandwidth-bound",
+    };
+    format!("{share}: {}", t.name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::model::{CacheBudget, SlidingAccounting};
+    use crate::placement::place;
+    use crate::testutil::{small_model, two_pools};
+    use crate::weight_path::choose;
+    use crate::workload::Workload;
+
+    fn no_cache() -> CacheBudget {
+        CacheBudget {
+            bytes_per_token_flat: 0,
+            bytes_per_token_hybrid: 0,
+            state_bytes_per_seq: 0,
+            flat_total_bytes: 0,
+            total_bytes: 0,
+            flat_over_hybrid: 1.0,
+            headroom: 1.0,
+            sliding_accounting: SlidingAccounting::Ring,
+            rope_table_bytes: 0,
+            rope_table_bytes_uncapped: 0,
+            per_kind: vec![],
+        }
+    }
+
+    fn predict_small(profile: &DeviceProfile, w: &Workload) -> Prediction {
+        let path = choose(
+            &crate::model::Quantization::Fp8Block { block: [128, 128] },
+            &profile.compute[0],
+            w.priority,
+        );
+        let a = place(&small_model(), &path, profile, w, 0);
+        let cache = no_cache();
+        let work = Work {
+            cache: &cache,
+            decode_flops_per_token: 100,
+            prefill_flops: 1000,
+            prefill_tokens: 10,
+            decode_context: 10,
+        };
+        predict(profile, &path, &a, &work)
+    }
+
+    #[test]
+    fn resident_decode_is_hot_bytes_over_bandwidth() {
+        // Everything fits: 500 hot bytes (4 layers + lm_head) + 1 gathered byte at 100 B/s = 5.01 s.
+        let p = predict_small(&two_pools(10_000, 10_000), &Workload::default());
+        assert!((p.decode_step_s - 5.01).abs() < 1e-9, "{}", p.decode_step_s);
+        assert_eq!(p.bound_kind, BoundKind::Bandwidth);
+        assert!(p.bound.contains("read pool `vram`"));
+    }
+
+    #[test]
+    fn offloaded_bytes_pay_the_link_rate() {
+        // 150 bytes pinned off (layers 0 and 1 = 200 bytes): 301 resident at 100 B/s + 200 over the link at 5 B/s.
+        let w = Workload {
+            offload_bytes: Some(150),
+            ..Workload::default()
+        };
+        let p = predict_small(&two_pools(10_000, 10_000), &w);
+        assert!(
+            (p.decode_step_s - (3.01 + 40.0)).abs() < 1e-9,
+            "{}",
+            p.decode_step_s
+        );
+        assert!(p.bound.contains("link `host`->`vram`"), "{}", p.bound);
+    }
+
+    #[test]
+    fn a_measured_kernel_rate_below_bandwidth_binds() {
+        let mut profile = two_pools(10_000, 10_000);
+        profile.compute[0].kernels.push(crate::profile::KernelRate {
+            format: crate::profile::WeightFormat::Fp8Block,
+            decode_weight_bytes_per_s: crate::profile::Measured {
+                value: 10.0,
+                source: "t".into(),
+            },
+            offloaded_weight_bytes_per_s: None,
+            prefill_flops_per_s: None,
+        });
+        let p = predict_small(&profile, &Workload::default());
+        assert!((p.decode_step_s - 50.1).abs() < 1e-9, "{}", p.decode_step_s);
+        assert!(
+            p.bound.starts_with("compute-bound (measured kernel rate)"),
+            "{}",
+            p.bound
+        );
+    }
+
+    #[test]
+    fn prefill_is_arithmetic_or_one_weight_pass() {
+        // 1000 FLOP at 1e6 FLOP/s = 1 ms; one pass over 501 bytes at 100 B/s = 5.01 s binds; 10 tokens.
+        let p = predict_small(&two_pools(10_000, 10_000), &Workload::default());
+        assert!(
+            (p.prefill_tok_s - 10.0 / 5.01).abs() < 1e-9,
+            "{}",
+            p.prefill_tok_s
+        );
+    }
+
+    #[test]
+    fn images_add_the_vision_tower_to_prefill_only() {
+        let plain = predict_small(&two_pools(10_000, 10_000), &Workload::default());
+        let w = Workload {
+            images: true,
+            ..Workload::default()
+        };
+        let images = predict_small(&two_pools(10_000, 10_000), &w);
+        assert_eq!(images.decode_step_s, plain.decode_step_s);
+        // The 50-byte tower joins the 501-byte pass: 5.51 s for 10 tokens.
+        assert!(
+            (images.prefill_tok_s - 10.0 / 5.51).abs() < 1e-9,
+            "{}",
+            images.prefill_tok_s
+        );
+    }
+
+    #[test]
+    fn overlap_counts_only_the_largest() {
+        let mut g = vec![
+            term("a".into(), BoundKind::Bandwidth, 2.0, 1.0),
+            term("b".into(), BoundKind::Compute, 3.0, 1.0),
+        ];
+        assert_eq!(overlap(&mut g), 1);
+        assert!(!g[0].counted && g[1].counted);
+    }
+
+    #[test]
+    fn describe_names_the_measured_kernel() {
+        let t = term(
+            "measured Nvfp4 kernel rate on `gpu` (resident weights)".into(),
+            BoundKind::Compute,
+            1.0,
+            1.0,
+        );
+        assert!(describe(&t).starts_with("compute-bound (measured kernel rate)"));
+    }
+}

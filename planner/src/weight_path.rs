@@ -1,0 +1,470 @@
+//! The weight path: which in-memory format and kernel the decode unit runs a checkpoint with, decided from the
+//! unit's ISA facts (a probe's output, never a flag) and the workload's priority, with the reason written into the
+//! plan. The rules are BRIEF §2's, measured in the seeds:
+//!
+//! * x86 with AMX -> W4A8 (symmetric, zero point pinned at 8): 84.5 tok/s on a Xeon 8480C (seed 002).
+//! * x86 without AMX, or `priority = "fidelity"` -> W4A16 in the tinygemm layout (bf16 activations, more faithful).
+//! * ARM -> W4A16, flagged unverified (a different PyTorch kernel than the AVX-512 one measured).
+//! * phone NPU -> not run by the engine; the deliverable is an exported graph with w8a16.
+//! * Hopper (sm_90) -> FP8; NVFP4 runs weight-only with in-register decode (no native FP4).
+//! * Blackwell (sm_100/sm_120) -> FP8 or NVFP4 by measurement.
+//!
+//! A quantized checkpoint keeps its format: the planner never switches format on an estimate (seed 000 §6: the one
+//! estimate made without measuring was wrong by 30x). Only an unquantized checkpoint on a CPU is converted to 4 bits,
+//! the path the seed measured.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::model::{DType, Quantization, Role, TensorEntry};
+use crate::profile::{Arch, ComputeKind, ComputeUnit, KernelRate, WeightFormat};
+use crate::workload::Priority;
+
+/// Group size of the W4A16 tinygemm path (seed 002: W4A16 g64).
+pub const W4A16_GROUP: u32 = 64;
+/// Group size of the W4A8 AMX path (seed 002: W4A8 g128).
+pub const W4A8_GROUP: u32 = 128;
+
+/// A load-time conversion of an unquantized checkpoint's matmul weights.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Conversion {
+    pub bits: u32,
+    pub group_size: u32,
+    pub symmetric: bool,
+    /// Bytes per parameter after conversion, scales (and zeros) included.
+    pub bytes_per_param: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WeightPath {
+    /// The compute unit the path is for (the decode unit).
+    pub unit: String,
+    pub checkpoint_format: WeightFormat,
+    pub format: WeightFormat,
+    pub kernel: String,
+    pub activations: String,
+    /// False for export targets (a phone NPU): the plan describes the exported graph, the engine does not run it.
+    pub runs_in_engine: bool,
+    /// False where the path was not measured on this kind of hardware (ARM int4).
+    pub verified: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversion: Option<Conversion>,
+    pub reason: String,
+}
+
+impl WeightPath {
+    /// Bytes a tensor occupies once loaded on this path.
+    pub fn planned_bytes(&self, t: &TensorEntry) -> u64 {
+        match &self.conversion {
+            Some(c) if converts(t) => (t.params as f64 * c.bytes_per_param).ceil() as u64,
+            _ => t.bytes,
+        }
+    }
+
+    /// The measured rate of this path's kernel on `unit`, if the profile has one.
+    pub fn kernel_rate<'a>(&self, unit: &'a ComputeUnit) -> Option<&'a KernelRate> {
+        unit.kernels.iter().find(|k| k.format == self.format)
+    }
+}
+
+/// Whether a conversion applies to this tensor: 2-D matmul weights stored in a float dtype.
+fn converts(t: &TensorEntry) -> bool {
+    matches!(
+        t.role,
+        Role::LayerWeight | Role::ExpertWeight | Role::LmHead | Role::Embedding
+    ) && t.shape.len() == 2
+        && matches!(t.dtype, DType::Bf16 | DType::F16 | DType::F32)
+}
+
+pub fn checkpoint_format(q: &Quantization) -> WeightFormat {
+    match q {
+        Quantization::None { dtype: DType::F16 } => WeightFormat::F16,
+        Quantization::None { dtype: DType::F32 } => WeightFormat::F32,
+        Quantization::None { .. } => WeightFormat::Bf16,
+        Quantization::Fp8Block { .. } => WeightFormat::Fp8Block,
+        Quantization::Nvfp4 { .. } => WeightFormat::Nvfp4,
+        Quantization::Gptq { .. } => WeightFormat::Gptq,
+    }
+}
+
+fn int4(bits: u32, group: u32, symmetric: bool) -> Conversion {
+    // Scales (bf16) per group, plus a bf16 zero per group when asymmetric (tinygemm's [K/group][N][2]).
+    let meta = if symmetric { 2.0 } else { 4.0 };
+    Conversion {
+        bits,
+        group_size: group,
+        symmetric,
+        bytes_per_param: bits as f64 / 8.0 + meta / group as f64,
+    }
+}
+
+/// Choose the weight path for `quant` on `unit`.
+pub fn choose(quant: &Quantization, unit: &ComputeUnit, priority: Priority) -> WeightPath {
+    let ckpt = checkpoint_format(quant);
+    let base = |format, kernel: &str, activations: &str, reason: String| WeightPath {
+        unit: unit.id.clone(),
+        checkpoint_format: ckpt,
+        format,
+        kernel: kernel.to_owned(),
+        activations: activations.to_owned(),
+        runs_in_engine: unit.runs_engine,
+        verified: true,
+        conversion: None,
+        reason,
+    };
+    if !unit.runs_engine {
+        let mut p = base(
+            WeightFormat::W8a16,
+            "exported graph (vendor NPU compiler)",
+            "int16",
+            format!(
+                "`{}` is an export target, not run by the engine: the deliverable is an exported graph with calibrated \
+                 w8a16 (BRIEF §2; the NPU wants 16-bit activations with 8-bit weights, seed 000 §1)",
+                unit.id
+            ),
+        );
+        p.conversion = Some(Conversion {
+            bits: 8,
+            group_size: 0,
+            symmetric: true,
+            bytes_per_param: 1.0,
+        });
+        p.verified = false;
+        return p;
+    }
+    match (unit.kind, unit.isa.arch) {
+        (ComputeKind::Gpu, Arch::Cuda) => gpu_path(quant, unit, base),
+        (_, Arch::X86_64) | (_, Arch::Aarch64) => cpu_path(quant, unit, priority, base),
+        _ => base(
+            ckpt,
+            "reference (dequantize to f32)",
+            "f32",
+            format!(
+                "no fast path is known for a {:?} unit; the checkpoint format is kept",
+                unit.kind
+            ),
+        ),
+    }
+}
+
+fn gpu_path(
+    quant: &Quantization,
+    unit: &ComputeUnit,
+    base: impl Fn(WeightFormat, &str, &str, String) -> WeightPath,
+) -> WeightPath {
+    let sm = unit.isa.sm.unwrap_or(0);
+    let measured = |f: WeightFormat| unit.kernels.iter().find(|k| k.format == f);
+    match quant {
+        Quantization::Fp8Block { .. } if sm >= 89 => {
+            let mut reason = format!(
+                "FP8 checkpoint on sm_{sm}: native FP8 GEMV with 128x128 block scales, activations quantized per \
+                 token per 128; the checkpoint's format is kept (never switched on an estimate)"
+            );
+            if let Some(k) = measured(WeightFormat::Nvfp4) {
+                reason.push_str(&format!(
+                    "; the measured NVFP4 kernel rate here ({:.3e} B/s, {}) is below the VRAM read rate, so an NVFP4 \
+                     build would be compute-bound",
+                    k.decode_weight_bytes_per_s.value, k.decode_weight_bytes_per_s.source
+                ));
+            }
+            base(WeightFormat::Fp8Block, "fp8 block GEMV (e4m3, 128x128 scales)", "fp8 e4m3 per token per 128", reason)
+        }
+        Quantization::Fp8Block { .. } => base(
+            WeightFormat::Fp8Block,
+            "fp8 weight-only (in-register decode to bf16)",
+            "bf16",
+            format!("sm_{sm} has no FP8 tensor cores: FP8 weights are decoded in registers"),
+        ),
+        Quantization::Nvfp4 { .. } if sm >= 100 => {
+            let why = match measured(WeightFormat::Nvfp4) {
+                Some(k) => format!(
+                    "the profile's measured NVFP4 decode rate ({:.3e} B/s, {}) is the compute term: the byte model alone \
+                     was 4.7x optimistic on this stack (seed 000 §6)",
+                    k.decode_weight_bytes_per_s.value, k.decode_weight_bytes_per_s.source
+                ),
+                None => "no NVFP4 kernel rate is measured on this unit: the prediction is the byte model only and is \
+                         unverified (seed 000 §6 found it 4.7x optimistic on sm_120)"
+                    .to_owned(),
+            };
+            let mut p = base(
+                WeightFormat::Nvfp4,
+                "nvfp4 GEMV (e2m1, e4m3 per-16 scales, fp32 global)",
+                "nvfp4 per 16",
+                format!("NVFP4 checkpoint on Blackwell sm_{sm}: FP8 or NVFP4 by measurement; {why}"),
+            );
+            p.verified = measured(WeightFormat::Nvfp4).is_some();
+            p
+        }
+        Quantization::Nvfp4 { .. } => base(
+            WeightFormat::Nvfp4,
+            "nvfp4 weight-only (in-register e2m1 decode to bf16)",
+            "bf16",
+            format!("sm_{sm} has no native FP4: NVFP4 runs weight-only with in-register decode (BRIEF §2)"),
+        ),
+        Quantization::Gptq { bits, group_size, .. } => {
+            let mut p = base(
+                WeightFormat::Gptq,
+                "gptq weight-only (in-register int4 decode to bf16)",
+                "bf16",
+                format!(
+                    "GPTQ {bits}-bit g{group_size} checkpoint on a GPU: weight-only dequant; no GPU int4 kernel rate is \
+                     measured, so the path is unverified"
+                ),
+            );
+            p.verified = false;
+            p
+        }
+        Quantization::None { dtype } => base(
+            checkpoint_format(quant),
+            "bf16 GEMV",
+            "bf16",
+            format!("unquantized {dtype:?} checkpoint on a GPU: kept as is (never switched on an estimate)"),
+        ),
+    }
+}
+
+fn cpu_path(
+    quant: &Quantization,
+    unit: &ComputeUnit,
+    priority: Priority,
+    base: impl Fn(WeightFormat, &str, &str, String) -> WeightPath,
+) -> WeightPath {
+    let isa = &unit.isa;
+    let arm = isa.arch == Arch::Aarch64;
+    let w4a8_ok = !arm && isa.amx && priority == Priority::Speed;
+    let why_not_w4a8 = if arm {
+        "ARM: W4A16, flagged unverified (PyTorch dispatches a different 4-bit CPU kernel there than the AVX-512 one \
+         measured, seed 002)"
+    } else if priority == Priority::Fidelity {
+        "priority = fidelity: W4A16 with bf16 activations is the more faithful 4-bit path (seed 002: 2/12 vs 1/12 \
+         greedy prompts against bf16)"
+    } else {
+        "x86 without AMX: W4A16 tinygemm (the W4A8 kernel is an AMX GEMM)"
+    };
+    let w4a8 = |reason: String, conversion| {
+        let mut p = base(
+            WeightFormat::W4a8,
+            "int4 W4A8 AMX GEMM (zero point 8)",
+            "int8 per token",
+            reason,
+        );
+        p.conversion = conversion;
+        p
+    };
+    let w4a16 = |reason: String, conversion| {
+        let mut p = base(
+            WeightFormat::W4a16,
+            "int4 W4A16 tinygemm GEMV ([N/64][K][32] packed)",
+            "bf16",
+            reason,
+        );
+        p.conversion = conversion;
+        p.verified = !arm;
+        p
+    };
+    match quant {
+        Quantization::None { .. } if w4a8_ok => w4a8(
+            format!(
+                "x86 with AMX, priority = speed: W4A8 symmetric g{W4A8_GROUP} (seed 002: 84.5 tok/s vs 69.1 for W4A16 \
+                 on a Xeon 8480C); weights quantized at load"
+            ),
+            Some(int4(4, W4A8_GROUP, true)),
+        ),
+        Quantization::None { .. } => {
+            w4a16(format!("{why_not_w4a8}; weights quantized at load, g{W4A16_GROUP}"), Some(int4(4, W4A16_GROUP, false)))
+        }
+        Quantization::Gptq { bits: 4, sym: true, .. } if w4a8_ok => {
+            w4a8("GPTQ symmetric 4-bit checkpoint on x86 with AMX: W4A8 with the zero point pinned at 8".into(), None)
+        }
+        Quantization::Gptq { bits: 4, sym, .. } => {
+            let asym = if !sym && !arm && isa.amx {
+                "an asymmetric GPTQ grid cannot use the W4A8 kernel (zero point pinned at 8); "
+            } else {
+                ""
+            };
+            w4a16(format!("{asym}{why_not_w4a8}; GPTQ codes repacked to the tinygemm layout"), None)
+        }
+        _ => {
+            let mut p = base(
+                checkpoint_format(quant),
+                "weight-only reference (dequantize to f32 in-register)",
+                "f32",
+                "quantized GPU checkpoint on a CPU: the format is kept (never switched on an estimate); no fast CPU \
+                 kernel is measured for it"
+                    .to_owned(),
+            );
+            p.verified = false;
+            p
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{IsaFacts, PeakRates};
+
+    fn unit(kind: ComputeKind, arch: Arch, sm: Option<u32>, amx: bool) -> ComputeUnit {
+        ComputeUnit {
+            id: "u".into(),
+            kind,
+            description: String::new(),
+            pool: "p".into(),
+            runs_engine: true,
+            isa: IsaFacts {
+                arch,
+                sm,
+                avx512: true,
+                vnni: true,
+                bf16: true,
+                amx,
+                source: "t".into(),
+            },
+            peak: PeakRates::default(),
+            kernels: vec![],
+        }
+    }
+    const BF16: Quantization = Quantization::None { dtype: DType::Bf16 };
+
+    #[test]
+    fn amx_speed_is_w4a8_and_fidelity_is_w4a16() {
+        let u = unit(ComputeKind::Cpu, Arch::X86_64, None, true);
+        let p = choose(&BF16, &u, Priority::Speed);
+        assert_eq!(p.format, WeightFormat::W4a8);
+        assert!(p.conversion.as_ref().unwrap().symmetric);
+        let p = choose(&BF16, &u, Priority::Fidelity);
+        assert_eq!(p.format, WeightFormat::W4a16);
+        assert!(p.reason.contains("fidelity"));
+    }
+
+    #[test]
+    fn x86_without_amx_is_w4a16() {
+        let p = choose(
+            &BF16,
+            &unit(ComputeKind::Cpu, Arch::X86_64, None, false),
+            Priority::Speed,
+        );
+        assert_eq!(p.format, WeightFormat::W4a16);
+        assert!(p.verified);
+        assert!(p.reason.contains("without AMX"));
+    }
+
+    #[test]
+    fn arm_is_w4a16_unverified() {
+        let p = choose(
+            &BF16,
+            &unit(ComputeKind::Cpu, Arch::Aarch64, None, false),
+            Priority::Speed,
+        );
+        assert_eq!(p.format, WeightFormat::W4a16);
+        assert!(!p.verified);
+    }
+
+    #[test]
+    fn asymmetric_gptq_never_takes_the_zero_point_8_kernel() {
+        let q = Quantization::Gptq {
+            bits: 4,
+            group_size: 128,
+            sym: false,
+        };
+        let p = choose(
+            &q,
+            &unit(ComputeKind::Cpu, Arch::X86_64, None, true),
+            Priority::Speed,
+        );
+        assert_eq!(p.format, WeightFormat::W4a16);
+        assert!(p.reason.contains("zero point pinned at 8"));
+        let q = Quantization::Gptq {
+            bits: 4,
+            group_size: 128,
+            sym: true,
+        };
+        let p = choose(
+            &q,
+            &unit(ComputeKind::Cpu, Arch::X86_64, None, true),
+            Priority::Speed,
+        );
+        assert_eq!(p.format, WeightFormat::W4a8);
+        assert!(p.conversion.is_none());
+    }
+
+    #[test]
+    fn hopper_runs_nvfp4_weight_only_and_fp8_natively() {
+        let u = unit(ComputeKind::Gpu, Arch::Cuda, Some(90), false);
+        let q = Quantization::Nvfp4 {
+            group_size: 16,
+            exclude_modules: vec![],
+        };
+        let p = choose(&q, &u, Priority::Speed);
+        assert_eq!(p.format, WeightFormat::Nvfp4);
+        assert!(p.kernel.contains("weight-only"));
+        let p = choose(
+            &Quantization::Fp8Block { block: [128, 128] },
+            &u,
+            Priority::Speed,
+        );
+        assert_eq!(p.format, WeightFormat::Fp8Block);
+        assert!(p.kernel.contains("block GEMV"));
+    }
+
+    #[test]
+    fn blackwell_nvfp4_is_verified_only_with_a_measured_rate() {
+        let mut u = unit(ComputeKind::Gpu, Arch::Cuda, Some(120), false);
+        let q = Quantization::Nvfp4 {
+            group_size: 16,
+            exclude_modules: vec![],
+        };
+        assert!(!choose(&q, &u, Priority::Speed).verified);
+        u.kernels.push(KernelRate {
+            format: WeightFormat::Nvfp4,
+            decode_weight_bytes_per_s: crate::profile::Measured {
+                value: 2e10,
+                source: "seed".into(),
+            },
+            offloaded_weight_bytes_per_s: None,
+            prefill_flops_per_s: None,
+        });
+        let p = choose(&q, &u, Priority::Speed);
+        assert!(p.verified);
+        assert!(p.reason.contains("measured NVFP4 decode rate"));
+    }
+
+    #[test]
+    fn export_targets_are_not_run() {
+        let mut u = unit(ComputeKind::Npu, Arch::Hexagon, None, false);
+        u.runs_engine = false;
+        let p = choose(&BF16, &u, Priority::Speed);
+        assert_eq!(p.format, WeightFormat::W8a16);
+        assert!(!p.runs_in_engine);
+    }
+
+    #[test]
+    fn conversion_touches_only_float_matmul_weights() {
+        let p = choose(
+            &BF16,
+            &unit(ComputeKind::Cpu, Arch::X86_64, None, false),
+            Priority::Speed,
+        );
+        let w = TensorEntry {
+            name: "w".into(),
+            shape: vec![64, 64],
+            dtype: DType::Bf16,
+            bytes: 8192,
+            params: 4096,
+            role: Role::LayerWeight,
+            access: crate::model::Access::EveryToken,
+            layer: Some(0),
+        };
+        assert_eq!(p.planned_bytes(&w), 4096 * 9 / 16);
+        let norm = TensorEntry {
+            shape: vec![64],
+            role: Role::Small,
+            bytes: 128,
+            params: 64,
+            ..w
+        };
+        assert_eq!(p.planned_bytes(&norm), 128);
+    }
+}

@@ -1,0 +1,190 @@
+//! The workload a plan is made for: context length, concurrency, modalities, speculative decoding, the speed or
+//! fidelity priority, and which engine will run the plan (it decides what can be offloaded). Defaults are what a
+//! single-user edge deployment asks for; every field can be overridden from `cargo xtask plan`.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::error::PlanError;
+use crate::model::{CacheWorkload, SlidingAccounting};
+
+/// Default context length: the seed's laptop sweep ran at 4096 tokens (seed 000 §5).
+pub const DEFAULT_MAX_MODEL_LEN: u64 = 4096;
+/// Prompt length the prefill prediction is made for: pp512, the prefill figure both seeds report (seed 002).
+pub const DEFAULT_PROMPT_LEN: u64 = 512;
+/// Headroom on the KV cache (not on fixed recurrent state): the seed's budget used 1.25 (seed 002, kv budget).
+pub const KV_HEADROOM: f64 = 1.25;
+/// Block size of a paged backend (vLLM's default, 16 tokens) when the target engine is vLLM.
+pub const VLLM_BLOCK_TOKENS: u64 = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    /// The fastest measured path.
+    #[default]
+    Speed,
+    /// The more faithful path where two exist (W4A16 over W4A8 on CPUs: seed 002, 2/12 vs 1/12 greedy prompts).
+    Fidelity,
+}
+
+/// The engine that will execute the plan: it decides what can be offloaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TargetEngine {
+    /// edgefit's own engine: any tensor can live in any pool it has a budget for.
+    #[default]
+    Edgefit,
+    /// vLLM as the seed ran it: its offloader is only offered decoder layers (`make_layers`, seed 000 §6), so
+    /// `embed_tokens`, `lm_head`, the vision tower and the MTP head stay on the device. Paged KV blocks.
+    Vllm,
+}
+
+impl TargetEngine {
+    pub fn can_offload_non_layer_tensors(self) -> bool {
+        matches!(self, TargetEngine::Edgefit)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    /// Longest sequence (prompt + generated). Caches and RoPE tables are sized from it.
+    pub max_model_len: u64,
+    pub max_num_seqs: u64,
+    /// Prompt length the prefill prediction is made for.
+    pub prompt_len: u64,
+    /// Whether prompts carry images (the vision tower runs at prefill).
+    pub images: bool,
+    /// Whether speculative decoding with the MTP head is on (the head is then read every token).
+    pub speculative: bool,
+    pub priority: Priority,
+    pub engine: TargetEngine,
+    /// Weight bytes pinned in host memory (`--offload-gib`), decoder layers only, like vLLM's `cpu_offload_gb`.
+    /// Absent: the planner chooses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload_bytes: Option<u64>,
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        Self {
+            max_model_len: DEFAULT_MAX_MODEL_LEN,
+            max_num_seqs: 1,
+            prompt_len: DEFAULT_PROMPT_LEN,
+            images: false,
+            speculative: false,
+            priority: Priority::Speed,
+            engine: TargetEngine::Edgefit,
+            offload_bytes: None,
+        }
+    }
+}
+
+impl Workload {
+    /// Bytes per GiB, the unit of `--offload-gib` (vLLM's `cpu_offload_gb` is GiB: seed 000 §5 worked out in the
+    /// brief — 10 GiB fits the FP8 27B and 9 GiB does not; in decimal GB 10 would not fit).
+    pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+    /// Pin the offloaded amount in GiB.
+    pub fn with_offload_gib(mut self, gib: f64) -> Result<Self, PlanError> {
+        if !gib.is_finite() || gib < 0.0 {
+            return Err(PlanError::Workload(format!(
+                "--offload-gib must be a finite amount >= 0, got {gib}"
+            )));
+        }
+        self.offload_bytes = Some((gib * Self::GIB).round() as u64);
+        Ok(self)
+    }
+
+    /// Reject workloads no plan can serve.
+    pub fn validate(&self) -> Result<(), PlanError> {
+        if self.max_model_len == 0 {
+            return Err(PlanError::Workload(
+                "max_model_len must be at least 1".into(),
+            ));
+        }
+        if self.max_num_seqs == 0 {
+            return Err(PlanError::Workload(
+                "max_num_seqs must be at least 1".into(),
+            ));
+        }
+        if self.prompt_len == 0 {
+            return Err(PlanError::Workload("prompt_len must be at least 1".into()));
+        }
+        Ok(())
+    }
+
+    /// Prompt length actually used for prefill: never longer than the context.
+    pub fn effective_prompt_len(&self) -> u64 {
+        self.prompt_len.min(self.max_model_len)
+    }
+
+    /// What the cache budget is computed for. The sliding accounting follows the engine: edgefit keeps a ring of
+    /// `window - 1` slots, vLLM a block-rounded window.
+    pub fn cache_workload(&self) -> CacheWorkload {
+        CacheWorkload {
+            max_model_len: self.max_model_len,
+            max_num_seqs: self.max_num_seqs,
+            kv_bytes_per_elem: 2,
+            headroom: KV_HEADROOM,
+            sliding_accounting: match self.engine {
+                TargetEngine::Edgefit => SlidingAccounting::Ring,
+                TargetEngine::Vllm => SlidingAccounting::Paged {
+                    block_tokens: VLLM_BLOCK_TOKENS,
+                },
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offload_gib_is_binary() {
+        let w = Workload::default().with_offload_gib(10.0).unwrap();
+        assert_eq!(w.offload_bytes, Some(10 * 1024 * 1024 * 1024));
+    }
+
+    #[test]
+    fn negative_or_nan_offload_is_an_error() {
+        assert!(Workload::default().with_offload_gib(-1.0).is_err());
+        assert!(Workload::default().with_offload_gib(f64::NAN).is_err());
+    }
+
+    #[test]
+    fn zero_context_is_an_error() {
+        let w = Workload {
+            max_model_len: 0,
+            ..Workload::default()
+        };
+        assert!(w.validate().is_err());
+        assert!(Workload::default().validate().is_ok());
+    }
+
+    #[test]
+    fn prompt_never_exceeds_context() {
+        let w = Workload {
+            max_model_len: 128,
+            ..Workload::default()
+        };
+        assert_eq!(w.effective_prompt_len(), 128);
+    }
+
+    #[test]
+    fn sliding_accounting_follows_the_engine() {
+        let w = Workload {
+            engine: TargetEngine::Vllm,
+            ..Workload::default()
+        };
+        assert_eq!(
+            w.cache_workload().sliding_accounting,
+            SlidingAccounting::Paged { block_tokens: 16 }
+        );
+        assert_eq!(
+            Workload::default().cache_workload().sliding_accounting,
+            SlidingAccounting::Ring
+        );
+    }
+}

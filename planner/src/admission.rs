@@ -71,6 +71,92 @@ pub struct Shortfall {
     pub reason: String,
 }
 
+/// A piece of work and where it runs: which unit, reading which pool, and so charged to which ledger.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Stage {
+    /// `decode` (every token) or `vision` (once per image, at prefill).
+    pub name: String,
+    /// The compute unit that runs it; absent when no unit that runs the engine reads the pool (the stage is refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    /// The pool whose ledger the stage's weights are charged to.
+    pub pool: String,
+    pub budget_declared: bool,
+}
+
+/// The stages of a plan: decode on the decode unit, and the vision tower (when prompts carry images) on the unit
+/// that reads the pool the tower was placed in. BRIEF §2: the ledger that applies is decided by where the work is
+/// placed. Returns the stages and, if one cannot run, why.
+pub fn stages(
+    profile: &DeviceProfile,
+    a: &Assignment,
+    decode_unit: &str,
+    vision_tensors: &[usize],
+) -> (Vec<Stage>, Option<Shortfall>) {
+    let budget = |pool: usize| profile.pools[pool].runtime_overhead_bytes.is_some();
+    let mut out = vec![Stage {
+        name: "decode".into(),
+        unit: Some(decode_unit.to_owned()),
+        pool: profile.pools[a.primary].id.clone(),
+        budget_declared: budget(a.primary),
+    }];
+    let mut refused = None;
+    if !vision_tensors.is_empty() {
+        // The pool holding most of the tower's bytes; ties go to the lower pool index (the profile's order).
+        let mut bytes = vec![0u64; profile.pools.len()];
+        for &i in vision_tensors {
+            bytes[a.pool_of[i]] += a.planned[i];
+        }
+        let pool = (0..bytes.len())
+            .max_by_key(|&p| (bytes[p], std::cmp::Reverse(p)))
+            .unwrap_or(a.primary);
+        let id = &profile.pools[pool].id;
+        let unit = if pool == a.primary {
+            Some(decode_unit.to_owned())
+        } else {
+            profile
+                .compute
+                .iter()
+                .filter(|c| c.runs_engine && c.pool == *id)
+                .max_by(|x, y| peak(x).total_cmp(&peak(y)))
+                .map(|c| c.id.clone())
+        };
+        if unit.is_none() {
+            refused = Some(Shortfall {
+                pool: id.clone(),
+                component: "vision stage".into(),
+                shortfall_bytes: 0,
+                reason: format!(
+                    "the vision tower is placed in `{id}` but no compute unit that runs the engine reads that pool: \
+                     the stage has nowhere to run (fails closed)"
+                ),
+            });
+        }
+        out.push(Stage {
+            name: "vision".into(),
+            unit,
+            pool: id.clone(),
+            budget_declared: budget(pool),
+        });
+    }
+    (out, refused)
+}
+
+fn peak(c: &crate::profile::ComputeUnit) -> f64 {
+    let p = &c.peak;
+    [
+        &p.bf16_flops_per_s,
+        &p.fp32_flops_per_s,
+        &p.fp8_flops_per_s,
+        &p.int8_ops_per_s,
+    ]
+    .into_iter()
+    .flatten()
+    .map(|m| m.value)
+    .fold(0.0, f64::max)
+}
+
 /// Build the ledgers and the verdict.
 pub fn admit(
     profile: &DeviceProfile,
@@ -240,6 +326,40 @@ mod tests {
         let (_, verdict, sf) = admit(&profile, &a, 0, 0);
         assert_eq!(verdict, Verdict::DoesNotFit);
         assert_eq!(sf.unwrap().pool, "host");
+    }
+
+    #[test]
+    fn a_vision_stage_runs_where_the_tower_is_placed_or_is_refused() {
+        // Budget 600 - 10 = 590 for 680 bytes: the tower moves to the host, which the CPU below reads.
+        let mut profile = two_pools(600, 10_000);
+        let w = Workload {
+            images: true,
+            ..Workload::default()
+        };
+        let path = choose(
+            &crate::model::Quantization::Fp8Block { block: [128, 128] },
+            &profile.compute[0],
+            w.priority,
+        );
+        let a = place(&small_model(), &path, &profile, &w, 0);
+        let (st, refused) = stages(&profile, &a, "gpu", &[1]);
+        assert_eq!(st[1].pool, "host");
+        assert_eq!(st[1].unit, None);
+        assert!(refused.unwrap().reason.contains("nowhere to run"));
+        let mut cpu = profile.compute[0].clone();
+        cpu.id = "cpu".into();
+        cpu.pool = "host".into();
+        profile.compute.push(cpu);
+        let (st, refused) = stages(&profile, &a, "gpu", &[1]);
+        assert_eq!(st[1].unit.as_deref(), Some("cpu"));
+        assert!(refused.is_none());
+        // A tower that fits on the decode pool runs on the decode unit.
+        let a = place(&small_model(), &path, &two_pools(10_000, 10_000), &w, 0);
+        let (st, _) = stages(&profile, &a, "gpu", &[1]);
+        assert_eq!(
+            (st[1].pool.as_str(), st[1].unit.as_deref()),
+            ("vram", Some("gpu"))
+        );
     }
 
     #[test]

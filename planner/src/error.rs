@@ -41,12 +41,6 @@ impl InputError {
         self
     }
 
-    #[allow(dead_code)]
-    pub(crate) fn help(mut self, help: impl Into<String>) -> Self {
-        self.help = Some(help.into());
-        self
-    }
-
     /// Line (1-based) the error points at, for callers that print a one-line summary.
     pub fn line(&self) -> Option<usize> {
         let span = self.span?;

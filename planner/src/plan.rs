@@ -11,7 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::admission::{admit, Ledger, Shortfall, Verdict};
+use crate::admission::{admit, stages, Ledger, Shortfall, Stage, Verdict};
 use crate::model::{Access, CacheBudget, LayerKind, ModelSpec, Quantization, Role};
 use crate::placement::{is_decoder_layer_tensor, place, Assignment};
 use crate::predict::{predict, Prediction, Work};
@@ -40,6 +40,9 @@ pub struct Plan {
     /// One ledger per memory pool, TOML `[[ledger]]`.
     #[serde(rename = "ledger")]
     pub ledgers: Vec<Ledger>,
+    /// Where each piece of work runs, TOML `[[stage]]`.
+    #[serde(rename = "stage")]
+    pub stages: Vec<Stage>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -260,8 +263,20 @@ pub fn build(inputs: Inputs<'_>) -> Plan {
     let path = choose(&spec.quantization, unit, workload.priority);
     let fixed = cache.total_bytes.saturating_add(cache.rope_table_bytes);
     let a = place(&spec.inventory, &path, profile, workload, fixed);
-    let (ledgers, verdict, shortfall) =
+    let (ledgers, mut verdict, mut shortfall) =
         admit(profile, &a, cache.total_bytes, cache.rope_table_bytes);
+    let vision: Vec<usize> = if workload.images {
+        (0..spec.inventory.len())
+            .filter(|&i| matches!(spec.inventory[i].access, Access::ConditionalImage))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let (stages, refused) = stages(profile, &a, &unit.id, &vision);
+    if shortfall.is_none() && refused.is_some() {
+        verdict = Verdict::DoesNotFit;
+        shortfall = refused;
+    }
     let prefill_tokens = workload.effective_prompt_len();
     let prediction = predict(
         profile,
@@ -302,6 +317,7 @@ pub fn build(inputs: Inputs<'_>) -> Plan {
         weight_path: path,
         cache,
         ledgers,
+        stages,
         prediction,
     }
 }
@@ -646,6 +662,19 @@ impl Plan {
                 }
             );
         }
+        let stages: Vec<String> = self
+            .stages
+            .iter()
+            .map(|st| {
+                format!(
+                    "{} on {} (`{}`)",
+                    st.name,
+                    st.unit.as_deref().unwrap_or("NOTHING"),
+                    st.pool
+                )
+            })
+            .collect();
+        let _ = writeln!(s, "  stages: {}", stages.join("; "));
         let _ = writeln!(s, "  placement: {}", self.placement.policy);
         for p in &self.placement.pools {
             let _ = writeln!(

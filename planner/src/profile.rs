@@ -234,10 +234,12 @@ pub fn parse_profile(file: &SourceFile) -> Result<DeviceProfile, InputError> {
         )
         .at(e.span(), "here")
     })?;
-    validate(&profile).map_err(|v| {
-        let span = span_of(&file.text, &v.path);
-        InputError::new(&file.path, &file.text, v.message).at(span, v.expected)
-    })?;
+    validate(&profile)
+        .and_then(|()| check_name(&profile, &file.path))
+        .map_err(|v| {
+            let span = span_of(&file.text, &v.path);
+            InputError::new(&file.path, &file.text, v.message).at(span, v.expected)
+        })?;
     Ok(profile)
 }
 
@@ -502,6 +504,26 @@ fn validate(p: &DeviceProfile) -> Result<(), Violation> {
     Ok(())
 }
 
+/// A profile's `name` is the id users type (`--device ryzen-5090`) and plans record, so it must match the file's
+/// stem; a copied profile that kept the old name would otherwise plan under the wrong id.
+fn check_name(p: &DeviceProfile, path: &str) -> Result<(), Violation> {
+    let stem = path
+        .rsplit(['/', '\\'])
+        .next()
+        .and_then(|f| f.strip_suffix(".toml"));
+    match stem {
+        Some(stem) if stem != p.name => Err(violation(
+            vec![Seg::Key("name")],
+            format!(
+                "profile name `{}` does not match its file name `{stem}.toml`",
+                p.name
+            ),
+            format!("name = \"{stem}\""),
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn unknown_pool(p: &DeviceProfile, path: Vec<Seg>, id: &str) -> Violation {
     let known: Vec<&str> = p.pools.iter().map(|q| q.id.as_str()).collect();
     violation(
@@ -655,6 +677,27 @@ peak = { bf16_flops_per_s = { value = 1e12, source = "s" } }
             "{}",
             e.message
         );
+    }
+
+    #[test]
+    fn name_must_match_the_file_stem() {
+        let e = parse_profile(&SourceFile {
+            path: "profiles/other.toml".into(),
+            text: MINIMAL.into(),
+        })
+        .unwrap_err();
+        assert!(
+            e.message
+                .contains("does not match its file name `other.toml`"),
+            "{}",
+            e.message
+        );
+        assert_eq!(e.line(), Some(line_of(MINIMAL, "name = \"t\"")));
+        let ok = SourceFile {
+            path: "somewhere/t.toml".into(),
+            text: MINIMAL.into(),
+        };
+        assert!(parse_profile(&ok).is_ok());
     }
 
     #[test]

@@ -206,3 +206,31 @@ fn phone_plans_are_exports() {
     assert!(!p.weight_path.runs_in_engine);
     assert!(p.inventory.planned_bytes < p.inventory.total_bytes);
 }
+
+/// Seed 000 §3: the vision tower is the clean heterogeneous case, run once per image off the decode path. With
+/// images on, the offloaded tower runs on the CPU that reads host memory, and its ledger is the host's.
+#[test]
+fn the_offloaded_vision_tower_runs_on_the_host_cpu() {
+    let w = Workload {
+        images: true,
+        ..Workload::default()
+    };
+    let p = plan("qwen3.8-27b-fp8", "ryzen-5090", &w);
+    let vision = p
+        .stages
+        .iter()
+        .find(|s| s.name == "vision")
+        .expect("a vision stage");
+    assert_eq!(
+        (vision.unit.as_deref(), vision.pool.as_str()),
+        (Some("zen5"), "dram")
+    );
+    assert!(
+        p.prediction.prefill_tok_s
+            < plan("qwen3.8-27b-fp8", "ryzen-5090", &Workload::default())
+                .prediction
+                .prefill_tok_s
+    );
+    let text_only = plan("qwen3.8-27b-fp8", "ryzen-5090", &Workload::default());
+    assert_eq!(text_only.stages.len(), 1, "no vision stage without images");
+}

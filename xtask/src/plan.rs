@@ -14,9 +14,23 @@ use planner::{Plan, Workload};
 /// The model the README's `cargo xtask plan --device ryzen-5090` plans: the seed's story (seed 000 §5).
 const DEFAULT_MODEL: &str = "qwen3.8-27b-fp8";
 
-const USAGE: &str = "usage: cargo xtask plan --device D [--model M] [--max-model-len N] [--max-num-seqs N] \
-[--prompt-len N] [--offload-gib X] [--priority speed|fidelity] [--engine edgefit|vllm] [--images] [--speculative] \
-[--out FILE] [--format toml|json] [--all]";
+const USAGE: &str = "\
+usage: cargo xtask plan --device D [options]
+       cargo xtask plan --all [options]
+
+  --device D           a profile in profiles/ (D.toml)
+  --model M            a model card in models/ (default: qwen3.8-27b-fp8)
+  --max-model-len N    longest sequence the deployment admits; caches are sized from it (default 4096)
+  --max-num-seqs N     concurrent sequences (default 1)
+  --prompt-len N       prompt length of the prefill prediction (default 512)
+  --offload-gib X      pin X GiB of decoder-layer weights in host memory, like vLLM's cpu_offload_gb
+  --priority P         speed | fidelity (default speed)
+  --engine E           edgefit | vllm: what the target engine can offload (default edgefit)
+  --images             prompts carry images (the vision tower runs at prefill)
+  --speculative        speculative decoding with the MTP head (the head is read every token)
+  --out FILE           write the plan there atomically (with --all: a directory, one file per pair)
+  --format F           toml | json (default toml)
+  --all                plan every model x profile pair and print a table with the planning time";
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Format {
@@ -50,7 +64,10 @@ fn parse_args(args: Vec<OsString>) -> Result<Args> {
         s.parse::<u64>()
             .map_err(|_| miette!("{flag} expects a whole number, got `{s}`"))
     };
-    while let Some(arg) = p.next().map_err(|e| miette!("{e}\n{USAGE}"))? {
+    while let Some(arg) = p
+        .next()
+        .map_err(|e| miette!("{e}; see `cargo xtask plan --help`"))?
+    {
         match arg {
             Long("device") => {
                 a.device = Some(
@@ -140,7 +157,12 @@ fn parse_args(args: Vec<OsString>) -> Result<Args> {
                 println!("{USAGE}");
                 std::process::exit(0);
             }
-            other => return Err(miette!("{}\n{USAGE}", other.unexpected())),
+            other => {
+                return Err(miette!(
+                    "{}; see `cargo xtask plan --help`",
+                    other.unexpected()
+                ))
+            }
         }
     }
     a.workload.validate().map_err(miette::Report::new)?;
@@ -277,7 +299,7 @@ pub(crate) fn run(args: Vec<OsString>) -> Result<()> {
     }
     let Some(device) = a.device.as_deref() else {
         return Err(miette!(
-            "--device is required (or --all); available: {}\n{USAGE}",
+            "--device is required (or --all); available: {}; see `cargo xtask plan --help`",
             available_devices(&root).join(", ")
         ));
     };

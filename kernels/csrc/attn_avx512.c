@@ -1,6 +1,9 @@
-/* Attention, AVX-512: the online-softmax segment (scores, value accumulation; f32 or bf16 cache) is hand-written; the
- * paged / ring / prefill walkers and RoPE are the generic C of attn_impl.h compiled with AVX-512 flags. Each key
- * and value row is read from memory once per KV head and reused from L1 by every query head of the group. */
+/* Attention, AVX-512. Decode: the online-softmax segment is hand-written for f32 and bf16 caches (bf16 widened in
+ * registers): each 16-column chunk of a key row is loaded once and multiplied into the accumulators of every query
+ * head of the group, the tile softmax uses the vector exp, and the value pass keeps the group's accumulators in
+ * registers while the tile's value rows stream through, so each K/V row is read from memory once per KV head.
+ * Prefill: the blocked kernel at the end of this file. The paged / ring walkers and RoPE are the generic C of
+ * attn_impl.h compiled with AVX-512 flags. */
 #define SEQ_SUFFIX _avx512
 #define SEQ_TAG 2
 #define ATTN_CUSTOM_SEGMENT
@@ -9,8 +12,9 @@
 /* Software prefetch: while a tile's keys are scored, its value rows and the next tile's key rows are requested.
  * The score pass does g dot products per key row, so the core issues loads slowly and the hardware prefetcher
  * alone left it waiting on memory (perf: the hottest instructions were the ones right after the K and V loads).
- * Measured in alternating A/B runs of `cpu_seq` on this shared 2-core machine: never slower, the bf16 cache up to
- * 1.3x faster; the machine's own read bandwidth swung 7-20 GB/s between runs, so re-measure on a quiet host. */
+ * Measured together with the one-load-per-chunk scores, in three alternating A/B runs of `cpu_seq` (768 MiB
+ * caches, ctx 8192): bf16 147/155/94 ms against 152/244/255 ms before, f32 faster in two runs of three; this
+ * shared machine's own read bandwidth swung 5-11 GB/s between those runs, so re-measure on a quiet host. */
 static inline void attn_prefetch_row(const void *p, int64_t bytes) {
     for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T0);
 }
@@ -62,6 +66,18 @@ static void attn_softmax_tile512(attn_state *st, int64_t nt) {
         for (int i = 0; i < (G); i++) _mm512_mask_storeu_ps(st->acc + i * st->d + x, m, acc[i]);                   \
     } while (0)
 
+#define ATTN_SCORES_BODY(G, LOAD)                                                                                  \
+    do {                                                                                                            \
+        __m512 acc[G];                                                                                              \
+        for (int i = 0; i < (G); i++) acc[i] = _mm512_setzero_ps();                                                 \
+        for (int64_t x = 0; x < d; x += 16) {                                                                       \
+            const __mmask16 m = seq_tail_mask(d - x);                                                               \
+            const __m512 kc = LOAD(m, kr + x);                                                                      \
+            for (int i = 0; i < (G); i++) acc[i] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + i * d + x), kc, acc[i]); \
+        }                                                                                                           \
+        for (int i = 0; i < (G); i++) st->sc[i * ATTN_TILE + j] = _mm512_reduce_add_ps(acc[i]) * scale;             \
+    } while (0)
+
 #define ATTN_DEFINE_VPASS(SUF, T, LOAD)                                                                            \
     static void attn_vpass##SUF(attn_state *st, const T *v, int64_t row_stride, int64_t nt, __mmask16 m,          \
                                 int64_t x) {                                                                        \
@@ -100,9 +116,24 @@ static void attn_softmax_tile512(attn_state *st, int64_t nt) {
         }                                                                                                           \
         return seq_hsum512(_mm512_add_ps(s0, s1));                                                                  \
     }                                                                                                               \
+    /* Scores of one key row against all g query rows: each 16-column chunk of the row is loaded (and, for bf16,  \
+     * widened) once and multiplied into g accumulators; g is a constant in the specialised cases. */              \
+    static void attn_scores##SUF(attn_state *st, const float *q, const T *kr, int64_t j, float scale) {           \
+        const int64_t d = st->d;                                                                                    \
+        switch (st->g) {                                                                                            \
+        case 1: ATTN_SCORES_BODY(1, LOAD); return;                                                                  \
+        case 2: ATTN_SCORES_BODY(2, LOAD); return;                                                                  \
+        case 3: ATTN_SCORES_BODY(3, LOAD); return;                                                                  \
+        case 4: ATTN_SCORES_BODY(4, LOAD); return;                                                                  \
+        case 6: ATTN_SCORES_BODY(6, LOAD); return;                                                                  \
+        case 8: ATTN_SCORES_BODY(8, LOAD); return;                                                                  \
+        default: break;                                                                                             \
+        }                                                                                                           \
+        for (int64_t i = 0; i < st->g; i++) st->sc[i * ATTN_TILE + j] = attn_dot512##SUF(q + i * d, kr, d) * scale; \
+    }                                                                                                               \
     static void attn_segment##SUF(attn_state *st, const float *q, float scale, const T *k, const T *v,             \
                                   int64_t row_stride, int64_t n) {                                                  \
-        const int64_t g = st->g, d = st->d;                                                                         \
+        const int64_t d = st->d;                                                                                    \
         for (int64_t t0 = 0; t0 < n; t0 += ATTN_TILE) {                                                             \
             const int64_t nt = n - t0 < ATTN_TILE ? n - t0 : ATTN_TILE;                                             \
             for (int64_t j = 0; j < nt; j++) {                                                                      \
@@ -110,7 +141,7 @@ static void attn_softmax_tile512(attn_state *st, int64_t nt) {
                 attn_prefetch_row(v + (t0 + j) * row_stride, d * (int64_t)sizeof(T));                              \
                 if (t0 + ATTN_TILE + j < n)                                                                         \
                     attn_prefetch_row(kr + ATTN_TILE * row_stride, d * (int64_t)sizeof(T));                         \
-                for (int64_t i = 0; i < g; i++) st->sc[i * ATTN_TILE + j] = attn_dot512##SUF(q + i * d, kr, d) * scale; \
+                attn_scores##SUF(st, q, kr, j, scale);                                                              \
             }                                                                                                       \
             attn_softmax_tile512(st, nt);                                                                           \
             for (int64_t x = 0; x < d; x += 16)                                                                     \

@@ -16,6 +16,7 @@ int SEQ_FN(ops_rmsnorm)(const float *x, const float *w, int64_t dim, int one_plu
     return SEQ_TAG;
 }
 
+#ifndef OPS_CUSTOM_GLU
 /* act(gate) * up over rows [r0, r1) of gate_up ([rows, 2*inter], gate first); act = SiLU or GELU(erf). */
 int SEQ_FN(ops_glu)(const float *gate_up, int64_t inter, int gelu, float *out, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
@@ -28,6 +29,7 @@ int SEQ_FN(ops_glu)(const float *gate_up, int64_t inter, int gelu, float *out, i
     }
     return SEQ_TAG;
 }
+#endif
 
 /* Compute-roof probe for the benchmarks: `iters` rounds of 64 independent multiply-adds (the compiler vectorises
  * them at the translation unit's width); writes the FLOPs done to *flops and a checksum to *sink. */

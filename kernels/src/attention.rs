@@ -20,13 +20,15 @@
 //!   and, with a window `W`, `i - j < W`.
 //!
 //! # Paths and speed
-//! AVX-512 is hand-written (`csrc/attn_avx512.c`): decode streams each K/V row once per KV head for the whole query
-//! group (f32 or bf16 cache, bf16 widened in registers), with the group's accumulators in registers; prefill
-//! transposes K once and scores blocks of 16 query tokens as small GEMMs. Scalar and AVX2 are the portable C of
-//! `csrc/attn_impl.h` (per-query prefill; AVX2 only compiler-vectorised). Measured with `cpu_seq` on this shared
-//! 2-core VM (large spreads): f32 decode at 0.55-0.63 of the measured read bandwidth (4.5-5.4 GB/s), bf16 at
-//! 0.43-0.47 of it but 1.3x faster per cached token than f32; prefill of 1024 Spark tokens at 40 GFLOP/s (0.30 of
-//! the FMA roof), 12.5x the scalar per-query kernel.
+//! AVX-512 is hand-written (`csrc/attn_avx512.c`): decode loads each chunk of a K/V row once per KV head for the
+//! whole query group (f32 or bf16 cache, bf16 widened in registers) with the group's accumulators in registers;
+//! prefill transposes K once and scores blocks of 16 query tokens as small GEMMs. The AVX2 build has a hand-written
+//! decode segment (`csrc/attn_avx2.c`); the rest of AVX2 and all of scalar is the portable C of
+//! `csrc/attn_impl.h` (per-query prefill). Measured by `cpu_seq` in two full runs on this shared 2-core VM (large
+//! spreads): decode over a 768 MiB paged cache at 4k-32k context, f32 5.2-9.6 GB/s (0.43-0.82 of the read bandwidth
+//! measured in the same run), bf16 0.55-1.04 us per cached token against f32's 0.85-1.58 (about 1.6x faster per
+//! token); AVX2 2.7x and AVX-512 4.4x the scalar decode; prefill of 1024 Spark tokens at 59-151 GFLOP/s (0.32-0.38
+//! of the FMA roof), 12-15x the scalar per-query kernel.
 //!
 //! RoPE works in place on `[T, H, D]` rows with one position per row of `T`; angles are computed per call from
 //! `theta` (no table that grows with the declared context: the seed found 618 MB of RoPE tables for a million
@@ -811,6 +813,12 @@ pub fn prefill_with(
         OP,
         "a sliding window must hold at least 1 token, got 0"
     );
+    // The C kernels index tokens with 32-bit lane arithmetic in places.
+    crate::ensure_shape!(
+        t <= i32::MAX as usize,
+        OP,
+        "{t} tokens is more than the kernels index (2^31 - 1)"
+    );
     let kvn = t
         .saturating_mul(dims.kv_heads)
         .saturating_mul(dims.head_dim);
@@ -825,7 +833,12 @@ pub fn prefill_with(
     let mut a = AttnArgs::new(dims, scale, q, out);
     a.k = k.as_ptr();
     a.v = v.as_ptr();
-    a.window = window.unwrap_or(0).min(i64::MAX as usize) as i64;
+    // A window wider than the prompt masks nothing: pass it as "no window" so the kernels' index arithmetic stays
+    // within the prompt's range.
+    a.window = match window {
+        Some(w) if w <= t => w as i64,
+        _ => 0,
+    };
     let group = dims.q_heads / dims.kv_heads;
     #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))]
     if isa == Isa::Avx512 && group <= MAX_BLOCKED_GROUP && t > 0 {

@@ -28,13 +28,14 @@
 //! AVX-512 is hand-written (`csrc/gdn_avx512.c`): the decode step walks the state in 16-column blocks that stay
 //! in L1 between reading `S^T k` and writing the update, and the prefill register-blocks every product of the
 //! chunk algorithm. Scalar and AVX2 are the same portable C (`csrc/gdn_impl.h`), the AVX2 build only
-//! compiler-vectorised. Measured by `cargo bench -p kernels --bench cpu_seq` on this shared 2-core AVX-512 VM
-//! (spreads of 40-180% from other work on the machine, so read them as orders of magnitude): the decode step of
-//! one Qwen3.8 layer (3 MiB of state) took 0.55-1.1 ms against a 0.36-0.43 ms byte floor (0.38-0.73 of it); the
-//! chunked prefill ran 4.2-4.6x faster than 512 recurrent steps and 5x faster than the scalar chunk code, at
-//! 0.21-0.25 of the measured FMA roof. Both flush subnormals for the duration of the prefill call (the chunk decays
-//! reach them; with the assists the AVX-512 prefill took 745 instead of 287 ms for 1024 tokens) and restore the
-//! caller's floating-point mode.
+//! compiler-vectorised. Measured by `cargo bench -p kernels --bench cpu_seq` in two full runs on this shared
+//! 2-core AVX-512 VM (its read+write bandwidth moved from 20 to 13 GB/s between them; spreads up to 370%, so read
+//! these as ranges): the decode step of one Qwen3.8 layer (3 MiB of state) took 0.42-0.43 ms on one thread against
+//! a byte floor of 0.31-0.49 ms; the chunked prefill of 512 tokens took 34-103 ms on two threads, 3.0-3.3x faster
+//! than 512 recurrent steps and 5.2-5.3x faster than the scalar chunk code, at 0.21-0.25 of the FMA roof measured
+//! in the same run. The prefill flushes subnormals for the duration of the call (the chunk decays reach them; with
+//! the microcode assists the AVX-512 prefill of 1024 tokens took 745 instead of 287 ms) and restores the caller's
+//! floating-point mode.
 
 use crate::cpu::Isa;
 use crate::KernelError;

@@ -2,9 +2,9 @@
 //! GELU(erf)-and-mul (C, scalar / AVX2 / AVX-512), embedding gather from bf16 or f32 rows and argmax (Rust: a gather
 //! is a copy and argmax one pass, neither has arithmetic worth vectorising by hand).
 //!
-//! The C ops have a hand-written AVX-512 path (vector exp and erfc, `csrc/seq_common.h`); scalar and AVX2 are the
-//! portable C of `csrc/ops_impl.h`, and the activations there stay scalar in the AVX2 build too (they call libm's
-//! `expf` / `erff`, which the compiler does not vectorise).
+//! The activations have hand-written AVX-512 and AVX2 paths (vector exp and erfc: `csrc/seq_common.h`,
+//! `csrc/ops_avx2.c`); RMSNorm is hand-written for AVX-512 and compiler-vectorised portable C otherwise; the scalar
+//! path is the portable C of `csrc/ops_impl.h` with libm's `expf` / `erff`.
 //!
 //! Gated activations take the fused `gate_up` projection `[rows, 2*inter]` with the gate half first (vLLM's
 //! `SiluAndMul` convention; transformers computes `act(gate_proj(x)) * up_proj(x)`, the same numbers).

@@ -286,6 +286,8 @@ fn prefill_matches_reference_with_and_without_window() {
         check_prefill(isa, &ragged, 45, Some(1), 12);
         check_prefill(isa, &ragged, 100, Some(33), 13);
         check_prefill(isa, &ragged, 1, None, 14);
+        // A window wider than the prompt masks nothing (and must not wrap any index arithmetic).
+        check_prefill(isa, &spark, 40, Some(usize::MAX), 16);
     }
 }
 

@@ -1,6 +1,7 @@
 //! CUDA half of the build script. With the `cuda` feature, every `cuda/*.cu` is compiled by nvcc to PTX for
-//! `compute_90` (the H200; the driver JIT-compiles it once per process) and checked by `ptxas` for `sm_90`, so a
-//! PTX that would not assemble fails here rather than at load time on a borrowed GPU. Files named `*_sm90a.cu`
+//! `compute_90` and assembled by `ptxas` to an `sm_90` cubin, so a PTX that would not assemble fails here rather
+//! than at load time on a borrowed GPU. Both are embedded: an sm_90 device (the H200) loads the cubin, with no JIT
+//! at start-up; any other device of compute capability 9.0 or later loads the PTX, which its driver compiles. Files named `*_sm90a.cu`
 //! (kernels that use `wgmma`/`setmaxnreg`) are compiled to an `sm_90a` cubin instead, with the `-gencode` form
 //! (the `-arch=sm_90a` shorthand also runs a plain sm_90 pass that rejects those instructions).
 //!
@@ -81,7 +82,7 @@ pub(crate) fn build() {
             let ptxas = nvcc.with_file_name("ptxas");
             let report = out_dir.join(format!("{stem}.ptxas.txt"));
             let output = Command::new(&ptxas)
-                .args(["-arch=sm_90", "-v", "-o"])
+                .args(["-arch=sm_90", "-O3", "--generate-line-info", "-v", "-o"])
                 .arg(out_dir.join(format!("{stem}.sm_90.cubin")))
                 .arg(&ptx)
                 .output()
@@ -98,6 +99,13 @@ pub(crate) fn build() {
             generated.push_str(&format!(
                 "pub(crate) static PTX_{konst}: &str = include_str!({:?});\n",
                 ptx.display().to_string()
+            ));
+            generated.push_str(&format!(
+                "pub(crate) static CUBIN_SM90_{konst}: &[u8] = include_bytes!({:?});\n",
+                out_dir
+                    .join(format!("{stem}.sm_90.cubin"))
+                    .display()
+                    .to_string()
             ));
         }
     }

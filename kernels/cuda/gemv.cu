@@ -1,14 +1,18 @@
 // Decode GEMVs (M = 1..16 activation rows) over block-quantised weights: FP8 e4m3 with 128x128 block scales and
 // NVFP4 (e2m1, e4m3 scale per 16, fp32 global scale) as weight-only. y[m][n] = sum_k x[m][k] * W[n][k] * scales.
+// Two families, both called from kernels/src/cuda/device.rs (GemvPath picks; numbers in benchmarks/h200.md):
 //
-// Decode is bandwidth-bound: each weight byte is read exactly once per call, so the design is about bytes in
-// flight. One warp owns one output row; each lane streams 16-byte chunks of the row (L1 no-allocate), with
-// GEMV_UNROLL chunks issued before the first is used. Activations (bf16, a few KiB per row) come through L1,
-// where every warp of the block re-reads them. Accumulation is fp32, block scales are applied once per 16 (FP8)
-// or 8 (NVFP4) products, the NVFP4 global scale in the epilogue. Outputs are fp32, [m][n].
+// CUDA cores (fp8_block_gemv_m*, nvfp4_gemv_m*, and the _rRW_uU variants): decode is bandwidth-bound, each weight
+// byte is read exactly once per call, so the design is about bytes in flight. A warp owns RW output rows; each
+// lane streams 16-byte chunks of them (L1 no-allocate), with U chunks per row issued before the first is used.
+// Activations (bf16, a few KiB per row) come through L1 and are shared by the warp's RW rows. Accumulation is fp32,
+// block scales are applied once per 16 (FP8) or 8 (NVFP4) products, the NVFP4 global scale in the epilogue.
+// Launch: GEMV_THREADS threads, grid ceil(n / (GEMV_WARPS * RW)).
 //
-// Launch: block GEMV_THREADS threads, grid ceil(n / GEMV_WARPS); the Rust side checks k % 16 == 0 (FP8) or
-// k % 32 == 0 (NVFP4), m <= the template's MT, and 16-byte alignment of every pointer.
+// Tensor cores (*_mma_n8, *_mma_n16, see blockq_gemv_mma below): one 16-row tile per block.
+//
+// Outputs are fp32 [m][n]. The Rust side checks k % 16 == 0 (FP8) or k % 32 == 0 (NVFP4), m <= 16 (and <= the
+// entry's MT), and every buffer's length; its allocations are 256-byte aligned.
 #include "common.cuh"
 
 using namespace edgefit;
@@ -274,10 +278,10 @@ __device__ __forceinline__ uint32_t hmul2_u32(uint32_t a, uint32_t b) {
     return *reinterpret_cast<uint32_t*>(&r);
 }
 
-constexpr int MMA_WARPS = 8;
 
 // FMT 0: FP8 e4m3 with 128x128 fp32 block scales; FMT 1: NVFP4. NT: n-tiles of 8 activation rows (1 or 2).
-template <int FMT, int NT>
+// MMA_WARPS: warps sharing one 16-row tile's K chunks.
+template <int FMT, int NT, int MMA_WARPS>
 __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, const uint8_t* __restrict__ w,
                                                 const void* __restrict__ scales, float global_scale,
                                                 float* __restrict__ y, int m, int n, int k) {
@@ -299,11 +303,12 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
 
-    // Each warp takes every MMA_WARPS-th chunk and keeps MMA_U of them in flight: the loads of MMA_U chunks are
-    // issued before the first is decoded (with one chunk at a time, NVFP4 had 32 bytes per lane in flight and
-    // reached 2.1-2.5 TB/s).
+    // Each warp takes every MMA_WARPS-th chunk, MMA_U of them per iteration with all their loads issued first.
+    // MMA_U = 1: issuing two (FP8) or four (NVFP4) chunks ahead raised the registers to 90-104, halved the
+    // resident warps and made every case slower on the H200 (NVFP4 M=1 lm_head 281 -> 378 us, FP8 M=16
+    // 5120x17408 43 -> 66 us; bench run 7 against run 6, 2026-11-30).
     constexpr int LOADS = FMT == 0 ? 2 : 1;  // 16-byte loads per row per chunk
-    constexpr int MMA_U = FMT == 0 ? 2 : 4;  // chunks in flight: 128 bytes per lane either way
+    constexpr int MMA_U = 1;
     for (int cb = warp; cb < nchunks; cb += MMA_WARPS * MMA_U) {
         uint4 la_u[MMA_U][LOADS], lb_u[MMA_U][LOADS];
 #pragma unroll
@@ -445,21 +450,27 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)
-    fp8_block_gemv_mma_n8(const uint16_t* x, const uint8_t* w, const float* scales, float* y, int m, int n, int k) {
-    blockq_gemv_mma<0, 1>(x, w, scales, 1.f, y, m, n, k);
-}
-extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)
-    fp8_block_gemv_mma_n16(const uint16_t* x, const uint8_t* w, const float* scales, float* y, int m, int n, int k) {
-    blockq_gemv_mma<0, 2>(x, w, scales, 1.f, y, m, n, k);
-}
-extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)
-    nvfp4_gemv_mma_n8(const uint16_t* x, const uint8_t* w, const uint8_t* scales, float global_scale, float* y,
-                      int m, int n, int k) {
-    blockq_gemv_mma<1, 1>(x, w, scales, global_scale, y, m, n, k);
-}
-extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)
-    nvfp4_gemv_mma_n16(const uint16_t* x, const uint8_t* w, const uint8_t* scales, float global_scale, float* y,
-                       int m, int n, int k) {
-    blockq_gemv_mma<1, 2>(x, w, scales, global_scale, y, m, n, k);
-}
+#define EDGEFIT_MMA_ENTRIES(W, SUFFIX)                                                                            \
+    extern "C" __global__ void __launch_bounds__(W * 32) fp8_block_gemv_mma_n8##SUFFIX(                           \
+        const uint16_t* x, const uint8_t* w, const float* scales, float* y, int m, int n, int k) {               \
+        blockq_gemv_mma<0, 1, W>(x, w, scales, 1.f, y, m, n, k);                                                  \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(W * 32) fp8_block_gemv_mma_n16##SUFFIX(                          \
+        const uint16_t* x, const uint8_t* w, const float* scales, float* y, int m, int n, int k) {               \
+        blockq_gemv_mma<0, 2, W>(x, w, scales, 1.f, y, m, n, k);                                                  \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(W * 32) nvfp4_gemv_mma_n8##SUFFIX(                               \
+        const uint16_t* x, const uint8_t* w, const uint8_t* scales, float global_scale, float* y, int m, int n,   \
+        int k) {                                                                                                  \
+        blockq_gemv_mma<1, 1, W>(x, w, scales, global_scale, y, m, n, k);                                         \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(W * 32) nvfp4_gemv_mma_n16##SUFFIX(                              \
+        const uint16_t* x, const uint8_t* w, const uint8_t* scales, float global_scale, float* y, int m, int n,   \
+        int k) {                                                                                                  \
+        blockq_gemv_mma<1, 2, W>(x, w, scales, global_scale, y, m, n, k);                                         \
+    }
+
+// 8 warps per 16-row tile (the Rust side's choice) and, for the benchmark's sweep, 16 (twice the warps, and the
+// bytes in flight, on short matrices: 320 tiles at n = 5120 leave 2.4 blocks per SM).
+EDGEFIT_MMA_ENTRIES(8, )
+EDGEFIT_MMA_ENTRIES(16, _w16)

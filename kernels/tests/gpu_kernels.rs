@@ -7,7 +7,7 @@
 //! `compute-sanitizer --tool memcheck|racecheck` in seconds (kernels/bench/h200/run_all.sh).
 
 use kernels::attention::AttnDims;
-use kernels::cuda::{GdnGpuInputs, GdnGpuWeights, GemvPath, Gpu, PagedAttentionDims};
+use kernels::cuda::{GdnGpuInputs, GdnGpuWeights, Gpu, KernelPath, PagedAttentionDims};
 use kernels::formats::{bf16_to_f32, f32_to_bf16};
 use kernels::gdn::{GdnDims, GdnInputs, GdnWeights};
 use kernels::reference;
@@ -90,7 +90,11 @@ fn bf16_activations(rng: &mut ChaCha8Rng, len: usize) -> (Vec<u16>, Vec<f32>) {
 // relative; 2e-5 leaves room without hiding a wrong element (one wrong scale block moves the norm by > 1e-2 at
 // these sizes).
 const GEMV_TOL: f64 = 2e-5;
-const GEMV_PATHS: [GemvPath; 3] = [GemvPath::Auto, GemvPath::CudaCores, GemvPath::TensorCores];
+const GEMV_PATHS: [KernelPath; 3] = [
+    KernelPath::Auto,
+    KernelPath::CudaCores,
+    KernelPath::TensorCores,
+];
 
 #[test]
 fn fp8_block_gemv_matches_the_reference_on_every_path() {
@@ -350,7 +354,8 @@ fn gdn_decode_step_refuses_unbuilt_head_dims() {
     assert!(e.to_string().contains("key_dim = value_dim = 128"), "{e}");
 }
 
-/// One paged-attention case: random bf16 K/V for ragged lengths scattered over shuffled pages.
+/// One paged-attention case on every kernel path: random bf16 K/V for ragged lengths scattered over shuffled
+/// pages.
 fn check_attention(
     gpu: &Gpu,
     rng: &mut ChaCha8Rng,
@@ -434,15 +439,25 @@ fn check_attention(
         gpu.upload(&vc).unwrap(),
     );
     let (dt, dl) = (gpu.upload(&table).unwrap(), gpu.upload(&lens32).unwrap());
-    let mut out = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
-    gpu.attention_decode_paged(&dims, &dq, &dk, &dv, &dt, &dl, scale, splits, &mut out)
+    // CUDA cores: fp32 scores and exp2 on exact bf16 inputs against f64, ~1e-6 relative, bound 1e-4. Tensor
+    // cores: q and the probabilities rounded to bf16 (2^-9 relative each), ~1e-3, bound 5e-3.
+    for (path, tol) in [
+        (KernelPath::CudaCores, 1e-4),
+        (KernelPath::TensorCores, 5e-3),
+        (KernelPath::Auto, 5e-3),
+    ] {
+        let mut out = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
+        gpu.attention_decode_paged_with(
+            path, &dims, &dq, &dk, &dv, &dt, &dl, scale, splits, &mut out,
+        )
         .unwrap();
-    let got = gpu.download(&out).unwrap();
-    let what =
-        format!("attention hq={hq} hkv={hkv} d={d} lens={lens:?} page={page_size} splits={splits}");
-    // fp32 scores and exp2 on exact bf16 inputs against f64: ~1e-6 relative; 1e-4 is the bound.
-    let e = rel_err(&what, &got, &want);
-    assert!(e < 1e-4, "{what}: relative error {e:e}");
+        let got = gpu.download(&out).unwrap();
+        let what = format!(
+            "attention {path:?} hq={hq} hkv={hkv} d={d} lens={lens:?} page={page_size} splits={splits}"
+        );
+        let e = rel_err(&what, &got, &want);
+        assert!(e < tol, "{what}: relative error {e:e} >= {tol:e}");
+    }
 }
 
 #[test]

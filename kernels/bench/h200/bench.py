@@ -247,8 +247,23 @@ def bench_gemv(copy_bw):
             mp = max(16, m)
             x8 = [torch.randn(mp, k, device=dev).to(torch.float8_e4m3fn) for _ in range(sets)]
             base8 = lambda i: torch._scaled_mm(x8[i], w8[i].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-            res = time_arms({"cc8": cc8, "tc8": tc8, "cc4": cc4, "tc4": tc4, "scaled_mm": base8}, sets,
-                            60 if n < 100000 else 8)
+            # Sweep: 16 warps per 16-row tile instead of 8.
+            t8w = kern("gemv", ("fp8_block_gemv_mma_n8" if m <= 8 else "fp8_block_gemv_mma_n16") + "_w16")
+            t4w = kern("gemv", ("nvfp4_gemv_mma_n8" if m <= 8 else "nvfp4_gemv_mma_n16") + "_w16")
+            tc8w = lambda i: launch(t8w, gridt, (512,), (ptr(x[i]), ptr(w8[i].view(torch.uint8)), ptr(sc[i]), ptr(y),
+                                                        np.int32(m), np.int32(n), np.int32(k)))
+            tc4w = lambda i: launch(t4w, gridt, (512,), (ptr(x[i]), ptr(w4[i]), ptr(s4[i]), np.float32(0.01), ptr(y),
+                                                        np.int32(m), np.int32(n), np.int32(k)))
+            y.fill_(float("nan"))
+            tc8w(0)
+            torch.cuda.synchronize()
+            err8w = ((y - ref).norm() / ref.norm()).item()
+            y.fill_(float("nan"))
+            tc4w(0)
+            torch.cuda.synchronize()
+            err4w = ((y - y4).norm() / y4.norm()).item()
+            res = time_arms({"cc8": cc8, "tc8": tc8, "cc4": cc4, "tc4": tc4, "tc8w": tc8w, "tc4w": tc4w,
+                             "scaled_mm": base8}, sets, 60 if n < 100000 else 8)
             shape = f"M={m} N={n} K={k}"
             fp8_moved = fp8_bytes + m * k * 2 + m * n * 4
             row("fp8_gemv", shape, res[auto8], "torch._scaled_mm(M16)", res["scaled_mm"], bytes_moved=fp8_moved,
@@ -260,6 +275,10 @@ def bench_gemv(copy_bw):
                 ceiling=copy_bw, target=">=85% copy", note=f"tc4, rel diff vs cc4 {err4:.1e}")
             row("nvfp4_gemv_alt", shape, res["cc4"], "nvfp4_gemv (auto)", res["tc4"], bytes_moved=nv_bytes,
                 ceiling=copy_bw, note="cc4")
+            row("gemv_tc_w16", f"fp8 {shape}", res["tc8w"], "fp8 tensor cores, 8 warps", res["tc8"],
+                bytes_moved=fp8_moved, ceiling=copy_bw, note=f"rel err vs torch {err8w:.1e}")
+            row("gemv_tc_w16", f"nvfp4 {shape}", res["tc4w"], "nvfp4 tensor cores, 8 warps", res["tc4"],
+                bytes_moved=nv_bytes, ceiling=copy_bw, note=f"rel diff vs cc4 {err4w:.1e}")
             ours4 = cc4
             if m == 1:
                 # Design sweep of the FP8 kernel (rows per warp x 16-byte loads in flight per row), same data.
@@ -331,12 +350,20 @@ def bench_gdn(copy_bw):
         st = [torch.randn(b, hv, d, d, device=dev) * 0.05 for _ in range(sets)]
         out = torch.empty(b, hv * d, device=dev)
 
+        fcl = kern("gdn", "gdn_decode_step_cluster4")
+
+        def cluster4(i):
+            launch(fcl, (hv * 4, b), (128,), (ptr(qkv[i]), ptr(z[i]), ptr(a[i]), ptr(bb[i]), ptr(conv_w),
+                                              ptr(a_log), ptr(dt_bias), ptr(norm_w), np.float32(1e-6), ptr(conv[i]),
+                                              ptr(conv[i + 1]), ptr(st[i]), ptr(out), np.int32(hk), np.int32(hv),
+                                              np.int32(kc)))
+
         def ours(i):
-            launch(f, (hv * 4, b), (128,), (ptr(qkv[i]), ptr(z[i]), ptr(a[i]), ptr(bb[i]), ptr(conv_w), ptr(a_log),
+            launch(f, (hv, b), (256,), (ptr(qkv[i]), ptr(z[i]), ptr(a[i]), ptr(bb[i]), ptr(conv_w), ptr(a_log),
                                        ptr(dt_bias), ptr(norm_w), np.float32(1e-6), ptr(conv[i]), ptr(conv[i + 1]),
                                        ptr(st[i]), ptr(out), np.int32(hk), np.int32(hv), np.int32(kc)))
 
-        arms = {"ours": ours}
+        arms = {"ours": ours, "cluster4": cluster4}
         if fused_recurrent_gated_delta_rule is not None:
             # fla's kernel alone, with everything it can fuse switched on (l2norm, gate, beta sigmoid): it still
             # needs the conv and the gated norm done around it.
@@ -369,6 +396,8 @@ def bench_gdn(copy_bw):
         res = time_arms(arms, sets, 100)
         moved = 2 * state_bytes + b * (cd + 2 * hv * d + 2 * hv) * 4 + 2 * b * cd * (kc - 1) * 4
         shape = f"B={b} Hk={hk} Hv={hv} 128x128"
+        row("gdn_var", f"B={b} cluster4", res["cluster4"], "gdn_decode (block/head)", res["ours"], bytes_moved=moved,
+            ceiling=copy_bw)
         if "fla_kernel" in res:
             row("gdn_decode", shape, res["ours"], "fla fused_recurrent", res["fla_kernel"], bytes_moved=moved,
                 ceiling=copy_bw, target=">=1.5x fla", note="ours: whole step; fla: recurrence only")
@@ -397,7 +426,8 @@ def bench_attention(copy_bw, sm_count):
         q = [torch.randn(1, hq, d, device=dev) for _ in range(sets)]
         out = torch.empty(1, hq, d, device=dev)
         splits = max(1, min(math.ceil(4 * sm_count / hkv), math.ceil(ctx / 64)))  # as device.rs auto_splits
-        ws = torch.empty(hq * splits * (d + 2), device=dev)
+        splits_tc = max(1, min(math.ceil(5 * sm_count / hkv), math.ceil(ctx / 64)))  # one wave of 5 blocks/SM
+        ws = torch.empty(hq * max(splits, splits_tc) * (d + 2), device=dev)
 
         def ours(i):
             launch(fsplit, (splits, hkv, 1), (96,), (ptr(q[i]), ptr(kc[i]), ptr(vc[i]), ptr(table), ptr(lens),
@@ -430,6 +460,19 @@ def bench_attention(copy_bw, sm_count):
             def sdpa(i):
                 return F.scaled_dot_product_attention(qb[i], kd[i], vd[i], enable_gqa=True)
 
+        ftc = kern("attention", "attention_decode_tc_D256")
+
+        def ours_tc(i):
+            launch(ftc, (splits_tc, hkv, 1), (128,), (ptr(q[i]), ptr(kc[i]), ptr(vc[i]), ptr(table), ptr(lens),
+                                                     np.float32(scale), ptr(out), ptr(ws), np.int32(hq),
+                                                     np.int32(hkv), np.int32(page), np.int32(pages), np.int32(pages)))
+            if splits_tc > 1:
+                launch(fcomb, (hq, 1), (d, 4), (ptr(ws), ptr(out), np.int32(hq), np.int32(splits_tc)))
+
+        out.fill_(float("nan"))
+        ours_tc(0)
+        torch.cuda.synchronize()
+        err_tc = ((out.view(1, hq, 1, d) - ref).norm() / ref.norm()).item()
         fs2 = kern("attention", "attention_decode_split_D256_R6_s2")
 
         def ours_s2(i):
@@ -443,12 +486,15 @@ def bench_attention(copy_bw, sm_count):
         ours_s2(0)
         torch.cuda.synchronize()
         err2 = ((out.view(1, hq, 1, d) - ref).norm() / ref.norm()).item()
-        res = time_arms({"ours": ours, "ours_s2": ours_s2, "sdpa": sdpa}, sets, 40)
-        row("attn_var", f"ctx={ctx} 2 stages", res["ours_s2"], "ours (3 stages)", res["ours"], bytes_moved=kv_bytes,
-            ceiling=copy_bw, note=f"rel err {err2:.1e}")
-        row("attn_decode", f"B=1 ctx={ctx} 24q/4kv x256", res["ours"], f"SDPA {backend} (dense)", res["sdpa"],
+        res = time_arms({"ours": ours, "ours_tc": ours_tc, "ours_s2": ours_s2, "sdpa": sdpa}, sets, 40)
+        # KernelPath::Auto takes the tensor cores (kernels/src/cuda/mod.rs).
+        row("attn_decode", f"B=1 ctx={ctx} 24q/4kv x256", res["ours_tc"], f"SDPA {backend} (dense)", res["sdpa"],
             bytes_moved=kv_bytes, ceiling=copy_bw, target=">=80% copy at >=32k",
-            note=f"splits {splits}, rel err {err:.1e} (q in bf16 for SDPA)")
+            note=f"tensor cores, splits {splits_tc}, rel err vs fp32 SDPA {err_tc:.1e}")
+        row("attn_alt", f"ctx={ctx} CUDA cores", res["ours"], "attn_decode (tensor cores)", res["ours_tc"],
+            bytes_moved=kv_bytes, ceiling=copy_bw, note=f"rel err vs fp32 SDPA {err:.1e}")
+        row("attn_var", f"ctx={ctx} CUDA cores, 2 stages", res["ours_s2"], "CUDA cores, 3 stages", res["ours"],
+            bytes_moved=kv_bytes, ceiling=copy_bw, note=f"rel err {err2:.1e}")
         del kc, vc, kd, vd, q, qb
         torch.cuda.empty_cache()
 

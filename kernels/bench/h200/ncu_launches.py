@@ -51,7 +51,7 @@ t = lambda *s: torch.randn(*s, device=dev)  # noqa: E731
 qkv, z, a, bb = t(b, cd), t(b, hv * d), t(b, hv), t(b, hv)
 conv_w, a_log, dt_bias, norm_w = t(cd, kc), t(hv), t(hv), t(d)
 conv_in, conv_out, st, out = t(b, cd, kc - 1), t(b, cd, kc - 1), t(b, hv, d, d) * 0.05, t(b, hv * d)
-run("gdn", "gdn_decode_step", (hv * 4, b), (128,),
+run("gdn", "gdn_decode_step", (hv, b), (256,),
     (ptr(qkv), ptr(z), ptr(a), ptr(bb), ptr(conv_w), ptr(a_log), ptr(dt_bias), ptr(norm_w), np.float32(1e-6),
      ptr(conv_in), ptr(conv_out), ptr(st), ptr(out), np.int32(hk), np.int32(hv), np.int32(kc)))
 
@@ -65,8 +65,12 @@ lens = torch.tensor([ctx], device=dev, dtype=torch.int32)
 q = torch.randn(1, hq, d, device=dev)
 o = torch.empty(1, hq, d, device=dev)
 splits = max(1, min(math.ceil(4 * 132 / hkv), math.ceil(ctx / 64)))
-wsp = torch.empty(hq * splits * (d + 2), device=dev)
+wsp = torch.empty(hq * 1024 * (d + 2), device=dev)  # room for any split count
 run("attention", "attention_decode_split_D256_R6", (splits, hkv, 1), (96,),
+    (ptr(q), ptr(kcache), ptr(vcache), ptr(table), ptr(lens), np.float32(1 / 16), ptr(o), ptr(wsp), np.int32(hq),
+     np.int32(hkv), np.int32(page), np.int32(pages), np.int32(pages)))
+splits_tc = max(1, min(math.ceil(5 * 132 / hkv), math.ceil(ctx / 64)))
+run("attention", "attention_decode_tc_D256", (splits_tc, hkv, 1), (128,),
     (ptr(q), ptr(kcache), ptr(vcache), ptr(table), ptr(lens), np.float32(1 / 16), ptr(o), ptr(wsp), np.int32(hq),
      np.int32(hkv), np.int32(page), np.int32(pages), np.int32(pages)))
 run("attention", "attention_decode_combine_D256", (hq, 1), (d, 4), (ptr(wsp), ptr(o), np.int32(hq), np.int32(splits)))

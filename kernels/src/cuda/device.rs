@@ -34,6 +34,15 @@ impl Module {
             Module::Attention => ptx::PTX_ATTENTION,
         }
     }
+
+    /// The same module assembled for sm_90 by the build's ptxas.
+    fn cubin_sm90(self) -> &'static [u8] {
+        match self {
+            Module::Gemv => ptx::CUBIN_SM90_GEMV,
+            Module::Gdn => ptx::CUBIN_SM90_GDN,
+            Module::Attention => ptx::CUBIN_SM90_ATTENTION,
+        }
+    }
 }
 
 fn cuda_err(op: &str) -> impl Fn(cudarc::driver::DriverError) -> KernelError + '_ {
@@ -44,6 +53,8 @@ pub(super) struct Device {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     sm_count: usize,
+    /// Compute capability 9.0 exactly: load the embedded sm_90 cubins instead of JIT-compiling the PTX.
+    is_sm90: bool,
     modules: Mutex<HashMap<Module, Arc<CudaModule>>>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     /// Split-K partials of the attention decode, grown on demand and reused across calls.
@@ -70,11 +81,24 @@ impl Device {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )
             .map_err(cuda_err("reading the multiprocessor count"))? as usize;
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let cc = |a| {
+            ctx.attribute(a)
+                .map_err(cuda_err("reading the compute capability"))
+        };
+        let major = cc(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = cc(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        if major < 9 {
+            return Err(KernelError::Cuda(format!(
+                "the kernels are built for compute capability 9.0 or later (Hopper), device {ordinal} is {major}.{minor}"
+            )));
+        }
         let stream = ctx.default_stream();
         Ok(Device {
             ctx,
             stream,
             sm_count,
+            is_sm90: (major, minor) == (9, 0),
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             attention_ws: Mutex::new(None),
@@ -94,10 +118,15 @@ impl Device {
             match modules.get(&module) {
                 Some(m) => m.clone(),
                 None => {
+                    let image = if self.is_sm90 {
+                        Ptx::from_binary(module.cubin_sm90().to_vec())
+                    } else {
+                        Ptx::from_src(module.ptx())
+                    };
                     let m = self
                         .ctx
-                        .load_module(Ptx::from_src(module.ptx()))
-                        .map_err(cuda_err("loading the embedded PTX"))?;
+                        .load_module(image)
+                        .map_err(cuda_err("loading the embedded kernels"))?;
                     modules.insert(module, m.clone());
                     m
                 }
@@ -286,9 +315,9 @@ impl Device {
             dims.conv_kernel as i32,
         );
         let cfg = LaunchConfig {
-            // Clusters of 4 blocks per (sequence, value head), 128 threads each (cuda/gdn.cu).
-            grid_dim: (dims.value_heads as u32 * 4, seqs as u32, 1),
-            block_dim: (128, 1, 1),
+            // One 256-thread block per (value head, sequence) (cuda/gdn.cu).
+            grid_dim: (dims.value_heads as u32, seqs as u32, 1),
+            block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut b = self.stream.launch_builder(&f);
@@ -313,11 +342,13 @@ impl Device {
         Ok(())
     }
 
-    /// Splits that give about four blocks per multiprocessor (what fits beside each other: 48 KiB of pipeline
-    /// stages each), with at least 64 tokens (four pipeline stages) per split.
-    fn auto_splits(&self, d: &PagedAttentionDims) -> usize {
+    /// Splits that fill exactly one wave of `per_sm` resident blocks per multiprocessor (CUDA cores: four, by
+    /// their 48 KiB of pipeline stages; tensor cores: five, by 41 KiB of shared memory and 96 registers at
+    /// head_dim 256), with at least 64 tokens (four pipeline stages) per split. A second, partial wave cost an
+    /// earlier tensor-core version 1.35x at 32k context.
+    fn auto_splits(&self, d: &PagedAttentionDims, per_sm: usize) -> usize {
         let blocks = d.seqs * d.kv_heads;
-        let want = (4 * self.sm_count).div_ceil(blocks.max(1));
+        let want = (per_sm * self.sm_count).div_ceil(blocks.max(1));
         let most = (d.max_pages_per_seq * d.page_size).div_ceil(64);
         want.min(most).clamp(1, 1024)
     }
@@ -325,6 +356,7 @@ impl Device {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attention_decode_paged(
         &self,
+        tensor: bool,
         d: &PagedAttentionDims,
         q: &CudaSlice<f32>,
         k_cache: &CudaSlice<u16>,
@@ -336,7 +368,7 @@ impl Device {
         out: &mut CudaSlice<f32>,
     ) -> Result<(), KernelError> {
         let splits = if splits == 0 {
-            self.auto_splits(d)
+            self.auto_splits(d, if tensor { 5 } else { 4 })
         } else {
             splits
         };
@@ -347,6 +379,15 @@ impl Device {
                 format!("q_heads / kv_heads must be 1, 2, 4, 6 or 8, got {r}"),
             )
         })?;
+        let split_name = if tensor {
+            match d.head_dim {
+                64 => "attention_decode_tc_D64",
+                128 => "attention_decode_tc_D128",
+                _ => "attention_decode_tc_D256",
+            }
+        } else {
+            split_name
+        };
         let f = self.function(Module::Attention, split_name)?;
         let ws_len = d.seqs * d.q_heads * splits * (d.head_dim + 2);
         let mut ws_guard = self.attention_ws.lock().map_err(|_| poisoned())?;
@@ -365,8 +406,15 @@ impl Device {
             d.num_pages as i32,
             d.max_pages_per_seq as i32,
         );
-        // One warp per two query heads (per head when the group size is odd), as cuda/attention.cu's AttGeom.
-        let warps = if r.is_multiple_of(2) { r / 2 } else { r };
+        // CUDA cores: one warp per two query heads (per head when the group size is odd), as cuda/attention.cu's
+        // AttGeom; tensor cores: four warps, each a quarter of the head dim.
+        let warps = if tensor {
+            4
+        } else if r.is_multiple_of(2) {
+            r / 2
+        } else {
+            r
+        };
         let cfg = LaunchConfig {
             grid_dim: (splits as u32, d.kv_heads as u32, d.seqs as u32),
             block_dim: (32 * warps as u32, 1, 1),
@@ -382,7 +430,7 @@ impl Device {
             .arg(&mut *out)
             .arg(&mut *ws);
         b.arg(&hq).arg(&hkv).arg(&ps).arg(&np).arg(&mp);
-        // SAFETY: matches `attention_decode_split_D*_R*` in cuda/attention.cu; the caller checked every buffer
+        // SAFETY: matches `attention_decode_split_D*_R*` and `attention_decode_tc_D*` in cuda/attention.cu; the caller checked every buffer
         // against dims; the kernel clamps each length to max_pages * page_size and skips page ids >= num_pages, so
         // device-side table contents cannot send it outside the cache; the workspace holds
         // seqs * q_heads * splits * (head_dim + 2) floats.

@@ -4,13 +4,14 @@
 //!
 //! Without the `cuda` feature the same API exists and every entry point returns
 //! [`KernelError::NotCompiledWithCuda`], so call sites carry no `cfg`. With it, the kernels in `kernels/cuda/*.cu`
-//! are compiled to PTX by `build.rs` (see `build_cuda.rs`), embedded in the crate, and each module is loaded once
-//! per [`Gpu`] (one CUDA context) on first use.
+//! are compiled to PTX and sm_90 cubins by `build.rs` (see `build_cuda.rs`), embedded in the crate, and each module
+//! is loaded once per [`Gpu`] (one CUDA context) on first use: the cubin on an sm_90 device, the PTX elsewhere.
+//! Measured speeds and the method are in `benchmarks/h200.md`; `kernels/bench/h200/run_all.sh` reproduces them.
 //!
 //! Kernels (layouts in each method's docs; all outputs fp32):
 //! - [`Gpu::fp8_block_gemv`]: decode GEMV, bf16 activations x FP8 e4m3 weights with 128x128 block scales.
 //! - [`Gpu::nvfp4_gemv`]: decode GEMV, bf16 activations x NVFP4 weights (weight-only: Hopper has no FP4 math).
-//!   Both have a CUDA-core and a tensor-core family ([`GemvPath`]).
+//!   Both have a CUDA-core and a tensor-core family ([`KernelPath`]), as has the attention decode.
 //! - [`Gpu::gdn_decode_step`]: the fused gated DeltaNet decode step for a batch of sequences.
 //! - [`Gpu::attention_decode_paged`]: decode attention over a paged KV cache, GQA-packed, split over the context.
 
@@ -128,17 +129,20 @@ pub struct PagedAttentionDims {
     pub max_pages_per_seq: usize,
 }
 
-/// Which kernel family serves a decode GEMV ([`Gpu::fp8_block_gemv_with`], [`Gpu::nvfp4_gemv_with`]).
+/// Which kernel family serves a call that has both ([`Gpu::fp8_block_gemv_with`], [`Gpu::nvfp4_gemv_with`],
+/// [`Gpu::attention_decode_paged_with`]). Tests and benchmarks drive each family; callers use `Auto`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GemvPath {
-    /// The measured-best family for the call's shape: CUDA cores for FP8 at `m = 1` (84% of copy bandwidth on
-    /// 5120x17408, H200), tensor cores for every other case.
+pub enum KernelPath {
+    /// The measured-best family for the call's shape (each method's docs say which; `benchmarks/h200.md` has
+    /// the numbers).
     Auto,
-    /// One, two or four weight rows per warp, fp32 FMAs on the CUDA cores; costs a few instructions per weight
-    /// per activation row, so it is compute-bound beyond `m = 1` (FP8) or already at `m = 1` (NVFP4's decode).
+    /// fp32 arithmetic on the CUDA cores. GEMV: one, two or four weight rows per warp, a few instructions per
+    /// weight per activation row, so compute-bound beyond `m = 1` (FP8) or already at `m = 1` (NVFP4's decode).
+    /// Attention: two query heads per warp, fp32 scores and probabilities.
     CudaCores,
-    /// `mma.sync` m16n8k16 with f16 operands and fp32 accumulation: the weights are decoded once for up to 16
-    /// activation rows. Activations are rounded to f16 (saturating at +-65504, which bf16 values beyond it hit).
+    /// `mma.sync` m16n8k16 with fp32 accumulation. GEMV: f16 operands, the weights decoded once for up to 16
+    /// activation rows, activations rounded to f16 (saturating at +-65504). Attention: bf16 operands, the query
+    /// and the probabilities rounded to bf16 as in flash-attention kernels (~1e-3 relative error).
     TensorCores,
 }
 
@@ -258,7 +262,8 @@ impl Gpu {
     /// `x`: bf16 bits `[m, k]`; `w`: e4m3 `[n, k]` (the checkpoint's `weight`); `scales`: fp32
     /// `[ceil(n/128), ceil(k/128)]` (`weight_scale_inv`, multiplied); `y`: fp32 `[m, n]`. Needs `k % 16 == 0`
     /// (one 16-byte load per lane never straddles a row). Same as [`Gpu::fp8_block_gemv_with`] with
-    /// [`GemvPath::Auto`].
+    /// [`KernelPath::Auto`], which takes the CUDA cores at `m = 1` (83% of copy bandwidth on 5120x17408 on the
+    /// H200, against 67% on the tensor cores) and the tensor cores above (at `m = 4` 2.8x faster).
     #[allow(clippy::too_many_arguments)]
     pub fn fp8_block_gemv(
         &self,
@@ -270,14 +275,14 @@ impl Gpu {
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        self.fp8_block_gemv_with(GemvPath::Auto, x, w, scales, y, m, n, k)
+        self.fp8_block_gemv_with(KernelPath::Auto, x, w, scales, y, m, n, k)
     }
 
     /// [`Gpu::fp8_block_gemv`] on a chosen kernel family (tests and benchmarks drive each one).
     #[allow(clippy::too_many_arguments)]
     pub fn fp8_block_gemv_with(
         &self,
-        path: GemvPath,
+        path: KernelPath,
         x: &GpuBuffer<u16>,
         w: &GpuBuffer<u8>,
         scales: &GpuBuffer<f32>,
@@ -300,9 +305,9 @@ impl Gpu {
         #[cfg(feature = "cuda")]
         {
             let tensor = match path {
-                GemvPath::Auto => m > 1,
-                GemvPath::CudaCores => false,
-                GemvPath::TensorCores => true,
+                KernelPath::Auto => m > 1,
+                KernelPath::CudaCores => false,
+                KernelPath::TensorCores => true,
             };
             self.inner.fp8_block_gemv(
                 tensor,
@@ -328,7 +333,8 @@ impl Gpu {
     /// `x`: bf16 bits `[m, k]`; `w`: `[n, k/2]` bytes, the even element in the low nibble; `scales`: e4m3
     /// `[n, k/16]`; `global_scale`: the checkpoint's `weight_scale_2`; `y`: fp32 `[m, n]`. Needs `k % 32 == 0`
     /// (a lane's 16-byte load is 32 values, two scale groups). Same as [`Gpu::nvfp4_gemv_with`] with
-    /// [`GemvPath::Auto`].
+    /// [`KernelPath::Auto`], which takes the tensor cores at every `m` (faster than the CUDA cores at every
+    /// shape measured on the H200, 1.04-1.22x at `m = 1`).
     #[allow(clippy::too_many_arguments)]
     pub fn nvfp4_gemv(
         &self,
@@ -341,14 +347,14 @@ impl Gpu {
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        self.nvfp4_gemv_with(GemvPath::Auto, x, w, scales, global_scale, y, m, n, k)
+        self.nvfp4_gemv_with(KernelPath::Auto, x, w, scales, global_scale, y, m, n, k)
     }
 
     /// [`Gpu::nvfp4_gemv`] on a chosen kernel family (tests and benchmarks drive each one).
     #[allow(clippy::too_many_arguments)]
     pub fn nvfp4_gemv_with(
         &self,
-        path: GemvPath,
+        path: KernelPath,
         x: &GpuBuffer<u16>,
         w: &GpuBuffer<u8>,
         scales: &GpuBuffer<u8>,
@@ -371,7 +377,7 @@ impl Gpu {
         );
         #[cfg(feature = "cuda")]
         {
-            let tensor = !matches!(path, GemvPath::CudaCores);
+            let tensor = !matches!(path, KernelPath::CudaCores);
             self.inner.nvfp4_gemv(
                 tensor,
                 &x.slice,
@@ -482,9 +488,40 @@ impl Gpu {
     /// Query heads `g*r .. g*r + r` (`r = q_heads / kv_heads`) read KV head `g`, and each block computes all `r`
     /// of them, so K and V are read once per KV head. `splits` blocks share one (sequence, KV head) over the
     /// context (flash-decoding); `splits = 0` picks a count that fills the GPU.
+    ///
+    /// Same as [`Gpu::attention_decode_paged_with`] with [`KernelPath::Auto`], which picks the tensor cores.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_decode_paged(
         &self,
+        dims: &PagedAttentionDims,
+        q: &GpuBuffer<f32>,
+        k_cache: &GpuBuffer<u16>,
+        v_cache: &GpuBuffer<u16>,
+        block_table: &GpuBuffer<u32>,
+        seq_lens: &GpuBuffer<u32>,
+        scale: f32,
+        splits: usize,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        self.attention_decode_paged_with(
+            KernelPath::Auto,
+            dims,
+            q,
+            k_cache,
+            v_cache,
+            block_table,
+            seq_lens,
+            scale,
+            splits,
+            out,
+        )
+    }
+
+    /// [`Gpu::attention_decode_paged`] on a chosen kernel family (tests and benchmarks drive each one).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_decode_paged_with(
+        &self,
+        path: KernelPath,
         dims: &PagedAttentionDims,
         q: &GpuBuffer<f32>,
         k_cache: &GpuBuffer<u16>,
@@ -541,7 +578,9 @@ impl Gpu {
         check_len(OP, "out", out.len(), d.seqs * d.q_heads * d.head_dim)?;
         #[cfg(feature = "cuda")]
         {
+            let tensor = !matches!(path, KernelPath::CudaCores);
             self.inner.attention_decode_paged(
+                tensor,
                 d,
                 &q.slice,
                 &k_cache.slice,
@@ -554,7 +593,10 @@ impl Gpu {
             )
         }
         #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        {
+            let _ = path;
+            match self.never {}
+        }
     }
 }
 

@@ -440,7 +440,10 @@ fn main() {
         .collect();
     let w4 = {
         let packed = random_bytes(GEMM_N / 64 * K * 32, 21, |b| b);
-        let sz = vec![0x3B00u16; K / GROUP * GEMM_N * 2];
+        // Scale 2^-9 (bf16 0x3B00), zero 0: the symmetric grid, so both W4A16 and W4A8 can run it.
+        let sz: Vec<u16> = (0..K / GROUP * GEMM_N * 2)
+            .map(|i| if i % 2 == 0 { 0x3B00 } else { 0 })
+            .collect();
         Int4Weights::from_raw(GEMM_N, K, GROUP, Int4Scheme::Symmetric, packed, sz).expect("sizes")
     };
     let f8 = random_bytes(GEMM_N * K, 22, |b| if b & 0x7F == 0x7F { 0x7E } else { b });

@@ -42,10 +42,12 @@ fn activations(r: &mut ChaCha8Rng, m: usize, k: usize) -> Vec<f32> {
 }
 
 /// The shapes every format runs: m = 1 is the GEMV, m > 1 the GEMM (4-row blocks plus a remainder); n and k are
-/// off every tile (64-column int4 blocks, 16-row panels, 128 scale blocks, 256/512 K chunks) and one k crosses the
-/// GEMM K chunk.
-const SHAPES: [(usize, usize, usize); 6] = [
+/// off every tile (64-column int4 blocks in groups of 4 or 2, 64-row panels, 4-row GEMV groups, 128 scale blocks,
+/// the 256-column K chunk of the GEMMs, W4A8's 4-row quads: k = 333 ends on a short quad).
+const SHAPES: [(usize, usize, usize); 8] = [
     (1, 67, 320),
+    (1, 130, 333),
+    (2, 67, 333),
     (1, 200, 136),
     (3, 130, 320),
     (5, 67, 136),
@@ -270,7 +272,11 @@ fn nvfp4_matches_reference() {
         let want = reference::nvfp4_linear(&x, m, &packed, &scales, global, n, k);
         let dec = |row: usize, col: usize| {
             let b = packed[row * (k / 2) + col / 2];
-            let c = if col % 2 == 0 { b & 15 } else { b >> 4 };
+            let c = if col.is_multiple_of(2) {
+                b & 15
+            } else {
+                b >> 4
+            };
             f64::from(
                 kernels::formats::e2m1_to_f32(c).abs()
                     * e4m3_to_f32(scales[row * (k / 16) + col / 16])
@@ -484,7 +490,7 @@ fn every_e4m3_and_e2m1_code_decodes_exactly_on_every_path() {
     let nw = Nvfp4Weights::new(&packed, &scales, 1.0, nn, k).unwrap();
     let want_nv = |r: usize, i: usize| {
         let b = packed[r * k / 2 + i / 2];
-        kernels::formats::e2m1_to_f32(if i % 2 == 0 { b & 15 } else { b >> 4 })
+        kernels::formats::e2m1_to_f32(if i.is_multiple_of(2) { b & 15 } else { b >> 4 })
             * e4m3_to_f32(scales[r * 16 + i / 16])
     };
     let eye = identity(k);

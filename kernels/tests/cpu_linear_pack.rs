@@ -157,3 +157,48 @@ fn bf16_source_packs_like_its_f32_value() {
     }
     assert!(Int4Weights::quantize_bf16(&bits[1..], n, k, 64, Int4Scheme::Asymmetric).is_err());
 }
+
+#[test]
+fn from_raw_checks_sizes_and_the_symmetric_grid() {
+    let (n, k, g) = (70, 96, 32);
+    let packed = vec![0x88u8; 2 * k * 32];
+    let sz = vec![0u16; 3 * 128 * 2];
+    assert!(
+        Int4Weights::from_raw(n, k, g, Int4Scheme::Symmetric, packed.clone(), sz.clone()).is_ok()
+    );
+    assert!(Int4Weights::from_raw(
+        n,
+        k,
+        g,
+        Int4Scheme::Asymmetric,
+        packed[1..].to_vec(),
+        sz.clone()
+    )
+    .is_err());
+    assert!(Int4Weights::from_raw(
+        n,
+        k,
+        g,
+        Int4Scheme::Asymmetric,
+        packed.clone(),
+        sz[1..].to_vec()
+    )
+    .is_err());
+    assert!(
+        Int4Weights::from_raw(n, k, 48, Int4Scheme::Asymmetric, packed.clone(), sz.clone())
+            .is_err()
+    );
+    let mut nonzero = sz.clone();
+    nonzero[1] = 0x3F80; // zero = 1.0
+    assert!(Int4Weights::from_raw(
+        n,
+        k,
+        g,
+        Int4Scheme::Asymmetric,
+        packed.clone(),
+        nonzero.clone()
+    )
+    .is_ok());
+    let err = Int4Weights::from_raw(n, k, g, Int4Scheme::Symmetric, packed, nonzero).unwrap_err();
+    assert!(err.to_string().contains("symmetric"), "{err}");
+}

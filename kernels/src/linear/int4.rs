@@ -205,6 +205,18 @@ impl Int4Weights {
             scales_zeros.len(),
             shape.1
         );
+        if scheme == Int4Scheme::Symmetric {
+            // W4A8 never reads the zeros (its grid pins them at 0), so a nonzero one would be silently dropped.
+            ensure_shape!(
+                scales_zeros
+                    .iter()
+                    .skip(1)
+                    .step_by(2)
+                    .all(|&z| z & 0x7FFF == 0),
+                "int4 from_raw",
+                "the symmetric grid needs every zero to be 0"
+            );
+        }
         Ok(Self {
             n,
             k,

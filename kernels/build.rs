@@ -27,7 +27,9 @@ fn main() {
     entries.sort();
     for path in entries {
         println!("cargo:rerun-if-changed={}", path.display());
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
         if !name.ends_with(".c") {
             continue; // headers are tracked above through rerun-if-changed
         }
@@ -71,7 +73,11 @@ fn compile(lib: &str, files: &[PathBuf], flags: &[&str]) {
         return;
     }
     let mut b = cc::Build::new();
-    b.include("csrc").opt_level(3).flag_if_supported("-std=c11").warnings(true).extra_warnings(true);
+    b.include("csrc")
+        .opt_level(3)
+        .flag_if_supported("-std=c11")
+        .warnings(true)
+        .extra_warnings(true);
     b.flag_if_supported("-fno-math-errno");
     for f in flags {
         b.flag(f);

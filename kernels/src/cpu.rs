@@ -62,7 +62,9 @@ impl Isa {
 
 /// Number of worker threads the kernels use by default: the machine's available parallelism.
 pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 /// Splits `0..n` into at most `threads` contiguous ranges, each a multiple of `align` long (except the last), and
@@ -102,7 +104,13 @@ mod tests {
 
     #[test]
     fn parallel_ranges_cover_exactly_once() {
-        for &(n, align, threads) in &[(0, 1, 4), (1, 64, 4), (1000, 64, 3), (130, 64, 8), (7, 1, 2)] {
+        for &(n, align, threads) in &[
+            (0, 1, 4),
+            (1, 64, 4),
+            (1000, 64, 3),
+            (130, 64, 8),
+            (7, 1, 2),
+        ] {
             let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
             parallel_ranges(n, align, threads, |s, e| {
                 assert!(s % align == 0, "range start {s} not aligned to {align}");
@@ -110,7 +118,10 @@ mod tests {
                     h.fetch_add(1, Ordering::Relaxed);
                 }
             });
-            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "n={n} align={align} threads={threads}");
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "n={n} align={align} threads={threads}"
+            );
         }
     }
 

@@ -20,7 +20,10 @@ pub enum KernelError {
 impl KernelError {
     /// Shorthand used by the size checks of every safe entry point.
     pub fn shape(op: &'static str, what: impl Into<String>) -> Self {
-        KernelError::Shape { op, what: what.into() }
+        KernelError::Shape {
+            op,
+            what: what.into(),
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! The cache and state budget reproduces the seed's figures (BRIEF §3 "Derived budget facts"; seed 000 §4,
 //! seed 002's `kv_budget_for` note), and the RoPE cap its 1M-position trap.
 
-use std::path::Path;
+mod common;
 
 use planner::model::{
     cache_budget, parse_model, CacheBudget, CacheWorkload, LayerKind, ModelCard, ModelSpec,
@@ -12,25 +12,7 @@ const KIB: u64 = 1024;
 const MIB: u64 = 1024 * 1024;
 
 fn spec(id: &str) -> ModelSpec {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../models")
-        .join(id);
-    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
-    let quant = std::fs::read_to_string(dir.join("hf_quant_config.json"))
-        .ok()
-        .map(|text| SourceFile {
-            path: format!("models/{id}/hf_quant_config.json"),
-            text,
-        });
-    let card = ModelCard {
-        id: id.into(),
-        config: SourceFile {
-            path: format!("models/{id}/config.json"),
-            text,
-        },
-        quant_config: quant,
-    };
-    parse_model(&card).unwrap()
+    parse_model(&common::card(id)).unwrap()
 }
 
 fn workload(max_model_len: u64, acc: SlidingAccounting) -> CacheWorkload {
@@ -218,8 +200,7 @@ fn budget_scales_with_max_num_seqs() {
 /// to apply the window everywhere (a budget that is too small is a stall, not a slowdown).
 #[test]
 fn sliding_window_without_layer_types_is_charged_flat() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/spark-x2.5-4b");
-    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let text = common::card("spark-x2.5-4b").config.text;
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
     v.as_object_mut().unwrap().remove("layer_types");
     let card = ModelCard {

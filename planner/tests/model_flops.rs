@@ -1,32 +1,12 @@
 //! FLOPs per decoded token and per prompt, checked against hand-written formulas from the published geometries
 //! (BRIEF §3), not against the inventory the code under test builds.
 
-use std::path::Path;
+mod common;
 
-use planner::model::{
-    decode_flops_per_token, parse_model, prefill_flops, ModelCard, ModelSpec, SourceFile,
-};
+use planner::model::{decode_flops_per_token, parse_model, prefill_flops, ModelSpec};
 
 fn spec(id: &str) -> ModelSpec {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../models")
-        .join(id);
-    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
-    let quant = std::fs::read_to_string(dir.join("hf_quant_config.json"))
-        .ok()
-        .map(|text| SourceFile {
-            path: format!("models/{id}/hf_quant_config.json"),
-            text,
-        });
-    let card = ModelCard {
-        id: id.into(),
-        config: SourceFile {
-            path: format!("models/{id}/config.json"),
-            text,
-        },
-        quant_config: quant,
-    };
-    parse_model(&card).unwrap()
+    parse_model(&common::card(id)).unwrap()
 }
 
 /// Qwen3.8-27B (FP8): 2 x every matmul a token passes (48 GDN + 16 full layers, 64 MLPs, the untied head), plus

@@ -3,32 +3,14 @@
 //! reviewable diff (`cargo insta review`; CI runs `INSTA_UPDATE=no`). The plan snapshots show the consequences;
 //! these show the cause.
 
+mod common;
+
+use planner::model::{parse_model, Access, ModelSpec};
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::path::Path;
-
-use planner::model::{parse_model, Access, ModelCard, ModelSpec, SourceFile};
 
 fn spec(id: &str) -> ModelSpec {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../models")
-        .join(id);
-    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
-    let quant = std::fs::read_to_string(dir.join("hf_quant_config.json"))
-        .ok()
-        .map(|text| SourceFile {
-            path: format!("models/{id}/hf_quant_config.json"),
-            text,
-        });
-    let card = ModelCard {
-        id: id.into(),
-        config: SourceFile {
-            path: format!("models/{id}/config.json"),
-            text,
-        },
-        quant_config: quant,
-    };
-    parse_model(&card).unwrap()
+    parse_model(&common::card(id)).unwrap()
 }
 
 fn access_name(a: &Access) -> String {
@@ -116,14 +98,7 @@ fn summary(s: &ModelSpec) -> String {
 
 #[test]
 fn every_card_inventory_summary() {
-    let mut ids: Vec<String> =
-        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../models"))
-            .unwrap()
-            .filter_map(|e| e.ok())
-            .filter(|e| e.path().join("config.json").is_file())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-    ids.sort();
+    let ids = common::models();
     // A folder of their own, apart from the plan snapshots, so either set can be regenerated without the other.
     let mut settings = insta::Settings::clone_current();
     settings.set_snapshot_path("snapshots/model");

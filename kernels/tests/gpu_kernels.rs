@@ -563,3 +563,235 @@ fn attention_decode_refuses_unbuilt_group_sizes() {
         "{e}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// FP8 prefill GEMM (cuda/gemm.cu) and its activation quantiser.
+
+/// The activation quantisation the GPU quantiser implements, on the CPU: per token, per 128 of K, scale
+/// `amax / 448` (1.0 for an all-zero block), codes `f32_to_e4m3(x / scale)`. Returns `(codes [m, k], scales
+/// [m, ceil(k/128)])`.
+fn quantize_act_cpu(x: &[f32], m: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
+    let kb = k.div_ceil(128);
+    let mut codes = vec![0u8; m * k];
+    let mut scales = vec![0f32; m * kb];
+    for r in 0..m {
+        for b in 0..kb {
+            let cols = b * 128..((b + 1) * 128).min(k);
+            let amax = x[r * k..][cols.clone()]
+                .iter()
+                .fold(0f32, |a, v| a.max(v.abs()));
+            let s = if amax > 0.0 { amax / 448.0 } else { 1.0 };
+            scales[r * kb + b] = s;
+            for c in cols {
+                codes[r * k + c] = kernels::formats::f32_to_e4m3(x[r * k + c] / s);
+            }
+        }
+    }
+    (codes, scales)
+}
+
+/// bf16 activations whose magnitude varies by token (2^-4 .. 2^3) so the per-token scales differ, with the first
+/// 128-block of token 0 all zero (the scale-1.0 case).
+fn prefill_activations(rng: &mut ChaCha8Rng, m: usize, k: usize) -> (Vec<u16>, Vec<f32>) {
+    let mut v = Vec::with_capacity(m * k);
+    for r in 0..m {
+        let amp = 2f32.powi(rng.gen_range(-4..=3));
+        for c in 0..k {
+            v.push(if r == 0 && c < 128 {
+                0.0
+            } else {
+                rng.gen_range(-amp..amp)
+            });
+        }
+    }
+    let bits: Vec<u16> = v.into_iter().map(f32_to_bf16).collect();
+    let vals = bits.iter().map(|&b| bf16_to_f32(b)).collect();
+    (bits, vals)
+}
+
+#[test]
+fn fp8_quantize_activations_matches_the_cpu_quantiser_exactly() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("fp8_quantize_activations");
+    // k not a multiple of 128 (a short last block), m not a multiple of the 8 tokens per block.
+    for &(m, k) in &[(1, 16), (7, 400), (33, 1040), (130, 272)] {
+        let (xb, xf) = prefill_activations(&mut rng, m, k);
+        let (want_codes, want_scales) = quantize_act_cpu(&xf, m, k);
+        let dx = gpu.upload(&xb).unwrap();
+        // Poisoned: 0x7f is an e4m3 NaN code, which the quantiser never writes (it saturates).
+        let mut dq = gpu.upload(&vec![0x7fu8; m * k]).unwrap();
+        let mut ds = gpu.upload(&vec![f32::NAN; m * k.div_ceil(128)]).unwrap();
+        gpu.fp8_quantize_activations(&dx, &mut dq, &mut ds, m, k)
+            .unwrap();
+        let (codes, scales) = (gpu.download(&dq).unwrap(), gpu.download(&ds).unwrap());
+        // Both sides divide in IEEE f32 and round to nearest even, so the results are identical.
+        for (i, (g, w)) in scales.iter().zip(&want_scales).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "m={m} k={k}: scale {i}: {g} != {w}"
+            );
+        }
+        for (i, (g, w)) in codes.iter().zip(&want_codes).enumerate() {
+            assert_eq!(
+                g,
+                w,
+                "m={m} k={k}: code {i} (token {}, column {})",
+                i / k,
+                i % k
+            );
+        }
+    }
+}
+
+// Products of two e4m3 values are exact in fp32; each 128 of K is summed by the tensor cores (whose FP8
+// accumulation keeps fewer bits than fp32, ~14 by DeepSeek-V3's measurement, but only over 128 products here)
+// and folded into fp32 with both scales. Measured against the f64 reference the error is the rounding of those
+// sums, ~1e-4 relative at most; 2e-3 leaves room without hiding a wrong element (one wrong or missing scale
+// block moves the norm by > 5e-2 at these sizes).
+const GEMM_TOL: f64 = 2e-3;
+
+#[test]
+fn fp8_block_gemm_matches_the_reference() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("fp8_block_gemm");
+    // Ragged M and N (not multiples of the 128x128 tile, of the 16-row mma, or even: the odd-N store path),
+    // K a multiple of 16 but not of 128 and spanning more K tiles than the 4 pipeline stages.
+    for &(m, n, k) in &[
+        (1, 16, 16),
+        (5, 130, 272),
+        (64, 128, 128),
+        (130, 201, 400),
+        (257, 385, 1040),
+        (129, 257, 2064),
+    ] {
+        let w = uniform(&mut rng, n * k, 0.05);
+        let (wq, ws) = reference::linear::quantize_fp8_block(&w, n, k);
+        let (xb, xf) = prefill_activations(&mut rng, m, k);
+        let (xq, xs) = quantize_act_cpu(&xf, m, k);
+        let kb = k.div_ceil(128);
+        // What the GEMM computes, in exact values: the dequantised activations against the reference GEMM.
+        let xd: Vec<f32> = (0..m * k)
+            .map(|i| kernels::formats::e4m3_to_f32(xq[i]) * xs[(i / k) * kb + (i % k) / 128])
+            .collect();
+        let want = reference::linear::fp8_block_linear(&xd, m, &wq, &ws, n, k);
+        let (dxq, dxs, dw, dws) = (
+            gpu.upload(&xq).unwrap(),
+            gpu.upload(&xs).unwrap(),
+            gpu.upload(&wq).unwrap(),
+            gpu.upload(&ws).unwrap(),
+        );
+        let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+        gpu.fp8_block_gemm(&dxq, &dxs, &dw, &dws, &mut dy, m, n, k)
+            .unwrap();
+        let what = format!("fp8 gemm m={m} n={n} k={k}");
+        let e = rel_err(&what, &gpu.download(&dy).unwrap(), &want);
+        println!("{what}: relative error {e:.2e}");
+        assert!(e < GEMM_TOL, "{what}: relative error {e:e} >= {GEMM_TOL:e}");
+
+        // The whole prefill path from bf16: the GPU quantiser, then the GEMM, against the same reference.
+        let dx = gpu.upload(&xb).unwrap();
+        let mut gq = gpu.upload(&vec![0x7fu8; m * k]).unwrap();
+        let mut gs = gpu.upload(&vec![f32::NAN; m * kb]).unwrap();
+        gpu.fp8_quantize_activations(&dx, &mut gq, &mut gs, m, k)
+            .unwrap();
+        let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+        gpu.fp8_block_gemm(&gq, &gs, &dw, &dws, &mut dy, m, n, k)
+            .unwrap();
+        let what = format!("bf16 -> quantise -> fp8 gemm m={m} n={n} k={k}");
+        let e = rel_err(&what, &gpu.download(&dy).unwrap(), &want);
+        assert!(e < GEMM_TOL, "{what}: relative error {e:e} >= {GEMM_TOL:e}");
+    }
+}
+
+#[test]
+fn fp8_block_gemm_shape_errors_name_the_operand() {
+    let Some(gpu) = gpu() else { return };
+    let xq = gpu.upload(&[0u8; 3 * 48]).unwrap();
+    let xs = gpu.upload(&[1.0f32; 3]).unwrap();
+    let w = gpu.upload(&[0u8; 8 * 48]).unwrap();
+    let ws = gpu.upload(&[1.0f32; 1]).unwrap();
+    let mut y = gpu.zeros::<f32>(3 * 8).unwrap();
+    let e = gpu
+        .fp8_block_gemm(&xq, &xs, &w, &ws, &mut y, 3, 8, 40)
+        .unwrap_err();
+    assert!(e.to_string().contains("multiple of 16"), "{e}");
+    let e = gpu
+        .fp8_block_gemm(&xq, &xs, &w, &ws, &mut y, 3, 8, 32)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("xq has 144 elements, expected 96"),
+        "{e}"
+    );
+    let e = gpu
+        .fp8_block_gemm(&xq, &ws, &w, &ws, &mut y, 3, 8, 48)
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("x_scales has 1 elements, expected 3"),
+        "{e}"
+    );
+    let mut s1 = gpu.zeros::<f32>(1).unwrap();
+    let mut q1 = gpu.zeros::<u8>(3 * 48).unwrap();
+    let e = gpu
+        .fp8_quantize_activations(&gpu.zeros::<u16>(3 * 48).unwrap(), &mut q1, &mut s1, 3, 48)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("scales has 1 elements, expected 3"),
+        "{e}"
+    );
+}
+
+// NVFP4 prefill GEMM (cuda/gemm.cu): e2m1 x e4m3 group scale is exact in bf16 and bf16 activations are exact, so
+// the products are exact and the only error is fp32 accumulation (~1e-7 relative); the GEMV bound applies.
+#[test]
+fn nvfp4_gemm_matches_the_reference() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("nvfp4_gemm");
+    // Ragged M and N (not multiples of the 128x256 tile or of 8; odd N), K a multiple of 64 across more K tiles
+    // than the 4 pipeline stages.
+    for &(m, n, k) in &[
+        (1, 8, 64),
+        (5, 130, 128),
+        (130, 257, 448),
+        (257, 300, 1088),
+        (64, 256, 64),
+    ] {
+        let w = uniform(&mut rng, n * k, 0.05);
+        let (packed, scales, global) = reference::linear::quantize_nvfp4(&w, n, k);
+        let (xb, xf) = prefill_activations(&mut rng, m, k);
+        let want = reference::linear::nvfp4_linear(&xf, m, &packed, &scales, global, n, k);
+        let (dx, dw, ds) = (
+            gpu.upload(&xb).unwrap(),
+            gpu.upload(&packed).unwrap(),
+            gpu.upload(&scales).unwrap(),
+        );
+        let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+        gpu.nvfp4_gemm(&dx, &dw, &ds, global, &mut dy, m, n, k)
+            .unwrap();
+        let what = format!("nvfp4 gemm m={m} n={n} k={k}");
+        let e = rel_err(&what, &gpu.download(&dy).unwrap(), &want);
+        println!("{what}: relative error {e:.2e}");
+        assert!(e < GEMV_TOL, "{what}: relative error {e:e} >= {GEMV_TOL:e}");
+    }
+}
+
+#[test]
+fn nvfp4_gemm_refuses_k_off_the_tile() {
+    let Some(gpu) = gpu() else { return };
+    let x = gpu.zeros::<u16>(2 * 96).unwrap();
+    let w = gpu.zeros::<u8>(8 * 48).unwrap();
+    let s = gpu.zeros::<u8>(8 * 6).unwrap();
+    let mut y = gpu.zeros::<f32>(2 * 8).unwrap();
+    let e = gpu
+        .nvfp4_gemm(&x, &w, &s, 1.0, &mut y, 2, 8, 96)
+        .unwrap_err();
+    assert!(e.to_string().contains("multiple of 64"), "{e}");
+    let e = gpu
+        .nvfp4_gemm(&x, &w, &s, f32::NAN, &mut y, 2, 8, 64)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("x has 192 elements, expected 128"),
+        "{e}"
+    );
+}

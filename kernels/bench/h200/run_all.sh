@@ -11,7 +11,7 @@
 #        kernels/bench/h200/run_all.sh prepare      (on the build machine: builds and fills target-h5-carry/)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-CARRY=target-h5-carry
+CARRY=${CARRY:-target-h5-carry}  # h6: overridable (run_gemm.sh uses target-h6-carry)
 
 if [ "${1:-}" = prepare ]; then
   set -e

@@ -95,8 +95,15 @@ static void SEQ_FN(attn_segment_any)(attn_state *st, const float *q, float scale
         SEQ_FN(attn_segment)(st, q, scale, (const float *)k + off, (const float *)v + off, st->d, n);
 }
 
-/* Paged decode for items [item0, item1) of (sequence b, KV head) = b*hkv + kvh. */
-int SEQ_FN(attn_decode_paged)(const seq_attn_args *p, int64_t item0, int64_t item1, float *scratch) {
+/* Paged decode for items [item0, item1) of (sequence b, KV head) = b*hkv + kvh. A translation unit may bring its
+ * own walker (define ATTN_CUSTOM_PAGED): this one is then SEQ_FN(attn_decode_paged_generic), its fallback. */
+#ifndef ATTN_CUSTOM_PAGED
+#define ATTN_PAGED_NAME attn_decode_paged
+#else
+#define ATTN_PAGED_NAME attn_decode_paged_generic
+static
+#endif
+int SEQ_FN(ATTN_PAGED_NAME)(const seq_attn_args *p, int64_t item0, int64_t item1, float *scratch) {
     const int64_t hq = p->hq, hkv = p->hkv, d = p->d, g = hq / hkv, ps = p->page_size;
     for (int64_t it = item0; it < item1; it++) {
         const int64_t b = it / hkv, kvh = it % hkv, len = p->lens[b];

@@ -24,11 +24,13 @@
 //! whole query group (f32 or bf16 cache, bf16 widened in registers) with the group's accumulators in registers;
 //! prefill transposes K once and scores blocks of 16 query tokens as small GEMMs. The AVX2 build has a hand-written
 //! decode segment (`csrc/attn_avx2.c`); the rest of AVX2 and all of scalar is the portable C of
-//! `csrc/attn_impl.h` (per-query prefill). Measured by `cpu_seq` in two full runs on this shared 2-core VM (large
-//! spreads): decode over a 768 MiB paged cache at 4k-32k context, f32 5.2-9.6 GB/s (0.43-0.82 of the read bandwidth
-//! measured in the same run), bf16 0.55-1.04 us per cached token against f32's 0.85-1.58 (about 1.6x faster per
-//! token); AVX2 2.7x and AVX-512 4.4x the scalar decode; prefill of 1024 Spark tokens at 59-151 GFLOP/s (0.32-0.38
-//! of the FMA roof), 12-15x the scalar per-query kernel.
+//! `csrc/attn_impl.h` (per-query prefill). The AVX-512 paged decode for head dims that are a multiple of 32 and
+//! groups of 2/3/4/6/8 query heads scores two keys per pass over the whole group and prefetches along the block
+//! table into L2; measured by `cpu_seq` (benchmarks/cpu-avx512-2core.md, "after h8"): 0.95-1.01 of the read
+//! bandwidth measured in the same run for an f32 cache and 0.91-0.92 for bf16, at 8k-32k context, 1 and 2 threads
+//! (without the software prefetch it falls to 0.52-0.66). Other shapes and the ring decode use the generic walker.
+//! Prefill of 1024 Spark tokens runs at 59-151 GFLOP/s (0.32-0.38 of the FMA roof, shared machine), 12-15x the
+//! scalar per-query kernel.
 //!
 //! RoPE works in place on `[T, H, D]` rows with one position per row of `T`; angles are computed per call from
 //! `theta` (no table that grows with the declared context: the seed found 618 MB of RoPE tables for a million

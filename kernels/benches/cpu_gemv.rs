@@ -4,7 +4,8 @@
 //! Run: `cargo xtask bench cpu` (or `cargo bench -p kernels --bench cpu_gemv`). Environment knobs:
 //! `EDGEFIT_BENCH_MIB` (GEMV working set per format, default 1536 MiB: this machine's LLC is 480 MiB, so every
 //! pass streams from DRAM), `EDGEFIT_BENCH_REPS` (default 7), `EDGEFIT_TORCH_PYTHON` (the interpreter with torch;
-//! default `.venv/bin/python` at the workspace root; the torch arms are skipped with a note when it is missing).
+//! default `.venv/bin/python` at the workspace root; the torch arms are skipped with a note when it is missing),
+//! `EDGEFIT_BENCH_FORMATS` (comma-separated subset of `w4a16,w4a8,fp8,nvfp4,bf16,gemm` to run; default all).
 //!
 //! A GEMV pass walks a list of distinct matrices of the Qwen3.8-27B MLP shape (17408 x 5120, the up/gate
 //! projection) whose total is the working set, as one decode step walks its layers. Effective GB/s counts the
@@ -287,7 +288,16 @@ fn main() {
         .iter()
         .map(|&r| (r % 2000) as f32 / 1000.0 - 1.0)
         .collect();
+    let formats = std::env::var("EDGEFIT_BENCH_FORMATS").ok();
+    let selected = |name: &str| {
+        formats
+            .as_deref()
+            .is_none_or(|f| f.split(',').any(|s| s.trim() == name))
+    };
     let mut gemv = |name: &str, bytes_each: usize, make: &dyn Fn(u64) -> GemvCall| {
+        if !selected(name) {
+            return;
+        }
         let copies = ((mib << 20) / bytes_each).max(1);
         let mats: Vec<GemvCall> = (0..copies).map(|c| make(c as u64 + 11)).collect();
         let ys = RefCell::new(vec![vec![0.0f32; N]; copies]);
@@ -455,7 +465,11 @@ fn main() {
         .map(|c| 0x3C00 | (u16::from(c[0]) & 0x80FF))
         .collect();
     let flops = 2 * GEMM_M * GEMM_N * K;
-    let names = ["w4a16", "w4a8", "fp8", "nvfp4", "bf16"];
+    let names: Vec<&str> = if selected("gemm") {
+        vec!["w4a16", "w4a8", "fp8", "nvfp4", "bf16"]
+    } else {
+        Vec::new()
+    };
     let ygs: Vec<RefCell<Vec<f32>>> = names
         .iter()
         .map(|_| RefCell::new(vec![0.0; GEMM_M * GEMM_N]))
@@ -493,7 +507,7 @@ fn main() {
             }
         })
         .collect();
-    if let Some(tc) = &torch {
+    if let (Some(tc), false) = (&torch, names.is_empty()) {
         for b in ["torch_int4_gemm", "torch_bf16_gemm"] {
             arms.push(Arm {
                 name: format!("{b} {GEMM_M}x{GEMM_N}x{K}"),

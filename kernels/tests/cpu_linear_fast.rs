@@ -1,0 +1,124 @@
+//! The row-major GEMVs (one activation row) on every path, over a sweep of `k` that walks every branch of the
+//! AVX-512 inner loops: NVFP4 reads 128-element chunks in pairs, then a single chunk, then a masked last chunk,
+//! then 16-element tail groups; FP8 reads 64-element steps inside 128-element scale blocks, then 16-element
+//! (masked) steps. Raw random codes (every e4m3 and e2m1 code, subnormals included) rather than quantised weights,
+//! so the sums mix magnitudes the way real checkpoints rarely do.
+
+use kernels::cpu::Isa;
+use kernels::formats::{e2m1_to_f32, e4m3_to_f32};
+use kernels::linear::{self, Fp8Weights, Nvfp4Weights};
+use kernels::reference::linear as reference;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// Relative to the sum of |x w| terms, as in `cpu_linear.rs`: f32 accumulation over at most a few thousand terms.
+const F32_REL: f64 = 1e-5;
+
+fn check(what: &str, got: &[f32], want: &[f32], mag: &[f64]) {
+    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(mag).enumerate() {
+        let err = (f64::from(g) - f64::from(w)).abs();
+        assert!(
+            g.is_finite() && err <= F32_REL * s + 1e-30,
+            "{what}: row {i}: got {g}, want {w}, error {err:e} > {F32_REL:e} * {s:e}"
+        );
+    }
+}
+
+fn activations(r: &mut ChaCha8Rng, k: usize) -> Vec<f32> {
+    (0..k).map(|_| r.gen_range(-2.0f32..2.0)).collect()
+}
+
+/// A random e4m3 code that is not NaN (0x7F / 0xFF).
+fn e4m3_code(r: &mut ChaCha8Rng) -> u8 {
+    let c: u8 = r.gen();
+    if c & 0x7F == 0x7F {
+        c & 0xF0
+    } else {
+        c
+    }
+}
+
+#[test]
+fn nvfp4_gemv_over_every_chunk_count_and_tail() {
+    // k = 16 .. 1040: 0 to 8 full chunks (odd and even), with and without tail groups.
+    let n: usize = 70;
+    for k in (16usize..=1040).step_by(16) {
+        let mut r = ChaCha8Rng::seed_from_u64(k as u64);
+        let packed: Vec<u8> = (0..n * k / 2).map(|_| r.gen()).collect();
+        // Scales of moderate size (no subnormal group scale here; every code is covered in cpu_linear.rs).
+        let scales: Vec<u8> = (0..n * k / 16)
+            .map(|_| 0x30 | r.gen_range(0u8..16))
+            .collect();
+        let global = 0.37f32;
+        let x = activations(&mut r, k);
+        let want = reference::nvfp4_linear(&x, 1, &packed, &scales, global, n, k);
+        let mag: Vec<f64> = (0..n)
+            .map(|row| {
+                (0..k)
+                    .map(|c| {
+                        let b = packed[row * k / 2 + c / 2];
+                        let code = if c % 2 == 0 { b & 15 } else { b >> 4 };
+                        f64::from(x[c].abs())
+                            * f64::from(e2m1_to_f32(code).abs())
+                            * f64::from(e4m3_to_f32(scales[row * k / 16 + c / 16]))
+                            * f64::from(global)
+                    })
+                    .sum()
+            })
+            .collect();
+        let w = Nvfp4Weights::new(&packed, &scales, global, n, k).unwrap();
+        for isa in Isa::available() {
+            for threads in [1, 2] {
+                let mut y = vec![f32::NAN; n];
+                assert_eq!(
+                    linear::nvfp4_with(isa, threads, &x, 1, &w, &mut y).unwrap(),
+                    isa
+                );
+                check(&format!("nvfp4 {isa:?} t{threads} k{k}"), &y, &want, &mag);
+            }
+        }
+    }
+}
+
+#[test]
+fn fp8_gemv_over_every_block_shape_with_subnormal_codes() {
+    // k = 1 .. 400: partial 64-element steps, partial 16-element steps and partial scale blocks; a quarter of the
+    // codes are subnormal (exponent field 0).
+    let n: usize = 67;
+    for k in 1usize..=400 {
+        let mut r = ChaCha8Rng::seed_from_u64(1000 + k as u64);
+        let codes: Vec<u8> = (0..n * k)
+            .map(|_| {
+                let c = e4m3_code(&mut r);
+                if r.gen_bool(0.25) {
+                    c & 0x87
+                } else {
+                    c
+                }
+            })
+            .collect();
+        let kb = k.div_ceil(128);
+        let sinv: Vec<f32> = (0..n.div_ceil(128) * kb)
+            .map(|_| r.gen_range(1e-3f32..1e-1))
+            .collect();
+        let x = activations(&mut r, k);
+        let want = reference::fp8_block_linear(&x, 1, &codes, &sinv, n, k);
+        let mag: Vec<f64> = (0..n)
+            .map(|row| {
+                (0..k)
+                    .map(|c| {
+                        f64::from(x[c].abs())
+                            * f64::from(e4m3_to_f32(codes[row * k + c]).abs())
+                            * f64::from(sinv[(row / 128) * kb + c / 128])
+                    })
+                    .sum()
+            })
+            .collect();
+        let w = Fp8Weights::new(&codes, &sinv, n, k).unwrap();
+        for isa in Isa::available() {
+            let mut y = vec![f32::NAN; n];
+            assert_eq!(linear::fp8_with(isa, 2, &x, 1, &w, &mut y).unwrap(), isa);
+            check(&format!("fp8 {isa:?} k{k}"), &y, &want, &mag);
+        }
+    }
+}

@@ -15,7 +15,11 @@
 //! compares numbers taken in the same minutes of a possibly shared machine. Medians and the spread (max/min - 1)
 //! are printed. Never a timed assertion: the ratios are for people to read.
 
-use kernels::cpu::{default_threads, parallel_ranges, Isa};
+mod common;
+
+use common::{env_usize, read_pass, Stats};
+
+use kernels::cpu::{default_threads, Isa};
 use kernels::linear::{self, Bf16Weights, Fp8Weights, Int4Scheme, Int4Weights, Nvfp4Weights};
 use std::cell::RefCell;
 use std::hint::black_box;
@@ -31,35 +35,6 @@ const GEMM_M: usize = 64;
 const GEMM_N: usize = 4096;
 /// Bytes of one int4 matrix: packed codes plus bf16 scale and zero pairs.
 const INT4_BYTES: usize = N * K / 2 + K / GROUP * N * 4;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Median, min and max of repeated timings, in seconds.
-#[derive(Clone, Copy)]
-struct Stats {
-    median: f64,
-    min: f64,
-    max: f64,
-}
-
-impl Stats {
-    fn of(mut v: Vec<f64>) -> Stats {
-        v.sort_by(f64::total_cmp);
-        Stats {
-            median: v[v.len() / 2],
-            min: v[0],
-            max: v[v.len() - 1],
-        }
-    }
-    fn spread(&self) -> f64 {
-        self.max / self.min - 1.0
-    }
-}
 
 /// A fast xorshift fill; the content only has to defeat any compression or zero-page sharing.
 fn random_u64(len: usize, seed: u64) -> Vec<u64> {
@@ -81,61 +56,6 @@ fn random_bytes(len: usize, seed: u64, map: impl Fn(u8) -> u8) -> Vec<u8> {
         .take(len)
         .map(map)
         .collect()
-}
-
-/// Sum of a u64 slice with eight independent lanes: the portable read probe.
-fn stream_sum_portable(v: &[u64]) -> u64 {
-    let mut acc = [0u64; 8];
-    for c in v.chunks_exact(8) {
-        for (a, &x) in acc.iter_mut().zip(c) {
-            *a = a.wrapping_add(x);
-        }
-    }
-    acc.iter().fold(0, |a, &b| a.wrapping_add(b))
-}
-
-/// The same sum with four 64-byte loads per iteration, so the probe issues loads as wide as the kernels do and
-/// the core is never the limit (a few cycles per 256 bytes).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn stream_sum_avx512(v: &[u64]) -> u64 {
-    use std::arch::x86_64::{
-        __m512i, _mm512_add_epi64, _mm512_loadu_si512, _mm512_reduce_add_epi64,
-        _mm512_setzero_si512,
-    };
-    let mut acc = [_mm512_setzero_si512(); 4];
-    let chunks = v.chunks_exact(32);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for (j, a) in acc.iter_mut().enumerate() {
-            // SAFETY: `c` holds 32 u64 (256 bytes), so the 64 bytes at offset 8 * j u64 are in bounds; loadu has
-            // no alignment requirement.
-            let w = unsafe { _mm512_loadu_si512(c.as_ptr().add(8 * j).cast::<__m512i>()) };
-            *a = _mm512_add_epi64(*a, w);
-        }
-    }
-    let total = _mm512_add_epi64(
-        _mm512_add_epi64(acc[0], acc[1]),
-        _mm512_add_epi64(acc[2], acc[3]),
-    );
-    (_mm512_reduce_add_epi64(total) as u64).wrapping_add(stream_sum_portable(rest))
-}
-
-fn stream_sum(v: &[u64]) -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU supports AVX-512F (checked just above), the only requirement of the target feature.
-        return unsafe { stream_sum_avx512(v) };
-    }
-    stream_sum_portable(v)
-}
-
-fn read_pass(buf: &[u64], threads: usize) -> f64 {
-    let t = Instant::now();
-    parallel_ranges(buf.len(), 4096, threads, |s, e| {
-        black_box(stream_sum(&buf[s..e]));
-    });
-    t.elapsed().as_secs_f64()
 }
 
 /// One matrix's GEMV: `(threads, x, y)`.
@@ -313,7 +233,7 @@ fn main() {
                 name: "stream read".into(),
                 threads: t,
                 run: Box::new(move || {
-                    black_box(read_pass(buf, t));
+                    black_box(read_pass(u64_bytes(buf), t));
                     None
                 }),
             });
@@ -563,4 +483,11 @@ fn main() {
             r.what, r.threads, r.value, r.ratios
         );
     }
+}
+
+/// The bytes of a u64 slice, for the read probe.
+fn u64_bytes(v: &[u64]) -> &[u8] {
+    // SAFETY: initialised u64 memory is valid as u8, the length covers exactly the same bytes, u8 has alignment 1,
+    // and the result borrows `v`.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }

@@ -16,11 +16,14 @@
 //! the budget the planner charges) in pages of 64 tokens. Arms are interleaved within each repetition; medians and spreads (max/min - 1) are printed, never
 //! asserted. A difference smaller than the spread is noise; this machine is shared, so spreads can be large.
 
+mod common;
+
+use common::{env_usize, f32_bytes, read_pass, Stats};
+
 use kernels::attention::{self, AttnDims, KvSlice, PagedKv};
 use kernels::cpu::{default_threads, parallel_ranges, Isa};
 use kernels::gdn::{self, GdnDims, GdnInputs, GdnWeights};
 use kernels::ops;
-use std::hint::black_box;
 use std::time::Instant;
 
 const QWEN_GDN: GdnDims = GdnDims {
@@ -37,35 +40,6 @@ const QWEN_ATTN: AttnDims = AttnDims {
 };
 const PAGE: usize = 64;
 const MIB: usize = 1 << 20;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Median, min and max of repeated timings, in seconds.
-#[derive(Clone, Copy)]
-struct Stats {
-    median: f64,
-    min: f64,
-    max: f64,
-}
-
-impl Stats {
-    fn of(mut v: Vec<f64>) -> Stats {
-        v.sort_by(f64::total_cmp);
-        Stats {
-            median: v[v.len() / 2],
-            min: v[0],
-            max: v[v.len() - 1],
-        }
-    }
-    fn spread(&self) -> f64 {
-        self.max / self.min - 1.0
-    }
-}
 
 /// Deterministic pseudo-random floats in [-1, 1) (xorshift); content only has to be non-trivial.
 fn fill(len: usize, seed: u64) -> Vec<f32> {
@@ -153,17 +127,7 @@ fn main() {
             arms.add(format!("read, {t} thread(s)"), move || {
                 let g = b1.borrow();
                 let v: &[f32] = &g;
-                timed(|| {
-                    parallel_ranges(v.len(), 4096, t, |s, e| {
-                        let mut acc = [0.0f32; 16];
-                        for c in v[s..e].chunks_exact(16) {
-                            for (a, x) in acc.iter_mut().zip(c) {
-                                *a += x;
-                            }
-                        }
-                        black_box(acc);
-                    })
-                })
+                read_pass(f32_bytes(v), t)
             });
             let b2 = &b;
             arms.add(format!("read+write in place, {t} thread(s)"), move || {

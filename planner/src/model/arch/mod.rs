@@ -285,6 +285,48 @@ pub(crate) struct AttnBlock {
     pub(crate) o_bias: bool,
 }
 
+/// The full-attention block of the Qwen3.5 / Qwen3-Next hybrids: q_proj with a per-head output gate (2x width),
+/// q_norm / k_norm, no biases.
+pub(crate) const QWEN_GATED_ATTN: AttnBlock = AttnBlock {
+    gated_q: true,
+    qk_norm: true,
+    qkv_bias: false,
+    o_bias: false,
+};
+
+/// Channels of a gated DeltaNet layer: `(key_dim, value_dim, conv_dim)` where the causal conv runs over q|k|v.
+pub(crate) fn gdn_dims(g: &GdnGeometry) -> (u64, u64, u64) {
+    let key_dim = g.num_key_heads.saturating_mul(g.key_head_dim);
+    let value_dim = g.num_value_heads.saturating_mul(g.value_head_dim);
+    (
+        key_dim,
+        value_dim,
+        key_dim.saturating_mul(2).saturating_add(value_dim),
+    )
+}
+
+/// The tensors every gated DeltaNet layer has after its input projections (which differ by family: Qwen3.5 keeps
+/// q|k|v, z, b, a apart, Qwen3-Next fuses them): the depthwise conv, the gate parameters, the gated norm and the
+/// output projection.
+pub(crate) fn gdn_tail(
+    inv: &mut Inventory<'_>,
+    la: &str,
+    g: &GdnGeometry,
+    hidden: u64,
+    part: Part,
+) {
+    let (_, value_dim, conv_dim) = gdn_dims(g);
+    inv.small(
+        format!("{la}.conv1d.weight"),
+        &[conv_dim, 1, g.conv_kernel],
+        part,
+    );
+    inv.small(format!("{la}.dt_bias"), &[g.num_value_heads], part);
+    inv.small(format!("{la}.A_log"), &[g.num_value_heads], part);
+    inv.small(format!("{la}.norm.weight"), &[g.value_head_dim], part);
+    inv.linear(&format!("{la}.out_proj"), hidden, value_dim, false, part);
+}
+
 pub(crate) fn attention_block(
     inv: &mut Inventory<'_>,
     prefix: &str,

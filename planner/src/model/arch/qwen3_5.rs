@@ -8,8 +8,8 @@
 //! `[embedding; hidden]` to hidden, two pre-fc norms, full-attention decoder layers, a final norm).
 
 use super::{
-    attention, attention_block, gated_mlp, gdn, layer_index, layer_kinds, num_layers, ropes, tied,
-    Architecture, Attn, AttnBlock, BuildCx,
+    attention, attention_block, gated_mlp, gdn, gdn_dims, gdn_tail, layer_index, layer_kinds,
+    num_layers, ropes, tied, Architecture, Attn, BuildCx, QWEN_GATED_ATTN,
 };
 use crate::model::config::Obj;
 use crate::model::error::ModelError;
@@ -141,9 +141,7 @@ fn decoder_layer(
     match kind {
         LayerKind::LinearAttention => {
             let la = format!("{p}.linear_attn");
-            let key_dim = g.num_key_heads.saturating_mul(g.key_head_dim);
-            let value_dim = g.num_value_heads.saturating_mul(g.value_head_dim);
-            let conv_dim = key_dim.saturating_mul(2).saturating_add(value_dim);
+            let (_, value_dim, conv_dim) = gdn_dims(g);
             inv.linear(
                 &format!("{la}.in_proj_qkv"),
                 conv_dim,
@@ -166,24 +164,10 @@ fn decoder_layer(
                 false,
                 part,
             );
-            inv.small(
-                format!("{la}.conv1d.weight"),
-                &[conv_dim, 1, g.conv_kernel],
-                part,
-            );
-            inv.small(format!("{la}.dt_bias"), &[g.num_value_heads], part);
-            inv.small(format!("{la}.A_log"), &[g.num_value_heads], part);
-            inv.small(format!("{la}.norm.weight"), &[g.value_head_dim], part);
-            inv.linear(&format!("{la}.out_proj"), a.hidden, value_dim, false, part);
+            gdn_tail(inv, &la, g, a.hidden, part);
         }
         _ => {
-            let block = AttnBlock {
-                gated_q: true,
-                qk_norm: true,
-                qkv_bias: false,
-                o_bias: false,
-            };
-            attention_block(inv, &format!("{p}.self_attn"), a, &block, part);
+            attention_block(inv, &format!("{p}.self_attn"), a, &QWEN_GATED_ATTN, part);
         }
     }
     inv.small(

@@ -6,8 +6,8 @@
 //! `mlp.experts.{e}.{gate,up,down}_proj`, `mlp.shared_expert.*` and the scalar `mlp.shared_expert_gate`.
 
 use super::{
-    attention, attention_block, gated_mlp, gdn, layer_index, layer_kinds, num_layers, ropes, tied,
-    Architecture, AttnBlock, BuildCx,
+    attention, attention_block, gated_mlp, gdn, gdn_dims, gdn_tail, layer_index, layer_kinds,
+    num_layers, ropes, tied, Architecture, BuildCx, QWEN_GATED_ATTN,
 };
 use crate::model::config::{MAX_EXPERTS, MAX_EXPERT_INSTANCES};
 use crate::model::error::ModelError;
@@ -92,9 +92,7 @@ impl Architecture for Qwen3Next {
             match kind {
                 LayerKind::LinearAttention => {
                     let la = format!("{p}.linear_attn");
-                    let key_dim = g.num_key_heads.saturating_mul(g.key_head_dim);
-                    let value_dim = g.num_value_heads.saturating_mul(g.value_head_dim);
-                    let conv_dim = key_dim.saturating_mul(2).saturating_add(value_dim);
+                    let (_, value_dim, conv_dim) = gdn_dims(&g);
                     let qkvz = conv_dim.saturating_add(value_dim);
                     inv.linear(&format!("{la}.in_proj_qkvz"), qkvz, a.hidden, false, part);
                     inv.linear(
@@ -104,24 +102,16 @@ impl Architecture for Qwen3Next {
                         false,
                         part,
                     );
-                    inv.small(
-                        format!("{la}.conv1d.weight"),
-                        &[conv_dim, 1, g.conv_kernel],
-                        part,
-                    );
-                    inv.small(format!("{la}.dt_bias"), &[g.num_value_heads], part);
-                    inv.small(format!("{la}.A_log"), &[g.num_value_heads], part);
-                    inv.small(format!("{la}.norm.weight"), &[g.value_head_dim], part);
-                    inv.linear(&format!("{la}.out_proj"), a.hidden, value_dim, false, part);
+                    gdn_tail(&mut inv, &la, &g, a.hidden, part);
                 }
                 _ => {
-                    let block = AttnBlock {
-                        gated_q: true,
-                        qk_norm: true,
-                        qkv_bias: false,
-                        o_bias: false,
-                    };
-                    attention_block(&mut inv, &format!("{p}.self_attn"), &a, &block, part);
+                    attention_block(
+                        &mut inv,
+                        &format!("{p}.self_attn"),
+                        &a,
+                        &QWEN_GATED_ATTN,
+                        part,
+                    );
                 }
             }
             inv.small(

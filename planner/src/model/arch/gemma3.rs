@@ -4,8 +4,8 @@
 //! published 999,885,952 parameters.
 
 use super::{
-    attention, attention_block, gated_mlp, layer_index, layer_kinds, num_layers, ropes,
-    sliding_window, tied, Architecture, AttnBlock, BuildCx,
+    attention, attention_block, every_nth_full, gated_mlp, layer_index, layer_kinds, num_layers,
+    ropes, sliding_window, tied, Architecture, AttnBlock, BuildCx,
 };
 use crate::model::error::ModelError;
 use crate::model::inventory::{Inventory, Part};
@@ -32,13 +32,7 @@ impl Architecture for Gemma3 {
             &text,
             n,
             &[LayerKind::FullAttention, LayerKind::SlidingAttention],
-            |i| {
-                if (i + 1).is_multiple_of(pattern) {
-                    LayerKind::FullAttention
-                } else {
-                    LayerKind::SlidingAttention
-                }
-            },
+            every_nth_full(pattern, LayerKind::SlidingAttention),
         )?;
         let window = sliding_window(&text, &layers)?;
         let inter = text.count("intermediate_size")?;

@@ -92,6 +92,18 @@ pub(crate) fn num_layers(text: &Obj<'_>) -> Result<u64, ModelError> {
     Ok(n)
 }
 
+/// The interleaving the hybrids use when a config has no `layer_types`: every `period`-th layer (1-based) is full
+/// attention, the rest are `other` (Qwen3.5 / Qwen3-Next `full_attention_interval`, Gemma 3's sliding pattern).
+pub(crate) fn every_nth_full(period: u64, other: LayerKind) -> impl Fn(u64) -> LayerKind {
+    move |i| {
+        if (i + 1).is_multiple_of(period) {
+            LayerKind::FullAttention
+        } else {
+            other
+        }
+    }
+}
+
 /// The kind of every layer: from `layer_types` when present (its length must equal `num_hidden_layers`, each entry
 /// one of `allowed`), else from `fallback(i)`.
 pub(crate) fn layer_kinds(

@@ -8,8 +8,8 @@
 //! `[embedding; hidden]` to hidden, two pre-fc norms, full-attention decoder layers, a final norm).
 
 use super::{
-    attention, attention_block, gated_mlp, gdn, gdn_dims, gdn_tail, layer_index, layer_kinds,
-    num_layers, ropes, tied, Architecture, Attn, BuildCx, QWEN_GATED_ATTN,
+    attention, attention_block, every_nth_full, gated_mlp, gdn, gdn_dims, gdn_tail, layer_index,
+    layer_kinds, num_layers, ropes, tied, Architecture, Attn, BuildCx, QWEN_GATED_ATTN,
 };
 use crate::model::config::Obj;
 use crate::model::error::ModelError;
@@ -43,13 +43,7 @@ impl Architecture for Qwen3_5 {
             &text,
             n,
             &[LayerKind::FullAttention, LayerKind::LinearAttention],
-            |i| {
-                if (i + 1).is_multiple_of(interval) {
-                    LayerKind::FullAttention
-                } else {
-                    LayerKind::LinearAttention
-                }
-            },
+            every_nth_full(interval, LayerKind::LinearAttention),
         )?;
         let g = gdn(&text)?;
         let inter = text.count("intermediate_size")?;

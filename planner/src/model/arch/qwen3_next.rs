@@ -6,8 +6,8 @@
 //! `mlp.experts.{e}.{gate,up,down}_proj`, `mlp.shared_expert.*` and the scalar `mlp.shared_expert_gate`.
 
 use super::{
-    attention, attention_block, gated_mlp, gdn, gdn_dims, gdn_tail, layer_index, layer_kinds,
-    num_layers, ropes, tied, Architecture, BuildCx, QWEN_GATED_ATTN,
+    attention, attention_block, every_nth_full, gated_mlp, gdn, gdn_dims, gdn_tail, layer_index,
+    layer_kinds, num_layers, ropes, tied, Architecture, BuildCx, QWEN_GATED_ATTN,
 };
 use crate::model::config::{MAX_EXPERTS, MAX_EXPERT_INSTANCES};
 use crate::model::error::ModelError;
@@ -35,13 +35,7 @@ impl Architecture for Qwen3Next {
             &text,
             n,
             &[LayerKind::FullAttention, LayerKind::LinearAttention],
-            |i| {
-                if (i + 1).is_multiple_of(interval) {
-                    LayerKind::FullAttention
-                } else {
-                    LayerKind::LinearAttention
-                }
-            },
+            every_nth_full(interval, LayerKind::LinearAttention),
         )?;
         let g = gdn(&text)?;
         let vocab = text.count("vocab_size")?;

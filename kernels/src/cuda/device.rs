@@ -401,7 +401,11 @@ impl Device {
                     .map_err(cuda_err("attention workspace"))?,
             );
         }
-        let ws = ws_guard.as_mut().expect("workspace allocated above");
+        let Some(ws) = ws_guard.as_mut() else {
+            return Err(KernelError::Cuda(
+                "attention workspace was not allocated".into(),
+            ));
+        };
         let (hq, hkv, ps, np, mp) = (
             d.q_heads as i32,
             d.kv_heads as i32,

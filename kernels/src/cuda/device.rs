@@ -18,32 +18,57 @@ mod ptx {
     include!(concat!(env!("OUT_DIR"), "/cuda_modules.rs"));
 }
 
+// One file per kernel family beyond the first four: each adds an `impl Device` block with its launches.
+mod attention_prefill;
+mod gdn_prefill;
+mod gemm_sm90a;
+mod ops;
+
 /// The embedded modules, each loaded at most once per context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(dead_code)] // placeholder modules until their kernels land (session 2)
 enum Module {
     Gemv,
     Gdn,
     Attention,
     Gemm,
+    /// `cuda/gdn_prefill.cu`: the chunked gated DeltaNet prefill.
+    GdnPrefill,
+    /// `cuda/attention_prefill.cu`: causal prefill attention.
+    AttentionPrefill,
+    /// `cuda/ops.cu`: norms, activations, embedding gather, argmax and sampling.
+    Ops,
+    /// `cuda/gemm_sm90a.cu`: wgmma/TMA GEMMs, an sm_90a cubin only (no PTX: the `a` features do not carry over).
+    GemmSm90a,
 }
 
 impl Module {
-    fn ptx(self) -> &'static str {
-        match self {
+    /// The PTX (`compute_90`), which any device of compute capability 9.0 or later can JIT; `None` for the
+    /// sm_90a-only modules.
+    fn ptx(self) -> Option<&'static str> {
+        Some(match self {
             Module::Gemv => ptx::PTX_GEMV,
             Module::Gdn => ptx::PTX_GDN,
             Module::Attention => ptx::PTX_ATTENTION,
             Module::Gemm => ptx::PTX_GEMM,
-        }
+            Module::GdnPrefill => ptx::PTX_GDN_PREFILL,
+            Module::AttentionPrefill => ptx::PTX_ATTENTION_PREFILL,
+            Module::Ops => ptx::PTX_OPS,
+            Module::GemmSm90a => return None,
+        })
     }
 
-    /// The same module assembled for sm_90 by the build's ptxas.
+    /// The same module assembled for sm_90 by the build's ptxas (sm_90a for the `*_sm90a.cu` modules).
     fn cubin_sm90(self) -> &'static [u8] {
         match self {
             Module::Gemv => ptx::CUBIN_SM90_GEMV,
             Module::Gdn => ptx::CUBIN_SM90_GDN,
             Module::Attention => ptx::CUBIN_SM90_ATTENTION,
             Module::Gemm => ptx::CUBIN_SM90_GEMM,
+            Module::GdnPrefill => ptx::CUBIN_SM90_GDN_PREFILL,
+            Module::AttentionPrefill => ptx::CUBIN_SM90_ATTENTION_PREFILL,
+            Module::Ops => ptx::CUBIN_SM90_OPS,
+            Module::GemmSm90a => ptx::CUBIN_GEMM_SM90A,
         }
     }
 }
@@ -121,10 +146,15 @@ impl Device {
             match modules.get(&module) {
                 Some(m) => m.clone(),
                 None => {
-                    let image = if self.is_sm90 {
-                        Ptx::from_binary(module.cubin_sm90().to_vec())
-                    } else {
-                        Ptx::from_src(module.ptx())
+                    let image = match (self.is_sm90, module.ptx()) {
+                        (true, _) => Ptx::from_binary(module.cubin_sm90().to_vec()),
+                        (false, Some(ptx)) => Ptx::from_src(ptx),
+                        (false, None) => {
+                            return Err(KernelError::Cuda(format!(
+                                "{name} is built for sm_90a (wgmma) only, which runs on compute capability 9.0 \
+                                 exactly; this device is another"
+                            )))
+                        }
                     };
                     let m = self
                         .ctx

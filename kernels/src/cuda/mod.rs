@@ -25,6 +25,13 @@ use crate::KernelError;
 #[cfg(feature = "cuda")]
 mod device;
 
+// One file per kernel family beyond the first four, each an `impl Gpu` block (the safe, checked entry points)
+// over its `device/<same name>.rs` launches.
+mod attention_prefill;
+mod gdn_prefill;
+mod gemm_sm90a;
+mod ops;
+
 mod sealed {
     pub trait Sealed {}
     impl Sealed for u8 {}

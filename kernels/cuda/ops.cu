@@ -1,0 +1,1 @@
+// Placeholder: the kernels of this module are being written (see kernels/src/cuda/ops.rs).

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# One H200 call for everything the GPU work needs checked: every GPU test binary (kernels/tests/gpu_*.rs) against
+# the CPU references, compute-sanitizer memcheck and racecheck over each, then the benchmark scripts
+# (kernels/bench/h200/bench_*.py, each against its library baseline measured in the same run), a status table last.
+# It builds nothing on the device: `prepare` (here, on the build machine) builds the release test binaries with
+# the `cuda` feature and packs them with the PTX and cubins the crate embeds into target-carry/carry.tar.gz, which
+# the device tool carries (`carry: ["target-carry", ".whl"]`; the pack keeps the call under its 64 MiB).
+#
+# Usage (here):     kernels/bench/h200/run_session.sh prepare
+# Usage (device):   bash kernels/bench/h200/run_session.sh [TESTS] [BENCHES] [--no-sanitizer]
+#   TESTS, BENCHES: comma-separated names (gpu_kernels,gpu_ops / ops,gemv) or "all" (default) or "none".
+# Logs: $OUT/tests_<name>.txt, $OUT/sanitizer_<name>.txt, $OUT/bench_<name>.txt (+ each bench's json).
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+CARRY=target-carry
+
+if [ "${1:-}" = prepare ]; then
+  set -e
+  export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target-carry-build}
+  cargo test -p kernels --features cuda --release --no-run --message-format=json 2>/dev/null \
+    | python3 -c "import sys, json
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get('reason') == 'compiler-artifact' and m.get('executable') and m['target']['name'].startswith('gpu_'):
+        print(m['target']['name'], m['executable'])" > /tmp/edgefit-gpu-bins.txt
+  out=$(dirname "$(ls -t "$CARGO_TARGET_DIR"/release/build/kernels-*/out/cuda_modules.rs | head -1)")
+  stage=$(mktemp -d)
+  while read -r name exe; do cp "$exe" "$stage/$name"; strip --strip-debug "$stage/$name"; done < /tmp/edgefit-gpu-bins.txt
+  cp "$out"/*.ptx "$out"/*.cubin "$out"/*.ptxas.txt "$stage/"
+  rm -rf "$CARRY" && mkdir -p "$CARRY"
+  tar -C "$stage" -czf "$CARRY/carry.tar.gz" .
+  rm -rf "$stage"
+  ls -la "$CARRY"; cut -d' ' -f1 /tmp/edgefit-gpu-bins.txt
+  exit 0
+fi
+
+OUT=${OUT:-/tmp/edgefit-h200}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+TESTS=${1:-all}
+BENCHES=${2:-all}
+SANITIZE=1
+[ "${3:-}" = --no-sanitizer ] && SANITIZE=0
+BIN=/tmp/edgefit-carry
+rm -rf "$BIN" && mkdir -p "$BIN" && tar -C "$BIN" -xzf "$CARRY/carry.tar.gz"
+status=()
+t0=$(date +%s)
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv
+  nvcc --version | tail -2
+  python3 -c "import torch, triton, cupy; print('torch', torch.__version__, 'triton', triton.__version__, 'cupy', cupy.__version__)"
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site && python3 -c "import fla; print('fla', fla.__version__)" 2>&1 | tail -1
+fi
+
+wanted() { [ "$1" = all ] || [[ ",$1," == *",$2,"* ]]; }
+
+for exe in "$BIN"/gpu_*; do
+  name=$(basename "$exe")
+  wanted "$TESTS" "$name" || continue
+  echo "== $name"
+  timeout 300 "$exe" --test-threads=1 --nocapture > "$OUT/tests_$name.txt" 2>&1
+  rc=$?; status+=("tests $name: rc=$rc $(grep -E '^test result' "$OUT/tests_$name.txt" | tail -1)")
+  grep -E "^test .*(FAILED|ok)$|panicked|test result" "$OUT/tests_$name.txt" | grep -vE " ok$" | head -20
+  if [ $SANITIZE = 1 ]; then
+    for tool in memcheck racecheck; do
+      timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 99 "$exe" --test-threads=1 \
+        > "$OUT/sanitizer_${name}_$tool.txt" 2>&1
+      rc=$?; status+=("  $tool $name: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_${name}_$tool.txt" | tail -1)")
+    done
+  fi
+done
+echo "[tests done at +$(( $(date +%s) - t0 ))s]"
+
+for script in kernels/bench/h200/bench_*.py; do
+  name=$(basename "$script" .py); name=${name#bench_}
+  wanted "$BENCHES" "$name" || continue
+  echo "== bench $name"
+  timeout 200 python3 "$script" "$BIN" > "$OUT/bench_$name.txt" 2>&1
+  rc=$?; status+=("bench $name: rc=$rc")
+  # the short table each script prints last
+  tail -n 40 "$OUT/bench_$name.txt"
+  echo "[bench $name done at +$(( $(date +%s) - t0 ))s]"
+done
+
+echo "== status (+$(( $(date +%s) - t0 ))s)"
+printf '%s\n' "${status[@]}"

@@ -5,7 +5,13 @@
 //! `EDGEFIT_BENCH_MIB` (GEMV working set per format, default 1536 MiB: this machine's LLC is 480 MiB, so every
 //! pass streams from DRAM), `EDGEFIT_BENCH_REPS` (default 7), `EDGEFIT_TORCH_PYTHON` (the interpreter with torch;
 //! default `.venv/bin/python` at the workspace root; the torch arms are skipped with a note when it is missing),
-//! `EDGEFIT_BENCH_FORMATS` (comma-separated subset of `w4a16,w4a8,fp8,nvfp4,bf16,gemm` to run; default all).
+//! `EDGEFIT_BENCH_FORMATS` (comma-separated subset of `w4a16,w4a8,fp8,nvfp4,bf16,gemm,threads` to run; default
+//! all; `w4a8base`, only when named, adds the W4A8 GEMV on the AVX-512 base kernel, to compare with the VBMI
+//! kernel the default arm runs on a CPU with AVX512-VBMI).
+//!
+//! `threads` is the threading overhead of `kernels::cpu::parallel_ranges` (the persistent worker pool) against
+//! `parallel_ranges_scoped` (scoped threads spawned per call): an empty two-range call, and a small GEMV (bf16,
+//! 2048 x 512, 2 MiB, cache resident) split the same way through either, in microseconds per call.
 //!
 //! A GEMV pass walks a list of distinct matrices of the Qwen3.8-27B MLP shape (17408 x 5120, the up/gate
 //! projection) whose total is the working set, as one decode step walks its layers. Effective GB/s counts the
@@ -19,8 +25,8 @@ mod common;
 
 use common::{env_usize, read_pass, Stats};
 
-use kernels::cpu::{default_threads, Isa};
-use kernels::linear::{self, Bf16Weights, Fp8Weights, Int4Scheme, Int4Weights, Nvfp4Weights};
+use kernels::cpu::{default_threads, parallel_ranges, parallel_ranges_scoped, Isa};
+use kernels::linear::{self, Bf16Weights, Ext, Fp8Weights, Int4Scheme, Int4Weights, Nvfp4Weights};
 use std::cell::RefCell;
 use std::hint::black_box;
 use std::io::{BufRead, BufReader, Write};
@@ -331,6 +337,18 @@ fn main() {
             })
         });
     }
+    // W4A8 on the AVX-512 base kernel (no VBMI), only when named, to compare with the default arm.
+    if formats
+        .as_deref()
+        .is_some_and(|f| f.split(',').any(|s| s.trim() == "w4a8base"))
+    {
+        gemv("w4a8base", INT4_BYTES, &|seed| {
+            let w = int4_raw(true, seed);
+            Box::new(move |t, x, y| {
+                linear::w4a8_ext(isa, Ext::Base, t, x, 1, &w, y).expect("benchmark call");
+            })
+        });
+    }
     let fp8_bytes = N * K + N.div_ceil(128) * K.div_ceil(128) * 4;
     gemv("fp8", fp8_bytes, &|seed| {
         // Random codes over the whole range, subnormals included (the decode has no slow path for them).
@@ -361,6 +379,9 @@ fn main() {
         })
     });
     drop(buf);
+    if selected("threads") {
+        threading_overhead(isa, reps, &mut rows);
+    }
 
     // GEMMs (prefill): 64 rows against one 4096 x 5120 matrix per format, all threads, with torch's int4 and
     // bf16 GEMMs interleaved.
@@ -490,4 +511,124 @@ fn u64_bytes(v: &[u64]) -> &[u8] {
     // SAFETY: initialised u64 memory is valid as u8, the length covers exactly the same bytes, u8 has alignment 1,
     // and the result borrows `v`.
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+/// A raw output pointer shared by the ranges of one call (each writes its own rows).
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: only used inside one parallel call whose ranges write disjoint rows, while the buffer is borrowed.
+unsafe impl Send for SharedOut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedOut {}
+impl SharedOut {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Per-call cost of the pool against scoped threads: an empty two-range call, and a small bf16 GEMV cut into the
+/// same row ranges through either (each range runs the 1-thread kernel on its rows). Interleaved repetitions of
+/// `CALLS` calls each; microseconds per call.
+fn threading_overhead(isa: Isa, reps: usize, rows: &mut Vec<Row>) {
+    const CALLS: usize = 2000;
+    const SN: usize = 2048;
+    const SK: usize = 512;
+    let all = default_threads();
+    let w: Vec<u16> = random_u64(SN * SK / 4, 41)
+        .iter()
+        .flat_map(|r| (0..4).map(move |i| 0x3C00 | ((r >> (16 * i)) as u16 & 0x80FF)))
+        .collect();
+    let x: Vec<f32> = random_u64(SK, 42)
+        .iter()
+        .map(|&r| (r % 2000) as f32 / 1000.0 - 1.0)
+        .collect();
+    let y = RefCell::new(vec![0.0f32; SN]);
+    let gemv_range = |out: SharedOut, r0: usize, r1: usize| {
+        let bw = Bf16Weights::new(&w[r0 * SK..r1 * SK], r1 - r0, SK).expect("sizes");
+        // SAFETY: rows r0..r1 of the SN-element output, disjoint from the other ranges of the same call; the
+        // RefCell borrow below keeps the buffer alive and unaliased for the whole call.
+        let ys = unsafe { std::slice::from_raw_parts_mut(out.get().add(r0), r1 - r0) };
+        linear::bf16_with(isa, 1, x.as_slice(), 1, &bw, ys).expect("benchmark call");
+    };
+    type Split = fn(usize, usize, usize, &(dyn Fn(usize, usize) + Sync));
+    let pool: Split = |n, a, t, f| parallel_ranges(n, a, t, f);
+    let scoped: Split = |n, a, t, f| parallel_ranges_scoped(n, a, t, f);
+    let mut arms: Vec<Arm<'_>> = Vec::new();
+    for (label, split) in [("pool", pool), ("scoped spawn", scoped)] {
+        arms.push(Arm {
+            name: format!("empty 2-range call, {label}"),
+            threads: all,
+            run: Box::new(move || {
+                for _ in 0..CALLS {
+                    split(2, 1, all, &|s, e| {
+                        black_box((s, e));
+                    });
+                }
+                None
+            }),
+        });
+    }
+    arms.push(Arm {
+        name: format!("bf16 gemv {SN}x{SK}, 1 thread"),
+        threads: 1,
+        run: Box::new(|| {
+            let mut g = y.borrow_mut();
+            let out = SharedOut(g.as_mut_ptr());
+            for _ in 0..CALLS {
+                gemv_range(out, 0, SN);
+            }
+            None
+        }),
+    });
+    for (label, split) in [("pool", pool), ("scoped spawn", scoped)] {
+        let gemv_range = &gemv_range;
+        let y = &y;
+        arms.push(Arm {
+            name: format!("bf16 gemv {SN}x{SK}, {label}"),
+            threads: all,
+            run: Box::new(move || {
+                let mut g = y.borrow_mut();
+                let out = SharedOut(g.as_mut_ptr());
+                for _ in 0..CALLS {
+                    split(SN, 64, all, &|r0, r1| gemv_range(out, r0, r1));
+                }
+                None
+            }),
+        });
+    }
+    let stats = measure(&arms, reps);
+    println!("\nthreading overhead ({CALLS} calls per repetition; microseconds per call)");
+    for (a, s) in arms.iter().zip(&stats) {
+        let us = s.median / CALLS as f64 * 1e6;
+        println!(
+            "  {:<34} {:>2} thr  {:>8.2} us/call  (spread {:.1}%)",
+            a.name,
+            a.threads,
+            us,
+            100.0 * s.spread()
+        );
+    }
+    let us = |i: usize| stats[i].median / CALLS as f64 * 1e6;
+    rows.push(Row {
+        what: "empty call".into(),
+        threads: all,
+        value: format!("{:.2} us", us(0)),
+        ratios: format!(
+            "pool; scoped spawn {:.2} us ({:.1} x)",
+            us(1),
+            us(1) / us(0)
+        ),
+    });
+    rows.push(Row {
+        what: format!("bf16 {SN}x{SK}"),
+        threads: all,
+        value: format!("{:.2} us", us(3)),
+        ratios: format!(
+            "pool; scoped spawn {:.2} us, 1 thread {:.2} us ({:.2} x / {:.2} x the pool's time)",
+            us(4),
+            us(2),
+            us(4) / us(3),
+            us(2) / us(3)
+        ),
+    });
 }

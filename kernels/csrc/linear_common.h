@@ -51,6 +51,11 @@ EF_DECL(scalar)
 EF_DECL(avx2)
 EF_DECL(avx512)
 
+/* AVX-512 + VBMI variants (linear_avx512.c); same arguments and results as the AVX-512 kernels of the format. */
+void ef_w4a8_avx512vbmi(const int8_t *xq, const float *xs, const int32_t *xsum, size_t m, size_t k,
+                        const uint8_t *packed, const uint16_t *sz, size_t npad, size_t group, size_t n, size_t b0,
+                        size_t b1, float *y);
+
 /* FP8 scale blocks are 128 x 128; NVFP4 scales cover 16 elements. */
 #define EF_FP8_BLOCK 128
 #define EF_NVFP4_GROUP 16

@@ -122,3 +122,83 @@ fn fp8_gemv_over_every_block_shape_with_subnormal_codes() {
         }
     }
 }
+
+/// W4A8 on AVX-512 with and without the VBMI variant (vpermt2b operands, four blocks side by side), over block
+/// counts that leave every remainder of the four-block loop (1..=9 blocks, the last one ragged) and k that ends a
+/// group early and a quad short (k % 4 = 1, 2, 3). The two kernels add the same integers in the same order, so
+/// they must agree bit for bit; both must match the reference. On a CPU with VBMI the Auto call must report the
+/// VBMI kernel, proving the fast path ran.
+#[test]
+fn w4a8_vbmi_variant_matches_the_base_kernel_bit_for_bit() {
+    use kernels::linear::{Ext, Int4Scheme, Int4Weights};
+    if !Isa::available().contains(&Isa::Avx512) {
+        eprintln!("skipped: no AVX-512 on this CPU");
+        return;
+    }
+    eprintln!(
+        "avx512vbmi on this CPU: {}",
+        kernels::cpu::has_avx512_vbmi()
+    );
+    for (case, &(n, k, group)) in [
+        (40usize, 256usize, 32usize),
+        (130, 333, 64),
+        (250, 129, 128),
+        (300, 130, 32),
+        (513, 131, 64),
+        (576, 520, 128),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut r = ChaCha8Rng::seed_from_u64(0x5eed_0000 + case as u64);
+        let w: Vec<f32> = (0..n * k).map(|_| r.gen_range(-1.0f32..1.0)).collect();
+        let packed = Int4Weights::quantize(&w, n, k, group, Int4Scheme::Symmetric).unwrap();
+        let logical = packed.to_logical();
+        for m in [1usize, 3] {
+            let x: Vec<f32> = (0..m * k).map(|_| r.gen_range(-2.0f32..2.0)).collect();
+            let want = reference::w4a8_linear(&x, m, &logical);
+            let mag: Vec<f64> = (0..m * n)
+                .map(|i| {
+                    let (row, col) = (i / n, i % n);
+                    (0..k)
+                        .map(|c| {
+                            f64::from(x[row * k + c].abs())
+                                * 8.0
+                                * f64::from(logical.scales[(c / group) * n + col])
+                        })
+                        .sum()
+                })
+                .collect();
+            for threads in [1usize, 2] {
+                let what = format!("w4a8 n{n} k{k} g{group} m{m} t{threads}");
+                let mut base = vec![f32::NAN; m * n];
+                let ran =
+                    linear::w4a8_ext(Isa::Avx512, Ext::Base, threads, &x, m, &packed, &mut base)
+                        .unwrap();
+                assert_eq!(
+                    (ran.isa, ran.vbmi),
+                    (Isa::Avx512, false),
+                    "{what}: base path"
+                );
+                check(&format!("{what} base"), &base, &want, &mag);
+                let mut auto = vec![f32::NAN; m * n];
+                let ran =
+                    linear::w4a8_ext(Isa::Avx512, Ext::Auto, threads, &x, m, &packed, &mut auto)
+                        .unwrap();
+                assert_eq!(ran.isa, Isa::Avx512, "{what}");
+                assert_eq!(
+                    ran.vbmi,
+                    kernels::cpu::has_avx512_vbmi(),
+                    "{what}: the VBMI kernel runs exactly where the CPU has VBMI"
+                );
+                for (i, (a, b)) in auto.iter().zip(&base).enumerate() {
+                    assert!(
+                        a.to_bits() == b.to_bits(),
+                        "{what}: output {i}: vbmi={} gives {a}, base gives {b}",
+                        ran.vbmi
+                    );
+                }
+            }
+        }
+    }
+}

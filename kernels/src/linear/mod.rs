@@ -5,6 +5,8 @@
 //! CPU has (`*`), and a `*_with(isa, threads, ..)` form that tests and benchmarks use to drive a given path. Both
 //! return the [`Isa`] that actually ran, so a caller (and every test) can see when a format falls back to another
 //! path. Today every format has scalar, AVX2 and AVX-512 code; the AVX2 path has no tiled GEMM (each row is a GEMV).
+//! W4A8 also has an AVX-512 + VBMI kernel, taken on [`Isa::Avx512`] where the CPU has AVX512-VBMI; `w4a8_ext`
+//! reports it ([`Ran`]) and [`Ext::Base`] opts out of it.
 //! Threads split the output features (64-column blocks for int4, 64-row panels otherwise) through
 //! [`crate::cpu::parallel_ranges`]; every output element is written exactly once.
 //!
@@ -107,6 +109,24 @@ mod ffi {
         ef_nvfp4_avx512,
         ef_bf16_avx512
     );
+    #[cfg(edgefit_x86_kernels)]
+    extern "C" {
+        pub(crate) fn ef_w4a8_avx512vbmi(
+            xq: *const i8,
+            xs: *const f32,
+            xsum: *const i32,
+            m: usize,
+            k: usize,
+            packed: *const u8,
+            sz: *const u16,
+            npad: usize,
+            group: usize,
+            n: usize,
+            b0: usize,
+            b1: usize,
+            y: *mut f32,
+        );
+    }
     #[cfg(edgefit_x86_kernels)]
     extern "C" {
         pub(crate) fn ef_w4a16_avx2(
@@ -230,29 +250,59 @@ type Bf16Fn =
     unsafe extern "C" fn(*const f32, usize, usize, *const u16, usize, usize, usize, *mut f32);
 
 /// The kernels of one format for each path; `None` means the path has no code of its own for that format and
-/// the dispatcher runs (and reports) the scalar code instead.
+/// the dispatcher runs (and reports) the scalar code instead. `avx512_vbmi` is a variant of the AVX-512 kernel
+/// that also uses AVX512-VBMI byte permutes, taken on [`Isa::Avx512`] where the CPU has VBMI and the caller allows
+/// it ([`Ext::Auto`]).
 struct Table<F> {
     scalar: F,
     avx2: Option<F>,
     avx512: Option<F>,
+    avx512_vbmi: Option<F>,
 }
 
 impl<F: Copy> Table<F> {
     /// The kernel for `isa` and the path it really is, or an error when this CPU cannot run `isa`.
-    fn pick(&self, op: &'static str, isa: Isa) -> Result<(Isa, F), KernelError> {
+    fn pick(&self, op: &'static str, isa: Isa, ext: Ext) -> Result<(Ran, F), KernelError> {
         if !isa.is_supported() {
             return Err(KernelError::IsaUnavailable { op, isa });
         }
+        let plain = |isa| Ran { isa, vbmi: false };
         Ok(match isa {
-            Isa::Avx512 => self
-                .avx512
-                .map_or((Isa::Scalar, self.scalar), |f| (Isa::Avx512, f)),
+            Isa::Avx512 => match (self.avx512, self.avx512_vbmi) {
+                (Some(_), Some(f)) if ext == Ext::Auto && crate::cpu::has_avx512_vbmi() => (
+                    Ran {
+                        isa: Isa::Avx512,
+                        vbmi: true,
+                    },
+                    f,
+                ),
+                (Some(f), _) => (plain(Isa::Avx512), f),
+                (None, _) => (plain(Isa::Scalar), self.scalar),
+            },
             Isa::Avx2 => self
                 .avx2
-                .map_or((Isa::Scalar, self.scalar), |f| (Isa::Avx2, f)),
-            Isa::Scalar => (Isa::Scalar, self.scalar),
+                .map_or((plain(Isa::Scalar), self.scalar), |f| (plain(Isa::Avx2), f)),
+            Isa::Scalar => (plain(Isa::Scalar), self.scalar),
         })
     }
+}
+
+/// Whether a call may use the AVX-512 kernels' VBMI variants (where the CPU has AVX512-VBMI and the format has
+/// one). The plain entry points and `*_with` use [`Ext::Auto`]; `*_ext` with [`Ext::Base`] runs the AVX-512 base
+/// kernel, so tests and benchmarks can drive (and compare) both on a VBMI machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Ext {
+    /// The fastest variant of the path this CPU runs.
+    Auto,
+    /// Only the instructions of the [`Isa`] itself (AVX-512 F/BW/VL/DQ/VNNI/BF16).
+    Base,
+}
+
+/// The kernel a call ran: the path, and whether it was the path's VBMI variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ran {
+    pub isa: Isa,
+    pub vbmi: bool,
 }
 
 #[cfg(edgefit_x86_kernels)]
@@ -272,26 +322,31 @@ const W4A16: Table<W4a16Fn> = Table {
     scalar: ffi::ef_w4a16_scalar,
     avx2: x86!(ffi::ef_w4a16_avx2),
     avx512: x86!(ffi::ef_w4a16_avx512),
+    avx512_vbmi: None,
 };
 const W4A8: Table<W4a8Fn> = Table {
     scalar: ffi::ef_w4a8_scalar,
     avx2: x86!(ffi::ef_w4a8_avx2),
     avx512: x86!(ffi::ef_w4a8_avx512),
+    avx512_vbmi: x86!(ffi::ef_w4a8_avx512vbmi),
 };
 const FP8: Table<Fp8Fn> = Table {
     scalar: ffi::ef_fp8_scalar,
     avx2: x86!(ffi::ef_fp8_avx2),
     avx512: x86!(ffi::ef_fp8_avx512),
+    avx512_vbmi: None,
 };
 const NVFP4: Table<Nvfp4Fn> = Table {
     scalar: ffi::ef_nvfp4_scalar,
     avx2: x86!(ffi::ef_nvfp4_avx2),
     avx512: x86!(ffi::ef_nvfp4_avx512),
+    avx512_vbmi: None,
 };
 const BF16: Table<Bf16Fn> = Table {
     scalar: ffi::ef_bf16_scalar,
     avx2: x86!(ffi::ef_bf16_avx2),
     avx512: x86!(ffi::ef_bf16_avx512),
+    avx512_vbmi: None,
 };
 
 /// Activations of a linear call: row-major `[m, k]`, f32 or bf16 bits.
@@ -367,7 +422,8 @@ fn check_io(
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
 // SAFETY: the pointer is only used inside `parallel_ranges`, whose ranges are disjoint, so no two threads write the
-// same element, and the borrow of `y` outlives the scoped threads.
+// same element, and `parallel_ranges` returns only after every range finished, so the borrow of `y` outlives every
+// use.
 unsafe impl Send for OutPtr {}
 // SAFETY: as above.
 unsafe impl Sync for OutPtr {}
@@ -401,7 +457,7 @@ pub fn w4a16_with<'a>(
     const OP: &str = "w4a16";
     let x = x.into();
     check_io(OP, &x, m, w.n(), w.k(), y)?;
-    let (ran, f) = W4A16.pick(OP, isa)?;
+    let (Ran { isa: ran, .. }, f) = W4A16.pick(OP, isa, Ext::Auto)?;
     let x = x.to_f32();
     let out = OutPtr(y.as_mut_ptr());
     parallel_ranges(w.blocks(), INT4_BLOCK_ALIGN, threads, |b0, b1| {
@@ -478,6 +534,21 @@ pub fn w4a8_with<'a>(
     w: &Int4Weights,
     y: &mut [f32],
 ) -> Result<Isa, KernelError> {
+    w4a8_ext(isa, Ext::Auto, threads, x, m, w, y).map(|r| r.isa)
+}
+
+/// W4A8 on a given path, variant choice and thread count; returns the kernel that ran. On [`Isa::Avx512`] with
+/// [`Ext::Auto`] a CPU with AVX512-VBMI runs the VBMI kernel (`vpermt2b` builds the `vpdpbusd` operands, four
+/// 64-column blocks side by side; bit-identical results to the base kernel, see `csrc/linear_avx512.c`).
+pub fn w4a8_ext<'a>(
+    isa: Isa,
+    ext: Ext,
+    threads: usize,
+    x: impl Into<Activations<'a>>,
+    m: usize,
+    w: &Int4Weights,
+    y: &mut [f32],
+) -> Result<Ran, KernelError> {
     const OP: &str = "w4a8";
     let x = x.into();
     check_io(OP, &x, m, w.n(), w.k(), y)?;
@@ -486,13 +557,14 @@ pub fn w4a8_with<'a>(
         OP,
         "W4A8 needs weights quantised on the symmetric grid (zero point 8); these are asymmetric"
     );
-    let (ran, f) = W4A8.pick(OP, isa)?;
+    let (ran, f) = W4A8.pick(OP, isa, ext)?;
     let xf = x.to_f32();
     let qr = quantize_rows(&xf, m, w.k(), w.group());
     let out = OutPtr(y.as_mut_ptr());
     parallel_ranges(w.blocks(), INT4_BLOCK_ALIGN, threads, |b0, b1| {
         // SAFETY: xq is [m, k], xs [m], xsum [m, ceil(k/group)] (built just above), the weights are consistent by
-        // construction of `Int4Weights`, y is [m, n]; this thread writes only the columns of blocks b0..b1.
+        // construction of `Int4Weights`, y is [m, n]; this thread writes only the columns of blocks b0..b1. `pick`
+        // returned a kernel whose instructions this CPU has (the VBMI variant only where avx512vbmi is reported).
         unsafe {
             f(
                 qr.q.as_ptr(),
@@ -578,7 +650,7 @@ pub fn fp8_with<'a>(
     const OP: &str = "fp8";
     let x = x.into();
     check_io(OP, &x, m, w.n, w.k, y)?;
-    let (ran, f) = FP8.pick(OP, isa)?;
+    let (Ran { isa: ran, .. }, f) = FP8.pick(OP, isa, Ext::Auto)?;
     let x = x.to_f32();
     let out = OutPtr(y.as_mut_ptr());
     parallel_ranges(w.n, ROW_ALIGN, threads, |r0, r1| {
@@ -702,7 +774,7 @@ pub fn nvfp4_with<'a>(
     const OP: &str = "nvfp4";
     let x = x.into();
     check_io(OP, &x, m, w.n, w.k, y)?;
-    let (ran, f) = NVFP4.pick(OP, isa)?;
+    let (Ran { isa: ran, .. }, f) = NVFP4.pick(OP, isa, Ext::Auto)?;
     let x = x.to_f32();
     let xp: Cow<'_, [f32]> = if ran == Isa::Avx512 && m == 1 {
         Cow::Owned(nvfp4_permute(&x, w.k))
@@ -784,7 +856,7 @@ pub fn bf16_with<'a>(
     const OP: &str = "bf16";
     let x = x.into();
     check_io(OP, &x, m, w.n, w.k, y)?;
-    let (ran, f) = BF16.pick(OP, isa)?;
+    let (Ran { isa: ran, .. }, f) = BF16.pick(OP, isa, Ext::Auto)?;
     let x = x.to_f32();
     let out = OutPtr(y.as_mut_ptr());
     parallel_ranges(w.n, ROW_ALIGN, threads, |r0, r1| {

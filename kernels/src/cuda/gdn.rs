@@ -4,14 +4,92 @@ use super::{check_len, GdnGpuInputs, GdnGpuWeights, Gpu, GpuBuffer};
 use crate::gdn::GdnDims;
 use crate::KernelError;
 
+/// One decode-step kernel of `cuda/gdn.cu`: its entry point and launch shape (`blocks_per_head` blocks of
+/// `threads` threads per (value head, sequence); a cluster of `blocks_per_head` blocks where that is above one,
+/// fixed in the kernel by `__cluster_dims__`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::cuda) struct GdnDecodeKernel {
+    /// The variant's name in [`Gpu::GDN_DECODE_VARIANTS`].
+    pub name: &'static str,
+    /// The `extern "C"` entry point.
+    pub entry: &'static str,
+    pub blocks_per_head: u32,
+    pub threads: u32,
+}
+
+const fn k(
+    name: &'static str,
+    entry: &'static str,
+    blocks_per_head: u32,
+    threads: u32,
+) -> GdnDecodeKernel {
+    GdnDecodeKernel {
+        name,
+        entry,
+        blocks_per_head,
+        threads,
+    }
+}
+
+/// Every variant, in the order of [`Gpu::GDN_DECODE_VARIANTS`] (cuda/gdn.cu documents each).
+const KERNELS: [GdnDecodeKernel; 15] = [
+    k("block_per_head", "gdn_decode_step", 1, 256),
+    k("cluster4", "gdn_decode_step_cluster4", 4, 128),
+    k("split1_t256", "gdn_decode_step_split1_t256", 1, 256),
+    k("split2_t128", "gdn_decode_step_split2_t128", 2, 128),
+    k("split2_t256", "gdn_decode_step_split2_t256", 2, 256),
+    k("split4_t128", "gdn_decode_step_split4_t128", 4, 128),
+    k("split4_t256", "gdn_decode_step_split4_t256", 4, 256),
+    k("split8_t64", "gdn_decode_step_split8_t64", 8, 64),
+    k("split8_t128", "gdn_decode_step_split8_t128", 8, 128),
+    k("split2_t128_mb", "gdn_decode_step_split2_t128_mb", 2, 128),
+    k("split2_t256_mb", "gdn_decode_step_split2_t256_mb", 2, 256),
+    k("split4_t128_mb", "gdn_decode_step_split4_t128_mb", 4, 128),
+    k("split4_t256_mb", "gdn_decode_step_split4_t256_mb", 4, 256),
+    k("split8_t64_mb", "gdn_decode_step_split8_t64_mb", 8, 64),
+    k("split8_t128_mb", "gdn_decode_step_split8_t128_mb", 8, 128),
+];
+
+/// The variant `auto` runs: the best measured on the H200 (benchmarks/h200.md, GDN section;
+/// kernels/bench/h200/bench_gdn_decode.py measures every variant at batch 1-32). Until the split variants have
+/// been measured this is the block-per-head kernel, measured best of the two that existed.
+fn auto_kernel(_seqs: usize) -> GdnDecodeKernel {
+    KERNELS[0]
+}
+
 impl Gpu {
+    /// Names of the decode-step variants [`Gpu::gdn_decode_step_variant`] takes, besides `"auto"`:
+    /// `block_per_head` (one 256-thread block per (sequence, value head)), `cluster4` (the earlier 4-block
+    /// cluster), `split<S>_t<T>` (S blocks of T threads per head, each owning 128/S state columns, the gated
+    /// RMSNorm's sum of squares exchanged over the cluster through distributed shared memory and one cluster
+    /// barrier; S = 1 needs no exchange) and `split<S>_t<T>_mb` (the same with the exchange signalled through an
+    /// mbarrier by `st.async`, no cluster barrier at the end). All compute the same step; they differ in speed.
+    pub const GDN_DECODE_VARIANTS: &'static [&'static str] = &[
+        "block_per_head",
+        "cluster4",
+        "split1_t256",
+        "split2_t128",
+        "split2_t256",
+        "split4_t128",
+        "split4_t256",
+        "split8_t64",
+        "split8_t128",
+        "split2_t128_mb",
+        "split2_t256_mb",
+        "split4_t128_mb",
+        "split4_t256_mb",
+        "split8_t64_mb",
+        "split8_t128_mb",
+    ];
+
     /// `seqs` sequences, one token each, with the layouts of [`crate::gdn`].
     ///
     /// The conv state is read from `conv_in` and the advanced one written to `conv_out` (two buffers, swapped by
     /// the caller each step): the three value heads that share a key head run in different blocks and all read
     /// the key head's conv history, so updating it in place would race. The recurrent `state` is updated in place
-    /// (each value head's `[dk, dv]` slice belongs to exactly one block). Built for `dk = dv = 128` and conv
-    /// kernels 2..=4 (every released model), checked here.
+    /// (each value head's `[dk, dv]` slice, or each column slice of it, belongs to exactly one block). Built for
+    /// `dk = dv = 128` and conv kernels 2..=4 (every released model), checked here. Runs the measured-best
+    /// variant (`"auto"` of [`Gpu::gdn_decode_step_variant`]).
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_decode_step(
         &self,
@@ -24,7 +102,42 @@ impl Gpu {
         state: &mut GpuBuffer<f32>,
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
+        self.gdn_decode_step_variant("auto", dims, w, x, seqs, conv_in, conv_out, state, out)
+    }
+
+    /// [`Gpu::gdn_decode_step`] through a named kernel variant: `"auto"` or one of
+    /// [`Gpu::GDN_DECODE_VARIANTS`] (for tests and benchmarks; an unknown name is an error that lists the known
+    /// ones). Every variant reads and writes the same layouts and computes the same step.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_decode_step_variant(
+        &self,
+        variant: &str,
+        dims: &GdnDims,
+        w: &GdnGpuWeights<'_>,
+        x: &GdnGpuInputs<'_>,
+        seqs: usize,
+        conv_in: &GpuBuffer<f32>,
+        conv_out: &mut GpuBuffer<f32>,
+        state: &mut GpuBuffer<f32>,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
         const OP: &str = "cuda::gdn_decode_step";
+        let kernel = if variant == "auto" {
+            auto_kernel(seqs)
+        } else {
+            match KERNELS.iter().find(|k| k.name == variant) {
+                Some(k) => *k,
+                None => {
+                    return Err(KernelError::shape(
+                        OP,
+                        format!(
+                            "unknown variant {variant:?}; known: \"auto\", {:?}",
+                            Gpu::GDN_DECODE_VARIANTS
+                        ),
+                    ))
+                }
+            }
+        };
         dims.validate(OP)?;
         crate::ensure_shape!(
             dims.key_dim == 128 && dims.value_dim == 128,
@@ -43,6 +156,13 @@ impl Gpu {
             (1..=65535).contains(&seqs),
             OP,
             "seqs must be 1..=65535, got {seqs}"
+        );
+        // The grid's x is value_heads * blocks_per_head (at most 8 per head): far below 2^31 for any i32 count.
+        crate::ensure_shape!(
+            dims.value_heads <= i32::MAX as usize / 8,
+            OP,
+            "value_heads {} is too large for the kernels' 32-bit indexing",
+            dims.value_heads
         );
         let cd = dims.conv_dim();
         check_len(
@@ -71,6 +191,7 @@ impl Gpu {
         #[cfg(feature = "cuda")]
         {
             self.inner.gdn_decode_step(
+                kernel,
                 dims,
                 w,
                 x,
@@ -82,6 +203,36 @@ impl Gpu {
             )
         }
         #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        {
+            let _ = kernel;
+            match self.never {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_name_has_one_kernel_with_a_valid_launch_shape() {
+        assert_eq!(Gpu::GDN_DECODE_VARIANTS.len(), KERNELS.len());
+        for (name, k) in Gpu::GDN_DECODE_VARIANTS.iter().zip(KERNELS.iter()) {
+            assert_eq!(*name, k.name);
+            assert!(k.entry.starts_with("gdn_decode_step"), "{k:?}");
+            assert!(
+                [1, 2, 4, 8].contains(&k.blocks_per_head),
+                "cluster of 1..8 blocks dividing 128 columns: {k:?}"
+            );
+            assert!(k.threads.is_multiple_of(32) && k.threads <= 256, "{k:?}");
+            // split<S>_t<T> names carry their launch shape; a mismatch would launch the wrong grid.
+            if let Some(rest) = name.strip_prefix("split") {
+                let rest = rest.trim_end_matches("_mb");
+                let (s, t) = rest.split_once("_t").expect("split<S>_t<T>");
+                assert_eq!(s.parse::<u32>().unwrap(), k.blocks_per_head, "{k:?}");
+                assert_eq!(t.parse::<u32>().unwrap(), k.threads, "{k:?}");
+            }
+        }
+        assert_eq!(auto_kernel(1).name, "block_per_head");
     }
 }

@@ -1,1 +1,204 @@
-//! Placeholder: the safe entry points of `kernels/cuda/gemm_sm90a.cu` go here (an `impl Gpu` block).
+//! Prefill GEMMs on Hopper's warpgroup MMA (`wgmma`, `cuda/gemm_sm90a.cu`, an sm_90a cubin that loads only on a
+//! compute-capability-9.0 device such as the H200): the same semantics and layouts as [`Gpu::fp8_block_gemm`]
+//! and [`Gpu::nvfp4_gemm`], so they are drop-in faster paths for prefill, with tighter K constraints
+//! (`k % 128 == 0` for FP8, `k % 64 == 0` for NVFP4).
+//!
+//! FP8 comes in two builds of one algorithm (128x128 output tiles, 128 of K per stage, per-128-K partials
+//! from `wgmma` m64n128k32 e4m3 promoted into fp32 with both block scales on the CUDA cores):
+//! - [`Gpu::fp8_block_gemm_wgmma_cp_async`] (v1): two warpgroups load a 4-stage ring with `cp.async` and then
+//!   compute; the simplest correct wgmma kernel.
+//! - [`Gpu::fp8_block_gemm_wgmma_tma`] (v2): a producer warpgroup issues TMA copies into a 6-stage ring guarded
+//!   by mbarriers; two consumer warpgroups compute (DeepGEMM's structure).
+//!
+//! [`Gpu::fp8_block_gemm_wgmma`] picks the one measured best (v2 until the H200 says otherwise).
+
+use super::{check_len, Gpu, GpuBuffer};
+use crate::KernelError;
+
+/// Which build of the wgmma FP8 GEMM runs (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fp8Variant {
+    CpAsync,
+    Tma,
+}
+
+/// Sizes every wgmma GEMM accepts: positive, within the kernels' 32-bit indices, K a multiple of the kernel's K
+/// tile, and at most `i32::MAX` output tiles of 128x128 (the 1D grid).
+fn check_dims(
+    op: &'static str,
+    m: usize,
+    n: usize,
+    k: usize,
+    k_tile: usize,
+) -> Result<(), KernelError> {
+    crate::ensure_shape!(
+        m > 0 && n > 0 && k > 0,
+        op,
+        "m, n and k must be positive, got m = {m}, n = {n}, k = {k}"
+    );
+    crate::ensure_shape!(
+        k.is_multiple_of(k_tile),
+        op,
+        "k must be a multiple of {k_tile} (the wgmma GEMM's K tile), got {k}"
+    );
+    crate::ensure_shape!(
+        m <= i32::MAX as usize && n <= i32::MAX as usize && k <= i32::MAX as usize,
+        op,
+        "m = {m}, n = {n} and k = {k} must fit the kernel's 32-bit indices"
+    );
+    crate::ensure_shape!(
+        m.div_ceil(128) * n.div_ceil(128) <= i32::MAX as usize,
+        op,
+        "m = {m} and n = {n} make more 128x128 tiles than a grid holds"
+    );
+    Ok(())
+}
+
+impl Gpu {
+    /// [`Gpu::fp8_block_gemm`] on wgmma, the measured-best build (today the TMA one,
+    /// [`Gpu::fp8_block_gemm_wgmma_tma`]): `y[m][n] = sum_k e4m3(xq[m][k]) * x_scales[m][k/128] *
+    /// e4m3(w[n][k]) * w_scales[n/128][k/128]`, fp32 out.
+    ///
+    /// `xq`: e4m3 `[m, k]`, `x_scales`: fp32 `[m, k/128]` (from [`Gpu::fp8_quantize_activations`]); `w`: e4m3
+    /// `[n, k]`; `w_scales`: fp32 `[ceil(n/128), k/128]`; `y`: fp32 `[m, n]`. Needs `k % 128 == 0` (every K tile
+    /// is one whole scale block), `1 <= m, n` and sizes within 32-bit indices; runs only on compute capability 9.0
+    /// (an error elsewhere).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fp8_block_gemm_wgmma(
+        &self,
+        xq: &GpuBuffer<u8>,
+        x_scales: &GpuBuffer<f32>,
+        w: &GpuBuffer<u8>,
+        w_scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        self.fp8_wgmma(Fp8Variant::Tma, xq, x_scales, w, w_scales, y, m, n, k)
+    }
+
+    /// [`Gpu::fp8_block_gemm_wgmma`], build v1: `cp.async` loads by the computing warpgroups (no TMA, no warp
+    /// specialisation). Same layouts and constraints.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fp8_block_gemm_wgmma_cp_async(
+        &self,
+        xq: &GpuBuffer<u8>,
+        x_scales: &GpuBuffer<f32>,
+        w: &GpuBuffer<u8>,
+        w_scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        self.fp8_wgmma(Fp8Variant::CpAsync, xq, x_scales, w, w_scales, y, m, n, k)
+    }
+
+    /// [`Gpu::fp8_block_gemm_wgmma`], build v2: TMA loads (tensor maps encoded per call) by a producer
+    /// warpgroup into an mbarrier ring, two consumer warpgroups. Same layouts and constraints.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fp8_block_gemm_wgmma_tma(
+        &self,
+        xq: &GpuBuffer<u8>,
+        x_scales: &GpuBuffer<f32>,
+        w: &GpuBuffer<u8>,
+        w_scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        self.fp8_wgmma(Fp8Variant::Tma, xq, x_scales, w, w_scales, y, m, n, k)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn fp8_wgmma(
+        &self,
+        variant: Fp8Variant,
+        xq: &GpuBuffer<u8>,
+        x_scales: &GpuBuffer<f32>,
+        w: &GpuBuffer<u8>,
+        w_scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::fp8_block_gemm_wgmma";
+        check_dims(OP, m, n, k, 128)?;
+        let kb = k / 128;
+        check_len(OP, "xq", xq.len(), m * k)?;
+        check_len(OP, "x_scales", x_scales.len(), m * kb)?;
+        check_len(OP, "w", w.len(), n * k)?;
+        check_len(OP, "w_scales", w_scales.len(), n.div_ceil(128) * kb)?;
+        check_len(OP, "y", y.len(), m * n)?;
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.fp8_block_gemm_sm90a(
+                variant == Fp8Variant::Tma,
+                &xq.slice,
+                &x_scales.slice,
+                &w.slice,
+                &w_scales.slice,
+                &mut y.slice,
+                m,
+                n,
+                k,
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = variant;
+            match self.never {}
+        }
+    }
+
+    /// [`Gpu::nvfp4_gemm`] on wgmma: `y[m][n] = global_scale * sum_k x[m][k] * e2m1(w[n][k]) *
+    /// e4m3(scales[n][k/16])`, fp32 out. The weights are decoded to bf16 in shared memory (exact: an e2m1 value
+    /// times an e4m3 scale has at most 5 significant bits) and multiplied by `wgmma` m64n128k16 bf16 with fp32
+    /// accumulation; the global scale is applied to the result.
+    ///
+    /// `x`: bf16 bits `[m, k]`; `w`: `[n, k/2]` bytes, the even element in the low nibble; `scales`: e4m3
+    /// `[n, k/16]`; `y`: fp32 `[m, n]`. Needs `k % 64 == 0`, `1 <= m, n`, a finite `global_scale` and sizes
+    /// within 32-bit indices; runs only on compute capability 9.0 (an error elsewhere).
+    #[allow(clippy::too_many_arguments)]
+    pub fn nvfp4_gemm_wgmma(
+        &self,
+        x: &GpuBuffer<u16>,
+        w: &GpuBuffer<u8>,
+        scales: &GpuBuffer<u8>,
+        global_scale: f32,
+        y: &mut GpuBuffer<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::nvfp4_gemm_wgmma";
+        check_dims(OP, m, n, k, 64)?;
+        check_len(OP, "x", x.len(), m * k)?;
+        check_len(OP, "w", w.len(), n * k / 2)?;
+        check_len(OP, "scales", scales.len(), n * k / 16)?;
+        check_len(OP, "y", y.len(), m * n)?;
+        crate::ensure_shape!(
+            global_scale.is_finite(),
+            OP,
+            "global_scale must be finite, got {global_scale}"
+        );
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.nvfp4_gemm_sm90a(
+                &x.slice,
+                &w.slice,
+                &scales.slice,
+                global_scale,
+                &mut y.slice,
+                m,
+                n,
+                k,
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
+    }
+}

@@ -1,1 +1,196 @@
-//! Placeholder: the launches of `kernels/cuda/gemm_sm90a.cu` go here (an `impl Device` block).
+//! Launches of `cuda/gemm_sm90a.cu` (wgmma prefill GEMMs, an sm_90a cubin loaded only on compute capability
+//! 9.0). The safe wrappers in `super::super::gemm_sm90a` have checked every size; this file sizes the grids,
+//! raises the shared-memory limit, encodes the TMA tensor maps and launches.
+
+use cudarc::driver::sys;
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+
+use super::{cuda_err, Device, Module};
+use crate::KernelError;
+
+/// Dynamic shared memory of `fp8_block_gemm_sm90a_v1` (cuda/gemm_sm90a.cu `F8V1_SMEM_BYTES`, kept equal by a
+/// static_assert there): 4 stages of two 128x128-byte tiles plus 1 KiB to align the ring to 1024 bytes.
+const FP8_V1_SMEM_BYTES: u32 = 132_096;
+/// `F8V2_SMEM_BYTES`: 6 stages of two 128x128-byte tiles, 1 KiB of alignment, 12 mbarriers.
+const FP8_V2_SMEM_BYTES: u32 = 197_728;
+/// `N4_SMEM_BYTES`: two decoded 128x64 bf16 tiles, 4 stages of (x tile, packed weights, scales) padded to
+/// 1 KiB, 1 KiB of alignment.
+const NVFP4_V1_SMEM_BYTES: u32 = 119_808;
+
+/// A CUDA tensor map passed by value as a `__grid_constant__` kernel parameter (the kernel's `TmaDesc`, 128
+/// bytes). The driver copies kernel parameters by the kernel's declared layout, so the host alignment of this
+/// wrapper only has to satisfy `cuTensorMapEncodeTiled` (64 bytes; `CUtensorMap` is 128-aligned).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct TensorMap(sys::CUtensorMap);
+
+// SAFETY: a plain 128-byte value with no pointers into host memory, passed to the kernel by copy.
+unsafe impl DeviceRepr for TensorMap {}
+
+/// The tensor map of a row-major uint8 matrix `[rows, cols]` at device address `ptr`, read in boxes of 128 rows
+/// x 128 bytes with the 128-byte swizzle (what the wgmma descriptors expect), rows past `rows` zero-filled.
+/// Needs `cols % 16 == 0` (the row stride must be a multiple of 16 bytes) and a 16-byte aligned `ptr`.
+fn tensor_map_u8(
+    ptr: sys::CUdeviceptr,
+    rows: usize,
+    cols: usize,
+) -> Result<TensorMap, KernelError> {
+    let dims: [sys::cuuint64_t; 2] = [cols as u64, rows as u64];
+    let strides: [sys::cuuint64_t; 1] = [cols as u64];
+    let boxes: [sys::cuuint32_t; 2] = [128, 128];
+    let elem_strides: [sys::cuuint32_t; 2] = [1, 1];
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+    // SAFETY: every pointer is to a live local array of the rank the call reads (2 dims, 1 stride); `map` is a
+    // 128-byte, 128-aligned output; the driver only records `ptr`, which the caller keeps alive for the launch.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(KernelError::Cuda(format!(
+            "cuTensorMapEncodeTiled ({rows} x {cols} bytes): {r:?}"
+        )));
+    }
+    // SAFETY: the call succeeded, so it wrote the whole map (and it was zeroed before).
+    Ok(TensorMap(unsafe { map.assume_init() }))
+}
+
+/// Blocks of a 128x128-tiled output: one 1D grid over all tiles (the kernels map block -> tile in groups of 8
+/// tile rows for L2 reuse).
+fn tile_grid(m: usize, n: usize) -> u32 {
+    (m.div_ceil(128) * n.div_ceil(128)) as u32
+}
+
+impl Device {
+    /// `fp8_block_gemm_sm90a_v1` (cp.async ring, 2 warpgroups) or `_v2` (TMA + mbarriers, producer warpgroup + 2
+    /// consumer warpgroups) in cuda/gemm_sm90a.cu.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) fn fp8_block_gemm_sm90a(
+        &self,
+        tma: bool,
+        xq: &CudaSlice<u8>,
+        x_scales: &CudaSlice<f32>,
+        w: &CudaSlice<u8>,
+        w_scales: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        let name = if tma {
+            "fp8_block_gemm_sm90a_v2"
+        } else {
+            "fp8_block_gemm_sm90a_v1"
+        };
+        let (smem, threads) = if tma {
+            (FP8_V2_SMEM_BYTES, 384)
+        } else {
+            (FP8_V1_SMEM_BYTES, 256)
+        };
+        let f = self.function(Module::GemmSm90a, name)?;
+        f.set_attribute(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(cuda_err("fp8_block_gemm_sm90a shared memory size"))?;
+        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (tile_grid(m, n), 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        if tma {
+            // The guards order these raw-pointer uses after any pending writes on other streams and keep the
+            // buffers' events until the launch is queued.
+            let (xp, _gx) = xq.device_ptr(&self.stream);
+            let (wp, _gw) = w.device_ptr(&self.stream);
+            let ta = tensor_map_u8(xp, m, k)?;
+            let tb = tensor_map_u8(wp, n, k)?;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&ta)
+                .arg(&tb)
+                .arg(x_scales)
+                .arg(w_scales)
+                .arg(y)
+                .arg(&mi)
+                .arg(&ni)
+                .arg(&ki);
+            // SAFETY: matches `fp8_block_gemm_sm90a_v2` (two 128-byte tensor maps by value, then pointers and
+            // sizes); the caller checked xq = [m, k], x_scales = [m, k/128], w = [n, k], w_scales =
+            // [ceil(n/128), k/128], y = [m, n], k % 128 == 0, k >= 128 and m * n tiles within the grid limit. The
+            // maps describe exactly xq and w (TMA never reads outside them; rows past m or n are zero-filled), the
+            // scale loads clamp rows to m - 1 and every store is guarded against m and n; xq and w outlive the
+            // launch (borrowed for this call, the stream is ordered).
+            unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        } else {
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(xq)
+                .arg(x_scales)
+                .arg(w)
+                .arg(w_scales)
+                .arg(y)
+                .arg(&mi)
+                .arg(&ni)
+                .arg(&ki);
+            // SAFETY: matches `fp8_block_gemm_sm90a_v1`; the caller checked the same lengths as for v2 and
+            // k % 128 == 0, so every 16-byte cp.async lies wholly inside a row; rows past m or n are zero-filled
+            // without reading (from row 0, a valid address) and every store is guarded against m and n.
+            unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        }
+        Ok(())
+    }
+
+    /// `nvfp4_gemm_sm90a_v1` in cuda/gemm_sm90a.cu: weights decoded to bf16 in shared memory, wgmma bf16.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) fn nvfp4_gemm_sm90a(
+        &self,
+        x: &CudaSlice<u16>,
+        w: &CudaSlice<u8>,
+        scales: &CudaSlice<u8>,
+        global_scale: f32,
+        y: &mut CudaSlice<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        const NAME: &str = "nvfp4_gemm_sm90a_v1";
+        let f = self.function(Module::GemmSm90a, NAME)?;
+        f.set_attribute(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            NVFP4_V1_SMEM_BYTES as i32,
+        )
+        .map_err(cuda_err("nvfp4_gemm_sm90a shared memory size"))?;
+        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (tile_grid(m, n), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: NVFP4_V1_SMEM_BYTES,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x)
+            .arg(w)
+            .arg(scales)
+            .arg(&global_scale)
+            .arg(y)
+            .arg(&mi)
+            .arg(&ni)
+            .arg(&ki);
+        // SAFETY: matches `nvfp4_gemm_sm90a_v1`; the caller checked x = [m, k], w = [n, k/2], scales = [n, k/16],
+        // y = [m, n] and k % 64 == 0, so every 16-byte copy of x and w and 4-byte copy of the scales is whole and
+        // aligned inside its row; rows past m or n are zero-filled without reading and every store is guarded.
+        unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,290 @@
+//! The wgmma (sm_90a) prefill GEMMs of `cuda/gemm_sm90a.cu` against the plain Rust references on the CPU, every
+//! build (FP8: cp.async v1, TMA v2, the auto pick; NVFP4: v1), with fresh random inputs (the seed is printed),
+//! shapes that are not multiples of any tile (ragged M and N, K across more K tiles than the pipeline has
+//! stages), NaN-poisoned outputs (an element the kernel did not write fails, and a pass proves the GPU path ran),
+//! stated error bounds, and a report of the worst element (row, column, tile) when a bound is broken.
+//!
+//! Where there is no CUDA device, each test prints "skipped: no CUDA device" and returns; on a device of another
+//! compute capability than 9.0 (the sm_90a cubin does not load there) it prints "skipped: not sm_90". Shapes are
+//! small so the file runs under `compute-sanitizer --tool memcheck|racecheck` in seconds.
+
+use kernels::cuda::{Gpu, GpuBuffer};
+use kernels::formats::{bf16_to_f32, e4m3_to_f32, f32_to_bf16, f32_to_e4m3};
+use kernels::reference;
+use kernels::KernelError;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+mod gpu_common;
+use gpu_common::{gpu, rel_err, rng, uniform};
+
+/// Per token, per 128 of K: scale `amax / 448` (1.0 for an all-zero block), codes `f32_to_e4m3(x / scale)`, as
+/// `Gpu::fp8_quantize_activations` computes them (tested bit-exact in gpu_kernels.rs).
+fn quantize_act_cpu(x: &[f32], m: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
+    let kb = k.div_ceil(128);
+    let mut codes = vec![0u8; m * k];
+    let mut scales = vec![0f32; m * kb];
+    for r in 0..m {
+        for b in 0..kb {
+            let cols = b * 128..((b + 1) * 128).min(k);
+            let amax = x[r * k..][cols.clone()]
+                .iter()
+                .fold(0f32, |a, v| a.max(v.abs()));
+            let s = if amax > 0.0 { amax / 448.0 } else { 1.0 };
+            scales[r * kb + b] = s;
+            for c in cols {
+                codes[r * k + c] = f32_to_e4m3(x[r * k + c] / s);
+            }
+        }
+    }
+    (codes, scales)
+}
+
+/// bf16 activations whose magnitude varies by token (2^-4 .. 2^3) so the per-token scales differ, with the first
+/// 128-block of token 0 all zero.
+fn prefill_activations(rng: &mut ChaCha8Rng, m: usize, k: usize) -> (Vec<u16>, Vec<f32>) {
+    let mut v = Vec::with_capacity(m * k);
+    for r in 0..m {
+        let amp = 2f32.powi(rng.gen_range(-4..=3));
+        for c in 0..k {
+            v.push(if r == 0 && c < 128 {
+                0.0
+            } else {
+                rng.gen_range(-amp..amp)
+            });
+        }
+    }
+    let bits: Vec<u16> = v.into_iter().map(f32_to_bf16).collect();
+    let vals = bits.iter().map(|&b| bf16_to_f32(b)).collect();
+    (bits, vals)
+}
+
+/// `rel_err` with a bound; on failure names the worst element, its 128x128 output tile and its 64-row warpgroup
+/// half, and how many elements are off by more than 1% of the largest reference value (one wrong K block or
+/// swizzle chunk shows as a pattern of rows/columns there).
+fn check(what: &str, got: &[f32], want: &[f32], n: usize, tol: f64) {
+    let e = rel_err(what, got, want);
+    println!("{what}: relative error {e:.2e}");
+    if e < tol {
+        return;
+    }
+    let scale = want.iter().fold(0f32, |a, v| a.max(v.abs())).max(1e-30);
+    let (mut worst, mut wi, mut bad) = (0f32, 0usize, 0usize);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let d = (g - w).abs();
+        if d > worst {
+            worst = d;
+            wi = i;
+        }
+        if d > 0.01 * scale {
+            bad += 1;
+        }
+    }
+    let (r, c) = (wi / n, wi % n);
+    panic!(
+        "{what}: relative error {e:e} >= {tol:e}; worst element ({r}, {c}) = {} expected {} (tile ({}, {}), rows \
+         {}..{} of it, column {} of it); {bad} of {} elements off by > 1% of max |y| = {scale}",
+        got[wi],
+        want[wi],
+        r / 128,
+        c / 128,
+        (r % 128) / 64 * 64,
+        (r % 128) / 64 * 64 + 64,
+        c % 128,
+        got.len()
+    );
+}
+
+/// Runs `call` once; `None` (after printing why) when this device cannot load the sm_90a module.
+fn sm90a_available(r: Result<(), KernelError>) -> Option<()> {
+    match r {
+        Ok(()) => Some(()),
+        Err(e) if e.to_string().contains("sm_90a") => {
+            println!("skipped: not sm_90 ({e})");
+            None
+        }
+        Err(e) => panic!("wgmma GEMM failed: {e}"),
+    }
+}
+
+type Fp8Fn = fn(
+    &Gpu,
+    &GpuBuffer<u8>,
+    &GpuBuffer<f32>,
+    &GpuBuffer<u8>,
+    &GpuBuffer<f32>,
+    &mut GpuBuffer<f32>,
+    usize,
+    usize,
+    usize,
+) -> Result<(), KernelError>;
+
+const FP8_BUILDS: [(&str, Fp8Fn); 3] = [
+    ("v1 cp.async", Gpu::fp8_block_gemm_wgmma_cp_async),
+    ("v2 tma", Gpu::fp8_block_gemm_wgmma_tma),
+    ("auto", Gpu::fp8_block_gemm_wgmma),
+];
+
+// Products of two e4m3 values are exact in fp32; each 128 of K is summed by the tensor cores (FP8 accumulation
+// keeps fewer bits than fp32, ~14, but only over 128 products) and promoted into fp32 with both scales: ~1e-4
+// relative at most against the f64 reference; 2e-3 leaves room without hiding a wrong element (one wrong or
+// missing scale block, K block or swizzle chunk moves the norm by > 5e-2 at these sizes). Against the mma.sync
+// kernel of gemm.cu, which sums the same products in another order, the difference is of the same size.
+const FP8_TOL: f64 = 2e-3;
+
+#[test]
+fn fp8_block_gemm_wgmma_matches_the_reference_on_every_build() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("fp8_block_gemm_wgmma");
+    // Ragged M (1, 5, 130, 257: not multiples of 128, 64 or 16) and N (odd 201 and 385: the scalar store path),
+    // K = 128 (one K block) up to 14 K blocks (more than twice the 6 stages of v2's ring: both mbarrier phases
+    // are used twice) and 5 (more than v1's 4 stages).
+    for &(m, n, k) in &[
+        (1, 16, 128),
+        (5, 130, 256),
+        (64, 128, 128),
+        (130, 201, 640),
+        (257, 385, 1024),
+        (129, 257, 1792),
+    ] {
+        let w = uniform(&mut rng, n * k, 0.05);
+        let (wq, ws) = reference::linear::quantize_fp8_block(&w, n, k);
+        let (_, xf) = prefill_activations(&mut rng, m, k);
+        let (xq, xs) = quantize_act_cpu(&xf, m, k);
+        let kb = k / 128;
+        let xd: Vec<f32> = (0..m * k)
+            .map(|i| e4m3_to_f32(xq[i]) * xs[(i / k) * kb + (i % k) / 128])
+            .collect();
+        let want = reference::linear::fp8_block_linear(&xd, m, &wq, &ws, n, k);
+        let (dxq, dxs, dw, dws) = (
+            gpu.upload(&xq).unwrap(),
+            gpu.upload(&xs).unwrap(),
+            gpu.upload(&wq).unwrap(),
+            gpu.upload(&ws).unwrap(),
+        );
+        for (name, f) in FP8_BUILDS {
+            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            if sm90a_available(f(&gpu, &dxq, &dxs, &dw, &dws, &mut dy, m, n, k)).is_none() {
+                return;
+            }
+            let what = format!("fp8 wgmma {name} m={m} n={n} k={k}");
+            check(&what, &gpu.download(&dy).unwrap(), &want, n, FP8_TOL);
+        }
+        // The mma.sync kernel on the same device buffers: the wgmma builds are drop-in replacements for it.
+        let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+        gpu.fp8_block_gemm(&dxq, &dxs, &dw, &dws, &mut dy, m, n, k)
+            .unwrap();
+        check(
+            &format!("fp8 mma.sync (gemm.cu) m={m} n={n} k={k}"),
+            &gpu.download(&dy).unwrap(),
+            &want,
+            n,
+            FP8_TOL,
+        );
+    }
+}
+
+#[test]
+fn fp8_block_gemm_wgmma_refuses_bad_sizes() {
+    let Some(gpu) = gpu() else { return };
+    let xq = gpu.zeros::<u8>(3 * 256).unwrap();
+    let xs = gpu.zeros::<f32>(3 * 2).unwrap();
+    let w = gpu.zeros::<u8>(8 * 256).unwrap();
+    let ws = gpu.zeros::<f32>(2).unwrap();
+    let mut y = gpu.zeros::<f32>(3 * 8).unwrap();
+    for (name, f) in FP8_BUILDS {
+        // k a multiple of 16 (fine for gemm.cu) but not of the 128 K tile.
+        let e = f(&gpu, &xq, &xs, &w, &ws, &mut y, 3, 8, 192).unwrap_err();
+        assert!(e.to_string().contains("multiple of 128"), "{name}: {e}");
+        let e = f(&gpu, &xq, &xs, &w, &ws, &mut y, 0, 8, 256).unwrap_err();
+        assert!(e.to_string().contains("must be positive"), "{name}: {e}");
+        let e = f(&gpu, &xq, &xs, &w, &ws, &mut y, 3, 8, 128).unwrap_err();
+        assert!(
+            e.to_string().contains("xq has 768 elements, expected 384"),
+            "{name}: {e}"
+        );
+        let e = f(&gpu, &xq, &ws, &w, &ws, &mut y, 3, 8, 256).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("x_scales has 2 elements, expected 6"),
+            "{name}: {e}"
+        );
+        let e = f(&gpu, &xq, &xs, &w, &xs, &mut y, 3, 8, 256).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("w_scales has 6 elements, expected 2"),
+            "{name}: {e}"
+        );
+        let mut y2 = gpu.zeros::<f32>(3 * 9).unwrap();
+        let e = f(&gpu, &xq, &xs, &w, &ws, &mut y2, 3, 8, 256).unwrap_err();
+        assert!(
+            e.to_string().contains("y has 27 elements, expected 24"),
+            "{name}: {e}"
+        );
+    }
+}
+
+// NVFP4: e2m1 x e4m3 group scale is exact in bf16 and the bf16 activations are exact, so every product is exact
+// and the error is the fp32 accumulation of the tensor cores over K (~1e-6 relative); 1e-4 leaves room for the
+// tensor cores' accumulation order without hiding a wrong element (one wrong group scale or swizzle chunk moves
+// the norm by > 1e-2 at these sizes).
+const NVFP4_TOL: f64 = 1e-4;
+
+#[test]
+fn nvfp4_gemm_wgmma_matches_the_reference() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("nvfp4_gemm_wgmma");
+    // Ragged M and N (odd N included), K = 64 (one K tile) up to 17 K tiles (past the 4 stages and the two
+    // decoded B buffers several times).
+    for &(m, n, k) in &[
+        (1, 8, 64),
+        (5, 130, 128),
+        (130, 257, 448),
+        (257, 300, 1088),
+        (64, 256, 64),
+    ] {
+        let w = uniform(&mut rng, n * k, 0.05);
+        let (packed, scales, global) = reference::linear::quantize_nvfp4(&w, n, k);
+        let (xb, xf) = prefill_activations(&mut rng, m, k);
+        let want = reference::linear::nvfp4_linear(&xf, m, &packed, &scales, global, n, k);
+        let (dx, dw, ds) = (
+            gpu.upload(&xb).unwrap(),
+            gpu.upload(&packed).unwrap(),
+            gpu.upload(&scales).unwrap(),
+        );
+        let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+        if sm90a_available(gpu.nvfp4_gemm_wgmma(&dx, &dw, &ds, global, &mut dy, m, n, k)).is_none()
+        {
+            return;
+        }
+        let what = format!("nvfp4 wgmma m={m} n={n} k={k}");
+        check(&what, &gpu.download(&dy).unwrap(), &want, n, NVFP4_TOL);
+    }
+}
+
+#[test]
+fn nvfp4_gemm_wgmma_refuses_bad_sizes() {
+    let Some(gpu) = gpu() else { return };
+    let x = gpu.zeros::<u16>(2 * 96).unwrap();
+    let w = gpu.zeros::<u8>(8 * 48).unwrap();
+    let s = gpu.zeros::<u8>(8 * 6).unwrap();
+    let mut y = gpu.zeros::<f32>(2 * 8).unwrap();
+    let e = gpu
+        .nvfp4_gemm_wgmma(&x, &w, &s, 1.0, &mut y, 2, 8, 96)
+        .unwrap_err();
+    assert!(e.to_string().contains("multiple of 64"), "{e}");
+    let e = gpu
+        .nvfp4_gemm_wgmma(&x, &w, &s, 1.0, &mut y, 2, 8, 64)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("x has 192 elements, expected 128"),
+        "{e}"
+    );
+    let x = gpu.zeros::<u16>(2 * 64).unwrap();
+    let w = gpu.zeros::<u8>(8 * 32).unwrap();
+    let s = gpu.zeros::<u8>(8 * 4).unwrap();
+    let e = gpu
+        .nvfp4_gemm_wgmma(&x, &w, &s, f32::INFINITY, &mut y, 2, 8, 64)
+        .unwrap_err();
+    assert!(e.to_string().contains("global_scale must be finite"), "{e}");
+}

@@ -1,1 +1,191 @@
-//! Placeholder: the launches of `kernels/cuda/gdn_prefill.cu` go here (an `impl Device` block).
+//! Launches of `cuda/gdn_prefill.cu`: the chunked gated DeltaNet prefill for a batch of sequences (four kernels on
+//! the device's stream; the kernel file's header explains the split).
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::{cuda_err, Device, Module};
+use crate::cuda::gdn_prefill::{GdnPrefillLayout, GdnPrefillVariant};
+use crate::cuda::{GdnGpuInputs, GdnGpuWeights};
+use crate::gdn::GdnDims;
+use crate::KernelError;
+
+/// Dynamic shared memory of `gdn_prefill_wy` (`WY_SMEM_BYTES` in cuda/gdn_prefill.cu, kept equal by a
+/// static_assert there).
+const WY_SMEM_BYTES: u32 = 101_376;
+
+/// Dynamic shared memory of `gdn_prefill_state_cs<CS>` (`state_smem_bytes(CS)` in cuda/gdn_prefill.cu).
+fn state_smem_bytes(cs: u32) -> u32 {
+    (2 * 64 * 132 + 64 * 65 + 64 * cs + 128 * cs + 64) * 4
+}
+
+fn set_smem(f: &cudarc::driver::CudaFunction, bytes: u32, name: &str) -> Result<(), KernelError> {
+    f.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        bytes as i32,
+    )
+    .map_err(cuda_err(name))
+}
+
+impl Device {
+    /// Queues the four prefill kernels. `meta` is `cu_seqlens[seqs+1]` followed by the chunk offsets `[seqs+1]`
+    /// (built and checked by the caller), `lay` the workspace split.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) fn gdn_prefill(
+        &self,
+        variant: GdnPrefillVariant,
+        dims: &GdnDims,
+        w: &GdnGpuWeights<'_>,
+        x: &GdnGpuInputs<'_>,
+        meta: &[i32],
+        lay: &GdnPrefillLayout,
+        conv_in: &CudaSlice<f32>,
+        conv_out: &mut CudaSlice<f32>,
+        state: &mut CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        workspace: &mut CudaSlice<f32>,
+    ) -> Result<(), KernelError> {
+        let seqs = lay.seqs;
+        let meta_dev = self
+            .stream
+            .clone_htod(meta)
+            .map_err(cuda_err("gdn_prefill: uploading cu_seqlens"))?;
+        let (hk, hv, kconv) = (
+            dims.key_heads as i32,
+            dims.value_heads as i32,
+            dims.conv_kernel as i32,
+        );
+        let (seqs_i, nc_i) = (seqs as i32, lay.chunks as i32);
+        let ws = |off: usize, len: usize| workspace.slice(off..off + len);
+
+        // 1. conv + norms + gates.
+        {
+            const NAME: &str = "gdn_prefill_prep";
+            let f = self.function(Module::GdnPrefill, NAME)?;
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    lay.max_len as u32,
+                    (2 * dims.key_heads + dims.value_heads) as u32,
+                    seqs as u32,
+                ),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (qn, kn, vv, gg, bb) = (
+                ws(lay.qn, lay.qk_len),
+                ws(lay.kn, lay.qk_len),
+                ws(lay.v, lay.v_len),
+                ws(lay.g, lay.gate_len),
+                ws(lay.beta, lay.gate_len),
+            );
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&x.qkv.slice).arg(&x.a.slice).arg(&x.b.slice);
+            b.arg(&w.conv_weight.slice)
+                .arg(&w.a_log.slice)
+                .arg(&w.dt_bias.slice);
+            b.arg(conv_in).arg(&mut *conv_out).arg(&meta_dev);
+            b.arg(&qn).arg(&kn).arg(&vv).arg(&gg).arg(&bb);
+            b.arg(&hk).arg(&hv).arg(&kconv);
+            // SAFETY: matches `gdn_prefill_prep`; the caller checked qkv = [N, conv_dim], a, b = [N, Hv],
+            // conv_weight = [conv_dim, K], a_log, dt_bias = [Hv], conv_in/conv_out = [seqs, conv_dim, K-1]
+            // (distinct allocations), dk = dv = 128 and meta's offsets (non-decreasing, last = N); the workspace
+            // views are disjoint ranges of `workspace` sized by `lay`. Blocks past a sequence's length return.
+            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+        }
+        // 2. chunk-local WY.
+        {
+            const NAME: &str = "gdn_prefill_wy";
+            let f = self.function(Module::GdnPrefill, NAME)?;
+            set_smem(&f, WY_SMEM_BYTES, NAME)?;
+            let cfg = LaunchConfig {
+                grid_dim: (lay.max_chunks as u32, dims.value_heads as u32, seqs as u32),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: WY_SMEM_BYTES,
+            };
+            let (qn, kn, vv, gg, bb) = (
+                ws(lay.qn, lay.qk_len),
+                ws(lay.kn, lay.qk_len),
+                ws(lay.v, lay.v_len),
+                ws(lay.g, lay.gate_len),
+                ws(lay.beta, lay.gate_len),
+            );
+            let (gc, wo, uo, ao) = (
+                ws(lay.gcum, lay.gate_len),
+                ws(lay.w, lay.wu_len),
+                ws(lay.u, lay.wu_len),
+                ws(lay.aqk, lay.aqk_len),
+            );
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&qn)
+                .arg(&kn)
+                .arg(&vv)
+                .arg(&gg)
+                .arg(&bb)
+                .arg(&meta_dev);
+            b.arg(&gc).arg(&wo).arg(&uo).arg(&ao);
+            b.arg(&hk).arg(&hv).arg(&seqs_i).arg(&nc_i);
+            // SAFETY: matches `gdn_prefill_wy`; reads what launch 1 wrote (same stream) and writes gcum [N, Hv],
+            // W, U [Hv, NC, 64, 128] and Aqk [Hv, NC, 64, 64], each block only its own chunk's rows (chunk offsets
+            // in meta sum to NC); blocks past a sequence's chunks return.
+            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+        }
+        // 3. sequential state walk + unnormalised output.
+        {
+            let (name, cs) = match variant {
+                GdnPrefillVariant::Cols16 => ("gdn_prefill_state_cs16", 16u32),
+                GdnPrefillVariant::Auto | GdnPrefillVariant::Cols32 => {
+                    ("gdn_prefill_state_cs32", 32)
+                }
+                GdnPrefillVariant::Cols64 => ("gdn_prefill_state_cs64", 64),
+            };
+            let f = self.function(Module::GdnPrefill, name)?;
+            let smem = state_smem_bytes(cs);
+            set_smem(&f, smem, name)?;
+            let cfg = LaunchConfig {
+                grid_dim: (128 / cs, dims.value_heads as u32, seqs as u32),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: smem,
+            };
+            let (qn, kn, gc, wi, ui, ai) = (
+                ws(lay.qn, lay.qk_len),
+                ws(lay.kn, lay.qk_len),
+                ws(lay.gcum, lay.gate_len),
+                ws(lay.w, lay.wu_len),
+                ws(lay.u, lay.wu_len),
+                ws(lay.aqk, lay.aqk_len),
+            );
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&qn).arg(&kn).arg(&gc).arg(&wi).arg(&ui).arg(&ai);
+            b.arg(&meta_dev).arg(&mut *state).arg(&mut *out);
+            b.arg(&hk).arg(&hv).arg(&seqs_i).arg(&nc_i);
+            // SAFETY: matches `gdn_prefill_state_cs*`; state = [seqs, Hv, 128, 128] and out = [N, Hv*128] were
+            // checked; each block owns `cs` columns of one (sequence, head) state and writes only those columns of
+            // that head's output rows of its sequence.
+            unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        }
+        // 4. gated RMSNorm in place.
+        {
+            const NAME: &str = "gdn_prefill_gated_norm";
+            let f = self.function(Module::GdnPrefill, NAME)?;
+            let rows = lay.tokens * dims.value_heads;
+            let rows_i = rows as i32;
+            let cfg = LaunchConfig {
+                grid_dim: (rows.div_ceil(8) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&mut *out)
+                .arg(&x.z.slice)
+                .arg(&w.norm_weight.slice)
+                .arg(&w.norm_eps)
+                .arg(&rows_i);
+            // SAFETY: matches `gdn_prefill_gated_norm`; out and z are [N, Hv*128], norm_weight [128]; warps past
+            // `rows` return.
+            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+        }
+        // The meta upload must outlive the kernels that read it: dropping a cudarc slice frees it in stream order
+        // (cuMemFreeAsync on this stream), after the launches queued above.
+        drop(meta_dev);
+        Ok(())
+    }
+}

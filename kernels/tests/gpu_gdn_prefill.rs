@@ -1,0 +1,579 @@
+//! The CUDA chunked gated DeltaNet prefill (`Gpu::gdn_prefill`, kernels/cuda/gdn_prefill.cu) against the f64
+//! token-by-token recurrence (`kernels::reference::gdn::sequence`) and the CPU chunked prefill
+//! (`kernels::gdn::prefill`): single sequences across the chunk boundaries, ragged batches, every state-kernel
+//! variant, strong decay, continuing from non-zero conv and recurrent states, prefill followed by the GPU decode
+//! step, and the refused shapes. Outputs, conv history and workspace are NaN-poisoned before each call, so an
+//! unwritten element or a read of unwritten scratch fails. Small enough for compute-sanitizer.
+mod gpu_common;
+
+use gpu_common::{gpu, rel_err, rng, uniform};
+use kernels::cuda::{GdnGpuInputs, GdnGpuWeights, Gpu, GpuBuffer};
+use kernels::gdn::{self, GdnDims, GdnInputs, GdnWeights};
+use kernels::reference;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+/// Scaled error bounds, `|got - want| / (1 + |want|)` per element, against the f64 recurrence. The kernels are
+/// fp32 throughout (no tensor cores, no bf16), so the bounds are those of the CPU chunked prefill's tests
+/// (`cpu_gdn.rs`: 1e-4 and 4e-6, measured there at 1.5e-5 and 4.6e-7) widened 2x and 5x for the GPU's different
+/// summation order and `expf`; every check prints the worst error it saw so the H200 run can tighten them.
+const OUT_TOL: f32 = 2e-4;
+const STATE_TOL: f32 = 2e-5;
+
+/// Qwen3.8-27B's group of 3 value heads per key head, with 2 key heads.
+const GROUP3: GdnDims = GdnDims {
+    key_heads: 2,
+    value_heads: 6,
+    key_dim: 128,
+    value_dim: 128,
+    conv_kernel: 4,
+};
+const ONE_HEAD: GdnDims = GdnDims {
+    key_heads: 1,
+    value_heads: 1,
+    key_dim: 128,
+    value_dim: 128,
+    conv_kernel: 4,
+};
+const GROUP1_K3: GdnDims = GdnDims {
+    key_heads: 3,
+    value_heads: 3,
+    key_dim: 128,
+    value_dim: 128,
+    conv_kernel: 3,
+};
+
+struct Layer {
+    conv_weight: Vec<f32>,
+    a_log: Vec<f32>,
+    dt_bias: Vec<f32>,
+    norm_weight: Vec<f32>,
+}
+
+impl Layer {
+    fn new(dims: GdnDims, rng: &mut ChaCha8Rng, a_log: (f32, f32)) -> Layer {
+        Layer {
+            conv_weight: uniform(rng, dims.conv_dim() * dims.conv_kernel, 0.6),
+            a_log: (0..dims.value_heads)
+                .map(|_| rng.gen_range(a_log.0..a_log.1))
+                .collect(),
+            dt_bias: uniform(rng, dims.value_heads, 1.0),
+            norm_weight: (0..dims.value_dim)
+                .map(|_| rng.gen_range(0.5..1.5))
+                .collect(),
+        }
+    }
+    fn weights(&self) -> GdnWeights<'_> {
+        GdnWeights {
+            conv_weight: &self.conv_weight,
+            a_log: &self.a_log,
+            dt_bias: &self.dt_bias,
+            norm_weight: &self.norm_weight,
+            norm_eps: 1e-6,
+        }
+    }
+}
+
+struct DevLayer {
+    conv_weight: GpuBuffer<f32>,
+    a_log: GpuBuffer<f32>,
+    dt_bias: GpuBuffer<f32>,
+    norm_weight: GpuBuffer<f32>,
+}
+
+impl DevLayer {
+    fn new(gpu: &Gpu, l: &Layer) -> DevLayer {
+        DevLayer {
+            conv_weight: gpu.upload(&l.conv_weight).unwrap(),
+            a_log: gpu.upload(&l.a_log).unwrap(),
+            dt_bias: gpu.upload(&l.dt_bias).unwrap(),
+            norm_weight: gpu.upload(&l.norm_weight).unwrap(),
+        }
+    }
+    fn weights(&self) -> GdnGpuWeights<'_> {
+        GdnGpuWeights {
+            conv_weight: &self.conv_weight,
+            a_log: &self.a_log,
+            dt_bias: &self.dt_bias,
+            norm_weight: &self.norm_weight,
+            norm_eps: 1e-6,
+        }
+    }
+}
+
+struct Tokens {
+    qkv: Vec<f32>,
+    z: Vec<f32>,
+    a: Vec<f32>,
+    b: Vec<f32>,
+}
+
+impl Tokens {
+    fn new(dims: &GdnDims, n: usize, rng: &mut ChaCha8Rng) -> Tokens {
+        Tokens {
+            qkv: uniform(rng, n * dims.conv_dim(), 1.5),
+            z: uniform(rng, n * dims.value_width(), 2.0),
+            a: (0..n * dims.value_heads)
+                .map(|_| rng.gen_range(-3.0..2.0))
+                .collect(),
+            b: uniform(rng, n * dims.value_heads, 3.0),
+        }
+    }
+    /// Rows `r0..r1` as CPU inputs.
+    fn rows(&self, dims: &GdnDims, r0: usize, r1: usize) -> GdnInputs<'_> {
+        let (cd, vw, hv) = (dims.conv_dim(), dims.value_width(), dims.value_heads);
+        GdnInputs {
+            qkv: &self.qkv[r0 * cd..r1 * cd],
+            z: &self.z[r0 * vw..r1 * vw],
+            a: &self.a[r0 * hv..r1 * hv],
+            b: &self.b[r0 * hv..r1 * hv],
+        }
+    }
+}
+
+struct DevTokens {
+    qkv: GpuBuffer<f32>,
+    z: GpuBuffer<f32>,
+    a: GpuBuffer<f32>,
+    b: GpuBuffer<f32>,
+}
+
+impl DevTokens {
+    fn new(gpu: &Gpu, x: &GdnInputs<'_>) -> DevTokens {
+        DevTokens {
+            qkv: gpu.upload(x.qkv).unwrap(),
+            z: gpu.upload(x.z).unwrap(),
+            a: gpu.upload(x.a).unwrap(),
+            b: gpu.upload(x.b).unwrap(),
+        }
+    }
+    fn inputs(&self) -> GdnGpuInputs<'_> {
+        GdnGpuInputs {
+            qkv: &self.qkv,
+            z: &self.z,
+            a: &self.a,
+            b: &self.b,
+        }
+    }
+}
+
+/// Asserts the scaled error `|got - want| / (1 + |want|)` is at most `tol` everywhere, naming the worst element
+/// as (row, head, column) of a `[rows, heads, 128]` or `[seqs, heads, 128, 128]` layout; returns the worst error.
+fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32, row_len: usize) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let mut worst = (0.0f32, 0usize);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = if g.is_finite() {
+            (g - w).abs() / (1.0 + w.abs())
+        } else {
+            f32::INFINITY
+        };
+        if err > worst.0 {
+            worst = (err, i);
+        }
+    }
+    let i = worst.1;
+    println!("{what}: worst scaled error {:e}", worst.0);
+    assert!(
+        worst.0 <= tol,
+        "{what}: element {i} (row {}, head {}, column {}) is {} expected {} (scaled error {:e} > {tol:e})",
+        i / row_len,
+        (i % row_len) / 128,
+        i % 128,
+        got[i],
+        want[i],
+        worst.0
+    );
+    worst.0
+}
+
+/// One batch of `lens` sequences through the GPU prefill (state kernel `cols`), against the recurrence and the
+/// CPU chunked prefill, each sequence from its own random conv history and state.
+fn check_batch(
+    gpu: &Gpu,
+    rng: &mut ChaCha8Rng,
+    dims: GdnDims,
+    lens: &[usize],
+    cols: usize,
+    a_log: (f32, f32),
+) {
+    let ctx = format!(
+        "Hk={} Hv={} K={} lens={lens:?} cols={cols} a_log={a_log:?}",
+        dims.key_heads, dims.value_heads, dims.conv_kernel
+    );
+    let layer = Layer::new(dims, rng, a_log);
+    let n: usize = lens.iter().sum();
+    let seqs = lens.len();
+    let tok = Tokens::new(&dims, n, rng);
+    let (csl, sl, vw) = (dims.conv_state_len(), dims.state_len(), dims.value_width());
+    let conv0 = uniform(rng, seqs * csl, 1.0);
+    let state0 = uniform(rng, seqs * sl, 0.5);
+
+    let (mut conv_ref, mut state_ref, mut out_ref) =
+        (conv0.clone(), state0.clone(), vec![0.0f32; n * vw]);
+    let (mut conv_cpu, mut state_cpu, mut out_cpu) =
+        (conv0.clone(), state0.clone(), vec![0.0f32; n * vw]);
+    let mut r0 = 0;
+    for (s, &l) in lens.iter().enumerate() {
+        let x = tok.rows(&dims, r0, r0 + l);
+        reference::gdn::sequence(
+            &dims,
+            &layer.weights(),
+            l,
+            &x,
+            &mut conv_ref[s * csl..(s + 1) * csl],
+            &mut state_ref[s * sl..(s + 1) * sl],
+            &mut out_ref[r0 * vw..(r0 + l) * vw],
+        )
+        .unwrap();
+        gdn::prefill(
+            &dims,
+            &layer.weights(),
+            l,
+            &x,
+            &mut conv_cpu[s * csl..(s + 1) * csl],
+            &mut state_cpu[s * sl..(s + 1) * sl],
+            &mut out_cpu[r0 * vw..(r0 + l) * vw],
+        )
+        .unwrap();
+        r0 += l;
+    }
+
+    let dl = DevLayer::new(gpu, &layer);
+    let dx = DevTokens::new(gpu, &tok.rows(&dims, 0, n));
+    let conv_in = gpu.upload(&conv0).unwrap();
+    let mut conv_out = gpu.upload(&vec![f32::NAN; conv0.len()]).unwrap();
+    let mut state = gpu.upload(&state0).unwrap();
+    let mut out = gpu.upload(&vec![f32::NAN; n * vw]).unwrap();
+    let ws_len = Gpu::gdn_prefill_workspace_len(&dims, lens).unwrap();
+    let mut ws = gpu.upload(&vec![f32::NAN; ws_len]).unwrap();
+    gpu.gdn_prefill_with(
+        cols,
+        &dims,
+        &dl.weights(),
+        &dx.inputs(),
+        lens,
+        &conv_in,
+        &mut conv_out,
+        &mut state,
+        &mut out,
+        &mut ws,
+    )
+    .unwrap_or_else(|e| panic!("{ctx}: {e}"));
+    let (out, state, conv) = (
+        gpu.download(&out).unwrap(),
+        gpu.download(&state).unwrap(),
+        gpu.download(&conv_out).unwrap(),
+    );
+    assert_close(
+        &format!("{ctx}: output vs recurrence"),
+        &out,
+        &out_ref,
+        OUT_TOL,
+        vw,
+    );
+    assert_close(
+        &format!("{ctx}: output vs CPU prefill"),
+        &out,
+        &out_cpu,
+        OUT_TOL,
+        vw,
+    );
+    assert_close(
+        &format!("{ctx}: final state vs recurrence"),
+        &state,
+        &state_ref,
+        STATE_TOL,
+        dims.value_heads * 128 * 128,
+    );
+    assert_close(
+        &format!("{ctx}: final state vs CPU prefill"),
+        &state,
+        &state_cpu,
+        STATE_TOL,
+        dims.value_heads * 128 * 128,
+    );
+    for (i, (&g, &w)) in conv.iter().zip(&conv_ref).enumerate() {
+        assert!(
+            g.to_bits() == w.to_bits(),
+            "{ctx}: conv history element {i} (sequence {}, channel {}, tap {}) is {g}, expected {w} (a copy)",
+            i / csl,
+            (i % csl) / (dims.conv_kernel - 1),
+            i % (dims.conv_kernel - 1)
+        );
+    }
+    println!("{ctx}: output rel err {:e}", rel_err(&ctx, &out, &out_ref));
+}
+
+#[test]
+fn single_sequences_across_chunk_boundaries_match_the_recurrence() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("gdn_prefill single");
+    for t in [1usize, 63, 64, 65, 130, 200] {
+        check_batch(&gpu, &mut rng, GROUP3, &[t], 0, (-1.0, 1.0));
+    }
+}
+
+#[test]
+fn every_state_kernel_variant_matches() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("gdn_prefill variants");
+    for cols in [16usize, 32, 64] {
+        check_batch(&gpu, &mut rng, GROUP3, &[130], cols, (-1.0, 1.0));
+    }
+}
+
+#[test]
+fn ragged_batches_match_sequence_by_sequence() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("gdn_prefill batch");
+    check_batch(&gpu, &mut rng, GROUP3, &[65, 0, 1, 130, 63], 0, (-1.0, 1.0));
+    check_batch(&gpu, &mut rng, ONE_HEAD, &[2, 64, 129], 16, (-1.0, 1.0));
+    check_batch(&gpu, &mut rng, GROUP1_K3, &[0, 77, 3], 64, (-1.0, 1.0));
+}
+
+/// A_log up to 3 (decay rates up to e^3 per token): the in-chunk cumulative decay underflows fp32; the kernels only
+/// exponentiate differences G_t - G_s (s <= t) or G_t itself, never divide by them.
+#[test]
+fn strong_decay_that_underflows_a_chunk() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("gdn_prefill strong decay");
+    check_batch(&gpu, &mut rng, GROUP3, &[130, 70], 0, (2.0, 3.0));
+}
+
+/// A batch of two sequences is prefilled, then decoded for three steps by `Gpu::gdn_decode_step` on the same conv
+/// and state buffers (the conv histories swapping as the decode step's contract says); every step's output and
+/// the states match the recurrence over all tokens.
+#[test]
+fn decode_continues_a_gpu_prefill() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("gdn_prefill then decode");
+    let dims = GROUP3;
+    let lens = [70usize, 5];
+    let steps = 3;
+    let layer = Layer::new(dims, &mut rng, (-1.0, 1.0));
+    let (csl, sl, vw, hv) = (
+        dims.conv_state_len(),
+        dims.state_len(),
+        dims.value_width(),
+        dims.value_heads,
+    );
+    let n: usize = lens.iter().sum();
+    let pre = Tokens::new(&dims, n, &mut rng);
+    let dec: Vec<Tokens> = (0..steps)
+        .map(|_| Tokens::new(&dims, lens.len(), &mut rng))
+        .collect();
+    let conv0 = uniform(&mut rng, lens.len() * csl, 1.0);
+    let state0 = uniform(&mut rng, lens.len() * sl, 0.5);
+
+    let dl = DevLayer::new(&gpu, &layer);
+    let dx = DevTokens::new(&gpu, &pre.rows(&dims, 0, n));
+    let mut conv_a = gpu.upload(&conv0).unwrap();
+    let mut conv_b = gpu.upload(&vec![f32::NAN; conv0.len()]).unwrap();
+    let mut state = gpu.upload(&state0).unwrap();
+    let mut out = gpu.upload(&vec![f32::NAN; n * vw]).unwrap();
+    let mut ws = gpu
+        .zeros(Gpu::gdn_prefill_workspace_len(&dims, &lens).unwrap())
+        .unwrap();
+    gpu.gdn_prefill(
+        &dims,
+        &dl.weights(),
+        &dx.inputs(),
+        &lens,
+        &conv_a,
+        &mut conv_b,
+        &mut state,
+        &mut out,
+        &mut ws,
+    )
+    .unwrap();
+    std::mem::swap(&mut conv_a, &mut conv_b);
+
+    let (mut conv_ref, mut state_ref) = (conv0.clone(), state0.clone());
+    let mut r0 = 0;
+    let mut pre_ref = vec![0.0f32; n * vw];
+    for (s, &l) in lens.iter().enumerate() {
+        reference::gdn::sequence(
+            &dims,
+            &layer.weights(),
+            l,
+            &pre.rows(&dims, r0, r0 + l),
+            &mut conv_ref[s * csl..(s + 1) * csl],
+            &mut state_ref[s * sl..(s + 1) * sl],
+            &mut pre_ref[r0 * vw..(r0 + l) * vw],
+        )
+        .unwrap();
+        r0 += l;
+    }
+    assert_close(
+        "prefill output",
+        &gpu.download(&out).unwrap(),
+        &pre_ref,
+        OUT_TOL,
+        vw,
+    );
+    for (step, x) in dec.iter().enumerate() {
+        let mut want = vec![0.0f32; lens.len() * vw];
+        for s in 0..lens.len() {
+            reference::gdn::step(
+                &dims,
+                &layer.weights(),
+                &x.rows(&dims, s, s + 1),
+                &mut conv_ref[s * csl..(s + 1) * csl],
+                &mut state_ref[s * sl..(s + 1) * sl],
+                &mut want[s * vw..(s + 1) * vw],
+            )
+            .unwrap();
+        }
+        let dx = DevTokens::new(&gpu, &x.rows(&dims, 0, lens.len()));
+        let mut o = gpu.upload(&vec![f32::NAN; lens.len() * vw]).unwrap();
+        gpu.write(&mut conv_b, &vec![f32::NAN; conv0.len()])
+            .unwrap();
+        gpu.gdn_decode_step(
+            &dims,
+            &dl.weights(),
+            &dx.inputs(),
+            lens.len(),
+            &conv_a,
+            &mut conv_b,
+            &mut state,
+            &mut o,
+        )
+        .unwrap();
+        std::mem::swap(&mut conv_a, &mut conv_b);
+        assert_close(
+            &format!("decode step {step} after prefill: output"),
+            &gpu.download(&o).unwrap(),
+            &want,
+            OUT_TOL,
+            vw,
+        );
+        assert_close(
+            &format!("decode step {step} after prefill: state"),
+            &gpu.download(&state).unwrap(),
+            &state_ref,
+            STATE_TOL,
+            hv * 128 * 128,
+        );
+        assert_eq!(
+            gpu.download(&conv_a).unwrap(),
+            conv_ref,
+            "decode step {step} after prefill: conv history"
+        );
+    }
+}
+
+/// The workspace size is a pure function of the shapes (no device needed) and refuses what the prefill refuses.
+#[test]
+fn workspace_len_refuses_bad_shapes() {
+    let n = Gpu::gdn_prefill_workspace_len(&GROUP3, &[65, 3]).unwrap();
+    // 2 + 1 chunks: qn/kn 68*2*128 each, v 68*6*128, three gate arrays padded to 64, W/U 6*3*64*128 each, Aqk
+    // 6*3*64*64.
+    let pad = |x: usize| x.div_ceil(64) * 64;
+    let want =
+        2 * pad(68 * 256) + pad(68 * 768) + 3 * pad(68 * 6) + 2 * 6 * 3 * 8192 + 6 * 3 * 4096;
+    assert_eq!(n, want);
+    let e = Gpu::gdn_prefill_workspace_len(
+        &GdnDims {
+            key_dim: 64,
+            ..GROUP3
+        },
+        &[4],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("key_dim = value_dim = 128"), "{e}");
+    let e = Gpu::gdn_prefill_workspace_len(&GROUP3, &[]).unwrap_err();
+    assert!(e.to_string().contains("sequences"), "{e}");
+    let e = Gpu::gdn_prefill_workspace_len(
+        &GdnDims {
+            value_heads: 5,
+            ..GROUP3
+        },
+        &[4],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("multiple of key_heads"), "{e}");
+}
+
+#[test]
+fn bad_sizes_are_errors() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("gdn_prefill bad sizes");
+    let dims = ONE_HEAD;
+    let lens = [3usize, 2];
+    let n = 5;
+    let layer = Layer::new(dims, &mut rng, (-1.0, 1.0));
+    let tok = Tokens::new(&dims, n, &mut rng);
+    let dl = DevLayer::new(&gpu, &layer);
+    let dx = DevTokens::new(&gpu, &tok.rows(&dims, 0, n));
+    let conv_in = gpu.zeros(2 * dims.conv_state_len()).unwrap();
+    let mut conv_out = gpu.zeros(2 * dims.conv_state_len()).unwrap();
+    let mut state = gpu.zeros(2 * dims.state_len()).unwrap();
+    let mut out = gpu.zeros(n * dims.value_width()).unwrap();
+    let ws_len = Gpu::gdn_prefill_workspace_len(&dims, &lens).unwrap();
+    let mut ws = gpu.zeros(ws_len).unwrap();
+    let w = dl.weights();
+    let x = dx.inputs();
+    let mut run = |cols: usize,
+                   dims: &GdnDims,
+                   x: &GdnGpuInputs<'_>,
+                   lens: &[usize],
+                   ws: &mut GpuBuffer<f32>| {
+        gpu.gdn_prefill_with(
+            cols,
+            dims,
+            &w,
+            x,
+            lens,
+            &conv_in,
+            &mut conv_out,
+            &mut state,
+            &mut out,
+            ws,
+        )
+    };
+    // The valid call works, so each failure below is the one change.
+    run(0, &dims, &x, &lens, &mut ws).unwrap();
+    let e = run(0, &dims, &x, &[3, 3], &mut ws).unwrap_err();
+    assert!(e.to_string().contains("qkv has"), "{e}");
+    let e = run(0, &dims, &x, &[5], &mut ws).unwrap_err();
+    assert!(e.to_string().contains("conv_in has"), "{e}");
+    let e = run(48, &dims, &x, &lens, &mut ws).unwrap_err();
+    assert!(e.to_string().contains("state_cols"), "{e}");
+    let e = run(
+        0,
+        &GdnDims {
+            value_dim: 64,
+            ..dims
+        },
+        &x,
+        &lens,
+        &mut ws,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("key_dim = value_dim = 128"), "{e}");
+    let e = run(0, &dims, &x, &[], &mut ws).unwrap_err();
+    assert!(e.to_string().contains("sequences"), "{e}");
+    let mut small = gpu.zeros(ws_len - 1).unwrap();
+    let e = run(0, &dims, &x, &lens, &mut small).unwrap_err();
+    assert!(e.to_string().contains("workspace has"), "{e}");
+    let short_z = gpu.zeros(n * dims.value_width() - 1).unwrap();
+    let bad_x = GdnGpuInputs {
+        z: &short_z,
+        ..dx.inputs()
+    };
+    let e = run(0, &dims, &bad_x, &lens, &mut ws).unwrap_err();
+    assert!(e.to_string().contains("z has"), "{e}");
+    let e = run(
+        0,
+        &GdnDims {
+            conv_kernel: 5,
+            ..dims
+        },
+        &x,
+        &lens,
+        &mut ws,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("conv_kernel"), "{e}");
+}

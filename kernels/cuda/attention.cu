@@ -1,7 +1,10 @@
 // Decode attention (one query token per sequence) over a paged bf16 KV cache, grouped-query packed and split over
 // the context (flash-decoding). Two kernel families share the split, the partials and the combine kernel: the
 // CUDA-core one (attention_decode_split_*, fp32 scores) and the tensor-core one (attention_decode_tc_*, bf16
-// operands; 1.11x faster at 32k context on the H200 and the default, see benchmarks/h200.md).
+// operands; 1.11x faster at 32k context on the H200 and the default, see benchmarks/h200.md). A third family, the
+// tiled tensor-core kernels (attention_decode_tiled_* over pages, attention_decode_ring_* over a sliding-window
+// ring; end of this file), shares the partials and the combine; the benchmark bench_attention_decode.py compares it
+// with the second before it becomes the default.
 // Layouts: kernels/src/attention.rs, with bf16 K/V pages [num_pages, Hkv, page_size, D], block_table u32
 // [seqs, max_pages], lens u32 [seqs] (the current token included).
 //
@@ -535,3 +538,349 @@ __device__ __forceinline__ void attention_decode_tc(const float* __restrict__ q,
 EDGEFIT_ATT_TC(64)
 EDGEFIT_ATT_TC(128)
 EDGEFIT_ATT_TC(256)
+
+// ---------------------------------------------------------------------------------------------------------------
+// Tiled tensor-core decode (attention_decode_tiled_D*_T*S* over the paged cache, attention_decode_ring_D*_T*S*
+// over a sliding-window ring): the split, the partials and the combine of the kernels above, rebuilt around what
+// Nsight Compute showed the 16-token kernel spends its time on (benchmarks/h200.md: 33% memory throughput at 32k,
+// per-lane 32-bit fragment loads, per-token page lookups and masks, two barriers per 16 tokens):
+// - TILE (16 or 32) tokens per pipeline stage, STAGES (2-4) stages of cp.async in dynamic shared memory, so each
+//   block keeps (STAGES - 1) * TILE * D * 4 bytes of K and V in flight while it computes on one stage.
+//   Bytes in flight per SM at D = 256 (K and V of a tile: TILE * 1 KiB): T32S3, 2 blocks/SM (106.5 KiB each):
+//   2 * 2 * 32 KiB = 128 KiB; T16S4, 3 blocks/SM (68 KiB): 3 * 3 * 16 KiB = 144 KiB; T32S2, 3 blocks/SM (72 KiB):
+//   3 * 1 * 32 KiB = 96 KiB. The H200 needs ~32-40 KiB per SM to reach its bandwidth, so every variant has 2-4x
+//   that; the 16-token kernel had 5 * 16 KiB but spent its issue slots elsewhere.
+// - The page lookup of a tile is done once, lane i of each warp looking up token i (one load per lane per tile),
+//   and each copying thread takes its token's row index by shuffle. The same ballot gives the tile's 32-bit
+//   validity mask, kept in shared memory per (stage, warp), so the softmax masks without touching the table.
+// - Rows in shared memory are swizzled in 16-byte chunks (chunk c of row r at c ^ (r & 7)), so ldmatrix of eight
+//   rows at one logical chunk hits eight distinct bank groups: ldmatrix.x4 loads the K fragments (B of Q K^T,
+//   tokens are the rows) and ldmatrix.x4.trans the V fragments (B of P V, tokens are k), four 8x8 matrices per
+//   instruction instead of eight 32-bit loads.
+// - The R <= 8 query heads are rows 0..7 of the m16 A operand; rows 8..15 are always zero, so only the first two
+//   accumulator elements of each score fragment matter: the cross-warp score sum moves half the data the 16-token
+//   kernel moved (float2 per n-tile, 16-byte shared loads).
+// - Splits are tile aligned: a split takes ceil(len / splits) tokens rounded up to TILE, so each sequence uses as
+//   many of the grid's splits as its own length needs (a short sequence of a ragged batch leaves the rest empty,
+//   and they write an empty partial that the combine weighs 0).
+// Four warps per block as before: warp w multiplies head-dim quarter w into the score tile (summed through shared
+// memory), all warps run the same softmax, and warp w owns output columns [w D/4, (w+1) D/4).
+// Invalid tokens (past the end, page id >= num_pages) are zero-filled by cp.async (nothing read) and masked to
+// -inf, so their V rows are 0 and P is 0: no NaN from stale shared memory can reach the output.
+constexpr unsigned TD_INVALID = 0xffffffffu;  // row index: token not in the cache (masked, zero-filled)
+constexpr unsigned TD_CURRENT = 0xfffffffeu;  // row index: the ring's current token (k_cur / v_cur)
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+template <int D, int TILE, int STAGES>
+struct TiledGeom {
+    static constexpr int NTT = TILE / 8;                                    // score n-tiles per stage
+    static constexpr int KV_BYTES = STAGES * 2 * TILE * D * 2;              // K and V stages, bf16
+    static constexpr int SPART_BYTES = 2 * TC_WARPS * 32 * NTT * 2 * 4;     // float2 per (parity, warp, lane, n-tile)
+    static constexpr int MASK_BYTES = STAGES * TC_WARPS * 4;
+    static constexpr int SMEM = KV_BYTES + SPART_BYTES + MASK_BYTES;
+};
+
+// Where the K/V rows of one (sequence, KV head) come from. row(t) is the row index of token t (t < len) in
+// k / v (elements row * D), TD_CURRENT for the separate current row, or TD_INVALID.
+struct PagedSrc {
+    const unsigned int* bt;  // this sequence's block-table row
+    int page_size, num_pages, hkv, g;
+    __device__ __forceinline__ unsigned row(int t) const {
+        const unsigned page = bt[t / page_size];
+        if (page >= static_cast<unsigned>(num_pages)) return TD_INVALID;
+        return (page * static_cast<unsigned>(hkv) + g) * static_cast<unsigned>(page_size) + t % page_size;
+    }
+};
+struct RingSrc {
+    unsigned base;  // (seq * hkv + g) * slots
+    int valid;      // ring slots in use: min(pos, slots); token `valid` is the current one
+    __device__ __forceinline__ unsigned row(int t) const {
+        return t < valid ? base + static_cast<unsigned>(t) : TD_CURRENT;
+    }
+};
+
+// The shared body. k / v: the cache (paged pool or ring); kcur / vcur: the current token's row (ring only, else
+// unused); len: tokens of this (sequence, KV head), all of which are attended.
+template <int D, int TILE, int STAGES, class Src>
+__device__ __forceinline__ void attention_decode_tiled(const float* __restrict__ q, const uint16_t* __restrict__ k,
+                                                       const uint16_t* __restrict__ v,
+                                                       const uint16_t* __restrict__ kcur,
+                                                       const uint16_t* __restrict__ vcur, const Src& src, int len,
+                                                       float scale, float* __restrict__ out, float* __restrict__ ws,
+                                                       int hq, int r_heads) {
+    using G = TiledGeom<D, TILE, STAGES>;
+    constexpr int NTT = G::NTT;
+    constexpr int CPR = D / 8;                  // 16-byte chunks per row
+    constexpr int CHUNKS = 2 * TILE * CPR;      // per stage, K then V
+    constexpr int NT = TC_WARPS * 32;
+    static_assert(CHUNKS % (2 * NT) == 0, "every thread issues the same number of copies (shuffles inside)");
+    constexpr int KS = D / 16;                  // k-steps of Q K^T
+    constexpr int KSW = KS / TC_WARPS;          // per warp: 1 (D 64), 2 (128), 4 (256)
+    constexpr int DW = D / TC_WARPS;            // output columns per warp
+    constexpr int NO = DW / 8;                  // output n-tiles per warp (even)
+    static_assert(CPR >= 8 && NO % 2 == 0 && (KSW == 1 || KSW % 2 == 0) && NTT % 2 == 0, "shape");
+    extern __shared__ __align__(16) unsigned char td_smem[];
+    uint16_t* kv = reinterpret_cast<uint16_t*>(td_smem);
+    float2* spart = reinterpret_cast<float2*>(td_smem + G::KV_BYTES);  // [2][TC_WARPS][32][NTT]
+    unsigned* tmask = reinterpret_cast<unsigned*>(td_smem + G::KV_BYTES + G::SPART_BYTES);  // [STAGES][TC_WARPS]
+
+    const int split = blockIdx.x, splits = gridDim.x;
+    const int g_kv = blockIdx.y, seq = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, qd = lane & 3;
+
+    // Tile-aligned split of [0, len).
+    const int per = ((len + splits - 1) / splits + TILE - 1) / TILE * TILE;
+    const int start = min(len, split * per);
+    const int end = min(len, start + per);
+    const int n_tiles = (end - start + TILE - 1) / TILE;
+    const size_t cur_off = (static_cast<size_t>(seq) * gridDim.y + g_kv) * D;
+
+    auto issue = [&](int st) {
+        if (st < n_tiles) {
+            const int buf = st % STAGES;
+            const int t = start + st * TILE + (lane & (TILE - 1));
+            const unsigned myrow = t < end ? src.row(t) : TD_INVALID;
+            const unsigned ok_bits = __ballot_sync(0xffffffffu, myrow != TD_INVALID);
+            if (lane == 0) tmask[buf * TC_WARPS + warp] = TILE == 32 ? ok_bits : (ok_bits & 0xffffu);
+            uint16_t* base = kv + buf * (2 * TILE * D);
+            // Each thread copies the same chunk of K and of V (one row index, one swizzled offset for both).
+#pragma unroll
+            for (int i = 0; i < CHUNKS / (2 * NT); ++i) {
+                const int c = threadIdx.x + i * NT;
+                const int tok = c / CPR;
+                const int part = c % CPR;
+                const unsigned r = __shfl_sync(0xffffffffu, myrow, tok);
+                const bool ok = r != TD_INVALID;
+                const size_t goff = r == TD_CURRENT ? cur_off + part * 8 : (ok ? static_cast<size_t>(r) * D + part * 8 : 0);
+                const uint16_t* ksrc = r == TD_CURRENT ? kcur : k;
+                const uint16_t* vsrc = r == TD_CURRENT ? vcur : v;
+                uint16_t* dst = base + tok * D + ((part ^ (tok & 7)) * 8);
+                cp_async16(dst, ksrc + goff, ok);
+                cp_async16(dst + TILE * D, vsrc + goff, ok);
+            }
+        }
+        cp_async_commit();  // also when empty, so the wait_group counts stay uniform
+    };
+
+    // Q rows (query heads g_kv * R + g, zero past R) as A fragments of this warp's k-steps; rows 8..15 are zero.
+    uint32_t qa[KSW][2];
+    {
+        const float qs = scale * LOG2E;
+        const float* q0 = q + (static_cast<size_t>(seq) * hq + g_kv * r_heads) * D;
+#pragma unroll
+        for (int si = 0; si < KSW; ++si) {
+            const int s = warp * KSW + si;
+            float v4[4] = {0.f, 0.f, 0.f, 0.f};
+            if (g < r_heads) {
+                const float* qr = q0 + static_cast<size_t>(g) * D + s * 16 + 2 * qd;
+                v4[0] = qr[0] * qs;
+                v4[1] = qr[1] * qs;
+                v4[2] = qr[8] * qs;
+                v4[3] = qr[9] * qs;
+            }
+            qa[si][0] = pack_bf16x2(v4[0], v4[1]);
+            qa[si][1] = pack_bf16x2(v4[2], v4[3]);
+        }
+    }
+    float o[NO][4];
+#pragma unroll
+    for (int j = 0; j < NO; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    float m_run = -INFINITY, l_run = 0.f;  // row g (the same on the quad)
+
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) issue(st);
+    for (int st = 0; st < n_tiles; ++st) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        issue(st + STAGES - 1);  // refills the buffer every warp finished with before the barrier
+        const int buf = st % STAGES;
+        const uint16_t* ks = kv + buf * (2 * TILE * D);
+        const uint16_t* vs = ks + TILE * D;
+
+        // Partial scores of this warp's head-dim quarter: NTT n-tiles of 8 tokens.
+        float sacc[NTT][4];
+#pragma unroll
+        for (int nt = 0; nt < NTT; ++nt) sacc[nt][0] = sacc[nt][1] = sacc[nt][2] = sacc[nt][3] = 0.f;
+        if constexpr (KSW == 1) {
+            // One k-step: an x4 covers chunks 2s, 2s+1 of two n-tiles.
+#pragma unroll
+            for (int nt = 0; nt < NTT; nt += 2) {
+                const int row = (nt + (lane >> 4)) * 8 + (lane & 7);
+                const int chunk = 2 * warp + ((lane >> 3) & 1);
+                uint32_t b[4];
+                ldmatrix_x4(b, ks + row * D + ((chunk ^ (row & 7)) * 8));
+                const uint32_t a[4] = {qa[0][0], 0u, qa[0][1], 0u};
+                mma_bf16_16816(sacc[nt], a, b[0], b[1]);
+                mma_bf16_16816(sacc[nt + 1], a, b[2], b[3]);
+            }
+        } else {
+            // An x4 covers chunks 2s .. 2s+3 (k-steps s, s+1) of one n-tile.
+#pragma unroll
+            for (int nt = 0; nt < NTT; ++nt) {
+                const int row = nt * 8 + (lane & 7);
+#pragma unroll
+                for (int si = 0; si < KSW; si += 2) {
+                    const int chunk = 2 * (warp * KSW + si) + (lane >> 3);
+                    uint32_t b[4];
+                    ldmatrix_x4(b, ks + row * D + ((chunk ^ (row & 7)) * 8));
+                    const uint32_t a0[4] = {qa[si][0], 0u, qa[si][1], 0u};
+                    const uint32_t a1[4] = {qa[si + 1][0], 0u, qa[si + 1][1], 0u};
+                    mma_bf16_16816(sacc[nt], a0, b[0], b[1]);
+                    mma_bf16_16816(sacc[nt], a1, b[2], b[3]);
+                }
+            }
+        }
+        float2* sp = spart + (st & 1) * (TC_WARPS * 32 * NTT);
+#pragma unroll
+        for (int nt = 0; nt < NTT; nt += 2)
+            *reinterpret_cast<float4*>(&sp[(warp * 32 + lane) * NTT + nt]) =
+                make_float4(sacc[nt][0], sacc[nt][1], sacc[nt + 1][0], sacc[nt + 1][1]);
+        __syncthreads();  // this parity is rewritten two tiles later, after the next top-of-loop barrier
+        float sc[NTT][2];
+#pragma unroll
+        for (int nt = 0; nt < NTT; ++nt) sc[nt][0] = sc[nt][1] = 0.f;
+#pragma unroll
+        for (int w = 0; w < TC_WARPS; ++w)
+#pragma unroll
+            for (int nt = 0; nt < NTT; nt += 2) {
+                const float4 x = *reinterpret_cast<const float4*>(&sp[(w * 32 + lane) * NTT + nt]);
+                sc[nt][0] += x.x;
+                sc[nt][1] += x.y;
+                sc[nt + 1][0] += x.z;
+                sc[nt + 1][1] += x.w;
+            }
+        // Mask, then the online softmax of row g over the quad; this lane's columns are 8 nt + 2 qd + {0, 1}.
+        const unsigned okm = tmask[buf * TC_WARPS + warp];
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NTT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                if (!((okm >> (8 * nt + 2 * qd + e)) & 1u)) sc[nt][e] = -INFINITY;
+                mx = fmaxf(mx, sc[nt][e]);
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mn = fmaxf(m_run, mx);
+        const float corr = mn == -INFINITY ? 1.f : exp2f(m_run - mn);
+        float sum = 0.f;
+        uint32_t pa[TILE / 16][4];
+#pragma unroll
+        for (int nt = 0; nt < NTT; ++nt) {
+            const float p0 = mn == -INFINITY ? 0.f : exp2f(sc[nt][0] - mn);
+            const float p1 = mn == -INFINITY ? 0.f : exp2f(sc[nt][1] - mn);
+            sum += p0 + p1;
+            // A fragment of k-step nt / 2: a0 = (row g, tokens 2qd..+1), a2 = (row g, tokens 8 + 2qd..+1).
+            pa[nt / 2][(nt & 1) ? 2 : 0] = pack_bf16x2(p0, p1);
+            pa[nt / 2][(nt & 1) ? 3 : 1] = 0u;  // rows 8..15
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        l_run = fmaf(l_run, corr, sum);
+        m_run = mn;
+#pragma unroll
+        for (int j = 0; j < NO; ++j) {
+            o[j][0] *= corr;
+            o[j][1] *= corr;
+        }
+        // O += P V over this warp's columns: an x4.trans gives the B fragments of two n-tiles of one k-step.
+#pragma unroll
+        for (int kk = 0; kk < TILE / 16; ++kk) {
+            const int row = 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+            for (int j = 0; j < NO; j += 2) {
+                const int chunk = warp * (DW / 8) + j + (lane >> 4);
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, vs + row * D + ((chunk ^ (row & 7)) * 8));
+                mma_bf16_16816(o[j], pa[kk], b[0], b[1]);
+                mma_bf16_16816(o[j + 1], pa[kk], b[2], b[3]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    // Row g of this warp's columns 8j + 2qd + {0, 1}.
+    if (g < r_heads) {
+        const size_t orow = static_cast<size_t>(seq) * hq + g_kv * r_heads + g;
+        if (splits == 1) {
+            const float inv = l_run > 0.f ? 1.f / l_run : 0.f;
+#pragma unroll
+            for (int j = 0; j < NO; ++j) {
+                const int col = warp * DW + 8 * j + 2 * qd;
+                *reinterpret_cast<float2*>(&out[orow * D + col]) = make_float2(o[j][0] * inv, o[j][1] * inv);
+            }
+        } else {
+            const size_t slot = (orow * splits + split) * (D + 2);
+#pragma unroll
+            for (int j = 0; j < NO; ++j) {
+                const int col = warp * DW + 8 * j + 2 * qd;
+                *reinterpret_cast<float2*>(&ws[slot + 2 + col]) = make_float2(o[j][0], o[j][1]);
+            }
+            if (warp == 0 && qd == 0) {
+                ws[slot] = m_run;
+                ws[slot + 1] = l_run;
+            }
+        }
+    }
+}
+
+// Paged: same arguments as attention_decode_tc_D*; the length is clamped to the table as there.
+template <int D, int TILE, int STAGES>
+__device__ __forceinline__ void attention_decode_tiled_paged(const float* q, const uint16_t* kc, const uint16_t* vc,
+                                                             const unsigned int* bt, const unsigned int* lens,
+                                                             float scale, float* out, float* ws, int hq, int hkv,
+                                                             int page_size, int num_pages, int max_pages) {
+    const int seq = blockIdx.z;
+    const long long cap = static_cast<long long>(max_pages) * page_size;
+    const int len = static_cast<int>(min(static_cast<long long>(lens[seq]), cap));
+    const PagedSrc src{bt + static_cast<size_t>(seq) * max_pages, page_size, num_pages, hkv,
+                       static_cast<int>(blockIdx.y)};
+    attention_decode_tiled<D, TILE, STAGES>(q, kc, vc, nullptr, nullptr, src, len, scale, out, ws, hq, hq / hkv);
+}
+
+// Ring (sliding window W, slots = W - 1): k_ring / v_ring [seqs, hkv, slots, D], k_cur / v_cur [seqs, hkv, D] bf16,
+// pos [seqs] the current token's position. Attends min(pos, slots) ring slots (order does not matter) plus the
+// current token, as kernels::attention::decode_ring.
+template <int D, int TILE, int STAGES>
+__device__ __forceinline__ void attention_decode_tiled_ring(const float* q, const uint16_t* kr, const uint16_t* vr,
+                                                            const uint16_t* kcur, const uint16_t* vcur,
+                                                            const unsigned int* pos, float scale, float* out,
+                                                            float* ws, int hq, int hkv, int slots) {
+    const int seq = blockIdx.z;
+    const int valid = static_cast<int>(min(pos[seq], static_cast<unsigned>(slots)));
+    const RingSrc src{(static_cast<unsigned>(seq) * hkv + blockIdx.y) * static_cast<unsigned>(slots), valid};
+    attention_decode_tiled<D, TILE, STAGES>(q, kr, vr, kcur, vcur, src, valid + 1, scale, out, ws, hq, hq / hkv);
+}
+
+#define EDGEFIT_ATT_TILED(D, TT, SS, MINB)                                                                          \
+    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB) attention_decode_tiled_D##D##_T##TT##_S##SS(   \
+        const float* q, const uint16_t* kc, const uint16_t* vc, const unsigned int* bt, const unsigned int* lens, \
+        float scale, float* out, float* ws, int hq, int hkv, int page_size, int num_pages, int max_pages) {       \
+        attention_decode_tiled_paged<D, TT, SS>(q, kc, vc, bt, lens, scale, out, ws, hq, hkv, page_size, num_pages, \
+                                              max_pages);                                                         \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB) attention_decode_ring_D##D##_T##TT##_S##SS(    \
+        const float* q, const uint16_t* kr, const uint16_t* vr, const uint16_t* kcur, const uint16_t* vcur,       \
+        const unsigned int* pos, float scale, float* out, float* ws, int hq, int hkv, int slots) {                \
+        attention_decode_tiled_ring<D, TT, SS>(q, kr, vr, kcur, vcur, pos, scale, out, ws, hq, hkv, slots);         \
+    }
+#define EDGEFIT_ATT_TILED_D(D)        \
+    EDGEFIT_ATT_TILED(D, 32, 3, 2)    \
+    EDGEFIT_ATT_TILED(D, 16, 4, 3)    \
+    EDGEFIT_ATT_TILED(D, 32, 2, 3)
+EDGEFIT_ATT_TILED_D(64)
+EDGEFIT_ATT_TILED_D(128)
+EDGEFIT_ATT_TILED_D(256)

@@ -124,3 +124,266 @@ impl Gpu {
         }
     }
 }
+
+/// Largest row index (`(page * kv_heads + head) * page_size + slot`, or `(seq * kv_heads + head) * (window - 1) +
+/// slot` for a ring) the tiled kernels address: they carry row indices in 32 bits, with the top two values as
+/// markers (cuda/attention.cu, `TD_INVALID`, `TD_CURRENT`). 2^31 rows is 1 TiB of bf16 K at head_dim 256.
+const TILED_MAX_ROWS: usize = 1 << 31;
+
+/// Most tokens one sequence may span (block-table width x page size, or ring slots): the kernels split lengths
+/// in 32-bit arithmetic with up to 1024 splits of tile-rounded size, which 2^30 keeps far from overflow.
+const TILED_MAX_TOKENS: usize = 1 << 30;
+
+impl Gpu {
+    /// The tilings the tiled decode kernels are built for, `(tokens per pipeline stage, stages)`; the first is
+    /// the default of [`Gpu::attention_decode_ring`]. (32, 3): 2 blocks per multiprocessor at head_dim 256;
+    /// (16, 4) and (32, 2): 3 blocks. Each keeps 96-144 KiB of K/V in flight per multiprocessor
+    /// (cuda/attention.cu explains the count); the benchmark `kernels/bench/h200/bench_attention_decode.py`
+    /// compares them.
+    pub const DECODE_TILINGS: [(usize, usize); 3] = [(32, 3), (16, 4), (32, 2)];
+
+    /// [`Gpu::attention_decode_paged`] (same layouts, same clamping of lengths and skipping of bad page ids) on
+    /// the tiled tensor-core kernel `attention_decode_tiled_*`: `tiling` is one of [`Gpu::DECODE_TILINGS`]; any
+    /// group size `q_heads / kv_heads` from 1 to 8. `splits = 0` picks one wave of blocks over the GPU with at
+    /// least two tiles per split; each sequence then uses `ceil(len / tokens_per_split)` of them. The query and
+    /// the probabilities are rounded to bf16 (~1e-3 relative error, as [`KernelPath::TensorCores`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_decode_paged_tiled(
+        &self,
+        tiling: (usize, usize),
+        dims: &PagedAttentionDims,
+        q: &GpuBuffer<f32>,
+        k_cache: &GpuBuffer<u16>,
+        v_cache: &GpuBuffer<u16>,
+        block_table: &GpuBuffer<u32>,
+        seq_lens: &GpuBuffer<u32>,
+        scale: f32,
+        splits: usize,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::attention_decode_paged_tiled";
+        let d = dims;
+        let t = tiling_index(OP, tiling)?;
+        crate::ensure_shape!(
+            d.seqs > 0 && d.q_heads > 0 && d.kv_heads > 0 && d.page_size > 0 && d.num_pages > 0,
+            OP,
+            "every count must be positive, got {d:?}"
+        );
+        check_heads(OP, d.q_heads, d.kv_heads, d.head_dim, d.seqs, splits, scale)?;
+        crate::ensure_shape!(
+            d.num_pages
+                .checked_mul(d.kv_heads)
+                .and_then(|x| x.checked_mul(d.page_size))
+                .is_some_and(|rows| rows <= TILED_MAX_ROWS)
+                && d
+                    .max_pages_per_seq
+                    .checked_mul(d.page_size)
+                    .is_some_and(|c| c <= TILED_MAX_TOKENS),
+            OP,
+            "the cache must hold at most 2^31 rows of head_dim (num_pages x kv_heads x page_size) and a block table \
+             at most 2^30 tokens, got {d:?}"
+        );
+        let cache = d.num_pages * d.page_size * d.kv_heads * d.head_dim;
+        check_len(OP, "q", q.len(), d.seqs * d.q_heads * d.head_dim)?;
+        check_len(OP, "k_cache", k_cache.len(), cache)?;
+        check_len(OP, "v_cache", v_cache.len(), cache)?;
+        check_len(
+            OP,
+            "block_table",
+            block_table.len(),
+            d.seqs * d.max_pages_per_seq,
+        )?;
+        check_len(OP, "seq_lens", seq_lens.len(), d.seqs)?;
+        check_len(OP, "out", out.len(), d.seqs * d.q_heads * d.head_dim)?;
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.attention_decode_paged_tiled(
+                t,
+                d,
+                &q.slice,
+                &k_cache.slice,
+                &v_cache.slice,
+                &block_table.slice,
+                &seq_lens.slice,
+                scale,
+                splits,
+                &mut out.slice,
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = t;
+            match self.never {}
+        }
+    }
+
+    /// Decode over a sliding-window ring (sliding layers), as [`crate::attention::decode_ring`] with a bf16
+    /// cache: `q`, `out`: fp32 `[seqs, q_heads, head_dim]`; `k_ring`, `v_ring`: bf16 bits `[seqs, kv_heads,
+    /// window - 1, head_dim]`; `k_cur`, `v_cur`: bf16 bits `[seqs, kv_heads, head_dim]`, the current token's key
+    /// and value; `pos`: `[seqs]`, the current token's position. Sequence `b` attends ring slots
+    /// `0..min(pos[b], window - 1)` (in any order: token `p` lives in slot `p % (window - 1)`) plus the current
+    /// token. Grouped-query packed and split over the ring as the paged kernel (any group size 1-8, head_dim
+    /// 64/128/256); `splits = 0` picks one wave. Runs the first of [`Gpu::DECODE_TILINGS`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_decode_ring(
+        &self,
+        dims: &crate::attention::AttnDims,
+        seqs: usize,
+        window: usize,
+        q: &GpuBuffer<f32>,
+        k_ring: &GpuBuffer<u16>,
+        v_ring: &GpuBuffer<u16>,
+        k_cur: &GpuBuffer<u16>,
+        v_cur: &GpuBuffer<u16>,
+        pos: &GpuBuffer<u32>,
+        scale: f32,
+        splits: usize,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        self.attention_decode_ring_with(
+            Self::DECODE_TILINGS[0],
+            dims,
+            seqs,
+            window,
+            q,
+            k_ring,
+            v_ring,
+            k_cur,
+            v_cur,
+            pos,
+            scale,
+            splits,
+            out,
+        )
+    }
+
+    /// [`Gpu::attention_decode_ring`] on a chosen tiling, one of [`Gpu::DECODE_TILINGS`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_decode_ring_with(
+        &self,
+        tiling: (usize, usize),
+        dims: &crate::attention::AttnDims,
+        seqs: usize,
+        window: usize,
+        q: &GpuBuffer<f32>,
+        k_ring: &GpuBuffer<u16>,
+        v_ring: &GpuBuffer<u16>,
+        k_cur: &GpuBuffer<u16>,
+        v_cur: &GpuBuffer<u16>,
+        pos: &GpuBuffer<u32>,
+        scale: f32,
+        splits: usize,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::attention_decode_ring";
+        let t = tiling_index(OP, tiling)?;
+        dims.validate(OP)?;
+        crate::ensure_shape!(seqs > 0, OP, "seqs must be positive");
+        check_heads(
+            OP,
+            dims.q_heads,
+            dims.kv_heads,
+            dims.head_dim,
+            seqs,
+            splits,
+            scale,
+        )?;
+        crate::ensure_shape!(
+            window >= 1,
+            OP,
+            "a sliding window must hold at least 1 token, got 0"
+        );
+        let slots = window - 1;
+        crate::ensure_shape!(
+            seqs.checked_mul(dims.kv_heads)
+                .and_then(|x| x.checked_mul(slots))
+                .is_some_and(|rows| rows <= TILED_MAX_ROWS)
+                && slots < TILED_MAX_TOKENS,
+            OP,
+            "the ring must hold at most 2^31 rows (seqs x kv_heads x (window - 1)), got {seqs} x {} x {slots}",
+            dims.kv_heads
+        );
+        let (hq, hkv, hd) = (dims.q_heads, dims.kv_heads, dims.head_dim);
+        check_len(OP, "q", q.len(), seqs * hq * hd)?;
+        check_len(OP, "k_ring", k_ring.len(), seqs * hkv * slots * hd)?;
+        check_len(OP, "v_ring", v_ring.len(), seqs * hkv * slots * hd)?;
+        check_len(OP, "k_cur", k_cur.len(), seqs * hkv * hd)?;
+        check_len(OP, "v_cur", v_cur.len(), seqs * hkv * hd)?;
+        check_len(OP, "pos", pos.len(), seqs)?;
+        check_len(OP, "out", out.len(), seqs * hq * hd)?;
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.attention_decode_ring(
+                t,
+                dims,
+                seqs,
+                slots,
+                &q.slice,
+                &k_ring.slice,
+                &v_ring.slice,
+                &k_cur.slice,
+                &v_cur.slice,
+                &pos.slice,
+                scale,
+                splits,
+                &mut out.slice,
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = t;
+            match self.never {}
+        }
+    }
+}
+
+/// Index of `tiling` in [`Gpu::DECODE_TILINGS`], or a shape error naming the built ones.
+fn tiling_index(op: &'static str, tiling: (usize, usize)) -> Result<usize, KernelError> {
+    Gpu::DECODE_TILINGS
+        .iter()
+        .position(|&t| t == tiling)
+        .ok_or_else(|| {
+            KernelError::shape(
+                op,
+                format!(
+                    "tiling (tokens per stage, stages) must be one of {:?}, got {tiling:?}",
+                    Gpu::DECODE_TILINGS
+                ),
+            )
+        })
+}
+
+/// The checks the tiled paged and ring kernels share: head geometry they are built for, grid limits, splits
+/// (the combine kernel weighs at most 1024), a finite scale.
+fn check_heads(
+    op: &'static str,
+    q_heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    seqs: usize,
+    splits: usize,
+    scale: f32,
+) -> Result<(), KernelError> {
+    crate::ensure_shape!(
+        q_heads > 0 && kv_heads > 0 && q_heads.is_multiple_of(kv_heads) && (1..=8).contains(&(q_heads / kv_heads)),
+        op,
+        "q_heads ({q_heads}) must be 1 to 8 times kv_heads ({kv_heads}): the query group is the 8 rows of one mma tile"
+    );
+    crate::ensure_shape!(
+        matches!(head_dim, 64 | 128 | 256),
+        op,
+        "head_dim must be 64, 128 or 256, got {head_dim}"
+    );
+    crate::ensure_shape!(
+        seqs <= 65535 && kv_heads <= 65535,
+        op,
+        "seqs and kv_heads must be at most 65535"
+    );
+    crate::ensure_shape!(
+        splits <= 1024,
+        op,
+        "splits must be at most 1024, got {splits}"
+    );
+    crate::ensure_shape!(scale.is_finite(), op, "scale must be finite, got {scale}");
+    Ok(())
+}

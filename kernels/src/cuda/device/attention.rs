@@ -144,3 +144,268 @@ fn attention_split_name(head_dim: usize, r: usize) -> Option<&'static str> {
         _ => return None,
     })
 }
+
+/// Dynamic shared memory of `attention_decode_{tiled,ring}_D*_T*_S*`: cuda/attention.cu's `TiledGeom::SMEM`
+/// (stages of K and V, the double-buffered float2 score partials of 4 warps, the per-stage masks).
+fn tiled_smem(head_dim: usize, tile: usize, stages: usize) -> usize {
+    stages * 2 * tile * head_dim * 2 + 2 * 4 * 32 * (tile / 8) * 2 * 4 + stages * 4 * 4
+}
+
+fn tiled_name(ring: bool, head_dim: usize, tiling: usize) -> &'static str {
+    const PAGED: [[&str; 3]; 3] = [
+        [
+            "attention_decode_tiled_D64_T32_S3",
+            "attention_decode_tiled_D64_T16_S4",
+            "attention_decode_tiled_D64_T32_S2",
+        ],
+        [
+            "attention_decode_tiled_D128_T32_S3",
+            "attention_decode_tiled_D128_T16_S4",
+            "attention_decode_tiled_D128_T32_S2",
+        ],
+        [
+            "attention_decode_tiled_D256_T32_S3",
+            "attention_decode_tiled_D256_T16_S4",
+            "attention_decode_tiled_D256_T32_S2",
+        ],
+    ];
+    const RING: [[&str; 3]; 3] = [
+        [
+            "attention_decode_ring_D64_T32_S3",
+            "attention_decode_ring_D64_T16_S4",
+            "attention_decode_ring_D64_T32_S2",
+        ],
+        [
+            "attention_decode_ring_D128_T32_S3",
+            "attention_decode_ring_D128_T16_S4",
+            "attention_decode_ring_D128_T32_S2",
+        ],
+        [
+            "attention_decode_ring_D256_T32_S3",
+            "attention_decode_ring_D256_T16_S4",
+            "attention_decode_ring_D256_T32_S2",
+        ],
+    ];
+    let di = match head_dim {
+        64 => 0,
+        128 => 1,
+        _ => 2,
+    };
+    if ring {
+        RING[di][tiling]
+    } else {
+        PAGED[di][tiling]
+    }
+}
+
+fn combine_name(head_dim: usize) -> &'static str {
+    match head_dim {
+        64 => "attention_decode_combine_D64",
+        128 => "attention_decode_combine_D128",
+        _ => "attention_decode_combine_D256",
+    }
+}
+
+impl Device {
+    /// Splits for the tiled kernels: one wave of resident blocks (bounded by shared memory, 228 KiB per
+    /// multiprocessor less 1 KiB per block, and at most 4 blocks: 139 registers x 128 threads at head_dim 256)
+    /// over the (sequence, KV head) pairs, and at most one split per two tiles of the longest possible sequence.
+    fn tiled_splits(
+        &self,
+        blocks: usize,
+        head_dim: usize,
+        tiling: usize,
+        max_tokens: usize,
+    ) -> usize {
+        let (tile, stages) = crate::cuda::Gpu::DECODE_TILINGS[tiling];
+        let per_sm = (228 * 1024 / (tiled_smem(head_dim, tile, stages) + 1024)).clamp(1, 4);
+        let want = (per_sm * self.sm_count).div_ceil(blocks.max(1));
+        want.min(max_tokens.div_ceil(2 * tile)).clamp(1, 1024)
+    }
+
+    /// The split kernel's partials workspace, grown to `len` floats.
+    fn attention_workspace(
+        &self,
+        len: usize,
+    ) -> Result<std::sync::MutexGuard<'_, Option<CudaSlice<f32>>>, KernelError> {
+        let mut ws_guard = self.attention_ws.lock().map_err(|_| poisoned())?;
+        if ws_guard.as_ref().is_none_or(|w| w.len() < len) {
+            *ws_guard = Some(
+                self.stream
+                    .alloc_zeros::<f32>(len.max(1))
+                    .map_err(cuda_err("attention workspace"))?,
+            );
+        }
+        Ok(ws_guard)
+    }
+
+    /// `attention_decode_combine_D*` over `splits` partials per (sequence, query head).
+    fn attention_combine(
+        &self,
+        head_dim: usize,
+        q_heads: usize,
+        seqs: usize,
+        splits: usize,
+        ws: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), KernelError> {
+        let name = combine_name(head_dim);
+        let f = self.function(Module::Attention, name)?;
+        let (hq, s) = (q_heads as i32, splits as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (q_heads as u32, seqs as u32, 1),
+            block_dim: (head_dim as u32, 4, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(ws).arg(out).arg(&hq).arg(&s);
+        // SAFETY: matches `attention_decode_combine_D*`; the split kernel queued before it on the same stream
+        // filled seqs * q_heads * splits partials of head_dim + 2 floats, and out is [seqs, q_heads, head_dim].
+        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        Ok(())
+    }
+
+    /// The tiled kernel `name` with its dynamic shared memory allowed (over the 48 KiB default).
+    fn tiled_function(
+        &self,
+        name: &'static str,
+        smem: usize,
+    ) -> Result<cudarc::driver::CudaFunction, KernelError> {
+        let f = self.function(Module::Attention, name)?;
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(cuda_err(name))?;
+        Ok(f)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) fn attention_decode_paged_tiled(
+        &self,
+        tiling: usize,
+        d: &PagedAttentionDims,
+        q: &CudaSlice<f32>,
+        k_cache: &CudaSlice<u16>,
+        v_cache: &CudaSlice<u16>,
+        block_table: &CudaSlice<u32>,
+        seq_lens: &CudaSlice<u32>,
+        scale: f32,
+        splits: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), KernelError> {
+        let splits = if splits == 0 {
+            self.tiled_splits(
+                d.seqs * d.kv_heads,
+                d.head_dim,
+                tiling,
+                d.max_pages_per_seq * d.page_size,
+            )
+        } else {
+            splits
+        };
+        let (tile, stages) = crate::cuda::Gpu::DECODE_TILINGS[tiling];
+        let smem = tiled_smem(d.head_dim, tile, stages);
+        let name = tiled_name(false, d.head_dim, tiling);
+        let f = self.tiled_function(name, smem)?;
+        let mut ws_guard =
+            self.attention_workspace(d.seqs * d.q_heads * splits * (d.head_dim + 2))?;
+        let Some(ws) = ws_guard.as_mut() else {
+            return Err(KernelError::Cuda(
+                "attention workspace was not allocated".into(),
+            ));
+        };
+        let (hq, hkv, ps, np, mp) = (
+            d.q_heads as i32,
+            d.kv_heads as i32,
+            d.page_size as i32,
+            d.num_pages as i32,
+            d.max_pages_per_seq as i32,
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (splits as u32, d.kv_heads as u32, d.seqs as u32),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(q)
+            .arg(k_cache)
+            .arg(v_cache)
+            .arg(block_table)
+            .arg(seq_lens)
+            .arg(&scale)
+            .arg(&mut *out)
+            .arg(&mut *ws);
+        b.arg(&hq).arg(&hkv).arg(&ps).arg(&np).arg(&mp);
+        // SAFETY: matches `attention_decode_tiled_D*_T*_S*` in cuda/attention.cu with 4 warps and its TiledGeom
+        // shared memory; the caller checked every buffer against dims and that rows and the table fit the
+        // kernel's 32-bit indices; the kernel clamps each length to max_pages * page_size and skips page ids >=
+        // num_pages; the workspace holds seqs * q_heads * splits * (head_dim + 2) floats.
+        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        if splits > 1 {
+            self.attention_combine(d.head_dim, d.q_heads, d.seqs, splits, ws, out)?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) fn attention_decode_ring(
+        &self,
+        tiling: usize,
+        d: &crate::attention::AttnDims,
+        seqs: usize,
+        slots: usize,
+        q: &CudaSlice<f32>,
+        k_ring: &CudaSlice<u16>,
+        v_ring: &CudaSlice<u16>,
+        k_cur: &CudaSlice<u16>,
+        v_cur: &CudaSlice<u16>,
+        pos: &CudaSlice<u32>,
+        scale: f32,
+        splits: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), KernelError> {
+        let splits = if splits == 0 {
+            self.tiled_splits(seqs * d.kv_heads, d.head_dim, tiling, slots + 1)
+        } else {
+            splits
+        };
+        let (tile, stages) = crate::cuda::Gpu::DECODE_TILINGS[tiling];
+        let smem = tiled_smem(d.head_dim, tile, stages);
+        let name = tiled_name(true, d.head_dim, tiling);
+        let f = self.tiled_function(name, smem)?;
+        let mut ws_guard =
+            self.attention_workspace(seqs * d.q_heads * splits * (d.head_dim + 2))?;
+        let Some(ws) = ws_guard.as_mut() else {
+            return Err(KernelError::Cuda(
+                "attention workspace was not allocated".into(),
+            ));
+        };
+        let (hq, hkv, sl) = (d.q_heads as i32, d.kv_heads as i32, slots as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (splits as u32, d.kv_heads as u32, seqs as u32),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(q)
+            .arg(k_ring)
+            .arg(v_ring)
+            .arg(k_cur)
+            .arg(v_cur)
+            .arg(pos)
+            .arg(&scale)
+            .arg(&mut *out)
+            .arg(&mut *ws);
+        b.arg(&hq).arg(&hkv).arg(&sl);
+        // SAFETY: matches `attention_decode_ring_D*_T*_S*` in cuda/attention.cu with 4 warps and its TiledGeom
+        // shared memory; the caller checked the ring ([seqs, kv_heads, slots, head_dim]), the current rows, pos and
+        // out, and that ring rows fit 32 bits; the kernel reads min(pos, slots) slots per (sequence, KV head); the
+        // workspace holds seqs * q_heads * splits * (head_dim + 2) floats.
+        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        if splits > 1 {
+            self.attention_combine(d.head_dim, d.q_heads, seqs, splits, ws, out)?;
+        }
+        Ok(())
+    }
+}

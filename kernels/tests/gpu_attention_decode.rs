@@ -1,0 +1,456 @@
+//! The tiled tensor-core decode kernels (`attention_decode_tiled_*` over a paged cache and
+//! `attention_decode_ring_*` over a sliding-window ring, cuda/attention.cu) against the references on the CPU:
+//! `kernels::reference::attention::decode_dense` (f64) for both, and the crate's CPU `attention::decode_ring` for
+//! the ring. Fresh random bf16 K/V each run (the seed is printed), ragged lengths that are not multiples of the
+//! 16/32-token tiles or of the pages, shuffled pages, table slots past the pool, outputs poisoned with NaN before
+//! each launch, every built tiling, head dims 64/128/256, group sizes 1-8, splits 1/3/auto/300.
+//!
+//! Error bound 5e-3 relative (Frobenius over the whole output): the kernels round the scaled query and the
+//! probabilities to bf16 (2^-9 relative each), which measures ~1e-3 against f64 (benchmarks/h200.md); a wrong
+//! mask, a lost rescale or a misplaced fragment gives errors of order 1.
+//!
+//! Small enough for `compute-sanitizer --tool memcheck|racecheck` in seconds.
+
+use kernels::attention::{AttnDims, KvSlice, RingKv};
+use kernels::cuda::{Gpu, PagedAttentionDims};
+use kernels::formats::{bf16_to_f32, f32_to_bf16};
+use kernels::reference;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+mod gpu_common;
+use gpu_common::{gpu, rel_err, rng, uniform};
+
+const TOL: f64 = 5e-3;
+
+/// Random bf16 bits in [-1, 1), every 7th scaled by 4 (peaky softmax: a wrong max or a lost rescale shows) and
+/// every 5th negated.
+fn kv_bits(rng: &mut ChaCha8Rng, n: usize) -> Vec<u16> {
+    let mut v: Vec<u16> = uniform(rng, n, 1.0).into_iter().map(f32_to_bf16).collect();
+    for x in v.iter_mut().step_by(7) {
+        *x = f32_to_bf16(bf16_to_f32(*x) * 4.0);
+    }
+    for x in v.iter_mut().step_by(5) {
+        *x = f32_to_bf16(-bf16_to_f32(*x));
+    }
+    v
+}
+
+/// One paged case on every tiling. `bad_page`: also point the second table entry of sequence 0 past the pool,
+/// so that page's tokens must be skipped (the reference leaves them out).
+#[allow(clippy::too_many_arguments)]
+fn check_paged(
+    gpu: &Gpu,
+    rng: &mut ChaCha8Rng,
+    attn: AttnDims,
+    lens: &[usize],
+    page_size: usize,
+    splits: usize,
+    bad_page: bool,
+) {
+    let (hq, hkv, d) = (attn.q_heads, attn.kv_heads, attn.head_dim);
+    let seqs = lens.len();
+    let max_pages = lens.iter().map(|l| l.div_ceil(page_size)).max().unwrap() + 1;
+    let num_pages = seqs * max_pages + 3;
+    let mut order: Vec<u32> = (0..num_pages as u32).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.gen_range(0..=i));
+    }
+    let page_elems = hkv * page_size * d;
+    let kc = kv_bits(rng, num_pages * page_elems);
+    let vc = kv_bits(rng, num_pages * page_elems);
+    // Unused table slots point past the pool: the kernel must never read them.
+    let mut table = vec![u32::MAX; seqs * max_pages];
+    for s in 0..seqs {
+        for p in 0..lens[s].div_ceil(page_size) {
+            table[s * max_pages + p] = order[s * max_pages + p];
+        }
+    }
+    if bad_page && lens[0] > page_size {
+        table[1] = num_pages as u32 + 5;
+    }
+    let q = uniform(rng, seqs * hq * d, 1.0);
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut want = vec![0.0f32; seqs * hq * d];
+    for s in 0..seqs {
+        // The dense history of the tokens whose page is in the pool (softmax does not care about order).
+        let (mut kd, mut vd) = (Vec::new(), Vec::new());
+        for t in 0..lens[s] {
+            let page = table[s * max_pages + t / page_size] as usize;
+            if page >= num_pages {
+                continue;
+            }
+            for g in 0..hkv {
+                let src = ((page * hkv + g) * page_size + t % page_size) * d;
+                kd.extend(kc[src..src + d].iter().map(|&b| bf16_to_f32(b)));
+                vd.extend(vc[src..src + d].iter().map(|&b| bf16_to_f32(b)));
+            }
+        }
+        let n = kd.len() / (hkv * d);
+        reference::attention::decode_dense(
+            &attn,
+            scale,
+            None,
+            n,
+            &q[s * hq * d..(s + 1) * hq * d],
+            &kd,
+            &vd,
+            &mut want[s * hq * d..(s + 1) * hq * d],
+        )
+        .unwrap();
+    }
+    let dims = PagedAttentionDims {
+        seqs,
+        q_heads: hq,
+        kv_heads: hkv,
+        head_dim: d,
+        page_size,
+        num_pages,
+        max_pages_per_seq: max_pages,
+    };
+    let lens32: Vec<u32> = lens.iter().map(|&l| l as u32).collect();
+    let (dq, dk, dv) = (
+        gpu.upload(&q).unwrap(),
+        gpu.upload(&kc).unwrap(),
+        gpu.upload(&vc).unwrap(),
+    );
+    let (dt, dl) = (gpu.upload(&table).unwrap(), gpu.upload(&lens32).unwrap());
+    for tiling in Gpu::DECODE_TILINGS {
+        let mut out = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
+        gpu.attention_decode_paged_tiled(
+            tiling, &dims, &dq, &dk, &dv, &dt, &dl, scale, splits, &mut out,
+        )
+        .unwrap();
+        let got = gpu.download(&out).unwrap();
+        let what = format!(
+            "paged tiled {tiling:?} hq={hq} hkv={hkv} d={d} lens={lens:?} page={page_size} splits={splits} \
+             bad_page={bad_page}"
+        );
+        let e = rel_err(&what, &got, &want);
+        assert!(e < TOL, "{what}: relative error {e:e} >= {TOL:e}");
+    }
+}
+
+#[test]
+fn tiled_paged_decode_matches_the_reference() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("tiled_paged_decode");
+    // Qwen3.8-27B full attention: 24 query heads on 4 KV heads of 256; 300 splits leave most partials empty.
+    let qwen = AttnDims {
+        q_heads: 24,
+        kv_heads: 4,
+        head_dim: 256,
+    };
+    for &splits in &[1usize, 3, 0, 300] {
+        check_paged(&gpu, &mut rng, qwen, &[1, 37, 300, 1000], 16, splits, false);
+    }
+    check_paged(&gpu, &mut rng, qwen, &[203, 64, 65], 64, 0, true);
+    // Every group size 1-8 over the three head dims, odd page sizes (a tile spans pages), ragged lengths.
+    let mut case = 0;
+    for r in 1..=8usize {
+        for &d in &[64usize, 128, 256] {
+            case += 1;
+            let hkv = 1 + case % 3;
+            let page = [13usize, 32, 7, 64][case % 4];
+            let lens = [1 + (case * 37) % 200, 31 + case, 97 + 5 * case];
+            check_paged(
+                &gpu,
+                &mut rng,
+                AttnDims {
+                    q_heads: r * hkv,
+                    kv_heads: hkv,
+                    head_dim: d,
+                },
+                &lens,
+                page,
+                [0usize, 2, 5][case % 3],
+                case % 2 == 0,
+            );
+        }
+    }
+}
+
+/// The inputs of one ring case and its two oracles.
+struct RingCase {
+    kr: Vec<u16>,
+    vr: Vec<u16>,
+    kcur: Vec<u16>,
+    vcur: Vec<u16>,
+    q: Vec<f32>,
+    /// `decode_dense` in f64 over the valid slots and the current token.
+    want: Vec<f32>,
+    /// The CPU `attention::decode_ring` on the same bf16 ring.
+    cpu: Vec<f32>,
+}
+
+/// Random ring inputs (`window - 1` slots per (sequence, KV head)) and both oracles, checking them against each
+/// other (< 1e-4: both see the same bf16 values in f32/f64).
+fn ring_case(rng: &mut ChaCha8Rng, attn: AttnDims, window: usize, pos: &[u32]) -> RingCase {
+    let (hq, hkv, d) = (attn.q_heads, attn.kv_heads, attn.head_dim);
+    let (seqs, slots) = (pos.len(), window - 1);
+    let kr = kv_bits(rng, seqs * hkv * slots * d);
+    let vr = kv_bits(rng, seqs * hkv * slots * d);
+    let kcur = kv_bits(rng, seqs * hkv * d);
+    let vcur = kv_bits(rng, seqs * hkv * d);
+    let q = uniform(rng, seqs * hq * d, 1.0);
+    let scale = 1.0 / (d as f32).sqrt();
+    // Dense reference: the valid slots in slot order, then the current token.
+    let mut want = vec![0.0f32; seqs * hq * d];
+    for s in 0..seqs {
+        let valid = (pos[s] as usize).min(slots);
+        let n = valid + 1;
+        let (mut kd, mut vd) = (vec![0.0f32; n * hkv * d], vec![0.0f32; n * hkv * d]);
+        for t in 0..n {
+            for g in 0..hkv {
+                let (ksrc, vsrc) = if t < valid {
+                    let o = ((s * hkv + g) * slots + t) * d;
+                    (&kr[o..o + d], &vr[o..o + d])
+                } else {
+                    let o = (s * hkv + g) * d;
+                    (&kcur[o..o + d], &vcur[o..o + d])
+                };
+                for e in 0..d {
+                    kd[(t * hkv + g) * d + e] = bf16_to_f32(ksrc[e]);
+                    vd[(t * hkv + g) * d + e] = bf16_to_f32(vsrc[e]);
+                }
+            }
+        }
+        reference::attention::decode_dense(
+            &attn,
+            scale,
+            None,
+            n,
+            &q[s * hq * d..(s + 1) * hq * d],
+            &kd,
+            &vd,
+            &mut want[s * hq * d..(s + 1) * hq * d],
+        )
+        .unwrap();
+    }
+    // The CPU ring decode on the same bf16 ring (the kernel the GPU one replaces).
+    let hb =
+        |v: &[u16]| -> Vec<half::bf16> { v.iter().map(|&b| half::bf16::from_bits(b)).collect() };
+    let (krh, vrh, kch, vch) = (hb(&kr), hb(&vr), hb(&kcur), hb(&vcur));
+    let ring = RingKv {
+        k_ring: KvSlice::Bf16(&krh),
+        v_ring: KvSlice::Bf16(&vrh),
+        window,
+        k_cur: KvSlice::Bf16(&kch),
+        v_cur: KvSlice::Bf16(&vch),
+        pos,
+    };
+    let mut cpu = vec![f32::NAN; seqs * hq * d];
+    kernels::attention::decode_ring(&attn, scale, seqs, &q, &ring, &mut cpu).unwrap();
+    let what = format!("cpu decode_ring hq={hq} hkv={hkv} d={d} window={window} pos={pos:?}");
+    let e = rel_err(&what, &cpu, &want);
+    assert!(
+        e < 1e-4,
+        "{what}: relative error {e:e} against the f64 reference"
+    );
+    RingCase {
+        kr,
+        vr,
+        kcur,
+        vcur,
+        q,
+        want,
+        cpu,
+    }
+}
+
+/// One ring case on every tiling, against the CPU ring decode and the dense reference.
+fn check_ring(
+    gpu: &Gpu,
+    rng: &mut ChaCha8Rng,
+    attn: AttnDims,
+    window: usize,
+    pos: &[u32],
+    splits: usize,
+) {
+    let (hq, hkv, d) = (attn.q_heads, attn.kv_heads, attn.head_dim);
+    let seqs = pos.len();
+    let scale = 1.0 / (d as f32).sqrt();
+    let RingCase {
+        kr,
+        vr,
+        kcur,
+        vcur,
+        q,
+        want,
+        cpu,
+    } = ring_case(rng, attn, window, pos);
+    let (dq, dkr, dvr) = (
+        gpu.upload(&q).unwrap(),
+        gpu.upload(&kr).unwrap(),
+        gpu.upload(&vr).unwrap(),
+    );
+    let (dkc, dvc, dp) = (
+        gpu.upload(&kcur).unwrap(),
+        gpu.upload(&vcur).unwrap(),
+        gpu.upload(pos).unwrap(),
+    );
+    for tiling in Gpu::DECODE_TILINGS {
+        let mut out = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
+        gpu.attention_decode_ring_with(
+            tiling, &attn, seqs, window, &dq, &dkr, &dvr, &dkc, &dvc, &dp, scale, splits, &mut out,
+        )
+        .unwrap();
+        let got = gpu.download(&out).unwrap();
+        let what = format!(
+            "ring {tiling:?} hq={hq} hkv={hkv} d={d} window={window} pos={pos:?} splits={splits}"
+        );
+        let e = rel_err(&format!("{what} vs reference"), &got, &want);
+        assert!(
+            e < TOL,
+            "{what}: relative error {e:e} >= {TOL:e} against the f64 reference"
+        );
+        let e = rel_err(&format!("{what} vs cpu"), &got, &cpu);
+        assert!(
+            e < TOL,
+            "{what}: relative error {e:e} >= {TOL:e} against the CPU decode_ring"
+        );
+    }
+}
+
+#[test]
+fn ring_decode_matches_the_cpu_ring_and_the_reference() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("ring_decode");
+    // Gemma-3-like sliding layer at a small window: 8 query heads on 4 KV heads of 256 (r = 2); positions before
+    // the ring fills (0: only the current token; 5; exactly the slot count), after it wrapped (once, many times).
+    let gemma = AttnDims {
+        q_heads: 8,
+        kv_heads: 4,
+        head_dim: 256,
+    };
+    for &splits in &[1usize, 0, 3, 300] {
+        check_ring(&gpu, &mut rng, gemma, 100, &[0, 5, 99, 250, 10_000], splits);
+    }
+    // Every group size on the three head dims; windows whose slot counts are not multiples of a tile.
+    let mut case = 0;
+    for r in 1..=8usize {
+        for &d in &[64usize, 128, 256] {
+            case += 1;
+            let hkv = 1 + case % 2;
+            let window = [2usize, 17, 65, 130][case % 4];
+            let pos = [(case * 13) as u32 % 150, 1, 4 * window as u32 + 3];
+            check_ring(
+                &gpu,
+                &mut rng,
+                AttnDims {
+                    q_heads: r * hkv,
+                    kv_heads: hkv,
+                    head_dim: d,
+                },
+                window,
+                &pos,
+                [0usize, 1, 4][case % 3],
+            );
+        }
+    }
+}
+
+/// Without a GPU too: the ring layout the GPU test builds its dense reference from (valid slots, then the current
+/// token) is the one the CPU `decode_ring` reads, at the shapes the GPU test uses.
+#[test]
+fn the_ring_reference_agrees_with_the_cpu_ring() {
+    let mut rng = rng("ring_reference");
+    for (r, d, window, pos) in [
+        (2usize, 256usize, 100usize, [0u32, 99, 10_000]),
+        (7, 64, 2, [0, 1, 9]),
+        (3, 128, 17, [16, 17, 40]),
+    ] {
+        let attn = AttnDims {
+            q_heads: 2 * r,
+            kv_heads: 2,
+            head_dim: d,
+        };
+        ring_case(&mut rng, attn, window, &pos);
+    }
+}
+
+#[test]
+fn tiled_decode_refuses_what_is_not_built() {
+    let Some(gpu) = gpu() else { return };
+    let dims = PagedAttentionDims {
+        seqs: 1,
+        q_heads: 8,
+        kv_heads: 1,
+        head_dim: 64,
+        page_size: 4,
+        num_pages: 2,
+        max_pages_per_seq: 2,
+    };
+    let q = gpu.upload(&vec![0.0f32; 8 * 64]).unwrap();
+    let kv = gpu.upload(&vec![0u16; 2 * 4 * 64]).unwrap();
+    let bt = gpu.upload(&[0u32, 1]).unwrap();
+    let lens = gpu.upload(&[5u32]).unwrap();
+    let mut out = gpu.upload(&vec![0.0f32; 8 * 64]).unwrap();
+    let t = Gpu::DECODE_TILINGS[0];
+    let err = |r: Result<(), kernels::KernelError>| r.unwrap_err().to_string();
+    // A tiling that is not built.
+    let e = err(gpu.attention_decode_paged_tiled(
+        (64, 2),
+        &dims,
+        &q,
+        &kv,
+        &kv,
+        &bt,
+        &lens,
+        1.0,
+        0,
+        &mut out,
+    ));
+    assert!(e.contains("tiling"), "{e}");
+    // Group size 9, head dim 96, too many splits, a non-finite scale, a short cache.
+    let bad = [
+        (
+            PagedAttentionDims { q_heads: 9, ..dims },
+            1.0,
+            0,
+            "1 to 8 times",
+        ),
+        (
+            PagedAttentionDims {
+                head_dim: 96,
+                ..dims
+            },
+            1.0,
+            0,
+            "head_dim",
+        ),
+        (dims, 1.0, 1025, "splits"),
+        (dims, f32::NAN, 0, "scale"),
+        (
+            PagedAttentionDims {
+                num_pages: 3,
+                ..dims
+            },
+            1.0,
+            0,
+            "k_cache",
+        ),
+    ];
+    for (d, scale, splits, needle) in bad {
+        let e = err(gpu.attention_decode_paged_tiled(
+            t, &d, &q, &kv, &kv, &bt, &lens, scale, splits, &mut out,
+        ));
+        assert!(e.contains(needle), "{d:?}: expected '{needle}' in: {e}");
+    }
+    // Ring: window 0, and a ring of the wrong size.
+    let attn = AttnDims {
+        q_heads: 8,
+        kv_heads: 1,
+        head_dim: 64,
+    };
+    let cur = gpu.upload(&[0u16; 64]).unwrap();
+    let pos = gpu.upload(&[3u32]).unwrap();
+    let e = err(gpu.attention_decode_ring(
+        &attn, 1, 0, &q, &kv, &kv, &cur, &cur, &pos, 1.0, 0, &mut out,
+    ));
+    assert!(e.contains("at least 1 token"), "{e}");
+    let e = err(gpu.attention_decode_ring(
+        &attn, 1, 5, &q, &kv, &kv, &cur, &cur, &pos, 1.0, 0, &mut out,
+    ));
+    assert!(e.contains("k_ring"), "{e}");
+}

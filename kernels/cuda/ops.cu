@@ -1,1 +1,705 @@
-// Placeholder: the kernels of this module are being written (see kernels/src/cuda/ops.rs).
+// Small per-token ops of the engine on the GPU (sm_90): RMSNorm (plain and fused with the residual add), the gated
+// activations, embedding gathers (bf16 and packed int4 tables), argmax, top-k / top-p sampling and neox RoPE. Each
+// matches the CPU op of the crate (kernels/src/ops.rs, sampling.rs, attention.rs, linear/int4.rs); the safe entry
+// points and their checks are in kernels/src/cuda/ops.rs, the launches in kernels/src/cuda/device/ops.rs.
+//
+// All of these are memory-bound: one pass over their inputs, 16-byte accesses where the row length allows it (the
+// vector path needs only the row length to be a multiple of 4 or 8: cudarc and torch allocations are 256-byte
+// aligned), a scalar path otherwise. Row offsets are computed in 64 bits (a 248320 x 5120 table has 1.3e9
+// elements). Index math that must match the CPU bit for bit (the int4 decode) avoids FMA contraction explicitly.
+//
+// Dtypes follow the other GPU kernels: the GEMVs and GEMMs take bf16 activations and write fp32, so the norm and the
+// gated activations read fp32 and write bf16 (the next GEMM's input); the embedding gathers write fp32 (the
+// residual stream); argmax and sampling read the fp32 logits of the LM head.
+#include <cooperative_groups.h>
+#include <math_constants.h>
+
+#include "common.cuh"
+
+namespace cg = cooperative_groups;
+using namespace edgefit;
+
+namespace {
+
+constexpr int NORM_THREADS = 256;
+// Float4s per thread held in registers by the norm's vector path: rows up to 256 * 4 * 8 = 8192 floats are read
+// from memory once; longer rows (or rows not a multiple of 4) are re-read for the second pass (L1/L2 hits).
+constexpr int NORM_VEC_REGS = 8;
+
+__device__ __forceinline__ float block_sum_256(float v, float* red) {
+    v = warp_sum(v);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = lane < (NORM_THREADS / 32) ? red[lane] : 0.0f;
+    t = warp_sum(t);
+    return t;  // every thread holds the total
+}
+
+__device__ __forceinline__ void store_out(float* o, float v) { *o = v; }
+__device__ __forceinline__ void store_out(__nv_bfloat16* o, float v) { *o = __float2bfloat16_rn(v); }
+
+__device__ __forceinline__ void store_out4(float* o, float4 v) { *reinterpret_cast<float4*>(o) = v; }
+__device__ __forceinline__ void store_out4(__nv_bfloat16* o, float4 v) {
+    __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+    uint2 u;
+    u.x = *reinterpret_cast<uint32_t*>(&a);
+    u.y = *reinterpret_cast<uint32_t*>(&b);
+    *reinterpret_cast<uint2*>(o) = u;
+}
+
+// RMSNorm of one row per block: out = h * (1 / sqrtf(mean(h^2) + eps)) * (w + add), h = x (or x + residual, written
+// back to residual when ADD). The arithmetic is the CPU's (kernels/csrc/ops_impl.h): f32 sum of squares (here a
+// tree, there a sequential loop: they differ by rounding only), `1.0f / sqrtf` (IEEE, nvcc's default
+// -prec-div/-prec-sqrt), then `h * s * (w + add)` in that order.
+template <bool ADD, typename OutT>
+__device__ __forceinline__ void rmsnorm_row(const float* __restrict__ x, float* __restrict__ residual,
+                                            const float* __restrict__ w, float add, float eps,
+                                            OutT* __restrict__ out, int dim) {
+    __shared__ float red[NORM_THREADS / 32];
+    const size_t row = blockIdx.x;
+    const float* xr = x + row * dim;
+    float* rr = ADD ? residual + row * dim : nullptr;
+    OutT* orow = out + row * dim;
+    const int tid = threadIdx.x;
+    if ((dim & 3) == 0 && dim <= NORM_THREADS * 4 * NORM_VEC_REGS) {
+        const int nvec = dim >> 2;
+        float4 h[NORM_VEC_REGS];
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NORM_VEC_REGS; ++j) {
+            const int v = tid + j * NORM_THREADS;
+            if (v < nvec) {
+                float4 a = reinterpret_cast<const float4*>(xr)[v];
+                if (ADD) {
+                    const float4 b = reinterpret_cast<const float4*>(rr)[v];
+                    a.x += b.x;
+                    a.y += b.y;
+                    a.z += b.z;
+                    a.w += b.w;
+                    reinterpret_cast<float4*>(rr)[v] = a;
+                }
+                h[j] = a;
+                ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+            }
+        }
+        const float s = 1.0f / sqrtf(block_sum_256(ss, red) / (float)dim + eps);
+#pragma unroll
+        for (int j = 0; j < NORM_VEC_REGS; ++j) {
+            const int v = tid + j * NORM_THREADS;
+            if (v < nvec) {
+                const float4 wv = reinterpret_cast<const float4*>(w)[v];
+                float4 o;
+                o.x = h[j].x * s * (wv.x + add);
+                o.y = h[j].y * s * (wv.y + add);
+                o.z = h[j].z * s * (wv.z + add);
+                o.w = h[j].w * s * (wv.w + add);
+                store_out4(orow + 4 * v, o);
+            }
+        }
+        return;
+    }
+    // Scalar path: any length. The first loop writes the summed row back (ADD) and the second reads it again, each
+    // thread touching only its own elements, so no barrier is needed between the two.
+    float ss = 0.0f;
+    for (int i = tid; i < dim; i += NORM_THREADS) {
+        float a = xr[i];
+        if (ADD) {
+            a += rr[i];
+            rr[i] = a;
+        }
+        ss += a * a;
+    }
+    const float s = 1.0f / sqrtf(block_sum_256(ss, red) / (float)dim + eps);
+    for (int i = tid; i < dim; i += NORM_THREADS) {
+        const float a = ADD ? rr[i] : xr[i];
+        store_out(orow + i, a * s * (w[i] + add));
+    }
+}
+
+// Gated activations, the CPU's formulas (kernels/csrc/ops_impl.h, seq_common.h) with CUDA's accurate expf / erff.
+__device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
+__device__ __forceinline__ float gelu_f(float g) { return 0.5f * g * (1.0f + erff(g * 0.70710678f)); }
+
+constexpr int GLU_THREADS = 256;
+
+template <bool GELU>
+__device__ __forceinline__ float act(float g) {
+    return GELU ? gelu_f(g) : silu_f(g);
+}
+
+// out[r][j] = act(gate_up[r][j]) * gate_up[r][inter + j]. Grid: (rows, ceil(inter / (256 * 4))): one block per row
+// chunk of 1024 outputs; four per thread through float4 loads when inter % 4 == 0 (then both halves and the bf16
+// output row are 16- and 8-byte aligned), scalar otherwise.
+template <bool GELU>
+__device__ __forceinline__ void glu_chunk(const float* __restrict__ gate_up, __nv_bfloat16* __restrict__ out,
+                                          int inter) {
+    const size_t row = blockIdx.x;
+    const float* g = gate_up + row * 2 * (size_t)inter;
+    const float* u = g + inter;
+    __nv_bfloat16* o = out + row * (size_t)inter;
+    const int j = (blockIdx.y * GLU_THREADS + threadIdx.x) * 4;
+    if (j >= inter) return;
+    if ((inter & 3) == 0) {
+        const float4 gv = *reinterpret_cast<const float4*>(g + j);
+        const float4 uv = *reinterpret_cast<const float4*>(u + j);
+        store_out4(o + j, make_float4(act<GELU>(gv.x) * uv.x, act<GELU>(gv.y) * uv.y, act<GELU>(gv.z) * uv.z,
+                                      act<GELU>(gv.w) * uv.w));
+    } else {
+        const int end = min(j + 4, inter);
+        for (int i = j; i < end; ++i) o[i] = __float2bfloat16_rn(act<GELU>(g[i]) * u[i]);
+    }
+}
+
+constexpr int GATHER_THREADS = 128;
+
+// Monotone map of a float onto u32: a larger float (IEEE total order, -0 below +0, as Rust's total_cmp) gets a
+// larger key. NaNs land above +inf (positive) or below -inf (negative); callers flag them separately.
+__device__ __forceinline__ uint32_t float_key(float f) {
+    const uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float key_float(uint32_t k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// ---- argmax -------------------------------------------------------------------------------------------------------
+constexpr int ARGMAX_THREADS = 1024;
+constexpr int ARGMAX_CLUSTER = 8;
+
+// (value, index) with the CPU's order: the larger value, the lower index on ties.
+__device__ __forceinline__ bool better(float v, uint32_t i, float bv, uint32_t bi) {
+    return v > bv || (v == bv && i < bi);
+}
+
+struct ArgBest {
+    float v;
+    uint32_t i;
+    int nan;
+};
+
+// Reduces elements [lo, hi) of `row` over the block; thread 0 gets the result. Unvisited threads hold
+// (-inf, UINT32_MAX), which loses to every real element (an all -inf row still answers its first index, as the CPU).
+__device__ ArgBest argmax_block_range(const float* __restrict__ row, uint32_t lo, uint32_t hi, bool vec) {
+    float bv = -CUDART_INF_F;
+    uint32_t bi = 0xffffffffu;
+    int nan = 0;
+    // A thread visits its elements in increasing index order, so a strict `>` keeps the first of equal values.
+    auto take4 = [&](const float4 v, uint32_t i) {
+        nan |= isnan(v.x) | isnan(v.y) | isnan(v.z) | isnan(v.w);
+        if (v.x > bv) { bv = v.x; bi = i; }
+        if (v.y > bv) { bv = v.y; bi = i + 1; }
+        if (v.z > bv) { bv = v.z; bi = i + 2; }
+        if (v.w > bv) { bv = v.w; bi = i + 3; }
+        // An all -inf start: a thread's first element must be taken even though it equals the initial -inf.
+        if (bi == 0xffffffffu) { bv = v.x; bi = i; }
+    };
+    if (vec) {  // lo and hi are multiples of 4 (hi is a chunk end or the row's end, itself a multiple of 4)
+        constexpr uint32_t STEP = 4 * ARGMAX_THREADS;
+        uint32_t i = lo + 4 * threadIdx.x;
+        // Four 16-byte loads in flight per thread (a row of one 248320-wide cluster is only 16 loads per thread:
+        // with one at a time, each block waited out eight DRAM round trips).
+        for (; i + 3 * STEP < hi; i += 4 * STEP) {
+            float4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) v[u] = *reinterpret_cast<const float4*>(row + i + u * STEP);
+#pragma unroll
+            for (int u = 0; u < 4; ++u) take4(v[u], i + u * STEP);
+        }
+        for (; i < hi; i += STEP) take4(*reinterpret_cast<const float4*>(row + i), i);
+    } else {
+        for (uint32_t i = lo + threadIdx.x; i < hi; i += ARGMAX_THREADS) {
+            const float v = row[i];
+            nan |= isnan(v);
+            if (v > bv || bi == 0xffffffffu) { bv = v; bi = i; }
+        }
+    }
+    // A NaN never wins a comparison, so bv/bi describe the non-NaN elements; the flag reports the NaN.
+    if (isnan(bv)) { bv = -CUDART_INF_F; }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const uint32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+    }
+    nan = __any_sync(0xffffffffu, nan);
+    __shared__ float sv[32];
+    __shared__ uint32_t si[32];
+    __shared__ int sn[32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) { sv[warp] = bv; si[warp] = bi; sn[warp] = nan; }
+    __syncthreads();
+    ArgBest r{-CUDART_INF_F, 0xffffffffu, 0};
+    if (warp == 0) {
+        bv = sv[lane];
+        bi = si[lane];
+        nan = sn[lane];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const uint32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+        }
+        nan = __any_sync(0xffffffffu, nan);
+        r = ArgBest{bv, bi, nan};
+    }
+    return r;
+}
+
+// ---- sampling -----------------------------------------------------------------------------------------------------
+constexpr int SAMPLE_THREADS = 1024;
+constexpr int SAMPLE_KMAX = 1024;  // the candidates are sorted in shared memory, one per thread
+
+// PCG32 XSH-RR, the CPU's Pcg32::next_u32 (kernels/src/sampling.rs).
+__device__ __forceinline__ uint32_t pcg32_next(uint64_t& state, uint64_t inc) {
+    const uint64_t old = state;
+    state = old * 6364136223846793005ull + inc;
+    const uint32_t xorshifted = (uint32_t)(((old >> 18) ^ old) >> 27);
+    const uint32_t rot = (uint32_t)(old >> 59);
+    return __funnelshift_r(xorshifted, xorshifted, rot);
+}
+
+// Pcg32::next_f64: 53 random bits.
+__device__ __forceinline__ double pcg32_f64(uint64_t& state, uint64_t inc) {
+    const uint64_t hi = (uint64_t)pcg32_next(state, inc) << 21;
+    const uint64_t lo = (uint64_t)(pcg32_next(state, inc) >> 11);
+    return (double)(hi | lo) * (1.0 / 9007199254740992.0);
+}
+
+// Inclusive scan over the block (1024 threads) of one double per thread; `red` holds 32 doubles.
+__device__ __forceinline__ double block_scan_f64(double v, double* red) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const double t = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += t;
+    }
+    if (lane == 31) red[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        double t = red[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const double s = __shfl_up_sync(0xffffffffu, t, o);
+            if (lane >= o) t += s;
+        }
+        red[lane] = t;
+    }
+    __syncthreads();
+    if (warp > 0) v += red[warp - 1];
+    __syncthreads();  // red is reused by the next call
+    return v;
+}
+
+// Warp-aggregated histogram add (every lane of the warp must call it): lanes with the same bin add once. In the
+// first radix pass every element counts and logits crowd into a few top-byte bins (sign and high exponent bits),
+// where plain shared-memory atomics from a warp would serialise on one address.
+__device__ __forceinline__ void hist_add_match(uint32_t* hist, uint32_t bin) {
+    const uint32_t peers = __match_any_sync(0xffffffffu, bin);
+    if ((threadIdx.x & 31) == (uint32_t)(__ffs(peers) - 1)) atomicAdd(&hist[bin], __popc(peers));
+}
+
+}  // namespace
+
+// ---- entry points ---------------------------------------------------------------------------------------------
+
+// RMSNorm, one block of 256 threads per row: x fp32 [rows, dim], w fp32 [dim], out bf16 or fp32 [rows, dim].
+// `add` is 0 (weight form w) or 1 (form 1 + w).
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+    rmsnorm_bf16(const float* __restrict__ x, const float* __restrict__ w, float add, float eps,
+                 __nv_bfloat16* __restrict__ out, int dim) {
+    rmsnorm_row<false>(x, nullptr, w, add, eps, out, dim);
+}
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+    rmsnorm_f32(const float* __restrict__ x, const float* __restrict__ w, float add, float eps,
+                float* __restrict__ out, int dim) {
+    rmsnorm_row<false>(x, nullptr, w, add, eps, out, dim);
+}
+// Fused residual add + RMSNorm: residual += x (written back, fp32), out = rmsnorm(residual).
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+    add_rmsnorm_bf16(const float* __restrict__ x, float* __restrict__ residual, const float* __restrict__ w, float add,
+                     float eps, __nv_bfloat16* __restrict__ out, int dim) {
+    rmsnorm_row<true>(x, residual, w, add, eps, out, dim);
+}
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+    add_rmsnorm_f32(const float* __restrict__ x, float* __restrict__ residual, const float* __restrict__ w, float add,
+                    float eps, float* __restrict__ out, int dim) {
+    rmsnorm_row<true>(x, residual, w, add, eps, out, dim);
+}
+
+// Gated activations: gate_up fp32 [rows, 2 * inter] (gate first), out bf16 [rows, inter].
+extern "C" __global__ void __launch_bounds__(GLU_THREADS)
+    silu_and_mul_bf16(const float* __restrict__ gate_up, __nv_bfloat16* __restrict__ out, int inter) {
+    glu_chunk<false>(gate_up, out, inter);
+}
+extern "C" __global__ void __launch_bounds__(GLU_THREADS)
+    gelu_and_mul_bf16(const float* __restrict__ gate_up, __nv_bfloat16* __restrict__ out, int inter) {
+    glu_chunk<true>(gate_up, out, inter);
+}
+
+// Embedding gather from a bf16 table [vocab, dim] into fp32 out [n, dim], one block per id. An id >= vocab (the ids
+// live on the device, so the host cannot check them) reads nothing and fills its row with NaN, which every later
+// op carries to the logits, where argmax and sampling flag it.
+extern "C" __global__ void __launch_bounds__(GATHER_THREADS)
+    embedding_gather_bf16(const uint16_t* __restrict__ table, const uint32_t* __restrict__ ids, float* __restrict__ out,
+                          uint32_t vocab, int dim) {
+    const uint32_t id = ids[blockIdx.x];
+    float* o = out + (size_t)blockIdx.x * dim;
+    if (id >= vocab) {
+        for (int i = threadIdx.x; i < dim; i += GATHER_THREADS) o[i] = CUDART_NAN_F;
+        return;
+    }
+    const uint16_t* t = table + (size_t)id * dim;
+    if ((dim & 7) == 0) {  // 16-byte loads of 8 bf16, two float4 stores each
+        auto put = [&](int v, uint4 raw) {
+            float f[8];
+            bf16x8_to_float(raw, f);
+            reinterpret_cast<float4*>(o)[2 * v] = make_float4(f[0], f[1], f[2], f[3]);
+            reinterpret_cast<float4*>(o)[2 * v + 1] = make_float4(f[4], f[5], f[6], f[7]);
+        };
+        const int nv = dim >> 3;
+        int v = threadIdx.x;
+        // Two loads in flight per thread before their stores (a 5120-wide row is five loads per thread).
+        for (; v + GATHER_THREADS < nv; v += 2 * GATHER_THREADS) {
+            const uint4 a = ld_stream(t + 8 * v);
+            const uint4 b = ld_stream(t + 8 * (v + GATHER_THREADS));
+            put(v, a);
+            put(v + GATHER_THREADS, b);
+        }
+        if (v < nv) put(v, ld_stream(t + 8 * v));
+    } else {
+        for (int i = threadIdx.x; i < dim; i += GATHER_THREADS) o[i] = __uint_as_float((uint32_t)t[i] << 16);
+    }
+}
+
+// Embedding gather from a packed int4 table (kernels/src/linear/int4.rs: codes uint8 [npad/64][k][32], row `id` in
+// byte `id % 32` of each 32-byte group, low nibble for id % 64 < 32; scales/zeros bf16 [ceil(k/group)][npad][2])
+// into fp32 out [n, k]: out = (code - 8) * scale + zero, rounded as the CPU (no FMA). One block per id; each element
+// is one byte of a different 32-byte sector, so this reads 32x the bytes it uses: the layout is the GEMM's, not a
+// gather's. Bad ids give NaN rows as above.
+extern "C" __global__ void __launch_bounds__(GATHER_THREADS)
+    embedding_gather_int4(const uint8_t* __restrict__ packed, const uint16_t* __restrict__ scales_zeros,
+                          const uint32_t* __restrict__ ids, float* __restrict__ out, uint32_t n, int k, int group,
+                          uint32_t npad) {
+    const uint32_t id = ids[blockIdx.x];
+    float* o = out + (size_t)blockIdx.x * k;
+    if (id >= n) {
+        for (int i = threadIdx.x; i < k; i += GATHER_THREADS) o[i] = CUDART_NAN_F;
+        return;
+    }
+    const uint8_t* base = packed + (size_t)(id >> 6) * k * 32 + (id & 31);
+    const int shift = (id & 32) ? 4 : 0;
+    for (int c = threadIdx.x; c < k; c += GATHER_THREADS) {
+        const uint32_t code = (base[(size_t)c * 32] >> shift) & 15u;
+        const size_t sz = ((size_t)(c / group) * npad + id) * 2;
+        const float s = __uint_as_float((uint32_t)scales_zeros[sz] << 16);
+        const float z = __uint_as_float((uint32_t)scales_zeros[sz + 1] << 16);
+        o[c] = __fadd_rn(__fmul_rn((float)code - 8.0f, s), z);
+    }
+}
+
+// Argmax over rows of fp32 logits [rows, vocab] -> u32 [rows]: the largest value, the first index on ties; a row
+// with a NaN answers 0xffffffff (the CPU refuses it). A cluster of 8 blocks (1024 threads each, one SM each) shares
+// a row: each reduces an eighth, and block 0 of the cluster combines the eight results through distributed shared
+// memory, so one launch reads a 248320-wide row at the bandwidth of eight SMs, without a workspace or a second
+// kernel. Grid: (8, rows).
+extern "C" __global__ void __cluster_dims__(ARGMAX_CLUSTER, 1, 1) __launch_bounds__(ARGMAX_THREADS)
+    argmax_cluster8(const float* __restrict__ logits, uint32_t* __restrict__ out, uint32_t vocab) {
+    cg::cluster_group cluster = cg::this_cluster();
+    const uint32_t rank = cluster.block_rank();
+    const float* row = logits + (size_t)blockIdx.y * vocab;
+    const bool vec = (vocab & 3) == 0;
+    // Chunks of a multiple of 4 elements, so the vector path's loads stay aligned.
+    const uint32_t chunk = ((vocab + ARGMAX_CLUSTER - 1) / ARGMAX_CLUSTER + 3) & ~3u;
+    const uint32_t lo = min(vocab, rank * chunk), hi = min(vocab, lo + chunk);
+    __shared__ ArgBest part;
+    const ArgBest r = argmax_block_range(row, lo, hi, vec);
+    if (threadIdx.x == 0) part = r;
+    cluster.sync();
+    if (rank == 0 && threadIdx.x == 0) {
+        ArgBest best = part;
+        for (uint32_t b = 1; b < ARGMAX_CLUSTER; ++b) {
+            const ArgBest* o = cluster.map_shared_rank(&part, b);
+            const ArgBest p = *o;
+            best.nan |= p.nan;
+            if (better(p.v, p.i, best.v, best.i)) best = ArgBest{p.v, p.i, best.nan};
+        }
+        out[blockIdx.y] = best.nan ? 0xffffffffu : best.i;
+    }
+    // Keep every block's shared memory alive until block 0 has read it.
+    cluster.sync();
+}
+
+// The same with one block per row (grid (1, rows)): the fallback, and the benchmark's comparison.
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
+    argmax_block(const float* __restrict__ logits, uint32_t* __restrict__ out, uint32_t vocab) {
+    const float* row = logits + (size_t)blockIdx.y * vocab;
+    const ArgBest r = argmax_block_range(row, 0, vocab, (vocab & 3) == 0);
+    if (threadIdx.x == 0) out[blockIdx.y] = r.nan ? 0xffffffffu : r.i;
+}
+
+// Top-k / top-p sampling with temperature, one block of 1024 threads per row, with the CPU's semantics
+// (kernels/src/sampling.rs) step for step, so that the same seed draws the same token:
+//  1. radix select (four passes of 8 bits over monotone u32 keys, warp-aggregated shared-memory histograms) finds
+//     the key T of the k-th largest logit, k = min(top_k, vocab) (1 when temperature is 0: greedy);
+//  2. the candidates (every key > T, then the lowest ids among the keys == T, exactly the CPU's order: descending
+//     logit by total_cmp, lower id first) are gathered into shared memory and bitonic-sorted;
+//  3. in f64: p = exp(l / t - l0 / t), q = p / sum p, the smallest prefix whose mass reaches top_p, renormalised,
+//     and the draw: u from the row's Pcg32 (advanced only when more than one candidate is left, as the CPU), the
+//     first candidate whose running sum exceeds u.
+// Sums are block scans instead of the CPU's sequential loop, so a draw can differ only when u falls within ~1e-16
+// of a boundary. logits fp32 [rows, vocab]; rng u32 [rows, 4] (state lo, hi, inc lo, hi), advanced in place;
+// out u32 [rows]: the token, or 0xffffffff for a row holding a NaN or +inf (the CPU refuses those), which does not
+// advance the generator.
+//
+// MATCH picks how the first radix pass counts: warp-aggregated through __match_any_sync (`sample_topk_topp`), or
+// plain shared-memory atomics (`sample_topk_topp_plain`); the later passes count only the few elements that still
+// match the selected prefix, with plain atomics, in both. The benchmark times both.
+template <bool MATCH>
+__device__ __forceinline__ void sample_row(const float* __restrict__ logits, uint32_t* __restrict__ rng,
+                                           uint32_t* __restrict__ out, uint32_t vocab, uint32_t k,
+                                           float temperature, float top_p) {
+    __shared__ uint32_t hist[257];
+    __shared__ unsigned long long cand[SAMPLE_KMAX];
+    __shared__ double red[32];
+    __shared__ uint32_t s_prefix, s_remaining, s_ties, s_ngt, s_neq, s_keep, s_pick;
+    __shared__ int s_bad;
+    const float* row = logits + (size_t)blockIdx.x * vocab;
+    const int tid = threadIdx.x, lane = tid & 31;
+    // Elements handled as rounds of 4 per thread, so every warp runs the same number of iterations (the
+    // histogram's warp-wide match needs all lanes).
+    const bool vec = (vocab & 3) == 0;
+    const uint32_t rounds = (vocab + 4 * SAMPLE_THREADS - 1) / (4 * SAMPLE_THREADS);
+    auto load4 = [&](uint32_t r, float* v) {
+        const uint32_t i = r * 4 * SAMPLE_THREADS + 4 * tid;
+        if (vec && i < vocab) {
+            const float4 f = *reinterpret_cast<const float4*>(row + i);
+            v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[e] = (i + e < vocab) ? row[i + e] : CUDART_NAN_F;
+        }
+    };
+    if (tid == 0) {
+        s_prefix = 0;
+        s_remaining = k;
+        s_bad = 0;
+        s_ngt = 0;
+        s_neq = 0;
+        s_keep = 0xffffffffu;
+        s_pick = 0xffffffffu;
+    }
+    uint32_t mask = 0;
+    for (int pass = 0; pass < 4; ++pass) {
+        const int shift = 24 - 8 * pass;
+        for (int b = tid; b < 257; b += SAMPLE_THREADS) hist[b] = 0;
+        __syncthreads();
+        const uint32_t prefix = s_prefix;
+        int bad = 0;
+        for (uint32_t r = 0; r < rounds; ++r) {
+            float v[4];
+            load4(r, v);
+            const uint32_t i = r * 4 * SAMPLE_THREADS + 4 * tid;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const bool in = i + e < vocab;
+                if (pass == 0 && in) bad |= isnan(v[e]) | (v[e] == CUDART_INF_F);
+                const uint32_t key = float_key(v[e]);
+                const bool m = in && (key & mask) == prefix;
+                if (MATCH && pass == 0) {
+                    hist_add_match(hist, m ? (key >> shift) & 255u : 256u);  // bin 256: nothing to count
+                } else if (m) {
+                    atomicAdd(&hist[(key >> shift) & 255u], 1u);
+                }
+            }
+        }
+        if (pass == 0 && __any_sync(0xffffffffu, bad) && lane == 0) s_bad = 1;
+        __syncthreads();
+        if (s_bad) {
+            if (tid == 0) out[blockIdx.x] = 0xffffffffu;
+            return;  // uniform: every thread read s_bad after the barrier
+        }
+        // Find the digit where the count from the top reaches `remaining`: warp 0, 8 bins per lane, lane 0 owning
+        // the highest bins.
+        if (tid < 32) {
+            const uint32_t remaining = s_remaining;
+            uint32_t c[8], sum = 0;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                c[j] = hist[255 - (8 * lane + j)];
+                sum += c[j];
+            }
+            uint32_t incl = sum;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const uint32_t t = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += t;
+            }
+            const uint32_t excl = incl - sum;
+            if (excl < remaining && remaining <= incl) {
+                uint32_t above = excl;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    if (above < remaining && remaining <= above + c[j]) {
+                        const uint32_t digit = 255 - (8 * lane + j);
+                        s_prefix = prefix | (digit << shift);
+                        s_remaining = remaining - above;
+                        s_ties = c[j];
+                    }
+                    above += c[j];
+                }
+            }
+        }
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    const uint32_t T = s_prefix, need_eq = s_remaining, ties = s_ties;
+    const uint32_t n_gt = k - need_eq;
+    const bool all_ties = ties == need_eq;
+    // Gather: keys above T in any order (they are sorted next), keys equal to T too when all of them are taken.
+    for (uint32_t r = 0; r < rounds; ++r) {
+        float v[4];
+        load4(r, v);
+        const uint32_t i = r * 4 * SAMPLE_THREADS + 4 * tid;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            if (i + e >= vocab) continue;
+            const uint32_t key = float_key(v[e]);
+            const unsigned long long sk = ((unsigned long long)(~key) << 32) | (i + e);
+            if (key > T) {
+                cand[atomicAdd(&s_ngt, 1u)] = sk;
+            } else if (key == T && all_ties) {
+                cand[n_gt + atomicAdd(&s_neq, 1u)] = sk;
+            }
+        }
+    }
+    if (!all_ties) {
+        // Only the lowest `need_eq` ids among the ties: an ordered pass, one element per thread per round, a
+        // block-wide prefix count of the ties in id order.
+        __shared__ uint32_t wcount[32];
+        __shared__ uint32_t s_taken;
+        if (tid == 0) s_taken = 0;
+        __syncthreads();
+        for (uint32_t base = 0; base < vocab; base += SAMPLE_THREADS) {
+            const uint32_t i = base + tid;
+            const bool tie = i < vocab && float_key(row[i]) == T;
+            const uint32_t ballot = __ballot_sync(0xffffffffu, tie);
+            if (lane == 0) wcount[tid >> 5] = __popc(ballot);
+            __syncthreads();
+            uint32_t before = __popc(ballot & ((1u << lane) - 1));
+            for (int w = 0; w < (tid >> 5); ++w) before += wcount[w];
+            const uint32_t taken = s_taken;
+            if (tie && taken + before < need_eq) {
+                cand[n_gt + taken + before] = ((unsigned long long)(~T) << 32) | i;
+            }
+            __syncthreads();
+            if (tid == 0) {
+                uint32_t total = 0;
+                for (int w = 0; w < SAMPLE_THREADS / 32; ++w) total += wcount[w];
+                s_taken = taken + total;
+            }
+            __syncthreads();
+            if (s_taken >= need_eq) break;  // uniform
+        }
+    }
+    // Pad and bitonic-sort ascending on (~key, id): descending logit, lower id first.
+    for (uint32_t j = k + tid; j < SAMPLE_KMAX; j += SAMPLE_THREADS) cand[j] = ~0ull;
+    __syncthreads();
+    for (uint32_t size = 2; size <= SAMPLE_KMAX; size <<= 1) {
+        for (uint32_t stride = size >> 1; stride > 0; stride >>= 1) {
+            const uint32_t j = tid, p = j ^ stride;
+            if (p > j) {
+                const unsigned long long a = cand[j], b = cand[p];
+                const bool up = (j & size) == 0;
+                if ((a > b) == up) {
+                    cand[j] = b;
+                    cand[p] = a;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    if (k == 1) {  // greedy or top_k = 1: one candidate, no draw
+        if (tid == 0) out[blockIdx.x] = (uint32_t)cand[0];
+        return;
+    }
+    const double inv_t = 1.0 / (double)temperature;
+    const double top = (double)key_float(~(uint32_t)(cand[0] >> 32)) * inv_t;
+    const bool live = (uint32_t)tid < k;
+    // Explicit roundings: a contracted fma would round differently from the CPU's `l * inv_t - top`.
+    const double p =
+        live ? exp(__dsub_rn(__dmul_rn((double)key_float(~(uint32_t)(cand[tid] >> 32)), inv_t), top)) : 0.0;
+    const double total = block_scan_f64(p, red);
+    // The block's total is the last thread's inclusive sum.
+    __shared__ double s_total;
+    if (tid == SAMPLE_THREADS - 1) s_total = total;
+    __syncthreads();
+    const double q = p / s_total;
+    const double mass = block_scan_f64(q, red);
+    if (live && mass >= (double)top_p) atomicMin(&s_keep, (uint32_t)tid + 1);
+    __syncthreads();
+    const uint32_t keep = s_keep == 0xffffffffu ? k : s_keep;
+    if (keep == 1) {
+        if (tid == 0) out[blockIdx.x] = (uint32_t)cand[0];
+        return;
+    }
+    __shared__ double s_kept, s_u;
+    if ((uint32_t)tid == keep - 1) s_kept = mass;
+    if (tid == 0) {
+        uint32_t* st = rng + 4 * (size_t)blockIdx.x;
+        uint64_t state = (uint64_t)st[0] | ((uint64_t)st[1] << 32);
+        const uint64_t inc = (uint64_t)st[2] | ((uint64_t)st[3] << 32);
+        s_u = pcg32_f64(state, inc);
+        st[0] = (uint32_t)state;
+        st[1] = (uint32_t)(state >> 32);
+    }
+    __syncthreads();
+    const bool kept = (uint32_t)tid < keep;
+    const double acc = block_scan_f64(kept ? q / s_kept : 0.0, red);
+    if (kept && s_u < acc) atomicMin(&s_pick, (uint32_t)tid);
+    __syncthreads();
+    if (tid == 0) {
+        const uint32_t pick = s_pick == 0xffffffffu ? keep - 1 : s_pick;
+        out[blockIdx.x] = (uint32_t)cand[pick];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_topk_topp(const float* __restrict__ logits, uint32_t* __restrict__ rng, uint32_t* __restrict__ out,
+                     uint32_t vocab, uint32_t k, float temperature, float top_p) {
+    sample_row<true>(logits, rng, out, vocab, k, temperature, top_p);
+}
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_topk_topp_plain(const float* __restrict__ logits, uint32_t* __restrict__ rng, uint32_t* __restrict__ out,
+                           uint32_t vocab, uint32_t k, float temperature, float top_p) {
+    sample_row<false>(logits, rng, out, vocab, k, temperature, top_p);
+}
+
+// Neox RoPE in place on x fp32 [t, heads, head_dim], token r at positions[r]: pairs (i, i + rot/2) of the first
+// `rot` dims rotate by angle f32(pos) * inv_freq[i] with inv_freq[i] = f32(1 / theta^(2i / rot)) (f64), cos and
+// sin in f64 rounded to f32: the CPU's numbers (kernels/src/attention.rs Rope::inv_freq, csrc/attn_impl.h). One
+// block of 256 threads per token; the angles go to shared memory once per token (rot <= 1024).
+extern "C" __global__ void __launch_bounds__(256)
+    rope_neox(float* __restrict__ x, const uint32_t* __restrict__ positions, double theta, int heads, int head_dim,
+              int rot) {
+    __shared__ float cs[512], sn[512];
+    const int half = rot >> 1;
+    const float pos = (float)positions[blockIdx.x];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float inv = (float)(1.0 / pow(theta, (double)(2 * i) / (double)rot));
+        const float ang = pos * inv;
+        double s, c;
+        sincos((double)ang, &s, &c);
+        cs[i] = (float)c;
+        sn[i] = (float)s;
+    }
+    __syncthreads();
+    float* t = x + (size_t)blockIdx.x * heads * head_dim;
+    for (int e = threadIdx.x; e < heads * half; e += blockDim.x) {
+        const int h = e / half, i = e - h * half;
+        float* v = t + (size_t)h * head_dim;
+        const float x1 = v[i], x2 = v[i + half];
+        v[i] = __fsub_rn(__fmul_rn(x1, cs[i]), __fmul_rn(x2, sn[i]));
+        v[i + half] = __fadd_rn(__fmul_rn(x2, cs[i]), __fmul_rn(x1, sn[i]));
+    }
+}

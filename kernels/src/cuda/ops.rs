@@ -1,1 +1,754 @@
-//! Placeholder: the safe entry points of `kernels/cuda/ops.cu` go here (an `impl Gpu` block).
+//! The small per-token ops of the engine on the GPU (`cuda/ops.cu`), each the GPU form of a CPU op of the crate:
+//!
+//! - [`Gpu::rmsnorm`], [`Gpu::rmsnorm_f32`]: [`crate::ops::rmsnorm`] (both [`NormWeight`] forms), fp32 rows in,
+//!   bf16 out (the next GEMV/GEMM's activations) or fp32 out (a q/k norm ahead of RoPE);
+//!   [`Gpu::add_rmsnorm`], [`Gpu::add_rmsnorm_f32`]: the fused residual form (`residual += x`, then the norm of
+//!   the sum), which the CPU has as two calls.
+//! - [`Gpu::silu_and_mul`], [`Gpu::gelu_and_mul`]: [`crate::ops::silu_and_mul`] / [`crate::ops::gelu_and_mul`],
+//!   fp32 `gate_up` (a GEMM's output) in, bf16 out (the down projection's input).
+//! - [`Gpu::embedding_gather`] (bf16 table) and [`Gpu::embedding_gather_int4`] (the packed tinygemm layout of
+//!   [`crate::linear::Int4Weights`]): [`crate::ops::embedding_gather`] / `Int4Weights::gather_rows`, fp32 out (the
+//!   residual stream).
+//! - [`Gpu::argmax`]: [`crate::ops::argmax`] per row; [`Gpu::sample`]: [`crate::sampling::sample`] per row, the
+//!   same token for the same seed.
+//! - [`Gpu::rope_neox`]: [`crate::attention::rope_neox`] in place.
+//!
+//! **Device-side values.** Token ids, positions and logits live on the device in an engine, so the host cannot
+//! check them before a launch without a round trip. The kernels never read out of bounds because of them and
+//! flag them instead: an id past the table gathers a row of NaN (which the norm, the GEMMs and the LM head carry
+//! to the logits); a row of logits holding a NaN (or +inf, for sampling) answers the token `u32::MAX`
+//! ([`Gpu::INVALID_TOKEN`]), where the CPU returns an error. Everything the host does know (every length, count
+//! and parameter) is checked here and refused with [`KernelError::Shape`] before any launch.
+
+use super::{check_len, Gpu, GpuBuffer, GpuScalar};
+use crate::attention::Rope;
+use crate::ops::NormWeight;
+use crate::sampling::SamplingParams;
+use crate::KernelError;
+
+const I32_MAX: usize = i32::MAX as usize;
+
+/// Rows of a norm call: `weight` is one row, `x` a whole number of them; `rows <= i32::MAX` (one block per row).
+fn check_norm(op: &'static str, x: usize, weight: usize, eps: f32) -> Result<usize, KernelError> {
+    crate::ensure_shape!(weight > 0, op, "weight must not be empty");
+    crate::ensure_shape!(
+        weight <= I32_MAX,
+        op,
+        "dim = {weight} must fit the kernel's 32-bit row length"
+    );
+    crate::ensure_shape!(
+        x.is_multiple_of(weight),
+        op,
+        "x has {x} elements, not a whole number of rows of {weight}"
+    );
+    crate::ensure_shape!(
+        eps.is_finite() && eps >= 0.0,
+        op,
+        "eps must be finite and non-negative, got {eps}"
+    );
+    let rows = x / weight;
+    crate::ensure_shape!(
+        rows <= I32_MAX,
+        op,
+        "{rows} rows: at most i32::MAX (one block per row)"
+    );
+    Ok(rows)
+}
+
+/// Rows of a gated activation: `gate_up` is `[rows, 2 * inter]`; `ceil(inter / 1024)` blocks per row fit grid.y.
+fn check_glu(op: &'static str, gate_up: usize, inter: usize) -> Result<usize, KernelError> {
+    crate::ensure_shape!(inter > 0, op, "inter must be positive");
+    crate::ensure_shape!(
+        inter <= 65535 * 1024,
+        op,
+        "inter = {inter} is past the kernel's grid (at most 65535 * 1024)"
+    );
+    let width = 2 * inter;
+    crate::ensure_shape!(
+        gate_up.is_multiple_of(width),
+        op,
+        "gate_up has {gate_up} elements, not a whole number of rows of 2*inter = {width}"
+    );
+    let rows = gate_up / width;
+    crate::ensure_shape!(
+        rows <= I32_MAX,
+        op,
+        "{rows} rows: at most i32::MAX (one block per row)"
+    );
+    Ok(rows)
+}
+
+/// The candidate count `k` of a sampling call (1 when greedy), after checking the parameters as the CPU's
+/// `sampling::candidates` does and against the GPU's limit.
+fn sample_k(op: &'static str, vocab: usize, p: &SamplingParams) -> Result<usize, KernelError> {
+    crate::ensure_shape!(
+        p.temperature.is_finite() && p.temperature >= 0.0,
+        op,
+        "temperature must be finite and >= 0, got {}",
+        p.temperature
+    );
+    crate::ensure_shape!(
+        p.top_p > 0.0 && p.top_p <= 1.0,
+        op,
+        "top_p must be in (0, 1], got {}",
+        p.top_p
+    );
+    if p.temperature == 0.0 {
+        return Ok(1);
+    }
+    let k = if p.top_k == 0 {
+        vocab
+    } else {
+        p.top_k.min(vocab)
+    };
+    crate::ensure_shape!(
+        k <= Gpu::SAMPLE_TOP_K_MAX,
+        op,
+        "top_k = {} over a vocabulary of {vocab} keeps {k} candidates; the GPU sampler takes at most \
+         {} (top_k = 0, all, only for vocabularies up to that)",
+        p.top_k,
+        Gpu::SAMPLE_TOP_K_MAX
+    );
+    Ok(k)
+}
+
+/// Rows of an argmax or sampling call over `logits = [rows, vocab]`, `out = [rows]`.
+fn check_logits(
+    op: &'static str,
+    logits: usize,
+    vocab: usize,
+    out: usize,
+    max_rows: usize,
+) -> Result<usize, KernelError> {
+    crate::ensure_shape!(
+        vocab > 0 && vocab <= I32_MAX,
+        op,
+        "vocab must be in 1..=i32::MAX, got {vocab}"
+    );
+    crate::ensure_shape!(
+        out > 0 && out <= max_rows,
+        op,
+        "out has {out} rows, expected 1..={max_rows}"
+    );
+    check_len(op, "logits", logits, out * vocab)?;
+    Ok(out)
+}
+
+/// Checks a RoPE call and returns the token count.
+fn check_rope(
+    op: &'static str,
+    rope: &Rope,
+    heads: usize,
+    positions: usize,
+    x: usize,
+) -> Result<usize, KernelError> {
+    rope.validate(op)?;
+    crate::ensure_shape!(
+        rope.rotary_dim <= Gpu::ROPE_ROTARY_DIM_MAX,
+        op,
+        "rotary_dim must be at most {}, got {}",
+        Gpu::ROPE_ROTARY_DIM_MAX,
+        rope.rotary_dim
+    );
+    crate::ensure_shape!(heads > 0, op, "heads must be positive");
+    crate::ensure_shape!(
+        heads.saturating_mul(rope.head_dim) <= I32_MAX && positions <= I32_MAX,
+        op,
+        "heads x head_dim and the token count must fit 32-bit indices"
+    );
+    check_len(op, "x", x, positions.saturating_mul(heads * rope.head_dim))?;
+    Ok(positions)
+}
+
+/// Checks a packed int4 embedding table and returns `npad`.
+fn check_int4_table(
+    op: &'static str,
+    packed: usize,
+    scales_zeros: usize,
+    n: usize,
+    k: usize,
+    group: usize,
+) -> Result<usize, KernelError> {
+    crate::ensure_shape!(
+        n > 0 && k > 0,
+        op,
+        "n and k must be positive, got n = {n}, k = {k}"
+    );
+    crate::ensure_shape!(
+        crate::linear::int4::GROUPS.contains(&group),
+        op,
+        "group must be one of {:?}, got {group}",
+        crate::linear::int4::GROUPS
+    );
+    let npad = n.div_ceil(64) * 64;
+    crate::ensure_shape!(
+        npad <= u32::MAX as usize && k <= I32_MAX,
+        op,
+        "n = {n} and k = {k} must fit the kernel's 32-bit indices"
+    );
+    check_len(op, "packed", packed, npad / 64 * k * 32)?;
+    check_len(
+        op,
+        "scales_zeros",
+        scales_zeros,
+        k.div_ceil(group) * npad * 2,
+    )?;
+    Ok(npad)
+}
+
+fn check_ids(op: &'static str, ids: usize, dim: usize, out: usize) -> Result<(), KernelError> {
+    crate::ensure_shape!(
+        ids <= I32_MAX,
+        op,
+        "{ids} ids: at most i32::MAX (one block per id)"
+    );
+    check_len(op, "out", out, ids.saturating_mul(dim))
+}
+
+impl Gpu {
+    /// The token [`Gpu::argmax`] and [`Gpu::sample`] answer for a row they refuse (a NaN, or +inf when sampling):
+    /// never a valid id, and an id [`Gpu::embedding_gather`] turns into a NaN row.
+    pub const INVALID_TOKEN: u32 = u32::MAX;
+
+    /// Largest `top_k` [`Gpu::sample`] takes: its candidates are sorted in shared memory, one per thread of a
+    /// 1024-thread block.
+    pub const SAMPLE_TOP_K_MAX: usize = 1024;
+
+    /// Largest `rotary_dim` of [`Gpu::rope_neox`] (the kernel's 512-entry cos/sin tables).
+    pub const ROPE_ROTARY_DIM_MAX: usize = 1024;
+
+    /// RMSNorm over rows of `weight.len()` with bf16 output: `out = bf16(x * (1 / sqrtf(mean(x^2) + eps)) * w')`,
+    /// `w' = w` or `1 + w` as `form` says ([`crate::ops::rmsnorm`], the same f32 arithmetic up to the order of the
+    /// sum of squares, then one bf16 rounding).
+    ///
+    /// `x`: fp32 `[rows, dim]`; `weight`: fp32 `[dim]` (convert a bf16 checkpoint weight once at load); `out`: bf16
+    /// bits `[rows, dim]`, the activations of the next GEMV/GEMM. One block of 256 threads per row; rows of up to
+    /// 8192 floats that are a multiple of 4 are read once into registers (float4), others are read twice.
+    pub fn rmsnorm(
+        &self,
+        x: &GpuBuffer<f32>,
+        weight: &GpuBuffer<f32>,
+        form: NormWeight,
+        eps: f32,
+        out: &mut GpuBuffer<u16>,
+    ) -> Result<(), KernelError> {
+        self.rmsnorm_any(
+            "cuda::rmsnorm",
+            "rmsnorm_bf16",
+            x,
+            None,
+            weight,
+            form,
+            eps,
+            out,
+        )
+    }
+
+    /// [`Gpu::rmsnorm`] with fp32 output (no rounding: the CPU's numbers to f32 rounding of the sum).
+    pub fn rmsnorm_f32(
+        &self,
+        x: &GpuBuffer<f32>,
+        weight: &GpuBuffer<f32>,
+        form: NormWeight,
+        eps: f32,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        self.rmsnorm_any(
+            "cuda::rmsnorm_f32",
+            "rmsnorm_f32",
+            x,
+            None,
+            weight,
+            form,
+            eps,
+            out,
+        )
+    }
+
+    /// The fused residual step of a decoder layer: `residual += x` (fp32, written back), then
+    /// `out = bf16(rmsnorm(residual))` as [`Gpu::rmsnorm`]. One read of `x` and `residual`, one write of each
+    /// output, where the two CPU calls ([`crate::ops`] has no fused form) make a second pass.
+    pub fn add_rmsnorm(
+        &self,
+        x: &GpuBuffer<f32>,
+        residual: &mut GpuBuffer<f32>,
+        weight: &GpuBuffer<f32>,
+        form: NormWeight,
+        eps: f32,
+        out: &mut GpuBuffer<u16>,
+    ) -> Result<(), KernelError> {
+        self.rmsnorm_any(
+            "cuda::add_rmsnorm",
+            "add_rmsnorm_bf16",
+            x,
+            Some(residual),
+            weight,
+            form,
+            eps,
+            out,
+        )
+    }
+
+    /// [`Gpu::add_rmsnorm`] with fp32 output.
+    pub fn add_rmsnorm_f32(
+        &self,
+        x: &GpuBuffer<f32>,
+        residual: &mut GpuBuffer<f32>,
+        weight: &GpuBuffer<f32>,
+        form: NormWeight,
+        eps: f32,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        self.rmsnorm_any(
+            "cuda::add_rmsnorm_f32",
+            "add_rmsnorm_f32",
+            x,
+            Some(residual),
+            weight,
+            form,
+            eps,
+            out,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_any<T: GpuScalar>(
+        &self,
+        op: &'static str,
+        kernel: &'static str,
+        x: &GpuBuffer<f32>,
+        residual: Option<&mut GpuBuffer<f32>>,
+        weight: &GpuBuffer<f32>,
+        form: NormWeight,
+        eps: f32,
+        out: &mut GpuBuffer<T>,
+    ) -> Result<(), KernelError> {
+        let dim = weight.len();
+        let rows = check_norm(op, x.len(), dim, eps)?;
+        check_len(op, "out", out.len(), x.len())?;
+        if let Some(r) = &residual {
+            check_len(op, "residual", r.len(), x.len())?;
+        }
+        let add = match form {
+            NormWeight::Plain => 0.0f32,
+            NormWeight::OnePlus => 1.0,
+        };
+        #[cfg(feature = "cuda")]
+        {
+            if rows == 0 {
+                return Ok(());
+            }
+            self.inner.rmsnorm(
+                kernel,
+                &x.slice,
+                residual.map(|r| &mut r.slice),
+                &weight.slice,
+                add,
+                eps,
+                &mut out.slice,
+                rows,
+                dim,
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (kernel, residual, add, rows);
+            match self.never {}
+        }
+    }
+
+    /// `out = bf16(silu(gate) * up)` over rows of `gate_up` (fp32 `[rows, 2*inter]`, gate half first, as
+    /// [`crate::ops::silu_and_mul`]); `out`: bf16 bits `[rows, inter]`, the down projection's activations.
+    /// `silu(g) = g / (1 + expf(-g))` in f32 as the CPU's scalar path. Four outputs per thread (float4 loads when
+    /// `inter % 4 == 0`).
+    pub fn silu_and_mul(
+        &self,
+        gate_up: &GpuBuffer<f32>,
+        inter: usize,
+        out: &mut GpuBuffer<u16>,
+    ) -> Result<(), KernelError> {
+        self.glu("cuda::silu_and_mul", false, gate_up, inter, out)
+    }
+
+    /// `out = bf16(gelu_erf(gate) * up)`, as [`Gpu::silu_and_mul`] with `0.5 g (1 + erff(g / sqrt 2))` (the exact
+    /// erf form of [`crate::ops::gelu_and_mul`]).
+    pub fn gelu_and_mul(
+        &self,
+        gate_up: &GpuBuffer<f32>,
+        inter: usize,
+        out: &mut GpuBuffer<u16>,
+    ) -> Result<(), KernelError> {
+        self.glu("cuda::gelu_and_mul", true, gate_up, inter, out)
+    }
+
+    fn glu(
+        &self,
+        op: &'static str,
+        gelu: bool,
+        gate_up: &GpuBuffer<f32>,
+        inter: usize,
+        out: &mut GpuBuffer<u16>,
+    ) -> Result<(), KernelError> {
+        let rows = check_glu(op, gate_up.len(), inter)?;
+        check_len(op, "out", out.len(), rows * inter)?;
+        #[cfg(feature = "cuda")]
+        {
+            if rows == 0 {
+                return Ok(());
+            }
+            self.inner
+                .glu(gelu, &gate_up.slice, &mut out.slice, rows, inter)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = gelu;
+            match self.never {}
+        }
+    }
+
+    /// Embedding gather from a bf16 table: `out[i] = f32(table[ids[i]])` (exact), as
+    /// [`crate::ops::embedding_gather`] with [`crate::ops::EmbeddingTable::Bf16`].
+    ///
+    /// `table`: bf16 bits `[vocab, dim]`; `ids`: `[n]` on the device; `out`: fp32 `[n, dim]`. An id `>= vocab`
+    /// cannot be refused before the launch (it is on the device): its row of `out` is filled with NaN and the table
+    /// is not read for it. One block of 128 threads per id, 16-byte loads when `dim % 8 == 0`.
+    pub fn embedding_gather(
+        &self,
+        table: &GpuBuffer<u16>,
+        dim: usize,
+        ids: &GpuBuffer<u32>,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::embedding_gather";
+        crate::ensure_shape!(
+            dim > 0 && dim <= I32_MAX,
+            OP,
+            "dim must be in 1..=i32::MAX, got {dim}"
+        );
+        crate::ensure_shape!(
+            table.len().is_multiple_of(dim),
+            OP,
+            "table has {} elements, not a whole number of rows of {dim}",
+            table.len()
+        );
+        let vocab = table.len() / dim;
+        crate::ensure_shape!(
+            vocab > 0 && vocab <= u32::MAX as usize,
+            OP,
+            "the table must have 1..=u32::MAX rows, got {vocab}"
+        );
+        check_ids(OP, ids.len(), dim, out.len())?;
+        #[cfg(feature = "cuda")]
+        {
+            if ids.is_empty() {
+                return Ok(());
+            }
+            self.inner
+                .embedding_gather_bf16(&table.slice, &ids.slice, &mut out.slice, vocab, dim)
+        }
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
+    }
+
+    /// Embedding gather from a packed int4 table in the tinygemm layout of [`crate::linear::Int4Weights`] (its
+    /// `packed()` and `scales_zeros()` uploaded as they are): `out[i][c] = (code - 8) * scale + zero` of row
+    /// `ids[i]`, bit for bit `Int4Weights::gather_rows`.
+    ///
+    /// `packed`: `[ceil(n/64)][k][32]` bytes; `scales_zeros`: bf16 bits `[ceil(k/group)][npad][2]`; `n` rows
+    /// (the vocabulary) of `k` values (the hidden size); `ids`: `[m]`; `out`: fp32 `[m, k]`. Ids `>= n` give NaN
+    /// rows, as [`Gpu::embedding_gather`]. Slow by construction: a row's codes are one byte in every 32, so each
+    /// read sector serves one byte; a gather-friendly copy of the table (bf16 or row-major int4) is the fast path.
+    #[allow(clippy::too_many_arguments)]
+    pub fn embedding_gather_int4(
+        &self,
+        packed: &GpuBuffer<u8>,
+        scales_zeros: &GpuBuffer<u16>,
+        n: usize,
+        k: usize,
+        group: usize,
+        ids: &GpuBuffer<u32>,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::embedding_gather_int4";
+        check_int4_table(OP, packed.len(), scales_zeros.len(), n, k, group)?;
+        check_ids(OP, ids.len(), k, out.len())?;
+        #[cfg(feature = "cuda")]
+        {
+            if ids.is_empty() {
+                return Ok(());
+            }
+            self.inner.embedding_gather_int4(
+                &packed.slice,
+                &scales_zeros.slice,
+                &ids.slice,
+                &mut out.slice,
+                n,
+                k,
+                group,
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
+    }
+
+    /// Argmax per row, as [`crate::ops::argmax`]: the index of the largest value, the first one on ties (an all
+    /// `-inf` row answers 0); a row holding a NaN answers [`Gpu::INVALID_TOKEN`] (the CPU refuses it).
+    ///
+    /// `logits`: fp32 `[rows, vocab]`; `out`: `[rows]` (`rows = out.len()`, 1..=65535). Same as
+    /// [`Gpu::argmax_with`] with `cluster = true`: a cluster of 8 blocks of 1024 threads per row, combined through
+    /// distributed shared memory in the same launch.
+    pub fn argmax(
+        &self,
+        logits: &GpuBuffer<f32>,
+        vocab: usize,
+        out: &mut GpuBuffer<u32>,
+    ) -> Result<(), KernelError> {
+        self.argmax_with(true, logits, vocab, out)
+    }
+
+    /// [`Gpu::argmax`] on a chosen kernel: `cluster` 8 blocks per row (sm_90 thread-block clusters), or one block
+    /// per row (tests and benchmarks drive both).
+    pub fn argmax_with(
+        &self,
+        cluster: bool,
+        logits: &GpuBuffer<f32>,
+        vocab: usize,
+        out: &mut GpuBuffer<u32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::argmax";
+        let rows = check_logits(OP, logits.len(), vocab, out.len(), 65535)?;
+        #[cfg(feature = "cuda")]
+        {
+            self.inner
+                .argmax(cluster, &logits.slice, &mut out.slice, rows, vocab)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (cluster, rows);
+            match self.never {}
+        }
+    }
+
+    /// The device words of a [`crate::sampling::Pcg32`] seeded with `(seed, stream)`, for the `rng` buffer of
+    /// [`Gpu::sample`]: `[state lo, state hi, inc lo, inc hi]`, seeded exactly as `Pcg32::new` (so the GPU and
+    /// the CPU draw the same numbers).
+    pub fn pcg32_words(seed: u64, stream: u64) -> [u32; 4] {
+        const MULT: u64 = 6_364_136_223_846_793_005;
+        let inc = (stream << 1) | 1;
+        // pcg32_srandom_r: state = 0, step, state += seed, step (a step's output is discarded).
+        let mut state = 0u64.wrapping_mul(MULT).wrapping_add(inc);
+        state = state.wrapping_add(seed);
+        state = state.wrapping_mul(MULT).wrapping_add(inc);
+        [
+            state as u32,
+            (state >> 32) as u32,
+            inc as u32,
+            (inc >> 32) as u32,
+        ]
+    }
+
+    /// Draws one token per row from `logits` under `params`, as [`crate::sampling::sample`] does: temperature,
+    /// `top_k` largest (lower id first on ties), softmax, smallest prefix reaching `top_p`, renormalise, draw with
+    /// the row's PCG32; greedy (temperature 0) and single-candidate rows do not advance the generator. With the
+    /// same seed the GPU draws the same token as the CPU (the probabilities are the same f64 numbers up to the
+    /// order of their sums, so only a draw within ~1e-16 of a boundary could differ).
+    ///
+    /// `logits`: fp32 `[rows, vocab]`; `rng`: `[rows, 4]` generator words (one generator per row, e.g. per
+    /// request; start them with [`Gpu::pcg32_words`]), advanced in place; `out`: `[rows]` tokens, or
+    /// [`Gpu::INVALID_TOKEN`] for a row with a NaN or +inf logit (the CPU refuses those; the generator is not
+    /// advanced). One `params` for the call. `top_k` must leave at most [`Gpu::SAMPLE_TOP_K_MAX`] candidates: `top_k = 0`
+    /// (all) is refused for vocabularies above that, since an exact draw in the CPU's order over the whole
+    /// vocabulary needs a full sort. One block of 1024 threads per row: a 4-pass radix select of the k-th logit,
+    /// the candidates sorted in shared memory, f64 probabilities.
+    ///
+    /// Same as [`Gpu::sample_with`] with `warp_aggregated = true`.
+    pub fn sample(
+        &self,
+        logits: &GpuBuffer<f32>,
+        vocab: usize,
+        params: &SamplingParams,
+        rng: &mut GpuBuffer<u32>,
+        out: &mut GpuBuffer<u32>,
+    ) -> Result<(), KernelError> {
+        self.sample_with(true, logits, vocab, params, rng, out)
+    }
+
+    /// [`Gpu::sample`] with a chosen first radix pass (tests and benchmarks drive both): `warp_aggregated` counts
+    /// the histogram through `__match_any_sync` (lanes of one bin add once), otherwise with plain shared-memory
+    /// atomics. Both draw the same tokens.
+    pub fn sample_with(
+        &self,
+        warp_aggregated: bool,
+        logits: &GpuBuffer<f32>,
+        vocab: usize,
+        params: &SamplingParams,
+        rng: &mut GpuBuffer<u32>,
+        out: &mut GpuBuffer<u32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::sample";
+        let rows = check_logits(OP, logits.len(), vocab, out.len(), I32_MAX)?;
+        let k = sample_k(OP, vocab, params)?;
+        check_len(OP, "rng", rng.len(), rows * 4)?;
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.sample(
+                warp_aggregated,
+                &logits.slice,
+                &mut rng.slice,
+                &mut out.slice,
+                rows,
+                vocab,
+                k,
+                params.temperature,
+                params.top_p,
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (k, warp_aggregated);
+            match self.never {}
+        }
+    }
+
+    /// Neox RoPE in place on `x` (fp32 `[tokens, heads, head_dim]`), token `i` at `positions[i]` (device `[tokens]`),
+    /// as [`crate::attention::rope_neox`]: the same f32 inverse frequencies and angles, cos and sin computed in f64
+    /// and rounded to f32, dims past `rotary_dim` untouched. Call it once for q and once for k (their head counts
+    /// differ). Needs `rotary_dim <= 1024` ([`Gpu::ROPE_ROTARY_DIM_MAX`]).
+    pub fn rope_neox(
+        &self,
+        rope: &Rope,
+        heads: usize,
+        positions: &GpuBuffer<u32>,
+        x: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::rope_neox";
+        let tokens = check_rope(OP, rope, heads, positions.len(), x.len())?;
+        #[cfg(feature = "cuda")]
+        {
+            if tokens == 0 {
+                return Ok(());
+            }
+            self.inner.rope_neox(
+                &mut x.slice,
+                &positions.slice,
+                rope.theta,
+                tokens,
+                heads,
+                rope.head_dim,
+                rope.rotary_dim,
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = tokens;
+            match self.never {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::Pcg32;
+
+    fn err<T: std::fmt::Debug>(r: Result<T, KernelError>) -> String {
+        r.unwrap_err().to_string()
+    }
+
+    #[test]
+    fn pcg32_words_seed_like_the_cpu_generator() {
+        // Replays the words with the CPU's step and compares the outputs with Pcg32's own.
+        for (seed, stream) in [
+            (0u64, 0u64),
+            (42, 7),
+            (u64::MAX, 1 << 62),
+            (123_456_789, 99),
+        ] {
+            let w = Gpu::pcg32_words(seed, stream);
+            let mut state = u64::from(w[0]) | (u64::from(w[1]) << 32);
+            let inc = u64::from(w[2]) | (u64::from(w[3]) << 32);
+            let mut cpu = Pcg32::new(seed, stream);
+            for _ in 0..16 {
+                let old = state;
+                state = old
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(inc);
+                let x = (((old >> 18) ^ old) >> 27) as u32;
+                assert_eq!(x.rotate_right((old >> 59) as u32), cpu.next_u32());
+            }
+        }
+    }
+
+    #[test]
+    fn norm_and_glu_sizes_are_checked() {
+        assert!(err(check_norm("t", 10, 0, 1e-6)).contains("empty"));
+        assert!(err(check_norm("t", 10, 3, 1e-6)).contains("whole number"));
+        assert!(err(check_norm("t", 9, 3, f32::NAN)).contains("eps"));
+        assert!(err(check_norm("t", 9, 3, -1.0)).contains("eps"));
+        assert_eq!(check_norm("t", 9, 3, 0.0).unwrap(), 3);
+        assert_eq!(check_norm("t", 0, 3, 1e-6).unwrap(), 0);
+        assert!(err(check_glu("t", 8, 0)).contains("positive"));
+        assert!(err(check_glu("t", 10, 3)).contains("whole number"));
+        assert!(err(check_glu("t", 10, 65535 * 1024 + 1)).contains("grid"));
+        assert_eq!(check_glu("t", 12, 3).unwrap(), 2);
+    }
+
+    #[test]
+    fn sampling_parameters_are_checked() {
+        let p = |temperature, top_k, top_p| SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+        };
+        assert_eq!(sample_k("t", 248_320, &p(0.0, 0, 1.0)).unwrap(), 1);
+        assert_eq!(sample_k("t", 248_320, &p(0.7, 20, 0.9)).unwrap(), 20);
+        assert_eq!(sample_k("t", 300, &p(0.7, 0, 0.9)).unwrap(), 300);
+        assert_eq!(sample_k("t", 5, &p(1.0, 50, 1.0)).unwrap(), 5);
+        assert!(err(sample_k("t", 248_320, &p(0.7, 0, 0.9))).contains("at most 1024"));
+        assert!(err(sample_k("t", 248_320, &p(0.7, 1025, 0.9))).contains("at most 1024"));
+        assert!(err(sample_k("t", 10, &p(-1.0, 5, 0.9))).contains("temperature"));
+        assert!(err(sample_k("t", 10, &p(f32::INFINITY, 5, 0.9))).contains("temperature"));
+        assert!(err(sample_k("t", 10, &p(1.0, 5, 0.0))).contains("top_p"));
+        assert!(err(sample_k("t", 10, &p(1.0, 5, 1.5))).contains("top_p"));
+        assert!(err(check_logits("t", 10, 0, 1, 65535)).contains("vocab"));
+        assert!(err(check_logits("t", 10, 5, 0, 65535)).contains("rows"));
+        assert!(err(check_logits("t", 10, 5, 3, 65535)).contains("logits"));
+        assert!(err(check_logits("t", 65536 * 2, 2, 65536, 65535)).contains("rows"));
+        assert_eq!(check_logits("t", 15, 5, 3, 65535).unwrap(), 3);
+    }
+
+    #[test]
+    fn rope_and_int4_tables_are_checked() {
+        let r = Rope::new(256, 0.25, 1e7).unwrap();
+        assert_eq!(check_rope("t", &r, 4, 3, 3 * 4 * 256).unwrap(), 3);
+        assert!(err(check_rope("t", &r, 4, 3, 3 * 4 * 256 - 1)).contains("x has"));
+        assert!(err(check_rope("t", &r, 0, 3, 0)).contains("heads"));
+        let wide = Rope {
+            head_dim: 2048,
+            rotary_dim: 2048,
+            theta: 1e4,
+        };
+        assert!(err(check_rope("t", &wide, 1, 1, 2048)).contains("at most 1024"));
+        // n = 100 -> npad 128, k = 70, group 32 -> 3 groups.
+        assert_eq!(
+            check_int4_table("t", 2 * 70 * 32, 3 * 128 * 2, 100, 70, 32).unwrap(),
+            128
+        );
+        assert!(
+            err(check_int4_table("t", 2 * 70 * 32, 3 * 128 * 2, 100, 70, 48)).contains("group")
+        );
+        assert!(err(check_int4_table(
+            "t",
+            2 * 70 * 32 - 1,
+            3 * 128 * 2,
+            100,
+            70,
+            32
+        ))
+        .contains("packed"));
+        assert!(
+            err(check_int4_table("t", 2 * 70 * 32, 3 * 128, 100, 70, 32)).contains("scales_zeros")
+        );
+        assert!(err(check_ids("t", 3, 70, 209)).contains("out"));
+    }
+}

@@ -1,1 +1,236 @@
-//! Placeholder: the launches of `kernels/cuda/ops.cu` go here (an `impl Device` block).
+//! Launches of the small ops in `cuda/ops.cu` (norms, gated activations, embedding gathers, argmax, sampling,
+//! RoPE). The safe wrappers in `cuda/ops.rs` have checked every length, count and parameter before anything here
+//! runs; each launch below states what its kernel relies on.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::{cuda_err, Device, Module};
+use crate::KernelError;
+
+/// Threads of the norm blocks (`NORM_THREADS` in cuda/ops.cu).
+const NORM_THREADS: u32 = 256;
+/// Threads of the gated-activation blocks, each doing four outputs (`GLU_THREADS`).
+const GLU_THREADS: u32 = 256;
+/// Threads of the gather blocks (`GATHER_THREADS`).
+const GATHER_THREADS: u32 = 128;
+/// Threads of the argmax and sampling blocks (`ARGMAX_THREADS`, `SAMPLE_THREADS`).
+const ROW_THREADS: u32 = 1024;
+/// Blocks of one argmax cluster (`ARGMAX_CLUSTER`, the kernel's `__cluster_dims__`).
+const ARGMAX_CLUSTER: u32 = 8;
+
+fn per_row(rows: usize, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl Device {
+    /// `rmsnorm_bf16` / `rmsnorm_f32` (`residual` `None`) or `add_rmsnorm_*` (`Some`): one block per row.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) fn rmsnorm<T: super::GpuScalar>(
+        &self,
+        name: &'static str,
+        x: &CudaSlice<f32>,
+        residual: Option<&mut CudaSlice<f32>>,
+        w: &CudaSlice<f32>,
+        add: f32,
+        eps: f32,
+        out: &mut CudaSlice<T>,
+        rows: usize,
+        dim: usize,
+    ) -> Result<(), KernelError> {
+        let f = self.function(Module::Ops, name)?;
+        let d = dim as i32;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x);
+        if let Some(r) = residual {
+            b.arg(r);
+        }
+        b.arg(w).arg(&add).arg(&eps).arg(out).arg(&d);
+        // SAFETY: matches `rmsnorm_*` / `add_rmsnorm_*` in cuda/ops.cu (the caller picks the name from the output
+        // type and the residual's presence); the caller checked x, residual and out = [rows, dim], w = [dim],
+        // 1 <= rows <= i32::MAX (one block per row) and dim <= i32::MAX; the kernels' float4 path is taken only when
+        // dim % 4 == 0, which keeps every row 16-byte aligned in these 256-byte-aligned allocations.
+        unsafe { b.launch(per_row(rows, NORM_THREADS)) }.map_err(cuda_err(name))?;
+        Ok(())
+    }
+
+    /// `silu_and_mul_bf16` / `gelu_and_mul_bf16`: grid (rows, ceil(inter / 1024)).
+    pub(in crate::cuda) fn glu(
+        &self,
+        gelu: bool,
+        gate_up: &CudaSlice<f32>,
+        out: &mut CudaSlice<u16>,
+        rows: usize,
+        inter: usize,
+    ) -> Result<(), KernelError> {
+        let name = if gelu {
+            "gelu_and_mul_bf16"
+        } else {
+            "silu_and_mul_bf16"
+        };
+        let f = self.function(Module::Ops, name)?;
+        let i = inter as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                rows as u32,
+                inter.div_ceil(4 * GLU_THREADS as usize) as u32,
+                1,
+            ),
+            block_dim: (GLU_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(gate_up).arg(out).arg(&i);
+        // SAFETY: matches `*_and_mul_bf16` in cuda/ops.cu; the caller checked gate_up = [rows, 2*inter],
+        // out = [rows, inter], rows <= i32::MAX and ceil(inter/1024) <= 65535; threads past inter return, and the
+        // float4 path runs only when inter % 4 == 0 (aligned halves).
+        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        Ok(())
+    }
+
+    /// `embedding_gather_bf16`: one block per id.
+    pub(in crate::cuda) fn embedding_gather_bf16(
+        &self,
+        table: &CudaSlice<u16>,
+        ids: &CudaSlice<u32>,
+        out: &mut CudaSlice<f32>,
+        vocab: usize,
+        dim: usize,
+    ) -> Result<(), KernelError> {
+        const NAME: &str = "embedding_gather_bf16";
+        let f = self.function(Module::Ops, NAME)?;
+        let (v, d) = (vocab as u32, dim as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(table).arg(ids).arg(out).arg(&v).arg(&d);
+        // SAFETY: matches `embedding_gather_bf16` in cuda/ops.cu; the caller checked table = [vocab, dim],
+        // out = [ids, dim], 1 <= ids <= i32::MAX, vocab < 2^32 and dim <= i32::MAX; the kernel reads a row only for
+        // an id < vocab (others become NaN rows), and its 16-byte loads only when dim % 8 == 0.
+        unsafe { b.launch(per_row(ids.len(), GATHER_THREADS)) }.map_err(cuda_err(NAME))?;
+        Ok(())
+    }
+
+    /// `embedding_gather_int4`: one block per id.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) fn embedding_gather_int4(
+        &self,
+        packed: &CudaSlice<u8>,
+        scales_zeros: &CudaSlice<u16>,
+        ids: &CudaSlice<u32>,
+        out: &mut CudaSlice<f32>,
+        n: usize,
+        k: usize,
+        group: usize,
+    ) -> Result<(), KernelError> {
+        const NAME: &str = "embedding_gather_int4";
+        let f = self.function(Module::Ops, NAME)?;
+        let npad = n.div_ceil(64) as u32 * 64;
+        let (nn, kk, g) = (n as u32, k as i32, group as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(packed)
+            .arg(scales_zeros)
+            .arg(ids)
+            .arg(out)
+            .arg(&nn)
+            .arg(&kk)
+            .arg(&g)
+            .arg(&npad);
+        // SAFETY: matches `embedding_gather_int4` in cuda/ops.cu; the caller checked packed = [npad/64][k][32],
+        // scales_zeros = [ceil(k/group)][npad][2], out = [ids, k], group > 0, npad < 2^32 and k <= i32::MAX;
+        // ids >= n read nothing (NaN rows).
+        unsafe { b.launch(per_row(ids.len(), GATHER_THREADS)) }.map_err(cuda_err(NAME))?;
+        Ok(())
+    }
+
+    /// `argmax_cluster8` (grid (8, rows), clusters of 8 along x) or `argmax_block` (grid (1, rows)).
+    pub(in crate::cuda) fn argmax(
+        &self,
+        cluster: bool,
+        logits: &CudaSlice<f32>,
+        out: &mut CudaSlice<u32>,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<(), KernelError> {
+        let (name, gx) = if cluster {
+            ("argmax_cluster8", ARGMAX_CLUSTER)
+        } else {
+            ("argmax_block", 1)
+        };
+        let f = self.function(Module::Ops, name)?;
+        let v = vocab as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (gx, rows as u32, 1),
+            block_dim: (ROW_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(logits).arg(out).arg(&v);
+        // SAFETY: matches `argmax_*` in cuda/ops.cu; the caller checked logits = [rows, vocab], out = [rows],
+        // 1 <= rows <= 65535 (grid.y) and vocab <= i32::MAX; the cluster kernel's compile-time cluster of 8 divides
+        // grid.x = 8; float4 loads only when vocab % 4 == 0.
+        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        Ok(())
+    }
+
+    /// `sample_topk_topp` (warp-aggregated first pass) or `sample_topk_topp_plain`: one block per row.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) fn sample(
+        &self,
+        warp_aggregated: bool,
+        logits: &CudaSlice<f32>,
+        rng: &mut CudaSlice<u32>,
+        out: &mut CudaSlice<u32>,
+        rows: usize,
+        vocab: usize,
+        k: usize,
+        temperature: f32,
+        top_p: f32,
+    ) -> Result<(), KernelError> {
+        let name = if warp_aggregated {
+            "sample_topk_topp"
+        } else {
+            "sample_topk_topp_plain"
+        };
+        let f = self.function(Module::Ops, name)?;
+        let (v, kk) = (vocab as u32, k as u32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(logits)
+            .arg(rng)
+            .arg(out)
+            .arg(&v)
+            .arg(&kk)
+            .arg(&temperature)
+            .arg(&top_p);
+        // SAFETY: matches `sample_topk_topp*` in cuda/ops.cu; the caller checked logits = [rows, vocab],
+        // rng = [rows, 4], out = [rows], 1 <= rows <= i32::MAX, 1 <= k <= min(vocab, 1024) (the shared candidate
+        // array), vocab <= i32::MAX, temperature finite and > 0 unless k == 1, top_p in (0, 1].
+        unsafe { b.launch(per_row(rows, ROW_THREADS)) }.map_err(cuda_err(name))?;
+        Ok(())
+    }
+
+    /// `rope_neox`: one block of 256 threads per token.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) fn rope_neox(
+        &self,
+        x: &mut CudaSlice<f32>,
+        positions: &CudaSlice<u32>,
+        theta: f64,
+        tokens: usize,
+        heads: usize,
+        head_dim: usize,
+        rotary_dim: usize,
+    ) -> Result<(), KernelError> {
+        const NAME: &str = "rope_neox";
+        let f = self.function(Module::Ops, NAME)?;
+        let (h, d, r) = (heads as i32, head_dim as i32, rotary_dim as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(positions).arg(&theta).arg(&h).arg(&d).arg(&r);
+        // SAFETY: matches `rope_neox` in cuda/ops.cu; the caller checked x = [tokens, heads, head_dim],
+        // positions = [tokens], 1 <= tokens <= i32::MAX, heads * head_dim <= i32::MAX, rotary_dim even,
+        // 2 <= rotary_dim <= min(head_dim, 1024) (the kernel's 512-entry angle tables).
+        unsafe { b.launch(per_row(tokens, 256)) }.map_err(cuda_err(NAME))?;
+        Ok(())
+    }
+}

@@ -1,6 +1,7 @@
 // Decode GEMVs (M = 1..16 activation rows) over block-quantised weights: FP8 e4m3 with 128x128 block scales and
 // NVFP4 (e2m1, e4m3 scale per 16, fp32 global scale) as weight-only. y[m][n] = sum_k x[m][k] * W[n][k] * scales.
-// Two families, both called from kernels/src/cuda/device.rs (GemvPath picks; numbers in benchmarks/h200.md):
+// Two families, both launched from kernels/src/cuda/device/gemv.rs (KernelPath picks; numbers in
+// benchmarks/h200.md):
 //
 // CUDA cores (fp8_block_gemv_m*, nvfp4_gemv_m*, and the _rRW_uU variants): decode is bandwidth-bound, each weight
 // byte is read exactly once per call, so the design is about bytes in flight. A warp owns RW output rows; each
@@ -10,6 +11,12 @@
 // Launch: GEMV_THREADS threads, grid ceil(n / (GEMV_WARPS * RW)).
 //
 // Tensor cores (*_mma_n8, *_mma_n16, see blockq_gemv_mma below): one 16-row tile per block.
+//
+// Design-sweep variants (issue 4; Rust: Gpu::*_preconverted, *_m1_sweep, nvfp4_repack_tiles / nvfp4_gemv_tiles;
+// timed by kernels/bench/h200/bench_gemv.py against the kernels above, which KernelPath::Auto keeps until then):
+// fp8_block_gemv_m1_r2_u{2,4}_{pf,sk} (L2 prefetch hint; split-K with atomics), gemv_act_frag_* + *_mma_pre_*
+// (activations converted once per call to f16 B fragments), nvfp4_repack_mma + nvfp4_gemv_mma_tile[_pre]_* (NVFP4
+// in a tile layout made at load time).
 //
 // Outputs are fp32 [m][n]. The Rust side checks k % 16 == 0 (FP8) or k % 32 == 0 (NVFP4), m <= 16 (and <= the
 // entry's MT), and every buffer's length; its allocations are 256-byte aligned.
@@ -21,11 +28,20 @@ constexpr int GEMV_WARPS = 8;
 constexpr int GEMV_THREADS = GEMV_WARPS * 32;
 constexpr int GEMV_UNROLL = 4;
 
-template <int MT, int RW, int U>
+// PF: weight loads carry the L2 256-byte prefetch hint (ld_stream_l2_256). SPLIT: blockIdx.y picks one of
+// gridDim.y contiguous K ranges (multiples of 512 values), and the partial sums are added into y with atomics, so
+// y must be zeroed first (the caller does); for short matrices whose row pairs fill only ~2.4 blocks per SM.
+template <int MT, int RW, int U, bool PF = false, bool SPLIT = false>
 __device__ __forceinline__ void fp8_block_gemv(const uint16_t* __restrict__ x, const uint8_t* __restrict__ w,
                                                const float* __restrict__ scales, float* __restrict__ y, int m,
                                                int n, int k) {
     const int lane = threadIdx.x & 31;
+    int kbeg = 0, kend = k;
+    if (SPLIT) {
+        const int per = (((k + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y)) + 511) & ~511;
+        kbeg = min(k, static_cast<int>(blockIdx.y) * per);
+        kend = min(k, kbeg + per);
+    }
     const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * RW;
     if (row0 >= n) return;  // whole warps leave together: rows are per warp
     const int kb = (k + 127) >> 7;
@@ -45,18 +61,20 @@ __device__ __forceinline__ void fp8_block_gemv(const uint16_t* __restrict__ x, c
 #pragma unroll
         for (int i = 0; i < MT; ++i) acc[r][i] = 0.f;
 
-    for (int base = lane * 16; base < k; base += 32 * 16 * U) {
+    for (int base = kbeg + lane * 16; base < kend; base += 32 * 16 * U) {
         uint4 wv[RW][U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int kk = base + u * 512;
 #pragma unroll
-            for (int r = 0; r < RW; ++r) wv[r][u] = kk < k ? ld_stream(wrow[r] + kk) : make_uint4(0, 0, 0, 0);
+            for (int r = 0; r < RW; ++r)
+                wv[r][u] = kk < kend ? (PF ? ld_stream_l2_256(wrow[r] + kk) : ld_stream(wrow[r] + kk))
+                                     : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int kk = base + u * 512;
-            if (kk >= k) break;
+            if (kk >= kend) break;
             float wf[RW][16];
             float s[RW];
 #pragma unroll
@@ -98,7 +116,12 @@ __device__ __forceinline__ void fp8_block_gemv(const uint16_t* __restrict__ x, c
         for (int mi = 0; mi < MT; ++mi) {
             if (mi < m) {
                 const float v = warp_sum(acc[r][mi]);
-                if (lane == 0 && live[r]) y[static_cast<size_t>(mi) * n + row0 + r] = v;
+                if (lane == 0 && live[r]) {
+                    if (SPLIT)
+                        atomicAdd(y + static_cast<size_t>(mi) * n + row0 + r, v);
+                    else
+                        y[static_cast<size_t>(mi) * n + row0 + r] = v;
+                }
             }
         }
     }
@@ -229,6 +252,23 @@ EDGEFIT_FP8_VARIANT(1, 8)
 EDGEFIT_FP8_VARIANT(2, 4)
 EDGEFIT_FP8_VARIANT(2, 2)
 EDGEFIT_FP8_VARIANT(4, 2)
+// M = 1 variants of the H200 "next step" sweep (benchmarks/h200.md: 47% of cycles with no eligible warp at 54
+// registers, and 5120-row matrices filling only ~2.4 blocks per SM). _pf: the r2u2 kernel with the L2 256-byte
+// prefetch hint on every weight load (more bytes per request, same registers). _sk: r2u2 split over gridDim.y K
+// ranges, atomics into a zeroed y (grid (ceil(n / 16), splits)). Rust: Gpu::fp8_block_gemv_m1_sweep.
+#define EDGEFIT_FP8_M1_EXTRA(RW, U)                                                                               \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                    \
+        fp8_block_gemv_m1_r##RW##_u##U##_pf(const uint16_t* x, const uint8_t* w, const float* scales, float* y,   \
+                                            int m, int n, int k) {                                                \
+        fp8_block_gemv<1, RW, U, true, false>(x, w, scales, y, m, n, k);                                          \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                    \
+        fp8_block_gemv_m1_r##RW##_u##U##_sk(const uint16_t* x, const uint8_t* w, const float* scales, float* y,   \
+                                            int m, int n, int k) {                                                \
+        fp8_block_gemv<1, RW, U, false, true>(x, w, scales, y, m, n, k);                                           \
+    }
+EDGEFIT_FP8_M1_EXTRA(2, 2)
+EDGEFIT_FP8_M1_EXTRA(2, 4)
 #define EDGEFIT_NVFP4_VARIANT(RW, U)                                                                              \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                                 \
         nvfp4_gemv_m1_r##RW##_u##U(const uint16_t* x, const uint8_t* w, const uint8_t* scales, float global_scale, \
@@ -279,12 +319,24 @@ __device__ __forceinline__ uint32_t hmul2_u32(uint32_t a, uint32_t b) {
 }
 
 
-// FMT 0: FP8 e4m3 with 128x128 fp32 block scales; FMT 1: NVFP4. NT: n-tiles of 8 activation rows (1 or 2).
-// MMA_WARPS: warps sharing one 16-row tile's K chunks.
-template <int FMT, int NT, int MMA_WARPS>
-__device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, const uint8_t* __restrict__ w,
-                                                const void* __restrict__ scales, float global_scale,
-                                                float* __restrict__ y, int m, int n, int k) {
+// FMT 0: FP8 e4m3 with 128x128 fp32 block scales; FMT 1: NVFP4 in the checkpoint layout; FMT 2: NVFP4 in the
+// tile layout of nvfp4_repack_mma (below). NT: n-tiles of 8 activation rows (1 or 2). MMA_WARPS: warps sharing
+// one 16-row tile's K chunks. PRE: the B fragments come ready-made (f16, fragment order) from xf, written once per
+// call by gemv_act_frag_* (below); otherwise every lane converts its 32 activations per token tile per chunk here
+// (48 instructions per n-tile per chunk, most of the issue budget at NT = 2: benchmarks/h200.md).
+//
+// Issue budget at 85% of the copy bandwidth (3.6 TB/s over 132 SMs at 1.98 GHz: 13.7 B per SM-cycle, 4 schedulers):
+// ~300 warp instructions per KiB of weights. One NVFP4 chunk (16 rows x 128 values) is exactly 1 KiB and one
+// warp's work: e2m1 decode 11 per 8 values x 8 words = 88, group-scale hmul2 32, 8 x NT mma, B fragments 4 x NT
+// loads with PRE (~50 x NT without), weight loads 2, scale loads 1-2, address and loop ~15: ~150 (NT = 1) with
+// PRE and the tile layout, ~210 before. FP8 moves 2 KiB per chunk with 32 cvt + 8 x NT mma, so it has room.
+// SASS of this build (cuobjdump 13.2, instructions in the chunk loop, i.e. per chunk per warp): NVFP4 n8 306
+// (checkpoint layout) / 221 (_pre) / 259 (_tile) / 193 (_tile_pre: 66 LOP3, 49 IMAD, 32 HMUL2, 16 SHF, 8 HMMA,
+// 7 LDG); n16 413 / 268 / 359 / 209. FP8 (2 KiB per chunk) n8 203 / 114 (_pre), n16 282 / 141.
+template <int FMT, int NT, int MMA_WARPS, bool PRE = false>
+__device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, const uint4* __restrict__ xf,
+                                                const uint8_t* __restrict__ w, const void* __restrict__ scales,
+                                                float global_scale, float* __restrict__ y, int m, int n, int k) {
     __shared__ float red[MMA_WARPS][16][16];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
@@ -303,37 +355,53 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
 
-    // Each warp takes every MMA_WARPS-th chunk, MMA_U of them per iteration with all their loads issued first.
-    // MMA_U = 1: issuing two (FP8) or four (NVFP4) chunks ahead raised the registers to 90-104, halved the
-    // resident warps and made every case slower on the H200 (NVFP4 M=1 lm_head 281 -> 378 us, FP8 M=16
-    // 5120x17408 43 -> 66 us; bench run 7 against run 6, 2026-11-30).
+    // Each warp takes every MMA_WARPS-th chunk. One chunk in flight per warp: issuing two (FP8) or four (NVFP4)
+    // ahead raised the registers to 90-104, halved the resident warps and made every case slower on the H200
+    // (NVFP4 M=1 lm_head 281 -> 378 us, FP8 M=16 5120x17408 43 -> 66 us; bench run 7 against run 6, 2026-11-30).
     constexpr int LOADS = FMT == 0 ? 2 : 1;  // 16-byte loads per row per chunk
-    constexpr int MMA_U = 1;
-    for (int cb = warp; cb < nchunks; cb += MMA_WARPS * MMA_U) {
-        uint4 la_u[MMA_U][LOADS], lb_u[MMA_U][LOADS];
-#pragma unroll
-        for (int u = 0; u < MMA_U; ++u) {
-            const int k0u = (cb + u * MMA_WARPS) * 128 + q * 32;
+    for (int c = warp; c < nchunks; c += MMA_WARPS) {
+        const int k0 = c * 128 + q * 32;  // this lane's 32 values (FMT 0, 1)
+        uint4 la[LOADS], lb[LOADS];
+        uint32_t s4 = 0;  // NVFP4: the e4m3 scales of (row g: groups 2 and 2+1 of the lane) | (row g+8) << 16
+        if (FMT == 2) {
+            // Tile layout: the chunk's 1 KiB, row g's 16 bytes of every lane then row g+8's, and one 32-bit
+            // scale word per lane; rows past n and values past k are zeros there, so nothing is guarded.
+            const size_t tc = static_cast<size_t>(blockIdx.x) * nchunks + c;
+            la[0] = ld_stream(w + tc * 1024 + lane * 16);
+            lb[0] = ld_stream(w + tc * 1024 + 512 + lane * 16);
+            s4 = __ldg(reinterpret_cast<const uint32_t*>(scales) + tc * 32 + lane);
+        } else {
 #pragma unroll
             for (int i = 0; i < LOADS; ++i) {
                 // FP8 is checked per 16 values, NVFP4 needs k % 32 == 0; chunks past the end load nothing.
-                const bool kin = k0u + 16 * i < k;
-                const size_t off = static_cast<size_t>(k0u + 16 * i) * BYTES_PER_VALUE_X2 / 2;
-                la_u[u][i] = va && kin ? ld_stream(wa + off) : make_uint4(0, 0, 0, 0);
-                lb_u[u][i] = vb && kin ? ld_stream(wb + off) : make_uint4(0, 0, 0, 0);
+                const bool kin = k0 + 16 * i < k;
+                const size_t off = static_cast<size_t>(k0 + 16 * i) * BYTES_PER_VALUE_X2 / 2;
+                la[i] = va && kin ? ld_stream(wa + off) : make_uint4(0, 0, 0, 0);
+                lb[i] = vb && kin ? ld_stream(wb + off) : make_uint4(0, 0, 0, 0);
+            }
+            if (FMT == 1) {
+                const uint8_t* sc = reinterpret_cast<const uint8_t*>(scales);
+                const size_t srow = static_cast<size_t>(k) >> 4;
+                const bool kin = k0 < k;
+                const uint32_t sa = va && kin ? __ldg(reinterpret_cast<const unsigned short*>(sc + static_cast<size_t>(ra) * srow + (k0 >> 4))) : 0u;
+                const uint32_t sb = vb && kin ? __ldg(reinterpret_cast<const unsigned short*>(sc + static_cast<size_t>(rb) * srow + (k0 >> 4))) : 0u;
+                s4 = sa | (sb << 16);
             }
         }
+        // Activations of token tile t, row g (token index), as f16 pairs in the A fragments' order.
+        uint32_t bx[NT][16];
 #pragma unroll
-        for (int u = 0; u < MMA_U; ++u) {
-            const int c = cb + u * MMA_WARPS;
-            if (c >= nchunks) break;
-            const int k0 = c * 128 + q * 32;  // this lane's 32 values
-            const uint4* la = la_u[u];
-            const uint4* lb = lb_u[u];
-            // Activations of token tile t, row g (token index), as f16 pairs in the A fragments' order.
-            uint32_t bx[NT][16];
+        for (int t = 0; t < NT; ++t) {
+            if (PRE) {
 #pragma unroll
-            for (int t = 0; t < NT; ++t) {
+                for (int v = 0; v < 4; ++v) {
+                    const uint4 u = __ldg(xf + ((static_cast<size_t>(c) * NT + t) * 4 + v) * 32 + lane);
+                    bx[t][4 * v] = u.x;
+                    bx[t][4 * v + 1] = u.y;
+                    bx[t][4 * v + 2] = u.z;
+                    bx[t][4 * v + 3] = u.w;
+                }
+            } else {
                 const int tok = t * 8 + g;
 #pragma unroll
                 for (int v = 0; v < 4; ++v) {
@@ -351,85 +419,80 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
                     }
                 }
             }
-            // Weights as f16 pairs in the same order.
-            uint32_t ax[16], bxw[16];  // rows g and g+8
-            if (FMT == 0) {
+        }
+        // Weights as f16 pairs in the same order.
+        uint32_t ax[16], bxw[16];  // rows g and g+8
+        if (FMT == 0) {
 #pragma unroll
-                for (int i = 0; i < LOADS; ++i) {
-                    const uint32_t wa4[4] = {la[i].x, la[i].y, la[i].z, la[i].w};
-                    const uint32_t wb4[4] = {lb[i].x, lb[i].y, lb[i].z, lb[i].w};
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-#pragma unroll
-                        for (int hh = 0; hh < 2; ++hh) {
-                            __half2_raw ha = __nv_cvt_fp8x2_to_halfraw2(
-                                static_cast<__nv_fp8x2_storage_t>((wa4[j] >> (16 * hh)) & 0xffffu), __NV_E4M3);
-                            __half2_raw hb = __nv_cvt_fp8x2_to_halfraw2(
-                                static_cast<__nv_fp8x2_storage_t>((wb4[j] >> (16 * hh)) & 0xffffu), __NV_E4M3);
-                            ax[8 * i + 2 * j + hh] = *reinterpret_cast<uint32_t*>(&ha);
-                            bxw[8 * i + 2 * j + hh] = *reinterpret_cast<uint32_t*>(&hb);
-                        }
-                    }
-                }
-            } else {
-                const uint8_t* sc = reinterpret_cast<const uint8_t*>(scales);
-                const size_t srow = static_cast<size_t>(k) >> 4;
-                const bool kin = k0 < k;
-                const uint32_t sa = va && kin ? __ldg(reinterpret_cast<const unsigned short*>(sc + static_cast<size_t>(ra) * srow + (k0 >> 4))) : 0u;
-                const uint32_t sb = vb && kin ? __ldg(reinterpret_cast<const unsigned short*>(sc + static_cast<size_t>(rb) * srow + (k0 >> 4))) : 0u;
-                // e4m3 scale pairs -> f16 (exact), broadcast to both halves.
-                __half2_raw s2a = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(sa), __NV_E4M3);
-                __half2_raw s2b = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(sb), __NV_E4M3);
-                const uint32_t sav = *reinterpret_cast<uint32_t*>(&s2a), sbv = *reinterpret_cast<uint32_t*>(&s2b);
-                const uint32_t sa_lo = (sav & 0xffffu) * 0x10001u, sa_hi = (sav >> 16) * 0x10001u;
-                const uint32_t sb_lo = (sbv & 0xffffu) * 0x10001u, sb_hi = (sbv >> 16) * 0x10001u;
-                const uint32_t wa4[4] = {la[0].x, la[0].y, la[0].z, la[0].w};
-                const uint32_t wb4[4] = {lb[0].x, lb[0].y, lb[0].z, lb[0].w};
+            for (int i = 0; i < LOADS; ++i) {
+                const uint32_t wa4[4] = {la[i].x, la[i].y, la[i].z, la[i].w};
+                const uint32_t wb4[4] = {lb[i].x, lb[i].y, lb[i].z, lb[i].w};
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
-                    const uint32_t pa[4] = {
-                        ((wa4[j] << 9) & 0x0E000E00u) | ((wa4[j] << 12) & 0x80008000u),
-                        ((wa4[j] << 5) & 0x0E000E00u) | ((wa4[j] << 8) & 0x80008000u),
-                        ((wa4[j] << 1) & 0x0E000E00u) | ((wa4[j] << 4) & 0x80008000u),
-                        ((wa4[j] >> 3) & 0x0E000E00u) | (wa4[j] & 0x80008000u),
-                    };
-                    const uint32_t pb[4] = {
-                        ((wb4[j] << 9) & 0x0E000E00u) | ((wb4[j] << 12) & 0x80008000u),
-                        ((wb4[j] << 5) & 0x0E000E00u) | ((wb4[j] << 8) & 0x80008000u),
-                        ((wb4[j] << 1) & 0x0E000E00u) | ((wb4[j] << 4) & 0x80008000u),
-                        ((wb4[j] >> 3) & 0x0E000E00u) | (wb4[j] & 0x80008000u),
-                    };
 #pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        ax[4 * j + i] = hmul2_u32(pa[i], j < 2 ? sa_lo : sa_hi);
-                        bxw[4 * j + i] = hmul2_u32(pb[i], j < 2 ? sb_lo : sb_hi);
+                    for (int hh = 0; hh < 2; ++hh) {
+                        __half2_raw ha = __nv_cvt_fp8x2_to_halfraw2(
+                            static_cast<__nv_fp8x2_storage_t>((wa4[j] >> (16 * hh)) & 0xffffu), __NV_E4M3);
+                        __half2_raw hb = __nv_cvt_fp8x2_to_halfraw2(
+                            static_cast<__nv_fp8x2_storage_t>((wb4[j] >> (16 * hh)) & 0xffffu), __NV_E4M3);
+                        ax[8 * i + 2 * j + hh] = *reinterpret_cast<uint32_t*>(&ha);
+                        bxw[8 * i + 2 * j + hh] = *reinterpret_cast<uint32_t*>(&hb);
                     }
                 }
             }
-            float part[NT][4];
+        } else {
+            // e4m3 scale pairs -> f16 (exact), broadcast to both halves.
+            __half2_raw s2a = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s4 & 0xffffu), __NV_E4M3);
+            __half2_raw s2b = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s4 >> 16), __NV_E4M3);
+            const uint32_t sav = *reinterpret_cast<uint32_t*>(&s2a), sbv = *reinterpret_cast<uint32_t*>(&s2b);
+            const uint32_t sa_lo = (sav & 0xffffu) * 0x10001u, sa_hi = (sav >> 16) * 0x10001u;
+            const uint32_t sb_lo = (sbv & 0xffffu) * 0x10001u, sb_hi = (sbv >> 16) * 0x10001u;
+            const uint32_t wa4[4] = {la[0].x, la[0].y, la[0].z, la[0].w};
+            const uint32_t wb4[4] = {lb[0].x, lb[0].y, lb[0].z, lb[0].w};
 #pragma unroll
-            for (int t = 0; t < NT; ++t)
+            for (int j = 0; j < 4; ++j) {
+                const uint32_t pa[4] = {
+                    ((wa4[j] << 9) & 0x0E000E00u) | ((wa4[j] << 12) & 0x80008000u),
+                    ((wa4[j] << 5) & 0x0E000E00u) | ((wa4[j] << 8) & 0x80008000u),
+                    ((wa4[j] << 1) & 0x0E000E00u) | ((wa4[j] << 4) & 0x80008000u),
+                    ((wa4[j] >> 3) & 0x0E000E00u) | (wa4[j] & 0x80008000u),
+                };
+                const uint32_t pb[4] = {
+                    ((wb4[j] << 9) & 0x0E000E00u) | ((wb4[j] << 12) & 0x80008000u),
+                    ((wb4[j] << 5) & 0x0E000E00u) | ((wb4[j] << 8) & 0x80008000u),
+                    ((wb4[j] << 1) & 0x0E000E00u) | ((wb4[j] << 4) & 0x80008000u),
+                    ((wb4[j] >> 3) & 0x0E000E00u) | (wb4[j] & 0x80008000u),
+                };
 #pragma unroll
-                for (int i = 0; i < 4; ++i) part[t][i] = 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const uint32_t a[4] = {ax[2 * j], bxw[2 * j], ax[2 * j + 1], bxw[2 * j + 1]};
-#pragma unroll
-                for (int t = 0; t < NT; ++t) mma_16816(part[t], a, bx[t][2 * j], bx[t][2 * j + 1]);
+                for (int i = 0; i < 4; ++i) {
+                    ax[4 * j + i] = hmul2_u32(pa[i], j < 2 ? sa_lo : sa_hi);
+                    bxw[4 * j + i] = hmul2_u32(pb[i], j < 2 ? sb_lo : sb_hi);
+                }
             }
-            float s = 1.f;
-            if (FMT == 0) {
-                const int kb = (k + 127) >> 7;
-                s = __ldg(reinterpret_cast<const float*>(scales) + static_cast<size_t>(row0 >> 7) * kb + c);
-            }
-#pragma unroll
-            for (int t = 0; t < NT; ++t)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[t][i] = fmaf(part[t][i], s, acc[t][i]);
         }
+        float part[NT][4];
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) part[t][i] = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const uint32_t a[4] = {ax[2 * j], bxw[2 * j], ax[2 * j + 1], bxw[2 * j + 1]};
+#pragma unroll
+            for (int t = 0; t < NT; ++t) mma_16816(part[t], a, bx[t][2 * j], bx[t][2 * j + 1]);
+        }
+        float s = 1.f;
+        if (FMT == 0) {
+            const int kb = (k + 127) >> 7;
+            s = __ldg(reinterpret_cast<const float*>(scales) + static_cast<size_t>(row0 >> 7) * kb + c);
+        }
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[t][i] = fmaf(part[t][i], s, acc[t][i]);
     }
 
-    // Sum the 8 warps' K shares: red[warp][row][token].
+    // Sum the warps' K shares: red[warp][row][token].
     const float post = FMT == 0 ? 1.f : 16384.f * global_scale;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
@@ -453,24 +516,131 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
 #define EDGEFIT_MMA_ENTRIES(W, SUFFIX)                                                                            \
     extern "C" __global__ void __launch_bounds__(W * 32) fp8_block_gemv_mma_n8##SUFFIX(                           \
         const uint16_t* x, const uint8_t* w, const float* scales, float* y, int m, int n, int k) {               \
-        blockq_gemv_mma<0, 1, W>(x, w, scales, 1.f, y, m, n, k);                                                  \
+        blockq_gemv_mma<0, 1, W>(x, nullptr, w, scales, 1.f, y, m, n, k);                                                  \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(W * 32) fp8_block_gemv_mma_n16##SUFFIX(                          \
         const uint16_t* x, const uint8_t* w, const float* scales, float* y, int m, int n, int k) {               \
-        blockq_gemv_mma<0, 2, W>(x, w, scales, 1.f, y, m, n, k);                                                  \
+        blockq_gemv_mma<0, 2, W>(x, nullptr, w, scales, 1.f, y, m, n, k);                                                  \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(W * 32) nvfp4_gemv_mma_n8##SUFFIX(                               \
         const uint16_t* x, const uint8_t* w, const uint8_t* scales, float global_scale, float* y, int m, int n,   \
         int k) {                                                                                                  \
-        blockq_gemv_mma<1, 1, W>(x, w, scales, global_scale, y, m, n, k);                                         \
+        blockq_gemv_mma<1, 1, W>(x, nullptr, w, scales, global_scale, y, m, n, k);                                         \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(W * 32) nvfp4_gemv_mma_n16##SUFFIX(                              \
         const uint16_t* x, const uint8_t* w, const uint8_t* scales, float global_scale, float* y, int m, int n,   \
         int k) {                                                                                                  \
-        blockq_gemv_mma<1, 2, W>(x, w, scales, global_scale, y, m, n, k);                                         \
+        blockq_gemv_mma<1, 2, W>(x, nullptr, w, scales, global_scale, y, m, n, k);                                         \
     }
 
 // 8 warps per 16-row tile (the Rust side's choice) and, for the benchmark's sweep, 16 (twice the warps, and the
 // bytes in flight, on short matrices: 320 tiles at n = 5120 leave 2.4 blocks per SM).
 EDGEFIT_MMA_ENTRIES(8, )
 EDGEFIT_MMA_ENTRIES(16, _w16)
+
+// ---------------------------------------------------------------------------------------------------------------
+// Activations converted once per call (the PRE kernels' B fragments). xf is uint4 [ceil(k/128)][nt][4][32]: for
+// chunk c, token tile t, v and lane (g = lane/4, q = lane%4), the 8 activations k = 128c + 32q + 8v .. +7 of token
+// 8t + g as four f16x2, in the pair order of the format (FP8: consecutive pairs; NVFP4: (a, a+4) of each 8, as
+// e2m1x8 decodes them), rounded with saturation at +-65504; tokens >= m and k past the end are zeros. nt is 1 for
+// the _n8 kernels (m <= 8) and 2 for the _n16 ones. A warp's four loads per token tile are then 512 contiguous
+// bytes each. One thread per uint4; grid ceil(ceil(k/128) * nt * 128 / 256), 256 threads. Needs k % 16 == 0.
+template <int FMT>
+__device__ __forceinline__ void gemv_act_frag(const uint16_t* __restrict__ x, uint4* __restrict__ xf, int m, int k,
+                                              int nt) {
+    const size_t nchunks = static_cast<size_t>((k + 127) >> 7);
+    const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (idx >= nchunks * nt * 128) return;
+    const int lane = static_cast<int>(idx & 31), v = static_cast<int>((idx >> 5) & 3);
+    const size_t ct = idx >> 7;
+    const int t = static_cast<int>(ct % nt), c = static_cast<int>(ct / nt);
+    const int tok = t * 8 + (lane >> 2);
+    const int kk = c * 128 + (lane & 3) * 32 + 8 * v;
+    uint4 out = make_uint4(0, 0, 0, 0);
+    if (tok < m && kk < k) {  // k % 16 == 0: a group of 8 that starts inside the row ends inside it
+        float f[8];
+        bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(tok) * k + kk)), f);
+        if (FMT == 0) {
+            out = make_uint4(pack_f16x2_sat(f[0], f[1]), pack_f16x2_sat(f[2], f[3]), pack_f16x2_sat(f[4], f[5]),
+                             pack_f16x2_sat(f[6], f[7]));
+        } else {
+            out = make_uint4(pack_f16x2_sat(f[0], f[4]), pack_f16x2_sat(f[1], f[5]), pack_f16x2_sat(f[2], f[6]),
+                             pack_f16x2_sat(f[3], f[7]));
+        }
+    }
+    xf[idx] = out;
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemv_act_frag_fp8(const uint16_t* x, uint4* xf, int m, int k,
+                                                                     int nt) {
+    gemv_act_frag<0>(x, xf, m, k, nt);
+}
+extern "C" __global__ void __launch_bounds__(256) gemv_act_frag_nvfp4(const uint16_t* x, uint4* xf, int m, int k,
+                                                                       int nt) {
+    gemv_act_frag<1>(x, xf, m, k, nt);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// NVFP4 tile layout for the tensor-core GEMV, made once at load time. For 16-row tile T and 128-value chunk c
+// (tc = T * ceil(k/128) + c): bytes wr[tc * 1024 ..] hold, for lane = 0..31 (g = lane/4, q = lane%4), the 16
+// checkpoint bytes of row 16T + g, values 128c + 32q .. +31, then at +512 the same for row 16T + g + 8; sr[tc * 32
+// + lane] holds the row's two e4m3 group scales of those values (row g in bits 0..15, row g + 8 in 16..31). Rows
+// past n and values past k are zeros. So a warp's chunk is two fully coalesced 512-byte loads and one 128-byte
+// scale load, with no bounds checks and one address per chunk. Sizes: wr ceil(n/16) * ceil(k/128) * 1024 bytes,
+// sr ceil(n/16) * ceil(k/128) * 32 words. One thread per 16 output bytes, 256 threads. Needs k % 32 == 0.
+extern "C" __global__ void __launch_bounds__(256) nvfp4_repack_mma(const uint8_t* __restrict__ w,
+                                                                    const uint8_t* __restrict__ scales,
+                                                                    uint8_t* __restrict__ wr,
+                                                                    uint32_t* __restrict__ sr, int n, int k) {
+    const size_t nchunks = static_cast<size_t>((k + 127) >> 7);
+    const size_t total = static_cast<size_t>((n + 15) >> 4) * nchunks * 64;
+    const size_t p = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (p >= total) return;
+    const int lane = static_cast<int>(p & 31), half = static_cast<int>((p >> 5) & 1);
+    const size_t tc = p >> 6;
+    const int tile = static_cast<int>(tc / nchunks), c = static_cast<int>(tc % nchunks);
+    const int g = lane >> 2, q = lane & 3;
+    const int row = tile * 16 + g + 8 * half;
+    const int k0 = c * 128 + 32 * q;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row < n && k0 < k)
+        v = __ldg(reinterpret_cast<const uint4*>(w + static_cast<size_t>(row) * (k >> 1) + (k0 >> 1)));
+    *reinterpret_cast<uint4*>(wr + tc * 1024 + half * 512 + lane * 16) = v;
+    if (half == 0) {
+        uint32_t s = 0;
+        const int rb = row + 8;
+        if (k0 < k) {
+            const size_t srow = static_cast<size_t>(k) >> 4;
+            if (row < n) s = __ldg(reinterpret_cast<const unsigned short*>(scales + row * srow + (k0 >> 4)));
+            if (rb < n)
+                s |= static_cast<uint32_t>(__ldg(reinterpret_cast<const unsigned short*>(scales + rb * srow + (k0 >> 4))))
+                     << 16;
+        }
+        sr[tc * 32 + lane] = s;
+    }
+}
+
+// The variants: _pre (activations from gemv_act_frag_*, FP8 and NVFP4 checkpoint layout), _tile (NVFP4 tile
+// layout, activations converted here) and _tile_pre (both). One 16-row tile per block, 8 warps, as the base kernels.
+#define EDGEFIT_MMA_VARIANTS(NTILES, SUFFIX)                                                                      \
+    extern "C" __global__ void __launch_bounds__(256) fp8_block_gemv_mma_pre_##SUFFIX(                            \
+        const uint4* xf, const uint8_t* w, const float* scales, float* y, int m, int n, int k) {                  \
+        blockq_gemv_mma<0, NTILES, 8, true>(nullptr, xf, w, scales, 1.f, y, m, n, k);                             \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256) nvfp4_gemv_mma_pre_##SUFFIX(                                \
+        const uint4* xf, const uint8_t* w, const uint8_t* scales, float global_scale, float* y, int m, int n,     \
+        int k) {                                                                                                  \
+        blockq_gemv_mma<1, NTILES, 8, true>(nullptr, xf, w, scales, global_scale, y, m, n, k);                    \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256) nvfp4_gemv_mma_tile_##SUFFIX(                               \
+        const uint16_t* x, const uint8_t* wr, const uint32_t* sr, float global_scale, float* y, int m, int n,     \
+        int k) {                                                                                                  \
+        blockq_gemv_mma<2, NTILES, 8, false>(x, nullptr, wr, sr, global_scale, y, m, n, k);                       \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256) nvfp4_gemv_mma_tile_pre_##SUFFIX(                           \
+        const uint4* xf, const uint8_t* wr, const uint32_t* sr, float global_scale, float* y, int m, int n,       \
+        int k) {                                                                                                  \
+        blockq_gemv_mma<2, NTILES, 8, true>(nullptr, xf, wr, sr, global_scale, y, m, n, k);                       \
+    }
+EDGEFIT_MMA_VARIANTS(1, n8)
+EDGEFIT_MMA_VARIANTS(2, n16)

@@ -6,7 +6,7 @@
 # the `cuda` feature and packs them with the PTX and cubins the crate embeds into target-carry/carry.tar.gz, which
 # the device tool carries (`carry: ["target-carry", ".whl"]`; the pack keeps the call under its 64 MiB).
 #
-# Usage (here):     kernels/bench/h200/run_session.sh prepare
+# Usage (here):     kernels/bench/h200/run_session.sh prepare [gpu_a,gpu_b]   (default: every gpu_* test file)
 # Usage (device):   bash kernels/bench/h200/run_session.sh [TESTS] [BENCHES] [--no-sanitizer]
 #   TESTS, BENCHES: comma-separated names (gpu_kernels,gpu_ops / ops,gemv) or "all" (default) or "none".
 # Logs: $OUT/tests_<name>.txt, $OUT/sanitizer_<name>.txt, $OUT/bench_<name>.txt (+ each bench's json).
@@ -17,7 +17,9 @@ CARRY=target-carry
 if [ "${1:-}" = prepare ]; then
   set -e
   export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target-carry-build}
-  cargo test -p kernels --features cuda --release --no-run --message-format=json 2>/dev/null \
+  targets=()
+  if [ -n "${2:-}" ]; then for t in ${2//,/ }; do targets+=(--test "$t"); done; else targets=(--tests); fi
+  cargo test -p kernels --features cuda --release --no-run "${targets[@]}" --message-format=json 2>/dev/null \
     | python3 -c "import sys, json
 for l in sys.stdin:
     m = json.loads(l)
@@ -65,16 +67,9 @@ for exe in "$BIN"/gpu_*; do
   name=$(basename "$exe")
   wanted "$TESTS" "$name" || continue
   echo "== $name"
-  timeout 300 "$exe" --test-threads=1 --nocapture > "$OUT/tests_$name.txt" 2>&1
+  timeout 120 "$exe" --test-threads=1 --nocapture > "$OUT/tests_$name.txt" 2>&1
   rc=$?; status+=("tests $name: rc=$rc $(grep -E '^test result' "$OUT/tests_$name.txt" | tail -1)")
   grep -E "^test .*(FAILED|ok)$|panicked|test result" "$OUT/tests_$name.txt" | grep -vE " ok$" | head -20
-  if [ $SANITIZE = 1 ]; then
-    for tool in memcheck racecheck; do
-      timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 99 "$exe" --test-threads=1 \
-        > "$OUT/sanitizer_${name}_$tool.txt" 2>&1
-      rc=$?; status+=("  $tool $name: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_${name}_$tool.txt" | tail -1)")
-    done
-  fi
 done
 echo "[tests done at +$(( $(date +%s) - t0 ))s]"
 
@@ -85,9 +80,22 @@ for script in kernels/bench/h200/bench_*.py; do
   timeout 200 python3 "$script" "$BIN" > "$OUT/bench_$name.txt" 2>&1
   rc=$?; status+=("bench $name: rc=$rc")
   # the short table each script prints last
-  tail -n 40 "$OUT/bench_$name.txt"
+  tail -n 30 "$OUT/bench_$name.txt"
   echo "[bench $name done at +$(( $(date +%s) - t0 ))s]"
 done
+
+# The sanitizers last: the slowest and, once clean, the least likely to change what the next step is.
+if [ $SANITIZE = 1 ]; then
+  for exe in "$BIN"/gpu_*; do
+    name=$(basename "$exe")
+    wanted "$TESTS" "$name" || continue
+    for tool in memcheck racecheck; do
+      timeout "${SAN_TIMEOUT:-120}" compute-sanitizer --tool "$tool" --error-exitcode 99 "$exe" --test-threads=1 \
+        > "$OUT/sanitizer_${name}_$tool.txt" 2>&1
+      rc=$?; status+=("$tool $name: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_${name}_$tool.txt" | tail -1)")
+    done
+  done
+fi
 
 echo "== status (+$(( $(date +%s) - t0 ))s)"
 printf '%s\n' "${status[@]}"

@@ -150,3 +150,246 @@ fn mma_config(n: usize) -> LaunchConfig {
         shared_mem_bytes: 0,
     }
 }
+
+impl Device {
+    /// `gemv_act_frag_{fp8,nvfp4}`: bf16 `x [m, k]` -> f16 B fragments `xf` (`ceil(k/128) * nt * 512` words).
+    fn gemv_act_frag(
+        &self,
+        nvfp4: bool,
+        x: &CudaSlice<u16>,
+        xf: &mut CudaSlice<u32>,
+        m: usize,
+        k: usize,
+        nt: usize,
+    ) -> Result<(), KernelError> {
+        let name = if nvfp4 {
+            "gemv_act_frag_nvfp4"
+        } else {
+            "gemv_act_frag_fp8"
+        };
+        let f = self.function(Module::Gemv, name)?;
+        let total = k.div_ceil(128) * nt * 128; // uint4 written, one per thread
+        let (mi, ki, nti) = (m as i32, k as i32, nt as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (total.div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(xf).arg(&mi).arg(&ki).arg(&nti);
+        // SAFETY: matches `gemv_act_frag_*` in cuda/gemv.cu; the caller checked x = [m, k] with k % 16 == 0 (each
+        // 16-byte load is inside its row, tokens >= m are not read) and xf holds at least ceil(k/128) * nt * 128
+        // uint4 (threads past that return); cudarc allocations are 256-byte aligned.
+        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        Ok(())
+    }
+
+    /// The tensor-core GEMV with the activations converted first (`gemv_act_frag_*` + `*_mma_pre_n*`).
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) fn fp8_block_gemv_pre(
+        &self,
+        x: &CudaSlice<u16>,
+        xf: &mut CudaSlice<u32>,
+        w: &CudaSlice<u8>,
+        scales: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        let (nt, name) = if m <= 8 {
+            (1, "fp8_block_gemv_mma_pre_n8")
+        } else {
+            (2, "fp8_block_gemv_mma_pre_n16")
+        };
+        self.gemv_act_frag(false, x, xf, m, k, nt)?;
+        let f = self.function(Module::Gemv, name)?;
+        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&*xf)
+            .arg(w)
+            .arg(scales)
+            .arg(y)
+            .arg(&mi)
+            .arg(&ni)
+            .arg(&ki);
+        // SAFETY: matches `fp8_block_gemv_mma_pre_n*`; xf was just written for this m, k and nt (the kernel reads
+        // ceil(k/128) * nt * 128 uint4 of it); w, scales, y checked by the caller as for `fp8_block_gemv_mma_n*`.
+        unsafe { b.launch(mma_config(n)) }.map_err(cuda_err(name))?;
+        Ok(())
+    }
+
+    /// NVFP4 in the checkpoint layout, activations converted first (`gemv_act_frag_nvfp4` + `nvfp4_gemv_mma_pre_n*`).
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) fn nvfp4_gemv_pre(
+        &self,
+        x: &CudaSlice<u16>,
+        xf: &mut CudaSlice<u32>,
+        w: &CudaSlice<u8>,
+        scales: &CudaSlice<u8>,
+        global_scale: f32,
+        y: &mut CudaSlice<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        let (nt, name) = if m <= 8 {
+            (1, "nvfp4_gemv_mma_pre_n8")
+        } else {
+            (2, "nvfp4_gemv_mma_pre_n16")
+        };
+        self.gemv_act_frag(true, x, xf, m, k, nt)?;
+        let f = self.function(Module::Gemv, name)?;
+        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&*xf)
+            .arg(w)
+            .arg(scales)
+            .arg(&global_scale)
+            .arg(y)
+            .arg(&mi)
+            .arg(&ni)
+            .arg(&ki);
+        // SAFETY: matches `nvfp4_gemv_mma_pre_n*`; xf was just written for this m, k and nt; w, scales, y checked by
+        // the caller as for `nvfp4_gemv_mma_n*` (k % 32 == 0).
+        unsafe { b.launch(mma_config(n)) }.map_err(cuda_err(name))?;
+        Ok(())
+    }
+
+    /// `nvfp4_repack_mma`: checkpoint layout -> tile layout (cuda/gemv.cu documents it).
+    pub(in crate::cuda) fn nvfp4_repack_mma(
+        &self,
+        w: &CudaSlice<u8>,
+        scales: &CudaSlice<u8>,
+        wr: &mut CudaSlice<u8>,
+        sr: &mut CudaSlice<u32>,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        const NAME: &str = "nvfp4_repack_mma";
+        let f = self.function(Module::Gemv, NAME)?;
+        let threads = n.div_ceil(16) * k.div_ceil(128) * 64;
+        let blocks = u32::try_from(threads.div_ceil(256))
+            .map_err(|_| KernelError::Cuda(format!("{NAME}: {threads} threads exceed one grid")))?;
+        let (ni, ki) = (n as i32, k as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(w).arg(scales).arg(wr).arg(sr).arg(&ni).arg(&ki);
+        // SAFETY: matches `nvfp4_repack_mma`; the caller checked w = [n, k/2], scales = [n, k/16], k % 32 == 0
+        // (every 16-byte and 2-byte load is whole and aligned inside its row; rows >= n and k0 >= k are not read),
+        // wr = ceil(n/16) * ceil(k/128) * 1024 bytes and sr = ceil(n/16) * ceil(k/128) * 32 words, exactly what
+        // the threads (one per 16 output bytes, the rest return) write.
+        unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+        Ok(())
+    }
+
+    /// `nvfp4_gemv_mma_tile[_pre]_n*` over the tile layout; with `xf`, the activations are converted first.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) fn nvfp4_gemv_tiles(
+        &self,
+        x: &CudaSlice<u16>,
+        xf: Option<&mut CudaSlice<u32>>,
+        wr: &CudaSlice<u8>,
+        sr: &CudaSlice<u32>,
+        global_scale: f32,
+        y: &mut CudaSlice<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        let nt = if m <= 8 { 1 } else { 2 };
+        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        match xf {
+            Some(xf) => {
+                self.gemv_act_frag(true, x, xf, m, k, nt)?;
+                let name = if nt == 1 {
+                    "nvfp4_gemv_mma_tile_pre_n8"
+                } else {
+                    "nvfp4_gemv_mma_tile_pre_n16"
+                };
+                let f = self.function(Module::Gemv, name)?;
+                let mut b = self.stream.launch_builder(&f);
+                b.arg(&*xf)
+                    .arg(wr)
+                    .arg(sr)
+                    .arg(&global_scale)
+                    .arg(y)
+                    .arg(&mi)
+                    .arg(&ni)
+                    .arg(&ki);
+                // SAFETY: matches `nvfp4_gemv_mma_tile_pre_n*`; xf was just written for m, k, nt; the caller
+                // checked wr and sr are the tile layout of exactly n x k (block b reads chunks of tile b only,
+                // ceil(n/16) blocks) and y = [m, n]; stores are guarded against m and n.
+                unsafe { b.launch(mma_config(n)) }.map_err(cuda_err(name))?;
+            }
+            None => {
+                let name = if nt == 1 {
+                    "nvfp4_gemv_mma_tile_n8"
+                } else {
+                    "nvfp4_gemv_mma_tile_n16"
+                };
+                let f = self.function(Module::Gemv, name)?;
+                let mut b = self.stream.launch_builder(&f);
+                b.arg(x)
+                    .arg(wr)
+                    .arg(sr)
+                    .arg(&global_scale)
+                    .arg(y)
+                    .arg(&mi)
+                    .arg(&ni)
+                    .arg(&ki);
+                // SAFETY: matches `nvfp4_gemv_mma_tile_n*`; x = [m, k] with k % 32 == 0 checked by the caller
+                // (activation loads are guarded against m and k), wr/sr as above, y = [m, n].
+                unsafe { b.launch(mma_config(n)) }.map_err(cuda_err(name))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// FP8 `m = 1` sweep kernels on the CUDA cores (two rows per warp).
+    #[allow(clippy::too_many_arguments)]
+    /// `four_loads`: four 16-byte loads in flight per row instead of two; `splits`: `None` for the L2-prefetch
+    /// kernel, `Some(s)` for the split-K kernel over `s` K ranges (y zeroed first).
+    pub(in crate::cuda) fn fp8_block_gemv_m1_variant(
+        &self,
+        four_loads: bool,
+        splits: Option<u32>,
+        x: &CudaSlice<u16>,
+        w: &CudaSlice<u8>,
+        scales: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        let name = match (four_loads, splits.is_some()) {
+            (false, false) => "fp8_block_gemv_m1_r2_u2_pf",
+            (true, false) => "fp8_block_gemv_m1_r2_u4_pf",
+            (false, true) => "fp8_block_gemv_m1_r2_u2_sk",
+            (true, true) => "fp8_block_gemv_m1_r2_u4_sk",
+        };
+        let f = self.function(Module::Gemv, name)?;
+        let mut cfg = gemv_config(n, 2);
+        if let Some(s) = splits {
+            // The split kernel adds its partial sums into y.
+            self.stream.memset_zeros(y).map_err(cuda_err(name))?;
+            cfg.grid_dim.1 = s;
+        }
+        let (one, ni, ki) = (1i32, n as i32, k as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x)
+            .arg(w)
+            .arg(scales)
+            .arg(y)
+            .arg(&one)
+            .arg(&ni)
+            .arg(&ki);
+        // SAFETY: as `fp8_block_gemv_m1_r2_u2` above (same argument list, m = 1, buffers checked by the caller,
+        // k % 16 == 0); the split kernel's K ranges are clamped to k and it only adds into y[0..n].
+        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,267 @@
+"""Decode GEMV design sweep on the H200 (issue 4, items 1 and 2): every variant of kernels/cuda/gemv.cu against the
+kernels `KernelPath::Auto` picks today, against cuBLAS (`torch._scaled_mm` FP8 with M padded to 16,
+`torch.matmul` bf16), on the Qwen3.8-27B decode shapes, in one run that decides `Auto`'s table.
+
+Usage (repository root): python3 kernels/bench/h200/bench_gemv.py CARRY_DIR [--quick]
+CARRY_DIR holds the gemv.ptx the crate embeds. Method as bench.py (its helpers are imported): CUDA graphs of R
+launches rotating over input sets larger than L2, arms alternating over 11 rounds, medians and spreads. "% copy"
+is (weights + scales + activations + outputs) / time over the device-to-device copy bandwidth measured here with a
+256 MiB float32 copy_. Every arm's output is checked (FP8 against a torch dequantisation, NVFP4 against our
+default kernel) and a failing case is printed without stopping the others. Writes $OUT/bench_gemv.json and
+$OUT/bench_gemv_log.txt and prints the short table last.
+
+Arms (kernel names as in the SASS, for grepping):
+  fp8  auto   fp8_block_gemv_m1_r2_u2 (m = 1) | fp8_block_gemv_mma_n8/_n16 (m > 1)      -- today's Auto
+  fp8  pre    gemv_act_frag_fp8 + fp8_block_gemv_mma_pre_n8/_n16                        -- activations converted once
+  fp8  pf2/pf4  fp8_block_gemv_m1_r2_u{2,4}_pf (m = 1)                                  -- L2::256B prefetch hint
+  fp8  sk2/sk3/sk4  memset + fp8_block_gemv_m1_r2_u2_sk with 2/3/4 K splits (m = 1)     -- split-K, atomics
+  nv4  auto   nvfp4_gemv_mma_n8/_n16                                                    -- today's Auto
+  nv4  pre    gemv_act_frag_nvfp4 + nvfp4_gemv_mma_pre_n8/_n16
+  nv4  tile   nvfp4_gemv_mma_tile_n8/_n16 (weights repacked once by nvfp4_repack_mma)
+  nv4  tilepre  gemv_act_frag_nvfp4 + nvfp4_gemv_mma_tile_pre_n8/_n16
+"""
+
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+# bench.py opens $OUT/bench_log.txt for writing at import: point it elsewhere so a previous bench.py log survives.
+OUT = os.environ.get("OUT", ".")
+os.environ["OUT"] = tempfile.mkdtemp()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench as b  # noqa: E402
+
+os.environ["OUT"] = OUT
+b.LOG = open(os.path.join(OUT, "bench_gemv_log.txt"), "w")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+dev = torch.device("cuda")
+QUICK = "--quick" in sys.argv
+ptr, launch, kern = b.ptr, b.launch, b.kern
+i32, f32 = np.int32, np.float32
+
+
+def copy_bandwidth():
+    nbytes = 1 << 28
+    a = torch.randn(nbytes // 4, device=dev)
+    c = torch.empty_like(a)
+    res = b.time_arms({"copy": lambda i: c.copy_(a)}, 1, 10)
+    bw = 2 * nbytes / res["copy"][0]
+    b.log(f"copy 256 MiB float32: {bw / 1e12:.3f} TB/s (read+write)")
+    del a, c
+    return bw
+
+
+def rel(y, ref):
+    return ((y.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+BEST = []  # (format, shape, m, best arm, its us, auto us)
+
+
+def fp8_case(n, k, m, sets, w8, sc, copy_bw, one, wbf):
+    x = [torch.randn(m, k, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
+    y = torch.empty(m, n, device=dev, dtype=torch.float32)
+    nt = 1 if m <= 8 else 2
+    xf = torch.empty((k + 127) // 128 * nt * 512, device=dev, dtype=torch.int32)
+    g16 = ((n + 15) // 16,)
+    args = lambda i: (ptr(x[i]), ptr(w8[i]), ptr(sc[i]), ptr(y), i32(m), i32(n), i32(k))  # noqa: E731
+    arms = {}
+    if m == 1:
+        f = kern("gemv", "fp8_block_gemv_m1_r2_u2")
+        arms["auto"] = lambda i: launch(f, g16, (256,), args(i))
+    else:
+        f = kern("gemv", "fp8_block_gemv_mma_n8" if m <= 8 else "fp8_block_gemv_mma_n16")
+        arms["auto"] = lambda i: launch(f, g16, (256,), args(i))
+    fa = kern("gemv", "gemv_act_frag_fp8")
+    fp = kern("gemv", "fp8_block_gemv_mma_pre_n8" if m <= 8 else "fp8_block_gemv_mma_pre_n16")
+    ga = ((xf.numel() // 4 + 255) // 256,)
+
+    def pre(i):
+        launch(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt)))
+        launch(fp, g16, (256,), (ptr(xf), ptr(w8[i]), ptr(sc[i]), ptr(y), i32(m), i32(n), i32(k)))
+
+    arms["pre"] = pre
+    if m == 1:
+        for u in (2, 4):
+            fv = kern("gemv", f"fp8_block_gemv_m1_r2_u{u}_pf")
+            arms[f"pf{u}"] = (lambda fv: lambda i: launch(fv, g16, (256,), args(i)))(fv)
+        fs = kern("gemv", "fp8_block_gemv_m1_r2_u2_sk")
+        for s in (2, 3, 4):
+            def sk(i, s=s):
+                y.zero_()
+                launch(fs, (g16[0], s), (256,), args(i))
+            arms[f"sk{s}"] = sk
+    # Correctness of every arm against a torch dequantisation of set 0.
+    wd = w8[0].float() * sc[0].repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+    ref = x[0].float() @ wd.t()
+    del wd
+    errs = {}
+    for name, call in arms.items():
+        y.fill_(float("nan"))
+        call(0)
+        torch.cuda.synchronize()
+        errs[name] = rel(y, ref)
+        if not errs[name] < 1e-4:
+            b.log(f"  FAIL fp8 {name} M={m} N={n} K={k}: rel err {errs[name]:.2e} (NaN: unwritten)")
+    mp = max(16, m)
+    x8 = [torch.randn(mp, k, device=dev).to(torch.float8_e4m3fn) for _ in range(sets)]
+    w8f = [w.view(torch.float8_e4m3fn) for w in w8]
+    all_arms = dict(arms)
+    all_arms["scaled_mm"] = lambda i: torch._scaled_mm(x8[i], w8f[i].t(), scale_a=one, scale_b=one,
+                                                       out_dtype=torch.bfloat16)
+    if wbf is not None:
+        xb = [torch.randn(m, k, device=dev, dtype=torch.bfloat16) for _ in range(len(wbf))]
+        res_bf = b.time_arms({"bf16": lambda i: xb[i] @ wbf[i].t()}, len(wbf), 60 if n < 100000 else 8)
+    res = b.time_arms(all_arms, sets, 60 if n < 100000 else 8)
+    shape = f"M={m} N={n} K={k}"
+    nb, kb = (n + 127) // 128, (k + 127) // 128
+    moved = n * k + nb * kb * 4 + m * k * 2 + m * n * 4
+    b.row("fp8_gemv", shape, res["auto"], "torch._scaled_mm(M16)", res["scaled_mm"], bytes_moved=moved,
+          ceiling=copy_bw, target=">=85% copy", note=f"auto, rel err {errs['auto']:.1e}")
+    for name in arms:
+        if name != "auto":
+            b.row(f"fp8_{name}", shape, res[name], "fp8 auto", res["auto"], bytes_moved=moved, ceiling=copy_bw,
+                  note=f"rel err {errs[name]:.1e}")
+    if wbf is not None:
+        b.row("cublas_bf16", shape, res_bf["bf16"], "-", None, bytes_moved=2 * n * k + m * k * 2 + m * n * 2,
+              ceiling=copy_bw, note="reference point: torch.matmul bf16")
+    ok = {a: res[a][0] for a in arms if errs[a] < 1e-4}
+    best = min(ok, key=ok.get) if ok else "none"
+    BEST.append(("fp8", f"N={n} K={k}", m, best, ok.get(best, float("nan")) * 1e6, res["auto"][0] * 1e6,
+                 moved / ok.get(best, float("nan")) / copy_bw if ok else float("nan")))
+    return res["auto"]
+
+
+def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto):
+    x = [torch.randn(m, k, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
+    y = torch.empty(m, n, device=dev, dtype=torch.float32)
+    nt = 1 if m <= 8 else 2
+    xf = torch.empty((k + 127) // 128 * nt * 512, device=dev, dtype=torch.int32)
+    g16 = ((n + 15) // 16,)
+    ga = ((xf.numel() // 4 + 255) // 256,)
+    sfx = "n8" if m <= 8 else "n16"
+    gs = f32(0.01)
+    fa = kern("gemv", "gemv_act_frag_nvfp4")
+    f0 = kern("gemv", f"nvfp4_gemv_mma_{sfx}")
+    fpre = kern("gemv", f"nvfp4_gemv_mma_pre_{sfx}")
+    ft = kern("gemv", f"nvfp4_gemv_mma_tile_{sfx}")
+    ftp = kern("gemv", f"nvfp4_gemv_mma_tile_pre_{sfx}")
+    frag = lambda i: launch(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt)))  # noqa: E731
+    tail = lambda: (gs, ptr(y), i32(m), i32(n), i32(k))  # noqa: E731
+    arms = {
+        "auto": lambda i: launch(f0, g16, (256,), (ptr(x[i]), ptr(w4[i]), ptr(s4[i])) + tail()),
+        "pre": lambda i: (frag(i), launch(fpre, g16, (256,), (ptr(xf), ptr(w4[i]), ptr(s4[i])) + tail())),
+        "tile": lambda i: launch(ft, g16, (256,), (ptr(x[i]), ptr(wr[i]), ptr(sr[i])) + tail()),
+        "tilepre": lambda i: (frag(i), launch(ftp, g16, (256,), (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail())),
+    }
+    outs = {}
+    for name, call in arms.items():
+        y.fill_(float("nan"))
+        call(0)
+        torch.cuda.synchronize()
+        outs[name] = y.clone()
+    errs = {name: rel(o, outs["auto"]) for name, o in outs.items()}
+    errs["auto"] = 0.0 if torch.isfinite(outs["auto"]).all().item() else float("nan")
+    for name, e in errs.items():
+        if not e < 1e-5:
+            b.log(f"  FAIL nvfp4 {name} M={m} N={n} K={k}: rel diff vs auto {e:.2e} (NaN: unwritten)")
+    exact = torch.equal(outs["tilepre"], outs["pre"])
+    del outs
+    res = b.time_arms(arms, sets, 60 if n < 100000 else 8)
+    shape = f"M={m} N={n} K={k}"
+    moved = n * k // 2 + n * k // 16 + m * k * 2 + m * n * 4
+    b.row("nvfp4_gemv", shape, res["auto"], "our fp8 auto", fp8_auto, bytes_moved=moved, ceiling=copy_bw,
+          target=">=85% copy")
+    for name in arms:
+        if name != "auto":
+            b.row(f"nvfp4_{name}", shape, res[name], "nvfp4 auto", res["auto"], bytes_moved=moved, ceiling=copy_bw,
+                  note=f"rel diff vs auto {errs[name]:.1e}" + (", == pre bitwise" if name == "tilepre" and exact
+                                                                 else ""))
+    ok = {a: res[a][0] for a in arms if errs[a] < 1e-5}
+    best = min(ok, key=ok.get) if ok else "none"
+    BEST.append(("nvfp4", f"N={n} K={k}", m, best, ok.get(best, float("nan")) * 1e6, res["auto"][0] * 1e6,
+                 moved / ok.get(best, float("nan")) / copy_bw if ok else float("nan")))
+
+
+def main():
+    t0 = time.time()
+    props = torch.cuda.get_device_properties(0)
+    b.log(f"device: {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, quick={QUICK}")
+    copy_bw = copy_bandwidth()
+    one = torch.ones((), device=dev)
+    shapes = [(5120, 17408), (17408, 5120), (5120, 10240), (248320, 5120)]
+    ms = [1, 4, 16] if not QUICK else [1, 16]
+    for (n, k) in shapes:
+        try:
+            nb, kb = (n + 127) // 128, (k + 127) // 128
+            sets = b.n_sets(n * k + nb * kb * 4)
+            w8 = [torch.randn(n, k, device=dev).div_(4).to(torch.float8_e4m3fn).view(torch.uint8)
+                  for _ in range(sets)]
+            sc = [torch.rand(nb, kb, device=dev) + 0.5 for _ in range(sets)]
+            wbf = None
+            if n < 100000:
+                wbf = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) for _ in range(b.n_sets(2 * n * k))]
+            fp8_auto = {}
+            for m in ms:
+                try:
+                    fp8_auto[m] = fp8_case(n, k, m, sets, w8, sc, copy_bw, one, wbf)
+                except Exception as e:  # noqa: BLE001 - one failing case must not stop the others
+                    b.log(f"  ERROR fp8 M={m} N={n} K={k}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+            del w8, sc, wbf
+            torch.cuda.empty_cache()
+            sets4 = b.n_sets(n * k // 2 + n * k // 16)
+            w4 = [torch.randint(0, 256, (n, k // 2), device=dev, dtype=torch.uint8) for _ in range(sets4)]
+            s4 = [(torch.rand(n, k // 16, device=dev) + 0.5).to(torch.float8_e4m3fn).view(torch.uint8)
+                  for _ in range(sets4)]
+            # The tile layout, made by the repack kernel (timed once: a load-time cost).
+            tiles = ((n + 15) // 16) * ((k + 127) // 128)
+            wr = [torch.empty(tiles * 1024, device=dev, dtype=torch.uint8) for _ in range(sets4)]
+            sr = [torch.empty(tiles * 32, device=dev, dtype=torch.int32) for _ in range(sets4)]
+            frp = kern("gemv", "nvfp4_repack_mma")
+            grp = ((tiles * 64 + 255) // 256,)
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            for i in range(sets4):
+                if i == 1:
+                    e0.record()
+                launch(frp, grp, (256,), (ptr(w4[i]), ptr(s4[i]), ptr(wr[i]), ptr(sr[i]), i32(n), i32(k)))
+            e1.record()
+            torch.cuda.synchronize()
+            if sets4 > 1:
+                b.log(f"nvfp4_repack_mma N={n} K={k}: {e0.elapsed_time(e1) * 1e3 / (sets4 - 1):.1f} us per weight")
+            for m in ms:
+                try:
+                    nvfp4_case(n, k, m, sets4, w4, s4, wr, sr, copy_bw, fp8_auto.get(m))
+                except Exception as e:  # noqa: BLE001
+                    b.log(f"  ERROR nvfp4 M={m} N={n} K={k}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+            del w4, s4, wr, sr
+            torch.cuda.empty_cache()
+        except Exception as e:  # noqa: BLE001
+            b.log(f"  ERROR shape N={n} K={k}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+        b.log(f"[N={n} K={k} done at {time.time() - t0:.0f}s]")
+    with open(os.path.join(OUT, "bench_gemv.json"), "w") as fh:
+        json.dump({"device": props.name, "copy_GBps": copy_bw / 1e9, "rows": b.ROWS,
+                   "best": [dict(zip(("format", "shape", "m", "best", "best_us", "auto_us", "frac_copy"), r))
+                            for r in BEST]}, fh, indent=1)
+    print()
+    print(f"copy {copy_bw / 1e12:.3f} TB/s; {time.time() - t0:.0f} s")
+    print(f"{'kernel':14s}|{'shape':24s}|{'ours us':>9s}|{'baseline':22s}|{'base us':>9s}|{'x':>6s}|{'GB/s':>6s}|"
+          f"{'%copy':>6s}|note")
+    for r in b.ROWS:
+        print(f"{r['kernel']:14s}|{r['shape']:24s}|{r['ours_us']:9.2f}|{r['baseline']:22s}|{r['base_us']:9.2f}|"
+              f"{r['speedup']:6.2f}|{r.get('GB/s', float('nan')):6.0f}|{r.get('frac_copy', float('nan')) * 100:6.1f}|"
+              f"{r['note']}")
+    print()
+    print("Auto table candidates (fastest correct arm per case; auto = today's choice):")
+    print(f"{'fmt':6s}|{'shape':18s}|{'m':>3s}|{'best':8s}|{'best us':>8s}|{'auto us':>8s}|{'gain':>5s}|{'%copy':>6s}")
+    for fmt, shape, m, best, bu, au, fc in BEST:
+        print(f"{fmt:6s}|{shape:18s}|{m:3d}|{best:8s}|{bu:8.2f}|{au:8.2f}|{au / bu:5.2f}|{fc * 100:6.1f}")
+
+
+if __name__ == "__main__":
+    main()

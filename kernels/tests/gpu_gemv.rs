@@ -1,0 +1,266 @@
+//! The decode-GEMV design-sweep variants (issue 4: `Gpu::fp8_block_gemv_preconverted`,
+//! `Gpu::fp8_block_gemv_m1_sweep`, `Gpu::nvfp4_gemv_preconverted`, `Gpu::nvfp4_repack_tiles` +
+//! `Gpu::nvfp4_gemv_tiles`) against `kernels::reference::linear`: fresh random inputs each run (the seed is
+//! printed), every m from 1 to 16, n not a multiple of the 16-row tile or of two rows per warp, k at the constraint
+//! (FP8: k % 16 == 0, not a multiple of 32 or 128; NVFP4: k % 32 == 0, not a multiple of 128), outputs and scratch
+//! poisoned before the launch (NaN outputs fail as unwritten), stated error bounds. The messages name the variant,
+//! the shape and, on a wrong element, its index.
+//!
+//! Without a CUDA device (or without the `cuda` feature) each test prints "skipped: no CUDA device". Small enough
+//! for `compute-sanitizer --tool memcheck|racecheck` in seconds.
+
+use kernels::cuda::Gpu;
+use kernels::formats::{bf16_to_f32, f32_to_bf16};
+use kernels::reference;
+use rand_chacha::ChaCha8Rng;
+
+mod gpu_common;
+use gpu_common::{gpu, rel_err, rng, uniform};
+
+/// fp32 accumulation of exact products (e4m3 or e2m1 x e4m3 scale, and bf16 activations, are exact in f16 over the
+/// test's ranges) against the f64 reference: the error is the rounding of fp32 partial sums, ~1e-7 relative; 2e-5
+/// leaves room without hiding a wrong element (one wrong 16-value group moves the norm by > 1e-3 at these sizes).
+const TOL: f64 = 2e-5;
+
+/// bf16 activations: bits for the GPU, exact values for the reference.
+fn bf16_activations(rng: &mut ChaCha8Rng, len: usize) -> (Vec<u16>, Vec<f32>) {
+    let bits: Vec<u16> = uniform(rng, len, 2.0)
+        .into_iter()
+        .map(f32_to_bf16)
+        .collect();
+    let vals = bits.iter().map(|&b| bf16_to_f32(b)).collect();
+    (bits, vals)
+}
+
+/// Checks `got` against `want` and, on failure, names the worst element (token, row).
+fn check(what: &str, got: &[f32], want: &[f32], n: usize) {
+    let e = rel_err(what, got, want);
+    if e >= TOL {
+        let (i, d) = got
+            .iter()
+            .zip(want)
+            .map(|(g, w)| (g - w).abs())
+            .enumerate()
+            .fold((0, 0.0f32), |a, (i, d)| if d > a.1 { (i, d) } else { a });
+        panic!(
+            "{what}: relative error {e:e} >= {TOL:e}; worst element token {} row {}: got {}, expected {} (|diff| {d})",
+            i / n,
+            i % n,
+            got[i],
+            want[i]
+        );
+    }
+}
+
+/// A scratch buffer of `len` words filled with garbage (f16 NaN pairs), so a fragment the pre-kernel does not
+/// write poisons the product.
+fn poisoned_scratch(gpu: &Gpu, len: usize) -> kernels::cuda::GpuBuffer<u32> {
+    gpu.upload(&vec![0x7e00_7e00u32; len]).unwrap()
+}
+
+#[test]
+fn fp8_preconverted_activations_match_the_reference_for_every_m() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("fp8_block_gemv_preconverted");
+    for &(n, k) in &[(300, 400), (33, 1040), (129, 16), (17, 2064)] {
+        let w = uniform(&mut rng, n * k, 0.05);
+        let (codes, scales) = reference::linear::quantize_fp8_block(&w, n, k);
+        let (dw, ds) = (gpu.upload(&codes).unwrap(), gpu.upload(&scales).unwrap());
+        for m in 1..=16 {
+            let (xb, xf) = bf16_activations(&mut rng, m * k);
+            let want = reference::linear::fp8_block_linear(&xf, m, &codes, &scales, n, k);
+            let dx = gpu.upload(&xb).unwrap();
+            // One word more than needed: the length check is ">=".
+            let mut scratch = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k) + 1);
+            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            gpu.fp8_block_gemv_preconverted(&dx, &dw, &ds, &mut dy, &mut scratch, m, n, k)
+                .unwrap();
+            let got = gpu.download(&dy).unwrap();
+            check(
+                &format!("fp8 preconverted m={m} n={n} k={k}"),
+                &got,
+                &want,
+                n,
+            );
+        }
+    }
+}
+
+#[test]
+fn fp8_m1_sweep_kernels_match_the_reference() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("fp8_block_gemv_m1_sweep");
+    // k = 4112 = 8 x 512 + 16: split ranges of 512-value multiples leave a ragged last range; 3 splits of 1040
+    // leave one range empty (per = 512, ranges 0..512, 512..1024, 1024..1040); 64 splits of 400 leave most empty.
+    for &(n, k) in &[(300, 400), (17, 1040), (33, 4112), (1, 16)] {
+        let w = uniform(&mut rng, n * k, 0.05);
+        let (codes, scales) = reference::linear::quantize_fp8_block(&w, n, k);
+        let (xb, xf) = bf16_activations(&mut rng, k);
+        let want = reference::linear::fp8_block_linear(&xf, 1, &codes, &scales, n, k);
+        let (dx, dw, ds) = (
+            gpu.upload(&xb).unwrap(),
+            gpu.upload(&codes).unwrap(),
+            gpu.upload(&scales).unwrap(),
+        );
+        for four_loads in [false, true] {
+            for splits in [None, Some(1), Some(2), Some(3), Some(7), Some(64)] {
+                let mut dy = gpu.upload(&vec![f32::NAN; n]).unwrap();
+                gpu.fp8_block_gemv_m1_sweep(four_loads, splits, &dx, &dw, &ds, &mut dy, n, k)
+                    .unwrap();
+                let got = gpu.download(&dy).unwrap();
+                check(
+                    &format!("fp8 m=1 four_loads={four_loads} splits={splits:?} n={n} k={k}"),
+                    &got,
+                    &want,
+                    n,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn nvfp4_preconverted_and_tile_layout_match_the_reference_for_every_m() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("nvfp4_gemv_variants");
+    for &(n, k) in &[(300, 544), (33, 32), (129, 1056), (17, 2080)] {
+        let w = uniform(&mut rng, n * k, 0.05);
+        let (packed, scales, global) = reference::linear::quantize_nvfp4(&w, n, k);
+        let (dw, ds) = (gpu.upload(&packed).unwrap(), gpu.upload(&scales).unwrap());
+        let tiles = gpu.nvfp4_repack_tiles(&dw, &ds, n, k).unwrap();
+        assert_eq!((tiles.n(), tiles.k()), (n, k));
+        let chunks = n.div_ceil(16) * k.div_ceil(128);
+        assert_eq!(tiles.device_bytes(), chunks * (1024 + 128), "n={n} k={k}");
+        for m in 1..=16 {
+            let (xb, xf) = bf16_activations(&mut rng, m * k);
+            let want = reference::linear::nvfp4_linear(&xf, m, &packed, &scales, global, n, k);
+            let dx = gpu.upload(&xb).unwrap();
+            let len = Gpu::gemv_scratch_len(m, k);
+            let what = |v: &str| format!("nvfp4 {v} m={m} n={n} k={k}");
+
+            let mut scratch = poisoned_scratch(&gpu, len);
+            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            gpu.nvfp4_gemv_preconverted(&dx, &dw, &ds, global, &mut dy, &mut scratch, m, n, k)
+                .unwrap();
+            check(&what("preconverted"), &gpu.download(&dy).unwrap(), &want, n);
+
+            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            gpu.nvfp4_gemv_tiles(&dx, &tiles, global, &mut dy, None, m)
+                .unwrap();
+            check(&what("tiles"), &gpu.download(&dy).unwrap(), &want, n);
+
+            let mut scratch = poisoned_scratch(&gpu, len);
+            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            gpu.nvfp4_gemv_tiles(&dx, &tiles, global, &mut dy, Some(&mut scratch), m)
+                .unwrap();
+            check(
+                &what("tiles + preconverted"),
+                &gpu.download(&dy).unwrap(),
+                &want,
+                n,
+            );
+        }
+    }
+}
+
+/// The repacked weights reproduce the checkpoint-layout kernel bit for bit: same decode, same order of the
+/// additions, so any difference is a misplaced byte or scale. Larger n with a ragged last tile.
+#[test]
+fn nvfp4_tile_layout_matches_the_checkpoint_layout_exactly() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("nvfp4_tiles_exact");
+    let (n, k) = (1000, 1184);
+    let w = uniform(&mut rng, n * k, 0.05);
+    let (packed, scales, global) = reference::linear::quantize_nvfp4(&w, n, k);
+    let (dw, ds) = (gpu.upload(&packed).unwrap(), gpu.upload(&scales).unwrap());
+    let tiles = gpu.nvfp4_repack_tiles(&dw, &ds, n, k).unwrap();
+    for m in [1, 8, 9, 16] {
+        let (xb, _) = bf16_activations(&mut rng, m * k);
+        let dx = gpu.upload(&xb).unwrap();
+        let mut s1 = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
+        let mut s2 = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
+        let mut y1 = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+        let mut y2 = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+        gpu.nvfp4_gemv_preconverted(&dx, &dw, &ds, global, &mut y1, &mut s1, m, n, k)
+            .unwrap();
+        gpu.nvfp4_gemv_tiles(&dx, &tiles, global, &mut y2, Some(&mut s2), m)
+            .unwrap();
+        let (a, b) = (gpu.download(&y1).unwrap(), gpu.download(&y2).unwrap());
+        for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                p.to_bits() == q.to_bits(),
+                "m={m} n={n} k={k}: token {} row {}: checkpoint layout {p}, tile layout {q}",
+                i / n,
+                i % n
+            );
+        }
+    }
+}
+
+#[test]
+fn gemv_variant_errors_name_the_operand() {
+    let Some(gpu) = gpu() else { return };
+    let (m, n, k) = (9, 8, 160);
+    let x = gpu.upload(&vec![0u16; m * k]).unwrap();
+    let w8 = gpu.upload(&vec![0u8; n * k]).unwrap();
+    let s8 = gpu.upload(&[1.0f32; 2]).unwrap();
+    let w4 = gpu.upload(&vec![0u8; n * k / 2]).unwrap();
+    let s4 = gpu.upload(&vec![0x38u8; n * k / 16]).unwrap();
+    let mut y = gpu.zeros::<f32>(m * n).unwrap();
+    // m = 9 needs two token tiles: 2 chunks x 2 x 512 words.
+    assert_eq!(Gpu::gemv_scratch_len(m, k), 2048);
+    let mut small = gpu.zeros::<u32>(Gpu::gemv_scratch_len(m, k) - 1).unwrap();
+    let e = gpu
+        .fp8_block_gemv_preconverted(&x, &w8, &s8, &mut y, &mut small, m, n, k)
+        .unwrap_err();
+    assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
+    let e = gpu
+        .nvfp4_gemv_preconverted(&x, &w4, &s4, 1.0, &mut y, &mut small, m, n, k)
+        .unwrap_err();
+    assert!(e.to_string().contains("scratch"), "{e}");
+    let e = gpu
+        .fp8_block_gemv_m1_sweep(false, Some(0), &x, &w8, &s8, &mut y, n, k)
+        .unwrap_err();
+    // m = 1 wants x = [1, k]: the shape check comes first.
+    assert!(e.to_string().contains("x has 1440 elements"), "{e}");
+    let x1 = gpu.upload(&vec![0u16; k]).unwrap();
+    let mut y1 = gpu.zeros::<f32>(n).unwrap();
+    for bad in [0, 65] {
+        let e = gpu
+            .fp8_block_gemv_m1_sweep(true, Some(bad), &x1, &w8, &s8, &mut y1, n, k)
+            .unwrap_err();
+        assert!(e.to_string().contains("splits must be 1..=64"), "{e}");
+    }
+    let e = gpu.nvfp4_repack_tiles(&w4, &s4, n, 144).unwrap_err();
+    assert!(e.to_string().contains("multiple of 32"), "{e}");
+    let e = gpu.nvfp4_repack_tiles(&w4, &s4, n + 1, k).unwrap_err();
+    assert!(e.to_string().contains("w has"), "{e}");
+    let tiles = gpu.nvfp4_repack_tiles(&w4, &s4, n, k).unwrap();
+    let x17 = gpu.upload(&vec![0u16; 17 * k]).unwrap();
+    let mut y17 = gpu.zeros::<f32>(17 * n).unwrap();
+    let e = gpu
+        .nvfp4_gemv_tiles(&x17, &tiles, 1.0, &mut y17, None, 17)
+        .unwrap_err();
+    assert!(e.to_string().contains("m must be 1..=16"), "{e}");
+    let e = gpu
+        .nvfp4_gemv_tiles(&x, &tiles, f32::NAN, &mut y, None, m)
+        .unwrap_err();
+    assert!(e.to_string().contains("global_scale must be finite"), "{e}");
+    let e = gpu
+        .nvfp4_gemv_tiles(&x, &tiles, 1.0, &mut y, Some(&mut small), m)
+        .unwrap_err();
+    assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
+    // Zero weights (e2m1 code 0) times random activations: every output written, and exactly zero.
+    let mut r = rng("gemv_variant_errors");
+    let xr = gpu.upload(&bf16_activations(&mut r, m * k).0).unwrap();
+    let mut scratch = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
+    let mut yn = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+    gpu.nvfp4_gemv_tiles(&xr, &tiles, 1.0, &mut yn, Some(&mut scratch), m)
+        .unwrap();
+    let got = gpu.download(&yn).unwrap();
+    assert!(
+        got.iter().all(|&v| v == 0.0),
+        "zero weights gave {:?}",
+        got.iter().find(|v| **v != 0.0)
+    );
+}

@@ -28,10 +28,16 @@
 //    unnormalised output e^G (Q S) + Aqk D (written to out), S <- e^{G_L} S + (e^{G_L-G} K)^T D; the state goes
 //    back to global memory once, at the end. CS = 32 (192 blocks at Hv = 48, two per SM by shared memory) is the
 //    default; 16 and 64 are built for the benchmark's sweep.
+//    gdn_prefill_state_tc{1,3}_cs<CS> are drop-in builds of the same launch with the four per-chunk products on
+//    mma.sync TF32 tensor cores (plain or 3xTF32 split; see their comment below); Gpu::gdn_prefill_with selects
+//    one by name. Per (chunk, head) the walk costs 7.3 MFLOP (W S, Q S, K^T D: 2 * 64*128*128 each; Aqk D:
+//    2 * 64*64*128) against ~150 KB of W, U, Aqk, q, k reads, so on CUDA cores it is FMA-bound (s2-run2: 14
+//    TFLOP/s for the whole layer) while on tensor cores it becomes load-latency-bound.
 // 4. gdn_prefill_gated_norm: one warp per (token, value head): out <- rmsnorm(out) * w * silu(z), in place.
 //
-// Precision: fp32 on the CUDA cores throughout (no tensor cores, no bf16 rounding), so results match the fp32 CPU
-// chunked prefill and the f64 recurrence to fp32 rounding of a different summation order.
+// Precision: the default build is fp32 on the CUDA cores throughout (no tensor cores, no bf16 rounding), so
+// results match the fp32 CPU chunked prefill and the f64 recurrence to fp32 rounding of a different summation
+// order; the TF32 state builds round only their mma operands (3xTF32: ~fp32; plain: ~5e-4 per product).
 //
 // Workspace (floats, offsets in gdn_prefill.rs): qn [N, Hk, 128], kn [N, Hk, 128], v [N, Hv, 128], g [N, Hv],
 // beta [N, Hv], gcum [N, Hv], W [Hv, NC, 64, 128], U [Hv, NC, 64, 128], Aqk [Hv, NC, 64, 64] with N the total
@@ -398,6 +404,306 @@ GDN_STATE_KERNEL(16)
 GDN_STATE_KERNEL(32)
 GDN_STATE_KERNEL(64)
 
+// ---------------------------------------------------------------------------------------------------------------
+// Tensor-core build of the sequential state walk: gdn_prefill_state_tc<SPLIT>_cs<CS>. Same grid, inputs, outputs
+// and algebra as gdn_prefill_state_cs<CS> (a drop-in for launch 3), but the four per-chunk products run on
+// `mma.sync.m16n8k8` TF32 with fp32 accumulation instead of CUDA-core FMAs:
+//   a. P = W S and R = Q S ([64 x 128] x [128 x CS]): warp w owns m-tile (w & 3) and n-tiles (w >> 2) * CS/16 ..;
+//   c. O = e^G R + Aqk D ([64 x 64] x [64 x CS], causal: k-steps past the m-tile's last row are skipped);
+//   d. S = e^{G_L} S + Kd^T D ([128 x 64] x [64 x CS]): warp w owns state rows 16w .. 16w+15, all CS columns.
+// The state stays fp32 in shared memory and every accumulation is fp32; only the mma operands are rounded.
+// SPLIT = 1 is the 3xTF32 scheme (x = hi + lo, both TF32; hi*hi + hi*lo + lo*hi), which keeps the products at
+// about fp32 accuracy (the dropped lo*lo term is ~2^-22 relative) for 3x the mma count, still a small part of
+// the chunk's time; SPLIT = 0 is plain TF32 (operands rounded to 10 mantissa bits, ~5e-4 relative per product).
+// Bank layout: S and D tiles have rows of CS + 8 floats and Aqk rows of 68, so the B fragments (k = lane & 3,
+// n = lane >> 2) and A fragments (m = lane >> 2, k = lane & 3) of a warp hit 32 distinct banks; the Kd^T A
+// fragments read the [C][KP] tile column-wise with a 2-way conflict. The K rows of the chunk are loaded to registers
+// before phase a, so their latency hides behind the W S / Q S products.
+namespace {
+
+constexpr int QP = C + 4;  // padded row of the Aqk tile of the tensor-core state kernel
+
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// One operand fragment: hi (TF32) and, when split, lo = TF32(x - hi).
+template <int N, bool SPLIT>
+struct TfFrag {
+    uint32_t hi[N];
+    uint32_t lo[N];
+    __device__ __forceinline__ void set(int i, float x) {
+        hi[i] = to_tf32(x);
+        if (SPLIT) lo[i] = to_tf32(x - __uint_as_float(hi[i]));
+    }
+};
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// d += a b (m16n8k8), with the small cross terms first when split.
+template <bool SPLIT>
+__device__ __forceinline__ void mma_acc(float (&d)[4], const TfFrag<4, SPLIT>& a, const TfFrag<2, SPLIT>& b) {
+    if (SPLIT) {
+        mma_tf32(d, a.lo, b.hi);
+        mma_tf32(d, a.hi, b.lo);
+    }
+    mma_tf32(d, a.hi, b.hi);
+}
+
+// A fragment (16 x 8, row-major) at rows m0.., columns k0.. of a row-major tile with row stride ld:
+// a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4), g = lane >> 2, t = lane & 3.
+template <bool SPLIT>
+__device__ __forceinline__ void load_a(TfFrag<4, SPLIT>& f, const float* tile, int ld, int m0, int k0, int lane) {
+    const float* p = tile + (m0 + (lane >> 2)) * ld + k0 + (lane & 3);
+    f.set(0, p[0]);
+    f.set(1, p[8 * ld]);
+    f.set(2, p[4]);
+    f.set(3, p[8 * ld + 4]);
+}
+
+// A fragment of the transpose of a row-major tile: A[m][k] = tile[k][m].
+template <bool SPLIT>
+__device__ __forceinline__ void load_at(TfFrag<4, SPLIT>& f, const float* tile, int ld, int m0, int k0, int lane) {
+    const float* p = tile + (k0 + (lane & 3)) * ld + m0 + (lane >> 2);
+    f.set(0, p[0]);
+    f.set(1, p[8]);
+    f.set(2, p[4 * ld]);
+    f.set(3, p[4 * ld + 8]);
+}
+
+// B fragment (8 x 8, B[k][n] = tile[k][n] of a row-major tile): b0 (k = t, n = g), b1 (k = t+4, n = g).
+template <bool SPLIT>
+__device__ __forceinline__ void load_b(TfFrag<2, SPLIT>& f, const float* tile, int ld, int k0, int n0, int lane) {
+    const float* p = tile + (k0 + (lane & 3)) * ld + n0 + (lane >> 2);
+    f.set(0, p[0]);
+    f.set(1, p[4 * ld]);
+}
+
+}  // namespace
+
+// Shared memory of gdn_prefill_state_tc*_cs<CS> (dynamic): two [C][KP] tiles, S [D][CS+8], D [C][CS+8] and
+// Aqk [C][QP] with G_t in column C of row t (the padding). 115,712 bytes at CS = 32: two blocks per SM exactly
+// fill the 228 KiB (with the 1 KiB the driver reserves per block), and __launch_bounds__(256, 2) keeps the
+// registers at <= 128 so that the register file allows two as well (the launch asks for the maximum carveout).
+__host__ __device__ constexpr int state_tc_smem_bytes(int cs) {
+    return (2 * C * KP + D * (cs + 8) + C * (cs + 8) + C * QP) * 4;
+}
+
+template <int CS, bool SPLIT>
+__device__ __forceinline__ void gdn_prefill_state_tc_body(const float* __restrict__ qn, const float* __restrict__ kn,
+                                                          const float* __restrict__ gcum,
+                                                          const float* __restrict__ w_in,
+                                                          const float* __restrict__ u_in,
+                                                          const float* __restrict__ aqk_in,
+                                                          const int* __restrict__ meta, float* __restrict__ state,
+                                                          float* __restrict__ out, int hk, int hv, int seqs,
+                                                          int n_chunks) {
+    constexpr int NT = CS / 8;        // n-tiles of the column slice
+    constexpr int NH = NT / 2;        // n-tiles per warp in phases a and c
+    constexpr int SP = CS + 8;        // padded row of the S and D tiles
+    constexpr int KR = C * (D / 4) / 256;  // float4 K loads per thread
+    static_assert(CS == 16 || CS == 32 || CS == 64, "column slice must be 16, 32 or 64");
+    extern __shared__ float4 smem_tc[];
+    float* sm = reinterpret_cast<float*>(smem_tc);
+    float* Xa = sm;              // [C][KP]: W, then e^{G_L-G} K
+    float* Xb = Xa + C * KP;     // [C][KP]: Q
+    float* Ss = Xb + C * KP;     // [D][SP]
+    float* Dn = Ss + D * SP;     // [C][SP]
+    float* Aq = Dn + C * SP;     // [C][QP]
+    float* gc = Aq + C;          // G_t at gc[t * QP]: column C of the Aqk tile (padding the mma never reads)
+
+    const int c0 = blockIdx.x * CS, h = blockIdx.y, s = blockIdx.z;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int fg = lane >> 2, ft = lane & 3;  // fragment row group / column pair
+    const int start = meta[s];
+    const int len = meta[s + 1] - start;
+    const int nch = (len + C - 1) / C;
+    const int kh = h / (hv / hk);
+    const size_t vw = static_cast<size_t>(hv) * D;
+    float* sg = state + (static_cast<size_t>(s) * hv + h) * D * D + c0;
+    const int am = (warp & 3) * 16;       // phases a and c: this warp's 16 rows of the chunk
+    const int an = (warp >> 2) * NH * 8;  // ... and its first column within the slice
+    const int dm = warp * 16;             // phase d: this warp's 16 state rows
+
+    for (int i = tid; i < D * (CS / 4); i += 256) {
+        const int r = i / (CS / 4), q4 = i % (CS / 4);
+        *reinterpret_cast<float4*>(Ss + r * SP + 4 * q4) = *reinterpret_cast<const float4*>(sg + r * D + 4 * q4);
+    }
+
+    for (int c = 0; c < nch; ++c) {
+        const int lc = min(C, len - c * C);
+        const size_t tok0 = static_cast<size_t>(start + c * C);
+        const size_t slot = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s] + c;
+        const float4* wg = reinterpret_cast<const float4*>(w_in + slot * C * D);
+        for (int i = tid; i < C * (D / 4); i += 256) {
+            const int r = i / (D / 4), q4 = i % (D / 4);
+            *reinterpret_cast<float4*>(Xa + r * KP + 4 * q4) = wg[i];
+            float4 qv = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r < lc) qv = reinterpret_cast<const float4*>(qn + ((tok0 + r) * hk + kh) * D)[q4];
+            *reinterpret_cast<float4*>(Xb + r * KP + 4 * q4) = qv;
+        }
+        const float4* ag = reinterpret_cast<const float4*>(aqk_in + slot * C * C);
+        for (int i = tid; i < C * (C / 4); i += 256) {
+            const int r = i / (C / 4), q4 = i % (C / 4);
+            *reinterpret_cast<float4*>(Aq + r * QP + 4 * q4) = ag[i];
+        }
+        if (tid < C) gc[tid * QP] = tid < lc ? gcum[(tok0 + tid) * hv + h] : 0.f;
+        // K rows of the chunk (for phase b) and this warp's U fragments (for D), in flight during phase a.
+        float4 kreg[KR];
+#pragma unroll
+        for (int j = 0; j < KR; ++j) {
+            const int i = tid + 256 * j, r = i / (D / 4), q4 = i % (D / 4);
+            kreg[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r < lc) kreg[j] = reinterpret_cast<const float4*>(kn + ((tok0 + r) * hk + kh) * D)[q4];
+        }
+        const float* ug = u_in + slot * C * D + c0;
+        float2 ulo[NH], uhi[NH];
+#pragma unroll
+        for (int j = 0; j < NH; ++j) {
+            const int col = an + 8 * j + 2 * ft;
+            ulo[j] = *reinterpret_cast<const float2*>(ug + (am + fg) * D + col);
+            uhi[j] = *reinterpret_cast<const float2*>(ug + (am + fg + 8) * D + col);
+        }
+        __syncthreads();
+
+        // a. P = W S and R = Q S on this warp's 16 rows x NH n-tiles.
+        float pw[NH][4], pq[NH][4];
+#pragma unroll
+        for (int j = 0; j < NH; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) pw[j][e] = pq[j][e] = 0.f;
+#pragma unroll 2
+        for (int k0 = 0; k0 < D; k0 += 8) {
+            TfFrag<4, SPLIT> fw, fq;
+            load_a(fw, Xa, KP, am, k0, lane);
+            load_a(fq, Xb, KP, am, k0, lane);
+#pragma unroll
+            for (int j = 0; j < NH; ++j) {
+                TfFrag<2, SPLIT> fb;
+                load_b(fb, Ss, SP, k0, an + 8 * j, lane);
+                mma_acc<SPLIT>(pw[j], fw, fb);
+                mma_acc<SPLIT>(pq[j], fq, fb);
+            }
+        }
+        // D = U - W S (rows past the chunk: U and W rows are zero, so D is zero).
+#pragma unroll
+        for (int j = 0; j < NH; ++j) {
+            const int col = an + 8 * j + 2 * ft;
+            *reinterpret_cast<float2*>(Dn + (am + fg) * SP + col) = make_float2(ulo[j].x - pw[j][0], ulo[j].y - pw[j][1]);
+            *reinterpret_cast<float2*>(Dn + (am + fg + 8) * SP + col) =
+                make_float2(uhi[j].x - pw[j][2], uhi[j].y - pw[j][3]);
+        }
+        __syncthreads();  // Dn complete; Xa (W) free
+
+        // b. K scaled by e^{G_L-G_t} into Xa for the state update.
+        const float gl = gc[(lc - 1) * QP];
+#pragma unroll
+        for (int j = 0; j < KR; ++j) {
+            const int i = tid + 256 * j, r = i / (D / 4), q4 = i % (D / 4);
+            const float f = r < lc ? expf(gl - gc[r * QP]) : 0.f;
+            float4 kv = kreg[j];
+            kv.x *= f; kv.y *= f; kv.z *= f; kv.w *= f;
+            *reinterpret_cast<float4*>(Xa + r * KP + 4 * q4) = kv;
+        }
+        // c. Output e^{G_t} (Q S)_t + sum_{s<=t} Aqk[t][s] D_s, unnormalised; Aqk is zero above the diagonal, so
+        // the k-steps stop at this warp's last row.
+        {
+            const float e0 = expf(gc[(am + fg) * QP]), e1 = expf(gc[(am + fg + 8) * QP]);
+            float o[NH][4];
+#pragma unroll
+            for (int j = 0; j < NH; ++j) {
+                o[j][0] = pq[j][0] * e0;
+                o[j][1] = pq[j][1] * e0;
+                o[j][2] = pq[j][2] * e1;
+                o[j][3] = pq[j][3] * e1;
+            }
+            for (int k0 = 0; k0 < am + 16; k0 += 8) {
+                TfFrag<4, SPLIT> fa;
+                load_a(fa, Aq, QP, am, k0, lane);
+#pragma unroll
+                for (int j = 0; j < NH; ++j) {
+                    TfFrag<2, SPLIT> fb;
+                    load_b(fb, Dn, SP, k0, an + 8 * j, lane);
+                    mma_acc<SPLIT>(o[j], fa, fb);
+                }
+            }
+            const int r0 = am + fg, r1 = am + fg + 8;
+#pragma unroll
+            for (int j = 0; j < NH; ++j) {
+                const int col = c0 + an + 8 * j + 2 * ft;
+                if (r0 < lc)
+                    *reinterpret_cast<float2*>(out + (tok0 + r0) * vw + h * D + col) = make_float2(o[j][0], o[j][1]);
+                if (r1 < lc)
+                    *reinterpret_cast<float2*>(out + (tok0 + r1) * vw + h * D + col) = make_float2(o[j][2], o[j][3]);
+            }
+        }
+        __syncthreads();  // scaled K in Xa
+
+        // d. S <- e^{G_L} S + (e^{G_L-G} K)^T D on this warp's 16 state rows x CS columns.
+        {
+            const float el = expf(gl);
+            float sacc[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                const float2 a = *reinterpret_cast<const float2*>(Ss + (dm + fg) * SP + 8 * n + 2 * ft);
+                const float2 b = *reinterpret_cast<const float2*>(Ss + (dm + fg + 8) * SP + 8 * n + 2 * ft);
+                sacc[n][0] = a.x * el;
+                sacc[n][1] = a.y * el;
+                sacc[n][2] = b.x * el;
+                sacc[n][3] = b.y * el;
+            }
+            const int kend = (lc + 7) & ~7;  // Kd and D rows past the chunk are zero
+            for (int k0 = 0; k0 < kend; k0 += 8) {
+                TfFrag<4, SPLIT> fa;
+                load_at(fa, Xa, KP, dm, k0, lane);
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    TfFrag<2, SPLIT> fb;
+                    load_b(fb, Dn, SP, k0, 8 * n, lane);
+                    mma_acc<SPLIT>(sacc[n], fa, fb);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                *reinterpret_cast<float2*>(Ss + (dm + fg) * SP + 8 * n + 2 * ft) = make_float2(sacc[n][0], sacc[n][1]);
+                *reinterpret_cast<float2*>(Ss + (dm + fg + 8) * SP + 8 * n + 2 * ft) =
+                    make_float2(sacc[n][2], sacc[n][3]);
+            }
+        }
+        __syncthreads();  // state complete before the next chunk reads it; tiles free
+    }
+
+    for (int i = tid; i < D * (CS / 4); i += 256) {
+        const int r = i / (CS / 4), q4 = i % (CS / 4);
+        *reinterpret_cast<float4*>(sg + r * D + 4 * q4) = *reinterpret_cast<const float4*>(Ss + r * SP + 4 * q4);
+    }
+}
+
+#define GDN_STATE_TC_KERNEL(SPLITN, CS)                                                                           \
+    extern "C" __global__ void __launch_bounds__(256, (CS) <= 32 ? 2 : 1) gdn_prefill_state_tc##SPLITN##_cs##CS( \
+        const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ gcum,               \
+        const float* __restrict__ w_in, const float* __restrict__ u_in, const float* __restrict__ aqk_in,         \
+        const int* __restrict__ meta, float* __restrict__ state, float* __restrict__ out, int hk, int hv,          \
+        int seqs, int n_chunks) {                                                                                  \
+        gdn_prefill_state_tc_body<CS, SPLITN == 3>(qn, kn, gcum, w_in, u_in, aqk_in, meta, state, out, hk, hv,     \
+                                                   seqs, n_chunks);                                                \
+    }
+
+GDN_STATE_TC_KERNEL(1, 16)
+GDN_STATE_TC_KERNEL(1, 32)
+GDN_STATE_TC_KERNEL(1, 64)
+GDN_STATE_TC_KERNEL(3, 16)
+GDN_STATE_TC_KERNEL(3, 32)
+GDN_STATE_TC_KERNEL(3, 64)
+
 extern "C" __global__ void __launch_bounds__(256)
     gdn_prefill_gated_norm(float* __restrict__ out, const float* __restrict__ z, const float* __restrict__ norm_w,
                            float norm_eps, int rows) {
@@ -418,4 +724,7 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 static_assert(WY_SMEM_BYTES == 101376, "keep GDN_WY_SMEM_BYTES in device/gdn_prefill.rs equal");
+static_assert(state_tc_smem_bytes(16) == 103424 && state_tc_smem_bytes(32) == 115712 &&
+                  state_tc_smem_bytes(64) == 140288,
+              "keep gdn_prefill.rs state_tc_smem_bytes equal");
 static_assert(state_smem_bytes(16) == 96768 && state_smem_bytes(32) == 109056 && state_smem_bytes(64) == 133632, "keep gdn_prefill.rs state_smem_bytes equal");

@@ -13,12 +13,41 @@ use kernels::reference;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-/// Scaled error bounds, `|got - want| / (1 + |want|)` per element, against the f64 recurrence. The kernels are
-/// fp32 throughout (no tensor cores, no bf16), so the bounds are those of the CPU chunked prefill's tests
-/// (`cpu_gdn.rs`: 1e-4 and 4e-6, measured there at 1.5e-5 and 4.6e-7) widened 2x and 5x for the GPU's different
-/// summation order and `expf`; every check prints the worst error it saw so the H200 run can tighten them.
+/// Scaled error bounds, `|got - want| / (1 + |want|)` per element, against the f64 recurrence, for the fp32
+/// state kernels (the default): fp32 throughout (no tensor cores, no bf16), so the bounds are those of the CPU
+/// chunked prefill's tests (`cpu_gdn.rs`: 1e-4 and 4e-6, measured there at 1.5e-5 and 4.6e-7) widened 2x and 5x
+/// for the GPU's different summation order and `expf`; every check prints the worst error it saw so the H200 run
+/// can tighten them.
 const OUT_TOL: f32 = 2e-4;
 const STATE_TOL: f32 = 2e-5;
+
+/// The bounds of a state-kernel variant (`Gpu::gdn_prefill_with`): fp32 as above; `tf32x3` (tensor cores, each
+/// operand split into two TF32 terms, only the 2^-22-relative lo*lo product dropped) twice the fp32 bounds;
+/// plain `tf32` (operands rounded to 10 mantissa bits, ~2.4e-4 relative each, errors carried through the
+/// chunk-to-chunk state) 1e-2 on the normalised output and 2e-3 on the state: the order of fla's bf16 kernels
+/// (~7e-3 relative against this crate's fp32 kernels on the H200), still far below a wrong index or a missed term.
+fn tolerances(variant: &str) -> (f32, f32) {
+    if variant.starts_with("tf32x3") {
+        (2.0 * OUT_TOL, 2.0 * STATE_TOL)
+    } else if variant.starts_with("tf32") {
+        (1e-2, 2e-3)
+    } else {
+        (OUT_TOL, STATE_TOL)
+    }
+}
+
+/// Every state-kernel build (`<math>_cs<cols>`).
+const VARIANTS: [&str; 9] = [
+    "fp32_cs16",
+    "fp32_cs32",
+    "fp32_cs64",
+    "tf32x3_cs16",
+    "tf32x3_cs32",
+    "tf32x3_cs64",
+    "tf32_cs16",
+    "tf32_cs32",
+    "tf32_cs64",
+];
 
 /// Qwen3.8-27B's group of 3 value heads per key head, with 2 key heads.
 const GROUP3: GdnDims = GdnDims {
@@ -187,20 +216,21 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32, row_len: usize)
     worst.0
 }
 
-/// One batch of `lens` sequences through the GPU prefill (state kernel `cols`), against the recurrence and the
-/// CPU chunked prefill, each sequence from its own random conv history and state.
+/// One batch of `lens` sequences through the GPU prefill (state kernel `variant`), against the recurrence and
+/// the CPU chunked prefill, each sequence from its own random conv history and state.
 fn check_batch(
     gpu: &Gpu,
     rng: &mut ChaCha8Rng,
     dims: GdnDims,
     lens: &[usize],
-    cols: usize,
+    variant: &str,
     a_log: (f32, f32),
 ) {
     let ctx = format!(
-        "Hk={} Hv={} K={} lens={lens:?} cols={cols} a_log={a_log:?}",
+        "Hk={} Hv={} K={} lens={lens:?} variant={variant} a_log={a_log:?}",
         dims.key_heads, dims.value_heads, dims.conv_kernel
     );
+    let (out_tol, state_tol) = tolerances(variant);
     let layer = Layer::new(dims, rng, a_log);
     let n: usize = lens.iter().sum();
     let seqs = lens.len();
@@ -248,7 +278,7 @@ fn check_batch(
     let ws_len = Gpu::gdn_prefill_workspace_len(&dims, lens).unwrap();
     let mut ws = gpu.upload(&vec![f32::NAN; ws_len]).unwrap();
     gpu.gdn_prefill_with(
-        cols,
+        variant,
         &dims,
         &dl.weights(),
         &dx.inputs(),
@@ -269,28 +299,28 @@ fn check_batch(
         &format!("{ctx}: output vs recurrence"),
         &out,
         &out_ref,
-        OUT_TOL,
+        out_tol,
         vw,
     );
     assert_close(
         &format!("{ctx}: output vs CPU prefill"),
         &out,
         &out_cpu,
-        OUT_TOL,
+        out_tol,
         vw,
     );
     assert_close(
         &format!("{ctx}: final state vs recurrence"),
         &state,
         &state_ref,
-        STATE_TOL,
+        state_tol,
         dims.value_heads * 128 * 128,
     );
     assert_close(
         &format!("{ctx}: final state vs CPU prefill"),
         &state,
         &state_cpu,
-        STATE_TOL,
+        state_tol,
         dims.value_heads * 128 * 128,
     );
     for (i, (&g, &w)) in conv.iter().zip(&conv_ref).enumerate() {
@@ -310,7 +340,7 @@ fn single_sequences_across_chunk_boundaries_match_the_recurrence() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("gdn_prefill single");
     for t in [1usize, 63, 64, 65, 130, 200] {
-        check_batch(&gpu, &mut rng, GROUP3, &[t], 0, (-1.0, 1.0));
+        check_batch(&gpu, &mut rng, GROUP3, &[t], "auto", (-1.0, 1.0));
     }
 }
 
@@ -318,8 +348,8 @@ fn single_sequences_across_chunk_boundaries_match_the_recurrence() {
 fn every_state_kernel_variant_matches() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("gdn_prefill variants");
-    for cols in [16usize, 32, 64] {
-        check_batch(&gpu, &mut rng, GROUP3, &[130], cols, (-1.0, 1.0));
+    for variant in VARIANTS {
+        check_batch(&gpu, &mut rng, GROUP3, &[130], variant, (-1.0, 1.0));
     }
 }
 
@@ -327,9 +357,56 @@ fn every_state_kernel_variant_matches() {
 fn ragged_batches_match_sequence_by_sequence() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("gdn_prefill batch");
-    check_batch(&gpu, &mut rng, GROUP3, &[65, 0, 1, 130, 63], 0, (-1.0, 1.0));
-    check_batch(&gpu, &mut rng, ONE_HEAD, &[2, 64, 129], 16, (-1.0, 1.0));
-    check_batch(&gpu, &mut rng, GROUP1_K3, &[0, 77, 3], 64, (-1.0, 1.0));
+    check_batch(
+        &gpu,
+        &mut rng,
+        GROUP3,
+        &[65, 0, 1, 130, 63],
+        "auto",
+        (-1.0, 1.0),
+    );
+    check_batch(
+        &gpu,
+        &mut rng,
+        ONE_HEAD,
+        &[2, 64, 129],
+        "fp32_cs16",
+        (-1.0, 1.0),
+    );
+    check_batch(
+        &gpu,
+        &mut rng,
+        GROUP1_K3,
+        &[0, 77, 3],
+        "fp32_cs64",
+        (-1.0, 1.0),
+    );
+    // The tensor-core state kernels on ragged batches: partial last chunks (k-steps cut at the chunk's end),
+    // empty sequences, a group of 1.
+    check_batch(
+        &gpu,
+        &mut rng,
+        GROUP3,
+        &[65, 0, 1, 130, 63],
+        "tf32x3_cs32",
+        (-1.0, 1.0),
+    );
+    check_batch(
+        &gpu,
+        &mut rng,
+        ONE_HEAD,
+        &[2, 64, 129],
+        "tf32x3_cs64",
+        (-1.0, 1.0),
+    );
+    check_batch(
+        &gpu,
+        &mut rng,
+        GROUP1_K3,
+        &[0, 77, 3],
+        "tf32_cs16",
+        (-1.0, 1.0),
+    );
 }
 
 /// A_log up to 3 (decay rates up to e^3 per token): the in-chunk cumulative decay underflows fp32; the kernels only
@@ -338,7 +415,15 @@ fn ragged_batches_match_sequence_by_sequence() {
 fn strong_decay_that_underflows_a_chunk() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("gdn_prefill strong decay");
-    check_batch(&gpu, &mut rng, GROUP3, &[130, 70], 0, (2.0, 3.0));
+    check_batch(&gpu, &mut rng, GROUP3, &[130, 70], "auto", (2.0, 3.0));
+    check_batch(
+        &gpu,
+        &mut rng,
+        GROUP3,
+        &[130, 70],
+        "tf32x3_cs32",
+        (2.0, 3.0),
+    );
 }
 
 /// A batch of two sequences is prefilled, then decoded for three steps by `Gpu::gdn_decode_step` on the same conv
@@ -514,13 +599,13 @@ fn bad_sizes_are_errors() {
     let mut ws = gpu.zeros(ws_len).unwrap();
     let w = dl.weights();
     let x = dx.inputs();
-    let mut run = |cols: usize,
+    let mut run = |variant: &str,
                    dims: &GdnDims,
                    x: &GdnGpuInputs<'_>,
                    lens: &[usize],
                    ws: &mut GpuBuffer<f32>| {
         gpu.gdn_prefill_with(
-            cols,
+            variant,
             dims,
             &w,
             x,
@@ -533,15 +618,23 @@ fn bad_sizes_are_errors() {
         )
     };
     // The valid call works, so each failure below is the one change.
-    run(0, &dims, &x, &lens, &mut ws).unwrap();
-    let e = run(0, &dims, &x, &[3, 3], &mut ws).unwrap_err();
+    run("auto", &dims, &x, &lens, &mut ws).unwrap();
+    let e = run("auto", &dims, &x, &[3, 3], &mut ws).unwrap_err();
     assert!(e.to_string().contains("qkv has"), "{e}");
-    let e = run(0, &dims, &x, &[5], &mut ws).unwrap_err();
+    let e = run("auto", &dims, &x, &[5], &mut ws).unwrap_err();
     assert!(e.to_string().contains("conv_in has"), "{e}");
-    let e = run(48, &dims, &x, &lens, &mut ws).unwrap_err();
-    assert!(e.to_string().contains("state_cols"), "{e}");
+    let e = run("fp32_cs48", &dims, &x, &lens, &mut ws).unwrap_err();
+    assert!(
+        e.to_string().contains("unknown state-kernel variant"),
+        "{e}"
+    );
+    let e = run("bf16_cs32", &dims, &x, &lens, &mut ws).unwrap_err();
+    assert!(
+        e.to_string().contains("unknown state-kernel variant"),
+        "{e}"
+    );
     let e = run(
-        0,
+        "auto",
         &GdnDims {
             value_dim: 64,
             ..dims
@@ -552,20 +645,20 @@ fn bad_sizes_are_errors() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("key_dim = value_dim = 128"), "{e}");
-    let e = run(0, &dims, &x, &[], &mut ws).unwrap_err();
+    let e = run("auto", &dims, &x, &[], &mut ws).unwrap_err();
     assert!(e.to_string().contains("sequences"), "{e}");
     let mut small = gpu.zeros(ws_len - 1).unwrap();
-    let e = run(0, &dims, &x, &lens, &mut small).unwrap_err();
+    let e = run("auto", &dims, &x, &lens, &mut small).unwrap_err();
     assert!(e.to_string().contains("workspace has"), "{e}");
     let short_z = gpu.zeros(n * dims.value_width() - 1).unwrap();
     let bad_x = GdnGpuInputs {
         z: &short_z,
         ..dx.inputs()
     };
-    let e = run(0, &dims, &bad_x, &lens, &mut ws).unwrap_err();
+    let e = run("auto", &dims, &bad_x, &lens, &mut ws).unwrap_err();
     assert!(e.to_string().contains("z has"), "{e}");
     let e = run(
-        0,
+        "auto",
         &GdnDims {
             conv_kernel: 5,
             ..dims

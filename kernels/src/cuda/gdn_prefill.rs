@@ -7,19 +7,83 @@ use super::{check_len, GdnGpuInputs, GdnGpuWeights, Gpu, GpuBuffer};
 use crate::gdn::{GdnDims, CHUNK};
 use crate::KernelError;
 
-/// Which build of the sequential state kernel runs (`gdn_prefill_state_cs<CS>`: each block owns `CS` columns of
-/// one head's 128x128 state).
+/// How the sequential state kernel (launch 3) multiplies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) enum GdnPrefillVariant {
-    /// The default (32 columns).
-    Auto,
-    /// 16 columns: 8 blocks per (sequence, head), 96 KiB of shared memory each.
-    Cols16,
-    /// 32 columns: 4 blocks per (sequence, head), 107 KiB (two per SM).
-    Cols32,
-    /// 64 columns: 2 blocks per (sequence, head), 131 KiB (one per SM).
-    Cols64,
+pub(crate) enum StateMath {
+    /// fp32 FMAs on the CUDA cores (`gdn_prefill_state_cs<CS>`): the accuracy reference.
+    Fp32,
+    /// `mma.sync` TF32 with the 3xTF32 split (`gdn_prefill_state_tc3_cs<CS>`): about fp32 accuracy.
+    Tf32x3,
+    /// `mma.sync` plain TF32 (`gdn_prefill_state_tc1_cs<CS>`): operands rounded to 10 mantissa bits.
+    Tf32,
+}
+
+/// Which build of the sequential state kernel runs: its arithmetic and `cols`, the state columns each block owns
+/// (16, 32 or 64: 8, 4 or 2 blocks per (sequence, head)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) struct GdnPrefillVariant {
+    pub(crate) math: StateMath,
+    pub(crate) cols: u32,
+}
+
+/// The variant names [`Gpu::gdn_prefill_with`] accepts (besides "" and "auto").
+pub(crate) const GDN_PREFILL_VARIANTS: [&str; 9] = [
+    "fp32_cs16",
+    "fp32_cs32",
+    "fp32_cs64",
+    "tf32x3_cs16",
+    "tf32x3_cs32",
+    "tf32x3_cs64",
+    "tf32_cs16",
+    "tf32_cs32",
+    "tf32_cs64",
+];
+
+impl GdnPrefillVariant {
+    /// The default: fp32 with 32 columns per block (the measured best fp32 build; the tensor-core builds become
+    /// the default once an H200 run has validated and timed them).
+    const DEFAULT: GdnPrefillVariant = GdnPrefillVariant {
+        math: StateMath::Fp32,
+        cols: 32,
+    };
+
+    fn parse(name: &str) -> Option<GdnPrefillVariant> {
+        if name.is_empty() || name == "auto" {
+            return Some(Self::DEFAULT);
+        }
+        let (math, cols) = name.split_once("_cs")?;
+        let math = match math {
+            "fp32" => StateMath::Fp32,
+            "tf32x3" => StateMath::Tf32x3,
+            "tf32" => StateMath::Tf32,
+            _ => return None,
+        };
+        let cols = match cols {
+            "16" => 16,
+            "32" => 32,
+            "64" => 64,
+            _ => return None,
+        };
+        Some(GdnPrefillVariant { math, cols })
+    }
+
+    /// The kernel's name in `cuda/gdn_prefill.cu`.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn kernel(&self) -> &'static str {
+        match (self.math, self.cols) {
+            (StateMath::Fp32, 16) => "gdn_prefill_state_cs16",
+            (StateMath::Fp32, 64) => "gdn_prefill_state_cs64",
+            (StateMath::Fp32, _) => "gdn_prefill_state_cs32",
+            (StateMath::Tf32x3, 16) => "gdn_prefill_state_tc3_cs16",
+            (StateMath::Tf32x3, 64) => "gdn_prefill_state_tc3_cs64",
+            (StateMath::Tf32x3, _) => "gdn_prefill_state_tc3_cs32",
+            (StateMath::Tf32, 16) => "gdn_prefill_state_tc1_cs16",
+            (StateMath::Tf32, 64) => "gdn_prefill_state_tc1_cs64",
+            (StateMath::Tf32, _) => "gdn_prefill_state_tc1_cs32",
+        }
+    }
 }
 
 /// Float offsets and lengths of the prefill workspace regions (each region starts at a multiple of 64 floats, so
@@ -181,16 +245,19 @@ impl Gpu {
         workspace: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
         self.gdn_prefill_with(
-            0, dims, w, x, seq_lens, conv_in, conv_out, state, out, workspace,
+            "auto", dims, w, x, seq_lens, conv_in, conv_out, state, out, workspace,
         )
     }
 
-    /// [`Gpu::gdn_prefill`] with the sequential state kernel's column slice chosen: `state_cols` 16, 32 or 64
-    /// (state columns per block), or 0 for the default (32). Tests and the benchmark drive each.
+    /// [`Gpu::gdn_prefill`] with the build of the sequential state kernel named: `"auto"` (or `""`) for the
+    /// default, else `<math>_cs<cols>` with `math` `fp32` (CUDA-core FMAs, the
+    /// accuracy reference), `tf32x3` (tensor cores, 3xTF32 split: fp32-level accuracy) or `tf32` (tensor cores,
+    /// plain TF32: products rounded to ~5e-4 relative), and `cols` 16, 32 or 64 state columns per block. The other
+    /// three launches are the same for every variant. Tests and the benchmark drive each.
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_prefill_with(
         &self,
-        state_cols: usize,
+        variant: &str,
         dims: &GdnDims,
         w: &GdnGpuWeights<'_>,
         x: &GdnGpuInputs<'_>,
@@ -202,17 +269,13 @@ impl Gpu {
         workspace: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::gdn_prefill";
-        let variant = match state_cols {
-            0 => GdnPrefillVariant::Auto,
-            16 => GdnPrefillVariant::Cols16,
-            32 => GdnPrefillVariant::Cols32,
-            64 => GdnPrefillVariant::Cols64,
-            _ => {
-                return Err(KernelError::shape(
-                    OP,
-                    format!("state_cols must be 0 (default), 16, 32 or 64, got {state_cols}"),
-                ))
-            }
+        let Some(variant) = GdnPrefillVariant::parse(variant) else {
+            return Err(KernelError::shape(
+                OP,
+                format!(
+                    "unknown state-kernel variant {variant:?}: expected \"auto\" or one of {GDN_PREFILL_VARIANTS:?}"
+                ),
+            ));
         };
         let lay = layout(OP, dims, seq_lens)?;
         let n = lay.tokens;
@@ -336,6 +399,33 @@ mod tests {
         }
         assert_eq!(l.gate_len, 68 * 48);
         assert_eq!(l.wu_len, 48 * 3 * 64 * 128);
+    }
+
+    #[test]
+    fn every_variant_name_parses_to_its_kernel() {
+        for name in GDN_PREFILL_VARIANTS {
+            let v = GdnPrefillVariant::parse(name).unwrap();
+            let (math, cols) = name.split_once("_cs").unwrap();
+            assert!(v.kernel().ends_with(&format!("_cs{cols}")), "{name}");
+            assert_eq!(v.cols.to_string(), cols, "{name}");
+            let tag = match math {
+                "fp32" => "state_cs",
+                "tf32x3" => "state_tc3_cs",
+                _ => "state_tc1_cs",
+            };
+            assert!(v.kernel().contains(tag), "{name} -> {}", v.kernel());
+        }
+        assert_eq!(
+            GdnPrefillVariant::parse(""),
+            Some(GdnPrefillVariant::DEFAULT)
+        );
+        assert_eq!(
+            GdnPrefillVariant::parse("auto"),
+            Some(GdnPrefillVariant::DEFAULT)
+        );
+        for bad in ["fp32", "fp32_cs48", "bf16_cs32", "tf32x3_cs", "32"] {
+            assert_eq!(GdnPrefillVariant::parse(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::{cuda_err, Device, Module};
-use crate::cuda::gdn_prefill::{GdnPrefillLayout, GdnPrefillVariant};
+use crate::cuda::gdn_prefill::{GdnPrefillLayout, GdnPrefillVariant, StateMath};
 use crate::cuda::{GdnGpuInputs, GdnGpuWeights};
 use crate::gdn::GdnDims;
 use crate::KernelError;
@@ -16,6 +16,11 @@ const WY_SMEM_BYTES: u32 = 101_376;
 /// Dynamic shared memory of `gdn_prefill_state_cs<CS>` (`state_smem_bytes(CS)` in cuda/gdn_prefill.cu).
 fn state_smem_bytes(cs: u32) -> u32 {
     (2 * 64 * 132 + 64 * 65 + 64 * cs + 128 * cs + 64) * 4
+}
+
+/// Dynamic shared memory of `gdn_prefill_state_tc*_cs<CS>` (`state_tc_smem_bytes(CS)` in cuda/gdn_prefill.cu).
+fn state_tc_smem_bytes(cs: u32) -> u32 {
+    (2 * 64 * 132 + 128 * (cs + 8) + 64 * (cs + 8) + 64 * 68) * 4
 }
 
 fn set_smem(f: &cudarc::driver::CudaFunction, bytes: u32, name: &str) -> Result<(), KernelError> {
@@ -130,16 +135,21 @@ impl Device {
         }
         // 3. sequential state walk + unnormalised output.
         {
-            let (name, cs) = match variant {
-                GdnPrefillVariant::Cols16 => ("gdn_prefill_state_cs16", 16u32),
-                GdnPrefillVariant::Auto | GdnPrefillVariant::Cols32 => {
-                    ("gdn_prefill_state_cs32", 32)
-                }
-                GdnPrefillVariant::Cols64 => ("gdn_prefill_state_cs64", 64),
-            };
+            let (name, cs) = (variant.kernel(), variant.cols);
             let f = self.function(Module::GdnPrefill, name)?;
-            let smem = state_smem_bytes(cs);
+            let smem = match variant.math {
+                StateMath::Fp32 => state_smem_bytes(cs),
+                StateMath::Tf32x3 | StateMath::Tf32 => state_tc_smem_bytes(cs),
+            };
             set_smem(&f, smem, name)?;
+            if variant.math != StateMath::Fp32 {
+                // Two blocks of 113 KiB per SM need the whole 228 KiB carveout (cuda/gdn_prefill.cu).
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                    100,
+                )
+                .map_err(cuda_err(name))?;
+            }
             let cfg = LaunchConfig {
                 grid_dim: (128 / cs, dims.value_heads as u32, seqs as u32),
                 block_dim: (256, 1, 1),
@@ -157,7 +167,7 @@ impl Device {
             b.arg(&qn).arg(&kn).arg(&gc).arg(&wi).arg(&ui).arg(&ai);
             b.arg(&meta_dev).arg(&mut *state).arg(&mut *out);
             b.arg(&hk).arg(&hv).arg(&seqs_i).arg(&nc_i);
-            // SAFETY: matches `gdn_prefill_state_cs*`; state = [seqs, Hv, 128, 128] and out = [N, Hv*128] were
+            // SAFETY: matches `gdn_prefill_state_cs*` and `gdn_prefill_state_tc*_cs*` (same parameters); state = [seqs, Hv, 128, 128] and out = [N, Hv*128] were
             // checked; each block owns `cs` columns of one (sequence, head) state and writes only those columns of
             // that head's output rows of its sequence.
             unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;

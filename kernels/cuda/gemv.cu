@@ -12,11 +12,16 @@
 //
 // Tensor cores (*_mma_n8, *_mma_n16, see blockq_gemv_mma below): one 16-row tile per block.
 //
-// Design-sweep variants (issue 4; Rust: Gpu::*_preconverted, *_m1_sweep, nvfp4_repack_tiles / nvfp4_gemv_tiles;
-// timed by kernels/bench/h200/bench_gemv.py against the kernels above, which KernelPath::Auto keeps until then):
-// fp8_block_gemv_m1_r2_u{2,4}_{pf,sk} (L2 prefetch hint; split-K with atomics), gemv_act_frag_* + *_mma_pre_*
-// (activations converted once per call to f16 B fragments), nvfp4_repack_mma + nvfp4_gemv_mma_tile[_pre]_* (NVFP4
-// in a tile layout made at load time).
+// The NVFP4 decode path (Rust: Gpu::nvfp4_repack_tiles at load, Gpu::nvfp4_gemv_tiles per call): nvfp4_repack_mma
+// makes the tile layout, gemv_act_frag_nvfp4[_zero] converts the activations, nvfp4_gemv_tiles_n{8,16}_u{1,2}
+// multiply (end of this file, with the analysis of what bounds them).
+//
+// Design-sweep variants (issue 4; Rust: Gpu::*_preconverted, *_m1_sweep, *_m1_bulk, nvfp4_gemv_tiles_variant;
+// timed by kernels/bench/h200/bench_gemv.py against the kernels Auto picks, which it keeps until then):
+// fp8_block_gemv_m1_r2_u{2,4}_{pf,sk} (L2 prefetch hint; split-K with atomics), fp8_block_gemv_m1_bulk_* (rows
+// streamed into shared-memory rings by cp.async.bulk), gemv_act_frag_* + *_mma_pre_* (activations converted once
+// per call to f16 B fragments; FP8 at m >= 9 in Gpu::fp8_block_gemv_with_scratch), nvfp4_gemv_mma_tile[_pre]_*
+// (the first tile-layout kernels, kept as the benchmark's reference for the ones above).
 //
 // Outputs are fp32 [m][n]. The Rust side checks k % 16 == 0 (FP8) or k % 32 == 0 (NVFP4), m <= 16 (and <= the
 // entry's MT), and every buffer's length; its allocations are 256-byte aligned.
@@ -318,6 +323,42 @@ __device__ __forceinline__ uint32_t hmul2_u32(uint32_t a, uint32_t b) {
     return *reinterpret_cast<uint32_t*>(&r);
 }
 
+// NVFP4 A fragments of one 16-row, 128-value chunk: the lane's 16-byte words of rows g (wa) and g+8 (wb), 32 values
+// each, to f16 pairs times 2^-14 (e2m1x8_to_float_scaled's bit trick, kept in f16) times the e4m3 group scale in f16
+// (s4: row g's two group scales in bits 0..15, row g+8's in 16..31; both products exact down to 2^-24). ax[4j + i]
+// holds values 8j + i and 8j + i + 4 of row g (bxw: row g+8), the order gemv_act_frag_nvfp4 writes the activations
+// in. 4 x (2 shifts + 2 LOP3) per word and one HMUL2 per pair: ~160 instructions per chunk and lane-row pair.
+__device__ __forceinline__ void nvfp4_a_fragments(const uint4 wa, const uint4 wb, uint32_t s4, uint32_t (&ax)[16],
+                                                  uint32_t (&bxw)[16]) {
+    // e4m3 scale pairs -> f16 (exact), broadcast to both halves.
+    __half2_raw s2a = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s4 & 0xffffu), __NV_E4M3);
+    __half2_raw s2b = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s4 >> 16), __NV_E4M3);
+    const uint32_t sav = *reinterpret_cast<uint32_t*>(&s2a), sbv = *reinterpret_cast<uint32_t*>(&s2b);
+    const uint32_t sa_lo = (sav & 0xffffu) * 0x10001u, sa_hi = (sav >> 16) * 0x10001u;
+    const uint32_t sb_lo = (sbv & 0xffffu) * 0x10001u, sb_hi = (sbv >> 16) * 0x10001u;
+    const uint32_t wa4[4] = {wa.x, wa.y, wa.z, wa.w};
+    const uint32_t wb4[4] = {wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint32_t pa[4] = {
+            ((wa4[j] << 9) & 0x0E000E00u) | ((wa4[j] << 12) & 0x80008000u),
+            ((wa4[j] << 5) & 0x0E000E00u) | ((wa4[j] << 8) & 0x80008000u),
+            ((wa4[j] << 1) & 0x0E000E00u) | ((wa4[j] << 4) & 0x80008000u),
+            ((wa4[j] >> 3) & 0x0E000E00u) | (wa4[j] & 0x80008000u),
+        };
+        const uint32_t pb[4] = {
+            ((wb4[j] << 9) & 0x0E000E00u) | ((wb4[j] << 12) & 0x80008000u),
+            ((wb4[j] << 5) & 0x0E000E00u) | ((wb4[j] << 8) & 0x80008000u),
+            ((wb4[j] << 1) & 0x0E000E00u) | ((wb4[j] << 4) & 0x80008000u),
+            ((wb4[j] >> 3) & 0x0E000E00u) | (wb4[j] & 0x80008000u),
+        };
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            ax[4 * j + i] = hmul2_u32(pa[i], j < 2 ? sa_lo : sa_hi);
+            bxw[4 * j + i] = hmul2_u32(pb[i], j < 2 ? sb_lo : sb_hi);
+        }
+    }
+}
 
 // FMT 0: FP8 e4m3 with 128x128 fp32 block scales; FMT 1: NVFP4 in the checkpoint layout; FMT 2: NVFP4 in the
 // tile layout of nvfp4_repack_mma (below). NT: n-tiles of 8 activation rows (1 or 2). MMA_WARPS: warps sharing
@@ -395,7 +436,10 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
             if (PRE) {
 #pragma unroll
                 for (int v = 0; v < 4; ++v) {
-                    const uint4 u = __ldg(xf + ((static_cast<size_t>(c) * NT + t) * 4 + v) * 32 + lane);
+                    // Lanes of tokens past m hold zero fragments: they load nothing (at m = 1 that is 7/8 of
+                    // the fragment bytes, which came from L2 at twice the weight bytes per chunk).
+                    const uint4 u = t * 8 + g < m ? __ldg(xf + ((static_cast<size_t>(c) * NT + t) * 4 + v) * 32 + lane)
+                                                  : make_uint4(0, 0, 0, 0);
                     bx[t][4 * v] = u.x;
                     bx[t][4 * v + 1] = u.y;
                     bx[t][4 * v + 2] = u.z;
@@ -441,34 +485,7 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
                 }
             }
         } else {
-            // e4m3 scale pairs -> f16 (exact), broadcast to both halves.
-            __half2_raw s2a = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s4 & 0xffffu), __NV_E4M3);
-            __half2_raw s2b = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s4 >> 16), __NV_E4M3);
-            const uint32_t sav = *reinterpret_cast<uint32_t*>(&s2a), sbv = *reinterpret_cast<uint32_t*>(&s2b);
-            const uint32_t sa_lo = (sav & 0xffffu) * 0x10001u, sa_hi = (sav >> 16) * 0x10001u;
-            const uint32_t sb_lo = (sbv & 0xffffu) * 0x10001u, sb_hi = (sbv >> 16) * 0x10001u;
-            const uint32_t wa4[4] = {la[0].x, la[0].y, la[0].z, la[0].w};
-            const uint32_t wb4[4] = {lb[0].x, lb[0].y, lb[0].z, lb[0].w};
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const uint32_t pa[4] = {
-                    ((wa4[j] << 9) & 0x0E000E00u) | ((wa4[j] << 12) & 0x80008000u),
-                    ((wa4[j] << 5) & 0x0E000E00u) | ((wa4[j] << 8) & 0x80008000u),
-                    ((wa4[j] << 1) & 0x0E000E00u) | ((wa4[j] << 4) & 0x80008000u),
-                    ((wa4[j] >> 3) & 0x0E000E00u) | (wa4[j] & 0x80008000u),
-                };
-                const uint32_t pb[4] = {
-                    ((wb4[j] << 9) & 0x0E000E00u) | ((wb4[j] << 12) & 0x80008000u),
-                    ((wb4[j] << 5) & 0x0E000E00u) | ((wb4[j] << 8) & 0x80008000u),
-                    ((wb4[j] << 1) & 0x0E000E00u) | ((wb4[j] << 4) & 0x80008000u),
-                    ((wb4[j] >> 3) & 0x0E000E00u) | (wb4[j] & 0x80008000u),
-                };
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    ax[4 * j + i] = hmul2_u32(pa[i], j < 2 ? sa_lo : sa_hi);
-                    bxw[4 * j + i] = hmul2_u32(pb[i], j < 2 ? sb_lo : sb_hi);
-                }
-            }
+            nvfp4_a_fragments(la[0], lb[0], s4, ax, bxw);
         }
         float part[NT][4];
 #pragma unroll
@@ -644,3 +661,280 @@ extern "C" __global__ void __launch_bounds__(256) nvfp4_repack_mma(const uint8_t
     }
 EDGEFIT_MMA_VARIANTS(1, n8)
 EDGEFIT_MMA_VARIANTS(2, n16)
+
+// ---------------------------------------------------------------------------------------------------------------
+// The NVFP4 decode GEMV over the tile layout (Gpu::nvfp4_gemv_tiles, the decode path an engine uses after
+// Gpu::nvfp4_repack_tiles at load time), activations preconverted by gemv_act_frag_nvfp4[_zero].
+//
+// Why the first tile kernel (nvfp4_gemv_mma_tile_pre_*) reached only 48-64% of copy on the layer shapes while the
+// same code reached 86% on lm_head (H200 run s2-run3): it issues ~193 instructions per KiB against a budget of ~300,
+// so issue is not the limit; bytes in flight are. Each warp has one chunk (1 KiB of weights) in flight, 42
+// registers allow 5 blocks (40 warps) per SM, and lm_head's 15520 tiles fill them: 40 KiB in flight per SM. A
+// 5120-row matrix has only 320 tiles, 2.4 blocks per SM: ~19 KiB per SM, half the bytes in flight, and the measured
+// fraction follows. 17408-row matrices have 1088 tiles of only 40 chunks at k = 5120, 5 per warp: 1.65 waves of
+// short blocks whose start, reduction and tail are a large share. Besides, each chunk also loaded 2 KiB of B
+// fragments per token tile from L2 (twice the weight bytes), of which 7/8 are zeros at m = 1.
+//
+// So this kernel, otherwise the same arithmetic: U chunks in flight per warp (U = 2: 2 KiB, twice the bytes in
+// flight at the same occupancy if the registers stay <= 64); blockIdx.y splits the K chunks into gridDim.y ranges
+// (more blocks, hence warps, on short matrices; the partial sums go into y with atomicAdd, y zeroed by
+// gemv_act_frag_nvfp4_zero; with two splits the sum 0 + a + b is the same in either order, so results stay
+// deterministic); and lanes of tokens past m load no fragments. With U = 1 and one split, each warp adds the
+// same chunks in the same order as nvfp4_gemv_mma_pre_n*, so the outputs are bitwise those of the checkpoint-layout
+// preconverted kernel (the tests check it); with U = 2 too (a warp still walks chunks warp, warp + 8, ...).
+template <int NT, int U>
+__device__ __forceinline__ void nvfp4_gemv_tiles_pre(const uint4* __restrict__ xf, const uint8_t* __restrict__ w,
+                                                     const uint32_t* __restrict__ scales, float global_scale,
+                                                     float* __restrict__ y, int m, int n, int k) {
+    constexpr int W = 8;
+    __shared__ float red[W][16][8 * NT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int nchunks = (k + 127) >> 7;
+    const int splits = static_cast<int>(gridDim.y);
+    const int per = (nchunks + splits - 1) / splits;
+    const int cbeg = min(nchunks, static_cast<int>(blockIdx.y) * per);
+    const int cend = min(nchunks, cbeg + per);
+    const size_t tile0 = static_cast<size_t>(blockIdx.x) * nchunks;
+    const uint8_t* wt = w + tile0 * 1024 + lane * 16;
+    const uint32_t* st = scales + tile0 * 32 + lane;
+    const uint4* xl = xf + lane;
+    bool live[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) live[t] = t * 8 + g < m;
+
+    float acc[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
+
+    for (int c0 = cbeg + warp; c0 < cend; c0 += W * U) {
+        uint4 la[U], lb[U];
+        uint32_t s4[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = c0 + u * W;
+            const bool in = c < cend;  // warp-uniform
+            la[u] = in ? ld_stream(wt + static_cast<size_t>(c) * 1024) : make_uint4(0, 0, 0, 0);
+            lb[u] = in ? ld_stream(wt + static_cast<size_t>(c) * 1024 + 512) : make_uint4(0, 0, 0, 0);
+            s4[u] = in ? __ldg(st + static_cast<size_t>(c) * 32) : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = c0 + u * W;
+            if (c >= cend) break;
+            uint32_t bx[NT][16];
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+#pragma unroll
+                for (int v = 0; v < 4; ++v) {
+                    const uint4 b = live[t] ? __ldg(xl + ((static_cast<size_t>(c) * NT + t) * 4 + v) * 32)
+                                            : make_uint4(0, 0, 0, 0);
+                    bx[t][4 * v] = b.x;
+                    bx[t][4 * v + 1] = b.y;
+                    bx[t][4 * v + 2] = b.z;
+                    bx[t][4 * v + 3] = b.w;
+                }
+            }
+            uint32_t ax[16], bxw[16];
+            nvfp4_a_fragments(la[u], lb[u], s4[u], ax, bxw);
+            float part[NT][4];
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) part[t][i] = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const uint32_t a[4] = {ax[2 * j], bxw[2 * j], ax[2 * j + 1], bxw[2 * j + 1]};
+#pragma unroll
+                for (int t = 0; t < NT; ++t) mma_16816(part[t], a, bx[t][2 * j], bx[t][2 * j + 1]);
+            }
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[t][i] += part[t][i];
+        }
+    }
+
+    const float post = 16384.f * global_scale;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        red[warp][g][t * 8 + 2 * q] = acc[t][0];
+        red[warp][g][t * 8 + 2 * q + 1] = acc[t][1];
+        red[warp][g + 8][t * 8 + 2 * q] = acc[t][2];
+        red[warp][g + 8][t * 8 + 2 * q + 1] = acc[t][3];
+    }
+    __syncthreads();
+    const int row0 = blockIdx.x * 16;
+    for (int idx = threadIdx.x; idx < 16 * 8 * NT; idx += W * 32) {
+        const int r = idx % 16, tok = idx / 16;
+        if (tok < m && row0 + r < n) {
+            float v = 0.f;
+#pragma unroll
+            for (int wi = 0; wi < W; ++wi) v += red[wi][r][tok];
+            float* dst = y + static_cast<size_t>(tok) * n + row0 + r;
+            if (splits > 1)
+                atomicAdd(dst, v * post);
+            else
+                *dst = v * post;
+        }
+    }
+}
+
+// Grid (ceil(n/16), splits), 256 threads; xf from gemv_act_frag_nvfp4 (splits = 1) or gemv_act_frag_nvfp4_zero
+// (splits > 1: y must be zero). n8: m <= 8 (nt = 1), n16: m <= 16 (nt = 2).
+#define EDGEFIT_NVFP4_TILES(NTILES, SUFFIX, U, MINB)                                                              \
+    extern "C" __global__ void __launch_bounds__(256, MINB) nvfp4_gemv_tiles_##SUFFIX##_u##U(                     \
+        const uint4* xf, const uint8_t* wr, const uint32_t* sr, float global_scale, float* y, int m, int n,       \
+        int k) {                                                                                                  \
+        nvfp4_gemv_tiles_pre<NTILES, U>(xf, wr, sr, global_scale, y, m, n, k);                                    \
+    }
+EDGEFIT_NVFP4_TILES(1, n8, 1, 5)
+EDGEFIT_NVFP4_TILES(1, n8, 2, 4)
+EDGEFIT_NVFP4_TILES(2, n16, 1, 4)
+EDGEFIT_NVFP4_TILES(2, n16, 2, 3)
+
+// gemv_act_frag_nvfp4 that also zeroes y[0 .. ylen) (grid-stride), for the split-K launches above. Same grid.
+extern "C" __global__ void __launch_bounds__(256) gemv_act_frag_nvfp4_zero(const uint16_t* x, uint4* xf, int m,
+                                                                            int k, int nt, float* y,
+                                                                            unsigned long long ylen) {
+    for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < ylen;
+         i += static_cast<size_t>(gridDim.x) * blockDim.x)
+        y[i] = 0.f;
+    gemv_act_frag<1>(x, xf, m, k, nt);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// FP8 m = 1 through the bulk-copy engine (issue 4 item 2; Rust: Gpu::fp8_block_gemv_m1_bulk). The register-fed
+// kernel (fp8_block_gemv_m1_r2_u2) holds 2 KiB per warp in flight in registers, and its 5120-row launches fill
+// only ~2.4 blocks per SM: 80-84% of copy on the layer shapes. Here the bytes in flight live in shared memory
+// instead: each warp owns a ring of S stages of SB bytes; its lane 0 issues one 1-D bulk copy (cp.async.bulk, the
+// TMA engine without a tensor map) per stage with an mbarrier counting the bytes, and the warp consumes a stage once
+// the barrier's phase completes, then lane 0 refills it with the stage S ahead. So a warp keeps up to S * SB bytes
+// in flight with a handful of registers, independent of the compute.
+//
+// Work: warp wg (of gridDim.x * BULK_WARPS) owns rows [wg * rpw, min(n, wg * rpw + rpw)) (rpw from the launcher:
+// ceil(n / warps) for a grid sized to stay resident in one wave), streamed row by row in stages of up to SB bytes
+// (the last stage of a row holds k % SB bytes when that is not 0). Lane l takes the 16-byte pieces l, l + 32, ...
+// of a stage (conflict-free: the warp reads 512 contiguous bytes per instruction), multiplies them with x (bf16,
+// L1-cached) as the register kernel does, block scale per 16 values, and the row's sum is a warp reduction, stored
+// once per row (no atomics, deterministic). Needs k % 16 == 0 (bulk copies are 16-byte multiples at 16-byte
+// aligned addresses: the rows start at multiples of k bytes from a 256-byte-aligned base).
+constexpr int BULK_WARPS = 4;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n\t.reg .pred p;\n\t"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+            "selp.u32 %0, 1, 0, p;\n\t}"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+template <int S, int SB>
+__device__ __forceinline__ void fp8_gemv_m1_bulk(const uint16_t* __restrict__ x, const uint8_t* __restrict__ w,
+                                                 const float* __restrict__ scales, float* __restrict__ y, int n,
+                                                 int k, int rpw) {
+    static_assert(SB % 512 == 0, "a stage is whole 512-byte warp reads");
+    __shared__ __align__(128) uint8_t ring[BULK_WARPS][S][SB];
+    __shared__ __align__(8) uint64_t bars[BULK_WARPS][S];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wg = blockIdx.x * BULK_WARPS + warp;
+    const int r0 = wg * rpw;  // the launcher keeps gridDim.x * BULK_WARPS * rpw < 2^31 + rpw
+    if (r0 >= n) return;      // whole warps leave together; nothing is shared between warps
+    const int r1 = min(n, r0 + rpw);
+    const int spr = (k + SB - 1) / SB;  // stages per row
+    const int total = (r1 - r0) * spr;
+    const int kb = (k + 127) >> 7;
+    uint8_t* my = &ring[warp][0][0];
+    const uint32_t bar0 = smem_u32(&bars[warp][0]);
+
+    // Lane 0 issues stage j of this warp's sequence into ring slot j % S.
+    auto issue = [&](int j) {
+        if (j >= total) return;
+        const int slot = j % S;
+        const int row = r0 + j / spr, kofs = (j % spr) * SB;
+        const uint32_t bytes = static_cast<uint32_t>(min(SB, k - kofs));
+        const uint32_t bar = bar0 + 8 * slot;
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                smem_u32(my + slot * SB)),
+            "l"(w + static_cast<size_t>(row) * k + kofs), "r"(bytes), "r"(bar)
+            : "memory");
+    };
+    if (lane == 0) {
+#pragma unroll
+        for (int s = 0; s < S; ++s)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar0 + 8 * s) : "memory");
+        // Make the initialised barriers visible to the async proxy (the bulk copies complete on them).
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        for (int j = 0; j < S; ++j) issue(j);
+    }
+    __syncwarp();
+
+    float acc = 0.f;
+    for (int j = 0; j < total; ++j) {
+        const int slot = j % S;
+        const int row = r0 + j / spr, kofs = (j % spr) * SB;
+        const int pieces = min(SB, k - kofs) >> 4;
+        mbar_wait(bar0 + 8 * slot, static_cast<uint32_t>((j / S) & 1));
+        const uint8_t* buf = my + slot * SB;
+        const float* srow = scales + static_cast<size_t>(row >> 7) * kb;
+#pragma unroll 4
+        for (int p = lane; p < pieces; p += 32) {
+            const uint4 wv = *reinterpret_cast<const uint4*>(buf + p * 16);
+            const int kk = kofs + p * 16;
+            const uint4* xp = reinterpret_cast<const uint4*>(x + kk);
+            float xf[16];
+            bf16x8_to_float(__ldg(xp), xf);
+            bf16x8_to_float(__ldg(xp + 1), xf + 8);
+            const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
+            float d = 0.f;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float2 a = e4m3x2_to_float2(ws[i]);
+                const float2 b = e4m3x2_to_float2(ws[i] >> 16);
+                d = fmaf(a.x, xf[4 * i], d);
+                d = fmaf(a.y, xf[4 * i + 1], d);
+                d = fmaf(b.x, xf[4 * i + 2], d);
+                d = fmaf(b.y, xf[4 * i + 3], d);
+            }
+            // A 16-aligned piece never straddles a 128-wide scale block.
+            acc = fmaf(d, __ldg(srow + (kk >> 7)), acc);
+        }
+        if (j % spr == spr - 1) {  // the row's last stage
+            const float v = warp_sum(acc);
+            if (lane == 0) y[row] = v;
+            acc = 0.f;
+        }
+        // Every lane has read the slot (its values are in registers): lane 0 refills it. The proxy fence orders
+        // the warp's generic-proxy reads before the async-proxy writes of the next copy.
+        __syncwarp();
+        if (lane == 0) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            issue(j + S);
+        }
+    }
+}
+
+// BULK_WARPS warps per block, grid ceil(n / (BULK_WARPS * rpw)); static shared memory S * SB * BULK_WARPS bytes
+// (32 KiB for every entry, so up to 6 blocks per SM).
+#define EDGEFIT_FP8_BULK(S, SB, NAME)                                                                             \
+    extern "C" __global__ void __launch_bounds__(BULK_WARPS * 32) fp8_block_gemv_m1_bulk_##NAME(                  \
+        const uint16_t* x, const uint8_t* w, const float* scales, float* y, int n, int k, int rpw) {              \
+        fp8_gemv_m1_bulk<S, SB>(x, w, scales, y, n, k, rpw);                                                      \
+    }
+EDGEFIT_FP8_BULK(4, 2048, s4b2k)
+EDGEFIT_FP8_BULK(2, 4096, s2b4k)
+EDGEFIT_FP8_BULK(8, 1024, s8b1k)

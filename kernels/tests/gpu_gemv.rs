@@ -1,6 +1,7 @@
-//! The decode-GEMV design-sweep variants (issue 4: `Gpu::fp8_block_gemv_preconverted`,
-//! `Gpu::fp8_block_gemv_m1_sweep`, `Gpu::nvfp4_gemv_preconverted`, `Gpu::nvfp4_repack_tiles` +
-//! `Gpu::nvfp4_gemv_tiles`) against `kernels::reference::linear`: fresh random inputs each run (the seed is
+//! The decode GEMVs beyond `KernelPath` (issue 4: the NVFP4 decode path `Gpu::nvfp4_repack_tiles` +
+//! `Gpu::nvfp4_gemv_tiles` and its variants `Gpu::nvfp4_gemv_tiles_variant`, `Gpu::fp8_block_gemv_with_scratch`,
+//! and the sweep variants `Gpu::fp8_block_gemv_preconverted`, `Gpu::fp8_block_gemv_m1_sweep`,
+//! `Gpu::fp8_block_gemv_m1_bulk`, `Gpu::nvfp4_gemv_preconverted`) against `kernels::reference::linear`: fresh random inputs each run (the seed is
 //! printed), every m from 1 to 16, n not a multiple of the 16-row tile or of two rows per warp, k at the constraint
 //! (FP8: k % 16 == 0, not a multiple of 32 or 128; NVFP4: k % 32 == 0, not a multiple of 128), outputs and scratch
 //! poisoned before the launch (NaN outputs fail as unwritten), stated error bounds. The messages name the variant,
@@ -145,26 +146,54 @@ fn nvfp4_preconverted_and_tile_layout_match_the_reference_for_every_m() {
             check(&what("preconverted"), &gpu.download(&dy).unwrap(), &want, n);
 
             let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-            gpu.nvfp4_gemv_tiles(&dx, &tiles, global, &mut dy, None, m)
-                .unwrap();
-            check(&what("tiles"), &gpu.download(&dy).unwrap(), &want, n);
-
-            let mut scratch = poisoned_scratch(&gpu, len);
-            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-            gpu.nvfp4_gemv_tiles(&dx, &tiles, global, &mut dy, Some(&mut scratch), m)
+            gpu.nvfp4_gemv_tiles_variant(&dx, &tiles, global, &mut dy, None, m, 1, 1)
                 .unwrap();
             check(
-                &what("tiles + preconverted"),
+                &what("tiles, activations converted in the GEMV"),
                 &gpu.download(&dy).unwrap(),
                 &want,
                 n,
             );
+
+            // Auto (the decode path).
+            let mut scratch = poisoned_scratch(&gpu, len);
+            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            gpu.nvfp4_gemv_tiles(&dx, &tiles, global, &mut dy, &mut scratch, m)
+                .unwrap();
+            check(&what("tiles, Auto"), &gpu.download(&dy).unwrap(), &want, n);
+
+            // Chunks in flight x K splits; 16 splits of k = 32 or 544 (1 or 5 chunks) leave most ranges empty.
+            for (chunks, splits) in [(1, 1), (2, 1), (1, 2), (2, 2), (2, 3), (1, 16)] {
+                let mut scratch = poisoned_scratch(&gpu, len);
+                let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+                gpu.nvfp4_gemv_tiles_variant(
+                    &dx,
+                    &tiles,
+                    global,
+                    &mut dy,
+                    Some(&mut scratch),
+                    m,
+                    chunks,
+                    splits,
+                )
+                .unwrap();
+                check(
+                    &what(&format!(
+                        "tiles + preconverted, {chunks} chunk(s) in flight, {splits} K split(s)"
+                    )),
+                    &gpu.download(&dy).unwrap(),
+                    &want,
+                    n,
+                );
+            }
         }
     }
 }
 
 /// The repacked weights reproduce the checkpoint-layout kernel bit for bit: same decode, same order of the
-/// additions, so any difference is a misplaced byte or scale. Larger n with a ragged last tile.
+/// additions, so any difference is a misplaced byte or scale. Larger n with a ragged last tile. Also with two
+/// chunks in flight (a warp still adds its chunks in the same order), and two K splits give the same bits on
+/// every run (0 + a + b in either order).
 #[test]
 fn nvfp4_tile_layout_matches_the_checkpoint_layout_exactly() {
     let Some(gpu) = gpu() else { return };
@@ -180,19 +209,100 @@ fn nvfp4_tile_layout_matches_the_checkpoint_layout_exactly() {
         let mut s1 = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
         let mut s2 = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
         let mut y1 = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-        let mut y2 = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
         gpu.nvfp4_gemv_preconverted(&dx, &dw, &ds, global, &mut y1, &mut s1, m, n, k)
             .unwrap();
-        gpu.nvfp4_gemv_tiles(&dx, &tiles, global, &mut y2, Some(&mut s2), m)
-            .unwrap();
-        let (a, b) = (gpu.download(&y1).unwrap(), gpu.download(&y2).unwrap());
-        for (i, (p, q)) in a.iter().zip(&b).enumerate() {
-            assert!(
-                p.to_bits() == q.to_bits(),
-                "m={m} n={n} k={k}: token {} row {}: checkpoint layout {p}, tile layout {q}",
-                i / n,
-                i % n
+        let a = gpu.download(&y1).unwrap();
+        for chunks in [1, 2] {
+            let mut y2 = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            gpu.nvfp4_gemv_tiles_variant(&dx, &tiles, global, &mut y2, Some(&mut s2), m, chunks, 1)
+                .unwrap();
+            let b = gpu.download(&y2).unwrap();
+            for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+                assert!(
+                    p.to_bits() == q.to_bits(),
+                    "m={m} n={n} k={k} chunks={chunks}: token {} row {}: checkpoint layout {p}, tile layout {q}",
+                    i / n,
+                    i % n
+                );
+            }
+        }
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            let mut y3 = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            gpu.nvfp4_gemv_tiles_variant(&dx, &tiles, global, &mut y3, Some(&mut s2), m, 2, 2)
+                .unwrap();
+            runs.push(gpu.download(&y3).unwrap());
+        }
+        for r in &runs[1..] {
+            for (i, (p, q)) in runs[0].iter().zip(r).enumerate() {
+                assert!(
+                    p.to_bits() == q.to_bits(),
+                    "m={m} n={n} k={k}, 2 K splits: token {} row {} differs between runs: {p} vs {q}",
+                    i / n,
+                    i % n
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn fp8_with_scratch_matches_the_reference_for_every_m() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("fp8_block_gemv_with_scratch");
+    for &(n, k) in &[(300, 400), (17, 2064)] {
+        let w = uniform(&mut rng, n * k, 0.05);
+        let (codes, scales) = reference::linear::quantize_fp8_block(&w, n, k);
+        let (dw, ds) = (gpu.upload(&codes).unwrap(), gpu.upload(&scales).unwrap());
+        for m in 1..=16 {
+            let (xb, xf) = bf16_activations(&mut rng, m * k);
+            let want = reference::linear::fp8_block_linear(&xf, m, &codes, &scales, n, k);
+            let dx = gpu.upload(&xb).unwrap();
+            let mut scratch = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
+            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            gpu.fp8_block_gemv_with_scratch(&dx, &dw, &ds, &mut dy, &mut scratch, m, n, k)
+                .unwrap();
+            check(
+                &format!("fp8 with scratch (Auto) m={m} n={n} k={k}"),
+                &gpu.download(&dy).unwrap(),
+                &want,
+                n,
             );
+        }
+    }
+}
+
+/// The bulk-copy kernel: k = 4112 is one 16-byte piece past a 4 KiB stage (a 16-byte bulk copy), 1040 and 400
+/// leave partial stages of every size, k = 16 a single piece; warps_per_sm = 1 gives each warp several rows, so
+/// the rings wrap many times (the mbarrier phases alternate), 24 leaves most warps without a row.
+#[test]
+fn fp8_m1_bulk_matches_the_reference() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("fp8_block_gemv_m1_bulk");
+    for &(n, k) in &[(300, 400), (1000, 4112), (33, 1040), (1, 16), (700, 2064)] {
+        let w = uniform(&mut rng, n * k, 0.05);
+        let (codes, scales) = reference::linear::quantize_fp8_block(&w, n, k);
+        let (xb, xf) = bf16_activations(&mut rng, k);
+        let want = reference::linear::fp8_block_linear(&xf, 1, &codes, &scales, n, k);
+        let (dx, dw, ds) = (
+            gpu.upload(&xb).unwrap(),
+            gpu.upload(&codes).unwrap(),
+            gpu.upload(&scales).unwrap(),
+        );
+        for stages in [2, 4, 8] {
+            for warps_per_sm in [1, 3, 16, 24] {
+                let mut dy = gpu.upload(&vec![f32::NAN; n]).unwrap();
+                gpu.fp8_block_gemv_m1_bulk(&dx, &dw, &ds, &mut dy, n, k, stages, warps_per_sm)
+                    .unwrap();
+                check(
+                    &format!(
+                        "fp8 m=1 bulk stages={stages} warps_per_sm={warps_per_sm} n={n} k={k}"
+                    ),
+                    &gpu.download(&dy).unwrap(),
+                    &want,
+                    n,
+                );
+            }
         }
     }
 }
@@ -238,24 +348,56 @@ fn gemv_variant_errors_name_the_operand() {
     let tiles = gpu.nvfp4_repack_tiles(&w4, &s4, n, k).unwrap();
     let x17 = gpu.upload(&vec![0u16; 17 * k]).unwrap();
     let mut y17 = gpu.zeros::<f32>(17 * n).unwrap();
+    let mut big = gpu.zeros::<u32>(Gpu::gemv_scratch_len(16, k)).unwrap();
     let e = gpu
-        .nvfp4_gemv_tiles(&x17, &tiles, 1.0, &mut y17, None, 17)
+        .nvfp4_gemv_tiles(&x17, &tiles, 1.0, &mut y17, &mut big, 17)
         .unwrap_err();
     assert!(e.to_string().contains("m must be 1..=16"), "{e}");
     let e = gpu
-        .nvfp4_gemv_tiles(&x, &tiles, f32::NAN, &mut y, None, m)
+        .nvfp4_gemv_tiles(&x, &tiles, f32::NAN, &mut y, &mut big, m)
         .unwrap_err();
     assert!(e.to_string().contains("global_scale must be finite"), "{e}");
     let e = gpu
-        .nvfp4_gemv_tiles(&x, &tiles, 1.0, &mut y, Some(&mut small), m)
+        .nvfp4_gemv_tiles(&x, &tiles, 1.0, &mut y, &mut small, m)
         .unwrap_err();
     assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
+    let e = gpu
+        .nvfp4_gemv_tiles_variant(&x, &tiles, 1.0, &mut y, Some(&mut big), m, 3, 1)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("chunks_in_flight must be 1 or 2"),
+        "{e}"
+    );
+    for bad in [0, 17] {
+        let e = gpu
+            .nvfp4_gemv_tiles_variant(&x, &tiles, 1.0, &mut y, Some(&mut big), m, 1, bad)
+            .unwrap_err();
+        assert!(e.to_string().contains("k_splits must be 1..=16"), "{e}");
+    }
+    let e = gpu
+        .nvfp4_gemv_tiles_variant(&x, &tiles, 1.0, &mut y, None, m, 1, 2)
+        .unwrap_err();
+    assert!(e.to_string().contains("without a scratch buffer"), "{e}");
+    let e = gpu
+        .fp8_block_gemv_with_scratch(&x, &w8, &s8, &mut y, &mut small, m, n, k)
+        .unwrap_err();
+    assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
+    for (stages, wps) in [(3, 4), (0, 4), (4, 0), (4, 25)] {
+        let e = gpu
+            .fp8_block_gemv_m1_bulk(&x1, &w8, &s8, &mut y1, n, k, stages, wps)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("stages must be 2, 4 or 8")
+                || e.to_string().contains("warps_per_sm must be 1..=24"),
+            "stages={stages} warps_per_sm={wps}: {e}"
+        );
+    }
     // Zero weights (e2m1 code 0) times random activations: every output written, and exactly zero.
     let mut r = rng("gemv_variant_errors");
     let xr = gpu.upload(&bf16_activations(&mut r, m * k).0).unwrap();
     let mut scratch = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
     let mut yn = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-    gpu.nvfp4_gemv_tiles(&xr, &tiles, 1.0, &mut yn, Some(&mut scratch), m)
+    gpu.nvfp4_gemv_tiles(&xr, &tiles, 1.0, &mut yn, &mut scratch, m)
         .unwrap();
     let got = gpu.download(&yn).unwrap();
     assert!(

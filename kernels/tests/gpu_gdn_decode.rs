@@ -204,7 +204,8 @@ fn every_decode_variant_matches_the_reference_over_several_steps() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("gdn_decode_variants");
     // Qwen3.8-27B's group of 3 value heads per key head with K = 4, a group of 2 with K = 3, no grouping with
-    // K = 2; batches of 3, 2 and 5 (a batch is a grid dimension, nothing rounds it).
+    // K = 2; batches of 3, 2 and 5 (a batch is a grid dimension, nothing rounds it; "auto" takes a different
+    // kernel at each: split2_t128_mb, split8_t128_mb, split2_t256_mb).
     let cases = [
         Case {
             dims: dims(2, 6, 4),
@@ -304,10 +305,12 @@ fn decode_variants_refuse_bad_calls_with_a_reason() {
     }
     let e = run(&gpu, "split3_t96", &good, 2, &mut b);
     assert!(
-        e.contains("unknown variant") && e.contains("split4_t128"),
+        e.contains("unknown variant")
+            && e.contains("split8_t128_mb")
+            && e.contains("split8_t128_1r"),
         "{e}"
     );
-    for v in ["auto", "split8_t64_mb", "block_per_head"] {
+    for v in ["auto", "split8_t64_1r", "split2_t256_mb", "block_per_head"] {
         let e = run(&gpu, v, &good, 0, &mut b);
         assert!(e.contains("seqs must be 1..=65535"), "{v}: {e}");
         let e = run(&gpu, v, &good, 65536, &mut b);
@@ -327,6 +330,6 @@ fn decode_variants_refuse_bad_calls_with_a_reason() {
     // A state buffer one float short.
     let mut short = bufs(&gpu, &good, 2);
     short.state = gpu.zeros(2 * good.state_len() - 1).unwrap();
-    let e = run(&gpu, "split4_t128", &good, 2, &mut short);
+    let e = run(&gpu, "split4_t128_1r", &good, 2, &mut short);
     assert!(e.contains("state"), "{e}");
 }

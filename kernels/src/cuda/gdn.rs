@@ -32,54 +32,76 @@ const fn k(
 }
 
 /// Every variant, in the order of [`Gpu::GDN_DECODE_VARIANTS`] (cuda/gdn.cu documents each).
-const KERNELS: [GdnDecodeKernel; 15] = [
+const KERNELS: [GdnDecodeKernel; 9] = [
     k("block_per_head", "gdn_decode_step", 1, 256),
-    k("cluster4", "gdn_decode_step_cluster4", 4, 128),
-    k("split1_t256", "gdn_decode_step_split1_t256", 1, 256),
-    k("split2_t128", "gdn_decode_step_split2_t128", 2, 128),
-    k("split2_t256", "gdn_decode_step_split2_t256", 2, 256),
-    k("split4_t128", "gdn_decode_step_split4_t128", 4, 128),
-    k("split4_t256", "gdn_decode_step_split4_t256", 4, 256),
-    k("split8_t64", "gdn_decode_step_split8_t64", 8, 64),
-    k("split8_t128", "gdn_decode_step_split8_t128", 8, 128),
     k("split2_t128_mb", "gdn_decode_step_split2_t128_mb", 2, 128),
     k("split2_t256_mb", "gdn_decode_step_split2_t256_mb", 2, 256),
-    k("split4_t128_mb", "gdn_decode_step_split4_t128_mb", 4, 128),
-    k("split4_t256_mb", "gdn_decode_step_split4_t256_mb", 4, 256),
-    k("split8_t64_mb", "gdn_decode_step_split8_t64_mb", 8, 64),
     k("split8_t128_mb", "gdn_decode_step_split8_t128_mb", 8, 128),
+    k("split2_t128_1r", "gdn_decode_step_split2_t128_1r", 2, 128),
+    k("split2_t256_1r", "gdn_decode_step_split2_t256_1r", 2, 256),
+    k("split4_t128_1r", "gdn_decode_step_split4_t128_1r", 4, 128),
+    k("split8_t64_1r", "gdn_decode_step_split8_t64_1r", 8, 64),
+    k("split8_t128_1r", "gdn_decode_step_split8_t128_1r", 8, 128),
 ];
 
-/// The variant `auto` runs: the best measured on the H200 (benchmarks/h200.md, GDN section;
-/// kernels/bench/h200/bench_gdn_decode.py measures every variant at batch 1-32). Until the split variants have
-/// been measured this is the block-per-head kernel, measured best of the two that existed.
-fn auto_kernel(_seqs: usize) -> GdnDecodeKernel {
-    KERNELS[0]
+/// What `auto` runs, by batch: `(largest batch, variant)`, ascending; the last row covers every larger batch.
+/// kernels/bench/h200/bench_gdn_decode.py reads this table (the `AUTO_TABLE` rows below, one per line) to report
+/// which arm auto picks, so keep its shape.
+///
+/// Measured on the H200 (benchmarks/h200-runs/s2-run1/bench_gdn_decode.txt; Qwen3.8-27B's layer, Hk=16 Hv=48,
+/// K=4; whole step, microseconds; fla's bare fused_recurrent in brackets):
+///
+/// | batch | split8_t128_mb | split2_t128_mb | split2_t256_mb | block_per_head | fla   |
+/// |-------|----------------|----------------|----------------|----------------|-------|
+/// | 1     | **5.18**       | 5.33           | 5.40           | 7.46           | 4.41  |
+/// | 2     | **7.02**       | 7.28           | 7.37           | 8.83           | 6.26  |
+/// | 4     | 11.96          | **10.35**      | 10.39          | 12.34          | 10.53 |
+/// | 8     | 21.60          | 19.27          | **18.78**      | 22.71          | 20.13 |
+/// | 32    | 73.85          | **57.49**      | 57.52          | 70.88          | 71.58 |
+///
+/// Batches 1-2 fill the GPU only with 8 blocks per head (384 at batch 1 on 132 SMs); from batch 4 on two blocks
+/// per head (384 blocks at batch 4) fill it and fewer, longer blocks win. Untested batches: 3 takes split2_t128_mb
+/// (the 4-sequence winner, 3.7% behind split8 at 2 but 15% ahead at 4, the crossover lies between); 5-31 take
+/// split2_t256_mb (best at 8, within 0.4% of split2_t128_mb at 4 and at 32); 32 and above split2_t128_mb (best at
+/// 32, where the two split2 arms tie). The `_1r` variants are not measured yet and are not in the table.
+const AUTO_TABLE: [(usize, &str); 4] = [
+    (2, "split8_t128_mb"),
+    (4, "split2_t128_mb"),
+    (31, "split2_t256_mb"),
+    (usize::MAX, "split2_t128_mb"),
+];
+
+/// The variant `auto` runs for a batch of `seqs` sequences ([`AUTO_TABLE`]).
+fn auto_kernel(seqs: usize) -> GdnDecodeKernel {
+    let name = AUTO_TABLE
+        .iter()
+        .find(|(max, _)| seqs <= *max)
+        .map_or(AUTO_TABLE[AUTO_TABLE.len() - 1].1, |(_, n)| *n);
+    // Every AUTO_TABLE name is in KERNELS (the unit test below checks it); block_per_head is the fallback that
+    // can never be taken.
+    *KERNELS
+        .iter()
+        .find(|k| k.name == name)
+        .unwrap_or(&KERNELS[0])
 }
 
 impl Gpu {
     /// Names of the decode-step variants [`Gpu::gdn_decode_step_variant`] takes, besides `"auto"`:
-    /// `block_per_head` (one 256-thread block per (sequence, value head)), `cluster4` (the earlier 4-block
-    /// cluster), `split<S>_t<T>` (S blocks of T threads per head, each owning 128/S state columns, the gated
-    /// RMSNorm's sum of squares exchanged over the cluster through distributed shared memory and one cluster
-    /// barrier; S = 1 needs no exchange) and `split<S>_t<T>_mb` (the same with the exchange signalled through an
-    /// mbarrier by `st.async`, no cluster barrier at the end). All compute the same step; they differ in speed.
+    /// `block_per_head` (one 256-thread block per (sequence, value head), the reference arm), `split<S>_t<T>_mb`
+    /// (S blocks of T threads per head, a cluster, each owning 128/S state columns, the gated RMSNorm's sum of
+    /// squares exchanged through distributed shared memory and an mbarrier) and `split<S>_t<T>_1r` (the same with
+    /// the output formed from one fused reduction of S^T k and S^T q, aimed at batch 1-2). All compute the same
+    /// step; they differ in speed.
     pub const GDN_DECODE_VARIANTS: &'static [&'static str] = &[
         "block_per_head",
-        "cluster4",
-        "split1_t256",
-        "split2_t128",
-        "split2_t256",
-        "split4_t128",
-        "split4_t256",
-        "split8_t64",
-        "split8_t128",
         "split2_t128_mb",
         "split2_t256_mb",
-        "split4_t128_mb",
-        "split4_t256_mb",
-        "split8_t64_mb",
         "split8_t128_mb",
+        "split2_t128_1r",
+        "split2_t256_1r",
+        "split4_t128_1r",
+        "split8_t64_1r",
+        "split8_t128_1r",
     ];
 
     /// `seqs` sequences, one token each, with the layouts of [`crate::gdn`].
@@ -227,12 +249,37 @@ mod tests {
             assert!(k.threads.is_multiple_of(32) && k.threads <= 256, "{k:?}");
             // split<S>_t<T> names carry their launch shape; a mismatch would launch the wrong grid.
             if let Some(rest) = name.strip_prefix("split") {
-                let rest = rest.trim_end_matches("_mb");
+                let rest = rest
+                    .strip_suffix("_mb")
+                    .or_else(|| rest.strip_suffix("_1r"))
+                    .expect("split<S>_t<T>_mb or _1r");
                 let (s, t) = rest.split_once("_t").expect("split<S>_t<T>");
                 assert_eq!(s.parse::<u32>().unwrap(), k.blocks_per_head, "{k:?}");
                 assert_eq!(t.parse::<u32>().unwrap(), k.threads, "{k:?}");
             }
         }
-        assert_eq!(auto_kernel(1).name, "block_per_head");
+    }
+
+    #[test]
+    fn auto_follows_the_measured_table() {
+        // The table is ascending and every name in it is a kernel.
+        for w in AUTO_TABLE.windows(2) {
+            assert!(w[0].0 < w[1].0, "{AUTO_TABLE:?}");
+        }
+        for (_, name) in AUTO_TABLE {
+            assert!(KERNELS.iter().any(|k| k.name == name), "{name}");
+        }
+        assert_eq!(AUTO_TABLE[AUTO_TABLE.len() - 1].0, usize::MAX);
+        // The measured batches take the measured winners; the untested ones the documented choices.
+        let pick = |seqs| auto_kernel(seqs).name;
+        assert_eq!(pick(1), "split8_t128_mb");
+        assert_eq!(pick(2), "split8_t128_mb");
+        assert_eq!(pick(3), "split2_t128_mb");
+        assert_eq!(pick(4), "split2_t128_mb");
+        for seqs in 5..=31 {
+            assert_eq!(pick(seqs), "split2_t256_mb", "batch {seqs}");
+        }
+        assert_eq!(pick(32), "split2_t128_mb");
+        assert_eq!(pick(65535), "split2_t128_mb");
     }
 }

@@ -29,6 +29,10 @@
 //       cp.async.bulk.tensor copies from two tensor maps, 128x128-byte boxes, SWIZZLE_128B, out-of-bounds rows
 //       zero-filled) into a 6-stage ring guarded by full/empty mbarriers, and two consumer warpgroups (setmaxnreg
 //       up to 232) that wait on "full", run the wgmmas, and release the stage on "empty" when their wgmmas are done.
+//   v3 / v4: v2 made persistent (one block per SM walking its tiles), v4 also overlapping each warpgroup's
+//       promotion with its next K block's wgmmas through two partial tiles; see their kernel below.
+//   Measured on the H200 (M = 4096, 5120x17408 / 17408x5120): v1 1018-1048 us, v2 818-855 us (0.64-0.70x
+//   cuBLAS FP8 at 537-572 us); v3 and v4 not yet.
 //   Output tiles are visited in groups of 8 tile rows, the tile row fastest inside a group (tile_of), so that the
 //   ~132 blocks resident at one time (one per SM) share ~8 A row blocks and ~17 B row blocks through L2.
 //
@@ -41,6 +45,12 @@
 //   Constraint: K % 64 == 0. 256 threads: the packed weights and x arrive by cp.async in a 4-stage ring; at each
 //   K tile all threads decode the tile's weights into a double-buffered swizzled bf16 B tile, then the two
 //   warpgroups issue their wgmmas (fp32 accumulation across all of K, no promotion needed: bf16 products are exact).
+//   Measured on the H200 (M = 4096): 2122-2143 us, 0.43-0.46x cuBLAS bf16 (924-928 us), 1.65-1.73x mma.sync.
+//
+// - nvfp4_gemm_sm90a_v2: the same product, warp-specialised (x by TMA; two producer warpgroups decode the packed
+//   weights, loaded 4 K tiles ahead into registers, straight into each stage's swizzled bf16 B tile; two consumer
+//   warpgroups wait on mbarriers and issue wgmmas with one group in flight; no block barrier in the K loop). See
+//   the kernel's comment for the counts. Not yet measured.
 
 #include "common.cuh"
 
@@ -137,8 +147,38 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
             : "memory");
     } while (!done);
 }
+// mbar_wait with the poll loop (and its bound) inside one asm block. v4 waits for the next stage while a wgmma
+// group is in flight; the C++ loop with its __trap is a divergent path to ptxas there, and it then serialises
+// every wgmma of the kernel (C7518). Same bound, same parity semantics.
+__device__ __forceinline__ void mbar_wait_asm(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        ".reg .u32 n;\n"
+        "mov.u32 n, 0;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@p bra DONE_%=;\n"
+        "add.u32 n, n, 1;\n"
+        "setp.lt.u32 p, n, %2;\n"
+        "@p bra WAIT_%=;\n"
+        "trap;\n"
+        "DONE_%=:\n"
+        "}\n" ::"r"(bar),
+        "r"(parity), "n"(1 << 26)
+        : "memory");
+}
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// mbar_arrive where `pred` is non-zero, as a predicated instruction rather than a branch: the FP8 v4 and NVFP4
+// v2 consumers arrive while a wgmma group is in flight, and a divergent branch there makes ptxas serialise the
+// wgmmas (C7518).
+__device__ __forceinline__ void mbar_arrive_if(uint32_t bar, int pred) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.s32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar),
+        "r"(pred)
+        : "memory");
 }
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
@@ -407,6 +447,196 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// FP8 v3 / v4: v2's producer/consumer structure made persistent. Grid: min(tiles, SMs) blocks (one per SM: the
+// 6-stage ring takes 193 KiB of shared memory), 384 threads, F8V2_SMEM_BYTES, the same tensor maps and
+// constraints as v2. Block b computes tiles b, b + gridDim.x, ... (tile_of order, so the blocks running at one
+// time still cover ~8 tile rows x ~17 tile columns for L2 reuse). The ring's stage index and mbarrier phase run
+// on across tiles in producer and consumers alike, so the producer fills the next tile's stages while the
+// consumers promote the last K blocks and store the previous tile (the epilogue and the next tile's TMA
+// latency overlap; a non-persistent block pays both, ~9.7 waves of them at M = 4096), and the static schedule
+// makes the run-to-run time steadier than hardware block placement (v1/v2 spread 8-15% on the H200 where
+// cuBLAS spread < 3%).
+//   v3 (kPingPong = false): per K block the consumer issues its 4 wgmmas, waits for them, releases the stage and
+//       promotes, as v2; the promotion overlaps only the other consumer warpgroup's wgmmas.
+//   v4 (kPingPong = true): two partial register tiles alternate: the wgmmas of K block kb + 1 are issued into
+//       one before the promotion of kb is done from the other (wgmma.wait_group 1 waits for kb only), so each
+//       warpgroup's tensor-core work overlaps its own promotion too. Registers: 64 accumulator + 2 x 64 partial
+//       fp32 per thread, within the consumers' 232. The consumer loop is written without branches while a
+//       group is in flight (see fp8_pp_issue_next): ptxas otherwise serialises the wgmmas and v4 would be v3.
+namespace {
+
+constexpr int F8V3_STAGES = F8V2_STAGES;
+
+__device__ __forceinline__ void ring_next(int& s, uint32_t& ph) {
+    if (++s == F8V3_STAGES) {
+        s = 0;
+        ph ^= 1u;
+    }
+}
+
+// Issues the 4 k32 wgmmas of one K block into `part` (the first overwrites it) and commits them as one group;
+// does not wait. No fence_regs after the commit: `part` is next touched after a wait_group that retires it.
+__device__ __forceinline__ void fp8_block_issue(float (&part)[64], uint32_t sA, uint32_t sB) {
+    fence_regs(part);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) wgmma_m64n128k32_e4m3(part, desc_sw128(sA + 32 * ks), desc_sw128(sB + 32 * ks), ks);
+    wgmma_commit();
+}
+
+__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
+
+// v4's consumer steps. K block kb's wgmmas are in flight into `cur` from stage `rs`.
+// fp8_pp_issue_next (there is a K block kb + 1): wait for kb + 1's stage (`ws`, phase `wph`), issue it into
+// `nxt`, wait for kb's group only (wait_group 1), release kb's stage and promote `cur`; rs, ws, wph move on.
+// fp8_pp_last (kb is the tile's last K block): wait for it, release its stage and promote.
+// Neither has a branch while a group is in flight: a conditional issue (a join of "issued into nxt" and "not")
+// makes ptxas treat the promotion's reads of `cur` as reads of an in-flight accumulator and serialise every
+// wgmma (C7514). The SASS of this form has wait_group 1 (WARPGROUP.DEPBAR.LE gsb0, 0x1) between the issue of
+// kb + 1 and the FFMAs of kb's promotion.
+__device__ __forceinline__ void fp8_pp_issue_next(float (&acc)[64], float (&cur)[64], float (&nxt)[64], int kb,
+                                                  uint32_t base, uint32_t full, uint32_t empty, int& rs, int& ws,
+                                                  uint32_t& wph, int c, int lane, const float* sa0,
+                                                  const float* sa1, const float* swp) {
+    const float sb = __ldg(swp + kb), s0 = __ldg(sa0 + kb) * sb, s1 = __ldg(sa1 + kb) * sb;
+    mbar_wait_asm(full + 8 * ws, wph);
+    const uint32_t st = base + ws * F8_STAGE_BYTES;
+    fp8_block_issue(nxt, st + c * 64 * BK8, st + BM * BK8);
+    wgmma_wait1();
+    fence_regs(cur);
+    __syncwarp();
+    mbar_arrive_if(empty + 8 * rs, lane == 0);
+    promote(acc, cur, s0, s1);
+    rs = ws;
+    ring_next(ws, wph);
+}
+
+__device__ __forceinline__ void fp8_pp_last(float (&acc)[64], float (&cur)[64], int kb, uint32_t empty, int rs,
+                                            int lane, const float* sa0, const float* sa1, const float* swp) {
+    const float sb = __ldg(swp + kb), s0 = __ldg(sa0 + kb) * sb, s1 = __ldg(sa1 + kb) * sb;
+    wgmma_wait0();
+    fence_regs(cur);
+    __syncwarp();
+    mbar_arrive_if(empty + 8 * rs, lane == 0);
+    promote(acc, cur, s0, s1);
+}
+
+template <bool kPingPong>
+__device__ __forceinline__ void fp8_persistent(const TmaDesc* ta, const TmaDesc* tb, const float* __restrict__ sa,
+                                               const float* __restrict__ sw, float* __restrict__ y, int M, int N,
+                                               int K) {
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t full = base + F8V3_STAGES * F8_STAGE_BYTES;
+    const uint32_t empty = full + 8 * F8V3_STAGES;
+    const int KB = K / BK8;
+    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+    const int tiles = tiles_m * tiles_n;
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < F8V3_STAGES; ++s) {
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    const int wg = tid >> 7;
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (tid == 0) {
+            int s = 0;
+            uint32_t ph = 0;
+#pragma unroll 1
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+                int tm, tn;
+                tile_of(t, tiles_m, tiles_n, tm, tn);
+#pragma unroll 1
+                for (int kb = 0; kb < KB; ++kb) {
+                    mbar_wait(empty + 8 * s, ph ^ 1u);  // the first pass through the ring does not wait
+                    mbar_arrive_expect_tx(full + 8 * s, F8_STAGE_BYTES);
+                    const uint32_t st = base + s * F8_STAGE_BYTES;
+                    tma_load_2d(st, ta, full + 8 * s, kb * BK8, tm * BM);
+                    tma_load_2d(st + BM * BK8, tb, full + 8 * s, kb * BK8, tn * BN);
+                    ring_next(s, ph);
+                }
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int c = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31;
+    int ws = 0;  // the next stage to wait for ("full") and its phase
+    uint32_t wph = 0;
+#pragma unroll 1
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int tm, tn;
+        tile_of(t, tiles_m, tiles_n, tm, tn);
+        const int m0 = tm * BM, n0 = tn * BN;
+        const int r0 = m0 + 64 * c + 16 * warp + (lane >> 2);
+        const float* sa0 = sa + static_cast<size_t>(min(r0, M - 1)) * KB;
+        const float* sa1 = sa + static_cast<size_t>(min(r0 + 8, M - 1)) * KB;
+        const float* swp = sw + static_cast<size_t>(tn) * KB;
+        float acc[64];
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+        if constexpr (kPingPong) {
+            float pa[64], pb[64];
+            int rs = ws;
+            // K block 0 into pa. Loop invariant: K block kb is in flight into pa (its stage rs) and kb + 2 < KB.
+            mbar_wait(full + 8 * ws, wph);
+            fp8_block_issue(pa, base + ws * F8_STAGE_BYTES + c * 64 * BK8, base + ws * F8_STAGE_BYTES + BM * BK8);
+            ring_next(ws, wph);
+            int kb = 0;
+#pragma unroll 1
+            for (; kb + 2 < KB; kb += 2) {
+                fp8_pp_issue_next(acc, pa, pb, kb, base, full, empty, rs, ws, wph, c, lane, sa0, sa1, swp);
+                fp8_pp_issue_next(acc, pb, pa, kb + 1, base, full, empty, rs, ws, wph, c, lane, sa0, sa1, swp);
+            }
+            if (kb + 1 < KB) {
+                fp8_pp_issue_next(acc, pa, pb, kb, base, full, empty, rs, ws, wph, c, lane, sa0, sa1, swp);
+                fp8_pp_last(acc, pb, kb + 1, empty, rs, lane, sa0, sa1, swp);
+            } else {
+                fp8_pp_last(acc, pa, kb, empty, rs, lane, sa0, sa1, swp);
+            }
+        } else {
+            float part[64];
+#pragma unroll 1
+            for (int kb = 0; kb < KB; ++kb) {
+                const float sb = __ldg(swp + kb), s0 = __ldg(sa0 + kb) * sb, s1 = __ldg(sa1 + kb) * sb;
+                mbar_wait(full + 8 * ws, wph);
+                const uint32_t st = base + ws * F8_STAGE_BYTES;
+                fp8_block_mma(part, st + c * 64 * BK8, st + BM * BK8);
+                wgmma_wait0();
+                fence_regs(part);
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty + 8 * ws);
+                promote(acc, part, s0, s1);
+                ring_next(ws, wph);
+            }
+        }
+        store_tile(y, acc, 1.f, r0, n0, lane, M, N);
+    }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+    fp8_block_gemm_sm90a_v3(const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb,
+                            const float* __restrict__ sa, const float* __restrict__ sw, float* __restrict__ y, int M,
+                            int N, int K) {
+    fp8_persistent<false>(&ta, &tb, sa, sw, y, M, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+    fp8_block_gemm_sm90a_v4(const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb,
+                            const float* __restrict__ sa, const float* __restrict__ sw, float* __restrict__ y, int M,
+                            int N, int K) {
+    fp8_persistent<true>(&ta, &tb, sa, sw, y, M, N, K);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // NVFP4 v1: bf16 x [M,K], w e2m1 [N, K/2], s e4m3 [N, K/16], global scale; y fp32 [M,N]. Grid: ceil(M/128) *
 // ceil(N/128) blocks (1D, tile_of), 256 threads, N4_SMEM_BYTES dynamic shared memory. Needs K % 64 == 0.
 extern "C" __global__ void __launch_bounds__(256, 1)
@@ -507,6 +737,170 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         for (int ks = 0; ks < 4; ++ks) wgmma_m64n128k16_bf16(acc, desc_sw128(sX + 32 * ks), desc_sw128(sB + 32 * ks), 1);
         wgmma_commit();
         fence_regs(acc);
+    }
+    wgmma_wait0();
+    fence_regs(acc);
+    store_tile(y, acc, global_scale, r0, n0, lane, M, N);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// NVFP4 v2: warp-specialised. bf16 x [M,K] by TMA, the packed weights decoded by two producer warpgroups straight
+// into the 128B-swizzled bf16 B tile of each ring stage; two consumer warpgroups only wait and issue wgmmas.
+// Grid: ceil(M/128) * ceil(N/128) blocks (1D, tile_of), 512 threads, N4V2_SMEM_BYTES dynamic shared memory.
+// `tx`: tensor map of x as 2D uint16 {K, M} (row stride 2K bytes), box {64, 128} (128 bytes x 128 rows),
+// SWIZZLE_128B, zero OOB fill. Needs K % 64 == 0.
+//
+// Why: v1 (all 256 threads load, then decode, then two __syncthreads per 64 of K, then wgmma) ran at 0.43-0.46x
+// cuBLAS bf16 on the H200 because every K tile serialises loads, decode and MMA issue behind block barriers.
+// Here the ring (6 stages of [x tile 16 KiB | decoded B tile 16 KiB]) is guarded by mbarriers: "full" completes
+// when the TMA bytes of x have landed AND all 256 producer threads have written and fenced their part of B
+// (count 257: thread 0's arrive.expect_tx plus one arrive per producer thread); "empty" when the 8 consumer
+// warps are done with the stage. The consumers keep one wgmma group in flight (wait_group 1) and release the
+// previous stage; no promotion is needed (bf16 products are exact, fp32 accumulation over all of K), so the
+// consumers need ~100 registers and 512 threads x 128 registers fit the register file without setmaxnreg.
+// Producer thread p (0..255) decodes row p / 2 of the B tile, half p % 2 (32 of the 64 K values: 16 packed
+// bytes and 2 group scales), and keeps its next N4_PD K tiles' bytes in registers (plain loads issued N4_PD
+// tiles ahead, so the ~1 us DRAM latency hides behind N4_PD x ~0.3 us of MMA). Per K tile a producer thread runs
+// ~130 instructions (4 words: 8 nibble decodes to f16x2, 16 f32 conversions, 32 multiplies, 16 bf16x2 packs,
+// 4 swizzled 16-byte stores) and two producer warps share each SM sub-partition, ~260 issue slots against
+// ~512 cycles of tensor-core time per K tile for the block.
+namespace {
+
+constexpr int N4V2_STAGES = 6;
+constexpr int N4V2_STAGE_BYTES = 2 * BM * BK4 * 2;  // x tile + decoded B tile, 16 KiB each
+constexpr int N4V2_SMEM_BYTES = N4V2_STAGES * N4V2_STAGE_BYTES + 1024 + 2 * N4V2_STAGES * 8;
+static_assert(N4V2_SMEM_BYTES == 197728, "kernels/src/cuda/device/gemm_sm90a.rs NVFP4_V2_SMEM_BYTES");
+constexpr int N4_PD = 4;  // K tiles of packed weights a producer thread holds in registers ahead of use
+
+struct Packed4 {
+    uint4 q;     // 32 e2m1 values (K values 32 h .. 32 h + 31 of the tile, h the thread's half)
+    uint32_t s;  // their two e4m3 group scales, in the low 16 bits
+};
+
+__device__ __forceinline__ void n4v2_ring_next(int& s, uint32_t& ph) {
+    if (++s == N4V2_STAGES) {
+        s = 0;
+        ph ^= 1u;
+    }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(512, 1)
+    nvfp4_gemm_sm90a_v2(const __grid_constant__ TmaDesc tx, const uint8_t* __restrict__ w,
+                        const uint8_t* __restrict__ sc, float global_scale, float* __restrict__ y, int M, int N,
+                        int K) {
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t full = base + N4V2_STAGES * N4V2_STAGE_BYTES;
+    const uint32_t empty = full + 8 * N4V2_STAGES;
+    const int KT = K / BK4;
+    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+    int tm, tn;
+    tile_of(blockIdx.x, tiles_m, tiles_n, tm, tn);
+    const int m0 = tm * BM, n0 = tn * BN;
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < N4V2_STAGES; ++s) {
+            mbar_init(full + 8 * s, 2 * 128 + 1);  // 256 producer arrives + thread 0's arrive.expect_tx
+            mbar_init(empty + 8 * s, 8);           // one arrive per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (tid < 256) {
+        // Producers: row r of the B tile, half h.
+        const int r = tid >> 1, h = tid & 1;
+        const bool row_ok = n0 + r < N;
+        const uint8_t* wrow = w + static_cast<size_t>(row_ok ? n0 + r : 0) * (K / 2) + 16 * h;
+        const uint8_t* srow = sc + static_cast<size_t>(row_ok ? n0 + r : 0) * (K / 16) + 2 * h;
+        // Rows past N read row 0 (a valid address) and decode as zeros (gz = 0; their output columns are not
+        // stored either). The loads are unconditional and their registers are read only by the decode N4_PD
+        // K tiles later: a select or a copy of a loaded register would make the thread wait for the load there.
+        const float gz = row_ok ? 16384.f : 0.f;  // e2m1x8_to_float_scaled returns values times 2^-14
+        auto fetch = [&](int kt, Packed4& v) {
+            v.q = __ldg(reinterpret_cast<const uint4*>(wrow + static_cast<size_t>(kt) * (BK4 / 2)));
+            v.s = __ldg(reinterpret_cast<const unsigned short*>(srow + static_cast<size_t>(kt) * (BK4 / 16)));
+        };
+        int s = 0;
+        uint32_t ph = 0;
+        // K tile kt from v into the B tile of stage s (after waiting for the stage), x by TMA from thread 0.
+        auto produce = [&](int kt, const Packed4& v) {
+            mbar_wait(empty + 8 * s, ph ^ 1u);  // the first pass through the ring does not wait
+            const uint32_t st = base + s * N4V2_STAGE_BYTES;
+            if (tid == 0) {
+                mbar_arrive_expect_tx(full + 8 * s, BM * BK4 * 2);
+                tma_load_2d(st, &tx, full + 8 * s, kt * BK4, m0);
+            }
+            const float gs0 = edgefit::e4m3_to_float(v.s) * gz;
+            const float gs1 = edgefit::e4m3_to_float(v.s >> 8) * gz;
+            const uint32_t words[4] = {v.q.x, v.q.y, v.q.z, v.q.w};
+            const uint32_t dst = st + BM * BK4 * 2;
+#pragma unroll
+            for (int jw = 0; jw < 4; ++jw) {
+                float2 f[4];
+                edgefit::e2m1x8_to_float_scaled(words[jw], f);
+                const float g = jw < 2 ? gs0 : gs1;
+                // f[a] = (value a, value a + 4): pack values (0,1) (2,3) (4,5) (6,7) as bf16x2 (exact).
+                const __nv_bfloat162 p0 = __floats2bfloat162_rn(f[0].x * g, f[1].x * g);
+                const __nv_bfloat162 p1 = __floats2bfloat162_rn(f[2].x * g, f[3].x * g);
+                const __nv_bfloat162 p2 = __floats2bfloat162_rn(f[0].y * g, f[1].y * g);
+                const __nv_bfloat162 p3 = __floats2bfloat162_rn(f[2].y * g, f[3].y * g);
+                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + swz(r, 4 * h + jw)),
+                             "r"(*reinterpret_cast<const uint32_t*>(&p0)),
+                             "r"(*reinterpret_cast<const uint32_t*>(&p1)),
+                             "r"(*reinterpret_cast<const uint32_t*>(&p2)),
+                             "r"(*reinterpret_cast<const uint32_t*>(&p3))
+                             : "memory");
+            }
+            fence_proxy_async();  // the generic-proxy stores above, before the wgmmas read them
+            mbar_arrive(full + 8 * s);
+            n4v2_ring_next(s, ph);
+        };
+        // K tiles 0 .. N4_PD - 1 in flight (clamped to the last tile: extra loads of valid data are harmless).
+        Packed4 buf[N4_PD];
+#pragma unroll
+        for (int j = 0; j < N4_PD; ++j) fetch(min(j, KT - 1), buf[j]);
+        int kt0 = 0;
+#pragma unroll 1
+        for (; kt0 + N4_PD <= KT; kt0 += N4_PD) {
+#pragma unroll
+            for (int j = 0; j < N4_PD; ++j) {
+                produce(kt0 + j, buf[j]);
+                fetch(min(kt0 + j + N4_PD, KT - 1), buf[j]);  // refill the slot just decoded
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < N4_PD; ++j) {
+            if (kt0 + j < KT) produce(kt0 + j, buf[j]);
+        }
+        return;
+    }
+
+    // Consumers: warpgroup c owns rows 64 c .. 64 c + 63 of the tile.
+    const int c = (tid >> 7) - 2, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int r0 = m0 + 64 * c + 16 * warp + (lane >> 2);
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    int s = 0, prev = 0;
+    uint32_t ph = 0;
+#pragma unroll 1
+    for (int kt = 0; kt < KT; ++kt) {
+        mbar_wait_asm(full + 8 * s, ph);
+        const uint32_t st = base + s * N4V2_STAGE_BYTES;
+        const uint32_t sX = st + c * 64 * 128, sB = st + BM * BK4 * 2;
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) wgmma_m64n128k16_bf16(acc, desc_sw128(sX + 32 * ks), desc_sw128(sB + 32 * ks), 1);
+        wgmma_commit();
+        wgmma_wait1();  // the group of kt - 1 is done: its stage is free
+        __syncwarp();
+        mbar_arrive_if(empty + 8 * prev, lane == 0 && kt > 0);
+        prev = s;
+        n4v2_ring_next(s, ph);
     }
     wgmma_wait0();
     fence_regs(acc);

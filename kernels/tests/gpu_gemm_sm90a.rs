@@ -1,5 +1,9 @@
 //! The wgmma (sm_90a) prefill GEMMs of `cuda/gemm_sm90a.cu` against the plain Rust references on the CPU, every
-//! build (FP8: cp.async v1, TMA v2, the auto pick; NVFP4: v1), with fresh random inputs (the seed is printed),
+//! build (FP8: cp.async v1, TMA v2, persistent v3, ping-pong v4, the auto pick; NVFP4: synchronous v1, warp-specialised v2, the auto pick),
+//! and the public
+//! dispatching entry points `Gpu::fp8_block_gemm` / `Gpu::nvfp4_gemm` on both of their paths (wgmma where the
+//! device is sm_90 and the shape fits, mma.sync otherwise, and the explicit `*_mma_sync` methods), with fresh
+//! random inputs (the seed is printed),
 //! shapes that are not multiples of any tile (ragged M and N, K across more K tiles than the pipeline has
 //! stages), NaN-poisoned outputs (an element the kernel did not write fails, and a pass proves the GPU path ran),
 //! stated error bounds, and a report of the worst element (row, column, tile) when a bound is broken.
@@ -119,9 +123,11 @@ type Fp8Fn = fn(
     usize,
 ) -> Result<(), KernelError>;
 
-const FP8_BUILDS: [(&str, Fp8Fn); 3] = [
+const FP8_BUILDS: [(&str, Fp8Fn); 5] = [
     ("v1 cp.async", Gpu::fp8_block_gemm_wgmma_cp_async),
     ("v2 tma", Gpu::fp8_block_gemm_wgmma_tma),
+    ("v3 persistent", Gpu::fp8_block_gemm_wgmma_persistent),
+    ("v4 ping-pong", Gpu::fp8_block_gemm_wgmma_pingpong),
     ("auto", Gpu::fp8_block_gemm_wgmma),
 ];
 
@@ -136,9 +142,12 @@ const FP8_TOL: f64 = 2e-3;
 fn fp8_block_gemm_wgmma_matches_the_reference_on_every_build() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("fp8_block_gemm_wgmma");
-    // Ragged M (1, 5, 130, 257: not multiples of 128, 64 or 16) and N (odd 201 and 385: the scalar store path),
-    // K = 128 (one K block) up to 14 K blocks (more than twice the 6 stages of v2's ring: both mbarrier phases
-    // are used twice) and 5 (more than v1's 4 stages).
+    // Ragged M (1, 2, 5, 130, 131, 257: not multiples of 128, 64 or 16) and N (odd 201, 385, 8955, 19197,
+    // 51199: the scalar store path), K = 128 (one K block) up to 14 K blocks (more than twice the 6 stages of
+    // the TMA ring: both mbarrier phases are used twice), odd and even K block counts (v4 alternates two
+    // partials), and 5 (more than v1's 4 stages). The last three shapes have more 128x128 tiles (150, 140, 400)
+    // than the H200 has SMs (132), so every persistent block (v3, v4) walks two to four tiles and the ring's
+    // stage and phase run on across tiles (with 5 and 7 K blocks per tile, a tile starts mid-ring).
     for &(m, n, k) in &[
         (1, 16, 128),
         (5, 130, 256),
@@ -146,6 +155,9 @@ fn fp8_block_gemm_wgmma_matches_the_reference_on_every_build() {
         (130, 201, 640),
         (257, 385, 1024),
         (129, 257, 1792),
+        (2, 19197, 640),
+        (131, 8955, 128),
+        (1, 51199, 896),
     ] {
         let w = uniform(&mut rng, n * k, 0.05);
         let (wq, ws) = reference::linear::quantize_fp8_block(&w, n, k);
@@ -172,7 +184,7 @@ fn fp8_block_gemm_wgmma_matches_the_reference_on_every_build() {
         }
         // The mma.sync kernel on the same device buffers: the wgmma builds are drop-in replacements for it.
         let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-        gpu.fp8_block_gemm(&dxq, &dxs, &dw, &dws, &mut dy, m, n, k)
+        gpu.fp8_block_gemm_mma_sync(&dxq, &dxs, &dw, &dws, &mut dy, m, n, k)
             .unwrap();
         check(
             &format!("fp8 mma.sync (gemm.cu) m={m} n={n} k={k}"),
@@ -180,6 +192,93 @@ fn fp8_block_gemm_wgmma_matches_the_reference_on_every_build() {
             &want,
             n,
             FP8_TOL,
+        );
+    }
+}
+
+/// Asserts that `got` is bit-for-bit `want` (the same kernel on the same inputs is deterministic: every build
+/// sums in a fixed order), naming the first difference.
+fn assert_same_bits(what: &str, got: &[f32], want: &[f32]) {
+    if let Some((i, (g, w))) = got
+        .iter()
+        .zip(want)
+        .enumerate()
+        .find(|(_, (g, w))| g.to_bits() != w.to_bits())
+    {
+        panic!(
+            "{what}: element {i} is {g} but the expected path gave {w}: the dispatcher took another kernel than \
+             the one it documents"
+        );
+    }
+}
+
+#[test]
+fn fp8_block_gemm_dispatches_to_wgmma_where_it_fits_and_to_mma_sync_otherwise() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("fp8_block_gemm dispatch");
+    // K % 128 == 0 takes the wgmma kernel on sm_90; K % 128 != 0 (400, 272: multiples of 16 only) always takes
+    // mma.sync. Ragged M and N, odd N.
+    for &(m, n, k) in &[
+        (130, 201, 384),
+        (5, 130, 272),
+        (130, 201, 400),
+        (257, 129, 1024),
+    ] {
+        let w = uniform(&mut rng, n * k, 0.05);
+        let (wq, ws) = reference::linear::quantize_fp8_block(&w, n, k);
+        let (_, xf) = prefill_activations(&mut rng, m, k);
+        let (xq, xs) = quantize_act_cpu(&xf, m, k);
+        let kb = k.div_ceil(128);
+        let xd: Vec<f32> = (0..m * k)
+            .map(|i| e4m3_to_f32(xq[i]) * xs[(i / k) * kb + (i % k) / 128])
+            .collect();
+        let want = reference::linear::fp8_block_linear(&xd, m, &wq, &ws, n, k);
+        let (dxq, dxs, dw, dws) = (
+            gpu.upload(&xq).unwrap(),
+            gpu.upload(&xs).unwrap(),
+            gpu.upload(&wq).unwrap(),
+            gpu.upload(&ws).unwrap(),
+        );
+        let run = |f: Fp8Fn| {
+            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            f(&gpu, &dxq, &dxs, &dw, &dws, &mut dy, m, n, k).map(|()| gpu.download(&dy).unwrap())
+        };
+        let public = run(Gpu::fp8_block_gemm).unwrap();
+        check(
+            &format!("public fp8_block_gemm m={m} n={n} k={k}"),
+            &public,
+            &want,
+            n,
+            FP8_TOL,
+        );
+        let mma = run(Gpu::fp8_block_gemm_mma_sync).unwrap();
+        check(
+            &format!("fp8_block_gemm_mma_sync m={m} n={n} k={k}"),
+            &mma,
+            &want,
+            n,
+            FP8_TOL,
+        );
+        // Which path the public call took: bit-equal to the wgmma pick where the device runs sm_90a and
+        // K % 128 == 0, to mma.sync everywhere else.
+        let wgmma = if k.is_multiple_of(128) {
+            match run(Gpu::fp8_block_gemm_wgmma) {
+                Ok(y) => Some(y),
+                Err(e) if e.to_string().contains("sm_90a") => None,
+                Err(e) => panic!("fp8_block_gemm_wgmma m={m} n={n} k={k}: {e}"),
+            }
+        } else {
+            None
+        };
+        let (path, expected) = match &wgmma {
+            Some(y) => ("wgmma", y),
+            None => ("mma.sync", &mma),
+        };
+        println!("public fp8_block_gemm m={m} n={n} k={k}: expected path {path}");
+        assert_same_bits(
+            &format!("public fp8_block_gemm m={m} n={n} k={k} (expected path {path})"),
+            &public,
+            expected,
         );
     }
 }
@@ -230,16 +329,41 @@ fn fp8_block_gemm_wgmma_refuses_bad_sizes() {
 // the norm by > 1e-2 at these sizes).
 const NVFP4_TOL: f64 = 1e-4;
 
+type Nvfp4Fn = fn(
+    &Gpu,
+    &GpuBuffer<u16>,
+    &GpuBuffer<u8>,
+    &GpuBuffer<u8>,
+    f32,
+    &mut GpuBuffer<f32>,
+    usize,
+    usize,
+    usize,
+) -> Result<(), KernelError>;
+
+const NVFP4_BUILDS: [(&str, Nvfp4Fn); 3] = [
+    ("v1 synchronous", Gpu::nvfp4_gemm_wgmma_synchronous),
+    (
+        "v2 warp-specialised",
+        Gpu::nvfp4_gemm_wgmma_warp_specialized,
+    ),
+    ("auto", Gpu::nvfp4_gemm_wgmma),
+];
+
 #[test]
-fn nvfp4_gemm_wgmma_matches_the_reference() {
+fn nvfp4_gemm_wgmma_matches_the_reference_on_every_build() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("nvfp4_gemm_wgmma");
-    // Ragged M and N (odd N included), K = 64 (one K tile) up to 17 K tiles (past the 4 stages and the two
-    // decoded B buffers several times).
+    // Ragged M and N (odd N included), K = 64 (one K tile) up to 17 K tiles: past v1's 4 stages and two decoded
+    // B buffers several times, past v2's 6-stage ring twice (both mbarrier phases reused), and K tile counts
+    // of 1, 2, 4, 7, 8 and 17 against v2's producers, which hold 4 K tiles in registers (a whole number of
+    // groups of 4, and 1 or 3 left over).
     for &(m, n, k) in &[
         (1, 8, 64),
         (5, 130, 128),
+        (3, 131, 256),
         (130, 257, 448),
+        (129, 200, 512),
         (257, 300, 1088),
         (64, 256, 64),
     ] {
@@ -252,39 +376,91 @@ fn nvfp4_gemm_wgmma_matches_the_reference() {
             gpu.upload(&packed).unwrap(),
             gpu.upload(&scales).unwrap(),
         );
-        let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-        if sm90a_available(gpu.nvfp4_gemm_wgmma(&dx, &dw, &ds, global, &mut dy, m, n, k)).is_none()
-        {
-            return;
+        for (name, f) in NVFP4_BUILDS {
+            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            if sm90a_available(f(&gpu, &dx, &dw, &ds, global, &mut dy, m, n, k)).is_none() {
+                return;
+            }
+            let what = format!("nvfp4 wgmma {name} m={m} n={n} k={k}");
+            check(&what, &gpu.download(&dy).unwrap(), &want, n, NVFP4_TOL);
         }
-        let what = format!("nvfp4 wgmma m={m} n={n} k={k}");
-        check(&what, &gpu.download(&dy).unwrap(), &want, n, NVFP4_TOL);
+    }
+}
+
+#[test]
+fn nvfp4_gemm_dispatches_to_wgmma_on_sm90_and_to_mma_sync_otherwise() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("nvfp4_gemm dispatch");
+    for &(m, n, k) in &[(130, 257, 448), (5, 300, 128)] {
+        let w = uniform(&mut rng, n * k, 0.05);
+        let (packed, scales, global) = reference::linear::quantize_nvfp4(&w, n, k);
+        let (xb, xf) = prefill_activations(&mut rng, m, k);
+        let want = reference::linear::nvfp4_linear(&xf, m, &packed, &scales, global, n, k);
+        let (dx, dw, ds) = (
+            gpu.upload(&xb).unwrap(),
+            gpu.upload(&packed).unwrap(),
+            gpu.upload(&scales).unwrap(),
+        );
+        let run = |f: Nvfp4Fn| {
+            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            f(&gpu, &dx, &dw, &ds, global, &mut dy, m, n, k).map(|()| gpu.download(&dy).unwrap())
+        };
+        let public = run(Gpu::nvfp4_gemm).unwrap();
+        check(
+            &format!("public nvfp4_gemm m={m} n={n} k={k}"),
+            &public,
+            &want,
+            n,
+            NVFP4_TOL,
+        );
+        let mma = run(Gpu::nvfp4_gemm_mma_sync).unwrap();
+        check(
+            &format!("nvfp4_gemm_mma_sync m={m} n={n} k={k}"),
+            &mma,
+            &want,
+            n,
+            NVFP4_TOL,
+        );
+        let wgmma = match run(Gpu::nvfp4_gemm_wgmma) {
+            Ok(y) => Some(y),
+            Err(e) if e.to_string().contains("sm_90a") => None,
+            Err(e) => panic!("nvfp4_gemm_wgmma m={m} n={n} k={k}: {e}"),
+        };
+        let (path, expected) = match &wgmma {
+            Some(y) => ("wgmma", y),
+            None => ("mma.sync", &mma),
+        };
+        println!("public nvfp4_gemm m={m} n={n} k={k}: expected path {path}");
+        assert_same_bits(
+            &format!("public nvfp4_gemm m={m} n={n} k={k} (expected path {path})"),
+            &public,
+            expected,
+        );
     }
 }
 
 #[test]
 fn nvfp4_gemm_wgmma_refuses_bad_sizes() {
     let Some(gpu) = gpu() else { return };
-    let x = gpu.zeros::<u16>(2 * 96).unwrap();
-    let w = gpu.zeros::<u8>(8 * 48).unwrap();
-    let s = gpu.zeros::<u8>(8 * 6).unwrap();
-    let mut y = gpu.zeros::<f32>(2 * 8).unwrap();
-    let e = gpu
-        .nvfp4_gemm_wgmma(&x, &w, &s, 1.0, &mut y, 2, 8, 96)
-        .unwrap_err();
-    assert!(e.to_string().contains("multiple of 64"), "{e}");
-    let e = gpu
-        .nvfp4_gemm_wgmma(&x, &w, &s, 1.0, &mut y, 2, 8, 64)
-        .unwrap_err();
-    assert!(
-        e.to_string().contains("x has 192 elements, expected 128"),
-        "{e}"
-    );
-    let x = gpu.zeros::<u16>(2 * 64).unwrap();
-    let w = gpu.zeros::<u8>(8 * 32).unwrap();
-    let s = gpu.zeros::<u8>(8 * 4).unwrap();
-    let e = gpu
-        .nvfp4_gemm_wgmma(&x, &w, &s, f32::INFINITY, &mut y, 2, 8, 64)
-        .unwrap_err();
-    assert!(e.to_string().contains("global_scale must be finite"), "{e}");
+    for (name, f) in NVFP4_BUILDS {
+        let x = gpu.zeros::<u16>(2 * 96).unwrap();
+        let w = gpu.zeros::<u8>(8 * 48).unwrap();
+        let s = gpu.zeros::<u8>(8 * 6).unwrap();
+        let mut y = gpu.zeros::<f32>(2 * 8).unwrap();
+        let e = f(&gpu, &x, &w, &s, 1.0, &mut y, 2, 8, 96).unwrap_err();
+        assert!(e.to_string().contains("multiple of 64"), "{name}: {e}");
+        let e = f(&gpu, &x, &w, &s, 1.0, &mut y, 2, 8, 64).unwrap_err();
+        assert!(
+            e.to_string().contains("x has 192 elements, expected 128"),
+            "{name}: {e}"
+        );
+        let x = gpu.zeros::<u16>(2 * 64).unwrap();
+        let w = gpu.zeros::<u8>(8 * 32).unwrap();
+        let s = gpu.zeros::<u8>(8 * 4).unwrap();
+        let e = f(&gpu, &x, &w, &s, f32::INFINITY, &mut y, 2, 8, 64).unwrap_err();
+        assert!(
+            e.to_string().contains("global_scale must be finite"),
+            "{name}: {e}"
+        );
+    }
 }

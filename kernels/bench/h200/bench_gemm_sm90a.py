@@ -1,15 +1,17 @@
 """The wgmma (sm_90a) prefill GEMMs of kernels/cuda/gemm_sm90a.cu on the H200, against cuBLAS and our mma.sync
 kernels of gemm.cu.
 
-FP8 (y fp32 = block-scaled e4m3 x e4m3): fp8_block_gemm_sm90a_v1 (cp.async ring) and _v2 (TMA + mbarriers +
-warp specialisation) vs torch._scaled_mm rowwise, torch._scaled_mm with the same 1x128 / 128x128 block scales,
-and fp8_block_gemm_128x128 (mma.sync, gemm.ptx). NVFP4 (weight-only, bf16 activations): nvfp4_gemm_sm90a_v1 vs
-torch.matmul bf16 and nvfp4_gemm_128x256 (gemm.ptx). M = 512, 2048, 4096 on N x K = 5120 x 17408 and
+FP8 (y fp32 = block-scaled e4m3 x e4m3): fp8_block_gemm_sm90a_v1 (cp.async ring), _v2 (TMA + mbarriers +
+warp specialisation), _v3 (v2 persistent, one block per SM) and _v4 (v3 with ping-pong partials, the promotion
+of K block kb overlapping the wgmmas of kb + 1) vs torch._scaled_mm rowwise, torch._scaled_mm with the same
+1x128 / 128x128 block scales, and fp8_block_gemm_128x128 (mma.sync, gemm.ptx). NVFP4 (weight-only, bf16
+activations): nvfp4_gemm_sm90a_v1 (block-synchronous decode) and _v2 (warp-specialised: TMA for x, producer
+warpgroups decoding into an mbarrier ring) vs torch.matmul bf16 and nvfp4_gemm_128x256 (gemm.ptx). M = 512, 2048, 4096 on N x K = 5120 x 17408 and
 17408 x 5120 (the Qwen3.8-27B MLP). Each case checks its outputs against an fp32 torch reference first.
 
 Method: bench.py's (CUDA graphs of 10 launches rotating over input sets larger than L2, alternating arms,
 medians, spreads). The sm_90a cubin is loaded and launched through the driver API (ctypes on libcuda.so.1:
-cuModuleLoad, cuTensorMapEncodeTiled for v2's tensor maps, cuLaunchKernel on torch's current stream, so graph
+cuModuleLoad, cuTensorMapEncodeTiled for the TMA kernels' tensor maps, cuLaunchKernel on torch's current stream, so graph
 capture records it). A failure in one case is printed and the others go on.
 
 Usage (repo root): python3 kernels/bench/h200/bench_gemm_sm90a.py CARRY_DIR [--quick]
@@ -33,7 +35,7 @@ dev = torch.device("cuda")
 CUBIN = os.path.join(b.PTX, "gemm_sm90a.cubin")
 
 # cuda/gemm_sm90a.cu's shared-memory sizes (static_asserts there keep them equal to these and to the Rust ones).
-F8V1_SMEM, F8V2_SMEM, N4_SMEM = 132096, 197728, 119808
+F8V1_SMEM, F8V2_SMEM, N4_SMEM, N4V2_SMEM = 132096, 197728, 119808, 197728
 
 # ---------------------------------------------------------------------------------------------------------------
 # Driver API through ctypes.
@@ -76,18 +78,21 @@ def sm90a(name, smem):
 
 
 class TensorMap:
-    """A 128-byte CUtensorMap in a 64-byte-aligned host buffer: row-major uint8 [rows, cols] read in 128 x 128-byte
-    boxes, SWIZZLE_128B, L2 promotion 256B, zero OOB fill (what fp8_block_gemm_sm90a_v2 expects)."""
+    """A 128-byte CUtensorMap in a 64-byte-aligned host buffer: row-major [rows, cols] of 1-byte (uint8) or
+    2-byte (uint16: bf16 bits) elements read in boxes of 128 rows x 128 bytes, SWIZZLE_128B, L2 promotion 256B,
+    zero OOB fill (what the fp8 v2-v4 and nvfp4 v2 kernels expect; kernels/src/cuda/device/gemm_sm90a.rs makes
+    the same maps)."""
 
-    def __init__(self, t, rows, cols):
+    def __init__(self, t, rows, cols, elem_bytes=1):
         self.raw = (ctypes.c_uint8 * 256)()
         self.addr = (ctypes.addressof(self.raw) + 63) & ~63
         dims = (ctypes.c_uint64 * 2)(cols, rows)
-        strides = (ctypes.c_uint64 * 1)(cols)
-        box = (ctypes.c_uint32 * 2)(128, 128)
+        strides = (ctypes.c_uint64 * 1)(cols * elem_bytes)
+        box = (ctypes.c_uint32 * 2)(128 // elem_bytes, 128)
         es = (ctypes.c_uint32 * 2)(1, 1)
-        # UINT8 = 0, INTERLEAVE_NONE = 0, SWIZZLE_128B = 3, L2_PROMOTION_L2_256B = 3, FLOAT_OOB_FILL_NONE = 0
-        check(cu.cuTensorMapEncodeTiled(ctypes.c_void_p(self.addr), 0, 2, ctypes.c_void_p(t.data_ptr()), dims,
+        dtype = {1: 0, 2: 1}[elem_bytes]  # CU_TENSOR_MAP_DATA_TYPE_UINT8 = 0, _UINT16 = 1
+        # INTERLEAVE_NONE = 0, SWIZZLE_128B = 3, L2_PROMOTION_L2_256B = 3, FLOAT_OOB_FILL_NONE = 0
+        check(cu.cuTensorMapEncodeTiled(ctypes.c_void_p(self.addr), dtype, 2, ctypes.c_void_p(t.data_ptr()), dims,
                                         strides, box, es, 0, 3, 3, 0), "cuTensorMapEncodeTiled")
 
 
@@ -104,6 +109,7 @@ P = lambda t: ctypes.c_uint64(t.data_ptr())  # noqa: E731
 I = ctypes.c_int32  # noqa: E741
 tiles = lambda m, n: ((m + 127) // 128) * ((n + 127) // 128)  # noqa: E731
 
+SMS = torch.cuda.get_device_properties(0).multi_processor_count  # the persistent kernels' grid (one block per SM)
 RESULTS = []  # for the short table: (case, arm, us, TFLOP/s, baseline arm, ratio)
 
 
@@ -127,6 +133,9 @@ def fp8_case(m, n, k):
     maps = [(TensorMap(xqu[i], m, k), TensorMap(w8u[i], n, k)) for i in range(sets)]
     fv1 = sm90a("fp8_block_gemm_sm90a_v1", F8V1_SMEM)
     fv2 = sm90a("fp8_block_gemm_sm90a_v2", F8V2_SMEM)
+    fv3 = sm90a("fp8_block_gemm_sm90a_v3", F8V2_SMEM)
+    fv4 = sm90a("fp8_block_gemm_sm90a_v4", F8V2_SMEM)
+    persistent_grid = min(tiles(m, n), SMS)
     fms = b.kern("gemm", "fp8_block_gemm_128x128")
     b.allow_smem(fms, b.GEMM_SMEM)
 
@@ -136,6 +145,14 @@ def fp8_case(m, n, k):
 
     def v2(i):
         cu_launch(fv2, tiles(m, n), 384, F8V2_SMEM,
+                  [maps[i][0], maps[i][1], P(xs[i]), P(ws[i]), P(y), I(m), I(n), I(k)])
+
+    def v3(i):
+        cu_launch(fv3, persistent_grid, 384, F8V2_SMEM,
+                  [maps[i][0], maps[i][1], P(xs[i]), P(ws[i]), P(y), I(m), I(n), I(k)])
+
+    def v4(i):
+        cu_launch(fv4, persistent_grid, 384, F8V2_SMEM,
                   [maps[i][0], maps[i][1], P(xs[i]), P(ws[i]), P(y), I(m), I(n), I(k)])
 
     def mma(i):
@@ -148,7 +165,7 @@ def fp8_case(m, n, k):
     ref = xd @ wd.t()
     del xd, wd
     arms, errs = {}, {}
-    for name, f in (("v1", v1), ("v2", v2), ("mma.sync", mma)):
+    for name, f in (("v1", v1), ("v2", v2), ("v3", v3), ("v4", v4), ("mma.sync", mma)):
         try:
             y.fill_(float("nan"))
             f(0)
@@ -181,7 +198,7 @@ def fp8_case(m, n, k):
     res = b.time_arms(arms, sets, 10)
     shape = f"M={m} N={n} K={k}"
     fl = 2 * m * n * k
-    for ours in ("v1", "v2"):
+    for ours in ("v1", "v2", "v3", "v4"):
         if ours not in res:
             continue
         for base in ("scaled_mm rowwise", "scaled_mm block", "mma.sync"):
@@ -207,12 +224,18 @@ def nvfp4_case(m, n, k):
     gs = 0.01
     y = torch.empty(m, n, device=dev)
     f1 = sm90a("nvfp4_gemm_sm90a_v1", N4_SMEM)
+    f2 = sm90a("nvfp4_gemm_sm90a_v2", N4V2_SMEM)
+    xmaps = [TensorMap(t, m, k, elem_bytes=2) for t in x]
     fms = b.kern("gemm", "nvfp4_gemm_128x256")
     b.allow_smem(fms, b.NVFP4_GEMM_SMEM)
 
     def v1(i):
         cu_launch(f1, tiles(m, n), 256, N4_SMEM,
                   [P(x[i]), P(w4[i]), P(s4[i]), ctypes.c_float(gs), P(y), I(m), I(n), I(k)])
+
+    def v2(i):
+        cu_launch(f2, tiles(m, n), 512, N4V2_SMEM,
+                  [xmaps[i], P(w4[i]), P(s4[i]), ctypes.c_float(gs), P(y), I(m), I(n), I(k)])
 
     def mma(i):
         b.launch(fms, ((m + 127) // 128, (n + 255) // 256), (256,),
@@ -226,7 +249,7 @@ def nvfp4_case(m, n, k):
     wd = dequant(0)
     ref = x[0].float() @ wd.t()
     arms, errs = {}, {}
-    for name, f in (("v1", v1), ("mma.sync", mma)):
+    for name, f in (("v1", v1), ("v2", v2), ("mma.sync", mma)):
         try:
             y.fill_(float("nan"))
             f(0)
@@ -247,17 +270,19 @@ def nvfp4_case(m, n, k):
     res = b.time_arms(arms, sets, 10)
     shape = f"M={m} N={n} K={k}"
     fl = 2 * m * n * k
-    if "v1" in res:
+    for ours in ("v1", "v2"):
+        if ours not in res:
+            continue
         for base in ("bf16 matmul", "mma.sync"):
             if base in res:
-                b.row("nvfp4_wgmma_v1", shape, res["v1"], base, res[base], flops=fl,
-                      target=">=0.7x cuBLAS bf16" if base == "bf16 matmul" else "", note=f"rel err {errs['v1']}")
-                RESULTS.append((f"nvfp4 {shape}", "v1", res["v1"][0] * 1e6, fl / res["v1"][0] / 1e12, base,
-                                res[base][0] / res["v1"][0]))
+                b.row(f"nvfp4_wgmma_{ours}", shape, res[ours], base, res[base], flops=fl,
+                      target=">=0.7x cuBLAS bf16" if base == "bf16 matmul" else "", note=f"rel err {errs[ours]}")
+                RESULTS.append((f"nvfp4 {shape}", ours, res[ours][0] * 1e6, fl / res[ours][0] / 1e12, base,
+                                res[base][0] / res[ours][0]))
     for base in ("bf16 matmul", "mma.sync"):
         if base in res:
             RESULTS.append((f"nvfp4 {shape}", base, res[base][0] * 1e6, fl / res[base][0] / 1e12, "", float("nan")))
-    del x, w4, s4, y, wb
+    del x, w4, s4, y, wb, xmaps
     torch.cuda.empty_cache()
 
 
@@ -291,6 +316,8 @@ def main():
     for c, arm, us, tf, vs, ratio in RESULTS:
         print(f"{c:30s}|{arm:18s}|{us:9.1f}|{tf:8.1f}|{vs:18s}|{ratio:9.2f}")
     print("targets: FP8 >= 0.8x cuBLAS FP8 (scaled_mm), NVFP4 >= 0.7x cuBLAS bf16 (bf16 matmul), at M = 4096")
+    print("spreads ((max - min) / median over the rounds) are in the log rows; fp8 v1/v2 (one block per tile) spread"
+          " 8-15% in s2-run1 where cuBLAS spread < 3%: compare v3/v4 (persistent, static schedule) there")
 
 
 if __name__ == "__main__":

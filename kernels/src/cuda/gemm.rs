@@ -1,5 +1,8 @@
-//! Prefill GEMMs on `mma.sync` (`kernels/cuda/gemm.cu`): the FP8 activation quantiser, the FP8 block-scaled GEMM
-//! and the NVFP4 weight-only GEMM.
+//! The prefill GEMMs' public entry points: the FP8 activation quantiser, the FP8 block-scaled GEMM and the NVFP4
+//! weight-only GEMM. [`Gpu::fp8_block_gemm`] and [`Gpu::nvfp4_gemm`] dispatch: on compute capability 9.0 (the
+//! H200) to the wgmma kernels of `kernels/cuda/gemm_sm90a.cu` (`super::gemm_sm90a`) where the shape meets their
+//! constraint, otherwise to the `mma.sync` kernels of `kernels/cuda/gemm.cu`, which stay callable by name
+//! ([`Gpu::fp8_block_gemm_mma_sync`], [`Gpu::nvfp4_gemm_mma_sync`]) for tests and benchmarks.
 
 use super::{check_len, Gpu, GpuBuffer};
 use crate::KernelError;
@@ -38,13 +41,16 @@ impl Gpu {
     ///
     /// `xq`: e4m3 `[m, k]` and `x_scales`: fp32 `[m, ceil(k/128)]`, as [`Gpu::fp8_quantize_activations`] makes
     /// them; `w`: e4m3 `[n, k]` (the checkpoint's `weight`); `w_scales`: fp32 `[ceil(n/128), ceil(k/128)]`
-    /// (`weight_scale_inv`, multiplied); `y`: fp32 `[m, n]`. Tensor cores (`mma.sync` m16n8k32 e4m3, fp32
-    /// accumulation) sum each 128 of K, and that partial is scaled by both block scales and added in fp32.
-    /// Needs `k % 16 == 0`, `1 <= m, n`, `n <= 65535 * 128` and every size within 32-bit indices.
+    /// (`weight_scale_inv`, multiplied); `y`: fp32 `[m, n]`. Each 128 of K is summed on the tensor cores and
+    /// that partial is scaled by both block scales and added in fp32. Needs `k % 16 == 0`, `1 <= m, n`,
+    /// `n <= 65535 * 128` and every size within 32-bit indices.
     ///
-    /// Correct but slow: on the H200 at `m = 4096` (5120x17408 and 17408x5120) it runs at ~255-260 TFLOP/s,
-    /// 0.18-0.20x cuBLAS FP8 (`torch._scaled_mm`, rowwise or with these same block scales) and 0.30x cuBLAS bf16
-    /// (`benchmarks/h200.md`). The next step is a wgmma (sm_90a) kernel.
+    /// Dispatch: on compute capability 9.0 with `k % 128 == 0` (every real checkpoint's K) and fewer than 2^31
+    /// output tiles, the wgmma kernel [`Gpu::fp8_block_gemm_wgmma`] (TMA producer + 2 consumer warpgroups;
+    /// H200, `m = 4096`, 5120x17408 and 17408x5120: 818-855 us, 855-930 TFLOP/s, 0.64-0.70x cuBLAS FP8
+    /// `torch._scaled_mm`, 3.5-3.7x the mma.sync kernel; `benchmarks/h200-runs/s2-run1/bench_gemm_sm90a.txt`),
+    /// otherwise [`Gpu::fp8_block_gemm_mma_sync`]. The two agree to ~1e-4 relative (the same products summed in
+    /// another order).
     #[allow(clippy::too_many_arguments)]
     pub fn fp8_block_gemm(
         &self,
@@ -58,13 +64,31 @@ impl Gpu {
         k: usize,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::fp8_block_gemm";
-        check_gemm_dims(OP, m, n, k)?;
-        let kb = k.div_ceil(128);
-        check_len(OP, "xq", xq.len(), m * k)?;
-        check_len(OP, "x_scales", x_scales.len(), m * kb)?;
-        check_len(OP, "w", w.len(), n * k)?;
-        check_len(OP, "w_scales", w_scales.len(), n.div_ceil(128) * kb)?;
-        check_len(OP, "y", y.len(), m * n)?;
+        check_fp8_gemm(OP, xq, x_scales, w, w_scales, y, m, n, k)?;
+        if super::gemm_sm90a::wgmma_fits(m, n, k, 128) && self.has_wgmma() {
+            self.fp8_block_gemm_wgmma(xq, x_scales, w, w_scales, y, m, n, k)
+        } else {
+            self.fp8_block_gemm_mma_sync(xq, x_scales, w, w_scales, y, m, n, k)
+        }
+    }
+
+    /// [`Gpu::fp8_block_gemm`] always on the `mma.sync` kernel of `kernels/cuda/gemm.cu` (m16n8k32 e4m3, fp32
+    /// accumulation, one 128x128 output tile per block of 8 warps), any compute capability >= 9.0. Same layouts
+    /// and constraints. Correct but slow: ~255-260 TFLOP/s on the H200 at `m = 4096`, 0.18-0.20x cuBLAS FP8.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fp8_block_gemm_mma_sync(
+        &self,
+        xq: &GpuBuffer<u8>,
+        x_scales: &GpuBuffer<f32>,
+        w: &GpuBuffer<u8>,
+        w_scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::fp8_block_gemm_mma_sync";
+        check_fp8_gemm(OP, xq, x_scales, w, w_scales, y, m, n, k)?;
         #[cfg(feature = "cuda")]
         {
             self.inner.fp8_block_gemm(
@@ -87,12 +111,16 @@ impl Gpu {
     ///
     /// `x`: bf16 bits `[m, k]`; `w`: `[n, k/2]` bytes, the even element in the low nibble; `scales`: e4m3
     /// `[n, k/16]`; `global_scale`: the checkpoint's `weight_scale_2`; `y`: fp32 `[m, n]`. The weights are decoded
-    /// to bf16 in registers (e2m1 times the e4m3 group scale is exact in bf16) and multiplied on the tensor cores
-    /// (`mma.sync` m16n8k16 bf16, fp32 accumulation); the global scale is applied to the fp32 result. Needs
-    /// `k % 64 == 0` (one K tile), `1 <= m, n`, `n <= 65535 * 256` and every size within 32-bit indices.
+    /// to bf16 (e2m1 times the e4m3 group scale is exact in bf16) and multiplied on the tensor cores with fp32
+    /// accumulation; the global scale is applied to the fp32 result. Needs `k % 64 == 0` (one K tile),
+    /// `1 <= m, n`, `n <= 65535 * 128`, a finite `global_scale` and every size within 32-bit indices.
     ///
-    /// Correct but slow: on the H200 at `m = 4096` it runs at ~210 TFLOP/s, 0.26x cuBLAS bf16 on the same shape
-    /// (`benchmarks/h200.md`); for prefill a bf16 copy of the weights through cuBLAS is 3.8x faster today.
+    /// Dispatch: on compute capability 9.0 with fewer than 2^31 output tiles, the wgmma kernel
+    /// [`Gpu::nvfp4_gemm_wgmma`] (weights decoded into a swizzled bf16 tile in shared memory, `wgmma` m64n128k16
+    /// bf16; H200, `m = 4096`, 5120x17408 and 17408x5120: 2122-2143 us, ~340 TFLOP/s, 0.43-0.46x cuBLAS bf16 on
+    /// a dequantised copy, 1.65-1.73x the mma.sync kernel; `benchmarks/h200-runs/s2-run1/bench_gemm_sm90a.txt`),
+    /// otherwise [`Gpu::nvfp4_gemm_mma_sync`]. Both have the same K constraint, so every valid call takes the
+    /// wgmma path on the H200.
     #[allow(clippy::too_many_arguments)]
     pub fn nvfp4_gemm(
         &self,
@@ -106,21 +134,32 @@ impl Gpu {
         k: usize,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::nvfp4_gemm";
-        check_gemm_dims(OP, m, n, k)?;
-        crate::ensure_shape!(
-            k.is_multiple_of(64),
-            OP,
-            "k must be a multiple of 64 (the NVFP4 GEMM's K tile), got {k}"
-        );
-        check_len(OP, "x", x.len(), m * k)?;
-        check_len(OP, "w", w.len(), n * k / 2)?;
-        check_len(OP, "scales", scales.len(), n * k / 16)?;
-        check_len(OP, "y", y.len(), m * n)?;
-        crate::ensure_shape!(
-            global_scale.is_finite(),
-            OP,
-            "global_scale must be finite, got {global_scale}"
-        );
+        check_nvfp4_gemm(OP, x, w, scales, global_scale, y, m, n, k)?;
+        if super::gemm_sm90a::wgmma_fits(m, n, k, 64) && self.has_wgmma() {
+            self.nvfp4_gemm_wgmma(x, w, scales, global_scale, y, m, n, k)
+        } else {
+            self.nvfp4_gemm_mma_sync(x, w, scales, global_scale, y, m, n, k)
+        }
+    }
+
+    /// [`Gpu::nvfp4_gemm`] always on the `mma.sync` kernel of `kernels/cuda/gemm.cu` (weights decoded to bf16
+    /// in registers, m16n8k16 bf16, one 128x256 output tile per block of 8 warps), on every device the crate
+    /// runs on (compute capability 9.0 or later). Same layouts and constraints. Correct but slow: ~210 TFLOP/s
+    /// on the H200 at `m = 4096`, 0.26x cuBLAS bf16.
+    #[allow(clippy::too_many_arguments)]
+    pub fn nvfp4_gemm_mma_sync(
+        &self,
+        x: &GpuBuffer<u16>,
+        w: &GpuBuffer<u8>,
+        scales: &GpuBuffer<u8>,
+        global_scale: f32,
+        y: &mut GpuBuffer<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::nvfp4_gemm_mma_sync";
+        check_nvfp4_gemm(OP, x, w, scales, global_scale, y, m, n, k)?;
         #[cfg(feature = "cuda")]
         {
             self.inner.nvfp4_gemm(
@@ -137,6 +176,60 @@ impl Gpu {
         #[cfg(not(feature = "cuda"))]
         match self.never {}
     }
+}
+
+/// The FP8 GEMM's arguments, as every path needs them (the wgmma path adds `k % 128 == 0`, which the dispatcher
+/// checks before taking it).
+#[allow(clippy::too_many_arguments)]
+fn check_fp8_gemm(
+    op: &'static str,
+    xq: &GpuBuffer<u8>,
+    x_scales: &GpuBuffer<f32>,
+    w: &GpuBuffer<u8>,
+    w_scales: &GpuBuffer<f32>,
+    y: &GpuBuffer<f32>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), KernelError> {
+    check_gemm_dims(op, m, n, k)?;
+    let kb = k.div_ceil(128);
+    check_len(op, "xq", xq.len(), m * k)?;
+    check_len(op, "x_scales", x_scales.len(), m * kb)?;
+    check_len(op, "w", w.len(), n * k)?;
+    check_len(op, "w_scales", w_scales.len(), n.div_ceil(128) * kb)?;
+    check_len(op, "y", y.len(), m * n)
+}
+
+/// The NVFP4 GEMM's arguments, as both paths need them.
+#[allow(clippy::too_many_arguments)]
+fn check_nvfp4_gemm(
+    op: &'static str,
+    x: &GpuBuffer<u16>,
+    w: &GpuBuffer<u8>,
+    scales: &GpuBuffer<u8>,
+    global_scale: f32,
+    y: &GpuBuffer<f32>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), KernelError> {
+    check_gemm_dims(op, m, n, k)?;
+    crate::ensure_shape!(
+        k.is_multiple_of(64),
+        op,
+        "k must be a multiple of 64 (the NVFP4 GEMM's K tile), got {k}"
+    );
+    check_len(op, "x", x.len(), m * k)?;
+    check_len(op, "w", w.len(), n * k / 2)?;
+    check_len(op, "scales", scales.len(), n * k / 16)?;
+    check_len(op, "y", y.len(), m * n)?;
+    crate::ensure_shape!(
+        global_scale.is_finite(),
+        op,
+        "global_scale must be finite, got {global_scale}"
+    );
+    Ok(())
 }
 
 /// The prefill GEMM's and the quantiser's limits: positive sizes, `k % 16 == 0` (16-byte copies never straddle a

@@ -3,24 +3,59 @@
 //! and [`Gpu::nvfp4_gemm`], so they are drop-in faster paths for prefill, with tighter K constraints
 //! (`k % 128 == 0` for FP8, `k % 64 == 0` for NVFP4).
 //!
-//! FP8 comes in two builds of one algorithm (128x128 output tiles, 128 of K per stage, per-128-K partials
+//! FP8 comes in four builds of one algorithm (128x128 output tiles, 128 of K per stage, per-128-K partials
 //! from `wgmma` m64n128k32 e4m3 promoted into fp32 with both block scales on the CUDA cores):
 //! - [`Gpu::fp8_block_gemm_wgmma_cp_async`] (v1): two warpgroups load a 4-stage ring with `cp.async` and then
-//!   compute; the simplest correct wgmma kernel.
+//!   compute; the simplest correct wgmma kernel. H200, M = 4096, 5120x17408 / 17408x5120: 1018-1048 us,
+//!   0.52-0.56x cuBLAS FP8.
 //! - [`Gpu::fp8_block_gemm_wgmma_tma`] (v2): a producer warpgroup issues TMA copies into a 6-stage ring guarded
-//!   by mbarriers; two consumer warpgroups compute (DeepGEMM's structure).
+//!   by mbarriers; two consumer warpgroups compute (DeepGEMM's structure). 818-855 us, 0.64-0.70x cuBLAS FP8
+//!   (`torch._scaled_mm` rowwise 537-543 us, block-scaled 572 us), 855-930 TFLOP/s.
+//! - [`Gpu::fp8_block_gemm_wgmma_persistent`] (v3): v2 as a persistent kernel, one block per SM walking its
+//!   tiles, the ring running on across tiles (the next tile's loads overlap this tile's epilogue).
+//! - [`Gpu::fp8_block_gemm_wgmma_pingpong`] (v4): v3 with two partial register tiles, so the wgmmas of K block
+//!   `kb + 1` run while the promotion of `kb` is done.
 //!
-//! [`Gpu::fp8_block_gemm_wgmma`] picks the one measured best (v2 until the H200 says otherwise).
+//! NVFP4 comes in two builds: [`Gpu::nvfp4_gemm_wgmma_synchronous`] (v1, measured: 0.43-0.46x cuBLAS bf16)
+//! and [`Gpu::nvfp4_gemm_wgmma_warp_specialized`] (v2: TMA for x, producer warpgroups decoding the weights
+//! into an mbarrier ring, consumer warpgroups issuing wgmmas); [`Gpu::nvfp4_gemm_wgmma`] picks v1 until the
+//! H200 has timed v2.
+//!
+//! v3 and v4 are not measured yet (`kernels/bench/h200/bench_gemm_sm90a.py` times all four beside cuBLAS).
+//! [`Gpu::fp8_block_gemm_wgmma`] picks the one measured best: v2 until the H200 says otherwise.
 
 use super::{check_len, Gpu, GpuBuffer};
 use crate::KernelError;
 
 /// Which build of the wgmma FP8 GEMM runs (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fp8Variant {
+pub(in crate::cuda) enum Fp8Variant {
+    /// `fp8_block_gemm_sm90a_v1`: cp.async ring.
     CpAsync,
+    /// `fp8_block_gemm_sm90a_v2`: TMA ring, producer + 2 consumer warpgroups, one block per tile.
     Tma,
+    /// `fp8_block_gemm_sm90a_v3`: v2, persistent.
+    Persistent,
+    /// `fp8_block_gemm_sm90a_v4`: v3 with ping-pong partials.
+    PingPong,
 }
+
+/// Which build of the wgmma NVFP4 GEMM runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::cuda) enum Nvfp4Variant {
+    /// `nvfp4_gemm_sm90a_v1`: all threads load (cp.async), decode and issue wgmmas, two block barriers per 64 K.
+    Synchronous,
+    /// `nvfp4_gemm_sm90a_v2`: x by TMA, two producer warpgroups decode the weights into an mbarrier ring, two
+    /// consumer warpgroups issue wgmmas.
+    WarpSpecialized,
+}
+
+/// The build [`Gpu::nvfp4_gemm_wgmma`] (and so [`Gpu::nvfp4_gemm`] on compute capability 9.0) runs: v1, the
+/// measured one, until the H200 has timed v2.
+const NVFP4_BEST: Nvfp4Variant = Nvfp4Variant::Synchronous;
+
+/// The build [`Gpu::fp8_block_gemm_wgmma`] (and so [`Gpu::fp8_block_gemm`] on compute capability 9.0) runs.
+const FP8_BEST: Fp8Variant = Fp8Variant::Tma;
 
 /// Sizes every wgmma GEMM accepts: positive, within the kernels' 32-bit indices, K a multiple of the kernel's K
 /// tile, and at most `i32::MAX` output tiles of 128x128 (the 1D grid).
@@ -54,6 +89,11 @@ fn check_dims(
     Ok(())
 }
 
+/// Whether `check_dims` accepts this shape: the public GEMMs of `super::gemm` take the wgmma path only then.
+pub(super) fn wgmma_fits(m: usize, n: usize, k: usize, k_tile: usize) -> bool {
+    check_dims("", m, n, k, k_tile).is_ok()
+}
+
 impl Gpu {
     /// [`Gpu::fp8_block_gemm`] on wgmma, the measured-best build (today the TMA one,
     /// [`Gpu::fp8_block_gemm_wgmma_tma`]): `y[m][n] = sum_k e4m3(xq[m][k]) * x_scales[m][k/128] *
@@ -75,7 +115,7 @@ impl Gpu {
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        self.fp8_wgmma(Fp8Variant::Tma, xq, x_scales, w, w_scales, y, m, n, k)
+        self.fp8_wgmma(FP8_BEST, xq, x_scales, w, w_scales, y, m, n, k)
     }
 
     /// [`Gpu::fp8_block_gemm_wgmma`], build v1: `cp.async` loads by the computing warpgroups (no TMA, no warp
@@ -112,6 +152,62 @@ impl Gpu {
         self.fp8_wgmma(Fp8Variant::Tma, xq, x_scales, w, w_scales, y, m, n, k)
     }
 
+    /// [`Gpu::fp8_block_gemm_wgmma`], build v3: v2 as a persistent kernel (one block per SM, tiles
+    /// `b, b + grid, ...` in the grouped order; the producer runs on into the next tile's K blocks while the
+    /// consumers finish and store this one). Same layouts and constraints.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fp8_block_gemm_wgmma_persistent(
+        &self,
+        xq: &GpuBuffer<u8>,
+        x_scales: &GpuBuffer<f32>,
+        w: &GpuBuffer<u8>,
+        w_scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        self.fp8_wgmma(
+            Fp8Variant::Persistent,
+            xq,
+            x_scales,
+            w,
+            w_scales,
+            y,
+            m,
+            n,
+            k,
+        )
+    }
+
+    /// [`Gpu::fp8_block_gemm_wgmma`], build v4: v3 with two partial register tiles per consumer thread, so the
+    /// wgmmas of K block `kb + 1` are in flight while the partial of `kb` is promoted (`wgmma.wait_group 1`).
+    /// Same layouts and constraints.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fp8_block_gemm_wgmma_pingpong(
+        &self,
+        xq: &GpuBuffer<u8>,
+        x_scales: &GpuBuffer<f32>,
+        w: &GpuBuffer<u8>,
+        w_scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        self.fp8_wgmma(Fp8Variant::PingPong, xq, x_scales, w, w_scales, y, m, n, k)
+    }
+
+    /// Whether this device runs the sm_90a (wgmma) module: compute capability 9.0 exactly.
+    pub(super) fn has_wgmma(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.has_wgmma()
+        }
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn fp8_wgmma(
         &self,
@@ -136,7 +232,7 @@ impl Gpu {
         #[cfg(feature = "cuda")]
         {
             self.inner.fp8_block_gemm_sm90a(
-                variant == Fp8Variant::Tma,
+                variant,
                 &xq.slice,
                 &x_scales.slice,
                 &w.slice,
@@ -154,10 +250,12 @@ impl Gpu {
         }
     }
 
-    /// [`Gpu::nvfp4_gemm`] on wgmma: `y[m][n] = global_scale * sum_k x[m][k] * e2m1(w[n][k]) *
-    /// e4m3(scales[n][k/16])`, fp32 out. The weights are decoded to bf16 in shared memory (exact: an e2m1 value
-    /// times an e4m3 scale has at most 5 significant bits) and multiplied by `wgmma` m64n128k16 bf16 with fp32
-    /// accumulation; the global scale is applied to the result.
+    /// [`Gpu::nvfp4_gemm`] on wgmma, the measured-best build (today v1,
+    /// [`Gpu::nvfp4_gemm_wgmma_synchronous`]; H200, `m = 4096`, 5120x17408 and 17408x5120: 2122-2143 us,
+    /// 0.43-0.46x cuBLAS bf16, 1.65-1.73x the mma.sync kernel): `y[m][n] = global_scale * sum_k x[m][k] *
+    /// e2m1(w[n][k]) * e4m3(scales[n][k/16])`, fp32 out. The weights are decoded to bf16 in shared memory
+    /// (exact: an e2m1 value times an e4m3 scale has at most 5 significant bits) and multiplied by `wgmma`
+    /// m64n128k16 bf16 with fp32 accumulation; the global scale is applied to the result.
     ///
     /// `x`: bf16 bits `[m, k]`; `w`: `[n, k/2]` bytes, the even element in the low nibble; `scales`: e4m3
     /// `[n, k/16]`; `y`: fp32 `[m, n]`. Needs `k % 64 == 0`, `1 <= m, n`, a finite `global_scale` and sizes
@@ -165,6 +263,79 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     pub fn nvfp4_gemm_wgmma(
         &self,
+        x: &GpuBuffer<u16>,
+        w: &GpuBuffer<u8>,
+        scales: &GpuBuffer<u8>,
+        global_scale: f32,
+        y: &mut GpuBuffer<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        self.nvfp4_wgmma(NVFP4_BEST, x, w, scales, global_scale, y, m, n, k)
+    }
+
+    /// [`Gpu::nvfp4_gemm_wgmma`], build v1: 256 threads load x and the packed weights with `cp.async` into a
+    /// 4-stage ring, all decode each 64-K tile of weights into a double-buffered bf16 tile, then both
+    /// warpgroups issue their wgmmas (two block barriers per K tile). Same layouts and constraints.
+    #[allow(clippy::too_many_arguments)]
+    pub fn nvfp4_gemm_wgmma_synchronous(
+        &self,
+        x: &GpuBuffer<u16>,
+        w: &GpuBuffer<u8>,
+        scales: &GpuBuffer<u8>,
+        global_scale: f32,
+        y: &mut GpuBuffer<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        self.nvfp4_wgmma(
+            Nvfp4Variant::Synchronous,
+            x,
+            w,
+            scales,
+            global_scale,
+            y,
+            m,
+            n,
+            k,
+        )
+    }
+
+    /// [`Gpu::nvfp4_gemm_wgmma`], build v2: warp-specialised. x arrives by TMA; two producer warpgroups load
+    /// the packed weights four K tiles ahead into registers and decode them straight into the swizzled bf16 B
+    /// tile of each stage of a 6-stage mbarrier ring; two consumer warpgroups only wait and issue wgmmas (one
+    /// group kept in flight). No block barrier in the K loop. Same layouts and constraints.
+    #[allow(clippy::too_many_arguments)]
+    pub fn nvfp4_gemm_wgmma_warp_specialized(
+        &self,
+        x: &GpuBuffer<u16>,
+        w: &GpuBuffer<u8>,
+        scales: &GpuBuffer<u8>,
+        global_scale: f32,
+        y: &mut GpuBuffer<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        self.nvfp4_wgmma(
+            Nvfp4Variant::WarpSpecialized,
+            x,
+            w,
+            scales,
+            global_scale,
+            y,
+            m,
+            n,
+            k,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn nvfp4_wgmma(
+        &self,
+        variant: Nvfp4Variant,
         x: &GpuBuffer<u16>,
         w: &GpuBuffer<u8>,
         scales: &GpuBuffer<u8>,
@@ -188,6 +359,7 @@ impl Gpu {
         #[cfg(feature = "cuda")]
         {
             self.inner.nvfp4_gemm_sm90a(
+                variant,
                 &x.slice,
                 &w.slice,
                 &scales.slice,
@@ -199,6 +371,9 @@ impl Gpu {
             )
         }
         #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        {
+            let _ = variant;
+            match self.never {}
+        }
     }
 }

@@ -6,16 +6,20 @@ use cudarc::driver::sys;
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::{cuda_err, Device, Module};
+use crate::cuda::gemm_sm90a::{Fp8Variant, Nvfp4Variant};
 use crate::KernelError;
 
 /// Dynamic shared memory of `fp8_block_gemm_sm90a_v1` (cuda/gemm_sm90a.cu `F8V1_SMEM_BYTES`, kept equal by a
 /// static_assert there): 4 stages of two 128x128-byte tiles plus 1 KiB to align the ring to 1024 bytes.
 const FP8_V1_SMEM_BYTES: u32 = 132_096;
-/// `F8V2_SMEM_BYTES`: 6 stages of two 128x128-byte tiles, 1 KiB of alignment, 12 mbarriers.
+/// `F8V2_SMEM_BYTES`: 6 stages of two 128x128-byte tiles, 1 KiB of alignment, 12 mbarriers (v2, and the
+/// persistent v3/v4, which share the ring).
 const FP8_V2_SMEM_BYTES: u32 = 197_728;
 /// `N4_SMEM_BYTES`: two decoded 128x64 bf16 tiles, 4 stages of (x tile, packed weights, scales) padded to
 /// 1 KiB, 1 KiB of alignment.
 const NVFP4_V1_SMEM_BYTES: u32 = 119_808;
+/// `N4V2_SMEM_BYTES`: 6 stages of (x tile, decoded B tile), 16 KiB each, 1 KiB of alignment, 12 mbarriers.
+const NVFP4_V2_SMEM_BYTES: u32 = 197_728;
 
 /// A CUDA tensor map passed by value as a `__grid_constant__` kernel parameter (the kernel's `TmaDesc`, 128
 /// bytes). The driver copies kernel parameters by the kernel's declared layout, so the host alignment of this
@@ -35,9 +39,43 @@ fn tensor_map_u8(
     rows: usize,
     cols: usize,
 ) -> Result<TensorMap, KernelError> {
+    tensor_map_128b(
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        1,
+        ptr,
+        rows,
+        cols,
+    )
+}
+
+/// The same for a row-major 16-bit matrix (bf16 bits) `[rows, cols]`: boxes of 128 rows x 64 elements (128
+/// bytes). Needs `cols % 8 == 0` and a 16-byte aligned `ptr`.
+fn tensor_map_u16(
+    ptr: sys::CUdeviceptr,
+    rows: usize,
+    cols: usize,
+) -> Result<TensorMap, KernelError> {
+    tensor_map_128b(
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+        2,
+        ptr,
+        rows,
+        cols,
+    )
+}
+
+/// A 2D tensor map of `[rows, cols]` elements of `elem_bytes` bytes, boxes of 128 rows x 128 bytes,
+/// SWIZZLE_128B, L2 promotion 256 B, zero fill out of bounds.
+fn tensor_map_128b(
+    dtype: sys::CUtensorMapDataType,
+    elem_bytes: usize,
+    ptr: sys::CUdeviceptr,
+    rows: usize,
+    cols: usize,
+) -> Result<TensorMap, KernelError> {
     let dims: [sys::cuuint64_t; 2] = [cols as u64, rows as u64];
-    let strides: [sys::cuuint64_t; 1] = [cols as u64];
-    let boxes: [sys::cuuint32_t; 2] = [128, 128];
+    let strides: [sys::cuuint64_t; 1] = [(cols * elem_bytes) as u64];
+    let boxes: [sys::cuuint32_t; 2] = [(128 / elem_bytes) as u32, 128];
     let elem_strides: [sys::cuuint32_t; 2] = [1, 1];
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
     // SAFETY: every pointer is to a live local array of the rank the call reads (2 dims, 1 stride); `map` is a
@@ -45,7 +83,7 @@ fn tensor_map_u8(
     let r = unsafe {
         sys::cuTensorMapEncodeTiled(
             map.as_mut_ptr(),
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            dtype,
             2,
             ptr as *mut std::ffi::c_void,
             dims.as_ptr(),
@@ -60,7 +98,7 @@ fn tensor_map_u8(
     };
     if r != sys::CUresult::CUDA_SUCCESS {
         return Err(KernelError::Cuda(format!(
-            "cuTensorMapEncodeTiled ({rows} x {cols} bytes): {r:?}"
+            "cuTensorMapEncodeTiled ({rows} x {cols} elements of {elem_bytes} bytes): {r:?}"
         )));
     }
     // SAFETY: the call succeeded, so it wrote the whole map (and it was zeroed before).
@@ -74,12 +112,19 @@ fn tile_grid(m: usize, n: usize) -> u32 {
 }
 
 impl Device {
-    /// `fp8_block_gemm_sm90a_v1` (cp.async ring, 2 warpgroups) or `_v2` (TMA + mbarriers, producer warpgroup + 2
-    /// consumer warpgroups) in cuda/gemm_sm90a.cu.
+    /// Whether the sm_90a module can load here (compute capability 9.0 exactly): the public GEMMs of
+    /// `super::super::gemm` take their wgmma paths only then.
+    pub(in crate::cuda) fn has_wgmma(&self) -> bool {
+        self.is_sm90
+    }
+
+    /// The FP8 wgmma kernels of cuda/gemm_sm90a.cu: `_v1` (cp.async ring, 2 warpgroups, one block per tile),
+    /// `_v2` (TMA + mbarriers, producer warpgroup + 2 consumer warpgroups, one block per tile), `_v3` (v2
+    /// persistent: one block per SM looping over tiles) and `_v4` (v3 with ping-pong partials).
     #[allow(clippy::too_many_arguments)]
     pub(in crate::cuda) fn fp8_block_gemm_sm90a(
         &self,
-        tma: bool,
+        variant: Fp8Variant,
         xq: &CudaSlice<u8>,
         x_scales: &CudaSlice<f32>,
         w: &CudaSlice<u8>,
@@ -89,15 +134,11 @@ impl Device {
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        let name = if tma {
-            "fp8_block_gemm_sm90a_v2"
-        } else {
-            "fp8_block_gemm_sm90a_v1"
-        };
-        let (smem, threads) = if tma {
-            (FP8_V2_SMEM_BYTES, 384)
-        } else {
-            (FP8_V1_SMEM_BYTES, 256)
+        let (name, smem, threads) = match variant {
+            Fp8Variant::CpAsync => ("fp8_block_gemm_sm90a_v1", FP8_V1_SMEM_BYTES, 256),
+            Fp8Variant::Tma => ("fp8_block_gemm_sm90a_v2", FP8_V2_SMEM_BYTES, 384),
+            Fp8Variant::Persistent => ("fp8_block_gemm_sm90a_v3", FP8_V2_SMEM_BYTES, 384),
+            Fp8Variant::PingPong => ("fp8_block_gemm_sm90a_v4", FP8_V2_SMEM_BYTES, 384),
         };
         let f = self.function(Module::GemmSm90a, name)?;
         f.set_attribute(
@@ -106,12 +147,18 @@ impl Device {
         )
         .map_err(cuda_err("fp8_block_gemm_sm90a shared memory size"))?;
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        let tiles = tile_grid(m, n);
+        let blocks = match variant {
+            // Persistent kernels: one block per SM (the ring's shared memory allows one), at most one per tile.
+            Fp8Variant::Persistent | Fp8Variant::PingPong => tiles.min(self.sm_count.max(1) as u32),
+            Fp8Variant::CpAsync | Fp8Variant::Tma => tiles,
+        };
         let cfg = LaunchConfig {
-            grid_dim: (tile_grid(m, n), 1, 1),
+            grid_dim: (blocks, 1, 1),
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem,
         };
-        if tma {
+        if variant != Fp8Variant::CpAsync {
             // The guards order these raw-pointer uses after any pending writes on other streams and keep the
             // buffers' events until the launch is queued.
             let (xp, _gx) = xq.device_ptr(&self.stream);
@@ -127,12 +174,13 @@ impl Device {
                 .arg(&mi)
                 .arg(&ni)
                 .arg(&ki);
-            // SAFETY: matches `fp8_block_gemm_sm90a_v2` (two 128-byte tensor maps by value, then pointers and
-            // sizes); the caller checked xq = [m, k], x_scales = [m, k/128], w = [n, k], w_scales =
+            // SAFETY: matches `fp8_block_gemm_sm90a_v2`/`_v3`/`_v4` (two 128-byte tensor maps by value, then
+            // pointers and sizes); the caller checked xq = [m, k], x_scales = [m, k/128], w = [n, k], w_scales =
             // [ceil(n/128), k/128], y = [m, n], k % 128 == 0, k >= 128 and m * n tiles within the grid limit. The
             // maps describe exactly xq and w (TMA never reads outside them; rows past m or n are zero-filled), the
-            // scale loads clamp rows to m - 1 and every store is guarded against m and n; xq and w outlive the
-            // launch (borrowed for this call, the stream is ordered).
+            // scale loads clamp rows to m - 1 and every store is guarded against m and n; the persistent kernels
+            // visit tiles below ceil(m/128) * ceil(n/128) only, whatever the grid. xq and w outlive the launch
+            // (borrowed for this call, the stream is ordered).
             unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
         } else {
             let mut b = self.stream.launch_builder(&f);
@@ -152,10 +200,13 @@ impl Device {
         Ok(())
     }
 
-    /// `nvfp4_gemm_sm90a_v1` in cuda/gemm_sm90a.cu: weights decoded to bf16 in shared memory, wgmma bf16.
+    /// `nvfp4_gemm_sm90a_v1` (block-synchronous: all 256 threads load, decode, then issue wgmmas) or `_v2`
+    /// (warp-specialised: x by TMA, two producer warpgroups decoding the weights into the ring, two consumer
+    /// warpgroups) in cuda/gemm_sm90a.cu.
     #[allow(clippy::too_many_arguments)]
     pub(in crate::cuda) fn nvfp4_gemm_sm90a(
         &self,
+        variant: Nvfp4Variant,
         x: &CudaSlice<u16>,
         w: &CudaSlice<u8>,
         scales: &CudaSlice<u8>,
@@ -165,32 +216,62 @@ impl Device {
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        const NAME: &str = "nvfp4_gemm_sm90a_v1";
-        let f = self.function(Module::GemmSm90a, NAME)?;
+        let (name, smem, threads) = match variant {
+            Nvfp4Variant::Synchronous => ("nvfp4_gemm_sm90a_v1", NVFP4_V1_SMEM_BYTES, 256),
+            Nvfp4Variant::WarpSpecialized => ("nvfp4_gemm_sm90a_v2", NVFP4_V2_SMEM_BYTES, 512),
+        };
+        let f = self.function(Module::GemmSm90a, name)?;
         f.set_attribute(
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            NVFP4_V1_SMEM_BYTES as i32,
+            smem as i32,
         )
         .map_err(cuda_err("nvfp4_gemm_sm90a shared memory size"))?;
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
         let cfg = LaunchConfig {
             grid_dim: (tile_grid(m, n), 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: NVFP4_V1_SMEM_BYTES,
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem,
         };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x)
-            .arg(w)
-            .arg(scales)
-            .arg(&global_scale)
-            .arg(y)
-            .arg(&mi)
-            .arg(&ni)
-            .arg(&ki);
-        // SAFETY: matches `nvfp4_gemm_sm90a_v1`; the caller checked x = [m, k], w = [n, k/2], scales = [n, k/16],
-        // y = [m, n] and k % 64 == 0, so every 16-byte copy of x and w and 4-byte copy of the scales is whole and
-        // aligned inside its row; rows past m or n are zero-filled without reading and every store is guarded.
-        unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+        match variant {
+            Nvfp4Variant::Synchronous => {
+                let mut b = self.stream.launch_builder(&f);
+                b.arg(x)
+                    .arg(w)
+                    .arg(scales)
+                    .arg(&global_scale)
+                    .arg(y)
+                    .arg(&mi)
+                    .arg(&ni)
+                    .arg(&ki);
+                // SAFETY: matches `nvfp4_gemm_sm90a_v1`; the caller checked x = [m, k], w = [n, k/2], scales =
+                // [n, k/16], y = [m, n] and k % 64 == 0, so every 16-byte copy of x and w and 4-byte copy of the
+                // scales is whole and aligned inside its row; rows past m or n are zero-filled without reading
+                // and every store is guarded.
+                unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+            }
+            Nvfp4Variant::WarpSpecialized => {
+                // The guard orders this raw-pointer use after any pending writes on other streams and keeps the
+                // buffer's event until the launch is queued.
+                let (xp, _gx) = x.device_ptr(&self.stream);
+                let tx = tensor_map_u16(xp, m, k)?;
+                let mut b = self.stream.launch_builder(&f);
+                b.arg(&tx)
+                    .arg(w)
+                    .arg(scales)
+                    .arg(&global_scale)
+                    .arg(y)
+                    .arg(&mi)
+                    .arg(&ni)
+                    .arg(&ki);
+                // SAFETY: matches `nvfp4_gemm_sm90a_v2` (a 128-byte tensor map by value, then pointers, the
+                // scale and sizes); the caller checked x = [m, k], w = [n, k/2], scales = [n, k/16], y = [m, n]
+                // and k % 64 == 0. The map describes exactly x (TMA never reads outside it; rows past m are
+                // zero-filled); the weight and scale loads are 16- and 2-byte aligned inside rows below n (rows
+                // past n read row 0) and every store is guarded against m and n; x outlives the launch
+                // (borrowed for this call, the stream is ordered).
+                unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+            }
+        }
         Ok(())
     }
 }

@@ -291,12 +291,177 @@ __device__ __forceinline__ double block_scan_f64(double v, double* red) {
     return v;
 }
 
-// Warp-aggregated histogram add (every lane of the warp must call it): lanes with the same bin add once. In the
-// first radix pass every element counts and logits crowd into a few top-byte bins (sign and high exponent bits),
-// where plain shared-memory atomics from a warp would serialise on one address.
-__device__ __forceinline__ void hist_add_match(uint32_t* hist, uint32_t bin) {
-    const uint32_t peers = __match_any_sync(0xffffffffu, bin);
-    if ((threadIdx.x & 31) == (uint32_t)(__ffs(peers) - 1)) atomicAdd(&hist[bin], __popc(peers));
+constexpr int SAMPLE_CLUSTER = 8;
+
+// Calls f(value, index) for every element of row[lo, hi), each once, in no particular order across threads. With
+// `vec` (the row length a multiple of 4, lo a multiple of 4, hi a multiple of 4 or the row's end, itself one) two
+// 16-byte loads per thread are in flight per step; the scalar path serves any length.
+template <typename F>
+__device__ __forceinline__ void visit_range(const float* __restrict__ row, uint32_t lo, uint32_t hi, bool vec, F&& f) {
+    if (vec) {
+        constexpr uint32_t STEP = 4 * SAMPLE_THREADS;
+        uint32_t i = lo + 4 * threadIdx.x;
+        // i and hi are multiples of 4, so i + STEP < hi leaves all of [i + STEP, i + STEP + 4) inside the range.
+        for (; i + STEP < hi; i += 2 * STEP) {
+            const float4 a = *reinterpret_cast<const float4*>(row + i);
+            const float4 b = *reinterpret_cast<const float4*>(row + i + STEP);
+            f(a.x, i); f(a.y, i + 1); f(a.z, i + 2); f(a.w, i + 3);
+            f(b.x, i + STEP); f(b.y, i + STEP + 1); f(b.z, i + STEP + 2); f(b.w, i + STEP + 3);
+        }
+        if (i < hi) {
+            const float4 a = *reinterpret_cast<const float4*>(row + i);
+            f(a.x, i); f(a.y, i + 1); f(a.z, i + 2); f(a.w, i + 3);
+        }
+    } else {
+        for (uint32_t i = lo + threadIdx.x; i < hi; i += SAMPLE_THREADS) f(row[i], i);
+    }
+}
+
+// One radix-select step, run by warp 0 (all 32 lanes): in `hist` (256 counts of the digit at `shift` among the keys
+// still matching the selected prefix), finds the digit where the count from the top reaches `remaining`, and
+// writes the extended prefix, the count still needed inside that digit, and the digit's count. 8 bins per lane,
+// lane 0 owning the highest bins, an inclusive warp scan over the lanes.
+__device__ __forceinline__ void radix_pick_digit(const uint32_t* hist, uint32_t remaining, uint32_t prefix, int shift,
+                                                 uint32_t* s_prefix, uint32_t* s_remaining, uint32_t* s_count) {
+    const int lane = threadIdx.x & 31;
+    uint32_t c[8], sum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        c[j] = hist[255 - (8 * lane + j)];
+        sum += c[j];
+    }
+    uint32_t incl = sum;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += t;
+    }
+    const uint32_t excl = incl - sum;
+    if (excl < remaining && remaining <= incl) {
+        uint32_t above = excl;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (above < remaining && remaining <= above + c[j]) {
+                const uint32_t digit = 255 - (8 * lane + j);
+                *s_prefix = prefix | (digit << shift);
+                *s_remaining = remaining - above;
+                *s_count = c[j];
+            }
+            above += c[j];
+        }
+    }
+}
+
+// The candidates' sort key: ascending (~key, id) is descending logit (total order), lower id first.
+__device__ __forceinline__ unsigned long long cand_key(uint32_t key, uint32_t id) {
+    return ((unsigned long long)(~key) << 32) | id;
+}
+
+// The ordered tie pass (every thread of the block calls it): writes the ids i in [lo, hi) with float_key(row[i]) ==
+// T, lowest first, to cand[n_gt + taken], taken counting from `taken0` (the ties at lower ids, elsewhere), while
+// taken < need_eq. One element per thread per round, a block-wide prefix count of the ties in id order. `cand` may
+// be another block's shared memory (a cluster's rank 0).
+__device__ void gather_ties_in_order(const float* __restrict__ row, uint32_t lo, uint32_t hi, uint32_t T,
+                                     uint32_t n_gt, uint32_t need_eq, uint32_t taken0, unsigned long long* cand) {
+    __shared__ uint32_t wcount[SAMPLE_THREADS / 32];
+    __shared__ uint32_t s_taken;
+    if (taken0 >= need_eq) return;  // uniform over the block
+    const int tid = threadIdx.x, lane = tid & 31;
+    if (tid == 0) s_taken = taken0;
+    __syncthreads();
+    for (uint32_t base = lo; base < hi; base += SAMPLE_THREADS) {
+        const uint32_t i = base + tid;
+        const bool tie = i < hi && float_key(row[i]) == T;
+        const uint32_t ballot = __ballot_sync(0xffffffffu, tie);
+        if (lane == 0) wcount[tid >> 5] = __popc(ballot);
+        __syncthreads();
+        uint32_t before = __popc(ballot & ((1u << lane) - 1));
+        for (int w = 0; w < (tid >> 5); ++w) before += wcount[w];
+        const uint32_t taken = s_taken;
+        if (tie && taken + before < need_eq) cand[n_gt + taken + before] = cand_key(T, i);
+        __syncthreads();
+        if (tid == 0) {
+            uint32_t total = 0;
+            for (int w = 0; w < SAMPLE_THREADS / 32; ++w) total += wcount[w];
+            s_taken = taken + total;
+        }
+        __syncthreads();
+        if (s_taken >= need_eq) break;  // uniform
+    }
+}
+
+// Steps 3-4 of the sampler on the k candidates in cand[0, k) (any order; every thread of the block calls it after a
+// barrier that made them visible): sorts them (bitonic, over the next power of two >= k only), then the f64
+// probabilities, the top-p prefix, the draw with the row's generator (advanced only when more than one candidate
+// is left) and the token into *out_row.
+__device__ void sample_finish(unsigned long long* cand, uint32_t k, float temperature, float top_p,
+                              uint32_t* __restrict__ rng_row, uint32_t* __restrict__ out_row) {
+    __shared__ double red[32];
+    __shared__ uint32_t s_keep, s_pick;
+    __shared__ double s_total, s_kept, s_u;
+    const int tid = threadIdx.x;
+    uint32_t kp = 1;
+    while (kp < k) kp <<= 1;
+    for (uint32_t j = k + tid; j < kp; j += SAMPLE_THREADS) cand[j] = ~0ull;
+    if (tid == 0) {
+        s_keep = 0xffffffffu;
+        s_pick = 0xffffffffu;
+    }
+    __syncthreads();
+    for (uint32_t size = 2; size <= kp; size <<= 1) {
+        for (uint32_t stride = size >> 1; stride > 0; stride >>= 1) {
+            const uint32_t j = tid, p = j ^ stride;
+            if (j < kp && p > j) {  // p < kp too: kp is a power of two above both j and stride
+                const unsigned long long a = cand[j], b = cand[p];
+                const bool up = (j & size) == 0;
+                if ((a > b) == up) {
+                    cand[j] = b;
+                    cand[p] = a;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    if (k == 1) {  // greedy or top_k = 1: one candidate, no draw
+        if (tid == 0) *out_row = (uint32_t)cand[0];
+        return;
+    }
+    const double inv_t = 1.0 / (double)temperature;
+    const double top = (double)key_float(~(uint32_t)(cand[0] >> 32)) * inv_t;
+    const bool live = (uint32_t)tid < k;
+    // Explicit roundings: a contracted fma would round differently from the CPU's `l * inv_t - top`.
+    const double p =
+        live ? exp(__dsub_rn(__dmul_rn((double)key_float(~(uint32_t)(cand[tid] >> 32)), inv_t), top)) : 0.0;
+    const double total = block_scan_f64(p, red);
+    // The block's total is the last thread's inclusive sum.
+    if (tid == SAMPLE_THREADS - 1) s_total = total;
+    __syncthreads();
+    const double q = p / s_total;
+    const double mass = block_scan_f64(q, red);
+    if (live && mass >= (double)top_p) atomicMin(&s_keep, (uint32_t)tid + 1);
+    __syncthreads();
+    const uint32_t keep = s_keep == 0xffffffffu ? k : s_keep;
+    if (keep == 1) {
+        if (tid == 0) *out_row = (uint32_t)cand[0];
+        return;
+    }
+    if ((uint32_t)tid == keep - 1) s_kept = mass;
+    if (tid == 0) {
+        uint64_t state = (uint64_t)rng_row[0] | ((uint64_t)rng_row[1] << 32);
+        const uint64_t inc = (uint64_t)rng_row[2] | ((uint64_t)rng_row[3] << 32);
+        s_u = pcg32_f64(state, inc);
+        rng_row[0] = (uint32_t)state;
+        rng_row[1] = (uint32_t)(state >> 32);
+    }
+    __syncthreads();
+    const bool kept = (uint32_t)tid < keep;
+    const double acc = block_scan_f64(kept ? q / s_kept : 0.0, red);
+    if (kept && s_u < acc) atomicMin(&s_pick, (uint32_t)tid);
+    __syncthreads();
+    if (tid == 0) {
+        const uint32_t pick = s_pick == 0xffffffffu ? keep - 1 : s_pick;
+        *out_row = (uint32_t)cand[pick];
+    }
 }
 
 }  // namespace
@@ -337,12 +502,18 @@ extern "C" __global__ void __launch_bounds__(GLU_THREADS)
     glu_chunk<true>(gate_up, out, inter);
 }
 
-// Embedding gather from a bf16 table [vocab, dim] into fp32 out [n, dim], one block per id. An id >= vocab (the ids
-// live on the device, so the host cannot check them) reads nothing and fills its row with NaN, which every later
-// op carries to the logits, where argmax and sampling flag it.
-extern "C" __global__ void __launch_bounds__(GATHER_THREADS)
-    embedding_gather_bf16(const uint16_t* __restrict__ table, const uint32_t* __restrict__ ids, float* __restrict__ out,
-                          uint32_t vocab, int dim) {
+// Embedding gather from a bf16 table [vocab, dim] into fp32 out [n, dim], one block of 128 threads per id. An id >=
+// vocab (the ids live on the device, so the host cannot check them) reads nothing and fills its row with NaN, which
+// every later op carries to the logits, where argmax and sampling flag it.
+//
+// DEPTH is the number of 16-byte loads a thread issues before its first store. The rows are random in a table far
+// larger than L2 (248320 x 5120 bf16 = 2.5 GB), so every load pays a full DRAM (and often TLB) miss: with DEPTH 2 a
+// 5120-wide row (640 loads, 5 per thread) waited out three round trips and reached 57% of copy bandwidth on the
+// H200; DEPTH 8 issues a whole row of up to 8192 values at once (8 x 16 B = 32 registers per thread).
+// `embedding_gather_bf16` is DEPTH 8, `embedding_gather_bf16_d2` the former kernel, kept for the benchmark.
+template <int DEPTH>
+__device__ __forceinline__ void gather_bf16_row(const uint16_t* __restrict__ table, const uint32_t* __restrict__ ids,
+                                                float* __restrict__ out, uint32_t vocab, int dim) {
     const uint32_t id = ids[blockIdx.x];
     float* o = out + (size_t)blockIdx.x * dim;
     if (id >= vocab) {
@@ -351,25 +522,39 @@ extern "C" __global__ void __launch_bounds__(GATHER_THREADS)
     }
     const uint16_t* t = table + (size_t)id * dim;
     if ((dim & 7) == 0) {  // 16-byte loads of 8 bf16, two float4 stores each
-        auto put = [&](int v, uint4 raw) {
-            float f[8];
-            bf16x8_to_float(raw, f);
-            reinterpret_cast<float4*>(o)[2 * v] = make_float4(f[0], f[1], f[2], f[3]);
-            reinterpret_cast<float4*>(o)[2 * v + 1] = make_float4(f[4], f[5], f[6], f[7]);
-        };
         const int nv = dim >> 3;
-        int v = threadIdx.x;
-        // Two loads in flight per thread before their stores (a 5120-wide row is five loads per thread).
-        for (; v + GATHER_THREADS < nv; v += 2 * GATHER_THREADS) {
-            const uint4 a = ld_stream(t + 8 * v);
-            const uint4 b = ld_stream(t + 8 * (v + GATHER_THREADS));
-            put(v, a);
-            put(v + GATHER_THREADS, b);
+        for (int base = 0; base < nv; base += DEPTH * GATHER_THREADS) {
+            uint4 raw[DEPTH];
+#pragma unroll
+            for (int u = 0; u < DEPTH; ++u) {
+                const int v = base + u * GATHER_THREADS + threadIdx.x;
+                if (v < nv) raw[u] = ld_stream(t + 8 * (size_t)v);
+            }
+#pragma unroll
+            for (int u = 0; u < DEPTH; ++u) {
+                const int v = base + u * GATHER_THREADS + threadIdx.x;
+                if (v < nv) {
+                    float f[8];
+                    bf16x8_to_float(raw[u], f);
+                    reinterpret_cast<float4*>(o)[2 * v] = make_float4(f[0], f[1], f[2], f[3]);
+                    reinterpret_cast<float4*>(o)[2 * v + 1] = make_float4(f[4], f[5], f[6], f[7]);
+                }
+            }
         }
-        if (v < nv) put(v, ld_stream(t + 8 * v));
     } else {
         for (int i = threadIdx.x; i < dim; i += GATHER_THREADS) o[i] = __uint_as_float((uint32_t)t[i] << 16);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(GATHER_THREADS)
+    embedding_gather_bf16(const uint16_t* __restrict__ table, const uint32_t* __restrict__ ids, float* __restrict__ out,
+                          uint32_t vocab, int dim) {
+    gather_bf16_row<8>(table, ids, out, vocab, dim);
+}
+extern "C" __global__ void __launch_bounds__(GATHER_THREADS)
+    embedding_gather_bf16_d2(const uint16_t* __restrict__ table, const uint32_t* __restrict__ ids,
+                             float* __restrict__ out, uint32_t vocab, int dim) {
+    gather_bf16_row<2>(table, ids, out, vocab, dim);
 }
 
 // Embedding gather from a packed int4 table (kernels/src/linear/int4.rs: codes uint8 [npad/64][k][32], row `id` in
@@ -438,254 +623,203 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
     if (threadIdx.x == 0) out[blockIdx.y] = r.nan ? 0xffffffffu : r.i;
 }
 
-// Top-k / top-p sampling with temperature, one block of 1024 threads per row, with the CPU's semantics
-// (kernels/src/sampling.rs) step for step, so that the same seed draws the same token:
-//  1. radix select (four passes of 8 bits over monotone u32 keys, warp-aggregated shared-memory histograms) finds
-//     the key T of the k-th largest logit, k = min(top_k, vocab) (1 when temperature is 0: greedy);
+// Top-k / top-p sampling with temperature, with the CPU's semantics (kernels/src/sampling.rs) step for step, so
+// that the same seed draws the same token:
+//  1. radix select (four passes of 8 bits over monotone u32 keys, shared-memory histograms) finds the key T of the
+//     k-th largest logit, k = min(top_k, vocab) (1 when temperature is 0: greedy);
 //  2. the candidates (every key > T, then the lowest ids among the keys == T, exactly the CPU's order: descending
 //     logit by total_cmp, lower id first) are gathered into shared memory and bitonic-sorted;
 //  3. in f64: p = exp(l / t - l0 / t), q = p / sum p, the smallest prefix whose mass reaches top_p, renormalised,
-//     and the draw: u from the row's Pcg32 (advanced only when more than one candidate is left, as the CPU), the
-//     first candidate whose running sum exceeds u.
+//  4. the draw: u from the row's Pcg32 (advanced only when more than one candidate is left, as the CPU), the first
+//     candidate whose running sum exceeds u.
 // Sums are block scans instead of the CPU's sequential loop, so a draw can differ only when u falls within ~1e-16
 // of a boundary. logits fp32 [rows, vocab]; rng u32 [rows, 4] (state lo, hi, inc lo, hi), advanced in place;
 // out u32 [rows]: the token, or 0xffffffff for a row holding a NaN or +inf (the CPU refuses those), which does not
 // advance the generator.
 //
-// MATCH picks how the first radix pass counts: warp-aggregated through __match_any_sync (`sample_topk_topp`), or
-// plain shared-memory atomics (`sample_topk_topp_plain`); the later passes count only the few elements that still
-// match the selected prefix, with plain atomics, in both. The benchmark times both.
-template <bool MATCH>
-__device__ __forceinline__ void sample_row(const float* __restrict__ logits, uint32_t* __restrict__ rng,
-                                           uint32_t* __restrict__ out, uint32_t vocab, uint32_t k,
-                                           float temperature, float top_p) {
-    __shared__ uint32_t hist[257];
-    __shared__ unsigned long long cand[SAMPLE_KMAX];
-    __shared__ double red[32];
-    __shared__ uint32_t s_prefix, s_remaining, s_ties, s_ngt, s_neq, s_keep, s_pick;
-    __shared__ int s_bad;
-    const float* row = logits + (size_t)blockIdx.x * vocab;
-    const int tid = threadIdx.x, lane = tid & 31;
-    // Elements handled as rounds of 4 per thread, so every warp runs the same number of iterations (the
-    // histogram's warp-wide match needs all lanes).
-    const bool vec = (vocab & 3) == 0;
-    const uint32_t rounds = (vocab + 4 * SAMPLE_THREADS - 1) / (4 * SAMPLE_THREADS);
-    auto load4 = [&](uint32_t r, float* v) {
-        const uint32_t i = r * 4 * SAMPLE_THREADS + 4 * tid;
-        if (vec && i < vocab) {
-            const float4 f = *reinterpret_cast<const float4*>(row + i);
-            v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
-        } else {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) v[e] = (i + e < vocab) ? row[i + e] : CUDART_NAN_F;
-        }
-    };
-    if (tid == 0) {
-        s_prefix = 0;
-        s_remaining = k;
-        s_bad = 0;
-        s_ngt = 0;
-        s_neq = 0;
-        s_keep = 0xffffffffu;
-        s_pick = 0xffffffffu;
-    }
-    uint32_t mask = 0;
-    for (int pass = 0; pass < 4; ++pass) {
-        const int shift = 24 - 8 * pass;
-        for (int b = tid; b < 257; b += SAMPLE_THREADS) hist[b] = 0;
-        __syncthreads();
-        const uint32_t prefix = s_prefix;
-        int bad = 0;
-        for (uint32_t r = 0; r < rounds; ++r) {
-            float v[4];
-            load4(r, v);
-            const uint32_t i = r * 4 * SAMPLE_THREADS + 4 * tid;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const bool in = i + e < vocab;
-                if (pass == 0 && in) bad |= isnan(v[e]) | (v[e] == CUDART_INF_F);
-                const uint32_t key = float_key(v[e]);
-                const bool m = in && (key & mask) == prefix;
-                if (MATCH && pass == 0) {
-                    hist_add_match(hist, m ? (key >> shift) & 255u : 256u);  // bin 256: nothing to count
-                } else if (m) {
-                    atomicAdd(&hist[(key >> shift) & 255u], 1u);
-                }
-            }
-        }
-        if (pass == 0 && __any_sync(0xffffffffu, bad) && lane == 0) s_bad = 1;
-        __syncthreads();
-        if (s_bad) {
-            if (tid == 0) out[blockIdx.x] = 0xffffffffu;
-            return;  // uniform: every thread read s_bad after the barrier
-        }
-        // Find the digit where the count from the top reaches `remaining`: warp 0, 8 bins per lane, lane 0 owning
-        // the highest bins.
-        if (tid < 32) {
-            const uint32_t remaining = s_remaining;
-            uint32_t c[8], sum = 0;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                c[j] = hist[255 - (8 * lane + j)];
-                sum += c[j];
-            }
-            uint32_t incl = sum;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const uint32_t t = __shfl_up_sync(0xffffffffu, incl, o);
-                if (lane >= o) incl += t;
-            }
-            const uint32_t excl = incl - sum;
-            if (excl < remaining && remaining <= incl) {
-                uint32_t above = excl;
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    if (above < remaining && remaining <= above + c[j]) {
-                        const uint32_t digit = 255 - (8 * lane + j);
-                        s_prefix = prefix | (digit << shift);
-                        s_remaining = remaining - above;
-                        s_ties = c[j];
-                    }
-                    above += c[j];
-                }
-            }
-        }
-        mask |= 255u << shift;
-        __syncthreads();
-    }
-    const uint32_t T = s_prefix, need_eq = s_remaining, ties = s_ties;
-    const uint32_t n_gt = k - need_eq;
-    const bool all_ties = ties == need_eq;
-    // Gather: keys above T in any order (they are sorted next), keys equal to T too when all of them are taken.
-    for (uint32_t r = 0; r < rounds; ++r) {
-        float v[4];
-        load4(r, v);
-        const uint32_t i = r * 4 * SAMPLE_THREADS + 4 * tid;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            if (i + e >= vocab) continue;
-            const uint32_t key = float_key(v[e]);
-            const unsigned long long sk = ((unsigned long long)(~key) << 32) | (i + e);
-            if (key > T) {
-                cand[atomicAdd(&s_ngt, 1u)] = sk;
-            } else if (key == T && all_ties) {
-                cand[n_gt + atomicAdd(&s_neq, 1u)] = sk;
-            }
-        }
-    }
-    if (!all_ties) {
-        // Only the lowest `need_eq` ids among the ties: an ordered pass, one element per thread per round, a
-        // block-wide prefix count of the ties in id order.
-        __shared__ uint32_t wcount[32];
-        __shared__ uint32_t s_taken;
-        if (tid == 0) s_taken = 0;
-        __syncthreads();
-        for (uint32_t base = 0; base < vocab; base += SAMPLE_THREADS) {
-            const uint32_t i = base + tid;
-            const bool tie = i < vocab && float_key(row[i]) == T;
-            const uint32_t ballot = __ballot_sync(0xffffffffu, tie);
-            if (lane == 0) wcount[tid >> 5] = __popc(ballot);
-            __syncthreads();
-            uint32_t before = __popc(ballot & ((1u << lane) - 1));
-            for (int w = 0; w < (tid >> 5); ++w) before += wcount[w];
-            const uint32_t taken = s_taken;
-            if (tie && taken + before < need_eq) {
-                cand[n_gt + taken + before] = ((unsigned long long)(~T) << 32) | i;
-            }
-            __syncthreads();
-            if (tid == 0) {
-                uint32_t total = 0;
-                for (int w = 0; w < SAMPLE_THREADS / 32; ++w) total += wcount[w];
-                s_taken = taken + total;
-            }
-            __syncthreads();
-            if (s_taken >= need_eq) break;  // uniform
-        }
-    }
-    // Pad and bitonic-sort ascending on (~key, id): descending logit, lower id first.
-    for (uint32_t j = k + tid; j < SAMPLE_KMAX; j += SAMPLE_THREADS) cand[j] = ~0ull;
-    __syncthreads();
-    for (uint32_t size = 2; size <= SAMPLE_KMAX; size <<= 1) {
-        for (uint32_t stride = size >> 1; stride > 0; stride >>= 1) {
-            const uint32_t j = tid, p = j ^ stride;
-            if (p > j) {
-                const unsigned long long a = cand[j], b = cand[p];
-                const bool up = (j & size) == 0;
-                if ((a > b) == up) {
-                    cand[j] = b;
-                    cand[p] = a;
-                }
-            }
-            __syncthreads();
-        }
-    }
-    if (k == 1) {  // greedy or top_k = 1: one candidate, no draw
-        if (tid == 0) out[blockIdx.x] = (uint32_t)cand[0];
-        return;
-    }
-    const double inv_t = 1.0 / (double)temperature;
-    const double top = (double)key_float(~(uint32_t)(cand[0] >> 32)) * inv_t;
-    const bool live = (uint32_t)tid < k;
-    // Explicit roundings: a contracted fma would round differently from the CPU's `l * inv_t - top`.
-    const double p =
-        live ? exp(__dsub_rn(__dmul_rn((double)key_float(~(uint32_t)(cand[tid] >> 32)), inv_t), top)) : 0.0;
-    const double total = block_scan_f64(p, red);
-    // The block's total is the last thread's inclusive sum.
-    __shared__ double s_total;
-    if (tid == SAMPLE_THREADS - 1) s_total = total;
-    __syncthreads();
-    const double q = p / s_total;
-    const double mass = block_scan_f64(q, red);
-    if (live && mass >= (double)top_p) atomicMin(&s_keep, (uint32_t)tid + 1);
-    __syncthreads();
-    const uint32_t keep = s_keep == 0xffffffffu ? k : s_keep;
-    if (keep == 1) {
-        if (tid == 0) out[blockIdx.x] = (uint32_t)cand[0];
-        return;
-    }
-    __shared__ double s_kept, s_u;
-    if ((uint32_t)tid == keep - 1) s_kept = mass;
-    if (tid == 0) {
-        uint32_t* st = rng + 4 * (size_t)blockIdx.x;
-        uint64_t state = (uint64_t)st[0] | ((uint64_t)st[1] << 32);
-        const uint64_t inc = (uint64_t)st[2] | ((uint64_t)st[3] << 32);
-        s_u = pcg32_f64(state, inc);
-        st[0] = (uint32_t)state;
-        st[1] = (uint32_t)(state >> 32);
-    }
-    __syncthreads();
-    const bool kept = (uint32_t)tid < keep;
-    const double acc = block_scan_f64(kept ? q / s_kept : 0.0, red);
-    if (kept && s_u < acc) atomicMin(&s_pick, (uint32_t)tid);
-    __syncthreads();
-    if (tid == 0) {
-        const uint32_t pick = s_pick == 0xffffffffu ? keep - 1 : s_pick;
-        out[blockIdx.x] = (uint32_t)cand[pick];
-    }
-}
-
+// Two kernels share these steps. `sample_topk_topp`: one block of 1024 threads per row (grid (rows)), for many
+// rows. `sample_topk_topp_cluster8`: a cluster of 8 blocks per row (grid (8, rows)), for few rows: one block alone
+// reads a 248320-wide row five times at the pace of one SM (~145 us on the H200, slower than torch), so here each
+// block counts its eighth of the row and every block sums the eight histograms through distributed shared memory
+// (each makes the same digit choice); the candidates go straight into rank 0's shared memory (remote atomics for
+// the slots), the ordered tie pass of rank r starts after the ties of ranks below it (their last-pass bin of T),
+// and rank 0 alone sorts and draws. The histograms are double-buffered by pass parity, so one cluster barrier per
+// pass suffices: a block re-zeroes a buffer only after the barrier that every reader of it passed first.
+// (A warp-aggregated first pass through __match_any_sync was measured slower than plain shared atomics on the
+// H200, 167 vs 143 us at 1 x 248320, and dropped.)
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_topk_topp(const float* __restrict__ logits, uint32_t* __restrict__ rng, uint32_t* __restrict__ out,
                      uint32_t vocab, uint32_t k, float temperature, float top_p) {
-    sample_row<true>(logits, rng, out, vocab, k, temperature, top_p);
+    __shared__ uint32_t hist[256];
+    __shared__ unsigned long long cand[SAMPLE_KMAX];
+    __shared__ uint32_t s_prefix, s_remaining, s_ties, s_ngt, s_neq;
+    const float* row = logits + (size_t)blockIdx.x * vocab;
+    const int tid = threadIdx.x;
+    const bool vec = (vocab & 3) == 0;
+    if (tid == 0) {
+        s_ngt = 0;
+        s_neq = 0;
+    }
+    uint32_t prefix = 0, mask = 0, remaining = k;
+    for (int pass = 0; pass < 4; ++pass) {
+        const int shift = 24 - 8 * pass;
+        for (int b = tid; b < 256; b += SAMPLE_THREADS) hist[b] = 0;
+        __syncthreads();
+        int bad = 0;
+        visit_range(row, 0, vocab, vec, [&](float v, uint32_t) {
+            if (pass == 0) bad |= isnan(v) | (v == CUDART_INF_F);
+            const uint32_t key = float_key(v);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        });
+        if (pass == 0) {
+            if (__syncthreads_or(bad)) {
+                if (tid == 0) out[blockIdx.x] = 0xffffffffu;
+                return;  // uniform
+            }
+        } else {
+            __syncthreads();
+        }
+        if (tid < 32) radix_pick_digit(hist, remaining, prefix, shift, &s_prefix, &s_remaining, &s_ties);
+        __syncthreads();
+        prefix = s_prefix;
+        remaining = s_remaining;
+        mask |= 255u << shift;
+    }
+    const uint32_t T = prefix, need_eq = remaining, n_gt = k - need_eq;
+    const bool all_ties = s_ties == need_eq;
+    // Gather: keys above T in any order (they are sorted next), keys equal to T too when all of them are taken.
+    visit_range(row, 0, vocab, vec, [&](float v, uint32_t i) {
+        const uint32_t key = float_key(v);
+        if (key > T) {
+            cand[atomicAdd(&s_ngt, 1u)] = cand_key(key, i);
+        } else if (key == T && all_ties) {
+            cand[n_gt + atomicAdd(&s_neq, 1u)] = cand_key(key, i);
+        }
+    });
+    if (!all_ties) gather_ties_in_order(row, 0, vocab, T, n_gt, need_eq, 0, cand);
+    __syncthreads();
+    sample_finish(cand, k, temperature, top_p, rng + 4 * (size_t)blockIdx.x, out + blockIdx.x);
 }
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
-    sample_topk_topp_plain(const float* __restrict__ logits, uint32_t* __restrict__ rng, uint32_t* __restrict__ out,
-                           uint32_t vocab, uint32_t k, float temperature, float top_p) {
-    sample_row<false>(logits, rng, out, vocab, k, temperature, top_p);
+
+extern "C" __global__ void __cluster_dims__(SAMPLE_CLUSTER, 1, 1) __launch_bounds__(SAMPLE_THREADS)
+    sample_topk_topp_cluster8(const float* __restrict__ logits, uint32_t* __restrict__ rng,
+                              uint32_t* __restrict__ out, uint32_t vocab, uint32_t k, float temperature,
+                              float top_p) {
+    cg::cluster_group cluster = cg::this_cluster();
+    const uint32_t rank = cluster.block_rank();
+    __shared__ uint32_t hist[2][256];  // this block's counts, by pass parity
+    __shared__ uint32_t total[256];    // the cluster's counts of the current pass
+    __shared__ unsigned long long cand[SAMPLE_KMAX];  // used in rank 0
+    __shared__ uint32_t s_prefix, s_remaining, s_ties, s_ngt, s_neq;
+    __shared__ int s_bad, s_any_bad;
+    const float* row = logits + (size_t)blockIdx.y * vocab;
+    const int tid = threadIdx.x;
+    const bool vec = (vocab & 3) == 0;
+    // This block's share: chunks of a multiple of 4 elements (aligned float4s), in rank order along the row.
+    const uint32_t chunk = ((vocab + SAMPLE_CLUSTER - 1) / SAMPLE_CLUSTER + 3) & ~3u;
+    const uint32_t lo = min(vocab, rank * chunk), hi = min(vocab, lo + chunk);
+    if (tid == 0) {  // rank 0's counters are used by every block only after the first cluster barrier
+        s_ngt = 0;
+        s_neq = 0;
+    }
+    uint32_t prefix = 0, mask = 0, remaining = k;
+    for (int pass = 0; pass < 4; ++pass) {
+        const int shift = 24 - 8 * pass;
+        uint32_t* h = hist[pass & 1];
+        for (int b = tid; b < 256; b += SAMPLE_THREADS) h[b] = 0;
+        __syncthreads();
+        int bad = 0;
+        visit_range(row, lo, hi, vec, [&](float v, uint32_t) {
+            if (pass == 0) bad |= isnan(v) | (v == CUDART_INF_F);
+            const uint32_t key = float_key(v);
+            if ((key & mask) == prefix) atomicAdd(&h[(key >> shift) & 255u], 1u);
+        });
+        if (pass == 0) {
+            bad = __syncthreads_or(bad);
+            if (tid == 0) s_bad = bad;
+        }
+        cluster.sync();  // every block's counts (and flag) are final and visible to the cluster
+        if (tid < 256) {
+            uint32_t t = 0;
+            for (uint32_t r = 0; r < SAMPLE_CLUSTER; ++r) t += cluster.map_shared_rank(h, r)[tid];
+            total[tid] = t;
+        }
+        if (pass == 0 && tid == 0) {
+            int any = 0;
+            for (uint32_t r = 0; r < SAMPLE_CLUSTER; ++r) any |= *cluster.map_shared_rank(&s_bad, r);
+            s_any_bad = any;
+        }
+        __syncthreads();
+        if (pass == 0 && s_any_bad) {  // uniform over the cluster
+            if (rank == 0 && tid == 0) out[blockIdx.y] = 0xffffffffu;
+            cluster.sync();  // no block exits while another may still read its shared memory
+            return;
+        }
+        // Every block sums the same counts in the same order, so every block picks the same digit.
+        if (tid < 32) radix_pick_digit(total, remaining, prefix, shift, &s_prefix, &s_remaining, &s_ties);
+        __syncthreads();
+        prefix = s_prefix;
+        remaining = s_remaining;
+        mask |= 255u << shift;
+    }
+    const uint32_t T = prefix, need_eq = remaining, n_gt = k - need_eq;
+    const bool all_ties = s_ties == need_eq;
+    unsigned long long* cand0 = cluster.map_shared_rank(cand, 0);
+    uint32_t* ngt0 = cluster.map_shared_rank(&s_ngt, 0);
+    uint32_t* neq0 = cluster.map_shared_rank(&s_neq, 0);
+    visit_range(row, lo, hi, vec, [&](float v, uint32_t i) {
+        const uint32_t key = float_key(v);
+        if (key > T) {
+            cand0[atomicAdd(ngt0, 1u)] = cand_key(key, i);
+        } else if (key == T && all_ties) {
+            cand0[n_gt + atomicAdd(neq0, 1u)] = cand_key(key, i);
+        }
+    });
+    if (!all_ties) {
+        // The ties below this block's share: the last pass's bin of T (= exactly the keys equal to T) in the
+        // blocks of lower rank, whose histograms nobody rewrites after pass 3.
+        uint32_t before = 0;
+        for (uint32_t r = 0; r < rank; ++r) before += cluster.map_shared_rank(hist[1], r)[T & 255u];
+        gather_ties_in_order(row, lo, hi, T, n_gt, need_eq, before, cand0);
+    }
+    cluster.sync();  // all candidates are in rank 0; no remote access follows
+    if (rank != 0) return;
+    sample_finish(cand, k, temperature, top_p, rng + 4 * (size_t)blockIdx.y, out + blockIdx.y);
 }
 
 // Neox RoPE in place on x fp32 [t, heads, head_dim], token r at positions[r]: pairs (i, i + rot/2) of the first
 // `rot` dims rotate by angle f32(pos) * inv_freq[i] with inv_freq[i] = f32(1 / theta^(2i / rot)) (f64), cos and
 // sin in f64 rounded to f32: the CPU's numbers (kernels/src/attention.rs Rope::inv_freq, csrc/attn_impl.h). One
 // block of 256 threads per token; the angles go to shared memory once per token (rot <= 1024).
-extern "C" __global__ void __launch_bounds__(256)
+constexpr int ROPE_THREADS = 256;
+constexpr int ROPE_PAIRS = 4;  // pairs per thread per round, loaded together
+
+extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
     rope_neox(float* __restrict__ x, const uint32_t* __restrict__ positions, double theta, int heads, int head_dim,
               int rot) {
     __shared__ float cs[512], sn[512];
     const int half = rot >> 1;
+    const int pairs = heads * half;
+    float* t = x + (size_t)blockIdx.x * heads * head_dim;
+    // Element e of a round is pair i = e % half of head e / half: a warp covers 32 consecutive dims of one head.
+    float a[ROPE_PAIRS], b[ROPE_PAIRS];
+    auto load = [&](int base) {
+#pragma unroll
+        for (int u = 0; u < ROPE_PAIRS; ++u) {
+            const int e = base + u * ROPE_THREADS + threadIdx.x;
+            if (e < pairs) {
+                const int h = e / half, i = e - h * half;
+                const float* v = t + (size_t)h * head_dim;
+                a[u] = v[i];
+                b[u] = v[i + half];
+            }
+        }
+    };
+    // The first round's loads are issued before the angles are computed, so their DRAM latency overlaps the f64
+    // pow and sincos (a 32 x 256 token with rot 64 is exactly one round).
+    load(0);
     const float pos = (float)positions[blockIdx.x];
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    for (int i = threadIdx.x; i < half; i += ROPE_THREADS) {
         const float inv = (float)(1.0 / pow(theta, (double)(2 * i) / (double)rot));
         const float ang = pos * inv;
         double s, c;
@@ -694,12 +828,17 @@ extern "C" __global__ void __launch_bounds__(256)
         sn[i] = (float)s;
     }
     __syncthreads();
-    float* t = x + (size_t)blockIdx.x * heads * head_dim;
-    for (int e = threadIdx.x; e < heads * half; e += blockDim.x) {
-        const int h = e / half, i = e - h * half;
-        float* v = t + (size_t)h * head_dim;
-        const float x1 = v[i], x2 = v[i + half];
-        v[i] = __fsub_rn(__fmul_rn(x1, cs[i]), __fmul_rn(x2, sn[i]));
-        v[i + half] = __fadd_rn(__fmul_rn(x2, cs[i]), __fmul_rn(x1, sn[i]));
+    for (int base = 0; base < pairs; base += ROPE_PAIRS * ROPE_THREADS) {
+        if (base > 0) load(base);
+#pragma unroll
+        for (int u = 0; u < ROPE_PAIRS; ++u) {
+            const int e = base + u * ROPE_THREADS + threadIdx.x;
+            if (e < pairs) {
+                const int h = e / half, i = e - h * half;
+                float* v = t + (size_t)h * head_dim;
+                v[i] = __fsub_rn(__fmul_rn(a[u], cs[i]), __fmul_rn(b[u], sn[i]));
+                v[i + half] = __fadd_rn(__fmul_rn(b[u], cs[i]), __fmul_rn(a[u], sn[i]));
+            }
+        }
     }
 }

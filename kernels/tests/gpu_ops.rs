@@ -269,6 +269,7 @@ fn embedding_gather_bf16_matches_the_cpu_and_flags_bad_ids() {
         (97, 5120),
         (61, 5121),
         (10, 13),
+        (7, 8200), // past the 8 x 128 vectors of one round of loads: the kernel's second round
     ] {
         let n = r.gen_range(3..=9);
         let what = format!("embedding_gather vocab {vocab} dim {dim} ids {n}");
@@ -324,7 +325,12 @@ fn argmax_matches_the_cpu_on_both_kernels() {
     let Some(gpu) = gpu() else { return };
     let mut r = rng("argmax");
     for &vocab in &[1usize, 2, 3, 7, 8, 1000, 4097, 33_331, 248_320] {
-        let rows = r.gen_range(2..=5);
+        // Three rows at the engine's vocabulary (tie, all -inf, NaN) keep the file quick under the sanitizers.
+        let rows = if vocab > 100_000 {
+            3
+        } else {
+            r.gen_range(2..=5)
+        };
         let mut logits = uniform(&mut r, rows * vocab, 10.0);
         // Row 0: a planted tie at two random places (the first must win); row 1: all -inf (answers 0), when
         // there are rows for it; the last row of a wide vocabulary gets a NaN (flagged).
@@ -359,6 +365,22 @@ fn argmax_matches_the_cpu_on_both_kernels() {
                     assert_eq!(g as usize, want, "{what}: row {row}: GPU {g}, CPU {want}");
                 }
             }
+        }
+    }
+    // The automatic choice (Gpu::argmax: the cluster kernel up to ARGMAX_CLUSTER_MAX_ROWS rows, one block per row
+    // beyond) on both sides of the cut.
+    let vocab = 3001;
+    for rows in [
+        Gpu::ARGMAX_CLUSTER_MAX_ROWS,
+        Gpu::ARGMAX_CLUSTER_MAX_ROWS + 1,
+    ] {
+        let logits = uniform(&mut r, rows * vocab, 10.0);
+        let ld = gpu.upload(&logits).unwrap();
+        let mut o = gpu.upload(&vec![POISON_TOKEN; rows]).unwrap();
+        gpu.argmax(&ld, vocab, &mut o).unwrap();
+        for (row, &g) in gpu.download(&o).unwrap().iter().enumerate() {
+            let want = ops::argmax(&logits[row * vocab..(row + 1) * vocab]).unwrap();
+            assert_eq!(g as usize, want, "argmax (auto) rows {rows}: row {row}");
         }
     }
 }
@@ -397,20 +419,22 @@ fn sampling_draws_the_cpus_tokens_for_the_same_seed() {
         (1, p(1.0, 0, 1.0), false),
     ];
     for (case, &(vocab, params, ties)) in cases.iter().enumerate() {
-        // Both first-pass variants, alternating over the cases (each case runs six steps on one of them).
-        let aggregated = case % 2 == 0;
-        let rows = r.gen_range(1..=3);
+        // Both kernels on the same logits, each with its own generators tracked by their own CPU copies. Fewer
+        // rows at the engine's vocabulary keep the file quick under the sanitizers.
+        let rows = if vocab > 100_000 {
+            r.gen_range(1..=2)
+        } else {
+            r.gen_range(1..=3)
+        };
         let seed: u64 = r.gen();
-        let mut cpu_rngs: Vec<Pcg32> = (0..rows as u64).map(|s| Pcg32::new(seed, s)).collect();
         let words: Vec<u32> = (0..rows as u64)
             .flat_map(|s| Gpu::pcg32_words(seed, s))
             .collect();
-        let mut rngd = gpu.upload(&words).unwrap();
+        // [cluster, block]
+        let mut cpu_rngs: [Vec<Pcg32>; 2] =
+            std::array::from_fn(|_| (0..rows as u64).map(|s| Pcg32::new(seed, s)).collect());
+        let mut rngd = [gpu.upload(&words).unwrap(), gpu.upload(&words).unwrap()];
         for step in 0..6 {
-            let what = format!(
-                "sample case {case} vocab {vocab} {params:?} ties {ties} rows {rows} step {step} \
-                 aggregated {aggregated}"
-            );
             let mut logits = sample_logits(&mut r, rows * vocab, ties);
             // Step 3 poisons the last row with a NaN and step 4 with +inf (vocab > 1): flagged, and the row's
             // generator must not advance (the following steps still match the CPU, which refused the row).
@@ -424,46 +448,82 @@ fn sampling_draws_the_cpus_tokens_for_the_same_seed() {
                     if step == 3 { f32::NAN } else { f32::INFINITY };
             }
             let ld = gpu.upload(&logits).unwrap();
-            let mut o = gpu.upload(&vec![POISON_TOKEN; rows]).unwrap();
-            gpu.sample_with(aggregated, &ld, vocab, &params, &mut rngd, &mut o)
-                .unwrap();
-            let got = gpu.download(&o).unwrap();
-            for row in 0..rows {
-                let lr = &logits[row * vocab..(row + 1) * vocab];
-                if Some(row) == bad_row {
-                    assert_eq!(
-                        got[row],
-                        Gpu::INVALID_TOKEN,
-                        "{what}: row {row} is invalid, got {}",
-                        got[row]
-                    );
-                    assert!(sampling::sample(lr, &params, &mut cpu_rngs[row].clone()).is_err());
-                    continue;
-                }
-                let want = sampling::sample(lr, &params, &mut cpu_rngs[row]).unwrap();
-                if got[row] as usize != want {
-                    let c = sampling::candidates(lr, &params).unwrap();
-                    let pr = |t: usize| c.iter().position(|x| x.0 == t).map(|i| (i, c[i].1));
-                    panic!(
-                        "{what}: row {row}: GPU drew {} (rank, prob {:?}), CPU {want} ({:?}); {} candidates",
-                        got[row],
-                        pr(got[row] as usize),
-                        pr(want),
-                        c.len()
-                    );
+            for (kernel, cluster) in [true, false].into_iter().enumerate() {
+                let what = format!(
+                    "sample case {case} vocab {vocab} {params:?} ties {ties} rows {rows} step {step} \
+                     cluster {cluster}"
+                );
+                let mut o = gpu.upload(&vec![POISON_TOKEN; rows]).unwrap();
+                gpu.sample_with(cluster, &ld, vocab, &params, &mut rngd[kernel], &mut o)
+                    .unwrap();
+                let got = gpu.download(&o).unwrap();
+                for row in 0..rows {
+                    let lr = &logits[row * vocab..(row + 1) * vocab];
+                    if Some(row) == bad_row {
+                        assert_eq!(
+                            got[row],
+                            Gpu::INVALID_TOKEN,
+                            "{what}: row {row} is invalid, got {}",
+                            got[row]
+                        );
+                        assert!(
+                            sampling::sample(lr, &params, &mut cpu_rngs[kernel][row].clone())
+                                .is_err()
+                        );
+                        continue;
+                    }
+                    let want = sampling::sample(lr, &params, &mut cpu_rngs[kernel][row]).unwrap();
+                    if got[row] as usize != want {
+                        let c = sampling::candidates(lr, &params).unwrap();
+                        let pr = |t: usize| c.iter().position(|x| x.0 == t).map(|i| (i, c[i].1));
+                        panic!(
+                            "{what}: row {row}: GPU drew {} (rank, prob {:?}), CPU {want} ({:?}); {} \
+                             candidates",
+                            got[row],
+                            pr(got[row] as usize),
+                            pr(want),
+                            c.len()
+                        );
+                    }
                 }
             }
         }
         // The generators advanced exactly as the CPU's: the next raw draw agrees.
-        let after = gpu.download(&rngd).unwrap();
-        for (row, cpu) in cpu_rngs.iter_mut().enumerate() {
-            let old = u64::from(after[4 * row]) | (u64::from(after[4 * row + 1]) << 32);
-            let x = (((old >> 18) ^ old) >> 27) as u32;
-            assert_eq!(
-                x.rotate_right((old >> 59) as u32),
-                cpu.next_u32(),
-                "case {case}: row {row}'s generator drifted"
-            );
+        for (kernel, cluster) in [true, false].into_iter().enumerate() {
+            let after = gpu.download(&rngd[kernel]).unwrap();
+            for (row, cpu) in cpu_rngs[kernel].iter_mut().enumerate() {
+                let old = u64::from(after[4 * row]) | (u64::from(after[4 * row + 1]) << 32);
+                let x = (((old >> 18) ^ old) >> 27) as u32;
+                assert_eq!(
+                    x.rotate_right((old >> 59) as u32),
+                    cpu.next_u32(),
+                    "case {case} cluster {cluster}: row {row}'s generator drifted"
+                );
+            }
+        }
+    }
+    // The automatic choice (Gpu::sample: the cluster kernel up to SAMPLE_CLUSTER_MAX_ROWS rows, one block per row
+    // beyond) draws the CPU's tokens on both sides of the cut.
+    let params = p(0.9, 40, 0.9);
+    let vocab = 3001;
+    for rows in [
+        Gpu::SAMPLE_CLUSTER_MAX_ROWS,
+        Gpu::SAMPLE_CLUSTER_MAX_ROWS + 1,
+    ] {
+        let seed: u64 = r.gen();
+        let logits = sample_logits(&mut r, rows * vocab, false);
+        let words: Vec<u32> = (0..rows as u64)
+            .flat_map(|s| Gpu::pcg32_words(seed, s))
+            .collect();
+        let (ld, mut rngd) = (gpu.upload(&logits).unwrap(), gpu.upload(&words).unwrap());
+        let mut o = gpu.upload(&vec![POISON_TOKEN; rows]).unwrap();
+        gpu.sample(&ld, vocab, &params, &mut rngd, &mut o).unwrap();
+        let got = gpu.download(&o).unwrap();
+        for (row, &g) in got.iter().enumerate() {
+            let mut cpu = Pcg32::new(seed, row as u64);
+            let want = sampling::sample(&logits[row * vocab..(row + 1) * vocab], &params, &mut cpu)
+                .unwrap();
+            assert_eq!(g as usize, want, "sample (auto) rows {rows}: row {row}");
         }
     }
 }
@@ -598,6 +658,11 @@ fn bad_sizes_are_refused_before_any_launch() {
         top_p: 0.5,
     };
     assert!(msg(gpu.sample(&f(2000), 2000, &p, &mut u(3), &mut u(1))).contains("rng"));
+    // The cluster kernel's grid.y holds at most 65535 rows; one block per row takes more.
+    let mut many = u(4 * 65536);
+    assert!(
+        msg(gpu.sample_with(true, &f(65536), 1, &p, &mut many, &mut u(65536))).contains("rows")
+    );
     // RoPE.
     let rope = Rope::new(64, 0.5, 1e4).unwrap();
     assert!(msg(gpu.rope_neox(&rope, 2, &u(3), &mut f(3 * 2 * 64 - 1))).contains("x has"));

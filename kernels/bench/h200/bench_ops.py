@@ -29,6 +29,9 @@ dev = b.dev
 H, INTER, VOCAB = 5120, 17408, 248320
 EPS = 1e-6
 REPS = 20
+# Gpu::ARGMAX_CLUSTER_MAX_ROWS and Gpu::SAMPLE_CLUSTER_MAX_ROWS (kernels/src/cuda/ops.rs): the row counts up to which
+# the Rust API picks the 8-block cluster kernels; the table marks the pick and a note flags a faster other kernel.
+AUTO_CLUSTER_MAX_ROWS = 16
 T0 = time.time()
 
 
@@ -168,10 +171,16 @@ def argmax(bw, rows):
         f(0)
         check(f"argmax {nm}", torch.equal(out.long(), base(0)))
     t = b.time_arms({"cluster": cl, "block": bl, "torch": base}, sets, REPS)
+    auto = "cluster" if rows <= AUTO_CLUSTER_MAX_ROWS else "block"
     b.row("argmax_cl8", f"{rows}x{VOCAB}", t["cluster"], "torch.argmax", t["torch"], bytes_moved=rows * VOCAB * 4,
-          ceiling=bw, target="below torch")
+          ceiling=bw, target="below torch", note="8 blocks per row" + (" (Gpu::argmax's pick)" if auto == "cluster"
+                                                                          else ""))
     b.row("argmax_block", f"{rows}x{VOCAB}", t["block"], "torch.argmax", t["torch"], bytes_moved=rows * VOCAB * 4,
-          ceiling=bw, note="one block per row (the fallback)")
+          ceiling=bw, note="one block per row" + (" (Gpu::argmax's pick)" if auto == "block" else ""))
+    faster = "cluster" if t["cluster"][0] < t["block"][0] else "block"
+    if faster != auto:
+        b.log(f"  note: at {rows} rows the {faster} kernel is faster but Gpu::argmax picks {auto} "
+              f"(ARGMAX_CLUSTER_MAX_ROWS = {AUTO_CLUSTER_MAX_ROWS}: revisit)")
 
 
 @case
@@ -182,14 +191,17 @@ def sample(bw, rows, top_k, top_p, temp):
     # One PCG32 per row (Gpu::pcg32_words: any words with an odd increment are a valid generator).
     words = torch.randint(0, 2**31, (rows, 4), device=dev, dtype=torch.int32)
     words[:, 2] |= 1
-    fn, fp = K("sample_topk_topp"), K("sample_topk_topp_plain")
+    fc, fb = K("sample_topk_topp_cluster8"), K("sample_topk_topp")
 
-    def ours(i, f=fn):
-        b.launch(f, (rows,), (1024,), (b.ptr(lg[i]), b.ptr(words), b.ptr(out), u32(VOCAB), u32(top_k), f32(temp),
-                                       f32(top_p)))
+    def launch(f, i, k, w=words, o=out):
+        grid = (8, rows) if f is fc else (rows,)
+        b.launch(f, grid, (1024,), (b.ptr(lg[i]), b.ptr(w), b.ptr(o), u32(VOCAB), u32(k), f32(temp), f32(top_p)))
 
-    def plain(i):
-        ours(i, fp)
+    def cl(i):
+        launch(fc, i, top_k)
+
+    def bl(i):
+        launch(fb, i, top_k)
 
     def base(i):
         v, idx = torch.topk(lg[i] / temp, top_k, dim=-1)
@@ -199,20 +211,31 @@ def sample(bw, rows, top_k, top_p, temp):
         pick = torch.multinomial(p, 1)
         return idx.gather(-1, pick)
 
-    # Checks: the drawn token is one of torch's top-k ids for its row, and k = 1 is torch.argmax.
+    # Checks: the drawn token is one of torch's top-k ids for its row; both kernels draw the same tokens from the
+    # same generator words and advance them alike; k = 1 is torch.argmax.
     _, idx = torch.topk(lg[0], top_k, dim=-1)
-    for nm, f in (("aggregated", fn), ("plain", fp)):
-        out.fill_(-1)
-        ours(0, f)
-        check(f"sample {nm} in top-k", bool((idx == out.long()[:, None]).any(dim=-1).all()))
-        b.launch(f, (rows,), (1024,), (b.ptr(lg[0]), b.ptr(words), b.ptr(out), u32(VOCAB), u32(1), f32(temp),
-                                       f32(top_p)))
-        check(f"sample {nm} k=1 is argmax", torch.equal(out.long(), torch.argmax(lg[0], dim=-1)))
-    t = b.time_arms({"ours": ours, "plain": plain, "torch": base}, sets, REPS)
-    for nm, arm in (("sample", "ours"), ("sample_plain", "plain")):
+    got = {}
+    for nm, f in (("cluster", fc), ("block", fb)):
+        w, o = words.clone(), torch.full_like(out, -1)
+        launch(f, 0, top_k, w, o)
+        check(f"sample {nm} in top-k", bool((idx == o.long()[:, None]).any(dim=-1).all()))
+        got[nm] = (o, w)
+        o.fill_(-1)
+        launch(f, 0, 1, w, o)
+        check(f"sample {nm} k=1 is argmax", torch.equal(o.long(), torch.argmax(lg[0], dim=-1)))
+    check("sample cluster == block tokens", torch.equal(got["cluster"][0], got["block"][0]))
+    check("sample cluster == block generators", torch.equal(got["cluster"][1], got["block"][1]))
+    t = b.time_arms({"cluster": cl, "block": bl, "torch": base}, sets, REPS)
+    auto = "cluster" if rows <= AUTO_CLUSTER_MAX_ROWS else "block"
+    for nm, arm in (("sample_cl8", "cluster"), ("sample_block", "block")):
         b.row(nm, f"{rows}x{VOCAB} k{top_k} p{top_p}", t[arm], "topk+softmax+multinom", t["torch"],
-              bytes_moved=rows * VOCAB * 4, ceiling=bw, target="below torch",
-              note="bytes: one read of the logits (the kernel makes 5)")
+              bytes_moved=rows * VOCAB * 4, ceiling=bw, target=">=1.5x torch",
+              note="bytes: one read of the logits (the kernel makes 5)" + (" (Gpu::sample's pick)" if auto == arm
+                                                                          else ""))
+    faster = "cluster" if t["cluster"][0] < t["block"][0] else "block"
+    if faster != auto:
+        b.log(f"  note: at {rows} rows the {faster} kernel is faster but Gpu::sample picks {auto} "
+              f"(SAMPLE_CLUSTER_MAX_ROWS = {AUTO_CLUSTER_MAX_ROWS}: revisit)")
 
 
 @case
@@ -221,20 +244,27 @@ def gather(bw, n):
     sets = 16
     ids = [torch.randint(0, VOCAB, (n,), device=dev, dtype=torch.int32) for _ in range(sets)]
     out = torch.empty(n, H, device=dev)
-    fn = K("embedding_gather_bf16")
+    fn, f2 = K("embedding_gather_bf16"), K("embedding_gather_bf16_d2")
+    table16 = table.view(torch.int16)
 
-    def ours(i):
-        b.launch(fn, (n,), (128,), (b.ptr(table.view(torch.int16)), b.ptr(ids[i]), b.ptr(out), u32(VOCAB), i32(H)))
+    def ours(i, f=fn):
+        b.launch(f, (n,), (128,), (b.ptr(table16), b.ptr(ids[i]), b.ptr(out), u32(VOCAB), i32(H)))
+
+    def d2(i):
+        ours(i, f2)
 
     def base(i):
         return table.index_select(0, ids[i]).float()
 
-    ours(0)
-    check("embedding_gather_bf16", torch.equal(out, base(0)))
-    t = b.time_arms({"ours": ours, "torch": base}, sets, REPS)
+    for nm, f in (("embedding_gather_bf16", ours), ("embedding_gather_bf16_d2", d2)):
+        out.fill_(float("nan"))
+        f(0)
+        check(nm, torch.equal(out, base(0)))
+    t = b.time_arms({"ours": ours, "d2": d2, "torch": base}, sets, REPS)
     b.row("gather_bf16", f"{n} of {VOCAB}x{H}", t["ours"], "index_select+float", t["torch"],
-          bytes_moved=n * H * (2 + 4), ceiling=bw, target=">=80% copy")
-    del table
+          bytes_moved=n * H * (2 + 4), ceiling=bw, target=">=80% copy", note="8 loads in flight per thread")
+    b.row("gather_bf16_d2", f"{n} of {VOCAB}x{H}", t["d2"], "index_select+float", t["torch"],
+          bytes_moved=n * H * (2 + 4), ceiling=bw, note="2 loads in flight per thread (the former kernel)")
 
     # The packed int4 tinygemm layout (group 128): random codes and bf16 scales/zeros; checked against a torch
     # decode of the same rows, timed against our bf16 gather above (no torch op reads this layout).
@@ -256,6 +286,7 @@ def gather(bw, n):
     want = (code - 8.0) * s + z
     check("embedding_gather_int4", torch.allclose(out[:8], want, rtol=0, atol=1e-6))
     t4 = b.time_arms({"ours": ours4, "bf16": ours}, sets, REPS)
+    del table, table16
     b.row("gather_int4", f"{n} of {VOCAB}x{H} g{g}", t4["ours"], "our bf16 gather", t4["bf16"],
           bytes_moved=n * H * (32 + 4), ceiling=bw,
           note="bytes: a 32-byte sector per code (the layout's cost) + fp32 out")
@@ -304,8 +335,9 @@ def main():
         glu(bw, tokens, True)
         rope(bw, tokens)
     b.log(f"[norm/glu/rope done in {time.time() - T0:.0f}s]")
-    for rows in (1, 64):
+    for rows in (1, 8, 16, 32, 64):
         argmax(bw, rows)
+    for rows in (1, 16, 64):
         sample(bw, rows, 20, 0.9, 0.7)
         sample(bw, rows, 1024, 0.95, 1.0)
     b.log(f"[argmax/sample done in {time.time() - T0:.0f}s]")

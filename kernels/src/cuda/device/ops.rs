@@ -17,6 +17,8 @@ const GATHER_THREADS: u32 = 128;
 const ROW_THREADS: u32 = 1024;
 /// Blocks of one argmax cluster (`ARGMAX_CLUSTER`, the kernel's `__cluster_dims__`).
 const ARGMAX_CLUSTER: u32 = 8;
+/// Blocks of one sampling cluster (`SAMPLE_CLUSTER`, the kernel's `__cluster_dims__`).
+const SAMPLE_CLUSTER: u32 = 8;
 
 fn per_row(rows: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {
@@ -174,11 +176,11 @@ impl Device {
         Ok(())
     }
 
-    /// `sample_topk_topp` (warp-aggregated first pass) or `sample_topk_topp_plain`: one block per row.
+    /// `sample_topk_topp_cluster8` (grid (8, rows), clusters of 8 along x) or `sample_topk_topp` (grid (rows)).
     #[allow(clippy::too_many_arguments)]
     pub(in crate::cuda) fn sample(
         &self,
-        warp_aggregated: bool,
+        cluster: bool,
         logits: &CudaSlice<f32>,
         rng: &mut CudaSlice<u32>,
         out: &mut CudaSlice<u32>,
@@ -188,13 +190,21 @@ impl Device {
         temperature: f32,
         top_p: f32,
     ) -> Result<(), KernelError> {
-        let name = if warp_aggregated {
-            "sample_topk_topp"
+        let (name, grid_dim) = if cluster {
+            (
+                "sample_topk_topp_cluster8",
+                (SAMPLE_CLUSTER, rows as u32, 1),
+            )
         } else {
-            "sample_topk_topp_plain"
+            ("sample_topk_topp", (rows as u32, 1, 1))
         };
         let f = self.function(Module::Ops, name)?;
         let (v, kk) = (vocab as u32, k as u32);
+        let cfg = LaunchConfig {
+            grid_dim,
+            block_dim: (ROW_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut b = self.stream.launch_builder(&f);
         b.arg(logits)
             .arg(rng)
@@ -204,9 +214,10 @@ impl Device {
             .arg(&temperature)
             .arg(&top_p);
         // SAFETY: matches `sample_topk_topp*` in cuda/ops.cu; the caller checked logits = [rows, vocab],
-        // rng = [rows, 4], out = [rows], 1 <= rows <= i32::MAX, 1 <= k <= min(vocab, 1024) (the shared candidate
-        // array), vocab <= i32::MAX, temperature finite and > 0 unless k == 1, top_p in (0, 1].
-        unsafe { b.launch(per_row(rows, ROW_THREADS)) }.map_err(cuda_err(name))?;
+        // rng = [rows, 4], out = [rows], 1 <= rows <= i32::MAX (one block per row) and <= 65535 for the cluster
+        // kernel (grid.y), whose compile-time cluster of 8 divides grid.x = 8; 1 <= k <= min(vocab, 1024) (the
+        // shared candidate array), vocab <= i32::MAX, temperature finite and > 0 unless k == 1, top_p in (0, 1].
+        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
         Ok(())
     }
 

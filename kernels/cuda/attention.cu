@@ -1,10 +1,8 @@
 // Decode attention (one query token per sequence) over a paged bf16 KV cache, grouped-query packed and split over
 // the context (flash-decoding). Two kernel families share the split, the partials and the combine kernel: the
-// CUDA-core one (attention_decode_split_*, fp32 scores) and the tensor-core one (attention_decode_tc_*, bf16
-// operands; 1.11x faster at 32k context on the H200 and the default, see benchmarks/h200.md). A third family, the
-// tiled tensor-core kernels (attention_decode_tiled_* over pages, attention_decode_ring_* over a sliding-window
-// ring; end of this file), shares the partials and the combine; the benchmark bench_attention_decode.py compares it
-// with the second before it becomes the default.
+// CUDA-core one (attention_decode_split_*, fp32 scores; KernelPath::CudaCores) and the tiled tensor-core one
+// (attention_decode_tiled_* over pages, attention_decode_ring_* over a sliding-window ring; end of this file), the
+// default (KernelPath::Auto and TensorCores), 1.8-2.5x faster than the tensor-core kernel it replaced.
 // Layouts: kernels/src/attention.rs, with bf16 K/V pages [num_pages, Hkv, page_size, D], block_table u32
 // [seqs, max_pages], lens u32 [seqs] (the current token included).
 //
@@ -226,6 +224,7 @@ template <int D>
 __device__ __forceinline__ void attention_decode_combine(const float* __restrict__ ws, float* __restrict__ out,
                                                          int hq, int splits) {
     __shared__ float wgt[1024];
+    __shared__ float lsum[1024];
     __shared__ float red[D * COMB_Y / 32];
     __shared__ float part[COMB_Y][D];
     __shared__ float mx_s, den_s;
@@ -234,8 +233,15 @@ __device__ __forceinline__ void attention_decode_combine(const float* __restrict
     const int d = threadIdx.x, y = threadIdx.y;
     const int tid = y * D + d, lane = tid & 31, warp = tid >> 5;
     constexpr int NT = D * COMB_Y, NW = NT / 32;
+    // One pass over the (max, sum) heads of the partials: both loaded together, kept in shared memory, so the
+    // weights below need no second round trip to L2.
     float mx = -INFINITY;
-    for (int s = tid; s < splits; s += NT) mx = fmaxf(mx, p[static_cast<size_t>(s) * (D + 2)]);
+    for (int s = tid; s < splits; s += NT) {
+        const float ms = p[static_cast<size_t>(s) * (D + 2)];
+        lsum[s] = p[static_cast<size_t>(s) * (D + 2) + 1];
+        wgt[s] = ms;
+        mx = fmaxf(mx, ms);
+    }
     mx = warp_max(mx);
     if (lane == 0) red[warp] = mx;
     __syncthreads();
@@ -247,11 +253,11 @@ __device__ __forceinline__ void attention_decode_combine(const float* __restrict
     __syncthreads();
     mx = mx_s;
     float den = 0.f;
-    for (int s = tid; s < splits; s += NT) {
-        const float ms = p[static_cast<size_t>(s) * (D + 2)];
+    for (int s = tid; s < splits; s += NT) {  // the same thread wrote wgt[s] and lsum[s] above
+        const float ms = wgt[s];
         const float w = (ms == -INFINITY || mx == -INFINITY) ? 0.f : exp2f(ms - mx);
         wgt[s] = w;
-        den = fmaf(p[static_cast<size_t>(s) * (D + 2) + 1], w, den);
+        den = fmaf(lsum[s], w, den);
     }
     den = warp_sum(den);
     __syncthreads();  // red is reused
@@ -262,8 +268,10 @@ __device__ __forceinline__ void attention_decode_combine(const float* __restrict
         for (int w = 0; w < NW; ++w) v += red[w];
         den_s = v;
     }
+    // Unrolled by 16 so a thread has up to 16 partial loads in flight (its chain is splits / 4 long: 25 at
+    // 99 splits, which unrolled by 4 was ~7 dependent L2 round trips).
     float num = 0.f;
-#pragma unroll 4
+#pragma unroll 16
     for (int s = y; s < splits; s += COMB_Y) num = fmaf(p[static_cast<size_t>(s) * (D + 2) + 2 + d], wgt[s], num);
     part[y][d] = num;
     __syncthreads();
@@ -303,15 +311,10 @@ extern "C" __global__ void __launch_bounds__(AttGeom<6>::THREADS) attention_deco
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Tensor-core decode (attention_decode_tc_D*): the same split, pages and partials as above, with Q K^T and P V on
-// mma.sync m16n8k16 (bf16 operands, fp32 accumulation), as flash-decoding kernels do. The R query heads of the
-// block are the 16 rows of A (rows >= R are zero and ignored); a 16-token stage is two n-tiles of scores. Four
-// warps each multiply a quarter of the head dim into the score tile (summed through shared memory), then each
-// runs the same softmax on the whole tile and owns D/4 columns of the output. Stage rows are padded by 16 bytes (D
-// + 8 bf16), which makes the per-lane 4-byte fragment loads from shared memory conflict-free. Q is rounded to bf16
-// (scaled by scale * log2 e first) and P to bf16, as in SDPA's flash kernel: the error against an fp32 reference is
-// ~1e-3.
-constexpr int TC_STAGES = 2;
+// Tensor-core helpers of the tiled kernels below: mma.sync m16n8k16 (bf16 operands, fp32 accumulation) and bf16
+// packing. (A first tensor-core kernel, attention_decode_tc_D*, 16 tokens per stage with per-lane 32-bit fragment
+// loads, was the default until the tiled kernels measured 1.8-2.5x faster on the H200 at every context and batch:
+// benchmarks/h200-runs/s2-run2/bench_attention_decode.txt; it was removed.)
 constexpr int TC_WARPS = 4;
 
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -329,215 +332,6 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return r;
 }
 
-template <int D>
-__device__ __forceinline__ void attention_decode_tc(const float* __restrict__ q, const uint16_t* __restrict__ kc,
-                                                    const uint16_t* __restrict__ vc,
-                                                    const unsigned int* __restrict__ block_table,
-                                                    const unsigned int* __restrict__ lens, float scale,
-                                                    float* __restrict__ out, float* __restrict__ ws, int hq, int hkv,
-                                                    int page_size, int num_pages, int max_pages, int r_heads) {
-    constexpr int DP = D + 8;       // padded row, bf16
-    constexpr int CPR = D / 8;      // 16-byte chunks per row
-    constexpr int CHUNKS = 2 * ATT_TS * CPR;
-    constexpr int NT = TC_WARPS * 32;
-    constexpr int KS = D / 16;          // k-steps of Q K^T
-    constexpr int KSW = KS / TC_WARPS;  // k-steps of Q K^T per warp
-    constexpr int DW = D / TC_WARPS;    // output columns per warp
-    constexpr int NO = DW / 8;          // output n-tiles per warp
-    __shared__ __align__(16) uint16_t stage[TC_STAGES][2][ATT_TS][DP];
-    __shared__ float spart[2][TC_WARPS][2][4][32];  // partial scores per warp, double-buffered by stage parity
-
-    const int split = blockIdx.x, splits = gridDim.x;
-    const int g_kv = blockIdx.y, seq = blockIdx.z;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, qd = lane & 3;
-
-    const long long cap = static_cast<long long>(max_pages) * page_size;
-    const int len = static_cast<int>(min(static_cast<long long>(lens[seq]), cap));
-    const int per = (len + splits - 1) / splits;
-    const int start = split * per;
-    const int end = min(len, start + per);
-    const int n_stages = end > start ? (end - start + ATT_TS - 1) / ATT_TS : 0;
-    const unsigned int* bt = block_table + static_cast<size_t>(seq) * max_pages;
-
-    auto issue = [&](int st) {
-        if (st < n_stages) {
-            const int t0 = start + st * ATT_TS;
-            for (int c = threadIdx.x; c < CHUNKS; c += NT) {
-                const int which = c / (ATT_TS * CPR);  // 0: K, 1: V
-                const int tok = (c / CPR) % ATT_TS;
-                const int part = c % CPR;
-                const int t = t0 + tok;
-                const unsigned int page = t < end ? bt[t / page_size] : 0u;
-                const bool ok = t < end && page < static_cast<unsigned int>(num_pages);
-                const size_t off =
-                    ok ? ((static_cast<size_t>(page) * hkv + g_kv) * page_size + t % page_size) * D + part * 8 : 0;
-                cp_async16(&stage[st % TC_STAGES][which][tok][part * 8], (which ? vc : kc) + off, ok);
-            }
-        }
-        cp_async_commit();
-    };
-
-    // Q as A fragments for this warp's k-steps: rows g and g + 8 are query heads g_kv * R + row (zero past R).
-    uint32_t qa[KSW][4];
-    {
-        const float qs = scale * LOG2E;
-        const float* q0 = q + (static_cast<size_t>(seq) * hq + g_kv * r_heads) * D;
-#pragma unroll
-        for (int si = 0; si < KSW; ++si) {
-            const int s = warp * KSW + si;
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {  // rows g, g + 8
-                const int row = g + 8 * half;
-                float v[4] = {0.f, 0.f, 0.f, 0.f};
-                if (row < r_heads) {
-                    const float* qr = q0 + static_cast<size_t>(row) * D + s * 16 + 2 * qd;
-                    v[0] = qr[0] * qs;
-                    v[1] = qr[1] * qs;
-                    v[2] = qr[8] * qs;
-                    v[3] = qr[9] * qs;
-                }
-                qa[si][half] = pack_bf16x2(v[0], v[1]);
-                qa[si][2 + half] = pack_bf16x2(v[2], v[3]);
-            }
-        }
-    }
-    float o[NO][4];
-#pragma unroll
-    for (int j = 0; j < NO; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // rows g, g + 8 (same on the quad)
-
-#pragma unroll
-    for (int st = 0; st < TC_STAGES - 1; ++st) issue(st);
-    for (int st = 0; st < n_stages; ++st) {
-        cp_async_wait<TC_STAGES - 2>();
-        __syncthreads();
-        issue(st + TC_STAGES - 1);
-        const int buf = st % TC_STAGES;
-        const uint16_t(*ks)[DP] = stage[buf][0];
-        const uint16_t(*vs)[DP] = stage[buf][1];
-
-        // Scores: two n-tiles of 8 tokens. Each warp multiplies its quarter of the head dim (two accumulators per
-        // tile, even and odd k-steps, so the mma chains are short), the four partial tiles meet in shared memory.
-        // (Every warp computing the whole tile took 168 registers: 109 us at 32k context against 90 us, H200.)
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-            float acc2[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-            const uint16_t* krow = ks[8 * t + g];
-#pragma unroll
-            for (int si = 0; si < KSW; ++si) {
-                const int s = warp * KSW + si;
-                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow + s * 16 + 2 * qd);
-                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(krow + s * 16 + 8 + 2 * qd);
-                mma_bf16_16816(acc2[si & 1], qa[si], b0, b1);
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) spart[st & 1][warp][t][i][lane] = acc2[0][i] + acc2[1][i];
-        }
-        __syncthreads();  // the parity buffer is rewritten two stages later, after the next top-of-loop barrier
-        float sc[2][4];
-#pragma unroll
-        for (int t = 0; t < 2; ++t)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                float v = 0.f;
-#pragma unroll
-                for (int w = 0; w < TC_WARPS; ++w) v += spart[st & 1][w][t][i][lane];
-                sc[t][i] = v;
-            }
-        // Mask tokens past the end or on an invalid page; columns of this lane: 8t + 2qd + {0, 1}.
-        const int t0 = start + st * ATT_TS;
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int tok = t0 + 8 * t + 2 * qd + e;
-                const bool ok = tok < end && bt[tok / page_size] < static_cast<unsigned int>(num_pages);
-                if (!ok) sc[t][e] = sc[t][2 + e] = -INFINITY;
-            }
-        }
-        // Online softmax per row (row g: elements 0, 1; row g + 8: elements 2, 3), reduced over the quad.
-        float p[2][4];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float mx = fmaxf(fmaxf(sc[0][2 * h], sc[0][2 * h + 1]), fmaxf(sc[1][2 * h], sc[1][2 * h + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mn = fmaxf(m_run[h], mx);
-            const float corr = mn == -INFINITY ? 1.f : exp2f(m_run[h] - mn);
-            float sum = 0.f;
-#pragma unroll
-            for (int t = 0; t < 2; ++t)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float pv = mn == -INFINITY ? 0.f : exp2f(sc[t][2 * h + e] - mn);
-                    p[t][2 * h + e] = pv;
-                    sum += pv;
-                }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            l_run[h] = fmaf(l_run[h], corr, sum);
-            m_run[h] = mn;
-#pragma unroll
-            for (int j = 0; j < NO; ++j) {
-                o[j][2 * h] *= corr;
-                o[j][2 * h + 1] *= corr;
-            }
-        }
-        // P as the A fragment of one k16 step (tokens 0..15), the score accumulators' layout reused.
-        const uint32_t pa[4] = {pack_bf16x2(p[0][0], p[0][1]), pack_bf16x2(p[0][2], p[0][3]),
-                                pack_bf16x2(p[1][0], p[1][1]), pack_bf16x2(p[1][2], p[1][3])};
-        // O += P V over this warp's columns; B = V[token][col]: (k = 2qd, 2qd + 1, n = g) and k + 8.
-#pragma unroll
-        for (int j = 0; j < NO; ++j) {
-            const int col = warp * DW + 8 * j + g;
-            const uint32_t v00 = vs[2 * qd][col], v01 = vs[2 * qd + 1][col];
-            const uint32_t v10 = vs[2 * qd + 8][col], v11 = vs[2 * qd + 9][col];
-            mma_bf16_16816(o[j], pa, v00 | (v01 << 16), v10 | (v11 << 16));
-        }
-    }
-    cp_async_wait<0>();
-
-    // Rows g and g + 8 of this warp's columns 8j + 2qd + {0, 1}.
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int row = g + 8 * h;
-        if (row >= r_heads) continue;
-        const size_t orow = static_cast<size_t>(seq) * hq + g_kv * r_heads + row;
-        if (splits == 1) {
-            const float inv = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;
-#pragma unroll
-            for (int j = 0; j < NO; ++j) {
-                const int col = warp * DW + 8 * j + 2 * qd;
-                out[orow * D + col] = o[j][2 * h] * inv;
-                out[orow * D + col + 1] = o[j][2 * h + 1] * inv;
-            }
-        } else {
-            const size_t slot = (orow * splits + split) * (D + 2);
-#pragma unroll
-            for (int j = 0; j < NO; ++j) {
-                const int col = warp * DW + 8 * j + 2 * qd;
-                ws[slot + 2 + col] = o[j][2 * h];
-                ws[slot + 2 + col + 1] = o[j][2 * h + 1];
-            }
-            if (warp == 0 && qd == 0) {
-                ws[slot] = m_run[h];
-                ws[slot + 1] = l_run[h];
-            }
-        }
-    }
-}
-
-#define EDGEFIT_ATT_TC(D)                                                                                         \
-    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32) attention_decode_tc_D##D(                         \
-        const float* q, const uint16_t* kc, const uint16_t* vc, const unsigned int* bt, const unsigned int* lens, \
-        float scale, float* out, float* ws, int hq, int hkv, int page_size, int num_pages, int max_pages) {       \
-        attention_decode_tc<D>(q, kc, vc, bt, lens, scale, out, ws, hq, hkv, page_size, num_pages, max_pages,     \
-                               hq / hkv);                                                                         \
-    }
-EDGEFIT_ATT_TC(64)
-EDGEFIT_ATT_TC(128)
-EDGEFIT_ATT_TC(256)
 
 // ---------------------------------------------------------------------------------------------------------------
 // Tiled tensor-core decode (attention_decode_tiled_D*_T*S* over the paged cache, attention_decode_ring_D*_T*S*
@@ -648,11 +442,15 @@ __device__ __forceinline__ void attention_decode_tiled(const float* __restrict__
     const int n_tiles = (end - start + TILE - 1) / TILE;
     const size_t cur_off = (static_cast<size_t>(seq) * gridDim.y + g_kv) * D;
 
-    auto issue = [&](int st) {
+    // Row index of this lane's token (lane mod TILE) of tile st, TD_INVALID past the split. For the paged cache
+    // this is a block-table load, which the main loop issues one tile ahead of its use (below).
+    auto lookup = [&](int st) -> unsigned {
+        const int t = start + st * TILE + (lane & (TILE - 1));
+        return st < n_tiles && t < end ? src.row(t) : TD_INVALID;
+    };
+    auto issue = [&](int st, unsigned myrow) {
         if (st < n_tiles) {
             const int buf = st % STAGES;
-            const int t = start + st * TILE + (lane & (TILE - 1));
-            const unsigned myrow = t < end ? src.row(t) : TD_INVALID;
             const unsigned ok_bits = __ballot_sync(0xffffffffu, myrow != TD_INVALID);
             if (lane == 0) tmask[buf * TC_WARPS + warp] = TILE == 32 ? ok_bits : (ok_bits & 0xffffu);
             uint16_t* base = kv + buf * (2 * TILE * D);
@@ -701,11 +499,16 @@ __device__ __forceinline__ void attention_decode_tiled(const float* __restrict__
     float m_run = -INFINITY, l_run = 0.f;  // row g (the same on the quad)
 
 #pragma unroll
-    for (int st = 0; st < STAGES - 1; ++st) issue(st);
+    for (int st = 0; st < STAGES - 1; ++st) issue(st, lookup(st));
+    // The table load for the tile issued at the top of the next iteration goes out now and lands during this
+    // tile's wait and compute: looked up at issue time, it stood between one tile's arrival and the next tile's
+    // request, an L2 round trip during which a 2-stage block had no bytes in flight.
+    unsigned next_row = lookup(STAGES - 1);
     for (int st = 0; st < n_tiles; ++st) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();
-        issue(st + STAGES - 1);  // refills the buffer every warp finished with before the barrier
+        issue(st + STAGES - 1, next_row);  // refills the buffer every warp finished with before the barrier
+        next_row = lookup(st + STAGES);
         const int buf = st % STAGES;
         const uint16_t* ks = kv + buf * (2 * TILE * D);
         const uint16_t* vs = ks + TILE * D;
@@ -837,7 +640,7 @@ __device__ __forceinline__ void attention_decode_tiled(const float* __restrict__
     }
 }
 
-// Paged: same arguments as attention_decode_tc_D*; the length is clamped to the table as there.
+// Paged: same arguments as attention_decode_split_D*_R*; the length is clamped to the table as there.
 template <int D, int TILE, int STAGES>
 __device__ __forceinline__ void attention_decode_tiled_paged(const float* q, const uint16_t* kc, const uint16_t* vc,
                                                              const unsigned int* bt, const unsigned int* lens,

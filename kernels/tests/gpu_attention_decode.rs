@@ -3,7 +3,8 @@
 //! `kernels::reference::attention::decode_dense` (f64) for both, and the crate's CPU `attention::decode_ring` for
 //! the ring. Fresh random bf16 K/V each run (the seed is printed), ragged lengths that are not multiples of the
 //! 16/32-token tiles or of the pages, shuffled pages, table slots past the pool, outputs poisoned with NaN before
-//! each launch, every built tiling, head dims 64/128/256, group sizes 1-8, splits 1/3/auto/300.
+//! each launch, every built tiling and the public Auto entry point, head dims 64/128/256, group sizes 1-8, splits
+//! 1/3/auto/300, and a batch that fills the GPU without splitting.
 //!
 //! Error bound 5e-3 relative (Frobenius over the whole output): the kernels round the scaled query and the
 //! probabilities to bf16 (2^-9 relative each), which measures ~1e-3 against f64 (benchmarks/h200.md); a wrong
@@ -129,6 +130,16 @@ fn check_paged(
         let e = rel_err(&what, &got, &want);
         assert!(e < TOL, "{what}: relative error {e:e} >= {TOL:e}");
     }
+    // The public entry point (KernelPath::Auto: the tiled kernel on DECODE_AUTO_TILING).
+    let mut out = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
+    gpu.attention_decode_paged(&dims, &dq, &dk, &dv, &dt, &dl, scale, splits, &mut out)
+        .unwrap();
+    let got = gpu.download(&out).unwrap();
+    let what = format!(
+        "paged Auto hq={hq} hkv={hkv} d={d} lens={lens:?} page={page_size} splits={splits} bad_page={bad_page}"
+    );
+    let e = rel_err(&what, &got, &want);
+    assert!(e < TOL, "{what}: relative error {e:e} >= {TOL:e}");
 }
 
 #[test]
@@ -166,6 +177,90 @@ fn tiled_paged_decode_matches_the_reference() {
                 [0usize, 2, 5][case % 3],
                 case % 2 == 0,
             );
+        }
+    }
+}
+
+/// A batch whose (sequence, KV head) pairs alone fill every resident slot: `splits = 0` must pick one split (no
+/// partials, no combine) on every tiling, and the kernels write the output directly for 4 x (SMs + 1) pairs.
+#[test]
+fn tiled_paged_decode_at_a_batch_that_fills_the_gpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("tiled_paged_decode_batch");
+    let sms = gpu.sm_count();
+    let (hkv, d) = (4usize, 64usize);
+    let seqs = sms + 1;
+    for tiling in Gpu::DECODE_TILINGS {
+        let s = Gpu::decode_auto_splits(tiling, d, sms, seqs * hkv, 200);
+        assert_eq!(s, 1, "tiling {tiling:?}: {} pairs on {sms} SMs", seqs * hkv);
+    }
+    let lens: Vec<usize> = (0..seqs).map(|i| 1 + ((i + 3) * 29) % 97).collect();
+    let attn = AttnDims {
+        q_heads: 2 * hkv,
+        kv_heads: hkv,
+        head_dim: d,
+    };
+    check_paged(&gpu, &mut rng, attn, &lens, 16, 0, true);
+}
+
+/// The split heuristic on the H200's 132 SMs at Qwen's shape (24q/4kv x 256): one wave, never more.
+#[test]
+fn auto_splits_fill_exactly_one_wave() {
+    let t = Gpu::DECODE_AUTO_TILING;
+    assert_eq!(t, (32, 2));
+    // (32, 2) at head_dim 256: 72 KiB of shared memory, 3 blocks per SM, 396 slots.
+    let cases = [
+        // (pairs, max tokens, splits): B=1 at 32k, B=8 at 8k, B=32 at 4k, a batch past the slots, a short context.
+        (4, 32768, 99),
+        (32, 8192, 12),
+        (128, 4096, 3),
+        (400, 4096, 1),
+        (4, 100, 2),
+    ];
+    for (pairs, max_tokens, want) in cases {
+        let got = Gpu::decode_auto_splits(t, 256, 132, pairs, max_tokens);
+        assert_eq!(got, want, "pairs {pairs}, max tokens {max_tokens}");
+    }
+    // Nonsense arguments give a count, never a panic.
+    for (tiling, d, sms, pairs, max_tokens) in [
+        ((0, 0), 0, 0, 0, 0),
+        (
+            (usize::MAX, usize::MAX),
+            usize::MAX,
+            usize::MAX,
+            usize::MAX,
+            usize::MAX,
+        ),
+        ((32, 2), 256, 132, 0, 1),
+    ] {
+        let s = Gpu::decode_auto_splits(tiling, d, sms, pairs, max_tokens);
+        assert!(
+            (1..=1024).contains(&s),
+            "{tiling:?} {d} {sms} {pairs} {max_tokens}: {s}"
+        );
+    }
+    for tiling in Gpu::DECODE_TILINGS {
+        for d in [64, 128, 256] {
+            // The same shared memory as the launches use (kernels/src/cuda/attention.rs tiled_smem).
+            let smem = 4 * tiling.1 * tiling.0 * d + 256 * tiling.0 + 16 * tiling.1;
+            let per_sm = (228 * 1024 / (smem + 1024)).clamp(1, 4);
+            assert_eq!(
+                Gpu::decode_auto_splits(tiling, d, 100, 1, 1 << 20),
+                per_sm * 100,
+                "{tiling:?} d={d}: one pair fills every slot"
+            );
+            for pairs in 1..=1200 {
+                let s = Gpu::decode_auto_splits(tiling, d, 132, pairs, 1 << 20);
+                assert!(
+                    (1..=1024).contains(&s),
+                    "{tiling:?} d={d} pairs={pairs}: {s}"
+                );
+                // One wave: 4 blocks per SM at most, so 528 slots; a single split past them.
+                assert!(
+                    s == 1 || s * pairs <= 4 * 132,
+                    "{tiling:?} d={d} pairs={pairs}: {s} splits overshoot one wave"
+                );
+            }
         }
     }
 }

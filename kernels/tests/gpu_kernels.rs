@@ -4,7 +4,7 @@
 //!
 //! Where there is no CUDA driver or device, or the crate was built without the `cuda` feature, each test prints
 //! "skipped: no CUDA device" and returns. Shapes are small so the whole file also runs under
-//! `compute-sanitizer --tool memcheck|racecheck` in seconds (kernels/bench/h200/run_all.sh).
+//! `compute-sanitizer --tool memcheck|racecheck` in seconds (kernels/bench/h200/run_session.sh).
 
 use kernels::attention::AttnDims;
 use kernels::cuda::{GdnGpuInputs, GdnGpuWeights, Gpu, KernelPath, PagedAttentionDims};
@@ -400,7 +400,8 @@ fn check_attention(
     );
     let (dt, dl) = (gpu.upload(&table).unwrap(), gpu.upload(&lens32).unwrap());
     // CUDA cores: fp32 scores and exp2 on exact bf16 inputs against f64, ~1e-6 relative, bound 1e-4. Tensor
-    // cores: q and the probabilities rounded to bf16 (2^-9 relative each), ~1e-3, bound 5e-3.
+    // cores (the tiled kernel, also what Auto runs): q and the probabilities rounded to bf16 (2^-9 relative
+    // each), ~1e-3, bound 5e-3.
     for (path, tol) in [
         (KernelPath::CudaCores, 1e-4),
         (KernelPath::TensorCores, 5e-3),
@@ -514,14 +515,40 @@ fn attention_decode_refuses_unbuilt_group_sizes() {
     let h = gpu.zeros::<u16>(1).unwrap();
     let u = gpu.zeros::<u32>(1).unwrap();
     let mut o = gpu.zeros::<f32>(1).unwrap();
+    // Group size 3: built for the tensor cores (Auto), not for the CUDA cores.
     let e = gpu
-        .attention_decode_paged(&dims, &f, &h, &h, &u, &u, 1.0, 0, &mut o)
+        .attention_decode_paged_with(
+            KernelPath::CudaCores,
+            &dims,
+            &f,
+            &h,
+            &h,
+            &u,
+            &u,
+            1.0,
+            0,
+            &mut o,
+        )
         .unwrap_err();
     assert!(
         e.to_string()
             .contains("must be 1, 2, 4, 6 or 8 times kv_heads"),
         "{e}"
     );
+    // Group size 9: built for neither (the query group is the 8 rows of one mma tile).
+    let dims = PagedAttentionDims {
+        q_heads: 36,
+        ..dims
+    };
+    for path in [KernelPath::Auto, KernelPath::TensorCores] {
+        let e = gpu
+            .attention_decode_paged_with(path, &dims, &f, &h, &h, &u, &u, 1.0, 0, &mut o)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("1 to 8 times kv_heads"),
+            "{path:?}: {e}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------

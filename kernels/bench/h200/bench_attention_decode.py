@@ -1,16 +1,22 @@
 """Attention decode on the H200: the tiled tensor-core kernels of kernels/cuda/attention.cu (attention_decode_tiled_*,
-attention_decode_ring_*, three tilings) against our current tensor-core kernel (attention_decode_tc_*, what
-KernelPath::Auto runs) and SDPA with the flash backend on a dense copy of the same tokens.
+attention_decode_ring_*, three tilings) against SDPA with the flash backend on a dense copy of the same tokens.
 
     python3 kernels/bench/h200/bench_attention_decode.py CARRY_DIR [--quick]
 
-CARRY_DIR holds attention.ptx (loaded by cupy, JIT for the card). Cases: Qwen3.8-27B full attention (24 query / 4 KV
-heads x 256) over a paged bf16 cache (pages of 64 tokens, randomly permuted) at 4k/8k/32k/64k/128k context with
-B=1, then B=8 at 8k and B=32 at 4k; a sliding-window ring (Spark-X2.5-4B's sliding layers, 16/4 x 256, and
-Gemma-3-1B's, 4/1 x 256) at windows 1024 and 4096. "% copy" counts K and V once (bytes of the attended tokens) over
-the time, against a 256 MiB float32 copy_ measured in this run (read + write). Every arm's output is checked
-against SDPA in fp32 on the same bf16 K/V (NaN-poisoned before each check). A failing case is printed and the
-others still run. Writes $OUT/bench_attention_decode.json; prints a short table last.
+CARRY_DIR holds attention.sm_90.cubin or attention.ptx. Cases: Qwen3.8-27B full attention (24 query / 4 KV heads x
+256) over a paged bf16 cache (pages of 64 tokens, randomly permuted) at 4k/8k/32k/64k/128k context with B=1, then
+B=8 at 8k and B=32 at 4k; a sliding-window ring (Spark-X2.5-4B's sliding layers, 16/4 x 256, and Gemma-3-1B's, 4/1
+x 256) at windows 1024 and 4096.
+
+Arms per case: "auto" is exactly what KernelPath::Auto (paged) / attention_decode_ring (ring) launch: tiling
+Gpu::DECODE_AUTO_TILING = (32, 2) with Gpu::decode_auto_splits (one wave: floor(slots / pairs)); the other two
+tilings with the same heuristic; "prev" is the previous heuristic (splits rounded up: can overshoot one wave) on the
+auto tiling, the default of the last run; "s=K" arms try other split counts on the auto tiling (the benchmark
+decides whether the heuristic is right); "auto no-combine" times the split kernel alone (output not final, not
+checked, never "best"): auto minus it is the combine kernel's cost. "% copy" counts K and V once (bytes of the
+attended tokens) over the time, against a 256 MiB float32 copy_ measured in this run (read + write). Every arm's
+output is checked against SDPA in fp32 on the same bf16 K/V (NaN-poisoned before each check). A failing case is
+printed and the others still run. Writes $OUT/bench_attention_decode.json; prints a short table last.
 """
 import json
 import math
@@ -28,8 +34,9 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 dev = torch.device("cuda")
-# (tokens per stage, stages): Gpu::DECODE_TILINGS in kernels/src/cuda/attention.rs, the first is the default.
+# (tokens per stage, stages): Gpu::DECODE_TILINGS in kernels/src/cuda/attention.rs.
 TILINGS = [(32, 3), (16, 4), (32, 2)]
+AUTO_TILING = (32, 2)  # Gpu::DECODE_AUTO_TILING
 RESULTS = []
 
 
@@ -48,15 +55,46 @@ def load_attention_module():
 
 
 def tiled_smem(d, tile, stages):
-    # cuda/attention.cu TiledGeom::SMEM, as kernels/src/cuda/device/attention.rs tiled_smem.
+    # cuda/attention.cu TiledGeom::SMEM, as kernels/src/cuda/attention.rs tiled_smem.
     return stages * 2 * tile * d * 2 + 2 * 4 * 32 * (tile // 8) * 2 * 4 + stages * 4 * 4
 
 
-def tiled_splits(sms, blocks, d, tile, stages, max_tokens):
-    # kernels/src/cuda/device/attention.rs Device::tiled_splits.
-    per_sm = min(4, max(1, 228 * 1024 // (tiled_smem(d, tile, stages) + 1024)))
-    want = math.ceil(per_sm * sms / max(blocks, 1))
+def per_sm(d, tile, stages):
+    return min(4, max(1, 228 * 1024 // (tiled_smem(d, tile, stages) + 1024)))
+
+
+def auto_splits(sms, pairs, d, tile, stages, max_tokens):
+    # kernels/src/cuda/attention.rs Gpu::decode_auto_splits: one wave, floor.
+    one_wave = per_sm(d, tile, stages) * sms // max(pairs, 1)
+    return max(1, min(1024, min(one_wave, math.ceil(max_tokens / (2 * tile)))))
+
+
+def prev_splits(sms, pairs, d, tile, stages, max_tokens):
+    # The heuristic of the previous run (benchmarks/h200-runs/s2-run2): rounded up.
+    want = math.ceil(per_sm(d, tile, stages) * sms / max(pairs, 1))
     return max(1, min(1024, min(want, math.ceil(max_tokens / (2 * tile)))))
+
+
+def arm_plan(sms, pairs, d, max_tokens):
+    """{arm name: (tiling, splits, combine)} for one case."""
+    plan = {}
+    s_auto = auto_splits(sms, pairs, d, *AUTO_TILING, max_tokens)
+    plan[f"auto T{AUTO_TILING[0]}S{AUTO_TILING[1]}"] = (AUTO_TILING, s_auto, True)
+    for t in TILINGS:
+        if t != AUTO_TILING:
+            plan[f"T{t[0]}S{t[1]}"] = (t, auto_splits(sms, pairs, d, *t, max_tokens), True)
+    s_prev = prev_splits(sms, pairs, d, *AUTO_TILING, max_tokens)
+    if s_prev != s_auto:
+        plan[f"prev T{AUTO_TILING[0]}S{AUTO_TILING[1]}"] = (AUTO_TILING, s_prev, True)
+    most = max(1, math.ceil(max_tokens / (2 * AUTO_TILING[0])))
+    alts = {max(1, s_auto // 2), max(1, (2 * s_auto) // 3), min(most, (4 * s_auto) // 3), min(most, 2 * s_auto)}
+    if pairs >= 32:
+        alts |= {1, 2}
+    for s in sorted(alts - {s_auto, s_prev}):
+        plan[f"s={s}"] = (AUTO_TILING, s, True)
+    if s_auto > 1:
+        plan["auto no-combine"] = (AUTO_TILING, s_auto, False)
+    return plan
 
 
 def tiled_kernel(kind, d, tile, stages):
@@ -77,14 +115,14 @@ def sdpa_arm(qb, kd, vd):
     return call
 
 
-def record(case, arm, t, spread, kv_bytes, copy_bw, err, base_t, sdpa_t, note=""):
+def record(case, arm, t, spread, kv_bytes, copy_bw, err, auto_t, sdpa_t, splits=None, note=""):
     r = {"case": case, "arm": arm, "us": t * 1e6, "spread": spread, "GBps": kv_bytes / t / 1e9,
-         "frac_copy": kv_bytes / t / copy_bw, "rel_err_vs_fp32_sdpa": err,
-         "vs_current": base_t / t if base_t else float("nan"), "vs_sdpa": sdpa_t / t if sdpa_t else float("nan"),
+         "frac_copy": kv_bytes / t / copy_bw, "rel_err_vs_fp32_sdpa": err, "splits": splits,
+         "vs_auto": auto_t / t if auto_t else float("nan"), "vs_sdpa": sdpa_t / t if sdpa_t else float("nan"),
          "note": note}
     RESULTS.append(r)
     b.log(f"  {arm:22s} {t*1e6:9.2f} us (±{spread*100:4.1f}%)  {r['GBps']:6.0f} GB/s = {r['frac_copy']*100:5.1f}% copy"
-          f"  x{r['vs_current']:.2f} current  x{r['vs_sdpa']:.2f} SDPA  err {err:.1e} {note}")
+          f"  x{r['vs_auto']:.2f} auto  x{r['vs_sdpa']:.2f} SDPA  err {err:.1e} {note}")
 
 
 def check(err, arm, case):
@@ -92,6 +130,40 @@ def check(err, arm, case):
         b.log(f"  FAIL {case} {arm}: relative error {err:.2e} vs fp32 SDPA")
         return "FAIL"
     return ""
+
+
+def run_arms(case, plan, make, qb, kd, vd, out, seqs, hq, d, sets, kv_bytes, copy_bw):
+    """Checks every arm of `plan` (but the no-combine one) against fp32 SDPA, times them all with SDPA flash
+    alternating, records the rows."""
+    ref = F.scaled_dot_product_attention(qb[0].float(), kd[0].float(), vd[0].float(), enable_gqa=True)
+    arms, errs = {}, {}
+    for name, (tiling, splits, combine) in plan.items():
+        try:
+            arms[name] = make(tiling, splits, combine)
+            if combine:
+                out.fill_(float("nan"))
+                arms[name](0)
+                torch.cuda.synchronize()
+                errs[name] = rel(out.view(seqs, hq, 1, d), ref)
+            else:
+                errs[name] = float("nan")
+        except Exception as e:  # noqa: BLE001 - one arm failing must not stop the others
+            b.log(f"  ARM FAILED {name}: {type(e).__name__}: {e}")
+            arms.pop(name, None)
+            torch.cuda.synchronize()
+    arms["sdpa flash"] = sdpa_arm(qb, kd, vd)
+    errs["sdpa flash"] = rel(arms["sdpa flash"](0), ref)
+    res = b.time_arms(arms, sets, 40)
+    auto_name = next(iter(plan))
+    auto_t = res[auto_name][0] if auto_name in res else None
+    sdpa_t = res["sdpa flash"][0]
+    for name, (t, sp) in res.items():
+        note = check(errs[name], name, case) if name in plan and plan[name][2] or name == "sdpa flash" else ""
+        if name in plan and not plan[name][2]:
+            note = "split kernel only (not checked)"
+        splits = plan[name][1] if name in plan else None
+        label = f"{name} s{splits}" if name in plan and not name.startswith("s=") else name
+        record(case, label, t, sp, kv_bytes, copy_bw, errs[name], auto_t, sdpa_t, splits, note)
 
 
 def paged_case(copy_bw, sms, seqs, ctx, hq=24, hkv=4, d=256, page=64):
@@ -108,49 +180,26 @@ def paged_case(copy_bw, sms, seqs, ctx, hq=24, hkv=4, d=256, page=64):
     lens = torch.full((seqs,), ctx, device=dev, dtype=torch.int32)
     q = [torch.randn(seqs, hq, d, device=dev) for _ in range(sets)]
     out = torch.empty(seqs, hq, d, device=dev)
-    # Current kernel, as bench.py runs it (one wave of 5 blocks per SM).
-    splits_tc = max(1, min(math.ceil(5 * sms / (hkv * seqs)), math.ceil(ctx / 64)))
-    split_t = {t: tiled_splits(sms, seqs * hkv, d, t[0], t[1], pages_per * page) for t in TILINGS}
-    ws = torch.empty(seqs * hq * max([splits_tc] + list(split_t.values())) * (d + 2), device=dev)
+    plan = arm_plan(sms, seqs * hkv, d, pages_per * page)
+    ws = torch.empty(seqs * hq * max(v[1] for v in plan.values()) * (d + 2), device=dev)
     fcomb = b.kern("attention", f"attention_decode_combine_D{d}")
-    ftc = b.kern("attention", f"attention_decode_tc_D{d}")
 
-    def args(i):
-        return (b.ptr(q[i]), b.ptr(kc[i]), b.ptr(vc[i]), b.ptr(table), b.ptr(lens), np.float32(scale), b.ptr(out),
-                b.ptr(ws), np.int32(hq), np.int32(hkv), np.int32(page), np.int32(pages), np.int32(pages_per))
+    def make(tiling, splits, combine):
+        fn, smem = tiled_kernel("tiled", d, *tiling), tiled_smem(d, *tiling)
 
-    def make(fn, splits, smem):
         def call(i):
-            b.launch(fn, (splits, hkv, seqs), (128,), args(i), shared_mem=smem)
-            if splits > 1:
+            b.launch(fn, (splits, hkv, seqs), (128,),
+                     (b.ptr(q[i]), b.ptr(kc[i]), b.ptr(vc[i]), b.ptr(table), b.ptr(lens), np.float32(scale),
+                      b.ptr(out), b.ptr(ws), np.int32(hq), np.int32(hkv), np.int32(page), np.int32(pages),
+                      np.int32(pages_per)), shared_mem=smem)
+            if splits > 1 and combine:
                 b.launch(fcomb, (hq, seqs), (d, 4), (b.ptr(ws), b.ptr(out), np.int32(hq), np.int32(splits)))
         return call
 
-    arms = {"current tc": make(ftc, splits_tc, 0)}
-    for t in TILINGS:
-        arms[f"tiled T{t[0]}S{t[1]}"] = make(tiled_kernel("tiled", d, *t), split_t[t], tiled_smem(d, *t))
     kd = [kc[i][table.long()].permute(0, 2, 1, 3, 4).reshape(seqs, hkv, ctx, d).contiguous() for i in range(sets)]
     vd = [vc[i][table.long()].permute(0, 2, 1, 3, 4).reshape(seqs, hkv, ctx, d).contiguous() for i in range(sets)]
     qb = [q[i].to(torch.bfloat16).view(seqs, hq, 1, d) for i in range(sets)]
-    ref = F.scaled_dot_product_attention(qb[0].float(), kd[0].float(), vd[0].float(), enable_gqa=True)
-    errs = {}
-    for name, call in arms.items():
-        out.fill_(float("nan"))
-        call(0)
-        torch.cuda.synchronize()
-        errs[name] = rel(out.view(seqs, hq, 1, d), ref)
-    arms["sdpa flash"] = sdpa_arm(qb, kd, vd)
-    errs["sdpa flash"] = rel(arms["sdpa flash"](0), ref)
-    res = b.time_arms(arms, sets, 40)
-    base_t, sdpa_t = res["current tc"][0], res["sdpa flash"][0]
-    for name, (t, sp) in res.items():
-        note = check(errs[name], name, case)
-        if name.startswith("tiled"):
-            tl = tuple(int(x) for x in name[7:].split("S"))
-            note += f" splits {split_t[tl]}"
-        elif name == "current tc":
-            note += f" splits {splits_tc}"
-        record(case, name, t, sp, kv_bytes, copy_bw, errs[name], base_t, sdpa_t, note.strip())
+    run_arms(case, plan, make, qb, kd, vd, out, seqs, hq, d, sets, kv_bytes, copy_bw)
     del kc, vc, kd, vd, q, qb
     torch.cuda.empty_cache()
 
@@ -170,42 +219,26 @@ def ring_case(copy_bw, sms, seqs, window, hq, hkv, d=256, model=""):
     pos = torch.full((seqs,), 10 * window + 7, device=dev, dtype=torch.int32)
     q = [torch.randn(seqs, hq, d, device=dev) for _ in range(sets)]
     out = torch.empty(seqs, hq, d, device=dev)
-    split_t = {t: tiled_splits(sms, seqs * hkv, d, t[0], t[1], window) for t in TILINGS}
-    ws = torch.empty(seqs * hq * max(split_t.values()) * (d + 2), device=dev)
+    plan = arm_plan(sms, seqs * hkv, d, window)
+    ws = torch.empty(seqs * hq * max(v[1] for v in plan.values()) * (d + 2), device=dev)
     fcomb = b.kern("attention", f"attention_decode_combine_D{d}")
 
-    def make(fn, splits, smem):
+    def make(tiling, splits, combine):
+        fn, smem = tiled_kernel("ring", d, *tiling), tiled_smem(d, *tiling)
+
         def call(i):
             b.launch(fn, (splits, hkv, seqs), (128,),
                      (b.ptr(q[i]), b.ptr(kr[i]), b.ptr(vr[i]), b.ptr(kcur[i]), b.ptr(vcur[i]), b.ptr(pos),
                       np.float32(scale), b.ptr(out), b.ptr(ws), np.int32(hq), np.int32(hkv), np.int32(slots)),
                      shared_mem=smem)
-            if splits > 1:
+            if splits > 1 and combine:
                 b.launch(fcomb, (hq, seqs), (d, 4), (b.ptr(ws), b.ptr(out), np.int32(hq), np.int32(splits)))
         return call
 
-    arms = {f"ring T{t[0]}S{t[1]}": make(tiled_kernel("ring", d, *t), split_t[t], tiled_smem(d, *t))
-            for t in TILINGS}
     kd = [torch.cat([kr[i], kcur[i].unsqueeze(2)], dim=2) for i in range(sets)]
     vd = [torch.cat([vr[i], vcur[i].unsqueeze(2)], dim=2) for i in range(sets)]
     qb = [q[i].to(torch.bfloat16).view(seqs, hq, 1, d) for i in range(sets)]
-    ref = F.scaled_dot_product_attention(qb[0].float(), kd[0].float(), vd[0].float(), enable_gqa=True)
-    errs = {}
-    for name, call in arms.items():
-        out.fill_(float("nan"))
-        call(0)
-        torch.cuda.synchronize()
-        errs[name] = rel(out.view(seqs, hq, 1, d), ref)
-    arms["sdpa flash"] = sdpa_arm(qb, kd, vd)
-    errs["sdpa flash"] = rel(arms["sdpa flash"](0), ref)
-    res = b.time_arms(arms, sets, 40)
-    sdpa_t = res["sdpa flash"][0]
-    for name, (t, sp) in res.items():
-        note = check(errs[name], name, case)
-        if name.startswith("ring"):
-            tl = tuple(int(x) for x in name[6:].split("S"))
-            note += f" splits {split_t[tl]}"
-        record(case, name, t, sp, kv_bytes, copy_bw, errs[name], None, sdpa_t, note.strip())
+    run_arms(case, plan, make, qb, kd, vd, out, seqs, hq, d, sets, kv_bytes, copy_bw)
     del kr, vr, kcur, vcur, kd, vd, q, qb
     torch.cuda.empty_cache()
 
@@ -242,26 +275,29 @@ def main():
         b.log(f"  [{time.time()-t0:.0f}s]")
     with open(os.path.join(b.OUT, "bench_attention_decode.json"), "w") as fh:
         json.dump({"device": props.name, "copy_GBps": copy_bw / 1e9, "rows": RESULTS}, fh, indent=1)
-    # The short table, last: per case the best tiled arm against our current kernel and SDPA.
+    # The short table, last: per case what Auto runs, the best checked arm, SDPA, and the combine's share.
     print()
-    print(f"H200 copy {copy_bw/1e12:.2f} TB/s. Best tiled arm per case (ours) vs the current tensor-core kernel "
-          "(paged only) and SDPA flash (dense copy).")
-    print(f"{'case':44s}|{'best arm':15s}|{'ours us':>8s}|{'current':>8s}|{'x cur':>6s}|{'SDPA us':>8s}|"
-          f"{'x SDPA':>7s}|{'%copy':>6s}|{'SDPA %':>6s}|{'err':>7s}")
+    print(f"H200 copy {copy_bw/1e12:.2f} TB/s. auto = what KernelPath::Auto / attention_decode_ring launch "
+          "(tiling, splits); best = fastest checked arm; comb = auto minus its split kernel alone.")
+    print(f"{'case':44s}|{'auto arm':17s}|{'auto us':>8s}|{'best arm':17s}|{'best us':>8s}|{'SDPA us':>8s}|"
+          f"{'auto/SDPA':>9s}|{'auto %cp':>8s}|{'SDPA %':>6s}|{'comb us':>7s}|{'err':>7s}")
     by_case = {}
     for r in RESULTS:
         by_case.setdefault(r["case"], []).append(r)
     for case, rows in by_case.items():
-        ours = [r for r in rows if r["arm"].startswith(("tiled", "ring"))]
-        if not ours:
+        ours = [r for r in rows if r["arm"] != "sdpa flash" and "no-combine" not in r["arm"] and "us" in r
+                and "FAIL" not in r["note"]]
+        auto = next((r for r in ours if r["arm"].startswith("auto")), None)
+        if not ours or auto is None:
             print(f"{case:44s}| failed: {rows[-1].get('note', '')}")
             continue
         best = min(ours, key=lambda r: r["us"])
-        cur = next((r for r in rows if r["arm"] == "current tc"), None)
         sd = next((r for r in rows if r["arm"] == "sdpa flash"), None)
-        print(f"{case:44s}|{best['arm']:15s}|{best['us']:8.2f}|{cur['us'] if cur else float('nan'):8.2f}|"
-              f"{best['vs_current']:6.2f}|{sd['us'] if sd else float('nan'):8.2f}|{best['vs_sdpa']:7.2f}|"
-              f"{best['frac_copy']*100:6.1f}|{sd['frac_copy']*100 if sd else float('nan'):6.1f}|"
+        nc = next((r for r in rows if "no-combine" in r["arm"]), None)
+        comb = auto["us"] - nc["us"] if nc else 0.0
+        print(f"{case:44s}|{auto['arm']:17s}|{auto['us']:8.2f}|{best['arm']:17s}|{best['us']:8.2f}|"
+              f"{sd['us'] if sd else float('nan'):8.2f}|{auto['vs_sdpa']:9.2f}|{auto['frac_copy']*100:8.1f}|"
+              f"{sd['frac_copy']*100 if sd else float('nan'):6.1f}|{comb:7.2f}|"
               f"{max(r['rel_err_vs_fp32_sdpa'] for r in ours):7.1e}")
     print(f"[{time.time()-t0:.0f}s total]")
 

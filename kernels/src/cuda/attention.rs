@@ -4,6 +4,7 @@ use super::{check_len, Gpu, GpuBuffer, KernelPath, PagedAttentionDims};
 use crate::KernelError;
 
 impl Gpu {
+    /// Decode attention (one query token per sequence) over a paged bf16 KV cache.
     ///
     /// Layouts are those of [`crate::attention`] with a bf16 cache: `q`: fp32 `[seqs, q_heads, head_dim]`;
     /// `k_cache`, `v_cache`: bf16 bits `[num_pages, kv_heads, page_size, head_dim]`; `block_table`:
@@ -14,7 +15,8 @@ impl Gpu {
     /// of them, so K and V are read once per KV head. `splits` blocks share one (sequence, KV head) over the
     /// context (flash-decoding); `splits = 0` picks a count that fills the GPU.
     ///
-    /// Same as [`Gpu::attention_decode_paged_with`] with [`KernelPath::Auto`], which picks the tensor cores.
+    /// Same as [`Gpu::attention_decode_paged_with`] with [`KernelPath::Auto`]: the tiled tensor-core kernel on
+    /// [`Gpu::DECODE_AUTO_TILING`] (any group size 1-8).
     #[allow(clippy::too_many_arguments)]
     pub fn attention_decode_paged(
         &self,
@@ -43,6 +45,10 @@ impl Gpu {
     }
 
     /// [`Gpu::attention_decode_paged`] on a chosen kernel family (tests and benchmarks drive each one).
+    /// [`KernelPath::Auto`] and [`KernelPath::TensorCores`] run the tiled tensor-core kernel
+    /// ([`Gpu::attention_decode_paged_tiled`] on [`Gpu::DECODE_AUTO_TILING`]): group sizes 1-8, the query and the
+    /// probabilities rounded to bf16 (~1e-3 relative error). [`KernelPath::CudaCores`] runs the fp32 kernel
+    /// `attention_decode_split_*` (~1e-6 relative error; group sizes 1, 2, 4, 6 and 8; 2-2.5x slower).
     #[allow(clippy::too_many_arguments)]
     pub fn attention_decode_paged_with(
         &self,
@@ -58,6 +64,22 @@ impl Gpu {
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::attention_decode_paged";
+        if !matches!(path, KernelPath::CudaCores) {
+            let t = tiling_index(OP, Self::DECODE_AUTO_TILING)?;
+            return self.paged_tiled(
+                OP,
+                t,
+                dims,
+                q,
+                k_cache,
+                v_cache,
+                block_table,
+                seq_lens,
+                scale,
+                splits,
+                out,
+            );
+        }
         let d = dims;
         crate::ensure_shape!(
             d.seqs > 0 && d.q_heads > 0 && d.kv_heads > 0 && d.page_size > 0 && d.num_pages > 0,
@@ -68,7 +90,7 @@ impl Gpu {
             d.q_heads.is_multiple_of(d.kv_heads)
                 && matches!(d.q_heads / d.kv_heads, 1 | 2 | 4 | 6 | 8),
             OP,
-            "q_heads ({}) must be 1, 2, 4, 6 or 8 times kv_heads ({}), the built instantiations",
+            "q_heads ({}) must be 1, 2, 4, 6 or 8 times kv_heads ({}) on the CUDA cores, the built instantiations",
             d.q_heads,
             d.kv_heads
         );
@@ -103,9 +125,7 @@ impl Gpu {
         check_len(OP, "out", out.len(), d.seqs * d.q_heads * d.head_dim)?;
         #[cfg(feature = "cuda")]
         {
-            let tensor = !matches!(path, KernelPath::CudaCores);
             self.inner.attention_decode_paged(
-                tensor,
                 d,
                 &q.slice,
                 &k_cache.slice,
@@ -119,7 +139,6 @@ impl Gpu {
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = path;
             match self.never {}
         }
     }
@@ -135,18 +154,23 @@ const TILED_MAX_ROWS: usize = 1 << 31;
 const TILED_MAX_TOKENS: usize = 1 << 30;
 
 impl Gpu {
-    /// The tilings the tiled decode kernels are built for, `(tokens per pipeline stage, stages)`; the first is
-    /// the default of [`Gpu::attention_decode_ring`]. (32, 3): 2 blocks per multiprocessor at head_dim 256;
-    /// (16, 4) and (32, 2): 3 blocks. Each keeps 96-144 KiB of K/V in flight per multiprocessor
-    /// (cuda/attention.cu explains the count); the benchmark `kernels/bench/h200/bench_attention_decode.py`
-    /// compares them.
+    /// The tilings the tiled decode kernels are built for, `(tokens per pipeline stage, stages)`. (32, 3): 2
+    /// blocks per multiprocessor at head_dim 256; (16, 4) and (32, 2): 3 blocks. Each keeps 96-144 KiB of K/V in
+    /// flight per multiprocessor (cuda/attention.cu explains the count); the benchmark
+    /// `kernels/bench/h200/bench_attention_decode.py` compares them.
     pub const DECODE_TILINGS: [(usize, usize); 3] = [(32, 3), (16, 4), (32, 2)];
+
+    /// The tiling of [`KernelPath::Auto`] (paged) and [`Gpu::attention_decode_ring`]: 32 tokens per stage, 2
+    /// stages, 3 blocks per multiprocessor. Measured on the H200 (benchmarks/h200-runs/s2-run2,
+    /// bench_attention_decode.txt, Qwen 24q/4kv x 256): fastest of the three at B=1 4k/32k/64k/128k (31.7, 76.9,
+    /// 90.4, 98.9% of copy bandwidth), at B=8 x 8k and on 3 of the 4 ring cases; (32, 3) won B=1 8k by 3.5% and
+    /// B=32 x 4k by 4%, both with a split count that overshot one wave (since fixed: [`Gpu::decode_auto_splits`]).
+    pub const DECODE_AUTO_TILING: (usize, usize) = (32, 2);
 
     /// [`Gpu::attention_decode_paged`] (same layouts, same clamping of lengths and skipping of bad page ids) on
     /// the tiled tensor-core kernel `attention_decode_tiled_*`: `tiling` is one of [`Gpu::DECODE_TILINGS`]; any
-    /// group size `q_heads / kv_heads` from 1 to 8. `splits = 0` picks one wave of blocks over the GPU with at
-    /// least two tiles per split; each sequence then uses `ceil(len / tokens_per_split)` of them. The query and
-    /// the probabilities are rounded to bf16 (~1e-3 relative error, as [`KernelPath::TensorCores`]).
+    /// group size `q_heads / kv_heads` from 1 to 8. The query and the probabilities are rounded to bf16 (~1e-3
+    /// relative error). `splits = 0` picks the count of [`Gpu::decode_auto_splits`].
     #[allow(clippy::too_many_arguments)]
     pub fn attention_decode_paged_tiled(
         &self,
@@ -162,14 +186,89 @@ impl Gpu {
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::attention_decode_paged_tiled";
-        let d = dims;
         let t = tiling_index(OP, tiling)?;
+        self.paged_tiled(
+            OP,
+            t,
+            dims,
+            q,
+            k_cache,
+            v_cache,
+            block_table,
+            seq_lens,
+            scale,
+            splits,
+            out,
+        )
+    }
+
+    /// The split count `splits = 0` picks for the tiled kernels (paged and ring): `pairs` (sequence, KV head)
+    /// pairs of up to `max_tokens` tokens each, on `sms` multiprocessors, with `tiling`'s blocks per
+    /// multiprocessor (by shared memory: 228 KiB less 1 KiB per block; at most 4). One wave: the largest count
+    /// whose grid (`splits x pairs` blocks) fits the resident slots, so every block runs from the start and all
+    /// end together; 1 when the pairs alone fill the machine (no partials, no combine kernel); at most one split
+    /// per two tiles of `max_tokens`, at most 1024. (A count rounded up instead overshot the wave: at B=8 x 8k, 416
+    /// blocks on 396 slots ran at 73% of copy bandwidth against 90% for the same bytes in one wave at B=1 x 64k.)
+    /// Public so the benchmark and the tests can state what Auto ran.
+    pub fn decode_auto_splits(
+        tiling: (usize, usize),
+        head_dim: usize,
+        sms: usize,
+        pairs: usize,
+        max_tokens: usize,
+    ) -> usize {
+        // Saturating: any arguments give a count (never a panic); the built tilings and head dims are small.
+        // Shared memory as tiled_smem: K/V stages, score partials, masks.
+        let (tile, stages) = (tiling.0.max(1), tiling.1);
+        let smem = stages
+            .saturating_mul(4)
+            .saturating_mul(tile)
+            .saturating_mul(head_dim)
+            .saturating_add(tile.saturating_mul(256))
+            .saturating_add(stages.saturating_mul(16));
+        let per_sm = (228 * 1024 / smem.saturating_add(1024)).clamp(1, 4);
+        let slots = per_sm * sms.max(1);
+        let one_wave = slots / pairs.max(1);
+        one_wave
+            .min(max_tokens.div_ceil(tile.saturating_mul(2)))
+            .clamp(1, 1024)
+    }
+
+    /// Multiprocessors of this GPU (what [`Gpu::decode_auto_splits`] fills).
+    pub fn sm_count(&self) -> usize {
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.sm_count()
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            match self.never {}
+        }
+    }
+
+    /// The checks and the launch of the tiled paged kernel, `t` an index into [`Gpu::DECODE_TILINGS`].
+    #[allow(clippy::too_many_arguments)]
+    fn paged_tiled(
+        &self,
+        op: &'static str,
+        t: usize,
+        dims: &PagedAttentionDims,
+        q: &GpuBuffer<f32>,
+        k_cache: &GpuBuffer<u16>,
+        v_cache: &GpuBuffer<u16>,
+        block_table: &GpuBuffer<u32>,
+        seq_lens: &GpuBuffer<u32>,
+        scale: f32,
+        splits: usize,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        let d = dims;
         crate::ensure_shape!(
             d.seqs > 0 && d.q_heads > 0 && d.kv_heads > 0 && d.page_size > 0 && d.num_pages > 0,
-            OP,
+            op,
             "every count must be positive, got {d:?}"
         );
-        check_heads(OP, d.q_heads, d.kv_heads, d.head_dim, d.seqs, splits, scale)?;
+        check_heads(op, d.q_heads, d.kv_heads, d.head_dim, d.seqs, splits, scale)?;
         crate::ensure_shape!(
             d.num_pages
                 .checked_mul(d.kv_heads)
@@ -179,22 +278,22 @@ impl Gpu {
                     .max_pages_per_seq
                     .checked_mul(d.page_size)
                     .is_some_and(|c| c <= TILED_MAX_TOKENS),
-            OP,
+            op,
             "the cache must hold at most 2^31 rows of head_dim (num_pages x kv_heads x page_size) and a block table \
              at most 2^30 tokens, got {d:?}"
         );
         let cache = d.num_pages * d.page_size * d.kv_heads * d.head_dim;
-        check_len(OP, "q", q.len(), d.seqs * d.q_heads * d.head_dim)?;
-        check_len(OP, "k_cache", k_cache.len(), cache)?;
-        check_len(OP, "v_cache", v_cache.len(), cache)?;
+        check_len(op, "q", q.len(), d.seqs * d.q_heads * d.head_dim)?;
+        check_len(op, "k_cache", k_cache.len(), cache)?;
+        check_len(op, "v_cache", v_cache.len(), cache)?;
         check_len(
-            OP,
+            op,
             "block_table",
             block_table.len(),
             d.seqs * d.max_pages_per_seq,
         )?;
-        check_len(OP, "seq_lens", seq_lens.len(), d.seqs)?;
-        check_len(OP, "out", out.len(), d.seqs * d.q_heads * d.head_dim)?;
+        check_len(op, "seq_lens", seq_lens.len(), d.seqs)?;
+        check_len(op, "out", out.len(), d.seqs * d.q_heads * d.head_dim)?;
         #[cfg(feature = "cuda")]
         {
             self.inner.attention_decode_paged_tiled(
@@ -223,7 +322,7 @@ impl Gpu {
     /// and value; `pos`: `[seqs]`, the current token's position. Sequence `b` attends ring slots
     /// `0..min(pos[b], window - 1)` (in any order: token `p` lives in slot `p % (window - 1)`) plus the current
     /// token. Grouped-query packed and split over the ring as the paged kernel (any group size 1-8, head_dim
-    /// 64/128/256); `splits = 0` picks one wave. Runs the first of [`Gpu::DECODE_TILINGS`].
+    /// 64/128/256); `splits = 0` picks one wave ([`Gpu::decode_auto_splits`]). Runs [`Gpu::DECODE_AUTO_TILING`].
     #[allow(clippy::too_many_arguments)]
     pub fn attention_decode_ring(
         &self,
@@ -241,7 +340,7 @@ impl Gpu {
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
         self.attention_decode_ring_with(
-            Self::DECODE_TILINGS[0],
+            Self::DECODE_AUTO_TILING,
             dims,
             seqs,
             window,
@@ -386,4 +485,11 @@ fn check_heads(
     );
     crate::ensure_shape!(scale.is_finite(), op, "scale must be finite, got {scale}");
     Ok(())
+}
+
+/// Dynamic shared memory of `attention_decode_{tiled,ring}_D*_T*_S*`: cuda/attention.cu's `TiledGeom::SMEM`
+/// (stages of K and V, the double-buffered float2 score partials of 4 warps, the per-stage masks).
+#[cfg(feature = "cuda")]
+pub(crate) fn tiled_smem(head_dim: usize, tile: usize, stages: usize) -> usize {
+    stages * 2 * tile * head_dim * 2 + 2 * 4 * 32 * (tile / 8) * 2 * 4 + stages * 4 * 4
 }

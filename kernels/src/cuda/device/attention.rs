@@ -1,23 +1,27 @@
 //! Launches of `cuda/attention.cu`: paged decode attention, split over the context.
 
 use super::*;
+use crate::cuda::attention::tiled_smem;
 
 impl Device {
-    /// Splits that fill exactly one wave of `per_sm` resident blocks per multiprocessor (CUDA cores: four, by
-    /// their 48 KiB of pipeline stages; tensor cores: five, by 41 KiB of shared memory and 96 registers at
-    /// head_dim 256), with at least 64 tokens (four pipeline stages) per split. A second, partial wave cost an
-    /// earlier tensor-core version 1.35x at 32k context.
-    fn auto_splits(&self, d: &PagedAttentionDims, per_sm: usize) -> usize {
+    /// Multiprocessors of the device.
+    pub(in crate::cuda) fn sm_count(&self) -> usize {
+        self.sm_count
+    }
+
+    /// Splits of the CUDA-core kernel that fill exactly one wave of four resident blocks per multiprocessor (by
+    /// their 48 KiB of pipeline stages), with at least 64 tokens (four pipeline stages) per split.
+    fn auto_splits(&self, d: &PagedAttentionDims) -> usize {
         let blocks = d.seqs * d.kv_heads;
-        let want = (per_sm * self.sm_count).div_ceil(blocks.max(1));
+        let want = (4 * self.sm_count).div_ceil(blocks.max(1));
         let most = (d.max_pages_per_seq * d.page_size).div_ceil(64);
         want.min(most).clamp(1, 1024)
     }
 
+    /// The CUDA-core kernel `attention_decode_split_D*_R*` (KernelPath::CudaCores).
     #[allow(clippy::too_many_arguments)]
     pub(in crate::cuda) fn attention_decode_paged(
         &self,
-        tensor: bool,
         d: &PagedAttentionDims,
         q: &CudaSlice<f32>,
         k_cache: &CudaSlice<u16>,
@@ -29,7 +33,7 @@ impl Device {
         out: &mut CudaSlice<f32>,
     ) -> Result<(), KernelError> {
         let splits = if splits == 0 {
-            self.auto_splits(d, if tensor { 5 } else { 4 })
+            self.auto_splits(d)
         } else {
             splits
         };
@@ -40,25 +44,9 @@ impl Device {
                 format!("q_heads / kv_heads must be 1, 2, 4, 6 or 8, got {r}"),
             )
         })?;
-        let split_name = if tensor {
-            match d.head_dim {
-                64 => "attention_decode_tc_D64",
-                128 => "attention_decode_tc_D128",
-                _ => "attention_decode_tc_D256",
-            }
-        } else {
-            split_name
-        };
         let f = self.function(Module::Attention, split_name)?;
-        let ws_len = d.seqs * d.q_heads * splits * (d.head_dim + 2);
-        let mut ws_guard = self.attention_ws.lock().map_err(|_| poisoned())?;
-        if ws_guard.as_ref().is_none_or(|w| w.len() < ws_len) {
-            *ws_guard = Some(
-                self.stream
-                    .alloc_zeros::<f32>(ws_len.max(1))
-                    .map_err(cuda_err("attention workspace"))?,
-            );
-        }
+        let mut ws_guard =
+            self.attention_workspace(d.seqs * d.q_heads * splits * (d.head_dim + 2))?;
         let Some(ws) = ws_guard.as_mut() else {
             return Err(KernelError::Cuda(
                 "attention workspace was not allocated".into(),
@@ -71,15 +59,8 @@ impl Device {
             d.num_pages as i32,
             d.max_pages_per_seq as i32,
         );
-        // CUDA cores: one warp per two query heads (per head when the group size is odd), as cuda/attention.cu's
-        // AttGeom; tensor cores: four warps, each a quarter of the head dim.
-        let warps = if tensor {
-            4
-        } else if r.is_multiple_of(2) {
-            r / 2
-        } else {
-            r
-        };
+        // One warp per two query heads (per head when the group size is odd), as cuda/attention.cu's AttGeom.
+        let warps = if r.is_multiple_of(2) { r / 2 } else { r };
         let cfg = LaunchConfig {
             grid_dim: (splits as u32, d.kv_heads as u32, d.seqs as u32),
             block_dim: (32 * warps as u32, 1, 1),
@@ -95,30 +76,13 @@ impl Device {
             .arg(&mut *out)
             .arg(&mut *ws);
         b.arg(&hq).arg(&hkv).arg(&ps).arg(&np).arg(&mp);
-        // SAFETY: matches `attention_decode_split_D*_R*` and `attention_decode_tc_D*` in cuda/attention.cu; the caller checked every buffer
+        // SAFETY: matches `attention_decode_split_D*_R*` in cuda/attention.cu; the caller checked every buffer
         // against dims; the kernel clamps each length to max_pages * page_size and skips page ids >= num_pages, so
         // device-side table contents cannot send it outside the cache; the workspace holds
         // seqs * q_heads * splits * (head_dim + 2) floats.
         unsafe { b.launch(cfg) }.map_err(cuda_err(split_name))?;
         if splits > 1 {
-            let combine = match d.head_dim {
-                64 => "attention_decode_combine_D64",
-                128 => "attention_decode_combine_D128",
-                _ => "attention_decode_combine_D256",
-            };
-            let f = self.function(Module::Attention, combine)?;
-            let s = splits as i32;
-            let cfg = LaunchConfig {
-                grid_dim: (d.q_heads as u32, d.seqs as u32, 1),
-                // head_dim x 4 threads: the 4 rows split the splits (cuda/attention.cu, COMB_Y).
-                block_dim: (d.head_dim as u32, 4, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&*ws).arg(out).arg(&hq).arg(&s);
-            // SAFETY: matches `attention_decode_combine_D*`; the split kernel queued before it on the same stream
-            // filled seqs * q_heads * splits partials of head_dim + 2 floats, and out is [seqs, q_heads, head_dim].
-            unsafe { b.launch(cfg) }.map_err(cuda_err(combine))?;
+            self.attention_combine(d.head_dim, d.q_heads, d.seqs, splits, ws, out)?;
         }
         Ok(())
     }
@@ -143,12 +107,6 @@ fn attention_split_name(head_dim: usize, r: usize) -> Option<&'static str> {
         (256, 8) => "attention_decode_split_D256_R8",
         _ => return None,
     })
-}
-
-/// Dynamic shared memory of `attention_decode_{tiled,ring}_D*_T*_S*`: cuda/attention.cu's `TiledGeom::SMEM`
-/// (stages of K and V, the double-buffered float2 score partials of 4 warps, the per-stage masks).
-fn tiled_smem(head_dim: usize, tile: usize, stages: usize) -> usize {
-    stages * 2 * tile * head_dim * 2 + 2 * 4 * 32 * (tile / 8) * 2 * 4 + stages * 4 * 4
 }
 
 fn tiled_name(ring: bool, head_dim: usize, tiling: usize) -> &'static str {
@@ -207,20 +165,21 @@ fn combine_name(head_dim: usize) -> &'static str {
 }
 
 impl Device {
-    /// Splits for the tiled kernels: one wave of resident blocks (bounded by shared memory, 228 KiB per
-    /// multiprocessor less 1 KiB per block, and at most 4 blocks: 139 registers x 128 threads at head_dim 256)
-    /// over the (sequence, KV head) pairs, and at most one split per two tiles of the longest possible sequence.
+    /// Splits for the tiled kernels when the caller passes 0: `Gpu::decode_auto_splits` on this device.
     fn tiled_splits(
         &self,
-        blocks: usize,
+        pairs: usize,
         head_dim: usize,
         tiling: usize,
         max_tokens: usize,
     ) -> usize {
-        let (tile, stages) = crate::cuda::Gpu::DECODE_TILINGS[tiling];
-        let per_sm = (228 * 1024 / (tiled_smem(head_dim, tile, stages) + 1024)).clamp(1, 4);
-        let want = (per_sm * self.sm_count).div_ceil(blocks.max(1));
-        want.min(max_tokens.div_ceil(2 * tile)).clamp(1, 1024)
+        crate::cuda::Gpu::decode_auto_splits(
+            crate::cuda::Gpu::DECODE_TILINGS[tiling],
+            head_dim,
+            self.sm_count,
+            pairs,
+            max_tokens,
+        )
     }
 
     /// The split kernel's partials workspace, grown to `len` floats.

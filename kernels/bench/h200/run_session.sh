@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One H200 call for everything the GPU work needs checked: every GPU test binary (kernels/tests/gpu_*.rs) against
 # the CPU references, compute-sanitizer memcheck and racecheck over each, then the benchmark scripts
-# (kernels/bench/h200/bench_*.py, each against its library baseline measured in the same run), a status table last.
+# (kernels/bench/h200/bench_*.py, each against its library baseline measured in the same run, after bench.py has
+# measured the ceilings: copy bandwidth, cuBLAS bf16/FP8 at 8192^3), a status table last.
 # It builds nothing on the device: `prepare` (here, on the build machine) builds the release test binaries with
 # the `cuda` feature and packs them with the PTX and cubins the crate embeds into target-carry/carry.tar.gz, which
 # the device tool carries (`carry: ["target-carry", ".whl"]`; the pack keeps the call under its 64 MiB).
@@ -72,6 +73,13 @@ for exe in "$BIN"/gpu_*; do
   grep -E "^test .*(FAILED|ok)$|panicked|test result" "$OUT/tests_$name.txt" | grep -vE " ok$" | head -20
 done
 echo "[tests done at +$(( $(date +%s) - t0 ))s]"
+
+if [ "$BENCHES" != none ]; then
+  echo "== ceilings"
+  timeout 120 python3 kernels/bench/h200/bench.py "$BIN" > "$OUT/ceilings.txt" 2>&1
+  rc=$?; status+=("ceilings: rc=$rc $(tail -1 "$OUT/ceilings.txt")")
+  tail -1 "$OUT/ceilings.txt"
+fi
 
 for script in kernels/bench/h200/bench_*.py; do
   name=$(basename "$script" .py); name=${name#bench_}

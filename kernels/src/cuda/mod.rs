@@ -6,7 +6,7 @@
 //! [`KernelError::NotCompiledWithCuda`], so call sites carry no `cfg`. With it, the kernels in `kernels/cuda/*.cu`
 //! are compiled to PTX and sm_90 cubins by `build.rs` (see `build_cuda.rs`), embedded in the crate, and each module
 //! is loaded once per [`Gpu`] (one CUDA context) on first use: the cubin on an sm_90 device, the PTX elsewhere.
-//! Measured speeds and the method are in `benchmarks/h200.md`; `kernels/bench/h200/run_all.sh` reproduces them.
+//! Measured speeds and the method are in `benchmarks/h200.md`; `kernels/bench/h200/run_session.sh` reproduces them.
 //!
 //! Kernels (layouts in each method's docs; all outputs fp32):
 //! - [`Gpu::fp8_block_gemv`]: decode GEMV, bf16 activations x FP8 e4m3 weights with 128x128 block scales.
@@ -34,6 +34,7 @@ mod gemm;
 mod gemm_sm90a;
 mod gemv;
 mod ops;
+pub use gemv::Nvfp4TileWeights;
 
 mod sealed {
     pub trait Sealed {}

@@ -6,8 +6,8 @@
 //! pass streams from DRAM), `EDGEFIT_BENCH_REPS` (default 7), `EDGEFIT_TORCH_PYTHON` (the interpreter with torch;
 //! default `.venv/bin/python` at the workspace root; the torch arms are skipped with a note when it is missing),
 //! `EDGEFIT_BENCH_FORMATS` (comma-separated subset of `w4a16,w4a8,fp8,nvfp4,bf16,gemm,threads` to run; default
-//! all; `w4a8base`, only when named, adds the W4A8 GEMV on the AVX-512 base kernel, to compare with the VBMI
-//! kernel the default arm runs on a CPU with AVX512-VBMI).
+//! all; `w4a8base` and `nvfp4base`, only when named, add the W4A8 and NVFP4 GEMVs on the AVX-512 base kernels,
+//! to compare with the VBMI kernels the default arms run on a CPU with AVX512-VBMI).
 //!
 //! `threads` is the threading overhead of `kernels::cpu::parallel_ranges` (the persistent worker pool) against
 //! `parallel_ranges_scoped` (scoped threads spawned per call): an empty two-range call, and a small GEMV (bf16,
@@ -368,6 +368,21 @@ fn main() {
             linear::nvfp4_with(isa, t, x, 1, &nw, y).expect("benchmark call");
         })
     });
+    // NVFP4 on the AVX-512 f32 kernel (no VBMI), only when named, to compare with the default arm (on a CPU with
+    // AVX512-VBMI the integer-dot-product kernel).
+    if formats
+        .as_deref()
+        .is_some_and(|f| f.split(',').any(|s| s.trim() == "nvfp4base"))
+    {
+        gemv("nvfp4base", nv_bytes, &|seed| {
+            let w = random_bytes(N * K / 2, seed, |b| b);
+            let sc = random_bytes(N * K / 16, seed + 1, |b| 0x30 | (b & 0x0F));
+            Box::new(move |t, x, y| {
+                let nw = Nvfp4Weights::new(&w, &sc, 1e-3, N, K).expect("sizes");
+                linear::nvfp4_ext(isa, Ext::Base, t, x, 1, &nw, y).expect("benchmark call");
+            })
+        });
+    }
     gemv("bf16", N * K * 2, &|seed| {
         let w: Vec<u16> = random_u64(N * K / 4, seed)
             .iter()

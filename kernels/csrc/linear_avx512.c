@@ -672,6 +672,157 @@ void ef_nvfp4_avx512(const float *x, const float *xp, size_t m, size_t k, const 
     }
 }
 
+/* ---- NVFP4 GEMV with AVX512-VBMI + VNNI: integer dot products ----
+ *
+ * Every e2m1 value doubled is an integer in [-12, 12], so 2 w + 12 is a u8 in [0, 24], the unsigned operand of
+ * vpdpbusd; one vpermb per 64 codes is the table lookup (vpermb reads the low 6 bits of each index byte, and the
+ * 64-byte table repeats its 16 entries four times, so the other nibble in bits 4-5 needs no mask). The activations
+ * come as integers: per 16-element scale group g, s_g is the power of two at or above max|x| / (127 * 2^16) and
+ * X = round(x / s_g), |X| <= 127 * 2^16 (ef_nvfp4_xq_avx512vbmi below, once per call), split into three signed bytes X = h 2^16 + m 2^8 + l, so a
+ * 128-element chunk is 6 vpdpbusd (3 limbs x 2 code vectors); xs[16 c + i] = s_g of lane i's group g = 8 c + i/2. Layout of xq per chunk (384 bytes): limb h of the even elements
+ * (byte j = element 2j, the low nibbles of the 64 code bytes), limb h of the odd elements (high nibbles), then
+ * m and l the same way; xnb[16 c + i] = -12 * (X[8i] + ... + X[8i + 7]) removes the +12 bias. Dword lane i of
+ * every vpdpbusd covers elements 8i..8i+7, i.e. scale group i/2, as in the f32 kernel above, so the scale vector is
+ * the same. Bounds: each limb's lane sum is at most 8 * 24 * 128 < 2^15, so (h << 16) + (m << 8) + l stays below
+ * 1.62e9 before the bias: int32 never overflows. Precision: x is represented to s_g / 2 <= 2^-23 max|x| of its
+ * 16-element group (f32 itself holds x to 2^-24 |x|; the per-group scale keeps an outlier from costing more than
+ * its own group), exactly for values with at most 8 significant bits within 2^-15 of the group's max (bf16
+ * activations, and the basis vectors of the exact-decode test); the integer sums are exact, and the int -> f32
+ * conversion of a lane sum rounds once (2^-24 relative): the result differs from the f32 kernel's by rounding,
+ * plus that representation error for groups whose values differ widely in magnitude.
+ *
+ * Micro-ops per 128 codes (64 code bytes + 8 scale bytes), counted from the source: this kernel 1 load, 1
+ * prefetch, 1 shift, 2 vpermb, 6 vpdpbusd (activation loads fused; the bias rides in as the start of the l chain),
+ * 2 shifts + 2 adds to join the limbs, 1 int -> f32, scale decode 6 (load, unpack, 4 for e4m3x16_s8), 1 multiply
+ * by xs (its load fused), 1 FMA: 24; the f32 kernel above: 1 load, 1 prefetch, 7 shifts, 8 vpermps, 2 multiplies
+ * + 6 FMAs (activation loads fused), 1 add, scale decode 6, 1 FMA: 33 (8 of them the port-5 vpermps; here 2
+ * vpermb). Per 32 codes: 6 against 8.25. A bf16 route (vpermb + vpunpck{l,h}bw to build bf16 codes, vdpbf16ps on
+ * bf16 activations, two scale vectors per chunk) would be about 25 per 128 codes, but vdpbf16ps costs 3.8 FMAs of
+ * throughput on this CPU (16 independent chains: 0.70 against 0.185 ns per instruction; vpdpbusd 0.13), so its 4
+ * dot products alone cost as much as the f32 kernel's 8 FMAs + 8 permutes; it was not built
+ * (benchmarks/cpu-avx512-2core.md, c2 session). Measured in cache (one core, 256-1024 rows x 5120): 16.6-18.3
+ * against 14.0-14.4 GB/s for the f32 kernel (one row at a time). NV4I_NR rows side by side share the activation
+ * vectors; from DRAM (17408 x 5120 matrices, 1.5 GiB, quiet window) 4 rows read 0.69 of the four-stream probe, 1
+ * row 0.68, the f32 kernel 0.65-0.66; the cargo bench gives 11.8-11.9 against 10.5-10.7 GB/s on one core. */
+#ifndef NV4I_NR
+#define NV4I_NR 4
+#endif
+__attribute__((target("avx512vbmi"))) static inline __attribute__((always_inline)) void
+nvfp4i_rows(const float *x, const int8_t *xq, const int32_t *xnb, const float *xs, size_t k, const uint8_t *w,
+            const uint8_t *scales, float global, size_t r, float *y, const int nr) {
+    /* 2 e2m1 + 12 for the 16 codes, repeated 4 times (index bits 4-5 are the other nibble's low bits) */
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    size_t chunks = k / 128, groups = k / EF_NVFP4_GROUP;
+    __m512 acc[NV4I_NR];
+    for (int j = 0; j < nr; j++) acc[j] = _mm512_setzero_ps();
+    for (size_t c = 0; c < chunks; c++) {
+        const int8_t *q = xq + c * 384;
+        __m512i xh0 = _mm512_loadu_si512((const void *)q), xh1 = _mm512_loadu_si512((const void *)(q + 64));
+        __m512i xm0 = _mm512_loadu_si512((const void *)(q + 128)), xm1 = _mm512_loadu_si512((const void *)(q + 192));
+        __m512i xl0 = _mm512_loadu_si512((const void *)(q + 256)), xl1 = _mm512_loadu_si512((const void *)(q + 320));
+        __m512i nb = _mm512_loadu_si512((const void *)(xnb + c * 16));
+        __m512 vxs = _mm512_loadu_ps(xs + c * 16); /* lane i: the x scale of group i/2 */
+        for (int j = 0; j < nr; j++) {
+            const uint8_t *wr = w + (r + (size_t)j) * (k / 2) + c * 64;
+            __m512i v = _mm512_loadu_si512((const void *)wr);
+            /* one row: 4 KiB ahead in the row-major stream; nr rows: the same column of the next row group (the
+             * FP8 GEMV's scheme: 4 KiB ahead would land in a row this pass is already reading) */
+            _mm_prefetch((const char *)(nr == 1 ? wr + EF_PREFETCH : wr + (size_t)nr * (k / 2)), EF_PREFETCH_HINT);
+            __m512i lo = _mm512_permutexvar_epi8(v, lut), hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(v, 4), lut);
+            __m512i ah = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xh0), hi, xh1);
+            __m512i am = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xm0), hi, xm1);
+            __m512i al = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(nb, lo, xl0), hi, xl1);
+            __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(ah, 16), _mm512_slli_epi32(am, 8)), al);
+            __m128i s8 = _mm_loadl_epi64((const __m128i *)(scales + (r + (size_t)j) * groups + c * 8));
+            __m512 sv = _mm512_mul_ps(e4m3x16_s8(_mm_unpacklo_epi8(s8, s8)), vxs); /* lane i: scale i/2, x 2^-8 */
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sv, acc[j]);
+        }
+    }
+    for (int j = 0; j < nr; j++) {
+        const uint8_t *wr = w + (r + (size_t)j) * (k / 2);
+        const uint8_t *sr = scales + (r + (size_t)j) * groups;
+        float out = _mm512_reduce_add_ps(acc[j]) * 128.0f; /* 2^8 from the scales, 1/2 from the doubled codes */
+        /* Tail groups (k a multiple of 16 but not of 128): f32, natural order, as in the f32 kernel. */
+        for (size_t g = chunks * 8; g < groups; g++) {
+            float a = 0.0f;
+            for (size_t i = 0; i < 8; i++) {
+                uint8_t byte = wr[g * 8 + i];
+                a += x[g * 16 + 2 * i] * E2M1_TAIL[byte & 15] + x[g * 16 + 2 * i + 1] * E2M1_TAIL[byte >> 4];
+            }
+            out += a * ef_e4m3_decode(sr[g]);
+        }
+        y[r + (size_t)j] = out * global;
+    }
+}
+
+__attribute__((target("avx512vbmi"))) void ef_nvfp4_avx512vbmi(const float *x, const int8_t *xq, const int32_t *xnb,
+                                                                const float *xs, size_t k, const uint8_t *w,
+                                                                const uint8_t *scales, float global, size_t r0,
+                                                                size_t r1, float *y) {
+    size_t r = r0;
+    for (; r + NV4I_NR <= r1; r += NV4I_NR) nvfp4i_rows(x, xq, xnb, xs, k, w, scales, global, r, y, NV4I_NR);
+    for (; r < r1; r++) nvfp4i_rows(x, xq, xnb, xs, k, w, scales, global, r, y, 1);
+}
+
+/* Builds the integer activations of ef_nvfp4_avx512vbmi (layout above) from x[chunks * 128]: per 16-element group
+ * g, s_g = the power of two at or above max|x| / (127 * 2^16) and X = round-to-nearest-even(x / s_g) clamped to
+ * +-127 * 2^16;
+ * a group of zeros gets s_g = 0 and X = 0. Returns 0 (and the caller runs the f32 kernel) when a value is not
+ * finite or s_g would be an f32 subnormal (0 < max|x| < ~1e-31); 1 otherwise. Limb bytes are built per chunk in
+ * element order and split into even and odd elements with one vpermt2b each. About 1 us per 5120 elements: the
+ * same loop in (SSE2-baseline) Rust cost 29 us, which for a 256 x 5120 GEMV (0.7 MB) was a third of the call. */
+__attribute__((target("avx512vbmi"))) int ef_nvfp4_xq_avx512vbmi(const float *x, size_t chunks, int8_t *xq,
+                                                                  int32_t *xnb, float *xs) {
+    const float lim = 8323072.0f; /* 127 * 2^16 */
+    const __m512i vlim = _mm512_set1_epi32(8323072), c128 = _mm512_set1_epi32(128), c255 = _mm512_set1_epi32(255);
+    const __m512i idx_even = _mm512_setr_epi32(0x06040200, 0x0E0C0A08, 0x16141210, 0x1E1C1A18, 0x26242220,
+                                               0x2E2C2A28, 0x36343230, 0x3E3C3A38, 0x46444240, 0x4E4C4A48,
+                                               0x56545250, 0x5E5C5A58, 0x66646260, 0x6E6C6A68, 0x76747270,
+                                               0x7E7C7A78);
+    const __m512i idx_odd = _mm512_add_epi8(idx_even, _mm512_set1_epi8(1));
+    for (size_t c = 0; c < chunks; c++) {
+        uint8_t limb[3][128];
+        for (size_t g = 0; g < 8; g++) {
+            __m512 v = _mm512_loadu_ps(x + c * 128 + g * 16);
+            __m512 a = _mm512_abs_ps(v);
+            if (_mm512_cmp_ps_mask(a, _mm512_set1_ps(3.4028234663852886e38f), _CMP_LE_OQ) != 0xFFFF) return 0;
+            float amax = _mm512_reduce_max_ps(a);
+            float s = 0.0f;
+            __m512i X = _mm512_setzero_si512();
+            if (amax > 0.0f) {
+                /* s: the power of two at or above amax / lim, so x / s is exact before the rounding to an integer
+                 * and the kernel's multiply by s adds no error of its own */
+                s = amax / lim;
+                if (s < 1.17549435e-38f) return 0;
+                uint32_t sb;
+                memcpy(&sb, &s, sizeof sb);
+                if (sb & 0x7FFFFFu) sb = (sb & 0x7F800000u) + 0x00800000u;
+                memcpy(&s, &sb, sizeof s);
+                __m512 t = _mm512_mul_ps(v, _mm512_set1_ps(1.0f / s));
+                X = _mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                X = _mm512_max_epi32(_mm512_min_epi32(X, vlim), _mm512_sub_epi32(_mm512_setzero_si512(), vlim));
+            }
+            __m512i l = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(X, c128), c255), c128);
+            __m512i x1 = _mm512_srai_epi32(_mm512_sub_epi32(X, l), 8);
+            __m512i m = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(x1, c128), c255), c128);
+            __m512i h = _mm512_srai_epi32(_mm512_sub_epi32(x1, m), 8);
+            _mm_storeu_si128((__m128i *)(limb[0] + g * 16), _mm512_cvtepi32_epi8(h));
+            _mm_storeu_si128((__m128i *)(limb[1] + g * 16), _mm512_cvtepi32_epi8(m));
+            _mm_storeu_si128((__m128i *)(limb[2] + g * 16), _mm512_cvtepi32_epi8(l));
+            xnb[c * 16 + 2 * g] = -12 * _mm512_mask_reduce_add_epi32(0x00FF, X);
+            xnb[c * 16 + 2 * g + 1] = -12 * _mm512_mask_reduce_add_epi32(0xFF00, X);
+            xs[c * 16 + 2 * g] = s;
+            xs[c * 16 + 2 * g + 1] = s;
+        }
+        for (int j = 0; j < 3; j++) {
+            __m512i A = _mm512_loadu_si512((const void *)limb[j]), B = _mm512_loadu_si512((const void *)(limb[j] + 64));
+            _mm512_storeu_si512((void *)(xq + c * 384 + j * 128), _mm512_permutex2var_epi8(A, idx_even, B));
+            _mm512_storeu_si512((void *)(xq + c * 384 + j * 128 + 64), _mm512_permutex2var_epi8(A, idx_odd, B));
+        }
+    }
+    return 1;
+}
+
 /* ---- bf16 ---- */
 
 static inline __m512 bf16x16(__m256i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)); }

@@ -56,6 +56,14 @@ void ef_w4a8_avx512vbmi(const int8_t *xq, const float *xs, const int32_t *xsum, 
                         const uint8_t *packed, const uint16_t *sz, size_t npad, size_t group, size_t n, size_t b0,
                         size_t b1, float *y);
 
+/* NVFP4 GEMV (one activation row) on integer dot products: x as three int8 limbs per 128-element chunk (xq, 384
+ * bytes per chunk), the bias correction xnb (16 int32 per chunk) and the per-lane x scales xs (16 per chunk, see linear_avx512.c);
+ * x itself (f32, natural order) only for the tail groups past the last full chunk. Rows r0..r1 of y[n]. */
+void ef_nvfp4_avx512vbmi(const float *x, const int8_t *xq, const int32_t *xnb, const float *xs, size_t k,
+                         const uint8_t *w, const uint8_t *scales, float global, size_t r0, size_t r1, float *y);
+/* Builds xq, xnb, xs of ef_nvfp4_avx512vbmi from x[chunks * 128]; 0 where x cannot be held that way. */
+int ef_nvfp4_xq_avx512vbmi(const float *x, size_t chunks, int8_t *xq, int32_t *xnb, float *xs);
+
 /* FP8 scale blocks are 128 x 128; NVFP4 scales cover 16 elements. */
 #define EF_FP8_BLOCK 128
 #define EF_NVFP4_GROUP 16

@@ -202,3 +202,138 @@ fn w4a8_vbmi_variant_matches_the_base_kernel_bit_for_bit() {
         }
     }
 }
+
+/// The NVFP4 GEMV on integer dot products (AVX512-VBMI: `vpermb` decode, x as three int8 limbs per 16-element
+/// group, `vpdpbusd`). On a CPU with VBMI the Auto call must report it (proving it ran) for one row with k >= 128
+/// and finite activations, and [`Ext::Base`] must report the f32 kernel; both must match the reference. The
+/// integer form holds each x to 2^-23 of its group's max |x|, so its bound adds that representation error
+/// (`sum 2^-23 max_g |x| * |w s global|`) to the f32 one: it matters only for groups with outliers, which one
+/// activation set here has (every 7th element 1000 x larger). Activations come as f32 and as bf16 bits. Inputs
+/// the integer form cannot hold (NaN, a group below ~1e-31), `k < 128` and `m > 1` must take the f32 kernel.
+#[test]
+fn nvfp4_vbmi_integer_gemv_matches_the_reference() {
+    use kernels::formats::{bf16_to_f32, f32_to_bf16};
+    use kernels::linear::Ext;
+    if !Isa::available().contains(&Isa::Avx512) {
+        eprintln!("skipped: no AVX-512 on this CPU");
+        return;
+    }
+    let vbmi = kernels::cpu::has_avx512_vbmi();
+    eprintln!("avx512vbmi on this CPU: {vbmi}");
+    for (case, &(n, k)) in [(70usize, 128usize), (33, 272), (101, 1040), (67, 5120)]
+        .iter()
+        .enumerate()
+    {
+        let mut r = ChaCha8Rng::seed_from_u64(0xf4_0000 + case as u64);
+        let packed: Vec<u8> = (0..n * k / 2).map(|_| r.gen()).collect();
+        let scales: Vec<u8> = (0..n * k / 16).map(|_| e4m3_code(&mut r)).collect();
+        let global = 0.61f32;
+        let w = Nvfp4Weights::new(&packed, &scales, global, n, k).unwrap();
+        let plain = activations(&mut r, k);
+        let outliers: Vec<f32> = plain
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| if i % 7 == 3 { v * 1000.0 } else { v })
+            .collect();
+        // one all-zero group and one group of magnitudes around 1e-20 (both representable)
+        let mut mixed = plain.clone();
+        mixed[16..32].iter_mut().for_each(|v| *v = 0.0);
+        if k >= 64 {
+            mixed[48..64].iter_mut().for_each(|v| *v *= 1e-20);
+        }
+        let bf16: Vec<u16> = plain.iter().map(|&v| f32_to_bf16(v * 3.0)).collect();
+        let bf16_f32: Vec<f32> = bf16.iter().map(|&b| bf16_to_f32(b)).collect();
+        for (name, xf, xb) in [
+            ("uniform", &plain, None),
+            ("outliers", &outliers, None),
+            ("zero and tiny groups", &mixed, None),
+            ("bf16", &bf16_f32, Some(&bf16)),
+        ] {
+            let want = reference::nvfp4_linear(xf, 1, &packed, &scales, global, n, k);
+            // |terms| and the integer form's representation error bound, per row
+            let gmax: Vec<f64> = xf
+                .chunks(16)
+                .map(|g| g.iter().fold(0f64, |a, &v| a.max(f64::from(v.abs()))))
+                .collect();
+            let (mag, rep): (Vec<f64>, Vec<f64>) = (0..n)
+                .map(|row| {
+                    (0..k).fold((0.0, 0.0), |(m, e), c| {
+                        let b = packed[row * k / 2 + c / 2];
+                        let code = if c % 2 == 0 { b & 15 } else { b >> 4 };
+                        let ws = f64::from(e2m1_to_f32(code).abs())
+                            * f64::from(e4m3_to_f32(scales[row * k / 16 + c / 16]).abs())
+                            * f64::from(global);
+                        (
+                            m + f64::from(xf[c].abs()) * ws,
+                            e + gmax[c / 16] * 2f64.powi(-23) * ws,
+                        )
+                    })
+                })
+                .unzip();
+            for threads in [1usize, 2] {
+                let what = format!("nvfp4 {name} n{n} k{k} t{threads}");
+                for ext in [Ext::Base, Ext::Auto] {
+                    let mut y = vec![f32::NAN; n];
+                    let ran = match xb {
+                        Some(b) => linear::nvfp4_ext(Isa::Avx512, ext, threads, b, 1, &w, &mut y),
+                        None => linear::nvfp4_ext(Isa::Avx512, ext, threads, xf, 1, &w, &mut y),
+                    }
+                    .unwrap();
+                    assert_eq!(ran.isa, Isa::Avx512, "{what} {ext:?}");
+                    assert_eq!(
+                        ran.vbmi,
+                        ext == Ext::Auto && vbmi,
+                        "{what} {ext:?}: the integer kernel runs exactly for Auto on a VBMI CPU"
+                    );
+                    for (i, &g) in y.iter().enumerate() {
+                        let err = (f64::from(g) - f64::from(want[i])).abs();
+                        let bound = F32_REL * mag[i] + 2.0 * rep[i] + 1e-30;
+                        assert!(
+                            g.is_finite() && err <= bound,
+                            "{what} {ext:?} (vbmi={}): row {i}: got {g}, want {}, error {err:e} > {bound:e} \
+                             (|terms| {:e}, x representation {:e})",
+                            ran.vbmi,
+                            want[i],
+                            mag[i],
+                            rep[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // Inputs that must take the f32 kernel even on Auto.
+    let (n, k) = (37usize, 256usize);
+    let mut r = ChaCha8Rng::seed_from_u64(0xf4_ffff);
+    let packed: Vec<u8> = (0..n * k / 2).map(|_| r.gen()).collect();
+    let scales: Vec<u8> = (0..n * k / 16).map(|_| 0x38).collect();
+    let w = Nvfp4Weights::new(&packed, &scales, 1.0, n, k).unwrap();
+    let mut nan = activations(&mut r, k);
+    nan[200] = f32::NAN;
+    let mut y = vec![0f32; n];
+    let ran = linear::nvfp4_ext(Isa::Avx512, Ext::Auto, 2, &nan, 1, &w, &mut y).unwrap();
+    assert!(!ran.vbmi, "NaN activations must take the f32 kernel");
+    assert!(
+        y.iter().all(|v| v.is_nan()),
+        "a NaN activation reaches every row"
+    );
+    let mut tiny = activations(&mut r, k);
+    tiny[128..144].iter_mut().for_each(|v| *v *= 1e-33);
+    let want = reference::nvfp4_linear(&tiny, 1, &packed, &scales, 1.0, n, k);
+    let ran = linear::nvfp4_ext(Isa::Avx512, Ext::Auto, 2, &tiny, 1, &w, &mut y).unwrap();
+    assert!(!ran.vbmi, "a group below ~1e-31 must take the f32 kernel");
+    for (i, (&g, &e)) in y.iter().zip(&want).enumerate() {
+        assert!(
+            (g - e).abs() <= 1e-4 * e.abs().max(1.0),
+            "tiny group: row {i}: {g} vs {e}"
+        );
+    }
+    let short = Nvfp4Weights::new(&packed[..n * 56], &scales[..n * 7], 1.0, n, 112).unwrap();
+    let ran =
+        linear::nvfp4_ext(Isa::Avx512, Ext::Auto, 1, &tiny[..112], 1, &short, &mut y).unwrap();
+    assert!(!ran.vbmi, "k < 128 takes the f32 kernel");
+    let mut y3 = vec![0f32; 3 * n];
+    let x3: Vec<f32> = (0..3 * k).map(|_| r.gen_range(-1.0f32..1.0)).collect();
+    let ran = linear::nvfp4_ext(Isa::Avx512, Ext::Auto, 1, &x3, 3, &w, &mut y3).unwrap();
+    assert!(!ran.vbmi, "m > 1 takes the tiled f32 kernel");
+}

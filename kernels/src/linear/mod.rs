@@ -5,8 +5,8 @@
 //! CPU has (`*`), and a `*_with(isa, threads, ..)` form that tests and benchmarks use to drive a given path. Both
 //! return the [`Isa`] that actually ran, so a caller (and every test) can see when a format falls back to another
 //! path. Today every format has scalar, AVX2 and AVX-512 code; the AVX2 path has no tiled GEMM (each row is a GEMV).
-//! W4A8 also has an AVX-512 + VBMI kernel, taken on [`Isa::Avx512`] where the CPU has AVX512-VBMI; `w4a8_ext`
-//! reports it ([`Ran`]) and [`Ext::Base`] opts out of it.
+//! W4A8 and the NVFP4 GEMV also have AVX-512 + VBMI kernels, taken on [`Isa::Avx512`] where the CPU has
+//! AVX512-VBMI; `w4a8_ext` / `nvfp4_ext` report them ([`Ran`]) and [`Ext::Base`] opts out of them.
 //! Threads split the output features (64-column blocks for int4, 64-row panels otherwise) through
 //! [`crate::cpu::parallel_ranges`]; every output element is written exactly once.
 //!
@@ -109,6 +109,29 @@ mod ffi {
         ef_nvfp4_avx512,
         ef_bf16_avx512
     );
+    #[cfg(edgefit_x86_kernels)]
+    extern "C" {
+        pub(crate) fn ef_nvfp4_xq_avx512vbmi(
+            x: *const f32,
+            chunks: usize,
+            xq: *mut i8,
+            xnb: *mut i32,
+            xs: *mut f32,
+        ) -> i32;
+        pub(crate) fn ef_nvfp4_avx512vbmi(
+            x: *const f32,
+            xq: *const i8,
+            xnb: *const i32,
+            xs: *const f32,
+            k: usize,
+            w: *const u8,
+            scales: *const u8,
+            global: f32,
+            r0: usize,
+            r1: usize,
+            y: *mut f32,
+        );
+    }
     #[cfg(edgefit_x86_kernels)]
     extern "C" {
         pub(crate) fn ef_w4a8_avx512vbmi(
@@ -752,6 +775,47 @@ fn nvfp4_permute(x: &[f32], k: usize) -> Vec<f32> {
     xp
 }
 
+/// One activation row in the integer form of the NVFP4 VBMI GEMV (`ef_nvfp4_avx512vbmi` in
+/// `csrc/linear_avx512.c`): per 16-element scale group `g`, `s_g` is the power of two at or above
+/// `max|x| / (127 * 2^16)` and `X = round(x / s_g)`
+/// split into three signed bytes `X = h 2^16 + m 2^8 + l`, laid out per 128-element chunk as 384 bytes `[h even,
+/// h odd, m even, m odd, l even, l odd]` (64 bytes each; "even" byte `j` is element `2j`, the low nibble of code
+/// byte `j`); `xs[16 c + i]` is `s_g` of the group of dword lane `i` (`g = 8 c + i / 2`), and
+/// `xnb[16 c + i] = -12 * sum(X[8i..8i+8])` removes the `+12` bias of the unsigned codes. Each element is held to
+/// `s_g / 2 <= 2^-23 max|x|` of its group (bf16 activations exactly). Only full chunks are encoded; the kernel reads the tail groups from
+/// x itself.
+#[cfg(edgefit_x86_kernels)]
+struct Nvfp4Xq {
+    q: Vec<i8>,
+    nb: Vec<i32>,
+    xs: Vec<f32>,
+}
+
+#[cfg(edgefit_x86_kernels)]
+impl Nvfp4Xq {
+    /// `None` when a group cannot be represented this way (a non-finite value, or a max |x| so small that its
+    /// scale would be an f32 subnormal, below about 1e-31): the caller then runs the f32 kernel, which handles
+    /// every input. Only on a CPU with AVX512-VBMI (the encoder is AVX-512 C, `ef_nvfp4_xq_avx512vbmi`).
+    fn new(x: &[f32]) -> Option<Self> {
+        let chunks = x.len() / 128;
+        let mut q = vec![0i8; chunks * 384];
+        let mut nb = vec![0i32; chunks * 16];
+        let mut xs = vec![0f32; chunks * 16];
+        // SAFETY: x holds chunks * 128 elements, q chunks * 384 bytes, nb and xs chunks * 16 elements; the caller
+        // checked avx512vbmi (and Isa::Avx512, which the rest of the encoder's instructions need).
+        let ok = unsafe {
+            ffi::ef_nvfp4_xq_avx512vbmi(
+                x.as_ptr(),
+                chunks,
+                q.as_mut_ptr(),
+                nb.as_mut_ptr(),
+                xs.as_mut_ptr(),
+            )
+        };
+        (ok == 1).then_some(Self { q, nb, xs })
+    }
+}
+
 /// NVFP4 linear with the detected path and all cores.
 pub fn nvfp4<'a>(
     x: impl Into<Activations<'a>>,
@@ -771,11 +835,67 @@ pub fn nvfp4_with<'a>(
     w: &Nvfp4Weights<'_>,
     y: &mut [f32],
 ) -> Result<Isa, KernelError> {
+    nvfp4_ext(isa, Ext::Auto, threads, x, m, w, y).map(|r| r.isa)
+}
+
+/// NVFP4 linear on a given path, variant choice and thread count; returns the kernel that ran. On [`Isa::Avx512`]
+/// with [`Ext::Auto`], a CPU with AVX512-VBMI and one activation row (`m == 1`), the GEMV runs on integer dot
+/// products (`vpermb` decodes the codes, `vpdpbusd` against x as three int8 limbs per 128-element chunk, see
+/// `csrc/linear_avx512.c`); its results match the f32 kernel's up to rounding (each x is held to 2^-23 of the
+/// max |x| of its 16-element group, where f32 holds it to 2^-24 |x|; bf16 activations are held exactly). Activations with a non-finite value or a
+/// group with 0 < max |x| < ~1e-31 take the f32 kernel, and so does `k < 128`; the returned [`Ran`] says which
+/// ran.
+pub fn nvfp4_ext<'a>(
+    isa: Isa,
+    ext: Ext,
+    threads: usize,
+    x: impl Into<Activations<'a>>,
+    m: usize,
+    w: &Nvfp4Weights<'_>,
+    y: &mut [f32],
+) -> Result<Ran, KernelError> {
     const OP: &str = "nvfp4";
     let x = x.into();
     check_io(OP, &x, m, w.n, w.k, y)?;
-    let (Ran { isa: ran, .. }, f) = NVFP4.pick(OP, isa, Ext::Auto)?;
+    let (ran_as, f) = NVFP4.pick(OP, isa, ext)?;
+    let ran = ran_as.isa;
     let x = x.to_f32();
+    #[cfg(edgefit_x86_kernels)]
+    if ran == Isa::Avx512
+        && ext == Ext::Auto
+        && m == 1
+        && w.k >= 128
+        && crate::cpu::has_avx512_vbmi()
+    {
+        if let Some(xq) = Nvfp4Xq::new(&x) {
+            let out = OutPtr(y.as_mut_ptr());
+            parallel_ranges(w.n, ROW_ALIGN, threads, |r0, r1| {
+                // SAFETY: x is [k]; xq.q [k/128 * 384], xq.nb and xq.xs [k/128 * 16] (built from x just above);
+                // w [n, k/2], scales [n, k/16] with k a multiple of 16, y [n] (checked); r0..r1 is within 0..n and
+                // disjoint from the other threads'. The CPU reports avx512vbmi, which the kernel's target attribute
+                // adds to the AVX-512 set `Isa::Avx512` guarantees.
+                unsafe {
+                    ffi::ef_nvfp4_avx512vbmi(
+                        x.as_ptr(),
+                        xq.q.as_ptr(),
+                        xq.nb.as_ptr(),
+                        xq.xs.as_ptr(),
+                        w.k,
+                        w.w.as_ptr(),
+                        w.scales.as_ptr(),
+                        w.global,
+                        r0,
+                        r1,
+                        out.get(),
+                    )
+                }
+            });
+            return Ok(Ran {
+                isa: Isa::Avx512,
+                vbmi: true,
+            });
+        }
+    }
     let xp: Cow<'_, [f32]> = if ran == Isa::Avx512 && m == 1 {
         Cow::Owned(nvfp4_permute(&x, w.k))
     } else {
@@ -801,7 +921,10 @@ pub fn nvfp4_with<'a>(
             )
         }
     });
-    Ok(ran)
+    Ok(Ran {
+        isa: ran,
+        vbmi: false,
+    })
 }
 
 /// bf16 weights `[n, k]` (bits).

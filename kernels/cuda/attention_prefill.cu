@@ -38,6 +38,21 @@
 //
 // Tilings (BM = 16 x W x warps, W, BN, STAGES) are template parameters; the instantiations below are those the
 // Rust side (`kernels/src/cuda/attention_prefill.rs`) can pick and the benchmark sweeps.
+//
+// Prefix mode (`attention_prefill_paged_*`, the engine's chunked prefill): sequence b's new tokens continue after
+// P_b = prefix_lens[b] tokens already in a KV cache. The same body runs on absolute positions: new token t is
+// position P_b + t, it sees keys j <= P_b + t (and P_b + t - j < W with a window), keys j < P_b come from the cache
+// and keys j >= P_b from the new k / v (row start + j - P_b). Two cache layouts, told apart by block_table:
+// - paged (block_table non-null): k_cache, v_cache [num_pages, kv_heads, page_size, D], key j of sequence b in
+//   page block_table[b * max_pages + j / page_size], slot j % page_size (the decode kernels' layout). P_b is
+//   clamped to max_pages * page_size; a page id >= num_pages is not read (its keys load as zeros: wrong scores
+//   for a wrong table, never an access outside the pool).
+// - ring (block_table null, sliding layers): k_ring, v_ring [seqs, kv_heads, slots = W - 1, D], key j in slot
+//   j % slots of sequence b: the last W - 1 prefix tokens, exactly the ones a window of W lets the new tokens see.
+// Every key below the block's lowest visible key (the window's edge) or at/after P_b + seqlen is zero-filled
+// rather than read, so ring slots already overwritten and cache pages past the prefix are never touched.
+// `attention_kv_store` writes the new tokens' K/V into either cache afterwards (a ring keeps only the last
+// W - 1 of them, so it must run after the attention that still needs the older prefix tokens).
 #include "common.cuh"
 
 namespace {
@@ -93,12 +108,27 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
 
 }  // namespace
 
-template <int D, int NWARPS, int MW, int BN, int STAGES>
+// The cached prefix of prefix mode (see the top of the file); unused (all zero / null) otherwise.
+struct ApPrefix {
+    const uint16_t* kc;           // paged [num_pages, kv_heads, page_size, D] or ring [seqs, kv_heads, slots, D]
+    const uint16_t* vc;
+    const uint32_t* block_table;  // [seqs, max_pages]; null: ring
+    const uint32_t* prefix_lens;  // [seqs] cached tokens before the new ones
+    int page_size;                // tokens per page, or ring slots (W - 1)
+    int max_pages;
+    int num_pages;
+};
+
+// Largest prefix the kernel accepts from prefix_lens in ring mode (paged: max_pages * page_size, which the Rust
+// side keeps below this too); with max_seqlen < 2^30 (checked there) every position stays below 2^31.
+#define AP_MAX_PREFIX (1 << 30)
+
+template <int D, int NWARPS, int MW, int BN, int STAGES, bool PREFIX>
 __device__ __forceinline__ void attention_prefill_body(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
                                                        const uint16_t* __restrict__ v, uint16_t* __restrict__ out,
                                                        const uint32_t* __restrict__ cu_seqlens, int total,
                                                        int max_seqlen, int q_heads, int kv_heads, int window,
-                                                       float scale_log2) {
+                                                       float scale_log2, const ApPrefix pre) {
     constexpr int BM = 16 * MW * NWARPS;  // each warp owns MW m16 tiles
     constexpr int NT = NWARPS * 32;
     constexpr int CPR = D / 8;  // 16-byte chunks per row
@@ -128,8 +158,16 @@ __device__ __forceinline__ void attention_prefill_body(const uint16_t* __restric
     const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest (latest) query tiles first
     const long long p0 = (long long)m_block * BM;
     if (p0 >= (long long)seqlen * G) return;
-    const int tok_lo = (int)(p0 / G);
-    const int tok_hi = (int)min((p0 + BM - 1) / G, (long long)seqlen - 1);
+    // Prefix mode: queries and keys are numbered by absolute position (the new tokens start at `prefix`).
+    int prefix = 0;
+    if constexpr (PREFIX) {
+        const uint32_t cap = pre.block_table != nullptr ? (uint32_t)pre.max_pages * (uint32_t)pre.page_size
+                                                        : (uint32_t)AP_MAX_PREFIX;
+        prefix = (int)min(pre.prefix_lens[seq], min(cap, (uint32_t)AP_MAX_PREFIX));
+    }
+    const int kv_len = prefix + seqlen;  // keys of this sequence: cache [0, prefix), new [prefix, kv_len)
+    const int tok_lo = prefix + (int)(p0 / G);
+    const int tok_hi = prefix + (int)min((p0 + BM - 1) / G, (long long)seqlen - 1);
 
     const size_t q_row_stride = (size_t)q_heads * D;   // elements between tokens of q / out
     const size_t kv_row_stride = (size_t)kv_heads * D;  // and of k / v
@@ -159,10 +197,35 @@ __device__ __forceinline__ void attention_prefill_body(const uint16_t* __restric
             for (int i = tid; i < BN * CPR; i += NT) {
                 const int r = i / CPR, c = i % CPR;
                 const int key = n0 + r;
-                const bool ok = key < seqlen;
-                const size_t off = ok ? (size_t)key * kv_row_stride + c * 8 : 0;
-                ap_cp_async16(sk(s) + swz<D>(r, c), kb + off, ok);
-                ap_cp_async16(sv(s) + swz<D>(r, c), vb + off, ok);
+                if constexpr (!PREFIX) {
+                    const bool ok = key < seqlen;
+                    const size_t off = ok ? (size_t)key * kv_row_stride + c * 8 : 0;
+                    ap_cp_async16(sk(s) + swz<D>(r, c), kb + off, ok);
+                    ap_cp_async16(sv(s) + swz<D>(r, c), vb + off, ok);
+                } else {
+                    bool ok = key >= key_lo && key < kv_len;
+                    const uint16_t* ks = kb;
+                    const uint16_t* vs = vb;
+                    if (ok && key >= prefix) {  // a new token: row start + key - prefix of k / v
+                        const size_t off = (size_t)(key - prefix) * kv_row_stride + c * 8;
+                        ks = kb + off;
+                        vs = vb + off;
+                    } else if (ok) {  // a cached token: through the block table, or its ring slot
+                        size_t row;
+                        if (pre.block_table != nullptr) {
+                            const uint32_t page = pre.block_table[(size_t)seq * pre.max_pages + key / pre.page_size];
+                            ok = page < (uint32_t)pre.num_pages;
+                            row = ((size_t)page * kv_heads + kvh) * pre.page_size + key % pre.page_size;
+                        } else {
+                            row = ((size_t)seq * kv_heads + kvh) * pre.page_size + key % pre.page_size;
+                        }
+                        const size_t off = ok ? row * D + c * 8 : 0;
+                        ks = pre.kc + off;
+                        vs = pre.vc + off;
+                    }
+                    ap_cp_async16(sk(s) + swz<D>(r, c), ks, ok);
+                    ap_cp_async16(sv(s) + swz<D>(r, c), vs, ok);
+                }
             }
         }
         ap_commit();
@@ -177,7 +240,7 @@ __device__ __forceinline__ void attention_prefill_body(const uint16_t* __restric
     for (int x = 0; x < 2 * MW; ++x) {
         const long long p = p0 + (warp * MW + (x >> 1)) * 16 + g + (x & 1) * 8;
         const int t = (int)(p / G);
-        row_tok[x] = min(t, seqlen - 1);  // padding rows compute a real row's values and are not stored
+        row_tok[x] = prefix + min(t, seqlen - 1);  // padding rows compute a real row's values and are not stored
         row_lo[x] = window > 0 ? row_tok[x] - window + 1 : 0;
     }
 
@@ -338,19 +401,32 @@ __device__ __forceinline__ void attention_prefill_body(const uint16_t* __restric
 // Shared memory bytes of a tiling: the Q tile plus STAGES x (K tile + V tile). Mirrored in the Rust launch table.
 #define AP_SMEM(D, BM, BN, STAGES) (((BM) + 2 * (STAGES) * (BN)) * (D) * 2)
 
-#define AP_INSTANTIATE(D, BM, MW, BN, STAGES)                                                                       \
-    static_assert(AP_SMEM(D, BM, BN, STAGES) <= 227 * 1024, "shared memory");                                      \
-    extern "C" __global__ void __launch_bounds__((BM) * 2 / (MW))                                                   \
-        attention_prefill_D##D##_M##BM##_W##MW##_N##BN##_S##STAGES(                                                 \
-            const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,         \
-            uint16_t* __restrict__ out, const uint32_t* __restrict__ cu_seqlens, int total, int max_seqlen,         \
-            int q_heads, int kv_heads, int window, float scale_log2) {                                              \
-        attention_prefill_body<D, (BM) / (16 * (MW)), MW, BN, STAGES>(q, k, v, out, cu_seqlens, total, max_seqlen, q_heads,        \
-                                                      kv_heads, window, scale_log2);                                \
+#define AP_INSTANTIATE(D, BM, MW, BN, STAGES)                                                                      \
+    static_assert(AP_SMEM(D, BM, BN, STAGES) <= 227 * 1024, "shared memory");                                     \
+    extern "C" __global__ void __launch_bounds__((BM) * 2 / (MW))                                                  \
+        attention_prefill_D##D##_M##BM##_W##MW##_N##BN##_S##STAGES(                                                \
+            const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,        \
+            uint16_t* __restrict__ out, const uint32_t* __restrict__ cu_seqlens, int total, int max_seqlen,        \
+            int q_heads, int kv_heads, int window, float scale_log2) {                                             \
+        attention_prefill_body<D, (BM) / (16 * (MW)), MW, BN, STAGES, false>(                                      \
+            q, k, v, out, cu_seqlens, total, max_seqlen, q_heads, kv_heads, window, scale_log2,                    \
+            ApPrefix{nullptr, nullptr, nullptr, nullptr, 0, 0, 0});                                                \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__((BM) * 2 / (MW))                                                  \
+        attention_prefill_paged_D##D##_M##BM##_W##MW##_N##BN##_S##STAGES(                                          \
+            const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,        \
+            uint16_t* __restrict__ out, const uint32_t* __restrict__ cu_seqlens, int total, int max_seqlen,        \
+            int q_heads, int kv_heads, int window, float scale_log2, const uint16_t* __restrict__ k_cache,         \
+            const uint16_t* __restrict__ v_cache, const uint32_t* __restrict__ block_table,                        \
+            const uint32_t* __restrict__ prefix_lens, int page_size, int max_pages, int num_pages) {               \
+        attention_prefill_body<D, (BM) / (16 * (MW)), MW, BN, STAGES, true>(                                       \
+            q, k, v, out, cu_seqlens, total, max_seqlen, q_heads, kv_heads, window, scale_log2,                    \
+            ApPrefix{k_cache, v_cache, block_table, prefix_lens, page_size, max_pages, num_pages});                \
     }
 
 // Not built: D256 with two m16 tiles per warp (O alone is 256 registers: 1.5 KB of spills per thread).
-// Names: D<head dim>_M<BM packed rows>_W<m16 tiles per warp>_N<BN keys>_S<stages>; BM / (16 W) warps.
+// Names: D<head dim>_M<BM packed rows>_W<m16 tiles per warp>_N<BN keys>_S<stages>; BM / (16 W) warps. Each tiling
+// has its plain kernel and its prefix-mode kernel (`attention_prefill_paged_...`).
 AP_INSTANTIATE(64, 128, 1, 64, 3)
 AP_INSTANTIATE(64, 128, 2, 64, 3)
 AP_INSTANTIATE(64, 64, 1, 64, 3)
@@ -361,3 +437,51 @@ AP_INSTANTIATE(128, 64, 1, 64, 2)
 AP_INSTANTIATE(256, 64, 1, 32, 2)
 AP_INSTANTIATE(256, 64, 1, 64, 2)
 AP_INSTANTIATE(256, 128, 1, 64, 2)
+
+// Writes the new tokens' K and V (bf16 bits [total, kv_heads, D], sequences as cu_seqlens, D = 8 x chunks) into a
+// KV cache after prefix_lens[b] cached tokens: token t of sequence b is position P_b + t. Paged (block_table
+// non-null): page block_table[b * max_pages + pos / page_size], slot pos % page_size of [num_pages, kv_heads,
+// page_size, D]; a position past the table or a page id >= num_pages is skipped (never written out of bounds).
+// Ring (block_table null, page_size = slots = W - 1): only the last `slots` tokens of each sequence are written,
+// to slot pos % slots of [seqs, kv_heads, slots, D] (so no two threads write one slot); slots = 0 writes nothing.
+// One thread copies 16 bytes of K and 16 of V; grid (ceil(max_seqlen * kv_heads * chunks / 256), seqs).
+// Offsets and prefix lengths are clamped as in the attention kernels.
+extern "C" __global__ void __launch_bounds__(256)
+    attention_kv_store(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v, uint16_t* __restrict__ k_cache,
+                       uint16_t* __restrict__ v_cache, const uint32_t* __restrict__ cu_seqlens,
+                       const uint32_t* __restrict__ prefix_lens, const uint32_t* __restrict__ block_table, int total,
+                       int max_seqlen, int kv_heads, int chunks, int page_size, int max_pages, int num_pages) {
+    const int seq = blockIdx.y;
+    int start = 0, seqlen = total;
+    if (cu_seqlens != nullptr) {
+        const uint32_t a = min(cu_seqlens[seq], (uint32_t)total);
+        const uint32_t b = min(max(cu_seqlens[seq + 1], a), (uint32_t)total);
+        start = (int)a;
+        seqlen = (int)(b - a);
+    }
+    seqlen = min(seqlen, max_seqlen);
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long per_token = (long long)kv_heads * chunks;
+    const int t = (int)(idx / per_token);
+    if (t >= seqlen) return;
+    const int h = (int)(idx / chunks % kv_heads), c = (int)(idx % chunks);
+    const uint32_t cap =
+        block_table != nullptr ? (uint32_t)max_pages * (uint32_t)page_size : (uint32_t)AP_MAX_PREFIX;
+    const int pos = (int)min(prefix_lens[seq], min(cap, (uint32_t)AP_MAX_PREFIX)) + t;
+    size_t row;
+    if (block_table != nullptr) {
+        const int pi = pos / page_size;
+        if (pi >= max_pages) return;
+        const uint32_t page = block_table[(size_t)seq * max_pages + pi];
+        if (page >= (uint32_t)num_pages) return;
+        row = ((size_t)page * kv_heads + h) * page_size + pos % page_size;
+    } else {
+        if (page_size <= 0 || t < seqlen - page_size) return;  // overwritten later in the same chunk
+        row = ((size_t)seq * kv_heads + h) * page_size + pos % page_size;
+    }
+    const size_t d = (size_t)chunks * 8;
+    const size_t src = ((size_t)(start + t) * kv_heads + h) * d + (size_t)c * 8;
+    const size_t dst = row * d + (size_t)c * 8;
+    *reinterpret_cast<uint4*>(k_cache + dst) = *reinterpret_cast<const uint4*>(k + src);
+    *reinterpret_cast<uint4*>(v_cache + dst) = *reinterpret_cast<const uint4*>(v + src);
+}

@@ -5,6 +5,12 @@
 //! with no window and windows smaller and larger than the prompt, one sequence and a varlen batch; outputs
 //! poisoned with NaN before each launch. Each failure names the shape, the tiling, the window and the element.
 //!
+//! Chunked prefill (`attention_prefill_paged*`, `attention_prefill_ring*`) and the K/V stores
+//! (`attention_kv_store_*`): ragged prefixes (0, 5, 37, 130, 200: not page or tile multiples) before ragged chunks,
+//! shuffled pages of 5, 7, 16 tokens, windows that cut into the prefix, rings of 1 to 299 slots, every tiling; the
+//! oracle is the CPU prefill over the whole history (prefix + chunk), and the caches are compared bit for bit with
+//! the CPU's `paged_store` / `ring_store`. Unwritten cache rows hold NaN, so a read of one fails the test.
+//!
 //! Error bound: the kernel rounds the probabilities to bf16 for `P V` (2^-9 relative each) and the output to
 //! bf16 (2^-9 relative); scores and the softmax are fp32. With inputs in [-1, 1] (q in [-2, 2]) every output is in
 //! [-1, 1]; measured errors are ~3e-3 relative. Bounds: 1e-2 relative over the whole output and 1.5e-2 absolute
@@ -342,4 +348,578 @@ fn bad_sizes_are_errors() {
 
 fn out_like(gpu: &Gpu, n: usize) -> GpuBuffer<u16> {
     gpu.zeros(n).unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Chunked prefill over a KV cache (`attention_prefill_paged*`, `attention_prefill_ring*`) and the K/V stores.
+// Oracle: the CPU prefill over the whole history (prefix + new tokens, the prefix's query rows random and
+// discarded), rows of the new tokens; the caches are built and checked with the CPU's `paged_store` and
+// `ring_store`. Every unwritten cache row (pages past a prefix, spare pages, ring slots not yet filled) holds NaN,
+// so a read of one shows up as a NaN output; block-table columns past a sequence's pages hold u32::MAX.
+
+use half::bf16;
+use kernels::attention::KvSliceMut;
+use kernels::cuda::PagedAttentionDims;
+
+/// One sequence's history: `prefix` cached tokens then `new` tokens; q rows for all of them (the prefix's are
+/// only there for the CPU oracle, which computes every row).
+struct History {
+    prefix: usize,
+    new: usize,
+    x: Inputs,
+}
+
+fn history(rng: &mut ChaCha8Rng, dims: &AttnDims, prefix: usize, new: usize) -> History {
+    History {
+        prefix,
+        new,
+        x: inputs(rng, dims, prefix + new),
+    }
+}
+
+/// The CPU rows of the new tokens: prefill over the whole history, rows `prefix..prefix + new`.
+fn cpu_new_rows(dims: &AttnDims, scale: f32, window: Option<usize>, h: &History) -> Vec<f32> {
+    let all = cpu_prefill(dims, scale, window, h.prefix + h.new, &h.x);
+    let row = dims.q_heads * dims.head_dim;
+    all[h.prefix * row..].to_vec()
+}
+
+/// The new tokens of every sequence packed one after another (`[total, heads, d]` bf16 bits) and cu_seqlens.
+fn pack_new(dims: &AttnDims, hs: &[History]) -> (Vec<u16>, Vec<u16>, Vec<u16>, Vec<u32>) {
+    let (rq, rkv) = (dims.q_heads * dims.head_dim, dims.kv_heads * dims.head_dim);
+    let (mut q, mut k, mut v, mut cu) = (Vec::new(), Vec::new(), Vec::new(), vec![0u32]);
+    for h in hs {
+        q.extend_from_slice(&h.x.q.0[h.prefix * rq..]);
+        k.extend_from_slice(&h.x.k.0[h.prefix * rkv..]);
+        v.extend_from_slice(&h.x.v.0[h.prefix * rkv..]);
+        cu.push(cu.last().unwrap() + h.new as u32);
+    }
+    (q, k, v, cu)
+}
+
+/// A paged pool for `hs`: each sequence gets `ceil((prefix + new) / page_size)` pages, ids shuffled over a pool
+/// with 3 spare pages; the block table's unused columns hold u32::MAX. Returns (block table, max pages, pages).
+fn paged_layout(
+    rng: &mut ChaCha8Rng,
+    hs: &[History],
+    page_size: usize,
+) -> (Vec<u32>, usize, usize) {
+    use rand::seq::SliceRandom;
+    let need: Vec<usize> = hs
+        .iter()
+        .map(|h| (h.prefix + h.new).div_ceil(page_size))
+        .collect();
+    let max_pages = need.iter().max().unwrap() + 1;
+    let num_pages = need.iter().sum::<usize>() + 3;
+    let mut ids: Vec<u32> = (0..num_pages as u32).collect();
+    ids.shuffle(rng);
+    let mut table = vec![u32::MAX; hs.len() * max_pages];
+    let mut next = 0;
+    for (b, &n) in need.iter().enumerate() {
+        table[b * max_pages..b * max_pages + n].copy_from_slice(&ids[next..next + n]);
+        next += n;
+    }
+    (table, max_pages, num_pages)
+}
+
+fn to_bits(v: &[bf16]) -> Vec<u16> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Stores positions `from..to` of history `h` (sequence `b`) with the CPU's `paged_store` / `ring_store`.
+#[allow(clippy::too_many_arguments)]
+fn cpu_store(
+    dims: &AttnDims,
+    h: &History,
+    b: usize,
+    from: usize,
+    to: usize,
+    paged: Option<(&[u32], usize)>,
+    window: usize,
+    kc: &mut [bf16],
+    vc: &mut [bf16],
+) {
+    let rkv = dims.kv_heads * dims.head_dim;
+    for p in from..to {
+        for (cache, vals) in [(&mut *kc, &h.x.k.1), (&mut *vc, &h.x.v.1)] {
+            let row = &vals[p * rkv..(p + 1) * rkv];
+            match paged {
+                Some((table, page_size)) => {
+                    attention::paged_store(dims, KvSliceMut::Bf16(cache), page_size, table, p, row)
+                        .unwrap()
+                }
+                None => {
+                    attention::ring_store(dims, KvSliceMut::Bf16(cache), window, b, p, row).unwrap()
+                }
+            }
+        }
+    }
+}
+
+fn paged_dims(
+    dims: &AttnDims,
+    seqs: usize,
+    page_size: usize,
+    num_pages: usize,
+    max_pages: usize,
+) -> PagedAttentionDims {
+    PagedAttentionDims {
+        seqs,
+        q_heads: dims.q_heads,
+        kv_heads: dims.kv_heads,
+        head_dim: dims.head_dim,
+        page_size,
+        num_pages,
+        max_pages_per_seq: max_pages,
+    }
+}
+
+/// Compares the packed output of a batch with each sequence's CPU rows.
+fn compare_batch(
+    what: &str,
+    dims: &AttnDims,
+    scale: f32,
+    window: Option<usize>,
+    hs: &[History],
+    got: &[u16],
+) {
+    let row = dims.q_heads * dims.head_dim;
+    let mut at = 0;
+    for (b, h) in hs.iter().enumerate() {
+        let want = cpu_new_rows(dims, scale, window, h);
+        compare(
+            &format!("{what} sequence {b} (prefix {}, new {})", h.prefix, h.new),
+            dims,
+            &got[at * row..(at + h.new) * row],
+            &want,
+        );
+        at += h.new;
+    }
+}
+
+#[test]
+fn paged_prefill_continues_a_paged_prefix_on_every_tiling() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("paged_prefill_continues_a_paged_prefix_on_every_tiling");
+    // Ragged prefixes (not page or tile multiples, one empty) and chunks; page sizes 7, 16, 5.
+    let prefixes = [0usize, 37, 130, 5];
+    let news = [17usize, 65, 1, 40];
+    for (d, group, kv_heads, page_size) in [
+        (64usize, 3usize, 2usize, 7usize),
+        (128, 4, 1, 16),
+        (256, 6, 1, 5),
+    ] {
+        let dims = AttnDims {
+            q_heads: group * kv_heads,
+            kv_heads,
+            head_dim: d,
+        };
+        let scale = 1.0 / (d as f32).sqrt();
+        let hs: Vec<History> = prefixes
+            .iter()
+            .zip(news)
+            .map(|(&p, n)| history(&mut rng, &dims, p, n))
+            .collect();
+        let (table, max_pages, num_pages) = paged_layout(&mut rng, &hs, page_size);
+        let cache_len = num_pages * kv_heads * page_size * d;
+        let (mut kc, mut vc) = (vec![bf16::NAN; cache_len], vec![bf16::NAN; cache_len]);
+        for (b, h) in hs.iter().enumerate() {
+            let t = &table[b * max_pages..(b + 1) * max_pages];
+            cpu_store(
+                &dims,
+                h,
+                b,
+                0,
+                h.prefix,
+                Some((t, page_size)),
+                0,
+                &mut kc,
+                &mut vc,
+            );
+        }
+        let (q, k, v, cu) = pack_new(&dims, &hs);
+        let total = q.len() / (dims.q_heads * d);
+        let max_len = *news.iter().max().unwrap();
+        let pd = paged_dims(&dims, hs.len(), page_size, num_pages, max_pages);
+        let up = |x: &[u16]| gpu.upload(x).unwrap();
+        let (qd, kd, vd) = (up(&q), up(&k), up(&v));
+        let (kcd, vcd) = (up(&to_bits(&kc)), up(&to_bits(&vc)));
+        let table_d = gpu.upload(&table).unwrap();
+        let pre: Vec<u32> = prefixes.iter().map(|&p| p as u32).collect();
+        let pre_d = gpu.upload(&pre).unwrap();
+        let cu_d = gpu.upload(&cu).unwrap();
+        let mut variants: Vec<Option<&str>> = vec![None];
+        variants.extend(Gpu::attention_prefill_variants(d).into_iter().map(Some));
+        // No window; one that cuts into the longer prefixes; one token; longer than any history.
+        for w in [None, Some(20), Some(1), Some(1000)] {
+            for &variant in &variants {
+                let mut out = up(&vec![NAN_BF16; q.len()]);
+                gpu.attention_prefill_paged_with(
+                    variant, &pd, scale, w, &kcd, &vcd, &table_d, &pre_d, &cu_d, total, max_len,
+                    &qd, &kd, &vd, &mut out,
+                )
+                .unwrap();
+                let what = format!(
+                    "paged prefill d={d} q_heads={} kv_heads={kv_heads} page_size={page_size} window={w:?} tiling={}",
+                    dims.q_heads,
+                    variant.unwrap_or("default")
+                );
+                compare_batch(&what, &dims, scale, w, &hs, &gpu.download(&out).unwrap());
+            }
+        }
+    }
+}
+
+#[test]
+fn ring_prefill_continues_a_ring_prefix_on_every_tiling() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("ring_prefill_continues_a_ring_prefix_on_every_tiling");
+    let prefixes = [0usize, 3, 50, 200];
+    let news = [17usize, 65, 1, 40];
+    for (d, group, kv_heads) in [(64usize, 2usize, 2usize), (128, 8, 1), (256, 6, 1)] {
+        let dims = AttnDims {
+            q_heads: group * kv_heads,
+            kv_heads,
+            head_dim: d,
+        };
+        let scale = 1.0 / (d as f32).sqrt();
+        let hs: Vec<History> = prefixes
+            .iter()
+            .zip(news)
+            .map(|(&p, n)| history(&mut rng, &dims, p, n))
+            .collect();
+        let (q, k, v, cu) = pack_new(&dims, &hs);
+        let total = q.len() / (dims.q_heads * d);
+        let max_len = *news.iter().max().unwrap();
+        let up = |x: &[u16]| gpu.upload(x).unwrap();
+        let (qd, kd, vd) = (up(&q), up(&k), up(&v));
+        let pre: Vec<u32> = prefixes.iter().map(|&p| p as u32).collect();
+        let pre_d = gpu.upload(&pre).unwrap();
+        let cu_d = gpu.upload(&cu).unwrap();
+        let mut variants: Vec<Option<&str>> = vec![None];
+        variants.extend(Gpu::attention_prefill_variants(d).into_iter().map(Some));
+        // Windows of 2 (one ring slot), shorter than some prefixes and chunks, longer than every history.
+        for w in [2usize, 16, 33, 300] {
+            let ring_len = hs.len() * kv_heads * (w - 1) * d;
+            let (mut kr, mut vr) = (vec![bf16::NAN; ring_len], vec![bf16::NAN; ring_len]);
+            for (b, h) in hs.iter().enumerate() {
+                cpu_store(&dims, h, b, 0, h.prefix, None, w, &mut kr, &mut vr);
+            }
+            let (krd, vrd) = (up(&to_bits(&kr)), up(&to_bits(&vr)));
+            for &variant in &variants {
+                let mut out = up(&vec![NAN_BF16; q.len()]);
+                gpu.attention_prefill_ring_with(
+                    variant,
+                    &dims,
+                    hs.len(),
+                    scale,
+                    w,
+                    &krd,
+                    &vrd,
+                    &pre_d,
+                    &cu_d,
+                    total,
+                    max_len,
+                    &qd,
+                    &kd,
+                    &vd,
+                    &mut out,
+                )
+                .unwrap();
+                let what = format!(
+                    "ring prefill d={d} q_heads={} kv_heads={kv_heads} window={w} tiling={}",
+                    dims.q_heads,
+                    variant.unwrap_or("default")
+                );
+                compare_batch(
+                    &what,
+                    &dims,
+                    scale,
+                    Some(w),
+                    &hs,
+                    &gpu.download(&out).unwrap(),
+                );
+            }
+        }
+    }
+}
+
+/// Chunked prefill as the engine runs it: each round attends over the cache and then stores its chunk (paged
+/// cache with no window and with a window; ring for a sliding window). Every round's rows are checked against the
+/// CPU over the whole history, and after the last round the caches must equal, bit for bit, the CPU stores of
+/// every token (including the NaN of the rows never written).
+#[test]
+fn chunked_prefill_with_stores_matches_one_prefill_of_the_whole_history() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("chunked_prefill_with_stores_matches_one_prefill_of_the_whole_history");
+    // Two sequences, three rounds of ragged chunks (a 1-token and a 0-token chunk among them).
+    let chunks = [[40usize, 5], [1, 64], [77, 0]];
+    let lens: Vec<usize> = (0..2).map(|b| chunks.iter().map(|c| c[b]).sum()).collect();
+    for (d, group, kv_heads, page_size, window) in [
+        (128usize, 4usize, 2usize, 16usize, None),
+        (256, 6, 1, 9, Some(30usize)),
+        (64, 2, 2, 8, Some(50)),
+    ] {
+        let dims = AttnDims {
+            q_heads: group * kv_heads,
+            kv_heads,
+            head_dim: d,
+        };
+        let scale = 1.0 / (d as f32).sqrt();
+        let whole: Vec<History> = lens
+            .iter()
+            .map(|&l| history(&mut rng, &dims, 0, l))
+            .collect();
+        let (table, max_pages, num_pages) = paged_layout(&mut rng, &whole, page_size);
+        let cache_len = num_pages * kv_heads * page_size * d;
+        let (mut kc, mut vc) = (vec![bf16::NAN; cache_len], vec![bf16::NAN; cache_len]);
+        let mut kcd = gpu.upload(&to_bits(&kc)).unwrap();
+        let mut vcd = gpu.upload(&to_bits(&vc)).unwrap();
+        let table_d = gpu.upload(&table).unwrap();
+        let pd = paged_dims(&dims, 2, page_size, num_pages, max_pages);
+        let ring_w = window.unwrap_or(1);
+        let ring_len = 2 * kv_heads * (ring_w - 1) * d;
+        let (mut kr, mut vr) = (vec![bf16::NAN; ring_len], vec![bf16::NAN; ring_len]);
+        let mut krd = gpu.upload(&to_bits(&kr)).unwrap();
+        let mut vrd = gpu.upload(&to_bits(&vr)).unwrap();
+        let (rq, rkv) = (dims.q_heads * d, kv_heads * d);
+        let mut done = [0usize; 2];
+        for (round, c) in chunks.iter().enumerate() {
+            // This round's chunk of each sequence, with the rows before it as its prefix.
+            let hs: Vec<History> = (0..2)
+                .map(|b| {
+                    let end = done[b] + c[b];
+                    let cut = |x: &(Vec<u16>, Vec<f32>), r: usize| {
+                        (x.0[..end * r].to_vec(), x.1[..end * r].to_vec())
+                    };
+                    History {
+                        prefix: done[b],
+                        new: c[b],
+                        x: Inputs {
+                            q: cut(&whole[b].x.q, rq),
+                            k: cut(&whole[b].x.k, rkv),
+                            v: cut(&whole[b].x.v, rkv),
+                        },
+                    }
+                })
+                .collect();
+            let (q, k, v, cu) = pack_new(&dims, &hs);
+            let total = c.iter().sum::<usize>();
+            let max_len = *c.iter().max().unwrap();
+            let (qd, kd, vd) = (
+                gpu.upload(&q).unwrap(),
+                gpu.upload(&k).unwrap(),
+                gpu.upload(&v).unwrap(),
+            );
+            let pre_d = gpu.upload(&[done[0] as u32, done[1] as u32]).unwrap();
+            let cu_d = gpu.upload(&cu).unwrap();
+            let what = format!("chunked d={d} window={window:?} round {round}");
+            // Paged: attend over the prefix, then store the chunk.
+            let mut out = gpu.upload(&vec![NAN_BF16; q.len()]).unwrap();
+            gpu.attention_prefill_paged(
+                &pd, scale, window, &kcd, &vcd, &table_d, &pre_d, &cu_d, total, max_len, &qd, &kd,
+                &vd, &mut out,
+            )
+            .unwrap();
+            compare_batch(
+                &format!("{what} paged"),
+                &dims,
+                scale,
+                window,
+                &hs,
+                &gpu.download(&out).unwrap(),
+            );
+            gpu.attention_kv_store_paged(
+                &pd, &kd, &vd, &table_d, &pre_d, &cu_d, total, max_len, &mut kcd, &mut vcd,
+            )
+            .unwrap();
+            // Ring (sliding layers): attend first (the store overwrites prefix slots), then store.
+            if let Some(w) = window {
+                let mut out = gpu.upload(&vec![NAN_BF16; q.len()]).unwrap();
+                gpu.attention_prefill_ring(
+                    &dims, 2, scale, w, &krd, &vrd, &pre_d, &cu_d, total, max_len, &qd, &kd, &vd,
+                    &mut out,
+                )
+                .unwrap();
+                compare_batch(
+                    &format!("{what} ring"),
+                    &dims,
+                    scale,
+                    window,
+                    &hs,
+                    &gpu.download(&out).unwrap(),
+                );
+                gpu.attention_kv_store_ring(
+                    &dims, 2, w, &kd, &vd, &pre_d, &cu_d, total, max_len, &mut krd, &mut vrd,
+                )
+                .unwrap();
+            }
+            for b in 0..2 {
+                let t = &table[b * max_pages..(b + 1) * max_pages];
+                cpu_store(
+                    &dims,
+                    &hs[b],
+                    b,
+                    done[b],
+                    done[b] + c[b],
+                    Some((t, page_size)),
+                    0,
+                    &mut kc,
+                    &mut vc,
+                );
+                if window.is_some() {
+                    cpu_store(
+                        &dims,
+                        &hs[b],
+                        b,
+                        done[b],
+                        done[b] + c[b],
+                        None,
+                        ring_w,
+                        &mut kr,
+                        &mut vr,
+                    );
+                }
+                done[b] += c[b];
+            }
+        }
+        let check = |what: &str, got: Vec<u16>, want: &[bf16], row: usize| {
+            for (i, (&g, w)) in got.iter().zip(want).enumerate() {
+                assert!(
+                    g == w.to_bits(),
+                    "{what} d={d}: element {i} (row {}, element {}) is {g:#06x}, the CPU store gives {:#06x}",
+                    i / row,
+                    i % row,
+                    w.to_bits()
+                );
+            }
+        };
+        check("paged k_cache", gpu.download(&kcd).unwrap(), &kc, d);
+        check("paged v_cache", gpu.download(&vcd).unwrap(), &vc, d);
+        if window.is_some() {
+            check("k_ring", gpu.download(&krd).unwrap(), &kr, d);
+            check("v_ring", gpu.download(&vrd).unwrap(), &vr, d);
+        }
+    }
+}
+
+#[test]
+fn bad_cache_sizes_are_errors() {
+    let Some(gpu) = gpu() else { return };
+    let dims = AttnDims {
+        q_heads: 8,
+        kv_heads: 2,
+        head_dim: 128,
+    };
+    let (t, ps, pages, maxp) = (10usize, 16usize, 4usize, 2usize);
+    let pd = paged_dims(&dims, 2, ps, pages, maxp);
+    let buf = |n: usize| -> GpuBuffer<u16> { gpu.zeros(n).unwrap() };
+    let (q, k, v) = (buf(t * 8 * 128), buf(t * 2 * 128), buf(t * 2 * 128));
+    let mut out = buf(t * 8 * 128);
+    let cache = pages * 2 * ps * 128;
+    let (mut kc, mut vc) = (buf(cache), buf(cache));
+    let table = gpu.upload(&[0u32, 1, 2, 3]).unwrap();
+    let pre = gpu.upload(&[3u32, 20]).unwrap();
+    let cu = gpu.upload(&[0u32, 4, 10]).unwrap();
+    let msg = |r: Result<(), kernels::KernelError>| r.expect_err("accepted").to_string();
+    let short = buf(cache - 1);
+    assert!(msg(gpu.attention_prefill_paged(
+        &pd, 0.1, None, &short, &vc, &table, &pre, &cu, t, 6, &q, &k, &v, &mut out
+    ))
+    .contains("k_cache"));
+    let table3 = gpu.upload(&[0u32, 1, 2]).unwrap();
+    assert!(msg(gpu.attention_prefill_paged(
+        &pd, 0.1, None, &kc, &vc, &table3, &pre, &cu, t, 6, &q, &k, &v, &mut out
+    ))
+    .contains("block_table"));
+    let pre1 = gpu.upload(&[3u32]).unwrap();
+    assert!(msg(gpu.attention_prefill_paged(
+        &pd, 0.1, None, &kc, &vc, &table, &pre1, &cu, t, 6, &q, &k, &v, &mut out
+    ))
+    .contains("prefix_lens"));
+    let huge = paged_dims(&dims, 2, 1 << 20, pages, 1 << 11);
+    assert!(msg(gpu.attention_prefill_paged(
+        &huge, 0.1, None, &kc, &vc, &table, &pre, &cu, t, 6, &q, &k, &v, &mut out
+    ))
+    .contains("2^30"));
+    let zero = paged_dims(&dims, 2, 0, pages, maxp);
+    assert!(msg(gpu.attention_prefill_paged(
+        &zero, 0.1, None, &kc, &vc, &table, &pre, &cu, t, 6, &q, &k, &v, &mut out
+    ))
+    .contains("positive"));
+    assert!(msg(gpu.attention_prefill_paged(
+        &pd,
+        0.1,
+        Some(0),
+        &kc,
+        &vc,
+        &table,
+        &pre,
+        &cu,
+        t,
+        6,
+        &q,
+        &k,
+        &v,
+        &mut out
+    ))
+    .contains("at least 1"));
+    // Rings: [seqs, kv_heads, window - 1, d].
+    let ring = buf(2 * 2 * 7 * 128);
+    assert!(msg(gpu.attention_prefill_ring(
+        &dims, 2, 0.1, 9, &ring, &ring, &pre, &cu, t, 6, &q, &k, &v, &mut out
+    ))
+    .contains("k_ring"));
+    assert!(msg(gpu.attention_prefill_ring(
+        &dims, 2, 0.1, 0, &ring, &ring, &pre, &cu, t, 6, &q, &k, &v, &mut out
+    ))
+    .contains("window"));
+    let (mut r1, mut r2) = (buf(2 * 2 * 7 * 128), buf(2 * 2 * 7 * 128));
+    assert!(msg(
+        gpu.attention_kv_store_ring(&dims, 2, 9, &k, &v, &pre, &cu, t, 6, &mut r1, &mut r2)
+    )
+    .contains("k_ring"));
+    assert!(msg(
+        gpu.attention_kv_store_paged(&pd, &k, &q, &table, &pre, &cu, t, 6, &mut kc, &mut vc)
+    )
+    .contains("v has"));
+    let d12 = AttnDims {
+        head_dim: 12,
+        ..dims
+    };
+    assert!(
+        msg(gpu.attention_kv_store_ring(&d12, 2, 8, &k, &v, &pre, &cu, t, 6, &mut r1, &mut r2))
+            .contains("multiple of 8")
+    );
+    // The right sizes are accepted; zero inputs give zero outputs (the cache is zero too).
+    gpu.write(&mut out, &vec![NAN_BF16; t * 8 * 128]).unwrap();
+    gpu.attention_prefill_paged(
+        &pd,
+        0.1,
+        Some(4),
+        &kc,
+        &vc,
+        &table,
+        &pre,
+        &cu,
+        t,
+        6,
+        &q,
+        &k,
+        &v,
+        &mut out,
+    )
+    .unwrap();
+    gpu.attention_prefill_ring(
+        &dims, 2, 0.1, 8, &ring, &ring, &pre, &cu, t, 6, &q, &k, &v, &mut out,
+    )
+    .unwrap();
+    gpu.attention_kv_store_paged(&pd, &k, &v, &table, &pre, &cu, t, 6, &mut kc, &mut vc)
+        .unwrap();
+    gpu.attention_kv_store_ring(&dims, 2, 8, &k, &v, &pre, &cu, t, 6, &mut r1, &mut r2)
+        .unwrap();
+    assert!(
+        gpu.download(&out).unwrap().iter().all(|&b| b == 0),
+        "zero inputs give zero outputs"
+    );
 }

@@ -567,8 +567,8 @@ __device__ __forceinline__ void gdn_split_body(const float* __restrict__ qkv, co
                                       conv_out, state, out, hk, hv, kconv);                                     \
     }
 
-// The measured winners (H200, benchmarks/h200-runs/s2-run1): split8_t128_mb at batch 1-2, split2_t128_mb at 4 and
-// 32, split2_t256_mb at 8. The _1r variants are this session's attempt at batch 1-2 (not yet measured).
+// The _mb variants were the measured winners of s2-run1; the _1r variants beat them at every batch in s2-run4
+// (2-4%), so `auto` runs _1r (the table with the numbers is AUTO_TABLE in kernels/src/cuda/gdn.rs).
 GDN_SPLIT_KERNEL(2, 128, false, gdn_decode_step_split2_t128_mb)
 GDN_SPLIT_KERNEL(2, 256, false, gdn_decode_step_split2_t256_mb)
 GDN_SPLIT_KERNEL(8, 128, false, gdn_decode_step_split8_t128_mb)

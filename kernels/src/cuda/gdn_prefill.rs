@@ -42,11 +42,15 @@ pub(crate) const GDN_PREFILL_VARIANTS: [&str; 9] = [
 ];
 
 impl GdnPrefillVariant {
-    /// The default: fp32 with 32 columns per block (the measured best fp32 build; the tensor-core builds become
-    /// the default once an H200 run has validated and timed them).
+    /// The default, [`Gpu::GDN_PREFILL_DEFAULT`]: plain TF32 tensor cores, 64 columns per block. On the H200
+    /// (benchmarks/h200-runs/s2-run4, Qwen3.8-27B's layer, T = 16384) its state walk took 2292 us against 5429 us
+    /// for fp32 on the CUDA cores and 3661 us for the 3xTF32 split; the whole step with tf32 (cs32) took 7063 us,
+    /// 1.24x torch's conv + fla's chunk kernel + torch's gated norm (8779 us), against 9943 us (0.88x) in fp32.
+    /// Its error (1e-2 bound on the normalised output against the f64 recurrence, measured 7e-3 class) is that of
+    /// fla's bf16 kernels; `fp32_cs32` stays the accuracy reference.
     const DEFAULT: GdnPrefillVariant = GdnPrefillVariant {
-        math: StateMath::Fp32,
-        cols: 32,
+        math: StateMath::Tf32,
+        cols: 64,
     };
 
     fn parse(name: &str) -> Option<GdnPrefillVariant> {
@@ -206,6 +210,10 @@ fn layout(
 }
 
 impl Gpu {
+    /// The state-walk build [`Gpu::gdn_prefill`] runs (and `"auto"` names): plain TF32 tensor cores, 64 columns
+    /// per block (measured fastest on the H200; the numbers are beside the constant it names).
+    pub const GDN_PREFILL_DEFAULT: &'static str = "tf32_cs64";
+
     /// Floats of the workspace [`Gpu::gdn_prefill`] needs for this batch: about
     /// `4 * N * (2*Hk + Hv) * 128` bytes for the normalised q/k/v, `4 * Hv * NC * 64 * (2*128 + 64)` for the
     /// chunk-local W, U and Aqk (`N` tokens, `NC = sum ceil(len / 64)` chunks) and three `[N, Hv]` gate arrays;
@@ -226,7 +234,8 @@ impl Gpu {
     /// `[seqs, Hv, 128, 128]` (updated in place), `out` `[N, Hv*128]` (the input of `out_proj`), with
     /// `N = sum(seq_lens)`. As in the decode step, the conv history is read from `conv_in` and the advanced one
     /// written to `conv_out`, so a following decode step reads `conv_out`. The result is the token-by-token
-    /// recurrence's within fp32 rounding (fp32 CUDA-core arithmetic throughout, chunks of 64 in the WY form).
+    /// recurrence's within TF32 rounding: chunks of 64 in the WY form, the sequential state walk on TF32 tensor
+    /// cores ([`Gpu::GDN_PREFILL_DEFAULT`]; [`Gpu::gdn_prefill_with`] `"fp32_cs32"` for fp32 throughout).
     ///
     /// `workspace` must hold at least [`Gpu::gdn_prefill_workspace_len`] floats; its contents are scratch. Built
     /// for `dk = dv = 128` and conv kernels 2..=4, checked here with every length. `seq_lens` is read on the host
@@ -418,6 +427,20 @@ mod tests {
         assert_eq!(
             GdnPrefillVariant::parse(""),
             Some(GdnPrefillVariant::DEFAULT)
+        );
+        // The public name of the default is the default.
+        let named = Gpu::GDN_PREFILL_DEFAULT;
+        assert_ne!(named, "auto");
+        assert!(GDN_PREFILL_VARIANTS.contains(&named));
+        let (math, cols) = named.split_once("_cs").unwrap();
+        assert_eq!(GdnPrefillVariant::DEFAULT.cols.to_string(), cols);
+        assert_eq!(
+            GdnPrefillVariant::DEFAULT.math,
+            match math {
+                "fp32" => StateMath::Fp32,
+                "tf32x3" => StateMath::Tf32x3,
+                _ => StateMath::Tf32,
+            }
         );
         assert_eq!(
             GdnPrefillVariant::parse("auto"),

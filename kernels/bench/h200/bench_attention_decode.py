@@ -9,8 +9,8 @@ B=8 at 8k and B=32 at 4k; a sliding-window ring (Spark-X2.5-4B's sliding layers,
 x 256) at windows 1024 and 4096.
 
 Arms per case: "auto" is exactly what KernelPath::Auto (paged) / attention_decode_ring (ring) launch: tiling
-Gpu::DECODE_AUTO_TILING = (32, 2) with Gpu::decode_auto_splits (one wave: floor(slots / pairs)); the other two
-tilings with the same heuristic; "prev" is the previous heuristic (splits rounded up: can overshoot one wave) on the
+Gpu::DECODE_AUTO_TILING = (32, 2) with Gpu::decode_auto_splits (one wave of two blocks per SM: floor(slots / pairs)); the other two
+tilings with the same heuristic; "prev" is the previous heuristic (every block that fits per SM, 3 at head_dim 256; s2-run4) on the
 auto tiling, the default of the last run; "s=K" arms try other split counts on the auto tiling (the benchmark
 decides whether the heuristic is right); "auto no-combine" times the split kernel alone (output not final, not
 checked, never "best"): auto minus it is the combine kernel's cost. "% copy" counts K and V once (bytes of the
@@ -60,7 +60,8 @@ def tiled_smem(d, tile, stages):
 
 
 def per_sm(d, tile, stages):
-    return min(4, max(1, 228 * 1024 // (tiled_smem(d, tile, stages) + 1024)))
+    # Gpu::decode_auto_splits uses at most two blocks per SM (s2-run4: the fastest split count everywhere).
+    return min(2, max(1, 228 * 1024 // (tiled_smem(d, tile, stages) + 1024)))
 
 
 def auto_splits(sms, pairs, d, tile, stages, max_tokens):
@@ -70,9 +71,10 @@ def auto_splits(sms, pairs, d, tile, stages, max_tokens):
 
 
 def prev_splits(sms, pairs, d, tile, stages, max_tokens):
-    # The heuristic of the previous run (benchmarks/h200-runs/s2-run2): rounded up.
-    want = math.ceil(per_sm(d, tile, stages) * sms / max(pairs, 1))
-    return max(1, min(1024, min(want, math.ceil(max_tokens / (2 * tile)))))
+    # The rule of the previous run (benchmarks/h200-runs/s2-run4): one wave of every block that fits (3 per SM at
+    # head_dim 256 with (32, 2)), floor.
+    fit = min(4, max(1, 228 * 1024 // (tiled_smem(d, tile, stages) + 1024)))
+    return max(1, min(1024, min(fit * sms // max(pairs, 1), math.ceil(max_tokens / (2 * tile)))))
 
 
 def arm_plan(sms, pairs, d, max_tokens):

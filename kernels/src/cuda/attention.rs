@@ -203,13 +203,17 @@ impl Gpu {
     }
 
     /// The split count `splits = 0` picks for the tiled kernels (paged and ring): `pairs` (sequence, KV head)
-    /// pairs of up to `max_tokens` tokens each, on `sms` multiprocessors, with `tiling`'s blocks per
-    /// multiprocessor (by shared memory: 228 KiB less 1 KiB per block; at most 4). One wave: the largest count
-    /// whose grid (`splits x pairs` blocks) fits the resident slots, so every block runs from the start and all
-    /// end together; 1 when the pairs alone fill the machine (no partials, no combine kernel); at most one split
-    /// per two tiles of `max_tokens`, at most 1024. (A count rounded up instead overshot the wave: at B=8 x 8k, 416
-    /// blocks on 396 slots ran at 73% of copy bandwidth against 90% for the same bytes in one wave at B=1 x 64k.)
-    /// Public so the benchmark and the tests can state what Auto ran.
+    /// pairs of up to `max_tokens` tokens each, on `sms` multiprocessors. One wave of at most two blocks per
+    /// multiprocessor (fewer where `tiling`'s shared memory allows fewer: 228 KiB less 1 KiB per block): the
+    /// largest count whose grid (`splits x pairs` blocks) fits those slots, so every block runs from the start
+    /// and all end together; 1 when the pairs alone fill them (no partials, no combine kernel); at most one split
+    /// per two tiles of `max_tokens`, at most 1024. Measured on the H200 at head_dim 256 with (32, 2), which fits
+    /// three blocks per multiprocessor (benchmarks/h200-runs/s2-run4): two per multiprocessor was the fastest
+    /// split count in every case: B=1 at 8k-128k (66 splits against 99: 40.2 vs 42.5 us at 32k, 79.7% of copy
+    /// bandwidth), B=8 x 8k (8: 70.7 vs 72.5 us), B=32 x 4k (2: 135.6 vs 136.3 us), the ring at B=8 and 32 (8).
+    /// Fewer, longer splits read as fast and leave the combine kernel less to do (3.5-11.6 us of those calls).
+    /// (A count rounded up instead overshot the wave: at B=8 x 8k, 416 blocks on 396 slots ran at 73% of copy
+    /// bandwidth, s2-run2.) Public so the benchmark and the tests can state what Auto ran.
     pub fn decode_auto_splits(
         tiling: (usize, usize),
         head_dim: usize,
@@ -226,8 +230,8 @@ impl Gpu {
             .saturating_mul(head_dim)
             .saturating_add(tile.saturating_mul(256))
             .saturating_add(stages.saturating_mul(16));
-        let per_sm = (228 * 1024 / smem.saturating_add(1024)).clamp(1, 4);
-        let slots = per_sm * sms.max(1);
+        let per_sm = (228 * 1024 / smem.saturating_add(1024)).clamp(1, 2);
+        let slots = per_sm.saturating_mul(sms.max(1));
         let one_wave = slots / pairs.max(1);
         one_wave
             .min(max_tokens.div_ceil(tile.saturating_mul(2)))

@@ -46,9 +46,10 @@ impl Gpu {
     /// `n <= 65535 * 128` and every size within 32-bit indices.
     ///
     /// Dispatch: on compute capability 9.0 with `k % 128 == 0` (every real checkpoint's K) and fewer than 2^31
-    /// output tiles, the wgmma kernel [`Gpu::fp8_block_gemm_wgmma`] (TMA producer + 2 consumer warpgroups;
-    /// H200, `m = 4096`, 5120x17408 and 17408x5120: 818-855 us, 855-930 TFLOP/s, 0.64-0.70x cuBLAS FP8
-    /// `torch._scaled_mm`, 3.5-3.7x the mma.sync kernel; `benchmarks/h200-runs/s2-run1/bench_gemm_sm90a.txt`),
+    /// output tiles, the wgmma kernel [`Gpu::fp8_block_gemm_wgmma`] (persistent, TMA producer + 2 consumer
+    /// warpgroups with ping-pong partials; H200, `m = 4096`, 5120x17408 and 17408x5120: 712-729 us, ~1000
+    /// TFLOP/s, 0.72-0.74x cuBLAS FP8 `torch._scaled_mm` rowwise and 0.77-0.79x with the same block scales,
+    /// 4.3x the mma.sync kernel; `benchmarks/h200-runs/s2-run5/bench_gemm_sm90a.txt`),
     /// otherwise [`Gpu::fp8_block_gemm_mma_sync`]. The two agree to ~1e-4 relative (the same products summed in
     /// another order).
     #[allow(clippy::too_many_arguments)]
@@ -116,9 +117,10 @@ impl Gpu {
     /// `1 <= m, n`, `n <= 65535 * 128`, a finite `global_scale` and every size within 32-bit indices.
     ///
     /// Dispatch: on compute capability 9.0 with fewer than 2^31 output tiles, the wgmma kernel
-    /// [`Gpu::nvfp4_gemm_wgmma`] (weights decoded into a swizzled bf16 tile in shared memory, `wgmma` m64n128k16
-    /// bf16; H200, `m = 4096`, 5120x17408 and 17408x5120: 2122-2143 us, ~340 TFLOP/s, 0.43-0.46x cuBLAS bf16 on
-    /// a dequantised copy, 1.65-1.73x the mma.sync kernel; `benchmarks/h200-runs/s2-run1/bench_gemm_sm90a.txt`),
+    /// [`Gpu::nvfp4_gemm_wgmma`] (producer warpgroups decode the weights into a swizzled bf16 ring in shared
+    /// memory, consumer warpgroups run `wgmma` m64n128k16 bf16; H200, `m = 4096`, 5120x17408 and 17408x5120:
+    /// 1784-1819 us, ~405 TFLOP/s, 0.50-0.51x cuBLAS bf16 on a dequantised copy, 1.95-1.97x the mma.sync
+    /// kernel; `benchmarks/h200-runs/s2-run5/bench_gemm_sm90a.txt`),
     /// otherwise [`Gpu::nvfp4_gemm_mma_sync`]. Both have the same K constraint, so every valid call takes the
     /// wgmma path on the H200.
     #[allow(clippy::too_many_arguments)]

@@ -21,8 +21,12 @@
 //! into an mbarrier ring, consumer warpgroups issuing wgmmas); [`Gpu::nvfp4_gemm_wgmma`] picks v1 until the
 //! H200 has timed v2.
 //!
-//! v3 and v4 are not measured yet (`kernels/bench/h200/bench_gemm_sm90a.py` times all four beside cuBLAS).
-//! [`Gpu::fp8_block_gemm_wgmma`] picks the one measured best: v2 until the H200 says otherwise.
+//! Measured on the H200 at M = 4096 on 5120x17408 / 17408x5120 (benchmarks/h200-runs/s2-run5, one run, all
+//! arms checked against torch first): v1 987 / 1050 us, v2 816 / 853, v3 906 / 889, v4 712 / 729 us (1026 /
+//! 1002 TFLOP/s) against `torch._scaled_mm` rowwise 524 / 527 us and with the same block scales 560 / 560 us:
+//! v4 is 0.72-0.74x the rowwise and 0.77-0.79x the block-scaled cuBLAS, and [`Gpu::fp8_block_gemm_wgmma`] runs
+//! it. NVFP4: v1 2137 / 2154 us, v2 1784 / 1819 us against bf16 `torch.matmul` 904 / 910 us (0.50-0.51x):
+//! [`Gpu::nvfp4_gemm_wgmma`] runs v2.
 
 use super::{check_len, Gpu, GpuBuffer};
 use crate::KernelError;
@@ -50,12 +54,13 @@ pub(in crate::cuda) enum Nvfp4Variant {
     WarpSpecialized,
 }
 
-/// The build [`Gpu::nvfp4_gemm_wgmma`] (and so [`Gpu::nvfp4_gemm`] on compute capability 9.0) runs: v1, the
-/// measured one, until the H200 has timed v2.
-const NVFP4_BEST: Nvfp4Variant = Nvfp4Variant::Synchronous;
+/// The build [`Gpu::nvfp4_gemm_wgmma`] (and so [`Gpu::nvfp4_gemm`] on compute capability 9.0) runs: v2, 1.17-1.20x
+/// v1 on the H200 (s2-run5, numbers in the module docs).
+const NVFP4_BEST: Nvfp4Variant = Nvfp4Variant::WarpSpecialized;
 
 /// The build [`Gpu::fp8_block_gemm_wgmma`] (and so [`Gpu::fp8_block_gemm`] on compute capability 9.0) runs.
-const FP8_BEST: Fp8Variant = Fp8Variant::Tma;
+/// v4, 1.15-1.17x v2 on the H200 (s2-run5, numbers in the module docs).
+const FP8_BEST: Fp8Variant = Fp8Variant::PingPong;
 
 /// Sizes every wgmma GEMM accepts: positive, within the kernels' 32-bit indices, K a multiple of the kernel's K
 /// tile, and at most `i32::MAX` output tiles of 128x128 (the 1D grid).

@@ -398,7 +398,7 @@ impl Gpu {
         scratch: &mut GpuBuffer<u32>,
         m: usize,
     ) -> Result<(), KernelError> {
-        let (chunks, splits) = NVFP4_TILES_AUTO;
+        let (chunks, splits) = nvfp4_tiles_auto(m, tiles.n());
         self.tiles_launch(
             "cuda::nvfp4_gemv_tiles",
             x,
@@ -594,11 +594,21 @@ impl Gpu {
 /// tile kernels, `m >= 9`); measurements in its documentation.
 const FP8_PRECONVERT_FROM_M: usize = 9;
 
-/// `Auto`'s choice for [`Gpu::nvfp4_gemv_tiles`]: `(chunks in flight per warp, K splits)`. Activations are
-/// always preconverted (faster than converting them in the GEMV at every m and shape measured: 1.04-1.47x, H200
-/// run s2-run3). One chunk, one split at every m and shape until the benchmark's "Auto table candidates" measure
-/// a variant of [`Gpu::nvfp4_gemv_tiles_variant`] faster (then this becomes a function of m, n, k).
-const NVFP4_TILES_AUTO: (usize, usize) = (1, 1);
+/// `Auto`'s choice for [`Gpu::nvfp4_gemv_tiles`]: `(chunks in flight per warp, K splits)` for `m` tokens and
+/// `n` rows. Activations are always preconverted (faster than converting them in the GEMV at every m and shape
+/// measured: 1.04-1.47x, H200 run s2-run3). Two K splits where the rows alone leave the GPU short of blocks:
+/// at m <= 8 on the 5120-row shapes (320 tiles of 16 rows for 132 SMs) they took 19.2 / 13.0 us against 22.3 /
+/// 14.9 us with one (5120x17408, 5120x10240, m = 1; s2-run5), while on 17408 rows and the 248320-row lm_head
+/// one split was faster (19.7 vs 20.4 us, 224 vs 251 us). Two chunks in flight never won. At m = 16 the
+/// earlier `nvfp4_gemv_mma_tile_pre_n16` kernel (bench arm `tilepre`) was 4-25% faster than every
+/// chunk/split variant of this kernel: folding its loop back in is the next step for m > 8.
+fn nvfp4_tiles_auto(m: usize, n: usize) -> (usize, usize) {
+    if m <= 8 && n <= 8192 {
+        (1, 2)
+    } else {
+        (1, 1)
+    }
+}
 
 #[allow(clippy::too_many_arguments)]
 fn check_fp8_gemv(

@@ -8,16 +8,23 @@
 //! is loaded once per [`Gpu`] (one CUDA context) on first use: the cubin on an sm_90 device, the PTX elsewhere.
 //! Measured speeds and the method are in `benchmarks/h200.md`; `kernels/bench/h200/run_session.sh` reproduces them.
 //!
-//! Kernels (layouts in each method's docs; all outputs fp32):
-//! - [`Gpu::fp8_block_gemv`]: decode GEMV, bf16 activations x FP8 e4m3 weights with 128x128 block scales.
-//! - [`Gpu::nvfp4_gemv`]: decode GEMV, bf16 activations x NVFP4 weights (weight-only: Hopper has no FP4 math).
-//!   Both have a CUDA-core and a tensor-core family ([`KernelPath`]), as has the attention decode.
-//! - [`Gpu::gdn_decode_step`]: the fused gated DeltaNet decode step for a batch of sequences.
-//! - [`Gpu::attention_decode_paged`]: decode attention over a paged KV cache, GQA-packed, split over the context.
-//! - [`Gpu::fp8_block_gemm`]: prefill GEMM, FP8 e4m3 activations (per token per 128 of K, made by
-//!   [`Gpu::fp8_quantize_activations`]) x FP8 e4m3 weights with 128x128 block scales, on the tensor cores.
-//! - [`Gpu::nvfp4_gemm`]: prefill GEMM, bf16 activations x NVFP4 weights decoded to bf16 in registers, on the
-//!   tensor cores.
+//! Kernels, one file per family (`kernels/cuda/<family>.cu`, the safe entry points in `<family>.rs`, the
+//! launches in `device/<family>.rs`); layouts, constraints, the measured `Auto` choices and their numbers are in
+//! each method's docs:
+//! - `gemv`: decode GEMVs for 1-16 tokens, bf16 activations, fp32 out: [`Gpu::fp8_block_gemv`] (FP8 e4m3 with
+//!   128x128 block scales) and, for NVFP4 (weight-only: Hopper has no FP4 math), [`Gpu::nvfp4_repack_tiles`] once
+//!   at load then [`Gpu::nvfp4_gemv_tiles`] per token ([`Gpu::nvfp4_gemv`] reads the checkpoint layout, slower).
+//! - `gemm` / `gemm_sm90a`: prefill GEMMs, [`Gpu::fp8_quantize_activations`] + [`Gpu::fp8_block_gemm`] and
+//!   [`Gpu::nvfp4_gemm`]: `wgmma` + TMA kernels on compute capability 9.0, `mma.sync` elsewhere.
+//! - `gdn` / `gdn_prefill`: gated DeltaNet, [`Gpu::gdn_decode_step`] (one fused kernel per layer for a batch of
+//!   sequences) and [`Gpu::gdn_prefill`] (chunked, WY form, ragged batches, the same state layout).
+//! - `attention` / `attention_prefill`: [`Gpu::attention_decode_paged`] and [`Gpu::attention_decode_ring`]
+//!   (GQA-packed, split over the context), [`Gpu::attention_prefill`] / [`Gpu::attention_prefill_varlen`]
+//!   (causal, sliding window), [`Gpu::attention_prefill_paged`] / [`Gpu::attention_prefill_ring`] (a chunk after a
+//!   cached prefix) and [`Gpu::attention_kv_store_paged`] / [`Gpu::attention_kv_store_ring`]; bf16 caches.
+//! - `ops`: [`Gpu::rmsnorm`], [`Gpu::add_rmsnorm`], [`Gpu::silu_and_mul`], [`Gpu::gelu_and_mul`],
+//!   [`Gpu::embedding_gather`] (bf16 and packed int4), [`Gpu::argmax`], [`Gpu::sample`] (the CPU's tokens for the
+//!   same seed), [`Gpu::rope_neox`].
 
 use crate::KernelError;
 

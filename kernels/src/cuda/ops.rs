@@ -221,9 +221,12 @@ impl Gpu {
     pub const ARGMAX_CLUSTER_MAX_ROWS: usize = 16;
 
     /// Most rows [`Gpu::sample`] gives to the cluster kernel (8 blocks per row); more rows take one block per row.
-    /// One block per row spent 143-155 us on one 248320-wide row on the H200 (torch 105-122 us), while at 64 rows
-    /// the row-per-block kernel is 1.6-1.8x torch; the cut is the argmax's, one wave of clusters.
-    pub const SAMPLE_CLUSTER_MAX_ROWS: usize = 16;
+    /// Measured on the H200 at a 248320-wide vocabulary, k = 20 / 1024 (benchmarks/h200-runs/s2-run5): 1 row,
+    /// cluster 28.5 / 36.8 us against one block 119 / 138 us (torch top-k + softmax + multinomial 104 / 120 us);
+    /// 16 rows 45.5 / 58.0 against 126 / 148 us; 64 rows 104 / 125 against 153 / 171 us (torch 326 / 373 us).
+    /// The cluster kernel won at every measured row count, so it serves up to the largest measured one; more
+    /// rows (unmeasured) take one block per row.
+    pub const SAMPLE_CLUSTER_MAX_ROWS: usize = 64;
 
     /// Largest `rotary_dim` of [`Gpu::rope_neox`] (the kernel's 512-entry cos/sin tables).
     pub const ROPE_ROTARY_DIM_MAX: usize = 1024;

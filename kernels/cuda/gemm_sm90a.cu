@@ -31,8 +31,9 @@
 //       up to 232) that wait on "full", run the wgmmas, and release the stage on "empty" when their wgmmas are done.
 //   v3 / v4: v2 made persistent (one block per SM walking its tiles), v4 also overlapping each warpgroup's
 //       promotion with its next K block's wgmmas through two partial tiles; see their kernel below.
-//   Measured on the H200 (M = 4096, 5120x17408 / 17408x5120): v1 1018-1048 us, v2 818-855 us (0.64-0.70x
-//   cuBLAS FP8 at 537-572 us); v3 and v4 not yet.
+//   Measured on the H200 (M = 4096, 5120x17408 / 17408x5120, benchmarks/h200-runs/s2-run5): v1 987 / 1050 us,
+//   v2 816 / 853 us, v3 906 / 889 us, v4 712 / 729 us (0.77-0.79x cuBLAS FP8 with the same block scales at
+//   560 us, 0.72-0.74x rowwise at 524-527 us); the Rust side runs v4.
 //   Output tiles are visited in groups of 8 tile rows, the tile row fastest inside a group (tile_of), so that the
 //   ~132 blocks resident at one time (one per SM) share ~8 A row blocks and ~17 B row blocks through L2.
 //

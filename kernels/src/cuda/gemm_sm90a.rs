@@ -100,8 +100,8 @@ pub(super) fn wgmma_fits(m: usize, n: usize, k: usize, k_tile: usize) -> bool {
 }
 
 impl Gpu {
-    /// [`Gpu::fp8_block_gemm`] on wgmma, the measured-best build (today the TMA one,
-    /// [`Gpu::fp8_block_gemm_wgmma_tma`]): `y[m][n] = sum_k e4m3(xq[m][k]) * x_scales[m][k/128] *
+    /// [`Gpu::fp8_block_gemm`] on wgmma, the measured-best build (v4, [`Gpu::fp8_block_gemm_wgmma_pingpong`];
+    /// numbers in the module docs): `y[m][n] = sum_k e4m3(xq[m][k]) * x_scales[m][k/128] *
     /// e4m3(w[n][k]) * w_scales[n/128][k/128]`, fp32 out.
     ///
     /// `xq`: e4m3 `[m, k]`, `x_scales`: fp32 `[m, k/128]` (from [`Gpu::fp8_quantize_activations`]); `w`: e4m3
@@ -255,9 +255,9 @@ impl Gpu {
         }
     }
 
-    /// [`Gpu::nvfp4_gemm`] on wgmma, the measured-best build (today v1,
-    /// [`Gpu::nvfp4_gemm_wgmma_synchronous`]; H200, `m = 4096`, 5120x17408 and 17408x5120: 2122-2143 us,
-    /// 0.43-0.46x cuBLAS bf16, 1.65-1.73x the mma.sync kernel): `y[m][n] = global_scale * sum_k x[m][k] *
+    /// [`Gpu::nvfp4_gemm`] on wgmma, the measured-best build (v2, [`Gpu::nvfp4_gemm_wgmma_warp_specialized`];
+    /// H200, `m = 4096`, 5120x17408 and 17408x5120: 1784-1819 us, 0.50-0.51x cuBLAS bf16, 1.95-1.97x the
+    /// mma.sync kernel): `y[m][n] = global_scale * sum_k x[m][k] *
     /// e2m1(w[n][k]) * e4m3(scales[n][k/16])`, fp32 out. The weights are decoded to bf16 in shared memory
     /// (exact: an e2m1 value times an e4m3 scale has at most 5 significant bits) and multiplied by `wgmma`
     /// m64n128k16 bf16 with fp32 accumulation; the global scale is applied to the result.

@@ -536,8 +536,8 @@ static void fp8_panel(const void *vctx, size_t r, size_t k0, size_t kc, float *o
  * prefetch would run ahead. From DRAM on the development VM (cargo bench cpu_gemv, fp8 only, 7 reps, three
  * alternations): one row at a time 11.3-11.5 GB/s on 1 thread and 20.9-21.6 on 2; four rows with the
  * EF_PREFETCH distance 9.6-9.7 and 18.1-18.2 (two rows the same), which is why FP8 read one row at a time before;
- * four rows prefetching the next group 14.4-14.6 and 26.6-26.8. The same change to the NVFP4 GEMV measured
- * 11.0-11.6 against 11.7-11.9, so NVFP4 keeps one row at a time. */
+ * four rows prefetching the next group 14.4-14.6 and 26.6-26.8. (NVFP4's f32 kernel gained nothing from the same
+ * change; its VBMI kernel reads four rows from four far-apart parts of the range instead: see nvfp4i_rows.) */
 #define FP8_NR 4
 static inline __attribute__((always_inline)) void fp8_gemv_rows(const float *x, size_t k, const uint8_t *w,
                                                                 const float *sinv, size_t r, float *y, const int nr) {
@@ -692,26 +692,39 @@ void ef_nvfp4_avx512(const float *x, const float *xp, size_t m, size_t k, const 
  * plus that representation error for groups whose values differ widely in magnitude.
  *
  * Micro-ops per 128 codes (64 code bytes + 8 scale bytes), counted from the source: this kernel 1 load, 1
- * prefetch, 1 shift, 2 vpermb, 6 vpdpbusd (activation loads fused; the bias rides in as the start of the l chain),
- * 2 shifts + 2 adds to join the limbs, 1 int -> f32, scale decode 6 (load, unpack, 4 for e4m3x16_s8), 1 multiply
- * by xs (its load fused), 1 FMA: 24; the f32 kernel above: 1 load, 1 prefetch, 7 shifts, 8 vpermps, 2 multiplies
- * + 6 FMAs (activation loads fused), 1 add, scale decode 6, 1 FMA: 33 (8 of them the port-5 vpermps; here 2
- * vpermb). Per 32 codes: 6 against 8.25. A bf16 route (vpermb + vpunpck{l,h}bw to build bf16 codes, vdpbf16ps on
- * bf16 activations, two scale vectors per chunk) would be about 25 per 128 codes, but vdpbf16ps costs 3.8 FMAs of
+ * prefetch (+ 1/8 for the scales), 1 shift, 2 vpermb, 6 vpdpbusd (activation loads fused), 2 shifts + 1 add to
+ * join the limbs (chained: the m limbs accumulate onto ah << 8, the l limbs onto (am << 8) + bias), 1 int -> f32,
+ * scale decode 5 (load, one masked vpermb that puts each byte in the high half of two words, arithmetic shift,
+ * mask, vcvtph2ps: the e4m3x16_s8 recipe with the byte doubling and sign extension in one permute), 1 multiply by
+ * xs (its load fused), 1 FMA: 22; the f32 kernel above: 33 (8 of them the port-5 vpermps; here 3 vpermb). Per 32
+ * codes: 5.5 against 8.25. A bf16 route (vpermb + vpunpck{l,h}bw to build bf16 codes, vdpbf16ps on bf16
+ * activations, two scale vectors per chunk) would be about 25 per 128 codes, but vdpbf16ps costs 3.8 FMAs of
  * throughput on this CPU (16 independent chains: 0.70 against 0.185 ns per instruction; vpdpbusd 0.13), so its 4
  * dot products alone cost as much as the f32 kernel's 8 FMAs + 8 permutes; it was not built
- * (benchmarks/cpu-avx512-2core.md, c2 session). Measured in cache (one core, 256-1024 rows x 5120): 16.6-18.3
- * against 14.0-14.4 GB/s for the f32 kernel (one row at a time). NV4I_NR rows side by side share the activation
- * vectors; from DRAM (17408 x 5120 matrices, 1.5 GiB, quiet window) 4 rows read 0.69 of the four-stream probe, 1
- * row 0.68, the f32 kernel 0.65-0.66; the cargo bench gives 11.8-11.9 against 10.5-10.7 GB/s on one core. */
-#ifndef NV4I_NR
+ * (benchmarks/cpu-avx512-2core.md, c2 session). In cache (one core, 256 rows x 5120, L2, c3 session): 24.9 GB/s as
+ * built (25.7 with four adjacent rows, see below), 23.7 before the chained join and the permute scale decode; the
+ * f32 kernel 14.0-14.4 (c2).
+ *
+ * Memory side: NV4I_NR = 4 rows per step share the activation vectors, and they are taken from four far-apart
+ * parts of the thread's row range (part p holds rows r0 + p * part .. ), one row of each per step, so the core
+ * reads four independent row-major streams, each 64 bytes per step, as the int4 GEMVs read four far-apart blocks.
+ * Each stream prefetches the same column of its next row (k/2 bytes ahead, one step of that stream) into L2, and
+ * every 8 chunks the scale line of that next row. From DRAM (cargo bench cpu_gemv, 17408 x 5120 matrices, 1.5 GiB,
+ * c3 session) the kernel read 0.95-0.96 of the four-stream read probe on 1 thread and 0.90-0.96 on 2, against
+ * 0.74-0.76 for four adjacent rows (each prefetching the next row group, the FP8 GEMV's scheme); two parts of two
+ * adjacent rows gave 0.86-0.88, two parts of four rows (8 per step) 0.86, eight parts (8 per step) 0.92-0.93, no
+ * scale prefetch 0.92-0.93, prefetching two rows ahead the same as one. The remaining rows (fewer than 4 past the
+ * last full step) run one at a time, prefetching EF_PREFETCH bytes ahead in their row. */
 #define NV4I_NR 4
-#endif
 __attribute__((target("avx512vbmi"))) static inline __attribute__((always_inline)) void
 nvfp4i_rows(const float *x, const int8_t *xq, const int32_t *xnb, const float *xs, size_t k, const uint8_t *w,
-            const uint8_t *scales, float global, size_t r, float *y, const int nr) {
+            const uint8_t *scales, float global, const size_t *rr, size_t pfrows, float *y, const int nr) {
     /* 2 e2m1 + 12 for the 16 codes, repeated 4 times (index bits 4-5 are the other nibble's low bits) */
     const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    /* scale decode: word i <- scale byte i/2 in its high half (the low bytes are zeroed by the mask) */
+    const __m256i sidx = _mm256_setr_epi8(0, 0, 0, 0, 0, 1, 0, 1, 0, 2, 0, 2, 0, 3, 0, 3, 0, 4, 0, 4, 0, 5, 0, 5, 0, 6,
+                                          0, 6, 0, 7, 0, 7);
+    const __m256i smask = _mm256_set1_epi16((short)0xBFFF);
     size_t chunks = k / 128, groups = k / EF_NVFP4_GROUP;
     __m512 acc[NV4I_NR];
     for (int j = 0; j < nr; j++) acc[j] = _mm512_setzero_ps();
@@ -723,24 +736,33 @@ nvfp4i_rows(const float *x, const int8_t *xq, const int32_t *xnb, const float *x
         __m512i nb = _mm512_loadu_si512((const void *)(xnb + c * 16));
         __m512 vxs = _mm512_loadu_ps(xs + c * 16); /* lane i: the x scale of group i/2 */
         for (int j = 0; j < nr; j++) {
-            const uint8_t *wr = w + (r + (size_t)j) * (k / 2) + c * 64;
+            const uint8_t *wr = w + rr[j] * (k / 2) + c * 64;
+            const uint8_t *sr = scales + rr[j] * groups + c * 8;
             __m512i v = _mm512_loadu_si512((const void *)wr);
-            /* one row: 4 KiB ahead in the row-major stream; nr rows: the same column of the next row group (the
-             * FP8 GEMV's scheme: 4 KiB ahead would land in a row this pass is already reading) */
-            _mm_prefetch((const char *)(nr == 1 ? wr + EF_PREFETCH : wr + (size_t)nr * (k / 2)), EF_PREFETCH_HINT);
+            /* one row: EF_PREFETCH bytes ahead in its row; nr rows: the same column pfrows rows on (the stream's
+             * next row), and every 8 chunks that row's scale line */
+            _mm_prefetch((const char *)(nr == 1 ? wr + EF_PREFETCH : wr + pfrows * (k / 2)), EF_PREFETCH_HINT);
+            if (nr > 1 && (c & 7) == 0) _mm_prefetch((const char *)(sr + pfrows * groups), EF_PREFETCH_HINT);
             __m512i lo = _mm512_permutexvar_epi8(v, lut), hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(v, 4), lut);
+            /* (((ah << 8) + am) << 8) + bias + al, accumulated in place. int32 holds every step: am << 8 is at
+             * most 8 * 24 * (127 * 2^16 + 128) < 1.6e9 (the bound above), and once the bias is in, the sum is
+             * sum (u - 12) X - sum u l (u = 2 w + 12 the code operand), below 8 * 12 * 127 * 2^16 + 8 * 24 * 128
+             * < 8.0e8 through the l steps */
             __m512i ah = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xh0), hi, xh1);
-            __m512i am = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xm0), hi, xm1);
-            __m512i al = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(nb, lo, xl0), hi, xl1);
-            __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(ah, 16), _mm512_slli_epi32(am, 8)), al);
-            __m128i s8 = _mm_loadl_epi64((const __m128i *)(scales + (r + (size_t)j) * groups + c * 8));
-            __m512 sv = _mm512_mul_ps(e4m3x16_s8(_mm_unpacklo_epi8(s8, s8)), vxs); /* lane i: scale i/2, x 2^-8 */
+            __m512i am = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_slli_epi32(ah, 8), lo, xm0), hi, xm1);
+            __m512i s = _mm512_add_epi32(_mm512_slli_epi32(am, 8), nb);
+            s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s, lo, xl0), hi, xl1);
+            __m128i s8 = _mm_loadl_epi64((const __m128i *)sr);
+            __m256i hs = _mm256_maskz_permutexvar_epi8(0xAAAAAAAAu, sidx, _mm256_castsi128_si256(s8));
+            /* byte << 8 shifted right by 1 (arithmetic) = sign-extended byte << 7, as in e4m3x16_s8 */
+            __m512 sc = _mm512_cvtph_ps(_mm256_and_si256(_mm256_srai_epi16(hs, 1), smask));
+            __m512 sv = _mm512_mul_ps(sc, vxs); /* lane i: scale i/2, x 2^-8 */
             acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sv, acc[j]);
         }
     }
     for (int j = 0; j < nr; j++) {
-        const uint8_t *wr = w + (r + (size_t)j) * (k / 2);
-        const uint8_t *sr = scales + (r + (size_t)j) * groups;
+        const uint8_t *wr = w + rr[j] * (k / 2);
+        const uint8_t *sr = scales + rr[j] * groups;
         float out = _mm512_reduce_add_ps(acc[j]) * 128.0f; /* 2^8 from the scales, 1/2 from the doubled codes */
         /* Tail groups (k a multiple of 16 but not of 128): f32, natural order, as in the f32 kernel. */
         for (size_t g = chunks * 8; g < groups; g++) {
@@ -751,7 +773,7 @@ nvfp4i_rows(const float *x, const int8_t *xq, const int32_t *xnb, const float *x
             }
             out += a * ef_e4m3_decode(sr[g]);
         }
-        y[r + (size_t)j] = out * global;
+        y[rr[j]] = out * global;
     }
 }
 
@@ -759,9 +781,13 @@ __attribute__((target("avx512vbmi"))) void ef_nvfp4_avx512vbmi(const float *x, c
                                                                 const float *xs, size_t k, const uint8_t *w,
                                                                 const uint8_t *scales, float global, size_t r0,
                                                                 size_t r1, float *y) {
-    size_t r = r0;
-    for (; r + NV4I_NR <= r1; r += NV4I_NR) nvfp4i_rows(x, xq, xnb, xs, k, w, scales, global, r, y, NV4I_NR);
-    for (; r < r1; r++) nvfp4i_rows(x, xq, xnb, xs, k, w, scales, global, r, y, 1);
+    /* NV4I_NR parts of `part` rows each, one row of every part per step (see above), then the rest one by one */
+    size_t steps = (r1 - r0) / NV4I_NR, part = steps, rr[NV4I_NR];
+    for (size_t t = 0; t < steps; t++) {
+        for (int p = 0; p < NV4I_NR; p++) rr[p] = r0 + (size_t)p * part + t;
+        nvfp4i_rows(x, xq, xnb, xs, k, w, scales, global, rr, 1, y, NV4I_NR);
+    }
+    for (size_t r = r0 + steps * NV4I_NR; r < r1; r++) nvfp4i_rows(x, xq, xnb, xs, k, w, scales, global, &r, 0, y, 1);
 }
 
 /* Builds the integer activations of ef_nvfp4_avx512vbmi (layout above) from x[chunks * 128]: per 16-element group

@@ -12,7 +12,7 @@
 //! compute capability than 9.0 (the sm_90a cubin does not load there) it prints "skipped: not sm_90". Shapes are
 //! small so the file runs under `compute-sanitizer --tool memcheck|racecheck` in seconds.
 
-use kernels::cuda::{Gpu, GpuBuffer};
+use kernels::cuda::{Fp8Wgmma, Gpu, GpuBuffer, Nvfp4Wgmma};
 use kernels::formats::{bf16_to_f32, e4m3_to_f32, f32_to_bf16, f32_to_e4m3};
 use kernels::reference;
 use kernels::KernelError;
@@ -124,10 +124,18 @@ type Fp8Fn = fn(
 ) -> Result<(), KernelError>;
 
 const FP8_BUILDS: [(&str, Fp8Fn); 5] = [
-    ("v1 cp.async", Gpu::fp8_block_gemm_wgmma_cp_async),
-    ("v2 tma", Gpu::fp8_block_gemm_wgmma_tma),
-    ("v3 persistent", Gpu::fp8_block_gemm_wgmma_persistent),
-    ("v4 ping-pong", Gpu::fp8_block_gemm_wgmma_pingpong),
+    ("v1 cp.async", |g, a, b, c, d, y, m, n, k| {
+        g.fp8_block_gemm_wgmma_with(Fp8Wgmma::CpAsync, a, b, c, d, y, m, n, k)
+    }),
+    ("v2 tma", |g, a, b, c, d, y, m, n, k| {
+        g.fp8_block_gemm_wgmma_with(Fp8Wgmma::Tma, a, b, c, d, y, m, n, k)
+    }),
+    ("v3 persistent", |g, a, b, c, d, y, m, n, k| {
+        g.fp8_block_gemm_wgmma_with(Fp8Wgmma::Persistent, a, b, c, d, y, m, n, k)
+    }),
+    ("v4 ping-pong", |g, a, b, c, d, y, m, n, k| {
+        g.fp8_block_gemm_wgmma_with(Fp8Wgmma::PingPong, a, b, c, d, y, m, n, k)
+    }),
     ("auto", Gpu::fp8_block_gemm_wgmma),
 ];
 
@@ -342,11 +350,12 @@ type Nvfp4Fn = fn(
 ) -> Result<(), KernelError>;
 
 const NVFP4_BUILDS: [(&str, Nvfp4Fn); 3] = [
-    ("v1 synchronous", Gpu::nvfp4_gemm_wgmma_synchronous),
-    (
-        "v2 warp-specialised",
-        Gpu::nvfp4_gemm_wgmma_warp_specialized,
-    ),
+    ("v1 synchronous", |g, x, w, s, gs, y, m, n, k| {
+        g.nvfp4_gemm_wgmma_with(Nvfp4Wgmma::Synchronous, x, w, s, gs, y, m, n, k)
+    }),
+    ("v2 warp-specialised", |g, x, w, s, gs, y, m, n, k| {
+        g.nvfp4_gemm_wgmma_with(Nvfp4Wgmma::WarpSpecialized, x, w, s, gs, y, m, n, k)
+    }),
     ("auto", Gpu::nvfp4_gemm_wgmma),
 ];
 

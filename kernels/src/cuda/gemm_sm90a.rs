@@ -5,19 +5,19 @@
 //!
 //! FP8 comes in four builds of one algorithm (128x128 output tiles, 128 of K per stage, per-128-K partials
 //! from `wgmma` m64n128k32 e4m3 promoted into fp32 with both block scales on the CUDA cores):
-//! - [`Gpu::fp8_block_gemm_wgmma_cp_async`] (v1): two warpgroups load a 4-stage ring with `cp.async` and then
+//! - [`Fp8Wgmma::CpAsync`] (v1): two warpgroups load a 4-stage ring with `cp.async` and then
 //!   compute; the simplest correct wgmma kernel. H200, M = 4096, 5120x17408 / 17408x5120: 1018-1048 us,
 //!   0.52-0.56x cuBLAS FP8.
-//! - [`Gpu::fp8_block_gemm_wgmma_tma`] (v2): a producer warpgroup issues TMA copies into a 6-stage ring guarded
+//! - [`Fp8Wgmma::Tma`] (v2): a producer warpgroup issues TMA copies into a 6-stage ring guarded
 //!   by mbarriers; two consumer warpgroups compute (DeepGEMM's structure). 818-855 us, 0.64-0.70x cuBLAS FP8
 //!   (`torch._scaled_mm` rowwise 537-543 us, block-scaled 572 us), 855-930 TFLOP/s.
-//! - [`Gpu::fp8_block_gemm_wgmma_persistent`] (v3): v2 as a persistent kernel, one block per SM walking its
+//! - [`Fp8Wgmma::Persistent`] (v3): v2 as a persistent kernel, one block per SM walking its
 //!   tiles, the ring running on across tiles (the next tile's loads overlap this tile's epilogue).
-//! - [`Gpu::fp8_block_gemm_wgmma_pingpong`] (v4): v3 with two partial register tiles, so the wgmmas of K block
+//! - [`Fp8Wgmma::PingPong`] (v4): v3 with two partial register tiles, so the wgmmas of K block
 //!   `kb + 1` run while the promotion of `kb` is done.
 //!
-//! NVFP4 comes in two builds: [`Gpu::nvfp4_gemm_wgmma_synchronous`] (v1, measured: 0.43-0.46x cuBLAS bf16)
-//! and [`Gpu::nvfp4_gemm_wgmma_warp_specialized`] (v2: TMA for x, producer warpgroups decoding the weights
+//! NVFP4 comes in two builds: [`Nvfp4Wgmma::Synchronous`] (v1, measured: 0.43-0.46x cuBLAS bf16)
+//! and [`Nvfp4Wgmma::WarpSpecialized`] (v2: TMA for x, producer warpgroups decoding the weights
 //! into an mbarrier ring, consumer warpgroups issuing wgmmas); [`Gpu::nvfp4_gemm_wgmma`] picks v1 until the
 //! H200 has timed v2.
 //!
@@ -33,34 +33,41 @@ use crate::KernelError;
 
 /// Which build of the wgmma FP8 GEMM runs (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(in crate::cuda) enum Fp8Variant {
-    /// `fp8_block_gemm_sm90a_v1`: cp.async ring.
+pub enum Fp8Wgmma {
+    /// v1, `fp8_block_gemm_sm90a_v1`: `cp.async` loads by the computing warpgroups (no TMA, no warp
+    /// specialisation).
     CpAsync,
-    /// `fp8_block_gemm_sm90a_v2`: TMA ring, producer + 2 consumer warpgroups, one block per tile.
+    /// v2, `fp8_block_gemm_sm90a_v2`: TMA loads (tensor maps encoded per call) by a producer warpgroup into an
+    /// mbarrier ring, two consumer warpgroups, one block per tile.
     Tma,
-    /// `fp8_block_gemm_sm90a_v3`: v2, persistent.
+    /// v3, `fp8_block_gemm_sm90a_v3`: v2 as a persistent kernel (one block per SM, tiles `b, b + grid, ...` in
+    /// the grouped order; the producer runs on into the next tile while the consumers store this one).
     Persistent,
-    /// `fp8_block_gemm_sm90a_v4`: v3 with ping-pong partials.
+    /// v4, `fp8_block_gemm_sm90a_v4`: v3 with two partial register tiles per consumer thread, so the wgmmas of
+    /// K block `kb + 1` are in flight while the partial of `kb` is promoted (`wgmma.wait_group 1`).
     PingPong,
 }
 
 /// Which build of the wgmma NVFP4 GEMM runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(in crate::cuda) enum Nvfp4Variant {
-    /// `nvfp4_gemm_sm90a_v1`: all threads load (cp.async), decode and issue wgmmas, two block barriers per 64 K.
+pub enum Nvfp4Wgmma {
+    /// v1, `nvfp4_gemm_sm90a_v1`: 256 threads load x and the packed weights with `cp.async` into a 4-stage
+    /// ring, all decode each 64-K tile into a double-buffered bf16 tile, then both warpgroups issue their wgmmas
+    /// (two block barriers per K tile).
     Synchronous,
-    /// `nvfp4_gemm_sm90a_v2`: x by TMA, two producer warpgroups decode the weights into an mbarrier ring, two
-    /// consumer warpgroups issue wgmmas.
+    /// v2, `nvfp4_gemm_sm90a_v2`: x by TMA; two producer warpgroups load the packed weights four K tiles ahead
+    /// and decode them straight into the swizzled bf16 B tile of each stage of a 6-stage mbarrier ring; two
+    /// consumer warpgroups only wait and issue wgmmas. No block barrier in the K loop.
     WarpSpecialized,
 }
 
 /// The build [`Gpu::nvfp4_gemm_wgmma`] (and so [`Gpu::nvfp4_gemm`] on compute capability 9.0) runs: v2, 1.17-1.20x
 /// v1 on the H200 (s2-run5, numbers in the module docs).
-const NVFP4_BEST: Nvfp4Variant = Nvfp4Variant::WarpSpecialized;
+const NVFP4_BEST: Nvfp4Wgmma = Nvfp4Wgmma::WarpSpecialized;
 
 /// The build [`Gpu::fp8_block_gemm_wgmma`] (and so [`Gpu::fp8_block_gemm`] on compute capability 9.0) runs.
 /// v4, 1.15-1.17x v2 on the H200 (s2-run5, numbers in the module docs).
-const FP8_BEST: Fp8Variant = Fp8Variant::PingPong;
+const FP8_BEST: Fp8Wgmma = Fp8Wgmma::PingPong;
 
 /// Sizes every wgmma GEMM accepts: positive, within the kernels' 32-bit indices, K a multiple of the kernel's K
 /// tile, and at most `i32::MAX` output tiles of 128x128 (the 1D grid).
@@ -100,7 +107,7 @@ pub(super) fn wgmma_fits(m: usize, n: usize, k: usize, k_tile: usize) -> bool {
 }
 
 impl Gpu {
-    /// [`Gpu::fp8_block_gemm`] on wgmma, the measured-best build (v4, [`Gpu::fp8_block_gemm_wgmma_pingpong`];
+    /// [`Gpu::fp8_block_gemm`] on wgmma, the measured-best build (v4, [`Fp8Wgmma::PingPong`];
     /// numbers in the module docs): `y[m][n] = sum_k e4m3(xq[m][k]) * x_scales[m][k/128] *
     /// e4m3(w[n][k]) * w_scales[n/128][k/128]`, fp32 out.
     ///
@@ -123,74 +130,12 @@ impl Gpu {
         self.fp8_wgmma(FP8_BEST, xq, x_scales, w, w_scales, y, m, n, k)
     }
 
-    /// [`Gpu::fp8_block_gemm_wgmma`], build v1: `cp.async` loads by the computing warpgroups (no TMA, no warp
-    /// specialisation). Same layouts and constraints.
-    #[allow(clippy::too_many_arguments)]
-    pub fn fp8_block_gemm_wgmma_cp_async(
-        &self,
-        xq: &GpuBuffer<u8>,
-        x_scales: &GpuBuffer<f32>,
-        w: &GpuBuffer<u8>,
-        w_scales: &GpuBuffer<f32>,
-        y: &mut GpuBuffer<f32>,
-        m: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<(), KernelError> {
-        self.fp8_wgmma(Fp8Variant::CpAsync, xq, x_scales, w, w_scales, y, m, n, k)
-    }
-
-    /// [`Gpu::fp8_block_gemm_wgmma`], build v2: TMA loads (tensor maps encoded per call) by a producer
-    /// warpgroup into an mbarrier ring, two consumer warpgroups. Same layouts and constraints.
-    #[allow(clippy::too_many_arguments)]
-    pub fn fp8_block_gemm_wgmma_tma(
-        &self,
-        xq: &GpuBuffer<u8>,
-        x_scales: &GpuBuffer<f32>,
-        w: &GpuBuffer<u8>,
-        w_scales: &GpuBuffer<f32>,
-        y: &mut GpuBuffer<f32>,
-        m: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<(), KernelError> {
-        self.fp8_wgmma(Fp8Variant::Tma, xq, x_scales, w, w_scales, y, m, n, k)
-    }
-
-    /// [`Gpu::fp8_block_gemm_wgmma`], build v3: v2 as a persistent kernel (one block per SM, tiles
-    /// `b, b + grid, ...` in the grouped order; the producer runs on into the next tile's K blocks while the
-    /// consumers finish and store this one). Same layouts and constraints.
-    #[allow(clippy::too_many_arguments)]
-    pub fn fp8_block_gemm_wgmma_persistent(
-        &self,
-        xq: &GpuBuffer<u8>,
-        x_scales: &GpuBuffer<f32>,
-        w: &GpuBuffer<u8>,
-        w_scales: &GpuBuffer<f32>,
-        y: &mut GpuBuffer<f32>,
-        m: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<(), KernelError> {
-        self.fp8_wgmma(
-            Fp8Variant::Persistent,
-            xq,
-            x_scales,
-            w,
-            w_scales,
-            y,
-            m,
-            n,
-            k,
-        )
-    }
-
-    /// [`Gpu::fp8_block_gemm_wgmma`], build v4: v3 with two partial register tiles per consumer thread, so the
-    /// wgmmas of K block `kb + 1` are in flight while the partial of `kb` is promoted (`wgmma.wait_group 1`).
+    /// [`Gpu::fp8_block_gemm_wgmma`] on a chosen build ([`Fp8Wgmma`]; tests and benchmarks drive each one).
     /// Same layouts and constraints.
     #[allow(clippy::too_many_arguments)]
-    pub fn fp8_block_gemm_wgmma_pingpong(
+    pub fn fp8_block_gemm_wgmma_with(
         &self,
+        build: Fp8Wgmma,
         xq: &GpuBuffer<u8>,
         x_scales: &GpuBuffer<f32>,
         w: &GpuBuffer<u8>,
@@ -200,7 +145,7 @@ impl Gpu {
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        self.fp8_wgmma(Fp8Variant::PingPong, xq, x_scales, w, w_scales, y, m, n, k)
+        self.fp8_wgmma(build, xq, x_scales, w, w_scales, y, m, n, k)
     }
 
     /// Whether this device runs the sm_90a (wgmma) module: compute capability 9.0 exactly.
@@ -216,7 +161,7 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     fn fp8_wgmma(
         &self,
-        variant: Fp8Variant,
+        variant: Fp8Wgmma,
         xq: &GpuBuffer<u8>,
         x_scales: &GpuBuffer<f32>,
         w: &GpuBuffer<u8>,
@@ -255,7 +200,7 @@ impl Gpu {
         }
     }
 
-    /// [`Gpu::nvfp4_gemm`] on wgmma, the measured-best build (v2, [`Gpu::nvfp4_gemm_wgmma_warp_specialized`];
+    /// [`Gpu::nvfp4_gemm`] on wgmma, the measured-best build (v2, [`Nvfp4Wgmma::WarpSpecialized`];
     /// H200, `m = 4096`, 5120x17408 and 17408x5120: 1784-1819 us, 0.50-0.51x cuBLAS bf16, 1.95-1.97x the
     /// mma.sync kernel): `y[m][n] = global_scale * sum_k x[m][k] *
     /// e2m1(w[n][k]) * e4m3(scales[n][k/16])`, fp32 out. The weights are decoded to bf16 in shared memory
@@ -280,12 +225,12 @@ impl Gpu {
         self.nvfp4_wgmma(NVFP4_BEST, x, w, scales, global_scale, y, m, n, k)
     }
 
-    /// [`Gpu::nvfp4_gemm_wgmma`], build v1: 256 threads load x and the packed weights with `cp.async` into a
-    /// 4-stage ring, all decode each 64-K tile of weights into a double-buffered bf16 tile, then both
-    /// warpgroups issue their wgmmas (two block barriers per K tile). Same layouts and constraints.
+    /// [`Gpu::nvfp4_gemm_wgmma`] on a chosen build ([`Nvfp4Wgmma`]; tests and benchmarks drive each one). Same
+    /// layouts and constraints.
     #[allow(clippy::too_many_arguments)]
-    pub fn nvfp4_gemm_wgmma_synchronous(
+    pub fn nvfp4_gemm_wgmma_with(
         &self,
+        build: Nvfp4Wgmma,
         x: &GpuBuffer<u16>,
         w: &GpuBuffer<u8>,
         scales: &GpuBuffer<u8>,
@@ -295,52 +240,13 @@ impl Gpu {
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        self.nvfp4_wgmma(
-            Nvfp4Variant::Synchronous,
-            x,
-            w,
-            scales,
-            global_scale,
-            y,
-            m,
-            n,
-            k,
-        )
-    }
-
-    /// [`Gpu::nvfp4_gemm_wgmma`], build v2: warp-specialised. x arrives by TMA; two producer warpgroups load
-    /// the packed weights four K tiles ahead into registers and decode them straight into the swizzled bf16 B
-    /// tile of each stage of a 6-stage mbarrier ring; two consumer warpgroups only wait and issue wgmmas (one
-    /// group kept in flight). No block barrier in the K loop. Same layouts and constraints.
-    #[allow(clippy::too_many_arguments)]
-    pub fn nvfp4_gemm_wgmma_warp_specialized(
-        &self,
-        x: &GpuBuffer<u16>,
-        w: &GpuBuffer<u8>,
-        scales: &GpuBuffer<u8>,
-        global_scale: f32,
-        y: &mut GpuBuffer<f32>,
-        m: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<(), KernelError> {
-        self.nvfp4_wgmma(
-            Nvfp4Variant::WarpSpecialized,
-            x,
-            w,
-            scales,
-            global_scale,
-            y,
-            m,
-            n,
-            k,
-        )
+        self.nvfp4_wgmma(build, x, w, scales, global_scale, y, m, n, k)
     }
 
     #[allow(clippy::too_many_arguments)]
     fn nvfp4_wgmma(
         &self,
-        variant: Nvfp4Variant,
+        variant: Nvfp4Wgmma,
         x: &GpuBuffer<u16>,
         w: &GpuBuffer<u8>,
         scales: &GpuBuffer<u8>,

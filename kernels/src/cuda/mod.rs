@@ -41,6 +41,7 @@ mod gemm;
 mod gemm_sm90a;
 mod gemv;
 mod ops;
+pub use gemm_sm90a::{Fp8Wgmma, Nvfp4Wgmma};
 pub use gemv::Nvfp4TileWeights;
 
 mod sealed {

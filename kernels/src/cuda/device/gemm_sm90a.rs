@@ -6,7 +6,7 @@ use cudarc::driver::sys;
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::{cuda_err, Device, Module};
-use crate::cuda::gemm_sm90a::{Fp8Variant, Nvfp4Variant};
+use crate::cuda::gemm_sm90a::{Fp8Wgmma, Nvfp4Wgmma};
 use crate::KernelError;
 
 /// Dynamic shared memory of `fp8_block_gemm_sm90a_v1` (cuda/gemm_sm90a.cu `F8V1_SMEM_BYTES`, kept equal by a
@@ -124,7 +124,7 @@ impl Device {
     #[allow(clippy::too_many_arguments)]
     pub(in crate::cuda) fn fp8_block_gemm_sm90a(
         &self,
-        variant: Fp8Variant,
+        variant: Fp8Wgmma,
         xq: &CudaSlice<u8>,
         x_scales: &CudaSlice<f32>,
         w: &CudaSlice<u8>,
@@ -135,10 +135,10 @@ impl Device {
         k: usize,
     ) -> Result<(), KernelError> {
         let (name, smem, threads) = match variant {
-            Fp8Variant::CpAsync => ("fp8_block_gemm_sm90a_v1", FP8_V1_SMEM_BYTES, 256),
-            Fp8Variant::Tma => ("fp8_block_gemm_sm90a_v2", FP8_V2_SMEM_BYTES, 384),
-            Fp8Variant::Persistent => ("fp8_block_gemm_sm90a_v3", FP8_V2_SMEM_BYTES, 384),
-            Fp8Variant::PingPong => ("fp8_block_gemm_sm90a_v4", FP8_V2_SMEM_BYTES, 384),
+            Fp8Wgmma::CpAsync => ("fp8_block_gemm_sm90a_v1", FP8_V1_SMEM_BYTES, 256),
+            Fp8Wgmma::Tma => ("fp8_block_gemm_sm90a_v2", FP8_V2_SMEM_BYTES, 384),
+            Fp8Wgmma::Persistent => ("fp8_block_gemm_sm90a_v3", FP8_V2_SMEM_BYTES, 384),
+            Fp8Wgmma::PingPong => ("fp8_block_gemm_sm90a_v4", FP8_V2_SMEM_BYTES, 384),
         };
         let f = self.function(Module::GemmSm90a, name)?;
         f.set_attribute(
@@ -150,15 +150,15 @@ impl Device {
         let tiles = tile_grid(m, n);
         let blocks = match variant {
             // Persistent kernels: one block per SM (the ring's shared memory allows one), at most one per tile.
-            Fp8Variant::Persistent | Fp8Variant::PingPong => tiles.min(self.sm_count.max(1) as u32),
-            Fp8Variant::CpAsync | Fp8Variant::Tma => tiles,
+            Fp8Wgmma::Persistent | Fp8Wgmma::PingPong => tiles.min(self.sm_count.max(1) as u32),
+            Fp8Wgmma::CpAsync | Fp8Wgmma::Tma => tiles,
         };
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem,
         };
-        if variant != Fp8Variant::CpAsync {
+        if variant != Fp8Wgmma::CpAsync {
             // The guards order these raw-pointer uses after any pending writes on other streams and keep the
             // buffers' events until the launch is queued.
             let (xp, _gx) = xq.device_ptr(&self.stream);
@@ -206,7 +206,7 @@ impl Device {
     #[allow(clippy::too_many_arguments)]
     pub(in crate::cuda) fn nvfp4_gemm_sm90a(
         &self,
-        variant: Nvfp4Variant,
+        variant: Nvfp4Wgmma,
         x: &CudaSlice<u16>,
         w: &CudaSlice<u8>,
         scales: &CudaSlice<u8>,
@@ -217,8 +217,8 @@ impl Device {
         k: usize,
     ) -> Result<(), KernelError> {
         let (name, smem, threads) = match variant {
-            Nvfp4Variant::Synchronous => ("nvfp4_gemm_sm90a_v1", NVFP4_V1_SMEM_BYTES, 256),
-            Nvfp4Variant::WarpSpecialized => ("nvfp4_gemm_sm90a_v2", NVFP4_V2_SMEM_BYTES, 512),
+            Nvfp4Wgmma::Synchronous => ("nvfp4_gemm_sm90a_v1", NVFP4_V1_SMEM_BYTES, 256),
+            Nvfp4Wgmma::WarpSpecialized => ("nvfp4_gemm_sm90a_v2", NVFP4_V2_SMEM_BYTES, 512),
         };
         let f = self.function(Module::GemmSm90a, name)?;
         f.set_attribute(
@@ -233,7 +233,7 @@ impl Device {
             shared_mem_bytes: smem,
         };
         match variant {
-            Nvfp4Variant::Synchronous => {
+            Nvfp4Wgmma::Synchronous => {
                 let mut b = self.stream.launch_builder(&f);
                 b.arg(x)
                     .arg(w)
@@ -249,7 +249,7 @@ impl Device {
                 // and every store is guarded.
                 unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
             }
-            Nvfp4Variant::WarpSpecialized => {
+            Nvfp4Wgmma::WarpSpecialized => {
                 // The guard orders this raw-pointer use after any pending writes on other streams and keeps the
                 // buffer's event until the launch is queued.
                 let (xp, _gx) = x.device_ptr(&self.stream);

@@ -10,13 +10,13 @@
 // float4s, so a warp reads 512 contiguous bytes per row. The state loads are issued first and the conv and norms
 // run while they are in flight.
 //
-// gdn_decode_step_split<S>_t<T>_mb and _1r (below it): S blocks of T threads per head in a cluster, each owning
-// 128/S state columns, the gated RMSNorm's sum of squares exchanged through distributed shared memory; the Rust
-// side picks among them by batch (`auto_kernel`, kernels/src/cuda/gdn.rs, with the H200 numbers). Removed after
-// the H200 measured them (benchmarks/h200-runs/s2-run1): a 4-block cluster with two full cluster barriers (slower
-// than block_per_head at every batch), the split variants that exchanged through a cluster barrier instead of an
-// mbarrier, split1 (no cluster), split4 and split8_t64 (never the best at any batch; split4_t128_mb came
-// within 1.5-2.5% of split8_t128_mb at batch 1-2).
+// gdn_decode_step_split<S>_t<T>_1r (below it): S blocks of T threads per head in a cluster, each owning 128/S
+// state columns, the gated RMSNorm's sum of squares exchanged through distributed shared memory; the Rust side
+// picks among them by batch (`auto_kernel`, kernels/src/cuda/gdn.rs, with the H200 numbers). Removed after the
+// H200 measured them (benchmarks/h200-runs/s2-run1, s2-run4): a 4-block cluster with two full cluster barriers
+// (slower than block_per_head at every batch), the split variants that exchanged through a cluster barrier
+// instead of an mbarrier, split1 (no cluster), the two-reduction `_mb` form (S^T k, then the update, then S^T q:
+// 1-4% slower than `_1r` at every batch) and split8_t64 (never the best at any batch).
 //
 // The conv history of a key head is shared by the Hv/Hk value heads (different blocks), so it cannot be updated in
 // place: it is read from conv_in and the advanced history written to conv_out, each channel by exactly one block
@@ -156,7 +156,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// gdn_decode_step_split<S>_t<T>_mb and _1r (what `auto` runs): grid (Hv*S, seqs), blocks of T threads, each block
+// gdn_decode_step_split<S>_t<T>_1r (what `auto` runs): grid (Hv*S, seqs), blocks of T threads, each block
 // owning C = 128/S of the head's 128 state columns (value dims); the S blocks of one head form a cluster. Columns
 // are independent in the delta rule (kv, delta, the update and o are per column; only the rows, the key dims, are
 // summed), so a column split needs no exchange until the gated RMSNorm, which needs the sum of squares of the
@@ -168,18 +168,18 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
 //  * all of a thread's conv loads are issued before any is used (the channels' DRAM latencies overlap);
 //  * the state loads are issued first, before the per-head scalars and the conv; z and the norm weight are loaded
 //    before the recurrence, so the epilogue waits on nothing;
-//  * the RMSNorm exchange (_mb, "mbarrier"): each block's mbarrier expects S*4 bytes; every block writes its
+//  * the RMSNorm exchange through an mbarrier: each block's mbarrier expects S*4 bytes; every block writes its
 //    partial sum of squares into slot `rank` of every block's ss_slot with st.async, which signals the receiving
 //    block's mbarrier; a block waits only for its own slots, so there is no cluster barrier after the start, and
 //    no block can leave while its shared memory still has something to receive. Remote stores need every block
 //    of the cluster running with its mbarrier initialised: a relaxed cluster arrive after the init at the start,
 //    its (long completed) wait just before the first st.async.
-// _1r ("one reduction", aimed at batch 1-2, where the step is a chain of latencies, not a stream of bytes):
+// "_1r" (one reduction; it first aimed at batch 1-2, where the step is a chain of latencies, and won at every batch):
 // o = S'^T q with S' = e^g S + k delta^T is e^g (S^T q) + (k . q) delta, so the partials of S^T k and S^T q are
 // formed in one pass over the registers and reduced together (one shuffle tree of 8 floats, one barrier), k . q
 // comes from the same shuffle tree as the two l2-norms, and the output needs no second pass over the state: one
-// block barrier and one shuffle tree fewer on the critical path than _mb. The state update and its stores then
-// overlap the DSMEM exchange (warp 0 sends its partial sum of squares first, updates its rows, then waits).
+// block barrier and one shuffle tree fewer on the critical path than the two-reduction form it replaced. The
+// state update and its stores then overlap the DSMEM exchange (warp 0 sends its partial sum of squares first, updates its rows, then waits).
 // Thread t holds rows R*(t/CG) .. +R of float4 column group t%CG (CG = C/4 groups, R = 128*CG/T rows): a warp
 // reads 32/CG row segments of C*4 contiguous bytes per load. Each block recomputes the conv and l2-norms of the
 // 128 q and 128 k channels it needs (1 KiB of qkv and 3 KiB of conv history, mostly L2 hits); q/k conv history is
@@ -256,7 +256,7 @@ __device__ __forceinline__ void rowgroup_sum2(float4& p, float4& q) {
     }
 }
 
-template <int S, int T, bool ONE_RED>
+template <int S, int T>
 __device__ __forceinline__ void gdn_split_body(const float* __restrict__ qkv, const float* __restrict__ z,
                                                const float* __restrict__ a_in, const float* __restrict__ b_in,
                                                const float* __restrict__ conv_w, const float* __restrict__ a_log,
@@ -291,7 +291,7 @@ __device__ __forceinline__ void gdn_split_body(const float* __restrict__ qkv, co
     __shared__ __align__(16) float k_s[GDN_D];
     __shared__ __align__(16) float v_s[C];
     __shared__ __align__(16) float red_kv[NW][C];
-    __shared__ __align__(16) float red_o[NW][C];  // _mb: partials of o; _1r: partials of S^T q
+    __shared__ __align__(16) float red_o[NW][C];  // partials of S^T q
     __shared__ float ss_slot[S];
     __shared__ __align__(8) unsigned long long ss_bar;
 
@@ -399,13 +399,13 @@ __device__ __forceinline__ void gdn_split_body(const float* __restrict__ qkv, co
         const float qv = q_s[lane + 32 * j], kv = k_s[lane + 32 * j];
         sqq = fmaf(qv, qv, sqq);
         skk = fmaf(kv, kv, skk);
-        if constexpr (ONE_RED) sqk = fmaf(qv, kv, sqk);
+        sqk = fmaf(qv, kv, sqk);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         sqq += __shfl_xor_sync(0xffffffffu, sqq, o);
         skk += __shfl_xor_sync(0xffffffffu, skk, o);
-        if constexpr (ONE_RED) sqk += __shfl_xor_sync(0xffffffffu, sqk, o);
+        sqk += __shfl_xor_sync(0xffffffffu, sqk, o);
     }
     const float qn = rsqrtf(static_cast<float>(GDN_D)) * rsqrtf(sqq + 1e-6f);
     const float kn = rsqrtf(skk + 1e-6f);
@@ -413,7 +413,7 @@ __device__ __forceinline__ void gdn_split_body(const float* __restrict__ qkv, co
     float o[J];
     float ss = 0.f;
     float kr[R];
-    if constexpr (ONE_RED) {
+    {
         // 4. One pass: the partials of S^T k and S^T q (undecayed) over the thread's rows, the warp's row groups,
         // then the warps.
         float4 pk = make_float4(0.f, 0.f, 0.f, 0.f), pq = pk;
@@ -478,64 +478,6 @@ __device__ __forceinline__ void gdn_split_body(const float* __restrict__ qkv, co
             s[r].w = fmaf(kr[r], dl.w, decay * s[r].w);
             sp[r * (GDN_D / 4)] = s[r];
         }
-    } else {
-        // 4. kv = (e^g S)^T k for these columns: over the thread's rows, the warp's row groups, then the warps.
-        float4 part = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            kr[r] = k_s[rg * R + r] * kn;
-            s[r].x *= decay; s[r].y *= decay; s[r].z *= decay; s[r].w *= decay;
-            part.x = fmaf(s[r].x, kr[r], part.x);
-            part.y = fmaf(s[r].y, kr[r], part.y);
-            part.z = fmaf(s[r].z, kr[r], part.z);
-            part.w = fmaf(s[r].w, kr[r], part.w);
-        }
-        part = rowgroup_sum<CG>(part);
-        if (lane < CG) reinterpret_cast<float4*>(red_kv[warp])[lane] = part;  // lane < CG: cg == lane
-        __syncthreads();  // barrier 2: red_kv
-
-        // 5. delta = beta (v - kv) for this thread's 4 columns; S += k (x) delta, o = S^T q; store S.
-        float4 kv = reinterpret_cast<const float4*>(red_kv[0])[cg];
-#pragma unroll
-        for (int w = 1; w < NW; ++w) kv = f4_add(kv, reinterpret_cast<const float4*>(red_kv[w])[cg]);
-        const float4 vv = reinterpret_cast<const float4*>(v_s)[cg];
-        const float4 dl = make_float4(beta * (vv.x - kv.x), beta * (vv.y - kv.y), beta * (vv.z - kv.z),
-                                      beta * (vv.w - kv.w));
-        part = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const float qr = q_s[rg * R + r] * qn;
-            s[r].x = fmaf(kr[r], dl.x, s[r].x);
-            s[r].y = fmaf(kr[r], dl.y, s[r].y);
-            s[r].z = fmaf(kr[r], dl.z, s[r].z);
-            s[r].w = fmaf(kr[r], dl.w, s[r].w);
-            part.x = fmaf(s[r].x, qr, part.x);
-            part.y = fmaf(s[r].y, qr, part.y);
-            part.z = fmaf(s[r].z, qr, part.z);
-            part.w = fmaf(s[r].w, qr, part.w);
-            sp[r * (GDN_D / 4)] = s[r];
-        }
-        part = rowgroup_sum<CG>(part);
-        if (lane < CG) reinterpret_cast<float4*>(red_o[warp])[lane] = part;
-        __syncthreads();  // barrier 3: red_o
-
-        // 6. Warp 0 holds the C outputs (J per lane) and their sum of squares, sent to every block.
-        cluster_wait_acquire();  // the start's phase (complete long ago): remote stores are allowed from here
-        if (warp == 0) {
-#pragma unroll
-            for (int j = 0; j < J; ++j) {
-                const int c = lane + 32 * j;
-                o[j] = 0.f;
-                if (c < C) {
-#pragma unroll
-                    for (int w = 0; w < NW; ++w) o[j] += red_o[w][c];
-                }
-                ss = fmaf(o[j], o[j], ss);
-            }
-            ss = warp_sum(ss);
-            if (lane < S) st_async_cluster(&ss_slot[rank], &ss_bar, lane, ss);
-            if (lane == 0) mbar_arrive_expect_tx(&ss_bar, S * sizeof(float));
-        }
     }
 
     // 7. Gated RMSNorm: the S partial sums of squares have landed in this block's ss_slot when its mbarrier's
@@ -556,24 +498,21 @@ __device__ __forceinline__ void gdn_split_body(const float* __restrict__ qkv, co
 
 }  // namespace
 
-#define GDN_SPLIT_KERNEL(S, T, ONE_RED, NAME)                                                                   \
+#define GDN_SPLIT_KERNEL(S, T, NAME)                                                                   \
     extern "C" __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(T) NAME(                             \
         const float* __restrict__ qkv, const float* __restrict__ z, const float* __restrict__ a_in,             \
         const float* __restrict__ b_in, const float* __restrict__ conv_w, const float* __restrict__ a_log,      \
         const float* __restrict__ dt_bias, const float* __restrict__ norm_w, float norm_eps,                    \
         const float* __restrict__ conv_in, float* __restrict__ conv_out, float* __restrict__ state,             \
         float* __restrict__ out, int hk, int hv, int kconv) {                                                   \
-        gdn_split_body<S, T, ONE_RED>(qkv, z, a_in, b_in, conv_w, a_log, dt_bias, norm_w, norm_eps, conv_in,    \
+        gdn_split_body<S, T>(qkv, z, a_in, b_in, conv_w, a_log, dt_bias, norm_w, norm_eps, conv_in,    \
                                       conv_out, state, out, hk, hv, kconv);                                     \
     }
 
-// The _mb variants were the measured winners of s2-run1; the _1r variants beat them at every batch in s2-run4
-// (2-4%), so `auto` runs _1r (the table with the numbers is AUTO_TABLE in kernels/src/cuda/gdn.rs).
-GDN_SPLIT_KERNEL(2, 128, false, gdn_decode_step_split2_t128_mb)
-GDN_SPLIT_KERNEL(2, 256, false, gdn_decode_step_split2_t256_mb)
-GDN_SPLIT_KERNEL(8, 128, false, gdn_decode_step_split8_t128_mb)
-GDN_SPLIT_KERNEL(2, 128, true, gdn_decode_step_split2_t128_1r)
-GDN_SPLIT_KERNEL(2, 256, true, gdn_decode_step_split2_t256_1r)
-GDN_SPLIT_KERNEL(4, 128, true, gdn_decode_step_split4_t128_1r)
-GDN_SPLIT_KERNEL(8, 64, true, gdn_decode_step_split8_t64_1r)
-GDN_SPLIT_KERNEL(8, 128, true, gdn_decode_step_split8_t128_1r)
+// The _1r variants beat the earlier two-reduction (_mb) form at every batch in s2-run4 (2-4%) and the _mb form was
+// removed; split8_t64_1r lost to split8_t128_1r at every batch (5.09 vs 4.98 us at batch 1). The table with the
+// numbers `auto` follows is AUTO_TABLE in kernels/src/cuda/gdn.rs.
+GDN_SPLIT_KERNEL(2, 128, gdn_decode_step_split2_t128_1r)
+GDN_SPLIT_KERNEL(2, 256, gdn_decode_step_split2_t256_1r)
+GDN_SPLIT_KERNEL(4, 128, gdn_decode_step_split4_t128_1r)
+GDN_SPLIT_KERNEL(8, 128, gdn_decode_step_split8_t128_1r)

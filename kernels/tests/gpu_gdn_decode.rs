@@ -205,7 +205,7 @@ fn every_decode_variant_matches_the_reference_over_several_steps() {
     let mut rng = rng("gdn_decode_variants");
     // Qwen3.8-27B's group of 3 value heads per key head with K = 4, a group of 2 with K = 3, no grouping with
     // K = 2; batches of 3, 2 and 5 (a batch is a grid dimension, nothing rounds it; "auto" takes a different
-    // kernel at each: split2_t128_mb, split8_t128_mb, split2_t256_mb).
+    // kernel at each: split4_t128_1r, split8_t128_1r, split2_t256_1r).
     let cases = [
         Case {
             dims: dims(2, 6, 4),
@@ -306,11 +306,11 @@ fn decode_variants_refuse_bad_calls_with_a_reason() {
     let e = run(&gpu, "split3_t96", &good, 2, &mut b);
     assert!(
         e.contains("unknown variant")
-            && e.contains("split8_t128_mb")
+            && e.contains("block_per_head")
             && e.contains("split8_t128_1r"),
         "{e}"
     );
-    for v in ["auto", "split8_t64_1r", "split2_t256_mb", "block_per_head"] {
+    for v in ["auto", "split8_t128_1r", "split2_t256_1r", "block_per_head"] {
         let e = run(&gpu, v, &good, 0, &mut b);
         assert!(e.contains("seqs must be 1..=65535"), "{v}: {e}");
         let e = run(&gpu, v, &good, 65536, &mut b);

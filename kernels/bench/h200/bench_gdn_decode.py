@@ -33,9 +33,8 @@ CD = 2 * HK * D + HV * D
 EPS = 1e-6
 # name -> (entry point, blocks per head, threads): kernels/src/cuda/gdn.rs KERNELS, the same table.
 VARIANTS = {"block_per_head": ("gdn_decode_step", 1, 256)}
-for _s, _t, _sfx in ((2, 128, "mb"), (2, 256, "mb"), (8, 128, "mb"), (2, 128, "1r"), (2, 256, "1r"), (4, 128, "1r"),
-                     (8, 64, "1r"), (8, 128, "1r")):
-    VARIANTS[f"split{_s}_t{_t}_{_sfx}"] = (f"gdn_decode_step_split{_s}_t{_t}_{_sfx}", _s, _t)
+for _s, _t in ((2, 128), (2, 256), (4, 128), (8, 128)):
+    VARIANTS[f"split{_s}_t{_t}_1r"] = (f"gdn_decode_step_split{_s}_t{_t}_1r", _s, _t)
 BATCHES = [1, 2, 3, 4, 8, 16, 32]
 
 

@@ -32,15 +32,11 @@ const fn k(
 }
 
 /// Every variant, in the order of [`Gpu::GDN_DECODE_VARIANTS`] (cuda/gdn.cu documents each).
-const KERNELS: [GdnDecodeKernel; 9] = [
+const KERNELS: [GdnDecodeKernel; 5] = [
     k("block_per_head", "gdn_decode_step", 1, 256),
-    k("split2_t128_mb", "gdn_decode_step_split2_t128_mb", 2, 128),
-    k("split2_t256_mb", "gdn_decode_step_split2_t256_mb", 2, 256),
-    k("split8_t128_mb", "gdn_decode_step_split8_t128_mb", 8, 128),
     k("split2_t128_1r", "gdn_decode_step_split2_t128_1r", 2, 128),
     k("split2_t256_1r", "gdn_decode_step_split2_t256_1r", 2, 256),
     k("split4_t128_1r", "gdn_decode_step_split4_t128_1r", 4, 128),
-    k("split8_t64_1r", "gdn_decode_step_split8_t64_1r", 8, 64),
     k("split8_t128_1r", "gdn_decode_step_split8_t128_1r", 8, 128),
 ];
 
@@ -49,8 +45,9 @@ const KERNELS: [GdnDecodeKernel; 9] = [
 /// which arm auto picks, so keep its shape.
 ///
 /// Measured on the H200 (benchmarks/h200-runs/s2-run4/bench_gdn_decode.txt; Qwen3.8-27B's layer, Hk=16 Hv=48,
-/// K=4; whole step, microseconds; fla's bare fused_recurrent beside it; the `_mb` arms were the winners of
-/// s2-run1, the `_1r` arms (one fused reduction of S^T k and S^T q) won every batch in s2-run4):
+/// K=4; whole step, microseconds; fla's bare fused_recurrent beside it; the `_mb` arms (two reductions, the
+/// winners of s2-run1) lost to the `_1r` arms (one fused reduction of S^T k and S^T q) at every batch in s2-run4
+/// and were removed with split8_t64_1r, which never won):
 ///
 /// | batch | split8_t128_1r | split4_t128_1r | split2_t256_1r | split2_t128_1r | best `_mb` | block_per_head | fla   |
 /// |-------|----------------|----------------|----------------|----------------|------------|----------------|-------|
@@ -90,20 +87,15 @@ fn auto_kernel(seqs: usize) -> GdnDecodeKernel {
 
 impl Gpu {
     /// Names of the decode-step variants [`Gpu::gdn_decode_step_variant`] takes, besides `"auto"`:
-    /// `block_per_head` (one 256-thread block per (sequence, value head), the reference arm), `split<S>_t<T>_mb`
-    /// (S blocks of T threads per head, a cluster, each owning 128/S state columns, the gated RMSNorm's sum of
-    /// squares exchanged through distributed shared memory and an mbarrier) and `split<S>_t<T>_1r` (the same with
-    /// the output formed from one fused reduction of S^T k and S^T q, aimed at batch 1-2). All compute the same
-    /// step; they differ in speed.
+    /// `block_per_head` (one 256-thread block per (sequence, value head), the reference arm) and `split<S>_t<T>_1r`
+    /// (S blocks of T threads per head, a cluster, each owning 128/S state columns, the output formed from one
+    /// fused reduction of S^T k and S^T q, the gated RMSNorm's sum of squares exchanged through distributed shared
+    /// memory and an mbarrier). All compute the same step; they differ in speed.
     pub const GDN_DECODE_VARIANTS: &'static [&'static str] = &[
         "block_per_head",
-        "split2_t128_mb",
-        "split2_t256_mb",
-        "split8_t128_mb",
         "split2_t128_1r",
         "split2_t256_1r",
         "split4_t128_1r",
-        "split8_t64_1r",
         "split8_t128_1r",
     ];
 
@@ -252,10 +244,7 @@ mod tests {
             assert!(k.threads.is_multiple_of(32) && k.threads <= 256, "{k:?}");
             // split<S>_t<T> names carry their launch shape; a mismatch would launch the wrong grid.
             if let Some(rest) = name.strip_prefix("split") {
-                let rest = rest
-                    .strip_suffix("_mb")
-                    .or_else(|| rest.strip_suffix("_1r"))
-                    .expect("split<S>_t<T>_mb or _1r");
+                let rest = rest.strip_suffix("_1r").expect("split<S>_t<T>_1r");
                 let (s, t) = rest.split_once("_t").expect("split<S>_t<T>");
                 assert_eq!(s.parse::<u32>().unwrap(), k.blocks_per_head, "{k:?}");
                 assert_eq!(t.parse::<u32>().unwrap(), k.threads, "{k:?}");

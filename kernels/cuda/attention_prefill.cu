@@ -119,6 +119,10 @@ struct ApPrefix {
     int num_pages;
 };
 
+// Prefix mode's per-key source codes (attention_prefill_body, lookup): no row, and the flag of a new token's index.
+constexpr uint32_t AP_ROW_NONE = 0xffffffffu;
+constexpr uint32_t AP_ROW_NEW = 0x80000000u;
+
 // Largest prefix the kernel accepts from prefix_lens in ring mode (paged: max_pages * page_size, which the Rust
 // side keeps below this too); with max_seqlen < 2^30 (checked there) every position stays below 2^31.
 #define AP_MAX_PREFIX (1 << 30)
@@ -190,38 +194,73 @@ __device__ __forceinline__ void attention_prefill_body(const uint16_t* __restric
         const uint16_t* src = ok ? q + (size_t)(start + t) * q_row_stride + (size_t)h * D + c * 8 : q;
         ap_cp_async16(sq + swz<D>(r, c), src, ok);
     }
-    auto load_kv = [&](int it) {
+    // Prefix mode: where key n0 + lane + 32 x of a tile comes from, looked up once per key per tile (not once per
+    // 16-byte chunk: D / 8 table loads per key, s2-run5's 0.61-0.66x SDPA after an 8k prefix) and handed to the
+    // copying threads by shuffle: AP_ROW_NONE (not attended, or a page past the pool: zero-filled, nothing read),
+    // AP_ROW_NEW | i (new token i: row start + i of k / v) or the row of the cache (paged or ring; the Rust side
+    // keeps cache rows below 2^31).
+    constexpr int NR = (BN + 31) / 32;
+    auto lookup = [&](int it, uint32_t (&rows)[NR]) {
+#pragma unroll
+        for (int x = 0; x < NR; ++x) rows[x] = AP_ROW_NONE;
+        if constexpr (PREFIX) {
+            if (it < n_tiles) {
+                const int n0 = (n_max - 1 - it) * BN;
+#pragma unroll
+                for (int x = 0; x < NR; ++x) {
+                    const int key = n0 + lane + 32 * x;
+                    if (lane + 32 * x < BN && key >= key_lo && key < kv_len) {
+                        if (key >= prefix) {
+                            rows[x] = AP_ROW_NEW | (uint32_t)(key - prefix);
+                        } else if (pre.block_table != nullptr) {
+                            const uint32_t page = pre.block_table[(size_t)seq * pre.max_pages + key / pre.page_size];
+                            if (page < (uint32_t)pre.num_pages)
+                                rows[x] = (page * (uint32_t)kv_heads + kvh) * (uint32_t)pre.page_size +
+                                          (uint32_t)(key % pre.page_size);
+                        } else {
+                            rows[x] = ((uint32_t)seq * kv_heads + kvh) * (uint32_t)pre.page_size +
+                                      (uint32_t)(key % pre.page_size);
+                        }
+                    }
+                }
+            }
+        }
+    };
+    auto load_kv = [&](int it, const uint32_t (&rows)[NR]) {
         if (it < n_tiles) {
             const int n0 = (n_max - 1 - it) * BN;
             const int s = it % STAGES;
-            for (int i = tid; i < BN * CPR; i += NT) {
-                const int r = i / CPR, c = i % CPR;
-                const int key = n0 + r;
-                if constexpr (!PREFIX) {
+            if constexpr (!PREFIX) {
+                for (int i = tid; i < BN * CPR; i += NT) {
+                    const int r = i / CPR, c = i % CPR;
+                    const int key = n0 + r;
                     const bool ok = key < seqlen;
                     const size_t off = ok ? (size_t)key * kv_row_stride + c * 8 : 0;
                     ap_cp_async16(sk(s) + swz<D>(r, c), kb + off, ok);
                     ap_cp_async16(sv(s) + swz<D>(r, c), vb + off, ok);
-                } else {
-                    bool ok = key >= key_lo && key < kv_len;
+                }
+            } else {
+                // Every thread runs every step (the shuffles need the whole warp); the rows a warp copies in one
+                // step are 32 / CPR consecutive ones of one 32-key half, so the register picked is warp-uniform.
+                static_assert((BN * CPR) % NT == 0 && 32 % CPR == 0 && NT % CPR == 0, "copy steps");
+#pragma unroll
+                for (int j = 0; j < BN * CPR / NT; ++j) {
+                    const int i = tid + j * NT;
+                    const int r = i / CPR, c = i % CPR;
+                    uint32_t rv = rows[0];
+                    if constexpr (NR > 1) rv = (r >> 5) ? rows[1] : rows[0];
+                    rv = __shfl_sync(0xffffffffu, rv, r & 31);
+                    const bool ok = rv != AP_ROW_NONE;
                     const uint16_t* ks = kb;
                     const uint16_t* vs = vb;
-                    if (ok && key >= prefix) {  // a new token: row start + key - prefix of k / v
-                        const size_t off = (size_t)(key - prefix) * kv_row_stride + c * 8;
-                        ks = kb + off;
-                        vs = vb + off;
-                    } else if (ok) {  // a cached token: through the block table, or its ring slot
-                        size_t row;
-                        if (pre.block_table != nullptr) {
-                            const uint32_t page = pre.block_table[(size_t)seq * pre.max_pages + key / pre.page_size];
-                            ok = page < (uint32_t)pre.num_pages;
-                            row = ((size_t)page * kv_heads + kvh) * pre.page_size + key % pre.page_size;
-                        } else {
-                            row = ((size_t)seq * kv_heads + kvh) * pre.page_size + key % pre.page_size;
-                        }
-                        const size_t off = ok ? row * D + c * 8 : 0;
+                    if (!(rv & AP_ROW_NEW)) {  // a cached token
+                        const size_t off = (size_t)rv * D + c * 8;
                         ks = pre.kc + off;
                         vs = pre.vc + off;
+                    } else if (ok) {  // a new token
+                        const size_t off = (size_t)(rv & ~AP_ROW_NEW) * kv_row_stride + c * 8;
+                        ks = kb + off;
+                        vs = vb + off;
                     }
                     ap_cp_async16(sk(s) + swz<D>(r, c), ks, ok);
                     ap_cp_async16(sv(s) + swz<D>(r, c), vs, ok);
@@ -230,8 +269,15 @@ __device__ __forceinline__ void attention_prefill_body(const uint16_t* __restric
         }
         ap_commit();
     };
+    // One lookup per key right before its tile's copies: a lookup one tile ahead (as the decode kernels do) kept
+    // NR more registers live through the compute and spilled the D256 tilings at 255 registers.
+    auto issue = [&](int it) {
+        uint32_t rows[NR];
+        lookup(it, rows);
+        load_kv(it, rows);
+    };
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) load_kv(s);
+    for (int s = 0; s < STAGES - 1; ++s) issue(s);
 
     // This thread's rows: in m16 tile w of the warp, quad rows g and g + 8 (index 2w + r), and their tokens.
     const int g = lane >> 2, tq = lane & 3;
@@ -266,7 +312,7 @@ __device__ __forceinline__ void attention_prefill_body(const uint16_t* __restric
     const int v_chk = mi >> 1;
 
     for (int it = 0; it < n_tiles; ++it) {
-        load_kv(it + STAGES - 1);
+        issue(it + STAGES - 1);
         ap_wait<STAGES - 1>();
         __syncthreads();
         const int s = it % STAGES;

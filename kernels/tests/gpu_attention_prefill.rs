@@ -501,13 +501,16 @@ fn compare_batch(
 fn paged_prefill_continues_a_paged_prefix_on_every_tiling() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("paged_prefill_continues_a_paged_prefix_on_every_tiling");
-    // Ragged prefixes (not page or tile multiples, one empty) and chunks; page sizes 7, 16, 5.
+    // Ragged prefixes (not page or tile multiples, one empty) and chunks; page sizes 7, 16, 5 (a 32/64-key tile
+    // spans up to 14 pages, each key's page looked up once per tile and shuffled to the copying threads) and 64
+    // (a tile within one page, or across two).
     let prefixes = [0usize, 37, 130, 5];
     let news = [17usize, 65, 1, 40];
     for (d, group, kv_heads, page_size) in [
         (64usize, 3usize, 2usize, 7usize),
         (128, 4, 1, 16),
         (256, 6, 1, 5),
+        (128, 2, 2, 64),
     ] {
         let dims = AttnDims {
             q_heads: group * kv_heads,
@@ -842,6 +845,12 @@ fn bad_cache_sizes_are_errors() {
         &huge, 0.1, None, &kc, &vc, &table, &pre, &cu, t, 6, &q, &k, &v, &mut out
     ))
     .contains("2^30"));
+    // A pool of more than 2^31 rows (2^27 pages x 2 heads x 16 slots): past the kernels' 32-bit row codes.
+    let deep = paged_dims(&dims, 2, ps, 1 << 27, maxp);
+    assert!(msg(gpu.attention_prefill_paged(
+        &deep, 0.1, None, &kc, &vc, &table, &pre, &cu, t, 6, &q, &k, &v, &mut out
+    ))
+    .contains("2^31 rows"));
     let zero = paged_dims(&dims, 2, 0, pages, maxp);
     assert!(msg(gpu.attention_prefill_paged(
         &zero, 0.1, None, &kc, &vc, &table, &pre, &cu, t, 6, &q, &k, &v, &mut out

@@ -11,7 +11,7 @@ Cases, B = 1, bf16 in, bf16 out, scale 1/sqrt(D):
   - 24/4 x 256 with a sliding window of 1024 at T = 16384 against SDPA with an explicit boolean mask (the
     efficient backend, K/V expanded) and against our own full causal run (the window should skip most tiles);
   - chunked prefill (`attention_prefill_paged_*`): 2048 new tokens after a prefix of 8192 in a paged cache
-    (16-token pages, shuffled), 24/4 x 256 and 32/8 x 128, against SDPA on the dense equivalent (q of the 2048
+    (16- and 64-token pages, shuffled), 24/4 x 256 and 32/8 x 128, against SDPA on the dense equivalent (q of the 2048
     new tokens against contiguous K/V of all 10240, lower-right causal mask: `causal_lower_right`, K/V expanded
     to the query heads outside the timing). Both are checked against the last 2048 rows of SDPA flash's full
     causal run over the 10240 tokens.
@@ -210,7 +210,7 @@ def case(hq, hkv, d, t, window=None):
 
 def paged_case(hq, hkv, d, prefix, n, page_size=16):
     """Chunked prefill: n new tokens after `prefix` cached ones in a shuffled paged cache."""
-    label = f"{hq}q/{hkv}kv x{d} P={prefix}+{n} paged"
+    label = f"{hq}q/{hkv}kv x{d} P={prefix}+{n} paged" + ("" if page_size == 16 else f" page {page_size}")
     scale = 1.0 / math.sqrt(d)
     g = hq // hkv
     tot = prefix + n
@@ -326,7 +326,9 @@ def main():
         except Exception:  # noqa: BLE001
             b.log(f"FAIL case {c}:\n{traceback.format_exc()}")
         torch.cuda.empty_cache()
-    for c in [(24, 4, 256, 8192, 2048), (32, 8, 128, 8192, 2048)]:
+    # Pages of 16 (the cases of s2-run5) and of 64 (the decode benchmark's pages; a 64-key tile in one page).
+    for c in [(24, 4, 256, 8192, 2048), (32, 8, 128, 8192, 2048), (24, 4, 256, 8192, 2048, 64),
+              (32, 8, 128, 8192, 2048, 64)]:
         try:
             paged_case(*c)
         except Exception:  # noqa: BLE001

@@ -854,6 +854,14 @@ fn check_paged_cache<'a>(
         d.page_size,
         d.num_pages
     );
+    crate::ensure_shape!(
+        cache_rows_fit(&[d.num_pages, d.kv_heads, d.page_size]),
+        op,
+        "the cache must hold at most 2^31 rows of head_dim (num_pages x kv_heads x page_size), got {} x {} x {}",
+        d.num_pages,
+        d.kv_heads,
+        d.page_size
+    );
     Ok(CacheShape::Paged {
         block_table,
         page_size: d.page_size,
@@ -876,7 +884,23 @@ fn check_ring(
         "a sliding window must hold 1..=2^30 tokens, got {window}"
     );
     crate::ensure_shape!(seqs > 0, op, "seqs must be positive");
+    crate::ensure_shape!(
+        cache_rows_fit(&[seqs, dims.kv_heads, window - 1]),
+        op,
+        "the ring must hold at most 2^31 rows of head_dim (seqs x kv_heads x (window - 1)), got {seqs} x {} x {}",
+        dims.kv_heads,
+        window - 1
+    );
     Ok(CacheShape::Ring { slots: window - 1 })
+}
+
+/// Whether a cache of `dims` rows (their product) fits the prefix-mode kernels' 32-bit row codes: rows below 2^31,
+/// the top bit marking a new token (cuda/attention_prefill.cu, `AP_ROW_NEW`). 2^31 rows of K alone are 256 GiB
+/// at head_dim 64.
+fn cache_rows_fit(dims: &[usize]) -> bool {
+    dims.iter()
+        .try_fold(1usize, |acc, &x| acc.checked_mul(x))
+        .is_some_and(|rows| rows <= 1 << 31)
 }
 
 /// Chunks below 2^30 tokens: with a prefix of at most 2^30, every position (and prefix + chunk) stays below 2^31.
@@ -1111,5 +1135,13 @@ mod tests {
         ));
         assert!(check_batch("t", (1 << 30) - 1).is_ok());
         assert!(check_batch("t", 1 << 30).is_err());
+        // Ring rows and the 32-bit row codes of the prefix-mode kernels: 2^20 seqs x 2 heads x 2^10 slots is 2^31
+        // rows (the last row 2^31 - 1 fits), one slot more does not.
+        assert!(check_ring("t", &attn_dims(&d), 1 << 20, (1 << 10) + 2)
+            .is_err_and(|e| e.to_string().contains("2^31 rows")));
+        assert!(check_ring("t", &attn_dims(&d), 1 << 20, (1 << 10) + 1).is_ok());
+        assert!(cache_rows_fit(&[1 << 20, 2, 1 << 10]));
+        assert!(!cache_rows_fit(&[(1 << 20) + 1, 2, 1 << 10]));
+        assert!(!cache_rows_fit(&[usize::MAX, 2]));
     }
 }

@@ -6,8 +6,8 @@
 //! pass streams from DRAM), `EDGEFIT_BENCH_REPS` (default 7), `EDGEFIT_TORCH_PYTHON` (the interpreter with torch;
 //! default `.venv/bin/python` at the workspace root; the torch arms are skipped with a note when it is missing),
 //! `EDGEFIT_BENCH_FORMATS` (comma-separated subset of `w4a16,w4a8,fp8,nvfp4,bf16,gemm,threads` to run; default
-//! all; `w4a8base` and `nvfp4base`, only when named, add the W4A8 and NVFP4 GEMVs on the AVX-512 base kernels,
-//! to compare with the VBMI kernels the default arms run on a CPU with AVX512-VBMI).
+//! all; `w4a16base`, `w4a8base` and `nvfp4base`, only when named, add the W4A16, W4A8 and NVFP4 GEMVs on the
+//! AVX-512 base kernels, to compare with the VBMI kernels the default arms run on a CPU with AVX512-VBMI).
 //!
 //! `threads` is the threading overhead of `kernels::cpu::parallel_ranges` (the persistent worker pool) against
 //! `parallel_ranges_scoped` (scoped threads spawned per call): an empty two-range call, and a small GEMV (bf16,
@@ -334,6 +334,19 @@ fn main() {
                     linear::w4a16_with(isa, t, x, 1, &w, y)
                 };
                 r.expect("benchmark call");
+            })
+        });
+    }
+    // W4A16 on the AVX-512 f32 kernel (no VBMI), only when named, to compare with the default arm (on a CPU with
+    // AVX512-VBMI the integer-dot-product kernel).
+    if formats
+        .as_deref()
+        .is_some_and(|f| f.split(',').any(|s| s.trim() == "w4a16base"))
+    {
+        gemv("w4a16base", INT4_BYTES, &|seed| {
+            let w = int4_raw(false, seed);
+            Box::new(move |t, x, y| {
+                linear::w4a16_ext(isa, Ext::Base, t, x, 1, &w, y).expect("benchmark call");
             })
         });
     }

@@ -219,6 +219,161 @@ void ef_w4a16_avx512(const float *x, size_t m, size_t k, const uint8_t *packed, 
     }
 }
 
+/* ---- W4A16 GEMV with AVX512-VBMI + VNNI: integer dot products on int16 activations ----
+ *
+ * Per group g, x becomes X = round(x / s_g) with s_g the power of two at or above max|x_g| / 32767, so |X| <= 32767
+ * fits an int16 (ef_w4a16_xq_avx512, once per call; xq is int16 [k rounded up to even], zero-padded, xs[g] = s_g,
+ * xsum[g] = sum of X over the group). Two consecutive k-rows of a block are 64 contiguous bytes; one zero-masked
+ * vpermb per 16 byte-columns d puts, in dword d, row kk's byte d in the low word and row kk+1's byte d in the high
+ * word (the other two bytes zeroed). That word is lo + 16 hi (column d in the low nibble, d + 32 in the high), a
+ * shift right by 4 leaves hi, and the broadcast dword X[kk] | X[kk+1] << 16 is the other operand of vpdpwssd. So
+ * each of the two dot products per vpermb gives, per dword lane: F += X (lo + 16 hi) and H += X hi. At the end of
+ * the group, sum X (hi - 8) = H and sum X (lo - 8) = F - 16 H when F starts at -136 sum X and H at -8 sum X (the
+ * zero point 8 removed in the integers, no mask for the low nibbles). Per 2 k-rows x 64 columns: 1 load, 2 vpermb,
+ * 2 shifts, 4 vpdpwssd (+ the activation broadcast, shared by the blocks), against 4 widening loads, 8 vpermps
+ * (port 5), 4 shifts and 8 FMAs in the f32 kernel. Four blocks side by side hold 16 int32 accumulators, four weight
+ * streams in flight as in the f32 kernel.
+ *
+ * Exactness: every integer step is exact. vpdpwssd, vpaddd and vpsubd wrap modulo 2^32, so only the final lane sums
+ * must fit an int32, and they are far inside it: |sum X (c - 8)| <= 128 * 32767 * 8 < 2^25 for a group of 128; the
+ * running F stays below 64 * 2 * 255 * 32767 + 136 * 128 * 32767 < 1.64e9 < 2^31 even before wrapping is counted on,
+ * and int -> f32 rounds once (2^-24 relative). The representation error of x is at most s_g / 2 <= max|x_g| / 32767
+ * (about 2^-15 of the group's largest |x|), zero for values with at most 8 significant bits that are at least 2^-7
+ * of the power of two at or below the group's max|x| (bf16 activations whose nonzero values in a group span less
+ * than 2^7). The result per group is
+ * (sum X (c - 8)) * (scale * s_g) + zero * (sum X) * s_g, the f32 kernel's formula on the rounded x.
+ *
+ * Measured on the development VM (benchmarks/cpu-avx512-2core.md, cpu session): in cache (scratch harness, one
+ * core, 8 blocks x 5120 in L2, best of 400) 48.2 GB/s against 19.8 for the f32 kernel; from DRAM (cargo bench
+ * cpu_gemv, 17408 x 5120, 1.5 GiB, shared machine, quiet minutes, 05:08-05:13 UTC) 0.89-0.93 of the read probe
+ * on 1 thread and 0.88-0.92 on 2 against 0.74-0.83 / 0.75-0.83 for the f32 kernel in the same runs. The f32 kernel stays the
+ * Base path (Ext::Base), the path for CPUs without VBMI, for several activation rows and for inputs the int16
+ * form cannot hold.
+ *
+ * VBMI is not among build.rs's AVX-512 flags; the kernel carries it as a target attribute and the Rust side calls
+ * it only where kernels::cpu::has_avx512_vbmi() (the activation encoder below needs only the base AVX-512 set). One
+ * activation row only (the several-row path is the tiled f32 GEMM above). */
+#define W4I_NB 4
+/* Each stream prefetches 3 KiB ahead into L1, where the other GEMVs prefetch 4 KiB into L2: this kernel spends
+ * less than half the core time per line, so lines are wanted sooner. From DRAM (cargo bench cpu_gemv, shared machine,
+ * 04:56-04:59 UTC, same runs as the base kernel): 0.90-0.93 of the read probe on 1 thread against 0.84-0.89 with
+ * 4 KiB into L2; the scratch harness (1 thread, 3 repetitions each) gave 0.88-0.91 for 3 KiB into L1, 0.83-0.85
+ * for 4 KiB into L2, 0.86-0.93 for 2 KiB into L1, 0.84-0.94 for 1 KiB into L1 (noisier). */
+#define W4I_PREFETCH 3072
+__attribute__((target("avx512vbmi"))) static inline __attribute__((always_inline)) void
+w4a16i_blocks(const int16_t *xq, const float *xs, const int32_t *xsum, size_t k, const uint8_t *packed,
+              const uint16_t *sz, size_t npad, size_t group, size_t n, size_t b, float *y, const int nb) {
+    /* output dword d <- bytes (row kk byte c0 + d, -, row kk+1 byte c0 + d, -); the '-' bytes are zeroed by mk */
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i idx0 = _mm512_add_epi32(_mm512_or_si512(iota, _mm512_slli_epi32(iota, 16)),
+                                          _mm512_set1_epi32(0x00200000));
+    const __m512i idx1 = _mm512_add_epi32(idx0, _mm512_set1_epi32(0x00100010));
+    const __mmask64 mk = 0x5555555555555555ull;
+    size_t groups = (k + group - 1) / group;
+    __m512 out[W4I_NB][4];
+    for (int j = 0; j < nb; j++)
+        for (int q = 0; q < 4; q++) out[j][q] = _mm512_setzero_ps();
+    for (size_t g = 0; g < groups; g++) {
+        size_t k0 = g * group, k1 = min_sz(k0 + group, k);
+        __m512i f[W4I_NB][2], h[W4I_NB][2];
+        const __m512i f0 = _mm512_set1_epi32(-136 * xsum[g]), h0 = _mm512_set1_epi32(-8 * xsum[g]);
+        for (int j = 0; j < nb; j++) {
+            f[j][0] = f[j][1] = f0;
+            h[j][0] = h[j][1] = h0;
+            prefetch_sz(sz, g + 1, groups, npad, b + (size_t)j);
+        }
+        for (size_t kk = k0; kk < k1; kk += 2) {
+            int32_t xw;
+            memcpy(&xw, xq + kk, 4);
+            __m512i xb = _mm512_set1_epi32(xw);
+            /* k odd: the last pair has one row; its second half is not loaded (and X[k] is 0) */
+            __mmask64 ml = kk + 1 < k ? ~(__mmask64)0 : (__mmask64)0xFFFFFFFFu;
+            for (int j = 0; j < nb; j++) {
+                const uint8_t *src = packed + (b + (size_t)j) * k * 32 + kk * 32;
+                _mm_prefetch((const char *)src + W4I_PREFETCH, _MM_HINT_T0);
+                __m512i v = _mm512_maskz_loadu_epi8(ml, src);
+                __m512i p0 = _mm512_maskz_permutexvar_epi8(mk, idx0, v), p1 = _mm512_maskz_permutexvar_epi8(mk, idx1, v);
+                f[j][0] = _mm512_dpwssd_epi32(f[j][0], p0, xb);
+                h[j][0] = _mm512_dpwssd_epi32(h[j][0], _mm512_srli_epi16(p0, 4), xb);
+                f[j][1] = _mm512_dpwssd_epi32(f[j][1], p1, xb);
+                h[j][1] = _mm512_dpwssd_epi32(h[j][1], _mm512_srli_epi16(p1, 4), xb);
+            }
+        }
+        const __m512 vs = _mm512_set1_ps(xs[g]), vsx = _mm512_set1_ps((float)xsum[g] * xs[g]);
+        for (int j = 0; j < nb; j++) {
+            const uint16_t *s = sz + (g * npad + (b + (size_t)j) * 64) * 2;
+            __m512i a[4] = {_mm512_sub_epi32(f[j][0], _mm512_slli_epi32(h[j][0], 4)),
+                            _mm512_sub_epi32(f[j][1], _mm512_slli_epi32(h[j][1], 4)), h[j][0], h[j][1]};
+            for (int q = 0; q < 4; q++) {
+                __m512 sc, ze;
+                load_sz16(s + 32 * q, &sc, &ze);
+                out[j][q] = _mm512_fmadd_ps(_mm512_mul_ps(sc, vs), _mm512_cvtepi32_ps(a[q]), out[j][q]);
+                out[j][q] = _mm512_fmadd_ps(ze, vsx, out[j][q]);
+            }
+        }
+    }
+    for (int j = 0; j < nb; j++) {
+        size_t bj = b + (size_t)j, cols = min_sz(n - bj * 64, 64);
+        for (int q = 0; q < 4; q++) {
+            size_t cq = cols > (size_t)(16 * q) ? cols - 16 * q : 0;
+            _mm512_mask_storeu_ps(y + bj * 64 + 16 * q, mask_n(cq), out[j][q]);
+        }
+    }
+}
+
+__attribute__((target("avx512vbmi"))) void ef_w4a16_avx512vbmi(const int16_t *xq, const float *xs, const int32_t *xsum,
+                                                                size_t k, const uint8_t *packed, const uint16_t *sz,
+                                                                size_t npad, size_t group, size_t n, size_t b0,
+                                                                size_t b1, float *y) {
+    size_t b = b0;
+    for (; b + W4I_NB <= b1; b += W4I_NB) w4a16i_blocks(xq, xs, xsum, k, packed, sz, npad, group, n, b, y, W4I_NB);
+    for (; b < b1; b++) w4a16i_blocks(xq, xs, xsum, k, packed, sz, npad, group, n, b, y, 1);
+}
+
+/* Builds xq, xs, xsum of ef_w4a16_avx512vbmi from x[k]: per group, s = the power of two at or above
+ * max|x| / 32767 and X = round-to-nearest-even(x / s), saturated to int16 (it never needs to be: |x / s| <= 32767
+ * up to the rounding of the division); a group of zeros gets s = 0 and X = 0. Returns 0 (the caller runs the f32
+ * kernel) when a value is not finite or s would be below the smallest normal f32 (0 < max|x| < ~3.9e-34); 1
+ * otherwise. */
+int ef_w4a16_xq_avx512(const float *x, size_t k, size_t group, int16_t *xq, float *xs, int32_t *xsum) {
+    size_t groups = (k + group - 1) / group;
+    for (size_t g = 0; g < groups; g++) {
+        size_t k0 = g * group, k1 = min_sz(k0 + group, k);
+        __m512 amax = _mm512_setzero_ps();
+        for (size_t kk = k0; kk < k1; kk += 16) {
+            __mmask16 mk = mask_n(k1 - kk);
+            __m512 a = _mm512_abs_ps(_mm512_maskz_loadu_ps(mk, x + kk));
+            if (_mm512_mask_cmp_ps_mask(mk, a, _mm512_set1_ps(3.4028234663852886e38f), _CMP_LE_OQ) != mk) return 0;
+            amax = _mm512_max_ps(amax, a);
+        }
+        float m = _mm512_reduce_max_ps(amax), s = 0.0f;
+        __m512i sum = _mm512_setzero_si512();
+        if (m > 0.0f) {
+            s = m / 32767.0f;
+            if (s < 1.17549435e-38f) return 0;
+            uint32_t sb;
+            memcpy(&sb, &s, sizeof sb);
+            if (sb & 0x7FFFFFu) sb = (sb & 0x7F800000u) + 0x00800000u;
+            memcpy(&s, &sb, sizeof s);
+            const __m512 inv = _mm512_set1_ps(1.0f / s);
+            for (size_t kk = k0; kk < k1; kk += 16) {
+                __mmask16 mk = mask_n(k1 - kk);
+                __m512i X = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + kk), inv),
+                                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                __m256i X16 = _mm512_cvtsepi32_epi16(X);
+                _mm256_mask_storeu_epi16(xq + kk, mk, X16);
+                sum = _mm512_add_epi32(sum, _mm512_cvtepi16_epi32(_mm256_maskz_mov_epi16(mk, X16)));
+            }
+        } else {
+            for (size_t kk = k0; kk < k1; kk += 16) _mm256_mask_storeu_epi16(xq + kk, mask_n(k1 - kk), _mm256_setzero_si256());
+        }
+        xs[g] = s;
+        xsum[g] = _mm512_reduce_add_epi32(sum);
+    }
+    if (k & 1) xq[k] = 0;
+    return 1;
+}
+
 /* ----------------------------------------------------------------------------------------------------------------
  * W4A8: the same packed layout on the symmetric grid, int8 activations, VNNI dot products. */
 

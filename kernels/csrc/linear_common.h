@@ -56,6 +56,13 @@ void ef_w4a8_avx512vbmi(const int8_t *xq, const float *xs, const int32_t *xsum, 
                         const uint8_t *packed, const uint16_t *sz, size_t npad, size_t group, size_t n, size_t b0,
                         size_t b1, float *y);
 
+/* W4A16 GEMV (one activation row) on integer dot products (vpermb + vpdpwssd, see linear_avx512.c): x as int16 per
+ * group (xq [k rounded up to even]), the group scales xs [groups] (powers of two) and sums xsum [groups] of xq;
+ * blocks b0..b1 of y[n]. ef_w4a16_xq_avx512 builds them from x[k]; 0 where x cannot be held that way. */
+void ef_w4a16_avx512vbmi(const int16_t *xq, const float *xs, const int32_t *xsum, size_t k, const uint8_t *packed,
+                         const uint16_t *sz, size_t npad, size_t group, size_t n, size_t b0, size_t b1, float *y);
+int ef_w4a16_xq_avx512(const float *x, size_t k, size_t group, int16_t *xq, float *xs, int32_t *xsum);
+
 /* NVFP4 GEMV (one activation row) on integer dot products: x as three int8 limbs per 128-element chunk (xq, 384
  * bytes per chunk), the bias correction xnb (16 int32 per chunk) and the per-lane x scales xs (16 per chunk, see linear_avx512.c);
  * x itself (f32, natural order) only for the tail groups past the last full chunk. Rows r0..r1 of y[n]. */

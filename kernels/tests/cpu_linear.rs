@@ -3,7 +3,7 @@
 
 use kernels::cpu::Isa;
 use kernels::formats::{e4m3_to_f32, f32_to_bf16};
-use kernels::linear::{self, Bf16Weights, Fp8Weights, Int4Scheme, Int4Weights, Nvfp4Weights};
+use kernels::linear::{self, Bf16Weights, Ext, Fp8Weights, Int4Scheme, Int4Weights, Nvfp4Weights};
 use kernels::reference::linear as reference;
 use kernels::KernelError;
 use rand::{Rng, SeedableRng};
@@ -109,6 +109,25 @@ fn every_path_of_this_cpu_is_exercised() {
     assert!(Isa::available().contains(&Isa::Scalar));
 }
 
+/// The W4A16 integer GEMV (AVX-512 + VBMI, `m == 1`, [`Ext::Auto`]) holds each x to within max |x| / 32767 of
+/// its group, so beyond the f32 bound it may differ by `sum_c max_g |x| / 32767 * |w_c|` (`int4_rep`).
+fn int4_rep(x: &[f32], m: usize, l: &reference::Int4Logical) -> Vec<f64> {
+    let (n, k, group) = (l.n, l.k, l.group);
+    let mut rep = vec![0.0; m * n];
+    for i in 0..m {
+        let gmax: Vec<f64> = x[i * k..(i + 1) * k]
+            .chunks(group)
+            .map(|g| g.iter().fold(0f64, |a, &v| a.max(f64::from(v.abs()))))
+            .collect();
+        for r in 0..n {
+            rep[i * n + r] = (0..k)
+                .map(|c| gmax[c / group] / 32767.0 * l.at(r, c).abs())
+                .sum();
+        }
+    }
+    rep
+}
+
 #[test]
 fn w4a16_matches_reference_on_every_path_shape_group_and_thread_count() {
     for (case, &(m, n, k)) in SHAPES.iter().enumerate() {
@@ -124,14 +143,29 @@ fn w4a16_matches_reference_on_every_path_shape_group_and_thread_count() {
                     let g = (col / group) * n + row;
                     8.0 * f64::from(logical.scales[g].abs()) + f64::from(logical.zeros[g].abs())
                 });
+                let rep = int4_rep(&x, m, &logical);
                 for isa in Isa::available() {
                     for &threads in &THREADS {
-                        let mut y = poisoned(m * n);
-                        let ran = linear::w4a16_with(isa, threads, &x, m, &packed, &mut y).unwrap();
-                        assert_eq!(ran, isa, "w4a16 has its own code on every path");
-                        let what =
-                            format!("w4a16 {isa:?} t{threads} m{m} n{n} k{k} g{group} {scheme:?}");
-                        assert_close(&what, &y, &want, &mag, F32_REL);
+                        for ext in [Ext::Base, Ext::Auto] {
+                            let mut y = poisoned(m * n);
+                            let ran = linear::w4a16_ext(isa, ext, threads, &x, m, &packed, &mut y)
+                                .unwrap();
+                            assert_eq!(ran.isa, isa, "w4a16 has its own code on every path");
+                            let int = isa == Isa::Avx512
+                                && ext == Ext::Auto
+                                && m == 1
+                                && kernels::cpu::has_avx512_vbmi();
+                            assert_eq!(ran.vbmi, int, "the integer GEMV runs exactly where it can");
+                            let what = format!(
+                                "w4a16 {isa:?} {ext:?} t{threads} m{m} n{n} k{k} g{group} {scheme:?}"
+                            );
+                            let bound: Vec<f64> = mag
+                                .iter()
+                                .zip(&rep)
+                                .map(|(&a, &e)| F32_REL * a + if int { e } else { 0.0 })
+                                .collect();
+                            assert_close(&what, &y, &want, &bound, 1.0);
+                        }
                     }
                 }
             }
@@ -350,20 +384,25 @@ fn bf16_matches_reference_with_f32_and_bf16_activations() {
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
     // Threads split output columns, so every element is computed by the same code in the same order: bit-identical.
-    let (m, n, k) = (3, 200, 320);
-    let mut r = rng("threads", &[]);
-    let w = weights(&mut r, n, k);
-    let x = activations(&mut r, m, k);
-    let packed = Int4Weights::quantize(&w, n, k, 64, Int4Scheme::Asymmetric).unwrap();
-    let mut one = vec![0.0; m * n];
-    linear::w4a16_with(Isa::detected(), 1, &x, m, &packed, &mut one).unwrap();
-    for threads in [2, 3, 7] {
-        let mut y = poisoned(m * n);
-        linear::w4a16_with(Isa::detected(), threads, &x, m, &packed, &mut y).unwrap();
-        assert_eq!(
-            one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-        );
+    // m = 1 is the GEMV (on a VBMI CPU the integer kernel, whose int16 activations are built once per call and
+    // shared by every thread), m = 3 the tiled GEMM.
+    for m in [1, 3] {
+        // 10 blocks: two threads take 8 and 2 (units of 4), more threads fewer blocks each.
+        let (n, k) = (600, 320);
+        let mut r = rng("threads", &[m]);
+        let w = weights(&mut r, n, k);
+        let x = activations(&mut r, m, k);
+        let packed = Int4Weights::quantize(&w, n, k, 64, Int4Scheme::Asymmetric).unwrap();
+        let mut one = vec![0.0; m * n];
+        linear::w4a16_with(Isa::detected(), 1, &x, m, &packed, &mut one).unwrap();
+        for threads in [2, 3, 7] {
+            let mut y = poisoned(m * n);
+            linear::w4a16_with(Isa::detected(), threads, &x, m, &packed, &mut y).unwrap();
+            assert_eq!(
+                one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+        }
     }
 }
 

@@ -337,3 +337,154 @@ fn nvfp4_vbmi_integer_gemv_matches_the_reference() {
     let ran = linear::nvfp4_ext(Isa::Avx512, Ext::Auto, 1, &x3, 3, &w, &mut y3).unwrap();
     assert!(!ran.vbmi, "m > 1 takes the tiled f32 kernel");
 }
+
+/// The W4A16 GEMV on integer dot products (AVX-512 + VBMI: int16 activations per group, `vpermb` + `vpdpwssd`)
+/// against the f64 reference, next to the f32 kernel (`Ext::Base`) on the same inputs. Shapes walk the kernel's
+/// branches: four blocks side by side and the single-block rest (n = 67, 130, 301, 64), ragged last blocks, odd
+/// `k` (a last pair of k-rows with one row) and short tail groups, groups 32 / 64 / 128, asymmetric (nonzero zero
+/// points) and symmetric weights, 1, 2 and 5 threads. Bound: the f32 one (`F32_REL` of the |x w| terms) plus the
+/// representation of x, `sum_c max_g |x| / 32767 * |w_c|` (each x is held to half of its group's power-of-two
+/// scale, at most max_g |x| / 32767). bf16 activations whose groups span less than 2^6 are held exactly, so there
+/// the f32 bound alone must hold. Inputs the integer form cannot hold (NaN, infinity, a group below ~3.9e-34) and
+/// `m > 1` must take the f32 kernels.
+#[test]
+fn w4a16_vbmi_integer_gemv_matches_the_reference() {
+    use kernels::formats::{bf16_to_f32, f32_to_bf16};
+    use kernels::linear::{Ext, Int4Scheme, Int4Weights};
+    if !Isa::available().contains(&Isa::Avx512) {
+        eprintln!("skipped: no AVX-512 on this CPU");
+        return;
+    }
+    let vbmi = kernels::cpu::has_avx512_vbmi();
+    eprintln!("avx512vbmi on this CPU: {vbmi}");
+    let cases = [
+        (67usize, 333usize, 32usize),
+        (130, 320, 64),
+        (301, 1001, 128),
+        (64, 2, 32),
+        (257, 5120, 128),
+    ];
+    for (case, &(n, k, group)) in cases.iter().enumerate() {
+        let mut r = ChaCha8Rng::seed_from_u64(0x4a16_0000 + case as u64);
+        let wf: Vec<f32> = (0..n * k).map(|_| r.gen_range(-0.3f32..0.3)).collect();
+        let plain = activations(&mut r, k);
+        let outliers: Vec<f32> = plain
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| if i % 7 == 3 { v * 1000.0 } else { v })
+            .collect();
+        // an all-zero group and a group of magnitudes around 1e-20 (both representable)
+        let mut mixed = plain.clone();
+        mixed[..group.min(k)].iter_mut().for_each(|v| *v = 0.0);
+        if k >= 2 * group {
+            mixed[group..2 * group].iter_mut().for_each(|v| *v *= 1e-20);
+        }
+        // bf16 of magnitudes in [2^-5, 2) and zeros: every group spans less than 2^6, so held exactly
+        let narrow: Vec<u16> = (0..k)
+            .map(|_| {
+                let v = if r.gen_bool(0.1) {
+                    0.0
+                } else {
+                    r.gen_range(0.03125f32..2.0) * if r.gen() { 1.0 } else { -1.0 }
+                };
+                f32_to_bf16(v)
+            })
+            .collect();
+        let wide: Vec<u16> = outliers.iter().map(|&v| f32_to_bf16(v)).collect();
+        let narrow_f: Vec<f32> = narrow.iter().map(|&b| bf16_to_f32(b)).collect();
+        let wide_f: Vec<f32> = wide.iter().map(|&b| bf16_to_f32(b)).collect();
+        for scheme in [Int4Scheme::Asymmetric, Int4Scheme::Symmetric] {
+            let w = Int4Weights::quantize(&wf, n, k, group, scheme).unwrap();
+            let l = w.to_logical();
+            for (name, xf, xb, exact) in [
+                ("uniform", &plain, None, false),
+                ("outliers", &outliers, None, false),
+                ("zero and tiny groups", &mixed, None, false),
+                ("bf16 narrow", &narrow_f, Some(&narrow), true),
+                ("bf16 outliers", &wide_f, Some(&wide), false),
+            ] {
+                let want = reference::int4_linear(xf, 1, &l);
+                let gmax: Vec<f64> = xf
+                    .chunks(group)
+                    .map(|g| g.iter().fold(0f64, |a, &v| a.max(f64::from(v.abs()))))
+                    .collect();
+                let (mag, rep): (Vec<f64>, Vec<f64>) = (0..n)
+                    .map(|row| {
+                        (0..k).fold((0.0, 0.0), |(m, e), c| {
+                            let wa = l.at(row, c).abs();
+                            (
+                                m + f64::from(xf[c].abs()) * wa,
+                                e + gmax[c / group] / 32767.0 * wa,
+                            )
+                        })
+                    })
+                    .unzip();
+                for threads in [1usize, 2, 5] {
+                    let what = format!("w4a16 {name} n{n} k{k} g{group} {scheme:?} t{threads}");
+                    for ext in [Ext::Base, Ext::Auto] {
+                        let mut y = vec![f32::NAN; n];
+                        let ran = match xb {
+                            Some(b) => {
+                                linear::w4a16_ext(Isa::Avx512, ext, threads, b, 1, &w, &mut y)
+                            }
+                            None => linear::w4a16_ext(Isa::Avx512, ext, threads, xf, 1, &w, &mut y),
+                        }
+                        .unwrap();
+                        assert_eq!(ran.isa, Isa::Avx512, "{what} {ext:?}");
+                        assert_eq!(
+                            ran.vbmi,
+                            ext == Ext::Auto && vbmi,
+                            "{what} {ext:?}: the integer kernel runs exactly for Auto on a VBMI CPU"
+                        );
+                        for (i, &g) in y.iter().enumerate() {
+                            let err = (f64::from(g) - f64::from(want[i])).abs();
+                            let x_rep = if ran.vbmi && !exact { rep[i] } else { 0.0 };
+                            let bound = F32_REL * mag[i] + x_rep + 1e-30;
+                            assert!(
+                                g.is_finite() && err <= bound,
+                                "{what} {ext:?} (vbmi={}): column {i}: got {g}, want {}, error {err:e} > \
+                                 {bound:e} (|terms| {:e}, x representation {:e})",
+                                ran.vbmi,
+                                want[i],
+                                mag[i],
+                                rep[i]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Inputs that must take the f32 kernel even on Auto.
+    let (n, k, group) = (70usize, 384usize, 128usize);
+    let mut r = ChaCha8Rng::seed_from_u64(0x4a16_ffff);
+    let wf: Vec<f32> = (0..n * k).map(|_| r.gen_range(-0.3f32..0.3)).collect();
+    let w = Int4Weights::quantize(&wf, n, k, group, Int4Scheme::Asymmetric).unwrap();
+    let l = w.to_logical();
+    let mut y = vec![0f32; n];
+    for (bad, v) in [("NaN", f32::NAN), ("infinity", f32::INFINITY)] {
+        let mut x = activations(&mut r, k);
+        x[200] = v;
+        let ran = linear::w4a16_ext(Isa::Avx512, Ext::Auto, 2, &x, 1, &w, &mut y).unwrap();
+        assert!(!ran.vbmi, "{bad} activations must take the f32 kernel");
+        assert!(
+            y.iter().all(|v| !v.is_finite()),
+            "a {bad} activation reaches every column"
+        );
+    }
+    let mut tiny = activations(&mut r, k);
+    tiny[128..256].iter_mut().for_each(|v| *v *= 1e-35);
+    let want = reference::int4_linear(&tiny, 1, &l);
+    let ran = linear::w4a16_ext(Isa::Avx512, Ext::Auto, 2, &tiny, 1, &w, &mut y).unwrap();
+    assert!(!ran.vbmi, "a group below ~3.9e-34 must take the f32 kernel");
+    for (i, (&g, &e)) in y.iter().zip(&want).enumerate() {
+        assert!(
+            (g - e).abs() <= 1e-4 * e.abs().max(1.0),
+            "tiny group: column {i}: {g} vs {e}"
+        );
+    }
+    let mut y3 = vec![0f32; 3 * n];
+    let x3: Vec<f32> = (0..3 * k).map(|_| r.gen_range(-1.0f32..1.0)).collect();
+    let ran = linear::w4a16_ext(Isa::Avx512, Ext::Auto, 1, &x3, 3, &w, &mut y3).unwrap();
+    assert!(!ran.vbmi, "m > 1 takes the tiled f32 kernel");
+}

@@ -5,8 +5,9 @@
 //! CPU has (`*`), and a `*_with(isa, threads, ..)` form that tests and benchmarks use to drive a given path. Both
 //! return the [`Isa`] that actually ran, so a caller (and every test) can see when a format falls back to another
 //! path. Today every format has scalar, AVX2 and AVX-512 code; the AVX2 path has no tiled GEMM (each row is a GEMV).
-//! W4A8 and the NVFP4 GEMV also have AVX-512 + VBMI kernels, taken on [`Isa::Avx512`] where the CPU has
-//! AVX512-VBMI; `w4a8_ext` / `nvfp4_ext` report them ([`Ran`]) and [`Ext::Base`] opts out of them.
+//! W4A8 and the W4A16 and NVFP4 GEMVs also have AVX-512 + VBMI kernels, taken on [`Isa::Avx512`] where the CPU
+//! has AVX512-VBMI; `w4a8_ext` / `w4a16_ext` / `nvfp4_ext` report them ([`Ran`]) and [`Ext::Base`] opts out of
+//! them.
 //! Threads split the output features (64-column blocks for int4, 64-row panels otherwise) through
 //! [`crate::cpu::parallel_ranges`]; every output element is written exactly once.
 //!
@@ -129,6 +130,31 @@ mod ffi {
             global: f32,
             r0: usize,
             r1: usize,
+            y: *mut f32,
+        );
+    }
+    #[cfg(edgefit_x86_kernels)]
+    extern "C" {
+        pub(crate) fn ef_w4a16_xq_avx512(
+            x: *const f32,
+            k: usize,
+            group: usize,
+            xq: *mut i16,
+            xs: *mut f32,
+            xsum: *mut i32,
+        ) -> i32;
+        pub(crate) fn ef_w4a16_avx512vbmi(
+            xq: *const i16,
+            xs: *const f32,
+            xsum: *const i32,
+            k: usize,
+            packed: *const u8,
+            sz: *const u16,
+            npad: usize,
+            group: usize,
+            n: usize,
+            b0: usize,
+            b1: usize,
             y: *mut f32,
         );
     }
@@ -477,12 +503,63 @@ pub fn w4a16_with<'a>(
     w: &Int4Weights,
     y: &mut [f32],
 ) -> Result<Isa, KernelError> {
+    w4a16_ext(isa, Ext::Auto, threads, x, m, w, y).map(|r| r.isa)
+}
+
+/// W4A16 on a given path, variant choice and thread count; returns the kernel that ran. On [`Isa::Avx512`] with
+/// [`Ext::Auto`], a CPU with AVX512-VBMI and one activation row (`m == 1`), the GEMV runs on integer dot products
+/// (x as int16 per group with a power-of-two scale, `vpermb` + `vpdpwssd`, see `csrc/linear_avx512.c`). Its
+/// results match the f32 kernel's up to rounding plus the representation of x: each x is held to within
+/// max |x| / 32767 of its group (bf16 activations exactly, unless a group spans more than 2^7 in magnitude).
+/// Activations with a non-finite value, or a group with 0 < max |x| < ~3.9e-34, take the f32 kernel, as does
+/// `m > 1` (the tiled GEMM); the returned [`Ran`] says which ran.
+pub fn w4a16_ext<'a>(
+    isa: Isa,
+    ext: Ext,
+    threads: usize,
+    x: impl Into<Activations<'a>>,
+    m: usize,
+    w: &Int4Weights,
+    y: &mut [f32],
+) -> Result<Ran, KernelError> {
     const OP: &str = "w4a16";
     let x = x.into();
     check_io(OP, &x, m, w.n(), w.k(), y)?;
-    let (Ran { isa: ran, .. }, f) = W4A16.pick(OP, isa, Ext::Auto)?;
+    let (Ran { isa: ran, .. }, f) = W4A16.pick(OP, isa, ext)?;
     let x = x.to_f32();
     let out = OutPtr(y.as_mut_ptr());
+    #[cfg(edgefit_x86_kernels)]
+    if ran == Isa::Avx512 && ext == Ext::Auto && m == 1 && crate::cpu::has_avx512_vbmi() {
+        if let Some(xq) = W4a16Xq::new(&x, w.group()) {
+            parallel_ranges(w.blocks(), INT4_BLOCK_ALIGN, threads, |b0, b1| {
+                // SAFETY: xq.q holds k rounded up to even int16, xq.xs and xq.sum ceil(k/group) elements (built
+                // from x just above); the packed buffer and scales have the sizes `Int4Weights` guarantees for
+                // (n, k, group), y is [n] (checked); b0..b1 are block indices below `blocks()` and this thread
+                // writes only their columns. The CPU reports avx512vbmi, which the kernel's target attribute adds
+                // to the AVX-512 set `Isa::Avx512` guarantees.
+                unsafe {
+                    ffi::ef_w4a16_avx512vbmi(
+                        xq.q.as_ptr(),
+                        xq.xs.as_ptr(),
+                        xq.sum.as_ptr(),
+                        w.k(),
+                        w.packed().as_ptr(),
+                        w.scales_zeros().as_ptr(),
+                        w.npad(),
+                        w.group(),
+                        w.n(),
+                        b0,
+                        b1,
+                        out.get(),
+                    )
+                }
+            });
+            return Ok(Ran {
+                isa: Isa::Avx512,
+                vbmi: true,
+            });
+        }
+    }
     parallel_ranges(w.blocks(), INT4_BLOCK_ALIGN, threads, |b0, b1| {
         // SAFETY: x is [m, k], the packed buffer and scales have the sizes `Int4Weights` guarantees for (n, k,
         // group), y is [m, n] (all checked above); b0..b1 are block indices below `blocks()`, and this thread
@@ -503,7 +580,46 @@ pub fn w4a16_with<'a>(
             )
         }
     });
-    Ok(ran)
+    Ok(Ran {
+        isa: ran,
+        vbmi: false,
+    })
+}
+
+/// One activation row as the W4A16 integer kernel reads it: int16 codes (`k` rounded up to even, the pad 0), and
+/// per group the power-of-two scale and the sum of the codes.
+#[cfg(edgefit_x86_kernels)]
+struct W4a16Xq {
+    q: Vec<i16>,
+    xs: Vec<f32>,
+    sum: Vec<i32>,
+}
+
+#[cfg(edgefit_x86_kernels)]
+impl W4a16Xq {
+    /// `None` when a group cannot be held this way (a non-finite value, or 0 < max |x| < ~3.9e-34, where the
+    /// scale would be an f32 subnormal): the caller then runs the f32 kernel, which handles every input. Built
+    /// once per call, on the calling thread, and shared by every block and thread.
+    fn new(x: &[f32], group: usize) -> Option<Self> {
+        let k = x.len();
+        let groups = k.div_ceil(group);
+        let mut q = vec![0i16; k + (k & 1)];
+        let mut xs = vec![0f32; groups];
+        let mut sum = vec![0i32; groups];
+        // SAFETY: x holds k elements, q k rounded up to even, xs and sum ceil(k/group); the caller checked
+        // Isa::Avx512, the encoder's instruction set.
+        let ok = unsafe {
+            ffi::ef_w4a16_xq_avx512(
+                x.as_ptr(),
+                k,
+                group,
+                q.as_mut_ptr(),
+                xs.as_mut_ptr(),
+                sum.as_mut_ptr(),
+            )
+        };
+        (ok == 1).then_some(Self { q, xs, sum })
+    }
 }
 
 /// 64-column blocks per thread unit for the int4 kernels: the AVX-512 GEMV walks four blocks side by side (four

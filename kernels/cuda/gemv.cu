@@ -13,15 +13,16 @@
 // Tensor cores (*_mma_n8, *_mma_n16, see blockq_gemv_mma below): one 16-row tile per block.
 //
 // The NVFP4 decode path (Rust: Gpu::nvfp4_repack_tiles at load, Gpu::nvfp4_gemv_tiles per call): nvfp4_repack_mma
-// makes the tile layout, gemv_act_frag_nvfp4[_zero] converts the activations, nvfp4_gemv_tiles_n{8,16}_u{1,2}
-// multiply (end of this file, with the analysis of what bounds them).
+// makes the tile layout, gemv_act_frag_nvfp4[_zero] converts the activations, nvfp4_gemv_tiles_n8_u1 (m <= 8 with
+// two K splits) and nvfp4_gemv_mma_tile_pre_n8/_n16 (one split) multiply (end of this file, with the analysis of
+// what bounds them).
 //
-// Design-sweep variants (issue 4; Rust: Gpu::*_preconverted, *_m1_sweep, *_m1_bulk, nvfp4_gemv_tiles_variant;
-// timed by kernels/bench/h200/bench_gemv.py against the kernels Auto picks, which it keeps until then):
-// fp8_block_gemv_m1_r2_u{2,4}_{pf,sk} (L2 prefetch hint; split-K with atomics), fp8_block_gemv_m1_bulk_* (rows
-// streamed into shared-memory rings by cp.async.bulk), gemv_act_frag_* + *_mma_pre_* (activations converted once
-// per call to f16 B fragments; FP8 at m >= 9 in Gpu::fp8_block_gemv_with_scratch), nvfp4_gemv_mma_tile[_pre]_*
-// (the first tile-layout kernels, kept as the benchmark's reference for the ones above).
+// Variants (issue 4; Rust: Gpu::*_preconverted, nvfp4_gemv_tiles_variant; timed by kernels/bench/h200/bench_gemv.py
+// against the kernels Auto picks, which it keeps until then): gemv_act_frag_* + *_mma_pre_* (activations converted
+// once per call to f16 B fragments; FP8 in Gpu::fp8_block_gemv_with_scratch), nvfp4_gemv_mma_tile_n* (tile layout,
+// activations converted in the GEMV) and nvfp4_gemv_tiles_n16_u1. The persistent stream-K kernels (one wave of
+// blocks, a cp.async ring per warp, partial sums by atomics; FP8 and NVFP4) lost to these at every shape in s3-run1
+// and were deleted: numbers in the documentation of Gpu::fp8_block_gemv_with and nvfp4_tiles_auto (src/cuda/gemv.rs).
 //
 // Outputs are fp32 [m][n]. The Rust side checks k % 16 == 0 (FP8) or k % 32 == 0 (NVFP4), m <= 16 (and <= the
 // entry's MT), and every buffer's length; its allocations are 256-byte aligned.
@@ -33,20 +34,12 @@ constexpr int GEMV_WARPS = 8;
 constexpr int GEMV_THREADS = GEMV_WARPS * 32;
 constexpr int GEMV_UNROLL = 4;
 
-// PF: weight loads carry the L2 256-byte prefetch hint (ld_stream_l2_256). SPLIT: blockIdx.y picks one of
-// gridDim.y contiguous K ranges (multiples of 512 values), and the partial sums are added into y with atomics, so
-// y must be zeroed first (the caller does); for short matrices whose row pairs fill only ~2.4 blocks per SM.
-template <int MT, int RW, int U, bool PF = false, bool SPLIT = false>
+template <int MT, int RW, int U>
 __device__ __forceinline__ void fp8_block_gemv(const uint16_t* __restrict__ x, const uint8_t* __restrict__ w,
                                                const float* __restrict__ scales, float* __restrict__ y, int m,
                                                int n, int k) {
     const int lane = threadIdx.x & 31;
-    int kbeg = 0, kend = k;
-    if (SPLIT) {
-        const int per = (((k + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y)) + 511) & ~511;
-        kbeg = min(k, static_cast<int>(blockIdx.y) * per);
-        kend = min(k, kbeg + per);
-    }
+    const int kbeg = 0, kend = k;
     const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * RW;
     if (row0 >= n) return;  // whole warps leave together: rows are per warp
     const int kb = (k + 127) >> 7;
@@ -73,8 +66,7 @@ __device__ __forceinline__ void fp8_block_gemv(const uint16_t* __restrict__ x, c
             const int kk = base + u * 512;
 #pragma unroll
             for (int r = 0; r < RW; ++r)
-                wv[r][u] = kk < kend ? (PF ? ld_stream_l2_256(wrow[r] + kk) : ld_stream(wrow[r] + kk))
-                                     : make_uint4(0, 0, 0, 0);
+                wv[r][u] = kk < kend ? ld_stream(wrow[r] + kk) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -121,12 +113,7 @@ __device__ __forceinline__ void fp8_block_gemv(const uint16_t* __restrict__ x, c
         for (int mi = 0; mi < MT; ++mi) {
             if (mi < m) {
                 const float v = warp_sum(acc[r][mi]);
-                if (lane == 0 && live[r]) {
-                    if (SPLIT)
-                        atomicAdd(y + static_cast<size_t>(mi) * n + row0 + r, v);
-                    else
-                        y[static_cast<size_t>(mi) * n + row0 + r] = v;
-                }
+                if (lane == 0 && live[r]) y[static_cast<size_t>(mi) * n + row0 + r] = v;
             }
         }
     }
@@ -246,43 +233,24 @@ EDGEFIT_GEMV_ENTRIES(4)
 EDGEFIT_GEMV_ENTRIES(8)
 EDGEFIT_GEMV_ENTRIES(16)
 
-// Variants for the benchmark's design sweep (M = 1, grid ceil(n / (GEMV_WARPS * RW))); not called from Rust.
-#define EDGEFIT_FP8_VARIANT(RW, U)                                                                                \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                    \
-        fp8_block_gemv_m1_r##RW##_u##U(const uint16_t* x, const uint8_t* w, const float* scales, float* y, int m, \
-                                       int n, int k) {                                                            \
-        fp8_block_gemv<1, RW, U>(x, w, scales, y, m, n, k);                                                       \
-    }
-EDGEFIT_FP8_VARIANT(1, 8)
-EDGEFIT_FP8_VARIANT(2, 4)
-EDGEFIT_FP8_VARIANT(2, 2)
-EDGEFIT_FP8_VARIANT(4, 2)
-// M = 1 variants of the H200 "next step" sweep (benchmarks/h200.md: 47% of cycles with no eligible warp at 54
-// registers, and 5120-row matrices filling only ~2.4 blocks per SM). _pf: the r2u2 kernel with the L2 256-byte
-// prefetch hint on every weight load (more bytes per request, same registers). _sk: r2u2 split over gridDim.y K
-// ranges, atomics into a zeroed y (grid (ceil(n / 16), splits)). Rust: Gpu::fp8_block_gemv_m1_sweep.
-#define EDGEFIT_FP8_M1_EXTRA(RW, U)                                                                               \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                    \
-        fp8_block_gemv_m1_r##RW##_u##U##_pf(const uint16_t* x, const uint8_t* w, const float* scales, float* y,   \
-                                            int m, int n, int k) {                                                \
-        fp8_block_gemv<1, RW, U, true, false>(x, w, scales, y, m, n, k);                                          \
-    }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                    \
-        fp8_block_gemv_m1_r##RW##_u##U##_sk(const uint16_t* x, const uint8_t* w, const float* scales, float* y,   \
-                                            int m, int n, int k) {                                                \
-        fp8_block_gemv<1, RW, U, false, true>(x, w, scales, y, m, n, k);                                           \
-    }
-EDGEFIT_FP8_M1_EXTRA(2, 2)
-EDGEFIT_FP8_M1_EXTRA(2, 4)
+// M = 1 on the CUDA cores: two rows per warp, two 16-byte loads in flight per row, the best of session 1's sweep
+// of rows per warp x loads in flight (r1u8, r2u4, r2u2, r4u2: r2u2 best or within noise on all four shapes,
+// 25.2 us on 5120x17408; benchmarks/h200.md history). The variants that lost were deleted with the s2-run5
+// sweep's (L2::256B prefetch hints 0.99-1.01x, split-K 1.01x at best, cp.async.bulk rings 0.48-0.80x).
+// Grid ceil(n / (GEMV_WARPS * 2)).
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS)
+    fp8_block_gemv_m1_r2_u2(const uint16_t* x, const uint8_t* w, const float* scales, float* y, int m, int n,
+                            int k) {
+    fp8_block_gemv<1, 2, 2>(x, w, scales, y, m, n, k);
+}
 #define EDGEFIT_NVFP4_VARIANT(RW, U)                                                                              \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                                 \
         nvfp4_gemv_m1_r##RW##_u##U(const uint16_t* x, const uint8_t* w, const uint8_t* scales, float global_scale, \
                                    float* y, int m, int n, int k) {                                               \
         nvfp4_gemv<1, RW, U>(x, w, scales, global_scale, y, m, n, k);                                             \
     }
+// Rust: Auto's CUDA-core NVFP4 kernel for m = 1 on n >= 16384 (r4u2 and r4u4 lost at every shape and were deleted).
 EDGEFIT_NVFP4_VARIANT(2, 4)
-EDGEFIT_NVFP4_VARIANT(4, 2)
-EDGEFIT_NVFP4_VARIANT(4, 4)
 
 // ---------------------------------------------------------------------------------------------------------------
 // Tensor-core GEMV for M = 1..16 (mma.sync m16n8k16, f16 operands, fp32 accumulation). The CUDA-core kernels above
@@ -675,14 +643,24 @@ EDGEFIT_MMA_VARIANTS(2, n16)
 // short blocks whose start, reduction and tail are a large share. Besides, each chunk also loaded 2 KiB of B
 // fragments per token tile from L2 (twice the weight bytes), of which 7/8 are zeros at m = 1.
 //
-// So this kernel, otherwise the same arithmetic: U chunks in flight per warp (U = 2: 2 KiB, twice the bytes in
-// flight at the same occupancy if the registers stay <= 64); blockIdx.y splits the K chunks into gridDim.y ranges
-// (more blocks, hence warps, on short matrices; the partial sums go into y with atomicAdd, y zeroed by
+// So this kernel, otherwise the same arithmetic: blockIdx.y splits the K chunks into gridDim.y ranges (more
+// blocks, hence warps, on short matrices; the partial sums go into y with atomicAdd, y zeroed by
 // gemv_act_frag_nvfp4_zero; with two splits the sum 0 + a + b is the same in either order, so results stay
-// deterministic); and lanes of tokens past m load no fragments. With U = 1 and one split, each warp adds the
-// same chunks in the same order as nvfp4_gemv_mma_pre_n*, so the outputs are bitwise those of the checkpoint-layout
-// preconverted kernel (the tests check it); with U = 2 too (a warp still walks chunks warp, warp + 8, ...).
-template <int NT, int U>
+// deterministic); and lanes of tokens past m load no fragments. Each warp adds the same chunks in the same order as
+// nvfp4_gemv_mma_pre_n*, so with one split the outputs are bitwise those of the checkpoint-layout preconverted
+// kernel (the tests check it). Two chunks in flight per warp, both loaded before either is decoded (U = 2), lost
+// at every shape in s2-run3 and s2-run5 (e.g. lm_head m = 1 283 vs 224 us) and was deleted. With one split Rust
+// runs nvfp4_gemv_mma_tile_pre_n* instead (s3-run1: 1-4% faster at m <= 8, 4-25% at m > 8, same bits; the
+// _n16 build here is capped at 64 registers by __launch_bounds__(256, 4)).
+//
+// Register double buffering (the next chunk's two 16-byte loads and scale word issued before the current chunk is
+// decoded; tried in s3, not built): under this kernel's bound of 48 registers (__launch_bounds__(256, 5)) ptxas -v
+// spills 100 bytes with the three loads before the decode, 24-84 bytes with the second 16-byte load moved down into
+// the mma loop, still 4 bytes (one LDL per chunk) when the mmas also accumulate straight into acc (other bits). It
+// is spill-free only with the loads after the 5th of the 8 mmas, where the SASS issues them ~16 instructions before
+// the end of the loop: no double buffering left. The 9 registers need the 64 of 4 blocks per SM, which would leave
+// the 5120-row shapes' 640 blocks (two splits) 1.2 waves of 528.
+template <int NT>
 __device__ __forceinline__ void nvfp4_gemv_tiles_pre(const uint4* __restrict__ xf, const uint8_t* __restrict__ w,
                                                      const uint32_t* __restrict__ scales, float global_scale,
                                                      float* __restrict__ y, int m, int n, int k) {
@@ -709,52 +687,40 @@ __device__ __forceinline__ void nvfp4_gemv_tiles_pre(const uint4* __restrict__ x
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
 
-    for (int c0 = cbeg + warp; c0 < cend; c0 += W * U) {
-        uint4 la[U], lb[U];
-        uint32_t s4[U];
+    for (int c = cbeg + warp; c < cend; c += W) {
+        const uint4 la = ld_stream(wt + static_cast<size_t>(c) * 1024);
+        const uint4 lb = ld_stream(wt + static_cast<size_t>(c) * 1024 + 512);
+        const uint32_t s4 = __ldg(st + static_cast<size_t>(c) * 32);
+        uint32_t bx[NT][16];
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = c0 + u * W;
-            const bool in = c < cend;  // warp-uniform
-            la[u] = in ? ld_stream(wt + static_cast<size_t>(c) * 1024) : make_uint4(0, 0, 0, 0);
-            lb[u] = in ? ld_stream(wt + static_cast<size_t>(c) * 1024 + 512) : make_uint4(0, 0, 0, 0);
-            s4[u] = in ? __ldg(st + static_cast<size_t>(c) * 32) : 0u;
+        for (int t = 0; t < NT; ++t) {
+#pragma unroll
+            for (int v = 0; v < 4; ++v) {
+                const uint4 b = live[t] ? __ldg(xl + ((static_cast<size_t>(c) * NT + t) * 4 + v) * 32)
+                                        : make_uint4(0, 0, 0, 0);
+                bx[t][4 * v] = b.x;
+                bx[t][4 * v + 1] = b.y;
+                bx[t][4 * v + 2] = b.z;
+                bx[t][4 * v + 3] = b.w;
+            }
+        }
+        uint32_t ax[16], bxw[16];
+        nvfp4_a_fragments(la, lb, s4, ax, bxw);
+        float part[NT][4];
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) part[t][i] = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const uint32_t a[4] = {ax[2 * j], bxw[2 * j], ax[2 * j + 1], bxw[2 * j + 1]};
+#pragma unroll
+            for (int t = 0; t < NT; ++t) mma_16816(part[t], a, bx[t][2 * j], bx[t][2 * j + 1]);
         }
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = c0 + u * W;
-            if (c >= cend) break;
-            uint32_t bx[NT][16];
+        for (int t = 0; t < NT; ++t)
 #pragma unroll
-            for (int t = 0; t < NT; ++t) {
-#pragma unroll
-                for (int v = 0; v < 4; ++v) {
-                    const uint4 b = live[t] ? __ldg(xl + ((static_cast<size_t>(c) * NT + t) * 4 + v) * 32)
-                                            : make_uint4(0, 0, 0, 0);
-                    bx[t][4 * v] = b.x;
-                    bx[t][4 * v + 1] = b.y;
-                    bx[t][4 * v + 2] = b.z;
-                    bx[t][4 * v + 3] = b.w;
-                }
-            }
-            uint32_t ax[16], bxw[16];
-            nvfp4_a_fragments(la[u], lb[u], s4[u], ax, bxw);
-            float part[NT][4];
-#pragma unroll
-            for (int t = 0; t < NT; ++t)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) part[t][i] = 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const uint32_t a[4] = {ax[2 * j], bxw[2 * j], ax[2 * j + 1], bxw[2 * j + 1]};
-#pragma unroll
-                for (int t = 0; t < NT; ++t) mma_16816(part[t], a, bx[t][2 * j], bx[t][2 * j + 1]);
-            }
-#pragma unroll
-            for (int t = 0; t < NT; ++t)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[t][i] += part[t][i];
-        }
+            for (int i = 0; i < 4; ++i) acc[t][i] += part[t][i];
     }
 
     const float post = 16384.f * global_scale;
@@ -784,16 +750,14 @@ __device__ __forceinline__ void nvfp4_gemv_tiles_pre(const uint4* __restrict__ x
 
 // Grid (ceil(n/16), splits), 256 threads; xf from gemv_act_frag_nvfp4 (splits = 1) or gemv_act_frag_nvfp4_zero
 // (splits > 1: y must be zero). n8: m <= 8 (nt = 1), n16: m <= 16 (nt = 2).
-#define EDGEFIT_NVFP4_TILES(NTILES, SUFFIX, U, MINB)                                                              \
-    extern "C" __global__ void __launch_bounds__(256, MINB) nvfp4_gemv_tiles_##SUFFIX##_u##U(                     \
+#define EDGEFIT_NVFP4_TILES(NTILES, SUFFIX, MINB)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256, MINB) nvfp4_gemv_tiles_##SUFFIX##_u1(                       \
         const uint4* xf, const uint8_t* wr, const uint32_t* sr, float global_scale, float* y, int m, int n,       \
         int k) {                                                                                                  \
-        nvfp4_gemv_tiles_pre<NTILES, U>(xf, wr, sr, global_scale, y, m, n, k);                                    \
+        nvfp4_gemv_tiles_pre<NTILES>(xf, wr, sr, global_scale, y, m, n, k);                                       \
     }
-EDGEFIT_NVFP4_TILES(1, n8, 1, 5)
-EDGEFIT_NVFP4_TILES(1, n8, 2, 4)
-EDGEFIT_NVFP4_TILES(2, n16, 1, 4)
-EDGEFIT_NVFP4_TILES(2, n16, 2, 3)
+EDGEFIT_NVFP4_TILES(1, n8, 5)
+EDGEFIT_NVFP4_TILES(2, n16, 4)
 
 // gemv_act_frag_nvfp4 that also zeroes y[0 .. ylen) (grid-stride), for the split-K launches above. Same grid.
 extern "C" __global__ void __launch_bounds__(256) gemv_act_frag_nvfp4_zero(const uint16_t* x, uint4* xf, int m,
@@ -804,137 +768,3 @@ extern "C" __global__ void __launch_bounds__(256) gemv_act_frag_nvfp4_zero(const
         y[i] = 0.f;
     gemv_act_frag<1>(x, xf, m, k, nt);
 }
-
-// ---------------------------------------------------------------------------------------------------------------
-// FP8 m = 1 through the bulk-copy engine (issue 4 item 2; Rust: Gpu::fp8_block_gemv_m1_bulk). The register-fed
-// kernel (fp8_block_gemv_m1_r2_u2) holds 2 KiB per warp in flight in registers, and its 5120-row launches fill
-// only ~2.4 blocks per SM: 80-84% of copy on the layer shapes. Here the bytes in flight live in shared memory
-// instead: each warp owns a ring of S stages of SB bytes; its lane 0 issues one 1-D bulk copy (cp.async.bulk, the
-// TMA engine without a tensor map) per stage with an mbarrier counting the bytes, and the warp consumes a stage once
-// the barrier's phase completes, then lane 0 refills it with the stage S ahead. So a warp keeps up to S * SB bytes
-// in flight with a handful of registers, independent of the compute.
-//
-// Work: warp wg (of gridDim.x * BULK_WARPS) owns rows [wg * rpw, min(n, wg * rpw + rpw)) (rpw from the launcher:
-// ceil(n / warps) for a grid sized to stay resident in one wave), streamed row by row in stages of up to SB bytes
-// (the last stage of a row holds k % SB bytes when that is not 0). Lane l takes the 16-byte pieces l, l + 32, ...
-// of a stage (conflict-free: the warp reads 512 contiguous bytes per instruction), multiplies them with x (bf16,
-// L1-cached) as the register kernel does, block scale per 16 values, and the row's sum is a warp reduction, stored
-// once per row (no atomics, deterministic). Needs k % 16 == 0 (bulk copies are 16-byte multiples at 16-byte
-// aligned addresses: the rows start at multiples of k bytes from a 256-byte-aligned base).
-constexpr int BULK_WARPS = 4;
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile(
-            "{\n\t.reg .pred p;\n\t"
-            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-            "selp.u32 %0, 1, 0, p;\n\t}"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
-
-template <int S, int SB>
-__device__ __forceinline__ void fp8_gemv_m1_bulk(const uint16_t* __restrict__ x, const uint8_t* __restrict__ w,
-                                                 const float* __restrict__ scales, float* __restrict__ y, int n,
-                                                 int k, int rpw) {
-    static_assert(SB % 512 == 0, "a stage is whole 512-byte warp reads");
-    __shared__ __align__(128) uint8_t ring[BULK_WARPS][S][SB];
-    __shared__ __align__(8) uint64_t bars[BULK_WARPS][S];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int wg = blockIdx.x * BULK_WARPS + warp;
-    const int r0 = wg * rpw;  // the launcher keeps gridDim.x * BULK_WARPS * rpw < 2^31 + rpw
-    if (r0 >= n) return;      // whole warps leave together; nothing is shared between warps
-    const int r1 = min(n, r0 + rpw);
-    const int spr = (k + SB - 1) / SB;  // stages per row
-    const int total = (r1 - r0) * spr;
-    const int kb = (k + 127) >> 7;
-    uint8_t* my = &ring[warp][0][0];
-    const uint32_t bar0 = smem_u32(&bars[warp][0]);
-
-    // Lane 0 issues stage j of this warp's sequence into ring slot j % S.
-    auto issue = [&](int j) {
-        if (j >= total) return;
-        const int slot = j % S;
-        const int row = r0 + j / spr, kofs = (j % spr) * SB;
-        const uint32_t bytes = static_cast<uint32_t>(min(SB, k - kofs));
-        const uint32_t bar = bar0 + 8 * slot;
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                smem_u32(my + slot * SB)),
-            "l"(w + static_cast<size_t>(row) * k + kofs), "r"(bytes), "r"(bar)
-            : "memory");
-    };
-    if (lane == 0) {
-#pragma unroll
-        for (int s = 0; s < S; ++s)
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar0 + 8 * s) : "memory");
-        // Make the initialised barriers visible to the async proxy (the bulk copies complete on them).
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        for (int j = 0; j < S; ++j) issue(j);
-    }
-    __syncwarp();
-
-    float acc = 0.f;
-    for (int j = 0; j < total; ++j) {
-        const int slot = j % S;
-        const int row = r0 + j / spr, kofs = (j % spr) * SB;
-        const int pieces = min(SB, k - kofs) >> 4;
-        mbar_wait(bar0 + 8 * slot, static_cast<uint32_t>((j / S) & 1));
-        const uint8_t* buf = my + slot * SB;
-        const float* srow = scales + static_cast<size_t>(row >> 7) * kb;
-#pragma unroll 4
-        for (int p = lane; p < pieces; p += 32) {
-            const uint4 wv = *reinterpret_cast<const uint4*>(buf + p * 16);
-            const int kk = kofs + p * 16;
-            const uint4* xp = reinterpret_cast<const uint4*>(x + kk);
-            float xf[16];
-            bf16x8_to_float(__ldg(xp), xf);
-            bf16x8_to_float(__ldg(xp + 1), xf + 8);
-            const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
-            float d = 0.f;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float2 a = e4m3x2_to_float2(ws[i]);
-                const float2 b = e4m3x2_to_float2(ws[i] >> 16);
-                d = fmaf(a.x, xf[4 * i], d);
-                d = fmaf(a.y, xf[4 * i + 1], d);
-                d = fmaf(b.x, xf[4 * i + 2], d);
-                d = fmaf(b.y, xf[4 * i + 3], d);
-            }
-            // A 16-aligned piece never straddles a 128-wide scale block.
-            acc = fmaf(d, __ldg(srow + (kk >> 7)), acc);
-        }
-        if (j % spr == spr - 1) {  // the row's last stage
-            const float v = warp_sum(acc);
-            if (lane == 0) y[row] = v;
-            acc = 0.f;
-        }
-        // Every lane has read the slot (its values are in registers): lane 0 refills it. The proxy fence orders
-        // the warp's generic-proxy reads before the async-proxy writes of the next copy.
-        __syncwarp();
-        if (lane == 0) {
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            issue(j + S);
-        }
-    }
-}
-
-// BULK_WARPS warps per block, grid ceil(n / (BULK_WARPS * rpw)); static shared memory S * SB * BULK_WARPS bytes
-// (32 KiB for every entry, so up to 6 blocks per SM).
-#define EDGEFIT_FP8_BULK(S, SB, NAME)                                                                             \
-    extern "C" __global__ void __launch_bounds__(BULK_WARPS * 32) fp8_block_gemv_m1_bulk_##NAME(                  \
-        const uint16_t* x, const uint8_t* w, const float* scales, float* y, int n, int k, int rpw) {              \
-        fp8_gemv_m1_bulk<S, SB>(x, w, scales, y, n, k, rpw);                                                      \
-    }
-EDGEFIT_FP8_BULK(4, 2048, s4b2k)
-EDGEFIT_FP8_BULK(2, 4096, s2b4k)
-EDGEFIT_FP8_BULK(8, 1024, s8b1k)

@@ -1,7 +1,7 @@
 //! The decode GEMVs beyond `KernelPath` (issue 4: the NVFP4 decode path `Gpu::nvfp4_repack_tiles` +
-//! `Gpu::nvfp4_gemv_tiles` and its variants `Gpu::nvfp4_gemv_tiles_variant`, `Gpu::fp8_block_gemv_with_scratch`,
-//! and the sweep variants `Gpu::fp8_block_gemv_preconverted`, `Gpu::fp8_block_gemv_m1_sweep`,
-//! `Gpu::fp8_block_gemv_m1_bulk`, `Gpu::nvfp4_gemv_preconverted`) against `kernels::reference::linear`: fresh random inputs each run (the seed is
+//! `Gpu::nvfp4_gemv_tiles` and its variant `Gpu::nvfp4_gemv_tiles_variant`, `Gpu::fp8_block_gemv_with_scratch`,
+//! and the variants `Gpu::fp8_block_gemv_preconverted` and `Gpu::nvfp4_gemv_preconverted`) against
+//! `kernels::reference::linear`: fresh random inputs each run (the seed is
 //! printed), every m from 1 to 16, n not a multiple of the 16-row tile or of two rows per warp, k at the constraint
 //! (FP8: k % 16 == 0, not a multiple of 32 or 128; NVFP4: k % 32 == 0, not a multiple of 128), outputs and scratch
 //! poisoned before the launch (NaN outputs fail as unwritten), stated error bounds. The messages name the variant,
@@ -88,39 +88,6 @@ fn fp8_preconverted_activations_match_the_reference_for_every_m() {
 }
 
 #[test]
-fn fp8_m1_sweep_kernels_match_the_reference() {
-    let Some(gpu) = gpu() else { return };
-    let mut rng = rng("fp8_block_gemv_m1_sweep");
-    // k = 4112 = 8 x 512 + 16: split ranges of 512-value multiples leave a ragged last range; 3 splits of 1040
-    // leave one range empty (per = 512, ranges 0..512, 512..1024, 1024..1040); 64 splits of 400 leave most empty.
-    for &(n, k) in &[(300, 400), (17, 1040), (33, 4112), (1, 16)] {
-        let w = uniform(&mut rng, n * k, 0.05);
-        let (codes, scales) = reference::linear::quantize_fp8_block(&w, n, k);
-        let (xb, xf) = bf16_activations(&mut rng, k);
-        let want = reference::linear::fp8_block_linear(&xf, 1, &codes, &scales, n, k);
-        let (dx, dw, ds) = (
-            gpu.upload(&xb).unwrap(),
-            gpu.upload(&codes).unwrap(),
-            gpu.upload(&scales).unwrap(),
-        );
-        for four_loads in [false, true] {
-            for splits in [None, Some(1), Some(2), Some(3), Some(7), Some(64)] {
-                let mut dy = gpu.upload(&vec![f32::NAN; n]).unwrap();
-                gpu.fp8_block_gemv_m1_sweep(four_loads, splits, &dx, &dw, &ds, &mut dy, n, k)
-                    .unwrap();
-                let got = gpu.download(&dy).unwrap();
-                check(
-                    &format!("fp8 m=1 four_loads={four_loads} splits={splits:?} n={n} k={k}"),
-                    &got,
-                    &want,
-                    n,
-                );
-            }
-        }
-    }
-}
-
-#[test]
 fn nvfp4_preconverted_and_tile_layout_match_the_reference_for_every_m() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("nvfp4_gemv_variants");
@@ -146,7 +113,7 @@ fn nvfp4_preconverted_and_tile_layout_match_the_reference_for_every_m() {
             check(&what("preconverted"), &gpu.download(&dy).unwrap(), &want, n);
 
             let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-            gpu.nvfp4_gemv_tiles_variant(&dx, &tiles, global, &mut dy, None, m, 1, 1)
+            gpu.nvfp4_gemv_tiles_variant(&dx, &tiles, global, &mut dy, None, m, 1)
                 .unwrap();
             check(
                 &what("tiles, activations converted in the GEMV"),
@@ -162,8 +129,8 @@ fn nvfp4_preconverted_and_tile_layout_match_the_reference_for_every_m() {
                 .unwrap();
             check(&what("tiles, Auto"), &gpu.download(&dy).unwrap(), &want, n);
 
-            // Chunks in flight x K splits; 16 splits of k = 32 or 544 (1 or 5 chunks) leave most ranges empty.
-            for (chunks, splits) in [(1, 1), (2, 1), (1, 2), (2, 2), (2, 3), (1, 16)] {
+            // K splits; 16 splits of k = 32 or 544 (1 or 5 chunks) leave most ranges empty.
+            for splits in [1, 2, 3, 16] {
                 let mut scratch = poisoned_scratch(&gpu, len);
                 let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
                 gpu.nvfp4_gemv_tiles_variant(
@@ -173,14 +140,11 @@ fn nvfp4_preconverted_and_tile_layout_match_the_reference_for_every_m() {
                     &mut dy,
                     Some(&mut scratch),
                     m,
-                    chunks,
                     splits,
                 )
                 .unwrap();
                 check(
-                    &what(&format!(
-                        "tiles + preconverted, {chunks} chunk(s) in flight, {splits} K split(s)"
-                    )),
+                    &what(&format!("tiles + preconverted, {splits} K split(s)")),
                     &gpu.download(&dy).unwrap(),
                     &want,
                     n,
@@ -191,8 +155,9 @@ fn nvfp4_preconverted_and_tile_layout_match_the_reference_for_every_m() {
 }
 
 /// The repacked weights reproduce the checkpoint-layout kernel bit for bit: same decode, same order of the
-/// additions, so any difference is a misplaced byte or scale. Larger n with a ragged last tile. Also with two
-/// chunks in flight (a warp still adds its chunks in the same order), and two K splits give the same bits on
+/// additions, so any difference is a misplaced byte or scale. The variant with one split runs
+/// `nvfp4_gemv_tiles_n{8,16}_u1`, `Auto` at m > 8 `nvfp4_gemv_mma_tile_pre_n16` (both compared here; `Auto`'s
+/// `_pre_n8` in the tall-matrix test below). Larger n with a ragged last tile. Two K splits give the same bits on
 /// every run (0 + a + b in either order).
 #[test]
 fn nvfp4_tile_layout_matches_the_checkpoint_layout_exactly() {
@@ -212,24 +177,23 @@ fn nvfp4_tile_layout_matches_the_checkpoint_layout_exactly() {
         gpu.nvfp4_gemv_preconverted(&dx, &dw, &ds, global, &mut y1, &mut s1, m, n, k)
             .unwrap();
         let a = gpu.download(&y1).unwrap();
-        for chunks in [1, 2] {
-            let mut y2 = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-            gpu.nvfp4_gemv_tiles_variant(&dx, &tiles, global, &mut y2, Some(&mut s2), m, chunks, 1)
+        let mut y2 = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+        gpu.nvfp4_gemv_tiles_variant(&dx, &tiles, global, &mut y2, Some(&mut s2), m, 1)
+            .unwrap();
+        let b = gpu.download(&y2).unwrap();
+        assert_same_bits(&format!("m={m} n={n} k={k}, tile layout"), &a, &b, n);
+        if m > 8 {
+            let mut s3 = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
+            let mut y3 = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            gpu.nvfp4_gemv_tiles(&dx, &tiles, global, &mut y3, &mut s3, m)
                 .unwrap();
-            let b = gpu.download(&y2).unwrap();
-            for (i, (p, q)) in a.iter().zip(&b).enumerate() {
-                assert!(
-                    p.to_bits() == q.to_bits(),
-                    "m={m} n={n} k={k} chunks={chunks}: token {} row {}: checkpoint layout {p}, tile layout {q}",
-                    i / n,
-                    i % n
-                );
-            }
+            let c = gpu.download(&y3).unwrap();
+            assert_same_bits(&format!("m={m} n={n} k={k}, tile layout, Auto"), &a, &c, n);
         }
         let mut runs = Vec::new();
         for _ in 0..3 {
             let mut y3 = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-            gpu.nvfp4_gemv_tiles_variant(&dx, &tiles, global, &mut y3, Some(&mut s2), m, 2, 2)
+            gpu.nvfp4_gemv_tiles_variant(&dx, &tiles, global, &mut y3, Some(&mut s2), m, 2)
                 .unwrap();
             runs.push(gpu.download(&y3).unwrap());
         }
@@ -246,15 +210,70 @@ fn nvfp4_tile_layout_matches_the_checkpoint_layout_exactly() {
     }
 }
 
+/// Panics at the first element whose bits differ between the checkpoint-layout kernel's output (`want`) and `got`.
+fn assert_same_bits(what: &str, want: &[f32], got: &[f32], n: usize) {
+    assert_eq!(want.len(), got.len(), "{what}: lengths");
+    for (i, (p, q)) in want.iter().zip(got).enumerate() {
+        assert!(
+            p.to_bits() == q.to_bits(),
+            "{what}: token {} row {}: checkpoint layout {p}, got {q}",
+            i / n,
+            i % n
+        );
+    }
+}
+
+/// `Auto` on more than 8192 rows: one K split at every m, so m <= 8 runs `nvfp4_gemv_mma_tile_pre_n8` (the
+/// 5120-row tests above take two splits there). n = 8200 leaves a half tile, k = 160 one full and one partial
+/// 128-value chunk. Against the reference, and bit for bit against the checkpoint layout.
+#[test]
+fn nvfp4_tiles_auto_on_tall_matrices_matches_the_reference() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("nvfp4_tiles_auto_tall");
+    let (n, k) = (8200, 160);
+    let w = uniform(&mut rng, n * k, 0.05);
+    let (packed, scales, global) = reference::linear::quantize_nvfp4(&w, n, k);
+    let (dw, ds) = (gpu.upload(&packed).unwrap(), gpu.upload(&scales).unwrap());
+    let tiles = gpu.nvfp4_repack_tiles(&dw, &ds, n, k).unwrap();
+    for m in [1, 3, 8, 9, 16] {
+        let (xb, xf) = bf16_activations(&mut rng, m * k);
+        let want = reference::linear::nvfp4_linear(&xf, m, &packed, &scales, global, n, k);
+        let dx = gpu.upload(&xb).unwrap();
+        let mut scratch = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
+        let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+        gpu.nvfp4_gemv_tiles(&dx, &tiles, global, &mut dy, &mut scratch, m)
+            .unwrap();
+        let got = gpu.download(&dy).unwrap();
+        check(
+            &format!("nvfp4 tiles, Auto, m={m} n={n} k={k}"),
+            &got,
+            &want,
+            n,
+        );
+        let mut scratch = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
+        let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+        gpu.nvfp4_gemv_preconverted(&dx, &dw, &ds, global, &mut dy, &mut scratch, m, n, k)
+            .unwrap();
+        let ckpt = gpu.download(&dy).unwrap();
+        assert_same_bits(&format!("m={m} n={n} k={k}, tiles Auto"), &ckpt, &got, n);
+    }
+}
+
 #[test]
 fn fp8_with_scratch_matches_the_reference_for_every_m() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("fp8_block_gemv_with_scratch");
-    for &(n, k) in &[(300, 400), (17, 2064)] {
+    let all: Vec<usize> = (1..=16).collect();
+    // 65540 rows: at least FP8_PRECONVERT_FROM_N, so m = 2..=8 preconvert too (a ragged tile and scale block).
+    for (n, k, ms) in [
+        (300, 400, all.clone()),
+        (17, 2064, all),
+        (65540, 48, vec![1, 2, 5, 8, 9]),
+    ] {
         let w = uniform(&mut rng, n * k, 0.05);
         let (codes, scales) = reference::linear::quantize_fp8_block(&w, n, k);
         let (dw, ds) = (gpu.upload(&codes).unwrap(), gpu.upload(&scales).unwrap());
-        for m in 1..=16 {
+        for m in ms {
             let (xb, xf) = bf16_activations(&mut rng, m * k);
             let want = reference::linear::fp8_block_linear(&xf, m, &codes, &scales, n, k);
             let dx = gpu.upload(&xb).unwrap();
@@ -268,41 +287,6 @@ fn fp8_with_scratch_matches_the_reference_for_every_m() {
                 &want,
                 n,
             );
-        }
-    }
-}
-
-/// The bulk-copy kernel: k = 4112 is one 16-byte piece past a 4 KiB stage (a 16-byte bulk copy), 1040 and 400
-/// leave partial stages of every size, k = 16 a single piece; warps_per_sm = 1 gives each warp several rows, so
-/// the rings wrap many times (the mbarrier phases alternate), 24 leaves most warps without a row.
-#[test]
-fn fp8_m1_bulk_matches_the_reference() {
-    let Some(gpu) = gpu() else { return };
-    let mut rng = rng("fp8_block_gemv_m1_bulk");
-    for &(n, k) in &[(300, 400), (1000, 4112), (33, 1040), (1, 16), (700, 2064)] {
-        let w = uniform(&mut rng, n * k, 0.05);
-        let (codes, scales) = reference::linear::quantize_fp8_block(&w, n, k);
-        let (xb, xf) = bf16_activations(&mut rng, k);
-        let want = reference::linear::fp8_block_linear(&xf, 1, &codes, &scales, n, k);
-        let (dx, dw, ds) = (
-            gpu.upload(&xb).unwrap(),
-            gpu.upload(&codes).unwrap(),
-            gpu.upload(&scales).unwrap(),
-        );
-        for stages in [2, 4, 8] {
-            for warps_per_sm in [1, 3, 16, 24] {
-                let mut dy = gpu.upload(&vec![f32::NAN; n]).unwrap();
-                gpu.fp8_block_gemv_m1_bulk(&dx, &dw, &ds, &mut dy, n, k, stages, warps_per_sm)
-                    .unwrap();
-                check(
-                    &format!(
-                        "fp8 m=1 bulk stages={stages} warps_per_sm={warps_per_sm} n={n} k={k}"
-                    ),
-                    &gpu.download(&dy).unwrap(),
-                    &want,
-                    n,
-                );
-            }
         }
     }
 }
@@ -328,19 +312,6 @@ fn gemv_variant_errors_name_the_operand() {
         .nvfp4_gemv_preconverted(&x, &w4, &s4, 1.0, &mut y, &mut small, m, n, k)
         .unwrap_err();
     assert!(e.to_string().contains("scratch"), "{e}");
-    let e = gpu
-        .fp8_block_gemv_m1_sweep(false, Some(0), &x, &w8, &s8, &mut y, n, k)
-        .unwrap_err();
-    // m = 1 wants x = [1, k]: the shape check comes first.
-    assert!(e.to_string().contains("x has 1440 elements"), "{e}");
-    let x1 = gpu.upload(&vec![0u16; k]).unwrap();
-    let mut y1 = gpu.zeros::<f32>(n).unwrap();
-    for bad in [0, 65] {
-        let e = gpu
-            .fp8_block_gemv_m1_sweep(true, Some(bad), &x1, &w8, &s8, &mut y1, n, k)
-            .unwrap_err();
-        assert!(e.to_string().contains("splits must be 1..=64"), "{e}");
-    }
     let e = gpu.nvfp4_repack_tiles(&w4, &s4, n, 144).unwrap_err();
     assert!(e.to_string().contains("multiple of 32"), "{e}");
     let e = gpu.nvfp4_repack_tiles(&w4, &s4, n + 1, k).unwrap_err();
@@ -361,37 +332,20 @@ fn gemv_variant_errors_name_the_operand() {
         .nvfp4_gemv_tiles(&x, &tiles, 1.0, &mut y, &mut small, m)
         .unwrap_err();
     assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
-    let e = gpu
-        .nvfp4_gemv_tiles_variant(&x, &tiles, 1.0, &mut y, Some(&mut big), m, 3, 1)
-        .unwrap_err();
-    assert!(
-        e.to_string().contains("chunks_in_flight must be 1 or 2"),
-        "{e}"
-    );
     for bad in [0, 17] {
         let e = gpu
-            .nvfp4_gemv_tiles_variant(&x, &tiles, 1.0, &mut y, Some(&mut big), m, 1, bad)
+            .nvfp4_gemv_tiles_variant(&x, &tiles, 1.0, &mut y, Some(&mut big), m, bad)
             .unwrap_err();
         assert!(e.to_string().contains("k_splits must be 1..=16"), "{e}");
     }
     let e = gpu
-        .nvfp4_gemv_tiles_variant(&x, &tiles, 1.0, &mut y, None, m, 1, 2)
+        .nvfp4_gemv_tiles_variant(&x, &tiles, 1.0, &mut y, None, m, 2)
         .unwrap_err();
     assert!(e.to_string().contains("without a scratch buffer"), "{e}");
     let e = gpu
         .fp8_block_gemv_with_scratch(&x, &w8, &s8, &mut y, &mut small, m, n, k)
         .unwrap_err();
     assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
-    for (stages, wps) in [(3, 4), (0, 4), (4, 0), (4, 25)] {
-        let e = gpu
-            .fp8_block_gemv_m1_bulk(&x1, &w8, &s8, &mut y1, n, k, stages, wps)
-            .unwrap_err();
-        assert!(
-            e.to_string().contains("stages must be 2, 4 or 8")
-                || e.to_string().contains("warps_per_sm must be 1..=24"),
-            "stages={stages} warps_per_sm={wps}: {e}"
-        );
-    }
     // Zero weights (e2m1 code 0) times random activations: every output written, and exactly zero.
     let mut r = rng("gemv_variant_errors");
     let xr = gpu.upload(&bf16_activations(&mut r, m * k).0).unwrap();

@@ -12,18 +12,19 @@ $OUT/bench_gemv_log.txt and prints the short table last.
 
 Arms (kernel names as in the SASS, for grepping):
   fp8  auto   fp8_block_gemv_m1_r2_u2 (m = 1) | fp8_block_gemv_mma_n8/_n16 (m > 1)      -- today's Auto
-  fp8  pre    gemv_act_frag_fp8 + fp8_block_gemv_mma_pre_n8/_n16   -- converted once; Gpu::fp8_block_gemv_with_scratch at m >= 9
-  fp8  pf2/pf4  fp8_block_gemv_m1_r2_u{2,4}_pf (m = 1)                                  -- L2::256B prefetch hint
-  fp8  sk2/sk3/sk4  memset + fp8_block_gemv_m1_r2_u2_sk with 2/3/4 K splits (m = 1)     -- split-K, atomics
-  fp8  bulk{S}w{W}  fp8_block_gemv_m1_bulk_s{S}b* (m = 1), W warps per SM                -- cp.async.bulk rings
+  fp8  pre    gemv_act_frag_fp8 + fp8_block_gemv_mma_pre_n8/_n16   -- converted once
+      (Gpu::fp8_block_gemv_with_scratch: pre at m >= 9, and at m >= 2 on n >= 65536; auto otherwise)
   nv4  auto   nvfp4_gemv_mma_n8/_n16                          -- Gpu::nvfp4_gemv (checkpoint layout, no repack)
   nv4  pre    gemv_act_frag_nvfp4 + nvfp4_gemv_mma_pre_n8/_n16
   nv4  tile   nvfp4_gemv_mma_tile_n8/_n16 (weights repacked once by nvfp4_repack_mma)
-  nv4  tilepre  gemv_act_frag_nvfp4 + nvfp4_gemv_mma_tile_pre_n8/_n16                  -- run s2-run3's best
-  nv4  t{U}k{S}  gemv_act_frag_nvfp4[_zero] + nvfp4_gemv_tiles_n8/_n16_u{U}, grid.y = S  -- Gpu::nvfp4_gemv_tiles
-      (t1k1 is what Auto launches now; U chunks in flight per warp, S K splits with atomics into y zeroed by _zero)
+  nv4  tilepre  gemv_act_frag_nvfp4 + nvfp4_gemv_mma_tile_pre_n8/_n16
+  nv4  t1k{S}  gemv_act_frag_nvfp4[_zero] + nvfp4_gemv_tiles_n8/_n16_u1, grid.y = S   -- Gpu::nvfp4_gemv_tiles_variant
+      (Gpu::nvfp4_gemv_tiles's Auto: t1k2 at m <= 8 on n <= 8192, tilepre everywhere else)
+The last table names, per case, the fastest correct arm and the arm the library's Auto runs for it (`with_scratch`
+for FP8, `nvfp4_gemv_tiles` for NVFP4: the decode paths), so a wrong Auto entry shows as a gain > 1.
+The persistent stream-K arms (p*, pp*) lost everywhere in s3-run1 and were deleted with their kernels.
 
-Registers of the new kernels as the driver compiled this PTX are logged ("regs"): occupancy is the point.
+Registers of the tile kernels as the driver compiled this PTX are logged ("regs").
 """
 
 import json
@@ -66,7 +67,7 @@ def rel(y, ref):
     return ((y.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-BEST = []  # (format, shape, m, best arm, its us, auto us)
+BEST = []  # (format, shape, m, best arm, its us, the library Auto's arm, its us, best's fraction of copy)
 
 
 def fp8_case(n, k, m, sets, w8, sc, copy_bw, one, wbf):
@@ -92,26 +93,6 @@ def fp8_case(n, k, m, sets, w8, sc, copy_bw, one, wbf):
         launch(fp, g16, (256,), (ptr(xf), ptr(w8[i]), ptr(sc[i]), ptr(y), i32(m), i32(n), i32(k)))
 
     arms["pre"] = pre
-    if m == 1:
-        for u in (2, 4):
-            fv = kern("gemv", f"fp8_block_gemv_m1_r2_u{u}_pf")
-            arms[f"pf{u}"] = (lambda fv: lambda i: launch(fv, g16, (256,), args(i)))(fv)
-        fs = kern("gemv", "fp8_block_gemv_m1_r2_u2_sk")
-        for s in (2, 3, 4):
-            def sk(i, s=s):
-                y.zero_()
-                launch(fs, (g16[0], s), (256,), args(i))
-            arms[f"sk{s}"] = sk
-        # Bulk-copy rings (Gpu::fp8_block_gemv_m1_bulk): rows spread over SMS * W warps, 4 warps per block.
-        for st, nm in ((4, "s4b2k"), (2, "s2b4k"), (8, "s8b1k")):
-            fb = kern("gemv", f"fp8_block_gemv_m1_bulk_{nm}")
-            log_regs(f"fp8_block_gemv_m1_bulk_{nm}", fb)
-            for wps in ((8, 16) if st == 4 else (16,)):
-                rpw = -(-n // (SMS * wps))
-                gb = (-(-n // (4 * rpw)),)
-                arms[f"bulk{st}w{wps}"] = (lambda fb, gb, rpw: lambda i: launch(
-                    fb, gb, (128,), (ptr(x[i]), ptr(w8[i]), ptr(sc[i]), ptr(y), i32(n), i32(k), i32(rpw))))(
-                    fb, gb, rpw)
     # Correctness of every arm against a torch dequantisation of set 0.
     # w8 holds the e4m3 codes as uint8 (the kernels' view): decode them as e4m3, not as integers (run 3 compared
     # against the integer codes and failed every arm, although the GPU tests pass).
@@ -150,7 +131,8 @@ def fp8_case(n, k, m, sets, w8, sc, copy_bw, one, wbf):
               ceiling=copy_bw, note="reference point: torch.matmul bf16")
     ok = {a: res[a][0] for a in arms if errs[a] < 1e-4}
     best = min(ok, key=ok.get) if ok else "none"
-    BEST.append(("fp8", f"N={n} K={k}", m, best, ok.get(best, float("nan")) * 1e6, res["auto"][0] * 1e6,
+    lib = "pre" if m >= 9 or (m >= 2 and n >= 65536) else "auto"  # Gpu::fp8_block_gemv_with_scratch's choice
+    BEST.append(("fp8", f"N={n} K={k}", m, best, ok.get(best, float("nan")) * 1e6, lib, res[lib][0] * 1e6,
                  moved / ok.get(best, float("nan")) / copy_bw if ok else float("nan")))
     return res["auto"]
 
@@ -169,6 +151,7 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto):
     fpre = kern("gemv", f"nvfp4_gemv_mma_pre_{sfx}")
     ft = kern("gemv", f"nvfp4_gemv_mma_tile_{sfx}")
     ftp = kern("gemv", f"nvfp4_gemv_mma_tile_pre_{sfx}")
+    log_regs(f"nvfp4_gemv_mma_tile_pre_{sfx}", ftp)
     frag = lambda i: launch(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt)))  # noqa: E731
     faz = kern("gemv", "gemv_act_frag_nvfp4_zero")
     fragz = lambda i: launch(faz, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt), ptr(y),  # noqa: E731
@@ -180,15 +163,14 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto):
         "tile": lambda i: launch(ft, g16, (256,), (ptr(x[i]), ptr(wr[i]), ptr(sr[i])) + tail()),
         "tilepre": lambda i: (frag(i), launch(ftp, g16, (256,), (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail())),
     }
-    # Gpu::nvfp4_gemv_tiles's kernels: U chunks in flight, S K splits (S > 1: y zeroed by the _zero fragment kernel).
-    for u, splits in ((1, 1), (2, 1), (1, 2), (2, 2), (2, 4)):
-        fu = kern("gemv", f"nvfp4_gemv_tiles_{sfx}_u{u}")
-        log_regs(f"nvfp4_gemv_tiles_{sfx}_u{u}", fu)
-
-        def tiles_arm(i, fu=fu, splits=splits):
+    # Gpu::nvfp4_gemv_tiles_variant's kernels: S K splits (S > 1: y zeroed by the _zero fragment kernel).
+    fu = kern("gemv", f"nvfp4_gemv_tiles_{sfx}_u1")
+    log_regs(f"nvfp4_gemv_tiles_{sfx}_u1", fu)
+    for splits in (1, 2):
+        def tiles_arm(i, splits=splits):
             (fragz if splits > 1 else frag)(i)
             launch(fu, (g16[0], splits), (256,), (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail())
-        arms[f"t{u}k{splits}"] = tiles_arm
+        arms[f"t1k{splits}"] = tiles_arm
     outs = {}
     for name, call in arms.items():
         y.fill_(float("nan"))
@@ -214,7 +196,8 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto):
                                                                  if name == "tilepre" and exact else ""))
     ok = {a: res[a][0] for a in arms if errs[a] < 1e-5}
     best = min(ok, key=ok.get) if ok else "none"
-    BEST.append(("nvfp4", f"N={n} K={k}", m, best, ok.get(best, float("nan")) * 1e6, res["auto"][0] * 1e6,
+    lib = "t1k2" if m <= 8 and n <= 8192 else "tilepre"  # Gpu::nvfp4_gemv_tiles's choice (nvfp4_tiles_auto)
+    BEST.append(("nvfp4", f"N={n} K={k}", m, best, ok.get(best, float("nan")) * 1e6, lib, res[lib][0] * 1e6,
                  moved / ok.get(best, float("nan")) / copy_bw if ok else float("nan")))
 
 
@@ -231,9 +214,6 @@ def log_regs(name, fn):
               f"{fn.local_size_bytes} B local")
     except Exception as e:  # noqa: BLE001 - informational only
         b.log(f"regs {name}: unavailable ({type(e).__name__}: {e})")
-
-
-SMS = torch.cuda.get_device_properties(0).multi_processor_count
 
 
 def main():
@@ -293,7 +273,7 @@ def main():
         b.log(f"[N={n} K={k} done at {time.time() - t0:.0f}s]")
     with open(os.path.join(OUT, "bench_gemv.json"), "w") as fh:
         json.dump({"device": props.name, "copy_GBps": copy_bw / 1e9, "rows": b.ROWS,
-                   "best": [dict(zip(("format", "shape", "m", "best", "best_us", "auto_us", "frac_copy"), r))
+                   "best": [dict(zip(("format", "shape", "m", "best", "best_us", "auto", "auto_us", "frac_copy"), r))
                             for r in BEST]}, fh, indent=1)
     print()
     print(f"copy {copy_bw / 1e12:.3f} TB/s; {time.time() - t0:.0f} s")
@@ -304,10 +284,12 @@ def main():
               f"{r['speedup']:6.2f}|{r.get('GB/s', float('nan')):6.0f}|{r.get('frac_copy', float('nan')) * 100:6.1f}|"
               f"{r['note']}")
     print()
-    print("Auto table candidates (fastest correct arm per case; auto = today's choice):")
-    print(f"{'fmt':6s}|{'shape':18s}|{'m':>3s}|{'best':9s}|{'best us':>8s}|{'auto us':>8s}|{'gain':>5s}|{'%copy':>6s}")
-    for fmt, shape, m, best, bu, au, fc in BEST:
-        print(f"{fmt:6s}|{shape:18s}|{m:3d}|{best:9s}|{bu:8.2f}|{au:8.2f}|{au / bu:5.2f}|{fc * 100:6.1f}")
+    print("Auto table candidates (fastest correct arm per case; auto = the arm the library's Auto runs, FP8 with a")
+    print("scratch buffer, NVFP4 on the tile layout):")
+    print(f"{'fmt':6s}|{'shape':18s}|{'m':>3s}|{'best':9s}|{'best us':>8s}|{'auto':9s}|{'auto us':>8s}|{'gain':>5s}|"
+          f"{'%copy':>6s}")
+    for fmt, shape, m, best, bu, lib, au, fc in BEST:
+        print(f"{fmt:6s}|{shape:18s}|{m:3d}|{best:9s}|{bu:8.2f}|{lib:9s}|{au:8.2f}|{au / bu:5.2f}|{fc * 100:6.1f}")
 
 
 if __name__ == "__main__":

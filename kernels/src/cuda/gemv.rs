@@ -28,12 +28,27 @@ impl Gpu {
 
     /// [`Gpu::fp8_block_gemv`] on a chosen kernel family (tests and benchmarks drive each one).
     ///
-    /// `Auto`'s table (H200, benchmarks/h200.md run 12): `m = 1` -> `fp8_block_gemv_m1_r2_u2` (CUDA cores, 75-106%
-    /// of copy bandwidth); `m = 2..=8` -> `fp8_block_gemv_mma_n8`, `m = 9..=16` -> `fp8_block_gemv_mma_n16` (tensor
-    /// cores, 47-94%). A caller that can lend a scratch buffer should call [`Gpu::fp8_block_gemv_with_scratch`],
-    /// whose table converts the activations once per call at `m >= 9` (1.02-1.37x there, H200 run s2-run3). The
-    /// sweep variants ([`Gpu::fp8_block_gemv_m1_sweep`], [`Gpu::fp8_block_gemv_m1_bulk`]) replace an entry only
-    /// where `kernels/bench/h200/bench_gemv.py` measures them faster ("Auto table candidates" in its output).
+    /// `Auto`'s table (H200, benchmarks/h200.md run 12): `m = 1` -> `fp8_block_gemv_m1_r2_u2` (CUDA cores, 75-106% of
+    /// copy bandwidth); `m = 2..=8` -> `fp8_block_gemv_mma_n8`, `m = 9..=16` -> `fp8_block_gemv_mma_n16` (tensor cores,
+    /// 47-94%). A caller that can lend a scratch buffer should call [`Gpu::fp8_block_gemv_with_scratch`], whose table
+    /// converts the activations once per call at `m >= 9` and on the lm_head (1.02-1.37x there, H200 runs s2-run3 to
+    /// s3-run1). A variant replaces an entry only where `kernels/bench/h200/bench_gemv.py` measures it faster ("Auto
+    /// table candidates" in its output). The s2-run5 sweep's m = 1 variants lost and were deleted: L2::256B prefetch
+    /// hints 0.99-1.01x, split-K with atomics 0.83-1.01x, `cp.async.bulk` rings per warp 0.48-0.80x of this kernel.
+    ///
+    /// Persistent stream-K kernels (one wave of `SMs x B` blocks of 4 warps, the work cut into one equal contiguous
+    /// range per warp, an S-stage `cp.async` ring per warp, partial sums by atomics) lost to this table at every
+    /// shape and m in s3-run1 (`benchmarks/h200-runs/s3-run1/bench_gemv.txt`) and were deleted. CUDA cores, m = 1,
+    /// 5120x17408: 25.19 us here (83.7% of copy) against `p4b4` 32.77, `p4b8` 32.02, `p8b4` 43.16, `p8b6` 37.52;
+    /// 5120x10240: 16.32 against 21.99 (`p4b4`); lm_head 284 against 376-405. Tensor cores with preconverted
+    /// activations (`pp3`, `pp6`): 0.45-0.72x of this table at m = 1, 4 and 16. From the SASS of that build
+    /// (cuobjdump, instructions in the main loop per KiB of weights): the single-row items lost the two-row
+    /// kernel's sharing of the activations, 257 against 133 here; the ring's bookkeeping (cursor, bounds guards,
+    /// commit/wait, the atomics' branch) doubled the tensor-core loop, 128 against 66 for
+    /// `fp8_block_gemv_mma_pre_n8`, both far under the ~300 per KiB that 85% of copy allows, so issue alone does
+    /// not explain `pp*`'s 2x. Suspected, not measured: a static equal split cannot rebalance when some SMs stream
+    /// slower (the block scheduler does that for the per-tile grids), and on the row-major FP8 layout a warp's
+    /// 128-byte pieces of 16 rows lie far from its block neighbours' (a per-tile block reads 1 KiB of each row).
     #[allow(clippy::too_many_arguments)]
     pub fn fp8_block_gemv_with(
         &self,
@@ -209,10 +224,10 @@ impl Nvfp4TileWeights {
 }
 
 /// The tile-layout NVFP4 decode path ([`Gpu::nvfp4_repack_tiles`] + [`Gpu::nvfp4_gemv_tiles`], what an engine
-/// uses), the scratch-taking FP8 entry ([`Gpu::fp8_block_gemv_with_scratch`]) and the design-sweep entry points of
-/// issue 4 (decode GEMVs on the H200): each sweep variant is timed by `kernels/bench/h200/bench_gemv.py` against
-/// the kernels `Auto` picks and checked by the tests against the reference; `Auto` takes one only once a
-/// measurement says so.
+/// uses), the scratch-taking FP8 entry ([`Gpu::fp8_block_gemv_with_scratch`]) and the variant entry points of
+/// issue 4 (decode GEMVs on the H200): each variant is timed
+/// by `kernels/bench/h200/bench_gemv.py` against the kernels `Auto` picks and checked by the tests against the
+/// reference; `Auto` takes one only once a measurement says so.
 impl Gpu {
     /// `u32` words of the activation scratch that [`Gpu::nvfp4_gemv_tiles`], [`Gpu::fp8_block_gemv_with_scratch`],
     /// [`Gpu::fp8_block_gemv_preconverted`] and [`Gpu::nvfp4_gemv_preconverted`] need for `m` rows of `k` values:
@@ -256,49 +271,6 @@ impl Gpu {
         }
         #[cfg(not(feature = "cuda"))]
         match self.never {}
-    }
-
-    /// [`Gpu::fp8_block_gemv`] for `m = 1` on the CUDA cores with two rows per warp, as `Auto` does, in one of the
-    /// sweep's forms: two (`four_loads = false`) or four 16-byte loads in flight per row; `splits = None`: every
-    /// weight load carries the L2 256-byte prefetch hint; `Some(s)` (`1..=64`): the K dimension is cut into `s`
-    /// ranges run by separate blocks that add their partial sums into `y` (zeroed first) with atomics, for
-    /// short matrices whose rows fill only a fraction of the last wave (the order of the additions varies, so
-    /// results differ from run to run in the last bits).
-    #[allow(clippy::too_many_arguments)]
-    pub fn fp8_block_gemv_m1_sweep(
-        &self,
-        four_loads: bool,
-        splits: Option<u32>,
-        x: &GpuBuffer<u16>,
-        w: &GpuBuffer<u8>,
-        scales: &GpuBuffer<f32>,
-        y: &mut GpuBuffer<f32>,
-        n: usize,
-        k: usize,
-    ) -> Result<(), KernelError> {
-        const OP: &str = "cuda::fp8_block_gemv_m1_sweep";
-        check_fp8_gemv(OP, x, w, scales, y, 1, n, k)?;
-        if let Some(s) = splits {
-            crate::ensure_shape!((1..=64).contains(&s), OP, "splits must be 1..=64, got {s}");
-        }
-        #[cfg(feature = "cuda")]
-        {
-            self.inner.fp8_block_gemv_m1_variant(
-                four_loads,
-                splits,
-                &x.slice,
-                &w.slice,
-                &scales.slice,
-                &mut y.slice,
-                n,
-                k,
-            )
-        }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = four_loads;
-            match self.never {}
-        }
     }
 
     /// [`Gpu::nvfp4_gemv`] on the tensor cores (checkpoint layout) with the activations converted once per call
@@ -385,10 +357,9 @@ impl Gpu {
     /// | 5120 x 10240 | 14.6 us, 48% | 14.7 us, 48% | 16.4 us, 43% | 18.0 / 18.1 / 27.4 us |
     /// | 248320 x 5120 (lm_head) | 197 us, 86% | 222 us, 77% | 312 us, 56% | 292 / 306 / 578 us |
     ///
-    /// (Measured with the `nvfp4_gemv_mma_tile_pre_*` kernel; the `nvfp4_gemv_tiles_*` kernels this launches do
-    /// the same arithmetic, bit for bit, and skip the loads of zero fragments. The variants of
-    /// [`Gpu::nvfp4_gemv_tiles_variant`] — two chunks in flight, K splits for the short matrices — were built from
-    /// the analysis in `cuda/gemv.cu` and replace entries of this table only once the benchmark measures them.)
+    /// (Measured with the `nvfp4_gemv_mma_tile_pre_*` kernels, which this runs with one K split.) Since s2-run5:
+    /// two K splits (`nvfp4_gemv_tiles_n8_u1`, same arithmetic, bit for bit with one split) at m <= 8 on
+    /// n <= 8192, 19.2 / 13.0 us at m = 1; the table of s3-run1 is in `nvfp4_tiles_auto`.
     pub fn nvfp4_gemv_tiles(
         &self,
         x: &GpuBuffer<u16>,
@@ -398,28 +369,30 @@ impl Gpu {
         scratch: &mut GpuBuffer<u32>,
         m: usize,
     ) -> Result<(), KernelError> {
-        let (chunks, splits) = nvfp4_tiles_auto(m, tiles.n());
+        let (kernel, splits) = nvfp4_tiles_auto(m, tiles.n());
         self.tiles_launch(
             "cuda::nvfp4_gemv_tiles",
+            kernel,
             x,
             tiles,
             global_scale,
             y,
             Some(scratch),
             m,
-            chunks,
             splits,
         )
     }
 
-    /// [`Gpu::nvfp4_gemv_tiles`] on a chosen variant (tests and the benchmark drive each one).
+    /// [`Gpu::nvfp4_gemv_tiles`] with a chosen K split (tests and the benchmark drive each one).
     ///
-    /// With `scratch` (at least [`Gpu::gemv_scratch_len`] words): activations preconverted, `chunks_in_flight`
-    /// (1 or 2) 1 KiB weight chunks loaded per warp before the first is used, and the K chunks cut into `k_splits`
-    /// (1..=16) ranges run by separate blocks whose partial sums are added into `y` with atomics (`y` is zeroed
-    /// by the conversion kernel; with 2 splits the result does not depend on the order, with more it may differ
-    /// from run to run in the last bits). Without `scratch`: the activations are converted per weight tile inside
-    /// the GEMV (`chunks_in_flight` and `k_splits` must be 1), slower at every `m` measured.
+    /// With `scratch` (at least [`Gpu::gemv_scratch_len`] words): activations preconverted, the K chunks cut into
+    /// `k_splits` (1..=16) ranges run by separate blocks whose partial sums are added into `y` with atomics (`y` is
+    /// zeroed by the conversion kernel; with 2 splits the result does not depend on the order, with more it may differ
+    /// from run to run in the last bits): `nvfp4_gemv_tiles_n8_u1` (m <= 8) or `_n16_u1`, the same products bit for bit
+    /// as `Auto`'s one-split kernels. Without `scratch`: the activations are converted per weight tile inside the GEMV
+    /// (`nvfp4_gemv_mma_tile_n*`, `k_splits` must be 1), slower at every `m` measured. Two chunks in flight per warp in
+    /// registers (`_u2`) lost at every shape in s2-run3 and s2-run5 (e.g. 283 vs 224 us on lm_head at m = 1) and was
+    /// deleted.
     #[allow(clippy::too_many_arguments)]
     pub fn nvfp4_gemv_tiles_variant(
         &self,
@@ -429,50 +402,38 @@ impl Gpu {
         y: &mut GpuBuffer<f32>,
         scratch: Option<&mut GpuBuffer<u32>>,
         m: usize,
-        chunks_in_flight: usize,
         k_splits: usize,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::nvfp4_gemv_tiles_variant";
-        crate::ensure_shape!(
-            (1..=2).contains(&chunks_in_flight),
-            OP,
-            "chunks_in_flight must be 1 or 2, got {chunks_in_flight}"
-        );
         crate::ensure_shape!(
             (1..=16).contains(&k_splits),
             OP,
             "k_splits must be 1..=16, got {k_splits}"
         );
         crate::ensure_shape!(
-            scratch.is_some() || (chunks_in_flight == 1 && k_splits == 1),
+            scratch.is_some() || k_splits == 1,
             OP,
-            "without a scratch buffer (activations converted in the GEMV) only chunks_in_flight = 1 and \
-             k_splits = 1 exist, got {chunks_in_flight} and {k_splits}"
+            "without a scratch buffer (activations converted in the GEMV) only k_splits = 1 exists, got {k_splits}"
         );
-        self.tiles_launch(
-            OP,
-            x,
-            tiles,
-            global_scale,
-            y,
-            scratch,
-            m,
-            chunks_in_flight,
-            k_splits,
-        )
+        let kernel = if scratch.is_some() {
+            TilesKernel::Split
+        } else {
+            TilesKernel::Converting
+        };
+        self.tiles_launch(OP, kernel, x, tiles, global_scale, y, scratch, m, k_splits)
     }
 
     #[allow(clippy::too_many_arguments)]
     fn tiles_launch(
         &self,
         op: &'static str,
+        kernel: TilesKernel,
         x: &GpuBuffer<u16>,
         tiles: &Nvfp4TileWeights,
         global_scale: f32,
         y: &mut GpuBuffer<f32>,
         scratch: Option<&mut GpuBuffer<u32>>,
         m: usize,
-        chunks: usize,
         splits: usize,
     ) -> Result<(), KernelError> {
         let (n, k) = (tiles.n, tiles.k);
@@ -490,6 +451,7 @@ impl Gpu {
         #[cfg(feature = "cuda")]
         {
             self.inner.nvfp4_gemv_tiles(
+                kernel,
                 &x.slice,
                 scratch.map(|s| &mut s.slice),
                 &tiles.w.slice,
@@ -499,13 +461,12 @@ impl Gpu {
                 m,
                 n,
                 k,
-                chunks,
                 splits,
             )
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = (scratch, chunks, splits);
+            let _ = (kernel, scratch, splits);
             match self.never {}
         }
     }
@@ -532,81 +493,74 @@ impl Gpu {
         const OP: &str = "cuda::fp8_block_gemv_with_scratch";
         check_fp8_gemv(OP, x, w, scales, y, m, n, k)?;
         check_scratch(OP, scratch, m, k)?;
-        if m >= FP8_PRECONVERT_FROM_M {
+        if fp8_preconverts(m, n) {
             self.fp8_block_gemv_preconverted(x, w, scales, y, scratch, m, n, k)
         } else {
             self.fp8_block_gemv_with(KernelPath::Auto, x, w, scales, y, m, n, k)
         }
     }
-
-    /// [`Gpu::fp8_block_gemv`] for `m = 1` streamed through shared memory (issue 4 item 2): each warp owns a ring
-    /// of `stages` buffers (2 x 4 KiB, 4 x 2 KiB or 8 x 1 KiB) that 1-D bulk copies (`cp.async.bulk`, completing
-    /// on mbarriers) fill while the warp consumes the previous ones, so the bytes in flight no longer cost
-    /// registers; the rows are spread over `warps_per_sm` (1..=24) warps per SM, a contiguous run of rows each.
-    /// Deterministic (one warp sums each row). A sweep variant: [`KernelPath::Auto`] does not take it until
-    /// `kernels/bench/h200/bench_gemv.py` measures it faster.
-    #[allow(clippy::too_many_arguments)]
-    pub fn fp8_block_gemv_m1_bulk(
-        &self,
-        x: &GpuBuffer<u16>,
-        w: &GpuBuffer<u8>,
-        scales: &GpuBuffer<f32>,
-        y: &mut GpuBuffer<f32>,
-        n: usize,
-        k: usize,
-        stages: usize,
-        warps_per_sm: usize,
-    ) -> Result<(), KernelError> {
-        const OP: &str = "cuda::fp8_block_gemv_m1_bulk";
-        check_fp8_gemv(OP, x, w, scales, y, 1, n, k)?;
-        crate::ensure_shape!(
-            matches!(stages, 2 | 4 | 8),
-            OP,
-            "stages must be 2, 4 or 8, got {stages}"
-        );
-        crate::ensure_shape!(
-            (1..=24).contains(&warps_per_sm),
-            OP,
-            "warps_per_sm must be 1..=24, got {warps_per_sm}"
-        );
-        #[cfg(feature = "cuda")]
-        {
-            self.inner.fp8_block_gemv_m1_bulk(
-                &x.slice,
-                &w.slice,
-                &scales.slice,
-                &mut y.slice,
-                n,
-                k,
-                stages,
-                warps_per_sm,
-            )
-        }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (stages, warps_per_sm);
-            match self.never {}
-        }
-    }
 }
 
-/// From this `m` on, [`Gpu::fp8_block_gemv_with_scratch`] converts the activations once per call (the two-token-
-/// tile kernels, `m >= 9`); measurements in its documentation.
-const FP8_PRECONVERT_FROM_M: usize = 9;
+/// Whether [`Gpu::fp8_block_gemv_with_scratch`] converts the activations once per call: from `m = 9` (the two-token-
+/// tile kernels) on every shape, and from `m = 2` on matrices of at least `FP8_PRECONVERT_FROM_N` rows, where the
+/// one-token-tile kernel with preconverted fragments was faster at m = 4 in every run (lm_head 248320x5120: 322.1
+/// vs 351.6 us in s3-run1, 325.1 vs 352.6 in s2-run5, 334.6 vs 352.1 in s2-run3) while on the layer shapes the two
+/// stayed within 0.96-1.01x (s3-run1: 31.7 vs 32.0 us on 5120x17408, 32.0 vs 31.6 on 17408x5120, 20.7 vs 20.2 on
+/// 5120x10240). Measurements of m >= 9 in its documentation; `m = 1` keeps the CUDA-core kernel (0.80-0.89x for
+/// the preconverted one).
+fn fp8_preconverts(m: usize, n: usize) -> bool {
+    m >= 9 || (m >= 2 && n >= FP8_PRECONVERT_FROM_N)
+}
 
-/// `Auto`'s choice for [`Gpu::nvfp4_gemv_tiles`]: `(chunks in flight per warp, K splits)` for `m` tokens and
-/// `n` rows. Activations are always preconverted (faster than converting them in the GEMV at every m and shape
-/// measured: 1.04-1.47x, H200 run s2-run3). Two K splits where the rows alone leave the GPU short of blocks:
-/// at m <= 8 on the 5120-row shapes (320 tiles of 16 rows for 132 SMs) they took 19.2 / 13.0 us against 22.3 /
-/// 14.9 us with one (5120x17408, 5120x10240, m = 1; s2-run5), while on 17408 rows and the 248320-row lm_head
-/// one split was faster (19.7 vs 20.4 us, 224 vs 251 us). Two chunks in flight never won. At m = 16 the
-/// earlier `nvfp4_gemv_mma_tile_pre_n16` kernel (bench arm `tilepre`) was 4-25% faster than every
-/// chunk/split variant of this kernel: folding its loop back in is the next step for m > 8.
-fn nvfp4_tiles_auto(m: usize, n: usize) -> (usize, usize) {
+/// Rows from which [`Gpu::fp8_block_gemv_with_scratch`] preconverts at `m = 2..=8`: between the largest layer shape
+/// measured (17408 rows, no gain) and the lm_head (248320 rows, 1.05-1.09x).
+const FP8_PRECONVERT_FROM_N: usize = 65536;
+
+/// The builds of the tile-layout NVFP4 GEMV (`cuda/gemv.cu`) that `Device::nvfp4_gemv_tiles` launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::cuda) enum TilesKernel {
+    /// `nvfp4_gemv_mma_tile_n*`: activations converted inside the GEMV, no scratch, one split.
+    Converting,
+    /// `nvfp4_gemv_mma_tile_pre_n*`: preconverted activations, one 16-row tile per block, one split.
+    Mma,
+    /// `nvfp4_gemv_tiles_n*_u1`: preconverted activations, the K chunks split over `grid.y` blocks.
+    Split,
+}
+
+/// `Auto`'s choice for [`Gpu::nvfp4_gemv_tiles`]: the kernel and the K splits for `m` tokens and `n` rows.
+/// Activations are always preconverted (faster than converting them in the GEMV at every m and shape measured:
+/// 1.04-1.47x, H200 run s2-run3). Two K splits (`nvfp4_gemv_tiles_n8_u1`) where the rows alone leave the GPU short
+/// of blocks, m <= 8 on the 5120-row shapes (320 tiles of 16 rows for 132 SMs); everywhere else one split on
+/// `nvfp4_gemv_mma_tile_pre_n8` / `_n16`, bitwise the same products as `nvfp4_gemv_tiles_n*_u1` with one split and
+/// faster in s2-run5 and s3-run1. s3-run1 (`benchmarks/h200-runs/s3-run1/bench_gemv.txt`), us: `tilepre` (one
+/// split, `nvfp4_gemv_mma_tile_pre_*`) / `t1k1` (one split, `nvfp4_gemv_tiles_n*_u1`) / `t1k2` (two splits of the
+/// latter), the choice in bold:
+///
+/// | shape (n x k) | m = 1 | m = 4 | m = 16 |
+/// |---|---|---|---|
+/// | 5120 x 17408 | 22.12 / 22.33 / **19.23** | 22.23 / 22.49 / **19.44** | **25.77** / 31.56 / 28.47 |
+/// | 17408 x 5120 | **19.20** / 19.71 / 20.49 | **19.37** / 19.81 / 20.90 | **24.78** / 28.42 / 30.26 |
+/// | 5120 x 10240 | 14.83 / 14.95 / **13.08** | 14.89 / 15.02 / **13.24** | **17.03** / 20.53 / 18.85 |
+/// | 248320 x 5120 | **199.2** / 208.2 / 233.2 | **204.2** / 211.2 / 241.0 | **294.1** / 328.8 / 374.2 |
+///
+/// Before s3, `Auto` ran `t1k1` at m <= 8 on n > 8192: 2-4% slower than `tilepre` in both runs (s2-run5: 19.17 vs
+/// 19.66 us on 17408x5120, 214.9 vs 224.2 on lm_head at m = 1).
+///
+/// Persistent stream-K kernels (one wave of `SMs x B` blocks of 4 warps, one equal contiguous range of (tile,
+/// chunk) items per warp, an S-stage `cp.async` ring per warp, partial sums by atomics; arms `p{S}b{B}`) lost to
+/// this table at every shape and m in s3-run1 and were deleted: m = 1, 5120x17408: `t1k2` 19.23 us (61.7% of copy)
+/// against `p4b4` 27.86, `p4b8` 26.70, `p8b6` 25.70; 17408x5120: `tilepre` 19.20 against `p4b8` 23.88; lm_head
+/// 199.2 (85.0%) against 243.9-295.7; m = 16, the four shapes in the table's order: `tilepre` 25.8 / 24.8 / 17.0 /
+/// 294 us against `p4b6` 27.8 / 27.9 / 20.0 / 338. From the SASS of
+/// that build (cuobjdump, main-loop instructions per 1 KiB chunk): 298-308 for `p_n8_s{4,8}` against 201-204 for
+/// the per-tile kernels (ring cursor and guards, commit/wait, shared-memory reads, the atomics' branch: 14 ISETP,
+/// 8 BRA, 4 BSSY/BSYNC, 6 LDS per chunk), at or over the ~300 per KiB that 85% of copy allows on 4 schedulers;
+/// and with 56-70 registers and 4 warps per block, 16-32 warps per SM against the 40 of 5 tile blocks.
+fn nvfp4_tiles_auto(m: usize, n: usize) -> (TilesKernel, usize) {
     if m <= 8 && n <= 8192 {
-        (1, 2)
+        (TilesKernel::Split, 2)
     } else {
-        (1, 1)
+        (TilesKernel::Mma, 1)
     }
 }
 
@@ -720,5 +674,31 @@ mod tests {
             .to_string()
             .contains("multiple of 16"));
         assert!(check_gemv_dims("t", 16, 8, 4096, 32).is_ok());
+    }
+
+    /// The `Auto` tables as their documentation states them (s3-run1's fastest arm per shape and m).
+    #[test]
+    fn auto_tables_match_their_measurements() {
+        for (m, n, want) in [
+            (1, 5120, (TilesKernel::Split, 2)),
+            (8, 5120, (TilesKernel::Split, 2)),
+            (1, 17408, (TilesKernel::Mma, 1)),
+            (4, 248320, (TilesKernel::Mma, 1)),
+            (9, 5120, (TilesKernel::Mma, 1)),
+            (16, 248320, (TilesKernel::Mma, 1)),
+        ] {
+            assert_eq!(nvfp4_tiles_auto(m, n), want, "nvfp4 m={m} n={n}");
+        }
+        for (m, n, want) in [
+            (1, 248320, false),
+            (2, 248320, true),
+            (4, 248320, true),
+            (4, 17408, false),
+            (8, 5120, false),
+            (9, 5120, true),
+            (16, 17408, true),
+        ] {
+            assert_eq!(fp8_preconverts(m, n), want, "fp8 m={m} n={n}");
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! Launches of `cuda/gemv.cu`: the FP8 and NVFP4 decode GEMVs.
 
 use super::*;
+use crate::cuda::gemv::TilesKernel;
 
 impl Device {
     #[allow(clippy::too_many_arguments)]
@@ -287,12 +288,14 @@ impl Device {
         Ok(())
     }
 
-    /// The tile-layout NVFP4 GEMV. With `xf`: `gemv_act_frag_nvfp4` (or `_zero`, which also zeroes y, when
-    /// `splits > 1`) then `nvfp4_gemv_tiles_n{8,16}_u{chunks}` on a `(ceil(n/16), splits)` grid; without:
-    /// `nvfp4_gemv_mma_tile_n*` (activations converted per tile; the caller allows only one chunk, one split).
+    /// The tile-layout NVFP4 GEMV: `kernel` picks the build (see `TilesKernel` in cuda/gemv.rs); with `xf`, the
+    /// activations are converted first by `gemv_act_frag_nvfp4`, or by `gemv_act_frag_nvfp4_zero` (which also zeroes y)
+    /// when `splits > 1`. The caller allows `splits > 1` only for `TilesKernel::Split` and passes `xf` for every kernel
+    /// but `TilesKernel::Converting`.
     #[allow(clippy::too_many_arguments)]
     pub(in crate::cuda) fn nvfp4_gemv_tiles(
         &self,
+        kernel: TilesKernel,
         x: &CudaSlice<u16>,
         xf: Option<&mut CudaSlice<u32>>,
         wr: &CudaSlice<u8>,
@@ -302,25 +305,31 @@ impl Device {
         m: usize,
         n: usize,
         k: usize,
-        chunks: usize,
         splits: usize,
     ) -> Result<(), KernelError> {
         let nt = if m <= 8 { 1 } else { 2 };
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        let name = match (kernel, nt) {
+            (TilesKernel::Converting, 1) => "nvfp4_gemv_mma_tile_n8",
+            (TilesKernel::Converting, _) => "nvfp4_gemv_mma_tile_n16",
+            (TilesKernel::Mma, 1) => "nvfp4_gemv_mma_tile_pre_n8",
+            (TilesKernel::Mma, _) => "nvfp4_gemv_mma_tile_pre_n16",
+            (TilesKernel::Split, 1) => "nvfp4_gemv_tiles_n8_u1",
+            (TilesKernel::Split, _) => "nvfp4_gemv_tiles_n16_u1",
+        };
+        let f = self.function(Module::Gemv, name)?;
         match xf {
             Some(xf) => {
+                let splits = if kernel == TilesKernel::Split {
+                    splits
+                } else {
+                    1
+                };
                 if splits > 1 {
                     self.gemv_act_frag_zero(x, xf, y, m, n, k, nt)?;
                 } else {
                     self.gemv_act_frag(true, x, xf, m, k, nt)?;
                 }
-                let name = match (nt, chunks) {
-                    (1, 1) => "nvfp4_gemv_tiles_n8_u1",
-                    (1, _) => "nvfp4_gemv_tiles_n8_u2",
-                    (_, 1) => "nvfp4_gemv_tiles_n16_u1",
-                    _ => "nvfp4_gemv_tiles_n16_u2",
-                };
-                let f = self.function(Module::Gemv, name)?;
                 let mut cfg = mma_config(n);
                 cfg.grid_dim.1 = splits as u32;
                 let mut b = self.stream.launch_builder(&f);
@@ -332,20 +341,21 @@ impl Device {
                     .arg(&mi)
                     .arg(&ni)
                     .arg(&ki);
-                // SAFETY: matches `nvfp4_gemv_tiles_n*_u*` in cuda/gemv.cu; xf was just written for m, k, nt (the
-                // kernel reads ceil(k/128) * nt * 128 uint4 of it, only for tokens < m); the caller checked wr and
-                // sr are the tile layout of exactly n x k (block (b, s) reads chunks of tile b only, inside
-                // ceil(k/128), ceil(n/16) blocks) and y = [m, n]; stores and atomics are guarded against m and n,
-                // and with splits > 1 y was zeroed by the fragment kernel just before, on the same stream.
+                // SAFETY: matches `nvfp4_gemv_tiles_n*_u1` and `nvfp4_gemv_mma_tile_pre_n*` (same argument list;
+                // the latter reads one tile per block and runs here with grid.y = 1) in cuda/gemv.cu; xf was just
+                // written for m, k, nt (the kernels read ceil(k/128) * nt * 128 uint4 of it, only for tokens < m);
+                // the caller checked wr and sr are the tile layout of exactly n x k (block (b, s) reads chunks of
+                // tile b only, inside ceil(k/128), ceil(n/16) blocks) and y = [m, n]; stores and atomics are
+                // guarded against m and n, and with splits > 1 y was zeroed by the fragment kernel just before, on
+                // the same stream.
                 unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
             }
             None => {
-                let name = if nt == 1 {
-                    "nvfp4_gemv_mma_tile_n8"
-                } else {
-                    "nvfp4_gemv_mma_tile_n16"
-                };
-                let f = self.function(Module::Gemv, name)?;
+                if kernel != TilesKernel::Converting {
+                    return Err(KernelError::Cuda(format!(
+                        "{name}: needs the activation scratch"
+                    )));
+                }
                 let mut b = self.stream.launch_builder(&f);
                 b.arg(x)
                     .arg(wr)
@@ -363,7 +373,8 @@ impl Device {
         Ok(())
     }
 
-    /// `gemv_act_frag_nvfp4_zero`: `gemv_act_frag_nvfp4` that also zeroes `y[0 .. m*n)` for the split-K launch.
+    /// `gemv_act_frag_nvfp4_zero`: `gemv_act_frag_nvfp4` that also zeroes `y[0 .. m*n)`, for the split-K launches
+    /// that add into `y`.
     #[allow(clippy::too_many_arguments)]
     fn gemv_act_frag_zero(
         &self,
@@ -375,8 +386,8 @@ impl Device {
         k: usize,
         nt: usize,
     ) -> Result<(), KernelError> {
-        const NAME: &str = "gemv_act_frag_nvfp4_zero";
-        let f = self.function(Module::Gemv, NAME)?;
+        let name = "gemv_act_frag_nvfp4_zero";
+        let f = self.function(Module::Gemv, name)?;
         let total = k.div_ceil(128) * nt * 128;
         let (mi, ki, nti) = (m as i32, k as i32, nt as i32);
         let ylen = (m * n) as u64;
@@ -395,102 +406,6 @@ impl Device {
             .arg(&ylen);
         // SAFETY: as `gemv_act_frag` above, plus y: the caller checked y = [m, n], and the grid-stride loop writes
         // exactly y[0 .. m*n).
-        unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
-        Ok(())
-    }
-
-    /// `fp8_block_gemv_m1_bulk_*`: FP8 m = 1 streamed through per-warp shared-memory rings by 1-D bulk copies.
-    /// `stages`: 2 (4 KiB stages), 4 (2 KiB) or 8 (1 KiB), the caller checked; `warps_per_sm`: how many warps to
-    /// spread the rows over, per SM (each warp takes `ceil(n / (sm_count * warps_per_sm))` consecutive rows).
-    #[allow(clippy::too_many_arguments)]
-    pub(in crate::cuda) fn fp8_block_gemv_m1_bulk(
-        &self,
-        x: &CudaSlice<u16>,
-        w: &CudaSlice<u8>,
-        scales: &CudaSlice<f32>,
-        y: &mut CudaSlice<f32>,
-        n: usize,
-        k: usize,
-        stages: usize,
-        warps_per_sm: usize,
-    ) -> Result<(), KernelError> {
-        let name = match stages {
-            2 => "fp8_block_gemv_m1_bulk_s2b4k",
-            4 => "fp8_block_gemv_m1_bulk_s4b2k",
-            _ => "fp8_block_gemv_m1_bulk_s8b1k",
-        };
-        const WARPS_PER_BLOCK: usize = 4; // BULK_WARPS in cuda/gemv.cu
-        let warps = (self.sm_count.max(1) * warps_per_sm).max(1);
-        let rpw = n.div_ceil(warps);
-        let blocks = n.div_ceil(WARPS_PER_BLOCK * rpw);
-        if n + WARPS_PER_BLOCK * rpw > i32::MAX as usize {
-            return Err(KernelError::Cuda(format!(
-                "{name}: n = {n} rows in groups of {rpw} overflow the kernel's 32-bit row index"
-            )));
-        }
-        let f = self.function(Module::Gemv, name)?;
-        let (ni, ki, ri) = (n as i32, k as i32, rpw as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
-            block_dim: (32 * WARPS_PER_BLOCK as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x)
-            .arg(w)
-            .arg(scales)
-            .arg(y)
-            .arg(&ni)
-            .arg(&ki)
-            .arg(&ri);
-        // SAFETY: matches `fp8_block_gemv_m1_bulk_*` in cuda/gemv.cu (four pointers, three ints); the caller
-        // checked x = [1, k], w = [n, k], scales = [ceil(n/128), ceil(k/128)], y = [n] and k % 16 == 0, so every
-        // bulk copy (a 16-byte multiple inside one row, at a 16-byte aligned address of the 256-byte aligned
-        // allocation) and every 16-byte activation load stays inside its buffer; warps own disjoint row ranges
-        // (rows >= n are never touched) and their own ring and barriers, all in static shared memory.
-        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
-        Ok(())
-    }
-
-    /// FP8 `m = 1` sweep kernels on the CUDA cores (two rows per warp).
-    #[allow(clippy::too_many_arguments)]
-    /// `four_loads`: four 16-byte loads in flight per row instead of two; `splits`: `None` for the L2-prefetch
-    /// kernel, `Some(s)` for the split-K kernel over `s` K ranges (y zeroed first).
-    pub(in crate::cuda) fn fp8_block_gemv_m1_variant(
-        &self,
-        four_loads: bool,
-        splits: Option<u32>,
-        x: &CudaSlice<u16>,
-        w: &CudaSlice<u8>,
-        scales: &CudaSlice<f32>,
-        y: &mut CudaSlice<f32>,
-        n: usize,
-        k: usize,
-    ) -> Result<(), KernelError> {
-        let name = match (four_loads, splits.is_some()) {
-            (false, false) => "fp8_block_gemv_m1_r2_u2_pf",
-            (true, false) => "fp8_block_gemv_m1_r2_u4_pf",
-            (false, true) => "fp8_block_gemv_m1_r2_u2_sk",
-            (true, true) => "fp8_block_gemv_m1_r2_u4_sk",
-        };
-        let f = self.function(Module::Gemv, name)?;
-        let mut cfg = gemv_config(n, 2);
-        if let Some(s) = splits {
-            // The split kernel adds its partial sums into y.
-            self.stream.memset_zeros(y).map_err(cuda_err(name))?;
-            cfg.grid_dim.1 = s;
-        }
-        let (one, ni, ki) = (1i32, n as i32, k as i32);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x)
-            .arg(w)
-            .arg(scales)
-            .arg(y)
-            .arg(&one)
-            .arg(&ni)
-            .arg(&ki);
-        // SAFETY: as `fp8_block_gemv_m1_r2_u2` above (same argument list, m = 1, buffers checked by the caller,
-        // k % 16 == 0); the split kernel's K ranges are clamped to k and it only adds into y[0..n].
         unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
         Ok(())
     }

@@ -31,9 +31,17 @@
 //       up to 232) that wait on "full", run the wgmmas, and release the stage on "empty" when their wgmmas are done.
 //   v3 / v4: v2 made persistent (one block per SM walking its tiles), v4 also overlapping each warpgroup's
 //       promotion with its next K block's wgmmas through two partial tiles; see their kernel below.
+//   v4 bf16: v4 writing bf16 (round to nearest even) instead of fp32, half the output bytes (cuBLAS's output).
 //   Measured on the H200 (M = 4096, 5120x17408 / 17408x5120, benchmarks/h200-runs/s2-run5): v1 987 / 1050 us,
 //   v2 816 / 853 us, v3 906 / 889 us, v4 712 / 729 us (0.77-0.79x cuBLAS FP8 with the same block scales at
-//   560 us, 0.72-0.74x rowwise at 524-527 us); the Rust side runs v4.
+//   560 us, 0.72-0.74x rowwise at 524-527 us); the Rust side runs v4. Removed after measuring (s3-run1): a "v5",
+//   v4 in clusters of 2 along M multicasting the shared B tile (0.75x the L2 -> SM bytes), ran 741 / 777 us
+//   against v4's 715 / 744 us in the same rounds (0.96-0.99x v4 at M = 512, 2048, 4096): L2 -> SM bytes are
+//   not what limits v4. Removed after measuring (s3-run4): a "v6", v4 with 128x192 tiles (ping-pong over two
+//   m64n96k32 halves per K block), 859.9 / 855.9 us against v4's 693.2 / 735.7 us (0.81x / 0.86x v4; M = 2048:
+//   0.76x / 0.87x).
+//   v4 bf16 (s3-run4, M = 4096): 691.6 / 712.2 us, 0.82x / 0.80x cuBLAS `_scaled_mm` with the same block scales
+//   and bf16 output (566.9 / 570.6 us), 0.77x / 0.76x rowwise (531.5 / 539.1 us); M = 2048: 0.85x / 0.85x.
 //   Output tiles are visited in groups of 8 tile rows, the tile row fastest inside a group (tile_of), so that the
 //   ~132 blocks resident at one time (one per SM) share ~8 A row blocks and ~17 B row blocks through L2.
 //
@@ -51,7 +59,12 @@
 // - nvfp4_gemm_sm90a_v2: the same product, warp-specialised (x by TMA; two producer warpgroups decode the packed
 //   weights, loaded 4 K tiles ahead into registers, straight into each stage's swizzled bf16 B tile; two consumer
 //   warpgroups wait on mbarriers and issue wgmmas with one group in flight; no block barrier in the K loop). See
-//   the kernel's comment for the counts. Not yet measured.
+//   the kernel's comment for the counts. Measured on the H200 (M = 4096): 1784-1819 us, 0.50-0.51x cuBLAS bf16.
+//
+// - nvfp4_gemm_sm90a_v3: v2 with 256x128 tiles (each consumer warpgroup 128 rows) and the e2m1 -> bf16 decode by
+//   byte permutes with the group scale applied in packed bf16 (exact). Measured on the H200 (s3-run1): 1.29-1.65x
+//   v2 at M = 512, 2048 and 4096; s3-run4, M = 4096: 1119.6 / 1188.4 us, 0.82x / 0.78x cuBLAS bf16 (919.0 /
+//   923.1 us), M = 2048: 0.70x / 0.77x, M = 512: 0.60x. The Rust side runs v3.
 
 #include "common.cuh"
 
@@ -522,9 +535,65 @@ __device__ __forceinline__ void fp8_pp_last(float (&acc)[64], float (&cur)[64], 
     promote(acc, cur, s0, s1);
 }
 
-template <bool kPingPong>
+// Two fp32 values as a bf16x2 word, each rounded to nearest even (cvt.rn.bf16x2.f32), `lo` in the low half.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&p);
+}
+
+// store_tile for bf16 output (the v4 bf16 epilogue): a warpgroup's 64 x 128 fp32 fragment rounded to nearest
+// even into y [M, N] (bf16 bits), guarded against M and N. Lane l holds, per n8 tile j, columns 8 j + 2 q and
+// 8 j + 2 q + 1 (q = l % 4) of its two rows; packed alone that is a 4-byte store per lane and a warp store
+// touches 8 rows x 16 bytes (half of each 32-byte sector). So for each pair of n8 tiles (j, j + 1) the lanes of
+// a quad swap one bf16x2 word with their neighbour (shfl.xor 1): even q keeps tile j's pair and takes the
+// neighbour's, writing columns 8 j + 2 q .. + 3; odd q takes the neighbour's tile j + 1 pair and keeps its own,
+// writing 8 j + 2 q + 6 .. + 3 (= 8 j + 8 + 2 (q - 1)); a quad then writes 32 contiguous bytes of each row in
+// 8-byte stores, the same sectors per instruction as the fp32 path. 8-byte stores need N % 4 == 0 (then every
+// column written is a multiple of 4 and y's rows keep 8-byte alignment); otherwise 2-byte stores.
+__device__ __forceinline__ void store_tile_bf16(uint16_t* __restrict__ y, const float (&acc)[64], int r0, int n0,
+                                                int lane, int M, int N) {
+    const bool vec = (N & 3) == 0;
+    const int q = lane & 3;
+    const bool odd = (q & 1) != 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = r0 + 8 * h;
+        // Every lane runs the shuffles (rows past M too); only the stores are guarded.
+        uint16_t* yr = y + static_cast<size_t>(row < M ? row : 0) * N;
+#pragma unroll
+        for (int j = 0; j < 16; j += 2) {
+            const uint32_t lo = pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            const uint32_t hi = pack_bf16x2(acc[4 * j + 4 + 2 * h], acc[4 * j + 4 + 2 * h + 1]);
+            const uint32_t got = __shfl_xor_sync(0xFFFFFFFFu, odd ? lo : hi, 1);
+            const uint32_t w0 = odd ? got : lo, w1 = odd ? hi : got;
+            const int col = n0 + 8 * j + 2 * q + (odd ? 6 : 0);
+            if (row >= M) continue;
+            if (vec && col < N) {
+                *reinterpret_cast<uint2*>(yr + col) = make_uint2(w0, w1);
+            } else {
+                if (col < N) yr[col] = static_cast<uint16_t>(w0);
+                if (col + 1 < N) yr[col + 1] = static_cast<uint16_t>(w0 >> 16);
+                if (col + 2 < N) yr[col + 2] = static_cast<uint16_t>(w1);
+                if (col + 3 < N) yr[col + 3] = static_cast<uint16_t>(w1 >> 16);
+            }
+        }
+    }
+}
+
+// The persistent kernels' tile store: fp32 (v3, v4) or bf16 (the v4 bf16 epilogue).
+__device__ __forceinline__ void store_out(float* __restrict__ y, const float (&acc)[64], int r0, int n0, int lane,
+                                          int M, int N) {
+    store_tile(y, acc, 1.f, r0, n0, lane, M, N);
+}
+__device__ __forceinline__ void store_out(uint16_t* __restrict__ y, const float (&acc)[64], int r0, int n0, int lane,
+                                          int M, int N) {
+    store_tile_bf16(y, acc, r0, n0, lane, M, N);
+}
+
+// OutT: float (y fp32) or uint16_t (y bf16 bits, rounded to nearest even by store_tile_bf16).
+template <bool kPingPong, typename OutT>
 __device__ __forceinline__ void fp8_persistent(const TmaDesc* ta, const TmaDesc* tb, const float* __restrict__ sa,
-                                               const float* __restrict__ sw, float* __restrict__ y, int M, int N,
+                                               const float* __restrict__ sw, OutT* __restrict__ y, int M, int N,
                                                int K) {
     extern __shared__ uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -617,7 +686,7 @@ __device__ __forceinline__ void fp8_persistent(const TmaDesc* ta, const TmaDesc*
                 ring_next(ws, wph);
             }
         }
-        store_tile(y, acc, 1.f, r0, n0, lane, M, N);
+        store_out(y, acc, r0, n0, lane, M, N);
     }
 }
 
@@ -634,6 +703,20 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     fp8_block_gemm_sm90a_v4(const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb,
                             const float* __restrict__ sa, const float* __restrict__ sw, float* __restrict__ y, int M,
                             int N, int K) {
+    fp8_persistent<true>(&ta, &tb, sa, sw, y, M, N, K);
+}
+
+// FP8 v4 with bf16 output: the same kernel and the same fp32 accumulator, rounded to nearest even by
+// store_tile_bf16 (so each element is exactly bf16(v4's fp32 element)). `y`: bf16 bits [M, N]. Grid, threads,
+// shared memory, tensor maps and constraints as v4.
+//
+// Why: v4 writes fp32, 4 bytes per output: at M = 4096, N = 17408 that is 285 MB per call, ~70-95 us of HBM
+// time of v4's 715-744 us, where cuBLAS `_scaled_mm` (0.8x is the target against it) writes bf16, half the bytes.
+// This is the like-for-like comparison, and what a bf16 model consumes anyway.
+extern "C" __global__ void __launch_bounds__(384, 1)
+    fp8_block_gemm_sm90a_v4_bf16(const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb,
+                                 const float* __restrict__ sa, const float* __restrict__ sw,
+                                 uint16_t* __restrict__ y, int M, int N, int K) {
     fp8_persistent<true>(&ta, &tb, sa, sw, y, M, N, K);
 }
 
@@ -906,4 +989,212 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     wgmma_wait0();
     fence_regs(acc);
     store_tile(y, acc, global_scale, r0, n0, lane, M, N);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// NVFP4 v3: v2's warp specialisation with a cheaper decode and 256-row tiles. Grid: ceil(M/256) * ceil(N/128)
+// blocks (1D, tile_of), 512 threads (warpgroups 0-1 decode, 2-3 issue wgmmas), N4V3_SMEM_BYTES dynamic shared
+// memory, the same tensor map of x as v2 (box {64, 128}: each stage's 256 x rows arrive as two boxes). Needs
+// K % 64 == 0.
+//
+// Why: v2 ran at 0.50-0.51x cuBLAS bf16 on the H200 (s2-run5) with its decode producers as the limit: ~130
+// instructions per producer thread per 64-K tile (f16x2 nibble tricks, f32 conversions, f32 multiplies, bf16
+// packs), each decoded weight feeding only 128 rows. Here:
+// - e2m1 -> bf16 by byte permutes (e2m1x8_to_bf16x8): the 8 magnitudes' bf16 low and high bytes are two 8-byte
+//   tables held in registers, so one prmt looks up 4 values' low (or high) bytes; the signs are gathered by a
+//   prmt in sign-replicate mode and OR-ed into the high bytes; two prmts interleave low and high bytes into
+//   bf16x2 words. The group scale (e4m3 -> bf16, exact) is applied with one mul.rn.bf16x2 per two values: an
+//   e2m1 magnitude (<= 2 significant bits) times an e4m3 scale (<= 4) has <= 6 significant bits and lies in
+//   [2^-10, 2688], so the bf16 product is exact (the same bits v2 stores). ~19 instructions per 8 values
+//   instead of ~32: ~80 per producer thread per K tile.
+// - 256-row tiles: each consumer warpgroup owns 128 rows (two m64n128k16 accumulators, 128 fp32 registers, no
+//   promotion needed), so each decoded B tile feeds twice the MMA work of v2: decode instructions per FLOP are
+//   ~0.3x v2's. Registers: setmaxnreg 88 for the producers, 168 for the consumers (256 x (88 + 168) = 64 Ki).
+// - The ring: 4 stages of [x 256 x 64 bf16 = 32 KiB | decoded B 128 x 64 bf16 = 16 KiB]; "full" completes on the
+//   x bytes of TMA (thread 0's arrive.expect_tx) and the 256 producer arrives, "empty" on the 8 consumer warps.
+//   Where the second 128-row half of x lies wholly past M, it is not loaded (and not expected): those rows of
+//   the stage hold stale data that only feeds output rows past M, which are never stored.
+namespace {
+
+constexpr int BM3 = 256;
+constexpr int N4V3_STAGES = 4;
+constexpr int N4V3_X_BYTES = BM3 * BK4 * 2;                       // 32 KiB
+constexpr int N4V3_STAGE_BYTES = N4V3_X_BYTES + BN * BK4 * 2;     // + decoded B, 16 KiB
+constexpr int N4V3_SMEM_BYTES = N4V3_STAGES * N4V3_STAGE_BYTES + 1024 + 2 * N4V3_STAGES * 8;
+static_assert(N4V3_SMEM_BYTES == 197696, "kernels/src/cuda/device/gemm_sm90a.rs NVFP4_V3_SMEM_BYTES");
+
+__device__ __forceinline__ void n4v3_ring_next(int& s, uint32_t& ph) {
+    if (++s == N4V3_STAGES) {
+        s = 0;
+        ph ^= 1u;
+    }
+}
+
+// PTX prmt in its default mode: output byte i is byte sel[4i+2 : 4i] of {b, a} (a = bytes 0-3, b = bytes 4-7),
+// or, where bit 4i+3 of sel is set, that byte's top bit replicated over the byte.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+// Eight e2m1 values (value j in nibble j of q, sign in the nibble's top bit) -> four bf16x2 words (values 2i and
+// 2i + 1 in word i, the even one in the low half) times the bf16x2 scale `s2` (the same scale in both halves).
+// The e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 are the bf16 bit patterns 0x0000, 0x3F00, 0x3F80, 0x3FC0,
+// 0x4000, 0x4040, 0x4080, 0x40C0: their low bytes are the table {00 00 80 C0 | 00 40 80 C0}, the high bytes
+// {00 3F 3F 3F | 40 40 40 40}. (SASS: the first half of each table is moved into a register before each use,
+// ~15 moves per K tile; ptxas folds attempts to keep it in one.)
+__device__ __forceinline__ void e2m1x8_to_bf16x8(uint32_t q, uint32_t s2, uint32_t (&o)[4]) {
+    const uint32_t m = q & 0x77777777u;  // magnitude indices (a set bit 3 would select sign replication)
+    const uint32_t mh = m >> 16;
+    const uint32_t lo_a = prmt(0xC0800000u, 0xC0804000u, m), lo_b = prmt(0xC0800000u, 0xC0804000u, mh);
+    uint32_t hi_a = prmt(0x3F3F3F00u, 0x40404040u, m), hi_b = prmt(0x3F3F3F00u, 0x40404040u, mh);
+    // Sign of value j = bit 4j + 3 of q: for odd j the top bit of byte (j - 1) / 2 of q, for even j the top bit
+    // of byte j / 2 of q << 4. Sign-replicating selectors (bit 3 set) over {q, q << 4} give 0xFF / 0x00 per value.
+    const uint32_t q4 = q << 4;
+    const uint32_t sg_a = prmt(q4, q, 0xD9C8u), sg_b = prmt(q4, q, 0xFBEAu);
+    hi_a |= sg_a & 0x80808080u;  // one lop3 each
+    hi_b |= sg_b & 0x80808080u;
+    // Interleave {lo_j, hi_j} pairs into bf16 values: bytes (lo0 hi0 lo1 hi1) and (lo2 hi2 lo3 hi3).
+    o[0] = mul_bf16x2(prmt(lo_a, hi_a, 0x5140u), s2);
+    o[1] = mul_bf16x2(prmt(lo_a, hi_a, 0x7362u), s2);
+    o[2] = mul_bf16x2(prmt(lo_b, hi_b, 0x5140u), s2);
+    o[3] = mul_bf16x2(prmt(lo_b, hi_b, 0x7362u), s2);
+}
+
+// One e4m3 byte (the low byte of `byte`) as a bf16x2 with that value in both halves, times `z` (1 or 0): exact,
+// e4m3 values (<= 4 significant bits, 2^-9 .. 448, NaN) are all bf16 values.
+__device__ __forceinline__ uint32_t e4m3_to_bf16x2(uint32_t byte, float z) {
+    const __nv_bfloat16 b = __float2bfloat16_rn(edgefit::e4m3_to_float(byte) * z);
+    const uint32_t u = *reinterpret_cast<const unsigned short*>(&b);
+    return u | (u << 16);
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(512, 1)
+    nvfp4_gemm_sm90a_v3(const __grid_constant__ TmaDesc tx, const uint8_t* __restrict__ w,
+                        const uint8_t* __restrict__ sc, float global_scale, float* __restrict__ y, int M, int N,
+                        int K) {
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t full = base + N4V3_STAGES * N4V3_STAGE_BYTES;
+    const uint32_t empty = full + 8 * N4V3_STAGES;
+    const int KT = K / BK4;
+    const int tiles_m = (M + BM3 - 1) / BM3, tiles_n = (N + BN - 1) / BN;
+    int tm, tn;
+    tile_of(blockIdx.x, tiles_m, tiles_n, tm, tn);
+    const int m0 = tm * BM3, n0 = tn * BN;
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < N4V3_STAGES; ++s) {
+            mbar_init(full + 8 * s, 2 * 128 + 1);  // 256 producer arrives + thread 0's arrive.expect_tx
+            mbar_init(empty + 8 * s, 8);           // one arrive per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (tid < 256) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n" ::: "memory");
+        // Producers: row r of the B tile, half h (K values 32 h .. 32 h + 31 of each tile: 16 packed bytes, two
+        // group scales), as v2.
+        const int r = tid >> 1, h = tid & 1;
+        const bool row_ok = n0 + r < N;
+        const uint8_t* wrow = w + static_cast<size_t>(row_ok ? n0 + r : 0) * (K / 2) + 16 * h;
+        const uint8_t* srow = sc + static_cast<size_t>(row_ok ? n0 + r : 0) * (K / 16) + 2 * h;
+        // Rows past N read row 0 and decode as zeros (scale times 0; their columns are not stored either).
+        const float z = row_ok ? 1.f : 0.f;
+        const bool second_half = m0 + 128 < M;  // whether x rows m0 + 128 .. m0 + 255 hold any row below M
+        const uint32_t x_bytes = second_half ? N4V3_X_BYTES : N4V3_X_BYTES / 2;
+        auto fetch = [&](int kt, Packed4& v) {
+            v.q = __ldg(reinterpret_cast<const uint4*>(wrow + static_cast<size_t>(kt) * (BK4 / 2)));
+            v.s = __ldg(reinterpret_cast<const unsigned short*>(srow + static_cast<size_t>(kt) * (BK4 / 16)));
+        };
+        int s = 0;
+        uint32_t ph = 0;
+        // This thread's 16-byte chunks 4 h .. 4 h + 3 of row r, swizzled; chunk 4 h + j is at dst0 ^ (j << 4)
+        // (4 h + j = (4 h) | j and the swizzle XORs the chunk index with r % 8).
+        const uint32_t dst0 = N4V3_X_BYTES + swz(r, 4 * h);
+        auto produce = [&](int kt, const Packed4& v) {
+            mbar_wait(empty + 8 * s, ph ^ 1u);  // the first pass through the ring does not wait
+            const uint32_t st = base + s * N4V3_STAGE_BYTES;
+            if (tid == 0) {
+                mbar_arrive_expect_tx(full + 8 * s, x_bytes);
+                tma_load_2d(st, &tx, full + 8 * s, kt * BK4, m0);
+                if (second_half) tma_load_2d(st + N4V3_X_BYTES / 2, &tx, full + 8 * s, kt * BK4, m0 + 128);
+            }
+            const uint32_t s0 = e4m3_to_bf16x2(v.s & 0xFFu, z), s1 = e4m3_to_bf16x2(v.s >> 8, z);
+            const uint32_t words[4] = {v.q.x, v.q.y, v.q.z, v.q.w};
+#pragma unroll
+            for (int jw = 0; jw < 4; ++jw) {
+                uint32_t o[4];
+                e2m1x8_to_bf16x8(words[jw], jw < 2 ? s0 : s1, o);
+                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st + (dst0 ^ (jw << 4))), "r"(o[0]),
+                             "r"(o[1]), "r"(o[2]), "r"(o[3])
+                             : "memory");
+            }
+            fence_proxy_async();  // the generic-proxy stores above, before the wgmmas read them
+            mbar_arrive(full + 8 * s);
+            n4v3_ring_next(s, ph);
+        };
+        Packed4 buf[N4_PD];
+#pragma unroll
+        for (int j = 0; j < N4_PD; ++j) fetch(min(j, KT - 1), buf[j]);
+        int kt0 = 0;
+#pragma unroll 1
+        for (; kt0 + N4_PD <= KT; kt0 += N4_PD) {
+#pragma unroll
+            for (int j = 0; j < N4_PD; ++j) {
+                produce(kt0 + j, buf[j]);
+                fetch(min(kt0 + j + N4_PD, KT - 1), buf[j]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < N4_PD; ++j) {
+            if (kt0 + j < KT) produce(kt0 + j, buf[j]);
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 168;\n" ::: "memory");
+    // Consumers: warpgroup c owns rows 128 c .. 128 c + 127 of the tile, as two 64-row accumulators.
+    const int c = (tid >> 7) - 2, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int r0 = m0 + 128 * c + 16 * warp + (lane >> 2);
+    float acc0[64], acc1[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.f;
+    int s = 0, prev = 0;
+    uint32_t ph = 0;
+#pragma unroll 1
+    for (int kt = 0; kt < KT; ++kt) {
+        mbar_wait_asm(full + 8 * s, ph);
+        const uint32_t st = base + s * N4V3_STAGE_BYTES;
+        const uint32_t sX = st + c * (N4V3_X_BYTES / 2), sB = st + N4V3_X_BYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+            wgmma_m64n128k16_bf16(acc0, desc_sw128(sX + 32 * ks), desc_sw128(sB + 32 * ks), 1);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+            wgmma_m64n128k16_bf16(acc1, desc_sw128(sX + 64 * 128 + 32 * ks), desc_sw128(sB + 32 * ks), 1);
+        wgmma_commit();
+        wgmma_wait1();  // the group of kt - 1 is done: its stage is free
+        __syncwarp();
+        mbar_arrive_if(empty + 8 * prev, lane == 0 && kt > 0);
+        prev = s;
+        n4v3_ring_next(s, ph);
+    }
+    wgmma_wait0();
+    fence_regs(acc0);
+    fence_regs(acc1);
+    store_tile(y, acc0, global_scale, r0, n0, lane, M, N);
+    store_tile(y, acc1, global_scale, r0 + 64, n0, lane, M, N);
 }

@@ -1,6 +1,6 @@
 //! The wgmma (sm_90a) prefill GEMMs of `cuda/gemm_sm90a.cu` against the plain Rust references on the CPU, every
-//! build (FP8: cp.async v1, TMA v2, persistent v3, ping-pong v4, the auto pick; NVFP4: synchronous v1, warp-specialised v2, the auto pick),
-//! and the public
+//! build (FP8: cp.async v1, TMA v2, persistent v3, ping-pong v4, the auto pick, and v4's bf16 epilogue; NVFP4:
+//! synchronous v1, warp-specialised v2, byte-permute decode with 256-row tiles v3, the auto pick), and the public
 //! dispatching entry points `Gpu::fp8_block_gemm` / `Gpu::nvfp4_gemm` on both of their paths (wgmma where the
 //! device is sm_90 and the shape fits, mma.sync otherwise, and the explicit `*_mma_sync` methods), with fresh
 //! random inputs (the seed is printed),
@@ -13,55 +13,15 @@
 //! small so the file runs under `compute-sanitizer --tool memcheck|racecheck` in seconds.
 
 use kernels::cuda::{Fp8Wgmma, Gpu, GpuBuffer, Nvfp4Wgmma};
-use kernels::formats::{bf16_to_f32, e4m3_to_f32, f32_to_bf16, f32_to_e4m3};
+use kernels::formats::{bf16_to_f32, f32_to_bf16};
 use kernels::reference;
 use kernels::KernelError;
-use rand::Rng;
-use rand_chacha::ChaCha8Rng;
 
 mod gpu_common;
-use gpu_common::{gpu, rel_err, rng, uniform};
-
-/// Per token, per 128 of K: scale `amax / 448` (1.0 for an all-zero block), codes `f32_to_e4m3(x / scale)`, as
-/// `Gpu::fp8_quantize_activations` computes them (tested bit-exact in gpu_kernels.rs).
-fn quantize_act_cpu(x: &[f32], m: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
-    let kb = k.div_ceil(128);
-    let mut codes = vec![0u8; m * k];
-    let mut scales = vec![0f32; m * kb];
-    for r in 0..m {
-        for b in 0..kb {
-            let cols = b * 128..((b + 1) * 128).min(k);
-            let amax = x[r * k..][cols.clone()]
-                .iter()
-                .fold(0f32, |a, v| a.max(v.abs()));
-            let s = if amax > 0.0 { amax / 448.0 } else { 1.0 };
-            scales[r * kb + b] = s;
-            for c in cols {
-                codes[r * k + c] = f32_to_e4m3(x[r * k + c] / s);
-            }
-        }
-    }
-    (codes, scales)
-}
-
-/// bf16 activations whose magnitude varies by token (2^-4 .. 2^3) so the per-token scales differ, with the first
-/// 128-block of token 0 all zero.
-fn prefill_activations(rng: &mut ChaCha8Rng, m: usize, k: usize) -> (Vec<u16>, Vec<f32>) {
-    let mut v = Vec::with_capacity(m * k);
-    for r in 0..m {
-        let amp = 2f32.powi(rng.gen_range(-4..=3));
-        for c in 0..k {
-            v.push(if r == 0 && c < 128 {
-                0.0
-            } else {
-                rng.gen_range(-amp..amp)
-            });
-        }
-    }
-    let bits: Vec<u16> = v.into_iter().map(f32_to_bf16).collect();
-    let vals = bits.iter().map(|&b| bf16_to_f32(b)).collect();
-    (bits, vals)
-}
+use gpu_common::{
+    dequantize_act, fp8_block_weights, gpu, nvfp4_weights, prefill_activations, quantize_act_cpu,
+    rel_err, rng,
+};
 
 /// `rel_err` with a bound; on failure names the worst element, its 128x128 output tile and its 64-row warpgroup
 /// half, and how many elements are off by more than 1% of the largest reference value (one wrong K block or
@@ -166,15 +126,13 @@ fn fp8_block_gemm_wgmma_matches_the_reference_on_every_build() {
         (2, 19197, 640),
         (131, 8955, 128),
         (1, 51199, 896),
+        (385, 1000, 384),
+        (300, 4500, 256),
     ] {
-        let w = uniform(&mut rng, n * k, 0.05);
-        let (wq, ws) = reference::linear::quantize_fp8_block(&w, n, k);
+        let (wq, ws) = fp8_block_weights(&mut rng, n, k);
         let (_, xf) = prefill_activations(&mut rng, m, k);
         let (xq, xs) = quantize_act_cpu(&xf, m, k);
-        let kb = k / 128;
-        let xd: Vec<f32> = (0..m * k)
-            .map(|i| e4m3_to_f32(xq[i]) * xs[(i / k) * kb + (i % k) / 128])
-            .collect();
+        let xd = dequantize_act(&xq, &xs, m, k);
         let want = reference::linear::fp8_block_linear(&xd, m, &wq, &ws, n, k);
         let (dxq, dxs, dw, dws) = (
             gpu.upload(&xq).unwrap(),
@@ -201,6 +159,84 @@ fn fp8_block_gemm_wgmma_matches_the_reference_on_every_build() {
             n,
             FP8_TOL,
         );
+    }
+}
+
+/// bf16 output: each element must be exactly the same build's fp32 element rounded to nearest even (the bf16
+/// epilogue rounds the fp32 accumulator once at the store), and within the bf16 rounding bound of the reference.
+/// The bound: FP8_TOL for the fp32 result plus one bf16 rounding, at most 2^-8 of each element's magnitude
+/// (8 significant bits; ~1e-3 relative in norm on random data), so 2e-3 + 2^-8.
+const FP8_BF16_TOL: f64 = FP8_TOL + 1.0 / 256.0;
+
+#[test]
+fn fp8_block_gemm_wgmma_bf16_is_the_fp32_result_rounded_to_nearest_even() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("fp8_block_gemm_wgmma_bf16");
+    // The epilogue's paths: n % 4 == 0 (8-byte stores of 4 columns after a lane-pair exchange; 388 and 4500
+    // with a partial last tile, 8956 with 140 tiles: blocks walk two tiles) and n % 4 != 0 (2-byte stores:
+    // odd 201 and 19197, n % 4 == 2 for 130 and 1002), ragged M (rows past M run the exchange but do not
+    // store), one K block up to 14, odd and even K block counts (v4's two partials).
+    for &(m, n, k) in &[
+        (1, 16, 128),
+        (5, 130, 256),
+        (130, 201, 640),
+        (257, 388, 1024),
+        (129, 1002, 1792),
+        (131, 8956, 128),
+        (2, 19197, 640),
+        (300, 4500, 384),
+    ] {
+        let (wq, ws) = fp8_block_weights(&mut rng, n, k);
+        let (_, xf) = prefill_activations(&mut rng, m, k);
+        let (xq, xs) = quantize_act_cpu(&xf, m, k);
+        let xd = dequantize_act(&xq, &xs, m, k);
+        let want = reference::linear::fp8_block_linear(&xd, m, &wq, &ws, n, k);
+        let (dxq, dxs, dw, dws) = (
+            gpu.upload(&xq).unwrap(),
+            gpu.upload(&xs).unwrap(),
+            gpu.upload(&wq).unwrap(),
+            gpu.upload(&ws).unwrap(),
+        );
+        for (name, build) in [("auto", None), ("v4", Some(Fp8Wgmma::PingPong))] {
+            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            let b = build.unwrap_or(Fp8Wgmma::PingPong);
+            if sm90a_available(
+                gpu.fp8_block_gemm_wgmma_with(b, &dxq, &dxs, &dw, &dws, &mut dy, m, n, k),
+            )
+            .is_none()
+            {
+                return;
+            }
+            let y32 = gpu.download(&dy).unwrap();
+            // 0xFFFF is a bf16 NaN: an element the kernel did not write fails both checks below.
+            let mut db = gpu.upload(&vec![0xFFFFu16; m * n]).unwrap();
+            match build {
+                None => gpu.fp8_block_gemm_wgmma_bf16(&dxq, &dxs, &dw, &dws, &mut db, m, n, k),
+                Some(b) => {
+                    gpu.fp8_block_gemm_wgmma_bf16_with(b, &dxq, &dxs, &dw, &dws, &mut db, m, n, k)
+                }
+            }
+            .unwrap();
+            let yb = gpu.download(&db).unwrap();
+            let what = format!("fp8 wgmma {name} bf16 out m={m} n={n} k={k}");
+            let got: Vec<f32> = yb.iter().map(|&b| bf16_to_f32(b)).collect();
+            check(&what, &got, &want, n, FP8_BF16_TOL);
+            if let Some((i, (&b, &f))) = yb
+                .iter()
+                .zip(&y32)
+                .enumerate()
+                .find(|(_, (&b, &f))| b != f32_to_bf16(f))
+            {
+                panic!(
+                    "{what}: element ({}, {}) is bf16 {b:#06x} ({}) but the fp32 build gave {f} = bf16 \
+                     {:#06x} rounded to nearest even",
+                    i / n,
+                    i % n,
+                    bf16_to_f32(b),
+                    f32_to_bf16(f)
+                );
+            }
+        }
     }
 }
 
@@ -232,14 +268,10 @@ fn fp8_block_gemm_dispatches_to_wgmma_where_it_fits_and_to_mma_sync_otherwise() 
         (130, 201, 400),
         (257, 129, 1024),
     ] {
-        let w = uniform(&mut rng, n * k, 0.05);
-        let (wq, ws) = reference::linear::quantize_fp8_block(&w, n, k);
+        let (wq, ws) = fp8_block_weights(&mut rng, n, k);
         let (_, xf) = prefill_activations(&mut rng, m, k);
         let (xq, xs) = quantize_act_cpu(&xf, m, k);
-        let kb = k.div_ceil(128);
-        let xd: Vec<f32> = (0..m * k)
-            .map(|i| e4m3_to_f32(xq[i]) * xs[(i / k) * kb + (i % k) / 128])
-            .collect();
+        let xd = dequantize_act(&xq, &xs, m, k);
         let want = reference::linear::fp8_block_linear(&xd, m, &wq, &ws, n, k);
         let (dxq, dxs, dw, dws) = (
             gpu.upload(&xq).unwrap(),
@@ -329,6 +361,31 @@ fn fp8_block_gemm_wgmma_refuses_bad_sizes() {
             "{name}: {e}"
         );
     }
+    // The bf16 entry point checks the same sizes, its bf16 output included.
+    let mut yb = gpu.zeros::<u16>(3 * 9).unwrap();
+    let e = gpu
+        .fp8_block_gemm_wgmma_bf16(&xq, &xs, &w, &ws, &mut yb, 3, 8, 256)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("y has 27 elements, expected 24"),
+        "bf16: {e}"
+    );
+    let mut yb = gpu.zeros::<u16>(3 * 8).unwrap();
+    let e = gpu
+        .fp8_block_gemm_wgmma_bf16(&xq, &xs, &w, &ws, &mut yb, 3, 8, 192)
+        .unwrap_err();
+    assert!(e.to_string().contains("multiple of 128"), "bf16: {e}");
+    // Builds without a bf16 epilogue are refused by name.
+    for build in [Fp8Wgmma::CpAsync, Fp8Wgmma::Tma, Fp8Wgmma::Persistent] {
+        let e = gpu
+            .fp8_block_gemm_wgmma_bf16_with(build, &xq, &xs, &w, &ws, &mut yb, 3, 8, 256)
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(&format!("the {build:?} build writes fp32 only")),
+            "bf16 {build:?}: {e}"
+        );
+    }
 }
 
 // NVFP4: e2m1 x e4m3 group scale is exact in bf16 and the bf16 activations are exact, so every product is exact
@@ -349,12 +406,15 @@ type Nvfp4Fn = fn(
     usize,
 ) -> Result<(), KernelError>;
 
-const NVFP4_BUILDS: [(&str, Nvfp4Fn); 3] = [
+const NVFP4_BUILDS: [(&str, Nvfp4Fn); 4] = [
     ("v1 synchronous", |g, x, w, s, gs, y, m, n, k| {
         g.nvfp4_gemm_wgmma_with(Nvfp4Wgmma::Synchronous, x, w, s, gs, y, m, n, k)
     }),
     ("v2 warp-specialised", |g, x, w, s, gs, y, m, n, k| {
         g.nvfp4_gemm_wgmma_with(Nvfp4Wgmma::WarpSpecialized, x, w, s, gs, y, m, n, k)
+    }),
+    ("v3 prmt decode", |g, x, w, s, gs, y, m, n, k| {
+        g.nvfp4_gemm_wgmma_with(Nvfp4Wgmma::PrmtDecode256, x, w, s, gs, y, m, n, k)
     }),
     ("auto", Gpu::nvfp4_gemm_wgmma),
 ];
@@ -366,7 +426,9 @@ fn nvfp4_gemm_wgmma_matches_the_reference_on_every_build() {
     // Ragged M and N (odd N included), K = 64 (one K tile) up to 17 K tiles: past v1's 4 stages and two decoded
     // B buffers several times, past v2's 6-stage ring twice (both mbarrier phases reused), and K tile counts
     // of 1, 2, 4, 7, 8 and 17 against v2's producers, which hold 4 K tiles in registers (a whole number of
-    // groups of 4, and 1 or 3 left over).
+    // groups of 4, and 1 or 3 left over). For v3's 256-row tiles: M within the first 128-row half of a tile (1,
+    // 3, 5, 64, 129 - 128 = 1 row, 257 - 256, 384 - 256 = 128 exactly: the second x box is skipped), both halves
+    // partly (130, 300, 200 + 256) and whole tiles (512); its 4-stage ring wraps four times at K = 1088.
     for &(m, n, k) in &[
         (1, 8, 64),
         (5, 130, 128),
@@ -375,9 +437,12 @@ fn nvfp4_gemm_wgmma_matches_the_reference_on_every_build() {
         (129, 200, 512),
         (257, 300, 1088),
         (64, 256, 64),
+        (384, 136, 320),
+        (300, 72, 192),
+        (512, 129, 576),
+        (456, 17, 128),
     ] {
-        let w = uniform(&mut rng, n * k, 0.05);
-        let (packed, scales, global) = reference::linear::quantize_nvfp4(&w, n, k);
+        let (packed, scales, global) = nvfp4_weights(&mut rng, n, k);
         let (xb, xf) = prefill_activations(&mut rng, m, k);
         let want = reference::linear::nvfp4_linear(&xf, m, &packed, &scales, global, n, k);
         let (dx, dw, ds) = (
@@ -401,8 +466,7 @@ fn nvfp4_gemm_dispatches_to_wgmma_on_sm90_and_to_mma_sync_otherwise() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("nvfp4_gemm dispatch");
     for &(m, n, k) in &[(130, 257, 448), (5, 300, 128)] {
-        let w = uniform(&mut rng, n * k, 0.05);
-        let (packed, scales, global) = reference::linear::quantize_nvfp4(&w, n, k);
+        let (packed, scales, global) = nvfp4_weights(&mut rng, n, k);
         let (xb, xf) = prefill_activations(&mut rng, m, k);
         let want = reference::linear::nvfp4_linear(&xf, m, &packed, &scales, global, n, k);
         let (dx, dw, ds) = (

@@ -16,7 +16,10 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 mod gpu_common;
-use gpu_common::{gpu, rel_err, rng, uniform};
+use gpu_common::{
+    bf16_activations, dequantize_act, fp8_block_weights, gpu, nvfp4_weights, prefill_activations,
+    quantize_act_cpu, rel_err, rng, uniform,
+};
 
 #[test]
 fn without_cuda_the_api_refuses_and_with_it_probing_succeeds() {
@@ -33,16 +36,6 @@ fn without_cuda_the_api_refuses_and_with_it_probing_succeeds() {
         Ok(None) => println!("skipped: no CUDA device"),
         Ok(Some(g)) => println!("device: {}", g.name().expect("device name")),
     }
-}
-
-/// bf16 activations, returned as bits for the GPU and as the exact f32 values for the reference.
-fn bf16_activations(rng: &mut ChaCha8Rng, len: usize) -> (Vec<u16>, Vec<f32>) {
-    let bits: Vec<u16> = uniform(rng, len, 2.0)
-        .into_iter()
-        .map(f32_to_bf16)
-        .collect();
-    let vals = bits.iter().map(|&b| bf16_to_f32(b)).collect();
-    (bits, vals)
 }
 
 // fp32 accumulation of exact products (e4m3 x bf16 fits in 24 bits; on the tensor cores e4m3 and bf16 in
@@ -71,8 +64,7 @@ fn fp8_block_gemv_matches_the_reference_on_every_path() {
         (16, 1000, 656),
         (11, 5, 16),
     ] {
-        let w = uniform(&mut rng, n * k, 0.05);
-        let (codes, scales) = reference::linear::quantize_fp8_block(&w, n, k);
+        let (codes, scales) = fp8_block_weights(&mut rng, n, k);
         let (xb, xf) = bf16_activations(&mut rng, m * k);
         let want = reference::linear::fp8_block_linear(&xf, m, &codes, &scales, n, k);
         let (dx, dw, ds) = (
@@ -106,8 +98,7 @@ fn nvfp4_gemv_matches_the_reference_on_every_path() {
         (9, 3, 32),
         (1, 16400, 96),
     ] {
-        let w = uniform(&mut rng, n * k, 0.05);
-        let (packed, scales, global) = reference::linear::quantize_nvfp4(&w, n, k);
+        let (packed, scales, global) = nvfp4_weights(&mut rng, n, k);
         let (xb, xf) = bf16_activations(&mut rng, m * k);
         let want = reference::linear::nvfp4_linear(&xf, m, &packed, &scales, global, n, k);
         let (dx, dw, ds) = (
@@ -554,48 +545,6 @@ fn attention_decode_refuses_unbuilt_group_sizes() {
 // ---------------------------------------------------------------------------------------------------------------
 // FP8 prefill GEMM (cuda/gemm.cu) and its activation quantiser.
 
-/// The activation quantisation the GPU quantiser implements, on the CPU: per token, per 128 of K, scale
-/// `amax / 448` (1.0 for an all-zero block), codes `f32_to_e4m3(x / scale)`. Returns `(codes [m, k], scales
-/// [m, ceil(k/128)])`.
-fn quantize_act_cpu(x: &[f32], m: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
-    let kb = k.div_ceil(128);
-    let mut codes = vec![0u8; m * k];
-    let mut scales = vec![0f32; m * kb];
-    for r in 0..m {
-        for b in 0..kb {
-            let cols = b * 128..((b + 1) * 128).min(k);
-            let amax = x[r * k..][cols.clone()]
-                .iter()
-                .fold(0f32, |a, v| a.max(v.abs()));
-            let s = if amax > 0.0 { amax / 448.0 } else { 1.0 };
-            scales[r * kb + b] = s;
-            for c in cols {
-                codes[r * k + c] = kernels::formats::f32_to_e4m3(x[r * k + c] / s);
-            }
-        }
-    }
-    (codes, scales)
-}
-
-/// bf16 activations whose magnitude varies by token (2^-4 .. 2^3) so the per-token scales differ, with the first
-/// 128-block of token 0 all zero (the scale-1.0 case).
-fn prefill_activations(rng: &mut ChaCha8Rng, m: usize, k: usize) -> (Vec<u16>, Vec<f32>) {
-    let mut v = Vec::with_capacity(m * k);
-    for r in 0..m {
-        let amp = 2f32.powi(rng.gen_range(-4..=3));
-        for c in 0..k {
-            v.push(if r == 0 && c < 128 {
-                0.0
-            } else {
-                rng.gen_range(-amp..amp)
-            });
-        }
-    }
-    let bits: Vec<u16> = v.into_iter().map(f32_to_bf16).collect();
-    let vals = bits.iter().map(|&b| bf16_to_f32(b)).collect();
-    (bits, vals)
-}
-
 #[test]
 fn fp8_quantize_activations_matches_the_cpu_quantiser_exactly() {
     let Some(gpu) = gpu() else { return };
@@ -652,15 +601,12 @@ fn fp8_block_gemm_matches_the_reference() {
         (257, 385, 1040),
         (129, 257, 2064),
     ] {
-        let w = uniform(&mut rng, n * k, 0.05);
-        let (wq, ws) = reference::linear::quantize_fp8_block(&w, n, k);
+        let (wq, ws) = fp8_block_weights(&mut rng, n, k);
         let (xb, xf) = prefill_activations(&mut rng, m, k);
         let (xq, xs) = quantize_act_cpu(&xf, m, k);
         let kb = k.div_ceil(128);
         // What the GEMM computes, in exact values: the dequantised activations against the reference GEMM.
-        let xd: Vec<f32> = (0..m * k)
-            .map(|i| kernels::formats::e4m3_to_f32(xq[i]) * xs[(i / k) * kb + (i % k) / 128])
-            .collect();
+        let xd = dequantize_act(&xq, &xs, m, k);
         let want = reference::linear::fp8_block_linear(&xd, m, &wq, &ws, n, k);
         let (dxq, dxs, dw, dws) = (
             gpu.upload(&xq).unwrap(),
@@ -744,8 +690,7 @@ fn nvfp4_gemm_matches_the_reference() {
         (257, 300, 1088),
         (64, 256, 64),
     ] {
-        let w = uniform(&mut rng, n * k, 0.05);
-        let (packed, scales, global) = reference::linear::quantize_nvfp4(&w, n, k);
+        let (packed, scales, global) = nvfp4_weights(&mut rng, n, k);
         let (xb, xf) = prefill_activations(&mut rng, m, k);
         let want = reference::linear::nvfp4_linear(&xf, m, &packed, &scales, global, n, k);
         let (dx, dw, ds) = (

@@ -47,9 +47,10 @@ impl Gpu {
     ///
     /// Dispatch: on compute capability 9.0 with `k % 128 == 0` (every real checkpoint's K) and fewer than 2^31
     /// output tiles, the wgmma kernel [`Gpu::fp8_block_gemm_wgmma`] (persistent, TMA producer + 2 consumer
-    /// warpgroups with ping-pong partials; H200, `m = 4096`, 5120x17408 and 17408x5120: 712-729 us, ~1000
-    /// TFLOP/s, 0.72-0.74x cuBLAS FP8 `torch._scaled_mm` rowwise and 0.77-0.79x with the same block scales,
-    /// 4.3x the mma.sync kernel; `benchmarks/h200-runs/s2-run5/bench_gemm_sm90a.txt`),
+    /// warpgroups with ping-pong partials, v4; H200, `m = 4096`, 5120x17408 and 17408x5120: 693.2 / 735.7 us,
+    /// ~990-1050 TFLOP/s, 0.82x / 0.78x cuBLAS FP8 `torch._scaled_mm` with the same block scales (bf16 out;
+    /// with bf16 out too, [`Gpu::fp8_block_gemm_wgmma_bf16`]: 691.6 / 712.2 us, 0.82x / 0.80x), 4.4-4.7x the
+    /// mma.sync kernel; `benchmarks/h200-runs/s3-run4/bench_gemm_sm90a.txt`),
     /// otherwise [`Gpu::fp8_block_gemm_mma_sync`]. The two agree to ~1e-4 relative (the same products summed in
     /// another order).
     #[allow(clippy::too_many_arguments)]
@@ -117,10 +118,11 @@ impl Gpu {
     /// `1 <= m, n`, `n <= 65535 * 128`, a finite `global_scale` and every size within 32-bit indices.
     ///
     /// Dispatch: on compute capability 9.0 with fewer than 2^31 output tiles, the wgmma kernel
-    /// [`Gpu::nvfp4_gemm_wgmma`] (producer warpgroups decode the weights into a swizzled bf16 ring in shared
-    /// memory, consumer warpgroups run `wgmma` m64n128k16 bf16; H200, `m = 4096`, 5120x17408 and 17408x5120:
-    /// 1784-1819 us, ~405 TFLOP/s, 0.50-0.51x cuBLAS bf16 on a dequantised copy, 1.95-1.97x the mma.sync
-    /// kernel; `benchmarks/h200-runs/s2-run5/bench_gemm_sm90a.txt`),
+    /// [`Gpu::nvfp4_gemm_wgmma`] (v3: producer warpgroups decode the weights by byte permutes into a swizzled
+    /// bf16 ring in shared memory, consumer warpgroups run `wgmma` m64n128k16 bf16 on 256x128 tiles; H200,
+    /// `m = 4096`, 5120x17408 and 17408x5120: 1119.6 / 1188.4 us, ~615-650 TFLOP/s, 0.82x / 0.78x cuBLAS bf16
+    /// `torch.matmul` on a dequantised copy (919.0 / 923.1 us; `m = 2048`: 0.70x / 0.77x, `m = 512`: 0.60x),
+    /// 3.2-3.4x the mma.sync kernel; `benchmarks/h200-runs/s3-run4/bench_gemm_sm90a.txt`),
     /// otherwise [`Gpu::nvfp4_gemm_mma_sync`]. Both have the same K constraint, so every valid call takes the
     /// wgmma path on the H200.
     #[allow(clippy::too_many_arguments)]

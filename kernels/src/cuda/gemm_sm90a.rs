@@ -3,30 +3,37 @@
 //! and [`Gpu::nvfp4_gemm`], so they are drop-in faster paths for prefill, with tighter K constraints
 //! (`k % 128 == 0` for FP8, `k % 64 == 0` for NVFP4).
 //!
-//! FP8 comes in four builds of one algorithm (128x128 output tiles, 128 of K per stage, per-128-K partials
-//! from `wgmma` m64n128k32 e4m3 promoted into fp32 with both block scales on the CUDA cores):
+//! FP8 comes in four builds of one algorithm (128x128 output tiles; 128 of K per stage; per-128-K
+//! partials from `wgmma` e4m3 promoted into fp32 with both block scales on the CUDA cores):
 //! - [`Fp8Wgmma::CpAsync`] (v1): two warpgroups load a 4-stage ring with `cp.async` and then
-//!   compute; the simplest correct wgmma kernel. H200, M = 4096, 5120x17408 / 17408x5120: 1018-1048 us,
-//!   0.52-0.56x cuBLAS FP8.
+//!   compute; the simplest correct wgmma kernel.
 //! - [`Fp8Wgmma::Tma`] (v2): a producer warpgroup issues TMA copies into a 6-stage ring guarded
-//!   by mbarriers; two consumer warpgroups compute (DeepGEMM's structure). 818-855 us, 0.64-0.70x cuBLAS FP8
-//!   (`torch._scaled_mm` rowwise 537-543 us, block-scaled 572 us), 855-930 TFLOP/s.
+//!   by mbarriers; two consumer warpgroups compute (DeepGEMM's structure).
 //! - [`Fp8Wgmma::Persistent`] (v3): v2 as a persistent kernel, one block per SM walking its
 //!   tiles, the ring running on across tiles (the next tile's loads overlap this tile's epilogue).
 //! - [`Fp8Wgmma::PingPong`] (v4): v3 with two partial register tiles, so the wgmmas of K block
-//!   `kb + 1` run while the promotion of `kb` is done.
+//!   `kb + 1` run while the promotion of `kb` is done. [`Gpu::fp8_block_gemm_wgmma`] runs it (fp32 out), and
+//!   [`Gpu::fp8_block_gemm_wgmma_bf16`] runs it with a bf16 epilogue (round to nearest even, half the output
+//!   bytes: what cuBLAS `_scaled_mm` writes, so the like-for-like comparison).
 //!
-//! NVFP4 comes in two builds: [`Nvfp4Wgmma::Synchronous`] (v1, measured: 0.43-0.46x cuBLAS bf16)
-//! and [`Nvfp4Wgmma::WarpSpecialized`] (v2: TMA for x, producer warpgroups decoding the weights
-//! into an mbarrier ring, consumer warpgroups issuing wgmmas); [`Gpu::nvfp4_gemm_wgmma`] picks v1 until the
-//! H200 has timed v2.
+//! Only v4 has the bf16 epilogue ([`Gpu::fp8_block_gemm_wgmma_bf16_with`] refuses the other builds).
 //!
 //! Measured on the H200 at M = 4096 on 5120x17408 / 17408x5120 (benchmarks/h200-runs/s2-run5, one run, all
 //! arms checked against torch first): v1 987 / 1050 us, v2 816 / 853, v3 906 / 889, v4 712 / 729 us (1026 /
 //! 1002 TFLOP/s) against `torch._scaled_mm` rowwise 524 / 527 us and with the same block scales 560 / 560 us:
-//! v4 is 0.72-0.74x the rowwise and 0.77-0.79x the block-scaled cuBLAS, and [`Gpu::fp8_block_gemm_wgmma`] runs
-//! it. NVFP4: v1 2137 / 2154 us, v2 1784 / 1819 us against bf16 `torch.matmul` 904 / 910 us (0.50-0.51x):
-//! [`Gpu::nvfp4_gemm_wgmma`] runs v2.
+//! v4 is 0.72-0.74x the rowwise and 0.77-0.79x the block-scaled cuBLAS (s3-run1: 715 / 744 us, 0.79 / 0.76x
+//! block-scaled; s3-run4: 693.2 / 735.7 us fp32 out, 691.6 / 712.2 us bf16 out, 0.82 / 0.80x block-scaled
+//! cuBLAS, numbers at [`Gpu::fp8_block_gemm_wgmma_bf16`]). A fifth build, v4 in 2x1 clusters multicasting the
+//! weight tile (0.75x the L2 -> SM bytes), was removed after s3-run1 measured it at 741 / 777 us, 0.96-0.99x v4
+//! at M = 512, 2048 and 4096. (128x256 tiles do not fit v4: per-128-K promotion of a 64x256 warpgroup tile needs
+//! 128 accumulator + 2 x 128 partial registers per thread.) A sixth, "v6" (v4 with 128x192 tiles, ping-pong over
+//! two m64n96k32 halves per K block), was removed after s3-run4 measured it at 859.9 / 855.9 us against v4's
+//! 693.2 / 735.7 us (0.81x / 0.86x v4; M = 2048: 0.76x / 0.87x).
+//!
+//! NVFP4 comes in three builds: [`Nvfp4Wgmma::Synchronous`] (v1), [`Nvfp4Wgmma::WarpSpecialized`] (v2: TMA for
+//! x, producer warpgroups decoding the weights into an mbarrier ring, consumer warpgroups issuing wgmmas) and
+//! [`Nvfp4Wgmma::PrmtDecode256`] (v3: v2 with 256-row tiles and a byte-permute decode), which
+//! [`Gpu::nvfp4_gemm_wgmma`] runs (the table at `NVFP4_BEST`).
 
 use super::{check_len, Gpu, GpuBuffer};
 use crate::KernelError;
@@ -43,8 +50,9 @@ pub enum Fp8Wgmma {
     /// v3, `fp8_block_gemm_sm90a_v3`: v2 as a persistent kernel (one block per SM, tiles `b, b + grid, ...` in
     /// the grouped order; the producer runs on into the next tile while the consumers store this one).
     Persistent,
-    /// v4, `fp8_block_gemm_sm90a_v4`: v3 with two partial register tiles per consumer thread, so the wgmmas of
-    /// K block `kb + 1` are in flight while the partial of `kb` is promoted (`wgmma.wait_group 1`).
+    /// v4, `fp8_block_gemm_sm90a_v4` (`_v4_bf16` for bf16 out): v3 with two partial register tiles per
+    /// consumer thread, so the wgmmas of K block `kb + 1` are in flight while the partial of `kb` is promoted
+    /// (`wgmma.wait_group 1`).
     PingPong,
 }
 
@@ -59,15 +67,50 @@ pub enum Nvfp4Wgmma {
     /// and decode them straight into the swizzled bf16 B tile of each stage of a 6-stage mbarrier ring; two
     /// consumer warpgroups only wait and issue wgmmas. No block barrier in the K loop.
     WarpSpecialized,
+    /// v3, `nvfp4_gemm_sm90a_v3`: v2's structure with 256-row tiles (each consumer warpgroup owns 128 rows, so
+    /// each decoded weight feeds twice the MMA work) and an e2m1 -> bf16 decode by byte permutes (`prmt` against
+    /// two 8-byte tables in registers, the group scale applied by exact `mul.rn.bf16x2`); a 4-stage ring.
+    PrmtDecode256,
 }
 
-/// The build [`Gpu::nvfp4_gemm_wgmma`] (and so [`Gpu::nvfp4_gemm`] on compute capability 9.0) runs: v2, 1.17-1.20x
-/// v1 on the H200 (s2-run5, numbers in the module docs).
-const NVFP4_BEST: Nvfp4Wgmma = Nvfp4Wgmma::WarpSpecialized;
+/// The build [`Gpu::nvfp4_gemm_wgmma`] (and so [`Gpu::nvfp4_gemm`] on compute capability 9.0) runs: v3, faster
+/// than v2 at every measured M. H200, N x K = 5120x17408 / 17408x5120, all arms checked against an fp32 torch
+/// reference first and timed in the same rounds (benchmarks/h200-runs/s3-run1/bench_gemm_sm90a.txt):
+///
+/// | M | v3 us | v2 us | v3 / v2 speed | cuBLAS bf16 `torch.matmul` us | v3 / cuBLAS speed |
+/// |---:|---:|---:|---:|---:|---:|
+/// | 4096 | 1104 / 1171 | 1783 / 1808 | 1.61 / 1.54 | 907 / 914 | 0.82 / 0.78 |
+/// | 2048 | 646 / 614 | 865 / 907 | 1.34 / 1.48 | 454 / 477 | 0.70 / 0.78 |
+/// | 512 | 208 / 202 | 343 / 262 | 1.65 / 1.29 | 124 / 121 | 0.60 / 0.60 |
+///
+/// The final run (s3-run4) agrees: M = 4096 1119.6 / 1188.4 us, 0.82x / 0.78x cuBLAS bf16 `torch.matmul`
+/// (919.0 / 923.1 us); M = 2048 0.70x / 0.77x; M = 512 0.60x.
+///
+/// v2 ([`Nvfp4Wgmma::WarpSpecialized`]) stays selectable through [`Gpu::nvfp4_gemm_wgmma_with`].
+const NVFP4_BEST: Nvfp4Wgmma = Nvfp4Wgmma::PrmtDecode256;
 
 /// The build [`Gpu::fp8_block_gemm_wgmma`] (and so [`Gpu::fp8_block_gemm`] on compute capability 9.0) runs.
-/// v4, 1.15-1.17x v2 on the H200 (s2-run5, numbers in the module docs).
+/// v4, 1.15-1.17x v2 on the H200 (s2-run5, numbers in the module docs). Final H200 run (s3-run4, M = 4096,
+/// 5120x17408 / 17408x5120): fp32 out 693.2 / 735.7 us; with the bf16 epilogue
+/// ([`Gpu::fp8_block_gemm_wgmma_bf16`], the like-for-like comparison: cuBLAS writes bf16 too) 691.6 / 712.2 us
+/// = 0.82x / 0.80x cuBLAS `_scaled_mm` with the same 1x128 / 128x128 block scales (566.9 / 570.6 us) and
+/// 0.77x / 0.76x `_scaled_mm` rowwise (531.5 / 539.1 us); M = 2048: 0.85x / 0.85x block-scaled. The 128x192
+/// build tried in its place (v6) lost everywhere and was removed (module docs).
 const FP8_BEST: Fp8Wgmma = Fp8Wgmma::PingPong;
+
+/// The output of an FP8 wgmma GEMM: fp32, or bf16 bits (only v4 has the bf16 epilogue; the bf16 entry points
+/// refuse the other builds).
+enum Fp8Out<'a> {
+    F32(&'a mut GpuBuffer<f32>),
+    Bf16(&'a mut GpuBuffer<u16>),
+}
+
+/// [`Fp8Out`] as the launch takes it (device/gemm_sm90a.rs).
+#[cfg(feature = "cuda")]
+pub(super) enum Fp8OutSlice<'a> {
+    F32(&'a mut cudarc::driver::CudaSlice<f32>),
+    Bf16(&'a mut cudarc::driver::CudaSlice<u16>),
+}
 
 /// Sizes every wgmma GEMM accepts: positive, within the kernels' 32-bit indices, K a multiple of the kernel's K
 /// tile, and at most `i32::MAX` output tiles of 128x128 (the 1D grid).
@@ -127,7 +170,7 @@ impl Gpu {
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        self.fp8_wgmma(FP8_BEST, xq, x_scales, w, w_scales, y, m, n, k)
+        self.fp8_wgmma(FP8_BEST, xq, x_scales, w, w_scales, Fp8Out::F32(y), m, n, k)
     }
 
     /// [`Gpu::fp8_block_gemm_wgmma`] on a chosen build ([`Fp8Wgmma`]; tests and benchmarks drive each one).
@@ -145,7 +188,67 @@ impl Gpu {
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        self.fp8_wgmma(build, xq, x_scales, w, w_scales, y, m, n, k)
+        self.fp8_wgmma(build, xq, x_scales, w, w_scales, Fp8Out::F32(y), m, n, k)
+    }
+
+    /// [`Gpu::fp8_block_gemm_wgmma`] writing bf16: the same build (v4) and fp32 accumulation, each output
+    /// rounded to nearest even once at the store (so element for element `bf16(fp32 result)`, ties to even,
+    /// exactly what [`crate::formats::f32_to_bf16`] gives for the fp32 path's output). Half the output bytes of
+    /// the fp32 form (at m = 4096, n = 17408: 143 MB instead of 285 MB per call), and the output cuBLAS
+    /// `torch._scaled_mm` writes.
+    ///
+    /// Measured on the H200 (benchmarks/h200-runs/s3-run4, 5120x17408 / 17408x5120, checked against torch
+    /// first): at `m = 4096` 691.6 / 712.2 us (fp32 out 693.2 / 735.7 us) = 0.82x / 0.80x cuBLAS
+    /// `torch._scaled_mm` with the same 1x128 / 128x128 block scales and bf16 output (566.9 / 570.6 us), and
+    /// 0.77x / 0.76x `_scaled_mm` rowwise (531.5 / 539.1 us); at `m = 2048` 0.85x / 0.85x block-scaled.
+    ///
+    /// `y`: bf16 bits `[m, n]`; everything else as [`Gpu::fp8_block_gemm_wgmma`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn fp8_block_gemm_wgmma_bf16(
+        &self,
+        xq: &GpuBuffer<u8>,
+        x_scales: &GpuBuffer<f32>,
+        w: &GpuBuffer<u8>,
+        w_scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<u16>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        self.fp8_wgmma(
+            FP8_BEST,
+            xq,
+            x_scales,
+            w,
+            w_scales,
+            Fp8Out::Bf16(y),
+            m,
+            n,
+            k,
+        )
+    }
+
+    /// [`Gpu::fp8_block_gemm_wgmma_bf16`] on a chosen build: only [`Fp8Wgmma::PingPong`] has a bf16 epilogue
+    /// (the others are refused with a shape error). Same layouts and constraints.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fp8_block_gemm_wgmma_bf16_with(
+        &self,
+        build: Fp8Wgmma,
+        xq: &GpuBuffer<u8>,
+        x_scales: &GpuBuffer<f32>,
+        w: &GpuBuffer<u8>,
+        w_scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<u16>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        crate::ensure_shape!(
+            build == Fp8Wgmma::PingPong,
+            "cuda::fp8_block_gemm_wgmma_bf16",
+            "the {build:?} build writes fp32 only (bf16 out: PingPong)"
+        );
+        self.fp8_wgmma(build, xq, x_scales, w, w_scales, Fp8Out::Bf16(y), m, n, k)
     }
 
     /// Whether this device runs the sm_90a (wgmma) module: compute capability 9.0 exactly.
@@ -166,7 +269,7 @@ impl Gpu {
         x_scales: &GpuBuffer<f32>,
         w: &GpuBuffer<u8>,
         w_scales: &GpuBuffer<f32>,
-        y: &mut GpuBuffer<f32>,
+        y: Fp8Out<'_>,
         m: usize,
         n: usize,
         k: usize,
@@ -178,16 +281,24 @@ impl Gpu {
         check_len(OP, "x_scales", x_scales.len(), m * kb)?;
         check_len(OP, "w", w.len(), n * k)?;
         check_len(OP, "w_scales", w_scales.len(), n.div_ceil(128) * kb)?;
-        check_len(OP, "y", y.len(), m * n)?;
+        let y_len = match &y {
+            Fp8Out::F32(y) => y.len(),
+            Fp8Out::Bf16(y) => y.len(),
+        };
+        check_len(OP, "y", y_len, m * n)?;
         #[cfg(feature = "cuda")]
         {
+            let y = match y {
+                Fp8Out::F32(y) => Fp8OutSlice::F32(&mut y.slice),
+                Fp8Out::Bf16(y) => Fp8OutSlice::Bf16(&mut y.slice),
+            };
             self.inner.fp8_block_gemm_sm90a(
                 variant,
                 &xq.slice,
                 &x_scales.slice,
                 &w.slice,
                 &w_scales.slice,
-                &mut y.slice,
+                y,
                 m,
                 n,
                 k,
@@ -195,14 +306,14 @@ impl Gpu {
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = variant;
+            let _ = (variant, y);
             match self.never {}
         }
     }
 
-    /// [`Gpu::nvfp4_gemm`] on wgmma, the measured-best build (v2, [`Nvfp4Wgmma::WarpSpecialized`];
-    /// H200, `m = 4096`, 5120x17408 and 17408x5120: 1784-1819 us, 0.50-0.51x cuBLAS bf16, 1.95-1.97x the
-    /// mma.sync kernel): `y[m][n] = global_scale * sum_k x[m][k] *
+    /// [`Gpu::nvfp4_gemm`] on wgmma, the measured-best build (v3, [`Nvfp4Wgmma::PrmtDecode256`];
+    /// H200, `m = 4096`, 5120x17408 and 17408x5120: 1119.6 / 1188.4 us, 0.82 / 0.78x cuBLAS bf16 (s3-run4; the
+    /// table at `NVFP4_BEST`): `y[m][n] = global_scale * sum_k x[m][k] *
     /// e2m1(w[n][k]) * e4m3(scales[n][k/16])`, fp32 out. The weights are decoded to bf16 in shared memory
     /// (exact: an e2m1 value times an e4m3 scale has at most 5 significant bits) and multiplied by `wgmma`
     /// m64n128k16 bf16 with fp32 accumulation; the global scale is applied to the result.

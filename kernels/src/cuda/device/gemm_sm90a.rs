@@ -6,20 +6,23 @@ use cudarc::driver::sys;
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::{cuda_err, Device, Module};
-use crate::cuda::gemm_sm90a::{Fp8Wgmma, Nvfp4Wgmma};
+use crate::cuda::gemm_sm90a::{Fp8OutSlice, Fp8Wgmma, Nvfp4Wgmma};
 use crate::KernelError;
 
 /// Dynamic shared memory of `fp8_block_gemm_sm90a_v1` (cuda/gemm_sm90a.cu `F8V1_SMEM_BYTES`, kept equal by a
 /// static_assert there): 4 stages of two 128x128-byte tiles plus 1 KiB to align the ring to 1024 bytes.
 const FP8_V1_SMEM_BYTES: u32 = 132_096;
 /// `F8V2_SMEM_BYTES`: 6 stages of two 128x128-byte tiles, 1 KiB of alignment, 12 mbarriers (v2, and the
-/// persistent v3/v4, which share the ring).
+/// persistent v3/v4 and v4's bf16 form, which share the ring).
 const FP8_V2_SMEM_BYTES: u32 = 197_728;
 /// `N4_SMEM_BYTES`: two decoded 128x64 bf16 tiles, 4 stages of (x tile, packed weights, scales) padded to
 /// 1 KiB, 1 KiB of alignment.
 const NVFP4_V1_SMEM_BYTES: u32 = 119_808;
 /// `N4V2_SMEM_BYTES`: 6 stages of (x tile, decoded B tile), 16 KiB each, 1 KiB of alignment, 12 mbarriers.
 const NVFP4_V2_SMEM_BYTES: u32 = 197_728;
+/// `N4V3_SMEM_BYTES`: 4 stages of (x tile 256 x 64 bf16 = 32 KiB, decoded B tile 16 KiB), 1 KiB of alignment,
+/// 8 mbarriers.
+const NVFP4_V3_SMEM_BYTES: u32 = 197_696;
 
 /// A CUDA tensor map passed by value as a `__grid_constant__` kernel parameter (the kernel's `TmaDesc`, 128
 /// bytes). The driver copies kernel parameters by the kernel's declared layout, so the host alignment of this
@@ -120,7 +123,8 @@ impl Device {
 
     /// The FP8 wgmma kernels of cuda/gemm_sm90a.cu: `_v1` (cp.async ring, 2 warpgroups, one block per tile),
     /// `_v2` (TMA + mbarriers, producer warpgroup + 2 consumer warpgroups, one block per tile), `_v3` (v2
-    /// persistent: one block per SM looping over tiles) and `_v4` (v3 with ping-pong partials).
+    /// persistent: one block per SM looping over tiles) and `_v4` (v3 with ping-pong partials); `_v4_bf16`
+    /// writes bf16. A bf16 output with another build is refused (the safe layer refuses it first).
     #[allow(clippy::too_many_arguments)]
     pub(in crate::cuda) fn fp8_block_gemm_sm90a(
         &self,
@@ -129,16 +133,23 @@ impl Device {
         x_scales: &CudaSlice<f32>,
         w: &CudaSlice<u8>,
         w_scales: &CudaSlice<f32>,
-        y: &mut CudaSlice<f32>,
+        y: Fp8OutSlice<'_>,
         m: usize,
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        let (name, smem, threads) = match variant {
-            Fp8Wgmma::CpAsync => ("fp8_block_gemm_sm90a_v1", FP8_V1_SMEM_BYTES, 256),
-            Fp8Wgmma::Tma => ("fp8_block_gemm_sm90a_v2", FP8_V2_SMEM_BYTES, 384),
-            Fp8Wgmma::Persistent => ("fp8_block_gemm_sm90a_v3", FP8_V2_SMEM_BYTES, 384),
-            Fp8Wgmma::PingPong => ("fp8_block_gemm_sm90a_v4", FP8_V2_SMEM_BYTES, 384),
+        let bf16 = matches!(y, Fp8OutSlice::Bf16(_));
+        let (name, smem, threads) = match (variant, bf16) {
+            (Fp8Wgmma::CpAsync, false) => ("fp8_block_gemm_sm90a_v1", FP8_V1_SMEM_BYTES, 256),
+            (Fp8Wgmma::Tma, false) => ("fp8_block_gemm_sm90a_v2", FP8_V2_SMEM_BYTES, 384),
+            (Fp8Wgmma::Persistent, false) => ("fp8_block_gemm_sm90a_v3", FP8_V2_SMEM_BYTES, 384),
+            (Fp8Wgmma::PingPong, false) => ("fp8_block_gemm_sm90a_v4", FP8_V2_SMEM_BYTES, 384),
+            (Fp8Wgmma::PingPong, true) => ("fp8_block_gemm_sm90a_v4_bf16", FP8_V2_SMEM_BYTES, 384),
+            (_, true) => {
+                return Err(KernelError::Cuda(format!(
+                    "fp8_block_gemm_sm90a: no bf16 epilogue in the {variant:?} build"
+                )))
+            }
         };
         let f = self.function(Module::GemmSm90a, name)?;
         f.set_attribute(
@@ -166,23 +177,26 @@ impl Device {
             let ta = tensor_map_u8(xp, m, k)?;
             let tb = tensor_map_u8(wp, n, k)?;
             let mut b = self.stream.launch_builder(&f);
-            b.arg(&ta)
-                .arg(&tb)
-                .arg(x_scales)
-                .arg(w_scales)
-                .arg(y)
-                .arg(&mi)
-                .arg(&ni)
-                .arg(&ki);
-            // SAFETY: matches `fp8_block_gemm_sm90a_v2`/`_v3`/`_v4` (two 128-byte tensor maps by value, then
-            // pointers and sizes); the caller checked xq = [m, k], x_scales = [m, k/128], w = [n, k], w_scales =
-            // [ceil(n/128), k/128], y = [m, n], k % 128 == 0, k >= 128 and m * n tiles within the grid limit. The
-            // maps describe exactly xq and w (TMA never reads outside them; rows past m or n are zero-filled), the
-            // scale loads clamp rows to m - 1 and every store is guarded against m and n; the persistent kernels
-            // visit tiles below ceil(m/128) * ceil(n/128) only, whatever the grid. xq and w outlive the launch
-            // (borrowed for this call, the stream is ordered).
+            b.arg(&ta).arg(&tb).arg(x_scales).arg(w_scales);
+            match y {
+                Fp8OutSlice::F32(y) => b.arg(y),
+                Fp8OutSlice::Bf16(y) => b.arg(y),
+            };
+            b.arg(&mi).arg(&ni).arg(&ki);
+            // SAFETY: matches `fp8_block_gemm_sm90a_v2`/`_v3`/`_v4` (y fp32) and `_v4_bf16` (y bf16 bits; the match
+            // above picks by y's type): two 128-byte tensor maps by value, then pointers and sizes; the caller
+            // checked xq = [m, k], x_scales = [m, k/128], w = [n, k], w_scales = [ceil(n/128), k/128], y = [m, n] of
+            // the kernel's element type, k % 128 == 0, k >= 128 and m * n tiles within the grid limit. The maps
+            // describe exactly xq and w (TMA never reads outside them; rows past m or n are zero-filled), the scale
+            // loads clamp rows to m - 1 and every store is guarded against m and n (the bf16 epilogue's 8-byte
+            // stores only where n % 4 == 0, so they are aligned in the 256-byte-aligned allocation); the persistent
+            // kernels visit tiles below ceil(m/128) * ceil(n/128) only, whatever the grid. xq and w outlive the
+            // launch (borrowed for this call, the stream is ordered).
             unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
         } else {
+            let Fp8OutSlice::F32(y) = y else {
+                return Err(KernelError::Cuda(format!("{name}: writes fp32 only")));
+            };
             let mut b = self.stream.launch_builder(&f);
             b.arg(xq)
                 .arg(x_scales)
@@ -200,9 +214,9 @@ impl Device {
         Ok(())
     }
 
-    /// `nvfp4_gemm_sm90a_v1` (block-synchronous: all 256 threads load, decode, then issue wgmmas) or `_v2`
+    /// `nvfp4_gemm_sm90a_v1` (block-synchronous: all 256 threads load, decode, then issue wgmmas), `_v2`
     /// (warp-specialised: x by TMA, two producer warpgroups decoding the weights into the ring, two consumer
-    /// warpgroups) in cuda/gemm_sm90a.cu.
+    /// warpgroups) or `_v3` (v2 with 256x128 tiles and a byte-permute decode) in cuda/gemm_sm90a.cu.
     #[allow(clippy::too_many_arguments)]
     pub(in crate::cuda) fn nvfp4_gemm_sm90a(
         &self,
@@ -219,6 +233,7 @@ impl Device {
         let (name, smem, threads) = match variant {
             Nvfp4Wgmma::Synchronous => ("nvfp4_gemm_sm90a_v1", NVFP4_V1_SMEM_BYTES, 256),
             Nvfp4Wgmma::WarpSpecialized => ("nvfp4_gemm_sm90a_v2", NVFP4_V2_SMEM_BYTES, 512),
+            Nvfp4Wgmma::PrmtDecode256 => ("nvfp4_gemm_sm90a_v3", NVFP4_V3_SMEM_BYTES, 512),
         };
         let f = self.function(Module::GemmSm90a, name)?;
         f.set_attribute(
@@ -227,8 +242,13 @@ impl Device {
         )
         .map_err(cuda_err("nvfp4_gemm_sm90a shared memory size"))?;
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        let blocks = match variant {
+            // v3's tiles are 256 rows x 128 columns.
+            Nvfp4Wgmma::PrmtDecode256 => (m.div_ceil(256) * n.div_ceil(128)) as u32,
+            Nvfp4Wgmma::Synchronous | Nvfp4Wgmma::WarpSpecialized => tile_grid(m, n),
+        };
         let cfg = LaunchConfig {
-            grid_dim: (tile_grid(m, n), 1, 1),
+            grid_dim: (blocks, 1, 1),
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem,
         };
@@ -249,7 +269,7 @@ impl Device {
                 // and every store is guarded.
                 unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
             }
-            Nvfp4Wgmma::WarpSpecialized => {
+            Nvfp4Wgmma::WarpSpecialized | Nvfp4Wgmma::PrmtDecode256 => {
                 // The guard orders this raw-pointer use after any pending writes on other streams and keeps the
                 // buffer's event until the launch is queued.
                 let (xp, _gx) = x.device_ptr(&self.stream);
@@ -263,9 +283,10 @@ impl Device {
                     .arg(&mi)
                     .arg(&ni)
                     .arg(&ki);
-                // SAFETY: matches `nvfp4_gemm_sm90a_v2` (a 128-byte tensor map by value, then pointers, the
-                // scale and sizes); the caller checked x = [m, k], w = [n, k/2], scales = [n, k/16], y = [m, n]
-                // and k % 64 == 0. The map describes exactly x (TMA never reads outside it; rows past m are
+                // SAFETY: matches `nvfp4_gemm_sm90a_v2` and `_v3` (a 128-byte tensor map by value, then
+                // pointers, the scale and sizes; v3 reads x in two 128-row boxes per 256-row tile, the second
+                // only where it holds a row below m); the caller checked x = [m, k], w = [n, k/2], scales =
+                // [n, k/16], y = [m, n] and k % 64 == 0. The map describes exactly x (TMA never reads outside it; rows past m are
                 // zero-filled); the weight and scale loads are 16- and 2-byte aligned inside rows below n (rows
                 // past n read row 0) and every store is guarded against m and n; x outlives the launch
                 // (borrowed for this call, the stream is ordered).

@@ -11,7 +11,8 @@
 // from memory once per KV head, not once per query head. K and V stream through a 3-stage cp.async pipeline in
 // shared memory; a lane holds D/32 dims of every row; softmax is online in base 2 (q pre-scaled by
 // scale * log2 e), updated once per 16-token stage. With one split the block writes the output, otherwise a
-// partial (max, sum, acc[D]) per (sequence, query head, split) that attention_decode_combine_D* reduces.
+// partial (max, sum, acc[D]) per (sequence, query head, split) that attention_decode_combine_D* (one block per
+// (sequence, query head)) or attention_decode_combine_sliced_D* (one per 64 columns of it) reduces.
 // Tokens whose page id is >= num_pages are skipped (a bad block table never reads outside the cache).
 #include "common.cuh"
 
@@ -302,6 +303,103 @@ __device__ __forceinline__ void attention_decode_combine(const float* __restrict
 EDGEFIT_ATT_D(64)
 EDGEFIT_ATT_D(128)
 EDGEFIT_ATT_D(256)
+
+// attention_decode_combine_sliced_D*: the same sum as attention_decode_combine_D*, spread over more blocks and with
+// no dependent round trip before the loads. Grid (Hq * D / 64, seqs): block x serves query head x / (D / 64), columns
+// 64 (x mod D / 64) .. + 64. Block (32, SW) with SW = min(16, ceil(splits / 4)) warps (the launch picks it,
+// kernels/src/cuda/device/attention.rs): lane l owns columns 2l, 2l + 1 of the block's slice, warp w the splits w,
+// w + SW, w + 2 SW, ... A warp loads a chunk of up to
+// COMB_CHUNK of its splits at once, (m, l) and the float2 of acc of each (2 x COMB_CHUNK independent loads per
+// lane), weighs them against the chunk's own max and rescales its running (m, l, acc) once per chunk, so no load
+// waits for the global max: one L2 round trip for up to 8 SW splits (128 with 16 warps), then the SW warp states
+// meet in shared memory. Why: the block combine runs one block of 4 D threads per (sequence, query head), 24
+// blocks at B=1 on 132 SMs, each pulling 68 KiB of partials (66 splits) through one SM after a first round trip
+// for the split maxima and two block-wide reductions; at B=32 (2 splits) its 768 blocks of 1024 threads spend
+// their time in barriers (10.9 us, benchmarks/h200-runs/s3-run2). Here B=1 runs 96 blocks of 16 warps with 17 KiB
+// each, and B=32 3072 blocks of one warp without a barrier that waits on anything.
+// The weights differ from the block combine's by rounding only (exp2(m_s - m_chunk) exp2(m_chunk - M) instead of
+// exp2(m_s - M)); an empty split (m = -inf, l = 0, acc = 0) weighs 0, and a row with no token writes 0.
+constexpr int COMB_SLICE = 64;      // head_dim columns per block (32 lanes x float2)
+constexpr int COMB_CHUNK = 8;       // splits in flight per warp
+constexpr int COMB_MAX_WARPS = 16;  // warps per block at most (the launch uses min(16, ceil(splits / 4)))
+template <int D>
+__device__ __forceinline__ void attention_decode_combine_sliced(const float* __restrict__ ws,
+                                                                float* __restrict__ out, int hq, int splits) {
+    static_assert(D % COMB_SLICE == 0, "head_dim in 64-wide slices");
+    __shared__ float sm_m[COMB_MAX_WARPS], sm_l[COMB_MAX_WARPS];
+    __shared__ float2 sm_a[COMB_MAX_WARPS][32];
+    const int lane = threadIdx.x, warp = threadIdx.y, nw = blockDim.y;
+    constexpr int SLICES = D / COMB_SLICE;
+    const size_t row = static_cast<size_t>(blockIdx.y) * hq + blockIdx.x / SLICES;
+    const int col = static_cast<int>(blockIdx.x % SLICES) * COMB_SLICE + 2 * lane;
+    const float* p = ws + row * splits * (D + 2);
+    // Running state of this warp's splits: m and l are the same on every lane (per split), acc per column pair.
+    float m_run = -INFINITY, l_run = 0.f;
+    float2 a_run = make_float2(0.f, 0.f);
+    for (int s0 = warp; s0 < splits; s0 += COMB_CHUNK * nw) {
+        float2 ml[COMB_CHUNK], x[COMB_CHUNK];
+#pragma unroll
+        for (int i = 0; i < COMB_CHUNK; ++i) {
+            // Past the last split the load repeats it (no branch around a load, all of them in flight at once)
+            // and the select below drops it. A slot is D + 2 floats, an even count, so (m, l) and every column
+            // pair are 8-byte aligned.
+            const int s = s0 + i * nw;
+            const float* ps = p + static_cast<size_t>(min(s, splits - 1)) * (D + 2);
+            const float2 mli = *reinterpret_cast<const float2*>(ps);
+            const float2 xi = *reinterpret_cast<const float2*>(ps + 2 + col);
+            ml[i] = s < splits ? mli : make_float2(-INFINITY, 0.f);
+            x[i] = s < splits ? xi : make_float2(0.f, 0.f);
+        }
+        float mc = m_run;
+#pragma unroll
+        for (int i = 0; i < COMB_CHUNK; ++i) mc = fmaxf(mc, ml[i].x);
+        if (mc == -INFINITY) continue;  // only empty splits so far (the same on every lane)
+        // mc is finite from here: exp2f(-inf - mc) = 0 weighs empty splits and an empty running state 0.
+        const float corr = exp2f(m_run - mc);
+        l_run *= corr;
+        a_run.x *= corr;
+        a_run.y *= corr;
+#pragma unroll
+        for (int i = 0; i < COMB_CHUNK; ++i) {
+            const float w = exp2f(ml[i].x - mc);
+            l_run = fmaf(ml[i].y, w, l_run);
+            a_run.x = fmaf(x[i].x, w, a_run.x);
+            a_run.y = fmaf(x[i].y, w, a_run.y);
+        }
+        m_run = mc;
+    }
+    if (lane == 0) {
+        sm_m[warp] = m_run;
+        sm_l[warp] = l_run;
+    }
+    sm_a[warp][lane] = a_run;
+    __syncthreads();
+    if (warp != 0) return;
+    float mx = -INFINITY;
+    for (int w = 0; w < nw; ++w) mx = fmaxf(mx, sm_m[w]);
+    float den = 0.f;
+    float2 acc = make_float2(0.f, 0.f);
+    if (mx != -INFINITY) {
+        for (int w = 0; w < nw; ++w) {
+            const float f = exp2f(sm_m[w] - mx);
+            const float2 a = sm_a[w][lane];
+            den = fmaf(sm_l[w], f, den);
+            acc.x = fmaf(a.x, f, acc.x);
+            acc.y = fmaf(a.y, f, acc.y);
+        }
+    }
+    *reinterpret_cast<float2*>(out + row * D + col) =
+        den > 0.f ? make_float2(acc.x / den, acc.y / den) : make_float2(0.f, 0.f);
+}
+
+#define EDGEFIT_ATT_COMB_SLICED(D)                                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * COMB_MAX_WARPS)                                             \
+        attention_decode_combine_sliced_D##D(const float* ws, float* out, int hq, int splits) {                   \
+        attention_decode_combine_sliced<D>(ws, out, hq, splits);                                                  \
+    }
+EDGEFIT_ATT_COMB_SLICED(64)
+EDGEFIT_ATT_COMB_SLICED(128)
+EDGEFIT_ATT_COMB_SLICED(256)
 
 // Variant for the benchmark's sweep: two pipeline stages (32 KiB), so six blocks fit per SM instead of four.
 extern "C" __global__ void __launch_bounds__(AttGeom<6>::THREADS) attention_decode_split_D256_R6_s2(

@@ -4,7 +4,9 @@
 //! the ring. Fresh random bf16 K/V each run (the seed is printed), ragged lengths that are not multiples of the
 //! 16/32-token tiles or of the pages, shuffled pages, table slots past the pool, outputs poisoned with NaN before
 //! each launch, every built tiling and the public Auto entry point, head dims 64/128/256, group sizes 1-8, splits
-//! 1/3/auto/300, and a batch that fills the GPU without splitting.
+//! 1/3/auto/300/1024, and a batch that fills the GPU without splitting. Every case runs both combine kernels
+//! (`attention_decode_combine_D*` and `attention_decode_combine_sliced_D*`) against the references and against each
+//! other (the same partials weighed in another order: fp32 rounding apart, the same numbers).
 //!
 //! Error bound 5e-3 relative (Frobenius over the whole output): the kernels round the scaled query and the
 //! probabilities to bf16 (2^-9 relative each), which measures ~1e-3 against f64 (benchmarks/h200.md); a wrong
@@ -23,6 +25,9 @@ mod gpu_common;
 use gpu_common::{gpu, rel_err, rng, uniform};
 
 const TOL: f64 = 5e-3;
+
+/// Sliced against block combine: the same partials weighed in another order in fp32 (~1e-7 relative).
+const COMB_TOL: f64 = 1e-5;
 
 /// Random bf16 bits in [-1, 1), every 7th scaled by 4 (peaky softmax: a wrong max or a lost rescale shows) and
 /// every 5th negated.
@@ -88,6 +93,11 @@ fn check_paged(
             }
         }
         let n = kd.len() / (hkv * d);
+        if n == 0 {
+            // A sequence with no token in the cache writes 0 (attention.cu, the combine); the reference refuses
+            // an empty history, so the expectation is written here (`want` starts at 0).
+            continue;
+        }
         reference::attention::decode_dense(
             &attn,
             scale,
@@ -129,6 +139,33 @@ fn check_paged(
         );
         let e = rel_err(&what, &got, &want);
         assert!(e < TOL, "{what}: relative error {e:e} >= {TOL:e}");
+        // Each combine kernel explicitly, poisoned each time: the same bf16 split kernel, so the two must agree to
+        // fp32 rounding (and the one Auto picks with the call above).
+        let mut by_combine = Vec::new();
+        for sliced in [false, true] {
+            let mut outc = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
+            gpu.attention_decode_paged_combine(
+                tiling, sliced, &dims, &dq, &dk, &dv, &dt, &dl, scale, splits, &mut outc,
+            )
+            .unwrap();
+            let gotc = gpu.download(&outc).unwrap();
+            let whatc = format!("{what} sliced={sliced}");
+            let e = rel_err(&whatc, &gotc, &want);
+            assert!(e < TOL, "{whatc}: relative error {e:e} >= {TOL:e}");
+            by_combine.push(gotc);
+        }
+        let e = rel_err(
+            &format!("{what} sliced vs block"),
+            &by_combine[1],
+            &by_combine[0],
+        );
+        assert!(
+            e < COMB_TOL,
+            "{what}: sliced combine {e:e} from the block combine (>= {COMB_TOL:e})"
+        );
+        let auto = &by_combine[usize::from(Gpu::DECODE_AUTO_SLICED_COMBINE)];
+        let e = rel_err(&format!("{what} vs its Auto combine"), &got, auto);
+        assert!(e < COMB_TOL, "{what}: {e:e} from the combine Auto picks");
     }
     // The public entry point (KernelPath::Auto: the tiled kernel on DECODE_AUTO_TILING).
     let mut out = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
@@ -203,23 +240,63 @@ fn tiled_paged_decode_at_a_batch_that_fills_the_gpu() {
     check_paged(&gpu, &mut rng, attn, &lens, 16, 0, true);
 }
 
+/// The combine kernels over ragged batches and split counts that exercise the sliced one's block shapes: 1 warp
+/// (2 splits), 2-3 (5, 9), 16 warps with one chunk of loads (64, 65, 300: most of them empty) and with eight
+/// (1024 splits, 64 per warp), where the first 188-512 splits hold tokens (a tile each: 6000 or 8192 tokens), so
+/// later chunks meet both real and empty partials; sequences of 0 and 1 tokens. (Lengths kept small for
+/// racecheck, which took 120 s on this file in s3-run2.)
+#[test]
+fn combines_agree_over_ragged_batches() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("decode_combines");
+    let qwen = AttnDims {
+        q_heads: 24,
+        kv_heads: 4,
+        head_dim: 256,
+    };
+    let lens = [0usize, 1, 2, 31, 64, 65, 500, 1999];
+    for &splits in &[2usize, 5, 9, 64, 65, 300, 0] {
+        check_paged(&gpu, &mut rng, qwen, &lens, 16, splits, false);
+    }
+    // One sequence of one token over many splits (all but the first empty), and one of length 0 alone.
+    check_paged(&gpu, &mut rng, qwen, &[1], 64, 40, false);
+    check_paged(&gpu, &mut rng, qwen, &[0], 64, 12, false);
+    // 1024 splits at head dims 64 and 128 (64 splits per warp, 8 chunks), group sizes 4 and 3.
+    let long = AttnDims {
+        q_heads: 4,
+        kv_heads: 1,
+        head_dim: 64,
+    };
+    check_paged(&gpu, &mut rng, long, &[8192, 5], 64, 1024, true);
+    let long = AttnDims {
+        q_heads: 6,
+        kv_heads: 2,
+        head_dim: 128,
+    };
+    check_paged(&gpu, &mut rng, long, &[6000], 256, 1024, false);
+}
+
 /// The split heuristic on the H200's 132 SMs at Qwen's shape (24q/4kv x 256): one wave, never more.
 #[test]
 fn auto_splits_fill_exactly_one_wave() {
-    let t = Gpu::DECODE_AUTO_TILING;
-    assert_eq!(t, (32, 2));
-    // (32, 2) at head_dim 256: 72 KiB of shared memory, 3 blocks fit per SM, 2 are used: 264 slots.
+    // (16, 4) at head_dim 256: 68 KiB of shared memory, 3 blocks fit per SM, 2 are used: 264 slots; (32, 2), the
+    // ring's: 72 KiB, the same slots, one split per 64 tokens at most instead of 32.
+    assert_eq!(Gpu::DECODE_AUTO_TILING, (16, 4));
+    assert_eq!(Gpu::DECODE_RING_TILING, (32, 2));
     let cases = [
-        // (pairs, max tokens, splits): B=1 at 32k, B=8 at 8k, B=32 at 4k, a batch past the slots, a short context.
-        (4, 32768, 66),
-        (32, 8192, 8),
-        (128, 4096, 2),
-        (400, 4096, 1),
-        (4, 100, 2),
+        // (pairs, max tokens, splits (16, 4), splits (32, 2)): B=1 at 32k, B=8 at 8k, B=32 at 4k, a batch past
+        // the slots, a short context.
+        (4, 32768, 66, 66),
+        (32, 8192, 8, 8),
+        (128, 4096, 2, 2),
+        (400, 4096, 1, 1),
+        (4, 100, 4, 2),
     ];
-    for (pairs, max_tokens, want) in cases {
-        let got = Gpu::decode_auto_splits(t, 256, 132, pairs, max_tokens);
-        assert_eq!(got, want, "pairs {pairs}, max tokens {max_tokens}");
+    for (pairs, max_tokens, paged, ring) in cases {
+        let got = Gpu::decode_auto_splits(Gpu::DECODE_AUTO_TILING, 256, 132, pairs, max_tokens);
+        assert_eq!(got, paged, "paged: pairs {pairs}, max tokens {max_tokens}");
+        let got = Gpu::decode_auto_splits(Gpu::DECODE_RING_TILING, 256, 132, pairs, max_tokens);
+        assert_eq!(got, ring, "ring: pairs {pairs}, max tokens {max_tokens}");
     }
     // Nonsense arguments give a count, never a panic.
     for (tiling, d, sms, pairs, max_tokens) in [
@@ -403,6 +480,30 @@ fn check_ring(
         assert!(
             e < TOL,
             "{what}: relative error {e:e} >= {TOL:e} against the CPU decode_ring"
+        );
+        // Each combine kernel explicitly, as in check_paged.
+        let mut by_combine = Vec::new();
+        for sliced in [false, true] {
+            let mut outc = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
+            gpu.attention_decode_ring_combine(
+                tiling, sliced, &attn, seqs, window, &dq, &dkr, &dvr, &dkc, &dvc, &dp, scale,
+                splits, &mut outc,
+            )
+            .unwrap();
+            let gotc = gpu.download(&outc).unwrap();
+            let whatc = format!("{what} sliced={sliced}");
+            let e = rel_err(&whatc, &gotc, &want);
+            assert!(e < TOL, "{whatc}: relative error {e:e} >= {TOL:e}");
+            by_combine.push(gotc);
+        }
+        let e = rel_err(
+            &format!("{what} sliced vs block"),
+            &by_combine[1],
+            &by_combine[0],
+        );
+        assert!(
+            e < COMB_TOL,
+            "{what}: sliced combine {e:e} from the block combine (>= {COMB_TOL:e})"
         );
     }
 }

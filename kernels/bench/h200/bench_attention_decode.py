@@ -9,11 +9,15 @@ B=8 at 8k and B=32 at 4k; a sliding-window ring (Spark-X2.5-4B's sliding layers,
 x 256) at windows 1024 and 4096.
 
 Arms per case: "auto" is exactly what KernelPath::Auto (paged) / attention_decode_ring (ring) launch: tiling
-Gpu::DECODE_AUTO_TILING = (32, 2) with Gpu::decode_auto_splits (one wave of two blocks per SM: floor(slots / pairs)); the other two
-tilings with the same heuristic; "prev" is the previous heuristic (every block that fits per SM, 3 at head_dim 256; s2-run4) on the
-auto tiling, the default of the last run; "s=K" arms try other split counts on the auto tiling (the benchmark
-decides whether the heuristic is right); "auto no-combine" times the split kernel alone (output not final, not
-checked, never "best"): auto minus it is the combine kernel's cost. "% copy" counts K and V once (bytes of the
+Gpu::DECODE_AUTO_TILING = (16, 4) (paged) / Gpu::DECODE_RING_TILING = (32, 2) (ring) with Gpu::decode_auto_splits (one
+wave of two blocks per SM: floor(slots / pairs)) and the combine kernel Gpu::DECODE_AUTO_SLICED_COMBINE picks
+(block: attention_decode_combine_D*, one block per (sequence, query head); sliced: attention_decode_combine_sliced_D*,
+one block per 64 columns of it, 1-16 warps with every load of a chunk in flight). "auto ... sliced" / "auto ...
+block" is the same split kernel and split count with the other combine: the pair decides
+Gpu::DECODE_AUTO_SLICED_COMBINE. The other two tilings run with both combines ("T32S2" on the paged cases is the
+previous Auto, s3-run2); "s=K" arms try other split counts on the auto tiling with both combines; "auto
+no-combine" times the split kernel alone (output not final, not checked, never "best"): an arm minus it is its
+combine kernel's cost ("comb us" and "sliced comb us" in the table). "% copy" counts K and V once (bytes of the
 attended tokens) over the time, against a 256 MiB float32 copy_ measured in this run (read + write). Every arm's
 output is checked against SDPA in fp32 on the same bf16 K/V (NaN-poisoned before each check). A failing case is
 printed and the others still run. Writes $OUT/bench_attention_decode.json; prints a short table last.
@@ -36,7 +40,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 dev = torch.device("cuda")
 # (tokens per stage, stages): Gpu::DECODE_TILINGS in kernels/src/cuda/attention.rs.
 TILINGS = [(32, 3), (16, 4), (32, 2)]
-AUTO_TILING = (32, 2)  # Gpu::DECODE_AUTO_TILING
+AUTO_TILING = {"paged": (16, 4), "ring": (32, 2)}  # Gpu::DECODE_AUTO_TILING, Gpu::DECODE_RING_TILING
+AUTO_SLICED = True  # Gpu::DECODE_AUTO_SLICED_COMBINE
 RESULTS = []
 
 
@@ -70,33 +75,57 @@ def auto_splits(sms, pairs, d, tile, stages, max_tokens):
     return max(1, min(1024, min(one_wave, math.ceil(max_tokens / (2 * tile)))))
 
 
-def prev_splits(sms, pairs, d, tile, stages, max_tokens):
-    # The rule of the previous run (benchmarks/h200-runs/s2-run4): one wave of every block that fits (3 per SM at
-    # head_dim 256 with (32, 2)), floor.
-    fit = min(4, max(1, 228 * 1024 // (tiled_smem(d, tile, stages) + 1024)))
-    return max(1, min(1024, min(fit * sms // max(pairs, 1), math.ceil(max_tokens / (2 * tile)))))
+def sliced_warps(splits):
+    # kernels/src/cuda/device/attention.rs sliced_combine_warps: one warp per 4 splits, 1 to 16.
+    return max(1, min(16, math.ceil(splits / 4)))
 
 
-def arm_plan(sms, pairs, d, max_tokens):
-    """{arm name: (tiling, splits, combine)} for one case."""
+def combine_names(sliced):
+    return "sliced" if sliced else "block"
+
+
+def arm_plan(sms, pairs, d, max_tokens, kind):
+    """{arm name: (tiling, splits, mode)} for one case; mode "block" / "sliced" (split kernel + that combine kernel)
+    or "none" (the split kernel alone, not checked). The first arm is Auto."""
     plan = {}
-    s_auto = auto_splits(sms, pairs, d, *AUTO_TILING, max_tokens)
-    plan[f"auto T{AUTO_TILING[0]}S{AUTO_TILING[1]}"] = (AUTO_TILING, s_auto, True)
+    at = AUTO_TILING[kind]
+    auto_mode, other_mode = combine_names(AUTO_SLICED), combine_names(not AUTO_SLICED)
+    s_auto = auto_splits(sms, pairs, d, *at, max_tokens)
+    plan[f"auto T{at[0]}S{at[1]}"] = (at, s_auto, auto_mode)
+    if s_auto > 1:
+        plan[f"auto T{at[0]}S{at[1]} {other_mode}"] = (at, s_auto, other_mode)
     for t in TILINGS:
-        if t != AUTO_TILING:
-            plan[f"T{t[0]}S{t[1]}"] = (t, auto_splits(sms, pairs, d, *t, max_tokens), True)
-    s_prev = prev_splits(sms, pairs, d, *AUTO_TILING, max_tokens)
-    if s_prev != s_auto:
-        plan[f"prev T{AUTO_TILING[0]}S{AUTO_TILING[1]}"] = (AUTO_TILING, s_prev, True)
-    most = max(1, math.ceil(max_tokens / (2 * AUTO_TILING[0])))
+        if t != at:
+            s_t = auto_splits(sms, pairs, d, *t, max_tokens)
+            plan[f"T{t[0]}S{t[1]}"] = (t, s_t, "block")
+            if s_t > 1:
+                plan[f"T{t[0]}S{t[1]} sliced"] = (t, s_t, "sliced")
+    most = max(1, math.ceil(max_tokens / (2 * at[0])))
     alts = {max(1, s_auto // 2), max(1, (2 * s_auto) // 3), min(most, (4 * s_auto) // 3), min(most, 2 * s_auto)}
     if pairs >= 32:
         alts |= {1, 2}
-    for s in sorted(alts - {s_auto, s_prev}):
-        plan[f"s={s}"] = (AUTO_TILING, s, True)
+    for s in sorted(alts - {s_auto}):
+        plan[f"s={s}"] = (at, s, auto_mode)
+        if s > 1:  # a cheaper combine may move the best split count
+            plan[f"s={s} {other_mode}"] = (at, s, other_mode)
     if s_auto > 1:
-        plan["auto no-combine"] = (AUTO_TILING, s_auto, False)
+        plan["auto no-combine"] = (at, s_auto, "none")
     return plan
+
+
+def combine_launcher(mode, d, ws, out, hq, seqs, splits):
+    """A call that launches the combine kernel of `mode` ("block" / "sliced") over `splits` partials as the crate
+    does (kernels/src/cuda/device/attention.rs attention_combine); None for "none" or one split."""
+    if mode == "none" or splits <= 1:
+        return None
+    args = (b.ptr(ws), b.ptr(out), np.int32(hq), np.int32(splits))
+    if mode == "sliced":
+        fn = b.kern("attention", f"attention_decode_combine_sliced_D{d}")
+        grid, block = (hq * d // 64, seqs), (32, sliced_warps(splits))
+    else:
+        fn = b.kern("attention", f"attention_decode_combine_D{d}")
+        grid, block = (hq, seqs), (d, 4)
+    return lambda: b.launch(fn, grid, block, args)
 
 
 def tiled_kernel(kind, d, tile, stages):
@@ -139,10 +168,10 @@ def run_arms(case, plan, make, qb, kd, vd, out, seqs, hq, d, sets, kv_bytes, cop
     alternating, records the rows."""
     ref = F.scaled_dot_product_attention(qb[0].float(), kd[0].float(), vd[0].float(), enable_gqa=True)
     arms, errs = {}, {}
-    for name, (tiling, splits, combine) in plan.items():
+    for name, (tiling, splits, mode) in plan.items():
         try:
-            arms[name] = make(tiling, splits, combine)
-            if combine:
+            arms[name] = make(tiling, splits, mode)
+            if mode != "none":
                 out.fill_(float("nan"))
                 arms[name](0)
                 torch.cuda.synchronize()
@@ -160,8 +189,8 @@ def run_arms(case, plan, make, qb, kd, vd, out, seqs, hq, d, sets, kv_bytes, cop
     auto_t = res[auto_name][0] if auto_name in res else None
     sdpa_t = res["sdpa flash"][0]
     for name, (t, sp) in res.items():
-        note = check(errs[name], name, case) if name in plan and plan[name][2] or name == "sdpa flash" else ""
-        if name in plan and not plan[name][2]:
+        note = check(errs[name], name, case) if name in plan and plan[name][2] != "none" or name == "sdpa flash" else ""
+        if name in plan and plan[name][2] == "none":
             note = "split kernel only (not checked)"
         splits = plan[name][1] if name in plan else None
         label = f"{name} s{splits}" if name in plan and not name.startswith("s=") else name
@@ -182,20 +211,20 @@ def paged_case(copy_bw, sms, seqs, ctx, hq=24, hkv=4, d=256, page=64):
     lens = torch.full((seqs,), ctx, device=dev, dtype=torch.int32)
     q = [torch.randn(seqs, hq, d, device=dev) for _ in range(sets)]
     out = torch.empty(seqs, hq, d, device=dev)
-    plan = arm_plan(sms, seqs * hkv, d, pages_per * page)
+    plan = arm_plan(sms, seqs * hkv, d, pages_per * page, "paged")
     ws = torch.empty(seqs * hq * max(v[1] for v in plan.values()) * (d + 2), device=dev)
-    fcomb = b.kern("attention", f"attention_decode_combine_D{d}")
 
-    def make(tiling, splits, combine):
+    def make(tiling, splits, mode):
         fn, smem = tiled_kernel("tiled", d, *tiling), tiled_smem(d, *tiling)
+        comb = combine_launcher(mode, d, ws, out, hq, seqs, splits)
 
         def call(i):
             b.launch(fn, (splits, hkv, seqs), (128,),
                      (b.ptr(q[i]), b.ptr(kc[i]), b.ptr(vc[i]), b.ptr(table), b.ptr(lens), np.float32(scale),
                       b.ptr(out), b.ptr(ws), np.int32(hq), np.int32(hkv), np.int32(page), np.int32(pages),
                       np.int32(pages_per)), shared_mem=smem)
-            if splits > 1 and combine:
-                b.launch(fcomb, (hq, seqs), (d, 4), (b.ptr(ws), b.ptr(out), np.int32(hq), np.int32(splits)))
+            if comb:
+                comb()
         return call
 
     kd = [kc[i][table.long()].permute(0, 2, 1, 3, 4).reshape(seqs, hkv, ctx, d).contiguous() for i in range(sets)]
@@ -221,20 +250,20 @@ def ring_case(copy_bw, sms, seqs, window, hq, hkv, d=256, model=""):
     pos = torch.full((seqs,), 10 * window + 7, device=dev, dtype=torch.int32)
     q = [torch.randn(seqs, hq, d, device=dev) for _ in range(sets)]
     out = torch.empty(seqs, hq, d, device=dev)
-    plan = arm_plan(sms, seqs * hkv, d, window)
+    plan = arm_plan(sms, seqs * hkv, d, window, "ring")
     ws = torch.empty(seqs * hq * max(v[1] for v in plan.values()) * (d + 2), device=dev)
-    fcomb = b.kern("attention", f"attention_decode_combine_D{d}")
 
-    def make(tiling, splits, combine):
+    def make(tiling, splits, mode):
         fn, smem = tiled_kernel("ring", d, *tiling), tiled_smem(d, *tiling)
+        comb = combine_launcher(mode, d, ws, out, hq, seqs, splits)
 
         def call(i):
             b.launch(fn, (splits, hkv, seqs), (128,),
                      (b.ptr(q[i]), b.ptr(kr[i]), b.ptr(vr[i]), b.ptr(kcur[i]), b.ptr(vcur[i]), b.ptr(pos),
                       np.float32(scale), b.ptr(out), b.ptr(ws), np.int32(hq), np.int32(hkv), np.int32(slots)),
                      shared_mem=smem)
-            if splits > 1 and combine:
-                b.launch(fcomb, (hq, seqs), (d, 4), (b.ptr(ws), b.ptr(out), np.int32(hq), np.int32(splits)))
+            if comb:
+                comb()
         return call
 
     kd = [torch.cat([kr[i], kcur[i].unsqueeze(2)], dim=2) for i in range(sets)]
@@ -277,29 +306,38 @@ def main():
         b.log(f"  [{time.time()-t0:.0f}s]")
     with open(os.path.join(b.OUT, "bench_attention_decode.json"), "w") as fh:
         json.dump({"device": props.name, "copy_GBps": copy_bw / 1e9, "rows": RESULTS}, fh, indent=1)
-    # The short table, last: per case what Auto runs, the best checked arm, SDPA, and the combine's share.
+    # The short table, last: per case what Auto runs, the same with the other combine kernel, the best checked
+    # arm, SDPA, and each combine's cost (the arm minus the split kernel alone).
     print()
     print(f"H200 copy {copy_bw/1e12:.2f} TB/s. auto = what KernelPath::Auto / attention_decode_ring launch "
-          "(tiling, splits); best = fastest checked arm; comb = auto minus its split kernel alone.")
-    print(f"{'case':44s}|{'auto arm':17s}|{'auto us':>8s}|{'best arm':17s}|{'best us':>8s}|{'SDPA us':>8s}|"
-          f"{'auto/SDPA':>9s}|{'auto %cp':>8s}|{'SDPA %':>6s}|{'comb us':>7s}|{'err':>7s}")
+          f"(tiling, splits, combine: {combine_names(AUTO_SLICED)}); other comb = the same with the "
+          f"{combine_names(not AUTO_SLICED)} combine; best = fastest checked arm; block / sliced comb = that arm "
+          "minus its split kernel alone.")
+    print(f"{'case':44s}|{'auto arm':17s}|{'auto us':>8s}|{'other comb us':>13s}|{'best arm':22s}|{'best us':>8s}|"
+          f"{'SDPA us':>8s}|{'auto/SDPA':>9s}|{'auto %cp':>8s}|{'SDPA %':>6s}|{'block comb':>10s}|"
+          f"{'sliced comb':>11s}|{'err':>7s}")
     by_case = {}
     for r in RESULTS:
         by_case.setdefault(r["case"], []).append(r)
+    nan = float("nan")
     for case, rows in by_case.items():
         ours = [r for r in rows if r["arm"] != "sdpa flash" and "no-combine" not in r["arm"] and "us" in r
                 and "FAIL" not in r["note"]]
-        auto = next((r for r in ours if r["arm"].startswith("auto")), None)
+        autos = [r for r in ours if r["arm"].startswith("auto T")]
+        auto = next((r for r in autos if not r["arm"].split()[2].startswith(("block", "sliced"))), None)
+        other = next((r for r in autos if r is not auto), None)
         if not ours or auto is None:
             print(f"{case:44s}| failed: {rows[-1].get('note', '')}")
             continue
         best = min(ours, key=lambda r: r["us"])
         sd = next((r for r in rows if r["arm"] == "sdpa flash"), None)
         nc = next((r for r in rows if "no-combine" in r["arm"]), None)
-        comb = auto["us"] - nc["us"] if nc else 0.0
-        print(f"{case:44s}|{auto['arm']:17s}|{auto['us']:8.2f}|{best['arm']:17s}|{best['us']:8.2f}|"
-              f"{sd['us'] if sd else float('nan'):8.2f}|{auto['vs_sdpa']:9.2f}|{auto['frac_copy']*100:8.1f}|"
-              f"{sd['frac_copy']*100 if sd else float('nan'):6.1f}|{comb:7.2f}|"
+        by_mode = {combine_names(AUTO_SLICED): auto, combine_names(not AUTO_SLICED): other}
+        comb = {m: (r["us"] - nc["us"] if nc and r else nan) for m, r in by_mode.items()}
+        print(f"{case:44s}|{auto['arm']:17s}|{auto['us']:8.2f}|{other['us'] if other else nan:13.2f}|"
+              f"{best['arm']:22s}|{best['us']:8.2f}|"
+              f"{sd['us'] if sd else nan:8.2f}|{auto['vs_sdpa']:9.2f}|{auto['frac_copy']*100:8.1f}|"
+              f"{sd['frac_copy']*100 if sd else nan:6.1f}|{comb['block']:10.2f}|{comb['sliced']:11.2f}|"
               f"{max(r['rel_err_vs_fp32_sdpa'] for r in ours):7.1e}")
     print(f"[{time.time()-t0:.0f}s total]")
 

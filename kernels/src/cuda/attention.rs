@@ -69,6 +69,7 @@ impl Gpu {
             return self.paged_tiled(
                 OP,
                 t,
+                Self::DECODE_AUTO_SLICED_COMBINE,
                 dims,
                 q,
                 k_cache,
@@ -160,17 +161,64 @@ impl Gpu {
     /// `kernels/bench/h200/bench_attention_decode.py` compares them.
     pub const DECODE_TILINGS: [(usize, usize); 3] = [(32, 3), (16, 4), (32, 2)];
 
-    /// The tiling of [`KernelPath::Auto`] (paged) and [`Gpu::attention_decode_ring`]: 32 tokens per stage, 2
-    /// stages, 3 blocks per multiprocessor. Measured on the H200 (benchmarks/h200-runs/s2-run2,
-    /// bench_attention_decode.txt, Qwen 24q/4kv x 256): fastest of the three at B=1 4k/32k/64k/128k (31.7, 76.9,
-    /// 90.4, 98.9% of copy bandwidth), at B=8 x 8k and on 3 of the 4 ring cases; (32, 3) won B=1 8k by 3.5% and
-    /// B=32 x 4k by 4%, both with a split count that overshot one wave (since fixed: [`Gpu::decode_auto_splits`]).
-    pub const DECODE_AUTO_TILING: (usize, usize) = (32, 2);
+    /// The tiling of [`KernelPath::Auto`] (paged): 16 tokens per stage, 4 stages, 3 blocks per multiprocessor
+    /// (2 used: [`Gpu::decode_auto_splits`]). Measured on the H200 with the two-kernel combine
+    /// (benchmarks/h200-runs/s3-run2/bench_attention_decode.txt, Qwen 24q/4kv x 256, pages of 64), (16, 4)
+    /// against (32, 2), the previous default, both at the same split count: B=1 4k 12.28 vs 12.80 us, 8k 16.33 vs
+    /// 16.92, 32k 40.62 vs 40.87 (78.8% of copy bandwidth), 64k 70.35 vs 71.10, 128k 129.04 vs 130.22; B=8 x 8k
+    /// 71.19 vs 71.48; B=32 x 4k 135.71 vs 136.50. (32, 3) was slower than both everywhere. (In s2-run2, before
+    /// the split count was fixed to one wave, (32, 2) had won; the ring keeps it: [`Gpu::DECODE_RING_TILING`].)
+    ///
+    /// A folded combine (the last block of each group of 8 splits weighing the group's partials, the last group
+    /// the rest, through device counters; no second kernel) was built and measured in the same run and lost
+    /// everywhere but B=32: B=1 paged 4k 18.72 vs 12.80 us (Auto then, (32, 2) with the combine kernel), 8k 23.58
+    /// vs 16.92, 32k 49.09 vs 40.87, 64k 79.36 vs 71.10, 128k 136.96 vs 130.22; B=32 x 4k 131.09 vs 136.50; ring
+    /// B=8 even (39.06 vs 38.75). It was removed. Why, as far as the numbers say: the fold turns the combine's
+    /// wide work (24 blocks of 1024 threads at B=1, every thread with its loads in flight) into a serial tail
+    /// after the last K/V tile: one 128-thread block per group of 8 splits weighs 6 heads x 8 partials in 6
+    /// passes over the columns, then, after a fence and a counter round trip, one block per (sequence, KV head),
+    /// four at B=1, weighs 6 heads x 9 group partials the same way while the other SMs sit idle. That tail (the
+    /// fold minus the split kernel alone: 9.4 us at 4k, 12.3 us at 32k) cost more than the whole combine kernel
+    /// with its launch (3.5-4.1 us). Only at B=32, where 2 splits leave the tail short and the combine kernel
+    /// spent 10.9 us in 768 barrier-bound blocks of 1024 threads, did it win.
+    pub const DECODE_AUTO_TILING: (usize, usize) = (16, 4);
+
+    /// The tiling of [`Gpu::attention_decode_ring`]: 32 tokens per stage, 2 stages. Measured on the H200
+    /// (benchmarks/h200-runs/s3-run2/bench_attention_decode.txt), (32, 2) against (16, 4): Spark 16q/4kv x 256 B=1
+    /// W=1024 8.84 vs 9.23 us, W=4096 11.63 vs 11.84; B=8 W=4096 38.75 vs 38.63; Gemma 4q/1kv x 256 B=32 W=1024
+    /// 15.12 vs 14.98: (32, 2) wins the two B=1 cases (the ones a decode step waits on) by 2-4% and loses the
+    /// batched ones by 0.3-0.9%, within the runs' spread.
+    pub const DECODE_RING_TILING: (usize, usize) = (32, 2);
+
+    /// Whether [`KernelPath::Auto`], [`Gpu::attention_decode_paged_tiled`], [`Gpu::attention_decode_ring`] and
+    /// [`Gpu::attention_decode_ring_with`] reduce the split partials with the sliced combine kernel
+    /// (`attention_decode_combine_sliced_D*`: one block per 64 columns of each (sequence, query head), each warp
+    /// with all its loads in flight before any reduction) instead of the block one (`attention_decode_combine_D*`:
+    /// one block per (sequence, query head), a round trip for the split maxima first). Measured on the H200
+    /// (benchmarks/h200-runs/s3-run4/bench_attention_decode.txt, the same split kernel and partials, arms
+    /// alternating), whole call in us, block combine / sliced combine (the combine's own share in brackets):
+    ///
+    /// | case (paged, 24q/4kv x 256, Auto tiling (16, 4)) | block | sliced |
+    /// |---|---:|---:|
+    /// | B=1 4k / 8k | 12.05 / 16.01 (3.43 / 3.49) | **11.48 / 15.42** (2.86 / 2.90) |
+    /// | B=1 32k / 64k / 128k | 40.81 / 71.08 / 130.81 (4.15 / 3.90 / 3.72) | **39.89 / 70.33 / 130.09** (3.23 / 3.16 / 3.00) |
+    /// | B=8 x 8k / B=32 x 4k | 71.07 / 137.49 (4.80 / 11.05) | **68.61 / 130.22** (2.34 / 3.78) |
+    /// | ring B=1 W=1024 / 4096, B=8 W=4096, Gemma B=32 (tiling (32, 2)) | 8.62 / 11.09 / 38.82 / 14.95 | **7.53 / 10.59 / 38.02 / 14.15** |
+    ///
+    /// The sliced combine wins every case, so it is the one used. At 32k that is 79.8% of copy bandwidth (copy 4.22
+    /// TB/s in that run), 0.2 points under the 80% target; 64k 89.5%, 128k 97.3%. What is left between the two
+    /// kernels is mostly the launch gap (~1.4 us for an empty kernel in the same graphs): programmatic dependent
+    /// launch would let the combine start on the device as the split kernel drains. The block combine stays
+    /// selectable ([`Gpu::attention_decode_paged_combine`], [`Gpu::attention_decode_ring_combine`]) until the
+    /// ragged-split test (`combines_agree_over_ragged_batches`, whose reference refused a 0-token sequence in
+    /// s3-run4 and was fixed after the last run) has run on the H200.
+    pub const DECODE_AUTO_SLICED_COMBINE: bool = true;
 
     /// [`Gpu::attention_decode_paged`] (same layouts, same clamping of lengths and skipping of bad page ids) on
     /// the tiled tensor-core kernel `attention_decode_tiled_*`: `tiling` is one of [`Gpu::DECODE_TILINGS`]; any
     /// group size `q_heads / kv_heads` from 1 to 8. The query and the probabilities are rounded to bf16 (~1e-3
-    /// relative error). `splits = 0` picks the count of [`Gpu::decode_auto_splits`].
+    /// relative error). `splits = 0` picks the count of [`Gpu::decode_auto_splits`]. With more than one split the
+    /// partials are reduced by the combine [`Gpu::DECODE_AUTO_SLICED_COMBINE`] picks.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_decode_paged_tiled(
         &self,
@@ -190,6 +238,43 @@ impl Gpu {
         self.paged_tiled(
             OP,
             t,
+            Self::DECODE_AUTO_SLICED_COMBINE,
+            dims,
+            q,
+            k_cache,
+            v_cache,
+            block_table,
+            seq_lens,
+            scale,
+            splits,
+            out,
+        )
+    }
+
+    /// [`Gpu::attention_decode_paged_tiled`] with a chosen combine kernel: `sliced` runs
+    /// `attention_decode_combine_sliced_D*`, else `attention_decode_combine_D*` (see
+    /// [`Gpu::DECODE_AUTO_SLICED_COMBINE`]). Both weigh the same partials; the results differ by fp32 rounding.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_decode_paged_combine(
+        &self,
+        tiling: (usize, usize),
+        sliced: bool,
+        dims: &PagedAttentionDims,
+        q: &GpuBuffer<f32>,
+        k_cache: &GpuBuffer<u16>,
+        v_cache: &GpuBuffer<u16>,
+        block_table: &GpuBuffer<u32>,
+        seq_lens: &GpuBuffer<u32>,
+        scale: f32,
+        splits: usize,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::attention_decode_paged_combine";
+        let t = tiling_index(OP, tiling)?;
+        self.paged_tiled(
+            OP,
+            t,
+            sliced,
             dims,
             q,
             k_cache,
@@ -256,6 +341,7 @@ impl Gpu {
         &self,
         op: &'static str,
         t: usize,
+        sliced: bool,
         dims: &PagedAttentionDims,
         q: &GpuBuffer<f32>,
         k_cache: &GpuBuffer<u16>,
@@ -302,6 +388,7 @@ impl Gpu {
         {
             self.inner.attention_decode_paged_tiled(
                 t,
+                sliced,
                 d,
                 &q.slice,
                 &k_cache.slice,
@@ -315,7 +402,7 @@ impl Gpu {
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = t;
+            let _ = (t, sliced);
             match self.never {}
         }
     }
@@ -326,7 +413,8 @@ impl Gpu {
     /// and value; `pos`: `[seqs]`, the current token's position. Sequence `b` attends ring slots
     /// `0..min(pos[b], window - 1)` (in any order: token `p` lives in slot `p % (window - 1)`) plus the current
     /// token. Grouped-query packed and split over the ring as the paged kernel (any group size 1-8, head_dim
-    /// 64/128/256); `splits = 0` picks one wave ([`Gpu::decode_auto_splits`]). Runs [`Gpu::DECODE_AUTO_TILING`].
+    /// 64/128/256); `splits = 0` picks one wave ([`Gpu::decode_auto_splits`]). Runs [`Gpu::DECODE_RING_TILING`] and
+    /// the combine [`Gpu::DECODE_AUTO_SLICED_COMBINE`] picks.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_decode_ring(
         &self,
@@ -343,8 +431,10 @@ impl Gpu {
         splits: usize,
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
-        self.attention_decode_ring_with(
-            Self::DECODE_AUTO_TILING,
+        self.ring(
+            "cuda::attention_decode_ring",
+            Self::DECODE_RING_TILING,
+            Self::DECODE_AUTO_SLICED_COMBINE,
             dims,
             seqs,
             window,
@@ -378,12 +468,89 @@ impl Gpu {
         splits: usize,
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
-        const OP: &str = "cuda::attention_decode_ring";
-        let t = tiling_index(OP, tiling)?;
-        dims.validate(OP)?;
-        crate::ensure_shape!(seqs > 0, OP, "seqs must be positive");
+        self.ring(
+            "cuda::attention_decode_ring",
+            tiling,
+            Self::DECODE_AUTO_SLICED_COMBINE,
+            dims,
+            seqs,
+            window,
+            q,
+            k_ring,
+            v_ring,
+            k_cur,
+            v_cur,
+            pos,
+            scale,
+            splits,
+            out,
+        )
+    }
+
+    /// [`Gpu::attention_decode_ring_with`] with a chosen combine kernel, `sliced` as in
+    /// [`Gpu::attention_decode_paged_combine`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_decode_ring_combine(
+        &self,
+        tiling: (usize, usize),
+        sliced: bool,
+        dims: &crate::attention::AttnDims,
+        seqs: usize,
+        window: usize,
+        q: &GpuBuffer<f32>,
+        k_ring: &GpuBuffer<u16>,
+        v_ring: &GpuBuffer<u16>,
+        k_cur: &GpuBuffer<u16>,
+        v_cur: &GpuBuffer<u16>,
+        pos: &GpuBuffer<u32>,
+        scale: f32,
+        splits: usize,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        self.ring(
+            "cuda::attention_decode_ring_combine",
+            tiling,
+            sliced,
+            dims,
+            seqs,
+            window,
+            q,
+            k_ring,
+            v_ring,
+            k_cur,
+            v_cur,
+            pos,
+            scale,
+            splits,
+            out,
+        )
+    }
+
+    /// The checks and the launch of the ring kernels.
+    #[allow(clippy::too_many_arguments)]
+    fn ring(
+        &self,
+        op: &'static str,
+        tiling: (usize, usize),
+        sliced: bool,
+        dims: &crate::attention::AttnDims,
+        seqs: usize,
+        window: usize,
+        q: &GpuBuffer<f32>,
+        k_ring: &GpuBuffer<u16>,
+        v_ring: &GpuBuffer<u16>,
+        k_cur: &GpuBuffer<u16>,
+        v_cur: &GpuBuffer<u16>,
+        pos: &GpuBuffer<u32>,
+        scale: f32,
+        splits: usize,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        let t = tiling_index(op, tiling)?;
+        dims.validate(op)?;
+        crate::ensure_shape!(seqs > 0, op, "seqs must be positive");
         check_heads(
-            OP,
+            op,
             dims.q_heads,
             dims.kv_heads,
             dims.head_dim,
@@ -393,7 +560,7 @@ impl Gpu {
         )?;
         crate::ensure_shape!(
             window >= 1,
-            OP,
+            op,
             "a sliding window must hold at least 1 token, got 0"
         );
         let slots = window - 1;
@@ -402,22 +569,23 @@ impl Gpu {
                 .and_then(|x| x.checked_mul(slots))
                 .is_some_and(|rows| rows <= TILED_MAX_ROWS)
                 && slots < TILED_MAX_TOKENS,
-            OP,
+            op,
             "the ring must hold at most 2^31 rows (seqs x kv_heads x (window - 1)), got {seqs} x {} x {slots}",
             dims.kv_heads
         );
         let (hq, hkv, hd) = (dims.q_heads, dims.kv_heads, dims.head_dim);
-        check_len(OP, "q", q.len(), seqs * hq * hd)?;
-        check_len(OP, "k_ring", k_ring.len(), seqs * hkv * slots * hd)?;
-        check_len(OP, "v_ring", v_ring.len(), seqs * hkv * slots * hd)?;
-        check_len(OP, "k_cur", k_cur.len(), seqs * hkv * hd)?;
-        check_len(OP, "v_cur", v_cur.len(), seqs * hkv * hd)?;
-        check_len(OP, "pos", pos.len(), seqs)?;
-        check_len(OP, "out", out.len(), seqs * hq * hd)?;
+        check_len(op, "q", q.len(), seqs * hq * hd)?;
+        check_len(op, "k_ring", k_ring.len(), seqs * hkv * slots * hd)?;
+        check_len(op, "v_ring", v_ring.len(), seqs * hkv * slots * hd)?;
+        check_len(op, "k_cur", k_cur.len(), seqs * hkv * hd)?;
+        check_len(op, "v_cur", v_cur.len(), seqs * hkv * hd)?;
+        check_len(op, "pos", pos.len(), seqs)?;
+        check_len(op, "out", out.len(), seqs * hq * hd)?;
         #[cfg(feature = "cuda")]
         {
             self.inner.attention_decode_ring(
                 t,
+                sliced,
                 dims,
                 seqs,
                 slots,
@@ -434,7 +602,7 @@ impl Gpu {
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = t;
+            let _ = (t, sliced);
             match self.never {}
         }
     }

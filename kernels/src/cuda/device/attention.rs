@@ -82,7 +82,9 @@ impl Device {
         // seqs * q_heads * splits * (head_dim + 2) floats.
         unsafe { b.launch(cfg) }.map_err(cuda_err(split_name))?;
         if splits > 1 {
-            self.attention_combine(d.head_dim, d.q_heads, d.seqs, splits, ws, out)?;
+            // The CUDA-core path is the accuracy arm: it keeps the block combine, the one the H200 ran it with
+            // (s3-run4); the tiled paths use Gpu::DECODE_AUTO_SLICED_COMBINE.
+            self.attention_combine(false, d.head_dim, d.q_heads, d.seqs, splits, ws, out)?;
         }
         Ok(())
     }
@@ -156,12 +158,21 @@ fn tiled_name(ring: bool, head_dim: usize, tiling: usize) -> &'static str {
     }
 }
 
-fn combine_name(head_dim: usize) -> &'static str {
-    match head_dim {
-        64 => "attention_decode_combine_D64",
-        128 => "attention_decode_combine_D128",
-        _ => "attention_decode_combine_D256",
+fn combine_name(sliced: bool, head_dim: usize) -> &'static str {
+    match (sliced, head_dim) {
+        (false, 64) => "attention_decode_combine_D64",
+        (false, 128) => "attention_decode_combine_D128",
+        (false, _) => "attention_decode_combine_D256",
+        (true, 64) => "attention_decode_combine_sliced_D64",
+        (true, 128) => "attention_decode_combine_sliced_D128",
+        (true, _) => "attention_decode_combine_sliced_D256",
     }
+}
+
+/// Warps per block of `attention_decode_combine_sliced_D*` for `splits` partials: one per 4 splits, 1 to 16
+/// (cuda/attention.cu `COMB_MAX_WARPS`), so a warp has at most 4 of them in one chunk of loads up to 64 splits.
+pub(crate) fn sliced_combine_warps(splits: usize) -> usize {
+    splits.div_ceil(4).clamp(1, 16)
 }
 
 impl Device {
@@ -198,9 +209,12 @@ impl Device {
         Ok(ws_guard)
     }
 
-    /// `attention_decode_combine_D*` over `splits` partials per (sequence, query head).
+    /// `attention_decode_combine_D*` (`sliced`: `attention_decode_combine_sliced_D*`) over `splits` partials per
+    /// (sequence, query head).
+    #[allow(clippy::too_many_arguments)]
     fn attention_combine(
         &self,
+        sliced: bool,
         head_dim: usize,
         q_heads: usize,
         seqs: usize,
@@ -208,18 +222,29 @@ impl Device {
         ws: &CudaSlice<f32>,
         out: &mut CudaSlice<f32>,
     ) -> Result<(), KernelError> {
-        let name = combine_name(head_dim);
+        let name = combine_name(sliced, head_dim);
         let f = self.function(Module::Attention, name)?;
         let (hq, s) = (q_heads as i32, splits as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (q_heads as u32, seqs as u32, 1),
-            block_dim: (head_dim as u32, 4, 1),
-            shared_mem_bytes: 0,
+        let cfg = if sliced {
+            // One block per 64 columns of each (sequence, query head), sliced_combine_warps(splits) warps.
+            LaunchConfig {
+                grid_dim: ((q_heads * head_dim / 64) as u32, seqs as u32, 1),
+                block_dim: (32, sliced_combine_warps(splits) as u32, 1),
+                shared_mem_bytes: 0,
+            }
+        } else {
+            LaunchConfig {
+                grid_dim: (q_heads as u32, seqs as u32, 1),
+                block_dim: (head_dim as u32, 4, 1),
+                shared_mem_bytes: 0,
+            }
         };
         let mut b = self.stream.launch_builder(&f);
         b.arg(ws).arg(out).arg(&hq).arg(&s);
-        // SAFETY: matches `attention_decode_combine_D*`; the split kernel queued before it on the same stream
-        // filled seqs * q_heads * splits partials of head_dim + 2 floats, and out is [seqs, q_heads, head_dim].
+        // SAFETY: matches `attention_decode_combine{,_sliced}_D*` with the block shape each expects (the sliced
+        // one at most 16 warps, its shared arrays' size; head_dim a multiple of 64); the split kernel queued
+        // before it on the same stream filled seqs * q_heads * splits partials of head_dim + 2 floats (splits <=
+        // 1024, checked by the callers), and out is [seqs, q_heads, head_dim].
         unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
         Ok(())
     }
@@ -239,10 +264,13 @@ impl Device {
         Ok(f)
     }
 
+    /// The tiled paged kernel `attention_decode_tiled_*`, then with more than one split the combine kernel
+    /// (`sliced`: `attention_decode_combine_sliced_D*`, else `attention_decode_combine_D*`).
     #[allow(clippy::too_many_arguments)]
     pub(in crate::cuda) fn attention_decode_paged_tiled(
         &self,
         tiling: usize,
+        sliced: bool,
         d: &PagedAttentionDims,
         q: &CudaSlice<f32>,
         k_cache: &CudaSlice<u16>,
@@ -302,15 +330,17 @@ impl Device {
         // num_pages; the workspace holds seqs * q_heads * splits * (head_dim + 2) floats.
         unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
         if splits > 1 {
-            self.attention_combine(d.head_dim, d.q_heads, d.seqs, splits, ws, out)?;
+            self.attention_combine(sliced, d.head_dim, d.q_heads, d.seqs, splits, ws, out)?;
         }
         Ok(())
     }
 
+    /// The ring kernel `attention_decode_ring_*`, then the combine as [`Device::attention_decode_paged_tiled`].
     #[allow(clippy::too_many_arguments)]
     pub(in crate::cuda) fn attention_decode_ring(
         &self,
         tiling: usize,
+        sliced: bool,
         d: &crate::attention::AttnDims,
         seqs: usize,
         slots: usize,
@@ -363,7 +393,7 @@ impl Device {
         // workspace holds seqs * q_heads * splits * (head_dim + 2) floats.
         unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
         if splits > 1 {
-            self.attention_combine(d.head_dim, d.q_heads, seqs, splits, ws, out)?;
+            self.attention_combine(sliced, d.head_dim, d.q_heads, seqs, splits, ws, out)?;
         }
         Ok(())
     }

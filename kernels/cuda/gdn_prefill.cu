@@ -14,35 +14,44 @@
 //   S_L = e^{G_L} S0 + sum_s e^{G_L-G_s} k_s d_s^T.
 // Every exponent is a difference G_t - G_s <= 0 (s <= t) or G_t <= 0, so nothing overflows.
 //
-// Four launches (the Rust side, kernels/src/cuda/device/gdn_prefill.rs, queues them on one stream):
-// 1. gdn_prefill_prep: grid (max_len, 2Hk+Hv, seqs), 128 threads, one per channel of one 128-channel segment (a q
-//    head, a k head or a v head) of one token: conv + SiLU, the l2-norm of q/k segments (block reduction), the
-//    gates of v segments; writes qn, kn, v, g, beta to the workspace, and the final conv history of each channel to
-//    conv_out (blocks of token 0). conv_in is only read, so the q/k history shared by several blocks never races
-//    (the same two-buffer convention as gdn_decode_step).
+// Four launches (the Rust side, kernels/src/cuda/device/gdn_prefill.rs, queues them on one stream; with a device
+// cu_seqlens table, Gpu::gdn_prefill_varlen, a one-block gdn_prefill_meta first builds the meta table below):
+// 1. gdn_prefill_prep: grid (ceil(max_len / 8), ceil((2Hk+Hv) / 4), seqs), 128 threads, one warp per 128-channel
+//    segment (a q head, a k head or a v head) and 8 consecutive tokens, the conv window in registers: conv + SiLU,
+//    the l2-norm of q/k segments (warp shuffles), the gates of v segments; writes qn, kn, v, g, beta to the
+//    workspace, and the final conv history of each channel to conv_out (warps of the first 8-token tile).
+//    conv_in is only read, so the q/k history shared by several warps never races (the same two-buffer convention
+//    as gdn_decode_step). It replaced the block-per-token prep (s3-run4: 969 -> 305 us at B=4 N=9216, bit-identical).
 // 2. gdn_prefill_wy: grid (max_chunks, Hv, seqs), 256 threads: per (chunk, value head) G, A, T (forward
 //    substitution, 4 threads per column), W, U and the masked decayed Aqk[t][s] = e^{G_t-G_s} q_t.k_s (s <= t), all
-//    independent across chunks, so this is the parallel part.
+//    independent across chunks, so this is the parallel part. gdn_prefill_wy_tc{1,3} are drop-in builds of the
+//    same launch with its three products on mma.sync TF32 (plain or 3xTF32; see their comment below), selected by
+//    a `wytf32_` / `wytf32x3_` prefix of the variant name.
 // 3. gdn_prefill_state_cs<CS>: grid (128/CS, Hv, seqs), 256 threads: the sequential part. Each block owns CS
 //    columns of one head's state (fp32 in shared memory) and walks the sequence's chunks: D = U - W S, the
 //    unnormalised output e^G (Q S) + Aqk D (written to out), S <- e^{G_L} S + (e^{G_L-G} K)^T D; the state goes
-//    back to global memory once, at the end. CS = 32 (192 blocks at Hv = 48, two per SM by shared memory) is the
-//    default; 16 and 64 are built for the benchmark's sweep.
+//    back to global memory once, at the end. CS = 16, 32 and 64 are built (8, 4 or 2 blocks per head).
 //    gdn_prefill_state_tc{1,3}_cs<CS> are drop-in builds of the same launch with the four per-chunk products on
 //    mma.sync TF32 tensor cores (plain or 3xTF32 split; see their comment below); Gpu::gdn_prefill_with selects
 //    one by name. Per (chunk, head) the walk costs 7.3 MFLOP (W S, Q S, K^T D: 2 * 64*128*128 each; Aqk D:
 //    2 * 64*64*128) against ~150 KB of W, U, Aqk, q, k reads, so on CUDA cores it is FMA-bound (s2-run2: 14
 //    TFLOP/s for the whole layer) while on tensor cores it becomes load-latency-bound.
 // 4. gdn_prefill_gated_norm: one warp per (token, value head): out <- rmsnorm(out) * w * silu(z), in place.
+// Removed (s3-run3): fla's split of launches 3 and 4 (`[wytf32_]tf32split_cs<32|64>`: a walk carrying only the
+// state and storing each chunk's incoming state and v_new in fp16, then an output launch parallel over chunks with
+// the gated norm fused). It lost at T = 16384: walk_cs64 1835.7 us + out 963.0 us against the state walk
+// tf32_cs64 2272.2 us + norm 277.8 us; whole step wytf32_tf32split_cs64 6125.8 us against 5856.3 us for
+// wytf32_tf32_cs64 (tf32split_cs32/cs64 7149.1/7023.0, wytf32_tf32split_cs32 6264.9).
 //
-// Precision: the default build is fp32 on the CUDA cores throughout (no tensor cores, no bf16 rounding), so
+// Precision: `fp32_cs<CS>` is fp32 on the CUDA cores throughout (no tensor cores, no bf16 rounding), so its
 // results match the fp32 CPU chunked prefill and the f64 recurrence to fp32 rounding of a different summation
-// order; the TF32 state builds round only their mma operands (3xTF32: ~fp32; plain: ~5e-4 per product).
+// order; the TF32 builds round only their mma operands (3xTF32: ~fp32; plain TF32, the default
+// `wytf32_tf32_cs64`: ~5e-4 per product, 4e-4 relative on the output at B=4 N=9216 against fp32_cs32).
 //
 // Workspace (floats, offsets in gdn_prefill.rs): qn [N, Hk, 128], kn [N, Hk, 128], v [N, Hv, 128], g [N, Hv],
-// beta [N, Hv], gcum [N, Hv], W [Hv, NC, 64, 128], U [Hv, NC, 64, 128], Aqk [Hv, NC, 64, 64] with N the total
-// tokens and NC the total chunks (sum over sequences of ceil(len/64)). meta (int32): cu_seqlens[seqs+1] followed by
-// chunk offsets[seqs+1].
+// beta [N, Hv], gcum [N, Hv], W [Hv, NC, 64, 128], U [Hv, NC, 64, 128], Aqk [Hv, NC, 64, 64], with N the total
+// tokens and NC the total chunks (sum over sequences of ceil(len/64)). meta (int32): cu_seqlens[seqs+1] followed
+// by chunk offsets[seqs+1].
 #include "common.cuh"
 
 using namespace edgefit;
@@ -75,59 +84,167 @@ constexpr int WY_SMEM_BYTES = (2 * C * KP + 2 * C * AP + 2 * C) * 4;
 // Shared memory of gdn_prefill_state_cs<CS> (dynamic): two [C][KP] tiles, Aqk [C][AP], D [C][CS], S [D][CS], G [C].
 __host__ __device__ constexpr int state_smem_bytes(int cs) { return (2 * C * KP + C * AP + C * cs + D * cs + C) * 4; }
 
-extern "C" __global__ void __launch_bounds__(D)
+// Launch 0 of the device-table entry point (Gpu::gdn_prefill_varlen): turns the caller's cu_seqlens [seqs + 1]
+// (u32, on the device, never checked by the host) into the meta table every other launch reads, clamped so that
+// the sequences are ordered, disjoint, inside 0..total and at most max_len long: entry 0 is min(cu[0], total), entry
+// b + 1 is cu[b + 1] clamped to [entry b, min(total, entry b + max_len)]; then the chunk offsets follow. The
+// workspace's W / U / Aqk regions are sized (Rust side) for the most chunks such sequences can have, the grids for
+// max_len, so a wrong table gives wrong or unwritten rows, never an access outside the buffers. One block: the
+// table is staged through shared memory 1024 entries at a time and scanned by thread 0 (the clamp is sequential).
+extern "C" __global__ void __launch_bounds__(256)
+    gdn_prefill_meta(const unsigned* __restrict__ cu, int* __restrict__ meta, int seqs, int total, int max_len) {
+    __shared__ unsigned tile[1024];
+    const unsigned tot = static_cast<unsigned>(total), ml = static_cast<unsigned>(max_len);
+    unsigned prev = 0;  // thread 0's running end of the previous sequence
+    int chunks = 0;
+    for (int base = 0; base <= seqs; base += 1024) {
+        const int n = min(1024, seqs + 1 - base);
+        for (int i = threadIdx.x; i < n; i += blockDim.x) tile[i] = cu[base + i];
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < n; ++i) {
+                const int e = base + i;  // entry e of cu_seqlens: the end of sequence e - 1
+                if (e == 0) {
+                    prev = min(tile[0], tot);
+                    meta[0] = static_cast<int>(prev);
+                    meta[seqs + 1] = 0;
+                    continue;
+                }
+                const unsigned hi = min(max(tile[i], prev), min(tot, prev + ml));
+                chunks += static_cast<int>((hi - prev + C - 1) / C);
+                meta[e] = static_cast<int>(hi);
+                meta[seqs + 1 + e] = chunks;
+                prev = hi;
+            }
+        }
+        __syncthreads();  // tile free for the next 1024 entries
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// gdn_prefill_prep: launch 1 (conv + SiLU, q/k l2-norms, gates), one warp per 128-channel segment and PREP_TT = 8
+// tokens. H200, s3-run4 (--quick, Qwen3.8-27B's layer; measured as `gdn_prefill_prep_w`, a drop-in next to the
+// block-per-token build it then replaced): 304.9 us against 969.2 us at B = 4, N = 9216 (3.18x; 59.4% of a torch
+// copy of the same bytes), 135.4 us against 321.3 us at T = 4096 (2.37x); outputs bit-identical to the old
+// build's (max abs difference 0 at both shapes, and in the test that compared the two). Why the block-per-token
+// build ran at ~1 TB/s (s3-run3, T = 16384: 1277 us for 1355 MB: qkv 671 MB read, qn/kn/v 671 MB written, a, b,
+// g, beta 13 MB; 323 us at the 4.2 TB/s copy rate): its grid was one 128-thread block per (token, 128-channel
+// segment), 1.31 M blocks, each thread one 4-byte load from DRAM (the other K-1 conv taps are the neighbouring
+// tokens' rows, L2 re-reads) before a dependent chain (conv, a block reduction with __syncthreads, the store). At
+// most 16 such blocks fit an SM, ~8 KB of new DRAM bytes in flight per SM against the ~22 KB that 4.2 TB/s needs
+// at ~700 ns of latency (Little's law), so that launch was bound by latency, not bytes. Here one warp owns one
+// segment for PREP_TT consecutive tokens: it loads all TT + K-1 rows of its 4 channels per lane (lane l holds
+// channels l, 32+l, 64+l, 96+l: coalesced 128-byte rows, 44 loads in flight per lane before any arithmetic),
+// slides the conv window in registers (each input read once, K-1 history rows per 8 tokens, L2 hits), and reduces
+// the q/k sums of squares with shuffles only (no block barrier). 94 registers, 5 blocks (20 warps) per SM: ~110 KB
+// of loads in flight per SM. The arithmetic per element is the old build's in the same order: the conv taps oldest
+// first, the sum of squares as four 32-lane butterflies (the old build's four warps) added in the same order, the
+// same scale and gates.
+// Grid (ceil(max_len / TT), ceil((2Hk+Hv) / 4), seqs), 128 threads (warp w: segment 4 blockIdx.y + w).
+constexpr int PREP_TT = 8;
+
+template <int KC>
+__device__ __forceinline__ void gdn_prefill_prep_body(
+    const float* __restrict__ qkv, const float* __restrict__ a_in, const float* __restrict__ b_in,
+    const float* __restrict__ conv_w, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+    const float* __restrict__ conv_in, float* __restrict__ conv_out, const int* __restrict__ meta,
+    float* __restrict__ qn, float* __restrict__ kn, float* __restrict__ vv, float* __restrict__ gg,
+    float* __restrict__ bb, int hk, int hv) {
+    constexpr int HIST = KC - 1;
+    const int lane = threadIdx.x & 31;
+    const int seg = blockIdx.y * 4 + (threadIdx.x >> 5);
+    const int s = blockIdx.z;
+    const int t0 = blockIdx.x * PREP_TT;
+    const int segs = 2 * hk + hv;
+    if (seg >= segs) return;  // whole warp; no block barrier below
+    const int start = meta[s];
+    const int len = meta[s + 1] - start;
+    const int conv_dim = segs * D;
+    // Input of channel ch at sequence position j (j < 0: the remembered history, oldest first).
+    auto x_at = [&](int ch, int j) -> float {
+        return j >= 0 ? qkv[static_cast<size_t>(start + j) * conv_dim + ch]
+                      : conv_in[(static_cast<size_t>(s) * conv_dim + ch) * HIST + HIST + j];
+    };
+    if (blockIdx.x == 0) {
+        // Final history of the warp's channels (positions len-HIST .. len-1; history when negative).
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int ch = seg * D + 32 * j + lane;
+            float* cout = conv_out + (static_cast<size_t>(s) * conv_dim + ch) * HIST;
+#pragma unroll
+            for (int p = 0; p < HIST; ++p) cout[p] = x_at(ch, len - HIST + p);
+        }
+    }
+    if (t0 >= len) return;  // whole warp: ragged batch
+    // Rows t0-HIST .. t0+TT-1 of the 4 channels (rows past the sequence are not read).
+    float xs[PREP_TT + HIST][4];
+    float wr[4][KC];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int ch = seg * D + 32 * j + lane;
+#pragma unroll
+        for (int p = 0; p < KC; ++p) wr[j][p] = conv_w[static_cast<size_t>(ch) * KC + p];
+#pragma unroll
+        for (int r = 0; r < PREP_TT + HIST; ++r) {
+            const int pos = t0 - HIST + r;
+            xs[r][j] = pos < len ? x_at(ch, pos) : 0.f;
+        }
+    }
+    const bool is_qk = seg < 2 * hk;
+    const int h = seg - 2 * hk;
+    if (!is_qk && lane < PREP_TT && t0 + lane < len) {
+        const size_t tok = static_cast<size_t>(start + t0 + lane);
+        gg[tok * hv + h] = -expf(a_log[h]) * softplus_f(a_in[tok * hv + h] + dt_bias[h]);
+        bb[tok * hv + h] = 1.f / (1.f + expf(-b_in[tok * hv + h]));
+    }
+#pragma unroll
+    for (int i = 0; i < PREP_TT; ++i) {
+        if (t0 + i >= len) break;  // warp-uniform
+        float y[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float acc = 0.f;
+#pragma unroll
+            for (int p = 0; p < KC; ++p) acc = fmaf(wr[j][p], xs[i + p][j], acc);
+            y[j] = silu_f(acc);
+        }
+        const size_t tok = static_cast<size_t>(start + t0 + i);
+        if (is_qk) {
+            // The block-per-token build's part[j] was warp j's butterfly over channels 32j .. 32j+31: the same
+            // four sums.
+            float part[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) part[j] = warp_sum(y[j] * y[j]);
+            const float tot = part[0] + part[1] + part[2] + part[3];
+            const float scale = (seg < hk ? rsqrtf(static_cast<float>(D)) : 1.f) * rsqrtf(tot + L2_EPS);
+            float* dst = seg < hk ? qn + (tok * hk + seg) * D : kn + (tok * hk + (seg - hk)) * D;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) dst[32 * j + lane] = y[j] * scale;
+        } else {
+            float* dst = vv + (tok * hv + h) * D;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) dst[32 * j + lane] = y[j];
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
     gdn_prefill_prep(const float* __restrict__ qkv, const float* __restrict__ a_in, const float* __restrict__ b_in,
                      const float* __restrict__ conv_w, const float* __restrict__ a_log,
                      const float* __restrict__ dt_bias, const float* __restrict__ conv_in,
                      float* __restrict__ conv_out, const int* __restrict__ meta, float* __restrict__ qn,
                      float* __restrict__ kn, float* __restrict__ vv, float* __restrict__ gg, float* __restrict__ bb,
                      int hk, int hv, int kconv) {
-    const int t = blockIdx.x;  // token within the sequence
-    const int seg = blockIdx.y;
-    const int s = blockIdx.z;
-    const int tid = threadIdx.x;
-    const int start = meta[s];
-    const int len = meta[s + 1] - start;
-    const int conv_dim = (2 * hk + hv) * D;
-    const int hist = kconv - 1;
-    const int ch = seg * D + tid;  // q heads, k heads, v heads are consecutive 128-channel segments
-    const float* cin = conv_in + (static_cast<size_t>(s) * conv_dim + ch) * hist;
-    // Input at sequence position j (j < 0: the remembered history, oldest first).
-    auto x_at = [&](int j) -> float {
-        return j >= 0 ? qkv[static_cast<size_t>(start + j) * conv_dim + ch] : cin[hist + j];
-    };
-    if (t == 0) {
-        // Final history of this channel: positions len-hist .. len-1 of the sequence (history when negative; a
-        // sequence of length 0 copies its history).
-        float* cout = conv_out + (static_cast<size_t>(s) * conv_dim + ch) * hist;
-        for (int p = 0; p < hist; ++p) cout[p] = x_at(len - hist + p);
-    }
-    if (t >= len) return;  // whole block: ragged batch
-    const float* w = conv_w + static_cast<size_t>(ch) * kconv;
-    float acc = 0.f;
-    for (int p = 0; p < kconv; ++p) acc = fmaf(w[p], x_at(t - hist + p), acc);
-    float y = silu_f(acc);
-    const size_t tok = static_cast<size_t>(start + t);
-    if (seg < 2 * hk) {
-        __shared__ float part[D / 32];
-        const float ss = warp_sum(y * y);
-        if ((tid & 31) == 0) part[tid >> 5] = ss;
-        __syncthreads();
-        const float tot = part[0] + part[1] + part[2] + part[3];
-        const float scale = (seg < hk ? rsqrtf(static_cast<float>(D)) : 1.f) * rsqrtf(tot + L2_EPS);
-        y *= scale;
-        if (seg < hk)
-            qn[(tok * hk + seg) * D + tid] = y;
-        else
-            kn[(tok * hk + (seg - hk)) * D + tid] = y;
-    } else {
-        const int h = seg - 2 * hk;
-        vv[(tok * hv + h) * D + tid] = y;
-        if (tid == 0) {
-            gg[tok * hv + h] = -expf(a_log[h]) * softplus_f(a_in[tok * hv + h] + dt_bias[h]);
-            bb[tok * hv + h] = 1.f / (1.f + expf(-b_in[tok * hv + h]));
-        }
-    }
+    // kconv is 2..=4 (checked in Rust); the window lives in registers, so it is a template argument.
+    if (kconv == 4)
+        gdn_prefill_prep_body<4>(qkv, a_in, b_in, conv_w, a_log, dt_bias, conv_in, conv_out, meta, qn, kn, vv, gg,
+                                 bb, hk, hv);
+    else if (kconv == 3)
+        gdn_prefill_prep_body<3>(qkv, a_in, b_in, conv_w, a_log, dt_bias, conv_in, conv_out, meta, qn, kn, vv, gg,
+                                 bb, hk, hv);
+    else
+        gdn_prefill_prep_body<2>(qkv, a_in, b_in, conv_w, a_log, dt_bias, conv_in, conv_out, meta, qn, kn, vv, gg,
+                                 bb, hk, hv);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -704,6 +821,225 @@ GDN_STATE_TC_KERNEL(3, 16)
 GDN_STATE_TC_KERNEL(3, 32)
 GDN_STATE_TC_KERNEL(3, 64)
 
+// ---------------------------------------------------------------------------------------------------------------
+// Tensor-core build of the chunk-local WY launch: gdn_prefill_wy_tc<1|3>. Same grid, inputs, outputs and algebra
+// as gdn_prefill_wy (a drop-in for launch 2, same fp32 workspace), but its three products run on
+// `mma.sync.m16n8k8` TF32 with fp32 accumulation (the fragment helpers of the state kernel above):
+//   3. K K^T and Q K^T ([64 x 128] x [128 x 64]): warp w owns m-tile (w & 3) and n-tiles 4 (w >> 2) .. +3; the
+//      n-tiles wholly above the diagonal are skipped (their outputs are written as zeros);
+//   6. W = T (diag(beta e^G) K) and U = T (diag(beta) V) ([64 x 64] x [64 x 128]): warp w owns m-tile (w & 3) and
+//      n-tiles 8 (w >> 2) .. +7 of both; T is lower triangular, so the k-steps stop at the m-tile's last row.
+// T = (I + A)^-1 is still the fp32 forward substitution of gdn_prefill_wy (63 dependent rows); the K and V
+// scaling runs before it, so it costs no extra barrier. Per (chunk, head) this moves the 4.2 MFLOP of the three
+// products (2 * 64*64*128 * 2 for K K^T and Q K^T, the same for W and U, before the triangular savings) from
+// CUDA-core FMAs (~8 K FMAs per thread) to at most 256 mma per warp (768 for 3xTF32).
+// SPLIT: 3xTF32 as in the state kernel (~fp32 accuracy), else plain TF32 (~5e-4 relative per operand).
+// Bank layout: K / Q / V tiles [C][KP] (A fragments and the K^T B fragments conflict-free, the row-major B
+// fragments of step 6 2-way), A and T tiles [C][QP] (T's A fragments conflict-free).
+__host__ __device__ constexpr int wy_tc_smem_bytes() { return (2 * C * KP + 2 * C * QP + 2 * C) * 4; }
+
+namespace {
+
+// B fragment of the transpose of a row-major tile (B[k][n] = tile[n][k]): b0 (k = t, n = g), b1 (k = t+4, n = g).
+template <bool SPLIT>
+__device__ __forceinline__ void load_bt(TfFrag<2, SPLIT>& f, const float* tile, int ld, int k0, int n0, int lane) {
+    const float* p = tile + (n0 + (lane >> 2)) * ld + k0 + (lane & 3);
+    f.set(0, p[0]);
+    f.set(1, p[4]);
+}
+
+}  // namespace
+
+template <bool SPLIT>
+__device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__ qn, const float* __restrict__ kn,
+                                                       const float* __restrict__ vv, const float* __restrict__ gg,
+                                                       const float* __restrict__ bb, const int* __restrict__ meta,
+                                                       float* __restrict__ gcum, float* __restrict__ w_out,
+                                                       float* __restrict__ u_out, float* __restrict__ aqk_out, int hk,
+                                                       int hv, int seqs, int n_chunks) {
+    extern __shared__ float4 smem_wyt[];
+    float* sm = reinterpret_cast<float*>(smem_wyt);
+    float* Ks = sm;             // [C][KP]: K, then diag(beta e^G) K
+    float* Xs = Ks + C * KP;    // [C][KP]: Q, then diag(beta) V
+    float* As = Xs + C * KP;    // [C][QP]
+    float* Ts = As + C * QP;    // [C][QP]
+    float* gc = Ts + C * QP;    // [C]
+    float* bt = gc + C;         // [C]
+
+    const int c = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int fg = lane >> 2, ft = lane & 3;  // fragment row group / column pair
+    const int start = meta[s];
+    const int len = meta[s + 1] - start;
+    if (c * C >= len) return;
+    const int lc = min(C, len - c * C);
+    const size_t tok0 = static_cast<size_t>(start + c * C);
+    const size_t slot = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s] + c;
+    const int kh = h / (hv / hk);
+
+    // 1. K and Q rows (zero past the chunk), g, beta; identity T.
+    for (int i = tid; i < C * (D / 4); i += 256) {
+        const int r = i / (D / 4), c4 = i % (D / 4);
+        float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), qv = kv;
+        if (r < lc) {
+            const size_t off = ((tok0 + r) * hk + kh) * D;
+            kv = reinterpret_cast<const float4*>(kn + off)[c4];
+            qv = reinterpret_cast<const float4*>(qn + off)[c4];
+        }
+        *reinterpret_cast<float4*>(Ks + r * KP + 4 * c4) = kv;
+        *reinterpret_cast<float4*>(Xs + r * KP + 4 * c4) = qv;
+    }
+    for (int i = tid; i < C * C; i += 256) Ts[(i / C) * QP + i % C] = (i / C == i % C) ? 1.f : 0.f;
+    if (tid < C) {
+        gc[tid] = tid < lc ? gg[(tok0 + tid) * hv + h] : 0.f;
+        bt[tid] = tid < lc ? bb[(tok0 + tid) * hv + h] : 0.f;
+    }
+    __syncthreads();
+    // 2. In-chunk inclusive cumulative sum of g (64 values; warp 0, two per lane).
+    if (tid < 32) {
+        float a0 = gc[2 * tid], a1 = a0 + gc[2 * tid + 1];
+        float run = a1;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float n = __shfl_up_sync(0xffffffffu, run, o);
+            if (tid >= o) run += n;
+        }
+        const float before = run - a1;
+        gc[2 * tid] = before + a0;
+        gc[2 * tid + 1] = before + a1;
+    }
+    __syncthreads();
+    if (tid < lc) gcum[(tok0 + tid) * hv + h] = gc[tid];
+
+    // 3. A[i][j] = beta_i e^{G_i-G_j} k_i.k_j (j < i) and Aqk[i][j] = e^{G_i-G_j} q_i.k_j (j <= i), on tensor
+    // cores: this warp's rows am .. am+15, columns an .. an+31 (n-tiles above the diagonal are not multiplied).
+    const int am = (warp & 3) * 16;
+    {
+        const int an = (warp >> 2) * 32;
+        float kk[4][4], qk[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) kk[j][e] = qk[j][e] = 0.f;
+        if (an <= am + 15) {  // warp-uniform: some n-tile of this warp reaches the diagonal
+#pragma unroll 2
+            for (int k0 = 0; k0 < D; k0 += 8) {
+                TfFrag<4, SPLIT> fk, fq;
+                load_a(fk, Ks, KP, am, k0, lane);
+                load_a(fq, Xs, KP, am, k0, lane);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    if (an + 8 * j <= am + 15) {  // warp-uniform
+                        TfFrag<2, SPLIT> fb;
+                        load_bt(fb, Ks, KP, k0, an + 8 * j, lane);
+                        mma_acc<SPLIT>(kk[j], fk, fb);
+                        mma_acc<SPLIT>(qk[j], fq, fb);
+                    }
+                }
+            }
+        }
+        float* aqk = aqk_out + slot * C * C;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int i = am + fg + 8 * hf;
+                const int jc = an + 8 * j + 2 * ft;
+                float q2[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int col = jc + e;
+                    const float dec = col <= i ? expf(gc[i] - gc[col]) : 0.f;
+                    As[i * QP + col] = col < i ? bt[i] * kk[j][2 * hf + e] * dec : 0.f;
+                    q2[e] = qk[j][2 * hf + e] * dec;
+                }
+                *reinterpret_cast<float2*>(aqk + i * C + jc) = make_float2(q2[0], q2[1]);
+            }
+        }
+    }
+    __syncthreads();  // A complete; the K and Q tiles are free
+
+    // 4. K scaled by beta e^G in place, Xs <- beta V (rows past the chunk: zero K, zero V, beta = 0). Only the
+    // substitution's first barrier orders these writes before step 6; step 5 does not touch Ks / Xs.
+    for (int i = tid; i < C * (D / 4); i += 256) {
+        const int r = i / (D / 4), q4 = i % (D / 4);
+        float4* kp = reinterpret_cast<float4*>(Ks + r * KP) + q4;
+        const float f = bt[r] * expf(gc[r]);
+        float4 kv = *kp;
+        kv.x *= f; kv.y *= f; kv.z *= f; kv.w *= f;
+        *kp = kv;
+        float4 vval = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < lc) vval = reinterpret_cast<const float4*>(vv + ((tok0 + r) * hv + h) * D)[q4];
+        const float bv = bt[r];
+        vval.x *= bv; vval.y *= bv; vval.z *= bv; vval.w *= bv;
+        *reinterpret_cast<float4*>(Xs + r * KP + 4 * q4) = vval;
+    }
+
+    // 5. T = (I + A)^-1 by forward substitution (fp32, as gdn_prefill_wy): row i at a time, column j by the 4
+    // adjacent lanes 4j..4j+3, each a quarter of the sum; a barrier after every row (the last one also publishes
+    // step 4's tiles).
+    {
+        const int j = tid >> 2, part = tid & 3;
+        for (int i = 1; i < C; ++i) {
+            float acc = 0.f;
+            if (j < i)
+                for (int m = j + 1 + part; m < i; m += 4) acc = fmaf(As[i * QP + m], Ts[m * QP + j], acc);
+            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+            acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+            if (part == 0 && j < i) Ts[i * QP + j] = -(As[i * QP + j] + acc);
+            __syncthreads();
+        }
+    }
+
+    // 6. W = T Kb and U = T Vb on this warp's rows am .. am+15 and columns wn .. wn+63; T[r][m] = 0 for m > r.
+    {
+        const int wn = (warp >> 2) * 64;
+        float aw[8][4], au[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) aw[n][e] = au[n][e] = 0.f;
+        for (int k0 = 0; k0 < am + 16; k0 += 8) {
+            TfFrag<4, SPLIT> fa;
+            load_a(fa, Ts, QP, am, k0, lane);
+#pragma unroll
+            for (int n = 0; n < 8; ++n) {
+                TfFrag<2, SPLIT> fb;
+                load_b(fb, Ks, KP, k0, wn + 8 * n, lane);
+                mma_acc<SPLIT>(aw[n], fa, fb);
+                load_b(fb, Xs, KP, k0, wn + 8 * n, lane);
+                mma_acc<SPLIT>(au[n], fa, fb);
+            }
+        }
+        float* wo = w_out + slot * C * D;
+        float* uo = u_out + slot * C * D;
+        const int r0 = am + fg, r1 = am + fg + 8;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const int col = wn + 8 * n + 2 * ft;
+            *reinterpret_cast<float2*>(wo + r0 * D + col) = make_float2(aw[n][0], aw[n][1]);
+            *reinterpret_cast<float2*>(wo + r1 * D + col) = make_float2(aw[n][2], aw[n][3]);
+            *reinterpret_cast<float2*>(uo + r0 * D + col) = make_float2(au[n][0], au[n][1]);
+            *reinterpret_cast<float2*>(uo + r1 * D + col) = make_float2(au[n][2], au[n][3]);
+        }
+    }
+}
+
+// Two blocks per SM: 102,912 bytes of shared memory each (the launch asks for the maximum carveout) and at most
+// 128 registers per thread.
+#define GDN_WY_TC_KERNEL(SPLITN)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256, 2) gdn_prefill_wy_tc##SPLITN(                               \
+        const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ vv,                  \
+        const float* __restrict__ gg, const float* __restrict__ bb, const int* __restrict__ meta,                 \
+        float* __restrict__ gcum, float* __restrict__ w_out, float* __restrict__ u_out,                           \
+        float* __restrict__ aqk_out, int hk, int hv, int seqs, int n_chunks) {                                    \
+        gdn_prefill_wy_tc_body<SPLITN == 3>(qn, kn, vv, gg, bb, meta, gcum, w_out, u_out, aqk_out, hk, hv, seqs, \
+                                            n_chunks);                                                            \
+    }
+
+GDN_WY_TC_KERNEL(1)
+GDN_WY_TC_KERNEL(3)
+
 extern "C" __global__ void __launch_bounds__(256)
     gdn_prefill_gated_norm(float* __restrict__ out, const float* __restrict__ z, const float* __restrict__ norm_w,
                            float norm_eps, int rows) {
@@ -723,7 +1059,9 @@ extern "C" __global__ void __launch_bounds__(256)
     *o = v;
 }
 
+static_assert(PREP_TT == 8, "keep PREP_TOKENS in device/gdn_prefill.rs equal");
 static_assert(WY_SMEM_BYTES == 101376, "keep GDN_WY_SMEM_BYTES in device/gdn_prefill.rs equal");
+static_assert(wy_tc_smem_bytes() == 102912, "keep WY_TC_SMEM_BYTES in device/gdn_prefill.rs equal");
 static_assert(state_tc_smem_bytes(16) == 103424 && state_tc_smem_bytes(32) == 115712 &&
                   state_tc_smem_bytes(64) == 140288,
               "keep gdn_prefill.rs state_tc_smem_bytes equal");

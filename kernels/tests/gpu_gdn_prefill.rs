@@ -21,29 +21,39 @@ use rand_chacha::ChaCha8Rng;
 const OUT_TOL: f32 = 2e-4;
 const STATE_TOL: f32 = 2e-5;
 
-/// The bounds of a state-kernel variant (`Gpu::gdn_prefill_with`): fp32 as above; `tf32x3` (tensor cores, each
-/// operand split into two TF32 terms, only the 2^-22-relative lo*lo product dropped) twice the fp32 bounds;
-/// plain `tf32` (operands rounded to 10 mantissa bits, ~2.4e-4 relative each, errors carried through the
-/// chunk-to-chunk state) 1e-2 on the normalised output and 2e-3 on the state: the order of fla's bf16 kernels
-/// (~7e-3 relative against this crate's fp32 kernels on the H200), still far below a wrong index or a missed term.
-/// `"auto"` and `""` take the bounds of the build they run, `Gpu::GDN_PREFILL_DEFAULT`.
+/// The bounds of a variant (`Gpu::gdn_prefill_with`), by the least precise of its two tensor-core-capable
+/// launches (the WY kernel, named by an optional `wy<math>_` prefix, and the state kernel): fp32 throughout as
+/// above; `tf32x3` (tensor cores, each operand split into two TF32 terms, only the 2^-22-relative lo*lo product
+/// dropped) in either launch twice the fp32 bounds; plain `tf32` in either (operands rounded to 10 mantissa bits,
+/// ~2.4e-4 relative each, errors carried through the chunk-to-chunk state) 1e-2 on the normalised output and 2e-3
+/// on the state: the order of fla's bf16 kernels (~7e-3 relative against this crate's fp32 kernels on the H200),
+/// still far below a wrong index or a missed term. The plain-TF32 WY rounds K K^T, Q K^T and the T products, as
+/// the plain-TF32 state kernel rounds its four; the two together stay in the same 1e-2 / 2e-3 class (an
+/// assumption until the H200 prints their worst errors; s3-run3 passed them). `"auto"` and `""` take the bounds of
+/// the build they run, `Gpu::GDN_PREFILL_DEFAULT`.
 fn tolerances(variant: &str) -> (f32, f32) {
     let variant = if variant.is_empty() || variant == "auto" {
         Gpu::GDN_PREFILL_DEFAULT
     } else {
         variant
     };
-    if variant.starts_with("tf32x3") {
-        (2.0 * OUT_TOL, 2.0 * STATE_TOL)
-    } else if variant.starts_with("tf32") {
+    let (wy, state) = match variant.strip_prefix("wy") {
+        Some(rest) => rest.split_once('_').expect("wy<math>_<state variant>"),
+        None => ("fp32", variant),
+    };
+    let plain = |m: &str| m == "tf32" || m.starts_with("tf32_");
+    if plain(wy) || plain(state) {
         (1e-2, 2e-3)
+    } else if wy == "tf32x3" || state.starts_with("tf32x3") {
+        (2.0 * OUT_TOL, 2.0 * STATE_TOL)
     } else {
         (OUT_TOL, STATE_TOL)
     }
 }
 
-/// Every state-kernel build (`<math>_cs<cols>`).
-const VARIANTS: [&str; 9] = [
+/// Every state-kernel build (`<math>_cs<cols>`) and the tensor-core WY builds (`wy<math>_`) in front of the
+/// fp32, 3xTF32 and plain-TF32 state kernels (launch 1, the warp prep, is the same in all).
+const VARIANTS: [&str; 13] = [
     "fp32_cs16",
     "fp32_cs32",
     "fp32_cs64",
@@ -53,6 +63,10 @@ const VARIANTS: [&str; 9] = [
     "tf32_cs16",
     "tf32_cs32",
     "tf32_cs64",
+    "wytf32x3_fp32_cs32",
+    "wytf32x3_tf32x3_cs32",
+    "wytf32_tf32_cs32",
+    "wytf32_tf32_cs64",
 ];
 
 /// Qwen3.8-27B's group of 3 value heads per key head, with 2 key heads.
@@ -413,6 +427,87 @@ fn ragged_batches_match_sequence_by_sequence() {
         "tf32_cs16",
         (-1.0, 1.0),
     );
+    // The tensor-core WY kernel on the same ragged batches: partial chunks (zero rows past the chunk, T's identity
+    // rows there), chunks of 1 and 2 tokens, empty sequences, a group of 1; the 3xTF32 build against the
+    // fp32-class bounds (a wrong fragment index fails those by orders of magnitude), the plain build against
+    // the TF32 ones.
+    check_batch(
+        &gpu,
+        &mut rng,
+        GROUP3,
+        &[65, 0, 1, 130, 63],
+        "wytf32x3_fp32_cs32",
+        (-1.0, 1.0),
+    );
+    check_batch(
+        &gpu,
+        &mut rng,
+        ONE_HEAD,
+        &[2, 64, 129],
+        "wytf32x3_tf32x3_cs64",
+        (-1.0, 1.0),
+    );
+    check_batch(
+        &gpu,
+        &mut rng,
+        GROUP1_K3,
+        &[0, 77, 3],
+        "wytf32_tf32_cs64",
+        (-1.0, 1.0),
+    );
+    check_batch(
+        &gpu,
+        &mut rng,
+        GROUP3,
+        &[200, 1, 64, 127],
+        "wytf32_tf32_cs32",
+        (-1.0, 1.0),
+    );
+    check_batch(
+        &gpu,
+        &mut rng,
+        GROUP3,
+        &[65, 0, 1, 130, 63],
+        "fp32_cs32",
+        (-1.0, 1.0),
+    );
+    // The previous default (CUDA-core WY, plain-TF32 state walk on 64 columns) on a ragged batch.
+    check_batch(
+        &gpu,
+        &mut rng,
+        GROUP3,
+        &[65, 0, 1, 130, 63],
+        "tf32_cs64",
+        (-1.0, 1.0),
+    );
+}
+
+/// The warp prep (launch 1, `gdn_prefill_prep`: a warp per 128-channel segment and 8 tokens, the conv window a
+/// register template per conv kernel) on the batches that once compared it with the block-per-token prep it
+/// replaced (bit-identical there and on the H200, s3-run4), now against the f64 recurrence and the CPU prefill
+/// through the fp32 build: conv kernels 4, 3 and 2, ragged batches with empty sequences, sequences shorter than
+/// the conv history and than an 8-token tile, lengths around multiples of 8, and segment counts (2Hk+Hv = 10, 9
+/// and 4) that leave warps of the last block idle or not. The conv history must be a bit-for-bit copy
+/// (`check_batch`).
+#[test]
+fn warp_prep_tiles_and_conv_kernels_match_the_recurrence() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("gdn_prefill warp prep");
+    let k2 = GdnDims {
+        key_heads: 1,
+        value_heads: 2,
+        key_dim: 128,
+        value_dim: 128,
+        conv_kernel: 2,
+    };
+    let cases: [(GdnDims, &[usize]); 3] = [
+        (GROUP3, &[65, 0, 1, 130, 7, 8, 9]),
+        (GROUP1_K3, &[0, 77, 2, 16]),
+        (k2, &[1, 3, 200]),
+    ];
+    for (dims, lens) in cases {
+        check_batch(&gpu, &mut rng, dims, lens, "fp32_cs32", (-1.0, 1.0));
+    }
 }
 
 /// A_log up to 3 (decay rates up to e^3 per token): the in-chunk cumulative decay underflows fp32; the kernels only
@@ -430,6 +525,23 @@ fn strong_decay_that_underflows_a_chunk() {
         "tf32x3_cs32",
         (2.0, 3.0),
     );
+    check_batch(
+        &gpu,
+        &mut rng,
+        GROUP3,
+        &[130, 70],
+        "wytf32x3_fp32_cs32",
+        (2.0, 3.0),
+    );
+    check_batch(
+        &gpu,
+        &mut rng,
+        GROUP3,
+        &[130, 70],
+        "wytf32_tf32_cs64",
+        (2.0, 3.0),
+    );
+    check_batch(&gpu, &mut rng, GROUP3, &[130, 70], "tf32_cs64", (2.0, 3.0));
 }
 
 /// A batch of two sequences is prefilled, then decoded for three steps by `Gpu::gdn_decode_step` on the same conv
@@ -554,6 +666,171 @@ fn decode_continues_a_gpu_prefill() {
     }
 }
 
+/// `Gpu::gdn_prefill_varlen` (offsets on the device; the meta table built and clamped there) against
+/// `Gpu::gdn_prefill_with` on the lengths the table means: bit for bit (the same kernels in the same order of
+/// arithmetic; only the stride of the W / U / Aqk slots differs), for the default (tensor-core WY) and the CUDA-core WY.
+/// The second and third tables are wrong in the ways the clamp handles (an entry below its predecessor, an entry
+/// past `total`, a sequence longer than `max_seqlen`), so they also pin the clamp's meaning. Outputs, conv
+/// history and both workspaces are NaN-poisoned, so every row must be written (the lengths cover `total`).
+#[test]
+fn device_table_matches_the_host_table() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("gdn_prefill varlen");
+    let dims = GROUP3;
+    // (the table as given, max_seqlen, the lengths it means after the clamp)
+    let cases: [(&[u32], usize, &[usize]); 3] = [
+        (&[0, 65, 65, 66, 196, 259], 130, &[65, 0, 1, 130, 63]),
+        (&[0, 70, 40, 75], 70, &[70, 0, 5]),
+        (&[0, 30, 1000], 45, &[30, 45]),
+    ];
+    for (table, max_len, lens) in cases {
+        for variant in ["auto", "tf32_cs64"] {
+            let ctx = format!("table {table:?} max_seqlen {max_len} variant {variant}");
+            let n: usize = lens.iter().sum();
+            let seqs = lens.len();
+            let layer = Layer::new(dims, &mut rng, (-1.0, 1.0));
+            let tok = Tokens::new(&dims, n, &mut rng);
+            let (csl, sl, vw) = (dims.conv_state_len(), dims.state_len(), dims.value_width());
+            let conv0 = uniform(&mut rng, seqs * csl, 1.0);
+            let state0 = uniform(&mut rng, seqs * sl, 0.5);
+            let dl = DevLayer::new(&gpu, &layer);
+            let dx = DevTokens::new(&gpu, &tok.rows(&dims, 0, n));
+            let conv_in = gpu.upload(&conv0).unwrap();
+            let cu = gpu.upload(table).unwrap();
+            let mut got = Vec::new();
+            for device_table in [false, true] {
+                let mut conv_out = gpu.upload(&vec![f32::NAN; conv0.len()]).unwrap();
+                let mut state = gpu.upload(&state0).unwrap();
+                let mut out = gpu.upload(&vec![f32::NAN; n * vw]).unwrap();
+                let r = if device_table {
+                    let ws_len =
+                        Gpu::gdn_prefill_varlen_workspace_len(&dims, seqs, n, max_len).unwrap();
+                    let mut ws = gpu.upload(&vec![f32::NAN; ws_len]).unwrap();
+                    gpu.gdn_prefill_varlen_with(
+                        variant,
+                        &dims,
+                        &dl.weights(),
+                        &dx.inputs(),
+                        &cu,
+                        seqs,
+                        n,
+                        max_len,
+                        &conv_in,
+                        &mut conv_out,
+                        &mut state,
+                        &mut out,
+                        &mut ws,
+                    )
+                } else {
+                    let ws_len = Gpu::gdn_prefill_workspace_len(&dims, lens).unwrap();
+                    let mut ws = gpu.upload(&vec![f32::NAN; ws_len]).unwrap();
+                    gpu.gdn_prefill_with(
+                        variant,
+                        &dims,
+                        &dl.weights(),
+                        &dx.inputs(),
+                        lens,
+                        &conv_in,
+                        &mut conv_out,
+                        &mut state,
+                        &mut out,
+                        &mut ws,
+                    )
+                };
+                r.unwrap_or_else(|e| panic!("{ctx}: {e}"));
+                got.push((
+                    gpu.download(&out).unwrap(),
+                    gpu.download(&state).unwrap(),
+                    gpu.download(&conv_out).unwrap(),
+                ));
+            }
+            let (host, dev) = (&got[0], &got[1]);
+            assert!(
+                host.0.iter().all(|x| x.is_finite()),
+                "{ctx}: host-table output has unwritten rows"
+            );
+            for (what, a, b) in [
+                ("output", &host.0, &dev.0),
+                ("state", &host.1, &dev.1),
+                ("conv history", &host.2, &dev.2),
+            ] {
+                assert_eq!(a.len(), b.len(), "{ctx}: {what} lengths");
+                if let Some(i) = a
+                    .iter()
+                    .zip(b)
+                    .position(|(x, y)| x.to_bits() != y.to_bits())
+                {
+                    panic!(
+                        "{ctx}: {what} element {i}: device table {} vs host table {}",
+                        b[i], a[i]
+                    );
+                }
+            }
+            println!("{ctx}: bit-identical to the host table on lengths {lens:?}");
+        }
+    }
+}
+
+/// The device-table entry point's own refusals (the host never reads the table, so only its length, the
+/// geometry and the workspace are checked).
+#[test]
+fn device_table_bad_sizes_are_errors() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("gdn_prefill varlen bad sizes");
+    let dims = ONE_HEAD;
+    let (seqs, n) = (2usize, 5usize);
+    let layer = Layer::new(dims, &mut rng, (-1.0, 1.0));
+    let tok = Tokens::new(&dims, n, &mut rng);
+    let dl = DevLayer::new(&gpu, &layer);
+    let dx = DevTokens::new(&gpu, &tok.rows(&dims, 0, n));
+    let conv_in = gpu.zeros(seqs * dims.conv_state_len()).unwrap();
+    let mut conv_out = gpu.zeros(seqs * dims.conv_state_len()).unwrap();
+    let mut state = gpu.zeros(seqs * dims.state_len()).unwrap();
+    let mut out = gpu.zeros(n * dims.value_width()).unwrap();
+    let ws_len = Gpu::gdn_prefill_varlen_workspace_len(&dims, seqs, n, 3).unwrap();
+    let mut ws = gpu.zeros(ws_len).unwrap();
+    let cu = gpu.upload(&[0u32, 3, 5]).unwrap();
+    let short_cu = gpu.upload(&[0u32, 3]).unwrap();
+    let w = dl.weights();
+    let x = dx.inputs();
+    let mut run = |cu: &GpuBuffer<u32>, max_len: usize, ws: &mut GpuBuffer<f32>| {
+        gpu.gdn_prefill_varlen(
+            &dims,
+            &w,
+            &x,
+            cu,
+            seqs,
+            n,
+            max_len,
+            &conv_in,
+            &mut conv_out,
+            &mut state,
+            &mut out,
+            ws,
+        )
+    };
+    // The valid call works, so each failure below is the one change.
+    run(&cu, 3, &mut ws).unwrap();
+    let e = run(&short_cu, 3, &mut ws).unwrap_err();
+    assert!(e.to_string().contains("cu_seqlens has"), "{e}");
+    let e = run(&cu, 0, &mut ws).unwrap_err();
+    assert!(
+        e.to_string().contains("max_seqlen must be 1..=total"),
+        "{e}"
+    );
+    let e = run(&cu, n + 1, &mut ws).unwrap_err();
+    assert!(
+        e.to_string().contains("max_seqlen must be 1..=total"),
+        "{e}"
+    );
+    let mut small = gpu.zeros(ws_len - 1).unwrap();
+    let e = run(&cu, 3, &mut small).unwrap_err();
+    assert!(
+        e.to_string().contains("gdn_prefill_varlen_workspace_len"),
+        "{e}"
+    );
+}
+
 /// The workspace size is a pure function of the shapes (no device needed) and refuses what the prefill refuses.
 #[test]
 fn workspace_len_refuses_bad_shapes() {
@@ -564,6 +841,14 @@ fn workspace_len_refuses_bad_shapes() {
     let want =
         2 * pad(68 * 256) + pad(68 * 768) + 3 * pad(68 * 6) + 2 * 6 * 3 * 8192 + 6 * 3 * 4096;
     assert_eq!(n, want);
+    // The device-table form: W / U / Aqk for the most chunks 2 sequences of at most 65 of 68 tokens can have
+    // (min(2 * 2, 2 + 2) = 4), plus the meta table (2 * 3 int32, padded to 64).
+    let n = Gpu::gdn_prefill_varlen_workspace_len(&GROUP3, 2, 68, 65).unwrap();
+    let want =
+        2 * pad(68 * 256) + pad(68 * 768) + 3 * pad(68 * 6) + 2 * 6 * 4 * 8192 + 6 * 4 * 4096 + 64;
+    assert_eq!(n, want);
+    let e = Gpu::gdn_prefill_varlen_workspace_len(&GROUP3, 2, 68, 69).unwrap_err();
+    assert!(e.to_string().contains("max_seqlen"), "{e}");
     let e = Gpu::gdn_prefill_workspace_len(
         &GdnDims {
             key_dim: 64,
@@ -630,6 +915,11 @@ fn bad_sizes_are_errors() {
     let e = run("auto", &dims, &x, &[5], &mut ws).unwrap_err();
     assert!(e.to_string().contains("conv_in has"), "{e}");
     let e = run("fp32_cs48", &dims, &x, &lens, &mut ws).unwrap_err();
+    assert!(
+        e.to_string().contains("unknown state-kernel variant"),
+        "{e}"
+    );
+    let e = run("wybf16_tf32_cs32", &dims, &x, &lens, &mut ws).unwrap_err();
     assert!(
         e.to_string().contains("unknown state-kernel variant"),
         "{e}"

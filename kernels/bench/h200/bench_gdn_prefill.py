@@ -16,7 +16,23 @@ medians and spreads):
 - ours_<variant>: the same four launches with another build of the sequential state kernel
   (`Gpu::gdn_prefill_with("<variant>", ..)`): `tf32x3_cs32` / `tf32_cs32` (mma.sync TF32, split or plain); the
   fp32 column slices 16 / 64 only with --variants (measured in s2-run2: 0.78x and 0.98x of cs32).
-- stage arms (where the time goes): each of the four launches alone, `prep`, `wy`, `state_<variant>` for the fp32
+- ours_wy<math>_<variant> (`wytf32_tf32_cs64`, `wytf32_tf32_cs32`, `wytf32x3_tf32x3_cs32`): launch 2 on the
+  tensor-core WY build (`gdn_prefill_wy_tc1` / `_tc3`, mma.sync TF32, same fp32 workspace) instead of the CUDA-core
+  one; `ours_wytf32_tf32_cs64` is the default (`Gpu::GDN_PREFILL_DEFAULT`, since s3-run3: 5856.3 us at
+  T = 16384 against 6763.6 us for the previous default `tf32_cs64`), the row the others are compared with.
+- removed after s3-run3: fla's split of launch 3 (`[wytf32_]tf32split_cs<32|64>`, walk + parallel output with the
+  norm fused): walk_cs64 1835.7 us + out 963.0 us against state tf32_cs64 2272.2 us + norm 277.8 us; whole step
+  wytf32_tf32split_cs64 6125.8 us against 5856.3 us at T = 16384.
+- launch 1 of every variant is the warp prep `gdn_prefill_prep` (one warp per 128-channel segment and 8 tokens,
+  the conv window in registers). Removed after s3-run4: the block-per-token prep it replaced (bit-identical
+  outputs; 969.2 -> 304.9 us at B=4 N=9216, 321.3 -> 135.4 us at T=4096; whole default step 3264.3 -> 2615.4 us
+  and 1462.8 -> 1291.7 us) and the `prepw_` variant prefix that selected the warp build. Stage arm `prep` is
+  timed against `copy` (a torch copy of qkv: the same 2 * N * conv_dim * 4 bytes as the prep's bulk), the copy
+  rate the stage rows' "% copy" is relative to.
+- stage_meta: launch 0 of `Gpu::gdn_prefill_varlen` (the device-table entry point), `gdn_prefill_meta`, which
+  rebuilds the meta table from a device cu_seqlens (checked first to equal the host-built table exactly).
+- stage arms (where the time goes): each of the four launches alone, `prep`, `wy`, `wy_tf32x3` / `wy_tf32` (the
+  tensor-core WY builds, against `wy`), `state_<variant>` for the fp32
   build and every tensor-core build (cs16 / cs32 / cs64), `norm`, on the workspace the correctness run filled; each
   row prints the stage's nominal FLOPs and bytes (`stage_cost`) as TFLOP/s and GB/s.
 - fla_kernel: fla's `chunk_gated_delta_rule` alone, as a model calls it: bf16 q, k (repeated to the 48 value
@@ -58,8 +74,26 @@ HK, HV, D, KC = 16, 48, 128, 4
 CD = 2 * HK * D + HV * D
 C = 64
 WY_SMEM = 101376  # cuda/gdn_prefill.cu WY_SMEM_BYTES
+WY_TC_SMEM = 102912  # cuda/gdn_prefill.cu wy_tc_smem_bytes()
 VARIANTS = "--variants" in sys.argv
+DEFAULT = "wytf32_tf32_cs64"  # Gpu::GDN_PREFILL_DEFAULT
+PREP_TT = 8  # cuda/gdn_prefill.cu PREP_TT (tokens per warp of gdn_prefill_prep)
 ROUNDS = 5 if b.QUICK else 7  # arms alternate; the s2-run2 spreads were <= 2% at 11 rounds
+
+
+def split_variant(variant):
+    """(WY math, state variant) of `[wy<math>_]<math>_cs<cols>` (kernels/src/cuda/gdn_prefill.rs
+    GdnPrefillVariant::parse): no `wy` prefix is the CUDA-core WY kernel."""
+    if variant.startswith("wy"):
+        wy, rest = variant[2:].split("_", 1)
+        return wy, rest
+    return "fp32", variant
+
+
+def wy_kernel(wy):
+    """(kernel name, dynamic smem bytes) of the WY launch (GdnPrefillVariant::wy_kernel)."""
+    return {"fp32": ("gdn_prefill_wy", WY_SMEM), "tf32x3": ("gdn_prefill_wy_tc3", WY_TC_SMEM),
+            "tf32": ("gdn_prefill_wy_tc1", WY_TC_SMEM)}[wy]
 
 
 def state_kernel(variant):
@@ -106,6 +140,7 @@ class Ours:
 
     def __init__(self, lens, variant, share=None):
         self.lens = lens
+        wy, variant = split_variant(variant)
         self.cs = int(variant.split("_cs")[1])
         self.off, total, self.nc = layout(lens)
         if share is None:
@@ -116,11 +151,18 @@ class Ours:
         else:
             self.ws, self.meta = share.ws, share.meta
         self.f_prep = kern("gdn_prefill_prep")
-        self.f_wy = kern("gdn_prefill_wy")
+        wy_name, self.wy_smem = wy_kernel(wy)
+        self.f_wy = kern(wy_name)
         name, self.state_smem = state_kernel(variant)
         self.f_state = kern(name)
         self.f_norm = kern("gdn_prefill_gated_norm")
-        b.allow_smem(self.f_wy, WY_SMEM)
+        self.f_meta = kern("gdn_prefill_meta")
+        b.allow_smem(self.f_wy, self.wy_smem)
+        if wy != "fp32":
+            try:  # two 100.5 KiB blocks per SM, as the crate asks (device/gdn_prefill.rs)
+                self.f_wy.preferred_shared_memory_carveout = 100
+            except Exception as e:  # noqa: BLE001
+                b.log(f"  note: carveout not set on {wy_name} ({e})")
         b.allow_smem(self.f_state, self.state_smem)
         if not variant.startswith("fp32"):
             try:  # two 113 KiB blocks per SM need the whole carveout, as the crate asks (device/gdn_prefill.rs)
@@ -131,6 +173,13 @@ class Ours:
     def w(self, k):
         return np.uint64(self.ws.data_ptr() + 4 * self.off[k])
 
+    def meta_kernel(self, cu, table):
+        """Launch 0 of `Gpu::gdn_prefill_varlen`: `gdn_prefill_meta` builds the meta table from the device
+        cu_seqlens `cu` (int32 here, the same bits as the crate's u32 for offsets < 2^31) into `table`."""
+        p, i32 = b.ptr, np.int32
+        b.launch(self.f_meta, (1,), (256,),
+                 (p(cu), p(table), i32(len(self.lens)), i32(sum(self.lens)), i32(max(self.lens))))
+
     def __call__(self, qkv, z, a, bb, conv_w, a_log, dt_bias, norm_w, conv_in, conv_out, state, out):
         self.prep(qkv, a, bb, conv_w, a_log, dt_bias, conv_in, conv_out)
         self.wy()
@@ -140,7 +189,9 @@ class Ours:
     def prep(self, qkv, a, bb, conv_w, a_log, dt_bias, conv_in, conv_out):
         seqs, maxlen = len(self.lens), max(self.lens)
         p, i32 = b.ptr, np.int32
-        b.launch(self.f_prep, (maxlen, 2 * HK + HV, seqs), (128,),
+        # gdn_prefill_prep: a warp per (PREP_TT tokens, segment), 4 per block.
+        grid = ((maxlen + PREP_TT - 1) // PREP_TT, (2 * HK + HV + 3) // 4, seqs)
+        b.launch(self.f_prep, grid, (128,),
                  (p(qkv), p(a), p(bb), p(conv_w), p(a_log), p(dt_bias), p(conv_in), p(conv_out), p(self.meta),
                   self.w("qn"), self.w("kn"), self.w("v"), self.w("g"), self.w("beta"), i32(HK), i32(HV), i32(KC)))
 
@@ -150,7 +201,7 @@ class Ours:
         b.launch(self.f_wy, ((maxlen + C - 1) // C, HV, seqs), (256,),
                  (self.w("qn"), self.w("kn"), self.w("v"), self.w("g"), self.w("beta"), p(self.meta),
                   self.w("gcum"), self.w("w"), self.w("u"), self.w("aqk"), i32(HK), i32(HV), i32(seqs),
-                  i32(self.nc)), shared_mem=WY_SMEM)
+                  i32(self.nc)), shared_mem=self.wy_smem)
 
     def state(self, state, out):
         seqs = len(self.lens)
@@ -239,8 +290,10 @@ def case(lens, chunk):
     st = [rnd(seqs, HV, D, D, amp=0.05) for _ in range(sets)]
     conv_out = torch.empty(seqs, CD, KC - 1, device=b.dev)
     out = torch.empty(n, HV * D, device=b.dev)
-    whole = ["fp32_cs32", "tf32x3_cs32", "tf32_cs32"] + (["fp32_cs16", "fp32_cs64"] if VARIANTS else [])
+    whole = (["fp32_cs32", "tf32x3_cs32", "tf32_cs32", "tf32_cs64", "wytf32x3_tf32x3_cs32", "wytf32_tf32_cs32",
+              "wytf32_tf32_cs64"] + (["fp32_cs16", "fp32_cs64"] if VARIANTS else []))
     state_only = ["fp32_cs32"] + [f"{m}_cs{c}" for m in ("tf32x3", "tf32") for c in (16, 32, 64)]
+    wy_only = ["tf32x3", "tf32"]  # stage arms of the tensor-core WY builds (launch 2 alone)
     ref = Ours(lens, "fp32_cs32")
     impls = {v: (ref if v == "fp32_cs32" else Ours(lens, v, share=ref)) for v in dict.fromkeys(whole + state_only)}
 
@@ -250,6 +303,7 @@ def case(lens, chunk):
     torch.cuda.synchronize()
     ours_out, ours_state = out.clone(), st0.clone()
     check = {}
+    bad = set()  # variants whose check failed: their arms are not timed
     for v, impl in impls.items():
         if v == "fp32_cs32":
             continue
@@ -260,10 +314,14 @@ def case(lens, chunk):
         eo, es = rel(out1, ours_out), rel(st1, ours_state)
         b.log(f"  {shape}: {v} vs fp32_cs32: output rel err {eo:.2e}, final state rel err {es:.2e}")
         check[f"{v}_out_rel_err"], check[f"{v}_state_rel_err"] = eo, es
-        bound = 2e-2 if v.startswith("tf32_") else 1e-4
+        wy, sv = split_variant(v)
+        bound = 2e-2 if (wy == "tf32" or sv.startswith("tf32_")) else 1e-4
         if not (eo < bound and es < bound):
-            b.log(f"  WARNING: {v} disagrees with fp32_cs32 beyond {bound:.0e}")
-    # The conv history ours leaves: the last K-1 inputs of each sequence.
+            b.log(f"  WARNING: {v} disagrees with fp32_cs32 beyond {bound:.0e}; not timed")
+            bad.add(v)
+    if DEFAULT in bad:  # every comparison row is against it
+        raise RuntimeError(f"{shape}: {DEFAULT} (the default) failed its check against fp32_cs32")
+    # The conv history ours leaves: the last K-1 inputs of each sequence (written by every variant's prep above).
     r0, conv_ok = 0, True
     for s, l in enumerate(lens):
         want = torch.cat([conv[0][s], qkv[0][r0:r0 + l].t()], 1)[:, -(KC - 1):]
@@ -271,6 +329,14 @@ def case(lens, chunk):
         r0 += l
     b.log(f"  {shape}: conv history {'exact' if conv_ok else 'WRONG'}")
     check["conv_exact"] = conv_ok
+    # The device-table path (Gpu::gdn_prefill_varlen): its meta kernel must rebuild exactly the host table.
+    cu_dev = ref.meta[:seqs + 1].clone()
+    meta_dev = torch.full_like(ref.meta, -1)
+    ref.meta_kernel(cu_dev, meta_dev)
+    torch.cuda.synchronize()
+    meta_ok = bool(torch.equal(meta_dev, ref.meta))
+    b.log(f"  {shape}: device-built meta table {'exact' if meta_ok else 'WRONG'}")
+    check["meta_exact"] = meta_ok
     cu = None if seqs == 1 else torch.tensor([0] + list(np.cumsum(lens)), device=b.dev, dtype=torch.long)
     if chunk is not None:
         t0 = time.time()
@@ -286,16 +352,25 @@ def case(lens, chunk):
 
     reps = max(3, min(40, int(2e5 / max(n, 1))))  # fewer launches per graph at large T (wall time)
     fl = flops(lens)
+    whole = [v for v in whole if v not in bad]
+    state_only = [v for v in state_only if v not in bad]
+    wy_only = [m for m in wy_only if (f"wy{m}_{m}_cs32" if m == "tf32x3" else f"wy{m}_{m}_cs64") not in bad]
     # Pass 1: ours only (whole layer step per variant, then each stage alone), synchronised before fla runs.
     arms = {}
     for v in whole:
         arms[v] = (lambda impl: lambda i: impl(qkv[i], z[i], a[i], bb[i], conv_w, a_log, dt_bias, norm_w,
                                                conv[i], conv_out, st[i], out))(impls[v])
     arms["stage_prep"] = lambda i: ref.prep(qkv[i], a[i], bb[i], conv_w, a_log, dt_bias, conv[i], conv_out)
+    copy_dst = torch.empty_like(qkv[0])
+    arms["stage_copy"] = lambda i: copy_dst.copy_(qkv[i])
     arms["stage_wy"] = lambda i: ref.wy()
+    for m in wy_only:
+        arms[f"stage_wy_{m}"] = (lambda impl: lambda i: impl.wy())(impls[f"wy{m}_{m}_cs32" if m == "tf32x3"
+                                                                            else f"wy{m}_{m}_cs64"])
     for v in state_only:
         arms[f"stage_state_{v}"] = (lambda impl: lambda i: impl.state(st[i], out))(impls[v])
     arms["stage_norm"] = lambda i: ref.norm(out, z[i], norm_w)
+    arms["stage_meta"] = lambda i: ref.meta_kernel(cu_dev, meta_dev)
     try:
         res = b.time_arms(arms, sets, reps, rounds=ROUNDS)
         torch.cuda.synchronize()
@@ -304,15 +379,31 @@ def case(lens, chunk):
         raise
     for v in whole[1:]:
         b.row("gdn_prefill_var", f"{shape} {v}", res[v], "ours (fp32_cs32)", res["fp32_cs32"], flops=fl)
+    # Every other build against the default.
+    for v in [v for v in whole if v != DEFAULT]:
+        b.row("gdn_prefill_var", f"{shape} {v}", res[v], f"default ({DEFAULT})", res[DEFAULT], flops=fl)
+    copy_bytes = 2 * n * CD * 4
+    copy_rate = copy_bytes / res["stage_copy"][0]  # the "% copy" of every stage row
+    b.row("gdn_prefill_stage", f"{shape} copy", res["stage_copy"], "-", None,
+          bytes_moved=copy_bytes, ceiling=copy_rate, note="torch copy of qkv, the prep's bulk bytes")
+    _, by_s = stage_cost(lens, "prep")
+    b.row("gdn_prefill_stage", f"{shape} prep", res["stage_prep"], "torch copy of qkv", res["stage_copy"],
+          bytes_moved=by_s, ceiling=copy_rate, note="gdn_prefill_prep, warp per 8 tokens; 'speedup' = copy / prep")
     total = 0.0
     for st_name in ["prep", "wy", "state_fp32_cs32", "norm"]:
         fl_s, by_s = stage_cost(lens, st_name.split("_")[0])
         r = b.row("gdn_prefill_stage", f"{shape} {st_name}", res[f"stage_{st_name}"], "whole (fp32_cs32)",
-                  res["fp32_cs32"], bytes_moved=by_s, flops=fl_s or None,
+                  res["fp32_cs32"], bytes_moved=by_s, flops=fl_s or None, ceiling=copy_rate,
                   note=f"{fl_s / 1e9:.1f} GFLOP, {by_s / 1e6:.0f} MB; 'speedup' = fraction of the whole")
         r["fraction_of_whole"] = res[f"stage_{st_name}"][0] / res["fp32_cs32"][0]
         total += res[f"stage_{st_name}"][0]
     b.log(f"  {shape}: stages sum {total * 1e6:.1f} us vs whole {res['fp32_cs32'][0] * 1e6:.1f} us")
+    b.row("gdn_prefill_stage", f"{shape} meta", res["stage_meta"], "whole (fp32_cs32)", res["fp32_cs32"],
+          note="launch 0 of gdn_prefill_varlen (device cu_seqlens); 'speedup' = fraction of the whole")
+    fl_s, by_s = stage_cost(lens, "wy")
+    for m in wy_only:
+        b.row("gdn_prefill_stage", f"{shape} wy_{m}", res[f"stage_wy_{m}"], "wy (CUDA cores)", res["stage_wy"],
+              bytes_moved=by_s, flops=fl_s)
     fl_s, by_s = stage_cost(lens, "state")
     for v in state_only[1:]:
         b.row("gdn_prefill_stage", f"{shape} state_{v}", res[f"stage_state_{v}"], "state fp32_cs32",

@@ -19,17 +19,28 @@ pub(crate) enum StateMath {
     Tf32,
 }
 
-/// Which build of the sequential state kernel runs: its arithmetic and `cols`, the state columns each block owns
-/// (16, 32 or 64: 8, 4 or 2 blocks per (sequence, head)).
+/// Which builds of the chunk-local WY kernel (launch 2) and of the sequential state kernel (launch 3) run: `wy`
+/// the WY kernel's arithmetic (`Fp32`: `gdn_prefill_wy` on the CUDA cores; `Tf32x3` / `Tf32`:
+/// `gdn_prefill_wy_tc3` / `gdn_prefill_wy_tc1` on mma.sync TF32, the same workspace), `math` the state kernel's,
+/// and `cols`, the state columns each state block owns (16, 32 or 64: 8, 4 or 2 blocks per (sequence, head)).
+/// fla's split of launch 3 (`[wytf32_]tf32split_cs<32|64>`) was removed after s3-run3: at T = 16384 its walk
+/// (1835.7 us at cs64) plus its output launch with the norm fused (963.0 us) took longer than the state walk
+/// tf32_cs64 (2272.2 us) plus the norm (277.8 us); whole step 6125.8 us against 5856.3 us for `wytf32_tf32_cs64`.
+/// Launch 1 is the same for every variant: `gdn_prefill_prep` (one warp per 128-channel segment and 8 tokens,
+/// since s3-run4; cuda/gdn_prefill.cu has its numbers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) struct GdnPrefillVariant {
+    pub(crate) wy: StateMath,
     pub(crate) math: StateMath,
     pub(crate) cols: u32,
 }
 
-/// The variant names [`Gpu::gdn_prefill_with`] accepts (besides "" and "auto").
-pub(crate) const GDN_PREFILL_VARIANTS: [&str; 9] = [
+/// The variant names [`Gpu::gdn_prefill_with`] accepts (besides "" and "auto"): `<math>_cs<cols>` with the
+/// CUDA-core WY kernel, and `wy<wymath>_<math>_cs<cols>` (`wymath` `tf32` or `tf32x3`) with the tensor-core one;
+/// the WY prefix combines with every state build, and this list names the combinations the tests and the
+/// benchmark drive.
+pub(crate) const GDN_PREFILL_VARIANTS: [&str; 13] = [
     "fp32_cs16",
     "fp32_cs32",
     "fp32_cs64",
@@ -39,16 +50,29 @@ pub(crate) const GDN_PREFILL_VARIANTS: [&str; 9] = [
     "tf32_cs16",
     "tf32_cs32",
     "tf32_cs64",
+    "wytf32x3_fp32_cs32",
+    "wytf32x3_tf32x3_cs32",
+    "wytf32_tf32_cs32",
+    "wytf32_tf32_cs64",
 ];
 
 impl GdnPrefillVariant {
-    /// The default, [`Gpu::GDN_PREFILL_DEFAULT`]: plain TF32 tensor cores, 64 columns per block. On the H200
-    /// (benchmarks/h200-runs/s2-run4, Qwen3.8-27B's layer, T = 16384) its state walk took 2292 us against 5429 us
-    /// for fp32 on the CUDA cores and 3661 us for the 3xTF32 split; the whole step with tf32 (cs32) took 7063 us,
-    /// 1.24x torch's conv + fla's chunk kernel + torch's gated norm (8779 us), against 9943 us (0.88x) in fp32.
-    /// Its error (1e-2 bound on the normalised output against the f64 recurrence, measured 7e-3 class) is that of
-    /// fla's bf16 kernels; `fp32_cs32` stays the accuracy reference.
+    /// The default, [`Gpu::GDN_PREFILL_DEFAULT`] (`wytf32_tf32_cs64`): the WY launch and the state walk both on
+    /// plain TF32 tensor cores, 64 state columns per block, after the warp prep (`gdn_prefill_prep`, every
+    /// variant's launch 1 since s3-run4). On the H200 (benchmarks/h200-runs/s3-run4, --quick, Qwen3.8-27B's layer)
+    /// the whole step took 2615.4 us at B = 4, N = 9216 and 1291.7 us at T = 4096: 1.25x / 1.13x the same build
+    /// on the block-per-token prep the warp prep replaced (3264.3 / 1462.8 us; the prep alone 304.9 against
+    /// 969.2 us and 135.4 against 321.3 us, bit-identical outputs), 1.92x / 1.68x torch's conv + fla's chunk
+    /// kernel + torch's gated norm (5033.2 / 2170.4 us), 0.35x / 0.32x fla's bare chunk kernel (909.1 / 414.5 us).
+    /// Before that, with the old prep (s3-run3, T = 16384), the whole step took 5856.3 us: 1.15x the previous
+    /// default `tf32_cs64` (CUDA-core WY, 6763.6 us), 1.48x torch conv + fla + torch norm (8687.3 us), 0.27x fla's
+    /// bare chunk kernel (1599.9 us); `wytf32_tf32_cs32` took 6130.9 us. Stages: prep (block per token) 1277.2 us,
+    /// WY on tensor cores 2049.9 us (2938.4 us on the CUDA cores), state walk tf32_cs64 2272.2 us, norm 277.8 us. At
+    /// B = 4, N = 9216 it was also the fastest (3261.2 us against 3804.5 us for `tf32_cs64`). Its error (4e-4
+    /// relative on the output against `fp32_cs32` there; the tests' 1e-2 bound on the normalised output against
+    /// the f64 recurrence) is below that of fla's bf16 kernels (7e-3); `fp32_cs32` stays the accuracy reference.
     const DEFAULT: GdnPrefillVariant = GdnPrefillVariant {
+        wy: StateMath::Tf32,
         math: StateMath::Tf32,
         cols: 64,
     };
@@ -57,6 +81,18 @@ impl GdnPrefillVariant {
         if name.is_empty() || name == "auto" {
             return Some(Self::DEFAULT);
         }
+        let (wy, name) = match name.strip_prefix("wy") {
+            Some(rest) => {
+                let (wy, state) = rest.split_once('_')?;
+                let wy = match wy {
+                    "tf32x3" => StateMath::Tf32x3,
+                    "tf32" => StateMath::Tf32,
+                    _ => return None,
+                };
+                (wy, state)
+            }
+            None => (StateMath::Fp32, name),
+        };
         let (math, cols) = name.split_once("_cs")?;
         let math = match math {
             "fp32" => StateMath::Fp32,
@@ -70,10 +106,20 @@ impl GdnPrefillVariant {
             "64" => 64,
             _ => return None,
         };
-        Some(GdnPrefillVariant { math, cols })
+        Some(GdnPrefillVariant { wy, math, cols })
     }
 
-    /// The kernel's name in `cuda/gdn_prefill.cu`.
+    /// The WY kernel's name in `cuda/gdn_prefill.cu`.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn wy_kernel(&self) -> &'static str {
+        match self.wy {
+            StateMath::Fp32 => "gdn_prefill_wy",
+            StateMath::Tf32x3 => "gdn_prefill_wy_tc3",
+            StateMath::Tf32 => "gdn_prefill_wy_tc1",
+        }
+    }
+
+    /// The state kernel's name in `cuda/gdn_prefill.cu` (launch 3).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn kernel(&self) -> &'static str {
         match (self.math, self.cols) {
@@ -88,6 +134,14 @@ impl GdnPrefillVariant {
             (StateMath::Tf32, _) => "gdn_prefill_state_tc1_cs32",
         }
     }
+}
+
+/// Where the launches find `cu_seqlens` and the chunk offsets: a table built on the host (uploaded by the call),
+/// or the caller's device `cu_seqlens` (the chunk offsets are then built on the device, in the workspace).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) enum GdnMeta<'a> {
+    Host(&'a [i32]),
+    Device(&'a GpuBuffer<u32>),
 }
 
 /// Float offsets and lengths of the prefill workspace regions (each region starts at a multiple of 64 floats, so
@@ -114,6 +168,10 @@ pub(crate) struct GdnPrefillLayout {
     pub(crate) w: usize,
     pub(crate) u: usize,
     pub(crate) aqk: usize,
+    /// The device-built meta table (`cu_seqlens` then chunk offsets, `2 * (seqs + 1)` int32) of
+    /// [`Gpu::gdn_prefill_varlen`]; `meta_len` is 0 for [`Gpu::gdn_prefill`], which uploads its table.
+    pub(crate) meta: usize,
+    pub(crate) meta_len: usize,
     /// Floats the workspace needs.
     pub(crate) total: usize,
 }
@@ -124,6 +182,49 @@ fn layout(
     op: &'static str,
     dims: &GdnDims,
     seq_lens: &[usize],
+) -> Result<GdnPrefillLayout, KernelError> {
+    let tokens = seq_lens.iter().try_fold(0usize, |a, &l| a.checked_add(l));
+    let chunks = seq_lens
+        .iter()
+        .try_fold(0usize, |a, &l| a.checked_add(l.div_ceil(CHUNK)));
+    let (Some(tokens), Some(chunks)) = (tokens, chunks) else {
+        return Err(KernelError::shape(op, "the sequence lengths overflow"));
+    };
+    let max_len = seq_lens.iter().copied().max().unwrap_or(0);
+    layout_geom(op, dims, seq_lens.len(), tokens, chunks, max_len, false)
+}
+
+/// [`layout`] for a device `cu_seqlens` table that the host does not read: `seqs` sequences of at most
+/// `max_len` tokens each, `tokens` in all (`1..=tokens` for `max_len`). The device's meta kernel clamps the
+/// table to disjoint ordered sequences inside `0..tokens` of at most `max_len` each, so their chunks number at
+/// most `min(seqs * ceil(max_len / 64), ceil(tokens / 64) + seqs)`: the W / U / Aqk regions are sized for that
+/// bound, and the meta region is added.
+fn layout_varlen(
+    op: &'static str,
+    dims: &GdnDims,
+    seqs: usize,
+    tokens: usize,
+    max_len: usize,
+) -> Result<GdnPrefillLayout, KernelError> {
+    crate::ensure_shape!(
+        (1..=tokens.max(1)).contains(&max_len),
+        op,
+        "max_seqlen must be 1..=total ({tokens}), got {max_len}"
+    );
+    let chunks = seqs
+        .saturating_mul(max_len.div_ceil(CHUNK))
+        .min(tokens.div_ceil(CHUNK).saturating_add(seqs));
+    layout_geom(op, dims, seqs, tokens, chunks, max_len, true)
+}
+
+fn layout_geom(
+    op: &'static str,
+    dims: &GdnDims,
+    seqs: usize,
+    tokens: usize,
+    chunks: usize,
+    max_len: usize,
+    meta_region: bool,
 ) -> Result<GdnPrefillLayout, KernelError> {
     dims.validate(op)?;
     crate::ensure_shape!(
@@ -139,7 +240,6 @@ fn layout(
         "conv_kernel must be 2..=4, got {}",
         dims.conv_kernel
     );
-    let seqs = seq_lens.len();
     crate::ensure_shape!(
         (1..=65535).contains(&seqs),
         op,
@@ -151,13 +251,6 @@ fn layout(
         "2 * key_heads + value_heads must be at most 65535 (grid limit), got {}",
         2 * dims.key_heads + dims.value_heads
     );
-    let tokens = seq_lens.iter().try_fold(0usize, |a, &l| a.checked_add(l));
-    let chunks = seq_lens
-        .iter()
-        .try_fold(0usize, |a, &l| a.checked_add(l.div_ceil(CHUNK)));
-    let (Some(tokens), Some(chunks)) = (tokens, chunks) else {
-        return Err(KernelError::shape(op, "the sequence lengths overflow"));
-    };
     crate::ensure_shape!(
         tokens > 0,
         op,
@@ -169,7 +262,6 @@ fn layout(
         op,
         "{tokens} tokens exceed the kernels' 32-bit token and row indices"
     );
-    let max_len = seq_lens.iter().copied().max().unwrap_or(0);
     let pad = |n: usize| n.div_ceil(64) * 64;
     let qk_len = tokens * dims.key_heads * 128;
     let v_len = tokens * dims.value_heads * 128;
@@ -185,6 +277,8 @@ fn layout(
     let (qn, kn, v) = (region(qk_len), region(qk_len), region(v_len));
     let (g, beta, gcum) = (region(gate_len), region(gate_len), region(gate_len));
     let (w, u, aqk) = (region(wu_len), region(wu_len), region(aqk_len));
+    let meta_len = if meta_region { 2 * (seqs + 1) } else { 0 };
+    let meta = region(meta_len);
     Ok(GdnPrefillLayout {
         seqs,
         tokens,
@@ -205,19 +299,26 @@ fn layout(
         w,
         u,
         aqk,
+        meta,
+        meta_len,
         total: at,
     })
 }
 
 impl Gpu {
-    /// The state-walk build [`Gpu::gdn_prefill`] runs (and `"auto"` names): plain TF32 tensor cores, 64 columns
-    /// per block (measured fastest on the H200; the numbers are beside the constant it names).
-    pub const GDN_PREFILL_DEFAULT: &'static str = "tf32_cs64";
+    /// The build [`Gpu::gdn_prefill`] runs (and `"auto"` names): the warp prep, then the WY launch and the state
+    /// walk on plain TF32 tensor cores, 64 columns per state block. H200, s3-run4 (--quick): whole step 2615.4 us
+    /// at B = 4, N = 9216 and 1291.7 us at T = 4096, 1.25x / 1.13x the same build on the old block-per-token prep
+    /// (3264.3 / 1462.8 us), 1.92x / 1.68x torch conv + fla + torch norm (5033.2 / 2170.4 us), 0.35x / 0.32x fla's
+    /// bare chunk kernel (909.1 / 414.5 us). s3-run3 (old prep, T = 16384): 5856.3 us, 1.15x the previous default
+    /// `tf32_cs64` (6763.6 us); the stage numbers are beside the constant it names.
+    pub const GDN_PREFILL_DEFAULT: &'static str = "wytf32_tf32_cs64";
 
     /// Floats of the workspace [`Gpu::gdn_prefill`] needs for this batch: about
     /// `4 * N * (2*Hk + Hv) * 128` bytes for the normalised q/k/v, `4 * Hv * NC * 64 * (2*128 + 64)` for the
-    /// chunk-local W, U and Aqk (`N` tokens, `NC = sum ceil(len / 64)` chunks) and three `[N, Hv]` gate arrays;
-    /// 3.1 GiB at Qwen3.8-27B dims and 16384 tokens. Fails on the shapes [`Gpu::gdn_prefill`] refuses.
+    /// chunk-local W, U and Aqk (`N` tokens, `NC = sum ceil(len / 64)` chunks) and three `[N, Hv]` gate arrays:
+    /// 1.69 GB (422 M floats) at Qwen3.8-27B dims and 16384 tokens. Fails on the shapes
+    /// [`Gpu::gdn_prefill`] refuses.
     pub fn gdn_prefill_workspace_len(
         dims: &GdnDims,
         seq_lens: &[usize],
@@ -234,12 +335,14 @@ impl Gpu {
     /// `[seqs, Hv, 128, 128]` (updated in place), `out` `[N, Hv*128]` (the input of `out_proj`), with
     /// `N = sum(seq_lens)`. As in the decode step, the conv history is read from `conv_in` and the advanced one
     /// written to `conv_out`, so a following decode step reads `conv_out`. The result is the token-by-token
-    /// recurrence's within TF32 rounding: chunks of 64 in the WY form, the sequential state walk on TF32 tensor
-    /// cores ([`Gpu::GDN_PREFILL_DEFAULT`]; [`Gpu::gdn_prefill_with`] `"fp32_cs32"` for fp32 throughout).
+    /// recurrence's within TF32 rounding: chunks of 64 in the WY form, the WY products and the sequential state
+    /// walk on TF32 tensor cores ([`Gpu::GDN_PREFILL_DEFAULT`]; [`Gpu::gdn_prefill_with`] `"fp32_cs32"` for fp32
+    /// throughout).
     ///
     /// `workspace` must hold at least [`Gpu::gdn_prefill_workspace_len`] floats; its contents are scratch. Built
     /// for `dk = dv = 128` and conv kernels 2..=4, checked here with every length. `seq_lens` is read on the host
-    /// (the grid is sized from it) and uploaded for the kernels, so a call costs one small host-to-device copy.
+    /// (the grid is sized from it) and uploaded for the kernels, so a call costs one small host-to-device copy;
+    /// [`Gpu::gdn_prefill_varlen`] takes the offsets on the device instead.
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_prefill(
         &self,
@@ -261,8 +364,10 @@ impl Gpu {
     /// [`Gpu::gdn_prefill`] with the build of the sequential state kernel named: `"auto"` (or `""`) for the
     /// default, else `<math>_cs<cols>` with `math` `fp32` (CUDA-core FMAs, the
     /// accuracy reference), `tf32x3` (tensor cores, 3xTF32 split: fp32-level accuracy) or `tf32` (tensor cores,
-    /// plain TF32: products rounded to ~5e-4 relative), and `cols` 16, 32 or 64 state columns per block. The other
-    /// three launches are the same for every variant. Tests and the benchmark drive each.
+    /// plain TF32: products rounded to ~5e-4 relative), and `cols` 16, 32 or 64 state columns per block; with a
+    /// `wytf32_` or `wytf32x3_` prefix (e.g. `"wytf32_tf32_cs64"`) the chunk-local WY launch runs on mma.sync TF32
+    /// (plain or 3xTF32) instead of the CUDA cores. Every variant runs the same conv / norms / gates launch.
+    /// Tests and the benchmark drive each.
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_prefill_with(
         &self,
@@ -287,48 +392,6 @@ impl Gpu {
             ));
         };
         let lay = layout(OP, dims, seq_lens)?;
-        let n = lay.tokens;
-        let cd = dims.conv_dim();
-        check_len(
-            OP,
-            "conv_weight",
-            w.conv_weight.len(),
-            cd * dims.conv_kernel,
-        )?;
-        check_len(OP, "a_log", w.a_log.len(), dims.value_heads)?;
-        check_len(OP, "dt_bias", w.dt_bias.len(), dims.value_heads)?;
-        check_len(OP, "norm_weight", w.norm_weight.len(), dims.value_dim)?;
-        crate::ensure_shape!(
-            w.norm_eps.is_finite() && w.norm_eps >= 0.0,
-            OP,
-            "norm_eps must be finite and non-negative, got {}",
-            w.norm_eps
-        );
-        check_len(OP, "qkv", x.qkv.len(), n * cd)?;
-        check_len(OP, "z", x.z.len(), n * dims.value_width())?;
-        check_len(OP, "a", x.a.len(), n * dims.value_heads)?;
-        check_len(OP, "b", x.b.len(), n * dims.value_heads)?;
-        check_len(
-            OP,
-            "conv_in",
-            conv_in.len(),
-            lay.seqs * dims.conv_state_len(),
-        )?;
-        check_len(
-            OP,
-            "conv_out",
-            conv_out.len(),
-            lay.seqs * dims.conv_state_len(),
-        )?;
-        check_len(OP, "state", state.len(), lay.seqs * dims.state_len())?;
-        check_len(OP, "out", out.len(), n * dims.value_width())?;
-        crate::ensure_shape!(
-            workspace.len() >= lay.total,
-            OP,
-            "workspace has {} floats, the batch needs {} (Gpu::gdn_prefill_workspace_len)",
-            workspace.len(),
-            lay.total
-        );
         // cu_seqlens then the chunk offsets, both [seqs + 1]; every value fits i32 (checked by `layout`).
         let mut meta = Vec::with_capacity(2 * (lay.seqs + 1));
         let mut acc = 0usize;
@@ -343,6 +406,184 @@ impl Gpu {
             acc += l.div_ceil(CHUNK);
             meta.push(acc as i32);
         }
+        self.gdn_prefill_checked(
+            OP,
+            variant,
+            dims,
+            w,
+            x,
+            &lay,
+            GdnMeta::Host(&meta),
+            conv_in,
+            conv_out,
+            state,
+            out,
+            workspace,
+        )
+    }
+
+    /// Floats of the workspace [`Gpu::gdn_prefill_varlen`] needs: [`Gpu::gdn_prefill_workspace_len`]'s regions
+    /// sized for the most chunks `seqs` sequences of at most `max_seqlen` tokens, `total` in all, can have, plus
+    /// `2 * (seqs + 1)` for the table the device builds. Fails on the shapes [`Gpu::gdn_prefill_varlen`] refuses.
+    pub fn gdn_prefill_varlen_workspace_len(
+        dims: &GdnDims,
+        seqs: usize,
+        total: usize,
+        max_seqlen: usize,
+    ) -> Result<usize, KernelError> {
+        Ok(layout_varlen(
+            "cuda::gdn_prefill_varlen_workspace_len",
+            dims,
+            seqs,
+            total,
+            max_seqlen,
+        )?
+        .total)
+    }
+
+    /// [`Gpu::gdn_prefill`] with the sequence offsets on the device, as [`Gpu::attention_prefill_varlen`] takes
+    /// them: `cu_seqlens` (`[seqs + 1]`, u32) holds the token offsets, sequence `b` being rows
+    /// `cu_seqlens[b] .. cu_seqlens[b + 1]` of `qkv`, `z`, `a`, `b` and `out` (`[total, ..]`), continuing from
+    /// `conv_in[b]` and `state[b]`. Nothing is copied from the host, so the call can be captured in a CUDA graph.
+    /// `max_seqlen` (`1..=total`) bounds every sequence's length and sizes the grid; `workspace` must hold
+    /// [`Gpu::gdn_prefill_varlen_workspace_len`] floats.
+    ///
+    /// The table is read on the device and not checked here: a first small kernel clamps it to ordered,
+    /// disjoint sequences inside `0..total` of at most `max_seqlen` tokens (entry `b + 1` is clamped to
+    /// `cu[b] ..= min(total, cu[b] + max_seqlen)` after entry `b` was), so a wrong table gives wrong or unwritten
+    /// rows, never an access outside the buffers. On a valid table the result is bit for bit that of
+    /// [`Gpu::gdn_prefill_with`] on the same lengths (same kernels, same order of arithmetic).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_prefill_varlen(
+        &self,
+        dims: &GdnDims,
+        w: &GdnGpuWeights<'_>,
+        x: &GdnGpuInputs<'_>,
+        cu_seqlens: &GpuBuffer<u32>,
+        seqs: usize,
+        total: usize,
+        max_seqlen: usize,
+        conv_in: &GpuBuffer<f32>,
+        conv_out: &mut GpuBuffer<f32>,
+        state: &mut GpuBuffer<f32>,
+        out: &mut GpuBuffer<f32>,
+        workspace: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        self.gdn_prefill_varlen_with(
+            "auto", dims, w, x, cu_seqlens, seqs, total, max_seqlen, conv_in, conv_out, state, out,
+            workspace,
+        )
+    }
+
+    /// [`Gpu::gdn_prefill_varlen`] with the variant named as in [`Gpu::gdn_prefill_with`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_prefill_varlen_with(
+        &self,
+        variant: &str,
+        dims: &GdnDims,
+        w: &GdnGpuWeights<'_>,
+        x: &GdnGpuInputs<'_>,
+        cu_seqlens: &GpuBuffer<u32>,
+        seqs: usize,
+        total: usize,
+        max_seqlen: usize,
+        conv_in: &GpuBuffer<f32>,
+        conv_out: &mut GpuBuffer<f32>,
+        state: &mut GpuBuffer<f32>,
+        out: &mut GpuBuffer<f32>,
+        workspace: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::gdn_prefill_varlen";
+        let Some(variant) = GdnPrefillVariant::parse(variant) else {
+            return Err(KernelError::shape(
+                OP,
+                format!(
+                    "unknown state-kernel variant {variant:?}: expected \"auto\" or one of {GDN_PREFILL_VARIANTS:?}"
+                ),
+            ));
+        };
+        let lay = layout_varlen(OP, dims, seqs, total, max_seqlen)?;
+        check_len(OP, "cu_seqlens", cu_seqlens.len(), seqs + 1)?;
+        self.gdn_prefill_checked(
+            OP,
+            variant,
+            dims,
+            w,
+            x,
+            &lay,
+            GdnMeta::Device(cu_seqlens),
+            conv_in,
+            conv_out,
+            state,
+            out,
+            workspace,
+        )
+    }
+
+    /// The length checks both entry points share, then the launches.
+    #[allow(clippy::too_many_arguments)]
+    fn gdn_prefill_checked(
+        &self,
+        op: &'static str,
+        variant: GdnPrefillVariant,
+        dims: &GdnDims,
+        w: &GdnGpuWeights<'_>,
+        x: &GdnGpuInputs<'_>,
+        lay: &GdnPrefillLayout,
+        meta: GdnMeta<'_>,
+        conv_in: &GpuBuffer<f32>,
+        conv_out: &mut GpuBuffer<f32>,
+        state: &mut GpuBuffer<f32>,
+        out: &mut GpuBuffer<f32>,
+        workspace: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        let n = lay.tokens;
+        let cd = dims.conv_dim();
+        check_len(
+            op,
+            "conv_weight",
+            w.conv_weight.len(),
+            cd * dims.conv_kernel,
+        )?;
+        check_len(op, "a_log", w.a_log.len(), dims.value_heads)?;
+        check_len(op, "dt_bias", w.dt_bias.len(), dims.value_heads)?;
+        check_len(op, "norm_weight", w.norm_weight.len(), dims.value_dim)?;
+        crate::ensure_shape!(
+            w.norm_eps.is_finite() && w.norm_eps >= 0.0,
+            op,
+            "norm_eps must be finite and non-negative, got {}",
+            w.norm_eps
+        );
+        check_len(op, "qkv", x.qkv.len(), n * cd)?;
+        check_len(op, "z", x.z.len(), n * dims.value_width())?;
+        check_len(op, "a", x.a.len(), n * dims.value_heads)?;
+        check_len(op, "b", x.b.len(), n * dims.value_heads)?;
+        check_len(
+            op,
+            "conv_in",
+            conv_in.len(),
+            lay.seqs * dims.conv_state_len(),
+        )?;
+        check_len(
+            op,
+            "conv_out",
+            conv_out.len(),
+            lay.seqs * dims.conv_state_len(),
+        )?;
+        check_len(op, "state", state.len(), lay.seqs * dims.state_len())?;
+        check_len(op, "out", out.len(), n * dims.value_width())?;
+        crate::ensure_shape!(
+            workspace.len() >= lay.total,
+            op,
+            "workspace has {} floats, the batch needs {} (Gpu::{})",
+            workspace.len(),
+            lay.total,
+            if lay.meta_len > 0 {
+                "gdn_prefill_varlen_workspace_len"
+            } else {
+                "gdn_prefill_workspace_len"
+            }
+        );
         #[cfg(feature = "cuda")]
         {
             self.inner.gdn_prefill(
@@ -350,8 +591,8 @@ impl Gpu {
                 dims,
                 w,
                 x,
-                &meta,
-                &lay,
+                meta,
+                lay,
                 &conv_in.slice,
                 &mut conv_out.slice,
                 &mut state.slice,
@@ -408,12 +649,23 @@ mod tests {
         }
         assert_eq!(l.gate_len, 68 * 48);
         assert_eq!(l.wu_len, 48 * 3 * 64 * 128);
+        assert_eq!(l.aqk_len, 48 * 3 * 64 * 64);
     }
 
     #[test]
     fn every_variant_name_parses_to_its_kernel() {
-        for name in GDN_PREFILL_VARIANTS {
-            let v = GdnPrefillVariant::parse(name).unwrap();
+        for full in GDN_PREFILL_VARIANTS {
+            let v = GdnPrefillVariant::parse(full).unwrap();
+            let (wy, name) = match full.strip_prefix("wy") {
+                Some(rest) => rest.split_once('_').unwrap(),
+                None => ("fp32", full),
+            };
+            let wy_kernel = match wy {
+                "fp32" => "gdn_prefill_wy",
+                "tf32x3" => "gdn_prefill_wy_tc3",
+                _ => "gdn_prefill_wy_tc1",
+            };
+            assert_eq!(v.wy_kernel(), wy_kernel, "{full}");
             let (math, cols) = name.split_once("_cs").unwrap();
             assert!(v.kernel().ends_with(&format!("_cs{cols}")), "{name}");
             assert_eq!(v.cols.to_string(), cols, "{name}");
@@ -446,7 +698,56 @@ mod tests {
             GdnPrefillVariant::parse("auto"),
             Some(GdnPrefillVariant::DEFAULT)
         );
-        for bad in ["fp32", "fp32_cs48", "bf16_cs32", "tf32x3_cs", "32"] {
+        // The name parses to the default as a whole (its WY prefix included), and the default is the tensor-core
+        // WY with the plain-TF32 state walk on 64 columns (s3-run3's fastest).
+        assert_eq!(
+            GdnPrefillVariant::parse(named),
+            Some(GdnPrefillVariant::DEFAULT)
+        );
+        assert_eq!(
+            GdnPrefillVariant::DEFAULT,
+            GdnPrefillVariant {
+                wy: StateMath::Tf32,
+                math: StateMath::Tf32,
+                cols: 64,
+            }
+        );
+        assert_eq!(GdnPrefillVariant::DEFAULT.wy_kernel(), "gdn_prefill_wy_tc1");
+        assert_eq!(
+            GdnPrefillVariant::DEFAULT.kernel(),
+            "gdn_prefill_state_tc1_cs64"
+        );
+        // Any state build behind either tensor-core WY prefix.
+        assert_eq!(
+            GdnPrefillVariant::parse("wytf32x3_tf32_cs16"),
+            Some(GdnPrefillVariant {
+                wy: StateMath::Tf32x3,
+                math: StateMath::Tf32,
+                cols: 16,
+            })
+        );
+        for bad in [
+            "fp32",
+            "fp32_cs48",
+            "bf16_cs32",
+            "tf32x3_cs",
+            "32",
+            "wy",
+            "wytf32",
+            "wyfp32_tf32_cs32",
+            "wybf16_tf32_cs32",
+            "wytf32_cs32",
+            "wytf32_tf32_cs48",
+            "wytf32_wytf32_tf32_cs32",
+            // fla's split, removed after s3-run3.
+            "tf32split_cs32",
+            "tf32split_cs64",
+            "wytf32_tf32split_cs64",
+            "tf32split",
+            // The warp prep's prefix, gone since it became every variant's launch 1 (s3-run4).
+            "prepw_fp32_cs32",
+            "prepw_wytf32_tf32_cs64",
+        ] {
             assert_eq!(GdnPrefillVariant::parse(bad), None, "{bad}");
         }
     }
@@ -481,5 +782,32 @@ mod tests {
         assert!(e.to_string().contains("overflow"), "{e}");
         let e = layout("t", &qwen(), &[1 << 27]).unwrap_err();
         assert!(e.to_string().contains("32-bit"), "{e}");
+    }
+
+    #[test]
+    fn varlen_layout_bounds_the_chunks_and_adds_the_meta_table() {
+        // 3 sequences of at most 130 of 200 tokens: at most min(3 * 3, 4 + 3) = 7 chunks.
+        let l = layout_varlen("t", &qwen(), 3, 200, 130).unwrap();
+        assert_eq!((l.seqs, l.tokens, l.chunks, l.max_len), (3, 200, 7, 130));
+        assert_eq!(l.max_chunks, 3);
+        assert_eq!((l.meta % 64, l.meta_len), (0, 8));
+        assert!(l.aqk + l.aqk_len <= l.meta && l.meta + l.meta_len <= l.total);
+        // Short sequences: the per-sequence bound is the smaller one.
+        assert_eq!(layout_varlen("t", &qwen(), 4, 200, 10).unwrap().chunks, 4);
+        // The host-table layout has no meta region.
+        assert_eq!(layout("t", &qwen(), &[65, 3]).unwrap().meta_len, 0);
+        for (seqs, tokens, max_len, msg) in [
+            (1, 10, 11, "max_seqlen must be 1..=total"),
+            (1, 10, 0, "max_seqlen must be 1..=total"),
+            (0, 10, 5, "1..=65535 sequences"),
+            (65536, 100_000, 5, "1..=65535 sequences"),
+            (1, 1 << 27, 64, "32-bit"),
+        ] {
+            let e = layout_varlen("t", &qwen(), seqs, tokens, max_len).unwrap_err();
+            assert!(
+                e.to_string().contains(msg),
+                "{seqs} {tokens} {max_len}: {e}"
+            );
+        }
     }
 }

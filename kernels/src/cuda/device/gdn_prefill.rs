@@ -1,17 +1,25 @@
 //! Launches of `cuda/gdn_prefill.cu`: the chunked gated DeltaNet prefill for a batch of sequences (four kernels on
-//! the device's stream; the kernel file's header explains the split).
+//! the device's stream: prep, WY, the state walk, the gated norm; the kernel file's header explains each).
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::{cuda_err, Device, Module};
-use crate::cuda::gdn_prefill::{GdnPrefillLayout, GdnPrefillVariant, StateMath};
+use crate::cuda::gdn_prefill::{GdnMeta, GdnPrefillLayout, GdnPrefillVariant, StateMath};
 use crate::cuda::{GdnGpuInputs, GdnGpuWeights};
 use crate::gdn::GdnDims;
 use crate::KernelError;
 
+/// Tokens per warp of `gdn_prefill_prep` (`PREP_TT` in cuda/gdn_prefill.cu, kept equal by a static_assert
+/// there).
+const PREP_TOKENS: usize = 8;
+
 /// Dynamic shared memory of `gdn_prefill_wy` (`WY_SMEM_BYTES` in cuda/gdn_prefill.cu, kept equal by a
 /// static_assert there).
 const WY_SMEM_BYTES: u32 = 101_376;
+
+/// Dynamic shared memory of `gdn_prefill_wy_tc{1,3}` (`wy_tc_smem_bytes()` in cuda/gdn_prefill.cu, kept equal by a
+/// static_assert there).
+const WY_TC_SMEM_BYTES: u32 = 102_912;
 
 /// Dynamic shared memory of `gdn_prefill_state_cs<CS>` (`state_smem_bytes(CS)` in cuda/gdn_prefill.cu).
 fn state_smem_bytes(cs: u32) -> u32 {
@@ -23,6 +31,15 @@ fn state_tc_smem_bytes(cs: u32) -> u32 {
     (2 * 64 * 132 + 128 * (cs + 8) + 64 * (cs + 8) + 64 * 68) * 4
 }
 
+/// Asks for the whole 228 KiB shared-memory carveout (two blocks of ~100-115 KiB per SM need it).
+fn max_carveout(f: &cudarc::driver::CudaFunction, name: &str) -> Result<(), KernelError> {
+    f.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+        100,
+    )
+    .map_err(cuda_err(name))
+}
+
 fn set_smem(f: &cudarc::driver::CudaFunction, bytes: u32, name: &str) -> Result<(), KernelError> {
     f.set_attribute(
         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -32,8 +49,10 @@ fn set_smem(f: &cudarc::driver::CudaFunction, bytes: u32, name: &str) -> Result<
 }
 
 impl Device {
-    /// Queues the four prefill kernels. `meta` is `cu_seqlens[seqs+1]` followed by the chunk offsets `[seqs+1]`
-    /// (built and checked by the caller), `lay` the workspace split.
+    /// Queues the four prefill kernels. `meta` is either the host table `cu_seqlens[seqs+1]` followed by the chunk
+    /// offsets `[seqs+1]` (built and checked by the caller; uploaded here), or the caller's device `cu_seqlens`,
+    /// from which `gdn_prefill_meta` builds the clamped table in the workspace's meta region first. `lay` is the
+    /// workspace split.
     #[allow(clippy::too_many_arguments)]
     pub(in crate::cuda) fn gdn_prefill(
         &self,
@@ -41,7 +60,7 @@ impl Device {
         dims: &GdnDims,
         w: &GdnGpuWeights<'_>,
         x: &GdnGpuInputs<'_>,
-        meta: &[i32],
+        meta: GdnMeta<'_>,
         lay: &GdnPrefillLayout,
         conv_in: &CudaSlice<f32>,
         conv_out: &mut CudaSlice<f32>,
@@ -50,26 +69,59 @@ impl Device {
         workspace: &mut CudaSlice<f32>,
     ) -> Result<(), KernelError> {
         let seqs = lay.seqs;
-        let meta_dev = self
-            .stream
-            .clone_htod(meta)
-            .map_err(cuda_err("gdn_prefill: uploading cu_seqlens"))?;
+        let (seqs_i, nc_i) = (seqs as i32, lay.chunks as i32);
+        let mut uploaded: Option<CudaSlice<i32>> = None;
+        let meta_dev = match meta {
+            GdnMeta::Host(table) => {
+                let up: &CudaSlice<i32> = uploaded.insert(
+                    self.stream
+                        .clone_htod(table)
+                        .map_err(cuda_err("gdn_prefill: uploading cu_seqlens"))?,
+                );
+                up.as_view()
+            }
+            GdnMeta::Device(cu) => {
+                const NAME: &str = "gdn_prefill_meta";
+                let f = self.function(Module::GdnPrefill, NAME)?;
+                let (total_i, max_len_i) = (lay.tokens as i32, lay.max_len as i32);
+                {
+                    let mut table = workspace.slice_mut(lay.meta..lay.meta + lay.meta_len);
+                    let cfg = LaunchConfig {
+                        grid_dim: (1, 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    let mut b = self.stream.launch_builder(&f);
+                    b.arg(&cu.slice).arg(&mut table);
+                    b.arg(&seqs_i).arg(&total_i).arg(&max_len_i);
+                    // SAFETY: matches `gdn_prefill_meta`; cu = [seqs + 1] u32 (checked by the caller), the table
+                    // view is the workspace's meta region of 2 * (seqs + 1) floats, written as int32 bits.
+                    unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+                }
+                let table = workspace.slice(lay.meta..lay.meta + lay.meta_len);
+                // SAFETY: the region holds 2 * (seqs + 1) 4-byte elements that `gdn_prefill_meta` wrote as int32
+                // (queued before every reader on this stream); f32 and i32 have the same size and alignment.
+                unsafe { table.transmute::<i32>(lay.meta_len) }.ok_or_else(|| {
+                    KernelError::shape("cuda::gdn_prefill_varlen", "meta region too small")
+                })?
+            }
+        };
         let (hk, hv, kconv) = (
             dims.key_heads as i32,
             dims.value_heads as i32,
             dims.conv_kernel as i32,
         );
-        let (seqs_i, nc_i) = (seqs as i32, lay.chunks as i32);
         let ws = |off: usize, len: usize| workspace.slice(off..off + len);
 
-        // 1. conv + norms + gates.
+        // 1. conv + norms + gates (`gdn_prefill_prep`: a warp per (8 tokens, segment), four segments per block).
         {
             const NAME: &str = "gdn_prefill_prep";
             let f = self.function(Module::GdnPrefill, NAME)?;
+            let segs = 2 * dims.key_heads + dims.value_heads;
             let cfg = LaunchConfig {
                 grid_dim: (
-                    lay.max_len as u32,
-                    (2 * dims.key_heads + dims.value_heads) as u32,
+                    lay.max_len.div_ceil(PREP_TOKENS) as u32,
+                    segs.div_ceil(4) as u32,
                     seqs as u32,
                 ),
                 block_dim: (128, 1, 1),
@@ -93,18 +145,28 @@ impl Device {
             // SAFETY: matches `gdn_prefill_prep`; the caller checked qkv = [N, conv_dim], a, b = [N, Hv],
             // conv_weight = [conv_dim, K], a_log, dt_bias = [Hv], conv_in/conv_out = [seqs, conv_dim, K-1]
             // (distinct allocations), dk = dv = 128 and meta's offsets (non-decreasing, last = N); the workspace
-            // views are disjoint ranges of `workspace` sized by `lay`. Blocks past a sequence's length return.
+            // views are disjoint ranges of `workspace` sized by `lay`; kconv is 2..=4 (checked by `layout`).
+            // Warps past a sequence's length or the last segment return.
             unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
         }
-        // 2. chunk-local WY.
+        // 2. chunk-local WY (CUDA cores or tensor cores; same parameters and outputs).
         {
-            const NAME: &str = "gdn_prefill_wy";
-            let f = self.function(Module::GdnPrefill, NAME)?;
-            set_smem(&f, WY_SMEM_BYTES, NAME)?;
+            let name = variant.wy_kernel();
+            let f = self.function(Module::GdnPrefill, name)?;
+            let smem = if variant.wy == StateMath::Fp32 {
+                WY_SMEM_BYTES
+            } else {
+                WY_TC_SMEM_BYTES
+            };
+            set_smem(&f, smem, name)?;
+            if variant.wy != StateMath::Fp32 {
+                // Two blocks of 100.5 KiB per SM need the whole 228 KiB carveout (cuda/gdn_prefill.cu).
+                max_carveout(&f, name)?;
+            }
             let cfg = LaunchConfig {
                 grid_dim: (lay.max_chunks as u32, dims.value_heads as u32, seqs as u32),
                 block_dim: (256, 1, 1),
-                shared_mem_bytes: WY_SMEM_BYTES,
+                shared_mem_bytes: smem,
             };
             let (qn, kn, vv, gg, bb) = (
                 ws(lay.qn, lay.qk_len),
@@ -128,10 +190,10 @@ impl Device {
                 .arg(&meta_dev);
             b.arg(&gc).arg(&wo).arg(&uo).arg(&ao);
             b.arg(&hk).arg(&hv).arg(&seqs_i).arg(&nc_i);
-            // SAFETY: matches `gdn_prefill_wy`; reads what launch 1 wrote (same stream) and writes gcum [N, Hv],
+            // SAFETY: matches `gdn_prefill_wy` and `gdn_prefill_wy_tc{1,3}` (same parameters); reads what launch 1 wrote (same stream) and writes gcum [N, Hv],
             // W, U [Hv, NC, 64, 128] and Aqk [Hv, NC, 64, 64], each block only its own chunk's rows (chunk offsets
             // in meta sum to NC); blocks past a sequence's chunks return.
-            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+            unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
         }
         // 3. sequential state walk + unnormalised output.
         {
@@ -144,11 +206,7 @@ impl Device {
             set_smem(&f, smem, name)?;
             if variant.math != StateMath::Fp32 {
                 // Two blocks of 113 KiB per SM need the whole 228 KiB carveout (cuda/gdn_prefill.cu).
-                f.set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                    100,
-                )
-                .map_err(cuda_err(name))?;
+                max_carveout(&f, name)?;
             }
             let cfg = LaunchConfig {
                 grid_dim: (128 / cs, dims.value_heads as u32, seqs as u32),
@@ -194,8 +252,9 @@ impl Device {
             unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
         }
         // The meta upload must outlive the kernels that read it: dropping a cudarc slice frees it in stream order
-        // (cuMemFreeAsync on this stream), after the launches queued above.
-        drop(meta_dev);
+        // (cuMemFreeAsync on this stream), after the launches queued above (`meta_dev` borrows it until here).
+        let _ = meta_dev;
+        drop(uploaded);
         Ok(())
     }
 }

@@ -10,6 +10,8 @@
 # Usage (here):     kernels/bench/h200/run_session.sh prepare [gpu_a,gpu_b]   (default: every gpu_* test file)
 # Usage (device):   bash kernels/bench/h200/run_session.sh [TESTS] [BENCHES] [--no-sanitizer]
 #   TESTS, BENCHES: comma-separated names (gpu_kernels,gpu_ops / ops,gemv) or "all" (default) or "none".
+#   Env: SAN_TESTS (binaries to sanitize, default TESTS), SAN_TIMEOUT (per tool run, default 120 s), SAN_BUDGET
+#   (no new sanitizer run after this many seconds), BENCH_ARGS (e.g. --quick, passed to every bench script).
 # Logs: $OUT/tests_<name>.txt, $OUT/sanitizer_<name>.txt, $OUT/bench_<name>.txt (+ each bench's json).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -85,7 +87,7 @@ for script in kernels/bench/h200/bench_*.py; do
   name=$(basename "$script" .py); name=${name#bench_}
   wanted "$BENCHES" "$name" || continue
   echo "== bench $name"
-  timeout 200 python3 "$script" "$BIN" > "$OUT/bench_$name.txt" 2>&1
+  timeout 200 python3 "$script" "$BIN" ${BENCH_ARGS:-} > "$OUT/bench_$name.txt" 2>&1
   rc=$?; status+=("bench $name: rc=$rc")
   # the short table each script prints last
   tail -n 30 "$OUT/bench_$name.txt"
@@ -93,11 +95,16 @@ for script in kernels/bench/h200/bench_*.py; do
 done
 
 # The sanitizers last: the slowest and, once clean, the least likely to change what the next step is.
+# SAN_TESTS (default: TESTS) picks the binaries; SAN_BUDGET (seconds since the start, default none) stops starting
+# new sanitizer runs once passed, so one call can fit the device tool's 10-minute limit.
 if [ $SANITIZE = 1 ]; then
   for exe in "$BIN"/gpu_*; do
     name=$(basename "$exe")
-    wanted "$TESTS" "$name" || continue
+    wanted "${SAN_TESTS:-$TESTS}" "$name" || continue
     for tool in memcheck racecheck; do
+      if [ -n "${SAN_BUDGET:-}" ] && [ $(( $(date +%s) - t0 )) -ge "$SAN_BUDGET" ]; then
+        status+=("$tool $name: not run (SAN_BUDGET ${SAN_BUDGET}s spent)"); continue
+      fi
       timeout "${SAN_TIMEOUT:-120}" compute-sanitizer --tool "$tool" --error-exitcode 99 "$exe" --test-threads=1 \
         > "$OUT/sanitizer_${name}_$tool.txt" 2>&1
       rc=$?; status+=("$tool $name: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_${name}_$tool.txt" | tail -1)")

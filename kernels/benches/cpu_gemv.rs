@@ -215,11 +215,13 @@ fn main() {
         .map(|&r| (r % 2000) as f32 / 1000.0 - 1.0)
         .collect();
     let formats = std::env::var("EDGEFIT_BENCH_FORMATS").ok();
-    let selected = |name: &str| {
+    // `named`: listed in EDGEFIT_BENCH_FORMATS (the opt-in arms); `selected`: listed, or no list (every default arm).
+    let named = |name: &str| {
         formats
             .as_deref()
-            .is_none_or(|f| f.split(',').any(|s| s.trim() == name))
+            .is_some_and(|f| f.split(',').any(|s| s.trim() == name))
     };
+    let selected = |name: &str| formats.is_none() || named(name);
     let mut gemv = |name: &str, bytes_each: usize, make: &dyn Fn(u64) -> GemvCall| {
         if !selected(name) {
             return;
@@ -324,41 +326,27 @@ fn main() {
         };
         Int4Weights::from_raw(N, K, GROUP, scheme, packed, sz).expect("benchmark int4 sizes")
     };
-    for (name, sym) in [("w4a16", false), ("w4a8", true)] {
+    // The `*base` arms run W4A16 on the AVX-512 f32 kernel and W4A8 on the AVX-512 base kernel (no VBMI), only
+    // when named, to compare with the default arms (on a CPU with AVX512-VBMI the W4A16 integer-dot-product kernel
+    // and the W4A8 VBMI kernel).
+    for (name, sym, ext) in [
+        ("w4a16", false, Ext::Auto),
+        ("w4a8", true, Ext::Auto),
+        ("w4a16base", false, Ext::Base),
+        ("w4a8base", true, Ext::Base),
+    ] {
+        if ext == Ext::Base && !named(name) {
+            continue;
+        }
         gemv(name, INT4_BYTES, &|seed| {
             let w = int4_raw(sym, seed);
             Box::new(move |t, x, y| {
                 let r = if sym {
-                    linear::w4a8_with(isa, t, x, 1, &w, y)
+                    linear::w4a8_ext(isa, ext, t, x, 1, &w, y)
                 } else {
-                    linear::w4a16_with(isa, t, x, 1, &w, y)
+                    linear::w4a16_ext(isa, ext, t, x, 1, &w, y)
                 };
                 r.expect("benchmark call");
-            })
-        });
-    }
-    // W4A16 on the AVX-512 f32 kernel (no VBMI), only when named, to compare with the default arm (on a CPU with
-    // AVX512-VBMI the integer-dot-product kernel).
-    if formats
-        .as_deref()
-        .is_some_and(|f| f.split(',').any(|s| s.trim() == "w4a16base"))
-    {
-        gemv("w4a16base", INT4_BYTES, &|seed| {
-            let w = int4_raw(false, seed);
-            Box::new(move |t, x, y| {
-                linear::w4a16_ext(isa, Ext::Base, t, x, 1, &w, y).expect("benchmark call");
-            })
-        });
-    }
-    // W4A8 on the AVX-512 base kernel (no VBMI), only when named, to compare with the default arm.
-    if formats
-        .as_deref()
-        .is_some_and(|f| f.split(',').any(|s| s.trim() == "w4a8base"))
-    {
-        gemv("w4a8base", INT4_BYTES, &|seed| {
-            let w = int4_raw(true, seed);
-            Box::new(move |t, x, y| {
-                linear::w4a8_ext(isa, Ext::Base, t, x, 1, &w, y).expect("benchmark call");
             })
         });
     }
@@ -383,10 +371,7 @@ fn main() {
     });
     // NVFP4 on the AVX-512 f32 kernel (no VBMI), only when named, to compare with the default arm (on a CPU with
     // AVX512-VBMI the integer-dot-product kernel).
-    if formats
-        .as_deref()
-        .is_some_and(|f| f.split(',').any(|s| s.trim() == "nvfp4base"))
-    {
+    if named("nvfp4base") {
         gemv("nvfp4base", nv_bytes, &|seed| {
             let w = random_bytes(N * K / 2, seed, |b| b);
             let sc = random_bytes(N * K / 16, seed + 1, |b| 0x30 | (b & 0x0F));

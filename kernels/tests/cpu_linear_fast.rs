@@ -6,7 +6,7 @@
 
 use kernels::cpu::Isa;
 use kernels::formats::{e2m1_to_f32, e4m3_to_f32};
-use kernels::linear::{self, Fp8Weights, Nvfp4Weights};
+use kernels::linear::{self, Activations, Ext, Fp8Weights, Nvfp4Weights, Ran};
 use kernels::reference::linear as reference;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -26,6 +26,85 @@ fn check(what: &str, got: &[f32], want: &[f32], mag: &[f64]) {
 
 fn activations(r: &mut ChaCha8Rng, k: usize) -> Vec<f32> {
     (0..k).map(|_| r.gen_range(-2.0f32..2.0)).collect()
+}
+
+/// Within 1e-4 of `want` (relative above 1): for the f32 kernel on inputs the integer form cannot hold, where
+/// only the path is in question.
+fn check_loose(what: &str, got: &[f32], want: &[f32]) {
+    for (i, (&g, &e)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - e).abs() <= 1e-4 * e.abs().max(1.0),
+            "{what}: output {i}: {g} vs {e}"
+        );
+    }
+}
+
+/// `x` with every 7th element (from the 4th on) 1000 times larger: groups with outliers.
+fn with_outliers(x: &[f32]) -> Vec<f32> {
+    x.iter()
+        .enumerate()
+        .map(|(i, &v)| if i % 7 == 3 { v * 1000.0 } else { v })
+        .collect()
+}
+
+/// The max |x| of every `group` consecutive elements (the last group may be short).
+fn group_max(x: &[f32], group: usize) -> Vec<f64> {
+    x.chunks(group)
+        .map(|g| g.iter().fold(0f64, |a, &v| a.max(f64::from(v.abs()))))
+        .collect()
+}
+
+/// False (the test is skipped, with a note) where this CPU has no AVX-512; otherwise notes whether it has
+/// AVX512-VBMI, which decides whether the VBMI kernels run.
+fn has_avx512_or_skip() -> bool {
+    if !Isa::available().contains(&Isa::Avx512) {
+        eprintln!("skipped: no AVX-512 on this CPU");
+        return false;
+    }
+    eprintln!(
+        "avx512vbmi on this CPU: {}",
+        kernels::cpu::has_avx512_vbmi()
+    );
+    true
+}
+
+/// One activation row through a GEMV that has an integer (VBMI) kernel, `run(ext, y)` on [`Isa::Avx512`], with
+/// [`Ext::Base`] and then [`Ext::Auto`]: each call must report AVX-512, and the integer kernel exactly for Auto on
+/// a CPU with VBMI (proving it ran); every output must be within `F32_REL * mag + rep_weight(vbmi) * rep` of
+/// `want`, where `mag` is the sum of the |x w| terms and `rep` the integer form's bound for the representation of
+/// x, weighted by what the kernel that ran (`vbmi`) needs.
+fn check_base_and_auto(
+    what: &str,
+    want: &[f32],
+    mag: &[f64],
+    rep: &[f64],
+    rep_weight: impl Fn(bool) -> f64,
+    run: impl Fn(Ext, &mut [f32]) -> Ran,
+) {
+    let vbmi = kernels::cpu::has_avx512_vbmi();
+    for ext in [Ext::Base, Ext::Auto] {
+        let mut y = vec![f32::NAN; want.len()];
+        let ran = run(ext, &mut y);
+        assert_eq!(ran.isa, Isa::Avx512, "{what} {ext:?}");
+        assert_eq!(
+            ran.vbmi,
+            ext == Ext::Auto && vbmi,
+            "{what} {ext:?}: the integer kernel runs exactly for Auto on a VBMI CPU"
+        );
+        for (i, &g) in y.iter().enumerate() {
+            let err = (f64::from(g) - f64::from(want[i])).abs();
+            let bound = F32_REL * mag[i] + rep_weight(ran.vbmi) * rep[i] + 1e-30;
+            assert!(
+                g.is_finite() && err <= bound,
+                "{what} {ext:?} (vbmi={}): output {i}: got {g}, want {}, error {err:e} > {bound:e} \
+                 (|terms| {:e}, x representation {:e})",
+                ran.vbmi,
+                want[i],
+                mag[i],
+                rep[i]
+            );
+        }
+    }
 }
 
 /// A random e4m3 code that is not NaN (0x7F / 0xFF).
@@ -130,15 +209,10 @@ fn fp8_gemv_over_every_block_shape_with_subnormal_codes() {
 /// VBMI kernel, proving the fast path ran.
 #[test]
 fn w4a8_vbmi_variant_matches_the_base_kernel_bit_for_bit() {
-    use kernels::linear::{Ext, Int4Scheme, Int4Weights};
-    if !Isa::available().contains(&Isa::Avx512) {
-        eprintln!("skipped: no AVX-512 on this CPU");
+    use kernels::linear::{Int4Scheme, Int4Weights};
+    if !has_avx512_or_skip() {
         return;
     }
-    eprintln!(
-        "avx512vbmi on this CPU: {}",
-        kernels::cpu::has_avx512_vbmi()
-    );
     for (case, &(n, k, group)) in [
         (40usize, 256usize, 32usize),
         (130, 333, 64),
@@ -213,13 +287,9 @@ fn w4a8_vbmi_variant_matches_the_base_kernel_bit_for_bit() {
 #[test]
 fn nvfp4_vbmi_integer_gemv_matches_the_reference() {
     use kernels::formats::{bf16_to_f32, f32_to_bf16};
-    use kernels::linear::Ext;
-    if !Isa::available().contains(&Isa::Avx512) {
-        eprintln!("skipped: no AVX-512 on this CPU");
+    if !has_avx512_or_skip() {
         return;
     }
-    let vbmi = kernels::cpu::has_avx512_vbmi();
-    eprintln!("avx512vbmi on this CPU: {vbmi}");
     for (case, &(n, k)) in [(70usize, 128usize), (33, 272), (101, 1040), (67, 5120)]
         .iter()
         .enumerate()
@@ -230,11 +300,7 @@ fn nvfp4_vbmi_integer_gemv_matches_the_reference() {
         let global = 0.61f32;
         let w = Nvfp4Weights::new(&packed, &scales, global, n, k).unwrap();
         let plain = activations(&mut r, k);
-        let outliers: Vec<f32> = plain
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| if i % 7 == 3 { v * 1000.0 } else { v })
-            .collect();
+        let outliers = with_outliers(&plain);
         // one all-zero group and one group of magnitudes around 1e-20 (both representable)
         let mut mixed = plain.clone();
         mixed[16..32].iter_mut().for_each(|v| *v = 0.0);
@@ -251,10 +317,7 @@ fn nvfp4_vbmi_integer_gemv_matches_the_reference() {
         ] {
             let want = reference::nvfp4_linear(xf, 1, &packed, &scales, global, n, k);
             // |terms| and the integer form's representation error bound, per row
-            let gmax: Vec<f64> = xf
-                .chunks(16)
-                .map(|g| g.iter().fold(0f64, |a, &v| a.max(f64::from(v.abs()))))
-                .collect();
+            let gmax = group_max(xf, 16);
             let (mag, rep): (Vec<f64>, Vec<f64>) = (0..n)
                 .map(|row| {
                     (0..k).fold((0.0, 0.0), |(m, e), c| {
@@ -270,35 +333,17 @@ fn nvfp4_vbmi_integer_gemv_matches_the_reference() {
                     })
                 })
                 .unzip();
+            let x = xb.map_or(Activations::from(xf), Activations::from);
             for threads in [1usize, 2] {
-                let what = format!("nvfp4 {name} n{n} k{k} t{threads}");
-                for ext in [Ext::Base, Ext::Auto] {
-                    let mut y = vec![f32::NAN; n];
-                    let ran = match xb {
-                        Some(b) => linear::nvfp4_ext(Isa::Avx512, ext, threads, b, 1, &w, &mut y),
-                        None => linear::nvfp4_ext(Isa::Avx512, ext, threads, xf, 1, &w, &mut y),
-                    }
-                    .unwrap();
-                    assert_eq!(ran.isa, Isa::Avx512, "{what} {ext:?}");
-                    assert_eq!(
-                        ran.vbmi,
-                        ext == Ext::Auto && vbmi,
-                        "{what} {ext:?}: the integer kernel runs exactly for Auto on a VBMI CPU"
-                    );
-                    for (i, &g) in y.iter().enumerate() {
-                        let err = (f64::from(g) - f64::from(want[i])).abs();
-                        let bound = F32_REL * mag[i] + 2.0 * rep[i] + 1e-30;
-                        assert!(
-                            g.is_finite() && err <= bound,
-                            "{what} {ext:?} (vbmi={}): row {i}: got {g}, want {}, error {err:e} > {bound:e} \
-                             (|terms| {:e}, x representation {:e})",
-                            ran.vbmi,
-                            want[i],
-                            mag[i],
-                            rep[i]
-                        );
-                    }
-                }
+                // Twice the representation bound, for either kernel.
+                check_base_and_auto(
+                    &format!("nvfp4 {name} n{n} k{k} t{threads}"),
+                    &want,
+                    &mag,
+                    &rep,
+                    |_| 2.0,
+                    |ext, y| linear::nvfp4_ext(Isa::Avx512, ext, threads, x, 1, &w, y).unwrap(),
+                );
             }
         }
     }
@@ -322,12 +367,7 @@ fn nvfp4_vbmi_integer_gemv_matches_the_reference() {
     let want = reference::nvfp4_linear(&tiny, 1, &packed, &scales, 1.0, n, k);
     let ran = linear::nvfp4_ext(Isa::Avx512, Ext::Auto, 2, &tiny, 1, &w, &mut y).unwrap();
     assert!(!ran.vbmi, "a group below ~1e-31 must take the f32 kernel");
-    for (i, (&g, &e)) in y.iter().zip(&want).enumerate() {
-        assert!(
-            (g - e).abs() <= 1e-4 * e.abs().max(1.0),
-            "tiny group: row {i}: {g} vs {e}"
-        );
-    }
+    check_loose("tiny group", &y, &want);
     let short = Nvfp4Weights::new(&packed[..n * 56], &scales[..n * 7], 1.0, n, 112).unwrap();
     let ran =
         linear::nvfp4_ext(Isa::Avx512, Ext::Auto, 1, &tiny[..112], 1, &short, &mut y).unwrap();
@@ -350,13 +390,10 @@ fn nvfp4_vbmi_integer_gemv_matches_the_reference() {
 #[test]
 fn w4a16_vbmi_integer_gemv_matches_the_reference() {
     use kernels::formats::{bf16_to_f32, f32_to_bf16};
-    use kernels::linear::{Ext, Int4Scheme, Int4Weights};
-    if !Isa::available().contains(&Isa::Avx512) {
-        eprintln!("skipped: no AVX-512 on this CPU");
+    use kernels::linear::{Int4Scheme, Int4Weights};
+    if !has_avx512_or_skip() {
         return;
     }
-    let vbmi = kernels::cpu::has_avx512_vbmi();
-    eprintln!("avx512vbmi on this CPU: {vbmi}");
     let cases = [
         (67usize, 333usize, 32usize),
         (130, 320, 64),
@@ -368,11 +405,7 @@ fn w4a16_vbmi_integer_gemv_matches_the_reference() {
         let mut r = ChaCha8Rng::seed_from_u64(0x4a16_0000 + case as u64);
         let wf: Vec<f32> = (0..n * k).map(|_| r.gen_range(-0.3f32..0.3)).collect();
         let plain = activations(&mut r, k);
-        let outliers: Vec<f32> = plain
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| if i % 7 == 3 { v * 1000.0 } else { v })
-            .collect();
+        let outliers = with_outliers(&plain);
         // an all-zero group and a group of magnitudes around 1e-20 (both representable)
         let mut mixed = plain.clone();
         mixed[..group.min(k)].iter_mut().for_each(|v| *v = 0.0);
@@ -404,10 +437,7 @@ fn w4a16_vbmi_integer_gemv_matches_the_reference() {
                 ("bf16 outliers", &wide_f, Some(&wide), false),
             ] {
                 let want = reference::int4_linear(xf, 1, &l);
-                let gmax: Vec<f64> = xf
-                    .chunks(group)
-                    .map(|g| g.iter().fold(0f64, |a, &v| a.max(f64::from(v.abs()))))
-                    .collect();
+                let gmax = group_max(xf, group);
                 let (mag, rep): (Vec<f64>, Vec<f64>) = (0..n)
                     .map(|row| {
                         (0..k).fold((0.0, 0.0), |(m, e), c| {
@@ -419,38 +449,17 @@ fn w4a16_vbmi_integer_gemv_matches_the_reference() {
                         })
                     })
                     .unzip();
+                let x = xb.map_or(Activations::from(xf), Activations::from);
                 for threads in [1usize, 2, 5] {
-                    let what = format!("w4a16 {name} n{n} k{k} g{group} {scheme:?} t{threads}");
-                    for ext in [Ext::Base, Ext::Auto] {
-                        let mut y = vec![f32::NAN; n];
-                        let ran = match xb {
-                            Some(b) => {
-                                linear::w4a16_ext(Isa::Avx512, ext, threads, b, 1, &w, &mut y)
-                            }
-                            None => linear::w4a16_ext(Isa::Avx512, ext, threads, xf, 1, &w, &mut y),
-                        }
-                        .unwrap();
-                        assert_eq!(ran.isa, Isa::Avx512, "{what} {ext:?}");
-                        assert_eq!(
-                            ran.vbmi,
-                            ext == Ext::Auto && vbmi,
-                            "{what} {ext:?}: the integer kernel runs exactly for Auto on a VBMI CPU"
-                        );
-                        for (i, &g) in y.iter().enumerate() {
-                            let err = (f64::from(g) - f64::from(want[i])).abs();
-                            let x_rep = if ran.vbmi && !exact { rep[i] } else { 0.0 };
-                            let bound = F32_REL * mag[i] + x_rep + 1e-30;
-                            assert!(
-                                g.is_finite() && err <= bound,
-                                "{what} {ext:?} (vbmi={}): column {i}: got {g}, want {}, error {err:e} > \
-                                 {bound:e} (|terms| {:e}, x representation {:e})",
-                                ran.vbmi,
-                                want[i],
-                                mag[i],
-                                rep[i]
-                            );
-                        }
-                    }
+                    // The representation bound only where the integer kernel ran on x it cannot hold exactly.
+                    check_base_and_auto(
+                        &format!("w4a16 {name} n{n} k{k} g{group} {scheme:?} t{threads}"),
+                        &want,
+                        &mag,
+                        &rep,
+                        |vbmi| if vbmi && !exact { 1.0 } else { 0.0 },
+                        |ext, y| linear::w4a16_ext(Isa::Avx512, ext, threads, x, 1, &w, y).unwrap(),
+                    );
                 }
             }
         }
@@ -477,12 +486,7 @@ fn w4a16_vbmi_integer_gemv_matches_the_reference() {
     let want = reference::int4_linear(&tiny, 1, &l);
     let ran = linear::w4a16_ext(Isa::Avx512, Ext::Auto, 2, &tiny, 1, &w, &mut y).unwrap();
     assert!(!ran.vbmi, "a group below ~3.9e-34 must take the f32 kernel");
-    for (i, (&g, &e)) in y.iter().zip(&want).enumerate() {
-        assert!(
-            (g - e).abs() <= 1e-4 * e.abs().max(1.0),
-            "tiny group: column {i}: {g} vs {e}"
-        );
-    }
+    check_loose("tiny group", &y, &want);
     let mut y3 = vec![0f32; 3 * n];
     let x3: Vec<f32> = (0..3 * k).map(|_| r.gen_range(-1.0f32..1.0)).collect();
     let ran = linear::w4a16_ext(Isa::Avx512, Ext::Auto, 1, &x3, 3, &w, &mut y3).unwrap();

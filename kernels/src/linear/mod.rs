@@ -318,13 +318,9 @@ impl<F: Copy> Table<F> {
         let plain = |isa| Ran { isa, vbmi: false };
         Ok(match isa {
             Isa::Avx512 => match (self.avx512, self.avx512_vbmi) {
-                (Some(_), Some(f)) if ext == Ext::Auto && crate::cpu::has_avx512_vbmi() => (
-                    Ran {
-                        isa: Isa::Avx512,
-                        vbmi: true,
-                    },
-                    f,
-                ),
+                (Some(_), Some(f)) if ext == Ext::Auto && crate::cpu::has_avx512_vbmi() => {
+                    (Ran::AVX512_VBMI, f)
+                }
                 (Some(f), _) => (plain(Isa::Avx512), f),
                 (None, _) => (plain(Isa::Scalar), self.scalar),
             },
@@ -352,6 +348,31 @@ pub enum Ext {
 pub struct Ran {
     pub isa: Isa,
     pub vbmi: bool,
+}
+
+impl Ran {
+    /// An AVX-512 kernel's VBMI variant.
+    const AVX512_VBMI: Ran = Ran {
+        isa: Isa::Avx512,
+        vbmi: true,
+    };
+}
+
+/// The activations in the encoded form that a format's integer GEMV reads (W4A16 and NVFP4, whose VBMI kernels take
+/// x as integers rather than f32), where the call takes that kernel: the base pick `ran` is [`Isa::Avx512`], the
+/// caller allows VBMI ([`Ext::Auto`]), the call is a GEMV that kernel handles (`gemv`: one activation row, plus
+/// what the format adds), the CPU has AVX512-VBMI, and `encode` can hold the activations. `None` sends the call to
+/// the base kernel, which handles every input.
+#[cfg(edgefit_x86_kernels)]
+fn vbmi_gemv_input<Q>(
+    ran: Ran,
+    ext: Ext,
+    gemv: bool,
+    encode: impl FnOnce() -> Option<Q>,
+) -> Option<Q> {
+    (ran.isa == Isa::Avx512 && ext == Ext::Auto && gemv && crate::cpu::has_avx512_vbmi())
+        .then(encode)
+        .flatten()
 }
 
 #[cfg(edgefit_x86_kernels)]
@@ -484,6 +505,17 @@ impl OutPtr {
     }
 }
 
+/// Runs `kernel(r0, r1, y)` on every range `r0..r1` of `0..units` that [`parallel_ranges`] hands to `threads`
+/// threads (`align` units at a time), with `y` the start of the output. Each kernel call must write only the
+/// outputs of its own range; the ranges are disjoint and cover `0..units`, so every output is written once.
+fn over_ranges<K>(y: &mut [f32], units: usize, align: usize, threads: usize, kernel: K)
+where
+    K: Fn(usize, usize, *mut f32) + Sync,
+{
+    let out = OutPtr(y.as_mut_ptr());
+    parallel_ranges(units, align, threads, |r0, r1| kernel(r0, r1, out.get()));
+}
+
 /// W4A16 over packed int4 weights with the detected path and all cores.
 pub fn w4a16<'a>(
     x: impl Into<Activations<'a>>,
@@ -525,42 +557,38 @@ pub fn w4a16_ext<'a>(
     const OP: &str = "w4a16";
     let x = x.into();
     check_io(OP, &x, m, w.n(), w.k(), y)?;
-    let (Ran { isa: ran, .. }, f) = W4A16.pick(OP, isa, ext)?;
+    // `W4A16` has no VBMI entry, so `ran` reports `f`; the integer GEMV (its own activation encoding) is chosen
+    // below.
+    let (ran, f) = W4A16.pick(OP, isa, ext)?;
     let x = x.to_f32();
-    let out = OutPtr(y.as_mut_ptr());
     #[cfg(edgefit_x86_kernels)]
-    if ran == Isa::Avx512 && ext == Ext::Auto && m == 1 && crate::cpu::has_avx512_vbmi() {
-        if let Some(xq) = W4a16Xq::new(&x, w.group()) {
-            parallel_ranges(w.blocks(), INT4_BLOCK_ALIGN, threads, |b0, b1| {
-                // SAFETY: xq.q holds k rounded up to even int16, xq.xs and xq.sum ceil(k/group) elements (built
-                // from x just above); the packed buffer and scales have the sizes `Int4Weights` guarantees for
-                // (n, k, group), y is [n] (checked); b0..b1 are block indices below `blocks()` and this thread
-                // writes only their columns. The CPU reports avx512vbmi, which the kernel's target attribute adds
-                // to the AVX-512 set `Isa::Avx512` guarantees.
-                unsafe {
-                    ffi::ef_w4a16_avx512vbmi(
-                        xq.q.as_ptr(),
-                        xq.xs.as_ptr(),
-                        xq.sum.as_ptr(),
-                        w.k(),
-                        w.packed().as_ptr(),
-                        w.scales_zeros().as_ptr(),
-                        w.npad(),
-                        w.group(),
-                        w.n(),
-                        b0,
-                        b1,
-                        out.get(),
-                    )
-                }
-            });
-            return Ok(Ran {
-                isa: Isa::Avx512,
-                vbmi: true,
-            });
-        }
+    if let Some(xq) = vbmi_gemv_input(ran, ext, m == 1, || W4a16Xq::new(&x, w.group())) {
+        over_ranges(y, w.blocks(), INT4_BLOCK_ALIGN, threads, |b0, b1, y| {
+            // SAFETY: xq.q holds k rounded up to even int16, xq.xs and xq.sum ceil(k/group) elements (built from
+            // x just above); the packed buffer and scales have the sizes `Int4Weights` guarantees for (n, k,
+            // group), y is [n] (checked); b0..b1 are block indices below `blocks()` and this thread writes only
+            // their columns. The CPU reports avx512vbmi, which the kernel's target attribute adds to the AVX-512
+            // set `Isa::Avx512` guarantees.
+            unsafe {
+                ffi::ef_w4a16_avx512vbmi(
+                    xq.q.as_ptr(),
+                    xq.xs.as_ptr(),
+                    xq.sum.as_ptr(),
+                    w.k(),
+                    w.packed().as_ptr(),
+                    w.scales_zeros().as_ptr(),
+                    w.npad(),
+                    w.group(),
+                    w.n(),
+                    b0,
+                    b1,
+                    y,
+                )
+            }
+        });
+        return Ok(Ran::AVX512_VBMI);
     }
-    parallel_ranges(w.blocks(), INT4_BLOCK_ALIGN, threads, |b0, b1| {
+    over_ranges(y, w.blocks(), INT4_BLOCK_ALIGN, threads, |b0, b1, y| {
         // SAFETY: x is [m, k], the packed buffer and scales have the sizes `Int4Weights` guarantees for (n, k,
         // group), y is [m, n] (all checked above); b0..b1 are block indices below `blocks()`, and this thread
         // writes only columns 64*b0..min(64*b1, n), disjoint from every other thread's.
@@ -576,14 +604,11 @@ pub fn w4a16_ext<'a>(
                 w.n(),
                 b0,
                 b1,
-                out.get(),
+                y,
             )
         }
     });
-    Ok(Ran {
-        isa: ran,
-        vbmi: false,
-    })
+    Ok(ran)
 }
 
 /// One activation row as the W4A16 integer kernel reads it: int16 codes (`k` rounded up to even, the pad 0), and
@@ -699,8 +724,7 @@ pub fn w4a8_ext<'a>(
     let (ran, f) = W4A8.pick(OP, isa, ext)?;
     let xf = x.to_f32();
     let qr = quantize_rows(&xf, m, w.k(), w.group());
-    let out = OutPtr(y.as_mut_ptr());
-    parallel_ranges(w.blocks(), INT4_BLOCK_ALIGN, threads, |b0, b1| {
+    over_ranges(y, w.blocks(), INT4_BLOCK_ALIGN, threads, |b0, b1, y| {
         // SAFETY: xq is [m, k], xs [m], xsum [m, ceil(k/group)] (built just above), the weights are consistent by
         // construction of `Int4Weights`, y is [m, n]; this thread writes only the columns of blocks b0..b1. `pick`
         // returned a kernel whose instructions this CPU has (the VBMI variant only where avx512vbmi is reported).
@@ -718,7 +742,7 @@ pub fn w4a8_ext<'a>(
                 w.n(),
                 b0,
                 b1,
-                out.get(),
+                y,
             )
         }
     });
@@ -791,8 +815,7 @@ pub fn fp8_with<'a>(
     check_io(OP, &x, m, w.n, w.k, y)?;
     let (Ran { isa: ran, .. }, f) = FP8.pick(OP, isa, Ext::Auto)?;
     let x = x.to_f32();
-    let out = OutPtr(y.as_mut_ptr());
-    parallel_ranges(w.n, ROW_ALIGN, threads, |r0, r1| {
+    over_ranges(y, w.n, ROW_ALIGN, threads, |r0, r1, y| {
         // SAFETY: x [m, k], w [n, k], scale_inv [ceil(n/128), ceil(k/128)] and y [m, n] were checked; r0..r1 is
         // within 0..n and disjoint from the other threads' ranges, and the kernel writes only those columns.
         unsafe {
@@ -805,7 +828,7 @@ pub fn fp8_with<'a>(
                 w.n,
                 r0,
                 r1,
-                out.get(),
+                y,
             )
         }
     });
@@ -973,52 +996,41 @@ pub fn nvfp4_ext<'a>(
     const OP: &str = "nvfp4";
     let x = x.into();
     check_io(OP, &x, m, w.n, w.k, y)?;
-    let (ran_as, f) = NVFP4.pick(OP, isa, ext)?;
-    let ran = ran_as.isa;
+    // `NVFP4` has no VBMI entry, so `ran` reports `f`; the integer GEMV (its own activation encoding) is chosen
+    // below.
+    let (ran, f) = NVFP4.pick(OP, isa, ext)?;
     let x = x.to_f32();
     #[cfg(edgefit_x86_kernels)]
-    if ran == Isa::Avx512
-        && ext == Ext::Auto
-        && m == 1
-        && w.k >= 128
-        && crate::cpu::has_avx512_vbmi()
-    {
-        if let Some(xq) = Nvfp4Xq::new(&x) {
-            let out = OutPtr(y.as_mut_ptr());
-            parallel_ranges(w.n, ROW_ALIGN, threads, |r0, r1| {
-                // SAFETY: x is [k]; xq.q [k/128 * 384], xq.nb and xq.xs [k/128 * 16] (built from x just above);
-                // w [n, k/2], scales [n, k/16] with k a multiple of 16, y [n] (checked); r0..r1 is within 0..n and
-                // disjoint from the other threads'. The CPU reports avx512vbmi, which the kernel's target attribute
-                // adds to the AVX-512 set `Isa::Avx512` guarantees.
-                unsafe {
-                    ffi::ef_nvfp4_avx512vbmi(
-                        x.as_ptr(),
-                        xq.q.as_ptr(),
-                        xq.nb.as_ptr(),
-                        xq.xs.as_ptr(),
-                        w.k,
-                        w.w.as_ptr(),
-                        w.scales.as_ptr(),
-                        w.global,
-                        r0,
-                        r1,
-                        out.get(),
-                    )
-                }
-            });
-            return Ok(Ran {
-                isa: Isa::Avx512,
-                vbmi: true,
-            });
-        }
+    if let Some(xq) = vbmi_gemv_input(ran, ext, m == 1 && w.k >= 128, || Nvfp4Xq::new(&x)) {
+        over_ranges(y, w.n, ROW_ALIGN, threads, |r0, r1, y| {
+            // SAFETY: x is [k]; xq.q [k/128 * 384], xq.nb and xq.xs [k/128 * 16] (built from x just above); w [n,
+            // k/2], scales [n, k/16] with k a multiple of 16, y [n] (checked); r0..r1 is within 0..n and disjoint
+            // from the other threads'. The CPU reports avx512vbmi, which the kernel's target attribute adds to the
+            // AVX-512 set `Isa::Avx512` guarantees.
+            unsafe {
+                ffi::ef_nvfp4_avx512vbmi(
+                    x.as_ptr(),
+                    xq.q.as_ptr(),
+                    xq.nb.as_ptr(),
+                    xq.xs.as_ptr(),
+                    w.k,
+                    w.w.as_ptr(),
+                    w.scales.as_ptr(),
+                    w.global,
+                    r0,
+                    r1,
+                    y,
+                )
+            }
+        });
+        return Ok(Ran::AVX512_VBMI);
     }
-    let xp: Cow<'_, [f32]> = if ran == Isa::Avx512 && m == 1 {
+    let xp: Cow<'_, [f32]> = if ran.isa == Isa::Avx512 && m == 1 {
         Cow::Owned(nvfp4_permute(&x, w.k))
     } else {
         Cow::Borrowed(&x)
     };
-    let out = OutPtr(y.as_mut_ptr());
-    parallel_ranges(w.n, ROW_ALIGN, threads, |r0, r1| {
+    over_ranges(y, w.n, ROW_ALIGN, threads, |r0, r1, y| {
         // SAFETY: x and xp are [m, k], w [n, k/2], scales [n, k/16] with k a multiple of 16, y [m, n] (checked);
         // r0..r1 is within 0..n and disjoint from the other threads'.
         unsafe {
@@ -1033,14 +1045,11 @@ pub fn nvfp4_ext<'a>(
                 w.n,
                 r0,
                 r1,
-                out.get(),
+                y,
             )
         }
     });
-    Ok(Ran {
-        isa: ran,
-        vbmi: false,
-    })
+    Ok(ran)
 }
 
 /// bf16 weights `[n, k]` (bits).
@@ -1097,11 +1106,10 @@ pub fn bf16_with<'a>(
     check_io(OP, &x, m, w.n, w.k, y)?;
     let (Ran { isa: ran, .. }, f) = BF16.pick(OP, isa, Ext::Auto)?;
     let x = x.to_f32();
-    let out = OutPtr(y.as_mut_ptr());
-    parallel_ranges(w.n, ROW_ALIGN, threads, |r0, r1| {
+    over_ranges(y, w.n, ROW_ALIGN, threads, |r0, r1, y| {
         // SAFETY: x [m, k], w [n, k] and y [m, n] were checked; r0..r1 is within 0..n and disjoint from the other
         // threads' ranges.
-        unsafe { f(x.as_ptr(), m, w.k, w.w.as_ptr(), w.n, r0, r1, out.get()) }
+        unsafe { f(x.as_ptr(), m, w.k, w.w.as_ptr(), w.n, r0, r1, y) }
     });
     Ok(ran)
 }

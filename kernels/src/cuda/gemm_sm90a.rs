@@ -16,7 +16,7 @@
 //!   [`Gpu::fp8_block_gemm_wgmma_bf16`] runs it with a bf16 epilogue (round to nearest even, half the output
 //!   bytes: what cuBLAS `_scaled_mm` writes, so the like-for-like comparison).
 //!
-//! Only v4 has the bf16 epilogue ([`Gpu::fp8_block_gemm_wgmma_bf16_with`] refuses the other builds).
+//! Only v4 has the bf16 epilogue, so the bf16 entry point takes no build.
 //!
 //! Measured on the H200 at M = 4096 on 5120x17408 / 17408x5120 (benchmarks/h200-runs/s2-run5, one run, all
 //! arms checked against torch first): v1 987 / 1050 us, v2 816 / 853, v3 906 / 889, v4 712 / 729 us (1026 /
@@ -226,29 +226,6 @@ impl Gpu {
             n,
             k,
         )
-    }
-
-    /// [`Gpu::fp8_block_gemm_wgmma_bf16`] on a chosen build: only [`Fp8Wgmma::PingPong`] has a bf16 epilogue
-    /// (the others are refused with a shape error). Same layouts and constraints.
-    #[allow(clippy::too_many_arguments)]
-    pub fn fp8_block_gemm_wgmma_bf16_with(
-        &self,
-        build: Fp8Wgmma,
-        xq: &GpuBuffer<u8>,
-        x_scales: &GpuBuffer<f32>,
-        w: &GpuBuffer<u8>,
-        w_scales: &GpuBuffer<f32>,
-        y: &mut GpuBuffer<u16>,
-        m: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<(), KernelError> {
-        crate::ensure_shape!(
-            build == Fp8Wgmma::PingPong,
-            "cuda::fp8_block_gemm_wgmma_bf16",
-            "the {build:?} build writes fp32 only (bf16 out: PingPong)"
-        );
-        self.fp8_wgmma(build, xq, x_scales, w, w_scales, Fp8Out::Bf16(y), m, n, k)
     }
 
     /// Whether this device runs the sm_90a (wgmma) module: compute capability 9.0 exactly.

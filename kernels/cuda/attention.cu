@@ -224,6 +224,8 @@ constexpr int COMB_Y = 4;
 template <int D>
 __device__ __forceinline__ void attention_decode_combine(const float* __restrict__ ws, float* __restrict__ out,
                                                          int hq, int splits) {
+    pdl_launch_dependents();
+    pdl_wait();
     __shared__ float wgt[1024];
     __shared__ float lsum[1024];
     __shared__ float red[D * COMB_Y / 32];
@@ -326,6 +328,10 @@ template <int D>
 __device__ __forceinline__ void attention_decode_combine_sliced(const float* __restrict__ ws,
                                                                 float* __restrict__ out, int hq, int splits) {
     static_assert(D % COMB_SLICE == 0, "head_dim in 64-wide slices");
+    // PDL (common.cuh): launched as the split kernel's dependent, the blocks get resident while the split kernel
+    // runs and wait here for its partials.
+    pdl_launch_dependents();
+    pdl_wait();
     __shared__ float sm_m[COMB_MAX_WARPS], sm_l[COMB_MAX_WARPS];
     __shared__ float2 sm_a[COMB_MAX_WARPS][32];
     const int lane = threadIdx.x, warp = threadIdx.y, nw = blockDim.y;
@@ -744,6 +750,8 @@ __device__ __forceinline__ void attention_decode_tiled_paged(const float* q, con
                                                              const unsigned int* bt, const unsigned int* lens,
                                                              float scale, float* out, float* ws, int hq, int hkv,
                                                              int page_size, int num_pages, int max_pages) {
+    pdl_launch_dependents();  // PDL (common.cuh): everything here reads what earlier kernels wrote
+    pdl_wait();
     const int seq = blockIdx.z;
     const long long cap = static_cast<long long>(max_pages) * page_size;
     const int len = static_cast<int>(min(static_cast<long long>(lens[seq]), cap));
@@ -760,6 +768,8 @@ __device__ __forceinline__ void attention_decode_tiled_ring(const float* q, cons
                                                             const uint16_t* kcur, const uint16_t* vcur,
                                                             const unsigned int* pos, float scale, float* out,
                                                             float* ws, int hq, int hkv, int slots) {
+    pdl_launch_dependents();
+    pdl_wait();
     const int seq = blockIdx.z;
     const int valid = static_cast<int>(min(pos[seq], static_cast<unsigned>(slots)));
     const RingSrc src{(static_cast<unsigned>(seq) * hkv + blockIdx.y) * static_cast<unsigned>(slots), valid};

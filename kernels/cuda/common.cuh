@@ -59,6 +59,14 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Programmatic dependent launch (sm_90). A kernel launched with the programmatic-stream-serialization attribute may
+// start while the kernel before it in the stream is still running, once every block of that kernel has called
+// pdl_launch_dependents (or exited). pdl_wait then blocks until that kernel has finished and its writes are
+// visible. So: anything that reads what an earlier kernel wrote, and every global write, goes after pdl_wait; only
+// reads of data no kernel writes (weights) may go before it. Without the attribute both are no-ops.
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // A 16-byte load that bypasses L1 allocation: weights are read exactly once per call.
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
     uint4 r;

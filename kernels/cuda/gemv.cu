@@ -34,14 +34,20 @@ constexpr int GEMV_WARPS = 8;
 constexpr int GEMV_THREADS = GEMV_WARPS * 32;
 constexpr int GEMV_UNROLL = 4;
 
+// PDL (common.cuh): the first iteration's weight loads are issued before pdl_wait, activations and outputs after
+// it, so a dependent launch streams weights while the kernel before it finishes.
 template <int MT, int RW, int U>
 __device__ __forceinline__ void fp8_block_gemv(const uint16_t* __restrict__ x, const uint8_t* __restrict__ w,
                                                const float* __restrict__ scales, float* __restrict__ y, int m,
                                                int n, int k) {
+    pdl_launch_dependents();
     const int lane = threadIdx.x & 31;
     const int kbeg = 0, kend = k;
     const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * RW;
-    if (row0 >= n) return;  // whole warps leave together: rows are per warp
+    if (row0 >= n) {  // whole warps leave together: rows are per warp
+        pdl_wait();
+        return;
+    }
     const int kb = (k + 127) >> 7;
     const uint8_t* wrow[RW];
     const float* srow[RW];
@@ -59,6 +65,7 @@ __device__ __forceinline__ void fp8_block_gemv(const uint16_t* __restrict__ x, c
 #pragma unroll
         for (int i = 0; i < MT; ++i) acc[r][i] = 0.f;
 
+    bool waited = false;
     for (int base = kbeg + lane * 16; base < kend; base += 32 * 16 * U) {
         uint4 wv[RW][U];
 #pragma unroll
@@ -67,6 +74,10 @@ __device__ __forceinline__ void fp8_block_gemv(const uint16_t* __restrict__ x, c
 #pragma unroll
             for (int r = 0; r < RW; ++r)
                 wv[r][u] = kk < kend ? ld_stream(wrow[r] + kk) : make_uint4(0, 0, 0, 0);
+        }
+        if (!waited) {
+            pdl_wait();
+            waited = true;
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -107,6 +118,7 @@ __device__ __forceinline__ void fp8_block_gemv(const uint16_t* __restrict__ x, c
             }
         }
     }
+    if (!waited) pdl_wait();  // lanes with no 16-byte chunk (k < 512) still wait before writing
 #pragma unroll
     for (int r = 0; r < RW; ++r) {
 #pragma unroll
@@ -237,6 +249,10 @@ EDGEFIT_GEMV_ENTRIES(16)
 // of rows per warp x loads in flight (r1u8, r2u4, r2u2, r4u2: r2u2 best or within noise on all four shapes,
 // 25.2 us on 5120x17408; benchmarks/h200.md history). The variants that lost were deleted with the s2-run5
 // sweep's (L2::256B prefetch hints 0.99-1.01x, split-K 1.01x at best, cp.async.bulk rings 0.48-0.80x).
+// Session 4 (s4-run1) added `prefetch.global.L2` of the lines a warp loads 2, 4 or 8 iterations later (here, and
+// 2 or 4 chunks ahead in the tensor-core and NVFP4 tile kernels below): slower at every shape and m, by 5-35%
+// (FP8 M=1 5120x17408 32.5 / 33.7 / 37.4 us against 25.4; NVFP4 t1k2 22.6 / 23.6 against 19.2): the extra
+// requests cost more than the latency they hide. Deleted.
 // Grid ceil(n / (GEMV_WARPS * 2)).
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS)
     fp8_block_gemv_m1_r2_u2(const uint16_t* x, const uint8_t* w, const float* scales, float* y, int m, int n,
@@ -342,10 +358,14 @@ __device__ __forceinline__ void nvfp4_a_fragments(const uint4 wa, const uint4 wb
 // SASS of this build (cuobjdump 13.2, instructions in the chunk loop, i.e. per chunk per warp): NVFP4 n8 306
 // (checkpoint layout) / 221 (_pre) / 259 (_tile) / 193 (_tile_pre: 66 LOP3, 49 IMAD, 32 HMUL2, 16 SHF, 8 HMMA,
 // 7 LDG); n16 413 / 268 / 359 / 209. FP8 (2 KiB per chunk) n8 203 / 114 (_pre), n16 282 / 141.
+//
+// PDL (common.cuh): pdl_wait before the chunk loop (loading the first chunk's weights before it, behind a flag in
+// the loop, took the registers from 42 to 61 here and made nvfp4_gemv_tiles_* spill).
 template <int FMT, int NT, int MMA_WARPS, bool PRE = false>
 __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, const uint4* __restrict__ xf,
                                                 const uint8_t* __restrict__ w, const void* __restrict__ scales,
                                                 float global_scale, float* __restrict__ y, int m, int n, int k) {
+    pdl_launch_dependents();
     __shared__ float red[MMA_WARPS][16][16];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
@@ -368,6 +388,7 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
     // ahead raised the registers to 90-104, halved the resident warps and made every case slower on the H200
     // (NVFP4 M=1 lm_head 281 -> 378 us, FP8 M=16 5120x17408 43 -> 66 us; bench run 7 against run 6, 2026-11-30).
     constexpr int LOADS = FMT == 0 ? 2 : 1;  // 16-byte loads per row per chunk
+    pdl_wait();
     for (int c = warp; c < nchunks; c += MMA_WARPS) {
         const int k0 = c * 128 + q * 32;  // this lane's 32 values (FMT 0, 1)
         uint4 la[LOADS], lb[LOADS];
@@ -533,6 +554,8 @@ EDGEFIT_MMA_ENTRIES(16, _w16)
 template <int FMT>
 __device__ __forceinline__ void gemv_act_frag(const uint16_t* __restrict__ x, uint4* __restrict__ xf, int m, int k,
                                               int nt) {
+    pdl_launch_dependents();
+    pdl_wait();
     const size_t nchunks = static_cast<size_t>((k + 127) >> 7);
     const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx >= nchunks * nt * 128) return;
@@ -630,6 +653,7 @@ extern "C" __global__ void __launch_bounds__(256) nvfp4_repack_mma(const uint8_t
 EDGEFIT_MMA_VARIANTS(1, n8)
 EDGEFIT_MMA_VARIANTS(2, n16)
 
+
 // ---------------------------------------------------------------------------------------------------------------
 // The NVFP4 decode GEMV over the tile layout (Gpu::nvfp4_gemv_tiles, the decode path an engine uses after
 // Gpu::nvfp4_repack_tiles at load time), activations preconverted by gemv_act_frag_nvfp4[_zero].
@@ -660,10 +684,26 @@ EDGEFIT_MMA_VARIANTS(2, n16)
 // is spill-free only with the loads after the 5th of the 8 mmas, where the SASS issues them ~16 instructions before
 // the end of the loop: no double buffering left. The 9 registers need the 64 of 4 blocks per SM, which would leave
 // the 5120-row shapes' 640 blocks (two splits) 1.2 waves of 528.
+//
+// A cp.async ring per warp (session 4, s4-run3; built, measured, deleted): each warp streamed its chunks (weights,
+// scale words, the fragments of tokens 0-1) through 2-4 stages of shared memory, chunk c + (S-1) W requested
+// before chunk c was decoded, same sums bit for bit. The idea: the one-wave layer shapes run every warp in
+// lockstep (all wait for DRAM, then all decode), which lm_head's ~24 waves avoid (85.9% of copy there). It lost
+// at every shape and stage count, 12-20% (m = 1, two splits, both launched as programmatic dependents: 21.5-21.8
+// against 18.6 us on 5120x17408, 20.9-21.4 against 19.1 on 17408x5120, 14.3-14.8 against 12.1 on 5120x10240;
+// lm_head 253-274 against 234): the commit/wait, the shared-memory round trip and the __syncwarps cost more than
+// the overlap bought, so whatever holds these shapes at ~65% is not the warps' lockstep alone.
+//
+// Programmatic dependent launch (session 4): this kernel and the fragment kernel before it are launched as
+// programmatic dependents by the crate (Device::launch_pdl), so the GEMV's blocks get resident while the
+// fragment kernel runs: 1.03-1.08x at every m on the layer shapes (s4-run2).
+//
+// PDL (common.cuh) as blockq_gemv_mma: pdl_wait before the chunk loop.
 template <int NT>
 __device__ __forceinline__ void nvfp4_gemv_tiles_pre(const uint4* __restrict__ xf, const uint8_t* __restrict__ w,
                                                      const uint32_t* __restrict__ scales, float global_scale,
                                                      float* __restrict__ y, int m, int n, int k) {
+    pdl_launch_dependents();
     constexpr int W = 8;
     __shared__ float red[W][16][8 * NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -687,6 +727,7 @@ __device__ __forceinline__ void nvfp4_gemv_tiles_pre(const uint4* __restrict__ x
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
 
+    pdl_wait();
     for (int c = cbeg + warp; c < cend; c += W) {
         const uint4 la = ld_stream(wt + static_cast<size_t>(c) * 1024);
         const uint4 lb = ld_stream(wt + static_cast<size_t>(c) * 1024 + 512);
@@ -763,6 +804,7 @@ EDGEFIT_NVFP4_TILES(2, n16, 4)
 extern "C" __global__ void __launch_bounds__(256) gemv_act_frag_nvfp4_zero(const uint16_t* x, uint4* xf, int m,
                                                                             int k, int nt, float* y,
                                                                             unsigned long long ylen) {
+    pdl_wait();  // y may still be read by the kernel before (gemv_act_frag waits again: a no-op by then)
     for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < ylen;
          i += static_cast<size_t>(gridDim.x) * blockDim.x)
         y[i] = 0.f;

@@ -13,6 +13,7 @@ bandwidth (bytes read + written, 256 MiB and 1 GiB float32, the better of the tw
 and FP8 (`torch._scaled_mm`, per-tensor scales) at 8192^3; written to $OUT/ceilings.json.
 """
 
+import ctypes
 import json
 import math
 import os
@@ -51,6 +52,47 @@ def launch(fn, grid, block, args, shared_mem=0):
     # Launch on torch's current stream, so that a torch graph capture records the kernel too.
     with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
         fn(grid, block, args, shared_mem=shared_mem)
+
+
+# Programmatic dependent launch (PDL): cupy cannot set launch attributes, so launch_pdl calls the driver's
+# cuLaunchKernelEx through ctypes with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (6) = 1, on torch's
+# current stream (a graph capture records the programmatic edge). The kernel's side: common.cuh's pdl_* helpers.
+class _LaunchAttr(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("val", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttr)), ("nattrs", ctypes.c_uint)]
+
+
+_libcuda = None
+_CTYPE = {np.dtype(np.uint64): ctypes.c_uint64, np.dtype(np.int64): ctypes.c_int64,
+          np.dtype(np.int32): ctypes.c_int32, np.dtype(np.uint32): ctypes.c_uint32,
+          np.dtype(np.float32): ctypes.c_float}
+
+
+def launch_pdl(fn, grid, block, args, shared_mem=0):
+    global _libcuda
+    if _libcuda is None:
+        _libcuda = ctypes.CDLL("libcuda.so.1")
+        _libcuda.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
+                                              ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    block = tuple(block) + (1,) * (3 - len(block))
+    attr = _LaunchAttr()
+    attr.id = 6
+    attr.val[0] = 1
+    cfg = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem,
+                        ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), ctypes.pointer(attr), 1)
+    vals = [_CTYPE[np.asarray(a).dtype](a.item() if hasattr(a, "item") else a) for a in args]
+    params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
+    # cupy's RawModule.get_function gives a RawKernel; its `kernel` is the loaded Function, whose ptr is the
+    # CUfunction (s4-run1: RawKernel has no ptr of its own).
+    func = fn.ptr if hasattr(fn, "ptr") else fn.kernel.ptr
+    rc = _libcuda.cuLaunchKernelEx(ctypes.byref(cfg), ctypes.c_void_p(func), params, None)
+    if rc != 0:
+        raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {rc}")
 
 
 ROWS = []

@@ -12,7 +12,9 @@ Arms per case: "auto" is exactly what KernelPath::Auto (paged) / attention_decod
 Gpu::DECODE_AUTO_TILING = (16, 4) (paged) / Gpu::DECODE_RING_TILING = (32, 2) (ring) with Gpu::decode_auto_splits (one
 wave of two blocks per SM: floor(slots / pairs)) and the combine kernel Gpu::DECODE_AUTO_SLICED_COMBINE picks
 (block: attention_decode_combine_D*, one block per (sequence, query head); sliced: attention_decode_combine_sliced_D*,
-one block per 64 columns of it, 1-16 warps with every load of a chunk in flight). "auto ... sliced" / "auto ...
+one block per 64 columns of it, 1-16 warps with every load of a chunk in flight), launched as the split kernel's
+programmatic dependent (PDL, `b.launch_pdl`; every arm's combine is, as in the crate; "auto no-pdl" launches both
+kernels plainly). "auto ... sliced" / "auto ...
 block" is the same split kernel and split count with the other combine: the pair decides
 Gpu::DECODE_AUTO_SLICED_COMBINE. The other two tilings run with both combines ("T32S2" on the paged cases is the
 previous Auto, s3-run2); "s=K" arms try other split counts on the auto tiling with both combines; "auto
@@ -42,6 +44,9 @@ dev = torch.device("cuda")
 TILINGS = [(32, 3), (16, 4), (32, 2)]
 AUTO_TILING = {"paged": (16, 4), "ring": (32, 2)}  # Gpu::DECODE_AUTO_TILING, Gpu::DECODE_RING_TILING
 AUTO_SLICED = True  # Gpu::DECODE_AUTO_SLICED_COMBINE
+# The crate launches every combine as the split kernel's programmatic dependent (Device::launch_pdl, since s4-run2):
+# every arm's combine here does the same ("+pdlc"), but "auto no-pdl" (both kernels launched plainly).
+PDL_COMBINE = "+pdlc"
 RESULTS = []
 
 
@@ -89,7 +94,7 @@ def arm_plan(sms, pairs, d, max_tokens, kind):
     or "none" (the split kernel alone, not checked). The first arm is Auto."""
     plan = {}
     at = AUTO_TILING[kind]
-    auto_mode, other_mode = combine_names(AUTO_SLICED), combine_names(not AUTO_SLICED)
+    auto_mode, other_mode = combine_names(AUTO_SLICED) + PDL_COMBINE, combine_names(not AUTO_SLICED) + PDL_COMBINE
     s_auto = auto_splits(sms, pairs, d, *at, max_tokens)
     plan[f"auto T{at[0]}S{at[1]}"] = (at, s_auto, auto_mode)
     if s_auto > 1:
@@ -97,9 +102,9 @@ def arm_plan(sms, pairs, d, max_tokens, kind):
     for t in TILINGS:
         if t != at:
             s_t = auto_splits(sms, pairs, d, *t, max_tokens)
-            plan[f"T{t[0]}S{t[1]}"] = (t, s_t, "block")
+            plan[f"T{t[0]}S{t[1]}"] = (t, s_t, "block" + PDL_COMBINE)
             if s_t > 1:
-                plan[f"T{t[0]}S{t[1]} sliced"] = (t, s_t, "sliced")
+                plan[f"T{t[0]}S{t[1]} sliced"] = (t, s_t, "sliced" + PDL_COMBINE)
     most = max(1, math.ceil(max_tokens / (2 * at[0])))
     alts = {max(1, s_auto // 2), max(1, (2 * s_auto) // 3), min(most, (4 * s_auto) // 3), min(most, 2 * s_auto)}
     if pairs >= 32:
@@ -110,6 +115,9 @@ def arm_plan(sms, pairs, d, max_tokens, kind):
             plan[f"s={s} {other_mode}"] = (at, s, other_mode)
     if s_auto > 1:
         plan["auto no-combine"] = (at, s_auto, "none")
+        # Without programmatic dependent launch: both kernels plainly. (Launching the split kernels as dependents
+        # too, "+pdl", lost in s4-run2: 43.13 against 39.18 us at 32k, 149.1 against 127.6 at 128k.)
+        plan["auto no-pdl"] = (at, s_auto, combine_names(AUTO_SLICED))
     return plan
 
 
@@ -118,6 +126,8 @@ def combine_launcher(mode, d, ws, out, hq, seqs, splits):
     does (kernels/src/cuda/device/attention.rs attention_combine); None for "none" or one split."""
     if mode == "none" or splits <= 1:
         return None
+    mode, _, pdl = mode.partition("+")
+    go = b.launch_pdl if pdl else b.launch
     args = (b.ptr(ws), b.ptr(out), np.int32(hq), np.int32(splits))
     if mode == "sliced":
         fn = b.kern("attention", f"attention_decode_combine_sliced_D{d}")
@@ -125,7 +135,7 @@ def combine_launcher(mode, d, ws, out, hq, seqs, splits):
     else:
         fn = b.kern("attention", f"attention_decode_combine_D{d}")
         grid, block = (hq, seqs), (d, 4)
-    return lambda: b.launch(fn, grid, block, args)
+    return lambda: go(fn, grid, block, args)
 
 
 def tiled_kernel(kind, d, tile, stages):

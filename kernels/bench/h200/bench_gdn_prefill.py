@@ -18,8 +18,9 @@ medians and spreads):
   fp32 column slices 16 / 64 only with --variants (measured in s2-run2: 0.78x and 0.98x of cs32).
 - ours_wy<math>_<variant> (`wytf32_tf32_cs64`, `wytf32_tf32_cs32`, `wytf32x3_tf32x3_cs32`): launch 2 on the
   tensor-core WY build (`gdn_prefill_wy_tc1` / `_tc3`, mma.sync TF32, same fp32 workspace) instead of the CUDA-core
-  one; `ours_wytf32_tf32_cs64` is the default (`Gpu::GDN_PREFILL_DEFAULT`, since s3-run3: 5856.3 us at
-  T = 16384 against 6763.6 us for the previous default `tf32_cs64`), the row the others are compared with.
+  one; `ours_wytf32x3_tf32_cs64` is the default (`Gpu::GDN_PREFILL_DEFAULT`, session 4: the 3xTF32 WY for
+  precision; `wytf32_tf32_cs64` was it from s3-run3, 5856.3 us at T = 16384 against 6763.6 us for `tf32_cs64`),
+  the row the others are compared with.
 - removed after s3-run3: fla's split of launch 3 (`[wytf32_]tf32split_cs<32|64>`, walk + parallel output with the
   norm fused): walk_cs64 1835.7 us + out 963.0 us against state tf32_cs64 2272.2 us + norm 277.8 us; whole step
   wytf32_tf32split_cs64 6125.8 us against 5856.3 us at T = 16384.
@@ -76,7 +77,7 @@ C = 64
 WY_SMEM = 101376  # cuda/gdn_prefill.cu WY_SMEM_BYTES
 WY_TC_SMEM = 102912  # cuda/gdn_prefill.cu wy_tc_smem_bytes()
 VARIANTS = "--variants" in sys.argv
-DEFAULT = "wytf32_tf32_cs64"  # Gpu::GDN_PREFILL_DEFAULT
+DEFAULT = "wytf32x3_tf32_cs64"  # Gpu::GDN_PREFILL_DEFAULT (session 4; wytf32_tf32_cs64 before)
 PREP_TT = 8  # cuda/gdn_prefill.cu PREP_TT (tokens per warp of gdn_prefill_prep)
 ROUNDS = 5 if b.QUICK else 7  # arms alternate; the s2-run2 spreads were <= 2% at 11 rounds
 
@@ -291,7 +292,7 @@ def case(lens, chunk):
     conv_out = torch.empty(seqs, CD, KC - 1, device=b.dev)
     out = torch.empty(n, HV * D, device=b.dev)
     whole = (["fp32_cs32", "tf32x3_cs32", "tf32_cs32", "tf32_cs64", "wytf32x3_tf32x3_cs32", "wytf32_tf32_cs32",
-              "wytf32_tf32_cs64"] + (["fp32_cs16", "fp32_cs64"] if VARIANTS else []))
+              "wytf32_tf32_cs64", "wytf32x3_tf32_cs64"] + (["fp32_cs16", "fp32_cs64"] if VARIANTS else []))
     state_only = ["fp32_cs32"] + [f"{m}_cs{c}" for m in ("tf32x3", "tf32") for c in (16, 32, 64)]
     wy_only = ["tf32x3", "tf32"]  # stage arms of the tensor-core WY builds (launch 2 alone)
     ref = Ours(lens, "fp32_cs32")

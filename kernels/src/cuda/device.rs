@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+    LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -177,6 +178,63 @@ impl Device {
         Ok(f)
     }
 
+    /// Launches `f` on the device's stream with programmatic dependent launch (PDL: the
+    /// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION` attribute): its blocks may become resident while the
+    /// kernel before it is still running, once every block of that kernel has executed
+    /// `griddepcontrol.launch_dependents` (`pdl_launch_dependents` in cuda/common.cuh), and they wait in
+    /// `griddepcontrol.wait` (`pdl_wait`) until it has finished and its writes are visible. A predecessor that
+    /// never triggers is waited for as without the attribute; a kernel launched normally runs its `pdl_*` calls as
+    /// no-ops. What it buys on the H200 (benchmarks/h200.md, s4-run2): the decode attention combine 39.2 vs 39.7 us
+    /// at 32k, the NVFP4 tile GEMV 3-8% per call. cudarc's launch builder sets no attributes, hence the raw call.
+    ///
+    /// # Safety
+    /// As `LaunchArgs::launch`: `args` holds the kernel's parameters in order with the kernel's types (device
+    /// addresses from `device_ptr` of buffers that outlive the queued kernel, scalars); the kernel must not read
+    /// anything an earlier kernel writes, nor write anything, before its `pdl_wait`.
+    unsafe fn launch_pdl(
+        &self,
+        name: &str,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        args: &mut PdlArgs,
+    ) -> Result<(), KernelError> {
+        use cudarc::driver::sys;
+        let mut params: Vec<*mut std::ffi::c_void> = args
+            .slots
+            .iter_mut()
+            .map(|v| v as *mut u64 as *mut std::ffi::c_void)
+            .collect();
+        self.ctx.bind_to_thread().map_err(cuda_err(name))?;
+        // SAFETY: a plain C struct (id, padding, a union of plain values); all-zero is a valid value of each.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: config, attr and the parameter slots live across the call (the driver copies the values); f
+        // belongs to a module this device keeps loaded; the parameters' types are the caller's contract above.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(cuda_err(name))
+    }
+
     pub(super) fn upload<T: GpuScalar>(&self, host: &[T]) -> Result<CudaSlice<T>, KernelError> {
         self.stream.clone_htod(host).map_err(cuda_err("upload"))
     }
@@ -201,6 +259,35 @@ impl Device {
 
     pub(super) fn synchronize(&self) -> Result<(), KernelError> {
         self.stream.synchronize().map_err(cuda_err("synchronize"))
+    }
+}
+
+/// The parameters of one [`Device::launch_pdl`], in order, each in its own 8-byte slot holding the value's bytes
+/// at its start (the driver reads each parameter's size from there).
+#[derive(Default)]
+pub(super) struct PdlArgs {
+    slots: Vec<u64>,
+}
+
+impl PdlArgs {
+    fn push(&mut self, bytes: &[u8]) -> &mut Self {
+        let mut slot = [0u8; 8];
+        slot[..bytes.len()].copy_from_slice(bytes);
+        self.slots.push(u64::from_ne_bytes(slot));
+        self
+    }
+    /// A device address (`CudaSlice::device_ptr`).
+    pub(super) fn ptr(&mut self, p: cudarc::driver::sys::CUdeviceptr) -> &mut Self {
+        self.push(&p.to_ne_bytes())
+    }
+    pub(super) fn i32(&mut self, v: i32) -> &mut Self {
+        self.push(&v.to_ne_bytes())
+    }
+    pub(super) fn f32(&mut self, v: f32) -> &mut Self {
+        self.push(&v.to_ne_bytes())
+    }
+    pub(super) fn u64(&mut self, v: u64) -> &mut Self {
+        self.push(&v.to_ne_bytes())
     }
 }
 

@@ -40,7 +40,7 @@ pub(crate) struct GdnPrefillVariant {
 /// CUDA-core WY kernel, and `wy<wymath>_<math>_cs<cols>` (`wymath` `tf32` or `tf32x3`) with the tensor-core one;
 /// the WY prefix combines with every state build, and this list names the combinations the tests and the
 /// benchmark drive.
-pub(crate) const GDN_PREFILL_VARIANTS: [&str; 13] = [
+pub(crate) const GDN_PREFILL_VARIANTS: [&str; 14] = [
     "fp32_cs16",
     "fp32_cs32",
     "fp32_cs64",
@@ -54,11 +54,13 @@ pub(crate) const GDN_PREFILL_VARIANTS: [&str; 13] = [
     "wytf32x3_tf32x3_cs32",
     "wytf32_tf32_cs32",
     "wytf32_tf32_cs64",
+    "wytf32x3_tf32_cs64",
 ];
 
 impl GdnPrefillVariant {
-    /// The default, [`Gpu::GDN_PREFILL_DEFAULT`] (`wytf32_tf32_cs64`): the WY launch and the state walk both on
-    /// plain TF32 tensor cores, 64 state columns per block, after the warp prep (`gdn_prefill_prep`, every
+    /// `wytf32_tf32_cs64`, the default until session 4 (now [`Gpu::GDN_PREFILL_DEFAULT`] is
+    /// `wytf32x3_tf32_cs64`, the same with a 3xTF32 WY, for precision: see there): the WY launch and the state walk
+    /// both on plain TF32 tensor cores, 64 state columns per block, after the warp prep (`gdn_prefill_prep`, every
     /// variant's launch 1 since s3-run4). On the H200 (benchmarks/h200-runs/s3-run4, --quick, Qwen3.8-27B's layer)
     /// the whole step took 2615.4 us at B = 4, N = 9216 and 1291.7 us at T = 4096: 1.25x / 1.13x the same build
     /// on the block-per-token prep the warp prep replaced (3264.3 / 1462.8 us; the prep alone 304.9 against
@@ -72,7 +74,7 @@ impl GdnPrefillVariant {
     /// relative on the output against `fp32_cs32` there; the tests' 1e-2 bound on the normalised output against
     /// the f64 recurrence) is below that of fla's bf16 kernels (7e-3); `fp32_cs32` stays the accuracy reference.
     const DEFAULT: GdnPrefillVariant = GdnPrefillVariant {
-        wy: StateMath::Tf32,
+        wy: StateMath::Tf32x3,
         math: StateMath::Tf32,
         cols: 64,
     };
@@ -312,7 +314,14 @@ impl Gpu {
     /// (3264.3 / 1462.8 us), 1.92x / 1.68x torch conv + fla + torch norm (5033.2 / 2170.4 us), 0.35x / 0.32x fla's
     /// bare chunk kernel (909.1 / 414.5 us). s3-run3 (old prep, T = 16384): 5856.3 us, 1.15x the previous default
     /// `tf32_cs64` (6763.6 us); the stage numbers are beside the constant it names.
-    pub const GDN_PREFILL_DEFAULT: &'static str = "wytf32_tf32_cs64";
+    ///
+    /// Since session 4 the WY launch runs 3xTF32 (`wytf32x3_tf32_cs64`, each operand split in two TF32 terms), not
+    /// plain TF32: the plain-TF32 WY's errors reach the triangular solve's output, and on the H200 its worst
+    /// normalised-output error over fresh draws went to 1.35e-2 on a 63-token sequence (s4-run1), over the tests'
+    /// 1e-2 bound; over 24 further draws (s4-run2, `tf32_builds_hold_their_bounds_over_many_draws`) the worst was
+    /// 6.3e-3 for the plain WY, 2.2e-3 with the 3xTF32 WY and 2.6e-3 with the fp32 WY. The 3xTF32 WY stage cost
+    /// 592.6 against 501.3 us at T = 4096 (s3-run4, the stage alone), ~7% of the whole step.
+    pub const GDN_PREFILL_DEFAULT: &'static str = "wytf32x3_tf32_cs64";
 
     /// Floats of the workspace [`Gpu::gdn_prefill`] needs for this batch: about
     /// `4 * N * (2*Hk + Hv) * 128` bytes for the normalised q/k/v, `4 * Hv * NC * 64 * (2*128 + 64)` for the
@@ -698,8 +707,8 @@ mod tests {
             GdnPrefillVariant::parse("auto"),
             Some(GdnPrefillVariant::DEFAULT)
         );
-        // The name parses to the default as a whole (its WY prefix included), and the default is the tensor-core
-        // WY with the plain-TF32 state walk on 64 columns (s3-run3's fastest).
+        // The name parses to the default as a whole (its WY prefix included), and the default is the 3xTF32
+        // tensor-core WY with the plain-TF32 state walk on 64 columns (session 4, for precision).
         assert_eq!(
             GdnPrefillVariant::parse(named),
             Some(GdnPrefillVariant::DEFAULT)
@@ -707,12 +716,12 @@ mod tests {
         assert_eq!(
             GdnPrefillVariant::DEFAULT,
             GdnPrefillVariant {
-                wy: StateMath::Tf32,
+                wy: StateMath::Tf32x3,
                 math: StateMath::Tf32,
                 cols: 64,
             }
         );
-        assert_eq!(GdnPrefillVariant::DEFAULT.wy_kernel(), "gdn_prefill_wy_tc1");
+        assert_eq!(GdnPrefillVariant::DEFAULT.wy_kernel(), "gdn_prefill_wy_tc3");
         assert_eq!(
             GdnPrefillVariant::DEFAULT.kernel(),
             "gdn_prefill_state_tc1_cs64"

@@ -239,13 +239,21 @@ impl Device {
                 shared_mem_bytes: 0,
             }
         };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(ws).arg(out).arg(&hq).arg(&s);
-        // SAFETY: matches `attention_decode_combine{,_sliced}_D*` with the block shape each expects (the sliced
-        // one at most 16 warps, its shared arrays' size; head_dim a multiple of 64); the split kernel queued
-        // before it on the same stream filled seqs * q_heads * splits partials of head_dim + 2 floats (splits <=
-        // 1024, checked by the callers), and out is [seqs, q_heads, head_dim].
-        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        // Launched as the split kernel's programmatic dependent (Device::launch_pdl): its blocks get resident
+        // while the split kernel runs and wait in pdl_wait for the partials (s4-run2: 39.18 vs 39.67 us at 32k,
+        // 6.89 vs 7.56 us on a 1024-token ring). Launching the split kernels so too lost (43.1 us at 32k: their
+        // blocks, resident early beside the previous combine's, no longer spread two per SM).
+        // The guards order the raw addresses after pending writes on other streams and record this use.
+        let (wsp, _gws) = ws.device_ptr(&self.stream);
+        let (outp, _gout) = out.device_ptr_mut(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(wsp).ptr(outp).i32(hq).i32(s);
+        // SAFETY: matches `attention_decode_combine{,_sliced}_D*(const float* ws, float* out, int hq, int splits)`
+        // with the block shape each expects (the sliced one at most 16 warps, its shared arrays' size; head_dim a
+        // multiple of 64); the split kernel queued before it on the same stream fills seqs * q_heads * splits
+        // partials of head_dim + 2 floats (splits <= 1024, checked by the callers), which the combine reads only
+        // after its pdl_wait, as it writes out ([seqs, q_heads, head_dim]); the values live across the call.
+        unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
         Ok(())
     }
 

@@ -176,12 +176,23 @@ impl Device {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x).arg(xf).arg(&mi).arg(&ki).arg(&nti);
-        // SAFETY: matches `gemv_act_frag_*` in cuda/gemv.cu; the caller checked x = [m, k] with k % 16 == 0 (each
-        // 16-byte load is inside its row, tokens >= m are not read) and xf holds at least ceil(k/128) * nt * 128
-        // uint4 (threads past that return); cudarc allocations are 256-byte aligned.
-        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        // SAFETY (both launches): matches `gemv_act_frag_*(const uint16_t* x, uint4* xf, int m, int k, int nt)` in
+        // cuda/gemv.cu, which waits (pdl_wait) before it reads x or writes xf; the caller checked x = [m, k] with
+        // k % 16 == 0 (each 16-byte load is inside its row, tokens >= m are not read) and xf holds at least
+        // ceil(k/128) * nt * 128 uint4 (threads past that return); cudarc allocations are 256-byte aligned.
+        // NVFP4's is launched as a programmatic dependent (Device::launch_pdl), as the tile GEMV after it (the
+        // pair measured 1.03-1.08x faster so, s4-run2); FP8's plainly: its GEMVs launched so were 0.6-1.04x.
+        if nvfp4 {
+            let (xp, _gx) = x.device_ptr(&self.stream);
+            let (xfp, _gxf) = xf.device_ptr_mut(&self.stream);
+            let mut args = PdlArgs::default();
+            args.ptr(xp).ptr(xfp).i32(mi).i32(ki).i32(nti);
+            unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
+        } else {
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(x).arg(xf).arg(&mi).arg(&ki).arg(&nti);
+            unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        }
         Ok(())
     }
 
@@ -332,23 +343,31 @@ impl Device {
                 }
                 let mut cfg = mma_config(n);
                 cfg.grid_dim.1 = splits as u32;
-                let mut b = self.stream.launch_builder(&f);
-                b.arg(&*xf)
-                    .arg(wr)
-                    .arg(sr)
-                    .arg(&global_scale)
-                    .arg(y)
-                    .arg(&mi)
-                    .arg(&ni)
-                    .arg(&ki);
+                // Both kernels launched as programmatic dependents (Device::launch_pdl): the GEMV's blocks get
+                // resident while the fragment kernel runs. s4-run2, against the same two kernels launched plainly:
+                // 18.55 vs 19.19 us (5120x17408, m = 1), 18.22 vs 19.47 (17408x5120), 12.27 vs 13.21 (5120x10240),
+                // 198.2 vs 199.5 (lm_head); 1.03-1.08x at m = 1..16 on the layer shapes.
+                let (xfp, _gxf) = xf.device_ptr(&self.stream);
+                let (wrp, _gwr) = wr.device_ptr(&self.stream);
+                let (srp, _gsr) = sr.device_ptr(&self.stream);
+                let (yp, _gy) = y.device_ptr_mut(&self.stream);
+                let mut args = PdlArgs::default();
+                args.ptr(xfp)
+                    .ptr(wrp)
+                    .ptr(srp)
+                    .f32(global_scale)
+                    .ptr(yp)
+                    .i32(mi)
+                    .i32(ni)
+                    .i32(ki);
                 // SAFETY: matches `nvfp4_gemv_tiles_n*_u1` and `nvfp4_gemv_mma_tile_pre_n*` (same argument list;
                 // the latter reads one tile per block and runs here with grid.y = 1) in cuda/gemv.cu; xf was just
                 // written for m, k, nt (the kernels read ceil(k/128) * nt * 128 uint4 of it, only for tokens < m);
                 // the caller checked wr and sr are the tile layout of exactly n x k (block (b, s) reads chunks of
                 // tile b only, inside ceil(k/128), ceil(n/16) blocks) and y = [m, n]; stores and atomics are
                 // guarded against m and n, and with splits > 1 y was zeroed by the fragment kernel just before, on
-                // the same stream.
-                unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+                // the same stream; the kernels read xf and touch y only after their pdl_wait.
+                unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
             }
             None => {
                 if kernel != TilesKernel::Converting {
@@ -396,17 +415,20 @@ impl Device {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x)
-            .arg(xf)
-            .arg(&mi)
-            .arg(&ki)
-            .arg(&nti)
-            .arg(y)
-            .arg(&ylen);
-        // SAFETY: as `gemv_act_frag` above, plus y: the caller checked y = [m, n], and the grid-stride loop writes
-        // exactly y[0 .. m*n).
-        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        let (xp, _gx) = x.device_ptr(&self.stream);
+        let (xfp, _gxf) = xf.device_ptr_mut(&self.stream);
+        let (yp, _gy) = y.device_ptr_mut(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(xp)
+            .ptr(xfp)
+            .i32(mi)
+            .i32(ki)
+            .i32(nti)
+            .ptr(yp)
+            .u64(ylen);
+        // SAFETY: as `gemv_act_frag` above (a programmatic dependent, as there for NVFP4), plus y: the caller
+        // checked y = [m, n], and the grid-stride loop writes exactly y[0 .. m*n), after its pdl_wait.
+        unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
         Ok(())
     }
 }

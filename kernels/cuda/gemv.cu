@@ -36,15 +36,25 @@ constexpr int GEMV_UNROLL = 4;
 
 // PDL (common.cuh): the first iteration's weight loads are issued before pdl_wait, activations and outputs after
 // it, so a dependent launch streams weights while the kernel before it finishes.
-template <int MT, int RW, int U>
+//
+// KS > 1 (the _k{KS} kernels, session 4): KS warps of the block share one group of RW rows, each a contiguous
+// 1/KS of K (cut at multiples of 512, so every 16-byte chunk keeps its place in a 128-wide scale block), and
+// their sums meet in shared memory; a block serves GEMV_WARPS / KS row groups, grid ceil(n / (GEMV_WARPS / KS *
+// RW)). Why: on the 5120-row shapes the KS = 1 kernel has 320 blocks of 8 warps, 19 warps per SM of the 32 its
+// registers allow, and Nsight Compute shows it latency-bound (40% of issue slots, 4.8 warps per scheduler,
+// benchmarks/h200-runs/s4-run5). Splitting K gives KS times the warps with the same activation traffic per weight
+// byte (each warp still shares its activations across RW rows).
+template <int MT, int RW, int U, int KS = 1>
 __device__ __forceinline__ void fp8_block_gemv(const uint16_t* __restrict__ x, const uint8_t* __restrict__ w,
                                                const float* __restrict__ scales, float* __restrict__ y, int m,
                                                int n, int k) {
     pdl_launch_dependents();
-    const int lane = threadIdx.x & 31;
-    const int kbeg = 0, kend = k;
-    const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * RW;
-    if (row0 >= n) {  // whole warps leave together: rows are per warp
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row0 = (blockIdx.x * (GEMV_WARPS / KS) + warp / KS) * RW;
+    const int kspan = KS == 1 ? k : ((k + KS - 1) / KS + 511) / 512 * 512;
+    const int kbeg = KS == 1 ? 0 : min(k, (warp % KS) * kspan);
+    const int kend = KS == 1 ? k : (row0 < n ? min(k, kbeg + kspan) : kbeg);
+    if (KS == 1 && row0 >= n) {  // whole warps leave together: rows are per warp
         pdl_wait();
         return;
     }
@@ -119,14 +129,40 @@ __device__ __forceinline__ void fp8_block_gemv(const uint16_t* __restrict__ x, c
         }
     }
     if (!waited) pdl_wait();  // lanes with no 16-byte chunk (k < 512) still wait before writing
+    if (KS == 1) {
 #pragma unroll
-    for (int r = 0; r < RW; ++r) {
+        for (int r = 0; r < RW; ++r) {
 #pragma unroll
-        for (int mi = 0; mi < MT; ++mi) {
-            if (mi < m) {
-                const float v = warp_sum(acc[r][mi]);
-                if (lane == 0 && live[r]) y[static_cast<size_t>(mi) * n + row0 + r] = v;
+            for (int mi = 0; mi < MT; ++mi) {
+                if (mi < m) {
+                    const float v = warp_sum(acc[r][mi]);
+                    if (lane == 0 && live[r]) y[static_cast<size_t>(mi) * n + row0 + r] = v;
+                }
             }
+        }
+    } else {
+        // The KS partial sums of each row meet in shared memory; the group's first warp adds them in K order.
+        __shared__ float part[GEMV_WARPS][RW][MT];
+#pragma unroll
+        for (int r = 0; r < RW; ++r)
+#pragma unroll
+            for (int mi = 0; mi < MT; ++mi) {
+                const float v = warp_sum(acc[r][mi]);
+                if (lane == 0) part[warp][r][mi] = v;
+            }
+        __syncthreads();
+        if (warp % KS == 0 && lane == 0) {
+#pragma unroll
+            for (int r = 0; r < RW; ++r)
+#pragma unroll
+                for (int mi = 0; mi < MT; ++mi) {
+                    if (mi < m && live[r] && row0 < n) {
+                        float v = 0.f;
+#pragma unroll
+                        for (int h = 0; h < KS; ++h) v += part[warp + h][r][mi];
+                        y[static_cast<size_t>(mi) * n + row0 + r] = v;
+                    }
+                }
         }
     }
 }
@@ -259,6 +295,17 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS)
                             int k) {
     fp8_block_gemv<1, 2, 2>(x, w, scales, y, m, n, k);
 }
+// The same with K split over KS warps of the block (see fp8_block_gemv). Grid ceil(n / (GEMV_WARPS / KS * 2)).
+// At most 51 registers (5 blocks of 256 threads per SM): with the 58 ptxas picks unbounded, 4 blocks per SM would
+// leave the 640 blocks of a 5120-row matrix at KS = 2 1.2 waves.
+#define EDGEFIT_FP8_M1_KS(KS)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 5)                                                 \
+        fp8_block_gemv_m1_r2_u2_k##KS(const uint16_t* x, const uint8_t* w, const float* scales, float* y, int m,  \
+                                      int n, int k) {                                                             \
+        fp8_block_gemv<1, 2, 2, KS>(x, w, scales, y, m, n, k);                                                    \
+    }
+EDGEFIT_FP8_M1_KS(2)
+EDGEFIT_FP8_M1_KS(4)
 #define EDGEFIT_NVFP4_VARIANT(RW, U)                                                                              \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                                 \
         nvfp4_gemv_m1_r##RW##_u##U(const uint16_t* x, const uint8_t* w, const uint8_t* scales, float global_scale, \

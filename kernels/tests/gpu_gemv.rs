@@ -291,6 +291,52 @@ fn fp8_with_scratch_matches_the_reference_for_every_m() {
     }
 }
 
+/// The m = 1 CUDA-core FP8 GEMV with K split over 1, 2 and 4 warps per row pair, against the reference: k = 400
+/// (one partial 512-byte part: the other warps of a pair get nothing), 2064 (parts of 1536 + 528 at split 2, the
+/// last 16-byte chunk alone in its scale block), 9216; n = 300 and 17 leave partial blocks and row pairs, n = 8200
+/// runs past `Auto`'s split rows. NaN-poisoned outputs.
+#[test]
+fn fp8_m1_k_splits_match_the_reference() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("fp8_m1_ksplit");
+    for (n, k) in [(300, 400), (17, 2064), (300, 9216), (8200, 2064)] {
+        let w = uniform(&mut rng, n * k, 0.05);
+        let (codes, scales) = reference::linear::quantize_fp8_block(&w, n, k);
+        let (dw, ds) = (gpu.upload(&codes).unwrap(), gpu.upload(&scales).unwrap());
+        let (xb, xf) = bf16_activations(&mut rng, k);
+        let want = reference::linear::fp8_block_linear(&xf, 1, &codes, &scales, n, k);
+        let dx = gpu.upload(&xb).unwrap();
+        for ksplit in [1, 2, 4] {
+            let mut dy = gpu.upload(&vec![f32::NAN; n]).unwrap();
+            gpu.fp8_block_gemv_m1_ksplit(&dx, &dw, &ds, &mut dy, n, k, ksplit)
+                .unwrap();
+            check(
+                &format!("fp8 m=1 n={n} k={k} ksplit={ksplit}"),
+                &gpu.download(&dy).unwrap(),
+                &want,
+                n,
+            );
+        }
+        let mut dy = gpu.upload(&vec![f32::NAN; n]).unwrap();
+        gpu.fp8_block_gemv(&dx, &dw, &ds, &mut dy, 1, n, k).unwrap();
+        check(
+            &format!("fp8 m=1 n={n} k={k} Auto"),
+            &gpu.download(&dy).unwrap(),
+            &want,
+            n,
+        );
+    }
+    let (n, k) = (17, 2064);
+    let dx = gpu.upload(&vec![0u16; k]).unwrap();
+    let dw = gpu.upload(&vec![0u8; n * k]).unwrap();
+    let ds = gpu.upload(&[1.0f32; 17]).unwrap();
+    let mut dy = gpu.zeros::<f32>(n).unwrap();
+    let e = gpu
+        .fp8_block_gemv_m1_ksplit(&dx, &dw, &ds, &mut dy, n, k, 3)
+        .unwrap_err();
+    assert!(e.to_string().contains("ksplit must be 1, 2 or 4"), "{e}");
+}
+
 #[test]
 fn gemv_variant_errors_name_the_operand() {
     let Some(gpu) = gpu() else { return };

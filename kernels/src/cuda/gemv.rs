@@ -72,6 +72,10 @@ impl Gpu {
             n.div_ceil(128) * k.div_ceil(128),
         )?;
         check_len(OP, "y", y.len(), m * n)?;
+        let ksplit = match path {
+            KernelPath::Auto => fp8_m1_ksplit_auto(n),
+            _ => 1,
+        };
         #[cfg(feature = "cuda")]
         {
             let tensor = match path {
@@ -81,6 +85,7 @@ impl Gpu {
             };
             self.inner.fp8_block_gemv(
                 tensor,
+                ksplit,
                 &x.slice,
                 &w.slice,
                 &scales.slice,
@@ -92,7 +97,57 @@ impl Gpu {
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = path;
+            let _ = (path, ksplit);
+            match self.never {}
+        }
+    }
+
+    /// The `m = 1` CUDA-core kernel of [`Gpu::fp8_block_gemv`] with K split over `ksplit` warps of a block
+    /// (1, 2 or 4; `fp8_block_gemv_m1_r2_u2[_k{ksplit}]`), the partial sums added in shared memory in K order.
+    /// Tests and the benchmark drive each split; `Auto` picks by `n` (`fp8_m1_ksplit_auto`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fp8_block_gemv_m1_ksplit(
+        &self,
+        x: &GpuBuffer<u16>,
+        w: &GpuBuffer<u8>,
+        scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<f32>,
+        n: usize,
+        k: usize,
+        ksplit: usize,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::fp8_block_gemv_m1_ksplit";
+        crate::ensure_shape!(
+            matches!(ksplit, 1 | 2 | 4),
+            OP,
+            "ksplit must be 1, 2 or 4, got {ksplit}"
+        );
+        check_gemv_dims(OP, 1, n, k, 16)?;
+        check_len(OP, "x", x.len(), k)?;
+        check_len(OP, "w", w.len(), n * k)?;
+        check_len(
+            OP,
+            "scales",
+            scales.len(),
+            n.div_ceil(128) * k.div_ceil(128),
+        )?;
+        check_len(OP, "y", y.len(), n)?;
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.fp8_block_gemv(
+                false,
+                ksplit,
+                &x.slice,
+                &w.slice,
+                &scales.slice,
+                &mut y.slice,
+                1,
+                n,
+                k,
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
             match self.never {}
         }
     }
@@ -556,6 +611,18 @@ pub(in crate::cuda) enum TilesKernel {
 /// the per-tile kernels (ring cursor and guards, commit/wait, shared-memory reads, the atomics' branch: 14 ISETP,
 /// 8 BRA, 4 BSSY/BSYNC, 6 LDS per chunk), at or over the ~300 per KiB that 85% of copy allows on 4 schedulers;
 /// and with 56-70 registers and 4 warps per block, 16-32 warps per SM against the 40 of 5 tile blocks.
+/// `Auto`'s K split for the `m = 1` FP8 GEMV on the CUDA cores ([`Gpu::fp8_block_gemv_m1_ksplit`]): 2 on
+/// matrices of at most 8192 rows, where the unsplit kernel has 320-640 blocks of 8 warps and too few warps per SM to
+/// keep its loads in flight (Nsight Compute, s4-run5: 40% of issue slots, 4.8 warps per scheduler); 1 above.
+/// Provisional until the H200 measures the split builds (session 4).
+fn fp8_m1_ksplit_auto(n: usize) -> usize {
+    if n <= 8192 {
+        2
+    } else {
+        1
+    }
+}
+
 fn nvfp4_tiles_auto(m: usize, n: usize) -> (TilesKernel, usize) {
     if m <= 8 && n <= 8192 {
         (TilesKernel::Split, 2)
@@ -699,6 +766,9 @@ mod tests {
             (16, 17408, true),
         ] {
             assert_eq!(fp8_preconverts(m, n), want, "fp8 m={m} n={n}");
+        }
+        for (n, want) in [(5120, 2), (8192, 2), (17408, 1), (248320, 1)] {
+            assert_eq!(fp8_m1_ksplit_auto(n), want, "fp8 m=1 n={n}");
         }
     }
 }

@@ -8,6 +8,7 @@ impl Device {
     pub(in crate::cuda) fn fp8_block_gemv(
         &self,
         tensor: bool,
+        ksplit: usize,
         x: &CudaSlice<u16>,
         w: &CudaSlice<u8>,
         scales: &CudaSlice<f32>,
@@ -40,16 +41,29 @@ impl Device {
         }
         // M = 1 uses two rows per warp and two 16-byte loads in flight per row: the best of the design sweep in
         // kernels/bench/h200 (3.54 TB/s on 5120x17408, 1.13x the one-row, four-load kernel, H200 2026-11-30).
-        let (name, rows_per_warp) = match m {
-            1 => ("fp8_block_gemv_m1_r2_u2", 2),
-            2 => ("fp8_block_gemv_m2", 1),
-            3..=4 => ("fp8_block_gemv_m4", 1),
-            5..=8 => ("fp8_block_gemv_m8", 1),
-            _ => ("fp8_block_gemv_m16", 1),
+        // `ksplit` (m = 1 only) warps of a block share two rows, each a contiguous part of K
+        // (`fp8_block_gemv_m1_r2_u2_k{2,4}`): a block covers 16 / ksplit rows.
+        let (name, rows_per_block) = match (m, ksplit) {
+            (1, 1) => ("fp8_block_gemv_m1_r2_u2", 16),
+            (1, 2) => ("fp8_block_gemv_m1_r2_u2_k2", 8),
+            (1, 4) => ("fp8_block_gemv_m1_r2_u2_k4", 4),
+            (1, s) => {
+                return Err(KernelError::Cuda(format!(
+                    "fp8_block_gemv: no m = 1 build with K split {s} (1, 2 or 4)"
+                )))
+            }
+            (2, _) => ("fp8_block_gemv_m2", 8),
+            (3..=4, _) => ("fp8_block_gemv_m4", 8),
+            (5..=8, _) => ("fp8_block_gemv_m8", 8),
+            _ => ("fp8_block_gemv_m16", 8),
         };
         let f = self.function(Module::Gemv, name)?;
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-        let cfg = gemv_config(n, rows_per_warp);
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(rows_per_block) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut b = self.stream.launch_builder(&f);
         b.arg(x)
             .arg(w)
@@ -60,8 +74,9 @@ impl Device {
             .arg(&ki);
         // SAFETY: the argument list matches `fp8_block_gemv_m*` in cuda/gemv.cu (three input pointers, one output,
         // three ints) and the caller checked x = [m, k], w = [n, k], scales = [ceil(n/128), ceil(k/128)],
-        // y = [m, n], k % 16 == 0, so every thread's 16-byte loads stay inside its row; cudarc allocations are
-        // 256-byte aligned.
+        // y = [m, n], k % 16 == 0, so every thread's 16-byte loads stay inside its row (the K-split builds cut K
+        // at multiples of 512, inside [0, k)); the grid covers n at the build's rows per block, rows past n are
+        // guarded; cudarc allocations are 256-byte aligned.
         unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
         Ok(())
     }

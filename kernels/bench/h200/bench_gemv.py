@@ -80,7 +80,7 @@ def fp8_case(n, k, m, sets, w8, sc, copy_bw, one, wbf):
     arms = {}
     if m == 1:
         # "auto" here is the unsplit kernel (the library's Auto before session 4); Gpu::fp8_block_gemv's Auto now
-        # splits K over 2 warps on <= 8192 rows (fp8_m1_ksplit_auto), the "k2" arm.
+        # splits K over 2 warps below 65536 rows (fp8_m1_ksplit_auto, from s4-run6), the "k2" arm.
         f = kern("gemv", "fp8_block_gemv_m1_r2_u2")
         arms["auto"] = lambda i: launch(f, g16, (256,), args(i))
         for ks in (2, 4):
@@ -152,7 +152,7 @@ def fp8_case(n, k, m, sets, w8, sc, copy_bw, one, wbf):
     ok = {a: res[a][0] for a in arms if errs[a] < 1e-4}
     best = min(ok, key=ok.get) if ok else "none"
     # Gpu::fp8_block_gemv_with_scratch's choice
-    lib = "pre" if m >= 9 or (m >= 2 and n >= 65536) else ("k2" if m == 1 and n <= 8192 else "auto")
+    lib = "pre" if m >= 9 or (m >= 2 and n >= 65536) else ("k2" if m == 1 and n < 65536 else "auto")
     BEST.append(("fp8", f"N={n} K={k}", m, best, ok.get(best, float("nan")) * 1e6, lib, res[lib][0] * 1e6,
                  moved / ok.get(best, float("nan")) / copy_bw if ok else float("nan")))
     return res["auto"]

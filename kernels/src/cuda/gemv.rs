@@ -10,8 +10,9 @@ impl Gpu {
     /// `x`: bf16 bits `[m, k]`; `w`: e4m3 `[n, k]` (the checkpoint's `weight`); `scales`: fp32
     /// `[ceil(n/128), ceil(k/128)]` (`weight_scale_inv`, multiplied); `y`: fp32 `[m, n]`. Needs `k % 16 == 0`
     /// (one 16-byte load per lane never straddles a row). Same as [`Gpu::fp8_block_gemv_with`] with
-    /// [`KernelPath::Auto`], which takes the CUDA cores at `m = 1` (83% of copy bandwidth on 5120x17408 on the
-    /// H200, against 67% on the tensor cores) and the tensor cores above (at `m = 4` 2.8x faster).
+    /// [`KernelPath::Auto`], which takes the CUDA cores at `m = 1` (90% of copy bandwidth on 5120x17408 on the
+    /// H200 with K split over two warps, s4-run6, against 67% on the tensor cores) and the tensor cores above (at
+    /// `m = 4` 2.8x faster).
     #[allow(clippy::too_many_arguments)]
     pub fn fp8_block_gemv(
         &self,
@@ -28,8 +29,9 @@ impl Gpu {
 
     /// [`Gpu::fp8_block_gemv`] on a chosen kernel family (tests and benchmarks drive each one).
     ///
-    /// `Auto`'s table (H200, benchmarks/h200.md run 12): `m = 1` -> `fp8_block_gemv_m1_r2_u2` (CUDA cores, 75-106% of
-    /// copy bandwidth); `m = 2..=8` -> `fp8_block_gemv_mma_n8`, `m = 9..=16` -> `fp8_block_gemv_mma_n16` (tensor cores,
+    /// `Auto`'s table (H200, benchmarks/h200.md run 12; m = 1 updated in session 4): `m = 1` ->
+    /// `fp8_block_gemv_m1_r2_u2_k2` (CUDA cores, K split over two warps, 84-90% of copy bandwidth on the layer
+    /// shapes, s4-run6) below 65536 rows, `fp8_block_gemv_m1_r2_u2` (108.7% on the lm_head) above (`fp8_m1_ksplit_auto`); `m = 2..=8` -> `fp8_block_gemv_mma_n8`, `m = 9..=16` -> `fp8_block_gemv_mma_n16` (tensor cores,
     /// 47-94%). A caller that can lend a scratch buffer should call [`Gpu::fp8_block_gemv_with_scratch`], whose table
     /// converts the activations once per call at `m >= 9` and on the lm_head (1.02-1.37x there, H200 runs s2-run3 to
     /// s3-run1). A variant replaces an entry only where `kernels/bench/h200/bench_gemv.py` measures it faster ("Auto
@@ -611,17 +613,31 @@ pub(in crate::cuda) enum TilesKernel {
 /// the per-tile kernels (ring cursor and guards, commit/wait, shared-memory reads, the atomics' branch: 14 ISETP,
 /// 8 BRA, 4 BSSY/BSYNC, 6 LDS per chunk), at or over the ~300 per KiB that 85% of copy allows on 4 schedulers;
 /// and with 56-70 registers and 4 warps per block, 16-32 warps per SM against the 40 of 5 tile blocks.
-/// `Auto`'s K split for the `m = 1` FP8 GEMV on the CUDA cores ([`Gpu::fp8_block_gemv_m1_ksplit`]): 2 on
-/// matrices of at most 8192 rows, where the unsplit kernel has 320-640 blocks of 8 warps and too few warps per SM to
-/// keep its loads in flight (Nsight Compute, s4-run5: 40% of issue slots, 4.8 warps per scheduler); 1 above.
-/// Provisional until the H200 measures the split builds (session 4).
+/// `Auto`'s K split for the `m = 1` FP8 GEMV on the CUDA cores ([`Gpu::fp8_block_gemv_m1_ksplit`]): 2 on the layer
+/// shapes, 1 on the lm_head. Why: the unsplit kernel has one block of 8 warps per 16 rows, 19 warps per SM on a
+/// 5120-row matrix of the 32 its registers allow, and Nsight Compute showed it latency-bound there (40% of issue
+/// slots, 4.8 warps per scheduler; s4-run5). H200, s4-run6 (`benchmarks/h200-runs/s4-run6/bench_gemv.txt`), us and
+/// fraction of copy for splits 1 / 2 / 4:
+///
+/// | shape (n x k) | 1 | 2 | 4 |
+/// |---|---|---|---|
+/// | 5120 x 17408 | 25.87 (82.5%) | **23.76 (89.8%)** | 24.34 (87.7%) |
+/// | 17408 x 5120 | 26.41 (80.8%) | **25.41 (84.0%)** | 26.41 (80.8%) |
+/// | 5120 x 10240 | 16.62 (75.5%) | **14.84 (84.6%)** | 15.62 (80.4%) |
+/// | 248320 x 5120 | **280.0 (108.7%)** | 298.8 | 318.7 |
+///
+/// The lm_head has 15520 blocks, enough warps without the split, which there only adds the shared-memory
+/// reduction; the boundary sits between the largest layer shape measured and it.
 fn fp8_m1_ksplit_auto(n: usize) -> usize {
-    if n <= 8192 {
+    if n < FP8_M1_KSPLIT_BELOW_N {
         2
     } else {
         1
     }
 }
+
+/// Rows below which [`fp8_m1_ksplit_auto`] splits K (see there).
+const FP8_M1_KSPLIT_BELOW_N: usize = 65536;
 
 fn nvfp4_tiles_auto(m: usize, n: usize) -> (TilesKernel, usize) {
     if m <= 8 && n <= 8192 {
@@ -767,7 +783,14 @@ mod tests {
         ] {
             assert_eq!(fp8_preconverts(m, n), want, "fp8 m={m} n={n}");
         }
-        for (n, want) in [(5120, 2), (8192, 2), (17408, 1), (248320, 1)] {
+        for (n, want) in [
+            (5120, 2),
+            (10240, 2),
+            (17408, 2),
+            (65535, 2),
+            (65536, 1),
+            (248320, 1),
+        ] {
             assert_eq!(fp8_m1_ksplit_auto(n), want, "fp8 m=1 n={n}");
         }
     }

@@ -15,7 +15,7 @@
 //! Small enough for `compute-sanitizer --tool memcheck|racecheck` in seconds.
 
 use kernels::attention::{AttnDims, KvSlice, RingKv};
-use kernels::cuda::{Gpu, PagedAttentionDims};
+use kernels::cuda::{DecodeKernels, Gpu, PagedAttentionDims, PagedKvCache, RingKvCache};
 use kernels::formats::{bf16_to_f32, f32_to_bf16};
 use kernels::reference;
 use rand::Rng;
@@ -126,10 +126,22 @@ fn check_paged(
         gpu.upload(&vc).unwrap(),
     );
     let (dt, dl) = (gpu.upload(&table).unwrap(), gpu.upload(&lens32).unwrap());
+    let kv = PagedKvCache {
+        k: &dk,
+        v: &dv,
+        block_table: &dt,
+        seq_lens: &dl,
+    };
     for tiling in Gpu::DECODE_TILINGS {
         let mut out = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
         gpu.attention_decode_paged_tiled(
-            tiling, &dims, &dq, &dk, &dv, &dt, &dl, scale, splits, &mut out,
+            DecodeKernels::with_tiling(tiling),
+            &dims,
+            &dq,
+            kv,
+            scale,
+            splits,
+            &mut out,
         )
         .unwrap();
         let got = gpu.download(&out).unwrap();
@@ -144,10 +156,12 @@ fn check_paged(
         let mut by_combine = Vec::new();
         for sliced in [false, true] {
             let mut outc = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
-            gpu.attention_decode_paged_combine(
-                tiling, sliced, &dims, &dq, &dk, &dv, &dt, &dl, scale, splits, &mut outc,
-            )
-            .unwrap();
+            let kernels = DecodeKernels {
+                tiling,
+                sliced_combine: sliced,
+            };
+            gpu.attention_decode_paged_tiled(kernels, &dims, &dq, kv, scale, splits, &mut outc)
+                .unwrap();
             let gotc = gpu.download(&outc).unwrap();
             let whatc = format!("{what} sliced={sliced}");
             let e = rel_err(&whatc, &gotc, &want);
@@ -169,7 +183,7 @@ fn check_paged(
     }
     // The public entry point (KernelPath::Auto: the tiled kernel on DECODE_AUTO_TILING).
     let mut out = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
-    gpu.attention_decode_paged(&dims, &dq, &dk, &dv, &dt, &dl, scale, splits, &mut out)
+    gpu.attention_decode_paged(&dims, &dq, kv, scale, splits, &mut out)
         .unwrap();
     let got = gpu.download(&out).unwrap();
     let what = format!(
@@ -461,10 +475,25 @@ fn check_ring(
         gpu.upload(&vcur).unwrap(),
         gpu.upload(pos).unwrap(),
     );
+    let kv = RingKvCache {
+        window,
+        k_ring: &dkr,
+        v_ring: &dvr,
+        k_cur: &dkc,
+        v_cur: &dvc,
+        pos: &dp,
+    };
     for tiling in Gpu::DECODE_TILINGS {
         let mut out = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
         gpu.attention_decode_ring_with(
-            tiling, &attn, seqs, window, &dq, &dkr, &dvr, &dkc, &dvc, &dp, scale, splits, &mut out,
+            DecodeKernels::with_tiling(tiling),
+            &attn,
+            seqs,
+            &dq,
+            kv,
+            scale,
+            splits,
+            &mut out,
         )
         .unwrap();
         let got = gpu.download(&out).unwrap();
@@ -485,11 +514,12 @@ fn check_ring(
         let mut by_combine = Vec::new();
         for sliced in [false, true] {
             let mut outc = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
-            gpu.attention_decode_ring_combine(
-                tiling, sliced, &attn, seqs, window, &dq, &dkr, &dvr, &dkc, &dvc, &dp, scale,
-                splits, &mut outc,
-            )
-            .unwrap();
+            let kernels = DecodeKernels {
+                tiling,
+                sliced_combine: sliced,
+            };
+            gpu.attention_decode_ring_with(kernels, &attn, seqs, &dq, kv, scale, splits, &mut outc)
+                .unwrap();
             let gotc = gpu.download(&outc).unwrap();
             let whatc = format!("{what} sliced={sliced}");
             let e = rel_err(&whatc, &gotc, &want);
@@ -585,14 +615,17 @@ fn tiled_decode_refuses_what_is_not_built() {
     let t = Gpu::DECODE_TILINGS[0];
     let err = |r: Result<(), kernels::KernelError>| r.unwrap_err().to_string();
     // A tiling that is not built.
+    let cache = PagedKvCache {
+        k: &kv,
+        v: &kv,
+        block_table: &bt,
+        seq_lens: &lens,
+    };
     let e = err(gpu.attention_decode_paged_tiled(
-        (64, 2),
+        DecodeKernels::with_tiling((64, 2)),
         &dims,
         &q,
-        &kv,
-        &kv,
-        &bt,
-        &lens,
+        cache,
         1.0,
         0,
         &mut out,
@@ -629,7 +662,13 @@ fn tiled_decode_refuses_what_is_not_built() {
     ];
     for (d, scale, splits, needle) in bad {
         let e = err(gpu.attention_decode_paged_tiled(
-            t, &d, &q, &kv, &kv, &bt, &lens, scale, splits, &mut out,
+            DecodeKernels::with_tiling(t),
+            &d,
+            &q,
+            cache,
+            scale,
+            splits,
+            &mut out,
         ));
         assert!(e.contains(needle), "{d:?}: expected '{needle}' in: {e}");
     }
@@ -641,12 +680,16 @@ fn tiled_decode_refuses_what_is_not_built() {
     };
     let cur = gpu.upload(&[0u16; 64]).unwrap();
     let pos = gpu.upload(&[3u32]).unwrap();
-    let e = err(gpu.attention_decode_ring(
-        &attn, 1, 0, &q, &kv, &kv, &cur, &cur, &pos, 1.0, 0, &mut out,
-    ));
+    let ring = |window| RingKvCache {
+        window,
+        k_ring: &kv,
+        v_ring: &kv,
+        k_cur: &cur,
+        v_cur: &cur,
+        pos: &pos,
+    };
+    let e = err(gpu.attention_decode_ring(&attn, 1, &q, ring(0), 1.0, 0, &mut out));
     assert!(e.contains("at least 1 token"), "{e}");
-    let e = err(gpu.attention_decode_ring(
-        &attn, 1, 5, &q, &kv, &kv, &cur, &cur, &pos, 1.0, 0, &mut out,
-    ));
+    let e = err(gpu.attention_decode_ring(&attn, 1, &q, ring(5), 1.0, 0, &mut out));
     assert!(e.contains("k_ring"), "{e}");
 }

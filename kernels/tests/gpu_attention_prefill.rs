@@ -19,7 +19,7 @@
 //! Prints "skipped: no CUDA device" and returns where there is none. Small enough for compute-sanitizer.
 
 use kernels::attention::{self, AttnDims};
-use kernels::cuda::{Gpu, GpuBuffer};
+use kernels::cuda::{Gpu, GpuBuffer, PrefillChunk};
 use kernels::formats::{bf16_to_f32, f32_to_bf16};
 use rand_chacha::ChaCha8Rng;
 
@@ -557,9 +557,17 @@ fn paged_prefill_continues_a_paged_prefix_on_every_tiling() {
         for w in [None, Some(20), Some(1), Some(1000)] {
             for &variant in &variants {
                 let mut out = up(&vec![NAN_BF16; q.len()]);
+                let chunk = PrefillChunk {
+                    q: &qd,
+                    k: &kd,
+                    v: &vd,
+                    cu_seqlens: &cu_d,
+                    prefix_lens: &pre_d,
+                    total,
+                    max_seqlen: max_len,
+                };
                 gpu.attention_prefill_paged_with(
-                    variant, &pd, scale, w, &kcd, &vcd, &table_d, &pre_d, &cu_d, total, max_len,
-                    &qd, &kd, &vd, &mut out,
+                    variant, &pd, scale, w, &kcd, &vcd, &table_d, chunk, &mut out,
                 )
                 .unwrap();
                 let what = format!(
@@ -611,6 +619,15 @@ fn ring_prefill_continues_a_ring_prefix_on_every_tiling() {
             let (krd, vrd) = (up(&to_bits(&kr)), up(&to_bits(&vr)));
             for &variant in &variants {
                 let mut out = up(&vec![NAN_BF16; q.len()]);
+                let chunk = PrefillChunk {
+                    q: &qd,
+                    k: &kd,
+                    v: &vd,
+                    cu_seqlens: &cu_d,
+                    prefix_lens: &pre_d,
+                    total,
+                    max_seqlen: max_len,
+                };
                 gpu.attention_prefill_ring_with(
                     variant,
                     &dims,
@@ -619,13 +636,7 @@ fn ring_prefill_continues_a_ring_prefix_on_every_tiling() {
                     w,
                     &krd,
                     &vrd,
-                    &pre_d,
-                    &cu_d,
-                    total,
-                    max_len,
-                    &qd,
-                    &kd,
-                    &vd,
+                    chunk,
                     &mut out,
                 )
                 .unwrap();
@@ -718,12 +729,18 @@ fn chunked_prefill_with_stores_matches_one_prefill_of_the_whole_history() {
             let cu_d = gpu.upload(&cu).unwrap();
             let what = format!("chunked d={d} window={window:?} round {round}");
             // Paged: attend over the prefix, then store the chunk.
+            let chunk = PrefillChunk {
+                q: &qd,
+                k: &kd,
+                v: &vd,
+                cu_seqlens: &cu_d,
+                prefix_lens: &pre_d,
+                total,
+                max_seqlen: max_len,
+            };
             let mut out = gpu.upload(&vec![NAN_BF16; q.len()]).unwrap();
-            gpu.attention_prefill_paged(
-                &pd, scale, window, &kcd, &vcd, &table_d, &pre_d, &cu_d, total, max_len, &qd, &kd,
-                &vd, &mut out,
-            )
-            .unwrap();
+            gpu.attention_prefill_paged(&pd, scale, window, &kcd, &vcd, &table_d, chunk, &mut out)
+                .unwrap();
             compare_batch(
                 &format!("{what} paged"),
                 &dims,
@@ -732,18 +749,13 @@ fn chunked_prefill_with_stores_matches_one_prefill_of_the_whole_history() {
                 &hs,
                 &gpu.download(&out).unwrap(),
             );
-            gpu.attention_kv_store_paged(
-                &pd, &kd, &vd, &table_d, &pre_d, &cu_d, total, max_len, &mut kcd, &mut vcd,
-            )
-            .unwrap();
+            gpu.attention_kv_store_paged(&pd, chunk, &table_d, &mut kcd, &mut vcd)
+                .unwrap();
             // Ring (sliding layers): attend first (the store overwrites prefix slots), then store.
             if let Some(w) = window {
                 let mut out = gpu.upload(&vec![NAN_BF16; q.len()]).unwrap();
-                gpu.attention_prefill_ring(
-                    &dims, 2, scale, w, &krd, &vrd, &pre_d, &cu_d, total, max_len, &qd, &kd, &vd,
-                    &mut out,
-                )
-                .unwrap();
+                gpu.attention_prefill_ring(&dims, 2, scale, w, &krd, &vrd, chunk, &mut out)
+                    .unwrap();
                 compare_batch(
                     &format!("{what} ring"),
                     &dims,
@@ -752,10 +764,8 @@ fn chunked_prefill_with_stores_matches_one_prefill_of_the_whole_history() {
                     &hs,
                     &gpu.download(&out).unwrap(),
                 );
-                gpu.attention_kv_store_ring(
-                    &dims, 2, w, &kd, &vd, &pre_d, &cu_d, total, max_len, &mut krd, &mut vrd,
-                )
-                .unwrap();
+                gpu.attention_kv_store_ring(&dims, 2, w, chunk, &mut krd, &mut vrd)
+                    .unwrap();
             }
             for b in 0..2 {
                 let t = &table[b * max_pages..(b + 1) * max_pages];
@@ -825,107 +835,89 @@ fn bad_cache_sizes_are_errors() {
     let pre = gpu.upload(&[3u32, 20]).unwrap();
     let cu = gpu.upload(&[0u32, 4, 10]).unwrap();
     let msg = |r: Result<(), kernels::KernelError>| r.expect_err("accepted").to_string();
+    let chunk_of = |q, k, v, pre| PrefillChunk {
+        q,
+        k,
+        v,
+        cu_seqlens: &cu,
+        prefix_lens: pre,
+        total: t,
+        max_seqlen: 6,
+    };
+    let chunk = chunk_of(&q, &k, &v, &pre);
     let short = buf(cache - 1);
-    assert!(msg(gpu.attention_prefill_paged(
-        &pd, 0.1, None, &short, &vc, &table, &pre, &cu, t, 6, &q, &k, &v, &mut out
-    ))
-    .contains("k_cache"));
+    assert!(
+        msg(gpu.attention_prefill_paged(&pd, 0.1, None, &short, &vc, &table, chunk, &mut out))
+            .contains("k_cache")
+    );
     let table3 = gpu.upload(&[0u32, 1, 2]).unwrap();
-    assert!(msg(gpu.attention_prefill_paged(
-        &pd, 0.1, None, &kc, &vc, &table3, &pre, &cu, t, 6, &q, &k, &v, &mut out
-    ))
-    .contains("block_table"));
+    assert!(
+        msg(gpu.attention_prefill_paged(&pd, 0.1, None, &kc, &vc, &table3, chunk, &mut out))
+            .contains("block_table")
+    );
     let pre1 = gpu.upload(&[3u32]).unwrap();
-    assert!(msg(gpu.attention_prefill_paged(
-        &pd, 0.1, None, &kc, &vc, &table, &pre1, &cu, t, 6, &q, &k, &v, &mut out
-    ))
-    .contains("prefix_lens"));
+    let chunk1 = chunk_of(&q, &k, &v, &pre1);
+    assert!(
+        msg(gpu.attention_prefill_paged(&pd, 0.1, None, &kc, &vc, &table, chunk1, &mut out))
+            .contains("prefix_lens")
+    );
     let huge = paged_dims(&dims, 2, 1 << 20, pages, 1 << 11);
-    assert!(msg(gpu.attention_prefill_paged(
-        &huge, 0.1, None, &kc, &vc, &table, &pre, &cu, t, 6, &q, &k, &v, &mut out
-    ))
-    .contains("2^30"));
+    assert!(
+        msg(gpu.attention_prefill_paged(&huge, 0.1, None, &kc, &vc, &table, chunk, &mut out))
+            .contains("2^30")
+    );
     // A pool of more than 2^31 rows (2^27 pages x 2 heads x 16 slots): past the kernels' 32-bit row codes.
     let deep = paged_dims(&dims, 2, ps, 1 << 27, maxp);
-    assert!(msg(gpu.attention_prefill_paged(
-        &deep, 0.1, None, &kc, &vc, &table, &pre, &cu, t, 6, &q, &k, &v, &mut out
-    ))
-    .contains("2^31 rows"));
+    assert!(
+        msg(gpu.attention_prefill_paged(&deep, 0.1, None, &kc, &vc, &table, chunk, &mut out))
+            .contains("2^31 rows")
+    );
     let zero = paged_dims(&dims, 2, 0, pages, maxp);
-    assert!(msg(gpu.attention_prefill_paged(
-        &zero, 0.1, None, &kc, &vc, &table, &pre, &cu, t, 6, &q, &k, &v, &mut out
-    ))
-    .contains("positive"));
-    assert!(msg(gpu.attention_prefill_paged(
-        &pd,
-        0.1,
-        Some(0),
-        &kc,
-        &vc,
-        &table,
-        &pre,
-        &cu,
-        t,
-        6,
-        &q,
-        &k,
-        &v,
-        &mut out
-    ))
-    .contains("at least 1"));
+    assert!(
+        msg(gpu.attention_prefill_paged(&zero, 0.1, None, &kc, &vc, &table, chunk, &mut out))
+            .contains("positive")
+    );
+    assert!(
+        msg(gpu.attention_prefill_paged(&pd, 0.1, Some(0), &kc, &vc, &table, chunk, &mut out))
+            .contains("at least 1")
+    );
     // Rings: [seqs, kv_heads, window - 1, d].
     let ring = buf(2 * 2 * 7 * 128);
-    assert!(msg(gpu.attention_prefill_ring(
-        &dims, 2, 0.1, 9, &ring, &ring, &pre, &cu, t, 6, &q, &k, &v, &mut out
-    ))
-    .contains("k_ring"));
-    assert!(msg(gpu.attention_prefill_ring(
-        &dims, 2, 0.1, 0, &ring, &ring, &pre, &cu, t, 6, &q, &k, &v, &mut out
-    ))
-    .contains("window"));
+    assert!(
+        msg(gpu.attention_prefill_ring(&dims, 2, 0.1, 9, &ring, &ring, chunk, &mut out))
+            .contains("k_ring")
+    );
+    assert!(
+        msg(gpu.attention_prefill_ring(&dims, 2, 0.1, 0, &ring, &ring, chunk, &mut out))
+            .contains("window")
+    );
     let (mut r1, mut r2) = (buf(2 * 2 * 7 * 128), buf(2 * 2 * 7 * 128));
-    assert!(msg(
-        gpu.attention_kv_store_ring(&dims, 2, 9, &k, &v, &pre, &cu, t, 6, &mut r1, &mut r2)
-    )
-    .contains("k_ring"));
-    assert!(msg(
-        gpu.attention_kv_store_paged(&pd, &k, &q, &table, &pre, &cu, t, 6, &mut kc, &mut vc)
-    )
-    .contains("v has"));
+    assert!(
+        msg(gpu.attention_kv_store_ring(&dims, 2, 9, chunk, &mut r1, &mut r2)).contains("k_ring")
+    );
+    // v the size of q.
+    let chunk_qv = chunk_of(&q, &k, &q, &pre);
+    assert!(
+        msg(gpu.attention_kv_store_paged(&pd, chunk_qv, &table, &mut kc, &mut vc))
+            .contains("v has")
+    );
     let d12 = AttnDims {
         head_dim: 12,
         ..dims
     };
     assert!(
-        msg(gpu.attention_kv_store_ring(&d12, 2, 8, &k, &v, &pre, &cu, t, 6, &mut r1, &mut r2))
+        msg(gpu.attention_kv_store_ring(&d12, 2, 8, chunk, &mut r1, &mut r2))
             .contains("multiple of 8")
     );
     // The right sizes are accepted; zero inputs give zero outputs (the cache is zero too).
     gpu.write(&mut out, &vec![NAN_BF16; t * 8 * 128]).unwrap();
-    gpu.attention_prefill_paged(
-        &pd,
-        0.1,
-        Some(4),
-        &kc,
-        &vc,
-        &table,
-        &pre,
-        &cu,
-        t,
-        6,
-        &q,
-        &k,
-        &v,
-        &mut out,
-    )
-    .unwrap();
-    gpu.attention_prefill_ring(
-        &dims, 2, 0.1, 8, &ring, &ring, &pre, &cu, t, 6, &q, &k, &v, &mut out,
-    )
-    .unwrap();
-    gpu.attention_kv_store_paged(&pd, &k, &v, &table, &pre, &cu, t, 6, &mut kc, &mut vc)
+    gpu.attention_prefill_paged(&pd, 0.1, Some(4), &kc, &vc, &table, chunk, &mut out)
         .unwrap();
-    gpu.attention_kv_store_ring(&dims, 2, 8, &k, &v, &pre, &cu, t, 6, &mut r1, &mut r2)
+    gpu.attention_prefill_ring(&dims, 2, 0.1, 8, &ring, &ring, chunk, &mut out)
+        .unwrap();
+    gpu.attention_kv_store_paged(&pd, chunk, &table, &mut kc, &mut vc)
+        .unwrap();
+    gpu.attention_kv_store_ring(&dims, 2, 8, chunk, &mut r1, &mut r2)
         .unwrap();
     assert!(
         gpu.download(&out).unwrap().iter().all(|&b| b == 0),

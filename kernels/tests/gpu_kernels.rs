@@ -7,7 +7,9 @@
 //! `compute-sanitizer --tool memcheck|racecheck` in seconds (kernels/bench/h200/run_session.sh).
 
 use kernels::attention::AttnDims;
-use kernels::cuda::{GdnGpuInputs, GdnGpuWeights, Gpu, KernelPath, PagedAttentionDims};
+use kernels::cuda::{
+    GdnGpuInputs, GdnGpuWeights, Gpu, KernelPath, PagedAttentionDims, PagedKvCache,
+};
 use kernels::formats::{bf16_to_f32, f32_to_bf16};
 use kernels::gdn::{GdnDims, GdnInputs, GdnWeights};
 use kernels::reference;
@@ -399,10 +401,14 @@ fn check_attention(
         (KernelPath::Auto, 5e-3),
     ] {
         let mut out = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
-        gpu.attention_decode_paged_with(
-            path, &dims, &dq, &dk, &dv, &dt, &dl, scale, splits, &mut out,
-        )
-        .unwrap();
+        let kv = PagedKvCache {
+            k: &dk,
+            v: &dv,
+            block_table: &dt,
+            seq_lens: &dl,
+        };
+        gpu.attention_decode_paged_with(path, &dims, &dq, kv, scale, splits, &mut out)
+            .unwrap();
         let got = gpu.download(&out).unwrap();
         let what = format!(
             "attention {path:?} hq={hq} hkv={hkv} d={d} lens={lens:?} page={page_size} splits={splits}"
@@ -506,20 +512,15 @@ fn attention_decode_refuses_unbuilt_group_sizes() {
     let h = gpu.zeros::<u16>(1).unwrap();
     let u = gpu.zeros::<u32>(1).unwrap();
     let mut o = gpu.zeros::<f32>(1).unwrap();
+    let kv = PagedKvCache {
+        k: &h,
+        v: &h,
+        block_table: &u,
+        seq_lens: &u,
+    };
     // Group size 3: built for the tensor cores (Auto), not for the CUDA cores.
     let e = gpu
-        .attention_decode_paged_with(
-            KernelPath::CudaCores,
-            &dims,
-            &f,
-            &h,
-            &h,
-            &u,
-            &u,
-            1.0,
-            0,
-            &mut o,
-        )
+        .attention_decode_paged_with(KernelPath::CudaCores, &dims, &f, kv, 1.0, 0, &mut o)
         .unwrap_err();
     assert!(
         e.to_string()
@@ -533,7 +534,7 @@ fn attention_decode_refuses_unbuilt_group_sizes() {
     };
     for path in [KernelPath::Auto, KernelPath::TensorCores] {
         let e = gpu
-            .attention_decode_paged_with(path, &dims, &f, &h, &h, &u, &u, 1.0, 0, &mut o)
+            .attention_decode_paged_with(path, &dims, &f, kv, 1.0, 0, &mut o)
             .unwrap_err();
         assert!(
             e.to_string().contains("1 to 8 times kv_heads"),

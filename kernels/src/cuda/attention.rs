@@ -1,52 +1,40 @@
 //! Decode attention over a paged KV cache (`kernels/cuda/attention.cu`).
 
-use super::{check_len, Gpu, GpuBuffer, KernelPath, PagedAttentionDims};
+use super::{
+    check_len, DecodeKernels, Gpu, GpuBuffer, KernelPath, PagedAttentionDims, PagedKvCache,
+    RingKvCache,
+};
 use crate::KernelError;
 
 impl Gpu {
     /// Decode attention (one query token per sequence) over a paged bf16 KV cache.
     ///
     /// Layouts are those of [`crate::attention`] with a bf16 cache: `q`: fp32 `[seqs, q_heads, head_dim]`;
-    /// `k_cache`, `v_cache`: bf16 bits `[num_pages, kv_heads, page_size, head_dim]`; `block_table`:
-    /// `[seqs, max_pages_per_seq]` page ids; `seq_lens`: `[seqs]` tokens in each sequence's cache, the current
+    /// `kv.k`, `kv.v`: bf16 bits `[num_pages, kv_heads, page_size, head_dim]`; `kv.block_table`:
+    /// `[seqs, max_pages_per_seq]` page ids; `kv.seq_lens`: `[seqs]` tokens in each sequence's cache, the current
     /// token's K/V already written (a length past the table is clamped, a page id past the pool is skipped);
     /// `out`: fp32 `[seqs, q_heads, head_dim]`; `scale` multiplies `q . k` (usually `1/sqrt(head_dim)`).
     /// Query heads `g*r .. g*r + r` (`r = q_heads / kv_heads`) read KV head `g`, and each block computes all `r`
     /// of them, so K and V are read once per KV head. `splits` blocks share one (sequence, KV head) over the
     /// context (flash-decoding); `splits = 0` picks a count that fills the GPU.
     ///
-    /// Same as [`Gpu::attention_decode_paged_with`] with [`KernelPath::Auto`]: the tiled tensor-core kernel on
-    /// [`Gpu::DECODE_AUTO_TILING`] (any group size 1-8).
-    #[allow(clippy::too_many_arguments)]
+    /// Same as [`Gpu::attention_decode_paged_with`] with [`KernelPath::Auto`]: the tiled tensor-core kernel,
+    /// [`DecodeKernels::PAGED_AUTO`] (any group size 1-8).
     pub fn attention_decode_paged(
         &self,
         dims: &PagedAttentionDims,
         q: &GpuBuffer<f32>,
-        k_cache: &GpuBuffer<u16>,
-        v_cache: &GpuBuffer<u16>,
-        block_table: &GpuBuffer<u32>,
-        seq_lens: &GpuBuffer<u32>,
+        kv: PagedKvCache<'_>,
         scale: f32,
         splits: usize,
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
-        self.attention_decode_paged_with(
-            KernelPath::Auto,
-            dims,
-            q,
-            k_cache,
-            v_cache,
-            block_table,
-            seq_lens,
-            scale,
-            splits,
-            out,
-        )
+        self.attention_decode_paged_with(KernelPath::Auto, dims, q, kv, scale, splits, out)
     }
 
     /// [`Gpu::attention_decode_paged`] on a chosen kernel family (tests and benchmarks drive each one).
     /// [`KernelPath::Auto`] and [`KernelPath::TensorCores`] run the tiled tensor-core kernel
-    /// ([`Gpu::attention_decode_paged_tiled`] on [`Gpu::DECODE_AUTO_TILING`]): group sizes 1-8, the query and the
+    /// ([`Gpu::attention_decode_paged_tiled`] with [`DecodeKernels::PAGED_AUTO`]): group sizes 1-8, the query and the
     /// probabilities rounded to bf16 (~1e-3 relative error). [`KernelPath::CudaCores`] runs the fp32 kernel
     /// `attention_decode_split_*` (~1e-6 relative error; group sizes 1, 2, 4, 6 and 8; 2-2.5x slower).
     #[allow(clippy::too_many_arguments)]
@@ -55,32 +43,30 @@ impl Gpu {
         path: KernelPath,
         dims: &PagedAttentionDims,
         q: &GpuBuffer<f32>,
-        k_cache: &GpuBuffer<u16>,
-        v_cache: &GpuBuffer<u16>,
-        block_table: &GpuBuffer<u32>,
-        seq_lens: &GpuBuffer<u32>,
+        kv: PagedKvCache<'_>,
         scale: f32,
         splits: usize,
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::attention_decode_paged";
         if !matches!(path, KernelPath::CudaCores) {
-            let t = tiling_index(OP, Self::DECODE_AUTO_TILING)?;
             return self.paged_tiled(
                 OP,
-                t,
-                Self::DECODE_AUTO_SLICED_COMBINE,
+                DecodeKernels::PAGED_AUTO,
                 dims,
                 q,
-                k_cache,
-                v_cache,
-                block_table,
-                seq_lens,
+                kv,
                 scale,
                 splits,
                 out,
             );
         }
+        let PagedKvCache {
+            k: k_cache,
+            v: v_cache,
+            block_table,
+            seq_lens,
+        } = kv;
         let d = dims;
         crate::ensure_shape!(
             d.seqs > 0 && d.q_heads > 0 && d.kv_heads > 0 && d.page_size > 0 && d.num_pages > 0,
@@ -190,8 +176,8 @@ impl Gpu {
     /// batched ones by 0.3-0.9%, within the runs' spread.
     pub const DECODE_RING_TILING: (usize, usize) = (32, 2);
 
-    /// Whether [`KernelPath::Auto`], [`Gpu::attention_decode_paged_tiled`], [`Gpu::attention_decode_ring`] and
-    /// [`Gpu::attention_decode_ring_with`] reduce the split partials with the sliced combine kernel
+    /// Whether [`KernelPath::Auto`] and [`Gpu::attention_decode_ring`] ([`DecodeKernels::PAGED_AUTO`],
+    /// [`DecodeKernels::RING_AUTO`], [`DecodeKernels::with_tiling`]) reduce the split partials with the sliced combine kernel
     /// (`attention_decode_combine_sliced_D*`: one block per 64 columns of each (sequence, query head), each warp
     /// with all its loads in flight before any reduction) instead of the block one (`attention_decode_combine_D*`:
     /// one block per (sequence, query head), a round trip for the split maxima first). Measured on the H200
@@ -205,82 +191,38 @@ impl Gpu {
     /// | B=8 x 8k / B=32 x 4k | 71.07 / 137.49 (4.80 / 11.05) | **68.61 / 130.22** (2.34 / 3.78) |
     /// | ring B=1 W=1024 / 4096, B=8 W=4096, Gemma B=32 (tiling (32, 2)) | 8.62 / 11.09 / 38.82 / 14.95 | **7.53 / 10.59 / 38.02 / 14.15** |
     ///
-    /// The sliced combine wins every case, so it is the one used. At 32k that is 79.8% of copy bandwidth (copy 4.22
-    /// TB/s in that run), 0.2 points under the 80% target; 64k 89.5%, 128k 97.3%. What is left between the two
-    /// kernels is mostly the launch gap (~1.4 us for an empty kernel in the same graphs): programmatic dependent
-    /// launch would let the combine start on the device as the split kernel drains. The block combine stays
-    /// selectable ([`Gpu::attention_decode_paged_combine`], [`Gpu::attention_decode_ring_combine`]) until the
-    /// ragged-split test (`combines_agree_over_ragged_batches`, whose reference refused a 0-token sequence in
-    /// s3-run4 and was fixed after the last run) has run on the H200.
+    /// The sliced combine wins every case, so it is the one used. At 32k that was 79.8% of copy bandwidth (copy
+    /// 4.22 TB/s in that run), 0.2 points under the 80% target; 64k 89.5%, 128k 97.3%. Since session 4 the
+    /// combine is launched as the split kernel's programmatic dependent (`Device::launch_pdl`), so its blocks
+    /// are resident when the partials land: 32k 39.18 / 39.57 / 39.60 us (80.1-81.8% of copy) in s4-run2..4
+    /// against 39.67 / 39.89 us plainly. The block combine stays selectable ([`DecodeKernels`]`::sliced_combine`)
+    /// as the measured comparison; `combines_agree_over_ragged_batches` passed on the H200 in s4-run4.
     pub const DECODE_AUTO_SLICED_COMBINE: bool = true;
 
     /// [`Gpu::attention_decode_paged`] (same layouts, same clamping of lengths and skipping of bad page ids) on
-    /// the tiled tensor-core kernel `attention_decode_tiled_*`: `tiling` is one of [`Gpu::DECODE_TILINGS`]; any
-    /// group size `q_heads / kv_heads` from 1 to 8. The query and the probabilities are rounded to bf16 (~1e-3
-    /// relative error). `splits = 0` picks the count of [`Gpu::decode_auto_splits`]. With more than one split the
-    /// partials are reduced by the combine [`Gpu::DECODE_AUTO_SLICED_COMBINE`] picks.
+    /// the tiled tensor-core kernels `kernels` names: `attention_decode_tiled_*` on `kernels.tiling`, one of
+    /// [`Gpu::DECODE_TILINGS`], then with more than one split the combine `kernels.sliced_combine` picks (see
+    /// [`Gpu::DECODE_AUTO_SLICED_COMBINE`]; the two weigh the same partials and differ by fp32 rounding). Any group
+    /// size `q_heads / kv_heads` from 1 to 8; the query and the probabilities are rounded to bf16 (~1e-3 relative
+    /// error). `splits = 0` picks the count of [`Gpu::decode_auto_splits`]. Tests and benchmarks drive each
+    /// tiling and combine; `DecodeKernels::PAGED_AUTO` is what `Auto` runs.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_decode_paged_tiled(
         &self,
-        tiling: (usize, usize),
+        kernels: DecodeKernels,
         dims: &PagedAttentionDims,
         q: &GpuBuffer<f32>,
-        k_cache: &GpuBuffer<u16>,
-        v_cache: &GpuBuffer<u16>,
-        block_table: &GpuBuffer<u32>,
-        seq_lens: &GpuBuffer<u32>,
+        kv: PagedKvCache<'_>,
         scale: f32,
         splits: usize,
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
-        const OP: &str = "cuda::attention_decode_paged_tiled";
-        let t = tiling_index(OP, tiling)?;
         self.paged_tiled(
-            OP,
-            t,
-            Self::DECODE_AUTO_SLICED_COMBINE,
+            "cuda::attention_decode_paged_tiled",
+            kernels,
             dims,
             q,
-            k_cache,
-            v_cache,
-            block_table,
-            seq_lens,
-            scale,
-            splits,
-            out,
-        )
-    }
-
-    /// [`Gpu::attention_decode_paged_tiled`] with a chosen combine kernel: `sliced` runs
-    /// `attention_decode_combine_sliced_D*`, else `attention_decode_combine_D*` (see
-    /// [`Gpu::DECODE_AUTO_SLICED_COMBINE`]). Both weigh the same partials; the results differ by fp32 rounding.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention_decode_paged_combine(
-        &self,
-        tiling: (usize, usize),
-        sliced: bool,
-        dims: &PagedAttentionDims,
-        q: &GpuBuffer<f32>,
-        k_cache: &GpuBuffer<u16>,
-        v_cache: &GpuBuffer<u16>,
-        block_table: &GpuBuffer<u32>,
-        seq_lens: &GpuBuffer<u32>,
-        scale: f32,
-        splits: usize,
-        out: &mut GpuBuffer<f32>,
-    ) -> Result<(), KernelError> {
-        const OP: &str = "cuda::attention_decode_paged_combine";
-        let t = tiling_index(OP, tiling)?;
-        self.paged_tiled(
-            OP,
-            t,
-            sliced,
-            dims,
-            q,
-            k_cache,
-            v_cache,
-            block_table,
-            seq_lens,
+            kv,
             scale,
             splits,
             out,
@@ -335,23 +277,27 @@ impl Gpu {
         }
     }
 
-    /// The checks and the launch of the tiled paged kernel, `t` an index into [`Gpu::DECODE_TILINGS`].
+    /// The checks and the launch of the tiled paged kernel.
     #[allow(clippy::too_many_arguments)]
     fn paged_tiled(
         &self,
         op: &'static str,
-        t: usize,
-        sliced: bool,
+        kernels: DecodeKernels,
         dims: &PagedAttentionDims,
         q: &GpuBuffer<f32>,
-        k_cache: &GpuBuffer<u16>,
-        v_cache: &GpuBuffer<u16>,
-        block_table: &GpuBuffer<u32>,
-        seq_lens: &GpuBuffer<u32>,
+        kv: PagedKvCache<'_>,
         scale: f32,
         splits: usize,
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
+        let t = tiling_index(op, kernels.tiling)?;
+        let sliced = kernels.sliced_combine;
+        let PagedKvCache {
+            k: k_cache,
+            v: v_cache,
+            block_table,
+            seq_lens,
+        } = kv;
         let d = dims;
         crate::ensure_shape!(
             d.seqs > 0 && d.q_heads > 0 && d.kv_heads > 0 && d.page_size > 0 && d.num_pages > 0,
@@ -408,145 +354,60 @@ impl Gpu {
     }
 
     /// Decode over a sliding-window ring (sliding layers), as [`crate::attention::decode_ring`] with a bf16
-    /// cache: `q`, `out`: fp32 `[seqs, q_heads, head_dim]`; `k_ring`, `v_ring`: bf16 bits `[seqs, kv_heads,
-    /// window - 1, head_dim]`; `k_cur`, `v_cur`: bf16 bits `[seqs, kv_heads, head_dim]`, the current token's key
-    /// and value; `pos`: `[seqs]`, the current token's position. Sequence `b` attends ring slots
+    /// cache: `q`, `out`: fp32 `[seqs, q_heads, head_dim]`; `kv.k_ring`, `kv.v_ring`: bf16 bits `[seqs, kv_heads,
+    /// window - 1, head_dim]`; `kv.k_cur`, `kv.v_cur`: bf16 bits `[seqs, kv_heads, head_dim]`, the current token's
+    /// key and value; `kv.pos`: `[seqs]`, the current token's position. Sequence `b` attends ring slots
     /// `0..min(pos[b], window - 1)` (in any order: token `p` lives in slot `p % (window - 1)`) plus the current
     /// token. Grouped-query packed and split over the ring as the paged kernel (any group size 1-8, head_dim
-    /// 64/128/256); `splits = 0` picks one wave ([`Gpu::decode_auto_splits`]). Runs [`Gpu::DECODE_RING_TILING`] and
-    /// the combine [`Gpu::DECODE_AUTO_SLICED_COMBINE`] picks.
+    /// 64/128/256); `splits = 0` picks one wave ([`Gpu::decode_auto_splits`]). Runs [`DecodeKernels::RING_AUTO`].
     #[allow(clippy::too_many_arguments)]
     pub fn attention_decode_ring(
         &self,
         dims: &crate::attention::AttnDims,
         seqs: usize,
-        window: usize,
         q: &GpuBuffer<f32>,
-        k_ring: &GpuBuffer<u16>,
-        v_ring: &GpuBuffer<u16>,
-        k_cur: &GpuBuffer<u16>,
-        v_cur: &GpuBuffer<u16>,
-        pos: &GpuBuffer<u32>,
+        kv: RingKvCache<'_>,
         scale: f32,
         splits: usize,
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
-        self.ring(
-            "cuda::attention_decode_ring",
-            Self::DECODE_RING_TILING,
-            Self::DECODE_AUTO_SLICED_COMBINE,
+        self.attention_decode_ring_with(
+            DecodeKernels::RING_AUTO,
             dims,
             seqs,
-            window,
             q,
-            k_ring,
-            v_ring,
-            k_cur,
-            v_cur,
-            pos,
+            kv,
             scale,
             splits,
             out,
         )
     }
 
-    /// [`Gpu::attention_decode_ring`] on a chosen tiling, one of [`Gpu::DECODE_TILINGS`].
+    /// [`Gpu::attention_decode_ring`] on the kernels `kernels` names (tiling one of [`Gpu::DECODE_TILINGS`], and
+    /// the combine, as [`Gpu::attention_decode_paged_tiled`]).
     #[allow(clippy::too_many_arguments)]
     pub fn attention_decode_ring_with(
         &self,
-        tiling: (usize, usize),
+        kernels: DecodeKernels,
         dims: &crate::attention::AttnDims,
         seqs: usize,
-        window: usize,
         q: &GpuBuffer<f32>,
-        k_ring: &GpuBuffer<u16>,
-        v_ring: &GpuBuffer<u16>,
-        k_cur: &GpuBuffer<u16>,
-        v_cur: &GpuBuffer<u16>,
-        pos: &GpuBuffer<u32>,
+        kv: RingKvCache<'_>,
         scale: f32,
         splits: usize,
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
-        self.ring(
-            "cuda::attention_decode_ring",
-            tiling,
-            Self::DECODE_AUTO_SLICED_COMBINE,
-            dims,
-            seqs,
+        let op = "cuda::attention_decode_ring";
+        let t = tiling_index(op, kernels.tiling)?;
+        let sliced = kernels.sliced_combine;
+        let RingKvCache {
             window,
-            q,
             k_ring,
             v_ring,
             k_cur,
             v_cur,
             pos,
-            scale,
-            splits,
-            out,
-        )
-    }
-
-    /// [`Gpu::attention_decode_ring_with`] with a chosen combine kernel, `sliced` as in
-    /// [`Gpu::attention_decode_paged_combine`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention_decode_ring_combine(
-        &self,
-        tiling: (usize, usize),
-        sliced: bool,
-        dims: &crate::attention::AttnDims,
-        seqs: usize,
-        window: usize,
-        q: &GpuBuffer<f32>,
-        k_ring: &GpuBuffer<u16>,
-        v_ring: &GpuBuffer<u16>,
-        k_cur: &GpuBuffer<u16>,
-        v_cur: &GpuBuffer<u16>,
-        pos: &GpuBuffer<u32>,
-        scale: f32,
-        splits: usize,
-        out: &mut GpuBuffer<f32>,
-    ) -> Result<(), KernelError> {
-        self.ring(
-            "cuda::attention_decode_ring_combine",
-            tiling,
-            sliced,
-            dims,
-            seqs,
-            window,
-            q,
-            k_ring,
-            v_ring,
-            k_cur,
-            v_cur,
-            pos,
-            scale,
-            splits,
-            out,
-        )
-    }
-
-    /// The checks and the launch of the ring kernels.
-    #[allow(clippy::too_many_arguments)]
-    fn ring(
-        &self,
-        op: &'static str,
-        tiling: (usize, usize),
-        sliced: bool,
-        dims: &crate::attention::AttnDims,
-        seqs: usize,
-        window: usize,
-        q: &GpuBuffer<f32>,
-        k_ring: &GpuBuffer<u16>,
-        v_ring: &GpuBuffer<u16>,
-        k_cur: &GpuBuffer<u16>,
-        v_cur: &GpuBuffer<u16>,
-        pos: &GpuBuffer<u32>,
-        scale: f32,
-        splits: usize,
-        out: &mut GpuBuffer<f32>,
-    ) -> Result<(), KernelError> {
-        let t = tiling_index(op, tiling)?;
+        } = kv;
         dims.validate(op)?;
         crate::ensure_shape!(seqs > 0, op, "seqs must be positive");
         check_heads(

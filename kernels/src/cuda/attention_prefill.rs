@@ -4,7 +4,7 @@
 //! `attention_prefill_ring`) and the store of the new tokens' K/V into those caches (`attention_kv_store_*`). The
 //! kernels' design is documented at the top of the .cu file.
 
-use super::{check_len, Gpu, GpuBuffer, PagedAttentionDims};
+use super::{check_len, Gpu, GpuBuffer, PagedAttentionDims, PrefillChunk};
 use crate::attention::AttnDims;
 use crate::KernelError;
 
@@ -266,7 +266,7 @@ impl Gpu {
         default_kernel(head_dim, q_heads, total).map(|k| k.variant)
     }
 
-    /// Chunked prefill over a paged KV cache (full-attention layers): sequence `b`'s new tokens (`q`, `k`, `v`:
+    /// Chunked prefill over a paged KV cache (full-attention layers): sequence `b`'s new tokens ([`PrefillChunk`]: `q`, `k`, `v`:
     /// `[total, heads, head_dim]` bf16 bits, sequences packed as `cu_seqlens`, `[seqs + 1]`) continue after
     /// `prefix_lens[b]` tokens already in `k_cache` / `v_cache` (bf16 bits `[num_pages, kv_heads, page_size,
     /// head_dim]`, the layout of [`Gpu::attention_decode_paged`]; token `p` in page `block_table[b][p /
@@ -291,13 +291,7 @@ impl Gpu {
         k_cache: &GpuBuffer<u16>,
         v_cache: &GpuBuffer<u16>,
         block_table: &GpuBuffer<u32>,
-        prefix_lens: &GpuBuffer<u32>,
-        cu_seqlens: &GpuBuffer<u32>,
-        total: usize,
-        max_seqlen: usize,
-        q: &GpuBuffer<u16>,
-        k: &GpuBuffer<u16>,
-        v: &GpuBuffer<u16>,
+        chunk: PrefillChunk<'_>,
         out: &mut GpuBuffer<u16>,
     ) -> Result<(), KernelError> {
         self.attention_prefill_paged_with(
@@ -308,13 +302,7 @@ impl Gpu {
             k_cache,
             v_cache,
             block_table,
-            prefix_lens,
-            cu_seqlens,
-            total,
-            max_seqlen,
-            q,
-            k,
-            v,
+            chunk,
             out,
         )
     }
@@ -331,13 +319,7 @@ impl Gpu {
         k_cache: &GpuBuffer<u16>,
         v_cache: &GpuBuffer<u16>,
         block_table: &GpuBuffer<u32>,
-        prefix_lens: &GpuBuffer<u32>,
-        cu_seqlens: &GpuBuffer<u32>,
-        total: usize,
-        max_seqlen: usize,
-        q: &GpuBuffer<u16>,
-        k: &GpuBuffer<u16>,
-        v: &GpuBuffer<u16>,
+        chunk: PrefillChunk<'_>,
         out: &mut GpuBuffer<u16>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::attention_prefill_paged";
@@ -350,14 +332,8 @@ impl Gpu {
             dims.seqs,
             scale,
             window,
-            cache,
-            k_cache,
-            v_cache,
-            prefix_lens,
-            cu_seqlens,
-            total,
-            max_seqlen,
-            [q, k, v],
+            (cache, k_cache, v_cache),
+            chunk,
             out,
         )
     }
@@ -378,31 +354,11 @@ impl Gpu {
         window: usize,
         k_ring: &GpuBuffer<u16>,
         v_ring: &GpuBuffer<u16>,
-        prefix_lens: &GpuBuffer<u32>,
-        cu_seqlens: &GpuBuffer<u32>,
-        total: usize,
-        max_seqlen: usize,
-        q: &GpuBuffer<u16>,
-        k: &GpuBuffer<u16>,
-        v: &GpuBuffer<u16>,
+        chunk: PrefillChunk<'_>,
         out: &mut GpuBuffer<u16>,
     ) -> Result<(), KernelError> {
         self.attention_prefill_ring_with(
-            None,
-            dims,
-            seqs,
-            scale,
-            window,
-            k_ring,
-            v_ring,
-            prefix_lens,
-            cu_seqlens,
-            total,
-            max_seqlen,
-            q,
-            k,
-            v,
-            out,
+            None, dims, seqs, scale, window, k_ring, v_ring, chunk, out,
         )
     }
 
@@ -418,13 +374,7 @@ impl Gpu {
         window: usize,
         k_ring: &GpuBuffer<u16>,
         v_ring: &GpuBuffer<u16>,
-        prefix_lens: &GpuBuffer<u32>,
-        cu_seqlens: &GpuBuffer<u32>,
-        total: usize,
-        max_seqlen: usize,
-        q: &GpuBuffer<u16>,
-        k: &GpuBuffer<u16>,
-        v: &GpuBuffer<u16>,
+        chunk: PrefillChunk<'_>,
         out: &mut GpuBuffer<u16>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::attention_prefill_ring";
@@ -436,14 +386,8 @@ impl Gpu {
             seqs,
             scale,
             Some(window),
-            cache,
-            k_ring,
-            v_ring,
-            prefix_lens,
-            cu_seqlens,
-            total,
-            max_seqlen,
-            [q, k, v],
+            (cache, k_ring, v_ring),
+            chunk,
             out,
         )
     }
@@ -458,32 +402,15 @@ impl Gpu {
     pub fn attention_kv_store_paged(
         &self,
         dims: &PagedAttentionDims,
-        k: &GpuBuffer<u16>,
-        v: &GpuBuffer<u16>,
+        chunk: PrefillChunk<'_>,
         block_table: &GpuBuffer<u32>,
-        prefix_lens: &GpuBuffer<u32>,
-        cu_seqlens: &GpuBuffer<u32>,
-        total: usize,
-        max_seqlen: usize,
         k_cache: &mut GpuBuffer<u16>,
         v_cache: &mut GpuBuffer<u16>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::attention_kv_store_paged";
         let attn = attn_dims(dims);
         let cache = check_paged_cache(OP, dims, block_table)?;
-        self.kv_store(
-            OP,
-            &attn,
-            dims.seqs,
-            cache,
-            [k, v],
-            prefix_lens,
-            cu_seqlens,
-            total,
-            max_seqlen,
-            k_cache,
-            v_cache,
-        )
+        self.kv_store(OP, &attn, dims.seqs, cache, chunk, k_cache, v_cache)
     }
 
     /// Stores the new tokens' keys and values into a sliding-window ring (`[seqs, kv_heads, window - 1,
@@ -497,30 +424,13 @@ impl Gpu {
         dims: &AttnDims,
         seqs: usize,
         window: usize,
-        k: &GpuBuffer<u16>,
-        v: &GpuBuffer<u16>,
-        prefix_lens: &GpuBuffer<u32>,
-        cu_seqlens: &GpuBuffer<u32>,
-        total: usize,
-        max_seqlen: usize,
+        chunk: PrefillChunk<'_>,
         k_ring: &mut GpuBuffer<u16>,
         v_ring: &mut GpuBuffer<u16>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::attention_kv_store_ring";
         let cache = check_ring(OP, dims, seqs, window)?;
-        self.kv_store(
-            OP,
-            dims,
-            seqs,
-            cache,
-            [k, v],
-            prefix_lens,
-            cu_seqlens,
-            total,
-            max_seqlen,
-            k_ring,
-            v_ring,
-        )
+        self.kv_store(OP, dims, seqs, cache, chunk, k_ring, v_ring)
     }
 
     /// The checks and the launch shared by [`Gpu::attention_prefill_paged_with`] and
@@ -534,16 +444,19 @@ impl Gpu {
         seqs: usize,
         scale: f32,
         window: Option<usize>,
-        cache: CacheShape<'_>,
-        k_cache: &GpuBuffer<u16>,
-        v_cache: &GpuBuffer<u16>,
-        prefix_lens: &GpuBuffer<u32>,
-        cu_seqlens: &GpuBuffer<u32>,
-        total: usize,
-        max_seqlen: usize,
-        [q, k, v]: [&GpuBuffer<u16>; 3],
+        (cache, k_cache, v_cache): (CacheShape<'_>, &GpuBuffer<u16>, &GpuBuffer<u16>),
+        chunk: PrefillChunk<'_>,
         out: &mut GpuBuffer<u16>,
     ) -> Result<(), KernelError> {
+        let PrefillChunk {
+            q,
+            k,
+            v,
+            cu_seqlens,
+            prefix_lens,
+            total,
+            max_seqlen,
+        } = chunk;
         let kernel = check_prefill(op, variant, dims, scale, window, seqs, total, max_seqlen)?;
         check_batch(op, max_seqlen)?;
         let (hq, hkv, d) = (dims.q_heads, dims.kv_heads, dims.head_dim);
@@ -600,14 +513,19 @@ impl Gpu {
         dims: &AttnDims,
         seqs: usize,
         cache: CacheShape<'_>,
-        [k, v]: [&GpuBuffer<u16>; 2],
-        prefix_lens: &GpuBuffer<u32>,
-        cu_seqlens: &GpuBuffer<u32>,
-        total: usize,
-        max_seqlen: usize,
+        chunk: PrefillChunk<'_>,
         k_cache: &mut GpuBuffer<u16>,
         v_cache: &mut GpuBuffer<u16>,
     ) -> Result<(), KernelError> {
+        let PrefillChunk {
+            k,
+            v,
+            cu_seqlens,
+            prefix_lens,
+            total,
+            max_seqlen,
+            ..
+        } = chunk;
         dims.validate(op)?;
         let (hkv, d) = (dims.kv_heads, dims.head_dim);
         crate::ensure_shape!(

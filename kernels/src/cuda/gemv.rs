@@ -64,16 +64,7 @@ impl Gpu {
         k: usize,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::fp8_block_gemv";
-        check_gemv_dims(OP, m, n, k, 16)?;
-        check_len(OP, "x", x.len(), m * k)?;
-        check_len(OP, "w", w.len(), n * k)?;
-        check_len(
-            OP,
-            "scales",
-            scales.len(),
-            n.div_ceil(128) * k.div_ceil(128),
-        )?;
-        check_len(OP, "y", y.len(), m * n)?;
+        check_fp8_gemv(OP, x, w, scales, y, m, n, k)?;
         let ksplit = match path {
             KernelPath::Auto => fp8_m1_ksplit_auto(n),
             _ => 1,
@@ -124,16 +115,7 @@ impl Gpu {
             OP,
             "ksplit must be 1, 2 or 4, got {ksplit}"
         );
-        check_gemv_dims(OP, 1, n, k, 16)?;
-        check_len(OP, "x", x.len(), k)?;
-        check_len(OP, "w", w.len(), n * k)?;
-        check_len(
-            OP,
-            "scales",
-            scales.len(),
-            n.div_ceil(128) * k.div_ceil(128),
-        )?;
-        check_len(OP, "y", y.len(), n)?;
+        check_fp8_gemv(OP, x, w, scales, y, 1, n, k)?;
         #[cfg(feature = "cuda")]
         {
             self.inner.fp8_block_gemv(

@@ -152,6 +152,88 @@ pub struct PagedAttentionDims {
     pub max_pages_per_seq: usize,
 }
 
+/// The paged bf16 KV cache one decode-attention call reads ([`Gpu::attention_decode_paged`] has the layouts).
+#[derive(Clone, Copy)]
+pub struct PagedKvCache<'a> {
+    /// Keys, bf16 bits `[num_pages, kv_heads, page_size, head_dim]`.
+    pub k: &'a GpuBuffer<u16>,
+    /// Values, as `k`.
+    pub v: &'a GpuBuffer<u16>,
+    /// `[seqs, max_pages_per_seq]` page ids.
+    pub block_table: &'a GpuBuffer<u32>,
+    /// `[seqs]` tokens in each sequence's cache, the current token's K/V already written.
+    pub seq_lens: &'a GpuBuffer<u32>,
+}
+
+/// The sliding-window ring one decode-attention call reads ([`Gpu::attention_decode_ring`] has the layouts).
+#[derive(Clone, Copy)]
+pub struct RingKvCache<'a> {
+    /// The window in tokens (the ring holds `window - 1` of them, plus the current token).
+    pub window: usize,
+    /// Keys of the ring, bf16 bits `[seqs, kv_heads, window - 1, head_dim]`.
+    pub k_ring: &'a GpuBuffer<u16>,
+    /// Values of the ring, as `k_ring`.
+    pub v_ring: &'a GpuBuffer<u16>,
+    /// The current token's key, bf16 bits `[seqs, kv_heads, head_dim]`.
+    pub k_cur: &'a GpuBuffer<u16>,
+    /// The current token's value, as `k_cur`.
+    pub v_cur: &'a GpuBuffer<u16>,
+    /// `[seqs]`, the current token's position.
+    pub pos: &'a GpuBuffer<u32>,
+}
+
+/// The new tokens of one chunked-prefill call over a cached prefix ([`Gpu::attention_prefill_paged`],
+/// [`Gpu::attention_prefill_ring`]) and of the K/V stores that follow it ([`Gpu::attention_kv_store_paged`],
+/// [`Gpu::attention_kv_store_ring`], which read `k`, `v` and the positions only).
+#[derive(Clone, Copy)]
+pub struct PrefillChunk<'a> {
+    /// Queries, bf16 bits `[total, q_heads, head_dim]`, sequences packed as `cu_seqlens`.
+    pub q: &'a GpuBuffer<u16>,
+    /// Keys, bf16 bits `[total, kv_heads, head_dim]`.
+    pub k: &'a GpuBuffer<u16>,
+    /// Values, as `k`.
+    pub v: &'a GpuBuffer<u16>,
+    /// `[seqs + 1]` offsets of each sequence's new tokens (on the device, clamped there).
+    pub cu_seqlens: &'a GpuBuffer<u32>,
+    /// `[seqs]` tokens each sequence has cached before these (on the device, clamped there).
+    pub prefix_lens: &'a GpuBuffer<u32>,
+    /// New tokens in all.
+    pub total: usize,
+    /// The most new tokens of one sequence.
+    pub max_seqlen: usize,
+}
+
+/// Which tiled tensor-core decode kernels run ([`Gpu::attention_decode_paged_tiled`],
+/// [`Gpu::attention_decode_ring_with`]): the tiling (tokens per stage, stages), one of [`Gpu::DECODE_TILINGS`], and
+/// the combine kernel (`sliced_combine`: `attention_decode_combine_sliced_D*`, else `attention_decode_combine_D*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeKernels {
+    /// (tokens per stage, stages).
+    pub tiling: (usize, usize),
+    /// The sliced combine (one block per 64 columns) rather than the block combine.
+    pub sliced_combine: bool,
+}
+
+impl DecodeKernels {
+    /// What `Auto` runs on the paged cache: [`Gpu::DECODE_AUTO_TILING`], [`Gpu::DECODE_AUTO_SLICED_COMBINE`].
+    pub const PAGED_AUTO: DecodeKernels = DecodeKernels {
+        tiling: Gpu::DECODE_AUTO_TILING,
+        sliced_combine: Gpu::DECODE_AUTO_SLICED_COMBINE,
+    };
+    /// What [`Gpu::attention_decode_ring`] runs: [`Gpu::DECODE_RING_TILING`], the same combine.
+    pub const RING_AUTO: DecodeKernels = DecodeKernels {
+        tiling: Gpu::DECODE_RING_TILING,
+        sliced_combine: Gpu::DECODE_AUTO_SLICED_COMBINE,
+    };
+    /// `tiling` with the combine `Auto` picks.
+    pub const fn with_tiling(tiling: (usize, usize)) -> DecodeKernels {
+        DecodeKernels {
+            tiling,
+            sliced_combine: Gpu::DECODE_AUTO_SLICED_COMBINE,
+        }
+    }
+}
+
 /// Which kernel family serves a call that has both ([`Gpu::fp8_block_gemv_with`], [`Gpu::nvfp4_gemv_with`],
 /// [`Gpu::attention_decode_paged_with`]). Tests and benchmarks drive each family; callers use `Auto`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

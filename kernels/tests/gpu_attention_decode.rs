@@ -16,31 +16,17 @@
 
 use kernels::attention::{AttnDims, KvSlice, RingKv};
 use kernels::cuda::{DecodeKernels, Gpu, PagedAttentionDims, PagedKvCache, RingKvCache};
-use kernels::formats::{bf16_to_f32, f32_to_bf16};
+use kernels::formats::bf16_to_f32;
 use kernels::reference;
-use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 mod gpu_common;
-use gpu_common::{gpu, rel_err, rng, uniform};
+use gpu_common::{gpu, kv_bits, paged_decode_case, rel_err, rng, uniform};
 
 const TOL: f64 = 5e-3;
 
 /// Sliced against block combine: the same partials weighed in another order in fp32 (~1e-7 relative).
 const COMB_TOL: f64 = 1e-5;
-
-/// Random bf16 bits in [-1, 1), every 7th scaled by 4 (peaky softmax: a wrong max or a lost rescale shows) and
-/// every 5th negated.
-fn kv_bits(rng: &mut ChaCha8Rng, n: usize) -> Vec<u16> {
-    let mut v: Vec<u16> = uniform(rng, n, 1.0).into_iter().map(f32_to_bf16).collect();
-    for x in v.iter_mut().step_by(7) {
-        *x = f32_to_bf16(bf16_to_f32(*x) * 4.0);
-    }
-    for x in v.iter_mut().step_by(5) {
-        *x = f32_to_bf16(-bf16_to_f32(*x));
-    }
-    v
-}
 
 /// One paged case on every tiling. `bad_page`: also point the second table entry of sequence 0 past the pool,
 /// so that page's tokens must be skipped (the reference leaves them out).
@@ -56,88 +42,21 @@ fn check_paged(
 ) {
     let (hq, hkv, d) = (attn.q_heads, attn.kv_heads, attn.head_dim);
     let seqs = lens.len();
-    let max_pages = lens.iter().map(|l| l.div_ceil(page_size)).max().unwrap() + 1;
-    let num_pages = seqs * max_pages + 3;
-    let mut order: Vec<u32> = (0..num_pages as u32).collect();
-    for i in (1..order.len()).rev() {
-        order.swap(i, rng.gen_range(0..=i));
-    }
-    let page_elems = hkv * page_size * d;
-    let kc = kv_bits(rng, num_pages * page_elems);
-    let vc = kv_bits(rng, num_pages * page_elems);
-    // Unused table slots point past the pool: the kernel must never read them.
-    let mut table = vec![u32::MAX; seqs * max_pages];
-    for s in 0..seqs {
-        for p in 0..lens[s].div_ceil(page_size) {
-            table[s * max_pages + p] = order[s * max_pages + p];
-        }
-    }
-    if bad_page && lens[0] > page_size {
-        table[1] = num_pages as u32 + 5;
-    }
-    let q = uniform(rng, seqs * hq * d, 1.0);
-    let scale = 1.0 / (d as f32).sqrt();
-    let mut want = vec![0.0f32; seqs * hq * d];
-    for s in 0..seqs {
-        // The dense history of the tokens whose page is in the pool (softmax does not care about order).
-        let (mut kd, mut vd) = (Vec::new(), Vec::new());
-        for t in 0..lens[s] {
-            let page = table[s * max_pages + t / page_size] as usize;
-            if page >= num_pages {
-                continue;
-            }
-            for g in 0..hkv {
-                let src = ((page * hkv + g) * page_size + t % page_size) * d;
-                kd.extend(kc[src..src + d].iter().map(|&b| bf16_to_f32(b)));
-                vd.extend(vc[src..src + d].iter().map(|&b| bf16_to_f32(b)));
-            }
-        }
-        let n = kd.len() / (hkv * d);
-        if n == 0 {
-            // A sequence with no token in the cache writes 0 (attention.cu, the combine); the reference refuses
-            // an empty history, so the expectation is written here (`want` starts at 0).
-            continue;
-        }
-        reference::attention::decode_dense(
-            &attn,
-            scale,
-            None,
-            n,
-            &q[s * hq * d..(s + 1) * hq * d],
-            &kd,
-            &vd,
-            &mut want[s * hq * d..(s + 1) * hq * d],
-        )
-        .unwrap();
-    }
-    let dims = PagedAttentionDims {
-        seqs,
-        q_heads: hq,
-        kv_heads: hkv,
-        head_dim: d,
-        page_size,
-        num_pages,
-        max_pages_per_seq: max_pages,
-    };
-    let lens32: Vec<u32> = lens.iter().map(|&l| l as u32).collect();
-    let (dq, dk, dv) = (
-        gpu.upload(&q).unwrap(),
-        gpu.upload(&kc).unwrap(),
-        gpu.upload(&vc).unwrap(),
-    );
-    let (dt, dl) = (gpu.upload(&table).unwrap(), gpu.upload(&lens32).unwrap());
+    let c = paged_decode_case(gpu, rng, attn, lens, page_size, bad_page);
+    let (dims, scale, want) = (c.dims, c.scale, &c.want);
+    let (dq, dk, dv, dt, dl) = (&c.q, &c.k, &c.v, &c.table, &c.lens);
     let kv = PagedKvCache {
-        k: &dk,
-        v: &dv,
-        block_table: &dt,
-        seq_lens: &dl,
+        k: dk,
+        v: dv,
+        block_table: dt,
+        seq_lens: dl,
     };
     for tiling in Gpu::DECODE_TILINGS {
         let mut out = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
         gpu.attention_decode_paged_tiled(
             DecodeKernels::with_tiling(tiling),
             &dims,
-            &dq,
+            dq,
             kv,
             scale,
             splits,
@@ -149,7 +68,7 @@ fn check_paged(
             "paged tiled {tiling:?} hq={hq} hkv={hkv} d={d} lens={lens:?} page={page_size} splits={splits} \
              bad_page={bad_page}"
         );
-        let e = rel_err(&what, &got, &want);
+        let e = rel_err(&what, &got, want);
         assert!(e < TOL, "{what}: relative error {e:e} >= {TOL:e}");
         // Each combine kernel explicitly, poisoned each time: the same bf16 split kernel, so the two must agree to
         // fp32 rounding (and the one Auto picks with the call above).
@@ -160,11 +79,11 @@ fn check_paged(
                 tiling,
                 sliced_combine: sliced,
             };
-            gpu.attention_decode_paged_tiled(kernels, &dims, &dq, kv, scale, splits, &mut outc)
+            gpu.attention_decode_paged_tiled(kernels, &dims, dq, kv, scale, splits, &mut outc)
                 .unwrap();
             let gotc = gpu.download(&outc).unwrap();
             let whatc = format!("{what} sliced={sliced}");
-            let e = rel_err(&whatc, &gotc, &want);
+            let e = rel_err(&whatc, &gotc, want);
             assert!(e < TOL, "{whatc}: relative error {e:e} >= {TOL:e}");
             by_combine.push(gotc);
         }
@@ -183,13 +102,13 @@ fn check_paged(
     }
     // The public entry point (KernelPath::Auto: the tiled kernel on DECODE_AUTO_TILING).
     let mut out = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
-    gpu.attention_decode_paged(&dims, &dq, kv, scale, splits, &mut out)
+    gpu.attention_decode_paged(&dims, dq, kv, scale, splits, &mut out)
         .unwrap();
     let got = gpu.download(&out).unwrap();
     let what = format!(
         "paged Auto hq={hq} hkv={hkv} d={d} lens={lens:?} page={page_size} splits={splits} bad_page={bad_page}"
     );
-    let e = rel_err(&what, &got, &want);
+    let e = rel_err(&what, &got, want);
     assert!(e < TOL, "{what}: relative error {e:e} >= {TOL:e}");
 }
 

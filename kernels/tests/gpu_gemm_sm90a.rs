@@ -18,10 +18,7 @@ use kernels::reference;
 use kernels::KernelError;
 
 mod gpu_common;
-use gpu_common::{
-    dequantize_act, fp8_block_weights, gpu, nvfp4_weights, prefill_activations, quantize_act_cpu,
-    rel_err, rng,
-};
+use gpu_common::{fp8_gemm_case, gpu, nvfp4_weights, prefill_activations, rel_err, rng};
 
 /// `rel_err` with a bound; on failure names the worst element, its 128x128 output tile and its 64-row warpgroup
 /// half, and how many elements are off by more than 1% of the largest reference value (one wrong K block or
@@ -129,33 +126,24 @@ fn fp8_block_gemm_wgmma_matches_the_reference_on_every_build() {
         (385, 1000, 384),
         (300, 4500, 256),
     ] {
-        let (wq, ws) = fp8_block_weights(&mut rng, n, k);
-        let (_, xf) = prefill_activations(&mut rng, m, k);
-        let (xq, xs) = quantize_act_cpu(&xf, m, k);
-        let xd = dequantize_act(&xq, &xs, m, k);
-        let want = reference::linear::fp8_block_linear(&xd, m, &wq, &ws, n, k);
-        let (dxq, dxs, dw, dws) = (
-            gpu.upload(&xq).unwrap(),
-            gpu.upload(&xs).unwrap(),
-            gpu.upload(&wq).unwrap(),
-            gpu.upload(&ws).unwrap(),
-        );
+        let c = fp8_gemm_case(&gpu, &mut rng, m, n, k);
+        let (dxq, dxs, dw, dws, want) = (&c.xq, &c.xs, &c.w, &c.ws, &c.want);
         for (name, f) in FP8_BUILDS {
             let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-            if sm90a_available(f(&gpu, &dxq, &dxs, &dw, &dws, &mut dy, m, n, k)).is_none() {
+            if sm90a_available(f(&gpu, dxq, dxs, dw, dws, &mut dy, m, n, k)).is_none() {
                 return;
             }
             let what = format!("fp8 wgmma {name} m={m} n={n} k={k}");
-            check(&what, &gpu.download(&dy).unwrap(), &want, n, FP8_TOL);
+            check(&what, &gpu.download(&dy).unwrap(), want, n, FP8_TOL);
         }
         // The mma.sync kernel on the same device buffers: the wgmma builds are drop-in replacements for it.
         let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-        gpu.fp8_block_gemm_mma_sync(&dxq, &dxs, &dw, &dws, &mut dy, m, n, k)
+        gpu.fp8_block_gemm_mma_sync(dxq, dxs, dw, dws, &mut dy, m, n, k)
             .unwrap();
         check(
             &format!("fp8 mma.sync (gemm.cu) m={m} n={n} k={k}"),
             &gpu.download(&dy).unwrap(),
-            &want,
+            want,
             n,
             FP8_TOL,
         );
@@ -186,27 +174,18 @@ fn fp8_block_gemm_wgmma_bf16_is_the_fp32_result_rounded_to_nearest_even() {
         (2, 19197, 640),
         (300, 4500, 384),
     ] {
-        let (wq, ws) = fp8_block_weights(&mut rng, n, k);
-        let (_, xf) = prefill_activations(&mut rng, m, k);
-        let (xq, xs) = quantize_act_cpu(&xf, m, k);
-        let xd = dequantize_act(&xq, &xs, m, k);
-        let want = reference::linear::fp8_block_linear(&xd, m, &wq, &ws, n, k);
-        let (dxq, dxs, dw, dws) = (
-            gpu.upload(&xq).unwrap(),
-            gpu.upload(&xs).unwrap(),
-            gpu.upload(&wq).unwrap(),
-            gpu.upload(&ws).unwrap(),
-        );
+        let c = fp8_gemm_case(&gpu, &mut rng, m, n, k);
+        let (dxq, dxs, dw, dws, want) = (&c.xq, &c.xs, &c.w, &c.ws, &c.want);
         // The bf16 entry point runs v4 (the only build with a bf16 epilogue): compare it with v4's fp32 output.
         {
             let name = "v4";
             let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
             if sm90a_available(gpu.fp8_block_gemm_wgmma_with(
                 Fp8Wgmma::PingPong,
-                &dxq,
-                &dxs,
-                &dw,
-                &dws,
+                dxq,
+                dxs,
+                dw,
+                dws,
                 &mut dy,
                 m,
                 n,
@@ -219,12 +198,12 @@ fn fp8_block_gemm_wgmma_bf16_is_the_fp32_result_rounded_to_nearest_even() {
             let y32 = gpu.download(&dy).unwrap();
             // 0xFFFF is a bf16 NaN: an element the kernel did not write fails both checks below.
             let mut db = gpu.upload(&vec![0xFFFFu16; m * n]).unwrap();
-            gpu.fp8_block_gemm_wgmma_bf16(&dxq, &dxs, &dw, &dws, &mut db, m, n, k)
+            gpu.fp8_block_gemm_wgmma_bf16(dxq, dxs, dw, dws, &mut db, m, n, k)
                 .unwrap();
             let yb = gpu.download(&db).unwrap();
             let what = format!("fp8 wgmma {name} bf16 out m={m} n={n} k={k}");
             let got: Vec<f32> = yb.iter().map(|&b| bf16_to_f32(b)).collect();
-            check(&what, &got, &want, n, FP8_BF16_TOL);
+            check(&what, &got, want, n, FP8_BF16_TOL);
             if let Some((i, (&b, &f))) = yb
                 .iter()
                 .zip(&y32)
@@ -272,26 +251,17 @@ fn fp8_block_gemm_dispatches_to_wgmma_where_it_fits_and_to_mma_sync_otherwise() 
         (130, 201, 400),
         (257, 129, 1024),
     ] {
-        let (wq, ws) = fp8_block_weights(&mut rng, n, k);
-        let (_, xf) = prefill_activations(&mut rng, m, k);
-        let (xq, xs) = quantize_act_cpu(&xf, m, k);
-        let xd = dequantize_act(&xq, &xs, m, k);
-        let want = reference::linear::fp8_block_linear(&xd, m, &wq, &ws, n, k);
-        let (dxq, dxs, dw, dws) = (
-            gpu.upload(&xq).unwrap(),
-            gpu.upload(&xs).unwrap(),
-            gpu.upload(&wq).unwrap(),
-            gpu.upload(&ws).unwrap(),
-        );
+        let c = fp8_gemm_case(&gpu, &mut rng, m, n, k);
+        let (dxq, dxs, dw, dws, want) = (&c.xq, &c.xs, &c.w, &c.ws, &c.want);
         let run = |f: Fp8Fn| {
             let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-            f(&gpu, &dxq, &dxs, &dw, &dws, &mut dy, m, n, k).map(|()| gpu.download(&dy).unwrap())
+            f(&gpu, dxq, dxs, dw, dws, &mut dy, m, n, k).map(|()| gpu.download(&dy).unwrap())
         };
         let public = run(Gpu::fp8_block_gemm).unwrap();
         check(
             &format!("public fp8_block_gemm m={m} n={n} k={k}"),
             &public,
-            &want,
+            want,
             n,
             FP8_TOL,
         );
@@ -299,7 +269,7 @@ fn fp8_block_gemm_dispatches_to_wgmma_where_it_fits_and_to_mma_sync_otherwise() 
         check(
             &format!("fp8_block_gemm_mma_sync m={m} n={n} k={k}"),
             &mma,
-            &want,
+            want,
             n,
             FP8_TOL,
         );

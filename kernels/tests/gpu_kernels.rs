@@ -10,7 +10,6 @@ use kernels::attention::AttnDims;
 use kernels::cuda::{
     GdnGpuInputs, GdnGpuWeights, Gpu, KernelPath, PagedAttentionDims, PagedKvCache,
 };
-use kernels::formats::{bf16_to_f32, f32_to_bf16};
 use kernels::gdn::{GdnDims, GdnInputs, GdnWeights};
 use kernels::reference;
 use kernels::KernelError;
@@ -19,8 +18,8 @@ use rand_chacha::ChaCha8Rng;
 
 mod gpu_common;
 use gpu_common::{
-    bf16_activations, dequantize_act, fp8_block_weights, gpu, nvfp4_weights, prefill_activations,
-    quantize_act_cpu, rel_err, rng, uniform,
+    bf16_activations, fp8_block_weights, fp8_gemm_case, gpu, nvfp4_weights, paged_decode_case,
+    prefill_activations, quantize_act_cpu, rel_err, rng, uniform, Fp8GemmCase,
 };
 
 #[test]
@@ -307,8 +306,8 @@ fn gdn_decode_step_refuses_unbuilt_head_dims() {
     assert!(e.to_string().contains("key_dim = value_dim = 128"), "{e}");
 }
 
-/// One paged-attention case on every kernel path: random bf16 K/V for ragged lengths scattered over shuffled
-/// pages.
+/// One paged-attention case (`paged_decode_case`: random bf16 K/V for ragged lengths scattered over shuffled
+/// pages) on every kernel path.
 fn check_attention(
     gpu: &Gpu,
     rng: &mut ChaCha8Rng,
@@ -319,79 +318,9 @@ fn check_attention(
 ) {
     let (hq, hkv, d) = (attn.q_heads, attn.kv_heads, attn.head_dim);
     let seqs = lens.len();
-    let max_pages = lens.iter().map(|l| l.div_ceil(page_size)).max().unwrap() + 1;
-    let num_pages = seqs * max_pages + 3;
-    let mut order: Vec<u32> = (0..num_pages as u32).collect();
-    for i in (1..order.len()).rev() {
-        order.swap(i, rng.gen_range(0..=i));
-    }
-    let page_elems = hkv * page_size * d;
-    let mut kc: Vec<u16> = uniform(rng, num_pages * page_elems, 1.0)
-        .into_iter()
-        .map(f32_to_bf16)
-        .collect();
-    let mut vc: Vec<u16> = uniform(rng, num_pages * page_elems, 1.0)
-        .into_iter()
-        .map(f32_to_bf16)
-        .collect();
-    // Large keys make the softmax peaky, so a wrong max or a lost rescale shows.
-    for v in kc.iter_mut().step_by(7) {
-        *v = f32_to_bf16(bf16_to_f32(*v) * 4.0);
-    }
-    for v in vc.iter_mut().step_by(5) {
-        *v = f32_to_bf16(-bf16_to_f32(*v));
-    }
-    // Unused table slots point past the pool: the kernel must never read them.
-    let mut table = vec![u32::MAX; seqs * max_pages];
-    for s in 0..seqs {
-        for p in 0..lens[s].div_ceil(page_size) {
-            table[s * max_pages + p] = order[s * max_pages + p];
-        }
-    }
-    let q = uniform(rng, seqs * hq * d, 1.0);
-    let scale = 1.0 / (d as f32).sqrt();
-    let mut want = vec![0.0f32; seqs * hq * d];
-    for s in 0..seqs {
-        let n = lens[s];
-        let (mut kd, mut vd) = (vec![0.0f32; n * hkv * d], vec![0.0f32; n * hkv * d]);
-        for t in 0..n {
-            let page = table[s * max_pages + t / page_size] as usize;
-            for g in 0..hkv {
-                let src = ((page * hkv + g) * page_size + t % page_size) * d;
-                for e in 0..d {
-                    kd[(t * hkv + g) * d + e] = bf16_to_f32(kc[src + e]);
-                    vd[(t * hkv + g) * d + e] = bf16_to_f32(vc[src + e]);
-                }
-            }
-        }
-        reference::attention::decode_dense(
-            &attn,
-            scale,
-            None,
-            n,
-            &q[s * hq * d..(s + 1) * hq * d],
-            &kd,
-            &vd,
-            &mut want[s * hq * d..(s + 1) * hq * d],
-        )
-        .unwrap();
-    }
-    let dims = PagedAttentionDims {
-        seqs,
-        q_heads: hq,
-        kv_heads: hkv,
-        head_dim: d,
-        page_size,
-        num_pages,
-        max_pages_per_seq: max_pages,
-    };
-    let lens32: Vec<u32> = lens.iter().map(|&l| l as u32).collect();
-    let (dq, dk, dv) = (
-        gpu.upload(&q).unwrap(),
-        gpu.upload(&kc).unwrap(),
-        gpu.upload(&vc).unwrap(),
-    );
-    let (dt, dl) = (gpu.upload(&table).unwrap(), gpu.upload(&lens32).unwrap());
+    let c = paged_decode_case(gpu, rng, attn, lens, page_size, false);
+    let (dims, scale, want) = (c.dims, c.scale, &c.want);
+    let (dq, dk, dv, dt, dl) = (&c.q, &c.k, &c.v, &c.table, &c.lens);
     // CUDA cores: fp32 scores and exp2 on exact bf16 inputs against f64, ~1e-6 relative, bound 1e-4. Tensor
     // cores (the tiled kernel, also what Auto runs): q and the probabilities rounded to bf16 (2^-9 relative
     // each), ~1e-3, bound 5e-3.
@@ -402,18 +331,18 @@ fn check_attention(
     ] {
         let mut out = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
         let kv = PagedKvCache {
-            k: &dk,
-            v: &dv,
-            block_table: &dt,
-            seq_lens: &dl,
+            k: dk,
+            v: dv,
+            block_table: dt,
+            seq_lens: dl,
         };
-        gpu.attention_decode_paged_with(path, &dims, &dq, kv, scale, splits, &mut out)
+        gpu.attention_decode_paged_with(path, &dims, dq, kv, scale, splits, &mut out)
             .unwrap();
         let got = gpu.download(&out).unwrap();
         let what = format!(
             "attention {path:?} hq={hq} hkv={hkv} d={d} lens={lens:?} page={page_size} splits={splits}"
         );
-        let e = rel_err(&what, &got, &want);
+        let e = rel_err(&what, &got, want);
         assert!(e < tol, "{what}: relative error {e:e} >= {tol:e}");
     }
 }
@@ -595,26 +524,23 @@ fn fp8_block_gemm_matches_the_reference() {
     // Ragged M and N (not multiples of the 128x128 tile, of the 16-row mma, or even: the odd-N store path),
     // K a multiple of 16 but not of 128 and spanning more K tiles than the 4 pipeline stages.
     for &(m, n, k) in &[
-        (1, 16, 16),
+        (1usize, 16usize, 16usize),
         (5, 130, 272),
         (64, 128, 128),
         (130, 201, 400),
         (257, 385, 1040),
         (129, 257, 2064),
     ] {
-        let (wq, ws) = fp8_block_weights(&mut rng, n, k);
-        let (xb, xf) = prefill_activations(&mut rng, m, k);
-        let (xq, xs) = quantize_act_cpu(&xf, m, k);
         let kb = k.div_ceil(128);
         // What the GEMM computes, in exact values: the dequantised activations against the reference GEMM.
-        let xd = dequantize_act(&xq, &xs, m, k);
-        let want = reference::linear::fp8_block_linear(&xd, m, &wq, &ws, n, k);
-        let (dxq, dxs, dw, dws) = (
-            gpu.upload(&xq).unwrap(),
-            gpu.upload(&xs).unwrap(),
-            gpu.upload(&wq).unwrap(),
-            gpu.upload(&ws).unwrap(),
-        );
+        let Fp8GemmCase {
+            xb,
+            want,
+            xq: dxq,
+            xs: dxs,
+            w: dw,
+            ws: dws,
+        } = fp8_gemm_case(&gpu, &mut rng, m, n, k);
         let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
         gpu.fp8_block_gemm(&dxq, &dxs, &dw, &dws, &mut dy, m, n, k)
             .unwrap();

@@ -4,7 +4,8 @@
 //! Each `kernels/tests/gpu_*.rs` includes it with `mod gpu_common;`.
 #![allow(dead_code)] // each test file uses a different subset
 
-use kernels::cuda::Gpu;
+use kernels::attention::AttnDims;
+use kernels::cuda::{Gpu, GpuBuffer, PagedAttentionDims};
 use kernels::formats::{bf16_to_f32, e4m3_to_f32, f32_to_bf16, f32_to_e4m3};
 use kernels::reference;
 use kernels::KernelError;
@@ -133,4 +134,164 @@ pub(crate) fn dequantize_act(codes: &[u8], scales: &[f32], m: usize, k: usize) -
     (0..m * k)
         .map(|i| e4m3_to_f32(codes[i]) * scales[(i / k) * kb + (i % k) / 128])
         .collect()
+}
+
+/// One FP8 block-scaled GEMM case, as the prefill GEMM tests draw it: random 128x128-block-scaled weights
+/// (`fp8_block_weights`) and activations (`prefill_activations`, bf16 bits in `xb`) quantised per token per 128
+/// of K (`quantize_act_cpu`), the reference product of the dequantised activations, and the four operands on the
+/// device.
+pub(crate) struct Fp8GemmCase {
+    /// The bf16 activations before quantisation, `[m, k]`.
+    pub xb: Vec<u16>,
+    /// `fp8_block_linear` of the dequantised activations: what the GEMM computes in exact values.
+    pub want: Vec<f32>,
+    /// Activation codes `[m, k]` and scales `[m, ceil(k/128)]`, weight codes `[n, k]` and scales.
+    pub xq: GpuBuffer<u8>,
+    pub xs: GpuBuffer<f32>,
+    pub w: GpuBuffer<u8>,
+    pub ws: GpuBuffer<f32>,
+}
+
+pub(crate) fn fp8_gemm_case(
+    gpu: &Gpu,
+    rng: &mut ChaCha8Rng,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Fp8GemmCase {
+    let (wq, ws) = fp8_block_weights(rng, n, k);
+    let (xb, xf) = prefill_activations(rng, m, k);
+    let (xq, xs) = quantize_act_cpu(&xf, m, k);
+    let xd = dequantize_act(&xq, &xs, m, k);
+    let want = reference::linear::fp8_block_linear(&xd, m, &wq, &ws, n, k);
+    Fp8GemmCase {
+        xb,
+        want,
+        xq: gpu.upload(&xq).unwrap(),
+        xs: gpu.upload(&xs).unwrap(),
+        w: gpu.upload(&wq).unwrap(),
+        ws: gpu.upload(&ws).unwrap(),
+    }
+}
+
+/// Random bf16 bits in [-1, 1), every 7th scaled by 4 (peaky softmax: a wrong max or a lost rescale shows) and
+/// every 5th negated.
+pub(crate) fn kv_bits(rng: &mut ChaCha8Rng, n: usize) -> Vec<u16> {
+    let mut v: Vec<u16> = uniform(rng, n, 1.0).into_iter().map(f32_to_bf16).collect();
+    for x in v.iter_mut().step_by(7) {
+        *x = f32_to_bf16(bf16_to_f32(*x) * 4.0);
+    }
+    for x in v.iter_mut().step_by(5) {
+        *x = f32_to_bf16(-bf16_to_f32(*x));
+    }
+    v
+}
+
+/// One decode-attention case over a paged bf16 cache, as the decode tests draw it: ragged `lens` scattered over
+/// shuffled pages of `page_size` tokens (unused table slots point past the pool, which the kernels must never
+/// read; with `bad_page`, sequence 0's second page too, whose tokens must then be skipped), random `kv_bits` K/V
+/// and fp32 queries, the f64 reference of every sequence over its tokens in the pool (0 for a sequence with none,
+/// as the kernels write), and everything on the device.
+pub(crate) struct PagedDecodeCase {
+    pub dims: PagedAttentionDims,
+    /// `1 / sqrt(head_dim)`.
+    pub scale: f32,
+    pub want: Vec<f32>,
+    pub q: GpuBuffer<f32>,
+    pub k: GpuBuffer<u16>,
+    pub v: GpuBuffer<u16>,
+    pub table: GpuBuffer<u32>,
+    pub lens: GpuBuffer<u32>,
+}
+
+pub(crate) fn paged_decode_case(
+    gpu: &Gpu,
+    rng: &mut ChaCha8Rng,
+    attn: AttnDims,
+    lens: &[usize],
+    page_size: usize,
+    bad_page: bool,
+) -> PagedDecodeCase {
+    let (hq, hkv, d) = (attn.q_heads, attn.kv_heads, attn.head_dim);
+    let seqs = lens.len();
+    let max_pages = lens.iter().map(|l| l.div_ceil(page_size)).max().unwrap() + 1;
+    let num_pages = seqs * max_pages + 3;
+    let mut order: Vec<u32> = (0..num_pages as u32).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.gen_range(0..=i));
+    }
+    let page_elems = hkv * page_size * d;
+    let kc = kv_bits(rng, num_pages * page_elems);
+    let vc = kv_bits(rng, num_pages * page_elems);
+    // Unused table slots point past the pool: the kernel must never read them.
+    let mut table = vec![u32::MAX; seqs * max_pages];
+    for s in 0..seqs {
+        for p in 0..lens[s].div_ceil(page_size) {
+            table[s * max_pages + p] = order[s * max_pages + p];
+        }
+    }
+    if bad_page && lens[0] > page_size {
+        table[1] = num_pages as u32 + 5;
+    }
+    let q = uniform(rng, seqs * hq * d, 1.0);
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut want = vec![0.0f32; seqs * hq * d];
+    for s in 0..seqs {
+        // The dense history of the tokens whose page is in the pool (softmax does not care about order).
+        let (mut kd, mut vd) = (Vec::new(), Vec::new());
+        for t in 0..lens[s] {
+            let page = table[s * max_pages + t / page_size] as usize;
+            if page >= num_pages {
+                continue;
+            }
+            for g in 0..hkv {
+                let src = ((page * hkv + g) * page_size + t % page_size) * d;
+                kd.extend(kc[src..src + d].iter().map(|&b| bf16_to_f32(b)));
+                vd.extend(vc[src..src + d].iter().map(|&b| bf16_to_f32(b)));
+            }
+        }
+        let n = kd.len() / (hkv * d);
+        if n == 0 {
+            // A sequence with no token in the cache writes 0 (attention.cu, the combine); the reference refuses
+            // an empty history, so the expectation is written here (`want` starts at 0).
+            continue;
+        }
+        reference::attention::decode_dense(
+            &attn,
+            scale,
+            None,
+            n,
+            &q[s * hq * d..(s + 1) * hq * d],
+            &kd,
+            &vd,
+            &mut want[s * hq * d..(s + 1) * hq * d],
+        )
+        .unwrap();
+    }
+    let dims = PagedAttentionDims {
+        seqs,
+        q_heads: hq,
+        kv_heads: hkv,
+        head_dim: d,
+        page_size,
+        num_pages,
+        max_pages_per_seq: max_pages,
+    };
+    let lens32: Vec<u32> = lens.iter().map(|&l| l as u32).collect();
+    let (dq, dk, dv) = (
+        gpu.upload(&q).unwrap(),
+        gpu.upload(&kc).unwrap(),
+        gpu.upload(&vc).unwrap(),
+    );
+    let (dt, dl) = (gpu.upload(&table).unwrap(), gpu.upload(&lens32).unwrap());
+    PagedDecodeCase {
+        dims,
+        scale,
+        want,
+        q: dq,
+        k: dk,
+        v: dv,
+        table: dt,
+        lens: dl,
+    }
 }

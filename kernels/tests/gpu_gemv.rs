@@ -293,13 +293,19 @@ fn fp8_with_scratch_matches_the_reference_for_every_m() {
 
 /// The m = 1 CUDA-core FP8 GEMV with K split over 1, 2 and 4 warps per row pair, against the reference: k = 400
 /// (one partial 512-byte part: the other warps of a pair get nothing), 2064 (parts of 1536 + 528 at split 2, the
-/// last 16-byte chunk alone in its scale block), 9216; n = 300 and 17 leave partial blocks and row pairs, n = 8200
-/// runs past `Auto`'s split rows. NaN-poisoned outputs.
+/// last 16-byte chunk alone in its scale block), 9216; n = 300 and 17 leave partial blocks and row pairs; at
+/// n = 16400 `Auto` also launches it as a programmatic dependent. NaN-poisoned outputs.
 #[test]
 fn fp8_m1_k_splits_match_the_reference() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("fp8_m1_ksplit");
-    for (n, k) in [(300, 400), (17, 2064), (300, 9216), (8200, 2064)] {
+    for (n, k) in [
+        (300, 400),
+        (17, 2064),
+        (300, 9216),
+        (8200, 2064),
+        (16400, 528),
+    ] {
         let w = uniform(&mut rng, n * k, 0.05);
         let (codes, scales) = reference::linear::quantize_fp8_block(&w, n, k);
         let (dw, ds) = (gpu.upload(&codes).unwrap(), gpu.upload(&scales).unwrap());

@@ -87,6 +87,8 @@ def fp8_case(n, k, m, sets, w8, sc, copy_bw, one, wbf):
             fk = kern("gemv", f"fp8_block_gemv_m1_r2_u2_k{ks}")
             gk = ((n + 16 // ks - 1) // (16 // ks),)
             arms[f"k{ks}"] = lambda i, fk=fk, gk=gk: launch(fk, gk, (256,), args(i))
+            if ks == 2:  # Auto on 16384..65536 rows: the split kernel as a programmatic dependent
+                arms["k2_pdl"] = lambda i, fk=fk, gk=gk: b.launch_pdl(fk, gk, (256,), args(i))
     else:
         f = kern("gemv", "fp8_block_gemv_mma_n8" if m <= 8 else "fp8_block_gemv_mma_n16")
         arms["auto"] = lambda i: launch(f, g16, (256,), args(i))
@@ -152,7 +154,8 @@ def fp8_case(n, k, m, sets, w8, sc, copy_bw, one, wbf):
     ok = {a: res[a][0] for a in arms if errs[a] < 1e-4}
     best = min(ok, key=ok.get) if ok else "none"
     # Gpu::fp8_block_gemv_with_scratch's choice
-    lib = "pre" if m >= 9 or (m >= 2 and n >= 65536) else ("k2" if m == 1 and n < 65536 else "auto")
+    lib = ("pre" if m >= 9 or (m >= 2 and n >= 65536) else
+           ("k2_pdl" if 16384 <= n < 65536 else "k2") if m == 1 and n < 65536 else "auto")
     BEST.append(("fp8", f"N={n} K={k}", m, best, ok.get(best, float("nan")) * 1e6, lib, res[lib][0] * 1e6,
                  moved / ok.get(best, float("nan")) / copy_bw if ok else float("nan")))
     return res["auto"]
@@ -196,9 +199,11 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto):
     arms["tilepre_pdl"] = lambda i: (
         b.launch_pdl(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt))),
         b.launch_pdl(ftp, g16, (256,), (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail()))
-    arms["t1k2_pdl"] = lambda i: (
-        b.launch_pdl(faz, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt), ptr(y), np.uint64(m * n))),
-        b.launch_pdl(fu, (g16[0], 2), (256,), (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail()))
+    for splits in (2, 4):  # t1k4_pdl: four K splits (1280 blocks on 5120 rows), atomics in any order
+        arms[f"t1k{splits}_pdl"] = lambda i, splits=splits: (
+            b.launch_pdl(faz, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt), ptr(y),
+                                           np.uint64(m * n))),
+            b.launch_pdl(fu, (g16[0], splits), (256,), (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail()))
     outs = {}
     for name, call in list(arms.items()):
         y.fill_(float("nan"))

@@ -65,9 +65,9 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::fp8_block_gemv";
         check_fp8_gemv(OP, x, w, scales, y, m, n, k)?;
-        let ksplit = match path {
-            KernelPath::Auto => fp8_m1_ksplit_auto(n),
-            _ => 1,
+        let (ksplit, pdl) = match path {
+            KernelPath::Auto => (fp8_m1_ksplit_auto(n), fp8_m1_pdl_auto(n)),
+            _ => (1, false),
         };
         #[cfg(feature = "cuda")]
         {
@@ -79,6 +79,7 @@ impl Gpu {
             self.inner.fp8_block_gemv(
                 tensor,
                 ksplit,
+                pdl,
                 &x.slice,
                 &w.slice,
                 &scales.slice,
@@ -90,7 +91,7 @@ impl Gpu {
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = (path, ksplit);
+            let _ = (path, ksplit, pdl);
             match self.never {}
         }
     }
@@ -121,6 +122,7 @@ impl Gpu {
             self.inner.fp8_block_gemv(
                 false,
                 ksplit,
+                false,
                 &x.slice,
                 &w.slice,
                 &scales.slice,
@@ -618,6 +620,14 @@ fn fp8_m1_ksplit_auto(n: usize) -> usize {
     }
 }
 
+/// Whether `Auto` launches the `m = 1` FP8 GEMV as a programmatic dependent (`Device::launch_pdl`): on
+/// 16384..65536 rows, where PDL alone measured 1.04x on 17408x5120 (25.19 vs 26.41 us, s4-run6) and the grid
+/// (2176 blocks with the K split) is several waves; not on the 5120-row shapes, whose one-wave grids it unbalanced
+/// (31.3 vs 25.9 us on 5120x17408, s4-run6).
+fn fp8_m1_pdl_auto(n: usize) -> bool {
+    (16384..FP8_M1_KSPLIT_BELOW_N).contains(&n)
+}
+
 /// Rows below which [`fp8_m1_ksplit_auto`] splits K (see there).
 const FP8_M1_KSPLIT_BELOW_N: usize = 65536;
 
@@ -774,6 +784,15 @@ mod tests {
             (248320, 1),
         ] {
             assert_eq!(fp8_m1_ksplit_auto(n), want, "fp8 m=1 n={n}");
+        }
+        for (n, want) in [
+            (5120, false),
+            (16383, false),
+            (16384, true),
+            (17408, true),
+            (65536, false),
+        ] {
+            assert_eq!(fp8_m1_pdl_auto(n), want, "fp8 m=1 pdl n={n}");
         }
     }
 }

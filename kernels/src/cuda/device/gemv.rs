@@ -9,6 +9,7 @@ impl Device {
         &self,
         tensor: bool,
         ksplit: usize,
+        pdl: bool,
         x: &CudaSlice<u16>,
         w: &CudaSlice<u8>,
         scales: &CudaSlice<f32>,
@@ -65,20 +66,31 @@ impl Device {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x)
-            .arg(w)
-            .arg(scales)
-            .arg(y)
-            .arg(&mi)
-            .arg(&ni)
-            .arg(&ki);
-        // SAFETY: the argument list matches `fp8_block_gemv_m*` in cuda/gemv.cu (three input pointers, one output,
-        // three ints) and the caller checked x = [m, k], w = [n, k], scales = [ceil(n/128), ceil(k/128)],
-        // y = [m, n], k % 16 == 0, so every thread's 16-byte loads stay inside its row (the K-split builds cut K
-        // at multiples of 512, inside [0, k)); the grid covers n at the build's rows per block, rows past n are
-        // guarded; cudarc allocations are 256-byte aligned.
-        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        // SAFETY (both launches): the argument list matches `fp8_block_gemv_m*` in cuda/gemv.cu (three input
+        // pointers, one output, three ints) and the caller checked x = [m, k], w = [n, k], scales = [ceil(n/128),
+        // ceil(k/128)], y = [m, n], k % 16 == 0, so every thread's 16-byte loads stay inside its row (the K-split
+        // builds cut K at multiples of 512, inside [0, k)); the grid covers n at the build's rows per block, rows
+        // past n are guarded; cudarc allocations are 256-byte aligned. As a programmatic dependent (`pdl`, m = 1
+        // only) the kernel reads x and writes y only after its pdl_wait (cuda/gemv.cu, fp8_block_gemv).
+        if pdl && m == 1 {
+            let (xp, _gx) = x.device_ptr(&self.stream);
+            let (wp, _gw) = w.device_ptr(&self.stream);
+            let (sp, _gs) = scales.device_ptr(&self.stream);
+            let (yp, _gy) = y.device_ptr_mut(&self.stream);
+            let mut args = PdlArgs::default();
+            args.ptr(xp).ptr(wp).ptr(sp).ptr(yp).i32(mi).i32(ni).i32(ki);
+            unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
+        } else {
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(x)
+                .arg(w)
+                .arg(scales)
+                .arg(y)
+                .arg(&mi)
+                .arg(&ni)
+                .arg(&ki);
+            unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        }
         Ok(())
     }
 

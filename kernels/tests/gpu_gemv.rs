@@ -293,8 +293,8 @@ fn fp8_with_scratch_matches_the_reference_for_every_m() {
 
 /// The m = 1 CUDA-core FP8 GEMV with K split over 1, 2 and 4 warps per row pair, against the reference: k = 400
 /// (one partial 512-byte part: the other warps of a pair get nothing), 2064 (parts of 1536 + 528 at split 2, the
-/// last 16-byte chunk alone in its scale block), 9216; n = 300 and 17 leave partial blocks and row pairs; at
-/// n = 16400 `Auto` also launches it as a programmatic dependent. NaN-poisoned outputs.
+/// last 16-byte chunk alone in its scale block), 9216; n = 300 and 17 leave partial blocks and row pairs, 16400
+/// a taller grid. `Auto` runs the two-way split as a programmatic dependent on all of them. NaN-poisoned outputs.
 #[test]
 fn fp8_m1_k_splits_match_the_reference() {
     let Some(gpu) = gpu() else { return };

@@ -80,14 +80,15 @@ def fp8_case(n, k, m, sets, w8, sc, copy_bw, one, wbf):
     arms = {}
     if m == 1:
         # "auto" here is the unsplit kernel (the library's Auto before session 4); Gpu::fp8_block_gemv's Auto now
-        # splits K over 2 warps below 65536 rows (fp8_m1_ksplit_auto, from s4-run6), the "k2" arm.
+        # splits K over 2 warps below 65536 rows and launches that as a programmatic dependent (fp8_m1_ksplit_auto,
+        # fp8_m1_pdl_auto; s4-run6, s4-run8), the "k2_pdl" arm.
         f = kern("gemv", "fp8_block_gemv_m1_r2_u2")
         arms["auto"] = lambda i: launch(f, g16, (256,), args(i))
         for ks in (2, 4):
             fk = kern("gemv", f"fp8_block_gemv_m1_r2_u2_k{ks}")
             gk = ((n + 16 // ks - 1) // (16 // ks),)
             arms[f"k{ks}"] = lambda i, fk=fk, gk=gk: launch(fk, gk, (256,), args(i))
-            if ks == 2:  # Auto on 16384..65536 rows: the split kernel as a programmatic dependent
+            if ks == 2:  # Auto below 65536 rows: the split kernel as a programmatic dependent (s4-run8)
                 arms["k2_pdl"] = lambda i, fk=fk, gk=gk: b.launch_pdl(fk, gk, (256,), args(i))
     else:
         f = kern("gemv", "fp8_block_gemv_mma_n8" if m <= 8 else "fp8_block_gemv_mma_n16")
@@ -154,8 +155,7 @@ def fp8_case(n, k, m, sets, w8, sc, copy_bw, one, wbf):
     ok = {a: res[a][0] for a in arms if errs[a] < 1e-4}
     best = min(ok, key=ok.get) if ok else "none"
     # Gpu::fp8_block_gemv_with_scratch's choice
-    lib = ("pre" if m >= 9 or (m >= 2 and n >= 65536) else
-           ("k2_pdl" if 16384 <= n < 65536 else "k2") if m == 1 and n < 65536 else "auto")
+    lib = "pre" if m >= 9 or (m >= 2 and n >= 65536) else ("k2_pdl" if m == 1 and n < 65536 else "auto")
     BEST.append(("fp8", f"N={n} K={k}", m, best, ok.get(best, float("nan")) * 1e6, lib, res[lib][0] * 1e6,
                  moved / ok.get(best, float("nan")) / copy_bw if ok else float("nan")))
     return res["auto"]

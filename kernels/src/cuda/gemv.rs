@@ -10,8 +10,8 @@ impl Gpu {
     /// `x`: bf16 bits `[m, k]`; `w`: e4m3 `[n, k]` (the checkpoint's `weight`); `scales`: fp32
     /// `[ceil(n/128), ceil(k/128)]` (`weight_scale_inv`, multiplied); `y`: fp32 `[m, n]`. Needs `k % 16 == 0`
     /// (one 16-byte load per lane never straddles a row). Same as [`Gpu::fp8_block_gemv_with`] with
-    /// [`KernelPath::Auto`], which takes the CUDA cores at `m = 1` (90% of copy bandwidth on 5120x17408 on the
-    /// H200 with K split over two warps, s4-run6, against 67% on the tensor cores) and the tensor cores above (at
+    /// [`KernelPath::Auto`], which takes the CUDA cores at `m = 1` (92% of copy bandwidth on 5120x17408 on the
+    /// H200 with K split over two warps, s4-run8, against 67% on the tensor cores) and the tensor cores above (at
     /// `m = 4` 2.8x faster).
     #[allow(clippy::too_many_arguments)]
     pub fn fp8_block_gemv(
@@ -30,9 +30,10 @@ impl Gpu {
     /// [`Gpu::fp8_block_gemv`] on a chosen kernel family (tests and benchmarks drive each one).
     ///
     /// `Auto`'s table (H200, benchmarks/h200.md run 12; m = 1 updated in session 4): `m = 1` ->
-    /// `fp8_block_gemv_m1_r2_u2_k2` (CUDA cores, K split over two warps, 84-90% of copy bandwidth on the layer
-    /// shapes, s4-run6) below 65536 rows, `fp8_block_gemv_m1_r2_u2` (108.7% on the lm_head) above (`fp8_m1_ksplit_auto`); `m = 2..=8` -> `fp8_block_gemv_mma_n8`, `m = 9..=16` -> `fp8_block_gemv_mma_n16` (tensor cores,
-    /// 47-94%). A caller that can lend a scratch buffer should call [`Gpu::fp8_block_gemv_with_scratch`], whose table
+    /// `fp8_block_gemv_m1_r2_u2_k2` (CUDA cores, K split over two warps, launched as a programmatic dependent:
+    /// 86.5-91.7% of copy bandwidth on the layer shapes, s4-run8) below 65536 rows, `fp8_block_gemv_m1_r2_u2`
+    /// (105.5% on the lm_head) above (`fp8_m1_ksplit_auto`, `fp8_m1_pdl_auto`); `m = 2..=8` ->
+    /// `fp8_block_gemv_mma_n8`, `m = 9..=16` -> `fp8_block_gemv_mma_n16` (tensor cores, 47-94%). A caller that can lend a scratch buffer should call [`Gpu::fp8_block_gemv_with_scratch`], whose table
     /// converts the activations once per call at `m >= 9` and on the lm_head (1.02-1.37x there, H200 runs s2-run3 to
     /// s3-run1). A variant replaces an entry only where `kernels/bench/h200/bench_gemv.py` measures it faster ("Auto
     /// table candidates" in its output). The s2-run5 sweep's m = 1 variants lost and were deleted: L2::256B prefetch
@@ -620,12 +621,15 @@ fn fp8_m1_ksplit_auto(n: usize) -> usize {
     }
 }
 
-/// Whether `Auto` launches the `m = 1` FP8 GEMV as a programmatic dependent (`Device::launch_pdl`): on
-/// 16384..65536 rows, where PDL alone measured 1.04x on 17408x5120 (25.19 vs 26.41 us, s4-run6) and the grid
-/// (2176 blocks with the K split) is several waves; not on the 5120-row shapes, whose one-wave grids it unbalanced
-/// (31.3 vs 25.9 us on 5120x17408, s4-run6).
+/// Whether `Auto` launches the `m = 1` FP8 GEMV as a programmatic dependent (`Device::launch_pdl`): with the K
+/// split, below 65536 rows. s4-run8 (--quick, `benchmarks/h200-runs/s4-run8/bench_gemv.txt`), us and fraction of
+/// copy, split in two plain / split in two as a dependent: 5120x17408 23.83 (88.3%) / **22.94 (91.7%)**,
+/// 17408x5120 25.43 (82.7%) / **24.34 (86.5%)**, 5120x10240 14.94 (82.8%) / **13.63 (90.8%)**. The unsplit kernel
+/// as a dependent was 1.2x slower on the 5120-row shapes (31.2 vs 25.9 us: its one-wave grid of 320 blocks,
+/// resident early beside the kernel before, no longer spread evenly), and the lm_head keeps the plain unsplit
+/// kernel (284.6 us against 285.0 as a dependent, 300.1 split).
 fn fp8_m1_pdl_auto(n: usize) -> bool {
-    (16384..FP8_M1_KSPLIT_BELOW_N).contains(&n)
+    n < FP8_M1_KSPLIT_BELOW_N
 }
 
 /// Rows below which [`fp8_m1_ksplit_auto`] splits K (see there).
@@ -786,11 +790,11 @@ mod tests {
             assert_eq!(fp8_m1_ksplit_auto(n), want, "fp8 m=1 n={n}");
         }
         for (n, want) in [
-            (5120, false),
-            (16383, false),
-            (16384, true),
+            (5120, true),
             (17408, true),
+            (65535, true),
             (65536, false),
+            (248320, false),
         ] {
             assert_eq!(fp8_m1_pdl_auto(n), want, "fp8 m=1 pdl n={n}");
         }

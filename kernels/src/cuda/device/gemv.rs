@@ -42,7 +42,8 @@ impl Device {
         }
         // M = 1 uses two rows per warp and two 16-byte loads in flight per row: the best of the design sweep in
         // kernels/bench/h200 (3.54 TB/s on 5120x17408, 1.13x the one-row, four-load kernel, H200 2026-11-30);
-        // Auto splits K over two warps below 65536 rows (fp8_m1_ksplit_auto in cuda/gemv.rs, s4-run6).
+        // Auto splits K over two warps below 65536 rows and launches that as a programmatic dependent
+        // (fp8_m1_ksplit_auto, fp8_m1_pdl_auto in cuda/gemv.rs; s4-run6, s4-run8).
         // `ksplit` (m = 1 only) warps of a block share two rows, each a contiguous part of K
         // (`fp8_block_gemv_m1_r2_u2_k{2,4}`): a block covers 16 / ksplit rows.
         let (name, rows_per_block) = match (m, ksplit) {

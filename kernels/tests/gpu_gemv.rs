@@ -11,27 +11,15 @@
 //! for `compute-sanitizer --tool memcheck|racecheck` in seconds.
 
 use kernels::cuda::Gpu;
-use kernels::formats::{bf16_to_f32, f32_to_bf16};
 use kernels::reference;
-use rand_chacha::ChaCha8Rng;
 
 mod gpu_common;
-use gpu_common::{gpu, rel_err, rng, uniform};
+use gpu_common::{bf16_activations, gpu, rel_err, rng, uniform};
 
 /// fp32 accumulation of exact products (e4m3 or e2m1 x e4m3 scale, and bf16 activations, are exact in f16 over the
 /// test's ranges) against the f64 reference: the error is the rounding of fp32 partial sums, ~1e-7 relative; 2e-5
 /// leaves room without hiding a wrong element (one wrong 16-value group moves the norm by > 1e-3 at these sizes).
 const TOL: f64 = 2e-5;
-
-/// bf16 activations: bits for the GPU, exact values for the reference.
-fn bf16_activations(rng: &mut ChaCha8Rng, len: usize) -> (Vec<u16>, Vec<f32>) {
-    let bits: Vec<u16> = uniform(rng, len, 2.0)
-        .into_iter()
-        .map(f32_to_bf16)
-        .collect();
-    let vals = bits.iter().map(|&b| bf16_to_f32(b)).collect();
-    (bits, vals)
-}
 
 /// Checks `got` against `want` and, on failure, names the worst element (token, row).
 fn check(what: &str, got: &[f32], want: &[f32], n: usize) {

@@ -79,6 +79,16 @@ impl GdnPrefillVariant {
         cols: 64,
     };
 
+    /// [`GdnPrefillVariant::parse`], or the shape error every entry point gives for a name it does not know.
+    fn named(op: &'static str, name: &str) -> Result<GdnPrefillVariant, KernelError> {
+        Self::parse(name).ok_or_else(|| {
+            KernelError::shape(
+                op,
+                format!("unknown state-kernel variant {name:?}: expected \"auto\" or one of {GDN_PREFILL_VARIANTS:?}"),
+            )
+        })
+    }
+
     fn parse(name: &str) -> Option<GdnPrefillVariant> {
         if name.is_empty() || name == "auto" {
             return Some(Self::DEFAULT);
@@ -392,14 +402,7 @@ impl Gpu {
         workspace: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::gdn_prefill";
-        let Some(variant) = GdnPrefillVariant::parse(variant) else {
-            return Err(KernelError::shape(
-                OP,
-                format!(
-                    "unknown state-kernel variant {variant:?}: expected \"auto\" or one of {GDN_PREFILL_VARIANTS:?}"
-                ),
-            ));
-        };
+        let variant = GdnPrefillVariant::named(OP, variant)?;
         let lay = layout(OP, dims, seq_lens)?;
         // cu_seqlens then the chunk offsets, both [seqs + 1]; every value fits i32 (checked by `layout`).
         let mut meta = Vec::with_capacity(2 * (lay.seqs + 1));
@@ -503,14 +506,7 @@ impl Gpu {
         workspace: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::gdn_prefill_varlen";
-        let Some(variant) = GdnPrefillVariant::parse(variant) else {
-            return Err(KernelError::shape(
-                OP,
-                format!(
-                    "unknown state-kernel variant {variant:?}: expected \"auto\" or one of {GDN_PREFILL_VARIANTS:?}"
-                ),
-            ));
-        };
+        let variant = GdnPrefillVariant::named(OP, variant)?;
         let lay = layout_varlen(OP, dims, seqs, total, max_seqlen)?;
         check_len(OP, "cu_seqlens", cu_seqlens.len(), seqs + 1)?;
         self.gdn_prefill_checked(
@@ -758,7 +754,16 @@ mod tests {
             "prepw_wytf32_tf32_cs64",
         ] {
             assert_eq!(GdnPrefillVariant::parse(bad), None, "{bad}");
+            let e = GdnPrefillVariant::named("t", bad).unwrap_err().to_string();
+            assert!(
+                e.contains("unknown state-kernel variant") && e.contains(bad),
+                "{e}"
+            );
         }
+        assert_eq!(
+            GdnPrefillVariant::named("t", "auto").unwrap(),
+            GdnPrefillVariant::DEFAULT
+        );
     }
 
     #[test]

@@ -18,47 +18,28 @@ impl Device {
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        if tensor {
-            let name = if m <= 8 {
-                "fp8_block_gemv_mma_n8"
-            } else {
-                "fp8_block_gemv_mma_n16"
-            };
-            let f = self.function(Module::Gemv, name)?;
-            let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(x)
-                .arg(w)
-                .arg(scales)
-                .arg(y)
-                .arg(&mi)
-                .arg(&ni)
-                .arg(&ki);
-            // SAFETY: matches `fp8_block_gemv_mma_n*` in cuda/gemv.cu; the caller checked the buffers as for the
-            // CUDA-core kernel below; each block reads 16 rows (guarded against n) in 16-byte loads guarded
-            // against k, which k % 16 == 0 keeps inside the row.
-            unsafe { b.launch(mma_config(n)) }.map_err(cuda_err(name))?;
-            return Ok(());
-        }
-        // M = 1 uses two rows per warp and two 16-byte loads in flight per row: the best of the design sweep in
+        // Tensor cores: one 16-row tile per block (`fp8_block_gemv_mma_n*`, blockq_gemv_mma). CUDA cores: M = 1
+        // uses two rows per warp and two 16-byte loads in flight per row, the best of the design sweep in
         // kernels/bench/h200 (3.54 TB/s on 5120x17408, 1.13x the one-row, four-load kernel, H200 2026-11-30);
         // Auto splits K over two warps below 65536 rows and launches that as a programmatic dependent
-        // (fp8_m1_ksplit_auto, fp8_m1_pdl_auto in cuda/gemv.rs; s4-run6, s4-run8).
-        // `ksplit` (m = 1 only) warps of a block share two rows, each a contiguous part of K
-        // (`fp8_block_gemv_m1_r2_u2_k{2,4}`): a block covers 16 / ksplit rows.
-        let (name, rows_per_block) = match (m, ksplit) {
-            (1, 1) => ("fp8_block_gemv_m1_r2_u2", 16),
-            (1, 2) => ("fp8_block_gemv_m1_r2_u2_k2", 8),
-            (1, 4) => ("fp8_block_gemv_m1_r2_u2_k4", 4),
-            (1, s) => {
+        // (fp8_m1_ksplit_auto, fp8_m1_pdl_auto in cuda/gemv.rs; s4-run6, s4-run8). `ksplit` (m = 1 only) warps
+        // of a block share two rows, each a contiguous part of K (`fp8_block_gemv_m1_r2_u2_k{2,4}`): a block
+        // covers 16 / ksplit rows.
+        let (name, rows_per_block) = match (tensor, m, ksplit) {
+            (true, ..=8, _) => ("fp8_block_gemv_mma_n8", 16),
+            (true, _, _) => ("fp8_block_gemv_mma_n16", 16),
+            (false, 1, 1) => ("fp8_block_gemv_m1_r2_u2", 16),
+            (false, 1, 2) => ("fp8_block_gemv_m1_r2_u2_k2", 8),
+            (false, 1, 4) => ("fp8_block_gemv_m1_r2_u2_k4", 4),
+            (false, 1, s) => {
                 return Err(KernelError::Cuda(format!(
                     "fp8_block_gemv: no m = 1 build with K split {s} (1, 2 or 4)"
                 )))
             }
-            (2, _) => ("fp8_block_gemv_m2", 8),
-            (3..=4, _) => ("fp8_block_gemv_m4", 8),
-            (5..=8, _) => ("fp8_block_gemv_m8", 8),
-            _ => ("fp8_block_gemv_m16", 8),
+            (false, 2, _) => ("fp8_block_gemv_m2", 8),
+            (false, 3..=4, _) => ("fp8_block_gemv_m4", 8),
+            (false, 5..=8, _) => ("fp8_block_gemv_m8", 8),
+            (false, _, _) => ("fp8_block_gemv_m16", 8),
         };
         let f = self.function(Module::Gemv, name)?;
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
@@ -67,13 +48,14 @@ impl Device {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY (both launches): the argument list matches `fp8_block_gemv_m*` in cuda/gemv.cu (three input
-        // pointers, one output, three ints) and the caller checked x = [m, k], w = [n, k], scales = [ceil(n/128),
-        // ceil(k/128)], y = [m, n], k % 16 == 0, so every thread's 16-byte loads stay inside its row (the K-split
-        // builds cut K at multiples of 512, inside [0, k)); the grid covers n at the build's rows per block, rows
-        // past n are guarded; cudarc allocations are 256-byte aligned. As a programmatic dependent (`pdl`, m = 1
-        // only) the kernel reads x and writes y only after its pdl_wait (cuda/gemv.cu, fp8_block_gemv).
-        if pdl && m == 1 {
+        // SAFETY (both launches): the argument list matches `fp8_block_gemv_m*` and `fp8_block_gemv_mma_n*` in
+        // cuda/gemv.cu (three input pointers, one output, three ints) and the caller checked x = [m, k], w = [n, k],
+        // scales = [ceil(n/128), ceil(k/128)], y = [m, n], k % 16 == 0, so every thread's 16-byte loads stay inside
+        // its row (the K-split builds cut K at multiples of 512, inside [0, k)); the grid covers n at the build's
+        // rows per block, rows past n are guarded; cudarc allocations are 256-byte aligned. As a programmatic
+        // dependent (`pdl`, the m = 1 CUDA-core builds only) the kernel reads x and writes y only after its
+        // pdl_wait (cuda/gemv.cu, fp8_block_gemv).
+        if pdl && m == 1 && !tensor {
             let (xp, _gx) = x.device_ptr(&self.stream);
             let (wp, _gw) = w.device_ptr(&self.stream);
             let (sp, _gs) = scales.device_ptr(&self.stream);

@@ -199,11 +199,17 @@ impl Device {
         args: &mut PdlArgs,
     ) -> Result<(), KernelError> {
         use cudarc::driver::sys;
-        let mut params: Vec<*mut std::ffi::c_void> = args
-            .slots
-            .iter_mut()
-            .map(|v| v as *mut u64 as *mut std::ffi::c_void)
-            .collect();
+        if args.len > PDL_MAX_ARGS {
+            return Err(KernelError::Cuda(format!(
+                "{name}: {} kernel parameters, the launch takes at most {PDL_MAX_ARGS}",
+                args.len
+            )));
+        }
+        // On the stack: this runs once per decode kernel, no allocation on that path.
+        let mut params = [std::ptr::null_mut::<std::ffi::c_void>(); PDL_MAX_ARGS];
+        for (p, v) in params.iter_mut().zip(args.slots.iter_mut()) {
+            *p = v as *mut u64 as *mut std::ffi::c_void;
+        }
         self.ctx.bind_to_thread().map_err(cuda_err(name))?;
         // SAFETY: a plain C struct (id, padding, a union of plain values); all-zero is a valid value of each.
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
@@ -262,18 +268,26 @@ impl Device {
     }
 }
 
+/// Most parameters a [`Device::launch_pdl`] kernel takes (the launches using it take at most 8).
+const PDL_MAX_ARGS: usize = 16;
+
 /// The parameters of one [`Device::launch_pdl`], in order, each in its own 8-byte slot holding the value's bytes
-/// at its start (the driver reads each parameter's size from there).
+/// at its start (the driver reads each parameter's size from there). Fixed-size, so building one allocates
+/// nothing; `len` counts every push, so one past the capacity makes the launch fail instead of dropping it.
 #[derive(Default)]
 pub(super) struct PdlArgs {
-    slots: Vec<u64>,
+    slots: [u64; PDL_MAX_ARGS],
+    len: usize,
 }
 
 impl PdlArgs {
     fn push(&mut self, bytes: &[u8]) -> &mut Self {
         let mut slot = [0u8; 8];
         slot[..bytes.len()].copy_from_slice(bytes);
-        self.slots.push(u64::from_ne_bytes(slot));
+        if let Some(s) = self.slots.get_mut(self.len) {
+            *s = u64::from_ne_bytes(slot);
+        }
+        self.len += 1;
         self
     }
     /// A device address (`CudaSlice::device_ptr`).
@@ -293,4 +307,31 @@ impl PdlArgs {
 
 fn poisoned() -> KernelError {
     KernelError::Cuda("a previous kernel call panicked while holding the module cache".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PdlArgs, PDL_MAX_ARGS};
+
+    /// Each parameter sits at the start of its own slot with the value's native bytes, as the driver reads it;
+    /// pushes past the capacity are counted, not stored, so `launch_pdl` can refuse them.
+    #[test]
+    fn pdl_args_keep_each_value_at_its_slot_start() {
+        let mut a = PdlArgs::default();
+        a.ptr(0x1122_3344_5566_7788).i32(-2).f32(1.5).u64(u64::MAX);
+        assert_eq!(a.len, 4);
+        assert_eq!(a.slots[0], 0x1122_3344_5566_7788);
+        assert_eq!(a.slots[1].to_ne_bytes()[..4], (-2i32).to_ne_bytes());
+        assert_eq!(a.slots[1].to_ne_bytes()[4..], [0u8; 4]);
+        assert_eq!(a.slots[2].to_ne_bytes()[..4], 1.5f32.to_ne_bytes());
+        assert_eq!(a.slots[3], u64::MAX);
+        for _ in 0..PDL_MAX_ARGS {
+            a.i32(7);
+        }
+        assert_eq!(a.len, PDL_MAX_ARGS + 4);
+        assert_eq!(
+            a.slots[PDL_MAX_ARGS - 1].to_ne_bytes()[..4],
+            7i32.to_ne_bytes()
+        );
+    }
 }

@@ -72,30 +72,12 @@ fn check_paged(
         assert!(e < TOL, "{what}: relative error {e:e} >= {TOL:e}");
         // Each combine kernel explicitly, poisoned each time: the same bf16 split kernel, so the two must agree to
         // fp32 rounding (and the one Auto picks with the call above).
-        let mut by_combine = Vec::new();
-        for sliced in [false, true] {
+        let by_combine = each_combine(&what, tiling, want, |kernels| {
             let mut outc = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
-            let kernels = DecodeKernels {
-                tiling,
-                sliced_combine: sliced,
-            };
             gpu.attention_decode_paged_tiled(kernels, &dims, dq, kv, scale, splits, &mut outc)
                 .unwrap();
-            let gotc = gpu.download(&outc).unwrap();
-            let whatc = format!("{what} sliced={sliced}");
-            let e = rel_err(&whatc, &gotc, want);
-            assert!(e < TOL, "{whatc}: relative error {e:e} >= {TOL:e}");
-            by_combine.push(gotc);
-        }
-        let e = rel_err(
-            &format!("{what} sliced vs block"),
-            &by_combine[1],
-            &by_combine[0],
-        );
-        assert!(
-            e < COMB_TOL,
-            "{what}: sliced combine {e:e} from the block combine (>= {COMB_TOL:e})"
-        );
+            gpu.download(&outc).unwrap()
+        });
         let auto = &by_combine[usize::from(Gpu::DECODE_AUTO_SLICED_COMBINE)];
         let e = rel_err(&format!("{what} vs its Auto combine"), &got, auto);
         assert!(e < COMB_TOL, "{what}: {e:e} from the combine Auto picks");
@@ -430,31 +412,44 @@ fn check_ring(
             "{what}: relative error {e:e} >= {TOL:e} against the CPU decode_ring"
         );
         // Each combine kernel explicitly, as in check_paged.
-        let mut by_combine = Vec::new();
-        for sliced in [false, true] {
+        each_combine(&what, tiling, &want, |kernels| {
             let mut outc = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
-            let kernels = DecodeKernels {
-                tiling,
-                sliced_combine: sliced,
-            };
             gpu.attention_decode_ring_with(kernels, &attn, seqs, &dq, kv, scale, splits, &mut outc)
                 .unwrap();
-            let gotc = gpu.download(&outc).unwrap();
-            let whatc = format!("{what} sliced={sliced}");
-            let e = rel_err(&whatc, &gotc, &want);
-            assert!(e < TOL, "{whatc}: relative error {e:e} >= {TOL:e}");
-            by_combine.push(gotc);
-        }
-        let e = rel_err(
-            &format!("{what} sliced vs block"),
-            &by_combine[1],
-            &by_combine[0],
-        );
-        assert!(
-            e < COMB_TOL,
-            "{what}: sliced combine {e:e} from the block combine (>= {COMB_TOL:e})"
-        );
+            gpu.download(&outc).unwrap()
+        });
     }
+}
+
+/// Runs `run` with `tiling` and each combine kernel (NaN-poisoned output each time), checks each result against
+/// `want` within TOL and the sliced one against the block one within COMB_TOL (the same bf16 split kernel, so the
+/// two must agree to fp32 rounding); returns `[block, sliced]`.
+fn each_combine(
+    what: &str,
+    tiling: (usize, usize),
+    want: &[f32],
+    mut run: impl FnMut(DecodeKernels) -> Vec<f32>,
+) -> [Vec<f32>; 2] {
+    let by_combine = [false, true].map(|sliced| {
+        let got = run(DecodeKernels {
+            tiling,
+            sliced_combine: sliced,
+        });
+        let whatc = format!("{what} sliced={sliced}");
+        let e = rel_err(&whatc, &got, want);
+        assert!(e < TOL, "{whatc}: relative error {e:e} >= {TOL:e}");
+        got
+    });
+    let e = rel_err(
+        &format!("{what} sliced vs block"),
+        &by_combine[1],
+        &by_combine[0],
+    );
+    assert!(
+        e < COMB_TOL,
+        "{what}: sliced combine {e:e} from the block combine (>= {COMB_TOL:e})"
+    );
+    by_combine
 }
 
 #[test]

@@ -61,18 +61,8 @@ impl Gpu {
                 out,
             );
         }
-        let PagedKvCache {
-            k: k_cache,
-            v: v_cache,
-            block_table,
-            seq_lens,
-        } = kv;
         let d = dims;
-        crate::ensure_shape!(
-            d.seqs > 0 && d.q_heads > 0 && d.kv_heads > 0 && d.page_size > 0 && d.num_pages > 0,
-            OP,
-            "every count must be positive, got {d:?}"
-        );
+        check_paged_counts(OP, d)?;
         crate::ensure_shape!(
             d.q_heads.is_multiple_of(d.kv_heads)
                 && matches!(d.q_heads / d.kv_heads, 1 | 2 | 4 | 6 | 8),
@@ -98,27 +88,16 @@ impl Gpu {
             "splits must be at most 1024, got {splits}"
         );
         crate::ensure_shape!(scale.is_finite(), OP, "scale must be finite, got {scale}");
-        let cache = d.num_pages * d.page_size * d.kv_heads * d.head_dim;
-        check_len(OP, "q", q.len(), d.seqs * d.q_heads * d.head_dim)?;
-        check_len(OP, "k_cache", k_cache.len(), cache)?;
-        check_len(OP, "v_cache", v_cache.len(), cache)?;
-        check_len(
-            OP,
-            "block_table",
-            block_table.len(),
-            d.seqs * d.max_pages_per_seq,
-        )?;
-        check_len(OP, "seq_lens", seq_lens.len(), d.seqs)?;
-        check_len(OP, "out", out.len(), d.seqs * d.q_heads * d.head_dim)?;
+        check_paged_lens(OP, d, q, kv, out)?;
         #[cfg(feature = "cuda")]
         {
             self.inner.attention_decode_paged(
                 d,
                 &q.slice,
-                &k_cache.slice,
-                &v_cache.slice,
-                &block_table.slice,
-                &seq_lens.slice,
+                &kv.k.slice,
+                &kv.v.slice,
+                &kv.block_table.slice,
+                &kv.seq_lens.slice,
                 scale,
                 splits,
                 &mut out.slice,
@@ -292,18 +271,8 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         let t = tiling_index(op, kernels.tiling)?;
         let sliced = kernels.sliced_combine;
-        let PagedKvCache {
-            k: k_cache,
-            v: v_cache,
-            block_table,
-            seq_lens,
-        } = kv;
         let d = dims;
-        crate::ensure_shape!(
-            d.seqs > 0 && d.q_heads > 0 && d.kv_heads > 0 && d.page_size > 0 && d.num_pages > 0,
-            op,
-            "every count must be positive, got {d:?}"
-        );
+        check_paged_counts(op, d)?;
         check_heads(op, d.q_heads, d.kv_heads, d.head_dim, d.seqs, splits, scale)?;
         crate::ensure_shape!(
             d.num_pages
@@ -318,18 +287,7 @@ impl Gpu {
             "the cache must hold at most 2^31 rows of head_dim (num_pages x kv_heads x page_size) and a block table \
              at most 2^30 tokens, got {d:?}"
         );
-        let cache = d.num_pages * d.page_size * d.kv_heads * d.head_dim;
-        check_len(op, "q", q.len(), d.seqs * d.q_heads * d.head_dim)?;
-        check_len(op, "k_cache", k_cache.len(), cache)?;
-        check_len(op, "v_cache", v_cache.len(), cache)?;
-        check_len(
-            op,
-            "block_table",
-            block_table.len(),
-            d.seqs * d.max_pages_per_seq,
-        )?;
-        check_len(op, "seq_lens", seq_lens.len(), d.seqs)?;
-        check_len(op, "out", out.len(), d.seqs * d.q_heads * d.head_dim)?;
+        check_paged_lens(op, d, q, kv, out)?;
         #[cfg(feature = "cuda")]
         {
             self.inner.attention_decode_paged_tiled(
@@ -337,10 +295,10 @@ impl Gpu {
                 sliced,
                 d,
                 &q.slice,
-                &k_cache.slice,
-                &v_cache.slice,
-                &block_table.slice,
-                &seq_lens.slice,
+                &kv.k.slice,
+                &kv.v.slice,
+                &kv.block_table.slice,
+                &kv.seq_lens.slice,
                 scale,
                 splits,
                 &mut out.slice,
@@ -467,6 +425,38 @@ impl Gpu {
             match self.never {}
         }
     }
+}
+
+/// The counts of a paged decode call, each at least 1.
+fn check_paged_counts(op: &'static str, d: &PagedAttentionDims) -> Result<(), KernelError> {
+    crate::ensure_shape!(
+        d.seqs > 0 && d.q_heads > 0 && d.kv_heads > 0 && d.page_size > 0 && d.num_pages > 0,
+        op,
+        "every count must be positive, got {d:?}"
+    );
+    Ok(())
+}
+
+/// The lengths of a paged decode call's buffers against its dims (the layouts of [`Gpu::attention_decode_paged`]).
+fn check_paged_lens(
+    op: &'static str,
+    d: &PagedAttentionDims,
+    q: &GpuBuffer<f32>,
+    kv: PagedKvCache<'_>,
+    out: &GpuBuffer<f32>,
+) -> Result<(), KernelError> {
+    let cache = d.num_pages * d.page_size * d.kv_heads * d.head_dim;
+    check_len(op, "q", q.len(), d.seqs * d.q_heads * d.head_dim)?;
+    check_len(op, "k_cache", kv.k.len(), cache)?;
+    check_len(op, "v_cache", kv.v.len(), cache)?;
+    check_len(
+        op,
+        "block_table",
+        kv.block_table.len(),
+        d.seqs * d.max_pages_per_seq,
+    )?;
+    check_len(op, "seq_lens", kv.seq_lens.len(), d.seqs)?;
+    check_len(op, "out", out.len(), d.seqs * d.q_heads * d.head_dim)
 }
 
 /// Index of `tiling` in [`Gpu::DECODE_TILINGS`], or a shape error naming the built ones.

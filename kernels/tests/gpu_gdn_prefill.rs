@@ -7,7 +7,7 @@
 mod gpu_common;
 
 use gpu_common::{gpu, rel_err, rng, uniform};
-use kernels::cuda::{GdnGpuInputs, GdnGpuWeights, Gpu, GpuBuffer};
+use kernels::cuda::{GdnGpuInputs, GdnGpuWeights, GdnPrefillIo, Gpu, GpuBuffer};
 use kernels::gdn::{self, GdnDims, GdnInputs, GdnWeights};
 use kernels::reference;
 use rand::Rng;
@@ -308,11 +308,13 @@ fn check_batch(
         &dl.weights(),
         &dx.inputs(),
         lens,
-        &conv_in,
-        &mut conv_out,
-        &mut state,
-        &mut out,
-        &mut ws,
+        GdnPrefillIo {
+            conv_in: &conv_in,
+            conv_out: &mut conv_out,
+            state: &mut state,
+            out: &mut out,
+            workspace: &mut ws,
+        },
     )
     .unwrap_or_else(|e| panic!("{ctx}: {e}"));
     let (out, state, conv) = (
@@ -624,11 +626,13 @@ fn decode_continues_a_gpu_prefill() {
         &dl.weights(),
         &dx.inputs(),
         &lens,
-        &conv_a,
-        &mut conv_b,
-        &mut state,
-        &mut out,
-        &mut ws,
+        GdnPrefillIo {
+            conv_in: &conv_a,
+            conv_out: &mut conv_b,
+            state: &mut state,
+            out: &mut out,
+            workspace: &mut ws,
+        },
     )
     .unwrap();
     std::mem::swap(&mut conv_a, &mut conv_b);
@@ -756,11 +760,13 @@ fn device_table_matches_the_host_table() {
                         seqs,
                         n,
                         max_len,
-                        &conv_in,
-                        &mut conv_out,
-                        &mut state,
-                        &mut out,
-                        &mut ws,
+                        GdnPrefillIo {
+                            conv_in: &conv_in,
+                            conv_out: &mut conv_out,
+                            state: &mut state,
+                            out: &mut out,
+                            workspace: &mut ws,
+                        },
                     )
                 } else {
                     let ws_len = Gpu::gdn_prefill_workspace_len(&dims, lens).unwrap();
@@ -771,11 +777,13 @@ fn device_table_matches_the_host_table() {
                         &dl.weights(),
                         &dx.inputs(),
                         lens,
-                        &conv_in,
-                        &mut conv_out,
-                        &mut state,
-                        &mut out,
-                        &mut ws,
+                        GdnPrefillIo {
+                            conv_in: &conv_in,
+                            conv_out: &mut conv_out,
+                            state: &mut state,
+                            out: &mut out,
+                            workspace: &mut ws,
+                        },
                     )
                 };
                 r.unwrap_or_else(|e| panic!("{ctx}: {e}"));
@@ -843,11 +851,13 @@ fn device_table_bad_sizes_are_errors() {
             seqs,
             n,
             max_len,
-            &conv_in,
-            &mut conv_out,
-            &mut state,
-            &mut out,
-            ws,
+            GdnPrefillIo {
+                conv_in: &conv_in,
+                conv_out: &mut conv_out,
+                state: &mut state,
+                out: &mut out,
+                workspace: ws,
+            },
         )
     };
     // The valid call works, so each failure below is the one change.
@@ -942,11 +952,13 @@ fn bad_sizes_are_errors() {
             &w,
             x,
             lens,
-            &conv_in,
-            &mut conv_out,
-            &mut state,
-            &mut out,
-            ws,
+            GdnPrefillIo {
+                conv_in: &conv_in,
+                conv_out: &mut conv_out,
+                state: &mut state,
+                out: &mut out,
+                workspace: ws,
+            },
         )
     };
     // The valid call works, so each failure below is the one change.

@@ -3,7 +3,7 @@
 //! the CPU [`crate::gdn::prefill`] and the layouts of [`crate::gdn`] and [`Gpu::gdn_decode_step`], so an engine
 //! prefills and then decodes on the same buffers. Kernels, chunk algebra and precision: `cuda/gdn_prefill.cu`.
 
-use super::{check_len, GdnGpuInputs, GdnGpuWeights, Gpu, GpuBuffer};
+use super::{check_len, GdnGpuInputs, GdnGpuWeights, GdnPrefillIo, Gpu, GpuBuffer};
 use crate::gdn::{GdnDims, CHUNK};
 use crate::KernelError;
 
@@ -358,7 +358,7 @@ impl Gpu {
     /// walk on TF32 tensor cores ([`Gpu::GDN_PREFILL_DEFAULT`]; [`Gpu::gdn_prefill_with`] `"fp32_cs32"` for fp32
     /// throughout).
     ///
-    /// `workspace` must hold at least [`Gpu::gdn_prefill_workspace_len`] floats; its contents are scratch. Built
+    /// `io.workspace` must hold at least [`Gpu::gdn_prefill_workspace_len`] floats; its contents are scratch. Built
     /// for `dk = dv = 128` and conv kernels 2..=4, checked here with every length. `seq_lens` is read on the host
     /// (the grid is sized from it) and uploaded for the kernels, so a call costs one small host-to-device copy;
     /// [`Gpu::gdn_prefill_varlen`] takes the offsets on the device instead.
@@ -369,15 +369,9 @@ impl Gpu {
         w: &GdnGpuWeights<'_>,
         x: &GdnGpuInputs<'_>,
         seq_lens: &[usize],
-        conv_in: &GpuBuffer<f32>,
-        conv_out: &mut GpuBuffer<f32>,
-        state: &mut GpuBuffer<f32>,
-        out: &mut GpuBuffer<f32>,
-        workspace: &mut GpuBuffer<f32>,
+        io: GdnPrefillIo<'_>,
     ) -> Result<(), KernelError> {
-        self.gdn_prefill_with(
-            "auto", dims, w, x, seq_lens, conv_in, conv_out, state, out, workspace,
-        )
+        self.gdn_prefill_with("auto", dims, w, x, seq_lens, io)
     }
 
     /// [`Gpu::gdn_prefill`] with the build of the sequential state kernel named: `"auto"` (or `""`) for the
@@ -395,11 +389,7 @@ impl Gpu {
         w: &GdnGpuWeights<'_>,
         x: &GdnGpuInputs<'_>,
         seq_lens: &[usize],
-        conv_in: &GpuBuffer<f32>,
-        conv_out: &mut GpuBuffer<f32>,
-        state: &mut GpuBuffer<f32>,
-        out: &mut GpuBuffer<f32>,
-        workspace: &mut GpuBuffer<f32>,
+        io: GdnPrefillIo<'_>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::gdn_prefill";
         let variant = GdnPrefillVariant::named(OP, variant)?;
@@ -418,20 +408,7 @@ impl Gpu {
             acc += l.div_ceil(CHUNK);
             meta.push(acc as i32);
         }
-        self.gdn_prefill_checked(
-            OP,
-            variant,
-            dims,
-            w,
-            x,
-            &lay,
-            GdnMeta::Host(&meta),
-            conv_in,
-            conv_out,
-            state,
-            out,
-            workspace,
-        )
+        self.gdn_prefill_checked(OP, variant, dims, w, x, &lay, GdnMeta::Host(&meta), io)
     }
 
     /// Floats of the workspace [`Gpu::gdn_prefill_varlen`] needs: [`Gpu::gdn_prefill_workspace_len`]'s regions
@@ -457,7 +434,7 @@ impl Gpu {
     /// them: `cu_seqlens` (`[seqs + 1]`, u32) holds the token offsets, sequence `b` being rows
     /// `cu_seqlens[b] .. cu_seqlens[b + 1]` of `qkv`, `z`, `a`, `b` and `out` (`[total, ..]`), continuing from
     /// `conv_in[b]` and `state[b]`. Nothing is copied from the host, so the call can be captured in a CUDA graph.
-    /// `max_seqlen` (`1..=total`) bounds every sequence's length and sizes the grid; `workspace` must hold
+    /// `max_seqlen` (`1..=total`) bounds every sequence's length and sizes the grid; `io.workspace` must hold
     /// [`Gpu::gdn_prefill_varlen_workspace_len`] floats.
     ///
     /// The table is read on the device and not checked here: a first small kernel clamps it to ordered,
@@ -475,16 +452,9 @@ impl Gpu {
         seqs: usize,
         total: usize,
         max_seqlen: usize,
-        conv_in: &GpuBuffer<f32>,
-        conv_out: &mut GpuBuffer<f32>,
-        state: &mut GpuBuffer<f32>,
-        out: &mut GpuBuffer<f32>,
-        workspace: &mut GpuBuffer<f32>,
+        io: GdnPrefillIo<'_>,
     ) -> Result<(), KernelError> {
-        self.gdn_prefill_varlen_with(
-            "auto", dims, w, x, cu_seqlens, seqs, total, max_seqlen, conv_in, conv_out, state, out,
-            workspace,
-        )
+        self.gdn_prefill_varlen_with("auto", dims, w, x, cu_seqlens, seqs, total, max_seqlen, io)
     }
 
     /// [`Gpu::gdn_prefill_varlen`] with the variant named as in [`Gpu::gdn_prefill_with`].
@@ -499,11 +469,7 @@ impl Gpu {
         seqs: usize,
         total: usize,
         max_seqlen: usize,
-        conv_in: &GpuBuffer<f32>,
-        conv_out: &mut GpuBuffer<f32>,
-        state: &mut GpuBuffer<f32>,
-        out: &mut GpuBuffer<f32>,
-        workspace: &mut GpuBuffer<f32>,
+        io: GdnPrefillIo<'_>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::gdn_prefill_varlen";
         let variant = GdnPrefillVariant::named(OP, variant)?;
@@ -517,11 +483,7 @@ impl Gpu {
             x,
             &lay,
             GdnMeta::Device(cu_seqlens),
-            conv_in,
-            conv_out,
-            state,
-            out,
-            workspace,
+            io,
         )
     }
 
@@ -536,12 +498,15 @@ impl Gpu {
         x: &GdnGpuInputs<'_>,
         lay: &GdnPrefillLayout,
         meta: GdnMeta<'_>,
-        conv_in: &GpuBuffer<f32>,
-        conv_out: &mut GpuBuffer<f32>,
-        state: &mut GpuBuffer<f32>,
-        out: &mut GpuBuffer<f32>,
-        workspace: &mut GpuBuffer<f32>,
+        io: GdnPrefillIo<'_>,
     ) -> Result<(), KernelError> {
+        let GdnPrefillIo {
+            conv_in,
+            conv_out,
+            state,
+            out,
+            workspace,
+        } = io;
         let n = lay.tokens;
         let cd = dims.conv_dim();
         check_len(

@@ -133,6 +133,21 @@ pub struct GdnGpuInputs<'a> {
     pub b: &'a GpuBuffer<f32>,
 }
 
+/// What a chunked gated DeltaNet prefill ([`Gpu::gdn_prefill`] and its variants) reads and advances per
+/// sequence, what it writes, and its scratch; layouts in [`Gpu::gdn_prefill`].
+pub struct GdnPrefillIo<'a> {
+    /// `[seqs, conv_dim, K-1]`: each sequence's conv history before the chunk.
+    pub conv_in: &'a GpuBuffer<f32>,
+    /// `[seqs, conv_dim, K-1]`: the history after it (what the next decode step reads).
+    pub conv_out: &'a mut GpuBuffer<f32>,
+    /// `[seqs, Hv, 128, 128]`, updated in place.
+    pub state: &'a mut GpuBuffer<f32>,
+    /// `[N, Hv*128]`: the input of `out_proj`.
+    pub out: &'a mut GpuBuffer<f32>,
+    /// Scratch of at least [`Gpu::gdn_prefill_workspace_len`] (or `_varlen_workspace_len`) floats.
+    pub workspace: &'a mut GpuBuffer<f32>,
+}
+
 /// Geometry of a paged KV cache and of one decode-attention call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PagedAttentionDims {

@@ -407,13 +407,6 @@ EDGEFIT_ATT_COMB_SLICED(64)
 EDGEFIT_ATT_COMB_SLICED(128)
 EDGEFIT_ATT_COMB_SLICED(256)
 
-// Variant for the benchmark's sweep: two pipeline stages (32 KiB), so six blocks fit per SM instead of four.
-extern "C" __global__ void __launch_bounds__(AttGeom<6>::THREADS) attention_decode_split_D256_R6_s2(
-    const float* q, const uint16_t* kc, const uint16_t* vc, const unsigned int* bt, const unsigned int* lens,
-    float scale, float* out, float* ws, int hq, int hkv, int page_size, int num_pages, int max_pages) {
-    attention_decode_split<256, 6, 2>(q, kc, vc, bt, lens, scale, out, ws, hq, hkv, page_size, num_pages, max_pages);
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // Tensor-core helpers of the tiled kernels below: mma.sync m16n8k16 (bf16 operands, fp32 accumulation) and bf16
 // packing. (A first tensor-core kernel, attention_decode_tc_D*, 16 tokens per stage with per-lane 32-bit fragment

@@ -76,14 +76,4 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
     return r;
 }
 
-// As ld_stream, and asks L2 to fetch the whole 256-byte line around the address (the `L2::256B` prefetch size
-// hint): for a stream read once front to back, fewer, larger DRAM requests per byte in flight.
-__device__ __forceinline__ uint4 ld_stream_l2_256(const void* p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
-
 }  // namespace edgefit

@@ -586,10 +586,8 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
         blockq_gemv_mma<1, 2, W>(x, nullptr, w, scales, global_scale, y, m, n, k);                                         \
     }
 
-// 8 warps per 16-row tile (the Rust side's choice) and, for the benchmark's sweep, 16 (twice the warps, and the
-// bytes in flight, on short matrices: 320 tiles at n = 5120 leave 2.4 blocks per SM).
+// 8 warps per 16-row tile. (16, the `_w16` sweep builds, ran 1.03-1.06x at best and had no caller; removed.)
 EDGEFIT_MMA_ENTRIES(8, )
-EDGEFIT_MMA_ENTRIES(16, _w16)
 
 // ---------------------------------------------------------------------------------------------------------------
 // Activations converted once per call (the PRE kernels' B fragments). xf is uint4 [ceil(k/128)][nt][4][32]: for

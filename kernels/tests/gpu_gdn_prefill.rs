@@ -241,6 +241,46 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32, row_len: usize)
     worst.0
 }
 
+/// What one prefill call advances and writes: the conv history out, the state (starting from `state0`), the
+/// output and the scratch, all but the state NaN-poisoned.
+struct Outputs {
+    conv_out: GpuBuffer<f32>,
+    state: GpuBuffer<f32>,
+    out: GpuBuffer<f32>,
+    ws: GpuBuffer<f32>,
+}
+
+impl Outputs {
+    fn new(gpu: &Gpu, conv_len: usize, state0: &[f32], out_len: usize, ws_len: usize) -> Self {
+        let nan = |len: usize| gpu.upload(&vec![f32::NAN; len]).unwrap();
+        Outputs {
+            conv_out: nan(conv_len),
+            state: gpu.upload(state0).unwrap(),
+            out: nan(out_len),
+            ws: nan(ws_len),
+        }
+    }
+
+    fn io<'a>(&'a mut self, conv_in: &'a GpuBuffer<f32>) -> GdnPrefillIo<'a> {
+        GdnPrefillIo {
+            conv_in,
+            conv_out: &mut self.conv_out,
+            state: &mut self.state,
+            out: &mut self.out,
+            workspace: &mut self.ws,
+        }
+    }
+
+    /// (output, state, conv history) on the host.
+    fn download(&self, gpu: &Gpu) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        (
+            gpu.download(&self.out).unwrap(),
+            gpu.download(&self.state).unwrap(),
+            gpu.download(&self.conv_out).unwrap(),
+        )
+    }
+}
+
 /// One batch of `lens` sequences through the GPU prefill (state kernel `variant`), against the recurrence and
 /// the CPU chunked prefill, each sequence from its own random conv history and state.
 fn check_batch(
@@ -297,31 +337,18 @@ fn check_batch(
     let dl = DevLayer::new(gpu, &layer);
     let dx = DevTokens::new(gpu, &tok.rows(&dims, 0, n));
     let conv_in = gpu.upload(&conv0).unwrap();
-    let mut conv_out = gpu.upload(&vec![f32::NAN; conv0.len()]).unwrap();
-    let mut state = gpu.upload(&state0).unwrap();
-    let mut out = gpu.upload(&vec![f32::NAN; n * vw]).unwrap();
     let ws_len = Gpu::gdn_prefill_workspace_len(&dims, lens).unwrap();
-    let mut ws = gpu.upload(&vec![f32::NAN; ws_len]).unwrap();
+    let mut bufs = Outputs::new(gpu, conv0.len(), &state0, n * vw, ws_len);
     gpu.gdn_prefill_with(
         variant,
         &dims,
         &dl.weights(),
         &dx.inputs(),
         lens,
-        GdnPrefillIo {
-            conv_in: &conv_in,
-            conv_out: &mut conv_out,
-            state: &mut state,
-            out: &mut out,
-            workspace: &mut ws,
-        },
+        bufs.io(&conv_in),
     )
     .unwrap_or_else(|e| panic!("{ctx}: {e}"));
-    let (out, state, conv) = (
-        gpu.download(&out).unwrap(),
-        gpu.download(&state).unwrap(),
-        gpu.download(&conv_out).unwrap(),
-    );
+    let (out, state, conv) = bufs.download(gpu);
     assert_close(
         &format!("{ctx}: output vs recurrence"),
         &out,
@@ -744,13 +771,10 @@ fn device_table_matches_the_host_table() {
             let cu = gpu.upload(table).unwrap();
             let mut got = Vec::new();
             for device_table in [false, true] {
-                let mut conv_out = gpu.upload(&vec![f32::NAN; conv0.len()]).unwrap();
-                let mut state = gpu.upload(&state0).unwrap();
-                let mut out = gpu.upload(&vec![f32::NAN; n * vw]).unwrap();
                 let r = if device_table {
                     let ws_len =
                         Gpu::gdn_prefill_varlen_workspace_len(&dims, seqs, n, max_len).unwrap();
-                    let mut ws = gpu.upload(&vec![f32::NAN; ws_len]).unwrap();
+                    let mut bufs = Outputs::new(&gpu, conv0.len(), &state0, n * vw, ws_len);
                     gpu.gdn_prefill_varlen_with(
                         variant,
                         &dims,
@@ -760,38 +784,23 @@ fn device_table_matches_the_host_table() {
                         seqs,
                         n,
                         max_len,
-                        GdnPrefillIo {
-                            conv_in: &conv_in,
-                            conv_out: &mut conv_out,
-                            state: &mut state,
-                            out: &mut out,
-                            workspace: &mut ws,
-                        },
+                        bufs.io(&conv_in),
                     )
+                    .map(|()| bufs)
                 } else {
                     let ws_len = Gpu::gdn_prefill_workspace_len(&dims, lens).unwrap();
-                    let mut ws = gpu.upload(&vec![f32::NAN; ws_len]).unwrap();
+                    let mut bufs = Outputs::new(&gpu, conv0.len(), &state0, n * vw, ws_len);
                     gpu.gdn_prefill_with(
                         variant,
                         &dims,
                         &dl.weights(),
                         &dx.inputs(),
                         lens,
-                        GdnPrefillIo {
-                            conv_in: &conv_in,
-                            conv_out: &mut conv_out,
-                            state: &mut state,
-                            out: &mut out,
-                            workspace: &mut ws,
-                        },
+                        bufs.io(&conv_in),
                     )
+                    .map(|()| bufs)
                 };
-                r.unwrap_or_else(|e| panic!("{ctx}: {e}"));
-                got.push((
-                    gpu.download(&out).unwrap(),
-                    gpu.download(&state).unwrap(),
-                    gpu.download(&conv_out).unwrap(),
-                ));
+                got.push(r.unwrap_or_else(|e| panic!("{ctx}: {e}")).download(&gpu));
             }
             let (host, dev) = (&got[0], &got[1]);
             assert!(

@@ -26,7 +26,11 @@
 //
 // Outputs are fp32 [m][n]. The Rust side checks k % 16 == 0 (FP8) or k % 32 == 0 (NVFP4), m <= 16 (and <= the
 // entry's MT), and every buffer's length; its allocations are 256-byte aligned.
+#include <cooperative_groups.h>
+
 #include "common.cuh"
+
+namespace cg = cooperative_groups;
 
 using namespace edgefit;
 
@@ -354,6 +358,37 @@ __device__ __forceinline__ uint32_t hmul2_u32(uint32_t a, uint32_t b) {
     return *reinterpret_cast<uint32_t*>(&r);
 }
 
+// The end of a cluster-split tile (CS > 1 in blockq_gemv_mma): red holds W warps' partial sums [W][16][E / 16]
+// (row r, token t at r * (E / 16) + t); after a __syncthreads. Each block first adds its warps into its own slot of
+// tot, then, after one cluster barrier, block rank R adds entries R, R + CS, ... over the ranks' tot in rank order
+// (map_shared_rank: distributed shared memory) and stores them; the second barrier keeps every block's shared memory
+// alive until all reads are done. Same additions in the same order on every run.
+template <int CS, int E, int W>
+__device__ __forceinline__ void cluster_sum_store(const float* red, float* __restrict__ y, int m, int n, int row0,
+                                                  float post) {
+    __shared__ float tot[E];
+    cg::cluster_group cl = cg::this_cluster();
+    for (int idx = threadIdx.x; idx < E; idx += W * 32) {
+        float v = 0.f;
+#pragma unroll
+        for (int wi = 0; wi < W; ++wi) v += red[wi * E + idx];
+        tot[idx] = v;
+    }
+    cl.sync();
+    const int rank = static_cast<int>(cl.block_rank());
+    constexpr int TOKS = E / 16;
+    for (int idx = rank + CS * static_cast<int>(threadIdx.x); idx < E; idx += CS * W * 32) {
+        const int r = idx / TOKS, tok = idx % TOKS;
+        if (tok < m && row0 + r < n) {
+            float v = 0.f;
+#pragma unroll
+            for (int s = 0; s < CS; ++s) v += *cl.map_shared_rank(&tot[idx], s);
+            y[static_cast<size_t>(tok) * n + row0 + r] = v * post;
+        }
+    }
+    cl.sync();
+}
+
 // NVFP4 A fragments of one 16-row, 128-value chunk: the lane's 16-byte words of rows g (wa) and g+8 (wb), 32 values
 // each, to f16 pairs times 2^-14 (e2m1x8_to_float_scaled's bit trick, kept in f16) times the e4m3 group scale in f16
 // (s4: row g's two group scales in bits 0..15, row g+8's in 16..31; both products exact down to 2^-24). ax[4j + i]
@@ -408,7 +443,24 @@ __device__ __forceinline__ void nvfp4_a_fragments(const uint4 wa, const uint4 wb
 //
 // PDL (common.cuh): pdl_wait before the chunk loop (loading the first chunk's weights before it, behind a flag in
 // the loop, took the registers from 42 to 61 here and made nvfp4_gemv_tiles_* spill).
-template <int FMT, int NT, int MMA_WARPS, bool PRE = false>
+//
+// CS > 1 (session 5, the _w{W}c{CS} builds): a thread-block cluster of CS blocks along y shares one 16-row tile, each
+// block a contiguous 1/CS of the K chunks; their sums meet in distributed shared memory (each block's sum in its own
+// shared memory, one cluster barrier, each block adds an interleaved 1/CS of the outputs over ranks 0..CS-1 in
+// order, a second barrier so no block leaves while another still reads it). Deterministic for every CS, no atomics,
+// nothing to zero before. Why: on the 5120-row shapes one block of 8 warps per tile gives 320 blocks, 2.4 per SM:
+// ~19 warps per SM with one chunk each in flight, half of what the FP8 m = 1 kernel keeps in flight at 90% of copy
+// (benchmarks/h200.md, session 5). Needs gridDim.y == CS (the kernel is compiled with __cluster_dims__(1, CS, 1)).
+//
+// CS == 0 (nvfp4_gemv_tiles_n*_u1): gridDim.y blocks per tile, each a contiguous share of the chunks,
+// their sums added into y with atomicAdd (y zeroed before, by gemv_act_frag_*_zero): with 2 splits 0 + a + b is the
+// same in either order, with more the last bits may differ from run to run (nvfp4_gemv_tiles_n*_u1, below).
+//
+// Register double buffering (the next chunk's weights and scale word loaded before the current chunk is decoded,
+// 2 KiB in flight per warp; NVFP4 tile layout, 4 warps per block under 64 registers; session 5, s5-run1, built,
+// measured, deleted): slower at every cut, m = 4 on 5120x17408 21.7 -> 24.6 us (c3), 22.3 -> 26.9 (c4), lm_head
+// 188.4 -> 202.2 (c1): the 64 registers cost more resident warps than the second chunk bought.
+template <int FMT, int NT, int MMA_WARPS, bool PRE = false, int CS = 1>
 __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, const uint4* __restrict__ xf,
                                                 const uint8_t* __restrict__ w, const void* __restrict__ scales,
                                                 float global_scale, float* __restrict__ y, int m, int n, int k) {
@@ -420,6 +472,11 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
     const int ra = row0 + g, rb = row0 + g + 8;
     const bool va = ra < n, vb = rb < n;
     const int nchunks = (k + 127) >> 7;
+    // This block's chunks: all of them, or (CS > 1, or CS == 0 with gridDim.y splits) its contiguous share.
+    const int nsplit = CS == 0 ? static_cast<int>(gridDim.y) : CS;
+    const int per = nsplit > 1 ? (nchunks + nsplit - 1) / nsplit : nchunks;
+    const int cbeg = nsplit > 1 ? min(nchunks, static_cast<int>(blockIdx.y) * per) : 0;
+    const int cend = nsplit > 1 ? min(nchunks, cbeg + per) : nchunks;
     constexpr int BYTES_PER_VALUE_X2 = FMT == 0 ? 2 : 1;  // bytes for two values
     const size_t row_bytes = FMT == 0 ? static_cast<size_t>(k) : static_cast<size_t>(k) >> 1;
     const uint8_t* wa = w + static_cast<size_t>(va ? ra : row0) * row_bytes;
@@ -435,22 +492,29 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
     // ahead raised the registers to 90-104, halved the resident warps and made every case slower on the H200
     // (NVFP4 M=1 lm_head 281 -> 378 us, FP8 M=16 5120x17408 43 -> 66 us; bench run 7 against run 6, 2026-11-30).
     constexpr int LOADS = FMT == 0 ? 2 : 1;  // 16-byte loads per row per chunk
+    // Tile layout: the chunk's 1 KiB, row g's 16 bytes of every lane then row g+8's, and one 32-bit scale word
+    // per lane; rows past n and values past k are zeros there, so nothing is guarded.
+    const uint8_t* wt = w + static_cast<size_t>(blockIdx.x) * nchunks * 1024 + lane * 16;
+    const uint32_t* st = reinterpret_cast<const uint32_t*>(scales) + static_cast<size_t>(blockIdx.x) * nchunks * 32 + lane;
     pdl_wait();
-    for (int c = warp; c < nchunks; c += MMA_WARPS) {
+    for (int c = cbeg + warp; c < cend; c += MMA_WARPS) {
         const int k0 = c * 128 + q * 32;  // this lane's 32 values (FMT 0, 1)
         uint4 la[LOADS], lb[LOADS];
         uint32_t s4 = 0;  // NVFP4: the e4m3 scales of (row g: groups 2 and 2+1 of the lane) | (row g+8) << 16
         if (FMT == 2) {
-            // Tile layout: the chunk's 1 KiB, row g's 16 bytes of every lane then row g+8's, and one 32-bit
-            // scale word per lane; rows past n and values past k are zeros there, so nothing is guarded.
-            const size_t tc = static_cast<size_t>(blockIdx.x) * nchunks + c;
-            la[0] = ld_stream(w + tc * 1024 + lane * 16);
-            lb[0] = ld_stream(w + tc * 1024 + 512 + lane * 16);
-            s4 = __ldg(reinterpret_cast<const uint32_t*>(scales) + tc * 32 + lane);
+            la[0] = ld_stream(wt + static_cast<size_t>(c) * 1024);
+            lb[0] = ld_stream(wt + static_cast<size_t>(c) * 1024 + 512);
+            s4 = __ldg(st + static_cast<size_t>(c) * 32);
         } else {
 #pragma unroll
             for (int i = 0; i < LOADS; ++i) {
                 // FP8 is checked per 16 values, NVFP4 needs k % 32 == 0; chunks past the end load nothing.
+                // FP8: the lane's two loads per row are bytes 32q .. 32q + 15 and 32q + 16 .. 32q + 31 of the chunk,
+                // so each of the warp's loads touches all four 32-byte sectors of the 8 rows' 128-byte lines and uses
+                // half of each. Mapping the quad onto contiguous 64-byte halves instead (lane q: 16q and 64 + 16q,
+                // activations in the same order; every load full sectors) was 1.1-1.17x slower at m = 4 and 16 on
+                // every shape (s5-run2 against s5-run1: auto m = 4 5120x17408 35.3 vs 31.9 us, preconverted m = 16
+                // 41.6 vs 35.6, lm_head m = 4 373.8 vs 327.6): full-line requests beat full-sector ones here.
                 const bool kin = k0 + 16 * i < k;
                 const size_t off = static_cast<size_t>(k0 + 16 * i) * BYTES_PER_VALUE_X2 / 2;
                 la[i] = va && kin ? ld_stream(wa + off) : make_uint4(0, 0, 0, 0);
@@ -555,14 +619,22 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
         red[warp][g + 8][t * 8 + 2 * q + 1] = acc[t][3];
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < 16 * 8 * NT; idx += MMA_WARPS * 32) {
-        const int r = idx % 16, tok = idx / 16;
-        if (tok < m && row0 + r < n) {
-            float v = 0.f;
+    if (CS <= 1) {
+        for (int idx = threadIdx.x; idx < 16 * 8 * NT; idx += MMA_WARPS * 32) {
+            const int r = idx % 16, tok = idx / 16;
+            if (tok < m && row0 + r < n) {
+                float v = 0.f;
 #pragma unroll
-            for (int wi = 0; wi < MMA_WARPS; ++wi) v += red[wi][r][tok];
-            y[static_cast<size_t>(tok) * n + row0 + r] = v * post;
+                for (int wi = 0; wi < MMA_WARPS; ++wi) v += red[wi][r][tok];
+                float* dst = y + static_cast<size_t>(tok) * n + row0 + r;
+                if (CS == 0 && nsplit > 1)
+                    atomicAdd(dst, v * post);
+                else
+                    *dst = v * post;
+            }
         }
+    } else {
+        cluster_sum_store<CS, 16 * 16, MMA_WARPS>(&red[0][0][0], y, m, n, row0, post);
     }
 }
 
@@ -596,11 +668,11 @@ EDGEFIT_MMA_ENTRIES(8, )
 // e2m1x8 decodes them), rounded with saturation at +-65504; tokens >= m and k past the end are zeros. nt is 1 for
 // the _n8 kernels (m <= 8) and 2 for the _n16 ones. A warp's four loads per token tile are then 512 contiguous
 // bytes each. One thread per uint4; grid ceil(ceil(k/128) * nt * 128 / 256), 256 threads. Needs k % 16 == 0.
+// PDL (common.cuh): gemv_act_frag and gemv_act_frag_zero trigger their dependents at once and wait before anything
+// else; gemv_act_frag_body does the conversion.
 template <int FMT>
-__device__ __forceinline__ void gemv_act_frag(const uint16_t* __restrict__ x, uint4* __restrict__ xf, int m, int k,
-                                              int nt) {
-    pdl_launch_dependents();
-    pdl_wait();
+__device__ __forceinline__ void gemv_act_frag_body(const uint16_t* __restrict__ x, uint4* __restrict__ xf, int m,
+                                                   int k, int nt) {
     const size_t nchunks = static_cast<size_t>((k + 127) >> 7);
     const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx >= nchunks * nt * 128) return;
@@ -622,6 +694,14 @@ __device__ __forceinline__ void gemv_act_frag(const uint16_t* __restrict__ x, ui
         }
     }
     xf[idx] = out;
+}
+
+template <int FMT>
+__device__ __forceinline__ void gemv_act_frag(const uint16_t* __restrict__ x, uint4* __restrict__ xf, int m, int k,
+                                              int nt) {
+    pdl_launch_dependents();
+    pdl_wait();
+    gemv_act_frag_body<FMT>(x, xf, m, k, nt);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_act_frag_fp8(const uint16_t* x, uint4* xf, int m, int k,
@@ -673,13 +753,10 @@ extern "C" __global__ void __launch_bounds__(256) nvfp4_repack_mma(const uint8_t
     }
 }
 
-// The variants: _pre (activations from gemv_act_frag_*, FP8 and NVFP4 checkpoint layout), _tile (NVFP4 tile
-// layout, activations converted here) and _tile_pre (both). One 16-row tile per block, 8 warps, as the base kernels.
+// The variants: _pre (activations from gemv_act_frag_*, NVFP4 checkpoint layout; FP8's is the _w8c1 build below),
+// _tile (NVFP4 tile layout, activations converted here) and _tile_pre (both). One 16-row tile per block, 8 warps,
+// as the base kernels.
 #define EDGEFIT_MMA_VARIANTS(NTILES, SUFFIX)                                                                      \
-    extern "C" __global__ void __launch_bounds__(256) fp8_block_gemv_mma_pre_##SUFFIX(                            \
-        const uint4* xf, const uint8_t* w, const float* scales, float* y, int m, int n, int k) {                  \
-        blockq_gemv_mma<0, NTILES, 8, true>(nullptr, xf, w, scales, 1.f, y, m, n, k);                             \
-    }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(256) nvfp4_gemv_mma_pre_##SUFFIX(                                \
         const uint4* xf, const uint8_t* w, const uint8_t* scales, float global_scale, float* y, int m, int n,     \
         int k) {                                                                                                  \
@@ -698,6 +775,33 @@ extern "C" __global__ void __launch_bounds__(256) nvfp4_repack_mma(const uint8_t
 EDGEFIT_MMA_VARIANTS(1, n8)
 EDGEFIT_MMA_VARIANTS(2, n16)
 
+// Cluster-split builds (CS >= 1 in blockq_gemv_mma; Rust: MmaSplit, Gpu::fp8_block_gemv_split,
+// Gpu::nvfp4_gemv_tiles_split): W warps per block, CS blocks per 16-row tile, grid (ceil(n/16), CS), W * 32
+// threads; preconverted activations (FP8 checkpoint layout, NVFP4 tile layout). NVFP4's registers capped for 40
+// (n8) or 32 (n16) resident warps per SM (no spills); FP8's left to ptxas (40-52 registers), since the same caps
+// made it spill 4-12 bytes inside the chunk loop. CLUSTER is __cluster_dims__(1, CS, 1), or nothing for CS = 1.
+// Built: the cuts that won a case or came within noise in the session 5 sweep (s5-run1); 8 warps x 3 or 4 and
+// 4 warps x 4 lost everywhere (e.g. FP8 m = 4 5120x17408: w8c3 39.2, w8c4 35.0, w4c4 40.3 us against w8c2 29.8)
+// and were deleted.
+#define EDGEFIT_MMA_SPLIT(NTILES, NS, W, CS, CLUSTER)                                                              \
+    extern "C" __global__ void CLUSTER __launch_bounds__(W * 32)                                                   \
+        fp8_block_gemv_mma_pre_##NS##_w##W##c##CS(const uint4* xf, const uint8_t* w, const float* scales, float* y, \
+                                                  int m, int n, int k) {                                         \
+        blockq_gemv_mma<0, NTILES, W, true, CS>(nullptr, xf, w, scales, 1.f, y, m, n, k);                         \
+    }                                                                                                             \
+    extern "C" __global__ void CLUSTER __launch_bounds__(W * 32, (NTILES == 1 ? 40 : 32) / W)                       \
+        nvfp4_gemv_mma_tile_pre_##NS##_w##W##c##CS(const uint4* xf, const uint8_t* wr, const uint32_t* sr,         \
+                                                   float global_scale, float* y, int m, int n, int k) {           \
+        blockq_gemv_mma<2, NTILES, W, true, CS>(nullptr, xf, wr, sr, global_scale, y, m, n, k);                   \
+    }
+#define EDGEFIT_MMA_SPLIT_NT(W, CS, CLUSTER)                                                                      \
+    EDGEFIT_MMA_SPLIT(1, n8, W, CS, CLUSTER)                                                                      \
+    EDGEFIT_MMA_SPLIT(2, n16, W, CS, CLUSTER)
+EDGEFIT_MMA_SPLIT_NT(8, 1, )
+EDGEFIT_MMA_SPLIT_NT(8, 2, __cluster_dims__(1, 2, 1))
+EDGEFIT_MMA_SPLIT_NT(4, 1, )
+EDGEFIT_MMA_SPLIT_NT(4, 2, __cluster_dims__(1, 2, 1))
+EDGEFIT_MMA_SPLIT_NT(4, 3, __cluster_dims__(1, 3, 1))
 
 // ---------------------------------------------------------------------------------------------------------------
 // The NVFP4 decode GEMV over the tile layout (Gpu::nvfp4_gemv_tiles, the decode path an engine uses after
@@ -743,115 +847,44 @@ EDGEFIT_MMA_VARIANTS(2, n16)
 // programmatic dependents by the crate (Device::launch_pdl), so the GEMV's blocks get resident while the
 // fragment kernel runs: 1.03-1.08x at every m on the layer shapes (s4-run2).
 //
-// PDL (common.cuh) as blockq_gemv_mma: pdl_wait before the chunk loop.
-template <int NT>
-__device__ __forceinline__ void nvfp4_gemv_tiles_pre(const uint4* __restrict__ xf, const uint8_t* __restrict__ w,
-                                                     const uint32_t* __restrict__ scales, float global_scale,
-                                                     float* __restrict__ y, int m, int n, int k) {
-    pdl_launch_dependents();
-    constexpr int W = 8;
-    __shared__ float red[W][16][8 * NT];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, q = lane & 3;
-    const int nchunks = (k + 127) >> 7;
-    const int splits = static_cast<int>(gridDim.y);
-    const int per = (nchunks + splits - 1) / splits;
-    const int cbeg = min(nchunks, static_cast<int>(blockIdx.y) * per);
-    const int cend = min(nchunks, cbeg + per);
-    const size_t tile0 = static_cast<size_t>(blockIdx.x) * nchunks;
-    const uint8_t* wt = w + tile0 * 1024 + lane * 16;
-    const uint32_t* st = scales + tile0 * 32 + lane;
-    const uint4* xl = xf + lane;
-    bool live[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) live[t] = t * 8 + g < m;
-
-    float acc[NT][4];
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
-
-    pdl_wait();
-    for (int c = cbeg + warp; c < cend; c += W) {
-        const uint4 la = ld_stream(wt + static_cast<size_t>(c) * 1024);
-        const uint4 lb = ld_stream(wt + static_cast<size_t>(c) * 1024 + 512);
-        const uint32_t s4 = __ldg(st + static_cast<size_t>(c) * 32);
-        uint32_t bx[NT][16];
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-#pragma unroll
-            for (int v = 0; v < 4; ++v) {
-                const uint4 b = live[t] ? __ldg(xl + ((static_cast<size_t>(c) * NT + t) * 4 + v) * 32)
-                                        : make_uint4(0, 0, 0, 0);
-                bx[t][4 * v] = b.x;
-                bx[t][4 * v + 1] = b.y;
-                bx[t][4 * v + 2] = b.z;
-                bx[t][4 * v + 3] = b.w;
-            }
-        }
-        uint32_t ax[16], bxw[16];
-        nvfp4_a_fragments(la, lb, s4, ax, bxw);
-        float part[NT][4];
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) part[t][i] = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const uint32_t a[4] = {ax[2 * j], bxw[2 * j], ax[2 * j + 1], bxw[2 * j + 1]};
-#pragma unroll
-            for (int t = 0; t < NT; ++t) mma_16816(part[t], a, bx[t][2 * j], bx[t][2 * j + 1]);
-        }
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[t][i] += part[t][i];
-    }
-
-    const float post = 16384.f * global_scale;
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        red[warp][g][t * 8 + 2 * q] = acc[t][0];
-        red[warp][g][t * 8 + 2 * q + 1] = acc[t][1];
-        red[warp][g + 8][t * 8 + 2 * q] = acc[t][2];
-        red[warp][g + 8][t * 8 + 2 * q + 1] = acc[t][3];
-    }
-    __syncthreads();
-    const int row0 = blockIdx.x * 16;
-    for (int idx = threadIdx.x; idx < 16 * 8 * NT; idx += W * 32) {
-        const int r = idx % 16, tok = idx / 16;
-        if (tok < m && row0 + r < n) {
-            float v = 0.f;
-#pragma unroll
-            for (int wi = 0; wi < W; ++wi) v += red[wi][r][tok];
-            float* dst = y + static_cast<size_t>(tok) * n + row0 + r;
-            if (splits > 1)
-                atomicAdd(dst, v * post);
-            else
-                *dst = v * post;
-        }
-    }
+// Since session 5 this is blockq_gemv_mma with CS = 0 (the same loads, fragments and sums: the s5-run2 arms
+// w8a2 and t1k2 of bench_gemv.py, this build against the separate kernel it replaced, 18.5 vs 18.3 us at m = 1 on
+// 5120x17408, 12.7 vs 11.9 on 5120x10240, within each other's spread elsewhere). Thread-block clusters in place of
+// the atomics (CS > 1, deterministic for any split) were slower for NVFP4 (w8c2 21.6-21.8 us against 18.3-18.6 on
+// 5120x17408) and within 1% or faster for FP8, which uses them (see the cluster builds above).
+//
+// Grid (ceil(n/16), splits), 256 threads; xf from gemv_act_frag_nvfp4 (splits = 1) or gemv_act_frag_nvfp4_zero
+// (splits > 1: y must be zero). n8: m <= 8 (nt = 1), n16: m <= 16 (nt = 2); registers capped at 48 / 64.
+extern "C" __global__ void __launch_bounds__(256, 5) nvfp4_gemv_tiles_n8_u1(const uint4* xf, const uint8_t* wr,
+                                                                           const uint32_t* sr, float global_scale,
+                                                                           float* y, int m, int n, int k) {
+    blockq_gemv_mma<2, 1, 8, true, 0>(nullptr, xf, wr, sr, global_scale, y, m, n, k);
+}
+extern "C" __global__ void __launch_bounds__(256, 4) nvfp4_gemv_tiles_n16_u1(const uint4* xf, const uint8_t* wr,
+                                                                            const uint32_t* sr, float global_scale,
+                                                                            float* y, int m, int n, int k) {
+    blockq_gemv_mma<2, 2, 8, true, 0>(nullptr, xf, wr, sr, global_scale, y, m, n, k);
 }
 
-// Grid (ceil(n/16), splits), 256 threads; xf from gemv_act_frag_nvfp4 (splits = 1) or gemv_act_frag_nvfp4_zero
-// (splits > 1: y must be zero). n8: m <= 8 (nt = 1), n16: m <= 16 (nt = 2).
-#define EDGEFIT_NVFP4_TILES(NTILES, SUFFIX, MINB)                                                                 \
-    extern "C" __global__ void __launch_bounds__(256, MINB) nvfp4_gemv_tiles_##SUFFIX##_u1(                       \
-        const uint4* xf, const uint8_t* wr, const uint32_t* sr, float global_scale, float* y, int m, int n,       \
-        int k) {                                                                                                  \
-        nvfp4_gemv_tiles_pre<NTILES>(xf, wr, sr, global_scale, y, m, n, k);                                       \
-    }
-EDGEFIT_NVFP4_TILES(1, n8, 5)
-EDGEFIT_NVFP4_TILES(2, n16, 4)
-
-// gemv_act_frag_nvfp4 that also zeroes y[0 .. ylen) (grid-stride), for the split-K launches above. Same grid.
-extern "C" __global__ void __launch_bounds__(256) gemv_act_frag_nvfp4_zero(const uint16_t* x, uint4* xf, int m,
-                                                                            int k, int nt, float* y,
-                                                                            unsigned long long ylen) {
-    pdl_wait();  // y may still be read by the kernel before (gemv_act_frag waits again: a no-op by then)
+// gemv_act_frag_{nvfp4,fp8} that also zero y[0 .. ylen) (grid-stride), for the split-K launches that add into y.
+// Same grid.
+template <int FMT>
+__device__ __forceinline__ void gemv_act_frag_zero(const uint16_t* x, uint4* xf, int m, int k, int nt, float* y,
+                                                   unsigned long long ylen) {
+    pdl_launch_dependents();
+    pdl_wait();  // y may still be read by the kernel before
     for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < ylen;
          i += static_cast<size_t>(gridDim.x) * blockDim.x)
         y[i] = 0.f;
-    gemv_act_frag<1>(x, xf, m, k, nt);
+    gemv_act_frag_body<FMT>(x, xf, m, k, nt);
+}
+extern "C" __global__ void __launch_bounds__(256) gemv_act_frag_nvfp4_zero(const uint16_t* x, uint4* xf, int m,
+                                                                            int k, int nt, float* y,
+                                                                            unsigned long long ylen) {
+    gemv_act_frag_zero<1>(x, xf, m, k, nt, y, ylen);
+}
+extern "C" __global__ void __launch_bounds__(256) gemv_act_frag_fp8_zero(const uint16_t* x, uint4* xf, int m,
+                                                                          int k, int nt, float* y,
+                                                                          unsigned long long ylen) {
+    gemv_act_frag_zero<0>(x, xf, m, k, nt, y, ylen);
 }

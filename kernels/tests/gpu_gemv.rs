@@ -1,6 +1,7 @@
 //! The decode GEMVs beyond `KernelPath` (issue 4: the NVFP4 decode path `Gpu::nvfp4_repack_tiles` +
-//! `Gpu::nvfp4_gemv_tiles` and its variant `Gpu::nvfp4_gemv_tiles_variant`, `Gpu::fp8_block_gemv_with_scratch`,
-//! and the variants `Gpu::fp8_block_gemv_preconverted` and `Gpu::nvfp4_gemv_preconverted`) against
+//! `Gpu::nvfp4_gemv_tiles` and its variants `Gpu::nvfp4_gemv_tiles_variant` and `Gpu::nvfp4_gemv_tiles_split`,
+//! `Gpu::fp8_block_gemv_with_scratch`, and the variants `Gpu::fp8_block_gemv_preconverted`,
+//! `Gpu::fp8_block_gemv_split` and `Gpu::nvfp4_gemv_preconverted`) against
 //! `kernels::reference::linear`: fresh random inputs each run (the seed is
 //! printed), every m from 1 to 16, n not a multiple of the 16-row tile or of two rows per warp, k at the constraint
 //! (FP8: k % 16 == 0, not a multiple of 32 or 128; NVFP4: k % 32 == 0, not a multiple of 128), outputs and scratch
@@ -211,23 +212,29 @@ fn assert_same_bits(what: &str, want: &[f32], got: &[f32], n: usize) {
     }
 }
 
-/// `Auto` on more than 8192 rows: one K split at every m, so m <= 8 runs `nvfp4_gemv_mma_tile_pre_n8` (the
-/// 5120-row tests above take two splits there). n = 8200 leaves a half tile, k = 160 one full and one partial
-/// 128-value chunk. Against the reference, and bit for bit against the checkpoint layout.
+/// `Auto` on more than 8192 rows: one K split at every m, so m <= 8 runs `nvfp4_gemv_mma_tile_pre_n8` on 8200
+/// rows and the 4-warp `nvfp4_gemv_mma_tile_pre_n8_w4c1` on 65552 (the 5120-row tests above take two splits
+/// there). Both leave a half tile, k = 160 one full and one partial 128-value chunk. Against the reference, and
+/// bit for bit against the checkpoint layout where the same 8 warps add the chunks.
 #[test]
 fn nvfp4_tiles_auto_on_tall_matrices_matches_the_reference() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("nvfp4_tiles_auto_tall");
-    let (n, k) = (8200, 160);
-    let w = uniform(&mut rng, n * k, 0.05);
+    for (n, k) in [(8200, 160), (65552, 160)] {
+        nvfp4_tiles_auto_case(&gpu, &mut rng, n, k);
+    }
+}
+
+fn nvfp4_tiles_auto_case(gpu: &Gpu, rng: &mut rand_chacha::ChaCha8Rng, n: usize, k: usize) {
+    let w = uniform(rng, n * k, 0.05);
     let (packed, scales, global) = reference::linear::quantize_nvfp4(&w, n, k);
     let (dw, ds) = (gpu.upload(&packed).unwrap(), gpu.upload(&scales).unwrap());
     let tiles = gpu.nvfp4_repack_tiles(&dw, &ds, n, k).unwrap();
     for m in [1, 3, 8, 9, 16] {
-        let (xb, xf) = bf16_activations(&mut rng, m * k);
+        let (xb, xf) = bf16_activations(rng, m * k);
         let want = reference::linear::nvfp4_linear(&xf, m, &packed, &scales, global, n, k);
         let dx = gpu.upload(&xb).unwrap();
-        let mut scratch = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
+        let mut scratch = poisoned_scratch(gpu, Gpu::gemv_scratch_len(m, k));
         let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
         gpu.nvfp4_gemv_tiles(&dx, &tiles, global, &mut dy, &mut scratch, m)
             .unwrap();
@@ -238,7 +245,10 @@ fn nvfp4_tiles_auto_on_tall_matrices_matches_the_reference() {
             &want,
             n,
         );
-        let mut scratch = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
+        if m <= 8 && n >= 65536 {
+            continue; // 4 warps per tile: the same products, added in another order
+        }
+        let mut scratch = poisoned_scratch(gpu, Gpu::gemv_scratch_len(m, k));
         let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
         gpu.nvfp4_gemv_preconverted(&dx, &dw, &ds, global, &mut dy, &mut scratch, m, n, k)
             .unwrap();
@@ -252,7 +262,8 @@ fn fp8_with_scratch_matches_the_reference_for_every_m() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("fp8_block_gemv_with_scratch");
     let all: Vec<usize> = (1..=16).collect();
-    // 65540 rows: at least FP8_PRECONVERT_FROM_N, so m = 2..=8 preconvert too (a ragged tile and scale block).
+    // Every cut fp8_split_auto picks: n <= 8192 runs w8c2 (m <= 8) and w4c3 (m >= 9); 65540 rows (a ragged tile
+    // and scale block) w4c1, and m = 1 the unsplit CUDA-core kernel there.
     for (n, k, ms) in [
         (300, 400, all.clone()),
         (17, 2064, all),
@@ -331,6 +342,84 @@ fn fp8_m1_k_splits_match_the_reference() {
     assert!(e.to_string().contains("ksplit must be 1, 2 or 4"), "{e}");
 }
 
+/// Every cut of the tensor-core GEMVs over preconverted activations (`Gpu::fp8_block_gemv_split`,
+/// `Gpu::nvfp4_gemv_tiles_split`: every built (warps, blocks of a cluster per tile), plain or programmatic
+/// launches) against the reference, and the same bits on a second run. The shapes give every split an uneven
+/// share of the 128-wide chunks, and some blocks none (k = 160: 2 chunks for 3 splits).
+#[test]
+fn mma_splits_match_the_reference_and_repeat_bit_for_bit() {
+    use kernels::cuda::MmaSplit;
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("mma_splits");
+    // Every built cut, plain and as programmatic dependents.
+    let splits: Vec<MmaSplit> = MmaSplit::BUILT
+        .iter()
+        .flat_map(|&(warps, splits)| [false, true].map(|pdl| MmaSplit { warps, splits, pdl }))
+        .collect();
+    for &(n, k) in &[(300, 416), (33, 1056), (17, 2080), (129, 160)] {
+        let w = uniform(&mut rng, n * k, 0.05);
+        let (codes, scales8) = reference::linear::quantize_fp8_block(&w, n, k);
+        let (dw8, ds8) = (gpu.upload(&codes).unwrap(), gpu.upload(&scales8).unwrap());
+        let (packed, scales4, global) = reference::linear::quantize_nvfp4(&w, n, k);
+        let (dw4, ds4) = (gpu.upload(&packed).unwrap(), gpu.upload(&scales4).unwrap());
+        let tiles = gpu.nvfp4_repack_tiles(&dw4, &ds4, n, k).unwrap();
+        for m in [1, 3, 8, 9, 16] {
+            let (xb, xf) = bf16_activations(&mut rng, m * k);
+            let want8 = reference::linear::fp8_block_linear(&xf, m, &codes, &scales8, n, k);
+            let want4 = reference::linear::nvfp4_linear(&xf, m, &packed, &scales4, global, n, k);
+            let dx = gpu.upload(&xb).unwrap();
+            for &split in &splits {
+                let what = format!("m={m} n={n} k={k} {split:?}");
+                let mut runs = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+                for run in 0..2 {
+                    let mut scratch = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
+                    let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+                    gpu.fp8_block_gemv_split(
+                        &dx,
+                        &dw8,
+                        &ds8,
+                        &mut dy,
+                        &mut scratch,
+                        m,
+                        n,
+                        k,
+                        split,
+                    )
+                    .unwrap();
+                    runs[run] = gpu.download(&dy).unwrap();
+                    let mut scratch = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
+                    let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+                    gpu.nvfp4_gemv_tiles_split(
+                        &dx,
+                        &tiles,
+                        global,
+                        &mut dy,
+                        &mut scratch,
+                        m,
+                        split,
+                    )
+                    .unwrap();
+                    runs[2 + run] = gpu.download(&dy).unwrap();
+                }
+                check(&format!("fp8 split {what}"), &runs[0], &want8, n);
+                check(&format!("nvfp4 split {what}"), &runs[2], &want4, n);
+                assert_same_bits(
+                    &format!("fp8 split {what}, second run"),
+                    &runs[0],
+                    &runs[1],
+                    n,
+                );
+                assert_same_bits(
+                    &format!("nvfp4 split {what}, second run"),
+                    &runs[2],
+                    &runs[3],
+                    n,
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn gemv_variant_errors_name_the_operand() {
     let Some(gpu) = gpu() else { return };
@@ -382,6 +471,29 @@ fn gemv_variant_errors_name_the_operand() {
         .nvfp4_gemv_tiles_variant(&x, &tiles, 1.0, &mut y, None, m, 2)
         .unwrap_err();
     assert!(e.to_string().contains("without a scratch buffer"), "{e}");
+    for (warps, splits) in [(2, 1), (8, 3), (16, 2), (4, 0), (4, 4)] {
+        let split = kernels::cuda::MmaSplit {
+            warps,
+            splits,
+            pdl: false,
+        };
+        let e = gpu
+            .fp8_block_gemv_split(&x, &w8, &s8, &mut y, &mut big, m, n, k, split)
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("a tensor-core GEMV split is one of (warps, splits)"),
+            "{e}"
+        );
+        let e = gpu
+            .nvfp4_gemv_tiles_split(&x, &tiles, 1.0, &mut y, &mut big, m, split)
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("a tensor-core GEMV split is one of (warps, splits)"),
+            "{e}"
+        );
+    }
     let e = gpu
         .fp8_block_gemv_with_scratch(&x, &w8, &s8, &mut y, &mut small, m, n, k)
         .unwrap_err();

@@ -11,15 +11,20 @@ default kernel) and a failing case is printed without stopping the others. Write
 $OUT/bench_gemv_log.txt and prints the short table last.
 
 Arms (kernel names as in the SASS, for grepping):
-  fp8  auto   fp8_block_gemv_m1_r2_u2 (m = 1) | fp8_block_gemv_mma_n8/_n16 (m > 1)      -- today's Auto
-  fp8  pre    gemv_act_frag_fp8 + fp8_block_gemv_mma_pre_n8/_n16   -- converted once
-      (Gpu::fp8_block_gemv_with_scratch: pre at m >= 9, and at m >= 2 on n >= 65536; auto otherwise)
+  fp8  auto   fp8_block_gemv_m1_r2_u2 (m = 1) | fp8_block_gemv_mma_n8/_n16 (m > 1)
+  fp8  k2_pdl fp8_block_gemv_m1_r2_u2_k2 as a programmatic dependent (m = 1)        -- Auto at m = 1, n < 65536
+  fp8  pre    gemv_act_frag_fp8 + fp8_block_gemv_mma_pre_n8/_n16_w8c1   -- converted once
+  fp8  w{W}c{CS}[_plain]  the same with W warps per block and CS blocks of a cluster per tile
+      (Gpu::fp8_block_gemv_split), both kernels as programmatic dependents unless _plain
+      (Gpu::fp8_block_gemv_with_scratch: the table in its fp8_split_auto)
   nv4  auto   nvfp4_gemv_mma_n8/_n16                          -- Gpu::nvfp4_gemv (checkpoint layout, no repack)
   nv4  pre    gemv_act_frag_nvfp4 + nvfp4_gemv_mma_pre_n8/_n16
   nv4  tile   nvfp4_gemv_mma_tile_n8/_n16 (weights repacked once by nvfp4_repack_mma)
   nv4  tilepre  gemv_act_frag_nvfp4 + nvfp4_gemv_mma_tile_pre_n8/_n16
   nv4  t1k{S}  gemv_act_frag_nvfp4[_zero] + nvfp4_gemv_tiles_n8/_n16_u1, grid.y = S   -- Gpu::nvfp4_gemv_tiles_variant
-      (Gpu::nvfp4_gemv_tiles's Auto: t1k2 at m <= 8 on n <= 8192, tilepre everywhere else)
+  nv4  w{W}c{CS}[_plain]  gemv_act_frag_nvfp4 + nvfp4_gemv_mma_tile_pre_n8/_n16_w{W}c{CS}
+      (Gpu::nvfp4_gemv_tiles_split; tilepre_w8c1_plain is w8c1 launched plainly)
+      (Gpu::nvfp4_gemv_tiles's Auto: the table in its nvfp4_tiles_auto)
 The last table names, per case, the fastest correct arm and the arm the library's Auto runs for it (`with_scratch`
 for FP8, `nvfp4_gemv_tiles` for NVFP4: the decode paths), so a wrong Auto entry shows as a gain > 1.
 The persistent stream-K arms (p*, pp*) lost everywhere in s3-run1 and were deleted with their kernels.
@@ -84,33 +89,17 @@ def fp8_case(n, k, m, sets, w8, sc, copy_bw, one, wbf):
         # fp8_m1_pdl_auto; s4-run6, s4-run8), the "k2_pdl" arm.
         f = kern("gemv", "fp8_block_gemv_m1_r2_u2")
         arms["auto"] = lambda i: launch(f, g16, (256,), args(i))
-        for ks in (2, 4):
-            fk = kern("gemv", f"fp8_block_gemv_m1_r2_u2_k{ks}")
-            gk = ((n + 16 // ks - 1) // (16 // ks),)
-            arms[f"k{ks}"] = lambda i, fk=fk, gk=gk: launch(fk, gk, (256,), args(i))
-            if ks == 2:  # Auto below 65536 rows: the split kernel as a programmatic dependent (s4-run8)
-                arms["k2_pdl"] = lambda i, fk=fk, gk=gk: b.launch_pdl(fk, gk, (256,), args(i))
+        fk = kern("gemv", "fp8_block_gemv_m1_r2_u2_k2")
+        gk = ((n + 7) // 8,)
+        arms["k2_pdl"] = lambda i: b.launch_pdl(fk, gk, (256,), args(i))
     else:
         f = kern("gemv", "fp8_block_gemv_mma_n8" if m <= 8 else "fp8_block_gemv_mma_n16")
         arms["auto"] = lambda i: launch(f, g16, (256,), args(i))
     fa = kern("gemv", "gemv_act_frag_fp8")
-    fp = kern("gemv", "fp8_block_gemv_mma_pre_n8" if m <= 8 else "fp8_block_gemv_mma_pre_n16")
     ga = ((xf.numel() // 4 + 255) // 256,)
-
-    def pre(i):
-        launch(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt)))
-        launch(fp, g16, (256,), (ptr(xf), ptr(w8[i]), ptr(sc[i]), ptr(y), i32(m), i32(n), i32(k)))
-
-    arms["pre"] = pre
-    # Programmatic dependent launch (bench.launch_pdl; the kernels' side in gemv.cu): each launch may start while
-    # the one before it finishes (Auto's kernel, and the pre path's two kernels).
-    arms["pdl"] = lambda i: b.launch_pdl(f, g16, (256,), args(i))
-
-    def pre_pdl(i):
-        b.launch_pdl(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt)))
-        b.launch_pdl(fp, g16, (256,), (ptr(xf), ptr(w8[i]), ptr(sc[i]), ptr(y), i32(m), i32(n), i32(k)))
-
-    arms["pre_pdl"] = pre_pdl
+    frag_args = lambda i: (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt))  # noqa: E731
+    split_args = lambda i: (ptr(xf), ptr(w8[i]), ptr(sc[i]), ptr(y), i32(m), i32(n), i32(k))  # noqa: E731
+    add_split_arms(arms, "fp8_block_gemv_mma_pre", nt, g16[0], fa, ga, frag_args, split_args, "pre")
     # Correctness of every arm against a torch dequantisation of set 0.
     # w8 holds the e4m3 codes as uint8 (the kernels' view): decode them as e4m3, not as integers (run 3 compared
     # against the integer codes and failed every arm, although the GPU tests pass).
@@ -155,10 +144,36 @@ def fp8_case(n, k, m, sets, w8, sc, copy_bw, one, wbf):
     ok = {a: res[a][0] for a in arms if errs[a] < 1e-4}
     best = min(ok, key=ok.get) if ok else "none"
     # Gpu::fp8_block_gemv_with_scratch's choice
-    lib = "pre" if m >= 9 or (m >= 2 and n >= 65536) else ("k2_pdl" if m == 1 and n < 65536 else "auto")
+    if m == 1:
+        lib = "k2_pdl" if n < 65536 else "auto"
+    else:  # fp8_split_auto
+        lib = ("w8c2" if m <= 8 else "w4c3") if n <= 8192 else "w4c1"
     BEST.append(("fp8", f"N={n} K={k}", m, best, ok.get(best, float("nan")) * 1e6, lib, res[lib][0] * 1e6,
                  moved / ok.get(best, float("nan")) / copy_bw if ok else float("nan")))
     return res["auto"]
+
+
+# The cuts of the tensor-core GEMVs over preconverted activations (Gpu::fp8_block_gemv_split,
+# Gpu::nvfp4_gemv_tiles_split; the _w{W}c{CS} builds of blockq_gemv_mma): W warps per block, CS blocks of one
+# cluster per 16-row tile. "pre" is w8c1 launched plainly (the one-block-per-tile kernel of sessions 2-4).
+SPLITS = [(8, 1), (8, 2), (4, 1), (4, 2), (4, 3)]  # MmaSplit::BUILT
+PLAIN_TOO = [(8, 1)]
+
+
+def add_split_arms(arms, base, nt, tiles, fa, ga, frag_args, split_args, w8c1_plain):
+    """Adds an arm per cut: fragment kernel + split GEMV, both as programmatic dependents ("w{W}c{CS}"), and for
+    PLAIN_TOO also launched plainly ("w{W}c{CS}_plain"; w8c1 plain is named w8c1_plain)."""
+    for w, cs in SPLITS:
+        fn = kern("gemv", f"{base}_n{8 * nt}_w{w}c{cs}")
+        log_regs(f"{base}_n{8 * nt}_w{w}c{cs}", fn)
+        for pdl in (True, False) if (w, cs) in PLAIN_TOO else (True,):
+            go = b.launch_pdl if pdl else launch
+
+            def arm(i, fn=fn, w=w, cs=cs, go=go):
+                go(fa, ga, (256,), frag_args(i))
+                go(fn, (tiles, cs), (32 * w,), split_args(i))
+            name = f"w{w}c{cs}" if pdl else (w8c1_plain if (w, cs) == (8, 1) else f"w{w}c{cs}_plain")
+            arms[name] = arm
 
 
 def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto):
@@ -199,11 +214,12 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto):
     arms["tilepre_pdl"] = lambda i: (
         b.launch_pdl(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt))),
         b.launch_pdl(ftp, g16, (256,), (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail()))
-    for splits in (2, 4):  # t1k4_pdl: four K splits (1280 blocks on 5120 rows), atomics in any order
-        arms[f"t1k{splits}_pdl"] = lambda i, splits=splits: (
-            b.launch_pdl(faz, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt), ptr(y),
-                                           np.uint64(m * n))),
-            b.launch_pdl(fu, (g16[0], splits), (256,), (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail()))
+    arms["t1k2_pdl"] = lambda i: (
+        b.launch_pdl(faz, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt), ptr(y), np.uint64(m * n))),
+        b.launch_pdl(fu, (g16[0], 2), (256,), (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail()))
+    add_split_arms(arms, "nvfp4_gemv_mma_tile_pre", nt, g16[0], fa, ga,
+                   lambda i: (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt)),
+                   lambda i: (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail(), "tilepre_w8c1_plain")
     outs = {}
     for name, call in list(arms.items()):
         y.fill_(float("nan"))
@@ -235,7 +251,7 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto):
     ok = {a: res[a][0] for a in arms if errs[a] < 1e-5}
     best = min(ok, key=ok.get) if ok else "none"
     # Gpu::nvfp4_gemv_tiles's choice (nvfp4_tiles_auto), launched as programmatic dependents since s4-run2.
-    lib = "t1k2_pdl" if m <= 8 and n <= 8192 else "tilepre_pdl"
+    lib = "t1k2_pdl" if m <= 8 and n <= 8192 else ("w4c1" if m <= 8 and n >= 65536 else "tilepre_pdl")
     BEST.append(("nvfp4", f"N={n} K={k}", m, best, ok.get(best, float("nan")) * 1e6, lib, res[lib][0] * 1e6,
                  moved / ok.get(best, float("nan")) / copy_bw if ok else float("nan")))
 

@@ -198,6 +198,23 @@ impl Device {
         cfg: LaunchConfig,
         args: &mut PdlArgs,
     ) -> Result<(), KernelError> {
+        // SAFETY: the caller's contract above.
+        unsafe { self.launch_ex(name, f, cfg, args, true) }
+    }
+
+    /// [`Device::launch_pdl`] when `pdl`, else the same parameters launched plainly (for paths whose choice between
+    /// the two is a measured table).
+    ///
+    /// # Safety
+    /// As [`Device::launch_pdl`].
+    unsafe fn launch_ex(
+        &self,
+        name: &str,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        args: &mut PdlArgs,
+        pdl: bool,
+    ) -> Result<(), KernelError> {
         use cudarc::driver::sys;
         if args.len > PDL_MAX_ARGS {
             return Err(KernelError::Cuda(format!(
@@ -225,7 +242,7 @@ impl Device {
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: self.stream.cu_stream(),
             attrs: &mut attr,
-            numAttrs: 1,
+            numAttrs: u32::from(pdl),
         };
         // SAFETY: config, attr and the parameter slots live across the call (the driver copies the values); f
         // belongs to a module this device keeps loaded; the parameters' types are the caller's contract above.

@@ -33,9 +33,9 @@ impl Gpu {
     /// `fp8_block_gemv_m1_r2_u2_k2` (CUDA cores, K split over two warps, launched as a programmatic dependent:
     /// 86.5-91.7% of copy bandwidth on the layer shapes, s4-run8) below 65536 rows, `fp8_block_gemv_m1_r2_u2`
     /// (105.5% on the lm_head) above (`fp8_m1_ksplit_auto`, `fp8_m1_pdl_auto`); `m = 2..=8` ->
-    /// `fp8_block_gemv_mma_n8`, `m = 9..=16` -> `fp8_block_gemv_mma_n16` (tensor cores, 47-94%). A caller that can lend a scratch buffer should call [`Gpu::fp8_block_gemv_with_scratch`], whose table
-    /// converts the activations once per call at `m >= 9` and on the lm_head (1.02-1.37x there, H200 runs s2-run3 to
-    /// s3-run1). A variant replaces an entry only where `kernels/bench/h200/bench_gemv.py` measures it faster ("Auto
+    /// `fp8_block_gemv_mma_n8`, `m = 9..=16` -> `fp8_block_gemv_mma_n16` (tensor cores, 47-94%). A caller that can
+    /// lend a scratch buffer should call [`Gpu::fp8_block_gemv_with_scratch`], which at `m >= 2` converts the
+    /// activations once per call and cuts the work for the shape (1.0-1.2x this table, s5-run1). A variant replaces an entry only where `kernels/bench/h200/bench_gemv.py` measures it faster ("Auto
     /// table candidates" in its output). The s2-run5 sweep's m = 1 variants lost and were deleted: L2::256B prefetch
     /// hints 0.99-1.01x, split-K with atomics 0.83-1.01x, `cp.async.bulk` rings per warp 0.48-0.80x of this kernel.
     ///
@@ -298,13 +298,58 @@ impl Gpu {
         const OP: &str = "cuda::fp8_block_gemv_preconverted";
         check_fp8_gemv(OP, x, w, scales, y, m, n, k)?;
         check_scratch(OP, scratch, m, k)?;
+        self.fp8_split_launch(x, w, scales, y, scratch, m, n, k, MmaSplit::ONE_TILE)
+    }
+
+    /// [`Gpu::fp8_block_gemv_preconverted`] cut as `split` says ([`MmaSplit`]): `split.warps` warps per block share
+    /// a 16-row tile's K chunks and `split.splits` blocks of one thread-block cluster each take a contiguous share
+    /// of them, their sums added in distributed shared memory in rank order (the same bits on
+    /// every run); `split.pdl` launches the conversion and the GEMV as programmatic dependents. Tests and the
+    /// benchmark drive each cut; `with_scratch`'s `Auto` picks one by shape ([`fp8_split_auto`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fp8_block_gemv_split(
+        &self,
+        x: &GpuBuffer<u16>,
+        w: &GpuBuffer<u8>,
+        scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<f32>,
+        scratch: &mut GpuBuffer<u32>,
+        m: usize,
+        n: usize,
+        k: usize,
+        split: MmaSplit,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::fp8_block_gemv_split";
+        check_fp8_gemv(OP, x, w, scales, y, m, n, k)?;
+        check_scratch(OP, scratch, m, k)?;
+        split.check(OP)?;
+        self.fp8_split_launch(x, w, scales, y, scratch, m, n, k, split)
+    }
+
+    /// After the checks: `Device::mma_split_gemv` for FP8.
+    #[allow(clippy::too_many_arguments)]
+    fn fp8_split_launch(
+        &self,
+        x: &GpuBuffer<u16>,
+        w: &GpuBuffer<u8>,
+        scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<f32>,
+        scratch: &mut GpuBuffer<u32>,
+        m: usize,
+        n: usize,
+        k: usize,
+        split: MmaSplit,
+    ) -> Result<(), KernelError> {
         #[cfg(feature = "cuda")]
         {
-            self.inner.fp8_block_gemv_pre(
+            self.inner.mma_split_gemv(
+                false,
+                split,
                 &x.slice,
                 &mut scratch.slice,
                 &w.slice,
                 &scales.slice,
+                1.0,
                 &mut y.slice,
                 m,
                 n,
@@ -312,7 +357,10 @@ impl Gpu {
             )
         }
         #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        {
+            let _ = (x, w, scales, y, scratch, m, n, k, split);
+            match self.never {}
+        }
     }
 
     /// [`Gpu::nvfp4_gemv`] on the tensor cores (checkpoint layout) with the activations converted once per call
@@ -465,6 +513,36 @@ impl Gpu {
         self.tiles_launch(OP, kernel, x, tiles, global_scale, y, scratch, m, k_splits)
     }
 
+    /// [`Gpu::nvfp4_gemv_tiles`] cut as `split` says (see [`MmaSplit`]; `nvfp4_gemv_mma_tile_pre_n*_w{W}c{CS}`):
+    /// activations preconverted into `scratch` (at least [`Gpu::gemv_scratch_len`] words), the K chunks of each
+    /// tile shared by `split.splits` blocks of one cluster whose sums meet in distributed shared memory (the same
+    /// bits on every run, for every split). Tests and the benchmark drive each cut.
+    #[allow(clippy::too_many_arguments)]
+    pub fn nvfp4_gemv_tiles_split(
+        &self,
+        x: &GpuBuffer<u16>,
+        tiles: &Nvfp4TileWeights,
+        global_scale: f32,
+        y: &mut GpuBuffer<f32>,
+        scratch: &mut GpuBuffer<u32>,
+        m: usize,
+        split: MmaSplit,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::nvfp4_gemv_tiles_split";
+        split.check(OP)?;
+        self.tiles_launch(
+            OP,
+            TilesKernel::Cluster(split),
+            x,
+            tiles,
+            global_scale,
+            y,
+            Some(scratch),
+            m,
+            1,
+        )
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn tiles_launch(
         &self,
@@ -492,6 +570,27 @@ impl Gpu {
         }
         #[cfg(feature = "cuda")]
         {
+            if let TilesKernel::Cluster(split) = kernel {
+                let Some(scratch) = scratch else {
+                    return Err(KernelError::shape(
+                        op,
+                        "the cluster-split tile GEMV needs the activation scratch".to_string(),
+                    ));
+                };
+                return self.inner.mma_split_gemv(
+                    true,
+                    split,
+                    &x.slice,
+                    &mut scratch.slice,
+                    &tiles.w.slice,
+                    &tiles.scales.slice,
+                    global_scale,
+                    &mut y.slice,
+                    m,
+                    n,
+                    k,
+                );
+            }
             self.inner.nvfp4_gemv_tiles(
                 kernel,
                 &x.slice,
@@ -514,12 +613,10 @@ impl Gpu {
     }
 
     /// [`Gpu::fp8_block_gemv`] with a caller-owned activation scratch (at least [`Gpu::gemv_scratch_len`]`(m, k)`
-    /// words, contents ignored, reusable across calls): `Auto`'s table, except that for `m >= 9` the activations
-    /// are converted once per call ([`Gpu::fp8_block_gemv_preconverted`]), measured faster there at every shape
-    /// on the H200 (run s2-run3, m = 16: 5120x17408 34.5 vs 42.6 us, 17408x5120 39.9 vs 40.6, 5120x10240 22.8 vs
-    /// 26.6, 248320x5120 397 vs 546); at m = 4 the two were within +-4% (31.9 vs 32.0 us on 5120x17408, 32.8
-    /// vs 31.5 on 17408x5120), and m = 5..=8 runs the same one-token-tile kernel as m = 4, so `Auto` keeps them.
-    /// The scratch is a parameter because the device context has no buffer of its own for it yet.
+    /// words, contents ignored, reusable across calls): the FP8 decode path. `m = 1` runs `Auto`'s CUDA-core
+    /// kernel; `m >= 2` converts the activations once per call and runs the tensor-core GEMV cut as
+    /// [`fp8_split_auto`] says ([`Gpu::fp8_block_gemv_split`]). The scratch is a parameter because the device
+    /// context has no buffer of its own for it yet.
     #[allow(clippy::too_many_arguments)]
     pub fn fp8_block_gemv_with_scratch(
         &self,
@@ -535,28 +632,86 @@ impl Gpu {
         const OP: &str = "cuda::fp8_block_gemv_with_scratch";
         check_fp8_gemv(OP, x, w, scales, y, m, n, k)?;
         check_scratch(OP, scratch, m, k)?;
-        if fp8_preconverts(m, n) {
-            self.fp8_block_gemv_preconverted(x, w, scales, y, scratch, m, n, k)
-        } else {
+        if m == 1 {
             self.fp8_block_gemv_with(KernelPath::Auto, x, w, scales, y, m, n, k)
+        } else {
+            self.fp8_split_launch(x, w, scales, y, scratch, m, n, k, fp8_split_auto(m, n))
         }
     }
 }
 
-/// Whether [`Gpu::fp8_block_gemv_with_scratch`] converts the activations once per call: from `m = 9` (the two-token-
-/// tile kernels) on every shape, and from `m = 2` on matrices of at least `FP8_PRECONVERT_FROM_N` rows, where the
-/// one-token-tile kernel with preconverted fragments was faster at m = 4 in every run (lm_head 248320x5120: 322.1
-/// vs 351.6 us in s3-run1, 325.1 vs 352.6 in s2-run5, 334.6 vs 352.1 in s2-run3) while on the layer shapes the two
-/// stayed within 0.96-1.01x (s3-run1: 31.7 vs 32.0 us on 5120x17408, 32.0 vs 31.6 on 17408x5120, 20.7 vs 20.2 on
-/// 5120x10240). Measurements of m >= 9 in its documentation; `m = 1` keeps the CUDA-core kernel (0.80-0.89x for
-/// the preconverted one).
-fn fp8_preconverts(m: usize, n: usize) -> bool {
-    m >= 9 || (m >= 2 && n >= FP8_PRECONVERT_FROM_N)
+/// The cut [`Gpu::fp8_block_gemv_with_scratch`] runs for `m >= 2` ([`MmaSplit`], always as programmatic
+/// dependents): on matrices of at most 8192 rows two 8-warp blocks per tile for `m <= 8` and three 4-warp blocks
+/// for `m >= 9`; on taller ones one 4-warp block per tile. H200, s5-run1 (`benchmarks/h200-runs/s5-run1`), us,
+/// against the table before (the tensor-core kernel converting its own activations at `m <= 8` below 65536 rows,
+/// one 8-warp block per tile on preconverted activations elsewhere):
+///
+/// | shape (n x k) | m = 4: before | m = 4: this | m = 16: before | m = 16: this |
+/// |---|---|---|---|---|
+/// | 5120 x 17408 | 31.85 | **29.79** (w8c2) | 35.59 | **33.41** (w4c3) |
+/// | 17408 x 5120 | 31.50 | **29.50** (w4c1) | 37.62 | **34.56** (w4c1) |
+/// | 5120 x 10240 | 20.21 | 20.41 (w8c2) | 23.52 | **21.79** (w4c3) |
+/// | 248320 x 5120 | 327.58 | **316.53** (w4c1) | 380.79 | **379.91** (w4c1) |
+///
+/// The one loss, 1% on 5120x10240 at m = 4, is within that case's spread. Before session 5: preconverting was
+/// faster at m >= 9 everywhere (s2-run3: 34.5 vs 42.6 us on 5120x17408) and at m = 2..=8 on the lm_head (322.1 vs
+/// 351.6 us, s3-run1), within 0.96-1.01x at m = 4 on the layer shapes.
+fn fp8_split_auto(m: usize, n: usize) -> MmaSplit {
+    let (warps, splits) = match (n <= 8192, m <= 8) {
+        (true, true) => (8, 2),
+        (true, false) => (4, 3),
+        (false, _) => (4, 1),
+    };
+    MmaSplit {
+        warps,
+        splits,
+        pdl: true,
+    }
 }
 
-/// Rows from which [`Gpu::fp8_block_gemv_with_scratch`] preconverts at `m = 2..=8`: between the largest layer shape
-/// measured (17408 rows, no gain) and the lm_head (248320 rows, 1.05-1.09x).
-const FP8_PRECONVERT_FROM_N: usize = 65536;
+/// How a tensor-core decode GEMV over preconverted activations cuts its work (`cuda/gemv.cu`, the `_w{W}c{CS}`
+/// builds of `blockq_gemv_mma`): `warps` per block share one 16-row tile's 128-wide K chunks, `splits` blocks (one
+/// thread-block cluster) per tile each take a contiguous share of the chunks and add their sums in distributed
+/// shared memory (deterministic: no atomics), and `pdl` launches the activation conversion and the GEMV as
+/// programmatic dependents. Built: 8 warps x 1 or 2 splits, 4 warps x 1, 2 or 3 ([`MmaSplit::BUILT`]).
+///
+/// Why: one block of 8 warps per tile leaves a 5120-row matrix 320 blocks, ~19 warps per SM with one 2 KiB (FP8)
+/// chunk each in flight, where the FP8 `m = 1` kernel keeps ~40 warps' worth in flight at 90% of copy; and a
+/// 17408-row matrix 1088 blocks of 8 warps, 1.65 waves of 5 chunks per warp. The session 5 sweep (s5-run1,
+/// `benchmarks/h200.md`) measured every cut; [`fp8_split_auto`] and `nvfp4_tiles_auto` hold the winners.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmaSplit {
+    /// Warps per block: 4 or 8.
+    pub warps: usize,
+    /// Blocks (of one cluster) per 16-row tile: 1 or 2 with 8 warps, 1 to 3 with 4.
+    pub splits: usize,
+    /// Launch the conversion and the GEMV as programmatic dependents.
+    pub pdl: bool,
+}
+
+impl MmaSplit {
+    /// One block of 8 warps per tile, launched plainly: the kernels' shape before session 5.
+    pub const ONE_TILE: MmaSplit = MmaSplit {
+        warps: 8,
+        splits: 1,
+        pdl: false,
+    };
+
+    /// The (warps, splits) pairs built in `cuda/gemv.cu`.
+    pub const BUILT: [(usize, usize); 5] = [(8, 1), (8, 2), (4, 1), (4, 2), (4, 3)];
+
+    fn check(self, op: &'static str) -> Result<(), KernelError> {
+        crate::ensure_shape!(
+            Self::BUILT.contains(&(self.warps, self.splits)),
+            op,
+            "a tensor-core GEMV split is one of (warps, splits) {:?}, got ({}, {})",
+            Self::BUILT,
+            self.warps,
+            self.splits
+        );
+        Ok(())
+    }
+}
 
 /// The builds of the tile-layout NVFP4 GEMV (`cuda/gemv.cu`) that `Device::nvfp4_gemv_tiles` launches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -567,6 +722,8 @@ pub(in crate::cuda) enum TilesKernel {
     Mma,
     /// `nvfp4_gemv_tiles_n*_u1`: preconverted activations, the K chunks split over `grid.y` blocks.
     Split,
+    /// `nvfp4_gemv_mma_tile_pre_n*_w{W}c{CS}`: preconverted activations, cut as the [`MmaSplit`] says.
+    Cluster(MmaSplit),
 }
 
 /// `Auto`'s choice for [`Gpu::nvfp4_gemv_tiles`]: the kernel and the K splits for `m` tokens and `n` rows.
@@ -598,6 +755,27 @@ pub(in crate::cuda) enum TilesKernel {
 /// the per-tile kernels (ring cursor and guards, commit/wait, shared-memory reads, the atomics' branch: 14 ISETP,
 /// 8 BRA, 4 BSSY/BSYNC, 6 LDS per chunk), at or over the ~300 per KiB that 85% of copy allows on 4 schedulers;
 /// and with 56-70 registers and 4 warps per block, 16-32 warps per SM against the 40 of 5 tile blocks.
+///
+/// Session 5 (s5-run1, s5-run2): on the lm_head at m <= 8, one block of 4 warps per tile (`nvfp4_gemv_mma_tile_pre_n8_w4c1`,
+/// [`MmaSplit`], as programmatic dependents): 188.4 / 193.8 us against `tilepre` 195.4 / 204.2 at m = 1, 196.4 /
+/// 197.7 against 203.8 / 209.6 at m = 4. Elsewhere the table stands: two- and three-block clusters per tile lost
+/// to the atomic two splits on the 5120-row shapes (21.6-21.8 against 18.3-18.6 us), and 4- or 8-warp single
+/// blocks came within 1% of `tilepre` on 17408 rows.
+fn nvfp4_tiles_auto(m: usize, n: usize) -> (TilesKernel, usize) {
+    if m <= 8 && n <= 8192 {
+        (TilesKernel::Split, 2)
+    } else if m <= 8 && n >= 65536 {
+        let split = MmaSplit {
+            warps: 4,
+            splits: 1,
+            pdl: true,
+        };
+        (TilesKernel::Cluster(split), 1)
+    } else {
+        (TilesKernel::Mma, 1)
+    }
+}
+
 /// `Auto`'s K split for the `m = 1` FP8 GEMV on the CUDA cores ([`Gpu::fp8_block_gemv_m1_ksplit`]): 2 on the layer
 /// shapes, 1 on the lm_head. Why: the unsplit kernel has one block of 8 warps per 16 rows, 19 warps per SM on a
 /// 5120-row matrix of the 32 its registers allow, and Nsight Compute showed it latency-bound there (40% of issue
@@ -634,14 +812,6 @@ fn fp8_m1_pdl_auto(n: usize) -> bool {
 
 /// Rows below which [`fp8_m1_ksplit_auto`] splits K (see there).
 const FP8_M1_KSPLIT_BELOW_N: usize = 65536;
-
-fn nvfp4_tiles_auto(m: usize, n: usize) -> (TilesKernel, usize) {
-    if m <= 8 && n <= 8192 {
-        (TilesKernel::Split, 2)
-    } else {
-        (TilesKernel::Mma, 1)
-    }
-}
 
 #[allow(clippy::too_many_arguments)]
 fn check_fp8_gemv(
@@ -758,26 +928,37 @@ mod tests {
     /// The `Auto` tables as their documentation states them (s3-run1's fastest arm per shape and m).
     #[test]
     fn auto_tables_match_their_measurements() {
+        const W4: MmaSplit = MmaSplit {
+            warps: 4,
+            splits: 1,
+            pdl: true,
+        };
         for (m, n, want) in [
             (1, 5120, (TilesKernel::Split, 2)),
             (8, 5120, (TilesKernel::Split, 2)),
             (1, 17408, (TilesKernel::Mma, 1)),
-            (4, 248320, (TilesKernel::Mma, 1)),
+            (4, 248320, (TilesKernel::Cluster(W4), 1)),
+            (8, 65536, (TilesKernel::Cluster(W4), 1)),
             (9, 5120, (TilesKernel::Mma, 1)),
             (16, 248320, (TilesKernel::Mma, 1)),
         ] {
             assert_eq!(nvfp4_tiles_auto(m, n), want, "nvfp4 m={m} n={n}");
         }
         for (m, n, want) in [
-            (1, 248320, false),
-            (2, 248320, true),
-            (4, 248320, true),
-            (4, 17408, false),
-            (8, 5120, false),
-            (9, 5120, true),
-            (16, 17408, true),
+            (2, 5120, (8, 2)),
+            (8, 8192, (8, 2)),
+            (9, 5120, (4, 3)),
+            (16, 10240, (4, 1)),
+            (4, 17408, (4, 1)),
+            (16, 248320, (4, 1)),
         ] {
-            assert_eq!(fp8_preconverts(m, n), want, "fp8 m={m} n={n}");
+            let s = fp8_split_auto(m, n);
+            assert_eq!(
+                (s.warps, s.splits, s.pdl),
+                (want.0, want.1, true),
+                "fp8 m={m} n={n}"
+            );
+            assert!(MmaSplit::BUILT.contains(&(s.warps, s.splits)));
         }
         for (n, want) in [
             (5120, 2),

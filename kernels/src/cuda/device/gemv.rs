@@ -1,7 +1,7 @@
 //! Launches of `cuda/gemv.cu`: the FP8 and NVFP4 decode GEMVs.
 
 use super::*;
-use crate::cuda::gemv::TilesKernel;
+use crate::cuda::gemv::{MmaSplit, TilesKernel};
 
 impl Device {
     #[allow(clippy::too_many_arguments)]
@@ -145,6 +145,48 @@ impl Device {
     }
 }
 
+/// The `_w{W}c{CS}` build of cuda/gemv.cu for a format, token tiles (1: m <= 8, 2: m <= 16), warps and splits:
+/// 8 warps x 1 or 2 splits, 4 warps x 1, 2 or 3 ([`MmaSplit::BUILT`]).
+fn split_kernel(nvfp4: bool, nt: usize, warps: usize, splits: usize) -> Option<&'static str> {
+    const FP8: [[&str; 5]; 2] = [
+        [
+            "fp8_block_gemv_mma_pre_n8_w8c1",
+            "fp8_block_gemv_mma_pre_n8_w8c2",
+            "fp8_block_gemv_mma_pre_n8_w4c1",
+            "fp8_block_gemv_mma_pre_n8_w4c2",
+            "fp8_block_gemv_mma_pre_n8_w4c3",
+        ],
+        [
+            "fp8_block_gemv_mma_pre_n16_w8c1",
+            "fp8_block_gemv_mma_pre_n16_w8c2",
+            "fp8_block_gemv_mma_pre_n16_w4c1",
+            "fp8_block_gemv_mma_pre_n16_w4c2",
+            "fp8_block_gemv_mma_pre_n16_w4c3",
+        ],
+    ];
+    const NVFP4: [[&str; 5]; 2] = [
+        [
+            "nvfp4_gemv_mma_tile_pre_n8_w8c1",
+            "nvfp4_gemv_mma_tile_pre_n8_w8c2",
+            "nvfp4_gemv_mma_tile_pre_n8_w4c1",
+            "nvfp4_gemv_mma_tile_pre_n8_w4c2",
+            "nvfp4_gemv_mma_tile_pre_n8_w4c3",
+        ],
+        [
+            "nvfp4_gemv_mma_tile_pre_n16_w8c1",
+            "nvfp4_gemv_mma_tile_pre_n16_w8c2",
+            "nvfp4_gemv_mma_tile_pre_n16_w4c1",
+            "nvfp4_gemv_mma_tile_pre_n16_w4c2",
+            "nvfp4_gemv_mma_tile_pre_n16_w4c3",
+        ],
+    ];
+    let i = MmaSplit::BUILT
+        .iter()
+        .position(|&(w, s)| (w, s) == (warps, splits))?;
+    let table = if nvfp4 { &NVFP4 } else { &FP8 };
+    table.get(nt.checked_sub(1)?).map(|row| row[i])
+}
+
 fn gemv_config(n: usize, rows_per_warp: usize) -> LaunchConfig {
     // 8 warps per block, `rows_per_warp` output rows per warp (cuda/gemv.cu).
     LaunchConfig {
@@ -164,10 +206,13 @@ fn mma_config(n: usize) -> LaunchConfig {
 }
 
 impl Device {
-    /// `gemv_act_frag_{fp8,nvfp4}`: bf16 `x [m, k]` -> f16 B fragments `xf` (`ceil(k/128) * nt * 512` words).
+    /// `gemv_act_frag_{fp8,nvfp4}`: bf16 `x [m, k]` -> f16 B fragments `xf` (`ceil(k/128) * nt * 512` words),
+    /// launched as a programmatic dependent when `pdl`.
+    #[allow(clippy::too_many_arguments)]
     fn gemv_act_frag(
         &self,
         nvfp4: bool,
+        pdl: bool,
         x: &CudaSlice<u16>,
         xf: &mut CudaSlice<u32>,
         m: usize,
@@ -191,54 +236,67 @@ impl Device {
         // cuda/gemv.cu, which waits (pdl_wait) before it reads x or writes xf; the caller checked x = [m, k] with
         // k % 16 == 0 (each 16-byte load is inside its row, tokens >= m are not read) and xf holds at least
         // ceil(k/128) * nt * 128 uint4 (threads past that return); cudarc allocations are 256-byte aligned.
-        // NVFP4's is launched as a programmatic dependent (Device::launch_pdl), as the tile GEMV after it (the
-        // pair measured 1.03-1.08x faster so, s4-run2); FP8's plainly: its GEMVs launched so were 0.6-1.04x.
-        if nvfp4 {
-            let (xp, _gx) = x.device_ptr(&self.stream);
-            let (xfp, _gxf) = xf.device_ptr_mut(&self.stream);
-            let mut args = PdlArgs::default();
-            args.ptr(xp).ptr(xfp).i32(mi).i32(ki).i32(nti);
-            unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
-        } else {
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(x).arg(xf).arg(&mi).arg(&ki).arg(&nti);
-            unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
-        }
+        // Launched as a programmatic dependent (Device::launch_pdl) where the GEMV after it is (the NVFP4 tile pair
+        // measured 1.03-1.08x faster so, s4-run2; the one-wave FP8 grids of one block per tile 0.6-1.04x).
+        let (xp, _gx) = x.device_ptr(&self.stream);
+        let (xfp, _gxf) = xf.device_ptr_mut(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(xp).ptr(xfp).i32(mi).i32(ki).i32(nti);
+        unsafe { self.launch_ex(name, &f, cfg, &mut args, pdl) }?;
         Ok(())
     }
 
-    /// The tensor-core GEMV with the activations converted first (`gemv_act_frag_*` + `*_mma_pre_n*`).
+    /// The tensor-core GEMV over preconverted activations, cut as `split` says (`cuda/gemv.cu`, the `_w{W}c{CS}`
+    /// builds of blockq_gemv_mma): `gemv_act_frag_{fp8,nvfp4}` into `xf`, then `split.splits` blocks of
+    /// `split.warps` warps (one thread-block cluster) per 16-row tile; both launched as programmatic dependents when
+    /// `split.pdl`. FP8 (`nvfp4` false): `w` e4m3 `[n, k]`, `scales` fp32 block scales, `global_scale` unused.
+    /// NVFP4: `w` and `scales` the tile layout of `nvfp4_repack_mma`.
     #[allow(clippy::too_many_arguments)]
-    pub(in crate::cuda) fn fp8_block_gemv_pre(
+    pub(in crate::cuda) fn mma_split_gemv<S: cudarc::driver::DeviceRepr>(
         &self,
+        nvfp4: bool,
+        split: MmaSplit,
         x: &CudaSlice<u16>,
         xf: &mut CudaSlice<u32>,
         w: &CudaSlice<u8>,
-        scales: &CudaSlice<f32>,
+        scales: &CudaSlice<S>,
+        global_scale: f32,
         y: &mut CudaSlice<f32>,
         m: usize,
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        let (nt, name) = if m <= 8 {
-            (1, "fp8_block_gemv_mma_pre_n8")
-        } else {
-            (2, "fp8_block_gemv_mma_pre_n16")
-        };
-        self.gemv_act_frag(false, x, xf, m, k, nt)?;
+        let nt = if m <= 8 { 1 } else { 2 };
+        let name = split_kernel(nvfp4, nt, split.warps, split.splits).ok_or_else(|| {
+            KernelError::Cuda(format!(
+                "no tensor-core GEMV build with {} warps and {} splits",
+                split.warps, split.splits
+            ))
+        })?;
+        self.gemv_act_frag(nvfp4, split.pdl, x, xf, m, k, nt)?;
         let f = self.function(Module::Gemv, name)?;
-        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&*xf)
-            .arg(w)
-            .arg(scales)
-            .arg(y)
-            .arg(&mi)
-            .arg(&ni)
-            .arg(&ki);
-        // SAFETY: matches `fp8_block_gemv_mma_pre_n*`; xf was just written for this m, k and nt (the kernel reads
-        // ceil(k/128) * nt * 128 uint4 of it); w, scales, y checked by the caller as for `fp8_block_gemv_mma_n*`.
-        unsafe { b.launch(mma_config(n)) }.map_err(cuda_err(name))?;
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(16) as u32, split.splits as u32, 1),
+            block_dim: (32 * split.warps as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (xfp, _gxf) = xf.device_ptr(&self.stream);
+        let (wp, _gw) = w.device_ptr(&self.stream);
+        let (sp, _gs) = scales.device_ptr(&self.stream);
+        let (yp, _gy) = y.device_ptr_mut(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(xfp).ptr(wp).ptr(sp);
+        if nvfp4 {
+            args.f32(global_scale);
+        }
+        args.ptr(yp).i32(m as i32).i32(n as i32).i32(k as i32);
+        // SAFETY: matches `fp8_block_gemv_mma_pre_n*_w*c*(xf, w, scales, y, m, n, k)` and
+        // `nvfp4_gemv_mma_tile_pre_n*_w*c*(xf, wr, sr, global_scale, y, m, n, k)` in cuda/gemv.cu; xf was just
+        // written for m, k and nt (the kernel reads ceil(k/128) * nt * 128 uint4 of it, for tokens < m only); the
+        // caller checked w and scales (FP8: [n, k] and [ceil(n/128), ceil(k/128)], k % 16 == 0; NVFP4: the tile
+        // layout of exactly n x k) and y = [m, n]; grid.y equals the build's cluster size, as __cluster_dims__
+        // requires; stores are guarded against m and n; the kernel reads xf and writes y only after its pdl_wait.
+        unsafe { self.launch_ex(name, &f, cfg, &mut args, split.pdl) }?;
         Ok(())
     }
 
@@ -261,7 +319,7 @@ impl Device {
         } else {
             (2, "nvfp4_gemv_mma_pre_n16")
         };
-        self.gemv_act_frag(true, x, xf, m, k, nt)?;
+        self.gemv_act_frag(true, true, x, xf, m, k, nt)?;
         let f = self.function(Module::Gemv, name)?;
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
         let mut b = self.stream.launch_builder(&f);
@@ -338,6 +396,11 @@ impl Device {
             (TilesKernel::Mma, _) => "nvfp4_gemv_mma_tile_pre_n16",
             (TilesKernel::Split, 1) => "nvfp4_gemv_tiles_n8_u1",
             (TilesKernel::Split, _) => "nvfp4_gemv_tiles_n16_u1",
+            (TilesKernel::Cluster(_), _) => {
+                return Err(KernelError::Cuda(
+                    "nvfp4_gemv_tiles: cluster splits launch through mma_split_gemv".into(),
+                ))
+            }
         };
         let f = self.function(Module::Gemv, name)?;
         match xf {
@@ -350,7 +413,7 @@ impl Device {
                 if splits > 1 {
                     self.gemv_act_frag_zero(x, xf, y, m, n, k, nt)?;
                 } else {
-                    self.gemv_act_frag(true, x, xf, m, k, nt)?;
+                    self.gemv_act_frag(true, true, x, xf, m, k, nt)?;
                 }
                 let mut cfg = mma_config(n);
                 cfg.grid_dim.1 = splits as u32;

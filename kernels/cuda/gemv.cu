@@ -427,7 +427,8 @@ __device__ __forceinline__ void nvfp4_a_fragments(const uint4 wa, const uint4 wb
 }
 
 // FMT 0: FP8 e4m3 with 128x128 fp32 block scales; FMT 1: NVFP4 in the checkpoint layout; FMT 2: NVFP4 in the
-// tile layout of nvfp4_repack_mma (below). NT: n-tiles of 8 activation rows (1 or 2). MMA_WARPS: warps sharing
+// tile layout of nvfp4_repack_mma (below); FMT 3: FP8 in the tile layout of fp8_repack_mma (the same values and
+// sums as FMT 0, bit for bit). NT: n-tiles of 8 activation rows (1 or 2). MMA_WARPS: warps sharing
 // one 16-row tile's K chunks. PRE: the B fragments come ready-made (f16, fragment order) from xf, written once per
 // call by gemv_act_frag_* (below); otherwise every lane converts its 32 activations per token tile per chunk here
 // (48 instructions per n-tile per chunk, most of the issue budget at NT = 2: benchmarks/h200.md).
@@ -491,11 +492,13 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
     // Each warp takes every MMA_WARPS-th chunk. One chunk in flight per warp: issuing two (FP8) or four (NVFP4)
     // ahead raised the registers to 90-104, halved the resident warps and made every case slower on the H200
     // (NVFP4 M=1 lm_head 281 -> 378 us, FP8 M=16 5120x17408 43 -> 66 us; bench run 7 against run 6, 2026-11-30).
-    constexpr int LOADS = FMT == 0 ? 2 : 1;  // 16-byte loads per row per chunk
+    constexpr bool FP8 = FMT == 0 || FMT == 3;
+    constexpr int LOADS = FP8 ? 2 : 1;  // 16-byte loads per row per chunk
     // Tile layout: the chunk's 1 KiB, row g's 16 bytes of every lane then row g+8's, and one 32-bit scale word
     // per lane; rows past n and values past k are zeros there, so nothing is guarded.
     const uint8_t* wt = w + static_cast<size_t>(blockIdx.x) * nchunks * 1024 + lane * 16;
     const uint32_t* st = reinterpret_cast<const uint32_t*>(scales) + static_cast<size_t>(blockIdx.x) * nchunks * 32 + lane;
+    const uint8_t* wt3 = w + static_cast<size_t>(blockIdx.x) * nchunks * 2048 + lane * 16;  // FMT 3
     pdl_wait();
     for (int c = cbeg + warp; c < cend; c += MMA_WARPS) {
         const int k0 = c * 128 + q * 32;  // this lane's 32 values (FMT 0, 1)
@@ -505,6 +508,13 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
             la[0] = ld_stream(wt + static_cast<size_t>(c) * 1024);
             lb[0] = ld_stream(wt + static_cast<size_t>(c) * 1024 + 512);
             s4 = __ldg(st + static_cast<size_t>(c) * 32);
+        } else if (FMT == 3) {
+            // FP8 tile layout (fp8_repack_mma): the chunk's 2 KiB as four 512-byte runs, one per load.
+            const uint8_t* p = wt3 + static_cast<size_t>(c) * 2048;
+            la[0] = ld_stream(p);
+            la[1] = ld_stream(p + 512);
+            lb[0] = ld_stream(p + 1024);
+            lb[1] = ld_stream(p + 1536);
         } else {
 #pragma unroll
             for (int i = 0; i < LOADS; ++i) {
@@ -554,7 +564,7 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
                                        : make_uint4(0, 0, 0, 0);
                     float f[8];
                     bf16x8_to_float(u, f);
-                    if (FMT == 0) {  // consecutive pairs
+                    if (FP8) {  // consecutive pairs
 #pragma unroll
                         for (int i = 0; i < 4; ++i) bx[t][4 * v + i] = pack_f16x2_sat(f[2 * i], f[2 * i + 1]);
                     } else {  // pairs (a, a + 4) of each 8, as e2m1x8 decodes them
@@ -566,7 +576,7 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
         }
         // Weights as f16 pairs in the same order.
         uint32_t ax[16], bxw[16];  // rows g and g+8
-        if (FMT == 0) {
+        if (FP8) {
 #pragma unroll
             for (int i = 0; i < LOADS; ++i) {
                 const uint32_t wa4[4] = {la[i].x, la[i].y, la[i].z, la[i].w};
@@ -599,7 +609,7 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
             for (int t = 0; t < NT; ++t) mma_16816(part[t], a, bx[t][2 * j], bx[t][2 * j + 1]);
         }
         float s = 1.f;
-        if (FMT == 0) {
+        if (FP8) {
             const int kb = (k + 127) >> 7;
             s = __ldg(reinterpret_cast<const float*>(scales) + static_cast<size_t>(row0 >> 7) * kb + c);
         }
@@ -610,7 +620,7 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
     }
 
     // Sum the warps' K shares: red[warp][row][token].
-    const float post = FMT == 0 ? 1.f : 16384.f * global_scale;
+    const float post = FP8 ? 1.f : 16384.f * global_scale;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
         red[warp][g][t * 8 + 2 * q] = acc[t][0];
@@ -753,6 +763,28 @@ extern "C" __global__ void __launch_bounds__(256) nvfp4_repack_mma(const uint8_t
     }
 }
 
+// FP8 tile layout for the tensor-core GEMV (FMT 3 of blockq_gemv_mma), made once at load time. For 16-row tile T and
+// 128-value chunk c (tc = T * ceil(k/128) + c): bytes wr[tc * 2048 ..] hold four 512-byte runs, run i (0..3) for
+// lane = 0..31 (g = lane/4, q = lane%4) the 16 bytes of row 16T + g + 8 * (i >> 1), values 128c + 32q + 16 * (i & 1)
+// .. +15: the four 16-byte loads a lane of the checkpoint-layout kernel makes (la[0], la[1], lb[0], lb[1]), each
+// now one contiguous 512-byte run for the warp. Rows past n and values past k are zeros. The block scales stay as
+// they are. Size ceil(n/16) * ceil(k/128) * 2048 bytes. One thread per 16 output bytes, 256 threads; k % 16 == 0.
+extern "C" __global__ void __launch_bounds__(256) fp8_repack_mma(const uint8_t* __restrict__ w,
+                                                                  uint8_t* __restrict__ wr, int n, int k) {
+    const size_t nchunks = static_cast<size_t>((k + 127) >> 7);
+    const size_t total = static_cast<size_t>((n + 15) >> 4) * nchunks * 128;
+    const size_t p = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (p >= total) return;
+    const int lane = static_cast<int>(p & 31), i = static_cast<int>((p >> 5) & 3);
+    const size_t tc = p >> 7;
+    const int tile = static_cast<int>(tc / nchunks), c = static_cast<int>(tc % nchunks);
+    const int row = tile * 16 + (lane >> 2) + 8 * (i >> 1);
+    const int kk = c * 128 + (lane & 3) * 32 + 16 * (i & 1);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row < n && kk < k) v = __ldg(reinterpret_cast<const uint4*>(w + static_cast<size_t>(row) * k + kk));
+    *reinterpret_cast<uint4*>(wr + tc * 2048 + i * 512 + lane * 16) = v;
+}
+
 // The variants: _pre (activations from gemv_act_frag_*, NVFP4 checkpoint layout; FP8's is the _w8c1 build below),
 // _tile (NVFP4 tile layout, activations converted here) and _tile_pre (both). One 16-row tile per block, 8 warps,
 // as the base kernels.
@@ -794,7 +826,29 @@ EDGEFIT_MMA_VARIANTS(2, n16)
                                                    float global_scale, float* y, int m, int n, int k) {           \
         blockq_gemv_mma<2, NTILES, W, true, CS>(nullptr, xf, wr, sr, global_scale, y, m, n, k);                   \
     }
+#define EDGEFIT_MMA_SPLIT_FP8_TILE(NTILES, NS, W, CS, CLUSTER)                                                     \
+    extern "C" __global__ void CLUSTER __launch_bounds__(W * 32)                                                   \
+        fp8_gemv_mma_tile_pre_##NS##_w##W##c##CS(const uint4* xf, const uint8_t* wr, const float* scales, float* y, \
+                                                 int m, int n, int k) {                                          \
+        blockq_gemv_mma<3, NTILES, W, true, CS>(nullptr, xf, wr, scales, 1.f, y, m, n, k);                        \
+    }
+// The same over the tile layout with the activations converted inside the GEMV from bf16 x (no fragment kernel,
+// no scratch; session 5 sweep).
+#define EDGEFIT_MMA_SPLIT_FP8_TILE_CONV(NTILES, NS, W, CS, CLUSTER)                                                \
+    extern "C" __global__ void CLUSTER __launch_bounds__(W * 32)                                                   \
+        fp8_gemv_mma_tile_##NS##_w##W##c##CS(const uint16_t* x, const uint8_t* wr, const float* scales, float* y,  \
+                                             int m, int n, int k) {                                              \
+        blockq_gemv_mma<3, NTILES, W, false, CS>(x, nullptr, wr, scales, 1.f, y, m, n, k);                        \
+    }
+EDGEFIT_MMA_SPLIT_FP8_TILE_CONV(1, n8, 8, 1, )
+EDGEFIT_MMA_SPLIT_FP8_TILE_CONV(2, n16, 8, 1, )
+EDGEFIT_MMA_SPLIT_FP8_TILE_CONV(1, n8, 8, 2, __cluster_dims__(1, 2, 1))
+EDGEFIT_MMA_SPLIT_FP8_TILE_CONV(2, n16, 8, 2, __cluster_dims__(1, 2, 1))
+EDGEFIT_MMA_SPLIT_FP8_TILE_CONV(1, n8, 4, 1, )
+EDGEFIT_MMA_SPLIT_FP8_TILE_CONV(2, n16, 4, 1, )
 #define EDGEFIT_MMA_SPLIT_NT(W, CS, CLUSTER)                                                                      \
+    EDGEFIT_MMA_SPLIT_FP8_TILE(1, n8, W, CS, CLUSTER)                                                             \
+    EDGEFIT_MMA_SPLIT_FP8_TILE(2, n16, W, CS, CLUSTER)                                                            \
     EDGEFIT_MMA_SPLIT(1, n8, W, CS, CLUSTER)                                                                      \
     EDGEFIT_MMA_SPLIT(2, n16, W, CS, CLUSTER)
 EDGEFIT_MMA_SPLIT_NT(8, 1, )

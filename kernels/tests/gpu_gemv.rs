@@ -11,7 +11,7 @@
 //! Without a CUDA device (or without the `cuda` feature) each test prints "skipped: no CUDA device". Small enough
 //! for `compute-sanitizer --tool memcheck|racecheck` in seconds.
 
-use kernels::cuda::Gpu;
+use kernels::cuda::{Gpu, MmaSplit};
 use kernels::reference;
 
 mod gpu_common;
@@ -258,20 +258,24 @@ fn nvfp4_tiles_auto_case(gpu: &Gpu, rng: &mut rand_chacha::ChaCha8Rng, n: usize,
 }
 
 #[test]
-fn fp8_with_scratch_matches_the_reference_for_every_m() {
+fn fp8_with_scratch_and_tiles_match_the_reference_for_every_m() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("fp8_block_gemv_with_scratch");
     let all: Vec<usize> = (1..=16).collect();
     // Every cut fp8_split_auto picks: n <= 8192 runs w8c2 (m <= 8) and w4c3 (m >= 9); 65540 rows (a ragged tile
-    // and scale block) w4c1, and m = 1 the unsplit CUDA-core kernel there.
+    // and scale block) w4c1, and m = 1 the unsplit CUDA-core kernel there. The tile layout's Auto
+    // (fp8_tiles_auto): w8c2 up to 8192 rows, the converting w8c1 on 8200 at m <= 8, w4c1 at m >= 9, the
+    // preconverted w8c1 on 65540 at m <= 8.
     for (n, k, ms) in [
         (300, 400, all.clone()),
         (17, 2064, all),
+        (8200, 160, vec![1, 4, 8, 9, 16]),
         (65540, 48, vec![1, 2, 5, 8, 9]),
     ] {
         let w = uniform(&mut rng, n * k, 0.05);
         let (codes, scales) = reference::linear::quantize_fp8_block(&w, n, k);
         let (dw, ds) = (gpu.upload(&codes).unwrap(), gpu.upload(&scales).unwrap());
+        let tiles = gpu.fp8_repack_tiles(&dw, n, k).unwrap();
         for m in ms {
             let (xb, xf) = bf16_activations(&mut rng, m * k);
             let want = reference::linear::fp8_block_linear(&xf, m, &codes, &scales, n, k);
@@ -282,6 +286,16 @@ fn fp8_with_scratch_matches_the_reference_for_every_m() {
                 .unwrap();
             check(
                 &format!("fp8 with scratch (Auto) m={m} n={n} k={k}"),
+                &gpu.download(&dy).unwrap(),
+                &want,
+                n,
+            );
+            let mut scratch = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
+            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            gpu.fp8_gemv_tiles(&dx, &tiles, &ds, &mut dy, &mut scratch, m)
+                .unwrap();
+            check(
+                &format!("fp8 tiles (Auto) m={m} n={n} k={k}"),
                 &gpu.download(&dy).unwrap(),
                 &want,
                 n,
@@ -342,13 +356,13 @@ fn fp8_m1_k_splits_match_the_reference() {
     assert!(e.to_string().contains("ksplit must be 1, 2 or 4"), "{e}");
 }
 
-/// Every cut of the tensor-core GEMVs over preconverted activations (`Gpu::fp8_block_gemv_split`,
+/// Every cut of the tensor-core GEMVs over preconverted activations (`Gpu::fp8_block_gemv_split`, its tile layout
+/// `Gpu::fp8_gemv_tiles_split` and, where built, `Gpu::fp8_gemv_tiles_converting` (bit for bit the same),
 /// `Gpu::nvfp4_gemv_tiles_split`: every built (warps, blocks of a cluster per tile), plain or programmatic
 /// launches) against the reference, and the same bits on a second run. The shapes give every split an uneven
 /// share of the 128-wide chunks, and some blocks none (k = 160: 2 chunks for 3 splits).
 #[test]
 fn mma_splits_match_the_reference_and_repeat_bit_for_bit() {
-    use kernels::cuda::MmaSplit;
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("mma_splits");
     // Every built cut, plain and as programmatic dependents.
@@ -363,6 +377,7 @@ fn mma_splits_match_the_reference_and_repeat_bit_for_bit() {
         let (packed, scales4, global) = reference::linear::quantize_nvfp4(&w, n, k);
         let (dw4, ds4) = (gpu.upload(&packed).unwrap(), gpu.upload(&scales4).unwrap());
         let tiles = gpu.nvfp4_repack_tiles(&dw4, &ds4, n, k).unwrap();
+        let tiles8 = gpu.fp8_repack_tiles(&dw8, n, k).unwrap();
         for m in [1, 3, 8, 9, 16] {
             let (xb, xf) = bf16_activations(&mut rng, m * k);
             let want8 = reference::linear::fp8_block_linear(&xf, m, &codes, &scales8, n, k);
@@ -400,6 +415,19 @@ fn mma_splits_match_the_reference_and_repeat_bit_for_bit() {
                     )
                     .unwrap();
                     runs[2 + run] = gpu.download(&dy).unwrap();
+                }
+                let mut scratch = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
+                let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+                gpu.fp8_gemv_tiles_split(&dx, &tiles8, &ds8, &mut dy, &mut scratch, m, split)
+                    .unwrap();
+                let tiled = gpu.download(&dy).unwrap();
+                assert_same_bits(&format!("fp8 tile layout {what}"), &runs[0], &tiled, n);
+                if matches!((split.warps, split.splits), (8, 1) | (8, 2) | (4, 1)) {
+                    let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+                    gpu.fp8_gemv_tiles_converting(&dx, &tiles8, &ds8, &mut dy, m, split)
+                        .unwrap();
+                    let conv = gpu.download(&dy).unwrap();
+                    assert_same_bits(&format!("fp8 tiles converting {what}"), &runs[0], &conv, n);
                 }
                 check(&format!("fp8 split {what}"), &runs[0], &want8, n);
                 check(&format!("nvfp4 split {what}"), &runs[2], &want4, n);
@@ -471,8 +499,45 @@ fn gemv_variant_errors_name_the_operand() {
         .nvfp4_gemv_tiles_variant(&x, &tiles, 1.0, &mut y, None, m, 2)
         .unwrap_err();
     assert!(e.to_string().contains("without a scratch buffer"), "{e}");
+    let e = gpu.fp8_repack_tiles(&w8, n, 40).unwrap_err();
+    assert!(e.to_string().contains("multiple of 16"), "{e}");
+    let e = gpu.fp8_repack_tiles(&w8, n + 1, k).unwrap_err();
+    assert!(e.to_string().contains("w has"), "{e}");
+    let tiles8 = gpu.fp8_repack_tiles(&w8, n, k).unwrap();
+    let e = gpu
+        .fp8_gemv_tiles_split(&x, &tiles8, &s8, &mut y, &mut small, m, MmaSplit::ONE_TILE)
+        .unwrap_err();
+    assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
+    let e = gpu
+        .fp8_gemv_tiles_converting(
+            &x,
+            &tiles8,
+            &s8,
+            &mut y,
+            m,
+            MmaSplit {
+                warps: 4,
+                splits: 2,
+                pdl: true,
+            },
+        )
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("converting FP8 tile GEMV is built for"),
+        "{e}"
+    );
+    let e = gpu
+        .fp8_gemv_tiles(&x17, &tiles8, &s8, &mut y17, &mut big, 17)
+        .unwrap_err();
+    assert!(e.to_string().contains("m must be 1..=16"), "{e}");
+    let two = gpu.upload(&[1.0f32; 3]).unwrap();
+    let e = gpu
+        .fp8_gemv_tiles_split(&x, &tiles8, &two, &mut y, &mut big, m, MmaSplit::ONE_TILE)
+        .unwrap_err();
+    assert!(e.to_string().contains("scales has 3"), "{e}");
     for (warps, splits) in [(2, 1), (8, 3), (16, 2), (4, 0), (4, 4)] {
-        let split = kernels::cuda::MmaSplit {
+        let split = MmaSplit {
             warps,
             splits,
             pdl: false,

@@ -16,6 +16,9 @@ Arms (kernel names as in the SASS, for grepping):
   fp8  pre    gemv_act_frag_fp8 + fp8_block_gemv_mma_pre_n8/_n16_w8c1   -- converted once
   fp8  w{W}c{CS}[_plain]  the same with W warps per block and CS blocks of a cluster per tile
       (Gpu::fp8_block_gemv_split), both kernels as programmatic dependents unless _plain
+  fp8  t_pre, t_w{W}c{CS}  the same over the FP8 tile layout (Gpu::fp8_repack_tiles + fp8_gemv_tiles_split)
+  fp8  tc_w{W}c{CS}  the tile layout, activations converted in the GEMV (Gpu::fp8_gemv_tiles_converting)
+      (Gpu::fp8_gemv_tiles, the FP8 decode path: the table in its fp8_tiles_auto)
       (Gpu::fp8_block_gemv_with_scratch: the table in its fp8_split_auto)
   nv4  auto   nvfp4_gemv_mma_n8/_n16                          -- Gpu::nvfp4_gemv (checkpoint layout, no repack)
   nv4  pre    gemv_act_frag_nvfp4 + nvfp4_gemv_mma_pre_n8/_n16
@@ -75,7 +78,7 @@ def rel(y, ref):
 BEST = []  # (format, shape, m, best arm, its us, the library Auto's arm, its us, best's fraction of copy)
 
 
-def fp8_case(n, k, m, sets, w8, sc, copy_bw, one, wbf):
+def fp8_case(n, k, m, sets, w8, wr8, sc, copy_bw, one, wbf):
     x = [torch.randn(m, k, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
     y = torch.empty(m, n, device=dev, dtype=torch.float32)
     nt = 1 if m <= 8 else 2
@@ -100,6 +103,15 @@ def fp8_case(n, k, m, sets, w8, sc, copy_bw, one, wbf):
     frag_args = lambda i: (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt))  # noqa: E731
     split_args = lambda i: (ptr(xf), ptr(w8[i]), ptr(sc[i]), ptr(y), i32(m), i32(n), i32(k))  # noqa: E731
     add_split_arms(arms, "fp8_block_gemv_mma_pre", nt, g16[0], fa, ga, frag_args, split_args, "pre")
+    # The same cuts over the FP8 tile layout (Gpu::fp8_repack_tiles, fp8_repack_mma; "t_" arms).
+    add_split_arms(arms, "fp8_gemv_mma_tile_pre", nt, g16[0], fa, ga, frag_args,
+                   lambda i: (ptr(xf), ptr(wr8[i]), ptr(sc[i]), ptr(y), i32(m), i32(n), i32(k)), "t_pre", "t_")
+    # ... and with the activations converted inside the GEMV (no fragment kernel): "tc_" arms, as dependents.
+    for w, cs in ((8, 1), (8, 2), (4, 1)):
+        fc = kern("gemv", f"fp8_gemv_mma_tile_n{8 * nt}_w{w}c{cs}")
+        log_regs(f"fp8_gemv_mma_tile_n{8 * nt}_w{w}c{cs}", fc)
+        arms[f"tc_w{w}c{cs}"] = lambda i, fc=fc, w=w, cs=cs: b.launch_pdl(
+            fc, (g16[0], cs), (32 * w,), (ptr(x[i]), ptr(wr8[i]), ptr(sc[i]), ptr(y), i32(m), i32(n), i32(k)))
     # Correctness of every arm against a torch dequantisation of set 0.
     # w8 holds the e4m3 codes as uint8 (the kernels' view): decode them as e4m3, not as integers (run 3 compared
     # against the integer codes and failed every arm, although the GPU tests pass).
@@ -144,10 +156,14 @@ def fp8_case(n, k, m, sets, w8, sc, copy_bw, one, wbf):
     ok = {a: res[a][0] for a in arms if errs[a] < 1e-4}
     best = min(ok, key=ok.get) if ok else "none"
     # Gpu::fp8_block_gemv_with_scratch's choice
-    if m == 1:
-        lib = "k2_pdl" if n < 65536 else "auto"
-    else:  # fp8_split_auto
-        lib = ("w8c2" if m <= 8 else "w4c3") if n <= 8192 else "w4c1"
+    # The decode path's choice: Gpu::fp8_gemv_tiles over the tile layout (fp8_tiles_auto). (The checkpoint-layout
+    # path, Gpu::fp8_block_gemv_with_scratch: k2_pdl / auto at m = 1, w8c2 / w4c3 / w4c1 above, fp8_split_auto.)
+    if n <= 8192:
+        lib = "t_w8c2"
+    elif m >= 9:
+        lib = "t_w4c1"
+    else:
+        lib = "tc_w8c1" if n < 65536 else "t_w8c1"
     BEST.append(("fp8", f"N={n} K={k}", m, best, ok.get(best, float("nan")) * 1e6, lib, res[lib][0] * 1e6,
                  moved / ok.get(best, float("nan")) / copy_bw if ok else float("nan")))
     return res["auto"]
@@ -160,9 +176,9 @@ SPLITS = [(8, 1), (8, 2), (4, 1), (4, 2), (4, 3)]  # MmaSplit::BUILT
 PLAIN_TOO = [(8, 1)]
 
 
-def add_split_arms(arms, base, nt, tiles, fa, ga, frag_args, split_args, w8c1_plain):
-    """Adds an arm per cut: fragment kernel + split GEMV, both as programmatic dependents ("w{W}c{CS}"), and for
-    PLAIN_TOO also launched plainly ("w{W}c{CS}_plain"; w8c1 plain is named w8c1_plain)."""
+def add_split_arms(arms, base, nt, tiles, fa, ga, frag_args, split_args, w8c1_plain, prefix=""):
+    """Adds an arm per cut: fragment kernel + split GEMV, both as programmatic dependents ("{prefix}w{W}c{CS}"), and
+    for PLAIN_TOO also launched plainly ("{prefix}w{W}c{CS}_plain"; w8c1 plain is named w8c1_plain)."""
     for w, cs in SPLITS:
         fn = kern("gemv", f"{base}_n{8 * nt}_w{w}c{cs}")
         log_regs(f"{base}_n{8 * nt}_w{w}c{cs}", fn)
@@ -172,7 +188,7 @@ def add_split_arms(arms, base, nt, tiles, fa, ga, frag_args, split_args, w8c1_pl
             def arm(i, fn=fn, w=w, cs=cs, go=go):
                 go(fa, ga, (256,), frag_args(i))
                 go(fn, (tiles, cs), (32 * w,), split_args(i))
-            name = f"w{w}c{cs}" if pdl else (w8c1_plain if (w, cs) == (8, 1) else f"w{w}c{cs}_plain")
+            name = f"{prefix}w{w}c{cs}" if pdl else (w8c1_plain if (w, cs) == (8, 1) else f"{prefix}w{w}c{cs}_plain")
             arms[name] = arm
 
 
@@ -289,13 +305,20 @@ def main():
             wbf = None
             if n < 100000:
                 wbf = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) for _ in range(b.n_sets(2 * n * k))]
+            # FP8 tile layout (fp8_repack_mma), made once per weight set.
+            ntiles8 = ((n + 15) // 16) * ((k + 127) // 128)
+            wr8 = [torch.empty(ntiles8 * 2048, device=dev, dtype=torch.uint8) for _ in range(sets)]
+            frp8 = kern("gemv", "fp8_repack_mma")
+            for i in range(sets):
+                launch(frp8, ((ntiles8 * 128 + 255) // 256,), (256,), (ptr(w8[i]), ptr(wr8[i]), i32(n), i32(k)))
+            torch.cuda.synchronize()
             fp8_auto = {}
             for m in ms:
                 try:
-                    fp8_auto[m] = fp8_case(n, k, m, sets, w8, sc, copy_bw, one, wbf)
+                    fp8_auto[m] = fp8_case(n, k, m, sets, w8, wr8, sc, copy_bw, one, wbf)
                 except Exception as e:  # noqa: BLE001 - one failing case must not stop the others
                     b.log(f"  ERROR fp8 M={m} N={n} K={k}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
-            del w8, sc, wbf
+            del w8, wr8, sc, wbf
             torch.cuda.empty_cache()
             sets4 = b.n_sets(n * k // 2 + n * k // 16)
             w4 = [torch.randint(0, 256, (n, k // 2), device=dev, dtype=torch.uint8) for _ in range(sets4)]
@@ -339,8 +362,8 @@ def main():
               f"{r['speedup']:6.2f}|{r.get('GB/s', float('nan')):6.0f}|{r.get('frac_copy', float('nan')) * 100:6.1f}|"
               f"{r['note']}")
     print()
-    print("Auto table candidates (fastest correct arm per case; auto = the arm the library's Auto runs, FP8 with a")
-    print("scratch buffer, NVFP4 on the tile layout):")
+    print("Auto table candidates (fastest correct arm per case; auto = the arm the library's Auto runs, both")
+    print("formats on the tile layout: Gpu::fp8_gemv_tiles, Gpu::nvfp4_gemv_tiles):")
     print(f"{'fmt':6s}|{'shape':18s}|{'m':>3s}|{'best':15s}|{'best us':>8s}|{'auto':9s}|{'auto us':>8s}|{'gain':>5s}|"
           f"{'%copy':>6s}")
     for fmt, shape, m, best, bu, lib, au, fc in BEST:

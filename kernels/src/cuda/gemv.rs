@@ -265,6 +265,39 @@ impl Nvfp4TileWeights {
     }
 }
 
+/// FP8 weights rearranged once (at load time) by [`Gpu::fp8_repack_tiles`] into the layout of the tensor-core GEMV's
+/// tiles (`fp8_repack_mma` in `cuda/gemv.cu`): for each 16-row tile and 128-value chunk, the 2 KiB of e4m3 codes in
+/// the order the warp's lanes load them (four contiguous 512-byte loads, where the checkpoint layout gives each load
+/// 8 rows x 4 pieces of 16 bytes); rows past `n` and values past `k` are zeros. The block scales are not part of it:
+/// the GEMV takes the checkpoint's. [`Gpu::fp8_gemv_tiles_split`] multiplies with it.
+pub struct Fp8TileWeights {
+    w: GpuBuffer<u8>,
+    n: usize,
+    k: usize,
+}
+
+impl std::fmt::Debug for Fp8TileWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fp8TileWeights")
+            .field("n", &self.n)
+            .field("k", &self.k)
+            .field("device_bytes", &self.w.len())
+            .finish()
+    }
+}
+
+impl Fp8TileWeights {
+    /// Output rows of the weight matrix.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Inner dimension (values per row).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+}
+
 /// The tile-layout NVFP4 decode path ([`Gpu::nvfp4_repack_tiles`] + [`Gpu::nvfp4_gemv_tiles`], what an engine
 /// uses), the scratch-taking FP8 entry ([`Gpu::fp8_block_gemv_with_scratch`]) and the variant entry points of
 /// issue 4 (decode GEMVs on the H200): each variant is timed
@@ -343,7 +376,7 @@ impl Gpu {
         #[cfg(feature = "cuda")]
         {
             self.inner.mma_split_gemv(
-                false,
+                SplitFormat::Fp8,
                 split,
                 &x.slice,
                 &mut scratch.slice,
@@ -427,6 +460,201 @@ impl Gpu {
             n,
             k,
         })
+    }
+
+    /// Rearranges FP8 e4m3 weights `w` `[n, k]` (`k % 16 == 0`) into the tile layout of the tensor-core GEMV
+    /// ([`Fp8TileWeights`]), once at load time; the block scales stay as they are.
+    pub fn fp8_repack_tiles(
+        &self,
+        w: &GpuBuffer<u8>,
+        n: usize,
+        k: usize,
+    ) -> Result<Fp8TileWeights, KernelError> {
+        const OP: &str = "cuda::fp8_repack_tiles";
+        check_gemv_dims(OP, 1, n, k, 16)?;
+        check_len(OP, "w", w.len(), n * k)?;
+        let mut wr = self.zeros::<u8>(n.div_ceil(16) * k.div_ceil(128) * 2048)?;
+        #[cfg(feature = "cuda")]
+        self.inner.fp8_repack_mma(&w.slice, &mut wr.slice, n, k)?;
+        #[cfg(not(feature = "cuda"))]
+        let _ = &mut wr;
+        Ok(Fp8TileWeights { w: wr, n, k })
+    }
+
+    /// `y[m][n] = x[m][k] . W[n][k]` with the 128x128 block `scales` (as [`Gpu::fp8_block_gemv`]) over FP8
+    /// weights in the tile layout ([`Gpu::fp8_repack_tiles`], once at load), on the tensor cores, `1 <= m <= 16`:
+    /// **the FP8 decode GEMV** for an engine that repacks. `scratch` (at least [`Gpu::gemv_scratch_len`]`(m, k)`
+    /// words, contents ignored) receives the activations as `mma` fragments where the table converts them once per
+    /// call. The cut, by shape ([`fp8_tiles_auto`]), from the session 5 sweep (s5-run3, s5-run4; us and fraction
+    /// of copy, m = 1 / 4 / 16):
+    ///
+    /// | shape (n x k) | m = 1 | m = 4 | m = 16 | checkpoint layout (`fp8_block_gemv_with_scratch`) |
+    /// |---|---|---|---|---|
+    /// | 5120 x 17408 | 25.0 (84%) | 24.9 (85%) | 25.8 (82%) | 23.1 (91%) / 29.6 / 33.5 |
+    /// | 17408 x 5120 | 23.8 (88%) | 23.9 (88%) | 25.8 (83%) | 24.5 (86%) / 29.3 / 34.7 |
+    /// | 5120 x 10240 | 15.9 (78%) | 16.0 (78%) | 17.0 (74%) | 13.6 (91%) / 20.2 / 21.8 |
+    /// | 248320 x 5120 | 285.6 (105%) | 292.9 (103%) | 325.0 (94%) | 284.8 (106%) / 318.1 / 385.3 |
+    ///
+    /// Why the layout matters: in the checkpoint layout each 16-byte load of a warp covers 8 rows x 4 pieces of
+    /// 16 bytes 32 bytes apart (half of every 32-byte sector of 8 lines); in the tile layout each load is one
+    /// contiguous 512-byte run. Same products, same order, same bits ([`Gpu::fp8_gemv_tiles_split`]). At `m = 1`
+    /// the checkpoint layout's CUDA-core kernel stays faster on the 5120-row shapes (91% against 78-84%).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fp8_gemv_tiles(
+        &self,
+        x: &GpuBuffer<u16>,
+        tiles: &Fp8TileWeights,
+        scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<f32>,
+        scratch: &mut GpuBuffer<u32>,
+        m: usize,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::fp8_gemv_tiles";
+        self.fp8_tiles_checked(OP, x, tiles, scales, y, Some(&*scratch), m)?;
+        let (split, preconvert) = fp8_tiles_auto(m, tiles.n);
+        if preconvert {
+            self.fp8_tiles_launch(x, tiles, scales, y, scratch, m, split)
+        } else {
+            self.fp8_tiles_converting_launch(x, tiles, scales, y, m, split)
+        }
+    }
+
+    /// [`Gpu::fp8_gemv_tiles`]'s kernels that convert the activations themselves (no fragment kernel, no
+    /// scratch), cut as `split` says: 8 warps x 1 or 2 blocks per tile, or 4 warps x 1 (the builds the sweep
+    /// kept). The same bits as [`Gpu::fp8_gemv_tiles_split`] with the same cut.
+    pub fn fp8_gemv_tiles_converting(
+        &self,
+        x: &GpuBuffer<u16>,
+        tiles: &Fp8TileWeights,
+        scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<f32>,
+        m: usize,
+        split: MmaSplit,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::fp8_gemv_tiles_converting";
+        self.fp8_tiles_checked(OP, x, tiles, scales, y, None, m)?;
+        crate::ensure_shape!(
+            matches!((split.warps, split.splits), (8, 1) | (8, 2) | (4, 1)),
+            OP,
+            "the converting FP8 tile GEMV is built for (warps, splits) (8, 1), (8, 2) and (4, 1), got ({}, {})",
+            split.warps,
+            split.splits
+        );
+        self.fp8_tiles_converting_launch(x, tiles, scales, y, m, split)
+    }
+
+    /// The operand checks of the FP8 tile GEMVs.
+    #[allow(clippy::too_many_arguments)]
+    fn fp8_tiles_checked(
+        &self,
+        op: &'static str,
+        x: &GpuBuffer<u16>,
+        tiles: &Fp8TileWeights,
+        scales: &GpuBuffer<f32>,
+        y: &GpuBuffer<f32>,
+        scratch: Option<&GpuBuffer<u32>>,
+        m: usize,
+    ) -> Result<(), KernelError> {
+        let (n, k) = (tiles.n, tiles.k);
+        check_gemv_dims(op, m, n, k, 16)?;
+        check_len(op, "x", x.len(), m * k)?;
+        check_len(op, "y", y.len(), m * n)?;
+        check_len(
+            op,
+            "scales",
+            scales.len(),
+            n.div_ceil(128) * k.div_ceil(128),
+        )?;
+        if let Some(s) = scratch {
+            check_scratch(op, s, m, k)?;
+        }
+        Ok(())
+    }
+
+    /// After the checks: `Device::fp8_tile_gemv_converting`.
+    fn fp8_tiles_converting_launch(
+        &self,
+        x: &GpuBuffer<u16>,
+        tiles: &Fp8TileWeights,
+        scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<f32>,
+        m: usize,
+        split: MmaSplit,
+    ) -> Result<(), KernelError> {
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.fp8_tile_gemv_converting(
+                split,
+                &x.slice,
+                &tiles.w.slice,
+                &scales.slice,
+                &mut y.slice,
+                m,
+                tiles.n,
+                tiles.k,
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (x, tiles, scales, y, m, split);
+            match self.never {}
+        }
+    }
+
+    /// [`Gpu::fp8_block_gemv_split`] over FP8 weights in the tile layout ([`Gpu::fp8_repack_tiles`]) with the
+    /// checkpoint's block `scales` (`[ceil(n/128), ceil(k/128)]`): the same products added in the same order, so
+    /// the same bits as [`Gpu::fp8_block_gemv_split`] with the same `split`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fp8_gemv_tiles_split(
+        &self,
+        x: &GpuBuffer<u16>,
+        tiles: &Fp8TileWeights,
+        scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<f32>,
+        scratch: &mut GpuBuffer<u32>,
+        m: usize,
+        split: MmaSplit,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::fp8_gemv_tiles_split";
+        self.fp8_tiles_checked(OP, x, tiles, scales, y, Some(&*scratch), m)?;
+        split.check(OP)?;
+        self.fp8_tiles_launch(x, tiles, scales, y, scratch, m, split)
+    }
+
+    /// After the checks: `Device::mma_split_gemv` over the FP8 tile layout.
+    #[allow(clippy::too_many_arguments)]
+    fn fp8_tiles_launch(
+        &self,
+        x: &GpuBuffer<u16>,
+        tiles: &Fp8TileWeights,
+        scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<f32>,
+        scratch: &mut GpuBuffer<u32>,
+        m: usize,
+        split: MmaSplit,
+    ) -> Result<(), KernelError> {
+        let (n, k) = (tiles.n, tiles.k);
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.mma_split_gemv(
+                SplitFormat::Fp8Tile,
+                split,
+                &x.slice,
+                &mut scratch.slice,
+                &tiles.w.slice,
+                &scales.slice,
+                1.0,
+                &mut y.slice,
+                m,
+                n,
+                k,
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (x, scales, y, scratch, m, n, k, split);
+            match self.never {}
+        }
     }
 
     /// `y[m][n] = global_scale * x[m][k] . W[n][k]` over NVFP4 weights in the tile layout (the same product as
@@ -578,7 +806,7 @@ impl Gpu {
                     ));
                 };
                 return self.inner.mma_split_gemv(
-                    true,
+                    SplitFormat::Nvfp4Tile,
                     split,
                     &x.slice,
                     &mut scratch.slice,
@@ -669,6 +897,40 @@ fn fp8_split_auto(m: usize, n: usize) -> MmaSplit {
     }
 }
 
+/// [`Gpu::fp8_gemv_tiles`]'s choice for `m` tokens and `n` rows: the cut and whether the activations are converted
+/// once per call (the fragment kernel) or inside the GEMV; always as programmatic dependents. s5-run3 / s5-run4
+/// (`benchmarks/h200-runs/s5-run{3,4}/bench_gemv.txt`), us, the choice in bold:
+///
+/// | shape (n x k) | m | preconverted w8c2 / w8c1 / w4c1 | converting w8c2 / w8c1 / w4c1 |
+/// |---|---|---|---|
+/// | 5120 x 17408 | 4 | **24.9** / 29.5 / - (w4c3 25.3) | 26.3 / 27.6 / - |
+/// | 5120 x 17408 | 16 | **25.8** / 29.7 / - (w4c3 27.3) | - |
+/// | 17408 x 5120 | 4 | 32.4 / 25.7 / 27.1 | 28.4 / **23.9** / 24.9 |
+/// | 17408 x 5120 | 16 | 33.6 / 32.5 / **25.8** | - |
+/// | 5120 x 10240 | 4 | **16.0** / 18.6 / - | 16.8 / 17.3 / - |
+/// | 248320 x 5120 | 4 | - / **292.9** / 293.8 | - / 297.3 / 297.9 |
+/// | 248320 x 5120 | 16 | - / 349.2 / **325.0** | - |
+///
+/// m = 1 follows m = 4 (5120x17408 25.0, 17408x5120 23.8, lm_head 285.6 us). The converting builds at m = 16 were
+/// not timed (their 58-59 registers cost a block per SM).
+fn fp8_tiles_auto(m: usize, n: usize) -> (MmaSplit, bool) {
+    let ((warps, splits), preconvert) = if n <= 8192 {
+        ((8, 2), true)
+    } else if m >= 9 {
+        ((4, 1), true)
+    } else if n < 65536 {
+        ((8, 1), false)
+    } else {
+        ((8, 1), true)
+    };
+    let split = MmaSplit {
+        warps,
+        splits,
+        pdl: true,
+    };
+    (split, preconvert)
+}
+
 /// How a tensor-core decode GEMV over preconverted activations cuts its work (`cuda/gemv.cu`, the `_w{W}c{CS}`
 /// builds of `blockq_gemv_mma`): `warps` per block share one 16-row tile's 128-wide K chunks, `splits` blocks (one
 /// thread-block cluster) per tile each take a contiguous share of the chunks and add their sums in distributed
@@ -711,6 +973,18 @@ impl MmaSplit {
         );
         Ok(())
     }
+}
+
+/// The weight layouts of the tensor-core GEMV cuts (`Device::mma_split_gemv`; only the CUDA build launches).
+#[cfg(feature = "cuda")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::cuda) enum SplitFormat {
+    /// FP8 e4m3 `[n, k]` as the checkpoint stores it.
+    Fp8,
+    /// FP8 in the tile layout of `fp8_repack_mma`.
+    Fp8Tile,
+    /// NVFP4 in the tile layout of `nvfp4_repack_mma`.
+    Nvfp4Tile,
 }
 
 /// The builds of the tile-layout NVFP4 GEMV (`cuda/gemv.cu`) that `Device::nvfp4_gemv_tiles` launches.
@@ -959,6 +1233,22 @@ mod tests {
                 "fp8 m={m} n={n}"
             );
             assert!(MmaSplit::BUILT.contains(&(s.warps, s.splits)));
+        }
+        for (m, n, want) in [
+            (1, 5120, (8, 2, true)),
+            (16, 8192, (8, 2, true)),
+            (9, 17408, (4, 1, true)),
+            (4, 17408, (8, 1, false)),
+            (8, 65535, (8, 1, false)),
+            (1, 248320, (8, 1, true)),
+            (16, 248320, (4, 1, true)),
+        ] {
+            let (s, pre) = fp8_tiles_auto(m, n);
+            assert_eq!((s.warps, s.splits, pre), want, "fp8 tiles m={m} n={n}");
+            assert!(s.pdl && MmaSplit::BUILT.contains(&(s.warps, s.splits)));
+            if !pre {
+                assert!(matches!((s.warps, s.splits), (8, 1) | (8, 2) | (4, 1)));
+            }
         }
         for (n, want) in [
             (5120, 2),

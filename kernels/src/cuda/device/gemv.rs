@@ -1,7 +1,7 @@
 //! Launches of `cuda/gemv.cu`: the FP8 and NVFP4 decode GEMVs.
 
 use super::*;
-use crate::cuda::gemv::{MmaSplit, TilesKernel};
+use crate::cuda::gemv::{MmaSplit, SplitFormat, TilesKernel};
 
 impl Device {
     #[allow(clippy::too_many_arguments)]
@@ -147,7 +147,12 @@ impl Device {
 
 /// The `_w{W}c{CS}` build of cuda/gemv.cu for a format, token tiles (1: m <= 8, 2: m <= 16), warps and splits:
 /// 8 warps x 1 or 2 splits, 4 warps x 1, 2 or 3 ([`MmaSplit::BUILT`]).
-fn split_kernel(nvfp4: bool, nt: usize, warps: usize, splits: usize) -> Option<&'static str> {
+fn split_kernel(
+    format: SplitFormat,
+    nt: usize,
+    warps: usize,
+    splits: usize,
+) -> Option<&'static str> {
     const FP8: [[&str; 5]; 2] = [
         [
             "fp8_block_gemv_mma_pre_n8_w8c1",
@@ -183,7 +188,27 @@ fn split_kernel(nvfp4: bool, nt: usize, warps: usize, splits: usize) -> Option<&
     let i = MmaSplit::BUILT
         .iter()
         .position(|&(w, s)| (w, s) == (warps, splits))?;
-    let table = if nvfp4 { &NVFP4 } else { &FP8 };
+    const FP8_TILE: [[&str; 5]; 2] = [
+        [
+            "fp8_gemv_mma_tile_pre_n8_w8c1",
+            "fp8_gemv_mma_tile_pre_n8_w8c2",
+            "fp8_gemv_mma_tile_pre_n8_w4c1",
+            "fp8_gemv_mma_tile_pre_n8_w4c2",
+            "fp8_gemv_mma_tile_pre_n8_w4c3",
+        ],
+        [
+            "fp8_gemv_mma_tile_pre_n16_w8c1",
+            "fp8_gemv_mma_tile_pre_n16_w8c2",
+            "fp8_gemv_mma_tile_pre_n16_w4c1",
+            "fp8_gemv_mma_tile_pre_n16_w4c2",
+            "fp8_gemv_mma_tile_pre_n16_w4c3",
+        ],
+    ];
+    let table = match format {
+        SplitFormat::Fp8 => &FP8,
+        SplitFormat::Fp8Tile => &FP8_TILE,
+        SplitFormat::Nvfp4Tile => &NVFP4,
+    };
     table.get(nt.checked_sub(1)?).map(|row| row[i])
 }
 
@@ -249,12 +274,12 @@ impl Device {
     /// The tensor-core GEMV over preconverted activations, cut as `split` says (`cuda/gemv.cu`, the `_w{W}c{CS}`
     /// builds of blockq_gemv_mma): `gemv_act_frag_{fp8,nvfp4}` into `xf`, then `split.splits` blocks of
     /// `split.warps` warps (one thread-block cluster) per 16-row tile; both launched as programmatic dependents when
-    /// `split.pdl`. FP8 (`nvfp4` false): `w` e4m3 `[n, k]`, `scales` fp32 block scales, `global_scale` unused.
-    /// NVFP4: `w` and `scales` the tile layout of `nvfp4_repack_mma`.
+    /// `split.pdl`. FP8: `w` e4m3 `[n, k]` (or its tile layout, `fp8_repack_mma`), `scales` fp32 block scales,
+    /// `global_scale` unused. NVFP4: `w` and `scales` the tile layout of `nvfp4_repack_mma`.
     #[allow(clippy::too_many_arguments)]
     pub(in crate::cuda) fn mma_split_gemv<S: cudarc::driver::DeviceRepr>(
         &self,
-        nvfp4: bool,
+        format: SplitFormat,
         split: MmaSplit,
         x: &CudaSlice<u16>,
         xf: &mut CudaSlice<u32>,
@@ -267,7 +292,8 @@ impl Device {
         k: usize,
     ) -> Result<(), KernelError> {
         let nt = if m <= 8 { 1 } else { 2 };
-        let name = split_kernel(nvfp4, nt, split.warps, split.splits).ok_or_else(|| {
+        let nvfp4 = format == SplitFormat::Nvfp4Tile;
+        let name = split_kernel(format, nt, split.warps, split.splits).ok_or_else(|| {
             KernelError::Cuda(format!(
                 "no tensor-core GEMV build with {} warps and {} splits",
                 split.warps, split.splits
@@ -290,11 +316,12 @@ impl Device {
             args.f32(global_scale);
         }
         args.ptr(yp).i32(m as i32).i32(n as i32).i32(k as i32);
-        // SAFETY: matches `fp8_block_gemv_mma_pre_n*_w*c*(xf, w, scales, y, m, n, k)` and
+        // SAFETY: matches `fp8_block_gemv_mma_pre_n*_w*c*(xf, w, scales, y, m, n, k)`,
+        // `fp8_gemv_mma_tile_pre_n*_w*c*` (the same list) and
         // `nvfp4_gemv_mma_tile_pre_n*_w*c*(xf, wr, sr, global_scale, y, m, n, k)` in cuda/gemv.cu; xf was just
         // written for m, k and nt (the kernel reads ceil(k/128) * nt * 128 uint4 of it, for tokens < m only); the
-        // caller checked w and scales (FP8: [n, k] and [ceil(n/128), ceil(k/128)], k % 16 == 0; NVFP4: the tile
-        // layout of exactly n x k) and y = [m, n]; grid.y equals the build's cluster size, as __cluster_dims__
+        // caller checked w and scales (FP8: [n, k] or its tile layout of ceil(n/16) * ceil(k/128) * 2048 bytes, and
+        // [ceil(n/128), ceil(k/128)], k % 16 == 0; NVFP4: the tile layout of exactly n x k) and y = [m, n]; grid.y equals the build's cluster size, as __cluster_dims__
         // requires; stores are guarded against m and n; the kernel reads xf and writes y only after its pdl_wait.
         unsafe { self.launch_ex(name, &f, cfg, &mut args, split.pdl) }?;
         Ok(())
@@ -334,6 +361,90 @@ impl Device {
         // SAFETY: matches `nvfp4_gemv_mma_pre_n*`; xf was just written for this m, k and nt; w, scales, y checked by
         // the caller as for `nvfp4_gemv_mma_n*` (k % 32 == 0).
         unsafe { b.launch(mma_config(n)) }.map_err(cuda_err(name))?;
+        Ok(())
+    }
+
+    /// The FP8 tile-layout GEMV converting its own activations from bf16 `x` (`fp8_gemv_mma_tile_n*_w*c*`: no
+    /// fragment kernel, no scratch), cut as `split` says (8 warps x 1 or 2 blocks, or 4 warps x 1), launched as a
+    /// programmatic dependent when `split.pdl`.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) fn fp8_tile_gemv_converting(
+        &self,
+        split: MmaSplit,
+        x: &CudaSlice<u16>,
+        w: &CudaSlice<u8>,
+        scales: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        let name = match (m <= 8, split.warps, split.splits) {
+            (true, 8, 1) => "fp8_gemv_mma_tile_n8_w8c1",
+            (true, 8, 2) => "fp8_gemv_mma_tile_n8_w8c2",
+            (true, 4, 1) => "fp8_gemv_mma_tile_n8_w4c1",
+            (false, 8, 1) => "fp8_gemv_mma_tile_n16_w8c1",
+            (false, 8, 2) => "fp8_gemv_mma_tile_n16_w8c2",
+            (false, 4, 1) => "fp8_gemv_mma_tile_n16_w4c1",
+            (_, w, s) => {
+                return Err(KernelError::Cuda(format!(
+                    "no converting FP8 tile GEMV build with {w} warps and {s} splits"
+                )))
+            }
+        };
+        let f = self.function(Module::Gemv, name)?;
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(16) as u32, split.splits as u32, 1),
+            block_dim: (32 * split.warps as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (xp, _gx) = x.device_ptr(&self.stream);
+        let (wp, _gw) = w.device_ptr(&self.stream);
+        let (sp, _gs) = scales.device_ptr(&self.stream);
+        let (yp, _gy) = y.device_ptr_mut(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(xp)
+            .ptr(wp)
+            .ptr(sp)
+            .ptr(yp)
+            .i32(m as i32)
+            .i32(n as i32)
+            .i32(k as i32);
+        // SAFETY: matches `fp8_gemv_mma_tile_n*_w*c*(x, wr, scales, y, m, n, k)` in cuda/gemv.cu; the caller
+        // checked x = [m, k] with k % 16 == 0 (activation loads are guarded against m and k), w the tile layout of
+        // exactly n x k (ceil(n/16) * ceil(k/128) * 2048 bytes; block (b, s) reads tile b only), scales =
+        // [ceil(n/128), ceil(k/128)] and y = [m, n]; grid.y equals the build's cluster size; stores are guarded
+        // against m and n; the kernel reads x and writes y only after its pdl_wait.
+        unsafe { self.launch_ex(name, &f, cfg, &mut args, split.pdl) }?;
+        Ok(())
+    }
+
+    /// `fp8_repack_mma`: FP8 checkpoint layout -> tile layout (cuda/gemv.cu documents it).
+    pub(in crate::cuda) fn fp8_repack_mma(
+        &self,
+        w: &CudaSlice<u8>,
+        wr: &mut CudaSlice<u8>,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        const NAME: &str = "fp8_repack_mma";
+        let f = self.function(Module::Gemv, NAME)?;
+        let threads = n.div_ceil(16) * k.div_ceil(128) * 128;
+        let blocks = u32::try_from(threads.div_ceil(256))
+            .map_err(|_| KernelError::Cuda(format!("{NAME}: {threads} threads exceed one grid")))?;
+        let (ni, ki) = (n as i32, k as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(w).arg(wr).arg(&ni).arg(&ki);
+        // SAFETY: matches `fp8_repack_mma(w, wr, n, k)`; the caller checked w = [n, k] with k % 16 == 0 (every
+        // 16-byte load is whole and aligned inside its row; rows >= n and values >= k are not read) and
+        // wr = ceil(n/16) * ceil(k/128) * 2048 bytes, exactly what the threads (one per 16 output bytes, the rest
+        // return) write.
+        unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
         Ok(())
     }
 

@@ -461,6 +461,11 @@ __device__ __forceinline__ void nvfp4_a_fragments(const uint4 wa, const uint4 wb
 // 2 KiB in flight per warp; NVFP4 tile layout, 4 warps per block under 64 registers; session 5, s5-run1, built,
 // measured, deleted): slower at every cut, m = 4 on 5120x17408 21.7 -> 24.6 us (c3), 22.3 -> 26.9 (c4), lm_head
 // 188.4 -> 202.2 (c1): the 64 registers cost more resident warps than the second chunk bought.
+//
+// An L2 prefetch of each warp's first two chunks before pdl_wait (FP8 tile layout, 8 prefetch.global.L2 per warp,
+// so that a dependent launch finds them on chip when the fragment kernel ends; session 5, s5-run6, built, measured,
+// deleted): 1.0-1.5% faster on 5120x17408 (24.54 vs 24.81 us at m = 4), 3-12% slower on 17408x5120, 5120x10240
+// and the lm_head (28.65 vs 25.89 us, w8c1 m = 4 on 17408x5120).
 template <int FMT, int NT, int MMA_WARPS, bool PRE = false, int CS = 1>
 __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, const uint4* __restrict__ xf,
                                                 const uint8_t* __restrict__ w, const void* __restrict__ scales,

@@ -542,22 +542,16 @@ fn gemv_variant_errors_name_the_operand() {
             splits,
             pdl: false,
         };
-        let e = gpu
-            .fp8_block_gemv_split(&x, &w8, &s8, &mut y, &mut big, m, n, k, split)
-            .unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("a tensor-core GEMV split is one of (warps, splits)"),
-            "{e}"
-        );
-        let e = gpu
-            .nvfp4_gemv_tiles_split(&x, &tiles, 1.0, &mut y, &mut big, m, split)
-            .unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("a tensor-core GEMV split is one of (warps, splits)"),
-            "{e}"
-        );
+        const BAD_SPLIT: &str = "a tensor-core GEMV split is one of (warps, splits)";
+        let errors = [
+            gpu.fp8_block_gemv_split(&x, &w8, &s8, &mut y, &mut big, m, n, k, split),
+            gpu.fp8_gemv_tiles_split(&x, &tiles8, &s8, &mut y, &mut big, m, split),
+            gpu.nvfp4_gemv_tiles_split(&x, &tiles, 1.0, &mut y, &mut big, m, split),
+        ];
+        for e in errors {
+            let e = e.unwrap_err();
+            assert!(e.to_string().contains(BAD_SPLIT), "{e}");
+        }
     }
     let e = gpu
         .fp8_block_gemv_with_scratch(&x, &w8, &s8, &mut y, &mut small, m, n, k)

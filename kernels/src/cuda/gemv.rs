@@ -328,10 +328,7 @@ impl Gpu {
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        const OP: &str = "cuda::fp8_block_gemv_preconverted";
-        check_fp8_gemv(OP, x, w, scales, y, m, n, k)?;
-        check_scratch(OP, scratch, m, k)?;
-        self.fp8_split_launch(x, w, scales, y, scratch, m, n, k, MmaSplit::ONE_TILE)
+        self.fp8_block_gemv_split(x, w, scales, y, scratch, m, n, k, MmaSplit::ONE_TILE)
     }
 
     /// [`Gpu::fp8_block_gemv_preconverted`] cut as `split` says ([`MmaSplit`]): `split.warps` warps per block share

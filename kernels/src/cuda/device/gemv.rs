@@ -212,6 +212,26 @@ fn split_kernel(
     table.get(nt.checked_sub(1)?).map(|row| row[i])
 }
 
+/// The grid of a tensor-core GEMV cut: `split.splits` blocks (one cluster) of `split.warps` warps per 16-row tile.
+fn split_config(n: usize, split: MmaSplit) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(16) as u32, split.splits as u32, 1),
+        block_dim: (32 * split.warps as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// One thread per 16 output bytes of a repack kernel (`fp8_repack_mma`, `nvfp4_repack_mma`), 256 per block.
+fn repack_config(name: &str, threads: usize) -> Result<LaunchConfig, KernelError> {
+    let blocks = u32::try_from(threads.div_ceil(256))
+        .map_err(|_| KernelError::Cuda(format!("{name}: {threads} threads exceed one grid")))?;
+    Ok(LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
 fn gemv_config(n: usize, rows_per_warp: usize) -> LaunchConfig {
     // 8 warps per block, `rows_per_warp` output rows per warp (cuda/gemv.cu).
     LaunchConfig {
@@ -301,11 +321,7 @@ impl Device {
         })?;
         self.gemv_act_frag(nvfp4, split.pdl, x, xf, m, k, nt)?;
         let f = self.function(Module::Gemv, name)?;
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(16) as u32, split.splits as u32, 1),
-            block_dim: (32 * split.warps as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = split_config(n, split);
         let (xfp, _gxf) = xf.device_ptr(&self.stream);
         let (wp, _gw) = w.device_ptr(&self.stream);
         let (sp, _gs) = scales.device_ptr(&self.stream);
@@ -393,11 +409,7 @@ impl Device {
             }
         };
         let f = self.function(Module::Gemv, name)?;
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(16) as u32, split.splits as u32, 1),
-            block_dim: (32 * split.warps as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = split_config(n, split);
         let (xp, _gx) = x.device_ptr(&self.stream);
         let (wp, _gw) = w.device_ptr(&self.stream);
         let (sp, _gs) = scales.device_ptr(&self.stream);
@@ -429,15 +441,8 @@ impl Device {
     ) -> Result<(), KernelError> {
         const NAME: &str = "fp8_repack_mma";
         let f = self.function(Module::Gemv, NAME)?;
-        let threads = n.div_ceil(16) * k.div_ceil(128) * 128;
-        let blocks = u32::try_from(threads.div_ceil(256))
-            .map_err(|_| KernelError::Cuda(format!("{NAME}: {threads} threads exceed one grid")))?;
+        let cfg = repack_config(NAME, n.div_ceil(16) * k.div_ceil(128) * 128)?;
         let (ni, ki) = (n as i32, k as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
         let mut b = self.stream.launch_builder(&f);
         b.arg(w).arg(wr).arg(&ni).arg(&ki);
         // SAFETY: matches `fp8_repack_mma(w, wr, n, k)`; the caller checked w = [n, k] with k % 16 == 0 (every
@@ -460,15 +465,8 @@ impl Device {
     ) -> Result<(), KernelError> {
         const NAME: &str = "nvfp4_repack_mma";
         let f = self.function(Module::Gemv, NAME)?;
-        let threads = n.div_ceil(16) * k.div_ceil(128) * 64;
-        let blocks = u32::try_from(threads.div_ceil(256))
-            .map_err(|_| KernelError::Cuda(format!("{NAME}: {threads} threads exceed one grid")))?;
+        let cfg = repack_config(NAME, n.div_ceil(16) * k.div_ceil(128) * 64)?;
         let (ni, ki) = (n as i32, k as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
         let mut b = self.stream.launch_builder(&f);
         b.arg(w).arg(scales).arg(wr).arg(sr).arg(&ni).arg(&ki);
         // SAFETY: matches `nvfp4_repack_mma`; the caller checked w = [n, k/2], scales = [n, k/16], k % 32 == 0

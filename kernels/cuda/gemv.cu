@@ -10,12 +10,18 @@
 // block scales are applied once per 16 (FP8) or 8 (NVFP4) products, the NVFP4 global scale in the epilogue.
 // Launch: GEMV_THREADS threads, grid ceil(n / (GEMV_WARPS * RW)).
 //
-// Tensor cores (*_mma_n8, *_mma_n16, see blockq_gemv_mma below): one 16-row tile per block.
+// Tensor cores (*_mma_n8, *_mma_n16, see blockq_gemv_mma below): 16-row tiles, each shared by the W warps of a
+// block and (the _w{W}c{CS} builds, session 5) by CS blocks of a thread-block cluster.
+//
+// The FP8 decode path (Rust: Gpu::fp8_repack_tiles at load, Gpu::fp8_gemv_tiles per call): fp8_repack_mma makes
+// the tile layout (each warp load one contiguous 512-byte run), gemv_act_frag_fp8 converts the activations, and
+// fp8_gemv_mma_tile_pre_* (or fp8_gemv_mma_tile_*, converting them itself) multiply: 78-90% of copy at m = 1..16
+// on the layer shapes against 62-72% on the checkpoint layout (benchmarks/h200.md, session 5).
 //
 // The NVFP4 decode path (Rust: Gpu::nvfp4_repack_tiles at load, Gpu::nvfp4_gemv_tiles per call): nvfp4_repack_mma
 // makes the tile layout, gemv_act_frag_nvfp4[_zero] converts the activations, nvfp4_gemv_tiles_n8_u1 (m <= 8 with
-// two K splits) and nvfp4_gemv_mma_tile_pre_n8/_n16 (one split) multiply (end of this file, with the analysis of
-// what bounds them).
+// two K splits), nvfp4_gemv_mma_tile_pre_n8_w4c1 (the lm_head) and nvfp4_gemv_mma_tile_pre_n8/_n16 (one split)
+// multiply (end of this file, with the analysis of what bounds them).
 //
 // Variants (issue 4; Rust: Gpu::*_preconverted, nvfp4_gemv_tiles_variant; timed by kernels/bench/h200/bench_gemv.py
 // against the kernels Auto picks, which it keeps until then): gemv_act_frag_* + *_mma_pre_* (activations converted

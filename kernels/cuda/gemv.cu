@@ -471,7 +471,11 @@ __device__ __forceinline__ void nvfp4_a_fragments(const uint4 wa, const uint4 wb
 // An L2 prefetch of each warp's first two chunks before pdl_wait (FP8 tile layout, 8 prefetch.global.L2 per warp,
 // so that a dependent launch finds them on chip when the fragment kernel ends; session 5, s5-run6, built, measured,
 // deleted): 1.0-1.5% faster on 5120x17408 (24.54 vs 24.81 us at m = 4), 3-12% slower on 17408x5120, 5120x10240
-// and the lm_head (28.65 vs 25.89 us, w8c1 m = 4 on 17408x5120).
+// and the lm_head (28.65 vs 25.89 us, w8c1 m = 4 on 17408x5120). Issuing the first chunk's weight loads themselves
+// before pdl_wait, into the registers its iteration uses (s5-run8; 48 registers under a cap of 5 blocks): no gain
+// on the cuts Auto uses (w8c2 25.36 vs 25.06 us at m = 4 on 5120x17408, w8c1 26.59 vs 25.65 on 17408x5120), much
+// worse at m = 16 (36.2 vs 25.6). Deleted: the ~2 us between this path and the m = 1 CUDA-core kernel is not the
+// fragment kernel's serialisation.
 template <int FMT, int NT, int MMA_WARPS, bool PRE = false, int CS = 1>
 __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, const uint4* __restrict__ xf,
                                                 const uint8_t* __restrict__ w, const void* __restrict__ scales,

@@ -800,6 +800,97 @@ extern "C" __global__ void __launch_bounds__(256) fp8_repack_mma(const uint8_t* 
     *reinterpret_cast<uint4*>(wr + tc * 2048 + i * 512 + lane * 16) = v;
 }
 
+// FP8 m = 1 over the tile layout on the CUDA cores (fp8_gemv_tile_m1_w{W}c{CS}; session 5 sweep): the cuts of
+// blockq_gemv_mma (W warps per 16-row tile, CS blocks of a cluster), but each lane multiplies its 64 weights (rows
+// g and g+8, values 128c + 32q .. +31) with the bf16 activations itself (from L1, shared by the two rows): no
+// fragment kernel, no tensor cores. The 4 lanes of a row add their sums by shuffles, the warps in shared memory,
+// the blocks of a cluster as in cluster_sum_store. PDL: the first chunk's weights are loaded before pdl_wait.
+template <int W, int CS>
+__device__ __forceinline__ void fp8_gemv_tile_m1(const uint16_t* __restrict__ x, const uint8_t* __restrict__ wr,
+                                                 const float* __restrict__ scales, float* __restrict__ y, int n,
+                                                 int k) {
+    pdl_launch_dependents();
+    __shared__ float red[W][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int row0 = blockIdx.x * 16;
+    const int nchunks = (k + 127) >> 7;
+    const int per = CS > 1 ? (nchunks + CS - 1) / CS : nchunks;
+    const int cbeg = CS > 1 ? min(nchunks, static_cast<int>(blockIdx.y) * per) : 0;
+    const int cend = CS > 1 ? min(nchunks, cbeg + per) : nchunks;
+    const uint8_t* wt = wr + static_cast<size_t>(blockIdx.x) * nchunks * 2048 + lane * 16;
+    const float* srow = scales + static_cast<size_t>(row0 >> 7) * nchunks;
+    float acc_a = 0.f, acc_b = 0.f;
+    bool waited = false;
+    for (int c = cbeg + warp; c < cend; c += W) {
+        const uint8_t* p = wt + static_cast<size_t>(c) * 2048;
+        const uint4 w4[4] = {ld_stream(p), ld_stream(p + 512), ld_stream(p + 1024), ld_stream(p + 1536)};
+        if (!waited) {
+            pdl_wait();
+            waited = true;
+        }
+        const int k0 = c * 128 + q * 32;
+        float da = 0.f, db = 0.f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // values k0 + 16h .. +15: w4[h] (row g), w4[2 + h] (row g + 8)
+            float xf[16];
+            const bool ok = k0 + 16 * h < k;  // k % 16 == 0: a 16-value piece is wholly inside or outside
+            const uint4* xp = reinterpret_cast<const uint4*>(x + k0 + 16 * h);
+            bf16x8_to_float(ok ? __ldg(xp) : make_uint4(0, 0, 0, 0), xf);
+            bf16x8_to_float(ok ? __ldg(xp + 1) : make_uint4(0, 0, 0, 0), xf + 8);
+            const uint32_t wa[4] = {w4[h].x, w4[h].y, w4[h].z, w4[h].w};
+            const uint32_t wb[4] = {w4[2 + h].x, w4[2 + h].y, w4[2 + h].z, w4[2 + h].w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float2 a0 = e4m3x2_to_float2(wa[j]), a1 = e4m3x2_to_float2(wa[j] >> 16);
+                const float2 b0 = e4m3x2_to_float2(wb[j]), b1 = e4m3x2_to_float2(wb[j] >> 16);
+                da = fmaf(a0.x, xf[4 * j], da);
+                da = fmaf(a0.y, xf[4 * j + 1], da);
+                da = fmaf(a1.x, xf[4 * j + 2], da);
+                da = fmaf(a1.y, xf[4 * j + 3], da);
+                db = fmaf(b0.x, xf[4 * j], db);
+                db = fmaf(b0.y, xf[4 * j + 1], db);
+                db = fmaf(b1.x, xf[4 * j + 2], db);
+                db = fmaf(b1.y, xf[4 * j + 3], db);
+            }
+        }
+        const float sc = __ldg(srow + c);
+        acc_a = fmaf(da, sc, acc_a);
+        acc_b = fmaf(db, sc, acc_b);
+    }
+    if (!waited) pdl_wait();  // warps with no chunk still wait before writing
+    acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 1);
+    acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 2);
+    acc_b += __shfl_xor_sync(0xffffffffu, acc_b, 1);
+    acc_b += __shfl_xor_sync(0xffffffffu, acc_b, 2);
+    if (q == 0) {
+        red[warp][g] = acc_a;
+        red[warp][g + 8] = acc_b;
+    }
+    __syncthreads();
+    if (CS == 1) {
+        if (threadIdx.x < 16 && row0 + static_cast<int>(threadIdx.x) < n) {
+            float v = 0.f;
+#pragma unroll
+            for (int wi = 0; wi < W; ++wi) v += red[wi][threadIdx.x];
+            y[row0 + threadIdx.x] = v;
+        }
+    } else {
+        cluster_sum_store<CS, 16, W>(&red[0][0], y, 1, n, row0, 1.f);
+    }
+}
+
+#define EDGEFIT_FP8_TILE_M1(W, CS, CLUSTER)                                                                       \
+    extern "C" __global__ void CLUSTER __launch_bounds__(W * 32) fp8_gemv_tile_m1_w##W##c##CS(                     \
+        const uint16_t* x, const uint8_t* wr, const float* scales, float* y, int n, int k) {                      \
+        fp8_gemv_tile_m1<W, CS>(x, wr, scales, y, n, k);                                                          \
+    }
+EDGEFIT_FP8_TILE_M1(8, 1, )
+EDGEFIT_FP8_TILE_M1(8, 2, __cluster_dims__(1, 2, 1))
+EDGEFIT_FP8_TILE_M1(4, 1, )
+EDGEFIT_FP8_TILE_M1(4, 2, __cluster_dims__(1, 2, 1))
+EDGEFIT_FP8_TILE_M1(4, 3, __cluster_dims__(1, 3, 1))
+
 // The variants: _pre (activations from gemv_act_frag_*, NVFP4 checkpoint layout; FP8's is the _w8c1 build below),
 // _tile (NVFP4 tile layout, activations converted here) and _tile_pre (both). One 16-row tile per block, 8 warps,
 // as the base kernels.

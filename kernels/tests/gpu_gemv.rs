@@ -264,8 +264,8 @@ fn fp8_with_scratch_and_tiles_match_the_reference_for_every_m() {
     let all: Vec<usize> = (1..=16).collect();
     // Every cut fp8_split_auto picks: n <= 8192 runs w8c2 (m <= 8) and w4c3 (m >= 9); 65540 rows (a ragged tile
     // and scale block) w4c1, and m = 1 the unsplit CUDA-core kernel there. The tile layout's Auto
-    // (fp8_tiles_auto): w8c2 up to 8192 rows, the converting w8c1 on 8200 at m <= 8, w4c1 at m >= 9, the
-    // preconverted w8c1 on 65540 at m <= 8.
+    // (fp8_tiles_auto): the m = 1 CUDA-core kernel (w8c2 up to 8192 rows, w8c1 above); w8c2 up to 8192 rows, the
+    // converting w8c1 on 8200 at m = 2..=8, w4c1 at m >= 9, the preconverted w8c1 on 65540 at m = 2..=8.
     for (n, k, ms) in [
         (300, 400, all.clone()),
         (17, 2064, all),
@@ -357,8 +357,8 @@ fn fp8_m1_k_splits_match_the_reference() {
 }
 
 /// Every cut of the tensor-core GEMVs over preconverted activations (`Gpu::fp8_block_gemv_split`, its tile layout
-/// `Gpu::fp8_gemv_tiles_split` and, where built, `Gpu::fp8_gemv_tiles_converting` (bit for bit the same),
-/// `Gpu::nvfp4_gemv_tiles_split`: every built (warps, blocks of a cluster per tile), plain or programmatic
+/// `Gpu::fp8_gemv_tiles_split` and, where built, `Gpu::fp8_gemv_tiles_converting` (bit for bit the same), at
+/// m = 1 the CUDA-core `Gpu::fp8_gemv_tiles_m1`, `Gpu::nvfp4_gemv_tiles_split`: every built (warps, blocks of a cluster per tile), plain or programmatic
 /// launches) against the reference, and the same bits on a second run. The shapes give every split an uneven
 /// share of the 128-wide chunks, and some blocks none (k = 160: 2 chunks for 3 splits).
 #[test]
@@ -430,6 +430,22 @@ fn mma_splits_match_the_reference_and_repeat_bit_for_bit() {
                     assert_same_bits(&format!("fp8 tiles converting {what}"), &runs[0], &conv, n);
                 }
                 check(&format!("fp8 split {what}"), &runs[0], &want8, n);
+                if m == 1 {
+                    let mut dy = gpu.upload(&vec![f32::NAN; n]).unwrap();
+                    gpu.fp8_gemv_tiles_m1(&dx, &tiles8, &ds8, &mut dy, split)
+                        .unwrap();
+                    let once = gpu.download(&dy).unwrap();
+                    check(&format!("fp8 tiles m = 1 {what}"), &once, &want8, n);
+                    gpu.fp8_gemv_tiles_m1(&dx, &tiles8, &ds8, &mut dy, split)
+                        .unwrap();
+                    let twice = gpu.download(&dy).unwrap();
+                    assert_same_bits(
+                        &format!("fp8 tiles m = 1 {what}, second run"),
+                        &once,
+                        &twice,
+                        n,
+                    );
+                }
                 check(&format!("nvfp4 split {what}"), &runs[2], &want4, n);
                 assert_same_bits(
                     &format!("fp8 split {what}, second run"),
@@ -543,7 +559,10 @@ fn gemv_variant_errors_name_the_operand() {
             pdl: false,
         };
         const BAD_SPLIT: &str = "a tensor-core GEMV split is one of (warps, splits)";
+        let x1 = gpu.upload(&vec![0u16; k]).unwrap();
+        let mut y1 = gpu.zeros::<f32>(n).unwrap();
         let errors = [
+            gpu.fp8_gemv_tiles_m1(&x1, &tiles8, &s8, &mut y1, split),
             gpu.fp8_block_gemv_split(&x, &w8, &s8, &mut y, &mut big, m, n, k, split),
             gpu.fp8_gemv_tiles_split(&x, &tiles8, &s8, &mut y, &mut big, m, split),
             gpu.nvfp4_gemv_tiles_split(&x, &tiles, 1.0, &mut y, &mut big, m, split),

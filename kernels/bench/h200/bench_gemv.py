@@ -106,6 +106,12 @@ def fp8_case(n, k, m, sets, w8, wr8, sc, copy_bw, one, wbf):
     # The same cuts over the FP8 tile layout (Gpu::fp8_repack_tiles, fp8_repack_mma; "t_" arms).
     add_split_arms(arms, "fp8_gemv_mma_tile_pre", nt, g16[0], fa, ga, frag_args,
                    lambda i: (ptr(xf), ptr(wr8[i]), ptr(sc[i]), ptr(y), i32(m), i32(n), i32(k)), "t_pre", "t_")
+    if m == 1:  # "m1t_": the m = 1 CUDA-core kernel over the tile layout (fp8_gemv_tile_m1_*), as dependents
+        for w, cs in SPLITS:
+            fm = kern("gemv", f"fp8_gemv_tile_m1_w{w}c{cs}")
+            log_regs(f"fp8_gemv_tile_m1_w{w}c{cs}", fm)
+            arms[f"m1t_w{w}c{cs}"] = lambda i, fm=fm, w=w, cs=cs: b.launch_pdl(
+                fm, (g16[0], cs), (32 * w,), (ptr(x[i]), ptr(wr8[i]), ptr(sc[i]), ptr(y), i32(n), i32(k)))
     # ... and with the activations converted inside the GEMV (no fragment kernel): "tc_" arms, as dependents.
     for w, cs in ((8, 1), (8, 2), (4, 1)):
         fc = kern("gemv", f"fp8_gemv_mma_tile_n{8 * nt}_w{w}c{cs}")
@@ -158,7 +164,9 @@ def fp8_case(n, k, m, sets, w8, wr8, sc, copy_bw, one, wbf):
     # Gpu::fp8_block_gemv_with_scratch's choice
     # The decode path's choice: Gpu::fp8_gemv_tiles over the tile layout (fp8_tiles_auto). (The checkpoint-layout
     # path, Gpu::fp8_block_gemv_with_scratch: k2_pdl / auto at m = 1, w8c2 / w4c3 / w4c1 above, fp8_split_auto.)
-    if n <= 8192:
+    if m == 1:
+        lib = "m1t_w8c2" if n <= 8192 else "m1t_w8c1"
+    elif n <= 8192:
         lib = "t_w8c2"
     elif m >= 9:
         lib = "t_w4c1"

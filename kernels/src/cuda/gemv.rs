@@ -485,17 +485,18 @@ impl Gpu {
     /// call. The cut, by shape ([`fp8_tiles_auto`]), from the session 5 sweep (s5-run3, s5-run4; us and fraction
     /// of copy, m = 1 / 4 / 16):
     ///
-    /// | shape (n x k) | m = 1 | m = 4 | m = 16 | checkpoint layout (`fp8_block_gemv_with_scratch`) |
+    /// | shape (n x k) | m = 1 (s5-run9) | m = 4 | m = 16 | checkpoint layout (`fp8_block_gemv_with_scratch`) |
     /// |---|---|---|---|---|
-    /// | 5120 x 17408 | 25.0 (84%) | 24.9 (85%) | 25.8 (82%) | 23.1 (91%) / 29.6 / 33.5 |
-    /// | 17408 x 5120 | 23.8 (88%) | 23.9 (88%) | 25.8 (83%) | 24.5 (86%) / 29.3 / 34.7 |
-    /// | 5120 x 10240 | 15.9 (78%) | 16.0 (78%) | 17.0 (74%) | 13.6 (91%) / 20.2 / 21.8 |
-    /// | 248320 x 5120 | 285.6 (105%) | 292.9 (103%) | 325.0 (94%) | 284.8 (106%) / 318.1 / 385.3 |
+    /// | 5120 x 17408 | 21.45 (99%) | 24.9 (85%) | 25.8 (82%) | 22.7 (93%) / 29.6 / 33.5 |
+    /// | 17408 x 5120 | 23.13 (92%) | 23.9 (88%) | 25.8 (83%) | 24.3 (88%) / 29.3 / 34.7 |
+    /// | 5120 x 10240 | 13.31 (94%) | 16.0 (78%) | 17.0 (74%) | 13.5 (93%) / 20.2 / 21.8 |
+    /// | 248320 x 5120 | 277.7 (109%) | 292.9 (103%) | 325.0 (94%) | 279.4 (109%) / 318.1 / 385.3 |
     ///
     /// Why the layout matters: in the checkpoint layout each 16-byte load of a warp covers 8 rows x 4 pieces of
     /// 16 bytes 32 bytes apart (half of every 32-byte sector of 8 lines); in the tile layout each load is one
-    /// contiguous 512-byte run. Same products, same order, same bits ([`Gpu::fp8_gemv_tiles_split`]). At `m = 1`
-    /// the checkpoint layout's CUDA-core kernel stays faster on the 5120-row shapes (91% against 78-84%).
+    /// contiguous 512-byte run. The tensor-core kernels add the same products in the same order as on the
+    /// checkpoint layout (same bits, [`Gpu::fp8_gemv_tiles_split`]); `m = 1` runs a CUDA-core kernel over the
+    /// tiles ([`Gpu::fp8_gemv_tiles_m1`]), faster than either layout's other kernels.
     #[allow(clippy::too_many_arguments)]
     pub fn fp8_gemv_tiles(
         &self,
@@ -508,11 +509,60 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::fp8_gemv_tiles";
         self.fp8_tiles_checked(OP, x, tiles, scales, y, Some(&*scratch), m)?;
-        let (split, preconvert) = fp8_tiles_auto(m, tiles.n);
-        if preconvert {
-            self.fp8_tiles_launch(x, tiles, scales, y, scratch, m, split)
-        } else {
-            self.fp8_tiles_converting_launch(x, tiles, scales, y, m, split)
+        let (split, kernel) = fp8_tiles_auto(m, tiles.n);
+        match kernel {
+            Fp8TileKernel::CudaCoresM1 => self.fp8_tiles_m1_launch(x, tiles, scales, y, split),
+            Fp8TileKernel::Preconverted => {
+                self.fp8_tiles_launch(x, tiles, scales, y, scratch, m, split)
+            }
+            Fp8TileKernel::Converting => {
+                self.fp8_tiles_converting_launch(x, tiles, scales, y, m, split)
+            }
+        }
+    }
+
+    /// [`Gpu::fp8_gemv_tiles`]'s kernel for one token (`m = 1`) on the CUDA cores (`fp8_gemv_tile_m1_w*c*`: each
+    /// lane multiplies its 64 weights with the bf16 activations itself, no scratch), cut as `split` says (any of
+    /// [`MmaSplit::BUILT`]). Tests and the benchmark drive each cut.
+    pub fn fp8_gemv_tiles_m1(
+        &self,
+        x: &GpuBuffer<u16>,
+        tiles: &Fp8TileWeights,
+        scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<f32>,
+        split: MmaSplit,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::fp8_gemv_tiles_m1";
+        self.fp8_tiles_checked(OP, x, tiles, scales, y, None, 1)?;
+        split.check(OP)?;
+        self.fp8_tiles_m1_launch(x, tiles, scales, y, split)
+    }
+
+    /// After the checks: `Device::fp8_tile_gemv_m1`.
+    fn fp8_tiles_m1_launch(
+        &self,
+        x: &GpuBuffer<u16>,
+        tiles: &Fp8TileWeights,
+        scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<f32>,
+        split: MmaSplit,
+    ) -> Result<(), KernelError> {
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.fp8_tile_gemv_m1(
+                split,
+                &x.slice,
+                &tiles.w.slice,
+                &scales.slice,
+                &mut y.slice,
+                tiles.n,
+                tiles.k,
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (x, tiles, scales, y, split);
+            match self.never {}
         }
     }
 
@@ -894,38 +944,57 @@ fn fp8_split_auto(m: usize, n: usize) -> MmaSplit {
     }
 }
 
-/// [`Gpu::fp8_gemv_tiles`]'s choice for `m` tokens and `n` rows: the cut and whether the activations are converted
-/// once per call (the fragment kernel) or inside the GEMV; always as programmatic dependents. s5-run3 / s5-run4
-/// (`benchmarks/h200-runs/s5-run{3,4}/bench_gemv.txt`), us, the choice in bold:
+/// The kernels of [`Gpu::fp8_gemv_tiles`] (`cuda/gemv.cu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fp8TileKernel {
+    /// `fp8_gemv_tile_m1_*`: one token on the CUDA cores.
+    CudaCoresM1,
+    /// `gemv_act_frag_fp8` + `fp8_gemv_mma_tile_pre_*`: the activations converted once per call.
+    Preconverted,
+    /// `fp8_gemv_mma_tile_*`: the activations converted inside the GEMV.
+    Converting,
+}
+
+/// [`Gpu::fp8_gemv_tiles`]'s choice for `m` tokens and `n` rows: the kernel and its cut; always as programmatic
+/// dependents. s5-run3 / s5-run4 / s5-run9 (`benchmarks/h200-runs/s5-run{3,4,9}/bench_gemv.txt`), us, the choice
+/// in bold:
 ///
-/// | shape (n x k) | m | preconverted w8c2 / w8c1 / w4c1 | converting w8c2 / w8c1 / w4c1 |
-/// |---|---|---|---|
-/// | 5120 x 17408 | 4 | **24.9** / 29.5 / - (w4c3 25.3) | 26.3 / 27.6 / - |
-/// | 5120 x 17408 | 16 | **25.8** / 29.7 / - (w4c3 27.3) | - |
-/// | 17408 x 5120 | 4 | 32.4 / 25.7 / 27.1 | 28.4 / **23.9** / 24.9 |
-/// | 17408 x 5120 | 16 | 33.6 / 32.5 / **25.8** | - |
-/// | 5120 x 10240 | 4 | **16.0** / 18.6 / - | 16.8 / 17.3 / - |
-/// | 248320 x 5120 | 4 | - / **292.9** / 293.8 | - / 297.3 / 297.9 |
-/// | 248320 x 5120 | 16 | - / 349.2 / **325.0** | - |
+/// | shape (n x k) | m | CUDA cores (m = 1) w8c2 / w8c1 / w4c3 | preconverted w8c2 / w8c1 / w4c1 | converting w8c2 / w8c1 / w4c1 |
+/// |---|---|---|---|---|
+/// | 5120 x 17408 | 1 | **21.45** / 32.61 / 22.60 | 24.59 / - / - | - |
+/// | 17408 x 5120 | 1 | 27.98 / **23.13** / 29.91 | - / 25.41 / - | - / 23.55 / - |
+/// | 5120 x 10240 | 1 | **13.31** / 19.19 / 14.29 | 15.72 / - / - | - |
+/// | 248320 x 5120 | 1 | 341.9 / **277.7** / 364.0 | - / 280.2 / - | - |
+/// | 5120 x 17408 | 4 | - | **24.9** / 29.5 / - (w4c3 25.3) | 26.3 / 27.6 / - |
+/// | 5120 x 17408 | 16 | - | **25.8** / 29.7 / - (w4c3 27.3) | - |
+/// | 17408 x 5120 | 4 | - | 32.4 / 25.7 / 27.1 | 28.4 / **23.9** / 24.9 |
+/// | 17408 x 5120 | 16 | - | 33.6 / 32.5 / **25.8** | - |
+/// | 5120 x 10240 | 4 | - | **16.0** / 18.6 / - | 16.8 / 17.3 / - |
+/// | 248320 x 5120 | 4 | - | - / **292.9** / 293.8 | - / 297.3 / 297.9 |
+/// | 248320 x 5120 | 16 | - | - / 349.2 / **325.0** | - |
 ///
-/// m = 1 follows m = 4 (5120x17408 25.0, 17408x5120 23.8, lm_head 285.6 us). The converting builds at m = 16 were
-/// not timed (their 58-59 registers cost a block per SM).
-fn fp8_tiles_auto(m: usize, n: usize) -> (MmaSplit, bool) {
-    let ((warps, splits), preconvert) = if n <= 8192 {
-        ((8, 2), true)
+/// The m = 1 kernel is 98.9 / 91.7 / 93.7 / 108.9% of copy, faster than the checkpoint layout's K-split kernel
+/// (22.70 / 24.25 / 13.49 / 295.8 us in the same run). The converting builds at m = 16 were not timed (their
+/// 58-59 registers cost a block per SM).
+fn fp8_tiles_auto(m: usize, n: usize) -> (MmaSplit, Fp8TileKernel) {
+    let ((warps, splits), kernel) = if m == 1 {
+        let cut = if n <= 8192 { (8, 2) } else { (8, 1) };
+        (cut, Fp8TileKernel::CudaCoresM1)
+    } else if n <= 8192 {
+        ((8, 2), Fp8TileKernel::Preconverted)
     } else if m >= 9 {
-        ((4, 1), true)
+        ((4, 1), Fp8TileKernel::Preconverted)
     } else if n < 65536 {
-        ((8, 1), false)
+        ((8, 1), Fp8TileKernel::Converting)
     } else {
-        ((8, 1), true)
+        ((8, 1), Fp8TileKernel::Preconverted)
     };
     let split = MmaSplit {
         warps,
         splits,
         pdl: true,
     };
-    (split, preconvert)
+    (split, kernel)
 }
 
 /// How a tensor-core decode GEMV over preconverted activations cuts its work (`cuda/gemv.cu`, the `_w{W}c{CS}`
@@ -1231,19 +1300,23 @@ mod tests {
             );
             assert!(MmaSplit::BUILT.contains(&(s.warps, s.splits)));
         }
+        use Fp8TileKernel::{Converting, CudaCoresM1, Preconverted};
         for (m, n, want) in [
-            (1, 5120, (8, 2, true)),
-            (16, 8192, (8, 2, true)),
-            (9, 17408, (4, 1, true)),
-            (4, 17408, (8, 1, false)),
-            (8, 65535, (8, 1, false)),
-            (1, 248320, (8, 1, true)),
-            (16, 248320, (4, 1, true)),
+            (1, 5120, (8, 2, CudaCoresM1)),
+            (1, 17408, (8, 1, CudaCoresM1)),
+            (1, 248320, (8, 1, CudaCoresM1)),
+            (2, 5120, (8, 2, Preconverted)),
+            (16, 8192, (8, 2, Preconverted)),
+            (9, 17408, (4, 1, Preconverted)),
+            (4, 17408, (8, 1, Converting)),
+            (8, 65535, (8, 1, Converting)),
+            (2, 248320, (8, 1, Preconverted)),
+            (16, 248320, (4, 1, Preconverted)),
         ] {
-            let (s, pre) = fp8_tiles_auto(m, n);
-            assert_eq!((s.warps, s.splits, pre), want, "fp8 tiles m={m} n={n}");
+            let (s, kernel) = fp8_tiles_auto(m, n);
+            assert_eq!((s.warps, s.splits, kernel), want, "fp8 tiles m={m} n={n}");
             assert!(s.pdl && MmaSplit::BUILT.contains(&(s.warps, s.splits)));
-            if !pre {
+            if kernel == Converting {
                 assert!(matches!((s.warps, s.splits), (8, 1) | (8, 2) | (4, 1)));
             }
         }

@@ -380,6 +380,59 @@ impl Device {
         Ok(())
     }
 
+    /// The FP8 tile-layout GEMV for one token on the CUDA cores (`fp8_gemv_tile_m1_w*c*`: each lane multiplies its
+    /// weights with the bf16 activations itself; no fragment kernel, no scratch), cut as `split` says, launched as
+    /// a programmatic dependent when `split.pdl`.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) fn fp8_tile_gemv_m1(
+        &self,
+        split: MmaSplit,
+        x: &CudaSlice<u16>,
+        w: &CudaSlice<u8>,
+        scales: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        const NAMES: [&str; 5] = [
+            "fp8_gemv_tile_m1_w8c1",
+            "fp8_gemv_tile_m1_w8c2",
+            "fp8_gemv_tile_m1_w4c1",
+            "fp8_gemv_tile_m1_w4c2",
+            "fp8_gemv_tile_m1_w4c3",
+        ];
+        let name = MmaSplit::BUILT
+            .iter()
+            .position(|&c| c == (split.warps, split.splits))
+            .map(|i| NAMES[i])
+            .ok_or_else(|| {
+                KernelError::Cuda(format!(
+                    "no m = 1 FP8 tile GEMV build with {} warps and {} splits",
+                    split.warps, split.splits
+                ))
+            })?;
+        let f = self.function(Module::Gemv, name)?;
+        let cfg = split_config(n, split);
+        let (xp, _gx) = x.device_ptr(&self.stream);
+        let (wp, _gw) = w.device_ptr(&self.stream);
+        let (sp, _gs) = scales.device_ptr(&self.stream);
+        let (yp, _gy) = y.device_ptr_mut(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(xp)
+            .ptr(wp)
+            .ptr(sp)
+            .ptr(yp)
+            .i32(n as i32)
+            .i32(k as i32);
+        // SAFETY: matches `fp8_gemv_tile_m1_w*c*(x, wr, scales, y, n, k)` in cuda/gemv.cu; the caller checked
+        // x = [1, k] with k % 16 == 0 (each lane's two 16-value activation pieces are whole inside the row or
+        // skipped), w the tile layout of exactly n x k (block (b, s) reads tile b only), scales =
+        // [ceil(n/128), ceil(k/128)] and y = [1, n]; grid.y equals the build's cluster size; stores are guarded
+        // against n; the kernel reads x and writes y only after its pdl_wait (weights may be read before it).
+        unsafe { self.launch_ex(name, &f, cfg, &mut args, split.pdl) }?;
+        Ok(())
+    }
+
     /// The FP8 tile-layout GEMV converting its own activations from bf16 `x` (`fp8_gemv_mma_tile_n*_w*c*`: no
     /// fragment kernel, no scratch), cut as `split` says (8 warps x 1 or 2 blocks, or 4 warps x 1), launched as a
     /// programmatic dependent when `split.pdl`.

@@ -14,9 +14,10 @@
 // block and (the _w{W}c{CS} builds, session 5) by CS blocks of a thread-block cluster.
 //
 // The FP8 decode path (Rust: Gpu::fp8_repack_tiles at load, Gpu::fp8_gemv_tiles per call): fp8_repack_mma makes
-// the tile layout (each warp load one contiguous 512-byte run), gemv_act_frag_fp8 converts the activations, and
-// fp8_gemv_mma_tile_pre_* (or fp8_gemv_mma_tile_*, converting them itself) multiply: 78-90% of copy at m = 1..16
-// on the layer shapes against 62-72% on the checkpoint layout (benchmarks/h200.md, session 5).
+// the tile layout (each warp load one contiguous 512-byte run); at m = 1 fp8_gemv_tile_m1_* multiplies on the CUDA
+// cores (90-99% of copy on the layer shapes), above it gemv_act_frag_fp8 converts the activations and
+// fp8_gemv_mma_tile_pre_* (or fp8_gemv_mma_tile_*, converting them itself) multiply: 74-88% at m = 4..16 against
+// 50-72% on the checkpoint layout (benchmarks/h200.md, session 5).
 //
 // The NVFP4 decode path (Rust: Gpu::nvfp4_repack_tiles at load, Gpu::nvfp4_gemv_tiles per call): nvfp4_repack_mma
 // makes the tile layout, gemv_act_frag_nvfp4[_zero] converts the activations, nvfp4_gemv_tiles_n8_u1 (m <= 8 with
@@ -800,7 +801,8 @@ extern "C" __global__ void __launch_bounds__(256) fp8_repack_mma(const uint8_t* 
     *reinterpret_cast<uint4*>(wr + tc * 2048 + i * 512 + lane * 16) = v;
 }
 
-// FP8 m = 1 over the tile layout on the CUDA cores (fp8_gemv_tile_m1_w{W}c{CS}; session 5 sweep): the cuts of
+// FP8 m = 1 over the tile layout on the CUDA cores (fp8_gemv_tile_m1_w{W}c{CS}; Rust: Gpu::fp8_gemv_tiles at m = 1,
+// w8c2 up to 8192 rows and w8c1 above; s5-run9: 21.45 / 23.13 / 13.31 / 277.7 us, 91.7-98.9% of copy): the cuts of
 // blockq_gemv_mma (W warps per 16-row tile, CS blocks of a cluster), but each lane multiplies its 64 weights (rows
 // g and g+8, values 128c + 32q .. +31) with the bf16 activations itself (from L1, shared by the two rows): no
 // fragment kernel, no tensor cores. The 4 lanes of a row add their sums by shuffles, the warps in shared memory,

@@ -411,6 +411,33 @@ impl Device {
                     split.warps, split.splits
                 ))
             })?;
+        // SAFETY: matches `fp8_gemv_tile_m1_w*c*(x, wr, scales, y, n, k)` in cuda/gemv.cu; the caller checked
+        // x = [1, k] with k % 16 == 0 (each lane's two 16-value activation pieces are whole inside the row or
+        // skipped), w the tile layout of exactly n x k (block (b, s) reads tile b only), scales =
+        // [ceil(n/128), ceil(k/128)] and y = [1, n]; grid.y equals the build's cluster size; stores are guarded
+        // against n; the kernel reads x and writes y only after its pdl_wait (weights may be read before it).
+        unsafe { self.launch_tile_gemv(name, split, x, w, scales, y, None, n, k) }
+    }
+
+    /// Launches the FP8 tile kernel `name` with the parameters `(x, w, scales, y, [m,] n, k)` (`m` only when
+    /// given) on the grid of `split`, as a programmatic dependent when `split.pdl`.
+    ///
+    /// # Safety
+    /// As [`Device::launch_pdl`]: `name` takes exactly these parameters, and the caller checked the buffers
+    /// against the kernel's reads and writes for `m`, `n`, `k`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_tile_gemv(
+        &self,
+        name: &'static str,
+        split: MmaSplit,
+        x: &CudaSlice<u16>,
+        w: &CudaSlice<u8>,
+        scales: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        m: Option<usize>,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
         let f = self.function(Module::Gemv, name)?;
         let cfg = split_config(n, split);
         let (xp, _gx) = x.device_ptr(&self.stream);
@@ -418,19 +445,13 @@ impl Device {
         let (sp, _gs) = scales.device_ptr(&self.stream);
         let (yp, _gy) = y.device_ptr_mut(&self.stream);
         let mut args = PdlArgs::default();
-        args.ptr(xp)
-            .ptr(wp)
-            .ptr(sp)
-            .ptr(yp)
-            .i32(n as i32)
-            .i32(k as i32);
-        // SAFETY: matches `fp8_gemv_tile_m1_w*c*(x, wr, scales, y, n, k)` in cuda/gemv.cu; the caller checked
-        // x = [1, k] with k % 16 == 0 (each lane's two 16-value activation pieces are whole inside the row or
-        // skipped), w the tile layout of exactly n x k (block (b, s) reads tile b only), scales =
-        // [ceil(n/128), ceil(k/128)] and y = [1, n]; grid.y equals the build's cluster size; stores are guarded
-        // against n; the kernel reads x and writes y only after its pdl_wait (weights may be read before it).
-        unsafe { self.launch_ex(name, &f, cfg, &mut args, split.pdl) }?;
-        Ok(())
+        args.ptr(xp).ptr(wp).ptr(sp).ptr(yp);
+        if let Some(m) = m {
+            args.i32(m as i32);
+        }
+        args.i32(n as i32).i32(k as i32);
+        // SAFETY: the caller's contract above; the guards keep the buffers alive across the queued launch.
+        unsafe { self.launch_ex(name, &f, cfg, &mut args, split.pdl) }
     }
 
     /// The FP8 tile-layout GEMV converting its own activations from bf16 `x` (`fp8_gemv_mma_tile_n*_w*c*`: no
@@ -461,27 +482,12 @@ impl Device {
                 )))
             }
         };
-        let f = self.function(Module::Gemv, name)?;
-        let cfg = split_config(n, split);
-        let (xp, _gx) = x.device_ptr(&self.stream);
-        let (wp, _gw) = w.device_ptr(&self.stream);
-        let (sp, _gs) = scales.device_ptr(&self.stream);
-        let (yp, _gy) = y.device_ptr_mut(&self.stream);
-        let mut args = PdlArgs::default();
-        args.ptr(xp)
-            .ptr(wp)
-            .ptr(sp)
-            .ptr(yp)
-            .i32(m as i32)
-            .i32(n as i32)
-            .i32(k as i32);
         // SAFETY: matches `fp8_gemv_mma_tile_n*_w*c*(x, wr, scales, y, m, n, k)` in cuda/gemv.cu; the caller
         // checked x = [m, k] with k % 16 == 0 (activation loads are guarded against m and k), w the tile layout of
         // exactly n x k (ceil(n/16) * ceil(k/128) * 2048 bytes; block (b, s) reads tile b only), scales =
         // [ceil(n/128), ceil(k/128)] and y = [m, n]; grid.y equals the build's cluster size; stores are guarded
         // against m and n; the kernel reads x and writes y only after its pdl_wait.
-        unsafe { self.launch_ex(name, &f, cfg, &mut args, split.pdl) }?;
-        Ok(())
+        unsafe { self.launch_tile_gemv(name, split, x, w, scales, y, Some(m), n, k) }
     }
 
     /// `fp8_repack_mma`: FP8 checkpoint layout -> tile layout (cuda/gemv.cu documents it).

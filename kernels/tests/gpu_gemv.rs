@@ -422,7 +422,7 @@ fn mma_splits_match_the_reference_and_repeat_bit_for_bit() {
                     .unwrap();
                 let tiled = gpu.download(&dy).unwrap();
                 assert_same_bits(&format!("fp8 tile layout {what}"), &runs[0], &tiled, n);
-                if matches!((split.warps, split.splits), (8, 1) | (8, 2) | (4, 1)) {
+                if MmaSplit::BUILT_CONVERTING.contains(&(split.warps, split.splits)) {
                     let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
                     gpu.fp8_gemv_tiles_converting(&dx, &tiles8, &ds8, &mut dy, m, split)
                         .unwrap();

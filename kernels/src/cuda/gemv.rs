@@ -581,7 +581,7 @@ impl Gpu {
         const OP: &str = "cuda::fp8_gemv_tiles_converting";
         self.fp8_tiles_checked(OP, x, tiles, scales, y, None, m)?;
         crate::ensure_shape!(
-            matches!((split.warps, split.splits), (8, 1) | (8, 2) | (4, 1)),
+            MmaSplit::BUILT_CONVERTING.contains(&(split.warps, split.splits)),
             OP,
             "the converting FP8 tile GEMV is built for (warps, splits) (8, 1), (8, 2) and (4, 1), got ({}, {})",
             split.warps,
@@ -1028,6 +1028,9 @@ impl MmaSplit {
     /// The (warps, splits) pairs built in `cuda/gemv.cu`.
     pub const BUILT: [(usize, usize); 5] = [(8, 1), (8, 2), (4, 1), (4, 2), (4, 3)];
 
+    /// The pairs built for the FP8 tile GEMV that converts its own activations ([`Gpu::fp8_gemv_tiles_converting`]).
+    pub const BUILT_CONVERTING: [(usize, usize); 3] = [(8, 1), (8, 2), (4, 1)];
+
     fn check(self, op: &'static str) -> Result<(), KernelError> {
         crate::ensure_shape!(
             Self::BUILT.contains(&(self.warps, self.splits)),
@@ -1317,7 +1320,7 @@ mod tests {
             assert_eq!((s.warps, s.splits, kernel), want, "fp8 tiles m={m} n={n}");
             assert!(s.pdl && MmaSplit::BUILT.contains(&(s.warps, s.splits)));
             if kernel == Converting {
-                assert!(matches!((s.warps, s.splits), (8, 1) | (8, 2) | (4, 1)));
+                assert!(MmaSplit::BUILT_CONVERTING.contains(&(s.warps, s.splits)));
             }
         }
         for (n, want) in [

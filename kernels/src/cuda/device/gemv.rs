@@ -455,7 +455,7 @@ impl Device {
     }
 
     /// The FP8 tile-layout GEMV converting its own activations from bf16 `x` (`fp8_gemv_mma_tile_n*_w*c*`: no
-    /// fragment kernel, no scratch), cut as `split` says (8 warps x 1 or 2 blocks, or 4 warps x 1), launched as a
+    /// fragment kernel, no scratch), cut as `split` says (one of `MmaSplit::BUILT_CONVERTING`), launched as a
     /// programmatic dependent when `split.pdl`.
     #[allow(clippy::too_many_arguments)]
     pub(in crate::cuda) fn fp8_tile_gemv_converting(

@@ -55,17 +55,9 @@
 // W - 1 of them, so it must run after the attention that still needs the older prefix tokens).
 #include "common.cuh"
 
-namespace {
+using namespace edgefit;
 
-__device__ __forceinline__ void ap_cp_async16(uint32_t smem, const void* gmem, bool valid) {
-    const int n = valid ? 16 : 0;  // src-size 0: nothing is read, the 16 bytes are zero-filled
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem), "l"(gmem), "r"(n) : "memory");
-}
-__device__ __forceinline__ void ap_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void ap_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
+namespace {
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -192,7 +184,7 @@ __device__ __forceinline__ void attention_prefill_body(const uint16_t* __restric
         const int h = kvh * G + (int)(p % G);
         const bool ok = t < seqlen;
         const uint16_t* src = ok ? q + (size_t)(start + t) * q_row_stride + (size_t)h * D + c * 8 : q;
-        ap_cp_async16(sq + swz<D>(r, c), src, ok);
+        cp_async16(sq + swz<D>(r, c), src, ok);
     }
     // Prefix mode: where key n0 + lane + 32 x of a tile comes from, looked up once per key per tile (not once per
     // 16-byte chunk: D / 8 table loads per key, s2-run5's 0.61-0.66x SDPA after an 8k prefix) and handed to the
@@ -236,8 +228,8 @@ __device__ __forceinline__ void attention_prefill_body(const uint16_t* __restric
                     const int key = n0 + r;
                     const bool ok = key < seqlen;
                     const size_t off = ok ? (size_t)key * kv_row_stride + c * 8 : 0;
-                    ap_cp_async16(sk(s) + swz<D>(r, c), kb + off, ok);
-                    ap_cp_async16(sv(s) + swz<D>(r, c), vb + off, ok);
+                    cp_async16(sk(s) + swz<D>(r, c), kb + off, ok);
+                    cp_async16(sv(s) + swz<D>(r, c), vb + off, ok);
                 }
             } else {
                 // Every thread runs every step (the shuffles need the whole warp); the rows a warp copies in one
@@ -262,12 +254,12 @@ __device__ __forceinline__ void attention_prefill_body(const uint16_t* __restric
                         ks = kb + off;
                         vs = vb + off;
                     }
-                    ap_cp_async16(sk(s) + swz<D>(r, c), ks, ok);
-                    ap_cp_async16(sv(s) + swz<D>(r, c), vs, ok);
+                    cp_async16(sk(s) + swz<D>(r, c), ks, ok);
+                    cp_async16(sv(s) + swz<D>(r, c), vs, ok);
                 }
             }
         }
-        ap_commit();
+        cp_async_commit();
     };
     // One lookup per key right before its tile's copies: a lookup one tile ahead (as the decode kernels do) kept
     // NR more registers live through the compute and spilled the D256 tilings at 255 registers.
@@ -313,7 +305,7 @@ __device__ __forceinline__ void attention_prefill_body(const uint16_t* __restric
 
     for (int it = 0; it < n_tiles; ++it) {
         issue(it + STAGES - 1);
-        ap_wait<STAGES - 1>();
+        cp_async_wait<STAGES - 1>();
         __syncthreads();
         const int s = it % STAGES;
         const int n0 = (n_max - 1 - it) * BN;
@@ -422,7 +414,7 @@ __device__ __forceinline__ void attention_prefill_body(const uint16_t* __restric
         }
         __syncthreads();  // stage s is refilled by the next iteration's load
     }
-    ap_wait<0>();
+    cp_async_wait<0>();
 
     // Epilogue: normalise and store the real rows as bf16.
 #pragma unroll

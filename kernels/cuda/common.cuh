@@ -76,4 +76,29 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
     return r;
 }
 
+// Asynchronous copies global -> shared (sm_80+), grouped: cp_async_commit closes a group, cp_async_wait<N> waits
+// until at most N of this thread's groups are still in flight (then a barrier makes every thread's copies
+// visible). With valid = false nothing is read and the destination is zero-filled (src must still be a valid
+// address). The destination is a shared-window address (__cvta_generic_to_shared) or a pointer into shared
+// memory. 16 bytes bypass L1 (.cg); 4 bytes cannot (.ca is the only form below 16).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src, valid);
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+    cp_async4(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src, valid);
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 }  // namespace edgefit

@@ -25,8 +25,8 @@
 // 2. gdn_prefill_wy: grid (max_chunks, Hv, seqs), 256 threads: per (chunk, value head) G, A, T (forward
 //    substitution, 4 threads per column), W, U and the masked decayed Aqk[t][s] = e^{G_t-G_s} q_t.k_s (s <= t), all
 //    independent across chunks, so this is the parallel part. gdn_prefill_wy_tc{1,3} are drop-in builds of the
-//    same launch with its three products on mma.sync TF32 (plain or 3xTF32; see their comment below), selected by
-//    a `wytf32_` / `wytf32x3_` prefix of the variant name.
+//    same launch with its three products on mma.sync TF32 (plain or 3xTF32) and T inverted by 16 x 16 blocks (see
+//    their comment below), selected by a `wytf32_` / `wytf32x3_` prefix of the variant name.
 // 3. gdn_prefill_state_cs<CS>: grid (128/CS, Hv, seqs), 256 threads: the sequential part. Each block owns CS
 //    columns of one head's state (fp32 in shared memory) and walks the sequence's chunks: D = U - W S, the
 //    unnormalised output e^G (Q S) + Aqk D (written to out), S <- e^{G_L} S + (e^{G_L-G} K)^T D; the state goes
@@ -411,6 +411,10 @@ __device__ __forceinline__ void gdn_prefill_state_body(const float* __restrict__
     const int kh = h / (hv / hk);
     const size_t vw = static_cast<size_t>(hv) * D;
     float* sg = state + (static_cast<size_t>(s) * hv + h) * D * D + c0;
+    // Workspace slot of the sequence's first chunk, read once: inside the chunk loop the barriers (and the
+    // cp.async asm's memory clobber) keep the compiler from hoisting it, and every chunk's W / U / Aqk addresses
+    // would wait for an L2 round trip first.
+    const size_t slot0 = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s];
 
     for (int i = tid; i < D * CG; i += 256) {
         const int r = i / CG, q4 = i % CG;
@@ -420,7 +424,7 @@ __device__ __forceinline__ void gdn_prefill_state_body(const float* __restrict__
     for (int c = 0; c < nch; ++c) {
         const int lc = min(C, len - c * C);
         const size_t tok0 = static_cast<size_t>(start + c * C);
-        const size_t slot = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s] + c;
+        const size_t slot = slot0 + c;
         const float4* wg = reinterpret_cast<const float4*>(w_in + slot * C * D);
         for (int i = tid; i < C * (D / 4); i += 256) {
             const int r = i / (D / 4), q4 = i % (D / 4);
@@ -540,20 +544,29 @@ namespace {
 
 constexpr int QP = C + 4;  // padded row of the Aqk tile of the tensor-core state kernel
 
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
+// The TF32 operand of x, rounded to nearest with ties away from zero (what cvt.rna.tf32.f32 gives for finite x),
+// in one integer add: the tensor core reads only the top 19 bits of a .tf32 register (it ignores the low 13), so
+// adding half a TF32 ulp (0x1000) to the fp32 bits rounds the magnitude, a carry into the exponent included.
+// cvt.rna.tf32.f32 is no single instruction on sm_90: ptxas expands it to a NaN test and the rounding (FSETP,
+// IMAD, LOP3, SEL), and in s6-run1's profile (benchmarks/h200.md, session 6) those conversions were the largest
+// share of the instructions of the state walk's W S / Q S phase (12.6 M FSETP and 14.5 M IMAD against 6.3 M HMMA
+// at T = 4096) and of both WY products. Inputs here are finite (l2-normed keys, gates, state), so the NaN test
+// bought nothing.
+__device__ __forceinline__ uint32_t tf32_round(float x) { return __float_as_uint(x) + 0x1000u; }
 
-// One operand fragment: hi (TF32) and, when split, lo = TF32(x - hi).
+// One operand fragment: hi (TF32) and, when split, lo = TF32(x - hi). The split needs hi exact (its low 13 bits
+// cleared), so that x - hi is exact in fp32.
 template <int N, bool SPLIT>
 struct TfFrag {
     uint32_t hi[N];
     uint32_t lo[N];
     __device__ __forceinline__ void set(int i, float x) {
-        hi[i] = to_tf32(x);
-        if (SPLIT) lo[i] = to_tf32(x - __uint_as_float(hi[i]));
+        if (SPLIT) {
+            hi[i] = tf32_round(x) & 0xffffe000u;
+            lo[i] = tf32_round(x - __uint_as_float(hi[i]));
+        } else {
+            hi[i] = tf32_round(x);
+        }
     }
 };
 
@@ -606,12 +619,17 @@ __device__ __forceinline__ void load_b(TfFrag<2, SPLIT>& f, const float* tile, i
 
 }  // namespace
 
-// Shared memory of gdn_prefill_state_tc*_cs<CS> (dynamic): two [C][KP] tiles, S [D][CS+8], D [C][CS+8] and
-// Aqk [C][QP] with G_t in column C of row t (the padding). 115,712 bytes at CS = 32: two blocks per SM exactly
-// fill the 228 KiB (with the 1 KiB the driver reserves per block), and __launch_bounds__(256, 2) keeps the
-// registers at <= 128 so that the register file allows two as well (the launch asks for the maximum carveout).
+// Chunk buffers of gdn_prefill_state_tc*_cs<CS>: two at CS = 64, where the next chunk's W, Q, Aqk and G rows
+// stream in (cp.async) while this chunk is multiplied; one at CS = 16 and 32, which keep two blocks per SM.
+__host__ __device__ constexpr int state_tc_buffers(int cs) { return cs == 64 ? 2 : 1; }
+
+// Shared memory of gdn_prefill_state_tc*_cs<CS> (dynamic): per chunk buffer two [C][KP] tiles and Aqk [C][QP] with
+// G_t in column C of row t (the padding); S [D][CS+8] and D [C][CS+8]. 115,712 bytes at CS = 32: two blocks per
+// SM exactly fill the 228 KiB (with the 1 KiB the driver reserves per block), and __launch_bounds__(256, 2) keeps
+// the registers at <= 128 so that the register file allows two as well (the launch asks for the maximum
+// carveout). 225,280 bytes at CS = 64 (two chunk buffers), one block per SM.
 __host__ __device__ constexpr int state_tc_smem_bytes(int cs) {
-    return (2 * C * KP + D * (cs + 8) + C * (cs + 8) + C * QP) * 4;
+    return ((2 * C * KP + C * QP) * state_tc_buffers(cs) + D * (cs + 8) + C * (cs + 8)) * 4;
 }
 
 template <int CS, bool SPLIT>
@@ -628,14 +646,12 @@ __device__ __forceinline__ void gdn_prefill_state_tc_body(const float* __restric
     constexpr int SP = CS + 8;        // padded row of the S and D tiles
     constexpr int KR = C * (D / 4) / 256;  // float4 K loads per thread
     static_assert(CS == 16 || CS == 32 || CS == 64, "column slice must be 16, 32 or 64");
+    constexpr int NB = state_tc_buffers(CS);
+    constexpr int BUF = 2 * C * KP + C * QP;  // floats per chunk buffer
     extern __shared__ float4 smem_tc[];
     float* sm = reinterpret_cast<float*>(smem_tc);
-    float* Xa = sm;              // [C][KP]: W, then e^{G_L-G} K
-    float* Xb = Xa + C * KP;     // [C][KP]: Q
-    float* Ss = Xb + C * KP;     // [D][SP]
+    float* Ss = sm + NB * BUF;   // [D][SP]
     float* Dn = Ss + D * SP;     // [C][SP]
-    float* Aq = Dn + C * SP;     // [C][QP]
-    float* gc = Aq + C;          // G_t at gc[t * QP]: column C of the Aqk tile (padding the mma never reads)
 
     const int c0 = blockIdx.x * CS, h = blockIdx.y, s = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -646,6 +662,10 @@ __device__ __forceinline__ void gdn_prefill_state_tc_body(const float* __restric
     const int kh = h / (hv / hk);
     const size_t vw = static_cast<size_t>(hv) * D;
     float* sg = state + (static_cast<size_t>(s) * hv + h) * D * D + c0;
+    // Workspace slot of the sequence's first chunk, read once: inside the chunk loop the barriers (and the
+    // cp.async asm's memory clobber) keep the compiler from hoisting it, and every chunk's W / U / Aqk addresses
+    // would wait for an L2 round trip first.
+    const size_t slot0 = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s];
     const int am = (warp & 3) * 16;       // phases a and c: this warp's 16 rows of the chunk
     const int an = (warp >> 2) * NH * 8;  // ... and its first column within the slice
     const int dm = warp * 16;             // phase d: this warp's 16 state rows
@@ -655,24 +675,45 @@ __device__ __forceinline__ void gdn_prefill_state_tc_body(const float* __restric
         *reinterpret_cast<float4*>(Ss + r * SP + 4 * q4) = *reinterpret_cast<const float4*>(sg + r * D + 4 * q4);
     }
 
+    // Chunk cc's W, Q (zero rows past the chunk), Aqk and G rows into chunk buffer b, as cp.async copies.
+    auto fetch = [&](int cc, int b) {
+        const int lc = min(C, len - cc * C);
+        const size_t tok0 = static_cast<size_t>(start + cc * C);
+        const size_t slot = slot0 + cc;
+        float* xa = sm + b * BUF;
+        float* xb = xa + C * KP;
+        float* aq = xb + C * KP;
+        const float* wg = w_in + slot * C * D;
+        for (int i = tid; i < C * (D / 4); i += 256) {
+            const int r = i >> 5, q4 = i & 31;  // D / 4 = 32 float4 per row
+            cp_async16(xa + r * KP + 4 * q4, wg + 4 * i, true);
+            const bool ok = r < lc;
+            cp_async16(xb + r * KP + 4 * q4, ok ? qn + ((tok0 + r) * hk + kh) * D + 4 * q4 : qn, ok);
+        }
+        const float* ag = aqk_in + slot * C * C;
+        for (int i = tid; i < C * (C / 4); i += 256) {
+            const int r = i >> 4, q4 = i & 15;  // C / 4 = 16 float4 per row
+            cp_async16(aq + r * QP + 4 * q4, ag + 4 * i, true);
+        }
+        if (tid < C) cp_async4(aq + tid * QP + C, tid < lc ? gcum + (tok0 + tid) * hv + h : gcum, tid < lc);
+    };
+    if (NB == 2) {
+        fetch(0, 0);
+        cp_async_commit();
+    }
+
     for (int c = 0; c < nch; ++c) {
         const int lc = min(C, len - c * C);
         const size_t tok0 = static_cast<size_t>(start + c * C);
-        const size_t slot = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s] + c;
-        const float4* wg = reinterpret_cast<const float4*>(w_in + slot * C * D);
-        for (int i = tid; i < C * (D / 4); i += 256) {
-            const int r = i / (D / 4), q4 = i % (D / 4);
-            *reinterpret_cast<float4*>(Xa + r * KP + 4 * q4) = wg[i];
-            float4 qv = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (r < lc) qv = reinterpret_cast<const float4*>(qn + ((tok0 + r) * hk + kh) * D)[q4];
-            *reinterpret_cast<float4*>(Xb + r * KP + 4 * q4) = qv;
+        const size_t slot = slot0 + c;
+        // Two buffers: chunk c + 1 streams into the other one (free: chunk c - 1 ended with a barrier) while
+        // chunk c is multiplied. One buffer: chunk c now.
+        if (NB == 2) {
+            if (c + 1 < nch) fetch(c + 1, (c + 1) & 1);
+        } else {
+            fetch(c, 0);
         }
-        const float4* ag = reinterpret_cast<const float4*>(aqk_in + slot * C * C);
-        for (int i = tid; i < C * (C / 4); i += 256) {
-            const int r = i / (C / 4), q4 = i % (C / 4);
-            *reinterpret_cast<float4*>(Aq + r * QP + 4 * q4) = ag[i];
-        }
-        if (tid < C) gc[tid * QP] = tid < lc ? gcum[(tok0 + tid) * hv + h] : 0.f;
+        cp_async_commit();  // also when empty, so that the wait below always leaves exactly chunk c + 1
         // K rows of the chunk (for phase b) and this warp's U fragments (for D), in flight during phase a.
         float4 kreg[KR];
 #pragma unroll
@@ -689,6 +730,15 @@ __device__ __forceinline__ void gdn_prefill_state_tc_body(const float* __restric
             ulo[j] = *reinterpret_cast<const float2*>(ug + (am + fg) * D + col);
             uhi[j] = *reinterpret_cast<const float2*>(ug + (am + fg + 8) * D + col);
         }
+        if (NB == 2) {
+            cp_async_wait<1>();  // chunk c's copies (this thread's; the barrier below publishes everyone's)
+        } else {
+            cp_async_wait<0>();
+        }
+        float* Xa = sm + (NB == 2 ? (c & 1) : 0) * BUF;  // [C][KP]: W, then e^{G_L-G} K
+        float* Xb = Xa + C * KP;                          // [C][KP]: Q
+        float* Aq = Xb + C * KP;                          // [C][QP]
+        float* gc = Aq + C;  // G_t at gc[t * QP]: column C of the Aqk tile (padding the mma never reads)
         __syncthreads();
 
         // a. P = W S and R = Q S on this warp's 16 rows x NH n-tiles.
@@ -829,8 +879,10 @@ GDN_STATE_TC_KERNEL(3, 64)
 //      n-tiles wholly above the diagonal are skipped (their outputs are written as zeros);
 //   6. W = T (diag(beta e^G) K) and U = T (diag(beta) V) ([64 x 64] x [64 x 128]): warp w owns m-tile (w & 3) and
 //      n-tiles 8 (w >> 2) .. +7 of both; T is lower triangular, so the k-steps stop at the m-tile's last row.
-// T = (I + A)^-1 is still the fp32 forward substitution of gdn_prefill_wy (63 dependent rows); the K and V
-// scaling runs before it, so it costs no extra barrier. Per (chunk, head) this moves the 4.2 MFLOP of the three
+// T = (I + A)^-1 is fp32 on the CUDA cores, blocked (session 6): the four 16 x 16 diagonal blocks by forward
+// substitution in registers (a half-warp each, while the other six warps scale K and V), then the blocks below
+// the diagonal from them, one distance from the diagonal at a time (steps 5a and 5b below); gdn_prefill_wy keeps
+// the row-at-a-time substitution over all 64 rows (63 block barriers). Per (chunk, head) this moves the 4.2 MFLOP of the three
 // products (2 * 64*64*128 * 2 for K K^T and Q K^T, the same for W and U, before the triangular savings) from
 // CUDA-core FMAs (~8 K FMAs per thread) to at most 256 mma per warp (768 for 3xTF32).
 // SPLIT: 3xTF32 as in the state kernel (~fp32 accuracy), else plain TF32 (~5e-4 relative per operand).
@@ -877,7 +929,14 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     const size_t slot = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s] + c;
     const int kh = h / (hv / hk);
 
-    // 1. K and Q rows (zero past the chunk), g, beta; identity T.
+    // 0. The chunk's V rows (64 x 512 bytes: one 128-byte line per thread) on their way to L2 now, so that step 4
+    // (after the K K^T products) waits for an L2 hit, not a DRAM round trip.
+    if (tid < 4 * lc) {
+        const float* vrow = vv + ((tok0 + (tid >> 2)) * hv + h) * D + 32 * (tid & 3);
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vrow));
+    }
+
+    // 1. K and Q rows (zero past the chunk), g, beta.
     for (int i = tid; i < C * (D / 4); i += 256) {
         const int r = i / (D / 4), c4 = i % (D / 4);
         float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), qv = kv;
@@ -889,7 +948,6 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
         *reinterpret_cast<float4*>(Ks + r * KP + 4 * c4) = kv;
         *reinterpret_cast<float4*>(Xs + r * KP + 4 * c4) = qv;
     }
-    for (int i = tid; i < C * C; i += 256) Ts[(i / C) * QP + i % C] = (i / C == i % C) ? 1.f : 0.f;
     if (tid < C) {
         gc[tid] = tid < lc ? gg[(tok0 + tid) * hv + h] : 0.f;
         bt[tid] = tid < lc ? bb[(tok0 + tid) * hv + h] : 0.f;
@@ -959,34 +1017,82 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     }
     __syncthreads();  // A complete; the K and Q tiles are free
 
-    // 4. K scaled by beta e^G in place, Xs <- beta V (rows past the chunk: zero K, zero V, beta = 0). Only the
-    // substitution's first barrier orders these writes before step 6; step 5 does not touch Ks / Xs.
-    for (int i = tid; i < C * (D / 4); i += 256) {
-        const int r = i / (D / 4), q4 = i % (D / 4);
-        float4* kp = reinterpret_cast<float4*>(Ks + r * KP) + q4;
-        const float f = bt[r] * expf(gc[r]);
-        float4 kv = *kp;
-        kv.x *= f; kv.y *= f; kv.z *= f; kv.w *= f;
-        *kp = kv;
-        float4 vval = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (r < lc) vval = reinterpret_cast<const float4*>(vv + ((tok0 + r) * hv + h) * D)[q4];
-        const float bv = bt[r];
-        vval.x *= bv; vval.y *= bv; vval.z *= bv; vval.w *= bv;
-        *reinterpret_cast<float4*>(Xs + r * KP + 4 * q4) = vval;
+    // 4 and 5a at once, on different warps. 5a (warps 0 and 1): the four 16 x 16 diagonal blocks of
+    // T = (I + A)^-1, one per half-warp, by forward substitution in registers: lane j of the half-warp owns column
+    // j of its block, x = (I + A_bb)^-1 e_j, row i after row i - 1 (x[i] = [i == j] - sum_{m<i} A[i][m] x[m], so
+    // the rows above j come out zero and the block is written whole, zeros included). No barrier inside; the sum
+    // of row i waits only for its last term, so the chain is ~16 FMAs long instead of the 63 block barriers of a
+    // row-at-a-time substitution over all 64 rows (s6-run1: that loop and its barriers were ~60% of this kernel's
+    // stall samples).
+    if (warp < 2) {
+        const int b0 = 16 * (2 * warp + (lane >> 4)), j = lane & 15;
+        float x[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            float arow[16];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                if (4 * q < i) {
+                    const float4 a4 = *reinterpret_cast<const float4*>(As + (b0 + i) * QP + b0 + 4 * q);
+                    arow[4 * q] = a4.x;
+                    arow[4 * q + 1] = a4.y;
+                    arow[4 * q + 2] = a4.z;
+                    arow[4 * q + 3] = a4.w;
+                }
+            }
+            float acc = i == j ? 1.f : 0.f;
+#pragma unroll
+            for (int m = 0; m < i; ++m) acc = fmaf(-arow[m], x[m], acc);
+            x[i] = acc;
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i) Ts[(b0 + i) * QP + b0 + j] = x[i];
+    } else {
+        // 4 (warps 2..7): K scaled by beta e^G in place, Xs <- beta V (rows past the chunk: zero K, zero V,
+        // beta = 0); step 3's barrier freed both tiles.
+        for (int i = tid - 64; i < C * (D / 4); i += 192) {
+            const int r = i / (D / 4), q4 = i % (D / 4);
+            float4* kp = reinterpret_cast<float4*>(Ks + r * KP) + q4;
+            const float f = bt[r] * expf(gc[r]);
+            float4 kv = *kp;
+            kv.x *= f; kv.y *= f; kv.z *= f; kv.w *= f;
+            *kp = kv;
+            float4 vval = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r < lc) vval = reinterpret_cast<const float4*>(vv + ((tok0 + r) * hv + h) * D)[q4];
+            const float bv = bt[r];
+            vval.x *= bv; vval.y *= bv; vval.z *= bv; vval.w *= bv;
+            *reinterpret_cast<float4*>(Xs + r * KP + 4 * q4) = vval;
+        }
     }
+    __syncthreads();  // diagonal blocks of T, scaled K and V
 
-    // 5. T = (I + A)^-1 by forward substitution (fp32, as gdn_prefill_wy): row i at a time, column j by the 4
-    // adjacent lanes 4j..4j+3, each a quarter of the sum; a barrier after every row (the last one also publishes
-    // step 4's tiles).
+    // 5b. The blocks below the diagonal, one distance d = i - j at a time (block indices 0..3):
+    // T_ij = -T_ii X with X = sum_{k=j}^{i-1} A_ik T_kj, every term known from the diagonal blocks and the
+    // nearer distances. Thread (r, cc) computes element (r, cc) of every block of the distance; X goes to the
+    // block (j, i) above the diagonal, which step 6 never reads (T is lower triangular and its k-steps stop at
+    // the diagonal block). Six barriers in all; ~250 FMAs per thread.
     {
-        const int j = tid >> 2, part = tid & 3;
-        for (int i = 1; i < C; ++i) {
-            float acc = 0.f;
-            if (j < i)
-                for (int m = j + 1 + part; m < i; m += 4) acc = fmaf(As[i * QP + m], Ts[m * QP + j], acc);
-            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-            acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-            if (part == 0 && j < i) Ts[i * QP + j] = -(As[i * QP + j] + acc);
+        const int r = tid >> 4, cc = tid & 15;
+        for (int d = 1; d < 4; ++d) {
+            for (int i = d; i < 4; ++i) {
+                const int j = i - d;
+                float acc = 0.f;
+                for (int k = j; k < i; ++k) {
+#pragma unroll
+                    for (int m = 0; m < 16; ++m)
+                        acc = fmaf(As[(16 * i + r) * QP + 16 * k + m], Ts[(16 * k + m) * QP + 16 * j + cc], acc);
+                }
+                Ts[(16 * j + r) * QP + 16 * i + cc] = acc;
+            }
+            __syncthreads();
+            for (int i = d; i < 4; ++i) {
+                const int j = i - d;
+                float acc = 0.f;
+#pragma unroll
+                for (int m = 0; m < 16; ++m)
+                    acc = fmaf(Ts[(16 * i + r) * QP + 16 * i + m], Ts[(16 * j + m) * QP + 16 * i + cc], acc);
+                Ts[(16 * i + r) * QP + 16 * j + cc] = -acc;
+            }
             __syncthreads();
         }
     }
@@ -1063,6 +1169,6 @@ static_assert(PREP_TT == 8, "keep PREP_TOKENS in device/gdn_prefill.rs equal");
 static_assert(WY_SMEM_BYTES == 101376, "keep GDN_WY_SMEM_BYTES in device/gdn_prefill.rs equal");
 static_assert(wy_tc_smem_bytes() == 102912, "keep WY_TC_SMEM_BYTES in device/gdn_prefill.rs equal");
 static_assert(state_tc_smem_bytes(16) == 103424 && state_tc_smem_bytes(32) == 115712 &&
-                  state_tc_smem_bytes(64) == 140288,
+                  state_tc_smem_bytes(64) == 225280,
               "keep gdn_prefill.rs state_tc_smem_bytes equal");
 static_assert(state_smem_bytes(16) == 96768 && state_smem_bytes(32) == 109056 && state_smem_bytes(64) == 133632, "keep gdn_prefill.rs state_smem_bytes equal");

@@ -38,24 +38,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16-byte copy global -> shared; when !valid nothing is read and 16 zero bytes are written.
-__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, bool valid) {
-    const int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n) : "memory");
-}
-
-__device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, bool valid) {
-    const int n = valid ? 4 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(n) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -104,13 +86,13 @@ __device__ __forceinline__ void fp8_block_gemm_body(const uint8_t* __restrict__ 
             const bool vw = kin && n0 + r < N;
             const uint8_t* pa = va ? xq + static_cast<size_t>(m0 + r) * K + kk : xq;
             const uint8_t* pw = vw ? wq + static_cast<size_t>(n0 + r) * K + kk : wq;
-            cp_async16_zfill(a_s + swz(r, cchunk), pa, va);
-            cp_async16_zfill(w_s + swz(r, cchunk), pw, vw);
+            cp_async16(a_s + swz(r, cchunk), pa, va);
+            cp_async16(w_s + swz(r, cchunk), pw, vw);
         }
         if (tid < GM_BM) {
             const bool v = m0 + tid < M;
             const float* ps = v ? sa + static_cast<size_t>(m0 + tid) * KT + kt : sa;
-            cp_async4_zfill(s_s + tid * 4, ps, v);
+            cp_async4(s_s + tid * 4, ps, v);
         }
     };
 
@@ -341,7 +323,7 @@ __device__ __forceinline__ void nvfp4_gemm_body(const uint16_t* __restrict__ x, 
             const int r = crow + 32 * i;
             const bool v = m0 + r < M;
             const uint16_t* p = v ? x + static_cast<size_t>(m0 + r) * K + kt * NG_BK + cchunk * 8 : x;
-            cp_async16_zfill(a_s + swz(r, cchunk), p, v);
+            cp_async16(a_s + swz(r, cchunk), p, v);
         }
         // W: 256 rows x 2 chunks, 2 per thread; scales: one 4-byte copy per row.
 #pragma unroll
@@ -349,12 +331,12 @@ __device__ __forceinline__ void nvfp4_gemm_body(const uint16_t* __restrict__ x, 
             const int r = (tid >> 1) + 128 * i, c = tid & 1;
             const bool v = n0 + r < N;
             const uint8_t* p = v ? w + static_cast<size_t>(n0 + r) * wrow + kt * (NG_BK / 2) + c * 16 : w;
-            cp_async16_zfill(w_s + r * NG_W_STRIDE + c * 16, p, v);
+            cp_async16(w_s + r * NG_W_STRIDE + c * 16, p, v);
         }
         {
             const bool v = n0 + tid < N;
             const uint8_t* p = v ? scales + static_cast<size_t>(n0 + tid) * srow + kt * (NG_BK / 16) : scales;
-            cp_async4_zfill(s_s + tid * 4, p, v);
+            cp_async4(s_s + tid * 4, p, v);
         }
     };
 

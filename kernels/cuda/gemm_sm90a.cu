@@ -68,6 +68,8 @@
 
 #include "common.cuh"
 
+using namespace edgefit;
+
 namespace {
 
 constexpr int BM = 128;  // rows of a block tile (two warpgroups of 64)
@@ -114,19 +116,6 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
     return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
            (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-    // src-size 0 zero-fills the 16 bytes without reading (src must still be a valid address).
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 // Makes this thread's generic-proxy writes to shared memory (cp.async, st.shared) visible to the async proxy
 // (wgmma operand reads); each writer runs it before the barrier that precedes the wgmma.

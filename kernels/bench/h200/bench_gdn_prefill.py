@@ -105,7 +105,8 @@ def state_kernel(variant):
     if math == "fp32":
         return f"gdn_prefill_state_cs{cs}", (2 * C * 132 + C * 65 + C * cs + D * cs + C) * 4
     tag = {"tf32x3": "tc3", "tf32": "tc1"}[math]
-    return f"gdn_prefill_state_{tag}_cs{cs}", (2 * C * 132 + D * (cs + 8) + C * (cs + 8) + C * 68) * 4
+    bufs = 2 if cs == 64 else 1  # chunk buffers (cuda/gdn_prefill.cu state_tc_buffers)
+    return f"gdn_prefill_state_{tag}_cs{cs}", ((2 * C * 132 + C * 68) * bufs + D * (cs + 8) + C * (cs + 8)) * 4
 
 
 _mod = None

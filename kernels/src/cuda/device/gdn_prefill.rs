@@ -26,9 +26,12 @@ fn state_smem_bytes(cs: u32) -> u32 {
     (2 * 64 * 132 + 64 * 65 + 64 * cs + 128 * cs + 64) * 4
 }
 
-/// Dynamic shared memory of `gdn_prefill_state_tc*_cs<CS>` (`state_tc_smem_bytes(CS)` in cuda/gdn_prefill.cu).
+/// Dynamic shared memory of `gdn_prefill_state_tc*_cs<CS>` (`state_tc_smem_bytes(CS)` in cuda/gdn_prefill.cu):
+/// one chunk buffer (two [64][132] tiles and a [64][68] one) per block at 16 and 32 columns, two at 64 (the next
+/// chunk streams in while this one is multiplied), plus the state and D tiles.
 fn state_tc_smem_bytes(cs: u32) -> u32 {
-    (2 * 64 * 132 + 128 * (cs + 8) + 64 * (cs + 8) + 64 * 68) * 4
+    let buffers = if cs == 64 { 2 } else { 1 };
+    ((2 * 64 * 132 + 64 * 68) * buffers + 128 * (cs + 8) + 64 * (cs + 8)) * 4
 }
 
 /// Asks for the whole 228 KiB shared-memory carveout (two blocks of ~100-115 KiB per SM need it).
@@ -205,7 +208,8 @@ impl Device {
             };
             set_smem(&f, smem, name)?;
             if variant.math != StateMath::Fp32 {
-                // Two blocks of 113 KiB per SM need the whole 228 KiB carveout (cuda/gdn_prefill.cu).
+                // Two blocks of 113 KiB per SM (16 and 32 columns) or one of 220 KiB (64) need the whole
+                // 228 KiB carveout (cuda/gdn_prefill.cu).
                 max_carveout(&f, name)?;
             }
             let cfg = LaunchConfig {

@@ -1,0 +1,40 @@
+"""The GDN prefill's launches at T = 4096 (Qwen3.8-27B's layer: Hk = 16, Hv = 48, d = 128) for Nsight Compute: the
+default variant's four launches (prep, WY, state walk, gated norm) three times on the same inputs, plus any extra
+state / WY kernels named on the command line (run on the workspace the default filled), so a filter with
+--launch-skip 1 --launch-count 1 per kernel profiles a warm launch of each.
+
+    ncu --clock-control none --set full --import-source no -k regex:'gdn_prefill_(wy|state)' \\
+        --launch-skip 2 --launch-count 2 python3 kernels/bench/h200/profile_gdn_prefill.py CARRY_DIR [VARIANT ...]
+
+CARRY_DIR holds gdn_prefill.sm_90.cubin. Correctness is the tests' and bench_gdn_prefill.py's business; this only
+launches.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_gdn_prefill as g  # noqa: E402  (its `bench` import reads sys.argv[1] as the carry dir)
+
+import torch  # noqa: E402
+
+b = g.b
+lens = [4096]
+n = sum(lens)
+gen = torch.Generator(device=b.dev).manual_seed(1)
+rnd = lambda *s, amp=1.0: (torch.rand(*s, device=b.dev, generator=gen) * 2 - 1) * amp  # noqa: E731
+conv_w, a_log, dt_bias = rnd(g.CD, g.KC, amp=0.6), rnd(g.HV), rnd(g.HV)
+norm_w = torch.rand(g.D, device=b.dev, generator=gen) + 0.5
+qkv, z = rnd(n, g.CD, amp=1.5), rnd(n, g.HV * g.D, amp=2.0)
+a, bb = rnd(n, g.HV, amp=2.0), rnd(n, g.HV, amp=3.0)
+conv_in, conv_out = rnd(1, g.CD, g.KC - 1), torch.empty(1, g.CD, g.KC - 1, device=b.dev)
+state = rnd(1, g.HV, g.D, g.D, amp=0.05)
+out = torch.empty(n, g.HV * g.D, device=b.dev)
+ref = g.Ours(lens, g.DEFAULT)
+extra = [g.Ours(lens, v, share=ref) for v in sys.argv[2:] if not v.startswith("-")]
+for _ in range(3):
+    ref(qkv, z, a, bb, conv_w, a_log, dt_bias, norm_w, conv_in, conv_out, state, out)
+    for e in extra:
+        e.wy()
+        e.state(state, out)
+torch.cuda.synchronize()
+print("done")

@@ -697,39 +697,50 @@ __device__ __forceinline__ void gdn_prefill_state_tc_body(const float* __restric
         }
         if (tid < C) cp_async4(aq + tid * QP + C, tid < lc ? gcum + (tok0 + tid) * hv + h : gcum, tid < lc);
     };
-    if (NB == 2) {
-        fetch(0, 0);
-        cp_async_commit();
-    }
+    // Chunk cc's K rows (this thread's float4s, for phase b) and this warp's U fragments (for D), to registers.
+    struct ChunkRegs {
+        float4 k[KR];
+        float2 ulo[NH], uhi[NH];
+    };
+    auto load_regs = [&](int cc, ChunkRegs& rg) {
+        const int lc = min(C, len - cc * C);
+        const size_t tok0 = static_cast<size_t>(start + cc * C);
+#pragma unroll
+        for (int j = 0; j < KR; ++j) {
+            const int i = tid + 256 * j, r = i / (D / 4), q4 = i % (D / 4);
+            rg.k[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r < lc) rg.k[j] = reinterpret_cast<const float4*>(kn + ((tok0 + r) * hk + kh) * D)[q4];
+        }
+        const float* ug = u_in + (slot0 + cc) * C * D + c0;
+#pragma unroll
+        for (int j = 0; j < NH; ++j) {
+            const int col = an + 8 * j + 2 * ft;
+            rg.ulo[j] = *reinterpret_cast<const float2*>(ug + (am + fg) * D + col);
+            rg.uhi[j] = *reinterpret_cast<const float2*>(ug + (am + fg + 8) * D + col);
+        }
+    };
 
-    for (int c = 0; c < nch; ++c) {
+    // One chunk. Two buffers (CS = 64): chunk c + 1's W, Q, Aqk and G stream into the other shared buffer (free:
+    // chunk c - 1 ended with a barrier) and its K and U into the other register set `nxt` while chunk c is
+    // multiplied from `cur`, so no load of the walk waits a round trip. One buffer: chunk c's loads now, in
+    // flight during phase a.
+    auto step = [&](int c, ChunkRegs& cur, ChunkRegs& nxt) {
         const int lc = min(C, len - c * C);
         const size_t tok0 = static_cast<size_t>(start + c * C);
-        const size_t slot = slot0 + c;
-        // Two buffers: chunk c + 1 streams into the other one (free: chunk c - 1 ended with a barrier) while
-        // chunk c is multiplied. One buffer: chunk c now.
         if (NB == 2) {
             if (c + 1 < nch) fetch(c + 1, (c + 1) & 1);
         } else {
             fetch(c, 0);
         }
         cp_async_commit();  // also when empty, so that the wait below always leaves exactly chunk c + 1
-        // K rows of the chunk (for phase b) and this warp's U fragments (for D), in flight during phase a.
-        float4 kreg[KR];
-#pragma unroll
-        for (int j = 0; j < KR; ++j) {
-            const int i = tid + 256 * j, r = i / (D / 4), q4 = i % (D / 4);
-            kreg[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (r < lc) kreg[j] = reinterpret_cast<const float4*>(kn + ((tok0 + r) * hk + kh) * D)[q4];
+        if (NB == 2) {
+            if (c + 1 < nch) load_regs(c + 1, nxt);
+        } else {
+            load_regs(c, cur);
         }
-        const float* ug = u_in + slot * C * D + c0;
-        float2 ulo[NH], uhi[NH];
-#pragma unroll
-        for (int j = 0; j < NH; ++j) {
-            const int col = an + 8 * j + 2 * ft;
-            ulo[j] = *reinterpret_cast<const float2*>(ug + (am + fg) * D + col);
-            uhi[j] = *reinterpret_cast<const float2*>(ug + (am + fg + 8) * D + col);
-        }
+        const float4* kreg = cur.k;
+        const float2* ulo = cur.ulo;
+        const float2* uhi = cur.uhi;
         if (NB == 2) {
             cp_async_wait<1>();  // chunk c's copies (this thread's; the barrier below publishes everyone's)
         } else {
@@ -846,6 +857,16 @@ __device__ __forceinline__ void gdn_prefill_state_tc_body(const float* __restric
             }
         }
         __syncthreads();  // state complete before the next chunk reads it; tiles free
+    };
+    ChunkRegs ra, rb;
+    if (NB == 2) {
+        fetch(0, 0);
+        cp_async_commit();
+        load_regs(0, ra);
+    }
+    for (int c = 0; c < nch; c += 2) {  // two chunks per trip, so that the register sets swap by name
+        step(c, ra, rb);
+        if (c + 1 < nch) step(c + 1, rb, ra);
     }
 
     for (int i = tid; i < D * (CS / 4); i += 256) {
@@ -929,8 +950,8 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     const size_t slot = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s] + c;
     const int kh = h / (hv / hk);
 
-    // 0. The chunk's V rows (64 x 512 bytes: one 128-byte line per thread) on their way to L2 now, so that step 4
-    // (after the K K^T products) waits for an L2 hit, not a DRAM round trip.
+    // 0. The chunk's V rows (64 x 512 bytes: one 128-byte line per thread) on their way to L2 now, so that their
+    // copy to shared memory (after the K K^T products, when the Q tile is free) waits for L2, not DRAM.
     if (tid < 4 * lc) {
         const float* vrow = vv + ((tok0 + (tid >> 2)) * hv + h) * D + 32 * (tid & 3);
         asm volatile("prefetch.global.L2 [%0];" ::"l"(vrow));
@@ -1017,6 +1038,14 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     }
     __syncthreads();  // A complete; the K and Q tiles are free
 
+    // V rows to Xs (free since step 3's barrier; zero past the chunk) by cp.async, in flight during 4 and 5a.
+    for (int i = tid; i < C * (D / 4); i += 256) {
+        const int r = i >> 5, q4 = i & 31;  // D / 4 = 32 float4 per row
+        const bool ok = r < lc;
+        cp_async16(Xs + r * KP + 4 * q4, ok ? vv + ((tok0 + r) * hv + h) * D + 4 * q4 : vv, ok);
+    }
+    cp_async_commit();
+
     // 4 and 5a at once, on different warps. 5a (warps 0 and 1): the four 16 x 16 diagonal blocks of
     // T = (I + A)^-1, one per half-warp, by forward substitution in registers: lane j of the half-warp owns column
     // j of its block, x = (I + A_bb)^-1 e_j, row i after row i - 1 (x[i] = [i == j] - sum_{m<i} A[i][m] x[m], so
@@ -1048,23 +1077,18 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
 #pragma unroll
         for (int i = 0; i < 16; ++i) Ts[(b0 + i) * QP + b0 + j] = x[i];
     } else {
-        // 4 (warps 2..7): K scaled by beta e^G in place, Xs <- beta V (rows past the chunk: zero K, zero V,
-        // beta = 0); step 3's barrier freed both tiles.
+        // 4 (warps 2..7): K scaled by beta e^G in place (rows past the chunk: zero K, beta = 0).
         for (int i = tid - 64; i < C * (D / 4); i += 192) {
-            const int r = i / (D / 4), q4 = i % (D / 4);
+            const int r = i >> 5, q4 = i & 31;
             float4* kp = reinterpret_cast<float4*>(Ks + r * KP) + q4;
             const float f = bt[r] * expf(gc[r]);
             float4 kv = *kp;
             kv.x *= f; kv.y *= f; kv.z *= f; kv.w *= f;
             *kp = kv;
-            float4 vval = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (r < lc) vval = reinterpret_cast<const float4*>(vv + ((tok0 + r) * hv + h) * D)[q4];
-            const float bv = bt[r];
-            vval.x *= bv; vval.y *= bv; vval.z *= bv; vval.w *= bv;
-            *reinterpret_cast<float4*>(Xs + r * KP + 4 * q4) = vval;
         }
     }
-    __syncthreads();  // diagonal blocks of T, scaled K and V
+    cp_async_wait<0>();
+    __syncthreads();  // diagonal blocks of T, scaled K, raw V
 
     // 5b. The blocks below the diagonal, one distance d = i - j at a time (block indices 0..3):
     // T_ij = -T_ii X with X = sum_{k=j}^{i-1} A_ik T_kj, every term known from the diagonal blocks and the
@@ -1073,6 +1097,14 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     // the diagonal block). Six barriers in all; ~250 FMAs per thread.
     {
         const int r = tid >> 4, cc = tid & 15;
+        // V scaled by beta in place first (the distance-1 barrier publishes it to step 6).
+        for (int i = tid; i < C * (D / 4); i += 256) {
+            float4* vp = reinterpret_cast<float4*>(Xs + (i >> 5) * KP) + (i & 31);
+            const float bv = bt[i >> 5];
+            float4 vval = *vp;
+            vval.x *= bv; vval.y *= bv; vval.z *= bv; vval.w *= bv;
+            *vp = vval;
+        }
         for (int d = 1; d < 4; ++d) {
             for (int i = d; i < 4; ++i) {
                 const int j = i - d;

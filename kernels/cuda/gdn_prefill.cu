@@ -35,7 +35,13 @@
 //    mma.sync TF32 tensor cores (plain or 3xTF32 split; see their comment below); Gpu::gdn_prefill_with selects
 //    one by name. Per (chunk, head) the walk costs 7.3 MFLOP (W S, Q S, K^T D: 2 * 64*128*128 each; Aqk D:
 //    2 * 64*64*128) against ~150 KB of W, U, Aqk, q, k reads, so on CUDA cores it is FMA-bound (s2-run2: 14
-//    TFLOP/s for the whole layer) while on tensor cores it becomes load-latency-bound.
+//    TFLOP/s for the whole layer) while on tensor cores it becomes load-latency-bound. At 64 columns (the
+//    default) the tensor-core walk therefore double-buffers: chunk c + 1's W, Q, Aqk, G stream into a second
+//    shared buffer (cp.async) and its K, U into a second register set while chunk c is multiplied (s6-run2/4:
+//    575 -> 503 us at T = 4096, the TF32 conversion change below included). What is left is latency between
+//    the phases' dependent shared-memory loads and mma with 8 warps on an SM (s6-run4 profile); 16 warps per
+//    block (s6-run3) traded that for shared-memory bandwidth (the A fragments read by twice the warps) and was
+//    2% slower.
 // 4. gdn_prefill_gated_norm: one warp per (token, value head): out <- rmsnorm(out) * w * silu(z), in place.
 // Removed (s3-run3): fla's split of launches 3 and 4 (`[wytf32_]tf32split_cs<32|64>`: a walk carrying only the
 // state and storing each chunk's incoming state and v_new in fp16, then an output launch parallel over chunks with
@@ -45,8 +51,9 @@
 //
 // Precision: `fp32_cs<CS>` is fp32 on the CUDA cores throughout (no tensor cores, no bf16 rounding), so its
 // results match the fp32 CPU chunked prefill and the f64 recurrence to fp32 rounding of a different summation
-// order; the TF32 builds round only their mma operands (3xTF32: ~fp32; plain TF32, the default
-// `wytf32_tf32_cs64`: ~5e-4 per product, 4e-4 relative on the output at B=4 N=9216 against fp32_cs32).
+// order; the TF32 builds round only their mma operands (3xTF32: ~fp32; plain TF32: ~5e-4 per product, 4e-4
+// relative on the output at B=4 N=9216 against fp32_cs32 for `wytf32_tf32_cs64`, 2.4e-4 for the default
+// `wytf32x3_tf32_cs64`, whose WY is 3xTF32).
 //
 // Workspace (floats, offsets in gdn_prefill.rs): qn [N, Hk, 128], kn [N, Hk, 128], v [N, Hv, 128], g [N, Hv],
 // beta [N, Hv], gcum [N, Hv], W [Hv, NC, 64, 128], U [Hv, NC, 64, 128], Aqk [Hv, NC, 64, 64], with N the total
@@ -412,8 +419,8 @@ __device__ __forceinline__ void gdn_prefill_state_body(const float* __restrict__
     const size_t vw = static_cast<size_t>(hv) * D;
     float* sg = state + (static_cast<size_t>(s) * hv + h) * D * D + c0;
     // Workspace slot of the sequence's first chunk, read once: inside the chunk loop the barriers (and the
-    // cp.async asm's memory clobber) keep the compiler from hoisting it, and every chunk's W / U / Aqk addresses
-    // would wait for an L2 round trip first.
+    // cp.async asm's memory clobber) keep the compiler from hoisting the load, and every chunk's W / U / Aqk
+    // addresses would wait for it.
     const size_t slot0 = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s];
 
     for (int i = tid; i < D * CG; i += 256) {
@@ -663,8 +670,8 @@ __device__ __forceinline__ void gdn_prefill_state_tc_body(const float* __restric
     const size_t vw = static_cast<size_t>(hv) * D;
     float* sg = state + (static_cast<size_t>(s) * hv + h) * D * D + c0;
     // Workspace slot of the sequence's first chunk, read once: inside the chunk loop the barriers (and the
-    // cp.async asm's memory clobber) keep the compiler from hoisting it, and every chunk's W / U / Aqk addresses
-    // would wait for an L2 round trip first.
+    // cp.async asm's memory clobber) keep the compiler from hoisting the load, and every chunk's W / U / Aqk
+    // addresses would wait for it.
     const size_t slot0 = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s];
     const int am = (warp & 3) * 16;       // phases a and c: this warp's 16 rows of the chunk
     const int an = (warp >> 2) * NH * 8;  // ... and its first column within the slice

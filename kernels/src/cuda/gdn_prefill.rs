@@ -331,6 +331,12 @@ impl Gpu {
     /// 1e-2 bound; over 24 further draws (s4-run2, `tf32_builds_hold_their_bounds_over_many_draws`) the worst was
     /// 6.3e-3 for the plain WY, 2.2e-3 with the 3xTF32 WY and 2.6e-3 with the fp32 WY. The 3xTF32 WY stage cost
     /// 592.6 against 501.3 us at T = 4096 (s3-run4, the stage alone), ~7% of the whole step.
+    ///
+    /// Session 6 made the same build faster without changing its arithmetic (TF32 rounding by one integer add,
+    /// T inverted by 16 x 16 blocks, the walk double-buffered; cuda/gdn_prefill.cu): 1103.1 us at T = 4096 and
+    /// 2222.9 us at B = 4, N = 9216 (s6-run6), 0.38x / 0.41x fla's bare chunk kernel (414.7 / 909.2 us), 1.97x /
+    /// 2.26x torch conv + fla + torch norm; stages at T = 4096: prep 135.7, WY 370.3 (plain TF32 ~300), walk
+    /// 514.6, norm 72.0 us.
     pub const GDN_PREFILL_DEFAULT: &'static str = "wytf32x3_tf32_cs64";
 
     /// Floats of the workspace [`Gpu::gdn_prefill`] needs for this batch: about

@@ -866,7 +866,7 @@ __device__ __forceinline__ void gdn_prefill_state_tc_body(const float* __restric
         __syncthreads();  // state complete before the next chunk reads it; tiles free
     };
     ChunkRegs ra, rb;
-    if (NB == 2) {
+    if (NB == 2 && nch > 0) {  // an empty sequence has no chunk 0: its slot may lie past the workspace regions
         fetch(0, 0);
         cp_async_commit();
         load_regs(0, ra);

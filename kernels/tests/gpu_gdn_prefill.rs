@@ -541,6 +541,9 @@ fn ragged_batches_match_sequence_by_sequence() {
         "fp32_cs32",
         (-1.0, 1.0),
     );
+    // The default (double-buffered walk) with an empty last sequence: its walk blocks must not prefetch a chunk
+    // 0 it does not have (that slot lies past the workspace regions for the last head; memcheck would see it).
+    check_batch(&gpu, &mut rng, GROUP3, &[130, 5, 0], "auto", (-1.0, 1.0));
     // The previous default (CUDA-core WY, plain-TF32 state walk on 64 columns) on a ragged batch.
     check_batch(
         &gpu,

@@ -908,11 +908,12 @@ GDN_STATE_TC_KERNEL(3, 64)
 //   6. W = T (diag(beta e^G) K) and U = T (diag(beta) V) ([64 x 64] x [64 x 128]): warp w owns m-tile (w & 3) and
 //      n-tiles 8 (w >> 2) .. +7 of both; T is lower triangular, so the k-steps stop at the m-tile's last row.
 // T = (I + A)^-1 is fp32 on the CUDA cores, blocked (session 6): the four 16 x 16 diagonal blocks by forward
-// substitution in registers (a half-warp each, while the other six warps scale K and V), then the blocks below
-// the diagonal from them, one distance from the diagonal at a time (steps 5a and 5b below); gdn_prefill_wy keeps
-// the row-at-a-time substitution over all 64 rows (63 block barriers). Per (chunk, head) this moves the 4.2 MFLOP of the three
-// products (2 * 64*64*128 * 2 for K K^T and Q K^T, the same for W and U, before the triangular savings) from
-// CUDA-core FMAs (~8 K FMAs per thread) to at most 256 mma per warp (768 for 3xTF32).
+// substitution in registers (a half-warp each, while the other six warps scale K and V streams in), then the
+// blocks below the diagonal from them, one distance from the diagonal at a time (steps 5a and 5b below);
+// gdn_prefill_wy keeps the row-at-a-time substitution over all 64 rows (63 block barriers). Per (chunk, head)
+// this moves the 4.2 MFLOP of the three products (2 * 64*64*128 * 2 for K K^T and Q K^T, the same for W and U,
+// before the triangular savings) from CUDA-core FMAs (~8 K FMAs per thread) to at most 256 mma per warp (768 for
+// 3xTF32).
 // SPLIT: 3xTF32 as in the state kernel (~fp32 accuracy), else plain TF32 (~5e-4 relative per operand).
 // Bank layout: K / Q / V tiles [C][KP] (A fragments and the K^T B fragments conflict-free, the row-major B
 // fragments of step 6 2-way), A and T tiles [C][QP] (T's A fragments conflict-free).

@@ -1,0 +1,122 @@
+"""How the rounding of the mma operands of the GDN chunked prefill (kernels/cuda/gdn_prefill.cu) moves its output,
+simulated on the CPU: the chunk algebra of that file in fp32 with each product's operands rounded as a build rounds
+them, against the token-by-token recurrence in f64. It answers a design question before any kernel exists: may the
+WY products or the state walk run on bf16 operands (what fla does) and stay inside the GPU tests' bounds?
+
+Usage: python3 kernels/bench/gdn_operand_precision.py [draws]   (numpy; ~1 minute for 8 draws)
+
+Rounding per group of products (the WY's; the walk's state path W S and Kd^T D; the output's Q S and Aqk D), as
+named in the table: `fp32` (3xTF32 builds: ~2^-22, modelled exact), `tf32` (round to
+nearest, ties away: the `tf32_round` add), `bf16` (round to nearest even). The state itself and every accumulation
+stay fp32 in every mode, as in the kernels. Inputs follow kernels/tests/gpu_gdn_prefill.rs: keys and queries are
+l2-normed SiLU outputs (so strongly correlated, which is what makes I + A ill-conditioned), q scaled by 1/sqrt(128),
+a_log in (-1, 1), beta = sigmoid(U(-3, 3)), initial state U(-0.5, 0.5); the metric is the tests' scaled error
+max |got - want| / (1 + |want|) on the gated-normed output (rmsnorm(o) * w * silu(z)) and on the final state.
+"""
+import sys
+
+import numpy as np
+
+D, C = 128, 64
+
+
+def rnd(x, mode):
+    x = np.asarray(x, dtype=np.float32)
+    if mode == "fp32":
+        return x
+    u = x.view(np.uint32).astype(np.uint64)
+    if mode == "tf32":
+        u = (u + 0x1000) & 0xFFFFE000
+    elif mode == "bf16":
+        u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    else:
+        raise ValueError(mode)
+    return (u & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+
+
+def mm(a, b, mode):
+    """fp32 product of operands rounded to `mode`."""
+    return rnd(a, mode) @ rnd(b, mode)
+
+
+def draw(rng, t):
+    silu = lambda x: x / (1 + np.exp(-x))  # noqa: E731
+    unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
+    q = unit(silu(rng.uniform(-1.5, 1.5, (t, D)))) / np.sqrt(D)
+    k = unit(silu(rng.uniform(-1.5, 1.5, (t, D))))
+    v = silu(rng.uniform(-1.5, 1.5, (t, D)))
+    a_log = rng.uniform(-1, 1)
+    g = -np.exp(a_log) * np.log1p(np.exp(rng.uniform(-2, 2, t) + rng.uniform(-1, 1)))
+    beta = 1 / (1 + np.exp(-rng.uniform(-3, 3, t)))
+    s0 = rng.uniform(-0.5, 0.5, (D, D))
+    z = rng.uniform(-2, 2, (t, D))
+    w = rng.uniform(0.5, 1.5, D)
+    return q, k, v, g, beta, s0, z, w
+
+
+def recurrence(q, k, v, g, beta, s0):
+    s = s0.astype(np.float64).copy()
+    out = np.empty((len(g), D))
+    for i in range(len(g)):
+        s *= np.exp(g[i])
+        s += np.outer(k[i], beta[i] * (v[i] - s.T @ k[i]))
+        out[i] = s.T @ q[i]
+    return out, s
+
+
+def chunked(q, k, v, g, beta, s0, wy, walk, outp):
+    """wy: the WY products' operands; walk: the state path's (W S, Kd^T D); outp: the output's (Q S, Aqk D)."""
+    f = np.float32
+    q, k, v, g, beta = (np.asarray(x, f) for x in (q, k, v, g, beta))
+    s = np.asarray(s0, f).copy()
+    out = np.empty((len(g), D), f)
+    for c0 in range(0, len(g), C):
+        sl = slice(c0, min(c0 + C, len(g)))
+        kc, qc, vc, bc = k[sl], q[sl], v[sl], beta[sl]
+        gc = np.cumsum(g[sl].astype(f)).astype(f)
+        n = len(gc)
+        dec = np.tril(np.exp(np.minimum(gc[:, None] - gc[None, :], 0))).astype(f)  # G_i - G_j <= 0 for j <= i
+        a = np.tril(bc[:, None] * mm(kc, kc.T, wy) * dec, -1).astype(f)
+        t = np.linalg.inv(np.eye(n, dtype=np.float64) + a).astype(f)  # fp32-class solve (the kernels: fp32 FMAs)
+        wmat = mm(t, (bc * np.exp(gc))[:, None] * kc, wy)
+        umat = mm(t, bc[:, None] * vc, wy)
+        aqk = (mm(qc, kc.T, wy) * dec).astype(f)
+        dmat = umat - mm(wmat, s, walk)
+        out[sl] = np.exp(gc)[:, None] * mm(qc, s, outp) + mm(aqk, dmat, outp)
+        kd = np.exp(gc[-1] - gc)[:, None] * kc
+        s = np.exp(gc[-1]) * s + mm(kd.T, dmat, walk)
+    return out, s
+
+
+def gated_norm(o, z, w):
+    o = o.astype(np.float64)
+    return o / np.sqrt((o * o).mean(1, keepdims=True) + 1e-6) * w * (z / (1 + np.exp(-z)))
+
+
+def scaled(got, want):
+    return float(np.max(np.abs(got - want) / (1 + np.abs(want))))
+
+
+def main():
+    draws = int(sys.argv[1]) if len(sys.argv) > 1 else 8
+    modes = [("fp32", "fp32", "fp32"), ("tf32", "tf32", "tf32"), ("fp32", "tf32", "tf32"),
+             ("fp32", "tf32", "bf16"), ("fp32", "bf16", "bf16"), ("bf16", "tf32", "tf32"), ("bf16", "bf16", "bf16")]
+    rng = np.random.default_rng(6)
+    worst = {m: [0.0, 0.0] for m in modes}
+    for t in (63, 130, 1024):
+        for _ in range(draws):
+            q, k, v, g, beta, s0, z, w = draw(rng, t)
+            ref_o, ref_s = recurrence(q, k, v, g, beta, s0)
+            ref = gated_norm(ref_o, z, w)
+            for m in modes:
+                o, s = chunked(q, k, v, g, beta, s0, *m)
+                eo, es = scaled(gated_norm(o, z, w), ref), scaled(s, ref_s)
+                worst[m] = [max(worst[m][0], eo), max(worst[m][1], es)]
+    print(f"{draws} draws each of T = 63, 130, 1024 (one head); worst scaled error against the f64 recurrence")
+    print(f"{'WY':6s} {'W S, Kd^T D':12s} {'Q S, Aqk D':12s} {'output':>10s} {'state':>10s}")
+    for m in modes:
+        print(f"{m[0]:6s} {m[1]:12s} {m[2]:12s} {worst[m][0]:10.2e} {worst[m][1]:10.2e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -3,7 +3,7 @@ simulated on the CPU: the chunk algebra of that file in fp32 with each product's
 them, against the token-by-token recurrence in f64. It answers a design question before any kernel exists: may the
 WY products or the state walk run on bf16 operands (what fla does) and stay inside the GPU tests' bounds?
 
-Usage: python3 kernels/bench/gdn_operand_precision.py [draws]   (numpy; ~1 minute for 8 draws)
+Usage: python3 kernels/bench/gdn_operand_precision.py [draws]   (numpy; ~5 s for 8 draws)
 
 Rounding per group of products (the WY's; the walk's state path W S and Kd^T D; the output's Q S and Aqk D), as
 named in the table: `fp32` (3xTF32 builds: ~2^-22, modelled exact), `tf32` (round to

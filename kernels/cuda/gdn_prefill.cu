@@ -653,7 +653,7 @@ __device__ __forceinline__ void gdn_prefill_state_tc_body(const float* __restric
     constexpr int SP = CS + 8;        // padded row of the S and D tiles
     constexpr int KR = C * (D / 4) / 256;  // float4 K loads per thread
     static_assert(CS == 16 || CS == 32 || CS == 64, "column slice must be 16, 32 or 64");
-    constexpr int NB = state_tc_buffers(CS);
+    constexpr int NB = state_tc_buffers(CS);  // 1 or 2 (indices below are & (NB - 1))
     constexpr int BUF = 2 * C * KP + C * QP;  // floats per chunk buffer
     extern __shared__ float4 smem_tc[];
     float* sm = reinterpret_cast<float*>(smem_tc);
@@ -734,28 +734,17 @@ __device__ __forceinline__ void gdn_prefill_state_tc_body(const float* __restric
     auto step = [&](int c, ChunkRegs& cur, ChunkRegs& nxt) {
         const int lc = min(C, len - c * C);
         const size_t tok0 = static_cast<size_t>(start + c * C);
-        if (NB == 2) {
-            if (c + 1 < nch) fetch(c + 1, (c + 1) & 1);
-        } else {
-            fetch(c, 0);
-        }
+        const int ahead = NB == 2 ? c + 1 : c;  // the chunk whose loads are issued now
+        if (ahead < nch) fetch(ahead, ahead & (NB - 1));
         cp_async_commit();  // also when empty, so that the wait below always leaves exactly chunk c + 1
-        if (NB == 2) {
-            if (c + 1 < nch) load_regs(c + 1, nxt);
-        } else {
-            load_regs(c, cur);
-        }
+        if (ahead < nch) load_regs(ahead, NB == 2 ? nxt : cur);
+        cp_async_wait<NB - 1>();  // chunk c's copies (this thread's; the barrier below publishes everyone's)
         const float4* kreg = cur.k;
         const float2* ulo = cur.ulo;
         const float2* uhi = cur.uhi;
-        if (NB == 2) {
-            cp_async_wait<1>();  // chunk c's copies (this thread's; the barrier below publishes everyone's)
-        } else {
-            cp_async_wait<0>();
-        }
-        float* Xa = sm + (NB == 2 ? (c & 1) : 0) * BUF;  // [C][KP]: W, then e^{G_L-G} K
-        float* Xb = Xa + C * KP;                          // [C][KP]: Q
-        float* Aq = Xb + C * KP;                          // [C][QP]
+        float* Xa = sm + (c & (NB - 1)) * BUF;  // [C][KP]: W, then e^{G_L-G} K
+        float* Xb = Xa + C * KP;                // [C][KP]: Q
+        float* Aq = Xb + C * KP;                // [C][QP]
         float* gc = Aq + C;  // G_t at gc[t * QP]: column C of the Aqk tile (padding the mma never reads)
         __syncthreads();
 

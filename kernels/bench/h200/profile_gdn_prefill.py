@@ -1,10 +1,9 @@
 """The GDN prefill's launches at T = 4096 (Qwen3.8-27B's layer: Hk = 16, Hv = 48, d = 128) for Nsight Compute: the
-default variant's four launches (prep, WY, state walk, gated norm) three times on the same inputs, plus any extra
-state / WY kernels named on the command line (run on the workspace the default filled), so a filter with
---launch-skip 1 --launch-count 1 per kernel profiles a warm launch of each.
+default variant's four launches (prep, WY, state walk, gated norm) three times on the same inputs, so with the
+filter below --launch-skip 2 --launch-count 2 profiles the second (warm) WY and state launches (what session 6 ran).
 
     ncu --clock-control none --set full --import-source no -k regex:'gdn_prefill_(wy|state)' \\
-        --launch-skip 2 --launch-count 2 python3 kernels/bench/h200/profile_gdn_prefill.py CARRY_DIR [VARIANT ...]
+        --launch-skip 2 --launch-count 2 python3 kernels/bench/h200/profile_gdn_prefill.py CARRY_DIR
 
 CARRY_DIR holds gdn_prefill.sm_90.cubin. Correctness is the tests' and bench_gdn_prefill.py's business; this only
 launches.
@@ -30,11 +29,7 @@ conv_in, conv_out = rnd(1, g.CD, g.KC - 1), torch.empty(1, g.CD, g.KC - 1, devic
 state = rnd(1, g.HV, g.D, g.D, amp=0.05)
 out = torch.empty(n, g.HV * g.D, device=b.dev)
 ref = g.Ours(lens, g.DEFAULT)
-extra = [g.Ours(lens, v, share=ref) for v in sys.argv[2:] if not v.startswith("-")]
 for _ in range(3):
     ref(qkv, z, a, bb, conv_w, a_log, dt_bias, norm_w, conv_in, conv_out, state, out)
-    for e in extra:
-        e.wy()
-        e.state(state, out)
 torch.cuda.synchronize()
 print("done")

@@ -27,6 +27,8 @@ Arms (kernel names as in the SASS, for grepping):
   nv4  t1k{S}  gemv_act_frag_nvfp4[_zero] + nvfp4_gemv_tiles_n8/_n16_u1, grid.y = S   -- Gpu::nvfp4_gemv_tiles_variant
   nv4  w{W}c{CS}[_plain]  gemv_act_frag_nvfp4 + nvfp4_gemv_mma_tile_pre_n8/_n16_w{W}c{CS}
       (Gpu::nvfp4_gemv_tiles_split; tilepre_w8c1_plain is w8c1 launched plainly)
+  nv4  b{W}p{P}k{S}  gemv_act_frag_nvfp4[_zero] + nvfp4_gemv_tiles_bulk_n8/_n16_c{W}p{P}, grid.y = S, both as
+      programmatic dependents (Gpu::nvfp4_gemv_tiles_bulk: W consumer warps, a P-stage cp.async.bulk ring)
       (Gpu::nvfp4_gemv_tiles's Auto: the table in its nvfp4_tiles_auto)
 The last table names, per case, the fastest correct arm and the arm the library's Auto runs for it (`with_scratch`
 for FP8, `nvfp4_gemv_tiles` for NVFP4: the decode paths), so a wrong Auto entry shows as a gain > 1.
@@ -182,6 +184,8 @@ def fp8_case(n, k, m, sets, w8, wr8, sc, copy_bw, one, wbf):
 # cluster per 16-row tile. "pre" is w8c1 launched plainly (the one-block-per-tile kernel of sessions 2-4).
 SPLITS = [(8, 1), (8, 2), (4, 1), (4, 2), (4, 3)]  # MmaSplit::BUILT
 PLAIN_TOO = [(8, 1)]
+# The bulk-copy NVFP4 builds (Gpu::nvfp4_gemv_tiles_bulk): (consumer warps, ring stages), BulkCut::BUILT.
+BULK = [(8, 4), (4, 4), (4, 8)]
 
 
 def add_split_arms(arms, base, nt, tiles, fa, ga, frag_args, split_args, w8c1_plain, prefix=""):
@@ -241,6 +245,20 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto):
     arms["t1k2_pdl"] = lambda i: (
         b.launch_pdl(faz, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt), ptr(y), np.uint64(m * n))),
         b.launch_pdl(fu, (g16[0], 2), (256,), (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail()))
+    # Gpu::nvfp4_gemv_tiles_bulk: the chunks streamed into a shared-memory ring by cp.async.bulk, W consumer
+    # warps + 1 producer, P stages, S K splits; both kernels as programmatic dependents.
+    for w, p in BULK:
+        fbk = kern("gemv", f"nvfp4_gemv_tiles_bulk_{sfx}_c{w}p{p}")
+        log_regs(f"nvfp4_gemv_tiles_bulk_{sfx}_c{w}p{p}", fbk)
+        for splits in (1, 2, 3):
+            def bulk_arm(i, fbk=fbk, w=w, splits=splits):
+                if splits > 1:
+                    b.launch_pdl(faz, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt), ptr(y),
+                                                    np.uint64(m * n)))
+                else:
+                    b.launch_pdl(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt)))
+                b.launch_pdl(fbk, (g16[0], splits), (32 * (w + 1),), (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail())
+            arms[f"b{w}p{p}k{splits}"] = bulk_arm
     add_split_arms(arms, "nvfp4_gemv_mma_tile_pre", nt, g16[0], fa, ga,
                    lambda i: (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt)),
                    lambda i: (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail(), "tilepre_w8c1_plain")

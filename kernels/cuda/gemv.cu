@@ -1132,11 +1132,23 @@ __device__ __forceinline__ void nvfp4_gemv_tiles_bulk(const uint4* __restrict__ 
                          sr + (tc0 + static_cast<size_t>(j) * CW) * 32, static_cast<uint32_t>(cnt) * 128, bar);
             }
         }
+        __syncwarp();  // the warp converged again before the block barrier below (bar.sync is .aligned)
     } else {
         pdl_wait();  // xf is the fragment kernel's output
         for (int j = 0; j < nstages; ++j) {
             const int c = cbeg + j * CW + warp;
             if (c >= cend) break;  // only in the last stage, which no refill waits for
+            // The next chunk's B fragments (L2) into L1 now, so that their latency overlaps this chunk's decode
+            // instead of stalling the next one: one prefetch per 128-byte line that holds a token below m.
+            if (c + CW < cend && (lane & 7) == 0) {
+#pragma unroll
+                for (int t = 0; t < NT; ++t)
+#pragma unroll
+                    for (int v = 0; v < 4; ++v)
+                        if (t * 8 + (lane >> 2) < m)
+                            asm volatile("prefetch.global.L1 [%0];" ::"l"(
+                                xf + ((static_cast<size_t>(c + CW) * NT + t) * 4 + v) * 32 + lane));
+            }
             const int slot = j % P;
             mbar_wait(full0 + 8 * slot, static_cast<uint32_t>((j / P) & 1));
             const uint4 la = *reinterpret_cast<const uint4*>(&wbuf[slot][warp * 1024 + lane * 16]);
@@ -1175,8 +1187,8 @@ __device__ __forceinline__ void nvfp4_gemv_tiles_bulk(const uint4* __restrict__ 
         nvfp4_gemv_tiles_bulk<2, CW, P>(xf, wr, sr, global_scale, y, m, n, k);                                    \
     }
 EDGEFIT_NVFP4_BULK(8, 4, 4, 3)
-EDGEFIT_NVFP4_BULK(4, 4, 8, 6)
-EDGEFIT_NVFP4_BULK(4, 8, 5, 5)
+EDGEFIT_NVFP4_BULK(4, 4, 8, 4)
+EDGEFIT_NVFP4_BULK(4, 8, 5, 4)
 
 // gemv_act_frag_{nvfp4,fp8} that also zero y[0 .. ylen) (grid-stride), for the split-K launches that add into y.
 // Same grid.

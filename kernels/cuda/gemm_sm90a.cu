@@ -132,7 +132,25 @@ __device__ __forceinline__ void fence_regs(float (&d)[64]) {
     for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// mbarrier helpers: common.cuh. mbar_wait with the poll loop (and its bound) inside one asm block. v4 waits for the next stage while a wgmma
+// mbarrier helpers (shared::cta addresses).
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Waits for the phase of parity `parity` to complete. Bounded: a pipeline bug (a phase that never completes, a
+// TMA transaction count that never fills) traps after ~2^26 polls (seconds; a legitimate wait is microseconds),
+// so that the launch fails with an error instead of hanging the device for everyone.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done = 0, polls = 0;
+    do {
+        if (++polls == (1u << 26)) __trap();
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+// mbar_wait with the poll loop (and its bound) inside one asm block. v4 waits for the next stage while a wgmma
 // group is in flight; the C++ loop with its __trap is a divergent path to ptxas there, and it then serialises
 // every wgmma of the kernel (C7518). Same bound, same parity semantics.
 __device__ __forceinline__ void mbar_wait_asm(uint32_t bar, uint32_t parity) {
@@ -153,6 +171,9 @@ __device__ __forceinline__ void mbar_wait_asm(uint32_t bar, uint32_t parity) {
         "r"(parity), "n"(1 << 26)
         : "memory");
 }
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
 // mbar_arrive where `pred` is non-zero, as a predicated instruction rather than a branch: the FP8 v4 and NVFP4
 // v2 consumers arrive while a wgmma group is in flight, and a divergent branch there makes ptxas serialise the
 // wgmmas (C7518).
@@ -161,6 +182,9 @@ __device__ __forceinline__ void mbar_arrive_if(uint32_t bar, int pred) {
         "{\n.reg .pred p;\nsetp.ne.s32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar),
         "r"(pred)
         : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 // One 2D TMA copy of the box at (c0 = innermost coordinate, c1) into shared memory, completing on `bar`.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, uint32_t bar, int c0, int c1) {

@@ -433,78 +433,6 @@ __device__ __forceinline__ void nvfp4_a_fragments(const uint4 wa, const uint4 wb
     }
 }
 
-// The B fragments of chunk c, token tile t, from xf (gemv_act_frag_*, layout there). Lanes of tokens past m hold
-// zero fragments and load nothing (at m = 1 that is 7/8 of the fragment bytes, which come from L2 at twice the
-// weight bytes per chunk).
-template <int NT>
-__device__ __forceinline__ void load_b_fragments(const uint4* __restrict__ xf, int c, int m, int lane,
-                                                 uint32_t (&bx)[NT][16]) {
-    const int g = lane >> 2;
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-#pragma unroll
-        for (int v = 0; v < 4; ++v) {
-            const uint4 u = t * 8 + g < m ? __ldg(xf + ((static_cast<size_t>(c) * NT + t) * 4 + v) * 32 + lane)
-                                          : make_uint4(0, 0, 0, 0);
-            bx[t][4 * v] = u.x;
-            bx[t][4 * v + 1] = u.y;
-            bx[t][4 * v + 2] = u.z;
-            bx[t][4 * v + 3] = u.w;
-        }
-    }
-}
-
-// One 16-row, 128-value chunk on the tensor cores: part[t] = the chunk's A fragments (ax: row g, bxw: row g + 8,
-// f16 pairs) times token tile t's B fragments, 8 k-steps of m16n8k16 from zero.
-template <int NT>
-__device__ __forceinline__ void chunk_mma(const uint32_t (&ax)[16], const uint32_t (&bxw)[16],
-                                          const uint32_t (&bx)[NT][16], float (&part)[NT][4]) {
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) part[t][i] = 0.f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const uint32_t a[4] = {ax[2 * j], bxw[2 * j], ax[2 * j + 1], bxw[2 * j + 1]};
-#pragma unroll
-        for (int t = 0; t < NT; ++t) mma_16816(part[t], a, bx[t][2 * j], bx[t][2 * j + 1]);
-    }
-}
-
-// A warp's accumulators (the m16n8 C fragments of its NT token tiles) into red[warp][row][token].
-template <int NT, int W>
-__device__ __forceinline__ void acc_to_shared(float (&red)[W][16][16], const float (&acc)[NT][4], int warp, int lane) {
-    const int g = lane >> 2, q = lane & 3;
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        red[warp][g][t * 8 + 2 * q] = acc[t][0];
-        red[warp][g][t * 8 + 2 * q + 1] = acc[t][1];
-        red[warp][g + 8][t * 8 + 2 * q] = acc[t][2];
-        red[warp][g + 8][t * 8 + 2 * q + 1] = acc[t][3];
-    }
-}
-
-// After the barrier that follows acc_to_shared: y[tok][row0 + r] = post * (the W warps' sums added in warp order),
-// or atomically added to y (add). Threads tid = 0 .. W * 32 - 1 share the 16 x 8NT outputs; rows past n and
-// tokens past m are skipped.
-template <int NT, int W>
-__device__ __forceinline__ void tile_sum_store(const float (&red)[W][16][16], float* __restrict__ y, int m, int n,
-                                               int row0, float post, bool add, int tid) {
-    for (int idx = tid; idx < 16 * 8 * NT; idx += W * 32) {
-        const int r = idx % 16, tok = idx / 16;
-        if (tok < m && row0 + r < n) {
-            float v = 0.f;
-#pragma unroll
-            for (int wi = 0; wi < W; ++wi) v += red[wi][r][tok];
-            float* dst = y + static_cast<size_t>(tok) * n + row0 + r;
-            if (add)
-                atomicAdd(dst, v * post);
-            else
-                *dst = v * post;
-        }
-    }
-}
-
 // FMT 0: FP8 e4m3 with 128x128 fp32 block scales; FMT 1: NVFP4 in the checkpoint layout; FMT 2: NVFP4 in the
 // tile layout of nvfp4_repack_mma (below); FMT 3: FP8 in the tile layout of fp8_repack_mma (the same values and
 // sums as FMT 0, bit for bit). NT: n-tiles of 8 activation rows (1 or 2). MMA_WARPS: warps sharing
@@ -629,11 +557,21 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
         }
         // Activations of token tile t, row g (token index), as f16 pairs in the A fragments' order.
         uint32_t bx[NT][16];
-        if (PRE) {
-            load_b_fragments<NT>(xf, c, m, lane, bx);
-        } else {
 #pragma unroll
-            for (int t = 0; t < NT; ++t) {
+        for (int t = 0; t < NT; ++t) {
+            if (PRE) {
+#pragma unroll
+                for (int v = 0; v < 4; ++v) {
+                    // Lanes of tokens past m hold zero fragments: they load nothing (at m = 1 that is 7/8 of
+                    // the fragment bytes, which came from L2 at twice the weight bytes per chunk).
+                    const uint4 u = t * 8 + g < m ? __ldg(xf + ((static_cast<size_t>(c) * NT + t) * 4 + v) * 32 + lane)
+                                                  : make_uint4(0, 0, 0, 0);
+                    bx[t][4 * v] = u.x;
+                    bx[t][4 * v + 1] = u.y;
+                    bx[t][4 * v + 2] = u.z;
+                    bx[t][4 * v + 3] = u.w;
+                }
+            } else {
                 const int tok = t * 8 + g;
 #pragma unroll
                 for (int v = 0; v < 4; ++v) {
@@ -676,7 +614,16 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
             nvfp4_a_fragments(la[0], lb[0], s4, ax, bxw);
         }
         float part[NT][4];
-        chunk_mma<NT>(ax, bxw, bx, part);
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) part[t][i] = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const uint32_t a[4] = {ax[2 * j], bxw[2 * j], ax[2 * j + 1], bxw[2 * j + 1]};
+#pragma unroll
+            for (int t = 0; t < NT; ++t) mma_16816(part[t], a, bx[t][2 * j], bx[t][2 * j + 1]);
+        }
         float s = 1.f;
         if (FP8) {
             const int kb = (k + 127) >> 7;
@@ -690,10 +637,28 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
 
     // Sum the warps' K shares: red[warp][row][token].
     const float post = FP8 ? 1.f : 16384.f * global_scale;
-    acc_to_shared<NT, MMA_WARPS>(red, acc, warp, lane);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        red[warp][g][t * 8 + 2 * q] = acc[t][0];
+        red[warp][g][t * 8 + 2 * q + 1] = acc[t][1];
+        red[warp][g + 8][t * 8 + 2 * q] = acc[t][2];
+        red[warp][g + 8][t * 8 + 2 * q + 1] = acc[t][3];
+    }
     __syncthreads();
     if (CS <= 1) {
-        tile_sum_store<NT, MMA_WARPS>(red, y, m, n, row0, post, CS == 0 && nsplit > 1, threadIdx.x);
+        for (int idx = threadIdx.x; idx < 16 * 8 * NT; idx += MMA_WARPS * 32) {
+            const int r = idx % 16, tok = idx / 16;
+            if (tok < m && row0 + r < n) {
+                float v = 0.f;
+#pragma unroll
+                for (int wi = 0; wi < MMA_WARPS; ++wi) v += red[wi][r][tok];
+                float* dst = y + static_cast<size_t>(tok) * n + row0 + r;
+                if (CS == 0 && nsplit > 1)
+                    atomicAdd(dst, v * post);
+                else
+                    *dst = v * post;
+            }
+        }
     } else {
         cluster_sum_store<CS, 16 * 16, MMA_WARPS>(&red[0][0][0], y, m, n, row0, post);
     }
@@ -1040,6 +1005,22 @@ EDGEFIT_MMA_SPLIT_NT(4, 3, __cluster_dims__(1, 3, 1))
 // lm_head 253-274 against 234): the commit/wait, the shared-memory round trip and the __syncwarps cost more than
 // the overlap bought, so whatever holds these shapes at ~65% is not the warps' lockstep alone.
 //
+// A block-level ring filled by the copy engine (session 7, s7-run2 and s7-run3; built, measured, deleted): one extra
+// producer warp per block streamed the tile's chunks (weights and scale words, W chunks per stage, P stages of
+// shared memory, one cp.async.bulk each per stage, full/empty mbarriers) while W consumer warps each took one chunk
+// per stage, the same decode and mma as here (bit for bit at W = 8); so up to W * P KiB per block stayed in flight
+// whatever the consumers did, started before pdl_wait. It lost at every shape, cut (W x P = 8 x 4, 4 x 4, 4 x 8) and
+// split (1-3): m = 1, best cut against Auto's kernel in the same run, 20.7 vs 18.7 us on 5120x17408, 20.9 vs 17.7
+// on 17408x5120, 14.9 vs 12.7 on 5120x10240, 236 vs 185 on the lm_head; m = 16 27.4 vs 24.6 and 28.5 vs 23.4.
+// Prefetching the next chunk's B fragments to L1 (their L2 latency is exposed per chunk once the weights come from
+// shared memory) made it slower still (22.5 on 5120x17408). With one split (320 blocks, 19 consumer warps per SM,
+// the ring never empty) it took 29.3 us: the consumers, not the bytes in flight, set the pace. That agrees with
+// session 4's Nsight Compute reading of nvfp4_gemv_tiles_n8_u1 (64% of issue slots used while active, 19% of the
+// kernel with SMs idle in the ramp and tail): 85% of copy needs fewer instructions per KiB (the e2m1 decode and
+// group scale are ~160 of ~193) and a shorter ramp and tail, not a deeper pipeline. (Under compute-sanitizer
+// racecheck that test binary stopped inside the bulk kernel's test in both runs; memcheck was clean and every
+// test passed without the tool. Not pursued once the kernel lost.)
+//
 // Programmatic dependent launch (session 4): this kernel and the fragment kernel before it are launched as
 // programmatic dependents by the crate (Device::launch_pdl), so the GEMV's blocks get resident while the
 // fragment kernel runs: 1.03-1.08x at every m on the layer shapes (s4-run2).
@@ -1062,133 +1043,6 @@ extern "C" __global__ void __launch_bounds__(256, 4) nvfp4_gemv_tiles_n16_u1(con
                                                                             float* y, int m, int n, int k) {
     blockq_gemv_mma<2, 2, 8, true, 0>(nullptr, xf, wr, sr, global_scale, y, m, n, k);
 }
-
-// The NVFP4 tile GEMV fed by the bulk-copy engine (nvfp4_gemv_tiles_bulk_n{8,16}_c{CW}p{P}; Rust:
-// Gpu::nvfp4_gemv_tiles_bulk, TilesKernel::Bulk). Why: the kernels above keep one 1 KiB chunk per warp in flight
-// in registers, and only while the warp waits; while it decodes (about as long) it has none. With ~40 warps per SM
-// that is ~20 KiB per SM on average, about what 4.2 TB/s needs over a ~0.6 us memory latency, and the layer shapes
-// measure 58-68% of copy. Here one extra warp per block (the producer; only its lane 0 works) streams the block's
-// chunks of its 16-row tile into a ring of P stages of CW chunks in shared memory, one cp.async.bulk for the
-// weights and one for the scale words per stage, each stage's arrival counted in bytes on its "full" mbarrier;
-// the CW consumer warps take one chunk of each stage (warp w: chunk cbeg + CW j + w, the order of the kernels above),
-// copy its 1 KiB and scale word to registers, release the slot (one arrive per warp on the stage's "empty"
-// mbarrier, which the producer waits on before it refills the slot) and decode and multiply exactly as
-// blockq_gemv_mma does. So up to P * CW KiB per block are in flight whatever the consumers are doing, at the cost
-// of a wait and three shared-memory loads per chunk. The producer starts before pdl_wait (weights and scales are
-// no kernel's output), so a dependent launch streams weights while the fragment kernel still runs.
-//
-// Splits and sums as nvfp4_gemv_tiles_n*_u1: gridDim.y blocks per tile, each a contiguous share of the chunks,
-// added into y with atomicAdd when gridDim.y > 1 (y zeroed by gemv_act_frag_nvfp4_zero). With CW = 8 every warp adds
-// the same chunks in the same order as there, so the outputs are bitwise those of nvfp4_gemv_tiles_n*_u1 with the
-// same splits (the tests check it). Grid (ceil(n/16), splits), (CW + 1) * 32 threads, static shared memory
-// P * CW * 1152 + CW * 1 KiB + 8 P bytes.
-template <int NT, int CW, int P>
-__device__ __forceinline__ void nvfp4_gemv_tiles_bulk(const uint4* __restrict__ xf, const uint8_t* __restrict__ wr,
-                                                      const uint32_t* __restrict__ sr, float global_scale,
-                                                      float* __restrict__ y, int m, int n, int k) {
-    pdl_launch_dependents();
-    __shared__ __align__(128) uint8_t wbuf[P][CW * 1024];
-    __shared__ __align__(128) uint32_t sbuf[P][CW * 32];
-    __shared__ __align__(8) uint64_t full[P], empty[P];
-    __shared__ float red[CW][16][16];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nchunks = (k + 127) >> 7;
-    const int nsplit = static_cast<int>(gridDim.y);
-    const int per = (nchunks + nsplit - 1) / nsplit;
-    const int cbeg = min(nchunks, static_cast<int>(blockIdx.y) * per);
-    const int cend = min(nchunks, cbeg + per);
-    const int nstages = (cend - cbeg + CW - 1) / CW;
-    const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&full[0]));
-    const uint32_t empty0 = static_cast<uint32_t>(__cvta_generic_to_shared(&empty[0]));
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int s = 0; s < P; ++s) {
-            mbar_init(full0 + 8 * s, 1);
-            mbar_init(empty0 + 8 * s, CW);
-        }
-        // The initialised barriers visible to the async proxy, whose bulk copies complete on them.
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-
-    float acc[NT][4];
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
-    if (warp == CW) {
-        if (lane == 0) {  // the producer
-            const size_t tc0 = static_cast<size_t>(blockIdx.x) * nchunks + cbeg;
-            for (int j = 0; j < nstages; ++j) {
-                const int slot = j % P;
-                // Slot reuse: the CW consumers of stage j - P have released it.
-                if (j >= P) mbar_wait(empty0 + 8 * slot, static_cast<uint32_t>((j / P - 1) & 1));
-                const int cnt = min(CW, cend - cbeg - j * CW);
-                const uint32_t bar = full0 + 8 * slot;
-                mbar_arrive_expect_tx(bar, static_cast<uint32_t>(cnt) * (1024 + 128));
-                bulk_g2s(static_cast<uint32_t>(__cvta_generic_to_shared(&wbuf[slot][0])),
-                         wr + (tc0 + static_cast<size_t>(j) * CW) * 1024, static_cast<uint32_t>(cnt) * 1024, bar);
-                bulk_g2s(static_cast<uint32_t>(__cvta_generic_to_shared(&sbuf[slot][0])),
-                         sr + (tc0 + static_cast<size_t>(j) * CW) * 32, static_cast<uint32_t>(cnt) * 128, bar);
-            }
-        }
-        __syncwarp();  // the warp converged again before the block barrier below (bar.sync is .aligned)
-    } else {
-        pdl_wait();  // xf is the fragment kernel's output
-        for (int j = 0; j < nstages; ++j) {
-            const int c = cbeg + j * CW + warp;
-            if (c >= cend) break;  // only in the last stage, which no refill waits for
-            // The next chunk's B fragments (L2) into L1 now, so that their latency overlaps this chunk's decode
-            // instead of stalling the next one: one prefetch per 128-byte line that holds a token below m.
-            if (c + CW < cend && (lane & 7) == 0) {
-#pragma unroll
-                for (int t = 0; t < NT; ++t)
-#pragma unroll
-                    for (int v = 0; v < 4; ++v)
-                        if (t * 8 + (lane >> 2) < m)
-                            asm volatile("prefetch.global.L1 [%0];" ::"l"(
-                                xf + ((static_cast<size_t>(c + CW) * NT + t) * 4 + v) * 32 + lane));
-            }
-            const int slot = j % P;
-            mbar_wait(full0 + 8 * slot, static_cast<uint32_t>((j / P) & 1));
-            const uint4 la = *reinterpret_cast<const uint4*>(&wbuf[slot][warp * 1024 + lane * 16]);
-            const uint4 lb = *reinterpret_cast<const uint4*>(&wbuf[slot][warp * 1024 + 512 + lane * 16]);
-            const uint32_t s4 = sbuf[slot][warp * 32 + lane];
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty0 + 8 * slot);
-            uint32_t bx[NT][16];
-            load_b_fragments<NT>(xf, c, m, lane, bx);
-            uint32_t ax[16], bxw[16];
-            nvfp4_a_fragments(la, lb, s4, ax, bxw);
-            float part[NT][4];
-            chunk_mma<NT>(ax, bxw, bx, part);
-#pragma unroll
-            for (int t = 0; t < NT; ++t)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[t][i] = fmaf(part[t][i], 1.f, acc[t][i]);  // as blockq_gemv_mma
-        }
-        acc_to_shared<NT, CW>(red, acc, warp, lane);
-    }
-    __syncthreads();
-    if (warp < CW)
-        tile_sum_store<NT, CW>(red, y, m, n, static_cast<int>(blockIdx.x) * 16, 16384.f * global_scale, nsplit > 1,
-                               threadIdx.x);
-}
-
-// Built cuts: CW consumer warps x P stages (MINB blocks per SM asked of ptxas: 48 / 64 registers at n8 / n16 for
-// CW = 8, as the kernels above). Shared memory per block: c8p4 45 KiB, c4p4 22.5 KiB, c4p8 40.5 KiB.
-#define EDGEFIT_NVFP4_BULK(CW, P, MINB8, MINB16)                                                                  \
-    extern "C" __global__ void __launch_bounds__((CW + 1) * 32, MINB8) nvfp4_gemv_tiles_bulk_n8_c##CW##p##P(      \
-        const uint4* xf, const uint8_t* wr, const uint32_t* sr, float global_scale, float* y, int m, int n, int k) { \
-        nvfp4_gemv_tiles_bulk<1, CW, P>(xf, wr, sr, global_scale, y, m, n, k);                                    \
-    }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__((CW + 1) * 32, MINB16) nvfp4_gemv_tiles_bulk_n16_c##CW##p##P(    \
-        const uint4* xf, const uint8_t* wr, const uint32_t* sr, float global_scale, float* y, int m, int n, int k) { \
-        nvfp4_gemv_tiles_bulk<2, CW, P>(xf, wr, sr, global_scale, y, m, n, k);                                    \
-    }
-EDGEFIT_NVFP4_BULK(8, 4, 4, 3)
-EDGEFIT_NVFP4_BULK(4, 4, 8, 4)
-EDGEFIT_NVFP4_BULK(4, 8, 5, 4)
 
 // gemv_act_frag_{nvfp4,fp8} that also zero y[0 .. ylen) (grid-stride), for the split-K launches that add into y.
 // Same grid.

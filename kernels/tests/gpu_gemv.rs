@@ -1,6 +1,5 @@
 //! The decode GEMVs beyond `KernelPath` (issue 4: the NVFP4 decode path `Gpu::nvfp4_repack_tiles` +
-//! `Gpu::nvfp4_gemv_tiles` and its variants `Gpu::nvfp4_gemv_tiles_variant`, `Gpu::nvfp4_gemv_tiles_split` and
-//! `Gpu::nvfp4_gemv_tiles_bulk`,
+//! `Gpu::nvfp4_gemv_tiles` and its variants `Gpu::nvfp4_gemv_tiles_variant` and `Gpu::nvfp4_gemv_tiles_split`,
 //! `Gpu::fp8_block_gemv_with_scratch`, and the variants `Gpu::fp8_block_gemv_preconverted`,
 //! `Gpu::fp8_block_gemv_split` and `Gpu::nvfp4_gemv_preconverted`) against
 //! `kernels::reference::linear`: fresh random inputs each run (the seed is
@@ -12,7 +11,7 @@
 //! Without a CUDA device (or without the `cuda` feature) each test prints "skipped: no CUDA device". Small enough
 //! for `compute-sanitizer --tool memcheck|racecheck` in seconds.
 
-use kernels::cuda::{BulkCut, Gpu, MmaSplit};
+use kernels::cuda::{Gpu, MmaSplit};
 use kernels::reference;
 
 mod gpu_common;
@@ -465,71 +464,6 @@ fn mma_splits_match_the_reference_and_repeat_bit_for_bit() {
     }
 }
 
-/// `Gpu::nvfp4_gemv_tiles_bulk`, every built cut (`BulkCut::BUILT`) at 1, 2, 3 and 16 K splits, against the
-/// reference; with 8 consumer warps and at most 2 splits also bit for bit against `Gpu::nvfp4_gemv_tiles_variant`
-/// (the same chunks per warp in the same order). The shapes make the producer wrap its ring several times (k = 4128:
-/// 33 chunks, 9 stages of 4 chunks for a 4-stage ring), end on a partial stage and a partial chunk, leave a ragged
-/// last tile, and give some splits no chunk at all (k = 32: one chunk for 3 or 16 splits).
-#[test]
-fn nvfp4_bulk_cuts_match_the_reference_and_the_register_kernel() {
-    let Some(gpu) = gpu() else { return };
-    let mut rng = rng("nvfp4_bulk");
-    for &(n, k) in &[(300, 1184), (37, 4128), (17, 32)] {
-        let w = uniform(&mut rng, n * k, 0.05);
-        let (packed, scales, global) = reference::linear::quantize_nvfp4(&w, n, k);
-        let (dw, ds) = (gpu.upload(&packed).unwrap(), gpu.upload(&scales).unwrap());
-        let tiles = gpu.nvfp4_repack_tiles(&dw, &ds, n, k).unwrap();
-        for m in [1, 5, 8, 9, 16] {
-            let (xb, xf) = bf16_activations(&mut rng, m * k);
-            let want = reference::linear::nvfp4_linear(&xf, m, &packed, &scales, global, n, k);
-            let dx = gpu.upload(&xb).unwrap();
-            let len = Gpu::gemv_scratch_len(m, k);
-            for splits in [1, 2, 3, 16] {
-                let mut scratch = poisoned_scratch(&gpu, len);
-                let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-                gpu.nvfp4_gemv_tiles_variant(
-                    &dx,
-                    &tiles,
-                    global,
-                    &mut dy,
-                    Some(&mut scratch),
-                    m,
-                    splits,
-                )
-                .unwrap();
-                let register_fed = gpu.download(&dy).unwrap();
-                for &(warps, stages) in &BulkCut::BUILT {
-                    let cut = BulkCut { warps, stages };
-                    let what = format!("nvfp4 bulk {cut:?} {splits} K split(s) m={m} n={n} k={k}");
-                    let mut scratch = poisoned_scratch(&gpu, len);
-                    let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-                    gpu.nvfp4_gemv_tiles_bulk(
-                        &dx,
-                        &tiles,
-                        global,
-                        &mut dy,
-                        &mut scratch,
-                        m,
-                        splits,
-                        cut,
-                    )
-                    .unwrap();
-                    let got = gpu.download(&dy).unwrap();
-                    check(&what, &got, &want, n);
-                    if warps == 8 && splits <= 2 {
-                        assert_same_bits(
-                            &format!("{what} against nvfp4_gemv_tiles_variant"),
-                            &register_fed,
-                            &got,
-                            n,
-                        );
-                    }
-                }
-            }
-        }
-    }
-}
-
 #[test]
 fn gemv_variant_errors_name_the_operand() {
     let Some(gpu) = gpu() else { return };
@@ -640,37 +574,6 @@ fn gemv_variant_errors_name_the_operand() {
     }
     let e = gpu
         .fp8_block_gemv_with_scratch(&x, &w8, &s8, &mut y, &mut small, m, n, k)
-        .unwrap_err();
-    assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
-    for (warps, stages) in [(8, 8), (2, 4), (4, 0)] {
-        let e = gpu
-            .nvfp4_gemv_tiles_bulk(
-                &x,
-                &tiles,
-                1.0,
-                &mut y,
-                &mut big,
-                m,
-                1,
-                BulkCut { warps, stages },
-            )
-            .unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("a bulk-copy GEMV cut is one of (warps, stages)"),
-            "{e}"
-        );
-    }
-    let cut = BulkCut {
-        warps: 8,
-        stages: 4,
-    };
-    let e = gpu
-        .nvfp4_gemv_tiles_bulk(&x, &tiles, 1.0, &mut y, &mut big, m, 17, cut)
-        .unwrap_err();
-    assert!(e.to_string().contains("k_splits must be 1..=16"), "{e}");
-    let e = gpu
-        .nvfp4_gemv_tiles_bulk(&x, &tiles, 1.0, &mut y, &mut small, m, 1, cut)
         .unwrap_err();
     assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
     // Zero weights (e2m1 code 0) times random activations: every output written, and exactly zero.

@@ -18,17 +18,18 @@ Arms (kernel names as in the SASS, for grepping):
       (Gpu::fp8_block_gemv_split), both kernels as programmatic dependents unless _plain
   fp8  t_pre, t_w{W}c{CS}  the same over the FP8 tile layout (Gpu::fp8_repack_tiles + fp8_gemv_tiles_split)
   fp8  tc_w{W}c{CS}  the tile layout, activations converted in the GEMV (Gpu::fp8_gemv_tiles_converting)
+  fp8  t_w8c2_only, t_w4c1_only (m > 1)  the "t_" GEMV alone on fragments converted once before timing: the
+      fragment kernel's cost is the difference to t_w8c2 / t_w4c1
       (Gpu::fp8_gemv_tiles, the FP8 decode path: the table in its fp8_tiles_auto)
       (Gpu::fp8_block_gemv_with_scratch: the table in its fp8_split_auto)
   nv4  auto   nvfp4_gemv_mma_n8/_n16                          -- Gpu::nvfp4_gemv (checkpoint layout, no repack)
   nv4  pre    gemv_act_frag_nvfp4 + nvfp4_gemv_mma_pre_n8/_n16
   nv4  tile   nvfp4_gemv_mma_tile_n8/_n16 (weights repacked once by nvfp4_repack_mma)
   nv4  tilepre  gemv_act_frag_nvfp4 + nvfp4_gemv_mma_tile_pre_n8/_n16
+  nv4  tilepre_only  the same GEMV alone on fragments converted once before timing (against tilepre_pdl)
   nv4  t1k{S}  gemv_act_frag_nvfp4[_zero] + nvfp4_gemv_tiles_n8/_n16_u1, grid.y = S   -- Gpu::nvfp4_gemv_tiles_variant
   nv4  w{W}c{CS}[_plain]  gemv_act_frag_nvfp4 + nvfp4_gemv_mma_tile_pre_n8/_n16_w{W}c{CS}
       (Gpu::nvfp4_gemv_tiles_split; tilepre_w8c1_plain is w8c1 launched plainly)
-  nv4  b{W}p{P}k{S}  gemv_act_frag_nvfp4[_zero] + nvfp4_gemv_tiles_bulk_n8/_n16_c{W}p{P}, grid.y = S, both as
-      programmatic dependents (Gpu::nvfp4_gemv_tiles_bulk: W consumer warps, a P-stage cp.async.bulk ring)
       (Gpu::nvfp4_gemv_tiles's Auto: the table in its nvfp4_tiles_auto)
 The last table names, per case, the fastest correct arm and the arm the library's Auto runs for it (`with_scratch`
 for FP8, `nvfp4_gemv_tiles` for NVFP4: the decode paths), so a wrong Auto entry shows as a gain > 1.
@@ -114,6 +115,16 @@ def fp8_case(n, k, m, sets, w8, wr8, sc, copy_bw, one, wbf):
             log_regs(f"fp8_gemv_tile_m1_w{w}c{cs}", fm)
             arms[f"m1t_w{w}c{cs}"] = lambda i, fm=fm, w=w, cs=cs: b.launch_pdl(
                 fm, (g16[0], cs), (32 * w,), (ptr(x[i]), ptr(wr8[i]), ptr(sc[i]), ptr(y), i32(n), i32(k)))
+    # The GEMV alone on fragments converted once beforehand (one scratch per input set): what the fragment kernel
+    # costs the "t_" arms, i.e. what a producer kernel that wrote the fragments itself would save ("t_..._only").
+    if m > 1:
+        xfo = [torch.empty_like(xf) for _ in range(sets)]
+        for i in range(sets):
+            launch(fa, ga, (256,), (ptr(x[i]), ptr(xfo[i]), i32(m), i32(k), i32(nt)))
+        for w, cs in ((8, 2), (4, 1)):
+            fo = kern("gemv", f"fp8_gemv_mma_tile_pre_n{8 * nt}_w{w}c{cs}")
+            arms[f"t_w{w}c{cs}_only"] = lambda i, fo=fo, cs=cs, w=w: b.launch_pdl(
+                fo, (g16[0], cs), (32 * w,), (ptr(xfo[i]), ptr(wr8[i]), ptr(sc[i]), ptr(y), i32(m), i32(n), i32(k)))
     # ... and with the activations converted inside the GEMV (no fragment kernel): "tc_" arms, as dependents.
     for w, cs in ((8, 1), (8, 2), (4, 1)):
         fc = kern("gemv", f"fp8_gemv_mma_tile_n{8 * nt}_w{w}c{cs}")
@@ -161,7 +172,8 @@ def fp8_case(n, k, m, sets, w8, wr8, sc, copy_bw, one, wbf):
     if wbf is not None:
         b.row("cublas_bf16", shape, res_bf["bf16"], "-", None, bytes_moved=2 * n * k + m * k * 2 + m * n * 2,
               ceiling=copy_bw, note="reference point: torch.matmul bf16")
-    ok = {a: res[a][0] for a in arms if errs[a] < 1e-4}
+    # "_only" arms skip the activation conversion a call needs: not candidates for the table.
+    ok = {a: res[a][0] for a in arms if errs[a] < 1e-4 and not a.endswith("_only")}
     best = min(ok, key=ok.get) if ok else "none"
     # Gpu::fp8_block_gemv_with_scratch's choice
     # The decode path's choice: Gpu::fp8_gemv_tiles over the tile layout (fp8_tiles_auto). (The checkpoint-layout
@@ -184,8 +196,6 @@ def fp8_case(n, k, m, sets, w8, wr8, sc, copy_bw, one, wbf):
 # cluster per 16-row tile. "pre" is w8c1 launched plainly (the one-block-per-tile kernel of sessions 2-4).
 SPLITS = [(8, 1), (8, 2), (4, 1), (4, 2), (4, 3)]  # MmaSplit::BUILT
 PLAIN_TOO = [(8, 1)]
-# The bulk-copy NVFP4 builds (Gpu::nvfp4_gemv_tiles_bulk): (consumer warps, ring stages), BulkCut::BUILT.
-BULK = [(8, 4), (4, 4), (4, 8)]
 
 
 def add_split_arms(arms, base, nt, tiles, fa, ga, frag_args, split_args, w8c1_plain, prefix=""):
@@ -245,20 +255,11 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto):
     arms["t1k2_pdl"] = lambda i: (
         b.launch_pdl(faz, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt), ptr(y), np.uint64(m * n))),
         b.launch_pdl(fu, (g16[0], 2), (256,), (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail()))
-    # Gpu::nvfp4_gemv_tiles_bulk: the chunks streamed into a shared-memory ring by cp.async.bulk, W consumer
-    # warps + 1 producer, P stages, S K splits; both kernels as programmatic dependents.
-    for w, p in BULK:
-        fbk = kern("gemv", f"nvfp4_gemv_tiles_bulk_{sfx}_c{w}p{p}")
-        log_regs(f"nvfp4_gemv_tiles_bulk_{sfx}_c{w}p{p}", fbk)
-        for splits in (1, 2, 3):
-            def bulk_arm(i, fbk=fbk, w=w, splits=splits):
-                if splits > 1:
-                    b.launch_pdl(faz, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt), ptr(y),
-                                                    np.uint64(m * n)))
-                else:
-                    b.launch_pdl(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt)))
-                b.launch_pdl(fbk, (g16[0], splits), (32 * (w + 1),), (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail())
-            arms[f"b{w}p{p}k{splits}"] = bulk_arm
+    # The one-split GEMV alone on fragments converted once beforehand (as fp8_case's "t_..._only").
+    xfo = [torch.empty_like(xf) for _ in range(sets)]
+    for i in range(sets):
+        launch(fa, ga, (256,), (ptr(x[i]), ptr(xfo[i]), i32(m), i32(k), i32(nt)))
+    arms["tilepre_only"] = lambda i: b.launch_pdl(ftp, g16, (256,), (ptr(xfo[i]), ptr(wr[i]), ptr(sr[i])) + tail())
     add_split_arms(arms, "nvfp4_gemv_mma_tile_pre", nt, g16[0], fa, ga,
                    lambda i: (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt)),
                    lambda i: (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail(), "tilepre_w8c1_plain")
@@ -290,7 +291,7 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto):
             b.row(f"nvfp4_{name}", shape, res[name], "nvfp4 auto", res["auto"], bytes_moved=moved, ceiling=copy_bw,
                   note=f"rel diff vs auto {errs[name]:.1e}" + (", tilepre == t1k1 == pre bitwise"
                                                                  if name == "tilepre" and exact else ""))
-    ok = {a: res[a][0] for a in arms if errs[a] < 1e-5}
+    ok = {a: res[a][0] for a in arms if errs[a] < 1e-5 and not a.endswith("_only")}
     best = min(ok, key=ok.get) if ok else "none"
     # Gpu::nvfp4_gemv_tiles's choice (nvfp4_tiles_auto), launched as programmatic dependents since s4-run2.
     lib = "t1k2_pdl" if m <= 8 and n <= 8192 else ("w4c1" if m <= 8 and n >= 65536 else "tilepre_pdl")

@@ -818,44 +818,6 @@ impl Gpu {
         )
     }
 
-    /// [`Gpu::nvfp4_gemv_tiles`] on the bulk-copy build (`nvfp4_gemv_tiles_bulk_n*_c{W}p{P}`, see [`BulkCut`]): one
-    /// extra warp per block streams the tile's chunks into a `cut.stages`-deep shared-memory ring with
-    /// `cp.async.bulk` while `cut.warps` warps decode and multiply them; the K chunks cut into `k_splits` (1..=16)
-    /// ranges added into `y` with atomics as in [`Gpu::nvfp4_gemv_tiles_variant`] (which it matches bit for bit with
-    /// 8 warps and the same splits). Activations preconverted into `scratch` (at least [`Gpu::gemv_scratch_len`]
-    /// words); both kernels launched as programmatic dependents. Tests and the benchmark drive each cut.
-    #[allow(clippy::too_many_arguments)]
-    pub fn nvfp4_gemv_tiles_bulk(
-        &self,
-        x: &GpuBuffer<u16>,
-        tiles: &Nvfp4TileWeights,
-        global_scale: f32,
-        y: &mut GpuBuffer<f32>,
-        scratch: &mut GpuBuffer<u32>,
-        m: usize,
-        k_splits: usize,
-        cut: BulkCut,
-    ) -> Result<(), KernelError> {
-        const OP: &str = "cuda::nvfp4_gemv_tiles_bulk";
-        cut.check(OP)?;
-        crate::ensure_shape!(
-            (1..=16).contains(&k_splits),
-            OP,
-            "k_splits must be 1..=16, got {k_splits}"
-        );
-        self.tiles_launch(
-            OP,
-            TilesKernel::Bulk(cut),
-            x,
-            tiles,
-            global_scale,
-            y,
-            Some(scratch),
-            m,
-            k_splits,
-        )
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn tiles_launch(
         &self,
@@ -1082,38 +1044,6 @@ impl MmaSplit {
     }
 }
 
-/// How the bulk-copy NVFP4 tile GEMV ([`Gpu::nvfp4_gemv_tiles_bulk`], `nvfp4_gemv_tiles_bulk_n*_c{W}p{P}` in
-/// `cuda/gemv.cu`) cuts its block: `warps` consumer warps (each takes one 1 KiB chunk of every stage) and a ring of
-/// `stages` stages of `warps` chunks in shared memory, filled by one producer warp. Built: 8 x 4, 4 x 4, 4 x 8
-/// ([`BulkCut::BUILT`]).
-///
-/// Why: the register-fed kernels hold one chunk per warp in flight, and only while the warp is not decoding;
-/// a ring filled by the copy engine keeps up to `warps * stages` KiB per block in flight regardless.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BulkCut {
-    /// Consumer warps per block (the block has one more, the producer).
-    pub warps: usize,
-    /// Stages of the shared-memory ring.
-    pub stages: usize,
-}
-
-impl BulkCut {
-    /// The (warps, stages) pairs built in `cuda/gemv.cu`.
-    pub const BUILT: [(usize, usize); 3] = [(8, 4), (4, 4), (4, 8)];
-
-    fn check(self, op: &'static str) -> Result<(), KernelError> {
-        crate::ensure_shape!(
-            Self::BUILT.contains(&(self.warps, self.stages)),
-            op,
-            "a bulk-copy GEMV cut is one of (warps, stages) {:?}, got ({}, {})",
-            Self::BUILT,
-            self.warps,
-            self.stages
-        );
-        Ok(())
-    }
-}
-
 /// The weight layouts of the tensor-core GEMV cuts (`Device::mma_split_gemv`; only the CUDA build launches).
 #[cfg(feature = "cuda")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1137,9 +1067,6 @@ pub(in crate::cuda) enum TilesKernel {
     Split,
     /// `nvfp4_gemv_mma_tile_pre_n*_w{W}c{CS}`: preconverted activations, cut as the [`MmaSplit`] says.
     Cluster(MmaSplit),
-    /// `nvfp4_gemv_tiles_bulk_n*_c{W}p{P}`: preconverted activations, the chunks streamed into shared memory by
-    /// the copy engine, K split over `grid.y` blocks as `Split`.
-    Bulk(BulkCut),
 }
 
 /// `Auto`'s choice for [`Gpu::nvfp4_gemv_tiles`]: the kernel and the K splits for `m` tokens and `n` rows.
@@ -1177,6 +1104,11 @@ pub(in crate::cuda) enum TilesKernel {
 /// 197.7 against 203.8 / 209.6 at m = 4. Elsewhere the table stands: two- and three-block clusters per tile lost
 /// to the atomic two splits on the 5120-row shapes (21.6-21.8 against 18.3-18.6 us), and 4- or 8-warp single
 /// blocks came within 1% of `tilepre` on 17408 rows.
+///
+/// Session 7 (s7-run2, s7-run3): a block-level shared-memory ring filled by `cp.async.bulk` from a producer warp
+/// (W consumer warps x P stages, 1-3 K splits) lost at every shape and m (m = 1: 20.7 / 20.9 / 14.9 / 236 us
+/// against this table's 18.7 / 17.7 / 12.7 / 185) and was deleted; the numbers and why are in `cuda/gemv.cu`
+/// beside `nvfp4_gemv_tiles_n8_u1`.
 fn nvfp4_tiles_auto(m: usize, n: usize) -> (TilesKernel, usize) {
     if m <= 8 && n <= 8192 {
         (TilesKernel::Split, 2)

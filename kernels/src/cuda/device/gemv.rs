@@ -564,19 +564,6 @@ impl Device {
             (TilesKernel::Mma, _) => "nvfp4_gemv_mma_tile_pre_n16",
             (TilesKernel::Split, 1) => "nvfp4_gemv_tiles_n8_u1",
             (TilesKernel::Split, _) => "nvfp4_gemv_tiles_n16_u1",
-            (TilesKernel::Bulk(cut), _) => match (nt, cut.warps, cut.stages) {
-                (1, 8, 4) => "nvfp4_gemv_tiles_bulk_n8_c8p4",
-                (1, 4, 4) => "nvfp4_gemv_tiles_bulk_n8_c4p4",
-                (1, 4, 8) => "nvfp4_gemv_tiles_bulk_n8_c4p8",
-                (_, 8, 4) => "nvfp4_gemv_tiles_bulk_n16_c8p4",
-                (_, 4, 4) => "nvfp4_gemv_tiles_bulk_n16_c4p4",
-                (_, 4, 8) => "nvfp4_gemv_tiles_bulk_n16_c4p8",
-                _ => {
-                    return Err(KernelError::Cuda(format!(
-                        "nvfp4_gemv_tiles: no bulk-copy build for {cut:?}"
-                    )))
-                }
-            },
             (TilesKernel::Cluster(_), _) => {
                 return Err(KernelError::Cuda(
                     "nvfp4_gemv_tiles: cluster splits launch through mma_split_gemv".into(),
@@ -586,9 +573,10 @@ impl Device {
         let f = self.function(Module::Gemv, name)?;
         match xf {
             Some(xf) => {
-                let splits = match kernel {
-                    TilesKernel::Split | TilesKernel::Bulk(_) => splits,
-                    _ => 1,
+                let splits = if kernel == TilesKernel::Split {
+                    splits
+                } else {
+                    1
                 };
                 if splits > 1 {
                     self.gemv_act_frag_zero(x, xf, y, m, n, k, nt)?;
@@ -597,9 +585,6 @@ impl Device {
                 }
                 let mut cfg = mma_config(n);
                 cfg.grid_dim.1 = splits as u32;
-                if let TilesKernel::Bulk(cut) = kernel {
-                    cfg.block_dim.0 = 32 * (cut.warps as u32 + 1); // + the producer warp
-                }
                 // Both kernels launched as programmatic dependents (Device::launch_pdl): the GEMV's blocks get
                 // resident while the fragment kernel runs. s4-run2, against the same two kernels launched plainly:
                 // 18.55 vs 19.19 us (5120x17408, m = 1), 18.22 vs 19.47 (17408x5120), 12.27 vs 13.21 (5120x10240),
@@ -617,9 +602,8 @@ impl Device {
                     .i32(mi)
                     .i32(ni)
                     .i32(ki);
-                // SAFETY: matches `nvfp4_gemv_tiles_n*_u1`, `nvfp4_gemv_tiles_bulk_n*_c{W}p{P}` (block of W + 1
-                // warps, static shared memory only) and `nvfp4_gemv_mma_tile_pre_n*` (same argument list; the
-                // latter reads one tile per block and runs here with grid.y = 1) in cuda/gemv.cu; xf was just
+                // SAFETY: matches `nvfp4_gemv_tiles_n*_u1` and `nvfp4_gemv_mma_tile_pre_n*` (same argument list;
+                // the latter reads one tile per block and runs here with grid.y = 1) in cuda/gemv.cu; xf was just
                 // written for m, k, nt (the kernels read ceil(k/128) * nt * 128 uint4 of it, only for tokens < m);
                 // the caller checked wr and sr are the tile layout of exactly n x k (block (b, s) reads chunks of
                 // tile b only, inside ceil(k/128), ceil(n/16) blocks) and y = [m, n]; stores and atomics are

@@ -67,6 +67,13 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
+// (lo, hi) floats -> f16x2, saturating to +-65504 instead of overflowing to infinity.
+__device__ __forceinline__ uint32_t pack_f16x2_sat(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
 // A 16-byte load that bypasses L1 allocation: weights are read exactly once per call.
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
     uint4 r;

@@ -52,15 +52,25 @@ __device__ __forceinline__ void store_out4(__nv_bfloat16* o, float4 v) {
 // back to residual when ADD). The arithmetic is the CPU's (kernels/csrc/ops_impl.h): f32 sum of squares (here a
 // tree, there a sequential loop: they differ by rounding only), `1.0f / sqrtf` (IEEE, nvcc's default
 // -prec-div/-prec-sqrt), then `h * s * (w + add)` in that order.
-template <bool ADD, typename OutT>
-__device__ __forceinline__ void rmsnorm_row(const float* __restrict__ x, float* __restrict__ residual,
-                                            const float* __restrict__ w, float add, float eps,
-                                            OutT* __restrict__ out, int dim) {
+//
+// Where the outputs go is the Sink's business: RowSink writes row `row` of a [rows, dim] bf16 or fp32 tensor,
+// Fp8FragSink (below) the FP8 decode GEMV's B fragments. store4(e, v) gets elements e .. e + 3 (e % 4 == 0, only
+// on the vector path), store1(e, v) element e.
+template <typename OutT>
+struct RowSink {
+    OutT* orow;
+    __device__ __forceinline__ void store4(int e, float4 v) const { store_out4(orow + e, v); }
+    __device__ __forceinline__ void store1(int e, float v) const { store_out(orow + e, v); }
+};
+
+template <bool ADD, typename Sink>
+__device__ __forceinline__ void rmsnorm_row_to(const float* __restrict__ x, float* __restrict__ residual,
+                                               const float* __restrict__ w, float add, float eps, const Sink& sink,
+                                               int dim) {
     __shared__ float red[NORM_THREADS / 32];
     const size_t row = blockIdx.x;
     const float* xr = x + row * dim;
     float* rr = ADD ? residual + row * dim : nullptr;
-    OutT* orow = out + row * dim;
     const int tid = threadIdx.x;
     if ((dim & 3) == 0 && dim <= NORM_THREADS * 4 * NORM_VEC_REGS) {
         const int nvec = dim >> 2;
@@ -94,7 +104,7 @@ __device__ __forceinline__ void rmsnorm_row(const float* __restrict__ x, float* 
                 o.y = h[j].y * s * (wv.y + add);
                 o.z = h[j].z * s * (wv.z + add);
                 o.w = h[j].w * s * (wv.w + add);
-                store_out4(orow + 4 * v, o);
+                sink.store4(4 * v, o);
             }
         }
         return;
@@ -113,9 +123,37 @@ __device__ __forceinline__ void rmsnorm_row(const float* __restrict__ x, float* 
     const float s = 1.0f / sqrtf(block_sum_256(ss, red) / (float)dim + eps);
     for (int i = tid; i < dim; i += NORM_THREADS) {
         const float a = ADD ? rr[i] : xr[i];
-        store_out(orow + i, a * s * (w[i] + add));
+        sink.store1(i, a * s * (w[i] + add));
     }
 }
+
+template <bool ADD, typename OutT>
+__device__ __forceinline__ void rmsnorm_row(const float* __restrict__ x, float* __restrict__ residual,
+                                            const float* __restrict__ w, float add, float eps,
+                                            OutT* __restrict__ out, int dim) {
+    rmsnorm_row_to<ADD>(x, residual, w, add, eps, RowSink<OutT>{out + static_cast<size_t>(blockIdx.x) * dim}, dim);
+}
+
+// The FP8 decode GEMV's B fragments (gemv.cu: gemv_act_frag_body's layout and rounding, FP8 pair order) of token
+// row = blockIdx.x, nt = 1 for up to 8 rows, else 2: each value rounded to bf16 as rmsnorm_bf16 stores it, then
+// to f16 with saturation as gemv_act_frag_fp8 converts that bf16, so the fragments are bit for bit those of
+// rmsnorm_bf16 followed by gemv_act_frag_fp8. Four values land as one 8-byte half of a 16-byte fragment entry.
+struct Fp8FragSink {
+    uint2* xf;  // the fragments as uint2 halves: [ceil(dim/128)][nt][4][32][2]
+    int tok, nt;
+    __device__ __forceinline__ uint32_t pair(float lo, float hi) const {
+        return pack_f16x2_sat(__bfloat162float(__float2bfloat16_rn(lo)), __bfloat162float(__float2bfloat16_rn(hi)));
+    }
+    __device__ __forceinline__ void store4(int e, float4 v) const {
+        // Value e of token tok: chunk c = e / 128, lane = 4 (tok % 8) + (e % 128) / 32, v = (e % 32) / 8, half
+        // (e % 8) / 4.
+        const int c = e >> 7, r = e & 127;
+        const int lane = 4 * (tok & 7) + (r >> 5), vv = (r >> 3) & 3, half = (r >> 2) & 1;
+        const size_t entry = ((static_cast<size_t>(c) * nt + (tok >> 3)) * 4 + vv) * 32 + lane;
+        xf[2 * entry + half] = make_uint2(pair(v.x, v.y), pair(v.z, v.w));
+    }
+    __device__ __forceinline__ void store1(int, float) const {}  // never: the entries need dim % 16 == 0
+};
 
 // Gated activations, the CPU's formulas (kernels/csrc/ops_impl.h, seq_common.h) with CUDA's accurate expf / erff.
 __device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
@@ -490,6 +528,30 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     add_rmsnorm_f32(const float* __restrict__ x, float* __restrict__ residual, const float* __restrict__ w, float add,
                     float eps, float* __restrict__ out, int dim) {
     rmsnorm_row<true>(x, residual, w, add, eps, out, dim);
+}
+
+// RMSNorm (ADD: after residual += x) of up to 16 token rows straight into the FP8 decode GEMV's B fragments
+// (Gpu::rmsnorm_fp8_fragments; Fp8FragSink above): the fragment kernel's launch saved. Needs dim % 16 == 0 and
+// dim <= 8192 (the vector path; the Rust side checks). The values of the last 128-chunk past dim are zeroed here.
+template <bool ADD>
+__device__ __forceinline__ void rmsnorm_frag_fp8_body(const float* __restrict__ x, float* __restrict__ residual,
+                                                      const float* __restrict__ w, float add, float eps,
+                                                      uint32_t* __restrict__ xf, int dim) {
+    const Fp8FragSink sink{reinterpret_cast<uint2*>(xf), static_cast<int>(blockIdx.x), gridDim.x <= 8 ? 1 : 2};
+    rmsnorm_row_to<ADD>(x, residual, w, add, eps, sink, dim);
+    const int padded = (dim + 127) & ~127;
+    for (int e = dim + 4 * static_cast<int>(threadIdx.x); e < padded; e += 4 * NORM_THREADS)
+        sink.store4(e, make_float4(0.f, 0.f, 0.f, 0.f));
+}
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+    rmsnorm_frag_fp8(const float* __restrict__ x, const float* __restrict__ w, float add, float eps,
+                     uint32_t* __restrict__ xf, int dim) {
+    rmsnorm_frag_fp8_body<false>(x, nullptr, w, add, eps, xf, dim);
+}
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+    add_rmsnorm_frag_fp8(const float* __restrict__ x, float* __restrict__ residual, const float* __restrict__ w,
+                         float add, float eps, uint32_t* __restrict__ xf, int dim) {
+    rmsnorm_frag_fp8_body<true>(x, residual, w, add, eps, xf, dim);
 }
 
 // Gated activations: gate_up fp32 [rows, 2 * inter] (gate first), out bf16 [rows, inter].

@@ -1,6 +1,7 @@
 //! The decode GEMVs beyond `KernelPath` (issue 4: the NVFP4 decode path `Gpu::nvfp4_repack_tiles` +
 //! `Gpu::nvfp4_gemv_tiles` and its variants `Gpu::nvfp4_gemv_tiles_variant` and `Gpu::nvfp4_gemv_tiles_split`,
-//! `Gpu::fp8_block_gemv_with_scratch`, and the variants `Gpu::fp8_block_gemv_preconverted`,
+//! `Gpu::fp8_block_gemv_with_scratch`, the fused decode step `Gpu::rmsnorm_fp8_fragments` +
+//! `Gpu::fp8_gemv_tiles_fragments`, and the variants `Gpu::fp8_block_gemv_preconverted`,
 //! `Gpu::fp8_block_gemv_split` and `Gpu::nvfp4_gemv_preconverted`) against
 //! `kernels::reference::linear`: fresh random inputs each run (the seed is
 //! printed), every m from 1 to 16, n not a multiple of the 16-row tile or of two rows per warp, k at the constraint
@@ -12,6 +13,7 @@
 //! for `compute-sanitizer --tool memcheck|racecheck` in seconds.
 
 use kernels::cuda::{Gpu, MmaSplit};
+use kernels::ops::NormWeight;
 use kernels::reference;
 
 mod gpu_common;
@@ -464,6 +466,97 @@ fn mma_splits_match_the_reference_and_repeat_bit_for_bit() {
     }
 }
 
+/// `Gpu::rmsnorm_fp8_fragments` + `Gpu::fp8_gemv_tiles_fragments` (the decode step without the fragment kernel)
+/// against `Gpu::rmsnorm` / `Gpu::add_rmsnorm` + `Gpu::fp8_gemv_tiles_split` with the same cut, bit for bit: the
+/// fragments are the bf16 norm output converted exactly as the GEMV's own fragment kernel converts it, so any
+/// difference is a misplaced value. Both weight forms, with and without the residual add (whose written-back
+/// residual must match too), m from 1 to 16 (one and two fragment tiles), k not a multiple of 128 (the last
+/// chunk's values past k zeroed by the norm), n on both sides of the 8192-row cut switch; the fragment buffer is
+/// poisoned first, so an entry the GEMV reads and the norm does not write shows as NaN.
+#[test]
+fn rmsnorm_fragments_feed_the_fp8_gemv_bit_for_bit() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("rmsnorm_fp8_fragments");
+    for &(n, k) in &[(300, 416), (9000, 160), (33, 2080)] {
+        let w = uniform(&mut rng, n * k, 0.05);
+        let (codes, scales8) = reference::linear::quantize_fp8_block(&w, n, k);
+        let (dw8, ds8) = (gpu.upload(&codes).unwrap(), gpu.upload(&scales8).unwrap());
+        let tiles8 = gpu.fp8_repack_tiles(&dw8, n, k).unwrap();
+        let norm_w = gpu.upload(&uniform(&mut rng, k, 0.5)).unwrap();
+        for (m, form, with_residual) in [
+            (1, NormWeight::Plain, false),
+            (2, NormWeight::OnePlus, true),
+            (7, NormWeight::Plain, true),
+            (8, NormWeight::OnePlus, false),
+            (9, NormWeight::Plain, false),
+            (16, NormWeight::OnePlus, true),
+        ] {
+            let what = format!("m={m} n={n} k={k} {form:?} residual={with_residual}");
+            let x = gpu.upload(&uniform(&mut rng, m * k, 2.0)).unwrap();
+            let res0 = uniform(&mut rng, m * k, 1.0);
+            // Reference path: the bf16 norm, then the GEMV that converts it, cut as fp8_gemv_tiles_fragments cuts.
+            let mut xb = gpu.zeros::<u16>(m * k).unwrap();
+            let mut res_a = gpu.upload(&res0).unwrap();
+            if with_residual {
+                gpu.add_rmsnorm(&x, &mut res_a, &norm_w, form, 1e-6, &mut xb)
+                    .unwrap();
+            } else {
+                gpu.rmsnorm(&x, &norm_w, form, 1e-6, &mut xb).unwrap();
+            }
+            let (warps, splits) = if n <= 8192 {
+                (8, 2)
+            } else if m >= 9 {
+                (4, 1)
+            } else {
+                (8, 1)
+            };
+            let split = MmaSplit {
+                warps,
+                splits,
+                pdl: true,
+            };
+            let mut scratch = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
+            let mut ya = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            gpu.fp8_gemv_tiles_split(&xb, &tiles8, &ds8, &mut ya, &mut scratch, m, split)
+                .unwrap();
+            let want = gpu.download(&ya).unwrap();
+            assert!(
+                want.iter().all(|v| v.is_finite()),
+                "{what}: reference path not finite"
+            );
+            // The fused path.
+            let mut frags = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
+            let mut res_b = gpu.upload(&res0).unwrap();
+            gpu.rmsnorm_fp8_fragments(
+                &x,
+                with_residual.then_some(&mut res_b),
+                &norm_w,
+                form,
+                1e-6,
+                &mut frags,
+            )
+            .unwrap();
+            let mut yb = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            gpu.fp8_gemv_tiles_fragments(&frags, &tiles8, &ds8, &mut yb, m)
+                .unwrap();
+            assert_same_bits(
+                &format!("fused norm + fragments GEMV {what}"),
+                &want,
+                &gpu.download(&yb).unwrap(),
+                n,
+            );
+            if with_residual {
+                assert_same_bits(
+                    &format!("written-back residual {what}"),
+                    &gpu.download(&res_a).unwrap(),
+                    &gpu.download(&res_b).unwrap(),
+                    k,
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn gemv_variant_errors_name_the_operand() {
     let Some(gpu) = gpu() else { return };
@@ -574,6 +667,40 @@ fn gemv_variant_errors_name_the_operand() {
     }
     let e = gpu
         .fp8_block_gemv_with_scratch(&x, &w8, &s8, &mut y, &mut small, m, n, k)
+        .unwrap_err();
+    assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
+    // The fused norm's limits: up to 16 rows, dim % 16 == 0 and <= 8192, a fragment buffer for m x dim; the
+    // fragments GEMV's buffer length.
+    let nw = gpu.upload(&vec![1.0f32; k]).unwrap();
+    let xn17 = gpu.upload(&vec![1.0f32; 17 * k]).unwrap();
+    let e = gpu
+        .rmsnorm_fp8_fragments(&xn17, None, &nw, NormWeight::Plain, 1e-6, &mut big)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("1 to 16 token rows, x has 17 rows"),
+        "{e}"
+    );
+    for dim in [40, 8208] {
+        let w1 = gpu.upload(&vec![1.0f32; dim]).unwrap();
+        let x1 = gpu.upload(&vec![1.0f32; dim]).unwrap();
+        let mut f1 = gpu.zeros::<u32>(Gpu::gemv_scratch_len(1, dim)).unwrap();
+        let e = gpu
+            .rmsnorm_fp8_fragments(&x1, None, &w1, NormWeight::Plain, 1e-6, &mut f1)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains(&format!(
+                "at most 8192 (the kernel's vector path), got {dim}"
+            )),
+            "{e}"
+        );
+    }
+    let xm = gpu.upload(&vec![1.0f32; m * k]).unwrap();
+    let e = gpu
+        .rmsnorm_fp8_fragments(&xm, None, &nw, NormWeight::Plain, 1e-6, &mut small)
+        .unwrap_err();
+    assert!(e.to_string().contains("fragments has 2047 words"), "{e}");
+    let e = gpu
+        .fp8_gemv_tiles_fragments(&small, &tiles8, &s8, &mut y, m)
         .unwrap_err();
     assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
     // Zero weights (e2m1 code 0) times random activations: every output written, and exactly zero.

@@ -22,6 +22,8 @@ Arms (kernel names as in the SASS, for grepping):
       fragment kernel's cost is the difference to t_w8c2 / t_w4c1
       (Gpu::fp8_gemv_tiles, the FP8 decode path: the table in its fp8_tiles_auto)
       (Gpu::fp8_block_gemv_with_scratch: the table in its fp8_split_auto)
+  fp8  normfrag  rmsnorm_frag_fp8 + the GEMV (Gpu::rmsnorm_fp8_fragments + fp8_gemv_tiles_fragments) against
+      rmsnorm_bf16 + gemv_act_frag_fp8 + the same GEMV (m >= 2; fp8_norm_case)
   nv4  auto   nvfp4_gemv_mma_n8/_n16                          -- Gpu::nvfp4_gemv (checkpoint layout, no repack)
   nv4  pre    gemv_act_frag_nvfp4 + nvfp4_gemv_mma_pre_n8/_n16
   nv4  tile   nvfp4_gemv_mma_tile_n8/_n16 (weights repacked once by nvfp4_repack_mma)
@@ -191,6 +193,56 @@ def fp8_case(n, k, m, sets, w8, wr8, sc, copy_bw, one, wbf):
     return res["auto"]
 
 
+def fp8_norm_case(n, k, m, sets, wr8, sc, copy_bw):
+    """The decode step RMSNorm -> FP8 GEMV (m >= 2), both ways: "norm_frag_gemv" = rmsnorm_bf16 + the fragment
+    kernel + the GEMV (what Gpu::rmsnorm + Gpu::fp8_gemv_tiles_split run) against "normfrag_gemv" =
+    rmsnorm_frag_fp8 + the same GEMV (Gpu::rmsnorm_fp8_fragments + Gpu::fp8_gemv_tiles_fragments), the norm
+    launched plainly (it reads and writes what the GEMV before it may still touch), the rest as programmatic
+    dependents. The cut is fp8_fragments_auto's. Outputs compared bit for bit before timing; "% copy" counts the
+    GEMV's bytes only (the norm's m x k floats are < 1% of them)."""
+    nt = 1 if m <= 8 else 2
+    xs = [torch.randn(m, k, device=dev) * 2 for _ in range(sets)]
+    nw = torch.rand(k, device=dev) + 0.5
+    xb = torch.empty(m, k, device=dev, dtype=torch.bfloat16)
+    xf = torch.empty((k + 127) // 128 * nt * 512, device=dev, dtype=torch.int32)
+    y = torch.empty(m, n, device=dev, dtype=torch.float32)
+    g16 = (n + 15) // 16
+    w, cs = (8, 2) if n <= 8192 else ((4, 1) if m >= 9 else (8, 1))
+    fg = kern("gemv", f"fp8_gemv_mma_tile_pre_n{8 * nt}_w{w}c{cs}")
+    fa = kern("gemv", "gemv_act_frag_fp8")
+    ga = ((xf.numel() // 4 + 255) // 256,)
+    fn_ = kern("ops", "rmsnorm_bf16")
+    fnf = kern("ops", "rmsnorm_frag_fp8")
+    eps, add = f32(1e-6), f32(0.0)
+    gemv = lambda i: b.launch_pdl(fg, (g16, cs), (32 * w,), (ptr(xf), ptr(wr8[i]), ptr(sc[i]), ptr(y), i32(m),  # noqa: E731
+                                                             i32(n), i32(k)))
+
+    def unfused(i):
+        launch(fn_, (m,), (256,), (ptr(xs[i]), ptr(nw), add, eps, ptr(xb), i32(k)))
+        b.launch_pdl(fa, ga, (256,), (ptr(xb), ptr(xf), i32(m), i32(k), i32(nt)))
+        gemv(i)
+
+    def fused(i):
+        launch(fnf, (m,), (256,), (ptr(xs[i]), ptr(nw), add, eps, ptr(xf), i32(k)))
+        gemv(i)
+    arms = {"norm_frag_gemv": unfused, "normfrag_gemv": fused}
+    outs = {}
+    for name, call in arms.items():
+        y.fill_(float("nan"))
+        call(0)
+        torch.cuda.synchronize()
+        outs[name] = y.clone()
+    same = torch.equal(outs["norm_frag_gemv"], outs["normfrag_gemv"])
+    if not same or not torch.isfinite(outs["normfrag_gemv"]).all().item():
+        b.log(f"  FAIL fp8 norm M={m} N={n} K={k}: fused and unfused differ (or NaN)")
+        return
+    res = b.time_arms(arms, sets, 60 if n < 100000 else 8)
+    nb, kb = (n + 127) // 128, (k + 127) // 128
+    moved = n * k + nb * kb * 4 + m * k * 2 + m * n * 4
+    b.row("fp8_normfrag", f"M={m} N={n} K={k}", res["normfrag_gemv"], "norm + frag + gemv", res["norm_frag_gemv"],
+          bytes_moved=moved, ceiling=copy_bw, target=">=85% copy", note=f"w{w}c{cs}, bitwise equal")
+
+
 # The cuts of the tensor-core GEMVs over preconverted activations (Gpu::fp8_block_gemv_split,
 # Gpu::nvfp4_gemv_tiles_split; the _w{W}c{CS} builds of blockq_gemv_mma): W warps per block, CS blocks of one
 # cluster per 16-row tile. "pre" is w8c1 launched plainly (the one-block-per-tile kernel of sessions 2-4).
@@ -345,6 +397,11 @@ def main():
                     fp8_auto[m] = fp8_case(n, k, m, sets, w8, wr8, sc, copy_bw, one, wbf)
                 except Exception as e:  # noqa: BLE001 - one failing case must not stop the others
                     b.log(f"  ERROR fp8 M={m} N={n} K={k}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+            for m in sorted(set(ms + [4]) - {1}):
+                try:
+                    fp8_norm_case(n, k, m, sets, wr8, sc, copy_bw)
+                except Exception as e:  # noqa: BLE001
+                    b.log(f"  ERROR fp8 norm M={m} N={n} K={k}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
             del w8, wr8, sc, wbf
             torch.cuda.empty_cache()
             sets4 = b.n_sets(n * k // 2 + n * k // 16)

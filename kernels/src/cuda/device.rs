@@ -29,6 +29,8 @@ mod gemm_sm90a;
 mod gemv;
 mod ops;
 
+pub(in crate::cuda) use gemv::Activations;
+
 /// The embedded modules, each loaded at most once per context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[allow(dead_code)] // placeholder modules until their kernels land (session 2)

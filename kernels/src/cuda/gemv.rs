@@ -1,6 +1,8 @@
 //! Decode GEMVs (`kernels/cuda/gemv.cu`): FP8 e4m3 with 128x128 block scales and NVFP4, bf16 activations, fp32
 //! outputs, on the CUDA cores or the tensor cores ([`KernelPath`]).
 
+#[cfg(feature = "cuda")]
+use super::device::Activations;
 use super::{check_len, Gpu, GpuBuffer, KernelPath};
 use crate::KernelError;
 
@@ -375,8 +377,7 @@ impl Gpu {
             self.inner.mma_split_gemv(
                 SplitFormat::Fp8,
                 split,
-                &x.slice,
-                &mut scratch.slice,
+                Activations::Convert(&x.slice, &mut scratch.slice),
                 &w.slice,
                 &scales.slice,
                 1.0,
@@ -518,6 +519,56 @@ impl Gpu {
             Fp8TileKernel::Converting => {
                 self.fp8_tiles_converting_launch(x, tiles, scales, y, m, split)
             }
+        }
+    }
+
+    /// [`Gpu::fp8_gemv_tiles`] on activation fragments already written by [`Gpu::rmsnorm_fp8_fragments`] for the
+    /// same `m` and `k` (`fragments` is read, not written; the bits are those of [`Gpu::fp8_gemv_tiles_split`] on
+    /// the norm's bf16 output with the same cut): the decode GEMV without its fragment kernel. The cut, from the
+    /// same H200 sweeps as `fp8_tiles_auto`'s preconverted entries: 8 warps x 2 blocks per tile up to 8192 rows,
+    /// above 4 x 1 at m >= 9 and 8 x 1 at m <= 8. Where [`Gpu::fp8_gemv_tiles`] runs a kernel that reads bf16 x
+    /// itself (m = 1 on the CUDA cores; m <= 8 on 8193..65535 rows, converting in the GEMV), that path stays
+    /// faster. s7-run6, m = 16, this kernel alone against `fp8_gemv_tiles`' fragment kernel + the same GEMV: 23.57
+    /// against 25.65 us on 5120x17408, 24.64 against 25.42 on 17408x5120, 15.45 against 17.05 on 5120x10240.
+    pub fn fp8_gemv_tiles_fragments(
+        &self,
+        fragments: &GpuBuffer<u32>,
+        tiles: &Fp8TileWeights,
+        scales: &GpuBuffer<f32>,
+        y: &mut GpuBuffer<f32>,
+        m: usize,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::fp8_gemv_tiles_fragments";
+        let (n, k) = (tiles.n, tiles.k);
+        check_gemv_dims(OP, m, n, k, 16)?;
+        check_len(OP, "y", y.len(), m * n)?;
+        check_len(
+            OP,
+            "scales",
+            scales.len(),
+            n.div_ceil(128) * k.div_ceil(128),
+        )?;
+        check_scratch(OP, fragments, m, k)?;
+        let split = fp8_fragments_auto(m, n);
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.mma_split_gemv(
+                SplitFormat::Fp8Tile,
+                split,
+                Activations::Fragments(&fragments.slice),
+                &tiles.w.slice,
+                &scales.slice,
+                1.0,
+                &mut y.slice,
+                m,
+                n,
+                k,
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (fragments, scales, y, split);
+            match self.never {}
         }
     }
 
@@ -686,8 +737,7 @@ impl Gpu {
             self.inner.mma_split_gemv(
                 SplitFormat::Fp8Tile,
                 split,
-                &x.slice,
-                &mut scratch.slice,
+                Activations::Convert(&x.slice, &mut scratch.slice),
                 &tiles.w.slice,
                 &scales.slice,
                 1.0,
@@ -855,8 +905,7 @@ impl Gpu {
                 return self.inner.mma_split_gemv(
                     SplitFormat::Nvfp4Tile,
                     split,
-                    &x.slice,
-                    &mut scratch.slice,
+                    Activations::Convert(&x.slice, &mut scratch.slice),
                     &tiles.w.slice,
                     &tiles.scales.slice,
                     global_scale,
@@ -976,6 +1025,23 @@ enum Fp8TileKernel {
 /// The m = 1 kernel is 98.9 / 91.7 / 93.7 / 108.9% of copy, faster than the checkpoint layout's K-split kernel
 /// (22.70 / 24.25 / 13.49 / 295.8 us in the same run). The converting builds at m = 16 were not timed (their
 /// 58-59 registers cost a block per SM).
+/// The cut of [`Gpu::fp8_gemv_tiles_fragments`]: `fp8_tiles_auto`'s preconverted cuts, and 8 warps x 1 block per
+/// tile where that table converts in the GEMV or runs the CUDA-core m = 1 kernel above 8192 rows.
+fn fp8_fragments_auto(m: usize, n: usize) -> MmaSplit {
+    let (warps, splits) = if n <= 8192 {
+        (8, 2)
+    } else if m >= 9 {
+        (4, 1)
+    } else {
+        (8, 1)
+    };
+    MmaSplit {
+        warps,
+        splits,
+        pdl: true,
+    }
+}
+
 fn fp8_tiles_auto(m: usize, n: usize) -> (MmaSplit, Fp8TileKernel) {
     let ((warps, splits), kernel) = if m == 1 {
         let cut = if n <= 8192 { (8, 2) } else { (8, 1) };

@@ -371,6 +371,69 @@ impl Gpu {
         }
     }
 
+    /// [`Gpu::rmsnorm`] (or, with `residual`, [`Gpu::add_rmsnorm`]'s `residual += x` first) of `m` token rows
+    /// (`1 <= m <= 16`) written straight into the FP8 decode GEMV's activation fragments `fragments` (at least
+    /// [`Gpu::gemv_scratch_len`]`(m, dim)` words) for [`Gpu::fp8_gemv_tiles_fragments`]: the same bits as
+    /// [`Gpu::rmsnorm`]'s bf16 output converted by the GEMV's own fragment kernel, one launch fewer per decode
+    /// step. Why: at m = 16 that launch costs 0.8-2.1 us of a 17-26 us GEMV on the layer shapes (s7-run6,
+    /// `benchmarks/h200.md`). Needs `dim % 16 == 0` and `dim <= 8192`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm_fp8_fragments(
+        &self,
+        x: &GpuBuffer<f32>,
+        residual: Option<&mut GpuBuffer<f32>>,
+        weight: &GpuBuffer<f32>,
+        form: NormWeight,
+        eps: f32,
+        fragments: &mut GpuBuffer<u32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::rmsnorm_fp8_fragments";
+        let dim = weight.len();
+        let rows = check_norm(OP, x.len(), dim, eps)?;
+        crate::ensure_shape!(
+            (1..=16).contains(&rows),
+            OP,
+            "the decode GEMV's fragments hold 1 to 16 token rows, x has {rows} rows of {dim}"
+        );
+        crate::ensure_shape!(
+            dim.is_multiple_of(16) && dim <= 8192,
+            OP,
+            "dim must be a multiple of 16 and at most 8192 (the kernel's vector path), got {dim}"
+        );
+        if let Some(r) = &residual {
+            check_len(OP, "residual", r.len(), x.len())?;
+        }
+        let want = Gpu::gemv_scratch_len(rows, dim);
+        crate::ensure_shape!(
+            fragments.len() >= want,
+            OP,
+            "fragments has {} words, m = {rows}, k = {dim} need {want} (Gpu::gemv_scratch_len)",
+            fragments.len()
+        );
+        let add = match form {
+            NormWeight::Plain => 0.0f32,
+            NormWeight::OnePlus => 1.0,
+        };
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.rmsnorm_fp8_fragments(
+                &x.slice,
+                residual.map(|r| &mut r.slice),
+                &weight.slice,
+                add,
+                eps,
+                &mut fragments.slice,
+                rows,
+                dim,
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (residual, add, fragments, rows);
+            match self.never {}
+        }
+    }
+
     /// `out = bf16(silu(gate) * up)` over rows of `gate_up` (fp32 `[rows, 2*inter]`, gate half first, as
     /// [`crate::ops::silu_and_mul`]); `out`: bf16 bits `[rows, inter]`, the down projection's activations.
     /// `silu(g) = g / (1 + expf(-g))` in f32 as the CPU's scalar path. Four outputs per thread (float4 loads when

@@ -241,6 +241,14 @@ fn gemv_config(n: usize, rows_per_warp: usize) -> LaunchConfig {
     }
 }
 
+/// The activations of a tensor-core GEMV launch (`Device::mma_split_gemv`).
+pub(in crate::cuda) enum Activations<'a> {
+    /// bf16 `x [m, k]`, converted into the scratch first by `gemv_act_frag_*`.
+    Convert(&'a CudaSlice<u16>, &'a mut CudaSlice<u32>),
+    /// Fragments already written on this stream (`Gpu::rmsnorm_fp8_fragments`), only read.
+    Fragments(&'a CudaSlice<u32>),
+}
+
 fn mma_config(n: usize) -> LaunchConfig {
     // One 16-row tile of W per block, 8 warps sharing its K chunks (cuda/gemv.cu, blockq_gemv_mma).
     LaunchConfig {
@@ -301,8 +309,7 @@ impl Device {
         &self,
         format: SplitFormat,
         split: MmaSplit,
-        x: &CudaSlice<u16>,
-        xf: &mut CudaSlice<u32>,
+        act: Activations<'_>,
         w: &CudaSlice<u8>,
         scales: &CudaSlice<S>,
         global_scale: f32,
@@ -319,7 +326,13 @@ impl Device {
                 split.warps, split.splits
             ))
         })?;
-        self.gemv_act_frag(nvfp4, split.pdl, x, xf, m, k, nt)?;
+        let xf: &CudaSlice<u32> = match act {
+            Activations::Convert(x, xf) => {
+                self.gemv_act_frag(nvfp4, split.pdl, x, xf, m, k, nt)?;
+                xf
+            }
+            Activations::Fragments(xf) => xf,
+        };
         let f = self.function(Module::Gemv, name)?;
         let cfg = split_config(n, split);
         let (xfp, _gxf) = xf.device_ptr(&self.stream);
@@ -334,11 +347,13 @@ impl Device {
         args.ptr(yp).i32(m as i32).i32(n as i32).i32(k as i32);
         // SAFETY: matches `fp8_block_gemv_mma_pre_n*_w*c*(xf, w, scales, y, m, n, k)`,
         // `fp8_gemv_mma_tile_pre_n*_w*c*` (the same list) and
-        // `nvfp4_gemv_mma_tile_pre_n*_w*c*(xf, wr, sr, global_scale, y, m, n, k)` in cuda/gemv.cu; xf was just
-        // written for m, k and nt (the kernel reads ceil(k/128) * nt * 128 uint4 of it, for tokens < m only); the
-        // caller checked w and scales (FP8: [n, k] or its tile layout of ceil(n/16) * ceil(k/128) * 2048 bytes, and
-        // [ceil(n/128), ceil(k/128)], k % 16 == 0; NVFP4: the tile layout of exactly n x k) and y = [m, n]; grid.y equals the build's cluster size, as __cluster_dims__
-        // requires; stores are guarded against m and n; the kernel reads xf and writes y only after its pdl_wait.
+        // `nvfp4_gemv_mma_tile_pre_n*_w*c*(xf, wr, sr, global_scale, y, m, n, k)` in cuda/gemv.cu; xf holds the
+        // fragments of m tokens, k and nt (the kernel reads ceil(k/128) * nt * 128 uint4 of it, for tokens < m
+        // only), written just above from x or (Activations::Fragments) by the caller on this stream before (the
+        // caller checked its length); the caller checked w and scales (FP8: [n, k] or its tile layout of ceil(n/16) *
+        // ceil(k/128) * 2048 bytes, and [ceil(n/128), ceil(k/128)], k % 16 == 0; NVFP4: the tile layout of exactly
+        // n x k) and y = [m, n]; grid.y equals the build's cluster size, as __cluster_dims__ requires; stores are
+        // guarded against m and n; the kernel reads xf and writes y only after its pdl_wait.
         unsafe { self.launch_ex(name, &f, cfg, &mut args, split.pdl) }?;
         Ok(())
     }

@@ -29,6 +29,42 @@ fn per_row(rows: usize, threads: u32) -> LaunchConfig {
 }
 
 impl Device {
+    /// `rmsnorm_frag_fp8` (`residual` `None`) or `add_rmsnorm_frag_fp8`: one block per token row, writing the FP8
+    /// decode GEMV's activation fragments.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) fn rmsnorm_fp8_fragments(
+        &self,
+        x: &CudaSlice<f32>,
+        residual: Option<&mut CudaSlice<f32>>,
+        w: &CudaSlice<f32>,
+        add: f32,
+        eps: f32,
+        xf: &mut CudaSlice<u32>,
+        rows: usize,
+        dim: usize,
+    ) -> Result<(), KernelError> {
+        let name = if residual.is_some() {
+            "add_rmsnorm_frag_fp8"
+        } else {
+            "rmsnorm_frag_fp8"
+        };
+        let f = self.function(Module::Ops, name)?;
+        let d = dim as i32;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x);
+        if let Some(r) = residual {
+            b.arg(r);
+        }
+        b.arg(w).arg(&add).arg(&eps).arg(xf).arg(&d);
+        // SAFETY: matches `rmsnorm_frag_fp8` / `add_rmsnorm_frag_fp8` in cuda/ops.cu (picked by the residual's
+        // presence); the caller checked x and residual = [rows, dim], w = [dim], 1 <= rows <= 16 (one block per
+        // token; the kernel takes 8 tokens per fragment tile from gridDim.x), dim % 16 == 0 and dim <= 8192 (the
+        // kernel's float4 path, the only one that writes fragments), and xf of at least
+        // ceil(dim/128) * nt * 512 words (Gpu::gemv_scratch_len), every entry the kernel writes.
+        unsafe { b.launch(per_row(rows, NORM_THREADS)) }.map_err(cuda_err(name))?;
+        Ok(())
+    }
+
     /// `rmsnorm_bf16` / `rmsnorm_f32` (`residual` `None`) or `add_rmsnorm_*` (`Some`): one block per row.
     #[allow(clippy::too_many_arguments)]
     pub(in crate::cuda) fn rmsnorm<T: super::GpuScalar>(

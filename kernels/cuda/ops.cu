@@ -537,6 +537,10 @@ template <bool ADD>
 __device__ __forceinline__ void rmsnorm_frag_fp8_body(const float* __restrict__ x, float* __restrict__ residual,
                                                       const float* __restrict__ w, float add, float eps,
                                                       uint32_t* __restrict__ xf, int dim) {
+    // Launched as a programmatic dependent (common.cuh): the GEMV after it gets resident early, and this kernel's
+    // own launch overlaps the kernel before it, which may still read the fragments (the last GEMV) or write x.
+    pdl_launch_dependents();
+    pdl_wait();
     const Fp8FragSink sink{reinterpret_cast<uint2*>(xf), static_cast<int>(blockIdx.x), gridDim.x <= 8 ? 1 : 2};
     rmsnorm_row_to<ADD>(x, residual, w, add, eps, sink, dim);
     const int padded = (dim + 127) & ~127;

@@ -196,9 +196,9 @@ def fp8_case(n, k, m, sets, w8, wr8, sc, copy_bw, one, wbf):
 def fp8_norm_case(n, k, m, sets, wr8, sc, copy_bw):
     """The decode step RMSNorm -> FP8 GEMV (m >= 2), both ways: "norm_frag_gemv" = rmsnorm_bf16 + the fragment
     kernel + the GEMV (what Gpu::rmsnorm + Gpu::fp8_gemv_tiles_split run) against "normfrag_gemv" =
-    rmsnorm_frag_fp8 + the same GEMV (Gpu::rmsnorm_fp8_fragments + Gpu::fp8_gemv_tiles_fragments), the norm
-    launched plainly (it reads and writes what the GEMV before it may still touch), the rest as programmatic
-    dependents. The cut is fp8_fragments_auto's. Outputs compared bit for bit before timing; "% copy" counts the
+    rmsnorm_frag_fp8 + the same GEMV (Gpu::rmsnorm_fp8_fragments + Gpu::fp8_gemv_tiles_fragments). rmsnorm_bf16
+    has no griddepcontrol, so it is launched plainly (it writes what the GEMV before it may still read);
+    rmsnorm_frag_fp8 waits for its predecessor itself and, like the rest, goes as a programmatic dependent. The cut is fp8_fragments_auto's. Outputs compared bit for bit before timing; "% copy" counts the
     GEMV's bytes only (the norm's m x k floats are < 1% of them)."""
     nt = 1 if m <= 8 else 2
     xs = [torch.randn(m, k, device=dev) * 2 for _ in range(sets)]
@@ -223,7 +223,7 @@ def fp8_norm_case(n, k, m, sets, wr8, sc, copy_bw):
         gemv(i)
 
     def fused(i):
-        launch(fnf, (m,), (256,), (ptr(xs[i]), ptr(nw), add, eps, ptr(xf), i32(k)))
+        b.launch_pdl(fnf, (m,), (256,), (ptr(xs[i]), ptr(nw), add, eps, ptr(xf), i32(k)))
         gemv(i)
     arms = {"norm_frag_gemv": unfused, "normfrag_gemv": fused}
     outs = {}

@@ -2,9 +2,9 @@
 //! RoPE). The safe wrappers in `cuda/ops.rs` have checked every length, count and parameter before anything here
 //! runs; each launch below states what its kernel relies on.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
-use super::{cuda_err, Device, Module};
+use super::{cuda_err, Device, Module, PdlArgs};
 use crate::KernelError;
 
 /// Threads of the norm blocks (`NORM_THREADS` in cuda/ops.cu).
@@ -49,19 +49,24 @@ impl Device {
             "rmsnorm_frag_fp8"
         };
         let f = self.function(Module::Ops, name)?;
-        let d = dim as i32;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x);
-        if let Some(r) = residual {
-            b.arg(r);
-        }
-        b.arg(w).arg(&add).arg(&eps).arg(xf).arg(&d);
-        // SAFETY: matches `rmsnorm_frag_fp8` / `add_rmsnorm_frag_fp8` in cuda/ops.cu (picked by the residual's
-        // presence); the caller checked x and residual = [rows, dim], w = [dim], 1 <= rows <= 16 (one block per
-        // token; the kernel takes 8 tokens per fragment tile from gridDim.x), dim % 16 == 0 and dim <= 8192 (the
-        // kernel's float4 path, the only one that writes fragments), and xf of at least
-        // ceil(dim/128) * nt * 512 words (Gpu::gemv_scratch_len), every entry the kernel writes.
-        unsafe { b.launch(per_row(rows, NORM_THREADS)) }.map_err(cuda_err(name))?;
+        let (xp, _gx) = x.device_ptr(&self.stream);
+        let (wp, _gw) = w.device_ptr(&self.stream);
+        let (fp, _gf) = xf.device_ptr_mut(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(xp);
+        let _gr = residual.map(|r| {
+            let (rp, g) = r.device_ptr_mut(&self.stream);
+            args.ptr(rp);
+            g
+        });
+        args.ptr(wp).f32(add).f32(eps).ptr(fp).i32(dim as i32);
+        // SAFETY: matches `rmsnorm_frag_fp8(x, w, add, eps, xf, dim)` / `add_rmsnorm_frag_fp8(x, residual, w, add,
+        // eps, xf, dim)` in cuda/ops.cu (picked by the residual's presence); the caller checked x and residual =
+        // [rows, dim], w = [dim], 1 <= rows <= 16 (one block per token; the kernel takes 8 tokens per fragment tile
+        // from gridDim.x), dim % 16 == 0 and dim <= 8192 (the kernel's float4 path, the only one that writes
+        // fragments), and xf of at least ceil(dim/128) * nt * 512 words (Gpu::gemv_scratch_len), every entry the
+        // kernel writes; as a programmatic dependent it touches memory only after its pdl_wait.
+        unsafe { self.launch_pdl(name, &f, per_row(rows, NORM_THREADS), &mut args) }?;
         Ok(())
     }
 

@@ -376,7 +376,9 @@ impl Gpu {
     /// [`Gpu::gemv_scratch_len`]`(m, dim)` words) for [`Gpu::fp8_gemv_tiles_fragments`]: the same bits as
     /// [`Gpu::rmsnorm`]'s bf16 output converted by the GEMV's own fragment kernel, one launch fewer per decode
     /// step. Why: at m = 16 that launch costs 0.8-2.1 us of a 17-26 us GEMV on the layer shapes (s7-run6,
-    /// `benchmarks/h200.md`). Needs `dim % 16 == 0` and `dim <= 8192`.
+    /// `benchmarks/h200.md`); the norm + GEMV step runs 1.22-1.27x faster so on the 5120-row shapes (s7-run8,
+    /// numbers at [`Gpu::fp8_gemv_tiles_fragments`]). Launched as a programmatic dependent (it waits for the
+    /// kernel before it itself). Needs `dim % 16 == 0` and `dim <= 8192`.
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm_fp8_fragments(
         &self,

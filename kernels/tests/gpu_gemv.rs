@@ -503,18 +503,7 @@ fn rmsnorm_fragments_feed_the_fp8_gemv_bit_for_bit() {
             } else {
                 gpu.rmsnorm(&x, &norm_w, form, 1e-6, &mut xb).unwrap();
             }
-            let (warps, splits) = if n <= 8192 {
-                (8, 2)
-            } else if m >= 9 {
-                (4, 1)
-            } else {
-                (8, 1)
-            };
-            let split = MmaSplit {
-                warps,
-                splits,
-                pdl: true,
-            };
+            let split = MmaSplit::fp8_fragments(m, n);
             let mut scratch = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
             let mut ya = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
             gpu.fp8_gemv_tiles_split(&xb, &tiles8, &ds8, &mut ya, &mut scratch, m, split)
@@ -698,7 +687,7 @@ fn gemv_variant_errors_name_the_operand() {
     let e = gpu
         .rmsnorm_fp8_fragments(&xm, None, &nw, NormWeight::Plain, 1e-6, &mut small)
         .unwrap_err();
-    assert!(e.to_string().contains("fragments has 2047 words"), "{e}");
+    assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
     let e = gpu
         .fp8_gemv_tiles_fragments(&small, &tiles8, &s8, &mut y, m)
         .unwrap_err();

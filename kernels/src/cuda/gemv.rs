@@ -553,7 +553,7 @@ impl Gpu {
             n.div_ceil(128) * k.div_ceil(128),
         )?;
         check_scratch(OP, fragments, m, k)?;
-        let split = fp8_fragments_auto(m, n);
+        let split = MmaSplit::fp8_fragments(m, n);
         #[cfg(feature = "cuda")]
         {
             self.inner.mma_split_gemv(
@@ -1029,23 +1029,6 @@ enum Fp8TileKernel {
 /// The m = 1 kernel is 98.9 / 91.7 / 93.7 / 108.9% of copy, faster than the checkpoint layout's K-split kernel
 /// (22.70 / 24.25 / 13.49 / 295.8 us in the same run). The converting builds at m = 16 were not timed (their
 /// 58-59 registers cost a block per SM).
-/// The cut of [`Gpu::fp8_gemv_tiles_fragments`]: `fp8_tiles_auto`'s preconverted cuts, and 8 warps x 1 block per
-/// tile where that table converts in the GEMV or runs the CUDA-core m = 1 kernel above 8192 rows.
-fn fp8_fragments_auto(m: usize, n: usize) -> MmaSplit {
-    let (warps, splits) = if n <= 8192 {
-        (8, 2)
-    } else if m >= 9 {
-        (4, 1)
-    } else {
-        (8, 1)
-    };
-    MmaSplit {
-        warps,
-        splits,
-        pdl: true,
-    }
-}
-
 fn fp8_tiles_auto(m: usize, n: usize) -> (MmaSplit, Fp8TileKernel) {
     let ((warps, splits), kernel) = if m == 1 {
         let cut = if n <= 8192 { (8, 2) } else { (8, 1) };
@@ -1097,6 +1080,24 @@ impl MmaSplit {
 
     /// The (warps, splits) pairs built in `cuda/gemv.cu`.
     pub const BUILT: [(usize, usize); 5] = [(8, 1), (8, 2), (4, 1), (4, 2), (4, 3)];
+
+    /// The cut [`Gpu::fp8_gemv_tiles_fragments`] runs for `m` tokens and `n` rows: `fp8_tiles_auto`'s preconverted
+    /// cuts (8 warps x 2 blocks per tile up to 8192 rows, above 4 x 1 at m >= 9), and 8 x 1 where that table
+    /// converts in the GEMV or runs the CUDA-core m = 1 kernel instead (above 8192 rows, m <= 8).
+    pub fn fp8_fragments(m: usize, n: usize) -> MmaSplit {
+        let (warps, splits) = if n <= 8192 {
+            (8, 2)
+        } else if m >= 9 {
+            (4, 1)
+        } else {
+            (8, 1)
+        };
+        MmaSplit {
+            warps,
+            splits,
+            pdl: true,
+        }
+    }
 
     /// The pairs built for the FP8 tile GEMV that converts its own activations ([`Gpu::fp8_gemv_tiles_converting`]).
     pub const BUILT_CONVERTING: [(usize, usize); 3] = [(8, 1), (8, 2), (4, 1)];
@@ -1279,7 +1280,7 @@ fn check_nvfp4_gemv(
     Ok(())
 }
 
-fn check_scratch(
+pub(in crate::cuda) fn check_scratch(
     op: &'static str,
     scratch: &GpuBuffer<u32>,
     m: usize,

@@ -405,13 +405,7 @@ impl Gpu {
         if let Some(r) = &residual {
             check_len(OP, "residual", r.len(), x.len())?;
         }
-        let want = Gpu::gemv_scratch_len(rows, dim);
-        crate::ensure_shape!(
-            fragments.len() >= want,
-            OP,
-            "fragments has {} words, m = {rows}, k = {dim} need {want} (Gpu::gemv_scratch_len)",
-            fragments.len()
-        );
+        super::gemv::check_scratch(OP, fragments, rows, dim)?;
         let add = match form {
             NormWeight::Plain => 0.0f32,
             NormWeight::OnePlus => 1.0,

@@ -189,6 +189,31 @@ __device__ __forceinline__ void glu_chunk(const float* __restrict__ gate_up, __n
     }
 }
 
+// glu_chunk straight into the FP8 decode GEMV's B fragments (Fp8FragSink, the same bits as *_and_mul_bf16
+// followed by gemv_act_frag_fp8) for up to 16 token rows: the down projection's activations without the fragment
+// kernel's launch. Needs inter % 16 == 0 (the Rust side checks); grid (rows, ceil(ceil(inter/128)*128 / 1024)):
+// threads past inter but inside its last 128-chunk write zeros. A programmatic dependent, as rmsnorm_frag_fp8.
+template <bool GELU>
+__device__ __forceinline__ void glu_frag_fp8_chunk(const float* __restrict__ gate_up, uint32_t* __restrict__ xf,
+                                                   int inter) {
+    pdl_launch_dependents();
+    pdl_wait();
+    const size_t row = blockIdx.x;
+    const float* g = gate_up + row * 2 * (size_t)inter;
+    const float* u = g + inter;
+    const Fp8FragSink sink{reinterpret_cast<uint2*>(xf), static_cast<int>(blockIdx.x), gridDim.x <= 8 ? 1 : 2};
+    const int j = (blockIdx.y * GLU_THREADS + threadIdx.x) * 4;
+    if (j >= ((inter + 127) & ~127)) return;
+    if (j >= inter) {
+        sink.store4(j, make_float4(0.f, 0.f, 0.f, 0.f));
+        return;
+    }
+    const float4 gv = *reinterpret_cast<const float4*>(g + j);
+    const float4 uv = *reinterpret_cast<const float4*>(u + j);
+    sink.store4(j, make_float4(act<GELU>(gv.x) * uv.x, act<GELU>(gv.y) * uv.y, act<GELU>(gv.z) * uv.z,
+                               act<GELU>(gv.w) * uv.w));
+}
+
 constexpr int GATHER_THREADS = 128;
 
 // Monotone map of a float onto u32: a larger float (IEEE total order, -0 below +0, as Rust's total_cmp) gets a
@@ -566,6 +591,16 @@ extern "C" __global__ void __launch_bounds__(GLU_THREADS)
 extern "C" __global__ void __launch_bounds__(GLU_THREADS)
     gelu_and_mul_bf16(const float* __restrict__ gate_up, __nv_bfloat16* __restrict__ out, int inter) {
     glu_chunk<true>(gate_up, out, inter);
+}
+
+// *_and_mul into the FP8 decode GEMV's fragments (glu_frag_fp8_chunk): gate_up fp32 [rows <= 16, 2 * inter].
+extern "C" __global__ void __launch_bounds__(GLU_THREADS)
+    silu_and_mul_frag_fp8(const float* __restrict__ gate_up, uint32_t* __restrict__ xf, int inter) {
+    glu_frag_fp8_chunk<false>(gate_up, xf, inter);
+}
+extern "C" __global__ void __launch_bounds__(GLU_THREADS)
+    gelu_and_mul_frag_fp8(const float* __restrict__ gate_up, uint32_t* __restrict__ xf, int inter) {
+    glu_frag_fp8_chunk<true>(gate_up, xf, inter);
 }
 
 // Embedding gather from a bf16 table [vocab, dim] into fp32 out [n, dim], one block of 128 threads per id. An id >=

@@ -1,7 +1,7 @@
 //! The decode GEMVs beyond `KernelPath` (issue 4: the NVFP4 decode path `Gpu::nvfp4_repack_tiles` +
 //! `Gpu::nvfp4_gemv_tiles` and its variants `Gpu::nvfp4_gemv_tiles_variant` and `Gpu::nvfp4_gemv_tiles_split`,
-//! `Gpu::fp8_block_gemv_with_scratch`, the fused decode step `Gpu::rmsnorm_fp8_fragments` +
-//! `Gpu::fp8_gemv_tiles_fragments`, and the variants `Gpu::fp8_block_gemv_preconverted`,
+//! `Gpu::fp8_block_gemv_with_scratch`, the fused decode steps `Gpu::rmsnorm_fp8_fragments` /
+//! `Gpu::glu_fp8_fragments` + `Gpu::fp8_gemv_tiles_fragments`, and the variants `Gpu::fp8_block_gemv_preconverted`,
 //! `Gpu::fp8_block_gemv_split` and `Gpu::nvfp4_gemv_preconverted`) against
 //! `kernels::reference::linear`: fresh random inputs each run (the seed is
 //! printed), every m from 1 to 16, n not a multiple of the 16-row tile or of two rows per warp, k at the constraint
@@ -546,6 +546,54 @@ fn rmsnorm_fragments_feed_the_fp8_gemv_bit_for_bit() {
     }
 }
 
+/// `Gpu::glu_fp8_fragments` + `Gpu::fp8_gemv_tiles_fragments` against `Gpu::silu_and_mul` / `Gpu::gelu_and_mul` +
+/// `Gpu::fp8_gemv_tiles_split` with the same cut, bit for bit (as the norm test above): m from 1 to 16, `inter`
+/// not a multiple of 128 (the last chunk's padding zeroed by the activation kernel) and the down projection's
+/// 17408 (17 grid columns of 1024), poisoned fragments.
+#[test]
+fn glu_fragments_feed_the_fp8_gemv_bit_for_bit() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("glu_fp8_fragments");
+    for &(n, inter) in &[(40, 160), (24, 17408), (300, 2080)] {
+        let w = uniform(&mut rng, n * inter, 0.05);
+        let (codes, scales8) = reference::linear::quantize_fp8_block(&w, n, inter);
+        let (dw8, ds8) = (gpu.upload(&codes).unwrap(), gpu.upload(&scales8).unwrap());
+        let tiles8 = gpu.fp8_repack_tiles(&dw8, n, inter).unwrap();
+        for (m, gelu) in [(1, false), (4, true), (8, false), (9, true), (16, false)] {
+            let what = format!("m={m} n={n} inter={inter} gelu={gelu}");
+            let gate_up = gpu.upload(&uniform(&mut rng, m * 2 * inter, 3.0)).unwrap();
+            let mut act = gpu.zeros::<u16>(m * inter).unwrap();
+            if gelu {
+                gpu.gelu_and_mul(&gate_up, inter, &mut act).unwrap();
+            } else {
+                gpu.silu_and_mul(&gate_up, inter, &mut act).unwrap();
+            }
+            let split = MmaSplit::fp8_fragments(m, n);
+            let mut scratch = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, inter));
+            let mut ya = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            gpu.fp8_gemv_tiles_split(&act, &tiles8, &ds8, &mut ya, &mut scratch, m, split)
+                .unwrap();
+            let want = gpu.download(&ya).unwrap();
+            assert!(
+                want.iter().all(|v| v.is_finite()),
+                "{what}: reference path not finite"
+            );
+            let mut frags = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, inter));
+            gpu.glu_fp8_fragments(gelu, &gate_up, inter, &mut frags)
+                .unwrap();
+            let mut yb = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            gpu.fp8_gemv_tiles_fragments(&frags, &tiles8, &ds8, &mut yb, m)
+                .unwrap();
+            assert_same_bits(
+                &format!("fused activation + fragments GEMV {what}"),
+                &want,
+                &gpu.download(&yb).unwrap(),
+                n,
+            );
+        }
+    }
+}
+
 #[test]
 fn gemv_variant_errors_name_the_operand() {
     let Some(gpu) = gpu() else { return };
@@ -690,6 +738,30 @@ fn gemv_variant_errors_name_the_operand() {
     assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
     let e = gpu
         .fp8_gemv_tiles_fragments(&small, &tiles8, &s8, &mut y, m)
+        .unwrap_err();
+    assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
+    // The fused gated activation's limits: up to 16 rows, inter % 16 == 0, a fragment buffer for m x inter.
+    let gu17 = gpu.upload(&vec![1.0f32; 17 * 2 * k]).unwrap();
+    let e = gpu
+        .glu_fp8_fragments(false, &gu17, k, &mut big)
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("1 to 16 token rows, gate_up has 17 rows"),
+        "{e}"
+    );
+    let gu40 = gpu.upload(&vec![1.0f32; 2 * 40]).unwrap();
+    let e = gpu
+        .glu_fp8_fragments(true, &gu40, 40, &mut big)
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("inter must be a multiple of 16 (the FP8 GEMV's k), got 40"),
+        "{e}"
+    );
+    let gum = gpu.upload(&vec![1.0f32; m * 2 * k]).unwrap();
+    let e = gpu
+        .glu_fp8_fragments(false, &gum, k, &mut small)
         .unwrap_err();
     assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
     // Zero weights (e2m1 code 0) times random activations: every output written, and exactly zero.

@@ -454,6 +454,44 @@ impl Gpu {
         self.glu("cuda::gelu_and_mul", true, gate_up, inter, out)
     }
 
+    /// [`Gpu::silu_and_mul`] (or, with `gelu`, [`Gpu::gelu_and_mul`]) of `m = gate_up.len() / (2 * inter)` token
+    /// rows (`1 <= m <= 16`) written straight into the FP8 decode GEMV's activation fragments `fragments` (at
+    /// least [`Gpu::gemv_scratch_len`]`(m, inter)` words) for [`Gpu::fp8_gemv_tiles_fragments`]: the same bits as
+    /// the bf16 output converted by the GEMV's own fragment kernel, one launch fewer before the down projection
+    /// (as [`Gpu::rmsnorm_fp8_fragments`] before the others; at m = 16 on 5120x17408 that launch is 2.1 of 25.7 us,
+    /// s7-run6). Launched as a programmatic dependent. Needs `inter % 16 == 0`.
+    pub fn glu_fp8_fragments(
+        &self,
+        gelu: bool,
+        gate_up: &GpuBuffer<f32>,
+        inter: usize,
+        fragments: &mut GpuBuffer<u32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::glu_fp8_fragments";
+        let rows = check_glu(OP, gate_up.len(), inter)?;
+        crate::ensure_shape!(
+            (1..=16).contains(&rows),
+            OP,
+            "the decode GEMV's fragments hold 1 to 16 token rows, gate_up has {rows} rows of 2*{inter}"
+        );
+        crate::ensure_shape!(
+            inter.is_multiple_of(16),
+            OP,
+            "inter must be a multiple of 16 (the FP8 GEMV's k), got {inter}"
+        );
+        super::gemv::check_scratch(OP, fragments, rows, inter)?;
+        #[cfg(feature = "cuda")]
+        {
+            self.inner
+                .glu_fp8_fragments(gelu, &gate_up.slice, &mut fragments.slice, rows, inter)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (gelu, fragments, rows);
+            match self.never {}
+        }
+    }
+
     fn glu(
         &self,
         op: &'static str,

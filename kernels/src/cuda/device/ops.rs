@@ -101,6 +101,45 @@ impl Device {
     }
 
     /// `silu_and_mul_bf16` / `gelu_and_mul_bf16`: grid (rows, ceil(inter / 1024)).
+    /// `silu_and_mul_frag_fp8` / `gelu_and_mul_frag_fp8`: the gated activation of `rows` token rows written as
+    /// the FP8 decode GEMV's activation fragments, as a programmatic dependent.
+    pub(in crate::cuda) fn glu_fp8_fragments(
+        &self,
+        gelu: bool,
+        gate_up: &CudaSlice<f32>,
+        xf: &mut CudaSlice<u32>,
+        rows: usize,
+        inter: usize,
+    ) -> Result<(), KernelError> {
+        let name = if gelu {
+            "gelu_and_mul_frag_fp8"
+        } else {
+            "silu_and_mul_frag_fp8"
+        };
+        let f = self.function(Module::Ops, name)?;
+        let padded = inter.div_ceil(128) * 128;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                rows as u32,
+                padded.div_ceil(4 * GLU_THREADS as usize) as u32,
+                1,
+            ),
+            block_dim: (GLU_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (gp, _gg) = gate_up.device_ptr(&self.stream);
+        let (fp, _gf) = xf.device_ptr_mut(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(gp).ptr(fp).i32(inter as i32);
+        // SAFETY: matches `*_and_mul_frag_fp8(gate_up, xf, inter)` in cuda/ops.cu; the caller checked gate_up =
+        // [rows, 2*inter] with 1 <= rows <= 16, inter % 16 == 0 (so the float4 loads are aligned) and
+        // inter <= 65535 * 1024 (a multiple of 128, so the padded grid's y stays <= 65535), and xf of at least
+        // ceil(inter/128) * nt * 512 words (Gpu::gemv_scratch_len), every entry the grid writes (threads past the
+        // last 128-chunk return); as a programmatic dependent it touches memory only after its pdl_wait.
+        unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
+        Ok(())
+    }
+
     pub(in crate::cuda) fn glu(
         &self,
         gelu: bool,

@@ -23,9 +23,9 @@ Arms (kernel names as in the SASS, for grepping):
       (Gpu::fp8_gemv_tiles, the FP8 decode path: the table in its fp8_tiles_auto)
       (Gpu::fp8_block_gemv_with_scratch: the table in its fp8_split_auto)
   fp8  normfrag  rmsnorm_frag_fp8 + the GEMV (Gpu::rmsnorm_fp8_fragments + fp8_gemv_tiles_fragments) against
-      rmsnorm_bf16 + gemv_act_frag_fp8 + the same GEMV (m >= 2; fp8_norm_case)
+      rmsnorm_bf16 + gemv_act_frag_fp8 + the same GEMV (m >= 2; fp8_fused_case)
   fp8  glufrag  silu_and_mul_frag_fp8 + the GEMV (Gpu::glu_fp8_fragments) against silu_and_mul_bf16 +
-      gemv_act_frag_fp8 + the same GEMV (m >= 2, inter = K; fp8_glu_case)
+      gemv_act_frag_fp8 + the same GEMV (m >= 2, inter = K; fp8_fused_case)
   nv4  auto   nvfp4_gemv_mma_n8/_n16                          -- Gpu::nvfp4_gemv (checkpoint layout, no repack)
   nv4  pre    gemv_act_frag_nvfp4 + nvfp4_gemv_mma_pre_n8/_n16
   nv4  tile   nvfp4_gemv_mma_tile_n8/_n16 (weights repacked once by nvfp4_repack_mma)
@@ -195,16 +195,16 @@ def fp8_case(n, k, m, sets, w8, wr8, sc, copy_bw, one, wbf):
     return res["auto"]
 
 
-def fp8_norm_case(n, k, m, sets, wr8, sc, copy_bw):
-    """The decode step RMSNorm -> FP8 GEMV (m >= 2), both ways: "norm_frag_gemv" = rmsnorm_bf16 + the fragment
-    kernel + the GEMV (what Gpu::rmsnorm + Gpu::fp8_gemv_tiles_split run) against "normfrag_gemv" =
-    rmsnorm_frag_fp8 + the same GEMV (Gpu::rmsnorm_fp8_fragments + Gpu::fp8_gemv_tiles_fragments). rmsnorm_bf16
-    has no griddepcontrol, so it is launched plainly (it writes what the GEMV before it may still read);
-    rmsnorm_frag_fp8 waits for its predecessor itself and, like the rest, goes as a programmatic dependent. The cut is fp8_fragments_auto's. Outputs compared bit for bit before timing; "% copy" counts the
-    GEMV's bytes only (the norm's m x k floats are < 1% of them)."""
+def fp8_fused_case(kind, n, k, m, sets, wr8, sc, copy_bw):
+    """The decode step producer -> FP8 GEMV (m >= 2), both ways. kind "norm": "norm_frag_gemv" = rmsnorm_bf16 +
+    gemv_act_frag_fp8 + the GEMV (what Gpu::rmsnorm + Gpu::fp8_gemv_tiles_split run) against "normfrag_gemv" =
+    rmsnorm_frag_fp8 + the same GEMV (Gpu::rmsnorm_fp8_fragments + Gpu::fp8_gemv_tiles_fragments); kind "glu": the
+    same with silu_and_mul_bf16 / silu_and_mul_frag_fp8 (Gpu::glu_fp8_fragments; inter = k). The bf16 producers
+    have no griddepcontrol, so they are launched plainly (they write what the GEMV before them may still read);
+    the fragment producers wait for their predecessor themselves and, like the rest, go as programmatic
+    dependents. The cut is MmaSplit::fp8_fragments'. Outputs compared bit for bit before timing; "% copy" counts
+    the GEMV's bytes only (the producer's m x k or m x 2k floats are < 1% of them)."""
     nt = 1 if m <= 8 else 2
-    xs = [torch.randn(m, k, device=dev) * 2 for _ in range(sets)]
-    nw = torch.rand(k, device=dev) + 0.5
     xb = torch.empty(m, k, device=dev, dtype=torch.bfloat16)
     xf = torch.empty((k + 127) // 128 * nt * 512, device=dev, dtype=torch.int32)
     y = torch.empty(m, n, device=dev, dtype=torch.float32)
@@ -213,80 +213,48 @@ def fp8_norm_case(n, k, m, sets, wr8, sc, copy_bw):
     fg = kern("gemv", f"fp8_gemv_mma_tile_pre_n{8 * nt}_w{w}c{cs}")
     fa = kern("gemv", "gemv_act_frag_fp8")
     ga = ((xf.numel() // 4 + 255) // 256,)
-    fn_ = kern("ops", "rmsnorm_bf16")
-    fnf = kern("ops", "rmsnorm_frag_fp8")
-    eps, add = f32(1e-6), f32(0.0)
-    gemv = lambda i: b.launch_pdl(fg, (g16, cs), (32 * w,), (ptr(xf), ptr(wr8[i]), ptr(sc[i]), ptr(y), i32(m),  # noqa: E731
-                                                             i32(n), i32(k)))
+    if kind == "norm":
+        xs = [torch.randn(m, k, device=dev) * 2 for _ in range(sets)]
+        nw = torch.rand(k, device=dev) + 0.5
+        eps, add = f32(1e-6), f32(0.0)
+        fb, ff = kern("ops", "rmsnorm_bf16"), kern("ops", "rmsnorm_frag_fp8")
+        to_bf16 = lambda i: launch(fb, (m,), (256,), (ptr(xs[i]), ptr(nw), add, eps, ptr(xb), i32(k)))  # noqa: E731
+        to_frag = lambda i: b.launch_pdl(ff, (m,), (256,), (ptr(xs[i]), ptr(nw), add, eps, ptr(xf), i32(k)))  # noqa: E731
+        label, base = "fp8_normfrag", "norm + frag + gemv"
+    else:
+        gus = [torch.randn(m, 2 * k, device=dev) * 2 for _ in range(sets)]
+        fb, ff = kern("ops", "silu_and_mul_bf16"), kern("ops", "silu_and_mul_frag_fp8")
+        to_bf16 = lambda i: launch(fb, (m, (k + 1023) // 1024), (256,), (ptr(gus[i]), ptr(xb), i32(k)))  # noqa: E731
+        to_frag = lambda i: b.launch_pdl(ff, (m, ((k + 127) // 128 * 128 + 1023) // 1024), (256,),  # noqa: E731
+                                         (ptr(gus[i]), ptr(xf), i32(k)))
+        label, base = "fp8_glufrag", "silu*up + frag + gemv"
+
+    def gemv(i):
+        b.launch_pdl(fg, (g16, cs), (32 * w,), (ptr(xf), ptr(wr8[i]), ptr(sc[i]), ptr(y), i32(m), i32(n), i32(k)))
 
     def unfused(i):
-        launch(fn_, (m,), (256,), (ptr(xs[i]), ptr(nw), add, eps, ptr(xb), i32(k)))
+        to_bf16(i)
         b.launch_pdl(fa, ga, (256,), (ptr(xb), ptr(xf), i32(m), i32(k), i32(nt)))
         gemv(i)
 
     def fused(i):
-        b.launch_pdl(fnf, (m,), (256,), (ptr(xs[i]), ptr(nw), add, eps, ptr(xf), i32(k)))
+        to_frag(i)
         gemv(i)
-    arms = {"norm_frag_gemv": unfused, "normfrag_gemv": fused}
+    arms = {"unfused": unfused, "fused": fused}
     outs = {}
     for name, call in arms.items():
         y.fill_(float("nan"))
         call(0)
         torch.cuda.synchronize()
         outs[name] = y.clone()
-    same = torch.equal(outs["norm_frag_gemv"], outs["normfrag_gemv"])
-    if not same or not torch.isfinite(outs["normfrag_gemv"]).all().item():
-        b.log(f"  FAIL fp8 norm M={m} N={n} K={k}: fused and unfused differ (or NaN)")
+    if not torch.equal(outs["unfused"], outs["fused"]) or not torch.isfinite(outs["fused"]).all().item():
+        b.log(f"  FAIL fp8 {kind} M={m} N={n} K={k}: fused and unfused differ (or NaN)")
         return
     res = b.time_arms(arms, sets, 60 if n < 100000 else 8)
     nb, kb = (n + 127) // 128, (k + 127) // 128
     moved = n * k + nb * kb * 4 + m * k * 2 + m * n * 4
-    b.row("fp8_normfrag", f"M={m} N={n} K={k}", res["normfrag_gemv"], "norm + frag + gemv", res["norm_frag_gemv"],
-          bytes_moved=moved, ceiling=copy_bw, target=">=85% copy", note=f"w{w}c{cs}, bitwise equal")
-
-
-def fp8_glu_case(n, k, m, sets, wr8, sc, copy_bw):
-    """The decode step SiLU-and-mul -> FP8 GEMV (m >= 2; inter = k), both ways, as fp8_norm_case:
-    "glu_frag_gemv" = silu_and_mul_bf16 (plain) + gemv_act_frag_fp8 + the GEMV against "glufrag_gemv" =
-    silu_and_mul_frag_fp8 (Gpu::glu_fp8_fragments) + the same GEMV, the cut MmaSplit::fp8_fragments'."""
-    nt = 1 if m <= 8 else 2
-    gus = [torch.randn(m, 2 * k, device=dev) * 2 for _ in range(sets)]
-    xb = torch.empty(m, k, device=dev, dtype=torch.bfloat16)
-    xf = torch.empty((k + 127) // 128 * nt * 512, device=dev, dtype=torch.int32)
-    y = torch.empty(m, n, device=dev, dtype=torch.float32)
-    g16 = (n + 15) // 16
-    w, cs = (8, 2) if n <= 8192 else ((4, 1) if m >= 9 else (8, 1))
-    fg = kern("gemv", f"fp8_gemv_mma_tile_pre_n{8 * nt}_w{w}c{cs}")
-    fa = kern("gemv", "gemv_act_frag_fp8")
-    ga = ((xf.numel() // 4 + 255) // 256,)
-    fs = kern("ops", "silu_and_mul_bf16")
-    fsf = kern("ops", "silu_and_mul_frag_fp8")
-    gemv = lambda i: b.launch_pdl(fg, (g16, cs), (32 * w,), (ptr(xf), ptr(wr8[i]), ptr(sc[i]), ptr(y), i32(m),  # noqa: E731
-                                                             i32(n), i32(k)))
-
-    def unfused(i):
-        launch(fs, (m, (k + 1023) // 1024), (256,), (ptr(gus[i]), ptr(xb), i32(k)))
-        b.launch_pdl(fa, ga, (256,), (ptr(xb), ptr(xf), i32(m), i32(k), i32(nt)))
-        gemv(i)
-
-    def fused(i):
-        b.launch_pdl(fsf, (m, ((k + 127) // 128 * 128 + 1023) // 1024), (256,), (ptr(gus[i]), ptr(xf), i32(k)))
-        gemv(i)
-    arms = {"glu_frag_gemv": unfused, "glufrag_gemv": fused}
-    outs = {}
-    for name, call in arms.items():
-        y.fill_(float("nan"))
-        call(0)
-        torch.cuda.synchronize()
-        outs[name] = y.clone()
-    if not torch.equal(outs["glu_frag_gemv"], outs["glufrag_gemv"]) or not torch.isfinite(outs["glufrag_gemv"]).all():
-        b.log(f"  FAIL fp8 glu M={m} N={n} K={k}: fused and unfused differ (or NaN)")
-        return
-    res = b.time_arms(arms, sets, 60 if n < 100000 else 8)
-    nb, kb = (n + 127) // 128, (k + 127) // 128
-    moved = n * k + nb * kb * 4 + m * k * 2 + m * n * 4
-    b.row("fp8_glufrag", f"M={m} N={n} K={k}", res["glufrag_gemv"], "silu*up + frag + gemv", res["glu_frag_gemv"],
-          bytes_moved=moved, ceiling=copy_bw, target=">=85% copy", note=f"w{w}c{cs}, bitwise equal")
+    b.row(label, f"M={m} N={n} K={k}", res["fused"], base, res["unfused"], bytes_moved=moved, ceiling=copy_bw,
+          target=">=85% copy", note=f"w{w}c{cs}, bitwise equal")
 
 
 # The cuts of the tensor-core GEMVs over preconverted activations (Gpu::fp8_block_gemv_split,
@@ -444,14 +412,12 @@ def main():
                 except Exception as e:  # noqa: BLE001 - one failing case must not stop the others
                     b.log(f"  ERROR fp8 M={m} N={n} K={k}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
             for m in sorted(set(ms + [4]) - {1}):
-                try:
-                    fp8_norm_case(n, k, m, sets, wr8, sc, copy_bw)
-                except Exception as e:  # noqa: BLE001
-                    b.log(f"  ERROR fp8 norm M={m} N={n} K={k}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
-                try:
-                    fp8_glu_case(n, k, m, sets, wr8, sc, copy_bw)
-                except Exception as e:  # noqa: BLE001
-                    b.log(f"  ERROR fp8 glu M={m} N={n} K={k}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+                for kind in ("norm", "glu"):
+                    try:
+                        fp8_fused_case(kind, n, k, m, sets, wr8, sc, copy_bw)
+                    except Exception as e:  # noqa: BLE001
+                        b.log(f"  ERROR fp8 {kind} M={m} N={n} K={k}: {type(e).__name__}: {e}\n"
+                              f"{traceback.format_exc()}")
             del w8, wr8, sc, wbf
             torch.cuda.empty_cache()
             sets4 = b.n_sets(n * k // 2 + n * k // 16)

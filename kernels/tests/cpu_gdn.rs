@@ -184,6 +184,19 @@ fn check_prefill(
     a_log_range: (f32, f32),
     seed: u64,
 ) {
+    check_prefill_within(isa, dims, t, warm, a_log_range, seed, OUT_TOL);
+}
+
+/// [`check_prefill`] with a given bound on the outputs' scaled error.
+fn check_prefill_within(
+    isa: Isa,
+    dims: &GdnDims,
+    t: usize,
+    warm: bool,
+    a_log_range: (f32, f32),
+    seed: u64,
+    out_tol: f32,
+) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let layer = Layer::new(dims, &mut rng, a_log_range);
     let w = layer.weights();
@@ -227,7 +240,7 @@ fn check_prefill(
     )
     .unwrap();
     let ctx = format!("{isa:?} {dims:?} t={t} warm={warm}");
-    assert_close(&format!("{ctx} out"), &out, &want, OUT_TOL);
+    assert_close(&format!("{ctx} out"), &out, &want, out_tol);
     assert_close(&format!("{ctx} final state"), &state, &state_ref, STATE_TOL);
     assert_eq!(conv, conv_ref, "{ctx} conv state");
 }
@@ -373,6 +386,36 @@ fn bad_sizes_are_errors_not_ub() {
     );
 }
 
+/// key_dim = 1: every l2-normalised key is +-1, so all keys of a chunk are collinear and the chunk's (I + A) is a
+/// triangle of +-beta_i * gamma_i / gamma_j whose inverse amplifies fp32 rounding far more than real keys do (no
+/// model has key_dim below 64). Over 3000 random geometries on this machine the outputs' scaled error reached
+/// 5.4e-4 (key_dim >= 2: never above 1e-4), which is why the property test starts at 2 and this fixed set of cases
+/// keeps the path exercised under a bound of 2e-3 (the states' bound is unchanged).
+#[test]
+fn collinear_keys_one_dimensional() {
+    for seed in 0..24u64 {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let hk = rng.gen_range(1..3usize);
+        let dims = GdnDims {
+            key_heads: hk,
+            value_heads: hk * rng.gen_range(1..4usize),
+            key_dim: 1,
+            value_dim: rng.gen_range(1..40usize),
+            conv_kernel: rng.gen_range(1..5usize),
+        };
+        let t = rng.gen_range(1..140usize);
+        check_prefill_within(
+            Isa::detected(),
+            &dims,
+            t,
+            seed % 2 == 0,
+            (-1.0, 1.0),
+            seed,
+            2e-3,
+        );
+    }
+}
+
 mod prop {
     use super::*;
     use proptest::prelude::*;
@@ -380,8 +423,9 @@ mod prop {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
         /// Any geometry (Hv a multiple of Hk, ragged dims, kernel 1..4) and any length: chunked prefill == recurrence.
+        /// key_dim >= 2: key_dim = 1 has its own test and bound (`collinear_keys_one_dimensional`).
         #[test]
-        fn chunked_prefill_equals_recurrence(hk in 1usize..3, group in 1usize..4, dk in 1usize..40, dv in 1usize..40,
+        fn chunked_prefill_equals_recurrence(hk in 1usize..3, group in 1usize..4, dk in 2usize..40, dv in 1usize..40,
                                              kk in 1usize..5, t in 1usize..140, seed in 0u64..1000) {
             let dims = GdnDims { key_heads: hk, value_heads: hk * group, key_dim: dk, value_dim: dv, conv_kernel: kk };
             check_prefill(Isa::detected(), &dims, t, seed % 2 == 0, (-1.0, 1.0), seed);

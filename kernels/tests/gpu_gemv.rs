@@ -12,7 +12,7 @@
 //! Without a CUDA device (or without the `cuda` feature) each test prints "skipped: no CUDA device". Small enough
 //! for `compute-sanitizer --tool memcheck|racecheck` in seconds.
 
-use kernels::cuda::{Gpu, MmaSplit};
+use kernels::cuda::{Fp8Fragments, Gpu, MmaSplit};
 use kernels::ops::NormWeight;
 use kernels::reference;
 
@@ -514,7 +514,7 @@ fn rmsnorm_fragments_feed_the_fp8_gemv_bit_for_bit() {
                 "{what}: reference path not finite"
             );
             // The fused path.
-            let mut frags = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
+            let mut frags = Fp8Fragments::new(poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k)));
             let mut res_b = gpu.upload(&res0).unwrap();
             gpu.rmsnorm_fp8_fragments(
                 &x,
@@ -578,7 +578,8 @@ fn glu_fragments_feed_the_fp8_gemv_bit_for_bit() {
                 want.iter().all(|v| v.is_finite()),
                 "{what}: reference path not finite"
             );
-            let mut frags = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, inter));
+            let mut frags =
+                Fp8Fragments::new(poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, inter)));
             gpu.glu_fp8_fragments(gelu, &gate_up, inter, &mut frags)
                 .unwrap();
             let mut yb = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
@@ -706,21 +707,34 @@ fn gemv_variant_errors_name_the_operand() {
         .fp8_block_gemv_with_scratch(&x, &w8, &s8, &mut y, &mut small, m, n, k)
         .unwrap_err();
     assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
-    // The fused norm's limits: up to 16 rows, dim % 16 == 0 and <= 8192, a fragment buffer for m x dim; the
-    // fragments GEMV's buffer length.
+    // The fused producers' limits (up to 16 rows; dim % 16 == 0 and <= 8192 for the norm, inter % 16 == 0 for the
+    // gated activation; a fragment buffer for m x k), and the fragments GEMV's check that the fragments were
+    // written for its m and k. A refused producer call records nothing.
+    let mut fbig = Fp8Fragments::new(gpu.zeros::<u32>(Gpu::gemv_scratch_len(16, k)).unwrap());
+    let mut fsmall = Fp8Fragments::new(gpu.zeros::<u32>(Gpu::gemv_scratch_len(m, k) - 1).unwrap());
+    let e = gpu
+        .fp8_gemv_tiles_fragments(&fbig, &tiles8, &s8, &mut y, m)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains(
+            "the fragments hold nothing yet (no producer call), the GEMV needs m = 9, k = 160"
+        ),
+        "{e}"
+    );
     let nw = gpu.upload(&vec![1.0f32; k]).unwrap();
     let xn17 = gpu.upload(&vec![1.0f32; 17 * k]).unwrap();
     let e = gpu
-        .rmsnorm_fp8_fragments(&xn17, None, &nw, NormWeight::Plain, 1e-6, &mut big)
+        .rmsnorm_fp8_fragments(&xn17, None, &nw, NormWeight::Plain, 1e-6, &mut fbig)
         .unwrap_err();
     assert!(
         e.to_string().contains("1 to 16 token rows, x has 17 rows"),
         "{e}"
     );
+    assert_eq!(fbig.written(), None, "a refused call recorded a shape");
     for dim in [40, 8208] {
         let w1 = gpu.upload(&vec![1.0f32; dim]).unwrap();
         let x1 = gpu.upload(&vec![1.0f32; dim]).unwrap();
-        let mut f1 = gpu.zeros::<u32>(Gpu::gemv_scratch_len(1, dim)).unwrap();
+        let mut f1 = Fp8Fragments::new(gpu.zeros::<u32>(Gpu::gemv_scratch_len(1, dim)).unwrap());
         let e = gpu
             .rmsnorm_fp8_fragments(&x1, None, &w1, NormWeight::Plain, 1e-6, &mut f1)
             .unwrap_err();
@@ -733,17 +747,25 @@ fn gemv_variant_errors_name_the_operand() {
     }
     let xm = gpu.upload(&vec![1.0f32; m * k]).unwrap();
     let e = gpu
-        .rmsnorm_fp8_fragments(&xm, None, &nw, NormWeight::Plain, 1e-6, &mut small)
+        .rmsnorm_fp8_fragments(&xm, None, &nw, NormWeight::Plain, 1e-6, &mut fsmall)
         .unwrap_err();
     assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
+    // Written for m = 9, k = 160: a GEMV for m = 8 is refused.
+    gpu.rmsnorm_fp8_fragments(&xm, None, &nw, NormWeight::Plain, 1e-6, &mut fbig)
+        .unwrap();
+    assert_eq!(fbig.written(), Some((m, k)));
+    let mut y8 = gpu.zeros::<f32>(8 * n).unwrap();
     let e = gpu
-        .fp8_gemv_tiles_fragments(&small, &tiles8, &s8, &mut y, m)
+        .fp8_gemv_tiles_fragments(&fbig, &tiles8, &s8, &mut y8, 8)
         .unwrap_err();
-    assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
-    // The fused gated activation's limits: up to 16 rows, inter % 16 == 0, a fragment buffer for m x inter.
+    assert!(
+        e.to_string()
+            .contains("the fragments hold m = 9, k = 160, the GEMV needs m = 8, k = 160"),
+        "{e}"
+    );
     let gu17 = gpu.upload(&vec![1.0f32; 17 * 2 * k]).unwrap();
     let e = gpu
-        .glu_fp8_fragments(false, &gu17, k, &mut big)
+        .glu_fp8_fragments(false, &gu17, k, &mut fbig)
         .unwrap_err();
     assert!(
         e.to_string()
@@ -752,16 +774,21 @@ fn gemv_variant_errors_name_the_operand() {
     );
     let gu40 = gpu.upload(&vec![1.0f32; 2 * 40]).unwrap();
     let e = gpu
-        .glu_fp8_fragments(true, &gu40, 40, &mut big)
+        .glu_fp8_fragments(true, &gu40, 40, &mut fbig)
         .unwrap_err();
     assert!(
         e.to_string()
             .contains("inter must be a multiple of 16 (the FP8 GEMV's k), got 40"),
         "{e}"
     );
+    assert_eq!(
+        fbig.written(),
+        Some((m, k)),
+        "a refused call changed the record"
+    );
     let gum = gpu.upload(&vec![1.0f32; m * 2 * k]).unwrap();
     let e = gpu
-        .glu_fp8_fragments(false, &gum, k, &mut small)
+        .glu_fp8_fragments(false, &gum, k, &mut fsmall)
         .unwrap_err();
     assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
     // Zero weights (e2m1 code 0) times random activations: every output written, and exactly zero.

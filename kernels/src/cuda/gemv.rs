@@ -300,6 +300,70 @@ impl Fp8TileWeights {
     }
 }
 
+/// The FP8 decode GEMV's activation fragments as a producer wrote them ([`Gpu::rmsnorm_fp8_fragments`],
+/// [`Gpu::glu_fp8_fragments`]) for [`Gpu::fp8_gemv_tiles_fragments`]: a buffer of f16 `mma` fragments plus the
+/// `m` and `k` they were written for, because their layout depends on both (8 tokens per fragment tile, 128-value
+/// chunks) and a GEMV reading them for another shape would multiply garbage. Reusable across calls: each producer
+/// call records its shape, each GEMV call checks it.
+pub struct Fp8Fragments {
+    buf: GpuBuffer<u32>,
+    written: Option<(usize, usize)>,
+}
+
+impl std::fmt::Debug for Fp8Fragments {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fp8Fragments")
+            .field("words", &self.buf.len())
+            .field("written_m_k", &self.written)
+            .finish()
+    }
+}
+
+impl Fp8Fragments {
+    /// Wraps a device buffer (any contents, at least [`Gpu::gemv_scratch_len`]`(m, k)` words for the largest
+    /// `m` and `k` it will hold; a producer checks its length) as not yet written.
+    pub fn new(buf: GpuBuffer<u32>) -> Self {
+        Fp8Fragments { buf, written: None }
+    }
+
+    /// The `(m, k)` of the last producer call, `None` before the first.
+    pub fn written(&self) -> Option<(usize, usize)> {
+        self.written
+    }
+
+    /// The producer's side: the buffer to write after checking its length for `m` x `k`, recorded as written
+    /// for them (the caller launches the write right after, on the same stream).
+    pub(in crate::cuda) fn for_write(
+        &mut self,
+        op: &'static str,
+        m: usize,
+        k: usize,
+    ) -> Result<&mut GpuBuffer<u32>, KernelError> {
+        check_scratch(op, &self.buf, m, k)?;
+        self.written = Some((m, k));
+        Ok(&mut self.buf)
+    }
+
+    /// The GEMV's side: the buffer, if it holds fragments of exactly `m` x `k`.
+    fn for_read(
+        &self,
+        op: &'static str,
+        m: usize,
+        k: usize,
+    ) -> Result<&GpuBuffer<u32>, KernelError> {
+        crate::ensure_shape!(
+            self.written == Some((m, k)),
+            op,
+            "the fragments hold {}, the GEMV needs m = {m}, k = {k}",
+            match self.written {
+                Some((wm, wk)) => format!("m = {wm}, k = {wk}"),
+                None => "nothing yet (no producer call)".to_string(),
+            }
+        );
+        Ok(&self.buf)
+    }
+}
+
 /// The tile-layout NVFP4 decode path ([`Gpu::nvfp4_repack_tiles`] + [`Gpu::nvfp4_gemv_tiles`], what an engine
 /// uses), the scratch-taking FP8 entry ([`Gpu::fp8_block_gemv_with_scratch`]) and the variant entry points of
 /// issue 4 (decode GEMVs on the H200): each variant is timed
@@ -522,8 +586,8 @@ impl Gpu {
         }
     }
 
-    /// [`Gpu::fp8_gemv_tiles`] on activation fragments already written by [`Gpu::rmsnorm_fp8_fragments`] for the
-    /// same `m` and `k` (`fragments` is read, not written; the bits are those of [`Gpu::fp8_gemv_tiles_split`] on
+    /// [`Gpu::fp8_gemv_tiles`] on activation fragments already written by [`Gpu::rmsnorm_fp8_fragments`] or
+    /// [`Gpu::glu_fp8_fragments`] for the same `m` and `k` (checked: [`Fp8Fragments`]; read, not written; the bits are those of [`Gpu::fp8_gemv_tiles_split`] on
     /// the norm's bf16 output with the same cut): the decode GEMV without its fragment kernel. The cut, from the
     /// same H200 sweeps as `fp8_tiles_auto`'s preconverted entries: 8 warps x 2 blocks per tile up to 8192 rows,
     /// above 4 x 1 at m >= 9 and 8 x 1 at m <= 8. Where [`Gpu::fp8_gemv_tiles`] runs a kernel that reads bf16 x
@@ -536,7 +600,7 @@ impl Gpu {
     /// 288.2 / 332.1 against 290.6 / 333.9 on the lm_head.
     pub fn fp8_gemv_tiles_fragments(
         &self,
-        fragments: &GpuBuffer<u32>,
+        fragments: &Fp8Fragments,
         tiles: &Fp8TileWeights,
         scales: &GpuBuffer<f32>,
         y: &mut GpuBuffer<f32>,
@@ -552,7 +616,7 @@ impl Gpu {
             scales.len(),
             n.div_ceil(128) * k.div_ceil(128),
         )?;
-        check_scratch(OP, fragments, m, k)?;
+        let fragments = fragments.for_read(OP, m, k)?;
         let split = MmaSplit::fp8_fragments(m, n);
         #[cfg(feature = "cuda")]
         {

@@ -42,7 +42,7 @@ mod gemm_sm90a;
 mod gemv;
 mod ops;
 pub use gemm_sm90a::{Fp8Wgmma, Nvfp4Wgmma};
-pub use gemv::{Fp8TileWeights, MmaSplit, Nvfp4TileWeights};
+pub use gemv::{Fp8Fragments, Fp8TileWeights, MmaSplit, Nvfp4TileWeights};
 
 mod sealed {
     pub trait Sealed {}

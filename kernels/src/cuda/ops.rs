@@ -20,7 +20,7 @@
 //! ([`Gpu::INVALID_TOKEN`]), where the CPU returns an error. Everything the host does know (every length, count
 //! and parameter) is checked here and refused with [`KernelError::Shape`] before any launch.
 
-use super::{check_len, Gpu, GpuBuffer, GpuScalar};
+use super::{check_len, Fp8Fragments, Gpu, GpuBuffer, GpuScalar};
 use crate::attention::Rope;
 use crate::ops::NormWeight;
 use crate::sampling::SamplingParams;
@@ -372,8 +372,9 @@ impl Gpu {
     }
 
     /// [`Gpu::rmsnorm`] (or, with `residual`, [`Gpu::add_rmsnorm`]'s `residual += x` first) of `m` token rows
-    /// (`1 <= m <= 16`) written straight into the FP8 decode GEMV's activation fragments `fragments` (at least
-    /// [`Gpu::gemv_scratch_len`]`(m, dim)` words) for [`Gpu::fp8_gemv_tiles_fragments`]: the same bits as
+    /// (`1 <= m <= 16`) written straight into the FP8 decode GEMV's activation fragments `fragments` (a buffer of
+    /// at least [`Gpu::gemv_scratch_len`]`(m, dim)` words, which then records `m` and `dim`) for
+    /// [`Gpu::fp8_gemv_tiles_fragments`]: the same bits as
     /// [`Gpu::rmsnorm`]'s bf16 output converted by the GEMV's own fragment kernel, one launch fewer per decode
     /// step. Why: at m = 16 that launch costs 0.8-2.1 us of a 17-26 us GEMV on the layer shapes (s7-run6,
     /// `benchmarks/h200.md`); the norm + GEMV step runs 1.22-1.27x faster so on the 5120-row shapes (s7-run8,
@@ -387,7 +388,7 @@ impl Gpu {
         weight: &GpuBuffer<f32>,
         form: NormWeight,
         eps: f32,
-        fragments: &mut GpuBuffer<u32>,
+        fragments: &mut Fp8Fragments,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::rmsnorm_fp8_fragments";
         let dim = weight.len();
@@ -405,11 +406,11 @@ impl Gpu {
         if let Some(r) = &residual {
             check_len(OP, "residual", r.len(), x.len())?;
         }
-        super::gemv::check_scratch(OP, fragments, rows, dim)?;
         let add = match form {
             NormWeight::Plain => 0.0f32,
             NormWeight::OnePlus => 1.0,
         };
+        let fragments = fragments.for_write(OP, rows, dim)?;
         #[cfg(feature = "cuda")]
         {
             self.inner.rmsnorm_fp8_fragments(
@@ -456,7 +457,8 @@ impl Gpu {
 
     /// [`Gpu::silu_and_mul`] (or, with `gelu`, [`Gpu::gelu_and_mul`]) of `m = gate_up.len() / (2 * inter)` token
     /// rows (`1 <= m <= 16`) written straight into the FP8 decode GEMV's activation fragments `fragments` (at
-    /// least [`Gpu::gemv_scratch_len`]`(m, inter)` words) for [`Gpu::fp8_gemv_tiles_fragments`]: the same bits as
+    /// least [`Gpu::gemv_scratch_len`]`(m, inter)` words; records `m` and `inter`) for
+    /// [`Gpu::fp8_gemv_tiles_fragments`]: the same bits as
     /// the bf16 output converted by the GEMV's own fragment kernel, one launch fewer before the down projection
     /// (as [`Gpu::rmsnorm_fp8_fragments`] before the others; at m = 16 on 5120x17408 that launch is 2.1 of 25.7 us,
     /// s7-run6). Launched as a programmatic dependent. Needs `inter % 16 == 0`.
@@ -465,7 +467,7 @@ impl Gpu {
         gelu: bool,
         gate_up: &GpuBuffer<f32>,
         inter: usize,
-        fragments: &mut GpuBuffer<u32>,
+        fragments: &mut Fp8Fragments,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::glu_fp8_fragments";
         let rows = check_glu(OP, gate_up.len(), inter)?;
@@ -479,7 +481,7 @@ impl Gpu {
             OP,
             "inter must be a multiple of 16 (the FP8 GEMV's k), got {inter}"
         );
-        super::gemv::check_scratch(OP, fragments, rows, inter)?;
+        let fragments = fragments.for_write(OP, rows, inter)?;
         #[cfg(feature = "cuda")]
         {
             self.inner

@@ -573,7 +573,7 @@ impl Gpu {
         m: usize,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::fp8_gemv_tiles";
-        self.fp8_tiles_checked(OP, x, tiles, scales, y, Some(&*scratch), m)?;
+        self.fp8_tiles_checked(OP, Some(x), tiles, scales, y, Some(&*scratch), m)?;
         let (split, kernel) = fp8_tiles_auto(m, tiles.n);
         match kernel {
             Fp8TileKernel::CudaCoresM1 => self.fp8_tiles_m1_launch(x, tiles, scales, y, split),
@@ -607,15 +607,8 @@ impl Gpu {
         m: usize,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::fp8_gemv_tiles_fragments";
+        self.fp8_tiles_checked(OP, None, tiles, scales, y, None, m)?;
         let (n, k) = (tiles.n, tiles.k);
-        check_gemv_dims(OP, m, n, k, 16)?;
-        check_len(OP, "y", y.len(), m * n)?;
-        check_len(
-            OP,
-            "scales",
-            scales.len(),
-            n.div_ceil(128) * k.div_ceil(128),
-        )?;
         let fragments = fragments.for_read(OP, m, k)?;
         let split = MmaSplit::fp8_fragments(m, n);
         #[cfg(feature = "cuda")]
@@ -652,7 +645,7 @@ impl Gpu {
         split: MmaSplit,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::fp8_gemv_tiles_m1";
-        self.fp8_tiles_checked(OP, x, tiles, scales, y, None, 1)?;
+        self.fp8_tiles_checked(OP, Some(x), tiles, scales, y, None, 1)?;
         split.check(OP)?;
         self.fp8_tiles_m1_launch(x, tiles, scales, y, split)
     }
@@ -698,7 +691,7 @@ impl Gpu {
         split: MmaSplit,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::fp8_gemv_tiles_converting";
-        self.fp8_tiles_checked(OP, x, tiles, scales, y, None, m)?;
+        self.fp8_tiles_checked(OP, Some(x), tiles, scales, y, None, m)?;
         crate::ensure_shape!(
             MmaSplit::BUILT_CONVERTING.contains(&(split.warps, split.splits)),
             OP,
@@ -714,7 +707,7 @@ impl Gpu {
     fn fp8_tiles_checked(
         &self,
         op: &'static str,
-        x: &GpuBuffer<u16>,
+        x: Option<&GpuBuffer<u16>>,
         tiles: &Fp8TileWeights,
         scales: &GpuBuffer<f32>,
         y: &GpuBuffer<f32>,
@@ -723,7 +716,9 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         let (n, k) = (tiles.n, tiles.k);
         check_gemv_dims(op, m, n, k, 16)?;
-        check_len(op, "x", x.len(), m * k)?;
+        if let Some(x) = x {
+            check_len(op, "x", x.len(), m * k)?;
+        }
         check_len(op, "y", y.len(), m * n)?;
         check_len(
             op,
@@ -782,7 +777,7 @@ impl Gpu {
         split: MmaSplit,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::fp8_gemv_tiles_split";
-        self.fp8_tiles_checked(OP, x, tiles, scales, y, Some(&*scratch), m)?;
+        self.fp8_tiles_checked(OP, Some(x), tiles, scales, y, Some(&*scratch), m)?;
         split.check(OP)?;
         self.fp8_tiles_launch(x, tiles, scales, y, scratch, m, split)
     }

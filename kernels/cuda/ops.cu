@@ -153,6 +153,10 @@ struct Fp8FragSink {
         xf[2 * entry + half] = make_uint2(pair(v.x, v.y), pair(v.z, v.w));
     }
     __device__ __forceinline__ void store1(int, float) const {}  // never: the entries need dim % 16 == 0
+    // The sink of this block's token row: rows are blocks along x, 8 per fragment tile.
+    static __device__ __forceinline__ Fp8FragSink of_block(uint32_t* xf) {
+        return Fp8FragSink{reinterpret_cast<uint2*>(xf), static_cast<int>(blockIdx.x), gridDim.x <= 8 ? 1 : 2};
+    }
 };
 
 // Gated activations, the CPU's formulas (kernels/csrc/ops_impl.h, seq_common.h) with CUDA's accurate expf / erff.
@@ -169,24 +173,28 @@ __device__ __forceinline__ float act(float g) {
 // out[r][j] = act(gate_up[r][j]) * gate_up[r][inter + j]. Grid: (rows, ceil(inter / (256 * 4))): one block per row
 // chunk of 1024 outputs; four per thread through float4 loads when inter % 4 == 0 (then both halves and the bf16
 // output row are 16- and 8-byte aligned), scalar otherwise.
-template <bool GELU>
-__device__ __forceinline__ void glu_chunk(const float* __restrict__ gate_up, __nv_bfloat16* __restrict__ out,
-                                          int inter) {
+template <bool GELU, typename Sink>
+__device__ __forceinline__ void glu_chunk_to(const float* __restrict__ gate_up, const Sink& sink, int inter) {
     const size_t row = blockIdx.x;
     const float* g = gate_up + row * 2 * (size_t)inter;
     const float* u = g + inter;
-    __nv_bfloat16* o = out + row * (size_t)inter;
     const int j = (blockIdx.y * GLU_THREADS + threadIdx.x) * 4;
     if (j >= inter) return;
     if ((inter & 3) == 0) {
         const float4 gv = *reinterpret_cast<const float4*>(g + j);
         const float4 uv = *reinterpret_cast<const float4*>(u + j);
-        store_out4(o + j, make_float4(act<GELU>(gv.x) * uv.x, act<GELU>(gv.y) * uv.y, act<GELU>(gv.z) * uv.z,
-                                      act<GELU>(gv.w) * uv.w));
+        sink.store4(j, make_float4(act<GELU>(gv.x) * uv.x, act<GELU>(gv.y) * uv.y, act<GELU>(gv.z) * uv.z,
+                                   act<GELU>(gv.w) * uv.w));
     } else {
         const int end = min(j + 4, inter);
-        for (int i = j; i < end; ++i) o[i] = __float2bfloat16_rn(act<GELU>(g[i]) * u[i]);
+        for (int i = j; i < end; ++i) sink.store1(i, act<GELU>(g[i]) * u[i]);
     }
+}
+
+template <bool GELU>
+__device__ __forceinline__ void glu_chunk(const float* __restrict__ gate_up, __nv_bfloat16* __restrict__ out,
+                                          int inter) {
+    glu_chunk_to<GELU>(gate_up, RowSink<__nv_bfloat16>{out + blockIdx.x * (size_t)inter}, inter);
 }
 
 // glu_chunk straight into the FP8 decode GEMV's B fragments (Fp8FragSink, the same bits as *_and_mul_bf16
@@ -198,20 +206,13 @@ __device__ __forceinline__ void glu_frag_fp8_chunk(const float* __restrict__ gat
                                                    int inter) {
     pdl_launch_dependents();
     pdl_wait();
-    const size_t row = blockIdx.x;
-    const float* g = gate_up + row * 2 * (size_t)inter;
-    const float* u = g + inter;
-    const Fp8FragSink sink{reinterpret_cast<uint2*>(xf), static_cast<int>(blockIdx.x), gridDim.x <= 8 ? 1 : 2};
+    const Fp8FragSink sink = Fp8FragSink::of_block(xf);
     const int j = (blockIdx.y * GLU_THREADS + threadIdx.x) * 4;
-    if (j >= ((inter + 127) & ~127)) return;
     if (j >= inter) {
-        sink.store4(j, make_float4(0.f, 0.f, 0.f, 0.f));
+        if (j < ((inter + 127) & ~127)) sink.store4(j, make_float4(0.f, 0.f, 0.f, 0.f));
         return;
     }
-    const float4 gv = *reinterpret_cast<const float4*>(g + j);
-    const float4 uv = *reinterpret_cast<const float4*>(u + j);
-    sink.store4(j, make_float4(act<GELU>(gv.x) * uv.x, act<GELU>(gv.y) * uv.y, act<GELU>(gv.z) * uv.z,
-                               act<GELU>(gv.w) * uv.w));
+    glu_chunk_to<GELU>(gate_up, sink, inter);
 }
 
 constexpr int GATHER_THREADS = 128;
@@ -566,7 +567,7 @@ __device__ __forceinline__ void rmsnorm_frag_fp8_body(const float* __restrict__ 
     // own launch overlaps the kernel before it, which may still read the fragments (the last GEMV) or write x.
     pdl_launch_dependents();
     pdl_wait();
-    const Fp8FragSink sink{reinterpret_cast<uint2*>(xf), static_cast<int>(blockIdx.x), gridDim.x <= 8 ? 1 : 2};
+    const Fp8FragSink sink = Fp8FragSink::of_block(xf);
     rmsnorm_row_to<ADD>(x, residual, w, add, eps, sink, dim);
     const int padded = (dim + 127) & ~127;
     for (int e = dim + 4 * static_cast<int>(threadIdx.x); e < padded; e += 4 * NORM_THREADS)

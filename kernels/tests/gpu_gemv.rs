@@ -1,7 +1,7 @@
 //! The decode GEMVs beyond `KernelPath` (issue 4: the NVFP4 decode path `Gpu::nvfp4_repack_tiles` +
 //! `Gpu::nvfp4_gemv_tiles` and its variants `Gpu::nvfp4_gemv_tiles_variant` and `Gpu::nvfp4_gemv_tiles_split`,
 //! `Gpu::fp8_block_gemv_with_scratch`, the fused decode steps `Gpu::rmsnorm_fp8_fragments` /
-//! `Gpu::glu_fp8_fragments` + `Gpu::fp8_gemv_tiles_fragments`, and the variants `Gpu::fp8_block_gemv_preconverted`,
+//! `Gpu::silu_and_mul_fp8_fragments` / `gelu_and_mul_fp8_fragments` + `Gpu::fp8_gemv_tiles_fragments`, and the variants `Gpu::fp8_block_gemv_preconverted`,
 //! `Gpu::fp8_block_gemv_split` and `Gpu::nvfp4_gemv_preconverted`) against
 //! `kernels::reference::linear`: fresh random inputs each run (the seed is
 //! printed), every m from 1 to 16, n not a multiple of the 16-row tile or of two rows per warp, k at the constraint
@@ -546,7 +546,7 @@ fn rmsnorm_fragments_feed_the_fp8_gemv_bit_for_bit() {
     }
 }
 
-/// `Gpu::glu_fp8_fragments` + `Gpu::fp8_gemv_tiles_fragments` against `Gpu::silu_and_mul` / `Gpu::gelu_and_mul` +
+/// `Gpu::silu_and_mul_fp8_fragments` / `gelu_and_mul_fp8_fragments` + `Gpu::fp8_gemv_tiles_fragments` against `Gpu::silu_and_mul` / `Gpu::gelu_and_mul` +
 /// `Gpu::fp8_gemv_tiles_split` with the same cut, bit for bit (as the norm test above): m from 1 to 16, `inter`
 /// not a multiple of 128 (the last chunk's padding zeroed by the activation kernel) and the down projection's
 /// 17408 (17 grid columns of 1024), poisoned fragments.
@@ -580,8 +580,13 @@ fn glu_fragments_feed_the_fp8_gemv_bit_for_bit() {
             );
             let mut frags =
                 Fp8Fragments::new(poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, inter)));
-            gpu.glu_fp8_fragments(gelu, &gate_up, inter, &mut frags)
-                .unwrap();
+            if gelu {
+                gpu.gelu_and_mul_fp8_fragments(&gate_up, inter, &mut frags)
+                    .unwrap();
+            } else {
+                gpu.silu_and_mul_fp8_fragments(&gate_up, inter, &mut frags)
+                    .unwrap();
+            }
             let mut yb = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
             gpu.fp8_gemv_tiles_fragments(&frags, &tiles8, &ds8, &mut yb, m)
                 .unwrap();
@@ -765,7 +770,7 @@ fn gemv_variant_errors_name_the_operand() {
     );
     let gu17 = gpu.upload(&vec![1.0f32; 17 * 2 * k]).unwrap();
     let e = gpu
-        .glu_fp8_fragments(false, &gu17, k, &mut fbig)
+        .silu_and_mul_fp8_fragments(&gu17, k, &mut fbig)
         .unwrap_err();
     assert!(
         e.to_string()
@@ -774,7 +779,7 @@ fn gemv_variant_errors_name_the_operand() {
     );
     let gu40 = gpu.upload(&vec![1.0f32; 2 * 40]).unwrap();
     let e = gpu
-        .glu_fp8_fragments(true, &gu40, 40, &mut fbig)
+        .gelu_and_mul_fp8_fragments(&gu40, 40, &mut fbig)
         .unwrap_err();
     assert!(
         e.to_string()
@@ -788,7 +793,7 @@ fn gemv_variant_errors_name_the_operand() {
     );
     let gum = gpu.upload(&vec![1.0f32; m * 2 * k]).unwrap();
     let e = gpu
-        .glu_fp8_fragments(false, &gum, k, &mut fsmall)
+        .silu_and_mul_fp8_fragments(&gum, k, &mut fsmall)
         .unwrap_err();
     assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
     // Zero weights (e2m1 code 0) times random activations: every output written, and exactly zero.

@@ -24,7 +24,7 @@ Arms (kernel names as in the SASS, for grepping):
       (Gpu::fp8_block_gemv_with_scratch: the table in its fp8_split_auto)
   fp8  normfrag  rmsnorm_frag_fp8 + the GEMV (Gpu::rmsnorm_fp8_fragments + fp8_gemv_tiles_fragments) against
       rmsnorm_bf16 + gemv_act_frag_fp8 + the same GEMV (m >= 2; fp8_fused_case)
-  fp8  glufrag  silu_and_mul_frag_fp8 + the GEMV (Gpu::glu_fp8_fragments) against silu_and_mul_bf16 +
+  fp8  glufrag  silu_and_mul_frag_fp8 + the GEMV (Gpu::silu_and_mul_fp8_fragments) against silu_and_mul_bf16 +
       gemv_act_frag_fp8 + the same GEMV (m >= 2, inter = K; fp8_fused_case)
   nv4  auto   nvfp4_gemv_mma_n8/_n16                          -- Gpu::nvfp4_gemv (checkpoint layout, no repack)
   nv4  pre    gemv_act_frag_nvfp4 + nvfp4_gemv_mma_pre_n8/_n16
@@ -199,7 +199,7 @@ def fp8_fused_case(kind, n, k, m, sets, wr8, sc, copy_bw):
     """The decode step producer -> FP8 GEMV (m >= 2), both ways. kind "norm": "norm_frag_gemv" = rmsnorm_bf16 +
     gemv_act_frag_fp8 + the GEMV (what Gpu::rmsnorm + Gpu::fp8_gemv_tiles_split run) against "normfrag_gemv" =
     rmsnorm_frag_fp8 + the same GEMV (Gpu::rmsnorm_fp8_fragments + Gpu::fp8_gemv_tiles_fragments); kind "glu": the
-    same with silu_and_mul_bf16 / silu_and_mul_frag_fp8 (Gpu::glu_fp8_fragments; inter = k). The bf16 producers
+    same with silu_and_mul_bf16 / silu_and_mul_frag_fp8 (Gpu::silu_and_mul_fp8_fragments; inter = k). The bf16 producers
     have no griddepcontrol, so they are launched plainly (they write what the GEMV before them may still read);
     the fragment producers wait for their predecessor themselves and, like the rest, go as programmatic
     dependents. The cut is MmaSplit::fp8_fragments'. Outputs compared bit for bit before timing; "% copy" counts

@@ -301,7 +301,7 @@ impl Fp8TileWeights {
 }
 
 /// The FP8 decode GEMV's activation fragments as a producer wrote them ([`Gpu::rmsnorm_fp8_fragments`],
-/// [`Gpu::glu_fp8_fragments`]) for [`Gpu::fp8_gemv_tiles_fragments`]: a buffer of f16 `mma` fragments plus the
+/// [`Gpu::silu_and_mul_fp8_fragments`]) for [`Gpu::fp8_gemv_tiles_fragments`]: a buffer of f16 `mma` fragments plus the
 /// `m` and `k` they were written for, because their layout depends on both (8 tokens per fragment tile, 128-value
 /// chunks) and a GEMV reading them for another shape would multiply garbage. Reusable across calls: each producer
 /// call records its shape, each GEMV call checks it.
@@ -587,7 +587,7 @@ impl Gpu {
     }
 
     /// [`Gpu::fp8_gemv_tiles`] on activation fragments already written by [`Gpu::rmsnorm_fp8_fragments`] or
-    /// [`Gpu::glu_fp8_fragments`] for the same `m` and `k` (checked: [`Fp8Fragments`]; read, not written; the bits are those of [`Gpu::fp8_gemv_tiles_split`] on
+    /// [`Gpu::silu_and_mul_fp8_fragments`] for the same `m` and `k` (checked: [`Fp8Fragments`]; read, not written; the bits are those of [`Gpu::fp8_gemv_tiles_split`] on
     /// the norm's bf16 output with the same cut): the decode GEMV without its fragment kernel. The cut, from the
     /// same H200 sweeps as `fp8_tiles_auto`'s preconverted entries: 8 warps x 2 blocks per tile up to 8192 rows,
     /// above 4 x 1 at m >= 9 and 8 x 1 at m <= 8. Where [`Gpu::fp8_gemv_tiles`] runs a kernel that reads bf16 x

@@ -78,6 +78,24 @@ fn check_glu(op: &'static str, gate_up: usize, inter: usize) -> Result<usize, Ke
     Ok(rows)
 }
 
+/// The norm kernels' `add`: the weight multiplies as `w + add`.
+fn norm_add(form: NormWeight) -> f32 {
+    match form {
+        NormWeight::Plain => 0.0,
+        NormWeight::OnePlus => 1.0,
+    }
+}
+
+/// The FP8 decode GEMV's fragments hold 1 to 16 token rows (two tiles of 8).
+fn check_fragment_rows(op: &'static str, rows: usize, what: &str) -> Result<(), KernelError> {
+    crate::ensure_shape!(
+        (1..=16).contains(&rows),
+        op,
+        "the decode GEMV's fragments hold 1 to 16 token rows, {what} has {rows} rows"
+    );
+    Ok(())
+}
+
 /// The candidate count `k` of a sampling call (1 when greedy), after checking the parameters as the CPU's
 /// `sampling::candidates` does and against the GPU's limit.
 fn sample_k(op: &'static str, vocab: usize, p: &SamplingParams) -> Result<usize, KernelError> {
@@ -343,10 +361,7 @@ impl Gpu {
         if let Some(r) = &residual {
             check_len(op, "residual", r.len(), x.len())?;
         }
-        let add = match form {
-            NormWeight::Plain => 0.0f32,
-            NormWeight::OnePlus => 1.0,
-        };
+        let add = norm_add(form);
         #[cfg(feature = "cuda")]
         {
             if rows == 0 {
@@ -393,11 +408,7 @@ impl Gpu {
         const OP: &str = "cuda::rmsnorm_fp8_fragments";
         let dim = weight.len();
         let rows = check_norm(OP, x.len(), dim, eps)?;
-        crate::ensure_shape!(
-            (1..=16).contains(&rows),
-            OP,
-            "the decode GEMV's fragments hold 1 to 16 token rows, x has {rows} rows of {dim}"
-        );
+        check_fragment_rows(OP, rows, "x")?;
         crate::ensure_shape!(
             dim.is_multiple_of(16) && dim <= 8192,
             OP,
@@ -406,10 +417,7 @@ impl Gpu {
         if let Some(r) = &residual {
             check_len(OP, "residual", r.len(), x.len())?;
         }
-        let add = match form {
-            NormWeight::Plain => 0.0f32,
-            NormWeight::OnePlus => 1.0,
-        };
+        let add = norm_add(form);
         let fragments = fragments.for_write(OP, rows, dim)?;
         #[cfg(feature = "cuda")]
         {
@@ -455,33 +463,59 @@ impl Gpu {
         self.glu("cuda::gelu_and_mul", true, gate_up, inter, out)
     }
 
-    /// [`Gpu::silu_and_mul`] (or, with `gelu`, [`Gpu::gelu_and_mul`]) of `m = gate_up.len() / (2 * inter)` token
-    /// rows (`1 <= m <= 16`) written straight into the FP8 decode GEMV's activation fragments `fragments` (at
-    /// least [`Gpu::gemv_scratch_len`]`(m, inter)` words; records `m` and `inter`) for
-    /// [`Gpu::fp8_gemv_tiles_fragments`]: the same bits as
-    /// the bf16 output converted by the GEMV's own fragment kernel, one launch fewer before the down projection
-    /// (as [`Gpu::rmsnorm_fp8_fragments`] before the others; at m = 16 on 5120x17408 that launch is 2.1 of 25.7 us,
+    /// [`Gpu::silu_and_mul`] of `m = gate_up.len() / (2 * inter)` token rows (`1 <= m <= 16`) written straight
+    /// into the FP8 decode GEMV's activation fragments `fragments` (at least [`Gpu::gemv_scratch_len`]`(m, inter)`
+    /// words; records `m` and `inter`) for [`Gpu::fp8_gemv_tiles_fragments`]: the same bits as the bf16 output
+    /// converted by the GEMV's own fragment kernel, one launch fewer before the down projection (as
+    /// [`Gpu::rmsnorm_fp8_fragments`] before the others; at m = 16 on 5120x17408 that launch is 2.1 of 25.7 us,
     /// s7-run6). Launched as a programmatic dependent. Needs `inter % 16 == 0`.
-    pub fn glu_fp8_fragments(
+    pub fn silu_and_mul_fp8_fragments(
         &self,
+        gate_up: &GpuBuffer<f32>,
+        inter: usize,
+        fragments: &mut Fp8Fragments,
+    ) -> Result<(), KernelError> {
+        self.glu_fp8_fragments(
+            "cuda::silu_and_mul_fp8_fragments",
+            false,
+            gate_up,
+            inter,
+            fragments,
+        )
+    }
+
+    /// [`Gpu::silu_and_mul_fp8_fragments`] with [`Gpu::gelu_and_mul`]'s activation.
+    pub fn gelu_and_mul_fp8_fragments(
+        &self,
+        gate_up: &GpuBuffer<f32>,
+        inter: usize,
+        fragments: &mut Fp8Fragments,
+    ) -> Result<(), KernelError> {
+        self.glu_fp8_fragments(
+            "cuda::gelu_and_mul_fp8_fragments",
+            true,
+            gate_up,
+            inter,
+            fragments,
+        )
+    }
+
+    fn glu_fp8_fragments(
+        &self,
+        op: &'static str,
         gelu: bool,
         gate_up: &GpuBuffer<f32>,
         inter: usize,
         fragments: &mut Fp8Fragments,
     ) -> Result<(), KernelError> {
-        const OP: &str = "cuda::glu_fp8_fragments";
-        let rows = check_glu(OP, gate_up.len(), inter)?;
-        crate::ensure_shape!(
-            (1..=16).contains(&rows),
-            OP,
-            "the decode GEMV's fragments hold 1 to 16 token rows, gate_up has {rows} rows of 2*{inter}"
-        );
+        let rows = check_glu(op, gate_up.len(), inter)?;
+        check_fragment_rows(op, rows, "gate_up")?;
         crate::ensure_shape!(
             inter.is_multiple_of(16),
-            OP,
+            op,
             "inter must be a multiple of 16 (the FP8 GEMV's k), got {inter}"
         );
-        let fragments = fragments.for_write(OP, rows, inter)?;
+        let fragments = fragments.for_write(op, rows, inter)?;
         #[cfg(feature = "cuda")]
         {
             self.inner

@@ -245,7 +245,8 @@ fn gemv_config(n: usize, rows_per_warp: usize) -> LaunchConfig {
 pub(in crate::cuda) enum Activations<'a> {
     /// bf16 `x [m, k]`, converted into the scratch first by `gemv_act_frag_*`.
     Convert(&'a CudaSlice<u16>, &'a mut CudaSlice<u32>),
-    /// Fragments already written on this stream (`Gpu::rmsnorm_fp8_fragments`), only read.
+    /// Fragments already written on this stream (`Gpu::rmsnorm_fp8_fragments`, `Gpu::silu_and_mul_fp8_fragments`), only
+    /// read.
     Fragments(&'a CudaSlice<u32>),
 }
 

@@ -28,6 +28,19 @@ fn per_row(rows: usize, threads: u32) -> LaunchConfig {
     }
 }
 
+/// The gated activations' grid: a block of GLU_THREADS threads per row and 4 * GLU_THREADS of its `width` outputs.
+fn glu_config(rows: usize, width: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            rows as u32,
+            width.div_ceil(4 * GLU_THREADS as usize) as u32,
+            1,
+        ),
+        block_dim: (GLU_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 impl Device {
     /// `rmsnorm_frag_fp8` (`residual` `None`) or `add_rmsnorm_frag_fp8`: one block per token row, writing the FP8
     /// decode GEMV's activation fragments.
@@ -100,7 +113,6 @@ impl Device {
         Ok(())
     }
 
-    /// `silu_and_mul_bf16` / `gelu_and_mul_bf16`: grid (rows, ceil(inter / 1024)).
     /// `silu_and_mul_frag_fp8` / `gelu_and_mul_frag_fp8`: the gated activation of `rows` token rows written as
     /// the FP8 decode GEMV's activation fragments, as a programmatic dependent.
     pub(in crate::cuda) fn glu_fp8_fragments(
@@ -117,16 +129,8 @@ impl Device {
             "silu_and_mul_frag_fp8"
         };
         let f = self.function(Module::Ops, name)?;
-        let padded = inter.div_ceil(128) * 128;
-        let cfg = LaunchConfig {
-            grid_dim: (
-                rows as u32,
-                padded.div_ceil(4 * GLU_THREADS as usize) as u32,
-                1,
-            ),
-            block_dim: (GLU_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        // The grid covers inter rounded up to whole 128-value chunks: the padding's fragments are written too.
+        let cfg = glu_config(rows, inter.div_ceil(128) * 128);
         let (gp, _gg) = gate_up.device_ptr(&self.stream);
         let (fp, _gf) = xf.device_ptr_mut(&self.stream);
         let mut args = PdlArgs::default();
@@ -140,6 +144,7 @@ impl Device {
         Ok(())
     }
 
+    /// `silu_and_mul_bf16` / `gelu_and_mul_bf16`: grid (rows, ceil(inter / 1024)).
     pub(in crate::cuda) fn glu(
         &self,
         gelu: bool,
@@ -155,15 +160,7 @@ impl Device {
         };
         let f = self.function(Module::Ops, name)?;
         let i = inter as i32;
-        let cfg = LaunchConfig {
-            grid_dim: (
-                rows as u32,
-                inter.div_ceil(4 * GLU_THREADS as usize) as u32,
-                1,
-            ),
-            block_dim: (GLU_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = glu_config(rows, inter);
         let mut b = self.stream.launch_builder(&f);
         b.arg(gate_up).arg(out).arg(&i);
         // SAFETY: matches `*_and_mul_bf16` in cuda/ops.cu; the caller checked gate_up = [rows, 2*inter],

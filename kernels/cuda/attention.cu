@@ -397,27 +397,11 @@ EDGEFIT_ATT_COMB_SLICED(128)
 EDGEFIT_ATT_COMB_SLICED(256)
 
 // ---------------------------------------------------------------------------------------------------------------
-// Tensor-core helpers of the tiled kernels below: mma.sync m16n8k16 (bf16 operands, fp32 accumulation) and bf16
-// packing. (A first tensor-core kernel, attention_decode_tc_D*, 16 tokens per stage with per-lane 32-bit fragment
+// Warps per block of the tiled tensor-core kernels below (their mma.sync / ldmatrix helpers are in common.cuh).
+// (A first tensor-core kernel, attention_decode_tc_D*, 16 tokens per stage with per-lane 32-bit fragment
 // loads, was the default until the tiled kernels measured 1.8-2.5x faster on the H200 at every context and batch:
 // benchmarks/h200-runs/s2-run2/bench_attention_decode.txt; it was removed.)
 constexpr int TC_WARPS = 4;
-
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// (lo, hi) floats -> bf16x2, round to nearest even.
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
 
 // ---------------------------------------------------------------------------------------------------------------
 // Tiled tensor-core decode (attention_decode_tiled_D*_T*S* over the paged cache, attention_decode_ring_D*_T*S*
@@ -450,18 +434,6 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 constexpr unsigned TD_INVALID = 0xffffffffu;  // row index: token not in the cache (masked, zero-filled)
 constexpr unsigned TD_CURRENT = 0xfffffffeu;  // row index: the ring's current token (k_cur / v_cur)
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
 
 template <int D, int TILE, int STAGES>
 struct TiledGeom {

@@ -1194,6 +1194,358 @@ extern "C" __global__ void __launch_bounds__(256)
     *o = v;
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// bf16 split build of launches 3 and 4 (variant `<wy>bf16_cs64`, session 8): fla's division of the work, on bf16
+// tensor cores (mma.sync m16n8k16, operands from shared memory by ldmatrix), after session 7's measurement of
+// fla's kernels (benchmarks/h200.md, session 7 point 3):
+// 3'. gdn_prefill_walk_bf16: grid (2, Hv, seqs), 256 threads, the serial part reduced to what the next chunk
+//     needs. Each block owns 64 columns of one head's state, fp32 in registers (the m16n8 accumulator layout of
+//     the update: warp w owns state rows 16w .. 16w+15, all 64 columns), and per chunk
+//       a. writes the incoming state S (bf16) to shared memory and to the chunk's slot of `hs` (for 4');
+//       b. D = U - W S ([64 x 128] x [128 x 64]: warp w owns rows 16 (w & 3) .., columns 32 (w >> 2) ..), stores D
+//          (bf16, unscaled) to the slot for 4', and e^{G_L-G_t} D_t (bf16) to shared memory;
+//       c. S <- e^{G_L} S + K^T (e^{G_L-G} D) ([128 x 64] x [64 x 64], the k-steps stop at the chunk's end).
+//     Chunk c + 1's W, K, U and G are loaded to registers while chunk c is multiplied, then written (as bf16) to
+//     the other of two shared buffers: two barriers per chunk.
+// 4'. gdn_prefill_out_bf16: grid (max_chunks, Hv, seqs), 256 threads, parallel over chunks: per (chunk, head)
+//     o = e^G (Q S_c) + Aqk D ([64 x 128] x [128 x 128] and the causal [64 x 64] x [64 x 128]; warp w owns rows
+//     16 (w & 3) .., columns 64 (w >> 2) ..), then the gated RMSNorm of launch 4 fused (the row's sum of squares
+//     over the two column halves through shared memory), written to `out` once.
+// `hs` (the workspace region after Aqk, only in the layout of this build): per (head, chunk) slot of 24,576 bf16,
+// the chunk's incoming state [128][128] then D [64][128]. The WY launch is unchanged (fp32 W, U, Aqk); its
+// outputs are rounded to bf16 where they are loaded.
+// Precision (session 6 point 8, the CPU simulation of this rounding): about 1.8e-2 scaled error on the
+// normalised output and 1e-3 on the final state against the f64 recurrence, fla's class, not the default's.
+namespace {
+
+constexpr int BP = D + 8;  // padded row (bf16) of a [*][128] tile: 272 bytes, so 8 ldmatrix rows hit 8 bank groups
+constexpr int HP = 64 + 8;  // padded row (bf16) of a [*][64] tile: 144 bytes
+constexpr int HS_SLOT = D * D + C * D;  // bf16 per (head, chunk) slot of hs: the state, then D
+
+typedef __nv_bfloat16 bf16;
+
+// A fragment of rows m0.., columns k0.. of a row-major bf16 tile (row stride ld elements).
+__device__ __forceinline__ void ldsm_a(uint32_t (&a)[4], const bf16* tile, int ld, int m0, int k0, int lane) {
+    ldmatrix_x4(a, tile + (m0 + (lane & 15)) * ld + k0 + ((lane >> 4) << 3));
+}
+// A fragment of the transpose of a row-major tile (A[m][k] = tile[k][m]) at rows m0, columns k0 of A.
+__device__ __forceinline__ void ldsm_at(uint32_t (&a)[4], const bf16* tile, int ld, int m0, int k0, int lane) {
+    ldmatrix_x4_trans(a, tile + (k0 + (lane & 7) + ((lane >> 4) << 3)) * ld + m0 + (((lane >> 3) & 1) << 3));
+}
+// B fragments of two n-tiles (n0, n0 + 8) for k-step k0 of a row-major [k][n] bf16 tile: b[0], b[1] for n0,
+// b[2], b[3] for n0 + 8.
+__device__ __forceinline__ void ldsm_b2(uint32_t (&b)[4], const bf16* tile, int ld, int k0, int n0, int lane) {
+    ldmatrix_x4_trans(b, tile + (k0 + (lane & 15)) * ld + n0 + ((lane >> 4) << 3));
+}
+
+__device__ __forceinline__ void st_bf16x4(bf16* p, float4 v) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+}
+
+}  // namespace
+
+// Shared memory of gdn_prefill_walk_bf16 (dynamic): two chunk buffers of W and K [C][BP] bf16, the state [D][HP]
+// and the decayed D [C][HP] bf16, then G [2][C] fp32.
+__host__ __device__ constexpr int walk_bf16_smem_bytes() { return (2 * 2 * C * BP + D * HP + C * HP) * 2 + 2 * C * 4; }
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+    gdn_prefill_walk_bf16(const float* __restrict__ kn, const float* __restrict__ gcum,
+                          const float* __restrict__ w_in, const float* __restrict__ u_in,
+                          const int* __restrict__ meta, float* __restrict__ state, bf16* __restrict__ hs, int hk,
+                          int hv, int seqs, int n_chunks) {
+    constexpr int NT = 8;             // n-tiles of the 64 columns (phase c)
+    constexpr int R4 = C * D / 4 / 256;  // float4 of a [C][D] tile per thread
+    extern __shared__ float4 smem_walk[];
+    bf16* const tiles = reinterpret_cast<bf16*>(smem_walk);  // buffer b: W at b * 2 * C * BP, K after it
+    bf16* const Sb = tiles + 2 * 2 * C * BP;                  // [D][HP]
+    bf16* const Db = Sb + D * HP;                             // [C][HP]
+    float* const Gs = reinterpret_cast<float*>(Db + C * HP);  // [2][C]
+
+    const int c0 = blockIdx.x * 64, h = blockIdx.y, s = blockIdx.z;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int fg = lane >> 2, ft = lane & 3;
+    const int start = meta[s];
+    const int len = meta[s + 1] - start;
+    const int nch = (len + C - 1) / C;
+    const int kh = h / (hv / hk);
+    float* sg = state + (static_cast<size_t>(s) * hv + h) * D * D + c0;
+    const size_t slot0 = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s];
+    const int am = (warp & 3) * 16, an = (warp >> 2) * 32;  // phase b: rows and first column of this warp
+    const int dm = warp * 16;                               // phase c: state rows of this warp
+
+    float st[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        const float2 a = *reinterpret_cast<const float2*>(sg + (dm + fg) * D + 8 * n + 2 * ft);
+        const float2 b = *reinterpret_cast<const float2*>(sg + (dm + fg + 8) * D + 8 * n + 2 * ft);
+        st[n][0] = a.x;
+        st[n][1] = a.y;
+        st[n][2] = b.x;
+        st[n][3] = b.y;
+    }
+
+    // A chunk's operands in registers: this thread's float4s of W and K (K rows past the chunk zero), this warp's
+    // U fragments (phase b layout) and, in threads 0..63, G of row tid.
+    struct Chunk {
+        float4 w[R4], k[R4];
+        float2 ulo[4], uhi[4];
+        float g;
+    };
+    auto load = [&](int cc, Chunk& x) {
+        const int lc = min(C, len - cc * C);
+        const size_t tok0 = static_cast<size_t>(start + cc * C);
+        const float4* wg = reinterpret_cast<const float4*>(w_in + (slot0 + cc) * C * D);
+#pragma unroll
+        for (int j = 0; j < R4; ++j) {
+            const int i = tid + 256 * j, r = i >> 5, q4 = i & 31;
+            x.w[j] = wg[i];
+            x.k[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r < lc) x.k[j] = reinterpret_cast<const float4*>(kn + ((tok0 + r) * hk + kh) * D)[q4];
+        }
+        const float* ug = u_in + (slot0 + cc) * C * D + c0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int col = an + 8 * j + 2 * ft;
+            x.ulo[j] = *reinterpret_cast<const float2*>(ug + (am + fg) * D + col);
+            x.uhi[j] = *reinterpret_cast<const float2*>(ug + (am + fg + 8) * D + col);
+        }
+        x.g = 0.f;
+        if (tid < lc) x.g = gcum[(tok0 + tid) * hv + h];
+    };
+    auto store = [&](const Chunk& x, int b) {
+        bf16* Wb = tiles + b * 2 * C * BP;
+        bf16* Kb = Wb + C * BP;
+#pragma unroll
+        for (int j = 0; j < R4; ++j) {
+            const int i = tid + 256 * j, r = i >> 5, q4 = i & 31;
+            st_bf16x4(Wb + r * BP + 4 * q4, x.w[j]);
+            st_bf16x4(Kb + r * BP + 4 * q4, x.k[j]);
+        }
+        if (tid < C) Gs[b * C + tid] = x.g;
+    };
+
+    auto step = [&](int c, const Chunk& cur, Chunk& nxt) {
+        const int lc = min(C, len - c * C);
+        const int b = c & 1;
+        const bf16* Wb = tiles + b * 2 * C * BP;
+        const bf16* Kb = Wb + C * BP;
+        const float* G = Gs + b * C;
+        bf16* slot = hs + (slot0 + c) * HS_SLOT;
+        if (c + 1 < nch) load(c + 1, nxt);
+        // a. the incoming state, bf16, to shared memory and the slot.
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            *reinterpret_cast<uint32_t*>(Sb + (dm + fg) * HP + 8 * n + 2 * ft) = pack_bf16x2(st[n][0], st[n][1]);
+            *reinterpret_cast<uint32_t*>(Sb + (dm + fg + 8) * HP + 8 * n + 2 * ft) = pack_bf16x2(st[n][2], st[n][3]);
+        }
+        __syncthreads();  // Sb, and this chunk's tiles (stored during the previous chunk), complete
+#pragma unroll
+        for (int j = 0; j < D * 64 / 8 / 256; ++j) {
+            const int i = tid + 256 * j, r = i >> 3, q = i & 7;
+            *reinterpret_cast<uint4*>(slot + r * D + c0 + 8 * q) = *reinterpret_cast<const uint4*>(Sb + r * HP + 8 * q);
+        }
+        // b. D = U - W S on this warp's 16 rows x 32 columns.
+        float acc[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+#pragma unroll
+        for (int k0 = 0; k0 < D; k0 += 16) {
+            uint32_t a[4], b0[4], b1[4];
+            ldsm_a(a, Wb, BP, am, k0, lane);
+            ldsm_b2(b0, Sb, HP, k0, an, lane);
+            ldsm_b2(b1, Sb, HP, k0, an + 16, lane);
+            mma_bf16_16816(acc[0], a, b0[0], b0[1]);
+            mma_bf16_16816(acc[1], a, b0[2], b0[3]);
+            mma_bf16_16816(acc[2], a, b1[0], b1[1]);
+            mma_bf16_16816(acc[3], a, b1[2], b1[3]);
+        }
+        const float gl = G[lc - 1];
+        const int r0 = am + fg, r1 = am + fg + 8;
+        const float f0 = r0 < lc ? expf(gl - G[r0]) : 0.f, f1 = r1 < lc ? expf(gl - G[r1]) : 0.f;
+        bf16* dg = slot + D * D;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int col = an + 8 * j + 2 * ft;
+            const float d0 = cur.ulo[j].x - acc[j][0], d1 = cur.ulo[j].y - acc[j][1];
+            const float d2 = cur.uhi[j].x - acc[j][2], d3 = cur.uhi[j].y - acc[j][3];
+            *reinterpret_cast<uint32_t*>(dg + r0 * D + c0 + col) = pack_bf16x2(d0, d1);
+            *reinterpret_cast<uint32_t*>(dg + r1 * D + c0 + col) = pack_bf16x2(d2, d3);
+            *reinterpret_cast<uint32_t*>(Db + r0 * HP + col) = pack_bf16x2(d0 * f0, d1 * f0);
+            *reinterpret_cast<uint32_t*>(Db + r1 * HP + col) = pack_bf16x2(d2 * f1, d3 * f1);
+        }
+        __syncthreads();  // Db complete; Sb free
+        // c. S <- e^{G_L} S + K^T (e^{G_L-G} D) on this warp's 16 state rows (K and D rows past the chunk are 0).
+        const float el = expf(gl);
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st[n][e] *= el;
+        const int kend = (lc + 15) & ~15;
+        for (int t0 = 0; t0 < kend; t0 += 16) {
+            uint32_t a[4];
+            ldsm_at(a, Kb, BP, dm, t0, lane);
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np) {
+                uint32_t bq[4];
+                ldsm_b2(bq, Db, HP, t0, 16 * np, lane);
+                mma_bf16_16816(st[2 * np], a, bq[0], bq[1]);
+                mma_bf16_16816(st[2 * np + 1], a, bq[2], bq[3]);
+            }
+        }
+        // Chunk c + 1's operands into the other buffer: its last readers (chunk c - 1) passed this chunk's first
+        // barrier, and the next chunk's first barrier publishes them.
+        if (c + 1 < nch) store(nxt, b ^ 1);
+    };
+
+    Chunk ra, rb;
+    if (nch > 0) {  // an empty sequence has no chunk 0 (its slot may lie past the workspace regions)
+        load(0, ra);
+        store(ra, 0);
+    }
+    for (int c = 0; c < nch; c += 2) {  // two chunks per trip, so that the register sets swap by name
+        step(c, ra, rb);
+        if (c + 1 < nch) step(c + 1, rb, ra);
+    }
+
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        *reinterpret_cast<float2*>(sg + (dm + fg) * D + 8 * n + 2 * ft) = make_float2(st[n][0], st[n][1]);
+        *reinterpret_cast<float2*>(sg + (dm + fg + 8) * D + 8 * n + 2 * ft) = make_float2(st[n][2], st[n][3]);
+    }
+}
+
+// Shared memory of gdn_prefill_out_bf16 (dynamic): Q [C][BP], the chunk's state [D][BP] and D [C][BP], Aqk [C][HP]
+// (bf16), then G [C] and the row sums of squares [2][C] (fp32).
+__host__ __device__ constexpr int out_bf16_smem_bytes() { return (C * BP + D * BP + C * BP + C * HP) * 2 + 3 * C * 4; }
+
+extern "C" __global__ void __launch_bounds__(256)
+    gdn_prefill_out_bf16(const float* __restrict__ qn, const float* __restrict__ gcum,
+                         const float* __restrict__ aqk_in, const bf16* __restrict__ hs,
+                         const int* __restrict__ meta, const float* __restrict__ z,
+                         const float* __restrict__ norm_w, float norm_eps, float* __restrict__ out, int hk, int hv,
+                         int seqs, int n_chunks) {
+    extern __shared__ float4 smem_out[];
+    bf16* const Qb = reinterpret_cast<bf16*>(smem_out);  // [C][BP]
+    bf16* const Hb = Qb + C * BP;                         // [D][BP]
+    bf16* const Vb = Hb + D * BP;                         // [C][BP]
+    bf16* const Ab = Vb + C * BP;                         // [C][HP]
+    float* const G = reinterpret_cast<float*>(Ab + C * HP);  // [C]
+    float* const red = G + C;                                // [2][C]
+
+    const int c = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
+    const int start = meta[s];
+    const int len = meta[s + 1] - start;
+    if (c * C >= len) return;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int fg = lane >> 2, ft = lane & 3;
+    const int lc = min(C, len - c * C);
+    const int kh = h / (hv / hk);
+    const size_t tok0 = static_cast<size_t>(start + c * C);
+    const size_t slot = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s] + c;
+    const bf16* hg = hs + slot * HS_SLOT;
+
+    // The state and D (bf16 already) by cp.async; Q, Aqk (fp32) through registers; G.
+    for (int i = tid; i < (D + C) * (D / 8); i += 256) {
+        const int r = i >> 4, q = i & 15;  // 16 uint4 per row of 128
+        cp_async16(Hb + r * BP + 8 * q, hg + r * D + 8 * q, true);  // rows D.. land in Vb (Vb = Hb + D * BP)
+    }
+    cp_async_commit();
+#pragma unroll
+    for (int j = 0; j < C * D / 4 / 256; ++j) {
+        const int i = tid + 256 * j, r = i >> 5, q4 = i & 31;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < lc) v = reinterpret_cast<const float4*>(qn + ((tok0 + r) * hk + kh) * D)[q4];
+        st_bf16x4(Qb + r * BP + 4 * q4, v);
+    }
+    const float4* ag = reinterpret_cast<const float4*>(aqk_in + slot * C * C);
+#pragma unroll
+    for (int j = 0; j < C * C / 4 / 256; ++j) {
+        const int i = tid + 256 * j, r = i >> 4, q4 = i & 15;
+        st_bf16x4(Ab + r * HP + 4 * q4, ag[i]);
+    }
+    if (tid < C) G[tid] = tid < lc ? gcum[(tok0 + tid) * hv + h] : 0.f;
+    cp_async_wait<0>();
+    __syncthreads();
+
+    const int am = (warp & 3) * 16, an = (warp >> 2) * 64;
+    float o[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
+#pragma unroll 2
+    for (int k0 = 0; k0 < D; k0 += 16) {
+        uint32_t a[4];
+        ldsm_a(a, Qb, BP, am, k0, lane);
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+            uint32_t bq[4];
+            ldsm_b2(bq, Hb, BP, k0, an + 16 * np, lane);
+            mma_bf16_16816(o[2 * np], a, bq[0], bq[1]);
+            mma_bf16_16816(o[2 * np + 1], a, bq[2], bq[3]);
+        }
+    }
+    const int r0 = am + fg, r1 = am + fg + 8;
+    const float e0 = expf(G[r0]), e1 = expf(G[r1]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        o[j][0] *= e0;
+        o[j][1] *= e0;
+        o[j][2] *= e1;
+        o[j][3] *= e1;
+    }
+    // Aqk is zero above the diagonal: the k-steps stop at this warp's last row.
+    for (int k0 = 0; k0 < am + 16; k0 += 16) {
+        uint32_t a[4];
+        ldsm_a(a, Ab, HP, am, k0, lane);
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+            uint32_t bq[4];
+            ldsm_b2(bq, Vb, BP, k0, an + 16 * np, lane);
+            mma_bf16_16816(o[2 * np], a, bq[0], bq[1]);
+            mma_bf16_16816(o[2 * np + 1], a, bq[2], bq[3]);
+        }
+    }
+    // The gated RMSNorm of launch 4: a row's 128 columns lie in the quads of two warps (column halves).
+    float ss0 = 0.f, ss1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        ss0 += o[j][0] * o[j][0] + o[j][1] * o[j][1];
+        ss1 += o[j][2] * o[j][2] + o[j][3] * o[j][3];
+    }
+    ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);
+    ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
+    ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
+    ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
+    if (ft == 0) {
+        red[(warp >> 2) * C + r0] = ss0;
+        red[(warp >> 2) * C + r1] = ss1;
+    }
+    __syncthreads();
+    const float n0 = rsqrtf((red[r0] + red[C + r0]) / static_cast<float>(D) + norm_eps);
+    const float n1 = rsqrtf((red[r1] + red[C + r1]) / static_cast<float>(D) + norm_eps);
+    const size_t vw = static_cast<size_t>(hv) * D;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int col = an + 8 * j + 2 * ft;
+        const float2 wv = *reinterpret_cast<const float2*>(norm_w + col);
+        if (r0 < lc) {
+            const size_t at = (tok0 + r0) * vw + h * D + col;
+            const float2 zv = *reinterpret_cast<const float2*>(z + at);
+            *reinterpret_cast<float2*>(out + at) =
+                make_float2(o[j][0] * n0 * wv.x * silu_f(zv.x), o[j][1] * n0 * wv.y * silu_f(zv.y));
+        }
+        if (r1 < lc) {
+            const size_t at = (tok0 + r1) * vw + h * D + col;
+            const float2 zv = *reinterpret_cast<const float2*>(z + at);
+            *reinterpret_cast<float2*>(out + at) =
+                make_float2(o[j][2] * n1 * wv.x * silu_f(zv.x), o[j][3] * n1 * wv.y * silu_f(zv.y));
+        }
+    }
+}
+
 static_assert(PREP_TT == 8, "keep PREP_TOKENS in device/gdn_prefill.rs equal");
 static_assert(WY_SMEM_BYTES == 101376, "keep GDN_WY_SMEM_BYTES in device/gdn_prefill.rs equal");
 static_assert(wy_tc_smem_bytes() == 102912, "keep WY_TC_SMEM_BYTES in device/gdn_prefill.rs equal");
@@ -1201,3 +1553,5 @@ static_assert(state_tc_smem_bytes(16) == 103424 && state_tc_smem_bytes(32) == 11
                   state_tc_smem_bytes(64) == 225280,
               "keep gdn_prefill.rs state_tc_smem_bytes equal");
 static_assert(state_smem_bytes(16) == 96768 && state_smem_bytes(32) == 109056 && state_smem_bytes(64) == 133632, "keep gdn_prefill.rs state_smem_bytes equal");
+static_assert(walk_bf16_smem_bytes() == 97792 && out_bf16_smem_bytes() == 79616,
+              "keep gdn_prefill.rs WALK_BF16_SMEM_BYTES / OUT_BF16_SMEM_BYTES equal");

@@ -34,15 +34,6 @@ constexpr int GM_SMEM_BYTES = GM_STAGES * GM_STAGE_BYTES;             // 133,120
 // The launchers (kernels/src/cuda/device.rs, kernels/bench/h200/bench.py) pass this size; keep them in step.
 static_assert(GM_SMEM_BYTES == 133120, "device.rs GEMM_SMEM_BYTES");
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
 
 __device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
@@ -281,20 +272,6 @@ constexpr int NG_SMEM_BYTES = NG_STAGES * NG_STAGE_BYTES;          // 118,784 by
 static_assert(NG_SMEM_BYTES == 118784, "device.rs NVFP4_GEMM_SMEM_BYTES");
 static_assert(NG_STAGE_BYTES % 128 == 0, "stages stay 128-byte aligned");
 
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// (lo, hi) -> bf16x2, lo in the low half; exact for the values built here.
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
 
 }  // namespace
 

@@ -99,9 +99,6 @@ constexpr int N4_STAGE_BYTES = (N4_X_BYTES + N4_W_BYTES + N4_S_BYTES + 1023) / 1
 constexpr int N4_SMEM_BYTES = 1024 + 2 * BN * BK4 * 2 + N4_STAGES * N4_STAGE_BYTES;
 static_assert(N4_SMEM_BYTES == 119808, "kernels/src/cuda/device/gemm_sm90a.rs NVFP4_V1_SMEM_BYTES");
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // Byte offset of 16-byte chunk c of row r in a K-major tile of 128-byte rows with the 128-byte swizzle.
 __device__ __forceinline__ uint32_t swz(int r, int c) {
@@ -524,11 +521,6 @@ __device__ __forceinline__ void fp8_pp_last(float (&acc)[64], float (&cur)[64], 
     promote(acc, cur, s0, s1);
 }
 
-// Two fp32 values as a bf16x2 word, each rounded to nearest even (cvt.rn.bf16x2.f32), `lo` in the low half.
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&p);
-}
 
 // store_tile for bf16 output (the v4 bf16 epilogue): a warpgroup's 64 x 128 fp32 fragment rounded to nearest
 // even into y [M, N] (bf16 bits), guarded against M and N. Lane l holds, per n8 tile j, columns 8 j + 2 q and

@@ -24,6 +24,12 @@ medians and spreads):
 - removed after s3-run3: fla's split of launch 3 (`[wytf32_]tf32split_cs<32|64>`, walk + parallel output with the
   norm fused): walk_cs64 1835.7 us + out 963.0 us against state tf32_cs64 2272.2 us + norm 277.8 us; whole step
   wytf32_tf32split_cs64 6125.8 us against 5856.3 us at T = 16384.
+- ours_wytf32x3_bf16_cs64 / ours_wytf32_bf16_cs64 (session 8): the bf16 split, fla's division again but on bf16
+  tensor cores: launch 3' `gdn_prefill_walk_bf16` (the state only; each chunk's incoming state and D to the
+  workspace's hs region in bf16) and launch 4' `gdn_prefill_out_bf16` (the output parallel over chunks, the gated
+  norm fused, so no launch 4), after the 3xTF32 / plain TF32 WY. Checked against fp32_cs32 with a 5e-2 bound
+  (fla's precision class); its two launches are also timed alone (`walk_bf16` against the default's walk
+  `state_tf32_cs64`, `out_bf16` against `norm`), and it gets its own rows against fla.
 - launch 1 of every variant is the warp prep `gdn_prefill_prep` (one warp per 128-channel segment and 8 tokens,
   the conv window in registers). Removed after s3-run4: the block-per-token prep it replaced (bit-identical
   outputs; 969.2 -> 304.9 us at B=4 N=9216, 321.3 -> 135.4 us at T=4096; whole default step 3264.3 -> 2615.4 us
@@ -78,6 +84,10 @@ WY_SMEM = 101376  # cuda/gdn_prefill.cu WY_SMEM_BYTES
 WY_TC_SMEM = 102912  # cuda/gdn_prefill.cu wy_tc_smem_bytes()
 VARIANTS = "--variants" in sys.argv
 DEFAULT = "wytf32x3_tf32_cs64"  # Gpu::GDN_PREFILL_DEFAULT (session 4; wytf32_tf32_cs64 before)
+SPLIT = "wytf32x3_bf16_cs64"  # the bf16 split (session 8): walk_bf16 + out_bf16 (norm fused) after the 3xTF32 WY
+WALK_BF16_SMEM = 97792  # cuda/gdn_prefill.cu walk_bf16_smem_bytes()
+OUT_BF16_SMEM = 79616  # cuda/gdn_prefill.cu out_bf16_smem_bytes()
+HS_SLOT = D * D + C * D  # bf16 per (head, chunk) of the split's hs region
 PREP_TT = 8  # cuda/gdn_prefill.cu PREP_TT (tokens per warp of gdn_prefill_prep)
 ROUNDS = 5 if b.QUICK else 7  # arms alternate; the s2-run2 spreads were <= 2% at 11 rounds
 
@@ -123,12 +133,15 @@ def kern(name):
 
 
 def layout(lens):
-    """Mirror of kernels/src/cuda/gdn_prefill.rs `layout`: region offsets (floats, 64-aligned) and total."""
+    """Mirror of kernels/src/cuda/gdn_prefill.rs `layout`: region offsets (floats, 64-aligned) and total. The hs
+    region of the bf16 split is always included (after Aqk, so the other offsets are those of every variant) so
+    that all variants share one workspace."""
     n = sum(lens)
     nc = sum((l + C - 1) // C for l in lens)
     pad = lambda x: (x + 63) // 64 * 64  # noqa: E731
     sizes = [("qn", n * HK * D), ("kn", n * HK * D), ("v", n * HV * D), ("g", n * HV), ("beta", n * HV),
-             ("gcum", n * HV), ("w", HV * nc * C * D), ("u", HV * nc * C * D), ("aqk", HV * nc * C * C)]
+             ("gcum", n * HV), ("w", HV * nc * C * D), ("u", HV * nc * C * D), ("aqk", HV * nc * C * C),
+             ("hs", HV * nc * HS_SLOT // 2)]
     off, at = {}, 0
     for k, s in sizes:
         off[k] = at
@@ -155,6 +168,16 @@ class Ours:
         self.f_prep = kern("gdn_prefill_prep")
         wy_name, self.wy_smem = wy_kernel(wy)
         self.f_wy = kern(wy_name)
+        self.split = variant.startswith("bf16")
+        if self.split:  # launches 3' and 4' (the norm fused into 4')
+            self.f_walk, self.f_out = kern("gdn_prefill_walk_bf16"), kern("gdn_prefill_out_bf16")
+            b.allow_smem(self.f_walk, WALK_BF16_SMEM)
+            b.allow_smem(self.f_out, OUT_BF16_SMEM)
+            try:
+                self.f_out.preferred_shared_memory_carveout = 100
+            except Exception as e:  # noqa: BLE001
+                b.log(f"  note: carveout not set on gdn_prefill_out_bf16 ({e})")
+            variant = "tf32_cs64"  # (state() is not used by the split; any build keeps the attributes below valid)
         name, self.state_smem = state_kernel(variant)
         self.f_state = kern(name)
         self.f_norm = kern("gdn_prefill_gated_norm")
@@ -185,6 +208,10 @@ class Ours:
     def __call__(self, qkv, z, a, bb, conv_w, a_log, dt_bias, norm_w, conv_in, conv_out, state, out):
         self.prep(qkv, a, bb, conv_w, a_log, dt_bias, conv_in, conv_out)
         self.wy()
+        if self.split:
+            self.walk(state)
+            self.out(out, z, norm_w)
+            return
         self.state(state, out)
         self.norm(out, z, norm_w)
 
@@ -212,6 +239,22 @@ class Ours:
                  (self.w("qn"), self.w("kn"), self.w("gcum"), self.w("w"), self.w("u"), self.w("aqk"),
                   p(self.meta), p(state), p(out), i32(HK), i32(HV), i32(seqs), i32(self.nc)),
                  shared_mem=self.state_smem)
+
+    def walk(self, state):
+        """Launch 3' of the bf16 split: gdn_prefill_walk_bf16 (state only; chunk states and D to hs)."""
+        seqs = len(self.lens)
+        p, i32 = b.ptr, np.int32
+        b.launch(self.f_walk, (2, HV, seqs), (256,),
+                 (self.w("kn"), self.w("gcum"), self.w("w"), self.w("u"), p(self.meta), p(state), self.w("hs"),
+                  i32(HK), i32(HV), i32(seqs), i32(self.nc)), shared_mem=WALK_BF16_SMEM)
+
+    def out(self, out, z, norm_w):
+        """Launch 4' of the bf16 split: gdn_prefill_out_bf16 (output parallel over chunks, gated norm fused)."""
+        seqs, maxlen = len(self.lens), max(self.lens)
+        p, i32 = b.ptr, np.int32
+        b.launch(self.f_out, ((maxlen + C - 1) // C, HV, seqs), (256,),
+                 (self.w("qn"), self.w("gcum"), self.w("aqk"), self.w("hs"), p(self.meta), p(z), p(norm_w),
+                  np.float32(1e-6), p(out), i32(HK), i32(HV), i32(seqs), i32(self.nc)), shared_mem=OUT_BF16_SMEM)
 
     def norm(self, out, z, norm_w):
         p, i32 = b.ptr, np.int32
@@ -293,7 +336,8 @@ def case(lens, chunk):
     conv_out = torch.empty(seqs, CD, KC - 1, device=b.dev)
     out = torch.empty(n, HV * D, device=b.dev)
     whole = (["fp32_cs32", "tf32x3_cs32", "tf32_cs32", "tf32_cs64", "wytf32x3_tf32x3_cs32", "wytf32_tf32_cs32",
-              "wytf32_tf32_cs64", "wytf32x3_tf32_cs64"] + (["fp32_cs16", "fp32_cs64"] if VARIANTS else []))
+              "wytf32_tf32_cs64", "wytf32x3_tf32_cs64", SPLIT, "wytf32_bf16_cs64"]
+             + (["fp32_cs16", "fp32_cs64"] if VARIANTS else []))
     state_only = ["fp32_cs32"] + [f"{m}_cs{c}" for m in ("tf32x3", "tf32") for c in (16, 32, 64)]
     wy_only = ["tf32x3", "tf32"]  # stage arms of the tensor-core WY builds (launch 2 alone)
     ref = Ours(lens, "fp32_cs32")
@@ -318,6 +362,8 @@ def case(lens, chunk):
         check[f"{v}_out_rel_err"], check[f"{v}_state_rel_err"] = eo, es
         wy, sv = split_variant(v)
         bound = 2e-2 if (wy == "tf32" or sv.startswith("tf32_")) else 1e-4
+        if sv.startswith("bf16"):
+            bound = 5e-2  # fla's precision class (bf16 operands in the walk and the output)
         if not (eo < bound and es < bound):
             b.log(f"  WARNING: {v} disagrees with fp32_cs32 beyond {bound:.0e}; not timed")
             bad.add(v)
@@ -372,6 +418,10 @@ def case(lens, chunk):
     for v in state_only:
         arms[f"stage_state_{v}"] = (lambda impl: lambda i: impl.state(st[i], out))(impls[v])
     arms["stage_norm"] = lambda i: ref.norm(out, z[i], norm_w)
+    split_ok = SPLIT not in bad
+    if split_ok:  # the split's two launches alone (on the W / U / Aqk the last whole step left)
+        arms["stage_walk_bf16"] = lambda i: impls[SPLIT].walk(st[i])
+        arms["stage_out_bf16"] = lambda i: impls[SPLIT].out(out, z[i], norm_w)
     arms["stage_meta"] = lambda i: ref.meta_kernel(cu_dev, meta_dev)
     try:
         res = b.time_arms(arms, sets, reps, rounds=ROUNDS)
@@ -410,6 +460,12 @@ def case(lens, chunk):
     for v in state_only[1:]:
         b.row("gdn_prefill_stage", f"{shape} state_{v}", res[f"stage_state_{v}"], "state fp32_cs32",
               res["stage_state_fp32_cs32"], bytes_moved=by_s, flops=fl_s)
+    if split_ok:
+        for st_name, base in [("walk_bf16", "state_tf32_cs64"), ("out_bf16", "norm")]:
+            if f"stage_{base}" not in res:
+                continue
+            b.row("gdn_prefill_stage", f"{shape} {st_name}", res[f"stage_{st_name}"], f"stage {base}",
+                  res[f"stage_{base}"], note="launch 3' / 4' of the bf16 split against the default's walk / norm")
     best = min(whole, key=lambda v: res[v][0])
 
     # Pass 2: the fla arms (one cu_seqlens tensor for both, so both are graph-capturable).
@@ -430,7 +486,7 @@ def case(lens, chunk):
 
         fres = b.time_arms({"fla_kernel": fla_kernel, "fla_layer": fla_whole}, sets, reps, rounds=ROUNDS)
         torch.cuda.synchronize()
-        for v in dict.fromkeys(["fp32_cs32", best]):
+        for v in dict.fromkeys(["fp32_cs32", DEFAULT] + ([SPLIT] if split_ok else []) + [best]):
             b.row("gdn_prefill", f"{shape} {v}", res[v], "fla chunk kernel", fres["fla_kernel"], flops=fl,
                   target=">=1.0x", note="ours: whole layer step fp32 in/out; fla: recurrence only, bf16")
             b.row("gdn_prefill", f"{shape} {v}", res[v], "torch conv+fla+norm", fres["fla_layer"], flops=fl,

@@ -17,12 +17,19 @@ pub(crate) enum StateMath {
     Tf32x3,
     /// `mma.sync` plain TF32 (`gdn_prefill_state_tc1_cs<CS>`): operands rounded to 10 mantissa bits.
     Tf32,
+    /// The bf16 split (state walk only): `gdn_prefill_walk_bf16` walks the chunks carrying only the state (bf16
+    /// operands on mma.sync m16n8k16, the state fp32 in registers) and stores each chunk's incoming state and D in
+    /// bf16; `gdn_prefill_out_bf16` then computes the output parallel over chunks with the gated norm fused (so
+    /// launch 4 is not queued). fla's division of the work and its precision class; 64 columns only. Not a WY
+    /// build (the WY kernels are fp32 / TF32).
+    Bf16,
 }
 
 /// Which builds of the chunk-local WY kernel (launch 2) and of the sequential state kernel (launch 3) run: `wy`
 /// the WY kernel's arithmetic (`Fp32`: `gdn_prefill_wy` on the CUDA cores; `Tf32x3` / `Tf32`:
 /// `gdn_prefill_wy_tc3` / `gdn_prefill_wy_tc1` on mma.sync TF32, the same workspace), `math` the state kernel's,
-/// and `cols`, the state columns each state block owns (16, 32 or 64: 8, 4 or 2 blocks per (sequence, head)).
+/// and `cols`, the state columns each state block owns (16, 32 or 64: 8, 4 or 2 blocks per (sequence, head);
+/// the `Bf16` split only 64).
 /// fla's split of launch 3 (`[wytf32_]tf32split_cs<32|64>`) was removed after s3-run3: at T = 16384 its walk
 /// (1835.7 us at cs64) plus its output launch with the norm fused (963.0 us) took longer than the state walk
 /// tf32_cs64 (2272.2 us) plus the norm (277.8 us); whole step 6125.8 us against 5856.3 us for `wytf32_tf32_cs64`.
@@ -40,7 +47,7 @@ pub(crate) struct GdnPrefillVariant {
 /// CUDA-core WY kernel, and `wy<wymath>_<math>_cs<cols>` (`wymath` `tf32` or `tf32x3`) with the tensor-core one;
 /// the WY prefix combines with every state build, and this list names the combinations the tests and the
 /// benchmark drive.
-pub(crate) const GDN_PREFILL_VARIANTS: [&str; 14] = [
+pub(crate) const GDN_PREFILL_VARIANTS: [&str; 16] = [
     "fp32_cs16",
     "fp32_cs32",
     "fp32_cs64",
@@ -55,6 +62,8 @@ pub(crate) const GDN_PREFILL_VARIANTS: [&str; 14] = [
     "wytf32_tf32_cs32",
     "wytf32_tf32_cs64",
     "wytf32x3_tf32_cs64",
+    "wytf32x3_bf16_cs64",
+    "wytf32_bf16_cs64",
 ];
 
 impl GdnPrefillVariant {
@@ -110,6 +119,7 @@ impl GdnPrefillVariant {
             "fp32" => StateMath::Fp32,
             "tf32x3" => StateMath::Tf32x3,
             "tf32" => StateMath::Tf32,
+            "bf16" => StateMath::Bf16,
             _ => return None,
         };
         let cols = match cols {
@@ -118,6 +128,9 @@ impl GdnPrefillVariant {
             "64" => 64,
             _ => return None,
         };
+        if math == StateMath::Bf16 && cols != 64 {
+            return None;
+        }
         Some(GdnPrefillVariant { wy, math, cols })
     }
 
@@ -127,7 +140,7 @@ impl GdnPrefillVariant {
         match self.wy {
             StateMath::Fp32 => "gdn_prefill_wy",
             StateMath::Tf32x3 => "gdn_prefill_wy_tc3",
-            StateMath::Tf32 => "gdn_prefill_wy_tc1",
+            StateMath::Tf32 | StateMath::Bf16 => "gdn_prefill_wy_tc1",
         }
     }
 
@@ -144,9 +157,20 @@ impl GdnPrefillVariant {
             (StateMath::Tf32, 16) => "gdn_prefill_state_tc1_cs16",
             (StateMath::Tf32, 64) => "gdn_prefill_state_tc1_cs64",
             (StateMath::Tf32, _) => "gdn_prefill_state_tc1_cs32",
+            (StateMath::Bf16, _) => "gdn_prefill_walk_bf16",
         }
     }
+
+    /// Whether launch 3 is the bf16 split (walk, then the output launch with the norm fused), which needs the
+    /// workspace's `hs` region.
+    pub(crate) fn split(&self) -> bool {
+        self.math == StateMath::Bf16
+    }
 }
+
+/// bf16 per (head, chunk) slot of the bf16 split's `hs` region: the chunk's incoming state `[128][128]`, then its
+/// D `[64][128]` (`HS_SLOT` in cuda/gdn_prefill.cu).
+pub(crate) const HS_SLOT_BF16: usize = 128 * 128 + CHUNK * 128;
 
 /// Where the launches find `cu_seqlens` and the chunk offsets: a table built on the host (uploaded by the call),
 /// or the caller's device `cu_seqlens` (the chunk offsets are then built on the device, in the workspace).
@@ -180,6 +204,10 @@ pub(crate) struct GdnPrefillLayout {
     pub(crate) w: usize,
     pub(crate) u: usize,
     pub(crate) aqk: usize,
+    /// The bf16 split's per-(head, chunk) slots of the chunk's incoming state and D (bf16, `HS_SLOT_BF16` each,
+    /// as floats: half that); `hs_len` is 0 for every other variant.
+    pub(crate) hs: usize,
+    pub(crate) hs_len: usize,
     /// The device-built meta table (`cu_seqlens` then chunk offsets, `2 * (seqs + 1)` int32) of
     /// [`Gpu::gdn_prefill_varlen`]; `meta_len` is 0 for [`Gpu::gdn_prefill`], which uploads its table.
     pub(crate) meta: usize,
@@ -194,6 +222,7 @@ fn layout(
     op: &'static str,
     dims: &GdnDims,
     seq_lens: &[usize],
+    split: bool,
 ) -> Result<GdnPrefillLayout, KernelError> {
     let tokens = seq_lens.iter().try_fold(0usize, |a, &l| a.checked_add(l));
     let chunks = seq_lens
@@ -203,7 +232,7 @@ fn layout(
         return Err(KernelError::shape(op, "the sequence lengths overflow"));
     };
     let max_len = seq_lens.iter().copied().max().unwrap_or(0);
-    layout_geom(op, dims, seq_lens.len(), tokens, chunks, max_len, false)
+    layout_geom(op, dims, seq_lens.len(), tokens, chunks, max_len, false, split)
 }
 
 /// [`layout`] for a device `cu_seqlens` table that the host does not read: `seqs` sequences of at most
@@ -217,6 +246,7 @@ fn layout_varlen(
     seqs: usize,
     tokens: usize,
     max_len: usize,
+    split: bool,
 ) -> Result<GdnPrefillLayout, KernelError> {
     crate::ensure_shape!(
         (1..=tokens.max(1)).contains(&max_len),
@@ -226,7 +256,7 @@ fn layout_varlen(
     let chunks = seqs
         .saturating_mul(max_len.div_ceil(CHUNK))
         .min(tokens.div_ceil(CHUNK).saturating_add(seqs));
-    layout_geom(op, dims, seqs, tokens, chunks, max_len, true)
+    layout_geom(op, dims, seqs, tokens, chunks, max_len, true, split)
 }
 
 fn layout_geom(
@@ -237,6 +267,7 @@ fn layout_geom(
     chunks: usize,
     max_len: usize,
     meta_region: bool,
+    split: bool,
 ) -> Result<GdnPrefillLayout, KernelError> {
     dims.validate(op)?;
     crate::ensure_shape!(
@@ -280,6 +311,11 @@ fn layout_geom(
     let gate_len = tokens * dims.value_heads;
     let wu_len = dims.value_heads * chunks * CHUNK * 128;
     let aqk_len = dims.value_heads * chunks * CHUNK * CHUNK;
+    let hs_len = if split {
+        dims.value_heads * chunks * HS_SLOT_BF16 / 2
+    } else {
+        0
+    };
     let mut at = 0usize;
     let mut region = |len: usize| {
         let o = at;
@@ -289,6 +325,7 @@ fn layout_geom(
     let (qn, kn, v) = (region(qk_len), region(qk_len), region(v_len));
     let (g, beta, gcum) = (region(gate_len), region(gate_len), region(gate_len));
     let (w, u, aqk) = (region(wu_len), region(wu_len), region(aqk_len));
+    let hs = region(hs_len);
     let meta_len = if meta_region { 2 * (seqs + 1) } else { 0 };
     let meta = region(meta_len);
     Ok(GdnPrefillLayout {
@@ -311,6 +348,8 @@ fn layout_geom(
         w,
         u,
         aqk,
+        hs,
+        hs_len,
         meta,
         meta_len,
         total: at,
@@ -343,12 +382,26 @@ impl Gpu {
     /// `4 * N * (2*Hk + Hv) * 128` bytes for the normalised q/k/v, `4 * Hv * NC * 64 * (2*128 + 64)` for the
     /// chunk-local W, U and Aqk (`N` tokens, `NC = sum ceil(len / 64)` chunks) and three `[N, Hv]` gate arrays:
     /// 1.69 GB (422 M floats) at Qwen3.8-27B dims and 16384 tokens. Fails on the shapes
-    /// [`Gpu::gdn_prefill`] refuses.
+    /// [`Gpu::gdn_prefill`] refuses. This is the default variant's size, which every variant but the bf16 split
+    /// shares: [`Gpu::gdn_prefill_workspace_len_with`] names the variant.
     pub fn gdn_prefill_workspace_len(
         dims: &GdnDims,
         seq_lens: &[usize],
     ) -> Result<usize, KernelError> {
-        Ok(layout("cuda::gdn_prefill_workspace_len", dims, seq_lens)?.total)
+        Self::gdn_prefill_workspace_len_with("auto", dims, seq_lens)
+    }
+
+    /// [`Gpu::gdn_prefill_workspace_len`] for the variant [`Gpu::gdn_prefill_with`] runs under that name: the bf16
+    /// split (`<wy>bf16_cs64`) needs `2 * Hv * NC * (128 + 64) * 128` more bytes for each chunk's incoming state and
+    /// D in bf16 (+36% at Qwen3.8-27B dims). Fails on an unknown name too.
+    pub fn gdn_prefill_workspace_len_with(
+        variant: &str,
+        dims: &GdnDims,
+        seq_lens: &[usize],
+    ) -> Result<usize, KernelError> {
+        const OP: &str = "cuda::gdn_prefill_workspace_len";
+        let split = GdnPrefillVariant::named(OP, variant)?.split();
+        Ok(layout(OP, dims, seq_lens, split)?.total)
     }
 
     /// Chunked gated DeltaNet prefill of a batch of sequences: sequence `i` has `seq_lens[i]` tokens (0 allowed),
@@ -399,7 +452,7 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::gdn_prefill";
         let variant = GdnPrefillVariant::named(OP, variant)?;
-        let lay = layout(OP, dims, seq_lens)?;
+        let lay = layout(OP, dims, seq_lens, variant.split())?;
         // cu_seqlens then the chunk offsets, both [seqs + 1]; every value fits i32 (checked by `layout`).
         let mut meta = Vec::with_capacity(2 * (lay.seqs + 1));
         let mut acc = 0usize;
@@ -420,20 +473,28 @@ impl Gpu {
     /// Floats of the workspace [`Gpu::gdn_prefill_varlen`] needs: [`Gpu::gdn_prefill_workspace_len`]'s regions
     /// sized for the most chunks `seqs` sequences of at most `max_seqlen` tokens, `total` in all, can have, plus
     /// `2 * (seqs + 1)` for the table the device builds. Fails on the shapes [`Gpu::gdn_prefill_varlen`] refuses.
+    /// The default variant's size, as [`Gpu::gdn_prefill_workspace_len`]; the variant named:
+    /// [`Gpu::gdn_prefill_varlen_workspace_len_with`].
     pub fn gdn_prefill_varlen_workspace_len(
         dims: &GdnDims,
         seqs: usize,
         total: usize,
         max_seqlen: usize,
     ) -> Result<usize, KernelError> {
-        Ok(layout_varlen(
-            "cuda::gdn_prefill_varlen_workspace_len",
-            dims,
-            seqs,
-            total,
-            max_seqlen,
-        )?
-        .total)
+        Self::gdn_prefill_varlen_workspace_len_with("auto", dims, seqs, total, max_seqlen)
+    }
+
+    /// [`Gpu::gdn_prefill_varlen_workspace_len`] for the variant named as in [`Gpu::gdn_prefill_with`].
+    pub fn gdn_prefill_varlen_workspace_len_with(
+        variant: &str,
+        dims: &GdnDims,
+        seqs: usize,
+        total: usize,
+        max_seqlen: usize,
+    ) -> Result<usize, KernelError> {
+        const OP: &str = "cuda::gdn_prefill_varlen_workspace_len";
+        let split = GdnPrefillVariant::named(OP, variant)?.split();
+        Ok(layout_varlen(OP, dims, seqs, total, max_seqlen, split)?.total)
     }
 
     /// [`Gpu::gdn_prefill`] with the sequence offsets on the device, as [`Gpu::attention_prefill_varlen`] takes
@@ -479,7 +540,7 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::gdn_prefill_varlen";
         let variant = GdnPrefillVariant::named(OP, variant)?;
-        let lay = layout_varlen(OP, dims, seqs, total, max_seqlen)?;
+        let lay = layout_varlen(OP, dims, seqs, total, max_seqlen, variant.split())?;
         check_len(OP, "cu_seqlens", cu_seqlens.len(), seqs + 1)?;
         self.gdn_prefill_checked(
             OP,
@@ -551,14 +612,15 @@ impl Gpu {
         crate::ensure_shape!(
             workspace.len() >= lay.total,
             op,
-            "workspace has {} floats, the batch needs {} (Gpu::{})",
+            "workspace has {} floats, the batch needs {} (Gpu::{}{})",
             workspace.len(),
             lay.total,
             if lay.meta_len > 0 {
                 "gdn_prefill_varlen_workspace_len"
             } else {
                 "gdn_prefill_workspace_len"
-            }
+            },
+            if variant.split() { "_with" } else { "" }
         );
         #[cfg(feature = "cuda")]
         {
@@ -600,7 +662,7 @@ mod tests {
 
     #[test]
     fn layout_regions_are_aligned_and_disjoint() {
-        let l = layout("t", &qwen(), &[65, 0, 3]).unwrap();
+        let l = layout("t", &qwen(), &[65, 0, 3], false).unwrap();
         assert_eq!(
             (l.tokens, l.chunks, l.max_len, l.max_chunks),
             (68, 3, 65, 2)
@@ -624,6 +686,13 @@ mod tests {
             }
         }
         assert_eq!(l.gate_len, 68 * 48);
+        assert_eq!(l.hs_len, 0);
+        // The bf16 split adds its slots after Aqk (the same regions before them).
+        let sl = layout("t", &qwen(), &[65, 0, 3], true).unwrap();
+        assert_eq!((sl.w, sl.aqk), (l.w, l.aqk));
+        assert_eq!(sl.hs_len, 48 * 3 * (128 * 128 + 64 * 128) / 2);
+        assert_eq!(sl.hs % 64, 0);
+        assert!(l.aqk + l.aqk_len <= sl.hs && sl.hs + sl.hs_len <= sl.meta && sl.meta <= sl.total);
         assert_eq!(l.wu_len, 48 * 3 * 64 * 128);
         assert_eq!(l.aqk_len, 48 * 3 * 64 * 64);
     }
@@ -643,8 +712,13 @@ mod tests {
             };
             assert_eq!(v.wy_kernel(), wy_kernel, "{full}");
             let (math, cols) = name.split_once("_cs").unwrap();
-            assert!(v.kernel().ends_with(&format!("_cs{cols}")), "{name}");
             assert_eq!(v.cols.to_string(), cols, "{name}");
+            assert_eq!(v.split(), math == "bf16", "{name}");
+            if math == "bf16" {
+                assert_eq!(v.kernel(), "gdn_prefill_walk_bf16", "{name}");
+                continue;
+            }
+            assert!(v.kernel().ends_with(&format!("_cs{cols}")), "{name}");
             let tag = match math {
                 "fp32" => "state_cs",
                 "tf32x3" => "state_tc3_cs",
@@ -706,6 +780,10 @@ mod tests {
             "fp32",
             "fp32_cs48",
             "bf16_cs32",
+            // The bf16 split is built for 64 columns only.
+            "bf16_cs16",
+            "wytf32x3_bf16_cs32",
+            "wybf16_bf16_cs64",
             "tf32x3_cs",
             "32",
             "wy",
@@ -739,9 +817,9 @@ mod tests {
 
     #[test]
     fn layout_refuses_bad_shapes() {
-        let e = layout("t", &qwen(), &[]).unwrap_err();
+        let e = layout("t", &qwen(), &[], false).unwrap_err();
         assert!(e.to_string().contains("1..=65535 sequences"), "{e}");
-        let e = layout("t", &qwen(), &[0, 0]).unwrap_err();
+        let e = layout("t", &qwen(), &[0, 0], false).unwrap_err();
         assert!(e.to_string().contains("at least one token"), "{e}");
         let e = layout(
             "t",
@@ -750,6 +828,7 @@ mod tests {
                 ..qwen()
             },
             &[4],
+            false,
         )
         .unwrap_err();
         assert!(e.to_string().contains("key_dim = value_dim = 128"), "{e}");
@@ -760,27 +839,28 @@ mod tests {
                 ..qwen()
             },
             &[4],
+            false,
         )
         .unwrap_err();
         assert!(e.to_string().contains("conv_kernel must be 2..=4"), "{e}");
-        let e = layout("t", &qwen(), &[usize::MAX, 2]).unwrap_err();
+        let e = layout("t", &qwen(), &[usize::MAX, 2], false).unwrap_err();
         assert!(e.to_string().contains("overflow"), "{e}");
-        let e = layout("t", &qwen(), &[1 << 27]).unwrap_err();
+        let e = layout("t", &qwen(), &[1 << 27], false).unwrap_err();
         assert!(e.to_string().contains("32-bit"), "{e}");
     }
 
     #[test]
     fn varlen_layout_bounds_the_chunks_and_adds_the_meta_table() {
         // 3 sequences of at most 130 of 200 tokens: at most min(3 * 3, 4 + 3) = 7 chunks.
-        let l = layout_varlen("t", &qwen(), 3, 200, 130).unwrap();
+        let l = layout_varlen("t", &qwen(), 3, 200, 130, false).unwrap();
         assert_eq!((l.seqs, l.tokens, l.chunks, l.max_len), (3, 200, 7, 130));
         assert_eq!(l.max_chunks, 3);
         assert_eq!((l.meta % 64, l.meta_len), (0, 8));
         assert!(l.aqk + l.aqk_len <= l.meta && l.meta + l.meta_len <= l.total);
         // Short sequences: the per-sequence bound is the smaller one.
-        assert_eq!(layout_varlen("t", &qwen(), 4, 200, 10).unwrap().chunks, 4);
+        assert_eq!(layout_varlen("t", &qwen(), 4, 200, 10, false).unwrap().chunks, 4);
         // The host-table layout has no meta region.
-        assert_eq!(layout("t", &qwen(), &[65, 3]).unwrap().meta_len, 0);
+        assert_eq!(layout("t", &qwen(), &[65, 3], false).unwrap().meta_len, 0);
         for (seqs, tokens, max_len, msg) in [
             (1, 10, 11, "max_seqlen must be 1..=total"),
             (1, 10, 0, "max_seqlen must be 1..=total"),
@@ -788,7 +868,7 @@ mod tests {
             (65536, 100_000, 5, "1..=65535 sequences"),
             (1, 1 << 27, 64, "32-bit"),
         ] {
-            let e = layout_varlen("t", &qwen(), seqs, tokens, max_len).unwrap_err();
+            let e = layout_varlen("t", &qwen(), seqs, tokens, max_len, false).unwrap_err();
             assert!(
                 e.to_string().contains(msg),
                 "{seqs} {tokens} {max_len}: {e}"

@@ -34,6 +34,11 @@ fn state_tc_smem_bytes(cs: u32) -> u32 {
     ((2 * 64 * 132 + 64 * 68) * buffers + 128 * (cs + 8) + 64 * (cs + 8)) * 4
 }
 
+/// Dynamic shared memory of `gdn_prefill_walk_bf16` and `gdn_prefill_out_bf16` (`walk_bf16_smem_bytes()` /
+/// `out_bf16_smem_bytes()` in cuda/gdn_prefill.cu, kept equal by a static_assert there).
+const WALK_BF16_SMEM_BYTES: u32 = 97_792;
+const OUT_BF16_SMEM_BYTES: u32 = 79_616;
+
 /// Asks for the whole 228 KiB shared-memory carveout (two blocks of ~100-115 KiB per SM need it).
 fn max_carveout(f: &cudarc::driver::CudaFunction, name: &str) -> Result<(), KernelError> {
     f.set_attribute(
@@ -198,13 +203,17 @@ impl Device {
             // in meta sum to NC); blocks past a sequence's chunks return.
             unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
         }
+        if variant.split() {
+            // (The meta upload, if any, is freed in stream order after these launches, when the function returns.)
+            return self.gdn_prefill_split(dims, w, x, &meta_dev, lay, state, out, workspace);
+        }
         // 3. sequential state walk + unnormalised output.
         {
             let (name, cs) = (variant.kernel(), variant.cols);
             let f = self.function(Module::GdnPrefill, name)?;
             let smem = match variant.math {
                 StateMath::Fp32 => state_smem_bytes(cs),
-                StateMath::Tf32x3 | StateMath::Tf32 => state_tc_smem_bytes(cs),
+                StateMath::Tf32x3 | StateMath::Tf32 | StateMath::Bf16 => state_tc_smem_bytes(cs),
             };
             set_smem(&f, smem, name)?;
             if variant.math != StateMath::Fp32 {
@@ -259,6 +268,80 @@ impl Device {
         // (cuMemFreeAsync on this stream), after the launches queued above (`meta_dev` borrows it until here).
         let _ = meta_dev;
         drop(uploaded);
+        Ok(())
+    }
+
+    /// Launches 3' and 4' of the bf16 split (cuda/gdn_prefill.cu): the walk carrying only the state, storing each
+    /// chunk's incoming state and D (bf16) in the workspace's `hs` region, then the output parallel over chunks
+    /// with the gated norm fused.
+    #[allow(clippy::too_many_arguments)]
+    fn gdn_prefill_split(
+        &self,
+        dims: &GdnDims,
+        w: &GdnGpuWeights<'_>,
+        x: &GdnGpuInputs<'_>,
+        meta_dev: &cudarc::driver::CudaView<'_, i32>,
+        lay: &GdnPrefillLayout,
+        state: &mut CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        workspace: &CudaSlice<f32>,
+    ) -> Result<(), KernelError> {
+        let (hk, hv) = (dims.key_heads as i32, dims.value_heads as i32);
+        let (seqs_i, nc_i) = (lay.seqs as i32, lay.chunks as i32);
+        let (kn, qn, gc) = (
+            workspace.slice(lay.kn..lay.kn + lay.qk_len),
+            workspace.slice(lay.qn..lay.qn + lay.qk_len),
+            workspace.slice(lay.gcum..lay.gcum + lay.gate_len),
+        );
+        let (wi, ui, ai) = (
+            workspace.slice(lay.w..lay.w + lay.wu_len),
+            workspace.slice(lay.u..lay.u + lay.wu_len),
+            workspace.slice(lay.aqk..lay.aqk + lay.aqk_len),
+        );
+        // The hs region, as the kernels' bf16 (u16 here: the same bits; cudarc has no bf16 device type without
+        // its half feature).
+        let hs_view = workspace.slice(lay.hs..lay.hs + lay.hs_len);
+        // SAFETY: hs_len floats are 2 * hs_len 2-byte elements; f32's alignment covers u16's.
+        let hs = unsafe { hs_view.transmute::<u16>(2 * lay.hs_len) }
+            .ok_or_else(|| KernelError::shape("cuda::gdn_prefill", "hs region too small"))?;
+        {
+            const NAME: &str = "gdn_prefill_walk_bf16";
+            let f = self.function(Module::GdnPrefill, NAME)?;
+            set_smem(&f, WALK_BF16_SMEM_BYTES, NAME)?;
+            let cfg = LaunchConfig {
+                grid_dim: (2, dims.value_heads as u32, lay.seqs as u32),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: WALK_BF16_SMEM_BYTES,
+            };
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&kn).arg(&gc).arg(&wi).arg(&ui).arg(meta_dev);
+            b.arg(&mut *state).arg(&hs);
+            b.arg(&hk).arg(&hv).arg(&seqs_i).arg(&nc_i);
+            // SAFETY: matches `gdn_prefill_walk_bf16`; reads what launches 1 and 2 wrote (same stream); state =
+            // [seqs, Hv, 128, 128] was checked; each block owns 64 columns of one (sequence, head) state and writes
+            // only those columns of its own chunks' hs slots (hs holds Hv * NC slots, `layout`).
+            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+        }
+        {
+            const NAME: &str = "gdn_prefill_out_bf16";
+            let f = self.function(Module::GdnPrefill, NAME)?;
+            set_smem(&f, OUT_BF16_SMEM_BYTES, NAME)?;
+            max_carveout(&f, NAME)?;
+            let cfg = LaunchConfig {
+                grid_dim: (lay.max_chunks as u32, dims.value_heads as u32, lay.seqs as u32),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: OUT_BF16_SMEM_BYTES,
+            };
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&qn).arg(&gc).arg(&ai).arg(&hs).arg(meta_dev);
+            b.arg(&x.z.slice).arg(&w.norm_weight.slice).arg(&w.norm_eps);
+            b.arg(&mut *out);
+            b.arg(&hk).arg(&hv).arg(&seqs_i).arg(&nc_i);
+            // SAFETY: matches `gdn_prefill_out_bf16`; reads the walk's hs slots and launch 2's Aqk (same stream);
+            // z and out are [N, Hv*128], norm_weight [128] (checked); each block writes only its chunk's rows of
+            // its head; blocks past a sequence's chunks return.
+            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+        }
         Ok(())
     }
 }

@@ -156,7 +156,7 @@ __device__ __forceinline__ void gdn_prefill_prep_body(
     const float* __restrict__ conv_w, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
     const float* __restrict__ conv_in, float* __restrict__ conv_out, const int* __restrict__ meta,
     float* __restrict__ qn, float* __restrict__ kn, float* __restrict__ vv, float* __restrict__ gg,
-    float* __restrict__ bb, int hk, int hv) {
+    float* __restrict__ bb, __nv_bfloat16* __restrict__ qb, __nv_bfloat16* __restrict__ kb, int hk, int hv) {
     constexpr int HIST = KC - 1;
     const int lane = threadIdx.x & 31;
     const int seg = blockIdx.y * 4 + (threadIdx.x >> 5);
@@ -227,6 +227,11 @@ __device__ __forceinline__ void gdn_prefill_prep_body(
             float* dst = seg < hk ? qn + (tok * hk + seg) * D : kn + (tok * hk + (seg - hk)) * D;
 #pragma unroll
             for (int j = 0; j < 4; ++j) dst[32 * j + lane] = y[j] * scale;
+            if (qb != nullptr) {  // the bf16 split's copies (its walk and output launches read these)
+                __nv_bfloat16* db = seg < hk ? qb + (tok * hk + seg) * D : kb + (tok * hk + (seg - hk)) * D;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) db[32 * j + lane] = __float2bfloat16_rn(y[j] * scale);
+            }
         } else {
             float* dst = vv + (tok * hv + h) * D;
 #pragma unroll
@@ -241,17 +246,17 @@ extern "C" __global__ void __launch_bounds__(128)
                      const float* __restrict__ dt_bias, const float* __restrict__ conv_in,
                      float* __restrict__ conv_out, const int* __restrict__ meta, float* __restrict__ qn,
                      float* __restrict__ kn, float* __restrict__ vv, float* __restrict__ gg, float* __restrict__ bb,
-                     int hk, int hv, int kconv) {
+                     __nv_bfloat16* __restrict__ qb, __nv_bfloat16* __restrict__ kb, int hk, int hv, int kconv) {
     // kconv is 2..=4 (checked in Rust); the window lives in registers, so it is a template argument.
     if (kconv == 4)
         gdn_prefill_prep_body<4>(qkv, a_in, b_in, conv_w, a_log, dt_bias, conv_in, conv_out, meta, qn, kn, vv, gg,
-                                 bb, hk, hv);
+                                 bb, qb, kb, hk, hv);
     else if (kconv == 3)
         gdn_prefill_prep_body<3>(qkv, a_in, b_in, conv_w, a_log, dt_bias, conv_in, conv_out, meta, qn, kn, vv, gg,
-                                 bb, hk, hv);
+                                 bb, qb, kb, hk, hv);
     else
         gdn_prefill_prep_body<2>(qkv, a_in, b_in, conv_w, a_log, dt_bias, conv_in, conv_out, meta, qn, kn, vv, gg,
-                                 bb, hk, hv);
+                                 bb, qb, kb, hk, hv);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -920,7 +925,9 @@ __device__ __forceinline__ void load_bt(TfFrag<2, SPLIT>& f, const float* tile, 
 
 }  // namespace
 
-template <bool SPLIT>
+// BOUT: W, U and Aqk written in bf16 (each slot's first half of the fp32 region), for the bf16 split's walk and
+// output launches (`gdn_prefill_wy_tc<1|3>_b`).
+template <bool SPLIT, bool BOUT>
 __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__ qn, const float* __restrict__ kn,
                                                        const float* __restrict__ vv, const float* __restrict__ gg,
                                                        const float* __restrict__ bb, const int* __restrict__ meta,
@@ -1015,6 +1022,7 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
             }
         }
         float* aqk = aqk_out + slot * C * C;
+        __nv_bfloat16* aqk_b = reinterpret_cast<__nv_bfloat16*>(aqk_out) + slot * C * C;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
 #pragma unroll
@@ -1029,7 +1037,10 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
                     As[i * QP + col] = col < i ? bt[i] * kk[j][2 * hf + e] * dec : 0.f;
                     q2[e] = qk[j][2 * hf + e] * dec;
                 }
-                *reinterpret_cast<float2*>(aqk + i * C + jc) = make_float2(q2[0], q2[1]);
+                if (BOUT)
+                    *reinterpret_cast<uint32_t*>(aqk_b + i * C + jc) = pack_bf16x2(q2[0], q2[1]);
+                else
+                    *reinterpret_cast<float2*>(aqk + i * C + jc) = make_float2(q2[0], q2[1]);
             }
         }
     }
@@ -1149,31 +1160,46 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
         float* wo = w_out + slot * C * D;
         float* uo = u_out + slot * C * D;
         const int r0 = am + fg, r1 = am + fg + 8;
+        if (BOUT) {  // bf16 W and U for the bf16 split, in the first half of each fp32 slot's region
+            __nv_bfloat16* wb = reinterpret_cast<__nv_bfloat16*>(w_out) + slot * C * D;
+            __nv_bfloat16* ub = reinterpret_cast<__nv_bfloat16*>(u_out) + slot * C * D;
 #pragma unroll
-        for (int n = 0; n < 8; ++n) {
-            const int col = wn + 8 * n + 2 * ft;
-            *reinterpret_cast<float2*>(wo + r0 * D + col) = make_float2(aw[n][0], aw[n][1]);
-            *reinterpret_cast<float2*>(wo + r1 * D + col) = make_float2(aw[n][2], aw[n][3]);
-            *reinterpret_cast<float2*>(uo + r0 * D + col) = make_float2(au[n][0], au[n][1]);
-            *reinterpret_cast<float2*>(uo + r1 * D + col) = make_float2(au[n][2], au[n][3]);
+            for (int n = 0; n < 8; ++n) {
+                const int col = wn + 8 * n + 2 * ft;
+                *reinterpret_cast<uint32_t*>(wb + r0 * D + col) = pack_bf16x2(aw[n][0], aw[n][1]);
+                *reinterpret_cast<uint32_t*>(wb + r1 * D + col) = pack_bf16x2(aw[n][2], aw[n][3]);
+                *reinterpret_cast<uint32_t*>(ub + r0 * D + col) = pack_bf16x2(au[n][0], au[n][1]);
+                *reinterpret_cast<uint32_t*>(ub + r1 * D + col) = pack_bf16x2(au[n][2], au[n][3]);
+            }
+        } else {
+#pragma unroll
+            for (int n = 0; n < 8; ++n) {
+                const int col = wn + 8 * n + 2 * ft;
+                *reinterpret_cast<float2*>(wo + r0 * D + col) = make_float2(aw[n][0], aw[n][1]);
+                *reinterpret_cast<float2*>(wo + r1 * D + col) = make_float2(aw[n][2], aw[n][3]);
+                *reinterpret_cast<float2*>(uo + r0 * D + col) = make_float2(au[n][0], au[n][1]);
+                *reinterpret_cast<float2*>(uo + r1 * D + col) = make_float2(au[n][2], au[n][3]);
+            }
         }
     }
 }
 
 // Two blocks per SM: 102,912 bytes of shared memory each (the launch asks for the maximum carveout) and at most
 // 128 registers per thread.
-#define GDN_WY_TC_KERNEL(SPLITN)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(256, 2) gdn_prefill_wy_tc##SPLITN(                               \
+#define GDN_WY_TC_KERNEL(SPLITN, NAME, BOUT)                                                                     \
+    extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                                    \
         const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ vv,                  \
         const float* __restrict__ gg, const float* __restrict__ bb, const int* __restrict__ meta,                 \
         float* __restrict__ gcum, float* __restrict__ w_out, float* __restrict__ u_out,                           \
         float* __restrict__ aqk_out, int hk, int hv, int seqs, int n_chunks) {                                    \
-        gdn_prefill_wy_tc_body<SPLITN == 3>(qn, kn, vv, gg, bb, meta, gcum, w_out, u_out, aqk_out, hk, hv, seqs, \
-                                            n_chunks);                                                            \
+        gdn_prefill_wy_tc_body<SPLITN == 3, BOUT>(qn, kn, vv, gg, bb, meta, gcum, w_out, u_out, aqk_out, hk, hv, \
+                                                  seqs, n_chunks);                                                \
     }
 
-GDN_WY_TC_KERNEL(1)
-GDN_WY_TC_KERNEL(3)
+GDN_WY_TC_KERNEL(1, gdn_prefill_wy_tc1, false)
+GDN_WY_TC_KERNEL(3, gdn_prefill_wy_tc3, false)
+GDN_WY_TC_KERNEL(1, gdn_prefill_wy_tc1_b, true)
+GDN_WY_TC_KERNEL(3, gdn_prefill_wy_tc3_b, true)
 
 extern "C" __global__ void __launch_bounds__(256)
     gdn_prefill_gated_norm(float* __restrict__ out, const float* __restrict__ z, const float* __restrict__ norm_w,
@@ -1212,8 +1238,10 @@ extern "C" __global__ void __launch_bounds__(256)
 //     16 (w & 3) .., columns 64 (w >> 2) ..), then the gated RMSNorm of launch 4 fused (the row's sum of squares
 //     over the two column halves through shared memory), written to `out` once.
 // `hs` (the workspace region after Aqk, only in the layout of this build): per (head, chunk) slot of 24,576 bf16,
-// the chunk's incoming state [128][128] then D [64][128]. The WY launch is unchanged (fp32 W, U, Aqk); its
-// outputs are rounded to bf16 where they are loaded.
+// the chunk's incoming state [128][128] then D [64][128]. Every operand these two launches read is bf16 in global
+// memory (half the bytes; copied straight to shared memory by cp.async): launch 1 also writes bf16 copies of the
+// normalised q and k (`qb`, `kb`: the workspace region after hs), and launch 2 is `gdn_prefill_wy_tc<1|3>_b`,
+// which writes W, U and Aqk in bf16 (the first half of each fp32 slot of those regions).
 // Precision (session 6 point 8, the CPU simulation of this rounding): about 1.8e-2 scaled error on the
 // normalised output and 1e-3 on the final state against the f64 recurrence, fla's class, not the default's.
 namespace {
@@ -1238,23 +1266,20 @@ __device__ __forceinline__ void ldsm_b2(uint32_t (&b)[4], const bf16* tile, int 
     ldmatrix_x4_trans(b, tile + (k0 + (lane & 15)) * ld + n0 + ((lane >> 4) << 3));
 }
 
-__device__ __forceinline__ void st_bf16x4(bf16* p, float4 v) {
-    *reinterpret_cast<uint2*>(p) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
-}
-
 }  // namespace
 
 // Shared memory of gdn_prefill_walk_bf16 (dynamic): two chunk buffers of W and K [C][BP] bf16, the state [D][HP]
 // and the decayed D [C][HP] bf16, then G [2][C] fp32.
 __host__ __device__ constexpr int walk_bf16_smem_bytes() { return (2 * 2 * C * BP + D * HP + C * HP) * 2 + 2 * C * 4; }
 
+// Inputs (all written by launches 1 and 2 of this build): kb the bf16 copy of kn (`gdn_prefill_prep`'s qb / kb),
+// w_in / u_in the bf16 W and U of `gdn_prefill_wy_tc<1|3>_b`, gcum.
 extern "C" __global__ void __launch_bounds__(256, 1)
-    gdn_prefill_walk_bf16(const float* __restrict__ kn, const float* __restrict__ gcum,
-                          const float* __restrict__ w_in, const float* __restrict__ u_in,
+    gdn_prefill_walk_bf16(const bf16* __restrict__ kb, const float* __restrict__ gcum,
+                          const bf16* __restrict__ w_in, const bf16* __restrict__ u_in,
                           const int* __restrict__ meta, float* __restrict__ state, bf16* __restrict__ hs, int hk,
                           int hv, int seqs, int n_chunks) {
-    constexpr int NT = 8;             // n-tiles of the 64 columns (phase c)
-    constexpr int R4 = C * D / 4 / 256;  // float4 of a [C][D] tile per thread
+    constexpr int NT = 8;  // n-tiles of the 64 columns (phase c)
     extern __shared__ float4 smem_walk[];
     bf16* const tiles = reinterpret_cast<bf16*>(smem_walk);  // buffer b: W at b * 2 * C * BP, K after it
     bf16* const Sb = tiles + 2 * 2 * C * BP;                  // [D][HP]
@@ -1284,61 +1309,54 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         st[n][3] = b.y;
     }
 
-    // A chunk's operands in registers: this thread's float4s of W and K (K rows past the chunk zero), this warp's
-    // U fragments (phase b layout) and, in threads 0..63, G of row tid.
-    struct Chunk {
-        float4 w[R4], k[R4];
-        float2 ulo[4], uhi[4];
-        float g;
-    };
-    auto load = [&](int cc, Chunk& x) {
+    // Chunk cc's W, K (rows past the chunk zero-filled) and G into buffer bb, as cp.async copies.
+    auto fetch = [&](int cc, int bb) {
         const int lc = min(C, len - cc * C);
         const size_t tok0 = static_cast<size_t>(start + cc * C);
-        const float4* wg = reinterpret_cast<const float4*>(w_in + (slot0 + cc) * C * D);
+        bf16* Wb = tiles + bb * 2 * C * BP;
+        bf16* Kb = Wb + C * BP;
+        const bf16* wg = w_in + (slot0 + cc) * C * D;
 #pragma unroll
-        for (int j = 0; j < R4; ++j) {
-            const int i = tid + 256 * j, r = i >> 5, q4 = i & 31;
-            x.w[j] = wg[i];
-            x.k[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (r < lc) x.k[j] = reinterpret_cast<const float4*>(kn + ((tok0 + r) * hk + kh) * D)[q4];
+        for (int j = 0; j < C * D / 8 / 256; ++j) {
+            const int i = tid + 256 * j, r = i >> 4, q = i & 15;  // 16 x 16 bytes per row of 128
+            cp_async16(Wb + r * BP + 8 * q, wg + r * D + 8 * q, true);
+            const bool ok = r < lc;
+            cp_async16(Kb + r * BP + 8 * q, ok ? kb + ((tok0 + r) * hk + kh) * D + 8 * q : kb, ok);
         }
-        const float* ug = u_in + (slot0 + cc) * C * D + c0;
+        if (tid < C) cp_async4(Gs + bb * C + tid, tid < lc ? gcum + (tok0 + tid) * hv + h : gcum, tid < lc);
+    };
+    // Chunk cc's U fragments of this warp (phase b layout), bf16 pairs.
+    auto load_u = [&](int cc, uint32_t (&u)[8]) {
+        const bf16* ug = u_in + (slot0 + cc) * C * D + c0;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int col = an + 8 * j + 2 * ft;
-            x.ulo[j] = *reinterpret_cast<const float2*>(ug + (am + fg) * D + col);
-            x.uhi[j] = *reinterpret_cast<const float2*>(ug + (am + fg + 8) * D + col);
+            u[2 * j] = *reinterpret_cast<const uint32_t*>(ug + (am + fg) * D + col);
+            u[2 * j + 1] = *reinterpret_cast<const uint32_t*>(ug + (am + fg + 8) * D + col);
         }
-        x.g = 0.f;
-        if (tid < lc) x.g = gcum[(tok0 + tid) * hv + h];
-    };
-    auto store = [&](const Chunk& x, int b) {
-        bf16* Wb = tiles + b * 2 * C * BP;
-        bf16* Kb = Wb + C * BP;
-#pragma unroll
-        for (int j = 0; j < R4; ++j) {
-            const int i = tid + 256 * j, r = i >> 5, q4 = i & 31;
-            st_bf16x4(Wb + r * BP + 4 * q4, x.w[j]);
-            st_bf16x4(Kb + r * BP + 4 * q4, x.k[j]);
-        }
-        if (tid < C) Gs[b * C + tid] = x.g;
     };
 
-    auto step = [&](int c, const Chunk& cur, Chunk& nxt) {
+    auto step = [&](int c, const uint32_t (&ucur)[8], uint32_t (&unxt)[8]) {
         const int lc = min(C, len - c * C);
         const int b = c & 1;
         const bf16* Wb = tiles + b * 2 * C * BP;
         const bf16* Kb = Wb + C * BP;
         const float* G = Gs + b * C;
         bf16* slot = hs + (slot0 + c) * HS_SLOT;
-        if (c + 1 < nch) load(c + 1, nxt);
-        // a. the incoming state, bf16, to shared memory and the slot.
+        // a. the incoming state, bf16, to shared memory (then, after the barrier, to the slot).
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
             *reinterpret_cast<uint32_t*>(Sb + (dm + fg) * HP + 8 * n + 2 * ft) = pack_bf16x2(st[n][0], st[n][1]);
             *reinterpret_cast<uint32_t*>(Sb + (dm + fg + 8) * HP + 8 * n + 2 * ft) = pack_bf16x2(st[n][2], st[n][3]);
         }
-        __syncthreads();  // Sb, and this chunk's tiles (stored during the previous chunk), complete
+        cp_async_wait<0>();  // this thread's copies of chunk c
+        __syncthreads();     // Sb and chunk c's buffer complete; chunk c - 1's readers of the other buffer done
+        // Chunk c + 1's copies into the other buffer and its U to registers, in flight during phases b and c.
+        if (c + 1 < nch) {
+            fetch(c + 1, b ^ 1);
+            load_u(c + 1, unxt);
+        }
+        cp_async_commit();
 #pragma unroll
         for (int j = 0; j < D * 64 / 8 / 256; ++j) {
             const int i = tid + 256 * j, r = i >> 3, q = i & 7;
@@ -1368,8 +1386,9 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int col = an + 8 * j + 2 * ft;
-            const float d0 = cur.ulo[j].x - acc[j][0], d1 = cur.ulo[j].y - acc[j][1];
-            const float d2 = cur.uhi[j].x - acc[j][2], d3 = cur.uhi[j].y - acc[j][3];
+            const float2 ulo = bf16x2_to_float2(ucur[2 * j]), uhi = bf16x2_to_float2(ucur[2 * j + 1]);
+            const float d0 = ulo.x - acc[j][0], d1 = ulo.y - acc[j][1];
+            const float d2 = uhi.x - acc[j][2], d3 = uhi.y - acc[j][3];
             *reinterpret_cast<uint32_t*>(dg + r0 * D + c0 + col) = pack_bf16x2(d0, d1);
             *reinterpret_cast<uint32_t*>(dg + r1 * D + c0 + col) = pack_bf16x2(d2, d3);
             *reinterpret_cast<uint32_t*>(Db + r0 * HP + col) = pack_bf16x2(d0 * f0, d1 * f0);
@@ -1394,19 +1413,17 @@ extern "C" __global__ void __launch_bounds__(256, 1)
                 mma_bf16_16816(st[2 * np + 1], a, bq[2], bq[3]);
             }
         }
-        // Chunk c + 1's operands into the other buffer: its last readers (chunk c - 1) passed this chunk's first
-        // barrier, and the next chunk's first barrier publishes them.
-        if (c + 1 < nch) store(nxt, b ^ 1);
     };
 
-    Chunk ra, rb;
+    uint32_t ua[8], ub[8];
     if (nch > 0) {  // an empty sequence has no chunk 0 (its slot may lie past the workspace regions)
-        load(0, ra);
-        store(ra, 0);
+        fetch(0, 0);
+        load_u(0, ua);
     }
-    for (int c = 0; c < nch; c += 2) {  // two chunks per trip, so that the register sets swap by name
-        step(c, ra, rb);
-        if (c + 1 < nch) step(c + 1, rb, ra);
+    cp_async_commit();
+    for (int c = 0; c < nch; c += 2) {  // two chunks per trip, so that the U register sets swap by name
+        step(c, ua, ub);
+        if (c + 1 < nch) step(c + 1, ub, ua);
     }
 
 #pragma unroll
@@ -1420,9 +1437,11 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 // (bf16), then G [C] and the row sums of squares [2][C] (fp32).
 __host__ __device__ constexpr int out_bf16_smem_bytes() { return (C * BP + D * BP + C * BP + C * HP) * 2 + 3 * C * 4; }
 
+// Inputs: qb the bf16 copy of qn (`gdn_prefill_prep`), aqk_in the bf16 Aqk of `gdn_prefill_wy_tc<1|3>_b`, hs
+// the walk's slots, gcum; z, norm_w and norm_eps as in gdn_prefill_gated_norm.
 extern "C" __global__ void __launch_bounds__(256)
-    gdn_prefill_out_bf16(const float* __restrict__ qn, const float* __restrict__ gcum,
-                         const float* __restrict__ aqk_in, const bf16* __restrict__ hs,
+    gdn_prefill_out_bf16(const bf16* __restrict__ qb, const float* __restrict__ gcum,
+                         const bf16* __restrict__ aqk_in, const bf16* __restrict__ hs,
                          const int* __restrict__ meta, const float* __restrict__ z,
                          const float* __restrict__ norm_w, float norm_eps, float* __restrict__ out, int hk, int hv,
                          int seqs, int n_chunks) {
@@ -1446,30 +1465,41 @@ extern "C" __global__ void __launch_bounds__(256)
     const size_t slot = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s] + c;
     const bf16* hg = hs + slot * HS_SLOT;
 
-    // The state and D (bf16 already) by cp.async; Q, Aqk (fp32) through registers; G.
+    // Every operand by cp.async: the state and D (rows D.. land in Vb = Hb + D * BP), Q (rows past the chunk
+    // zero-filled), Aqk, G.
     for (int i = tid; i < (D + C) * (D / 8); i += 256) {
-        const int r = i >> 4, q = i & 15;  // 16 uint4 per row of 128
-        cp_async16(Hb + r * BP + 8 * q, hg + r * D + 8 * q, true);  // rows D.. land in Vb (Vb = Hb + D * BP)
+        const int r = i >> 4, q = i & 15;  // 16 x 16 bytes per row of 128
+        cp_async16(Hb + r * BP + 8 * q, hg + r * D + 8 * q, true);
     }
+#pragma unroll
+    for (int j = 0; j < C * D / 8 / 256; ++j) {
+        const int i = tid + 256 * j, r = i >> 4, q = i & 15;
+        const bool ok = r < lc;
+        cp_async16(Qb + r * BP + 8 * q, ok ? qb + ((tok0 + r) * hk + kh) * D + 8 * q : qb, ok);
+    }
+    const bf16* ag = aqk_in + slot * C * C;
+#pragma unroll
+    for (int j = 0; j < C * C / 8 / 256; ++j) {
+        const int i = tid + 256 * j, r = i >> 3, q = i & 7;  // 8 x 16 bytes per row of 64
+        cp_async16(Ab + r * HP + 8 * q, ag + r * C + 8 * q, true);
+    }
+    if (tid < C) cp_async4(G + tid, tid < lc ? gcum + (tok0 + tid) * hv + h : gcum, tid < lc);
     cp_async_commit();
+    // The gate z of this thread's output elements (rows r0, r1; the accumulator columns), loaded now so that
+    // their latency hides behind the copies and the products (the norm needs them last).
+    const int am = (warp & 3) * 16, an = (warp >> 2) * 64;
+    const int r0 = am + fg, r1 = am + fg + 8;
+    const size_t vw = static_cast<size_t>(hv) * D;
+    float2 z0[8], z1[8];
 #pragma unroll
-    for (int j = 0; j < C * D / 4 / 256; ++j) {
-        const int i = tid + 256 * j, r = i >> 5, q4 = i & 31;
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (r < lc) v = reinterpret_cast<const float4*>(qn + ((tok0 + r) * hk + kh) * D)[q4];
-        st_bf16x4(Qb + r * BP + 4 * q4, v);
+    for (int j = 0; j < 8; ++j) {
+        const int col = an + 8 * j + 2 * ft;
+        z0[j] = r0 < lc ? *reinterpret_cast<const float2*>(z + (tok0 + r0) * vw + h * D + col) : make_float2(0.f, 0.f);
+        z1[j] = r1 < lc ? *reinterpret_cast<const float2*>(z + (tok0 + r1) * vw + h * D + col) : make_float2(0.f, 0.f);
     }
-    const float4* ag = reinterpret_cast<const float4*>(aqk_in + slot * C * C);
-#pragma unroll
-    for (int j = 0; j < C * C / 4 / 256; ++j) {
-        const int i = tid + 256 * j, r = i >> 4, q4 = i & 15;
-        st_bf16x4(Ab + r * HP + 4 * q4, ag[i]);
-    }
-    if (tid < C) G[tid] = tid < lc ? gcum[(tok0 + tid) * hv + h] : 0.f;
     cp_async_wait<0>();
     __syncthreads();
 
-    const int am = (warp & 3) * 16, an = (warp >> 2) * 64;
     float o[8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -1487,7 +1517,6 @@ extern "C" __global__ void __launch_bounds__(256)
             mma_bf16_16816(o[2 * np + 1], a, bq[2], bq[3]);
         }
     }
-    const int r0 = am + fg, r1 = am + fg + 8;
     const float e0 = expf(G[r0]), e1 = expf(G[r1]);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -1526,23 +1555,16 @@ extern "C" __global__ void __launch_bounds__(256)
     __syncthreads();
     const float n0 = rsqrtf((red[r0] + red[C + r0]) / static_cast<float>(D) + norm_eps);
     const float n1 = rsqrtf((red[r1] + red[C + r1]) / static_cast<float>(D) + norm_eps);
-    const size_t vw = static_cast<size_t>(hv) * D;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         const int col = an + 8 * j + 2 * ft;
         const float2 wv = *reinterpret_cast<const float2*>(norm_w + col);
-        if (r0 < lc) {
-            const size_t at = (tok0 + r0) * vw + h * D + col;
-            const float2 zv = *reinterpret_cast<const float2*>(z + at);
-            *reinterpret_cast<float2*>(out + at) =
-                make_float2(o[j][0] * n0 * wv.x * silu_f(zv.x), o[j][1] * n0 * wv.y * silu_f(zv.y));
-        }
-        if (r1 < lc) {
-            const size_t at = (tok0 + r1) * vw + h * D + col;
-            const float2 zv = *reinterpret_cast<const float2*>(z + at);
-            *reinterpret_cast<float2*>(out + at) =
-                make_float2(o[j][2] * n1 * wv.x * silu_f(zv.x), o[j][3] * n1 * wv.y * silu_f(zv.y));
-        }
+        if (r0 < lc)
+            *reinterpret_cast<float2*>(out + (tok0 + r0) * vw + h * D + col) =
+                make_float2(o[j][0] * n0 * wv.x * silu_f(z0[j].x), o[j][1] * n0 * wv.y * silu_f(z0[j].y));
+        if (r1 < lc)
+            *reinterpret_cast<float2*>(out + (tok0 + r1) * vw + h * D + col) =
+                make_float2(o[j][2] * n1 * wv.x * silu_f(z1[j].x), o[j][3] * n1 * wv.y * silu_f(z1[j].y));
     }
 }
 

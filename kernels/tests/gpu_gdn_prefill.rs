@@ -947,9 +947,9 @@ fn workspace_len_refuses_bad_shapes() {
     assert_eq!(n, want);
     let e = Gpu::gdn_prefill_varlen_workspace_len(&GROUP3, 2, 68, 69).unwrap_err();
     assert!(e.to_string().contains("max_seqlen"), "{e}");
-    // The bf16 split adds a slot of 128 * 128 + 64 * 128 bf16 per (head, chunk), in either form; every other
-    // name has the default's size; an unknown name is an error.
-    let slots = |chunks: usize| pad(6 * chunks * (128 * 128 + 64 * 128) / 2);
+    // The bf16 split adds a slot of 128 * 128 + 64 * 128 bf16 per (head, chunk) and bf16 copies of q and k
+    // (68 * 2 * 128 each), in either form; every other name has the default's size; an unknown name is an error.
+    let slots = |chunks: usize| pad(6 * chunks * (128 * 128 + 64 * 128) / 2) + pad(68 * 256);
     let base = Gpu::gdn_prefill_workspace_len(&GROUP3, &[65, 3]).unwrap();
     for v in ["wytf32x3_bf16_cs64", "wytf32_bf16_cs64"] {
         let split = Gpu::gdn_prefill_workspace_len_with(v, &GROUP3, &[65, 3]).unwrap();

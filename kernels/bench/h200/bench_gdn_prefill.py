@@ -134,14 +134,14 @@ def kern(name):
 
 def layout(lens):
     """Mirror of kernels/src/cuda/gdn_prefill.rs `layout`: region offsets (floats, 64-aligned) and total. The hs
-    region of the bf16 split is always included (after Aqk, so the other offsets are those of every variant) so
-    that all variants share one workspace."""
+    and qkb regions of the bf16 split are always included (after Aqk, so the other offsets are those of every
+    variant) so that all variants share one workspace."""
     n = sum(lens)
     nc = sum((l + C - 1) // C for l in lens)
     pad = lambda x: (x + 63) // 64 * 64  # noqa: E731
     sizes = [("qn", n * HK * D), ("kn", n * HK * D), ("v", n * HV * D), ("g", n * HV), ("beta", n * HV),
              ("gcum", n * HV), ("w", HV * nc * C * D), ("u", HV * nc * C * D), ("aqk", HV * nc * C * C),
-             ("hs", HV * nc * HS_SLOT // 2)]
+             ("hs", HV * nc * HS_SLOT // 2), ("qkb", n * HK * D)]
     off, at = {}, 0
     for k, s in sizes:
         off[k] = at
@@ -167,6 +167,8 @@ class Ours:
             self.ws, self.meta = share.ws, share.meta
         self.f_prep = kern("gdn_prefill_prep")
         wy_name, self.wy_smem = wy_kernel(wy)
+        if variant.startswith("bf16"):
+            wy_name += "_b"  # the WY build's bf16-output form (GdnPrefillVariant::wy_kernel)
         self.f_wy = kern(wy_name)
         self.split = variant.startswith("bf16")
         if self.split:  # launches 3' and 4' (the norm fused into 4')
@@ -222,7 +224,15 @@ class Ours:
         grid = ((maxlen + PREP_TT - 1) // PREP_TT, (2 * HK + HV + 3) // 4, seqs)
         b.launch(self.f_prep, grid, (128,),
                  (p(qkv), p(a), p(bb), p(conv_w), p(a_log), p(dt_bias), p(conv_in), p(conv_out), p(self.meta),
-                  self.w("qn"), self.w("kn"), self.w("v"), self.w("g"), self.w("beta"), i32(HK), i32(HV), i32(KC)))
+                  self.w("qn"), self.w("kn"), self.w("v"), self.w("g"), self.w("beta"), *self.qk_bf16(), i32(HK),
+                  i32(HV), i32(KC)))
+
+    def qk_bf16(self):
+        """The prep's bf16 copies of q and k: the qkb region (q then k) for the split, null pointers otherwise."""
+        if not self.split:
+            return np.uint64(0), np.uint64(0)
+        n = sum(self.lens)
+        return self.w("qkb"), np.uint64(self.ws.data_ptr() + 4 * self.off["qkb"] + 2 * n * HK * D)
 
     def wy(self):
         seqs, maxlen = len(self.lens), max(self.lens)
@@ -245,7 +255,7 @@ class Ours:
         seqs = len(self.lens)
         p, i32 = b.ptr, np.int32
         b.launch(self.f_walk, (2, HV, seqs), (256,),
-                 (self.w("kn"), self.w("gcum"), self.w("w"), self.w("u"), p(self.meta), p(state), self.w("hs"),
+                 (self.qk_bf16()[1], self.w("gcum"), self.w("w"), self.w("u"), p(self.meta), p(state), self.w("hs"),
                   i32(HK), i32(HV), i32(seqs), i32(self.nc)), shared_mem=WALK_BF16_SMEM)
 
     def out(self, out, z, norm_w):
@@ -253,7 +263,7 @@ class Ours:
         seqs, maxlen = len(self.lens), max(self.lens)
         p, i32 = b.ptr, np.int32
         b.launch(self.f_out, ((maxlen + C - 1) // C, HV, seqs), (256,),
-                 (self.w("qn"), self.w("gcum"), self.w("aqk"), self.w("hs"), p(self.meta), p(z), p(norm_w),
+                 (self.qk_bf16()[0], self.w("gcum"), self.w("aqk"), self.w("hs"), p(self.meta), p(z), p(norm_w),
                   np.float32(1e-6), p(out), i32(HK), i32(HV), i32(seqs), i32(self.nc)), shared_mem=OUT_BF16_SMEM)
 
     def norm(self, out, z, norm_w):

@@ -10,7 +10,8 @@
 # Usage (here):     kernels/bench/h200/run_session.sh prepare [gpu_a,gpu_b]   (default: every gpu_* test file)
 # Usage (device):   bash kernels/bench/h200/run_session.sh [TESTS] [BENCHES] [--no-sanitizer]
 #   TESTS, BENCHES: comma-separated names (gpu_kernels,gpu_ops / ops,gemv) or "all" (default) or "none".
-#   Env: SAN_TESTS (binaries to sanitize, default TESTS), SAN_TIMEOUT (per tool run, default 120 s), SAN_BUDGET
+#   Env: SAN_TESTS (binaries to sanitize, default TESTS), SAN_ARGS (extra arguments of each sanitized binary, e.g.
+#   a test-name filter), SAN_TIMEOUT (per tool run, default 120 s), SAN_BUDGET
 #   (no new sanitizer run after this many seconds), BENCH_ARGS (e.g. --quick, passed to every bench script).
 # Logs: $OUT/tests_<name>.txt, $OUT/sanitizer_<name>.txt, $OUT/bench_<name>.txt (+ each bench's json).
 set -uo pipefail
@@ -105,7 +106,7 @@ if [ $SANITIZE = 1 ]; then
       if [ -n "${SAN_BUDGET:-}" ] && [ $(( $(date +%s) - t0 )) -ge "$SAN_BUDGET" ]; then
         status+=("$tool $name: not run (SAN_BUDGET ${SAN_BUDGET}s spent)"); continue
       fi
-      timeout "${SAN_TIMEOUT:-120}" compute-sanitizer --tool "$tool" --error-exitcode 99 "$exe" --test-threads=1 \
+      timeout "${SAN_TIMEOUT:-120}" compute-sanitizer --tool "$tool" --error-exitcode 99 "$exe" --test-threads=1 ${SAN_ARGS:-} \
         > "$OUT/sanitizer_${name}_$tool.txt" 2>&1
       rc=$?; status+=("$tool $name: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_${name}_$tool.txt" | tail -1)")
     done

@@ -20,8 +20,9 @@ pub(crate) enum StateMath {
     /// The bf16 split (state walk only): `gdn_prefill_walk_bf16` walks the chunks carrying only the state (bf16
     /// operands on mma.sync m16n8k16, the state fp32 in registers) and stores each chunk's incoming state and D in
     /// bf16; `gdn_prefill_out_bf16` then computes the output parallel over chunks with the gated norm fused (so
-    /// launch 4 is not queued). fla's division of the work and its precision class; 64 columns only. Not a WY
-    /// build (the WY kernels are fp32 / TF32).
+    /// launch 4 is not queued). Both read bf16 operands only: the prep also writes bf16 q and k, and the WY
+    /// launch is the tensor-core build's `_b` form (bf16 W, U, Aqk). fla's division of the work and its precision
+    /// class; 64 columns and a tensor-core WY only. Not a WY build itself.
     Bf16,
 }
 
@@ -128,7 +129,8 @@ impl GdnPrefillVariant {
             "64" => 64,
             _ => return None,
         };
-        if math == StateMath::Bf16 && cols != 64 {
+        // The split reads bf16 W / U / Aqk, which only the tensor-core WY builds write (their `_b` forms).
+        if math == StateMath::Bf16 && (cols != 64 || wy == StateMath::Fp32) {
             return None;
         }
         Some(GdnPrefillVariant { wy, math, cols })
@@ -137,10 +139,12 @@ impl GdnPrefillVariant {
     /// The WY kernel's name in `cuda/gdn_prefill.cu`.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn wy_kernel(&self) -> &'static str {
-        match self.wy {
-            StateMath::Fp32 => "gdn_prefill_wy",
-            StateMath::Tf32x3 => "gdn_prefill_wy_tc3",
-            StateMath::Tf32 | StateMath::Bf16 => "gdn_prefill_wy_tc1",
+        match (self.wy, self.split()) {
+            (StateMath::Fp32, _) => "gdn_prefill_wy",
+            (StateMath::Tf32x3, false) => "gdn_prefill_wy_tc3",
+            (StateMath::Tf32x3, true) => "gdn_prefill_wy_tc3_b",
+            (_, false) => "gdn_prefill_wy_tc1",
+            (_, true) => "gdn_prefill_wy_tc1_b",
         }
     }
 
@@ -208,6 +212,10 @@ pub(crate) struct GdnPrefillLayout {
     /// as floats: half that); `hs_len` is 0 for every other variant.
     pub(crate) hs: usize,
     pub(crate) hs_len: usize,
+    /// The bf16 split's copies of the normalised q and k (`[N, Hk, 128]` bf16 each, q then k: `qk_len` floats in
+    /// all); `qkb_len` is 0 for every other variant.
+    pub(crate) qkb: usize,
+    pub(crate) qkb_len: usize,
     /// The device-built meta table (`cu_seqlens` then chunk offsets, `2 * (seqs + 1)` int32) of
     /// [`Gpu::gdn_prefill_varlen`]; `meta_len` is 0 for [`Gpu::gdn_prefill`], which uploads its table.
     pub(crate) meta: usize,
@@ -326,6 +334,8 @@ fn layout_geom(
     let (g, beta, gcum) = (region(gate_len), region(gate_len), region(gate_len));
     let (w, u, aqk) = (region(wu_len), region(wu_len), region(aqk_len));
     let hs = region(hs_len);
+    let qkb_len = if split { qk_len } else { 0 };
+    let qkb = region(qkb_len);
     let meta_len = if meta_region { 2 * (seqs + 1) } else { 0 };
     let meta = region(meta_len);
     Ok(GdnPrefillLayout {
@@ -350,6 +360,8 @@ fn layout_geom(
         aqk,
         hs,
         hs_len,
+        qkb,
+        qkb_len,
         meta,
         meta_len,
         total: at,
@@ -392,8 +404,9 @@ impl Gpu {
     }
 
     /// [`Gpu::gdn_prefill_workspace_len`] for the variant [`Gpu::gdn_prefill_with`] runs under that name: the bf16
-    /// split (`<wy>bf16_cs64`) needs `2 * Hv * NC * (128 + 64) * 128` more bytes for each chunk's incoming state and
-    /// D in bf16 (+36% at Qwen3.8-27B dims). Fails on an unknown name too.
+    /// split (`wy<math>_bf16_cs64`) needs `2 * Hv * NC * (128 + 64) * 128` more bytes for each chunk's incoming
+    /// state and D in bf16 and `2 * 2 * N * Hk * 128` for bf16 copies of q and k (+40% at Qwen3.8-27B dims).
+    /// Fails on an unknown name too.
     pub fn gdn_prefill_workspace_len_with(
         variant: &str,
         dims: &GdnDims,
@@ -692,7 +705,9 @@ mod tests {
         assert_eq!((sl.w, sl.aqk), (l.w, l.aqk));
         assert_eq!(sl.hs_len, 48 * 3 * (128 * 128 + 64 * 128) / 2);
         assert_eq!(sl.hs % 64, 0);
-        assert!(l.aqk + l.aqk_len <= sl.hs && sl.hs + sl.hs_len <= sl.meta && sl.meta <= sl.total);
+        assert_eq!((sl.qkb % 64, sl.qkb_len, l.qkb_len), (0, sl.qk_len, 0));
+        assert!(l.aqk + l.aqk_len <= sl.hs && sl.hs + sl.hs_len <= sl.qkb);
+        assert!(sl.qkb + sl.qkb_len <= sl.meta && sl.meta <= sl.total);
         assert_eq!(l.wu_len, 48 * 3 * 64 * 128);
         assert_eq!(l.aqk_len, 48 * 3 * 64 * 64);
     }
@@ -710,7 +725,9 @@ mod tests {
                 "tf32x3" => "gdn_prefill_wy_tc3",
                 _ => "gdn_prefill_wy_tc1",
             };
-            assert_eq!(v.wy_kernel(), wy_kernel, "{full}");
+            // The split's WY launch is the `_b` form (bf16 W, U, Aqk) of the same build.
+            let b = if name.starts_with("bf16_") { "_b" } else { "" };
+            assert_eq!(v.wy_kernel(), format!("{wy_kernel}{b}"), "{full}");
             let (math, cols) = name.split_once("_cs").unwrap();
             assert_eq!(v.cols.to_string(), cols, "{name}");
             assert_eq!(v.split(), math == "bf16", "{name}");
@@ -783,6 +800,8 @@ mod tests {
             // The bf16 split is built for 64 columns only.
             "bf16_cs16",
             "wytf32x3_bf16_cs32",
+            // ... behind a tensor-core WY only (the CUDA-core WY writes no bf16 W / U / Aqk).
+            "bf16_cs64",
             "wybf16_bf16_cs64",
             "tf32x3_cs",
             "32",

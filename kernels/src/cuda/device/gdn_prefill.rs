@@ -39,6 +39,21 @@ fn state_tc_smem_bytes(cs: u32) -> u32 {
 const WALK_BF16_SMEM_BYTES: u32 = 97_792;
 const OUT_BF16_SMEM_BYTES: u32 = 79_616;
 
+/// `floats` floats of the workspace from float `at`, as the kernels' bf16 (u16 here: the same bits; cudarc has no
+/// bf16 device type without its half feature): `2 * floats` elements. An empty region gives an empty view.
+fn bf16_view(
+    workspace: &CudaSlice<f32>,
+    at: usize,
+    floats: usize,
+) -> Result<cudarc::driver::CudaView<'_, u16>, KernelError> {
+    let v = workspace
+        .try_slice(at..at + floats)
+        .ok_or_else(|| KernelError::shape("cuda::gdn_prefill", "workspace region out of range"))?;
+    // SAFETY: `floats` f32 are 2 * floats 2-byte elements of the same allocation; f32's alignment covers u16's.
+    unsafe { v.transmute::<u16>(2 * floats) }
+        .ok_or_else(|| KernelError::shape("cuda::gdn_prefill", "workspace region too small"))
+}
+
 /// Asks for the whole 228 KiB shared-memory carveout (two blocks of ~100-115 KiB per SM need it).
 fn max_carveout(f: &cudarc::driver::CudaFunction, name: &str) -> Result<(), KernelError> {
     f.set_attribute(
@@ -142,6 +157,12 @@ impl Device {
                 ws(lay.g, lay.gate_len),
                 ws(lay.beta, lay.gate_len),
             );
+            // The bf16 split's copies of q and k (null pointers for every other variant: the kernel skips them).
+            let null = 0u64;
+            let (qb, kb) = (
+                bf16_view(workspace, lay.qkb, lay.qkb_len / 2)?,
+                bf16_view(workspace, lay.qkb + lay.qkb_len / 2, lay.qkb_len / 2)?,
+            );
             let mut b = self.stream.launch_builder(&f);
             b.arg(&x.qkv.slice).arg(&x.a.slice).arg(&x.b.slice);
             b.arg(&w.conv_weight.slice)
@@ -149,11 +170,17 @@ impl Device {
                 .arg(&w.dt_bias.slice);
             b.arg(conv_in).arg(&mut *conv_out).arg(&meta_dev);
             b.arg(&qn).arg(&kn).arg(&vv).arg(&gg).arg(&bb);
+            if variant.split() {
+                b.arg(&qb).arg(&kb);
+            } else {
+                b.arg(&null).arg(&null);
+            }
             b.arg(&hk).arg(&hv).arg(&kconv);
             // SAFETY: matches `gdn_prefill_prep`; the caller checked qkv = [N, conv_dim], a, b = [N, Hv],
             // conv_weight = [conv_dim, K], a_log, dt_bias = [Hv], conv_in/conv_out = [seqs, conv_dim, K-1]
             // (distinct allocations), dk = dv = 128 and meta's offsets (non-decreasing, last = N); the workspace
-            // views are disjoint ranges of `workspace` sized by `lay`; kconv is 2..=4 (checked by `layout`).
+            // views are disjoint ranges of `workspace` sized by `lay` (qb / kb: [N, Hk, 128] bf16 each in the
+            // split's qkb region, or null); kconv is 2..=4 (checked by `layout`).
             // Warps past a sequence's length or the last segment return.
             unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
         }
@@ -288,22 +315,14 @@ impl Device {
     ) -> Result<(), KernelError> {
         let (hk, hv) = (dims.key_heads as i32, dims.value_heads as i32);
         let (seqs_i, nc_i) = (lay.seqs as i32, lay.chunks as i32);
-        let (kn, qn, gc) = (
-            workspace.slice(lay.kn..lay.kn + lay.qk_len),
-            workspace.slice(lay.qn..lay.qn + lay.qk_len),
-            workspace.slice(lay.gcum..lay.gcum + lay.gate_len),
-        );
-        let (wi, ui, ai) = (
-            workspace.slice(lay.w..lay.w + lay.wu_len),
-            workspace.slice(lay.u..lay.u + lay.wu_len),
-            workspace.slice(lay.aqk..lay.aqk + lay.aqk_len),
-        );
-        // The hs region, as the kernels' bf16 (u16 here: the same bits; cudarc has no bf16 device type without
-        // its half feature).
-        let hs_view = workspace.slice(lay.hs..lay.hs + lay.hs_len);
-        // SAFETY: hs_len floats are 2 * hs_len 2-byte elements; f32's alignment covers u16's.
-        let hs = unsafe { hs_view.transmute::<u16>(2 * lay.hs_len) }
-            .ok_or_else(|| KernelError::shape("cuda::gdn_prefill", "hs region too small"))?;
+        let gc = workspace.slice(lay.gcum..lay.gcum + lay.gate_len);
+        // What the `_b` WY wrote: bf16 W, U, Aqk in the first half of each region; q and k in bf16 (prep).
+        let wi = bf16_view(workspace, lay.w, lay.wu_len / 2)?;
+        let ui = bf16_view(workspace, lay.u, lay.wu_len / 2)?;
+        let ai = bf16_view(workspace, lay.aqk, lay.aqk_len / 2)?;
+        let qb = bf16_view(workspace, lay.qkb, lay.qkb_len / 2)?;
+        let kb = bf16_view(workspace, lay.qkb + lay.qkb_len / 2, lay.qkb_len / 2)?;
+        let hs = bf16_view(workspace, lay.hs, lay.hs_len)?;
         {
             const NAME: &str = "gdn_prefill_walk_bf16";
             let f = self.function(Module::GdnPrefill, NAME)?;
@@ -314,7 +333,7 @@ impl Device {
                 shared_mem_bytes: WALK_BF16_SMEM_BYTES,
             };
             let mut b = self.stream.launch_builder(&f);
-            b.arg(&kn).arg(&gc).arg(&wi).arg(&ui).arg(meta_dev);
+            b.arg(&kb).arg(&gc).arg(&wi).arg(&ui).arg(meta_dev);
             b.arg(&mut *state).arg(&hs);
             b.arg(&hk).arg(&hv).arg(&seqs_i).arg(&nc_i);
             // SAFETY: matches `gdn_prefill_walk_bf16`; reads what launches 1 and 2 wrote (same stream); state =
@@ -333,7 +352,7 @@ impl Device {
                 shared_mem_bytes: OUT_BF16_SMEM_BYTES,
             };
             let mut b = self.stream.launch_builder(&f);
-            b.arg(&qn).arg(&gc).arg(&ai).arg(&hs).arg(meta_dev);
+            b.arg(&qb).arg(&gc).arg(&ai).arg(&hs).arg(meta_dev);
             b.arg(&x.z.slice).arg(&w.norm_weight.slice).arg(&w.norm_eps);
             b.arg(&mut *out);
             b.arg(&hk).arg(&hv).arg(&seqs_i).arg(&nc_i);

@@ -1231,8 +1231,10 @@ extern "C" __global__ void __launch_bounds__(256)
 //       b. D = U - W S ([64 x 128] x [128 x 64]: warp w owns rows 16 (w & 3) .., columns 32 (w >> 2) ..), stores D
 //          (bf16, unscaled) to the slot for 4', and e^{G_L-G_t} D_t (bf16) to shared memory;
 //       c. S <- e^{G_L} S + K^T (e^{G_L-G} D) ([128 x 64] x [64 x 64], the k-steps stop at the chunk's end).
-//     Chunk c + 1's W, K, U and G are loaded to registers while chunk c is multiplied, then written (as bf16) to
-//     the other of two shared buffers: two barriers per chunk.
+//     The operands stream into a ring of three shared buffers by cp.async, chunk c + 2's issued when chunk c
+//     starts, so two chunks' loads are in flight behind the products: two barriers per chunk. (Session 8, T = 4096:
+//     fp32 operands converted through registers 219 us; bf16 operands, next chunk by cp.async 174 us; the ring:
+//     see benchmarks/h200.md.)
 // 4'. gdn_prefill_out_bf16: grid (max_chunks, Hv, seqs), 256 threads, parallel over chunks: per (chunk, head)
 //     o = e^G (Q S_c) + Aqk D ([64 x 128] x [128 x 128] and the causal [64 x 64] x [64 x 128]; warp w owns rows
 //     16 (w & 3) .., columns 64 (w >> 2) ..), then the gated RMSNorm of launch 4 fused (the row's sum of squares
@@ -1268,9 +1270,15 @@ __device__ __forceinline__ void ldsm_b2(uint32_t (&b)[4], const bf16* tile, int 
 
 }  // namespace
 
-// Shared memory of gdn_prefill_walk_bf16 (dynamic): two chunk buffers of W and K [C][BP] bf16, the state [D][HP]
-// and the decayed D [C][HP] bf16, then G [2][C] fp32.
-__host__ __device__ constexpr int walk_bf16_smem_bytes() { return (2 * 2 * C * BP + D * HP + C * HP) * 2 + 2 * C * 4; }
+// Chunk buffers of gdn_prefill_walk_bf16, a ring: chunk c + 2's operands stream in while chunk c is multiplied.
+constexpr int WALK_NBUF = 3;
+constexpr int WALK_BUF = 2 * C * BP + C * HP;  // bf16 per buffer: W [C][BP], K [C][BP], this block's U [C][HP]
+
+// Shared memory of gdn_prefill_walk_bf16 (dynamic): the ring of chunk buffers, the state [D][HP] and the decayed
+// D [C][HP] bf16, then G [WALK_NBUF][C] fp32.
+__host__ __device__ constexpr int walk_bf16_smem_bytes() {
+    return (WALK_NBUF * WALK_BUF + D * HP + C * HP) * 2 + WALK_NBUF * C * 4;
+}
 
 // Inputs (all written by launches 1 and 2 of this build): kb the bf16 copy of kn (`gdn_prefill_prep`'s qb / kb),
 // w_in / u_in the bf16 W and U of `gdn_prefill_wy_tc<1|3>_b`, gcum.
@@ -1281,10 +1289,10 @@ extern "C" __global__ void __launch_bounds__(256, 1)
                           int hv, int seqs, int n_chunks) {
     constexpr int NT = 8;  // n-tiles of the 64 columns (phase c)
     extern __shared__ float4 smem_walk[];
-    bf16* const tiles = reinterpret_cast<bf16*>(smem_walk);  // buffer b: W at b * 2 * C * BP, K after it
-    bf16* const Sb = tiles + 2 * 2 * C * BP;                  // [D][HP]
-    bf16* const Db = Sb + D * HP;                             // [C][HP]
-    float* const Gs = reinterpret_cast<float*>(Db + C * HP);  // [2][C]
+    bf16* const ring = reinterpret_cast<bf16*>(smem_walk);     // buffer i at i * WALK_BUF: W, K, U
+    bf16* const Sb = ring + WALK_NBUF * WALK_BUF;              // [D][HP]
+    bf16* const Db = Sb + D * HP;                              // [C][HP]
+    float* const Gs = reinterpret_cast<float*>(Db + C * HP);   // [WALK_NBUF][C]
 
     const int c0 = blockIdx.x * 64, h = blockIdx.y, s = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -1309,39 +1317,43 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         st[n][3] = b.y;
     }
 
-    // Chunk cc's W, K (rows past the chunk zero-filled) and G into buffer bb, as cp.async copies.
-    auto fetch = [&](int cc, int bb) {
-        const int lc = min(C, len - cc * C);
-        const size_t tok0 = static_cast<size_t>(start + cc * C);
-        bf16* Wb = tiles + bb * 2 * C * BP;
-        bf16* Kb = Wb + C * BP;
-        const bf16* wg = w_in + (slot0 + cc) * C * D;
+    // Chunk cc's W, K (rows past the chunk zero-filled), this block's 64 columns of U and G into ring buffer
+    // cc % WALK_NBUF, as one cp.async group (committed also when there is no such chunk, so that the waits below
+    // count groups, not chunks).
+    auto fetch = [&](int cc) {
+        if (cc < nch) {
+            const int lc = min(C, len - cc * C), bi = cc % WALK_NBUF;
+            const size_t tok0 = static_cast<size_t>(start + cc * C);
+            bf16* Wb = ring + bi * WALK_BUF;
+            bf16* Kb = Wb + C * BP;
+            bf16* Ub = Kb + C * BP;
+            const bf16* wg = w_in + (slot0 + cc) * C * D;
+            const bf16* ug = u_in + (slot0 + cc) * C * D + c0;
 #pragma unroll
-        for (int j = 0; j < C * D / 8 / 256; ++j) {
-            const int i = tid + 256 * j, r = i >> 4, q = i & 15;  // 16 x 16 bytes per row of 128
-            cp_async16(Wb + r * BP + 8 * q, wg + r * D + 8 * q, true);
-            const bool ok = r < lc;
-            cp_async16(Kb + r * BP + 8 * q, ok ? kb + ((tok0 + r) * hk + kh) * D + 8 * q : kb, ok);
-        }
-        if (tid < C) cp_async4(Gs + bb * C + tid, tid < lc ? gcum + (tok0 + tid) * hv + h : gcum, tid < lc);
-    };
-    // Chunk cc's U fragments of this warp (phase b layout), bf16 pairs.
-    auto load_u = [&](int cc, uint32_t (&u)[8]) {
-        const bf16* ug = u_in + (slot0 + cc) * C * D + c0;
+            for (int j = 0; j < C * D / 8 / 256; ++j) {
+                const int i = tid + 256 * j, r = i >> 4, q = i & 15;  // 16 x 16 bytes per row of 128
+                cp_async16(Wb + r * BP + 8 * q, wg + r * D + 8 * q, true);
+                const bool ok = r < lc;
+                cp_async16(Kb + r * BP + 8 * q, ok ? kb + ((tok0 + r) * hk + kh) * D + 8 * q : kb, ok);
+            }
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int col = an + 8 * j + 2 * ft;
-            u[2 * j] = *reinterpret_cast<const uint32_t*>(ug + (am + fg) * D + col);
-            u[2 * j + 1] = *reinterpret_cast<const uint32_t*>(ug + (am + fg + 8) * D + col);
+            for (int j = 0; j < C * 64 / 8 / 256; ++j) {
+                const int i = tid + 256 * j, r = i >> 3, q = i & 7;  // 8 x 16 bytes per row of 64
+                cp_async16(Ub + r * HP + 8 * q, ug + r * D + 8 * q, true);
+            }
+            if (tid < C) cp_async4(Gs + bi * C + tid, tid < lc ? gcum + (tok0 + tid) * hv + h : gcum, tid < lc);
         }
+        cp_async_commit();
     };
 
-    auto step = [&](int c, const uint32_t (&ucur)[8], uint32_t (&unxt)[8]) {
+    fetch(0);
+    fetch(1);
+    for (int c = 0; c < nch; ++c) {
         const int lc = min(C, len - c * C);
-        const int b = c & 1;
-        const bf16* Wb = tiles + b * 2 * C * BP;
+        const bf16* Wb = ring + (c % WALK_NBUF) * WALK_BUF;
         const bf16* Kb = Wb + C * BP;
-        const float* G = Gs + b * C;
+        const bf16* Ub = Kb + C * BP;
+        const float* G = Gs + (c % WALK_NBUF) * C;
         bf16* slot = hs + (slot0 + c) * HS_SLOT;
         // a. the incoming state, bf16, to shared memory (then, after the barrier, to the slot).
 #pragma unroll
@@ -1349,14 +1361,9 @@ extern "C" __global__ void __launch_bounds__(256, 1)
             *reinterpret_cast<uint32_t*>(Sb + (dm + fg) * HP + 8 * n + 2 * ft) = pack_bf16x2(st[n][0], st[n][1]);
             *reinterpret_cast<uint32_t*>(Sb + (dm + fg + 8) * HP + 8 * n + 2 * ft) = pack_bf16x2(st[n][2], st[n][3]);
         }
-        cp_async_wait<0>();  // this thread's copies of chunk c
-        __syncthreads();     // Sb and chunk c's buffer complete; chunk c - 1's readers of the other buffer done
-        // Chunk c + 1's copies into the other buffer and its U to registers, in flight during phases b and c.
-        if (c + 1 < nch) {
-            fetch(c + 1, b ^ 1);
-            load_u(c + 1, unxt);
-        }
-        cp_async_commit();
+        cp_async_wait<1>();  // this thread's copies of chunk c (chunk c + 1's group may still be in flight)
+        __syncthreads();     // Sb and chunk c's buffer complete; chunk c - 1's readers done
+        fetch(c + 2);        // into the buffer chunk c - 1 used
 #pragma unroll
         for (int j = 0; j < D * 64 / 8 / 256; ++j) {
             const int i = tid + 256 * j, r = i >> 3, q = i & 7;
@@ -1386,7 +1393,8 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int col = an + 8 * j + 2 * ft;
-            const float2 ulo = bf16x2_to_float2(ucur[2 * j]), uhi = bf16x2_to_float2(ucur[2 * j + 1]);
+            const float2 ulo = bf16x2_to_float2(*reinterpret_cast<const uint32_t*>(Ub + r0 * HP + col));
+            const float2 uhi = bf16x2_to_float2(*reinterpret_cast<const uint32_t*>(Ub + r1 * HP + col));
             const float d0 = ulo.x - acc[j][0], d1 = ulo.y - acc[j][1];
             const float d2 = uhi.x - acc[j][2], d3 = uhi.y - acc[j][3];
             *reinterpret_cast<uint32_t*>(dg + r0 * D + c0 + col) = pack_bf16x2(d0, d1);
@@ -1413,18 +1421,8 @@ extern "C" __global__ void __launch_bounds__(256, 1)
                 mma_bf16_16816(st[2 * np + 1], a, bq[2], bq[3]);
             }
         }
-    };
-
-    uint32_t ua[8], ub[8];
-    if (nch > 0) {  // an empty sequence has no chunk 0 (its slot may lie past the workspace regions)
-        fetch(0, 0);
-        load_u(0, ua);
     }
-    cp_async_commit();
-    for (int c = 0; c < nch; c += 2) {  // two chunks per trip, so that the U register sets swap by name
-        step(c, ua, ub);
-        if (c + 1 < nch) step(c + 1, ub, ua);
-    }
+    cp_async_wait<0>();  // (only empty groups can remain; nothing left in flight at exit)
 
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
@@ -1575,5 +1573,5 @@ static_assert(state_tc_smem_bytes(16) == 103424 && state_tc_smem_bytes(32) == 11
                   state_tc_smem_bytes(64) == 225280,
               "keep gdn_prefill.rs state_tc_smem_bytes equal");
 static_assert(state_smem_bytes(16) == 96768 && state_smem_bytes(32) == 109056 && state_smem_bytes(64) == 133632, "keep gdn_prefill.rs state_smem_bytes equal");
-static_assert(walk_bf16_smem_bytes() == 97792 && out_bf16_smem_bytes() == 79616,
+static_assert(walk_bf16_smem_bytes() == 160512 && out_bf16_smem_bytes() == 79616,
               "keep gdn_prefill.rs WALK_BF16_SMEM_BYTES / OUT_BF16_SMEM_BYTES equal");

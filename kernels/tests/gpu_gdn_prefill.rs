@@ -35,8 +35,9 @@ const STATE_TOL: f32 = 2e-5;
 /// `"auto"` and `""` take the bounds of the build they run, `Gpu::GDN_PREFILL_DEFAULT`.
 /// The bf16 split (`<wy>bf16_cs64`: bf16 operands in the walk's and the output's products) is fla's precision
 /// class: session 6's CPU simulation of its rounding (benchmarks/h200.md, session 6 point 8) gave at worst 1.8e-2
-/// on the normalised output and 1.0e-3 on the state with the 3xTF32 WY, 3.5e-2 / 1.3e-3 with every operand bf16;
-/// its bounds are 4e-2 and 4e-3 (still far below a wrong index, which gives O(1)).
+/// on the normalised output and 1.0e-3 on the state with the 3xTF32 WY, 3.5e-2 / 1.3e-3 with every operand bf16.
+/// On the H200 (s8-run4, 27 checks of `wytf32x3_bf16_cs64`, W / U / Aqk stored in bf16) the worst were 2.3e-2 and
+/// 2.6e-3; its bounds are 5e-2 and 6e-3 (still far below a wrong index, which gives O(1)).
 fn tolerances(variant: &str) -> (f32, f32) {
     let variant = if variant.is_empty() || variant == "auto" {
         Gpu::GDN_PREFILL_DEFAULT
@@ -49,7 +50,7 @@ fn tolerances(variant: &str) -> (f32, f32) {
     };
     let plain = |m: &str| m == "tf32" || m.starts_with("tf32_");
     if state.starts_with("bf16_") {
-        (4e-2, 4e-3)
+        (5e-2, 6e-3)
     } else if plain(wy) {
         (2e-2, 2e-3)
     } else if plain(state) {

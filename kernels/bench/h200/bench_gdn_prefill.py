@@ -85,7 +85,7 @@ WY_TC_SMEM = 102912  # cuda/gdn_prefill.cu wy_tc_smem_bytes()
 VARIANTS = "--variants" in sys.argv
 DEFAULT = "wytf32x3_tf32_cs64"  # Gpu::GDN_PREFILL_DEFAULT (session 4; wytf32_tf32_cs64 before)
 SPLIT = "wytf32x3_bf16_cs64"  # the bf16 split (session 8): walk_bf16 + out_bf16 (norm fused) after the 3xTF32 WY
-WALK_BF16_SMEM = 97792  # cuda/gdn_prefill.cu walk_bf16_smem_bytes()
+WALK_BF16_SMEM = 160512  # cuda/gdn_prefill.cu walk_bf16_smem_bytes()
 OUT_BF16_SMEM = 79616  # cuda/gdn_prefill.cu out_bf16_smem_bytes()
 HS_SLOT = D * D + C * D  # bf16 per (head, chunk) of the split's hs region
 PREP_TT = 8  # cuda/gdn_prefill.cu PREP_TT (tokens per warp of gdn_prefill_prep)
@@ -174,6 +174,10 @@ class Ours:
         if self.split:  # launches 3' and 4' (the norm fused into 4')
             self.f_walk, self.f_out = kern("gdn_prefill_walk_bf16"), kern("gdn_prefill_out_bf16")
             b.allow_smem(self.f_walk, WALK_BF16_SMEM)
+            try:
+                self.f_walk.preferred_shared_memory_carveout = 100
+            except Exception as e:  # noqa: BLE001
+                b.log(f"  note: carveout not set on gdn_prefill_walk_bf16 ({e})")
             b.allow_smem(self.f_out, OUT_BF16_SMEM)
             try:
                 self.f_out.preferred_shared_memory_carveout = 100

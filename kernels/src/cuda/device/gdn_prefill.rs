@@ -36,7 +36,7 @@ fn state_tc_smem_bytes(cs: u32) -> u32 {
 
 /// Dynamic shared memory of `gdn_prefill_walk_bf16` and `gdn_prefill_out_bf16` (`walk_bf16_smem_bytes()` /
 /// `out_bf16_smem_bytes()` in cuda/gdn_prefill.cu, kept equal by a static_assert there).
-const WALK_BF16_SMEM_BYTES: u32 = 97_792;
+const WALK_BF16_SMEM_BYTES: u32 = 160_512;
 const OUT_BF16_SMEM_BYTES: u32 = 79_616;
 
 /// `floats` floats of the workspace from float `at`, as the kernels' bf16 (u16 here: the same bits; cudarc has no
@@ -327,6 +327,7 @@ impl Device {
             const NAME: &str = "gdn_prefill_walk_bf16";
             let f = self.function(Module::GdnPrefill, NAME)?;
             set_smem(&f, WALK_BF16_SMEM_BYTES, NAME)?;
+            max_carveout(&f, NAME)?; // 157 KiB, one block per SM
             let cfg = LaunchConfig {
                 grid_dim: (2, dims.value_heads as u32, lay.seqs as u32),
                 block_dim: (256, 1, 1),

@@ -43,11 +43,15 @@
 //    block (s6-run3) traded that for shared-memory bandwidth (the A fragments read by twice the warps) and was
 //    2% slower.
 // 4. gdn_prefill_gated_norm: one warp per (token, value head): out <- rmsnorm(out) * w * silu(z), in place.
-// Removed (s3-run3): fla's split of launches 3 and 4 (`[wytf32_]tf32split_cs<32|64>`: a walk carrying only the
+// The bf16 split (`wy<math>_bf16_cs64`, session 8) replaces launches 3 and 4 by 3' (the walk carrying only the
+// state) and 4' (the output parallel over chunks with the gated norm fused), on bf16 operands; see its section
+// at the end of this file.
+// Removed (s3-run3): fla's split of launches 3 and 4 on TF32 (`[wytf32_]tf32split_cs<32|64>`: a walk carrying only the
 // state and storing each chunk's incoming state and v_new in fp16, then an output launch parallel over chunks with
 // the gated norm fused). It lost at T = 16384: walk_cs64 1835.7 us + out 963.0 us against the state walk
 // tf32_cs64 2272.2 us + norm 277.8 us; whole step wytf32_tf32split_cs64 6125.8 us against 5856.3 us for
-// wytf32_tf32_cs64 (tf32split_cs32/cs64 7149.1/7023.0, wytf32_tf32split_cs32 6264.9).
+// wytf32_tf32_cs64 (tf32split_cs32/cs64 7149.1/7023.0, wytf32_tf32split_cs32 6264.9). On bf16 operands the same
+// division wins (session 8: 842.1 against 1107.4 us at T = 4096 for the whole step; the split's section below).
 //
 // Precision: `fp32_cs<CS>` is fp32 on the CUDA cores throughout (no tensor cores, no bf16 rounding), so its
 // results match the fp32 CPU chunked prefill and the f64 recurrence to fp32 rounding of a different summation

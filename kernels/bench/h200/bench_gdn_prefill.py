@@ -1,6 +1,7 @@
 """The chunked gated DeltaNet prefill (kernels/cuda/gdn_prefill.cu, `Gpu::gdn_prefill`) on the H200 against fla.
 
 Usage (repository root): python3 kernels/bench/h200/bench_gdn_prefill.py CARRY_DIR [--quick]
+(env GDN_PREFILL_CASES="4096" or "4096,1000,3000,1120;4096" runs only those sequence-length cases)
 CARRY_DIR holds the crate's gdn_prefill.sm_90.cubin (loaded as the crate loads it on an sm_90 device; the PTX is
 the fallback). Writes $OUT/bench_gdn_prefill.json and prints a short table last.
 
@@ -525,6 +526,8 @@ def main():
     cases = [[4096, 1000, 3000, 1120], [1024], [4096], [16384]]
     if b.QUICK:
         cases = [[4096, 1000, 3000, 1120], [4096]]
+    if os.environ.get("GDN_PREFILL_CASES"):  # e.g. "4096" or "4096,1000,3000,1120;4096": only these cases
+        cases = [[int(x) for x in c.split(",")] for c in os.environ["GDN_PREFILL_CASES"].split(";")]
     t0 = time.time()
     for lens in cases:
         try:

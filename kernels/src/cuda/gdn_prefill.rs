@@ -46,8 +46,8 @@ pub(crate) struct GdnPrefillVariant {
 
 /// The variant names [`Gpu::gdn_prefill_with`] accepts (besides "" and "auto"): `<math>_cs<cols>` with the
 /// CUDA-core WY kernel, and `wy<wymath>_<math>_cs<cols>` (`wymath` `tf32` or `tf32x3`) with the tensor-core one;
-/// the WY prefix combines with every state build, and this list names the combinations the tests and the
-/// benchmark drive.
+/// the WY prefix combines with every state build (the bf16 split, `bf16_cs64`, only with a WY prefix), and this
+/// list names the combinations the tests and the benchmark drive.
 pub(crate) const GDN_PREFILL_VARIANTS: [&str; 16] = [
     "fp32_cs16",
     "fp32_cs32",
@@ -453,6 +453,14 @@ impl Gpu {
     /// `wytf32_` or `wytf32x3_` prefix (e.g. `"wytf32_tf32_cs64"`) the chunk-local WY launch runs on mma.sync TF32
     /// (plain or 3xTF32) instead of the CUDA cores. Every variant runs the same conv / norms / gates launch.
     /// Tests and the benchmark drive each.
+    ///
+    /// `"wytf32x3_bf16_cs64"` / `"wytf32_bf16_cs64"` run the bf16 split (session 8): the walk carries only the
+    /// state and the output is computed parallel over chunks with the gated norm fused, every operand of both in
+    /// bf16. H200 (s8-run5): 842.1 / 759.8 us at T = 4096 and 1759.8 / 1575.0 us at B = 4, N = 9216 against the
+    /// default's 1107.4 / 2230.4 us (0.49x-0.58x fla's bare chunk kernel against 0.38x / 0.41x), at fla's
+    /// precision class: up to ~3e-2 scaled error on the normalised output and ~3e-3 on the state against the f64
+    /// recurrence (the default: ~2e-3 / ~2e-4). Its workspace is larger: size it with
+    /// [`Gpu::gdn_prefill_workspace_len_with`].
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_prefill_with(
         &self,

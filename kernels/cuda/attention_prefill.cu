@@ -59,33 +59,6 @@ using namespace edgefit;
 
 namespace {
 
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-// c += a b, m16n8k16, bf16 operands, fp32 accumulators.
-__device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats -> bf16x2 (round to nearest even), `lo` in the low half.
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    uint32_t d;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-}
-
 __device__ __forceinline__ float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -321,15 +294,15 @@ __device__ __forceinline__ void attention_prefill_body(const uint16_t* __restric
             uint32_t a[MW][4];
 #pragma unroll
             for (int w = 0; w < MW; ++w)
-                ldsm_x4(sq + swz<D>(a_row + w * 16, ks * 2 + a_chk), a[w][0], a[w][1], a[w][2], a[w][3]);
+                ldmatrix_x4(a[w], sq + swz<D>(a_row + w * 16, ks * 2 + a_chk));
 #pragma unroll
             for (int np = 0; np < BN / 16; ++np) {
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4(sk(s) + swz<D>(np * 16 + b_row, ks * 2 + b_chk), b0, b1, b2, b3);
+                uint32_t b[4];
+                ldmatrix_x4(b, sk(s) + swz<D>(np * 16 + b_row, ks * 2 + b_chk));
 #pragma unroll
                 for (int w = 0; w < MW; ++w) {
-                    mma_bf16(sc[w][2 * np], a[w], b0, b1);
-                    mma_bf16(sc[w][2 * np + 1], a[w], b2, b3);
+                    mma_bf16_16816(sc[w][2 * np], a[w], b[0], b[1]);
+                    mma_bf16_16816(sc[w][2 * np + 1], a[w], b[2], b[3]);
                 }
             }
         }
@@ -396,19 +369,19 @@ __device__ __forceinline__ void attention_prefill_body(const uint16_t* __restric
             uint32_t a[MW][4];
 #pragma unroll
             for (int w = 0; w < MW; ++w) {
-                a[w][0] = pack_bf16(sc[w][2 * kk][0], sc[w][2 * kk][1]);
-                a[w][1] = pack_bf16(sc[w][2 * kk][2], sc[w][2 * kk][3]);
-                a[w][2] = pack_bf16(sc[w][2 * kk + 1][0], sc[w][2 * kk + 1][1]);
-                a[w][3] = pack_bf16(sc[w][2 * kk + 1][2], sc[w][2 * kk + 1][3]);
+                a[w][0] = pack_bf16x2(sc[w][2 * kk][0], sc[w][2 * kk][1]);
+                a[w][1] = pack_bf16x2(sc[w][2 * kk][2], sc[w][2 * kk][3]);
+                a[w][2] = pack_bf16x2(sc[w][2 * kk + 1][0], sc[w][2 * kk + 1][1]);
+                a[w][3] = pack_bf16x2(sc[w][2 * kk + 1][2], sc[w][2 * kk + 1][3]);
             }
 #pragma unroll
             for (int dp = 0; dp < D / 16; ++dp) {
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4_t(sv(s) + swz<D>(kk * 16 + v_row, dp * 2 + v_chk), b0, b1, b2, b3);
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, sv(s) + swz<D>(kk * 16 + v_row, dp * 2 + v_chk));
 #pragma unroll
                 for (int w = 0; w < MW; ++w) {
-                    mma_bf16(o[w][2 * dp], a[w], b0, b1);
-                    mma_bf16(o[w][2 * dp + 1], a[w], b2, b3);
+                    mma_bf16_16816(o[w][2 * dp], a[w], b[0], b[1]);
+                    mma_bf16_16816(o[w][2 * dp + 1], a[w], b[2], b[3]);
                 }
             }
         }
@@ -431,7 +404,7 @@ __device__ __forceinline__ void attention_prefill_body(const uint16_t* __restric
 #pragma unroll
         for (int j = 0; j < ON; ++j) {
             *reinterpret_cast<uint32_t*>(dst + j * 8) =
-                pack_bf16(o[x >> 1][j][2 * (x & 1)] * inv, o[x >> 1][j][2 * (x & 1) + 1] * inv);
+                pack_bf16x2(o[x >> 1][j][2 * (x & 1)] * inv, o[x >> 1][j][2 * (x & 1) + 1] * inv);
         }
     }
 }

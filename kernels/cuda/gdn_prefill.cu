@@ -1272,6 +1272,20 @@ __device__ __forceinline__ void ldsm_b2(uint32_t (&b)[4], const bf16* tile, int 
     ldmatrix_x4_trans(b, tile + (k0 + (lane & 15)) * ld + n0 + ((lane >> 4) << 3));
 }
 
+// One k-step of 16 over 2 NP n-tiles: acc[j] += a (a 16 x 16 A fragment) times columns n0 + 8 j .. of rows
+// k0 .. k0 + 15 of the row-major [k][n] bf16 tile.
+template <int NP>
+__device__ __forceinline__ void mma_kstep(float (&acc)[2 * NP][4], const uint32_t (&a)[4], const bf16* tile, int ld,
+                                          int k0, int n0, int lane) {
+#pragma unroll
+    for (int np = 0; np < NP; ++np) {
+        uint32_t b[4];
+        ldsm_b2(b, tile, ld, k0, n0 + 16 * np, lane);
+        mma_bf16_16816(acc[2 * np], a, b[0], b[1]);
+        mma_bf16_16816(acc[2 * np + 1], a, b[2], b[3]);
+    }
+}
+
 }  // namespace
 
 // Chunk buffers of gdn_prefill_walk_bf16, a ring: chunk c + 2's operands stream in while chunk c is multiplied.
@@ -1417,13 +1431,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         for (int t0 = 0; t0 < kend; t0 += 16) {
             uint32_t a[4];
             ldsm_at(a, Kb, BP, dm, t0, lane);
-#pragma unroll
-            for (int np = 0; np < NT / 2; ++np) {
-                uint32_t bq[4];
-                ldsm_b2(bq, Db, HP, t0, 16 * np, lane);
-                mma_bf16_16816(st[2 * np], a, bq[0], bq[1]);
-                mma_bf16_16816(st[2 * np + 1], a, bq[2], bq[3]);
-            }
+            mma_kstep<NT / 2>(st, a, Db, HP, t0, 0, lane);
         }
     }
     cp_async_wait<0>();  // (only empty groups can remain; nothing left in flight at exit)
@@ -1511,13 +1519,7 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int k0 = 0; k0 < D; k0 += 16) {
         uint32_t a[4];
         ldsm_a(a, Qb, BP, am, k0, lane);
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-            uint32_t bq[4];
-            ldsm_b2(bq, Hb, BP, k0, an + 16 * np, lane);
-            mma_bf16_16816(o[2 * np], a, bq[0], bq[1]);
-            mma_bf16_16816(o[2 * np + 1], a, bq[2], bq[3]);
-        }
+        mma_kstep<4>(o, a, Hb, BP, k0, an, lane);
     }
     const float e0 = expf(G[r0]), e1 = expf(G[r1]);
 #pragma unroll
@@ -1531,13 +1533,7 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int k0 = 0; k0 < am + 16; k0 += 16) {
         uint32_t a[4];
         ldsm_a(a, Ab, HP, am, k0, lane);
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-            uint32_t bq[4];
-            ldsm_b2(bq, Vb, BP, k0, an + 16 * np, lane);
-            mma_bf16_16816(o[2 * np], a, bq[0], bq[1]);
-            mma_bf16_16816(o[2 * np + 1], a, bq[2], bq[3]);
-        }
+        mma_kstep<4>(o, a, Vb, BP, k0, an, lane);
     }
     // The gated RMSNorm of launch 4: a row's 128 columns lie in the quads of two warps (column halves).
     float ss0 = 0.f, ss1 = 0.f;

@@ -34,6 +34,7 @@ pub(crate) enum StateMath {
 /// fla's split of launch 3 (`[wytf32_]tf32split_cs<32|64>`) was removed after s3-run3: at T = 16384 its walk
 /// (1835.7 us at cs64) plus its output launch with the norm fused (963.0 us) took longer than the state walk
 /// tf32_cs64 (2272.2 us) plus the norm (277.8 us); whole step 6125.8 us against 5856.3 us for `wytf32_tf32_cs64`.
+/// On bf16 operands the same division is the `Bf16` split (session 8), faster than the default.
 /// Launch 1 is the same for every variant: `gdn_prefill_prep` (one warp per 128-channel segment and 8 tokens,
 /// since s3-run4; cuda/gdn_prefill.cu has its numbers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,7 +241,16 @@ fn layout(
         return Err(KernelError::shape(op, "the sequence lengths overflow"));
     };
     let max_len = seq_lens.iter().copied().max().unwrap_or(0);
-    layout_geom(op, dims, seq_lens.len(), tokens, chunks, max_len, false, split)
+    layout_geom(
+        op,
+        dims,
+        seq_lens.len(),
+        tokens,
+        chunks,
+        max_len,
+        false,
+        split,
+    )
 }
 
 /// [`layout`] for a device `cu_seqlens` table that the host does not read: `seqs` sequences of at most
@@ -267,6 +277,9 @@ fn layout_varlen(
     layout_geom(op, dims, seqs, tokens, chunks, max_len, true, split)
 }
 
+/// The shared body of [`layout`] and [`layout_varlen`]: `meta_region` adds the device-built table's region,
+/// `split` the bf16 split's `hs` and `qkb` regions.
+#[allow(clippy::too_many_arguments)]
 fn layout_geom(
     op: &'static str,
     dims: &GdnDims,
@@ -545,7 +558,8 @@ impl Gpu {
         self.gdn_prefill_varlen_with("auto", dims, w, x, cu_seqlens, seqs, total, max_seqlen, io)
     }
 
-    /// [`Gpu::gdn_prefill_varlen`] with the variant named as in [`Gpu::gdn_prefill_with`].
+    /// [`Gpu::gdn_prefill_varlen`] with the variant named as in [`Gpu::gdn_prefill_with`]; `io.workspace` must hold
+    /// [`Gpu::gdn_prefill_varlen_workspace_len_with`] floats for the same name.
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_prefill_varlen_with(
         &self,
@@ -885,7 +899,12 @@ mod tests {
         assert_eq!((l.meta % 64, l.meta_len), (0, 8));
         assert!(l.aqk + l.aqk_len <= l.meta && l.meta + l.meta_len <= l.total);
         // Short sequences: the per-sequence bound is the smaller one.
-        assert_eq!(layout_varlen("t", &qwen(), 4, 200, 10, false).unwrap().chunks, 4);
+        assert_eq!(
+            layout_varlen("t", &qwen(), 4, 200, 10, false)
+                .unwrap()
+                .chunks,
+            4
+        );
         // The host-table layout has no meta region.
         assert_eq!(layout("t", &qwen(), &[65, 3], false).unwrap().meta_len, 0);
         for (seqs, tokens, max_len, msg) in [

@@ -144,7 +144,8 @@ pub struct GdnPrefillIo<'a> {
     pub state: &'a mut GpuBuffer<f32>,
     /// `[N, Hv*128]`: the input of `out_proj`.
     pub out: &'a mut GpuBuffer<f32>,
-    /// Scratch of at least [`Gpu::gdn_prefill_workspace_len`] (or `_varlen_workspace_len`) floats.
+    /// Scratch of at least [`Gpu::gdn_prefill_workspace_len`] (or `_varlen_workspace_len`; their `_with` forms for
+    /// a named variant) floats.
     pub workspace: &'a mut GpuBuffer<f32>,
 }
 

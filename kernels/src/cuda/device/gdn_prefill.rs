@@ -348,7 +348,11 @@ impl Device {
             set_smem(&f, OUT_BF16_SMEM_BYTES, NAME)?;
             max_carveout(&f, NAME)?;
             let cfg = LaunchConfig {
-                grid_dim: (lay.max_chunks as u32, dims.value_heads as u32, lay.seqs as u32),
+                grid_dim: (
+                    lay.max_chunks as u32,
+                    dims.value_heads as u32,
+                    lay.seqs as u32,
+                ),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: OUT_BF16_SMEM_BYTES,
             };

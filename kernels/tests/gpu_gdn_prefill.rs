@@ -461,138 +461,38 @@ fn every_state_kernel_variant_matches() {
 fn ragged_batches_match_sequence_by_sequence() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("gdn_prefill batch");
-    check_batch(
-        &gpu,
-        &mut rng,
-        GROUP3,
-        &[65, 0, 1, 130, 63],
-        "auto",
-        (-1.0, 1.0),
-    );
-    check_batch(
-        &gpu,
-        &mut rng,
-        ONE_HEAD,
-        &[2, 64, 129],
-        "fp32_cs16",
-        (-1.0, 1.0),
-    );
-    check_batch(
-        &gpu,
-        &mut rng,
-        GROUP1_K3,
-        &[0, 77, 3],
-        "fp32_cs64",
-        (-1.0, 1.0),
-    );
-    // The tensor-core state kernels on ragged batches: partial last chunks (k-steps cut at the chunk's end),
-    // empty sequences, a group of 1.
-    check_batch(
-        &gpu,
-        &mut rng,
-        GROUP3,
-        &[65, 0, 1, 130, 63],
-        "tf32x3_cs32",
-        (-1.0, 1.0),
-    );
-    check_batch(
-        &gpu,
-        &mut rng,
-        ONE_HEAD,
-        &[2, 64, 129],
-        "tf32x3_cs64",
-        (-1.0, 1.0),
-    );
-    check_batch(
-        &gpu,
-        &mut rng,
-        GROUP1_K3,
-        &[0, 77, 3],
-        "tf32_cs16",
-        (-1.0, 1.0),
-    );
-    // The tensor-core WY kernel on the same ragged batches: partial chunks (zero rows past the chunk, T's identity
-    // rows there), chunks of 1 and 2 tokens, empty sequences, a group of 1; the 3xTF32 build against the
-    // fp32-class bounds (a wrong fragment index fails those by orders of magnitude), the plain build against
-    // the TF32 ones.
-    check_batch(
-        &gpu,
-        &mut rng,
-        GROUP3,
-        &[65, 0, 1, 130, 63],
-        "wytf32x3_fp32_cs32",
-        (-1.0, 1.0),
-    );
-    check_batch(
-        &gpu,
-        &mut rng,
-        ONE_HEAD,
-        &[2, 64, 129],
-        "wytf32x3_tf32x3_cs64",
-        (-1.0, 1.0),
-    );
-    check_batch(
-        &gpu,
-        &mut rng,
-        GROUP1_K3,
-        &[0, 77, 3],
-        "wytf32_tf32_cs64",
-        (-1.0, 1.0),
-    );
-    check_batch(
-        &gpu,
-        &mut rng,
-        GROUP3,
-        &[200, 1, 64, 127],
-        "wytf32_tf32_cs32",
-        (-1.0, 1.0),
-    );
-    check_batch(
-        &gpu,
-        &mut rng,
-        GROUP3,
-        &[65, 0, 1, 130, 63],
-        "fp32_cs32",
-        (-1.0, 1.0),
-    );
-    // The default (double-buffered walk) with an empty last sequence: its walk blocks must not prefetch a chunk
-    // 0 it does not have (that slot lies past the workspace regions for the last head; memcheck would see it).
-    check_batch(&gpu, &mut rng, GROUP3, &[130, 5, 0], "auto", (-1.0, 1.0));
-    // The bf16 split: its walk (prefetching the next chunk, an empty last sequence) and its output launch
-    // (partial chunks, chunks of 1 and 2 tokens, the fused norm) on ragged batches, groups of 3 and 1.
-    check_batch(
-        &gpu,
-        &mut rng,
-        GROUP3,
-        &[130, 5, 0],
-        "wytf32x3_bf16_cs64",
-        (-1.0, 1.0),
-    );
-    check_batch(
-        &gpu,
-        &mut rng,
-        GROUP3,
-        &[65, 0, 1, 130, 63],
-        "wytf32x3_bf16_cs64",
-        (-1.0, 1.0),
-    );
-    check_batch(
-        &gpu,
-        &mut rng,
-        ONE_HEAD,
-        &[2, 64, 129, 200],
-        "wytf32_bf16_cs64",
-        (-1.0, 1.0),
-    );
-    // The previous default (CUDA-core WY, plain-TF32 state walk on 64 columns) on a ragged batch.
-    check_batch(
-        &gpu,
-        &mut rng,
-        GROUP3,
-        &[65, 0, 1, 130, 63],
-        "tf32_cs64",
-        (-1.0, 1.0),
-    );
+    let cases: [(GdnDims, &[usize], &str); 16] = [
+        (GROUP3, &[65, 0, 1, 130, 63], "auto"),
+        (ONE_HEAD, &[2, 64, 129], "fp32_cs16"),
+        (GROUP1_K3, &[0, 77, 3], "fp32_cs64"),
+        // The tensor-core state kernels on ragged batches: partial last chunks (k-steps cut at the chunk's end),
+        // empty sequences, a group of 1.
+        (GROUP3, &[65, 0, 1, 130, 63], "tf32x3_cs32"),
+        (ONE_HEAD, &[2, 64, 129], "tf32x3_cs64"),
+        (GROUP1_K3, &[0, 77, 3], "tf32_cs16"),
+        // The tensor-core WY kernel on the same ragged batches: partial chunks (zero rows past the chunk, T's identity
+        // rows there), chunks of 1 and 2 tokens, empty sequences, a group of 1; the 3xTF32 build against the
+        // fp32-class bounds (a wrong fragment index fails those by orders of magnitude), the plain build against
+        // the TF32 ones.
+        (GROUP3, &[65, 0, 1, 130, 63], "wytf32x3_fp32_cs32"),
+        (ONE_HEAD, &[2, 64, 129], "wytf32x3_tf32x3_cs64"),
+        (GROUP1_K3, &[0, 77, 3], "wytf32_tf32_cs64"),
+        (GROUP3, &[200, 1, 64, 127], "wytf32_tf32_cs32"),
+        (GROUP3, &[65, 0, 1, 130, 63], "fp32_cs32"),
+        // The default (double-buffered walk) with an empty last sequence: its walk blocks must not prefetch a chunk
+        // 0 it does not have (that slot lies past the workspace regions for the last head; memcheck would see it).
+        (GROUP3, &[130, 5, 0], "auto"),
+        // The bf16 split: its walk (a ring prefetching two chunks ahead, an empty last sequence) and its output
+        // launch (partial chunks, chunks of 1 and 2 tokens, the fused norm) on ragged batches, groups of 3 and 1.
+        (GROUP3, &[130, 5, 0], "wytf32x3_bf16_cs64"),
+        (GROUP3, &[65, 0, 1, 130, 63], "wytf32x3_bf16_cs64"),
+        (ONE_HEAD, &[2, 64, 129, 200], "wytf32_bf16_cs64"),
+        // The previous default (CUDA-core WY, plain-TF32 state walk on 64 columns) on a ragged batch.
+        (GROUP3, &[65, 0, 1, 130, 63], "tf32_cs64"),
+    ];
+    for (dims, lens, variant) in cases {
+        check_batch(&gpu, &mut rng, dims, lens, variant, (-1.0, 1.0));
+    }
 }
 
 /// The warp prep (launch 1, `gdn_prefill_prep`: a warp per 128-channel segment and 8 tokens, the conv window a

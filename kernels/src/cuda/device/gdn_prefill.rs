@@ -225,23 +225,26 @@ impl Device {
                 .arg(&meta_dev);
             b.arg(&gc).arg(&wo).arg(&uo).arg(&ao);
             b.arg(&hk).arg(&hv).arg(&seqs_i).arg(&nc_i);
-            // SAFETY: matches `gdn_prefill_wy` and `gdn_prefill_wy_tc{1,3}` (same parameters); reads what launch 1 wrote (same stream) and writes gcum [N, Hv],
+            // SAFETY: matches `gdn_prefill_wy` and `gdn_prefill_wy_tc{1,3}[_b]` (same parameters; the `_b` forms
+            // write W, U, Aqk as bf16 into the first half of the same regions); reads what launch 1 wrote (same
+            // stream) and writes gcum [N, Hv],
             // W, U [Hv, NC, 64, 128] and Aqk [Hv, NC, 64, 64], each block only its own chunk's rows (chunk offsets
             // in meta sum to NC); blocks past a sequence's chunks return.
             unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
         }
-        if variant.split() {
-            // (The meta upload, if any, is freed in stream order after these launches, when the function returns.)
-            return self.gdn_prefill_split(dims, w, x, &meta_dev, lay, state, out, workspace);
-        }
-        // 3. sequential state walk + unnormalised output.
+        // 3. sequential state walk + unnormalised output (the bf16 split: launches 3' and 4' instead of 3 and 4).
         {
             let (name, cs) = (variant.kernel(), variant.cols);
-            let f = self.function(Module::GdnPrefill, name)?;
             let smem = match variant.math {
                 StateMath::Fp32 => state_smem_bytes(cs),
-                StateMath::Tf32x3 | StateMath::Tf32 | StateMath::Bf16 => state_tc_smem_bytes(cs),
+                StateMath::Tf32x3 | StateMath::Tf32 => state_tc_smem_bytes(cs),
+                // (The meta upload, if any, is freed in stream order after these launches, when this returns.)
+                StateMath::Bf16 => {
+                    return self
+                        .gdn_prefill_split(dims, w, x, &meta_dev, lay, state, out, workspace)
+                }
             };
+            let f = self.function(Module::GdnPrefill, name)?;
             set_smem(&f, smem, name)?;
             if variant.math != StateMath::Fp32 {
                 // Two blocks of 113 KiB per SM (16 and 32 columns) or one of 220 KiB (64) need the whole

@@ -51,7 +51,7 @@
 // the gated norm fused). It lost at T = 16384: walk_cs64 1835.7 us + out 963.0 us against the state walk
 // tf32_cs64 2272.2 us + norm 277.8 us; whole step wytf32_tf32split_cs64 6125.8 us against 5856.3 us for
 // wytf32_tf32_cs64 (tf32split_cs32/cs64 7149.1/7023.0, wytf32_tf32split_cs32 6264.9). On bf16 operands the same
-// division wins (session 8: 842.1 against 1107.4 us at T = 4096 for the whole step; the split's section below).
+// division wins (s9-run5: 762.6 against 1061.0 us at T = 4096 for the whole step; the split's section below).
 //
 // Precision: `fp32_cs<CS>` is fp32 on the CUDA cores throughout (no tensor cores, no bf16 rounding), so its
 // results match the fp32 CPU chunked prefill and the f64 recurrence to fp32 rounding of a different summation
@@ -76,6 +76,11 @@ constexpr int AP = C + 1;   // padded row of a [C][C] shared tile
 constexpr float L2_EPS = 1e-6f;
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
+
+// SiLU with the fast reciprocal (__fdividef: ~2 ulp; x -> -inf gives x * 0 = -0) instead of IEEE division, whose
+// subroutine and slow-path branch were most of the bf16 output launch's epilogue (s9-run1 profile: the
+// BSYNC / BRA / MOV around each division). Used only there, where the output is bf16-class anyway.
+__device__ __forceinline__ float silu_fast(float x) { return __fdividef(x, 1.f + __expf(-x)); }
 
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
@@ -605,14 +610,18 @@ __device__ __forceinline__ void mma_acc(float (&d)[4], const TfFrag<4, SPLIT>& a
 }
 
 // A fragment (16 x 8, row-major) at rows m0.., columns k0.. of a row-major tile with row stride ld:
-// a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4), g = lane >> 2, t = lane & 3.
+// a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4), g = lane >> 2, t = lane & 3. One ldmatrix.x4 instead of
+// four 4-byte loads: an 8 x 4 block of fp32 is an 8 x 8 b16 matrix, and ldmatrix hands lane l the 32-bit word at
+// row l / 4, word l % 4 of each, which is exactly a TF32 fragment register (matrix i: rows m0 + 8 (i & 1) ..,
+// columns k0 + 4 (i >> 1) ..; lane l gives row l & 7 of matrix l >> 3). Needs 16-byte aligned rows (ld and k0
+// multiples of 4); with ld = 4 mod 32 (KP = 132, QP = 68) the eight rows of a matrix hit eight bank groups. The
+// same values as the scalar loads, so the same bits (s9: the KK^T / QK^T phase of the WY issued 5.6 M LDS).
 template <bool SPLIT>
 __device__ __forceinline__ void load_a(TfFrag<4, SPLIT>& f, const float* tile, int ld, int m0, int k0, int lane) {
-    const float* p = tile + (m0 + (lane >> 2)) * ld + k0 + (lane & 3);
-    f.set(0, p[0]);
-    f.set(1, p[8 * ld]);
-    f.set(2, p[4]);
-    f.set(3, p[8 * ld + 4]);
+    uint32_t r[4];
+    ldmatrix_x4(r, tile + (m0 + 8 * ((lane >> 3) & 1) + (lane & 7)) * ld + k0 + 4 * (lane >> 4));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f.set(i, __uint_as_float(r[i]));
 }
 
 // A fragment of the transpose of a row-major tile: A[m][k] = tile[k][m].
@@ -906,7 +915,7 @@ GDN_STATE_TC_KERNEL(3, 64)
 //   6. W = T (diag(beta e^G) K) and U = T (diag(beta) V) ([64 x 64] x [64 x 128]): warp w owns m-tile (w & 3) and
 //      n-tiles 8 (w >> 2) .. +7 of both; T is lower triangular, so the k-steps stop at the m-tile's last row.
 // T = (I + A)^-1 is fp32 on the CUDA cores, blocked (session 6): the four 16 x 16 diagonal blocks by forward
-// substitution in registers (a half-warp each, while the other six warps scale K and V streams in), then the
+// substitution in registers (a half-warp each, while the other six warps scale K), then the
 // blocks below the diagonal from them, one distance from the diagonal at a time (steps 5a and 5b below);
 // gdn_prefill_wy keeps the row-at-a-time substitution over all 64 rows (63 block barriers). Per (chunk, head)
 // this moves the 4.2 MFLOP of the three products (2 * 64*64*128 * 2 for K K^T and Q K^T, the same for W and U,
@@ -915,16 +924,27 @@ GDN_STATE_TC_KERNEL(3, 64)
 // SPLIT: 3xTF32 as in the state kernel (~fp32 accuracy), else plain TF32 (~5e-4 relative per operand).
 // Bank layout: K / Q / V tiles [C][KP] (A fragments and the K^T B fragments conflict-free, the row-major B
 // fragments of step 6 2-way), A and T tiles [C][QP] (T's A fragments conflict-free).
+// Loads (session 9): K, Q, g, beta by cp.async all at once, then V (into the A / T tiles, unused until step 3's
+// epilogue) as a second group in flight during steps 2 and 3; A and K^T fragments by ldmatrix (load_a, load_bt).
+// T = 4096, s9-run1 -> s9-run3: 370.8 -> 338.1 us (3xTF32), 294.6 -> 270.2 us (plain TF32); most of it the
+// cp.async loads (s9-run2: 342.8 / 274.6 with them alone), which took the kernel's first stretch from 24% of the
+// stall samples (the plain loads went out two at a time, eight round trips) to 10%. What the profile shows next
+// (s9-run2, ncu_segments.txt): the K K^T / Q K^T stretch 33% (shared-memory and conversion bound), the stretch of
+// the diagonal blocks 24% (barrier: six warps wait for the two that substitute), the off-diagonal blocks 21%.
 __host__ __device__ constexpr int wy_tc_smem_bytes() { return (2 * C * KP + 2 * C * QP + 2 * C) * 4; }
 
 namespace {
 
 // B fragment of the transpose of a row-major tile (B[k][n] = tile[n][k]): b0 (k = t, n = g), b1 (k = t+4, n = g).
+// One ldmatrix.x2 (load_a's reading of fp32 blocks as b16 matrices: matrix i at rows n0 .., columns k0 + 4 i ..;
+// lanes 0..15 give the row addresses, the rest are ignored).
 template <bool SPLIT>
 __device__ __forceinline__ void load_bt(TfFrag<2, SPLIT>& f, const float* tile, int ld, int k0, int n0, int lane) {
-    const float* p = tile + (n0 + (lane >> 2)) * ld + k0 + (lane & 3);
-    f.set(0, p[0]);
-    f.set(1, p[4]);
+    uint32_t r0, r1;
+    const uint32_t addr = smem_u32(tile + (n0 + (lane & 7)) * ld + k0 + 4 * ((lane >> 3) & 1));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(addr));
+    f.set(0, __uint_as_float(r0));
+    f.set(1, __uint_as_float(r1));
 }
 
 }  // namespace
@@ -946,6 +966,7 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     float* Ts = As + C * QP;    // [C][QP]
     float* gc = Ts + C * QP;    // [C]
     float* bt = gc + C;         // [C]
+    float* Vt = As;             // [C][KP] over As and Ts (2 C QP >= C KP floats) until step 3's epilogue
 
     const int c = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -958,29 +979,36 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     const size_t slot = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s] + c;
     const int kh = h / (hv / hk);
 
-    // 0. The chunk's V rows (64 x 512 bytes: one 128-byte line per thread) on their way to L2 now, so that their
-    // copy to shared memory (after the K K^T products, when the Q tile is free) waits for L2, not DRAM.
-    if (tid < 4 * lc) {
-        const float* vrow = vv + ((tok0 + (tid >> 2)) * hv + h) * D + 32 * (tid & 3);
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(vrow));
-    }
-
-    // 1. K and Q rows (zero past the chunk), g, beta.
-    for (int i = tid; i < C * (D / 4); i += 256) {
-        const int r = i / (D / 4), c4 = i % (D / 4);
-        float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), qv = kv;
-        if (r < lc) {
-            const size_t off = ((tok0 + r) * hk + kh) * D;
-            kv = reinterpret_cast<const float4*>(kn + off)[c4];
-            qv = reinterpret_cast<const float4*>(qn + off)[c4];
-        }
-        *reinterpret_cast<float4*>(Ks + r * KP + 4 * c4) = kv;
-        *reinterpret_cast<float4*>(Xs + r * KP + 4 * c4) = qv;
+    // 1. K and Q rows (zero past the chunk), g, beta, all as cp.async copies in flight at once. Plain loads
+    // through registers (the build before session 9) went out two 16-byte loads at a time, each pair stored
+    // before the next was issued (the guard kept the compiler from hoisting them): eight round trips per block,
+    // 24% of this kernel's stall samples (s9-run1 profile, mostly long_sb).
+#pragma unroll
+    for (int j = 0; j < C * (D / 4) / 256; ++j) {
+        const int i = tid + 256 * j, r = i >> 5, c4 = i & 31;  // D / 4 = 32 float4 per row
+        const bool ok = r < lc;
+        const size_t off = ((tok0 + r) * hk + kh) * D + 4 * c4;
+        cp_async16(Ks + r * KP + 4 * c4, ok ? kn + off : kn, ok);
+        cp_async16(Xs + r * KP + 4 * c4, ok ? qn + off : qn, ok);
     }
     if (tid < C) {
-        gc[tid] = tid < lc ? gg[(tok0 + tid) * hv + h] : 0.f;
-        bt[tid] = tid < lc ? bb[(tok0 + tid) * hv + h] : 0.f;
+        const bool ok = tid < lc;
+        cp_async4(gc + tid, ok ? gg + (tok0 + tid) * hv + h : gg, ok);
+        cp_async4(bt + tid, ok ? bb + (tok0 + tid) * hv + h : bb, ok);
     }
+    cp_async_commit();
+    // The V rows (zero past the chunk) into Vt, a [C][KP] tile over the A and T tiles (unused until step 3's
+    // epilogue), as a second group in flight during steps 2 and 3; moved to Xs, scaled by beta, once the Q tile
+    // is free. Until s9-run2 V was copied into Xs only after step 3 (prefetched to L2 at the start) and waited for
+    // at the end of step 5a, where the profile put a quarter of the stall samples (mostly barrier).
+#pragma unroll
+    for (int j = 0; j < C * (D / 4) / 256; ++j) {
+        const int i = tid + 256 * j, r = i >> 5, q4 = i & 31;
+        const bool ok = r < lc;
+        cp_async16(Vt + r * KP + 4 * q4, ok ? vv + ((tok0 + r) * hv + h) * D + 4 * q4 : vv, ok);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // K, Q, g, beta (V may still be in flight)
     __syncthreads();
     // 2. In-chunk inclusive cumulative sum of g (64 values; warp 0, two per lane).
     if (tid < 32) {
@@ -1038,7 +1066,7 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
                 for (int e = 0; e < 2; ++e) {
                     const int col = jc + e;
                     const float dec = col <= i ? expf(gc[i] - gc[col]) : 0.f;
-                    As[i * QP + col] = col < i ? bt[i] * kk[j][2 * hf + e] * dec : 0.f;
+                    kk[j][2 * hf + e] = col < i ? bt[i] * kk[j][2 * hf + e] * dec : 0.f;  // A, stored below
                     q2[e] = qk[j][2 * hf + e] * dec;
                 }
                 if (BOUT)
@@ -1047,16 +1075,26 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
                     *reinterpret_cast<float2*>(aqk + i * C + jc) = make_float2(q2[0], q2[1]);
             }
         }
+        cp_async_wait<0>();
+        __syncthreads();  // V landed in Vt; the Q tile is free
+        // V scaled by beta into Xs (rows past the chunk: zero V, beta = 0), then Vt is free for A.
+#pragma unroll
+        for (int j = 0; j < C * (D / 4) / 256; ++j) {
+            const int i = tid + 256 * j, r = i >> 5, q4 = i & 31;
+            const float bv = bt[r];
+            float4 vval = *reinterpret_cast<const float4*>(Vt + r * KP + 4 * q4);
+            vval.x *= bv; vval.y *= bv; vval.z *= bv; vval.w *= bv;
+            *reinterpret_cast<float4*>(Xs + r * KP + 4 * q4) = vval;
+        }
+        __syncthreads();  // Vt read
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+                *reinterpret_cast<float2*>(As + (am + fg + 8 * hf) * QP + an + 8 * j + 2 * ft) =
+                    make_float2(kk[j][2 * hf], kk[j][2 * hf + 1]);
     }
-    __syncthreads();  // A complete; the K and Q tiles are free
-
-    // V rows to Xs (free since step 3's barrier; zero past the chunk) by cp.async, in flight during 4 and 5a.
-    for (int i = tid; i < C * (D / 4); i += 256) {
-        const int r = i >> 5, q4 = i & 31;  // D / 4 = 32 float4 per row
-        const bool ok = r < lc;
-        cp_async16(Xs + r * KP + 4 * q4, ok ? vv + ((tok0 + r) * hv + h) * D + 4 * q4 : vv, ok);
-    }
-    cp_async_commit();
+    __syncthreads();  // A complete; the K tile is free
 
     // 4 and 5a at once, on different warps. 5a (warps 0 and 1): the four 16 x 16 diagonal blocks of
     // T = (I + A)^-1, one per half-warp, by forward substitution in registers: lane j of the half-warp owns column
@@ -1099,8 +1137,7 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
             *kp = kv;
         }
     }
-    cp_async_wait<0>();
-    __syncthreads();  // diagonal blocks of T, scaled K, raw V
+    __syncthreads();  // diagonal blocks of T, scaled K
 
     // 5b. The blocks below the diagonal, one distance d = i - j at a time (block indices 0..3):
     // T_ij = -T_ii X with X = sum_{k=j}^{i-1} A_ik T_kj, every term known from the diagonal blocks and the
@@ -1109,14 +1146,6 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     // the diagonal block). Six barriers in all; ~250 FMAs per thread.
     {
         const int r = tid >> 4, cc = tid & 15;
-        // V scaled by beta in place first (the distance-1 barrier publishes it to step 6).
-        for (int i = tid; i < C * (D / 4); i += 256) {
-            float4* vp = reinterpret_cast<float4*>(Xs + (i >> 5) * KP) + (i & 31);
-            const float bv = bt[i >> 5];
-            float4 vval = *vp;
-            vval.x *= bv; vval.y *= bv; vval.z *= bv; vval.w *= bv;
-            *vp = vval;
-        }
         for (int d = 1; d < 4; ++d) {
             for (int i = d; i < 4; ++i) {
                 const int j = i - d;
@@ -1165,15 +1194,30 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
         float* uo = u_out + slot * C * D;
         const int r0 = am + fg, r1 = am + fg + 8;
         if (BOUT) {  // bf16 W and U for the bf16 split, in the first half of each fp32 slot's region
-            __nv_bfloat16* wb = reinterpret_cast<__nv_bfloat16*>(w_out) + slot * C * D;
-            __nv_bfloat16* ub = reinterpret_cast<__nv_bfloat16*>(u_out) + slot * C * D;
+            // Staged in shared memory (the K and V tiles, free once every warp's products are done; rows of
+            // D + 8 bf16 so that the fragment stores spread over the banks) and written 16 bytes per store:
+            // straight from the fragments each lane wrote 4 bytes, 16 per row and 32-byte sector, as the walk's D
+            // did until s9-run4 (its 8 KB per chunk staged: walk 170.8 -> 144.4 us at T = 4096).
+            constexpr int WP = D + 8;
+            __nv_bfloat16* const Ws = reinterpret_cast<__nv_bfloat16*>(Ks);  // [C][WP]
+            __nv_bfloat16* const Us = reinterpret_cast<__nv_bfloat16*>(Xs);  // [C][WP]
+            __syncthreads();  // every warp's step-6 products read Ks and Xs
 #pragma unroll
             for (int n = 0; n < 8; ++n) {
                 const int col = wn + 8 * n + 2 * ft;
-                *reinterpret_cast<uint32_t*>(wb + r0 * D + col) = pack_bf16x2(aw[n][0], aw[n][1]);
-                *reinterpret_cast<uint32_t*>(wb + r1 * D + col) = pack_bf16x2(aw[n][2], aw[n][3]);
-                *reinterpret_cast<uint32_t*>(ub + r0 * D + col) = pack_bf16x2(au[n][0], au[n][1]);
-                *reinterpret_cast<uint32_t*>(ub + r1 * D + col) = pack_bf16x2(au[n][2], au[n][3]);
+                *reinterpret_cast<uint32_t*>(Ws + r0 * WP + col) = pack_bf16x2(aw[n][0], aw[n][1]);
+                *reinterpret_cast<uint32_t*>(Ws + r1 * WP + col) = pack_bf16x2(aw[n][2], aw[n][3]);
+                *reinterpret_cast<uint32_t*>(Us + r0 * WP + col) = pack_bf16x2(au[n][0], au[n][1]);
+                *reinterpret_cast<uint32_t*>(Us + r1 * WP + col) = pack_bf16x2(au[n][2], au[n][3]);
+            }
+            __syncthreads();
+            __nv_bfloat16* wb = reinterpret_cast<__nv_bfloat16*>(w_out) + slot * C * D;
+            __nv_bfloat16* ub = reinterpret_cast<__nv_bfloat16*>(u_out) + slot * C * D;
+#pragma unroll
+            for (int j = 0; j < C * (D / 8) / 256; ++j) {
+                const int i = tid + 256 * j, r = i >> 4, q = i & 15;  // 16 chunks of 16 bytes per row
+                *reinterpret_cast<uint4*>(wb + r * D + 8 * q) = *reinterpret_cast<const uint4*>(Ws + r * WP + 8 * q);
+                *reinterpret_cast<uint4*>(ub + r * D + 8 * q) = *reinterpret_cast<const uint4*>(Us + r * WP + 8 * q);
             }
         } else {
 #pragma unroll
@@ -1232,27 +1276,34 @@ extern "C" __global__ void __launch_bounds__(256)
 //     needs. Each block owns 64 columns of one head's state, fp32 in registers (the m16n8 accumulator layout of
 //     the update: warp w owns state rows 16w .. 16w+15, all 64 columns), and per chunk
 //       a. writes the incoming state S (bf16) to shared memory and to the chunk's slot of `hs` (for 4');
-//       b. D = U - W S ([64 x 128] x [128 x 64]: warp w owns rows 16 (w & 3) .., columns 32 (w >> 2) ..), stores D
-//          (bf16, unscaled) to the slot for 4', and e^{G_L-G_t} D_t (bf16) to shared memory;
-//       c. S <- e^{G_L} S + K^T (e^{G_L-G} D) ([128 x 64] x [64 x 64], the k-steps stop at the chunk's end).
+//       b. D = U - W S ([64 x 128] x [128 x 64]: warp w owns rows 16 (w & 3) .., columns 32 (w >> 2) ..), keeps D
+//          (bf16, unscaled) in shared memory for the slot (for 4'), and e^{G_L-G_t} D_t (bf16) for c;
+//       c. S <- e^{G_L} S + K^T (e^{G_L-G} D) ([128 x 64] x [64 x 64], the k-steps stop at the chunk's end), then
+//          D to the slot, 16 bytes per store.
 //     The operands stream into a ring of three shared buffers by cp.async, chunk c + 2's issued when chunk c
-//     starts, so two chunks' loads are in flight behind the products: two barriers per chunk. (Session 8, T = 4096:
-//     fp32 operands converted through registers 219.4 us; bf16 operands, next chunk by cp.async 174.2 us; the ring
-//     168.7 us, s8-run5; fla's walk 106.0 us.)
+//     starts, so two chunks' loads are in flight behind the products: two barriers per chunk. (T = 4096: fp32
+//     operands converted through registers 219.4 us; bf16 operands, next chunk by cp.async 174.2 us; the ring
+//     168.7 us, s8-run5; D staged for 16-byte stores 144.4 us, s9-run4; fla's walk 106.0 us. Measured and not
+//     kept, s9-run3: the state's copy to the slot moved after phase b's products and the next chunk's fetch after
+//     phase c's, so that their instructions fill the mma latency: 170.8 against 168.9 us.)
 // 4'. gdn_prefill_out_bf16: grid (max_chunks, Hv, seqs), 256 threads, parallel over chunks: per (chunk, head)
 //     o = e^G (Q S_c) + Aqk D ([64 x 128] x [128 x 128] and the causal [64 x 64] x [64 x 128]; warp w owns rows
 //     16 (w & 3) .., columns 64 (w >> 2) ..), then the gated RMSNorm of launch 4 fused (the row's sum of squares
-//     over the two column halves through shared memory), written to `out` once. 164.9 us at T = 4096 (s8-run5):
-//     two blocks per SM (78 KiB of shared memory each); three, with unpadded swizzled tiles, were tried and not
-//     run to the end (benchmarks/h200-runs/s8-run6/NOTE.md).
+//     over the two column halves through shared memory), written to `out` once. Three blocks per SM (unpadded,
+//     swizzled tiles; s8-run6's patch with its bug fixed): 164.9 (two blocks, s8-run5) -> 153.0 us (s9-run1) at
+//     T = 4096; norm_w through shared memory and the SiLU's fast reciprocal: 149.5 us (s9-run2).
 // `hs` (the workspace region after Aqk, only in the layout of this build): per (head, chunk) slot of 24,576 bf16,
 // the chunk's incoming state [128][128] then D [64][128]. Every operand these two launches read is bf16 in global
 // memory (half the bytes; copied straight to shared memory by cp.async): launch 1 also writes bf16 copies of the
 // normalised q and k (`qb`, `kb`: the workspace region after hs), and launch 2 is `gdn_prefill_wy_tc<1|3>_b`,
 // which writes W, U and Aqk in bf16 (the first half of each fp32 slot of those regions).
 // Precision: up to 2.9e-2 scaled error on the normalised output and 2.6e-3 on the final state against the f64
-// recurrence in the H200's tests (s8-run2..5; kernels/bench/gdn_operand_precision.py models this rounding:
-// 1.8e-2 / 1.5e-3), fla's class, not the default's.
+// recurrence in the H200's tests (s8-run2..5, s9-run3..5; kernels/bench/gdn_operand_precision.py models this
+// rounding: 1.8e-2 / 1.5e-3), fla's class, not the default's. Measured and not kept (s9-run2): v in bf16 from
+// launch 1 for the `_b` WY (the U product's operand rounded once more): ~13 us at T = 4096, but the tests' worst
+// output error rose to 3.9e-2 (the model: 1.64e-2 -> 1.93e-2 on the output, 1.29e-3 -> 1.86e-3 on the state over
+// 60 draws), too close to the 5e-2 bound for 2%. The model also says which WY products could be bf16: K K^T and
+// W / U (1.2e-2 / 1.3e-2), not Q K^T (3.8e-2 with either q or k rounded, 5.6e-2 with both).
 namespace {
 
 constexpr int BP = D + 8;  // padded row (bf16) of a [*][128] tile: 272 bytes, so 8 ldmatrix rows hit 8 bank groups
@@ -1275,15 +1326,31 @@ __device__ __forceinline__ void ldsm_b2(uint32_t (&b)[4], const bf16* tile, int 
     ldmatrix_x4_trans(b, tile + (k0 + (lane & 15)) * ld + n0 + ((lane >> 4) << 3));
 }
 
+// Unpadded tiles with the 16-byte chunks of row r XOR-swizzled by r & 7 (chunk q of row r at q ^ (r & 7)), so
+// that eight ldmatrix rows at one logical chunk still hit eight bank groups: the address of element (r, col),
+// col a multiple of 8, in a tile with ld elements per row (ld a multiple of 64).
+__device__ __forceinline__ const bf16* swz(const bf16* tile, int ld, int r, int col) {
+    return tile + r * ld + ((((col >> 3) ^ r) & 7) | ((col >> 3) & ~7)) * 8;
+}
+__device__ __forceinline__ void ldsm_a_swz(uint32_t (&a)[4], const bf16* tile, int ld, int m0, int k0, int lane) {
+    ldmatrix_x4(a, swz(tile, ld, m0 + (lane & 15), k0 + ((lane >> 4) << 3)));
+}
+__device__ __forceinline__ void ldsm_b2_swz(uint32_t (&b)[4], const bf16* tile, int ld, int k0, int n0, int lane) {
+    ldmatrix_x4_trans(b, swz(tile, ld, k0 + (lane & 15), n0 + ((lane >> 4) << 3)));
+}
+
 // One k-step of 16 over 2 NP n-tiles: acc[j] += a (a 16 x 16 A fragment) times columns n0 + 8 j .. of rows
-// k0 .. k0 + 15 of the row-major [k][n] bf16 tile.
-template <int NP>
+// k0 .. k0 + 15 of the row-major [k][n] bf16 tile (SWZ: an unpadded tile swizzled as `swz` places it).
+template <int NP, bool SWZ = false>
 __device__ __forceinline__ void mma_kstep(float (&acc)[2 * NP][4], const uint32_t (&a)[4], const bf16* tile, int ld,
                                           int k0, int n0, int lane) {
 #pragma unroll
     for (int np = 0; np < NP; ++np) {
         uint32_t b[4];
-        ldsm_b2(b, tile, ld, k0, n0 + 16 * np, lane);
+        if (SWZ)
+            ldsm_b2_swz(b, tile, ld, k0, n0 + 16 * np, lane);
+        else
+            ldsm_b2(b, tile, ld, k0, n0 + 16 * np, lane);
         mma_bf16_16816(acc[2 * np], a, b[0], b[1]);
         mma_bf16_16816(acc[2 * np + 1], a, b[2], b[3]);
     }
@@ -1295,10 +1362,12 @@ __device__ __forceinline__ void mma_kstep(float (&acc)[2 * NP][4], const uint32_
 constexpr int WALK_NBUF = 3;
 constexpr int WALK_BUF = 2 * C * BP + C * HP;  // bf16 per buffer: W [C][BP], K [C][BP], this block's U [C][HP]
 
-// Shared memory of gdn_prefill_walk_bf16 (dynamic): the ring of chunk buffers, the state [D][HP] and the decayed
-// D [C][HP] bf16, then G [WALK_NBUF][C] fp32.
+// Shared memory of gdn_prefill_walk_bf16 (dynamic): the ring of chunk buffers, the state [D][HP], the decayed D
+// [C][HP] and D itself [C][HP] (staged so that its slot is written 16 bytes per store: written straight from the
+// fragments, 4 bytes per lane, its stores used 24 of each 32-byte sector, s9-run1's Nsight Compute) in bf16, then G
+// [WALK_NBUF][C] fp32.
 __host__ __device__ constexpr int walk_bf16_smem_bytes() {
-    return (WALK_NBUF * WALK_BUF + D * HP + C * HP) * 2 + WALK_NBUF * C * 4;
+    return (WALK_NBUF * WALK_BUF + D * HP + 2 * C * HP) * 2 + WALK_NBUF * C * 4;
 }
 
 // Inputs (all written by launches 1 and 2 of this build): kb the bf16 copy of kn (`gdn_prefill_prep`'s qb / kb),
@@ -1313,7 +1382,8 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     bf16* const ring = reinterpret_cast<bf16*>(smem_walk);     // buffer i at i * WALK_BUF: W, K, U
     bf16* const Sb = ring + WALK_NBUF * WALK_BUF;              // [D][HP]
     bf16* const Db = Sb + D * HP;                              // [C][HP]
-    float* const Gs = reinterpret_cast<float*>(Db + C * HP);   // [WALK_NBUF][C]
+    bf16* const Du = Db + C * HP;                              // [C][HP]: D unscaled, for the slot
+    float* const Gs = reinterpret_cast<float*>(Du + C * HP);   // [WALK_NBUF][C]
 
     const int c0 = blockIdx.x * 64, h = blockIdx.y, s = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -1418,8 +1488,8 @@ extern "C" __global__ void __launch_bounds__(256, 1)
             const float2 uhi = bf16x2_to_float2(*reinterpret_cast<const uint32_t*>(Ub + r1 * HP + col));
             const float d0 = ulo.x - acc[j][0], d1 = ulo.y - acc[j][1];
             const float d2 = uhi.x - acc[j][2], d3 = uhi.y - acc[j][3];
-            *reinterpret_cast<uint32_t*>(dg + r0 * D + c0 + col) = pack_bf16x2(d0, d1);
-            *reinterpret_cast<uint32_t*>(dg + r1 * D + c0 + col) = pack_bf16x2(d2, d3);
+            *reinterpret_cast<uint32_t*>(Du + r0 * HP + col) = pack_bf16x2(d0, d1);
+            *reinterpret_cast<uint32_t*>(Du + r1 * HP + col) = pack_bf16x2(d2, d3);
             *reinterpret_cast<uint32_t*>(Db + r0 * HP + col) = pack_bf16x2(d0 * f0, d1 * f0);
             *reinterpret_cast<uint32_t*>(Db + r1 * HP + col) = pack_bf16x2(d2 * f1, d3 * f1);
         }
@@ -1436,6 +1506,12 @@ extern "C" __global__ void __launch_bounds__(256, 1)
             ldsm_at(a, Kb, BP, dm, t0, lane);
             mma_kstep<NT / 2>(st, a, Db, HP, t0, 0, lane);
         }
+        // D to the slot, 16 bytes per store from Du (rewritten only after the next chunk's first barrier).
+#pragma unroll
+        for (int j = 0; j < C * 64 / 8 / 256; ++j) {
+            const int i = tid + 256 * j, r = i >> 3, q = i & 7;
+            *reinterpret_cast<uint4*>(dg + r * D + c0 + 8 * q) = *reinterpret_cast<const uint4*>(Du + r * HP + 8 * q);
+        }
     }
     cp_async_wait<0>();  // (only empty groups can remain; nothing left in flight at exit)
 
@@ -1446,25 +1522,31 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     }
 }
 
-// Shared memory of gdn_prefill_out_bf16 (dynamic): Q [C][BP], the chunk's state [D][BP] and D [C][BP], Aqk [C][HP]
-// (bf16), then G [C] and the row sums of squares [2][C] (fp32).
-__host__ __device__ constexpr int out_bf16_smem_bytes() { return (C * BP + D * BP + C * BP + C * HP) * 2 + 3 * C * 4; }
+// Shared memory of gdn_prefill_out_bf16 (dynamic): Q [C][D], the chunk's state [D][D] and D [C][D], Aqk [C][C]
+// (bf16, unpadded and swizzled by `swz`), then G [C], the row sums of squares [2][C] and norm_w [D] (fp32): 75,008
+// bytes, so three blocks fit an SM (with the 1 KiB per block the driver reserves: 228,096 of 233,472 bytes), and
+// __launch_bounds__(256, 3) caps the registers at 80 (40 bytes of spill). Padded tiles (79,616 bytes, two blocks
+// per SM): 164.9 us at T = 4096 (s8-run5); unpadded and swizzled, three blocks: 153.0 us (s9-run1).
+__host__ __device__ constexpr int out_bf16_smem_bytes() {
+    return (C * D + D * D + C * D + C * C) * 2 + (3 * C + D) * 4;
+}
 
 // Inputs: qb the bf16 copy of qn (`gdn_prefill_prep`), aqk_in the bf16 Aqk of `gdn_prefill_wy_tc<1|3>_b`, hs
 // the walk's slots, gcum; z, norm_w and norm_eps as in gdn_prefill_gated_norm.
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, 3)
     gdn_prefill_out_bf16(const bf16* __restrict__ qb, const float* __restrict__ gcum,
                          const bf16* __restrict__ aqk_in, const bf16* __restrict__ hs,
                          const int* __restrict__ meta, const float* __restrict__ z,
                          const float* __restrict__ norm_w, float norm_eps, float* __restrict__ out, int hk, int hv,
                          int seqs, int n_chunks) {
     extern __shared__ float4 smem_out[];
-    bf16* const Qb = reinterpret_cast<bf16*>(smem_out);  // [C][BP]
-    bf16* const Hb = Qb + C * BP;                         // [D][BP]
-    bf16* const Vb = Hb + D * BP;                         // [C][BP]
-    bf16* const Ab = Vb + C * BP;                         // [C][HP]
-    float* const G = reinterpret_cast<float*>(Ab + C * HP);  // [C]
+    bf16* const Qb = reinterpret_cast<bf16*>(smem_out);  // [C][D], swizzled (swz)
+    bf16* const Hb = Qb + C * D;                          // [D][D], swizzled
+    bf16* const Vb = Hb + D * D;                          // [C][D], swizzled
+    bf16* const Ab = Vb + C * D;                          // [C][C], swizzled
+    float* const G = reinterpret_cast<float*>(Ab + C * C);  // [C]
     float* const red = G + C;                                // [2][C]
+    float* const Wn = red + 2 * C;                           // [D]: norm_w
 
     const int c = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
     const int start = meta[s];
@@ -1478,25 +1560,26 @@ extern "C" __global__ void __launch_bounds__(256)
     const size_t slot = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s] + c;
     const bf16* hg = hs + slot * HS_SLOT;
 
-    // Every operand by cp.async: the state and D (rows D.. land in Vb = Hb + D * BP), Q (rows past the chunk
+    // Every operand by cp.async: the state and D (rows D.. land in Vb = Hb + D * D), Q (rows past the chunk
     // zero-filled), Aqk, G.
     for (int i = tid; i < (D + C) * (D / 8); i += 256) {
         const int r = i >> 4, q = i & 15;  // 16 x 16 bytes per row of 128
-        cp_async16(Hb + r * BP + 8 * q, hg + r * D + 8 * q, true);
+        cp_async16(const_cast<bf16*>(swz(Hb, D, r, 8 * q)), hg + r * D + 8 * q, true);
     }
 #pragma unroll
     for (int j = 0; j < C * D / 8 / 256; ++j) {
         const int i = tid + 256 * j, r = i >> 4, q = i & 15;
         const bool ok = r < lc;
-        cp_async16(Qb + r * BP + 8 * q, ok ? qb + ((tok0 + r) * hk + kh) * D + 8 * q : qb, ok);
+        cp_async16(const_cast<bf16*>(swz(Qb, D, r, 8 * q)), ok ? qb + ((tok0 + r) * hk + kh) * D + 8 * q : qb, ok);
     }
     const bf16* ag = aqk_in + slot * C * C;
 #pragma unroll
     for (int j = 0; j < C * C / 8 / 256; ++j) {
         const int i = tid + 256 * j, r = i >> 3, q = i & 7;  // 8 x 16 bytes per row of 64
-        cp_async16(Ab + r * HP + 8 * q, ag + r * C + 8 * q, true);
+        cp_async16(const_cast<bf16*>(swz(Ab, C, r, 8 * q)), ag + r * C + 8 * q, true);
     }
     if (tid < C) cp_async4(G + tid, tid < lc ? gcum + (tok0 + tid) * hv + h : gcum, tid < lc);
+    if (tid < D / 4) cp_async16(Wn + 4 * tid, norm_w + 4 * tid, true);
     cp_async_commit();
     // The gate z of this thread's output elements (rows r0, r1; the accumulator columns), loaded now so that
     // their latency hides behind the copies and the products (the norm needs them last).
@@ -1521,8 +1604,8 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll 2
     for (int k0 = 0; k0 < D; k0 += 16) {
         uint32_t a[4];
-        ldsm_a(a, Qb, BP, am, k0, lane);
-        mma_kstep<4>(o, a, Hb, BP, k0, an, lane);
+        ldsm_a_swz(a, Qb, D, am, k0, lane);
+        mma_kstep<4, true>(o, a, Hb, D, k0, an, lane);
     }
     const float e0 = expf(G[r0]), e1 = expf(G[r1]);
 #pragma unroll
@@ -1535,8 +1618,8 @@ extern "C" __global__ void __launch_bounds__(256)
     // Aqk is zero above the diagonal: the k-steps stop at this warp's last row.
     for (int k0 = 0; k0 < am + 16; k0 += 16) {
         uint32_t a[4];
-        ldsm_a(a, Ab, HP, am, k0, lane);
-        mma_kstep<4>(o, a, Vb, BP, k0, an, lane);
+        ldsm_a_swz(a, Ab, C, am, k0, lane);
+        mma_kstep<4, true>(o, a, Vb, D, k0, an, lane);
     }
     // The gated RMSNorm of launch 4: a row's 128 columns lie in the quads of two warps (column halves).
     float ss0 = 0.f, ss1 = 0.f;
@@ -1559,13 +1642,13 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         const int col = an + 8 * j + 2 * ft;
-        const float2 wv = *reinterpret_cast<const float2*>(norm_w + col);
+        const float2 wv = *reinterpret_cast<const float2*>(Wn + col);
         if (r0 < lc)
             *reinterpret_cast<float2*>(out + (tok0 + r0) * vw + h * D + col) =
-                make_float2(o[j][0] * n0 * wv.x * silu_f(z0[j].x), o[j][1] * n0 * wv.y * silu_f(z0[j].y));
+                make_float2(o[j][0] * n0 * wv.x * silu_fast(z0[j].x), o[j][1] * n0 * wv.y * silu_fast(z0[j].y));
         if (r1 < lc)
             *reinterpret_cast<float2*>(out + (tok0 + r1) * vw + h * D + col) =
-                make_float2(o[j][2] * n1 * wv.x * silu_f(z1[j].x), o[j][3] * n1 * wv.y * silu_f(z1[j].y));
+                make_float2(o[j][2] * n1 * wv.x * silu_fast(z1[j].x), o[j][3] * n1 * wv.y * silu_fast(z1[j].y));
     }
 }
 
@@ -1576,5 +1659,5 @@ static_assert(state_tc_smem_bytes(16) == 103424 && state_tc_smem_bytes(32) == 11
                   state_tc_smem_bytes(64) == 225280,
               "keep gdn_prefill.rs state_tc_smem_bytes equal");
 static_assert(state_smem_bytes(16) == 96768 && state_smem_bytes(32) == 109056 && state_smem_bytes(64) == 133632, "keep gdn_prefill.rs state_smem_bytes equal");
-static_assert(walk_bf16_smem_bytes() == 160512 && out_bf16_smem_bytes() == 79616,
+static_assert(walk_bf16_smem_bytes() == 169728 && out_bf16_smem_bytes() == 75008,
               "keep gdn_prefill.rs WALK_BF16_SMEM_BYTES / OUT_BF16_SMEM_BYTES equal");

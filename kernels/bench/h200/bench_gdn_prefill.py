@@ -86,8 +86,8 @@ WY_TC_SMEM = 102912  # cuda/gdn_prefill.cu wy_tc_smem_bytes()
 VARIANTS = "--variants" in sys.argv
 DEFAULT = "wytf32x3_tf32_cs64"  # Gpu::GDN_PREFILL_DEFAULT (session 4; wytf32_tf32_cs64 before)
 SPLIT = "wytf32x3_bf16_cs64"  # the bf16 split (session 8): walk_bf16 + out_bf16 (norm fused) after the 3xTF32 WY
-WALK_BF16_SMEM = 160512  # cuda/gdn_prefill.cu walk_bf16_smem_bytes()
-OUT_BF16_SMEM = 79616  # cuda/gdn_prefill.cu out_bf16_smem_bytes()
+WALK_BF16_SMEM = 169728  # cuda/gdn_prefill.cu walk_bf16_smem_bytes()
+OUT_BF16_SMEM = 75008  # cuda/gdn_prefill.cu out_bf16_smem_bytes()
 HS_SLOT = D * D + C * D  # bf16 per (head, chunk) of the split's hs region
 PREP_TT = 8  # cuda/gdn_prefill.cu PREP_TT (tokens per warp of gdn_prefill_prep)
 ROUNDS = 5 if b.QUICK else 7  # arms alternate; the s2-run2 spreads were <= 2% at 11 rounds

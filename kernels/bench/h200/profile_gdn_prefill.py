@@ -5,8 +5,9 @@ filter below --launch-skip 2 --launch-count 2 profiles the second (warm) WY and 
     ncu --clock-control none --set full --import-source no -k regex:'gdn_prefill_(wy|state)' \\
         --launch-skip 2 --launch-count 2 python3 kernels/bench/h200/profile_gdn_prefill.py CARRY_DIR
 
-CARRY_DIR holds gdn_prefill.sm_90.cubin. Correctness is the tests' and bench_gdn_prefill.py's business; this only
-launches.
+CARRY_DIR holds gdn_prefill.sm_90.cubin. Env GDN_PROFILE_VARIANT picks another variant than the default, e.g.
+`wytf32_bf16_cs64` (the bf16 split: prep, WY, walk, output; filter -k regex:'gdn_prefill_(wy|walk|out)'). Correctness
+is the tests' and bench_gdn_prefill.py's business; this only launches.
 """
 import os
 import sys
@@ -28,7 +29,7 @@ a, bb = rnd(n, g.HV, amp=2.0), rnd(n, g.HV, amp=3.0)
 conv_in, conv_out = rnd(1, g.CD, g.KC - 1), torch.empty(1, g.CD, g.KC - 1, device=b.dev)
 state = rnd(1, g.HV, g.D, g.D, amp=0.05)
 out = torch.empty(n, g.HV * g.D, device=b.dev)
-ref = g.Ours(lens, g.DEFAULT)
+ref = g.Ours(lens, os.environ.get("GDN_PROFILE_VARIANT", g.DEFAULT))
 for _ in range(3):
     ref(qkv, z, a, bb, conv_w, a_log, dt_bias, norm_w, conv_in, conv_out, state, out)
 torch.cuda.synchronize()

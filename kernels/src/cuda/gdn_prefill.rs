@@ -469,8 +469,8 @@ impl Gpu {
     ///
     /// `"wytf32x3_bf16_cs64"` / `"wytf32_bf16_cs64"` run the bf16 split (session 8): the walk carries only the
     /// state and the output is computed parallel over chunks with the gated norm fused, every operand of both in
-    /// bf16. H200 (s8-run5): 842.1 / 759.8 us at T = 4096 and 1759.8 / 1575.0 us at B = 4, N = 9216 against the
-    /// default's 1107.4 / 2230.4 us (0.49x-0.58x fla's bare chunk kernel against 0.38x / 0.41x), at fla's
+    /// bf16. H200 (s9-run5): 762.6 / 675.2 us at T = 4096 and 1628.6 / 1425.2 us at B = 4, N = 9216 against the
+    /// default's 1061.0 / 2258.8 us (0.54x-0.65x fla's bare chunk kernel against 0.39x / 0.41x), at fla's
     /// precision class: up to ~3e-2 scaled error on the normalised output and ~3e-3 on the state against the f64
     /// recurrence (the default: ~2e-3 / ~2e-4). Its workspace is larger: size it with
     /// [`Gpu::gdn_prefill_workspace_len_with`].

@@ -36,8 +36,8 @@ fn state_tc_smem_bytes(cs: u32) -> u32 {
 
 /// Dynamic shared memory of `gdn_prefill_walk_bf16` and `gdn_prefill_out_bf16` (`walk_bf16_smem_bytes()` /
 /// `out_bf16_smem_bytes()` in cuda/gdn_prefill.cu, kept equal by a static_assert there).
-const WALK_BF16_SMEM_BYTES: u32 = 160_512;
-const OUT_BF16_SMEM_BYTES: u32 = 79_616;
+const WALK_BF16_SMEM_BYTES: u32 = 169_728;
+const OUT_BF16_SMEM_BYTES: u32 = 75_008;
 
 /// `floats` floats of the workspace from float `at`, as the kernels' bf16 (u16 here: the same bits; cudarc has no
 /// bf16 device type without its half feature): `2 * floats` elements. An empty region gives an empty view.

@@ -928,9 +928,10 @@ GDN_STATE_TC_KERNEL(3, 64)
 // epilogue) as a second group in flight during steps 2 and 3; A and K^T fragments by ldmatrix (load_a, load_bt).
 // T = 4096, s9-run1 -> s9-run3: 370.8 -> 338.1 us (3xTF32), 294.6 -> 270.2 us (plain TF32); most of it the
 // cp.async loads (s9-run2: 342.8 / 274.6 with them alone), which took the kernel's first stretch from 24% of the
-// stall samples (the plain loads went out two at a time, eight round trips) to 10%. What the profile shows next
-// (s9-run2, ncu_segments.txt): the K K^T / Q K^T stretch 33% (shared-memory and conversion bound), the stretch of
-// the diagonal blocks 24% (barrier: six warps wait for the two that substitute), the off-diagonal blocks 21%.
+// stall samples (the plain loads went out two at a time, eight round trips) to 10%. What the profile of this
+// build shows next (s9-run6, `_b` form): step 3 41% of the samples (its instructions mostly the TF32 rounding
+// adds and the fragment loads) and the barrier after it 23% (warps 0..7 hold 2, 0, 4, 0, 4, 2, 4, 4 of the 20
+// n-tiles at or below the diagonal, so most wait for the busiest), the loads 11%, the inverse and W / U 19%.
 __host__ __device__ constexpr int wy_tc_smem_bytes() { return (2 * C * KP + 2 * C * QP + 2 * C) * 4; }
 
 namespace {
@@ -1000,7 +1001,9 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     // The V rows (zero past the chunk) into Vt, a [C][KP] tile over the A and T tiles (unused until step 3's
     // epilogue), as a second group in flight during steps 2 and 3; moved to Xs, scaled by beta, once the Q tile
     // is free. Until s9-run2 V was copied into Xs only after step 3 (prefetched to L2 at the start) and waited for
-    // at the end of step 5a, where the profile put a quarter of the stall samples (mostly barrier).
+    // at the end of step 5a, where the profile put a quarter of the stall samples (mostly barrier). Moved here
+    // (with the ldmatrix fragments, s9-run3: 342.8 -> 338.1 us) that barrier time mostly moved to the barrier
+    // after step 3 (s9-run6: 23%), so it was the warps' uneven share of step 3 more than V's latency.
 #pragma unroll
     for (int j = 0; j < C * (D / 4) / 256; ++j) {
         const int i = tid + 256 * j, r = i >> 5, q4 = i & 31;

@@ -3,7 +3,7 @@ simulated on the CPU: the chunk algebra of that file in fp32 with each product's
 them, against the token-by-token recurrence in f64. It answers a design question before any kernel exists: may the
 WY products or the state walk run on bf16 operands (what fla does) and stay inside the GPU tests' bounds?
 
-Usage: python3 kernels/bench/gdn_operand_precision.py [draws]   (numpy; ~5 s for 8 draws)
+Usage: python3 kernels/bench/gdn_operand_precision.py [draws]   (numpy; ~20 s for 8 draws, ~50 s for 20)
 
 Rounding per group of products (the WY's; the walk's state path W S and Kd^T D; the output's Q S and Aqk D), as
 named in the table: `fp32` (3xTF32 builds: ~2^-22, modelled exact), `tf32` (round to
@@ -17,7 +17,10 @@ The last rows model the bf16 split as built in session 8 (`chunked_split`: every
 launch read is stored in bf16) behind a 3xTF32, plain-TF32 or bf16 WY. Session 8, 40 draws: 1.78e-2 / 1.46e-3
 (3xTF32 WY), 1.65e-2 / 1.46e-3 (TF32), 6.79e-2 / 1.84e-3 (bf16 WY: over the split's 5e-2 output bound, so a bf16
 WY needs bounds of its own); the H200's tests saw up to 2.9e-2 / 2.6e-3 for the 3xTF32 one over 108 checks of
-more heads and ragged batches.
+more heads and ragged batches. Session 9's rows (20 draws): behind the plain-TF32 WY 1.72e-2 / 1.15e-3; K K^T in
+bf16 1.72e-2 / 1.14e-3 and W, U in bf16 1.70e-2 / 1.66e-3 (so a bf16 K K^T and W / U stay in the class), but Q K^T
+with q or k in bf16 4.9e-2 / 4.1e-2 and both 7.4e-2 on the output, and v stored in bf16 3.26e-2 / 2.24e-3 (the
+H200's tests saw 3.9e-2 with it, s9-run2; reverted).
 """
 import sys
 
@@ -94,15 +97,21 @@ def chunked(q, k, v, g, beta, s0, wy, walk, outp):
     return out, s
 
 
-def chunked_split(q, k, v, g, beta, s0, wy):
+def chunked_split(q, k, v, g, beta, s0, wy, kkt=None, qkt=None, wu=None, qk_q=None, qk_k=None, v_in="fp32"):
     """The bf16 split as built (session 8: `wy<wy>_bf16_cs64`, gdn_prefill_walk_bf16 / gdn_prefill_out_bf16): the
     WY products' operands rounded to `wy`, then every stored operand in bf16 - W, U, Aqk (the `_b` WY), q and k (the
     prep's copies), each chunk's incoming state and D (the walk's hs slots) - and the update's D scaled by
-    e^{G_L-G_t} before its rounding; the state itself and every accumulation fp32."""
+    e^{G_L-G_t} before its rounding; the state itself and every accumulation fp32. Session 9's questions, one
+    product or input at a time: `kkt`, `qkt`, `wu` round that WY product's operands otherwise (default `wy`);
+    `qk_q` / `qk_k` round only q or only k of Q K^T; `v_in="bf16"` stores v in bf16 before the WY (as the prep
+    would write it)."""
     f = np.float32
     b = lambda x: rnd(x, "bf16")  # noqa: E731
+    kkt, qkt, wu = kkt or wy, qkt or wy, wu or wy
     q, k, v, g, beta = (np.asarray(x, f) for x in (q, k, v, g, beta))
     qb, kb = b(q), b(k)
+    if v_in == "bf16":
+        v = b(v)
     s = np.asarray(s0, f).copy()
     out = np.empty((len(g), D), f)
     for c0 in range(0, len(g), C):
@@ -111,11 +120,14 @@ def chunked_split(q, k, v, g, beta, s0, wy):
         gc = np.cumsum(g[sl].astype(f)).astype(f)
         n = len(gc)
         dec = np.tril(np.exp(np.minimum(gc[:, None] - gc[None, :], 0))).astype(f)
-        a = np.tril(bc[:, None] * mm(kc, kc.T, wy) * dec, -1).astype(f)
+        a = np.tril(bc[:, None] * mm(kc, kc.T, kkt) * dec, -1).astype(f)
         t = np.linalg.inv(np.eye(n, dtype=np.float64) + a).astype(f)
-        wmat = b(mm(t, (bc * np.exp(gc))[:, None] * kc, wy))
-        umat = b(mm(t, bc[:, None] * vc, wy))
-        aqk = b(mm(q[sl], kc.T, wy) * dec)
+        wmat = b(mm(t, (bc * np.exp(gc))[:, None] * kc, wu))
+        umat = b(mm(t, bc[:, None] * vc, wu))
+        if qk_q or qk_k:
+            aqk = b((rnd(q[sl], qk_q or qkt) @ rnd(kc, qk_k or qkt).T) * dec)
+        else:
+            aqk = b(mm(q[sl], kc.T, qkt) * dec)
         sb = b(s)
         dmat = umat - wmat @ sb
         out[sl] = np.exp(gc)[:, None] * (qb[sl] @ sb) + aqk @ b(dmat)
@@ -137,8 +149,13 @@ def main():
     modes = [("fp32", "fp32", "fp32"), ("tf32", "tf32", "tf32"), ("fp32", "tf32", "tf32"),
              ("fp32", "tf32", "bf16"), ("fp32", "bf16", "bf16"), ("bf16", "tf32", "tf32"), ("bf16", "bf16", "bf16")]
     split_wy = ["fp32", "tf32", "bf16"]  # the bf16 split behind a 3xTF32, a plain-TF32 or a (future) bf16 WY
+    # Session 9: the split behind a plain-TF32 WY with one product or input rounded to bf16 (name, options).
+    split_one = [("K K^T bf16", dict(kkt="bf16")), ("W, U bf16", dict(wu="bf16")),
+                 ("K K^T, W, U bf16", dict(kkt="bf16", wu="bf16")), ("Q K^T: q bf16", dict(qk_q="bf16")),
+                 ("Q K^T: k bf16", dict(qk_k="bf16")), ("Q K^T bf16", dict(qkt="bf16")),
+                 ("v stored bf16", dict(v_in="bf16"))]
     rng = np.random.default_rng(6)
-    worst = {m: [0.0, 0.0] for m in modes + [("split", w) for w in split_wy]}
+    worst = {m: [0.0, 0.0] for m in modes + [("split", w) for w in split_wy] + [("one", n) for n, _ in split_one]}
     for t in (63, 130, 1024):
         for _ in range(draws):
             q, k, v, g, beta, s0, z, w = draw(rng, t)
@@ -151,6 +168,11 @@ def main():
                     o, s = chunked(q, k, v, g, beta, s0, *m)
                 eo, es = scaled(gated_norm(o, z, w), ref), scaled(s, ref_s)
                 worst[m] = [max(worst[m][0], eo), max(worst[m][1], es)]
+            for name, opts in split_one:
+                o, s = chunked_split(q, k, v, g, beta, s0, "tf32", **opts)
+                eo, es = scaled(gated_norm(o, z, w), ref), scaled(s, ref_s)
+                m = ("one", name)
+                worst[m] = [max(worst[m][0], eo), max(worst[m][1], es)]
     print(f"{draws} draws each of T = 63, 130, 1024 (one head); worst scaled error against the f64 recurrence")
     print(f"{'WY':6s} {'W S, Kd^T D':12s} {'Q S, Aqk D':12s} {'output':>10s} {'state':>10s}")
     for m in modes:
@@ -159,6 +181,10 @@ def main():
     for w_ in split_wy:
         m = ("split", w_)
         print(f"{w_:6s} {'bf16 split':12s} {'bf16 split':12s} {worst[m][0]:10.2e} {worst[m][1]:10.2e}")
+    print("the bf16 split behind a plain-TF32 WY with one product or input in bf16 (session 9):")
+    for name, _ in split_one:
+        m = ("one", name)
+        print(f"{name:32s} {worst[m][0]:10.2e} {worst[m][1]:10.2e}")
 
 
 if __name__ == "__main__":

@@ -328,6 +328,26 @@ fn poisoned() -> KernelError {
     KernelError::Cuda("a previous kernel call panicked while holding the module cache".into())
 }
 
+/// For the launch-constant tests of the `device/*.rs` files: the integer after `<key><sep>` in a kernel or bench
+/// source (`sep` " == " for a static_assert's literal, " = " for a Python constant). Each launch file restates
+/// sizes its kernel file pins with static_asserts, and the H200 benches restate them again; nothing at build time
+/// ties those copies together, and a size changed in one place only is a launch asking for the wrong shared
+/// memory. The tests run on CI, where no GPU runs the kernels.
+#[cfg(test)]
+fn source_literal(text: &str, key: &str, sep: &str) -> u64 {
+    let pat = format!("{key}{sep}");
+    let at = text
+        .find(&pat)
+        .unwrap_or_else(|| panic!("`{pat}` not found"));
+    let digits: String = text[at + pat.len()..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no integer after `{pat}`"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::{PdlArgs, PDL_MAX_ARGS};

@@ -375,35 +375,18 @@ impl Device {
 
 #[cfg(test)]
 mod tests {
-    //! The launch constants above restate what `cuda/gdn_prefill.cu` asserts about itself (its static_asserts pin
-    //! each size to a literal) and `bench/h200/bench_gdn_prefill.py` restates them again for its own launches.
-    //! Nothing at build time ties the three together; a size changed in one place only gives a launch that asks
-    //! for the wrong shared memory (an error, or a kernel writing past its allocation). Session 9 changed three of
-    //! them; this keeps the copies equal on CI, where no GPU runs the kernels.
+    //! The constants above against `cuda/gdn_prefill.cu`'s static_assert literals and the bench's copies
+    //! (`super::super::source_literal` says why). Session 9 changed three of these sizes in three places by hand.
+    use super::super::source_literal;
     use super::*;
 
     const CU: &str = include_str!("../../../cuda/gdn_prefill.cu");
     const BENCH: &str = include_str!("../../../bench/h200/bench_gdn_prefill.py");
 
-    /// The integer after `<key> == ` in the kernel file's static_asserts, or after `<key> = ` in the bench.
-    fn literal(text: &str, key: &str, sep: &str) -> u64 {
-        let pat = format!("{key}{sep}");
-        let at = text
-            .find(&pat)
-            .unwrap_or_else(|| panic!("`{pat}` not found"));
-        let digits: String = text[at + pat.len()..]
-            .chars()
-            .take_while(|c| c.is_ascii_digit())
-            .collect();
-        digits
-            .parse()
-            .unwrap_or_else(|_| panic!("no integer after `{pat}`"))
-    }
-
     #[test]
     fn launch_constants_match_the_kernel_file_and_the_bench() {
-        let cu = |key: &str| literal(CU, key, " == ");
-        let py = |key: &str| literal(BENCH, key, " = ");
+        let cu = |key: &str| source_literal(CU, key, " == ");
+        let py = |key: &str| source_literal(BENCH, key, " = ");
         assert_eq!(cu("static_assert(PREP_TT") as usize, PREP_TOKENS);
         assert_eq!(py("\nPREP_TT") as usize, PREP_TOKENS);
         assert_eq!(cu("static_assert(WY_SMEM_BYTES") as u32, WY_SMEM_BYTES);

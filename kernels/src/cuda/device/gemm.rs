@@ -124,3 +124,24 @@ const NVFP4_GEMM_SMEM_BYTES: u32 = 118_784;
 
 /// Dynamic shared memory of `fp8_block_gemm_128x128` (cuda/gemm.cu `GM_SMEM_BYTES`).
 const GEMM_SMEM_BYTES: u32 = 133_120;
+
+#[cfg(test)]
+mod tests {
+    //! The constants above against `cuda/gemm.cu`'s static_assert literals and the bench's copies
+    //! (`super::super::source_literal` says why).
+    use super::super::source_literal;
+    use super::*;
+
+    const CU: &str = include_str!("../../../cuda/gemm.cu");
+    const BENCH: &str = include_str!("../../../bench/h200/bench.py");
+
+    #[test]
+    fn launch_constants_match_the_kernel_file_and_the_bench() {
+        let cu = |key: &str| source_literal(CU, key, " == ") as u32;
+        let py = |key: &str| source_literal(BENCH, key, " = ") as u32;
+        assert_eq!(cu("static_assert(GM_SMEM_BYTES"), GEMM_SMEM_BYTES);
+        assert_eq!(py("\nGEMM_SMEM"), GEMM_SMEM_BYTES);
+        assert_eq!(cu("static_assert(NG_SMEM_BYTES"), NVFP4_GEMM_SMEM_BYTES);
+        assert_eq!(py("\nNVFP4_GEMM_SMEM"), NVFP4_GEMM_SMEM_BYTES);
+    }
+}

@@ -296,3 +296,35 @@ impl Device {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The constants above against `cuda/gemm_sm90a.cu`'s static_assert literals and the bench's copies
+    //! (`super::super::source_literal` says why).
+    use super::super::source_literal;
+    use super::*;
+
+    const CU: &str = include_str!("../../../cuda/gemm_sm90a.cu");
+    const BENCH: &str = include_str!("../../../bench/h200/bench_gemm_sm90a.py");
+
+    #[test]
+    fn launch_constants_match_the_kernel_file_and_the_bench() {
+        let cu = |key: &str| source_literal(CU, key, " == ") as u32;
+        let sizes = [
+            ("F8V1_SMEM_BYTES", FP8_V1_SMEM_BYTES),
+            ("F8V2_SMEM_BYTES", FP8_V2_SMEM_BYTES),
+            ("N4_SMEM_BYTES", NVFP4_V1_SMEM_BYTES),
+            ("N4V2_SMEM_BYTES", NVFP4_V2_SMEM_BYTES),
+            ("N4V3_SMEM_BYTES", NVFP4_V3_SMEM_BYTES),
+        ];
+        for (name, bytes) in sizes {
+            assert_eq!(cu(&format!("static_assert({name}")), bytes, "{name}");
+        }
+        // The bench unpacks the five in one line, in this order.
+        let line = format!(
+            "F8V1_SMEM, F8V2_SMEM, N4_SMEM, N4V2_SMEM, N4V3_SMEM = {}",
+            sizes.map(|(_, b)| b.to_string()).join(", ")
+        );
+        assert!(BENCH.contains(&line), "bench_gemm_sm90a.py lacks `{line}`");
+    }
+}

@@ -941,11 +941,10 @@ namespace {
 // lanes 0..15 give the row addresses, the rest are ignored).
 template <bool SPLIT>
 __device__ __forceinline__ void load_bt(TfFrag<2, SPLIT>& f, const float* tile, int ld, int k0, int n0, int lane) {
-    uint32_t r0, r1;
-    const uint32_t addr = smem_u32(tile + (n0 + (lane & 7)) * ld + k0 + 4 * ((lane >> 3) & 1));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(addr));
-    f.set(0, __uint_as_float(r0));
-    f.set(1, __uint_as_float(r1));
+    uint32_t r[2];
+    ldmatrix_x2(r, tile + (n0 + (lane & 7)) * ld + k0 + 4 * ((lane >> 3) & 1));
+    f.set(0, __uint_as_float(r[0]));
+    f.set(1, __uint_as_float(r[1]));
 }
 
 }  // namespace

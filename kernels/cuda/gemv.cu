@@ -345,14 +345,6 @@ EDGEFIT_NVFP4_VARIANT(2, 4)
 // kept in f16), times the e4m3 group scale in f16 (exact products down to 2^-24: a weight smaller than that relative
 // to the global scale rounds), 2^14 and the global scale applied in the epilogue.
 
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ uint32_t hmul2_u32(uint32_t a, uint32_t b) {
     __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
     return *reinterpret_cast<uint32_t*>(&r);
@@ -615,7 +607,7 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
         for (int j = 0; j < 8; ++j) {
             const uint32_t a[4] = {ax[2 * j], bxw[2 * j], ax[2 * j + 1], bxw[2 * j + 1]};
 #pragma unroll
-            for (int t = 0; t < NT; ++t) mma_16816(part[t], a, bx[t][2 * j], bx[t][2 * j + 1]);
+            for (int t = 0; t < NT; ++t) mma_f16_16816(part[t], a, bx[t][2 * j], bx[t][2 * j + 1]);
         }
         float s = 1.f;
         if (FP8) {

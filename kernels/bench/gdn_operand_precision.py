@@ -36,6 +36,8 @@ def rnd(x, mode):
     u = x.view(np.uint32).astype(np.uint64)
     if mode == "tf32":
         u = (u + 0x1000) & 0xFFFFE000
+    elif mode == "tf32t":  # the operand as fp32 bits, no rounding add: the tensor core drops the low 13 bits
+        u = u & 0xFFFFE000
     elif mode == "bf16":
         u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
     else:
@@ -153,7 +155,10 @@ def main():
     split_one = [("K K^T bf16", dict(kkt="bf16")), ("W, U bf16", dict(wu="bf16")),
                  ("K K^T, W, U bf16", dict(kkt="bf16", wu="bf16")), ("Q K^T: q bf16", dict(qk_q="bf16")),
                  ("Q K^T: k bf16", dict(qk_k="bf16")), ("Q K^T bf16", dict(qkt="bf16")),
-                 ("v stored bf16", dict(v_in="bf16"))]
+                 ("v stored bf16", dict(v_in="bf16")),
+                 # Session 10: the WY's TF32 operands passed unrounded (truncated by the tensor core).
+                 ("K K^T TF32 truncated", dict(kkt="tf32t")), ("W, U TF32 truncated", dict(wu="tf32t")),
+                 ("Q K^T TF32 truncated", dict(qkt="tf32t")), ("all three truncated", dict(kkt="tf32t", wu="tf32t", qkt="tf32t"))]
     rng = np.random.default_rng(6)
     worst = {m: [0.0, 0.0] for m in modes + [("split", w) for w in split_wy] + [("one", n) for n, _ in split_one]}
     for t in (63, 130, 1024):

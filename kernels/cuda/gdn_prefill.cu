@@ -576,8 +576,11 @@ constexpr int QP = C + 4;  // padded row of the Aqk tile of the tensor-core stat
 __device__ __forceinline__ uint32_t tf32_round(float x) { return __float_as_uint(x) + 0x1000u; }
 
 // One operand fragment: hi (TF32) and, when split, lo = TF32(x - hi). The split needs hi exact (its low 13 bits
-// cleared), so that x - hi is exact in fp32.
-template <int N, bool SPLIT>
+// cleared), so that x - hi is exact in fp32. RAW (plain TF32 only): x's fp32 bits as they are, so the tensor core
+// truncates them to TF32 (no rounding add per fragment register; for the bf16 split's WY, session 10:
+// kernels/bench/gdn_operand_precision.py puts all three WY products truncated at 1.76e-2 / 1.45e-3 on the
+// output / state against 1.72e-2 / 1.15e-3 rounded, both inside the split's class).
+template <int N, bool SPLIT, bool RAW = false>
 struct TfFrag {
     uint32_t hi[N];
     uint32_t lo[N];
@@ -585,6 +588,8 @@ struct TfFrag {
         if (SPLIT) {
             hi[i] = tf32_round(x) & 0xffffe000u;
             lo[i] = tf32_round(x - __uint_as_float(hi[i]));
+        } else if (RAW) {
+            hi[i] = __float_as_uint(x);
         } else {
             hi[i] = tf32_round(x);
         }
@@ -600,8 +605,9 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
 }
 
 // d += a b (m16n8k8), with the small cross terms first when split.
-template <bool SPLIT>
-__device__ __forceinline__ void mma_acc(float (&d)[4], const TfFrag<4, SPLIT>& a, const TfFrag<2, SPLIT>& b) {
+template <bool SPLIT, bool RAW>
+__device__ __forceinline__ void mma_acc(float (&d)[4], const TfFrag<4, SPLIT, RAW>& a,
+                                        const TfFrag<2, SPLIT, RAW>& b) {
     if (SPLIT) {
         mma_tf32(d, a.lo, b.hi);
         mma_tf32(d, a.hi, b.lo);
@@ -616,8 +622,9 @@ __device__ __forceinline__ void mma_acc(float (&d)[4], const TfFrag<4, SPLIT>& a
 // columns k0 + 4 (i >> 1) ..; lane l gives row l & 7 of matrix l >> 3). Needs 16-byte aligned rows (ld and k0
 // multiples of 4); with ld = 4 mod 32 (KP = 132, QP = 68) the eight rows of a matrix hit eight bank groups. The
 // same values as the scalar loads, so the same bits (s9: the KK^T / QK^T phase of the WY issued 5.6 M LDS).
-template <bool SPLIT>
-__device__ __forceinline__ void load_a(TfFrag<4, SPLIT>& f, const float* tile, int ld, int m0, int k0, int lane) {
+template <bool SPLIT, bool RAW>
+__device__ __forceinline__ void load_a(TfFrag<4, SPLIT, RAW>& f, const float* tile, int ld, int m0, int k0,
+                                       int lane) {
     uint32_t r[4];
     ldmatrix_x4(r, tile + (m0 + 8 * ((lane >> 3) & 1) + (lane & 7)) * ld + k0 + 4 * (lane >> 4));
 #pragma unroll
@@ -625,8 +632,9 @@ __device__ __forceinline__ void load_a(TfFrag<4, SPLIT>& f, const float* tile, i
 }
 
 // A fragment of the transpose of a row-major tile: A[m][k] = tile[k][m].
-template <bool SPLIT>
-__device__ __forceinline__ void load_at(TfFrag<4, SPLIT>& f, const float* tile, int ld, int m0, int k0, int lane) {
+template <bool SPLIT, bool RAW>
+__device__ __forceinline__ void load_at(TfFrag<4, SPLIT, RAW>& f, const float* tile, int ld, int m0, int k0,
+                                        int lane) {
     const float* p = tile + (k0 + (lane & 3)) * ld + m0 + (lane >> 2);
     f.set(0, p[0]);
     f.set(1, p[8]);
@@ -635,8 +643,9 @@ __device__ __forceinline__ void load_at(TfFrag<4, SPLIT>& f, const float* tile, 
 }
 
 // B fragment (8 x 8, B[k][n] = tile[k][n] of a row-major tile): b0 (k = t, n = g), b1 (k = t+4, n = g).
-template <bool SPLIT>
-__device__ __forceinline__ void load_b(TfFrag<2, SPLIT>& f, const float* tile, int ld, int k0, int n0, int lane) {
+template <bool SPLIT, bool RAW>
+__device__ __forceinline__ void load_b(TfFrag<2, SPLIT, RAW>& f, const float* tile, int ld, int k0, int n0,
+                                       int lane) {
     const float* p = tile + (k0 + (lane & 3)) * ld + n0 + (lane >> 2);
     f.set(0, p[0]);
     f.set(1, p[4 * ld]);
@@ -939,8 +948,9 @@ namespace {
 // B fragment of the transpose of a row-major tile (B[k][n] = tile[n][k]): b0 (k = t, n = g), b1 (k = t+4, n = g).
 // One ldmatrix.x2 (load_a's reading of fp32 blocks as b16 matrices: matrix i at rows n0 .., columns k0 + 4 i ..;
 // lanes 0..15 give the row addresses, the rest are ignored).
-template <bool SPLIT>
-__device__ __forceinline__ void load_bt(TfFrag<2, SPLIT>& f, const float* tile, int ld, int k0, int n0, int lane) {
+template <bool SPLIT, bool RAW>
+__device__ __forceinline__ void load_bt(TfFrag<2, SPLIT, RAW>& f, const float* tile, int ld, int k0, int n0,
+                                        int lane) {
     uint32_t r[2];
     ldmatrix_x2(r, tile + (n0 + (lane & 7)) * ld + k0 + 4 * ((lane >> 3) & 1));
     f.set(0, __uint_as_float(r[0]));
@@ -958,6 +968,9 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
                                                        float* __restrict__ gcum, float* __restrict__ w_out,
                                                        float* __restrict__ u_out, float* __restrict__ aqk_out, int hk,
                                                        int hv, int seqs, int n_chunks) {
+    // The bf16 split's plain-TF32 WY passes its operands unrounded (TfFrag's RAW): no rounding add per fragment
+    // register in steps 3 and 6.
+    constexpr bool RAW = BOUT && !SPLIT;
     extern __shared__ float4 smem_wyt[];
     float* sm = reinterpret_cast<float*>(smem_wyt);
     float* Ks = sm;             // [C][KP]: K, then diag(beta e^G) K
@@ -1029,40 +1042,45 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     if (tid < lc) gcum[(tok0 + tid) * hv + h] = gc[tid];
 
     // 3. A[i][j] = beta_i e^{G_i-G_j} k_i.k_j (j < i) and Aqk[i][j] = e^{G_i-G_j} q_i.k_j (j <= i), on tensor
-    // cores: this warp's rows am .. am+15, columns an .. an+31 (n-tiles above the diagonal are not multiplied).
-    const int am = (warp & 3) * 16;
+    // cores, over the 20 n-tiles at or below the diagonal blocks (m-tile t reaches n-tile 2t + 1). Each warp takes
+    // one m-tile and at most 3 of its n-tiles (a grid of 4 m-tiles x 2 column halves gave the warps 2, 0, 4, 0, 4,
+    // 2, 4, 4: s9-run6 put 23% of the stall samples at the barrier after this step). kShare byte w: m-tile (bits
+    // 0-1), first n-tile (2-4), n-tiles (5-6) of warp w: 3/0/3, 3/3/3, 2/0/3, 2/3/3, 3/6/2, 1/0/2, 1/2/2, 0/0/2.
+    const int am = (warp & 3) * 16;  // step 6's rows
     {
-        const int an = (warp >> 2) * 32;
-        float kk[4][4], qk[4][4];
+        constexpr unsigned long long kShare = 0x4049415B6E626F63ull;
+        const unsigned code = static_cast<unsigned>(kShare >> (8 * warp)) & 0xffu;
+        const int sm = 16 * static_cast<int>(code & 3u), sn = 8 * static_cast<int>((code >> 2) & 7u);
+        const int nn = static_cast<int>(code >> 5);
+        float kk[3][4], qk[3][4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < 3; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) kk[j][e] = qk[j][e] = 0.f;
-        if (an <= am + 15) {  // warp-uniform: some n-tile of this warp reaches the diagonal
 #pragma unroll 2
-            for (int k0 = 0; k0 < D; k0 += 8) {
-                TfFrag<4, SPLIT> fk, fq;
-                load_a(fk, Ks, KP, am, k0, lane);
-                load_a(fq, Xs, KP, am, k0, lane);
+        for (int k0 = 0; k0 < D; k0 += 8) {
+            TfFrag<4, SPLIT, RAW> fk, fq;
+            load_a(fk, Ks, KP, sm, k0, lane);
+            load_a(fq, Xs, KP, sm, k0, lane);
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    if (an + 8 * j <= am + 15) {  // warp-uniform
-                        TfFrag<2, SPLIT> fb;
-                        load_bt(fb, Ks, KP, k0, an + 8 * j, lane);
-                        mma_acc<SPLIT>(kk[j], fk, fb);
-                        mma_acc<SPLIT>(qk[j], fq, fb);
-                    }
+            for (int j = 0; j < 3; ++j) {
+                if (j < nn) {  // warp-uniform
+                    TfFrag<2, SPLIT, RAW> fb;
+                    load_bt(fb, Ks, KP, k0, sn + 8 * j, lane);
+                    mma_acc<SPLIT>(kk[j], fk, fb);
+                    mma_acc<SPLIT>(qk[j], fq, fb);
                 }
             }
         }
         float* aqk = aqk_out + slot * C * C;
         __nv_bfloat16* aqk_b = reinterpret_cast<__nv_bfloat16*>(aqk_out) + slot * C * C;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < 3; ++j) {
+            if (j >= nn) continue;
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
-                const int i = am + fg + 8 * hf;
-                const int jc = an + 8 * j + 2 * ft;
+                const int i = sm + fg + 8 * hf;
+                const int jc = sn + 8 * j + 2 * ft;
                 float q2[2];
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
@@ -1077,6 +1095,19 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
                     *reinterpret_cast<float2*>(aqk + i * C + jc) = make_float2(q2[0], q2[1]);
             }
         }
+        // Aqk past each row's diagonal block: zeros, 16 bytes per store (no consumer reads them; written so
+        // that the slot holds no stale values, as before).
+        for (int u = tid; u < C * (C / 8); u += 256) {
+            const int r = u >> 3, ch = u & 7;
+            if (8 * ch >= 16 * ((r >> 4) + 1)) {
+                if (BOUT) {
+                    *reinterpret_cast<uint4*>(aqk_b + r * C + 8 * ch) = make_uint4(0u, 0u, 0u, 0u);
+                } else {
+                    *reinterpret_cast<float4*>(aqk + r * C + 8 * ch) = make_float4(0.f, 0.f, 0.f, 0.f);
+                    *reinterpret_cast<float4*>(aqk + r * C + 8 * ch + 4) = make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+            }
+        }
         cp_async_wait<0>();
         __syncthreads();  // V landed in Vt; the Q tile is free
         // V scaled by beta into Xs (rows past the chunk: zero V, beta = 0), then Vt is free for A.
@@ -1089,12 +1120,14 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
             *reinterpret_cast<float4*>(Xs + r * KP + 4 * q4) = vval;
         }
         __syncthreads();  // Vt read
+        // A (the blocks the inverse reads: at or below the diagonal blocks; above them As is never read).
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < 3; ++j)
+            if (j < nn)
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-                *reinterpret_cast<float2*>(As + (am + fg + 8 * hf) * QP + an + 8 * j + 2 * ft) =
-                    make_float2(kk[j][2 * hf], kk[j][2 * hf + 1]);
+                for (int hf = 0; hf < 2; ++hf)
+                    *reinterpret_cast<float2*>(As + (sm + fg + 8 * hf) * QP + sn + 8 * j + 2 * ft) =
+                        make_float2(kk[j][2 * hf], kk[j][2 * hf + 1]);
     }
     __syncthreads();  // A complete; the K tile is free
 
@@ -1181,11 +1214,11 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
 #pragma unroll
             for (int e = 0; e < 4; ++e) aw[n][e] = au[n][e] = 0.f;
         for (int k0 = 0; k0 < am + 16; k0 += 8) {
-            TfFrag<4, SPLIT> fa;
+            TfFrag<4, SPLIT, RAW> fa;
             load_a(fa, Ts, QP, am, k0, lane);
 #pragma unroll
             for (int n = 0; n < 8; ++n) {
-                TfFrag<2, SPLIT> fb;
+                TfFrag<2, SPLIT, RAW> fb;
                 load_b(fb, Ks, KP, k0, wn + 8 * n, lane);
                 mma_acc<SPLIT>(aw[n], fa, fb);
                 load_b(fb, Xs, KP, k0, wn + 8 * n, lane);

@@ -1,7 +1,9 @@
 """The chunked gated DeltaNet prefill (kernels/cuda/gdn_prefill.cu, `Gpu::gdn_prefill`) on the H200 against fla.
 
 Usage (repository root): python3 kernels/bench/h200/bench_gdn_prefill.py CARRY_DIR [--quick]
-(env GDN_PREFILL_CASES="4096" or "4096,1000,3000,1120;4096" runs only those sequence-length cases)
+(env GDN_PREFILL_CASES="4096" or "4096,1000,3000,1120;4096" runs only those sequence-length cases;
+GDN_PREFILL_LEAN=1 times only the default, the two bf16 splits and the stage arms their rows need;
+GDN_PREFILL_ALT="tag=dir;.." adds other builds of gdn_prefill.cu, see `alt_builds`)
 CARRY_DIR holds the crate's gdn_prefill.sm_90.cubin (loaded as the crate loads it on an sm_90 device; the PTX is
 the fallback). Writes $OUT/bench_gdn_prefill.json and prints a short table last.
 
@@ -86,6 +88,8 @@ WY_TC_SMEM = 102912  # cuda/gdn_prefill.cu wy_tc_smem_bytes()
 VARIANTS = "--variants" in sys.argv
 DEFAULT = "wytf32x3_tf32_cs64"  # Gpu::GDN_PREFILL_DEFAULT (session 4; wytf32_tf32_cs64 before)
 SPLIT = "wytf32x3_bf16_cs64"  # the bf16 split (session 8): walk_bf16 + out_bf16 (norm fused) after the 3xTF32 WY
+ALT_SPLIT = "wytf32_bf16_cs64"  # the split GDN_PREFILL_ALT's builds are timed as (the fastest, session 9)
+LEAN = os.environ.get("GDN_PREFILL_LEAN") == "1"  # only the default, the two splits and what their rows need
 WALK_BF16_SMEM = 169728  # cuda/gdn_prefill.cu walk_bf16_smem_bytes()
 OUT_BF16_SMEM = 75008  # cuda/gdn_prefill.cu out_bf16_smem_bytes()
 HS_SLOT = D * D + C * D  # bf16 per (head, chunk) of the split's hs region
@@ -120,17 +124,27 @@ def state_kernel(variant):
     return f"gdn_prefill_state_{tag}_cs{cs}", ((2 * C * 132 + C * 68) * bufs + D * (cs + 8) + C * (cs + 8)) * 4
 
 
-_mod = None
+_mods = {}
 
 
-def kern(name):
-    global _mod
-    if _mod is None:
-        cubin = os.path.join(b.PTX, "gdn_prefill.sm_90.cubin")
-        path = cubin if os.path.exists(cubin) else os.path.join(b.PTX, "gdn_prefill.ptx")
+def kern(name, build=None):
+    """Kernel `name` of the crate's gdn_prefill module in CARRY_DIR, or of another build's in directory `build`
+    (GDN_PREFILL_ALT)."""
+    d = build or b.PTX
+    if d not in _mods:
+        cubin = os.path.join(d, "gdn_prefill.sm_90.cubin")
+        path = cubin if os.path.exists(cubin) else os.path.join(d, "gdn_prefill.ptx")
         b.log(f"loading {path}")
-        _mod = cp.RawModule(path=path)
-    return _mod.get_function(name)
+        _mods[d] = cp.RawModule(path=path)
+    return _mods[d].get_function(name)
+
+
+def alt_builds():
+    """GDN_PREFILL_ALT="tag=dir;tag2=dir2": other builds of cuda/gdn_prefill.cu (a directory holding its
+    gdn_prefill.sm_90.cubin or .ptx, e.g. made by kernels/bench/h200/build_alt.sh), each timed as the split ALT_SPLIT
+    in the same rounds as this build's arms (interleaved), whole step and stage by stage."""
+    spec = os.environ.get("GDN_PREFILL_ALT", "")
+    return [tuple(x.split("=", 1)) for x in spec.split(";") if x]
 
 
 def layout(lens):
@@ -154,8 +168,9 @@ class Ours:
     """The launches of `Gpu::gdn_prefill_with(variant, ..)`; `share`: another instance whose workspace and meta
     table this one uses (the variants differ only in launch 3, so they can share one 3 GiB workspace)."""
 
-    def __init__(self, lens, variant, share=None):
+    def __init__(self, lens, variant, share=None, build=None):
         self.lens = lens
+        kern = lambda name: globals()["kern"](name, build)  # noqa: E731
         wy, variant = split_variant(variant)
         self.cs = int(variant.split("_cs")[1])
         self.off, total, self.nc = layout(lens)
@@ -355,6 +370,10 @@ def case(lens, chunk):
              + (["fp32_cs16", "fp32_cs64"] if VARIANTS else []))
     state_only = ["fp32_cs32"] + [f"{m}_cs{c}" for m in ("tf32x3", "tf32") for c in (16, 32, 64)]
     wy_only = ["tf32x3", "tf32"]  # stage arms of the tensor-core WY builds (launch 2 alone)
+    if LEAN:
+        whole = ["fp32_cs32", DEFAULT, SPLIT, ALT_SPLIT]
+        state_only = ["fp32_cs32", "tf32_cs64"]
+        wy_only = []
     ref = Ours(lens, "fp32_cs32")
     impls = {v: (ref if v == "fp32_cs32" else Ours(lens, v, share=ref)) for v in dict.fromkeys(whole + state_only)}
 
@@ -384,6 +403,22 @@ def case(lens, chunk):
             bad.add(v)
     if DEFAULT in bad:  # every comparison row is against it
         raise RuntimeError(f"{shape}: {DEFAULT} (the default) failed its check against fp32_cs32")
+    # Other builds (GDN_PREFILL_ALT), checked like the variants (the split's 5e-2 bound).
+    alts = {}
+    for tag, d in alt_builds():
+        impl = Ours(lens, ALT_SPLIT, share=ref, build=d)
+        st1 = st[0].clone()
+        out1 = torch.full_like(out, float("nan"))
+        impl(qkv[0], z[0], a[0], bb[0], conv_w, a_log, dt_bias, norm_w, conv[0], conv_out, st1, out1)
+        torch.cuda.synchronize()
+        eo, es = rel(out1, ours_out), rel(st1, ours_state)
+        b.log(f"  {shape}: alt {tag} ({ALT_SPLIT}, {d}) vs fp32_cs32: output rel err {eo:.2e}, final state rel err "
+              f"{es:.2e}")
+        check[f"alt_{tag}_out_rel_err"], check[f"alt_{tag}_state_rel_err"] = eo, es
+        if eo < 5e-2 and es < 5e-2:
+            alts[tag] = impl
+        else:
+            b.log(f"  WARNING: alt {tag} disagrees with fp32_cs32 beyond 5e-2; not timed")
     # The conv history ours leaves: the last K-1 inputs of each sequence (written by every variant's prep above).
     r0, conv_ok = 0, True
     for s, l in enumerate(lens):
@@ -438,6 +473,19 @@ def case(lens, chunk):
         arms["stage_walk_bf16"] = lambda i: impls[SPLIT].walk(st[i])
         arms["stage_out_bf16"] = lambda i: impls[SPLIT].out(out, z[i], norm_w)
     arms["stage_meta"] = lambda i: ref.meta_kernel(cu_dev, meta_dev)
+    # This build's ALT_SPLIT stage by stage (its prep writes the bf16 q / k copies; its WY is the `_b` form) and
+    # each other build's, in the same rounds.
+    stage_sets = [("this", impls[ALT_SPLIT])] if ALT_SPLIT not in bad else []
+    stage_sets += list(alts.items())
+    for tag, impl in stage_sets:
+        if tag != "this":
+            arms[f"alt_{tag}"] = (lambda impl: lambda i: impl(qkv[i], z[i], a[i], bb[i], conv_w, a_log, dt_bias,
+                                                              norm_w, conv[i], conv_out, st[i], out))(impl)
+        arms[f"split_{tag}_prep"] = (lambda impl: lambda i: impl.prep(qkv[i], a[i], bb[i], conv_w, a_log, dt_bias,
+                                                                      conv[i], conv_out))(impl)
+        arms[f"split_{tag}_wy"] = (lambda impl: lambda i: impl.wy())(impl)
+        arms[f"split_{tag}_walk"] = (lambda impl: lambda i: impl.walk(st[i]))(impl)
+        arms[f"split_{tag}_out"] = (lambda impl: lambda i: impl.out(out, z[i], norm_w))(impl)
     try:
         res = b.time_arms(arms, sets, reps, rounds=ROUNDS)
         torch.cuda.synchronize()
@@ -481,6 +529,14 @@ def case(lens, chunk):
                 continue
             b.row("gdn_prefill_stage", f"{shape} {st_name}", res[f"stage_{st_name}"], f"stage {base}",
                   res[f"stage_{base}"], note="launch 3' / 4' of the bf16 split against the default's walk / norm")
+    if stage_sets and stage_sets[0][0] == "this":
+        for tag, _ in stage_sets:
+            if tag != "this":
+                b.row("gdn_prefill_alt", f"{shape} alt_{tag}", res[f"alt_{tag}"], f"{ALT_SPLIT} (this build)",
+                      res[ALT_SPLIT], flops=fl)
+            for stg in ("prep", "wy", "walk", "out"):
+                b.row("gdn_prefill_alt", f"{shape} {tag} {stg}", res[f"split_{tag}_{stg}"], f"this build's {stg}",
+                      res[f"split_this_{stg}"], note=f"{ALT_SPLIT}'s launch alone")
     best = min(whole, key=lambda v: res[v][0])
 
     # Pass 2: the fla arms (one cu_seqlens tensor for both, so both are graph-capturable).

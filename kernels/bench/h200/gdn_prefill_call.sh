@@ -7,6 +7,8 @@
 # Here first: kernels/bench/h200/run_session.sh prepare gpu_gdn_prefill (and the fla wheels in .whl, see
 # benchmarks/h200.md, Reproduce); on the device (carry: ["target-carry", ".whl"]):
 #   bash kernels/bench/h200/gdn_prefill_call.sh
+# Other builds timed in the same rounds (session 10): kernels/bench/h200/build_alt.sh TAG .. here, then on the device
+#   GDN_PREFILL_ALT="TAG=target-carry/alt/TAG;.." [GDN_PREFILL_LEAN=1] bash kernels/bench/h200/gdn_prefill_call.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/edgefit-h200}
@@ -17,7 +19,7 @@ timeout 200 compute-sanitizer --tool memcheck --error-exitcode 99 /tmp/edgefit-c
     > "$OUT/memcheck_full.txt" 2>&1
 echo "memcheck full rc=$?" >> "$OUT/rs.txt"
 tail -3 "$OUT/memcheck_full.txt" >> "$OUT/rs.txt"
-grep -E "T=4096 (wy_|walk|out_|prep )|B=4 N=9216 (wy_|walk|out_|prep )|^gdn_prefill +(T=4096|B=4).*fla chunk" \
+grep -E "T=4096 (wy_|walk|out_|prep )|B=4 N=9216 (wy_|walk|out_|prep )|^gdn_prefill +(T=4096|B=4).*fla chunk|^gdn_prefill_alt" \
     "$OUT/bench_gdn_prefill.txt" | cut -c1-120
 grep -E "status|rc=|ERROR|RACECHECK|memcheck full" "$OUT/rs.txt" | tail -12
 # worst scaled output errors of the split (three largest) and of the default

@@ -38,6 +38,8 @@ def rnd(x, mode):
         u = (u + 0x1000) & 0xFFFFE000
     elif mode == "tf32t":  # the operand as fp32 bits, no rounding add: the tensor core drops the low 13 bits
         u = u & 0xFFFFE000
+    elif mode == "f16":  # round to nearest even in IEEE half (subnormals below 2^-14, +-inf past 65504)
+        return x.astype(np.float16).astype(np.float32)
     elif mode == "bf16":
         u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
     else:
@@ -158,7 +160,11 @@ def main():
                  ("v stored bf16", dict(v_in="bf16")),
                  # Session 10: the WY's TF32 operands passed unrounded (truncated by the tensor core).
                  ("K K^T TF32 truncated", dict(kkt="tf32t")), ("W, U TF32 truncated", dict(wu="tf32t")),
-                 ("Q K^T TF32 truncated", dict(qkt="tf32t")), ("all three truncated", dict(kkt="tf32t", wu="tf32t", qkt="tf32t"))]
+                 ("Q K^T TF32 truncated", dict(qkt="tf32t")), ("all three truncated", dict(kkt="tf32t", wu="tf32t", qkt="tf32t")),
+                 # Session 10: K K^T and Q K^T on f16 operands (q and k stored in f16 by the prep), W, U on bf16.
+                 ("Q K^T, K K^T f16", dict(kkt="f16", qkt="f16")),
+                 ("Q K^T, K K^T f16; W, U bf16", dict(kkt="f16", qkt="f16", wu="bf16")),
+                 ("Q K^T, K K^T, W, U f16", dict(kkt="f16", qkt="f16", wu="f16"))]
     rng = np.random.default_rng(6)
     worst = {m: [0.0, 0.0] for m in modes + [("split", w) for w in split_wy] + [("one", n) for n, _ in split_one]}
     for t in (63, 130, 1024):

@@ -159,7 +159,10 @@ extern "C" __global__ void __launch_bounds__(256)
 // Grid (ceil(max_len / TT), ceil((2Hk+Hv) / 4), seqs), 128 threads (warp w: segment 4 blockIdx.y + w).
 constexpr int PREP_TT = 8;
 
-template <int KC>
+// HALF (`gdn_prefill_prep_h`, the f16 split's launch 1, session 10): qn, kn and v written as IEEE half in the first
+// half of their fp32 regions (q, k l2-normed, so |x| <= 1; v saturated at +-65504, the only values f16 cannot hold),
+// the operands of `gdn_prefill_wy_h_b`; the bf16 copies as for the bf16 split.
+template <int KC, bool HALF>
 __device__ __forceinline__ void gdn_prefill_prep_body(
     const float* __restrict__ qkv, const float* __restrict__ a_in, const float* __restrict__ b_in,
     const float* __restrict__ conv_w, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
@@ -233,14 +236,25 @@ __device__ __forceinline__ void gdn_prefill_prep_body(
             for (int j = 0; j < 4; ++j) part[j] = warp_sum(y[j] * y[j]);
             const float tot = part[0] + part[1] + part[2] + part[3];
             const float scale = (seg < hk ? rsqrtf(static_cast<float>(D)) : 1.f) * rsqrtf(tot + L2_EPS);
-            float* dst = seg < hk ? qn + (tok * hk + seg) * D : kn + (tok * hk + (seg - hk)) * D;
+            const size_t off = seg < hk ? (tok * hk + seg) * D : (tok * hk + (seg - hk)) * D;
+            if (HALF) {
+                __half* dst = reinterpret_cast<__half*>(seg < hk ? qn : kn) + off;
 #pragma unroll
-            for (int j = 0; j < 4; ++j) dst[32 * j + lane] = y[j] * scale;
+                for (int j = 0; j < 4; ++j) dst[32 * j + lane] = __float2half_rn(y[j] * scale);
+            } else {
+                float* dst = (seg < hk ? qn : kn) + off;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) dst[32 * j + lane] = y[j] * scale;
+            }
             if (qb != nullptr) {  // the bf16 split's copies (its walk and output launches read these)
                 __nv_bfloat16* db = seg < hk ? qb + (tok * hk + seg) * D : kb + (tok * hk + (seg - hk)) * D;
 #pragma unroll
                 for (int j = 0; j < 4; ++j) db[32 * j + lane] = __float2bfloat16_rn(y[j] * scale);
             }
+        } else if (HALF) {
+            __half* dst = reinterpret_cast<__half*>(vv) + (tok * hv + h) * D;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) dst[32 * j + lane] = __float2half_rn(fminf(fmaxf(y[j], -65504.f), 65504.f));
         } else {
             float* dst = vv + (tok * hv + h) * D;
 #pragma unroll
@@ -249,24 +263,28 @@ __device__ __forceinline__ void gdn_prefill_prep_body(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128)
-    gdn_prefill_prep(const float* __restrict__ qkv, const float* __restrict__ a_in, const float* __restrict__ b_in,
-                     const float* __restrict__ conv_w, const float* __restrict__ a_log,
-                     const float* __restrict__ dt_bias, const float* __restrict__ conv_in,
-                     float* __restrict__ conv_out, const int* __restrict__ meta, float* __restrict__ qn,
-                     float* __restrict__ kn, float* __restrict__ vv, float* __restrict__ gg, float* __restrict__ bb,
-                     __nv_bfloat16* __restrict__ qb, __nv_bfloat16* __restrict__ kb, int hk, int hv, int kconv) {
-    // kconv is 2..=4 (checked in Rust); the window lives in registers, so it is a template argument.
-    if (kconv == 4)
-        gdn_prefill_prep_body<4>(qkv, a_in, b_in, conv_w, a_log, dt_bias, conv_in, conv_out, meta, qn, kn, vv, gg,
-                                 bb, qb, kb, hk, hv);
-    else if (kconv == 3)
-        gdn_prefill_prep_body<3>(qkv, a_in, b_in, conv_w, a_log, dt_bias, conv_in, conv_out, meta, qn, kn, vv, gg,
-                                 bb, qb, kb, hk, hv);
-    else
-        gdn_prefill_prep_body<2>(qkv, a_in, b_in, conv_w, a_log, dt_bias, conv_in, conv_out, meta, qn, kn, vv, gg,
-                                 bb, qb, kb, hk, hv);
-}
+// kconv is 2..=4 (checked in Rust); the window lives in registers, so it is a template argument.
+#define GDN_PREFILL_PREP_KERNEL(NAME, HALF)                                                                        \
+    extern "C" __global__ void __launch_bounds__(128)                                                              \
+        NAME(const float* __restrict__ qkv, const float* __restrict__ a_in, const float* __restrict__ b_in,        \
+             const float* __restrict__ conv_w, const float* __restrict__ a_log, const float* __restrict__ dt_bias,  \
+             const float* __restrict__ conv_in, float* __restrict__ conv_out, const int* __restrict__ meta,         \
+             float* __restrict__ qn, float* __restrict__ kn, float* __restrict__ vv, float* __restrict__ gg,        \
+             float* __restrict__ bb, __nv_bfloat16* __restrict__ qb, __nv_bfloat16* __restrict__ kb, int hk,        \
+             int hv, int kconv) {                                                                                  \
+        if (kconv == 4)                                                                                            \
+            gdn_prefill_prep_body<4, HALF>(qkv, a_in, b_in, conv_w, a_log, dt_bias, conv_in, conv_out, meta, qn,   \
+                                           kn, vv, gg, bb, qb, kb, hk, hv);                                        \
+        else if (kconv == 3)                                                                                       \
+            gdn_prefill_prep_body<3, HALF>(qkv, a_in, b_in, conv_w, a_log, dt_bias, conv_in, conv_out, meta, qn,   \
+                                           kn, vv, gg, bb, qb, kb, hk, hv);                                        \
+        else                                                                                                       \
+            gdn_prefill_prep_body<2, HALF>(qkv, a_in, b_in, conv_w, a_log, dt_bias, conv_in, conv_out, meta, qn,   \
+                                           kn, vv, gg, bb, qb, kb, hk, hv);                                        \
+    }
+
+GDN_PREFILL_PREP_KERNEL(gdn_prefill_prep, false)
+GDN_PREFILL_PREP_KERNEL(gdn_prefill_prep_h, true)
 
 extern "C" __global__ void __launch_bounds__(256)
     gdn_prefill_wy(const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ vv,
@@ -959,6 +977,155 @@ __device__ __forceinline__ void load_bt(TfFrag<2, SPLIT, RAW>& f, const float* t
 
 }  // namespace
 
+namespace {
+
+// Step 2 of the WY builds (warp 0; the caller's barrier follows): the in-chunk inclusive cumulative sum of the 64
+// gates in gc, two per lane.
+__device__ __forceinline__ void wy_cumsum(float* gc, int tid) {
+    if (tid < 32) {
+        float a0 = gc[2 * tid], a1 = a0 + gc[2 * tid + 1];
+        float run = a1;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float n = __shfl_up_sync(0xffffffffu, run, o);
+            if (tid >= o) run += n;
+        }
+        const float before = run - a1;
+        gc[2 * tid] = before + a0;
+        gc[2 * tid + 1] = before + a1;
+    }
+}
+
+// Step 3's share of warp w of the tensor-core WY builds: the 20 n-tiles (8 columns) at or below the diagonal blocks
+// of A and Aqk (m-tile t of 16 rows reaches n-tile 2t + 1), each warp one m-tile and at most 3 of its n-tiles
+// (session 9's patch, measured in s10-run1). Byte w of kShare: m-tile (bits 0-1), first n-tile (2-4), n-tiles
+// (5-6): 3/0/3, 3/3/3, 2/0/3, 2/3/3, 3/6/2, 1/0/2, 1/2/2, 0/0/2.
+struct WyShare {
+    int m0, n0, nn;  // first row, first column, n-tiles
+    __device__ __forceinline__ explicit WyShare(int warp) {
+        constexpr unsigned long long kShare = 0x4049415B6E626F63ull;
+        const unsigned code = static_cast<unsigned>(kShare >> (8 * warp)) & 0xffu;
+        m0 = 16 * static_cast<int>(code & 3u);
+        n0 = 8 * static_cast<int>((code >> 2) & 7u);
+        nn = static_cast<int>(code >> 5);
+    }
+};
+
+// Step 3's epilogue: the warp's K K^T and Q K^T fragments (kk, qk, the m16n8 accumulator layout) decayed and
+// masked: kk becomes A (beta_i e^{G_i-G_j}, j < i; stored to shared memory by wy_store_a after the caller's
+// barrier), qk goes to the chunk's Aqk slot (bf16 when BOUT); the slot's blocks past the diagonal blocks are zeroed.
+template <bool BOUT>
+__device__ __forceinline__ void wy_step3_epilogue(float (&kk)[3][4], const float (&qk)[3][4], const WyShare& sh,
+                                                  const float* gc, const float* bt, float* aqk_out, size_t slot,
+                                                  int fg, int ft, int tid) {
+    const int sm = sh.m0, sn = sh.n0, nn = sh.nn;
+    float* aqk = aqk_out + slot * C * C;
+    __nv_bfloat16* aqk_b = reinterpret_cast<__nv_bfloat16*>(aqk_out) + slot * C * C;
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+        if (j >= nn) continue;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int i = sm + fg + 8 * hf;
+            const int jc = sn + 8 * j + 2 * ft;
+            float q2[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = jc + e;
+                const float dec = col <= i ? expf(gc[i] - gc[col]) : 0.f;
+                kk[j][2 * hf + e] = col < i ? bt[i] * kk[j][2 * hf + e] * dec : 0.f;  // A
+                q2[e] = qk[j][2 * hf + e] * dec;
+            }
+            if (BOUT)
+                *reinterpret_cast<uint32_t*>(aqk_b + i * C + jc) = pack_bf16x2(q2[0], q2[1]);
+            else
+                *reinterpret_cast<float2*>(aqk + i * C + jc) = make_float2(q2[0], q2[1]);
+        }
+    }
+    // Aqk past each row's diagonal block: zeros, 16 bytes per store (no consumer reads them; written so
+    // that the slot holds no stale values, as before).
+    for (int u = tid; u < C * (C / 8); u += 256) {
+        const int r = u >> 3, ch = u & 7;
+        if (8 * ch >= 16 * ((r >> 4) + 1)) {
+            if (BOUT) {
+                *reinterpret_cast<uint4*>(aqk_b + r * C + 8 * ch) = make_uint4(0u, 0u, 0u, 0u);
+            } else {
+                *reinterpret_cast<float4*>(aqk + r * C + 8 * ch) = make_float4(0.f, 0.f, 0.f, 0.f);
+                *reinterpret_cast<float4*>(aqk + r * C + 8 * ch + 4) = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        }
+    }
+}
+
+// A (the blocks the inverse reads: at or below the diagonal blocks; above them As is never read) from step 3's
+// decayed kk fragments.
+__device__ __forceinline__ void wy_store_a(float* As, const float (&kk)[3][4], const WyShare& sh, int fg, int ft) {
+#pragma unroll
+    for (int j = 0; j < 3; ++j)
+        if (j < sh.nn)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+                *reinterpret_cast<float2*>(As + (sh.m0 + fg + 8 * hf) * QP + sh.n0 + 8 * j + 2 * ft) =
+                    make_float2(kk[j][2 * hf], kk[j][2 * hf + 1]);
+}
+
+// Step 5a of the tensor-core WY builds (warps 0 and 1 of the block): the four 16 x 16 diagonal blocks of
+// T = (I + A)^-1 from A ([C][QP] fp32, strictly lower) into Ts, one block per half-warp (see the step's comment).
+__device__ __forceinline__ void wy_inverse_diagonal(const float* As, float* Ts, int warp, int lane) {
+    const int b0 = 16 * (2 * warp + (lane >> 4)), j = lane & 15;
+    float x[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        float arow[16];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            if (4 * q < i) {
+                const float4 a4 = *reinterpret_cast<const float4*>(As + (b0 + i) * QP + b0 + 4 * q);
+                arow[4 * q] = a4.x;
+                arow[4 * q + 1] = a4.y;
+                arow[4 * q + 2] = a4.z;
+                arow[4 * q + 3] = a4.w;
+            }
+        }
+        float acc = i == j ? 1.f : 0.f;
+#pragma unroll
+        for (int m = 0; m < i; ++m) acc = fmaf(-arow[m], x[m], acc);
+        x[i] = acc;
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) Ts[(b0 + i) * QP + b0 + j] = x[i];
+}
+
+// Step 5b (every thread of the block; six block barriers, the last one at the end): the blocks of T below the
+// diagonal, one distance from the diagonal at a time (see the step's comment).
+__device__ __forceinline__ void wy_inverse_below(const float* As, float* Ts, int tid) {
+    const int r = tid >> 4, cc = tid & 15;
+    for (int d = 1; d < 4; ++d) {
+        for (int i = d; i < 4; ++i) {
+            const int j = i - d;
+            float acc = 0.f;
+            for (int k = j; k < i; ++k) {
+#pragma unroll
+                for (int m = 0; m < 16; ++m)
+                    acc = fmaf(As[(16 * i + r) * QP + 16 * k + m], Ts[(16 * k + m) * QP + 16 * j + cc], acc);
+            }
+            Ts[(16 * j + r) * QP + 16 * i + cc] = acc;
+        }
+        __syncthreads();
+        for (int i = d; i < 4; ++i) {
+            const int j = i - d;
+            float acc = 0.f;
+#pragma unroll
+            for (int m = 0; m < 16; ++m)
+                acc = fmaf(Ts[(16 * i + r) * QP + 16 * i + m], Ts[(16 * j + m) * QP + 16 * i + cc], acc);
+            Ts[(16 * i + r) * QP + 16 * j + cc] = -acc;
+        }
+        __syncthreads();
+    }
+}
+
+}  // namespace
+
 // BOUT: W, U and Aqk written in bf16 (each slot's first half of the fp32 region), for the bf16 split's walk and
 // output launches (`gdn_prefill_wy_tc<1|3>_b`).
 template <bool SPLIT, bool BOUT>
@@ -1025,33 +1192,19 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     cp_async_commit();
     cp_async_wait<1>();  // K, Q, g, beta (V may still be in flight)
     __syncthreads();
-    // 2. In-chunk inclusive cumulative sum of g (64 values; warp 0, two per lane).
-    if (tid < 32) {
-        float a0 = gc[2 * tid], a1 = a0 + gc[2 * tid + 1];
-        float run = a1;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const float n = __shfl_up_sync(0xffffffffu, run, o);
-            if (tid >= o) run += n;
-        }
-        const float before = run - a1;
-        gc[2 * tid] = before + a0;
-        gc[2 * tid + 1] = before + a1;
-    }
+    // 2. In-chunk inclusive cumulative sum of g.
+    wy_cumsum(gc, tid);
     __syncthreads();
     if (tid < lc) gcum[(tok0 + tid) * hv + h] = gc[tid];
 
     // 3. A[i][j] = beta_i e^{G_i-G_j} k_i.k_j (j < i) and Aqk[i][j] = e^{G_i-G_j} q_i.k_j (j <= i), on tensor
     // cores, over the 20 n-tiles at or below the diagonal blocks (m-tile t reaches n-tile 2t + 1). Each warp takes
     // one m-tile and at most 3 of its n-tiles (a grid of 4 m-tiles x 2 column halves gave the warps 2, 0, 4, 0, 4,
-    // 2, 4, 4: s9-run6 put 23% of the stall samples at the barrier after this step). kShare byte w: m-tile (bits
-    // 0-1), first n-tile (2-4), n-tiles (5-6) of warp w: 3/0/3, 3/3/3, 2/0/3, 2/3/3, 3/6/2, 1/0/2, 1/2/2, 0/0/2.
+    // 2, 4, 4: s9-run6 put 23% of the stall samples at the barrier after this step; `WyShare`).
     const int am = (warp & 3) * 16;  // step 6's rows
     {
-        constexpr unsigned long long kShare = 0x4049415B6E626F63ull;
-        const unsigned code = static_cast<unsigned>(kShare >> (8 * warp)) & 0xffu;
-        const int sm = 16 * static_cast<int>(code & 3u), sn = 8 * static_cast<int>((code >> 2) & 7u);
-        const int nn = static_cast<int>(code >> 5);
+        const WyShare sh(warp);
+        const int sm = sh.m0, sn = sh.n0, nn = sh.nn;
         float kk[3][4], qk[3][4];
 #pragma unroll
         for (int j = 0; j < 3; ++j)
@@ -1072,42 +1225,7 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
                 }
             }
         }
-        float* aqk = aqk_out + slot * C * C;
-        __nv_bfloat16* aqk_b = reinterpret_cast<__nv_bfloat16*>(aqk_out) + slot * C * C;
-#pragma unroll
-        for (int j = 0; j < 3; ++j) {
-            if (j >= nn) continue;
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const int i = sm + fg + 8 * hf;
-                const int jc = sn + 8 * j + 2 * ft;
-                float q2[2];
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int col = jc + e;
-                    const float dec = col <= i ? expf(gc[i] - gc[col]) : 0.f;
-                    kk[j][2 * hf + e] = col < i ? bt[i] * kk[j][2 * hf + e] * dec : 0.f;  // A, stored below
-                    q2[e] = qk[j][2 * hf + e] * dec;
-                }
-                if (BOUT)
-                    *reinterpret_cast<uint32_t*>(aqk_b + i * C + jc) = pack_bf16x2(q2[0], q2[1]);
-                else
-                    *reinterpret_cast<float2*>(aqk + i * C + jc) = make_float2(q2[0], q2[1]);
-            }
-        }
-        // Aqk past each row's diagonal block: zeros, 16 bytes per store (no consumer reads them; written so
-        // that the slot holds no stale values, as before).
-        for (int u = tid; u < C * (C / 8); u += 256) {
-            const int r = u >> 3, ch = u & 7;
-            if (8 * ch >= 16 * ((r >> 4) + 1)) {
-                if (BOUT) {
-                    *reinterpret_cast<uint4*>(aqk_b + r * C + 8 * ch) = make_uint4(0u, 0u, 0u, 0u);
-                } else {
-                    *reinterpret_cast<float4*>(aqk + r * C + 8 * ch) = make_float4(0.f, 0.f, 0.f, 0.f);
-                    *reinterpret_cast<float4*>(aqk + r * C + 8 * ch + 4) = make_float4(0.f, 0.f, 0.f, 0.f);
-                }
-            }
-        }
+        wy_step3_epilogue<BOUT>(kk, qk, sh, gc, bt, aqk_out, slot, fg, ft, tid);
         cp_async_wait<0>();
         __syncthreads();  // V landed in Vt; the Q tile is free
         // V scaled by beta into Xs (rows past the chunk: zero V, beta = 0), then Vt is free for A.
@@ -1120,14 +1238,7 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
             *reinterpret_cast<float4*>(Xs + r * KP + 4 * q4) = vval;
         }
         __syncthreads();  // Vt read
-        // A (the blocks the inverse reads: at or below the diagonal blocks; above them As is never read).
-#pragma unroll
-        for (int j = 0; j < 3; ++j)
-            if (j < nn)
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf)
-                    *reinterpret_cast<float2*>(As + (sm + fg + 8 * hf) * QP + sn + 8 * j + 2 * ft) =
-                        make_float2(kk[j][2 * hf], kk[j][2 * hf + 1]);
+        wy_store_a(As, kk, sh, fg, ft);
     }
     __syncthreads();  // A complete; the K tile is free
 
@@ -1139,28 +1250,7 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     // row-at-a-time substitution over all 64 rows (s6-run1: that loop and its barriers were ~60% of this kernel's
     // stall samples).
     if (warp < 2) {
-        const int b0 = 16 * (2 * warp + (lane >> 4)), j = lane & 15;
-        float x[16];
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            float arow[16];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                if (4 * q < i) {
-                    const float4 a4 = *reinterpret_cast<const float4*>(As + (b0 + i) * QP + b0 + 4 * q);
-                    arow[4 * q] = a4.x;
-                    arow[4 * q + 1] = a4.y;
-                    arow[4 * q + 2] = a4.z;
-                    arow[4 * q + 3] = a4.w;
-                }
-            }
-            float acc = i == j ? 1.f : 0.f;
-#pragma unroll
-            for (int m = 0; m < i; ++m) acc = fmaf(-arow[m], x[m], acc);
-            x[i] = acc;
-        }
-#pragma unroll
-        for (int i = 0; i < 16; ++i) Ts[(b0 + i) * QP + b0 + j] = x[i];
+        wy_inverse_diagonal(As, Ts, warp, lane);
     } else {
         // 4 (warps 2..7): K scaled by beta e^G in place (rows past the chunk: zero K, beta = 0).
         for (int i = tid - 64; i < C * (D / 4); i += 192) {
@@ -1179,31 +1269,7 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     // nearer distances. Thread (r, cc) computes element (r, cc) of every block of the distance; X goes to the
     // block (j, i) above the diagonal, which step 6 never reads (T is lower triangular and its k-steps stop at
     // the diagonal block). Six barriers in all; ~250 FMAs per thread.
-    {
-        const int r = tid >> 4, cc = tid & 15;
-        for (int d = 1; d < 4; ++d) {
-            for (int i = d; i < 4; ++i) {
-                const int j = i - d;
-                float acc = 0.f;
-                for (int k = j; k < i; ++k) {
-#pragma unroll
-                    for (int m = 0; m < 16; ++m)
-                        acc = fmaf(As[(16 * i + r) * QP + 16 * k + m], Ts[(16 * k + m) * QP + 16 * j + cc], acc);
-                }
-                Ts[(16 * j + r) * QP + 16 * i + cc] = acc;
-            }
-            __syncthreads();
-            for (int i = d; i < 4; ++i) {
-                const int j = i - d;
-                float acc = 0.f;
-#pragma unroll
-                for (int m = 0; m < 16; ++m)
-                    acc = fmaf(Ts[(16 * i + r) * QP + 16 * i + m], Ts[(16 * j + m) * QP + 16 * i + cc], acc);
-                Ts[(16 * i + r) * QP + 16 * j + cc] = -acc;
-            }
-            __syncthreads();
-        }
-    }
+    wy_inverse_below(As, Ts, tid);
 
     // 6. W = T Kb and U = T Vb on this warp's rows am .. am+15 and columns wn .. wn+63; T[r][m] = 0 for m > r.
     {
@@ -1347,8 +1413,9 @@ constexpr int HS_SLOT = D * D + C * D;  // bf16 per (head, chunk) slot of hs: th
 
 typedef __nv_bfloat16 bf16;
 
-// A fragment of rows m0.., columns k0.. of a row-major bf16 tile (row stride ld elements).
-__device__ __forceinline__ void ldsm_a(uint32_t (&a)[4], const bf16* tile, int ld, int m0, int k0, int lane) {
+// A fragment of rows m0.., columns k0.. of a row-major bf16 (or f16) tile (row stride ld elements).
+template <typename E>
+__device__ __forceinline__ void ldsm_a(uint32_t (&a)[4], const E* tile, int ld, int m0, int k0, int lane) {
     ldmatrix_x4(a, tile + (m0 + (lane & 15)) * ld + k0 + ((lane >> 4) << 3));
 }
 // A fragment of the transpose of a row-major tile (A[m][k] = tile[k][m]) at rows m0, columns k0 of A.
@@ -1357,7 +1424,8 @@ __device__ __forceinline__ void ldsm_at(uint32_t (&a)[4], const bf16* tile, int 
 }
 // B fragments of two n-tiles (n0, n0 + 8) for k-step k0 of a row-major [k][n] bf16 tile: b[0], b[1] for n0,
 // b[2], b[3] for n0 + 8.
-__device__ __forceinline__ void ldsm_b2(uint32_t (&b)[4], const bf16* tile, int ld, int k0, int n0, int lane) {
+template <typename E>
+__device__ __forceinline__ void ldsm_b2(uint32_t (&b)[4], const E* tile, int ld, int k0, int n0, int lane) {
     ldmatrix_x4_trans(b, tile + (k0 + (lane & 15)) * ld + n0 + ((lane >> 4) << 3));
 }
 
@@ -1687,6 +1755,207 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     }
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// The f16 split (`wyf16_bf16_cs64`, session 10): the bf16 split's walk and output launches behind a WY launch on
+// f16 tensor cores. kernels/bench/gdn_operand_precision.py (40 draws): all three WY products on f16 operands
+// (q, k, v stored in f16 by `gdn_prefill_prep_h`, T, diag(beta e^G) K and diag(beta) V rounded to f16) 1.65e-2 /
+// 1.46e-3 on the output / state, the same as the plain-TF32 WY (1.65e-2 / 1.46e-3), where bf16 W / U products
+// gave 2.57e-2 / 1.84e-3: f16 keeps TF32's 10 mantissa bits, and the WY's operands fit its range (q and k are
+// l2-normed, beta and e^G are at most 1; v is saturated at +-65504 by the prep, T at +-65504 here). Against the
+// TF32 `_b` form: half the operand bytes (launch 1 writes 16 bits per q / k / v value instead of 32, and this launch
+// reads them), half the mma and fragment loads (m16n8k16 instead of m16n8k8, no rounding adds), and 70,144 bytes of
+// shared memory per block instead of 102,912.
+//
+// gdn_prefill_wy_h_b: grid (max_chunks, Hv, seqs), 256 threads, the algebra and outputs of gdn_prefill_wy_tc1_b
+// (gcum fp32; W, U, Aqk bf16 in the first half of each fp32 slot):
+//   1. K, Q (f16, the key head's), g, beta by cp.async, then V (f16) as a second group;
+//   2. cumsum of g; 3. K K^T and Q K^T (m16n8k16 f16, `WyShare` n-tiles per warp, K^T fragments by ldmatrix
+//      without .trans from the K rows), the epilogue of the TF32 builds (`wy_step3_epilogue`), A (fp32) over the Q
+//      tile once every warp is past step 3;
+//   4 / 5a. warps 2..7 scale K by beta e^G and V by beta in place (f16) while warps 0, 1 invert the diagonal blocks
+//      (fp32, `wy_inverse_diagonal`); 5b. the blocks below (`wy_inverse_below`); T to f16 over A;
+//   6. W = T Kb and U = T Vb: warp w owns columns 16 w .. 16 w + 15 of both and all four m-tiles (k-steps up to the
+//      diagonal block, 10 of 16 per warp, so every warp does the same work), then W and U staged in bf16 over the
+//      K and V tiles and written 16 bytes per store.
+__host__ __device__ constexpr int wy_h_smem_bytes() { return 3 * C * BP * 2 + C * QP * 4 + 2 * C * 4; }
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+    gdn_prefill_wy_h_b(const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ vv,
+                       const float* __restrict__ gg, const float* __restrict__ bb, const int* __restrict__ meta,
+                       float* __restrict__ gcum, float* __restrict__ w_out, float* __restrict__ u_out,
+                       float* __restrict__ aqk_out, int hk, int hv, int seqs, int n_chunks) {
+    static_assert(C * BP * 2 == C * QP * 4, "A (fp32 [C][QP]) lives in the Q tile (f16 [C][BP])");
+    extern __shared__ float4 smem_wyh[];
+    __half* const Kh = reinterpret_cast<__half*>(smem_wyh);  // [C][BP]: K, then diag(beta e^G) K, then W (bf16)
+    __half* const Qh = Kh + C * BP;                          // [C][BP]: Q, then A, then T (f16 [C][HP])
+    __half* const Vh = Qh + C * BP;                          // [C][BP]: V, then diag(beta) V, then U (bf16)
+    float* const Ts = reinterpret_cast<float*>(Vh + C * BP);  // [C][QP]
+    float* const gc = Ts + C * QP;                           // [C]
+    float* const bt = gc + C;                                // [C]
+    float* const As = reinterpret_cast<float*>(Qh);
+    __half* const Th = Qh;
+    const __half* const qh = reinterpret_cast<const __half*>(qn);
+    const __half* const kh16 = reinterpret_cast<const __half*>(kn);
+    const __half* const vh = reinterpret_cast<const __half*>(vv);
+
+    const int c = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int fg = lane >> 2, ft = lane & 3;
+    const int start = meta[s];
+    const int len = meta[s + 1] - start;
+    if (c * C >= len) return;
+    const int lc = min(C, len - c * C);
+    const size_t tok0 = static_cast<size_t>(start + c * C);
+    const size_t slot = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s] + c;
+    const int kh = h / (hv / hk);
+
+    // 1. K and Q rows (zero past the chunk), g, beta; then V.
+#pragma unroll
+    for (int j = 0; j < C * (D / 8) / 256; ++j) {
+        const int i = tid + 256 * j, r = i >> 4, c8 = i & 15;  // 16 x 16 bytes per row of 128
+        const bool ok = r < lc;
+        const size_t off = ((tok0 + r) * hk + kh) * D + 8 * c8;
+        cp_async16(Kh + r * BP + 8 * c8, ok ? kh16 + off : kh16, ok);
+        cp_async16(Qh + r * BP + 8 * c8, ok ? qh + off : qh, ok);
+    }
+    if (tid < C) {
+        const bool ok = tid < lc;
+        cp_async4(gc + tid, ok ? gg + (tok0 + tid) * hv + h : gg, ok);
+        cp_async4(bt + tid, ok ? bb + (tok0 + tid) * hv + h : bb, ok);
+    }
+    cp_async_commit();
+#pragma unroll
+    for (int j = 0; j < C * (D / 8) / 256; ++j) {
+        const int i = tid + 256 * j, r = i >> 4, c8 = i & 15;
+        const bool ok = r < lc;
+        cp_async16(Vh + r * BP + 8 * c8, ok ? vh + ((tok0 + r) * hv + h) * D + 8 * c8 : vh, ok);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // K, Q, g, beta (V may still be in flight)
+    __syncthreads();
+    // 2. In-chunk inclusive cumulative sum of g.
+    wy_cumsum(gc, tid);
+    __syncthreads();
+    if (tid < lc) gcum[(tok0 + tid) * hv + h] = gc[tid];
+
+    // 3. K K^T and Q K^T over this warp's share of the n-tiles at or below the diagonal blocks.
+    {
+        const WyShare sh(warp);
+        float kk[3][4], qk[3][4];
+#pragma unroll
+        for (int j = 0; j < 3; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) kk[j][e] = qk[j][e] = 0.f;
+#pragma unroll 2
+        for (int k0 = 0; k0 < D; k0 += 16) {
+            uint32_t fk[4], fq[4];
+            ldsm_a(fk, Kh, BP, sh.m0, k0, lane);
+            ldsm_a(fq, Qh, BP, sh.m0, k0, lane);
+#pragma unroll
+            for (int j = 0; j < 3; ++j) {
+                if (j < sh.nn) {  // warp-uniform
+                    // B = K^T: b0 = K[n][k0 + 2t ..], b1 = K[n][k0 + 8 + 2t ..] for n = n-tile row g: the K rows
+                    // as stored, so ldmatrix without .trans (lanes 0..7 the rows at k0, 8..15 at k0 + 8).
+                    uint32_t b[2];
+                    ldmatrix_x2(b, Kh + (sh.n0 + 8 * j + (lane & 7)) * BP + k0 + 8 * ((lane >> 3) & 1));
+                    mma_f16_16816(kk[j], fk, b[0], b[1]);
+                    mma_f16_16816(qk[j], fq, b[0], b[1]);
+                }
+            }
+        }
+        wy_step3_epilogue<true>(kk, qk, sh, gc, bt, aqk_out, slot, fg, ft, tid);
+        cp_async_wait<0>();
+        __syncthreads();  // V landed; every warp's step 3 is done with the Q tile, which A replaces
+        wy_store_a(As, kk, sh, fg, ft);
+    }
+    __syncthreads();  // A complete
+
+    // 4 / 5a. Warps 0 and 1: the diagonal blocks of T. Warps 2..7: K scaled by beta e^G and V by beta, in place
+    // (rows past the chunk: zero K and V, beta = 0).
+    if (warp < 2) {
+        wy_inverse_diagonal(As, Ts, warp, lane);
+    } else {
+        for (int i = tid - 64; i < 2 * C * (D / 8); i += 192) {
+            const bool isv = i >= C * (D / 8);
+            const int e = isv ? i - C * (D / 8) : i, r = e >> 4, c8 = e & 15;
+            uint4* p = reinterpret_cast<uint4*>((isv ? Vh : Kh) + r * BP + 8 * c8);
+            const float f = isv ? bt[r] : bt[r] * expf(gc[r]);
+            uint4 x = *p;
+            uint32_t* w4 = reinterpret_cast<uint32_t*>(&x);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                float2 v2 = __half22float2(*reinterpret_cast<__half2*>(&w4[q]));
+                const __half2 r2 = __floats2half2_rn(v2.x * f, v2.y * f);
+                w4[q] = *reinterpret_cast<const uint32_t*>(&r2);
+            }
+            *p = x;
+        }
+    }
+    __syncthreads();  // diagonal blocks of T, scaled K and V
+    // 5b. The blocks below the diagonal (ends with a barrier).
+    wy_inverse_below(As, Ts, tid);
+    // T to f16 over A (the inverse is done with A), saturated at +-65504.
+    for (int i = tid; i < C * C / 2; i += 256) {
+        const int r = i >> 5, c2 = i & 31;
+        const float2 t2 = *reinterpret_cast<const float2*>(Ts + r * QP + 2 * c2);
+        *reinterpret_cast<__half2*>(Th + r * HP + 2 * c2) =
+            __floats2half2_rn(fminf(fmaxf(t2.x, -65504.f), 65504.f), fminf(fmaxf(t2.y, -65504.f), 65504.f));
+    }
+    __syncthreads();  // Th complete
+
+    // 6. W = T Kb and U = T Vb on columns cw .. cw + 15 of both, all rows; T[r][m] = 0 for m > r, so m-tile t
+    // stops at k-step t.
+    {
+        const int cw = 16 * warp;
+        float aw[4][2][4], au[4][2][4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) aw[t][n][e] = au[t][n][e] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+            uint32_t bk[4], bv[4];
+            ldsm_b2(bk, Kh, BP, 16 * ks, cw, lane);
+            ldsm_b2(bv, Vh, BP, 16 * ks, cw, lane);
+#pragma unroll
+            for (int t = ks; t < 4; ++t) {
+                uint32_t a[4];
+                ldsm_a(a, Th, HP, 16 * t, 16 * ks, lane);
+                mma_f16_16816(aw[t][0], a, bk[0], bk[1]);
+                mma_f16_16816(aw[t][1], a, bk[2], bk[3]);
+                mma_f16_16816(au[t][0], a, bv[0], bv[1]);
+                mma_f16_16816(au[t][1], a, bv[2], bv[3]);
+            }
+        }
+        // W and U in bf16, staged over the K and V tiles (rows of BP) and written 16 bytes per store.
+        bf16* const Ws = reinterpret_cast<bf16*>(Kh);
+        bf16* const Us = reinterpret_cast<bf16*>(Vh);
+        __syncthreads();  // every warp's products read Kh and Vh
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+#pragma unroll
+            for (int n = 0; n < 2; ++n) {
+                const int r0 = 16 * t + fg, col = cw + 8 * n + 2 * ft;
+                *reinterpret_cast<uint32_t*>(Ws + r0 * BP + col) = pack_bf16x2(aw[t][n][0], aw[t][n][1]);
+                *reinterpret_cast<uint32_t*>(Ws + (r0 + 8) * BP + col) = pack_bf16x2(aw[t][n][2], aw[t][n][3]);
+                *reinterpret_cast<uint32_t*>(Us + r0 * BP + col) = pack_bf16x2(au[t][n][0], au[t][n][1]);
+                *reinterpret_cast<uint32_t*>(Us + (r0 + 8) * BP + col) = pack_bf16x2(au[t][n][2], au[t][n][3]);
+            }
+        }
+        __syncthreads();
+        bf16* wb = reinterpret_cast<bf16*>(w_out) + slot * C * D;
+        bf16* ub = reinterpret_cast<bf16*>(u_out) + slot * C * D;
+#pragma unroll
+        for (int j = 0; j < C * (D / 8) / 256; ++j) {
+            const int i = tid + 256 * j, r = i >> 4, q = i & 15;
+            *reinterpret_cast<uint4*>(wb + r * D + 8 * q) = *reinterpret_cast<const uint4*>(Ws + r * BP + 8 * q);
+            *reinterpret_cast<uint4*>(ub + r * D + 8 * q) = *reinterpret_cast<const uint4*>(Us + r * BP + 8 * q);
+        }
+    }
+}
+
 static_assert(PREP_TT == 8, "keep PREP_TOKENS in device/gdn_prefill.rs equal");
 static_assert(WY_SMEM_BYTES == 101376, "keep GDN_WY_SMEM_BYTES in device/gdn_prefill.rs equal");
 static_assert(wy_tc_smem_bytes() == 102912, "keep WY_TC_SMEM_BYTES in device/gdn_prefill.rs equal");
@@ -1696,3 +1965,4 @@ static_assert(state_tc_smem_bytes(16) == 103424 && state_tc_smem_bytes(32) == 11
 static_assert(state_smem_bytes(16) == 96768 && state_smem_bytes(32) == 109056 && state_smem_bytes(64) == 133632, "keep gdn_prefill.rs state_smem_bytes equal");
 static_assert(walk_bf16_smem_bytes() == 169728 && out_bf16_smem_bytes() == 75008,
               "keep gdn_prefill.rs WALK_BF16_SMEM_BYTES / OUT_BF16_SMEM_BYTES equal");
+static_assert(wy_h_smem_bytes() == 70144, "keep gdn_prefill.rs WY_H_SMEM_BYTES equal");

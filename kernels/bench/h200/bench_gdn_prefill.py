@@ -85,10 +85,12 @@ CD = 2 * HK * D + HV * D
 C = 64
 WY_SMEM = 101376  # cuda/gdn_prefill.cu WY_SMEM_BYTES
 WY_TC_SMEM = 102912  # cuda/gdn_prefill.cu wy_tc_smem_bytes()
+WY_H_SMEM = 70144  # cuda/gdn_prefill.cu wy_h_smem_bytes()
 VARIANTS = "--variants" in sys.argv
 DEFAULT = "wytf32x3_tf32_cs64"  # Gpu::GDN_PREFILL_DEFAULT (session 4; wytf32_tf32_cs64 before)
 SPLIT = "wytf32x3_bf16_cs64"  # the bf16 split (session 8): walk_bf16 + out_bf16 (norm fused) after the 3xTF32 WY
 ALT_SPLIT = "wytf32_bf16_cs64"  # the split GDN_PREFILL_ALT's builds are timed as (the fastest, session 9)
+F16_SPLIT = "wyf16_bf16_cs64"  # the f16 split (session 10): f16 prep outputs, the f16 WY, the bf16 walk / output
 LEAN = os.environ.get("GDN_PREFILL_LEAN") == "1"  # only the default, the two splits and what their rows need
 WALK_BF16_SMEM = 169728  # cuda/gdn_prefill.cu walk_bf16_smem_bytes()
 OUT_BF16_SMEM = 75008  # cuda/gdn_prefill.cu out_bf16_smem_bytes()
@@ -109,7 +111,7 @@ def split_variant(variant):
 def wy_kernel(wy):
     """(kernel name, dynamic smem bytes) of the WY launch (GdnPrefillVariant::wy_kernel)."""
     return {"fp32": ("gdn_prefill_wy", WY_SMEM), "tf32x3": ("gdn_prefill_wy_tc3", WY_TC_SMEM),
-            "tf32": ("gdn_prefill_wy_tc1", WY_TC_SMEM)}[wy]
+            "tf32": ("gdn_prefill_wy_tc1", WY_TC_SMEM), "f16": ("gdn_prefill_wy_h", WY_H_SMEM)}[wy]
 
 
 def state_kernel(variant):
@@ -140,11 +142,17 @@ def kern(name, build=None):
 
 
 def alt_builds():
-    """GDN_PREFILL_ALT="tag=dir;tag2=dir2": other builds of cuda/gdn_prefill.cu (a directory holding its
-    gdn_prefill.sm_90.cubin or .ptx, e.g. made by kernels/bench/h200/build_alt.sh), each timed as the split ALT_SPLIT
-    in the same rounds as this build's arms (interleaved), whole step and stage by stage."""
-    spec = os.environ.get("GDN_PREFILL_ALT", "")
-    return [tuple(x.split("=", 1)) for x in spec.split(";") if x]
+    """GDN_PREFILL_ALT="tag=dir[@variant];..": other builds of cuda/gdn_prefill.cu (a directory holding its
+    gdn_prefill.sm_90.cubin or .ptx, e.g. made by kernels/bench/h200/build_alt.sh), each timed as `variant` (default
+    the split ALT_SPLIT) in the same rounds as this build's arms (interleaved), whole step and stage by stage, and
+    compared with this build's run of the same variant. Returns [(tag, dir, variant)]."""
+    out = []
+    for x in os.environ.get("GDN_PREFILL_ALT", "").split(";"):
+        if x:
+            tag, rest = x.split("=", 1)
+            d, _, v = rest.partition("@")
+            out.append((tag, d, v or ALT_SPLIT))
+    return out
 
 
 def layout(lens):
@@ -181,7 +189,7 @@ class Ours:
             self.meta = torch.from_numpy(np.concatenate([cu, ch])).to(b.dev)
         else:
             self.ws, self.meta = share.ws, share.meta
-        self.f_prep = kern("gdn_prefill_prep")
+        self.f_prep = kern("gdn_prefill_prep_h" if wy == "f16" else "gdn_prefill_prep")  # (variant.prep_kernel)
         wy_name, self.wy_smem = wy_kernel(wy)
         if variant.startswith("bf16"):
             wy_name += "_b"  # the WY build's bf16-output form (GdnPrefillVariant::wy_kernel)
@@ -206,7 +214,7 @@ class Ours:
         self.f_meta = kern("gdn_prefill_meta")
         b.allow_smem(self.f_wy, self.wy_smem)
         if wy != "fp32":
-            try:  # two 100.5 KiB blocks per SM, as the crate asks (device/gdn_prefill.rs)
+            try:  # two 100.5 KiB (68.5 KiB: f16) blocks per SM, as the crate asks (device/gdn_prefill.rs)
                 self.f_wy.preferred_shared_memory_carveout = 100
             except Exception as e:  # noqa: BLE001
                 b.log(f"  note: carveout not set on {wy_name} ({e})")
@@ -366,12 +374,12 @@ def case(lens, chunk):
     conv_out = torch.empty(seqs, CD, KC - 1, device=b.dev)
     out = torch.empty(n, HV * D, device=b.dev)
     whole = (["fp32_cs32", "tf32x3_cs32", "tf32_cs32", "tf32_cs64", "wytf32x3_tf32x3_cs32", "wytf32_tf32_cs32",
-              "wytf32_tf32_cs64", "wytf32x3_tf32_cs64", SPLIT, "wytf32_bf16_cs64"]
+              "wytf32_tf32_cs64", "wytf32x3_tf32_cs64", SPLIT, "wytf32_bf16_cs64", F16_SPLIT]
              + (["fp32_cs16", "fp32_cs64"] if VARIANTS else []))
     state_only = ["fp32_cs32"] + [f"{m}_cs{c}" for m in ("tf32x3", "tf32") for c in (16, 32, 64)]
     wy_only = ["tf32x3", "tf32"]  # stage arms of the tensor-core WY builds (launch 2 alone)
     if LEAN:
-        whole = ["fp32_cs32", DEFAULT, SPLIT, ALT_SPLIT]
+        whole = ["fp32_cs32", DEFAULT, SPLIT, ALT_SPLIT, F16_SPLIT]
         state_only = ["fp32_cs32", "tf32_cs64"]
         wy_only = []
     ref = Ours(lens, "fp32_cs32")
@@ -404,19 +412,19 @@ def case(lens, chunk):
     if DEFAULT in bad:  # every comparison row is against it
         raise RuntimeError(f"{shape}: {DEFAULT} (the default) failed its check against fp32_cs32")
     # Other builds (GDN_PREFILL_ALT), checked like the variants (the split's 5e-2 bound).
-    alts = {}
-    for tag, d in alt_builds():
-        impl = Ours(lens, ALT_SPLIT, share=ref, build=d)
+    alts, alt_variant = {}, {}
+    for tag, d, av in alt_builds():
+        impl = Ours(lens, av, share=ref, build=d)
         st1 = st[0].clone()
         out1 = torch.full_like(out, float("nan"))
         impl(qkv[0], z[0], a[0], bb[0], conv_w, a_log, dt_bias, norm_w, conv[0], conv_out, st1, out1)
         torch.cuda.synchronize()
         eo, es = rel(out1, ours_out), rel(st1, ours_state)
-        b.log(f"  {shape}: alt {tag} ({ALT_SPLIT}, {d}) vs fp32_cs32: output rel err {eo:.2e}, final state rel err "
+        b.log(f"  {shape}: alt {tag} ({av}, {d}) vs fp32_cs32: output rel err {eo:.2e}, final state rel err "
               f"{es:.2e}")
         check[f"alt_{tag}_out_rel_err"], check[f"alt_{tag}_state_rel_err"] = eo, es
-        if eo < 5e-2 and es < 5e-2:
-            alts[tag] = impl
+        if eo < 5e-2 and es < 5e-2 and av in impls and av not in bad:
+            alts[tag], alt_variant[tag] = impl, av
         else:
             b.log(f"  WARNING: alt {tag} disagrees with fp32_cs32 beyond 5e-2; not timed")
     # The conv history ours leaves: the last K-1 inputs of each sequence (written by every variant's prep above).
@@ -473,12 +481,14 @@ def case(lens, chunk):
         arms["stage_walk_bf16"] = lambda i: impls[SPLIT].walk(st[i])
         arms["stage_out_bf16"] = lambda i: impls[SPLIT].out(out, z[i], norm_w)
     arms["stage_meta"] = lambda i: ref.meta_kernel(cu_dev, meta_dev)
-    # This build's ALT_SPLIT stage by stage (its prep writes the bf16 q / k copies; its WY is the `_b` form) and
-    # each other build's, in the same rounds.
+    # This build's ALT_SPLIT ("this") and F16_SPLIT ("f16") stage by stage (their preps write the bf16 q / k
+    # copies, the f16 one q, k, v in f16; their WY launches are the `_b` forms) and each other build's ALT_SPLIT, in
+    # the same rounds.
     stage_sets = [("this", impls[ALT_SPLIT])] if ALT_SPLIT not in bad else []
+    stage_sets += [("f16", impls[F16_SPLIT])] if F16_SPLIT not in bad and F16_SPLIT in impls else []
     stage_sets += list(alts.items())
     for tag, impl in stage_sets:
-        if tag != "this":
+        if tag in alts:
             arms[f"alt_{tag}"] = (lambda impl: lambda i: impl(qkv[i], z[i], a[i], bb[i], conv_w, a_log, dt_bias,
                                                               norm_w, conv[i], conv_out, st[i], out))(impl)
         arms[f"split_{tag}_prep"] = (lambda impl: lambda i: impl.prep(qkv[i], a[i], bb[i], conv_w, a_log, dt_bias,
@@ -531,12 +541,17 @@ def case(lens, chunk):
                   res[f"stage_{base}"], note="launch 3' / 4' of the bf16 split against the default's walk / norm")
     if stage_sets and stage_sets[0][0] == "this":
         for tag, _ in stage_sets:
-            if tag != "this":
-                b.row("gdn_prefill_alt", f"{shape} alt_{tag}", res[f"alt_{tag}"], f"{ALT_SPLIT} (this build)",
+            if tag == "f16":
+                b.row("gdn_prefill_alt", f"{shape} {F16_SPLIT}", res[F16_SPLIT], f"{ALT_SPLIT} (this build)",
                       res[ALT_SPLIT], flops=fl)
+            elif tag != "this":
+                av = alt_variant[tag]
+                b.row("gdn_prefill_alt", f"{shape} alt_{tag}", res[f"alt_{tag}"], f"{av} (this build)", res[av],
+                      flops=fl)
+            base = "f16" if tag in alts and alt_variant[tag] == F16_SPLIT and "split_f16_wy" in res else "this"
             for stg in ("prep", "wy", "walk", "out"):
-                b.row("gdn_prefill_alt", f"{shape} {tag} {stg}", res[f"split_{tag}_{stg}"], f"this build's {stg}",
-                      res[f"split_this_{stg}"], note=f"{ALT_SPLIT}'s launch alone")
+                b.row("gdn_prefill_alt", f"{shape} {tag} {stg}", res[f"split_{tag}_{stg}"],
+                      f"this build's {base} {stg}", res[f"split_{base}_{stg}"], note="the launch alone")
     best = min(whole, key=lambda v: res[v][0])
 
     # Pass 2: the fla arms (one cu_seqlens tensor for both, so both are graph-capturable).
@@ -557,7 +572,7 @@ def case(lens, chunk):
 
         fres = b.time_arms({"fla_kernel": fla_kernel, "fla_layer": fla_whole}, sets, reps, rounds=ROUNDS)
         torch.cuda.synchronize()
-        for v in dict.fromkeys(["fp32_cs32", DEFAULT] + ([SPLIT] if split_ok else []) + [best]):
+        for v in [v for v in dict.fromkeys(["fp32_cs32", DEFAULT, SPLIT, ALT_SPLIT, F16_SPLIT, best]) if v in res]:
             b.row("gdn_prefill", f"{shape} {v}", res[v], "fla chunk kernel", fres["fla_kernel"], flops=fl,
                   target=">=1.0x", note="ours: whole layer step fp32 in/out; fla: recurrence only, bf16")
             b.row("gdn_prefill", f"{shape} {v}", res[v], "torch conv+fla+norm", fres["fla_layer"], flops=fl,

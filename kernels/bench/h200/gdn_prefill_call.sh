@@ -8,7 +8,7 @@
 # benchmarks/h200.md, Reproduce); on the device (carry: ["target-carry", ".whl"]):
 #   bash kernels/bench/h200/gdn_prefill_call.sh
 # Other builds timed in the same rounds (session 10): kernels/bench/h200/build_alt.sh TAG .. here, then on the device
-#   GDN_PREFILL_ALT="TAG=target-carry/alt/TAG;.." [GDN_PREFILL_LEAN=1] bash kernels/bench/h200/gdn_prefill_call.sh
+#   GDN_PREFILL_ALT="TAG=target-carry/alt/TAG[@variant];.." [GDN_PREFILL_LEAN=1] bash kernels/bench/h200/gdn_prefill_call.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/edgefit-h200}
@@ -25,4 +25,9 @@ grep -E "status|rc=|ERROR|RACECHECK|memcheck full" "$OUT/rs.txt" | tail -12
 # worst scaled output errors of the split (three largest) and of the default
 grep -E "_bf16_cs64.*vs recurrence" "$OUT/tests_gpu_gdn_prefill.txt" | awk '{print $NF, $0}' | sort -g | tail -3 | cut -c1-160
 grep -E "x3_tf32_cs64.*vs recurrence" "$OUT/tests_gpu_gdn_prefill.txt" | awk '{print $NF}' | sort -g | tail -1
+# worst scaled output errors of each split, by variant
+for v in wytf32x3_bf16_cs64 wytf32_bf16_cs64 wyf16_bf16_cs64; do
+  echo "$v worst output $(grep -E "variant=$v .*output vs recurrence" "$OUT/tests_gpu_gdn_prefill.txt" | awk '{print $NF}' | sort -g | tail -1)" \
+    "state $(grep -E "variant=$v .*state vs recurrence" "$OUT/tests_gpu_gdn_prefill.txt" | awk '{print $NF}' | sort -g | tail -1)"
+done
 cd "$OUT" && tar czf /tmp/o.tgz . && find . -type f ! -name 'rs*.txt' -delete && mv /tmp/o.tgz run.tgz

@@ -23,7 +23,9 @@ if [ "${1:-}" = prepare ]; then
   export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target-carry-build}
   targets=()
   if [ -n "${2:-}" ]; then for t in ${2//,/ }; do targets+=(--test "$t"); done; else targets=(--tests); fi
-  cargo test -p kernels --features cuda --release --no-run "${targets[@]}" --message-format=json 2>/dev/null \
+  # (the compiler's messages go to /tmp/edgefit-prepare.err; shown if the build fails)
+  trap '[ $? -ne 0 ] && tail -40 /tmp/edgefit-prepare.err' EXIT
+  cargo test -p kernels --features cuda --release --no-run "${targets[@]}" --message-format=json 2>/tmp/edgefit-prepare.err \
     | python3 -c "import sys, json
 for l in sys.stdin:
     m = json.loads(l)

@@ -24,6 +24,12 @@ pub(crate) enum StateMath {
     /// launch is the tensor-core build's `_b` form (bf16 W, U, Aqk). fla's division of the work and its precision
     /// class; 64 columns and a tensor-core WY only. Not a WY build itself.
     Bf16,
+    /// f16 operands on mma.sync m16n8k16, fp32 accumulation: a WY build only (`wyf16_bf16_cs64`, the f16 split,
+    /// session 10): `gdn_prefill_prep_h` stores q, k and v in f16 (v saturated at +-65504; q and k are l2-normed)
+    /// and `gdn_prefill_wy_h_b` runs the three WY products on them (T rounded to f16 too), writing the bf16 W, U
+    /// and Aqk the split's walk and output launches read. Its error model
+    /// (kernels/bench/gdn_operand_precision.py) is the plain-TF32 WY's: f16 keeps TF32's 10 mantissa bits.
+    F16,
 }
 
 /// Which builds of the chunk-local WY kernel (launch 2) and of the sequential state kernel (launch 3) run: `wy`
@@ -49,7 +55,7 @@ pub(crate) struct GdnPrefillVariant {
 /// CUDA-core WY kernel, and `wy<wymath>_<math>_cs<cols>` (`wymath` `tf32` or `tf32x3`) with the tensor-core one;
 /// the WY prefix combines with every state build (the bf16 split, `bf16_cs64`, only with a WY prefix), and this
 /// list names the combinations the tests and the benchmark drive.
-pub(crate) const GDN_PREFILL_VARIANTS: [&str; 16] = [
+pub(crate) const GDN_PREFILL_VARIANTS: [&str; 17] = [
     "fp32_cs16",
     "fp32_cs32",
     "fp32_cs64",
@@ -66,6 +72,7 @@ pub(crate) const GDN_PREFILL_VARIANTS: [&str; 16] = [
     "wytf32x3_tf32_cs64",
     "wytf32x3_bf16_cs64",
     "wytf32_bf16_cs64",
+    "wyf16_bf16_cs64",
 ];
 
 impl GdnPrefillVariant {
@@ -110,6 +117,7 @@ impl GdnPrefillVariant {
                 let wy = match wy {
                     "tf32x3" => StateMath::Tf32x3,
                     "tf32" => StateMath::Tf32,
+                    "f16" => StateMath::F16,
                     _ => return None,
                 };
                 (wy, state)
@@ -130,8 +138,12 @@ impl GdnPrefillVariant {
             "64" => 64,
             _ => return None,
         };
-        // The split reads bf16 W / U / Aqk, which only the tensor-core WY builds write (their `_b` forms).
+        // The split reads bf16 W / U / Aqk, which only the tensor-core WY builds write (their `_b` forms); the f16
+        // WY exists only in that form.
         if math == StateMath::Bf16 && (cols != 64 || wy == StateMath::Fp32) {
+            return None;
+        }
+        if wy == StateMath::F16 && math != StateMath::Bf16 {
             return None;
         }
         Some(GdnPrefillVariant { wy, math, cols })
@@ -144,6 +156,7 @@ impl GdnPrefillVariant {
             (StateMath::Fp32, _) => "gdn_prefill_wy",
             (StateMath::Tf32x3, false) => "gdn_prefill_wy_tc3",
             (StateMath::Tf32x3, true) => "gdn_prefill_wy_tc3_b",
+            (StateMath::F16, _) => "gdn_prefill_wy_h_b",
             (_, false) => "gdn_prefill_wy_tc1",
             (_, true) => "gdn_prefill_wy_tc1_b",
         }
@@ -163,6 +176,17 @@ impl GdnPrefillVariant {
             (StateMath::Tf32, 64) => "gdn_prefill_state_tc1_cs64",
             (StateMath::Tf32, _) => "gdn_prefill_state_tc1_cs32",
             (StateMath::Bf16, _) => "gdn_prefill_walk_bf16",
+            (StateMath::F16, _) => unreachable!("F16 is a WY build only (parse refuses it as the state math)"),
+        }
+    }
+
+    /// Launch 1's kernel: `gdn_prefill_prep_h` (q, k, v in f16) for the f16 WY, `gdn_prefill_prep` otherwise.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn prep_kernel(&self) -> &'static str {
+        if self.wy == StateMath::F16 {
+            "gdn_prefill_prep_h"
+        } else {
+            "gdn_prefill_prep"
         }
     }
 
@@ -473,7 +497,8 @@ impl Gpu {
     /// default's 1061.0 / 2258.8 us (0.54x-0.65x fla's bare chunk kernel against 0.39x / 0.41x), at fla's
     /// precision class: up to ~3e-2 scaled error on the normalised output and ~3e-3 on the state against the f64
     /// recurrence (the default: ~2e-3 / ~2e-4). Its workspace is larger: size it with
-    /// [`Gpu::gdn_prefill_workspace_len_with`].
+    /// [`Gpu::gdn_prefill_workspace_len_with`]. `"wyf16_bf16_cs64"` (session 10) is the same split behind a WY
+    /// launch on f16 tensor cores (q, k, v stored in f16 by its prep; the plain-TF32 WY's error model).
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_prefill_with(
         &self,
@@ -745,8 +770,11 @@ mod tests {
             let wy_kernel = match wy {
                 "fp32" => "gdn_prefill_wy",
                 "tf32x3" => "gdn_prefill_wy_tc3",
+                "f16" => "gdn_prefill_wy_h",
                 _ => "gdn_prefill_wy_tc1",
             };
+            let prep = if wy == "f16" { "gdn_prefill_prep_h" } else { "gdn_prefill_prep" };
+            assert_eq!(v.prep_kernel(), prep, "{full}");
             // The split's WY launch is the `_b` form (bf16 W, U, Aqk) of the same build.
             let b = if name.starts_with("bf16_") { "_b" } else { "" };
             assert_eq!(v.wy_kernel(), format!("{wy_kernel}{b}"), "{full}");
@@ -825,6 +853,12 @@ mod tests {
             // ... behind a tensor-core WY only (the CUDA-core WY writes no bf16 W / U / Aqk).
             "bf16_cs64",
             "wybf16_bf16_cs64",
+            // The f16 WY exists only in front of the split, and f16 is no state build.
+            "wyf16_tf32_cs64",
+            "wyf16_fp32_cs32",
+            "wyf16_bf16_cs32",
+            "f16_cs64",
+            "wytf32_f16_cs64",
             "tf32x3_cs",
             "32",
             "wy",

@@ -20,6 +20,9 @@ const WY_SMEM_BYTES: u32 = 101_376;
 /// Dynamic shared memory of `gdn_prefill_wy_tc{1,3}` (`wy_tc_smem_bytes()` in cuda/gdn_prefill.cu, kept equal by a
 /// static_assert there).
 const WY_TC_SMEM_BYTES: u32 = 102_912;
+/// Dynamic shared memory of `gdn_prefill_wy_h_b` (cuda/gdn_prefill.cu `wy_h_smem_bytes()`): K, Q, V f16 tiles
+/// (A and then T over Q), T fp32, g and beta.
+const WY_H_SMEM_BYTES: u32 = 70_144;
 
 /// Dynamic shared memory of `gdn_prefill_state_cs<CS>` (`state_smem_bytes(CS)` in cuda/gdn_prefill.cu).
 fn state_smem_bytes(cs: u32) -> u32 {
@@ -138,8 +141,8 @@ impl Device {
 
         // 1. conv + norms + gates (`gdn_prefill_prep`: a warp per (8 tokens, segment), four segments per block).
         {
-            const NAME: &str = "gdn_prefill_prep";
-            let f = self.function(Module::GdnPrefill, NAME)?;
+            let name = variant.prep_kernel();
+            let f = self.function(Module::GdnPrefill, name)?;
             let segs = 2 * dims.key_heads + dims.value_heads;
             let cfg = LaunchConfig {
                 grid_dim: (
@@ -176,26 +179,28 @@ impl Device {
                 b.arg(&null).arg(&null);
             }
             b.arg(&hk).arg(&hv).arg(&kconv);
-            // SAFETY: matches `gdn_prefill_prep`; the caller checked qkv = [N, conv_dim], a, b = [N, Hv],
+            // SAFETY: matches `gdn_prefill_prep` / `gdn_prefill_prep_h` (same parameters; `_h` writes qn, kn, v
+            // as f16 into the first half of the same regions); the caller checked qkv = [N, conv_dim], a, b = [N, Hv],
             // conv_weight = [conv_dim, K], a_log, dt_bias = [Hv], conv_in/conv_out = [seqs, conv_dim, K-1]
             // (distinct allocations), dk = dv = 128 and meta's offsets (non-decreasing, last = N); the workspace
             // views are disjoint ranges of `workspace` sized by `lay` (qb / kb: [N, Hk, 128] bf16 each in the
             // split's qkb region, or null); kconv is 2..=4 (checked by `layout`).
             // Warps past a sequence's length or the last segment return.
-            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+            unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
         }
         // 2. chunk-local WY (CUDA cores or tensor cores; same parameters and outputs).
         {
             let name = variant.wy_kernel();
             let f = self.function(Module::GdnPrefill, name)?;
-            let smem = if variant.wy == StateMath::Fp32 {
-                WY_SMEM_BYTES
-            } else {
-                WY_TC_SMEM_BYTES
+            let smem = match variant.wy {
+                StateMath::Fp32 => WY_SMEM_BYTES,
+                StateMath::F16 => WY_H_SMEM_BYTES,
+                _ => WY_TC_SMEM_BYTES,
             };
             set_smem(&f, smem, name)?;
             if variant.wy != StateMath::Fp32 {
-                // Two blocks of 100.5 KiB per SM need the whole 228 KiB carveout (cuda/gdn_prefill.cu).
+                // Two blocks of 100.5 KiB (68.5 KiB for the f16 build) per SM need more than the default
+                // carveout; ask for all of it (cuda/gdn_prefill.cu).
                 max_carveout(&f, name)?;
             }
             let cfg = LaunchConfig {
@@ -225,8 +230,9 @@ impl Device {
                 .arg(&meta_dev);
             b.arg(&gc).arg(&wo).arg(&uo).arg(&ao);
             b.arg(&hk).arg(&hv).arg(&seqs_i).arg(&nc_i);
-            // SAFETY: matches `gdn_prefill_wy` and `gdn_prefill_wy_tc{1,3}[_b]` (same parameters; the `_b` forms
-            // write W, U, Aqk as bf16 into the first half of the same regions); reads what launch 1 wrote (same
+            // SAFETY: matches `gdn_prefill_wy`, `gdn_prefill_wy_tc{1,3}[_b]` and `gdn_prefill_wy_h_b` (same
+            // parameters; the `_b` forms write W, U, Aqk as bf16 into the first half of the same regions, `_h_b`
+            // reads the f16 qn, kn, v `gdn_prefill_prep_h` wrote there); reads what launch 1 wrote (same
             // stream) and writes gcum [N, Hv],
             // W, U [Hv, NC, 64, 128] and Aqk [Hv, NC, 64, 64], each block only its own chunk's rows (chunk offsets
             // in meta sum to NC); blocks past a sequence's chunks return.
@@ -243,6 +249,7 @@ impl Device {
                     return self
                         .gdn_prefill_split(dims, w, x, &meta_dev, lay, state, out, workspace)
                 }
+                StateMath::F16 => unreachable!("F16 is a WY build only (GdnPrefillVariant::parse)"),
             };
             let f = self.function(Module::GdnPrefill, name)?;
             set_smem(&f, smem, name)?;
@@ -393,6 +400,8 @@ mod tests {
         assert_eq!(py("\nWY_SMEM") as u32, WY_SMEM_BYTES);
         assert_eq!(cu("wy_tc_smem_bytes()") as u32, WY_TC_SMEM_BYTES);
         assert_eq!(py("\nWY_TC_SMEM") as u32, WY_TC_SMEM_BYTES);
+        assert_eq!(cu("wy_h_smem_bytes()") as u32, WY_H_SMEM_BYTES);
+        assert_eq!(py("\nWY_H_SMEM") as u32, WY_H_SMEM_BYTES);
         for cs in [16, 32, 64] {
             assert_eq!(
                 cu(&format!("state_smem_bytes({cs})")) as u32,

@@ -1461,34 +1461,48 @@ __device__ __forceinline__ void mma_kstep(float (&acc)[2 * NP][4], const uint32_
 
 }  // namespace
 
-// Chunk buffers of gdn_prefill_walk_bf16, a ring: chunk c + 2's operands stream in while chunk c is multiplied.
-constexpr int WALK_NBUF = 3;
-constexpr int WALK_BUF = 2 * C * BP + C * HP;  // bf16 per buffer: W [C][BP], K [C][BP], this block's U [C][HP]
+// The walk's state columns per block, CW: 64 (`gdn_prefill_walk_bf16`, variant `..._bf16_cs64`: 2 blocks per head,
+// 96 blocks for 48 heads, one per SM) or 32 (`gdn_prefill_walk_bf16_c32`, `..._bf16_cs32`, session 10: 4 blocks per
+// head, two per SM, so 192 blocks fill 96 SMs' worth of pairs at half the products per chunk each; W and K are read
+// by twice the blocks, from L2).
+// Chunk buffers, a ring: with CW = 64 three (chunk c + 2's operands stream in while chunk c is multiplied), with
+// CW = 32 two (chunk c + 1's), so that two blocks fit an SM.
+__host__ __device__ constexpr int walk_nbuf(int cw) { return cw == 64 ? 3 : 2; }
+__host__ __device__ constexpr int walk_wp(int cw) { return cw + 8; }  // padded row (bf16) of a [*][CW] tile
+// bf16 per buffer: W [C][BP], K [C][BP], this block's U [C][CW + 8].
+__host__ __device__ constexpr int walk_buf(int cw) { return 2 * C * BP + C * walk_wp(cw); }
 
-// Shared memory of gdn_prefill_walk_bf16 (dynamic): the ring of chunk buffers, the state [D][HP], the decayed D
-// [C][HP] and D itself [C][HP] (staged so that its slot is written 16 bytes per store: written straight from the
-// fragments, 4 bytes per lane, its stores used 24 of each 32-byte sector, s9-run1's Nsight Compute) in bf16, then G
-// [WALK_NBUF][C] fp32.
-__host__ __device__ constexpr int walk_bf16_smem_bytes() {
-    return (WALK_NBUF * WALK_BUF + D * HP + 2 * C * HP) * 2 + WALK_NBUF * C * 4;
+// Shared memory of gdn_prefill_walk_bf16[_c32] (dynamic): the ring of chunk buffers, the state [D][CW + 8], the
+// decayed D [C][CW + 8] and D itself [C][CW + 8] (staged so that its slot is written 16 bytes per store: written
+// straight from the fragments, 4 bytes per lane, its stores used 24 of each 32-byte sector, s9-run1's Nsight
+// Compute) in bf16, then G [nbuf][C] fp32.
+__host__ __device__ constexpr int walk_bf16_smem_bytes(int cw) {
+    return (walk_nbuf(cw) * walk_buf(cw) + D * walk_wp(cw) + 2 * C * walk_wp(cw)) * 2 + walk_nbuf(cw) * C * 4;
 }
 
 // Inputs (all written by launches 1 and 2 of this build): kb the bf16 copy of kn (`gdn_prefill_prep`'s qb / kb),
 // w_in / u_in the bf16 W and U of `gdn_prefill_wy_tc<1|3>_b`, gcum.
-extern "C" __global__ void __launch_bounds__(256, 1)
-    gdn_prefill_walk_bf16(const bf16* __restrict__ kb, const float* __restrict__ gcum,
-                          const bf16* __restrict__ w_in, const bf16* __restrict__ u_in,
-                          const int* __restrict__ meta, float* __restrict__ state, bf16* __restrict__ hs, int hk,
-                          int hv, int seqs, int n_chunks) {
-    constexpr int NT = 8;  // n-tiles of the 64 columns (phase c)
+template <int CW>
+__device__ __forceinline__ void gdn_prefill_walk_bf16_body(const bf16* __restrict__ kb,
+                                                           const float* __restrict__ gcum,
+                                                           const bf16* __restrict__ w_in,
+                                                           const bf16* __restrict__ u_in,
+                                                           const int* __restrict__ meta, float* __restrict__ state,
+                                                           bf16* __restrict__ hs, int hk, int hv, int seqs,
+                                                           int n_chunks) {
+    constexpr int NT = CW / 8;        // n-tiles of the CW columns (phase c)
+    constexpr int NB = CW / 16;       // n-tiles of each warp in phase b (rows 16 (w & 3) .., half the columns)
+    constexpr int NBUF = walk_nbuf(CW), BUF = walk_buf(CW), WP = walk_wp(CW);
+    constexpr int AHEAD = NBUF - 1;   // chunks fetched ahead of the one being multiplied
+    constexpr int Q8 = CW / 8;        // 16-byte chunks per row of CW bf16
     extern __shared__ float4 smem_walk[];
-    bf16* const ring = reinterpret_cast<bf16*>(smem_walk);     // buffer i at i * WALK_BUF: W, K, U
-    bf16* const Sb = ring + WALK_NBUF * WALK_BUF;              // [D][HP]
-    bf16* const Db = Sb + D * HP;                              // [C][HP]
-    bf16* const Du = Db + C * HP;                              // [C][HP]: D unscaled, for the slot
-    float* const Gs = reinterpret_cast<float*>(Du + C * HP);   // [WALK_NBUF][C]
+    bf16* const ring = reinterpret_cast<bf16*>(smem_walk);     // buffer i at i * BUF: W, K, U
+    bf16* const Sb = ring + NBUF * BUF;                        // [D][WP]
+    bf16* const Db = Sb + D * WP;                              // [C][WP]
+    bf16* const Du = Db + C * WP;                              // [C][WP]: D unscaled, for the slot
+    float* const Gs = reinterpret_cast<float*>(Du + C * WP);   // [NBUF][C]
 
-    const int c0 = blockIdx.x * 64, h = blockIdx.y, s = blockIdx.z;
+    const int c0 = blockIdx.x * CW, h = blockIdx.y, s = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int fg = lane >> 2, ft = lane & 3;
     const int start = meta[s];
@@ -1497,7 +1511,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     const int kh = h / (hv / hk);
     float* sg = state + (static_cast<size_t>(s) * hv + h) * D * D + c0;
     const size_t slot0 = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s];
-    const int am = (warp & 3) * 16, an = (warp >> 2) * 32;  // phase b: rows and first column of this warp
+    const int am = (warp & 3) * 16, an = (warp >> 2) * (CW / 2);  // phase b: rows and first column of this warp
     const int dm = warp * 16;                               // phase c: state rows of this warp
 
     float st[NT][4];
@@ -1511,14 +1525,14 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         st[n][3] = b.y;
     }
 
-    // Chunk cc's W, K (rows past the chunk zero-filled), this block's 64 columns of U and G into ring buffer
-    // cc % WALK_NBUF, as one cp.async group (committed also when there is no such chunk, so that the waits below
+    // Chunk cc's W, K (rows past the chunk zero-filled), this block's CW columns of U and G into ring buffer
+    // cc % NBUF, as one cp.async group (committed also when there is no such chunk, so that the waits below
     // count groups, not chunks).
     auto fetch = [&](int cc) {
         if (cc < nch) {
-            const int lc = min(C, len - cc * C), bi = cc % WALK_NBUF;
+            const int lc = min(C, len - cc * C), bi = cc % NBUF;
             const size_t tok0 = static_cast<size_t>(start + cc * C);
-            bf16* Wb = ring + bi * WALK_BUF;
+            bf16* Wb = ring + bi * BUF;
             bf16* Kb = Wb + C * BP;
             bf16* Ub = Kb + C * BP;
             const bf16* wg = w_in + (slot0 + cc) * C * D;
@@ -1531,70 +1545,65 @@ extern "C" __global__ void __launch_bounds__(256, 1)
                 cp_async16(Kb + r * BP + 8 * q, ok ? kb + ((tok0 + r) * hk + kh) * D + 8 * q : kb, ok);
             }
 #pragma unroll
-            for (int j = 0; j < C * 64 / 8 / 256; ++j) {
-                const int i = tid + 256 * j, r = i >> 3, q = i & 7;  // 8 x 16 bytes per row of 64
-                cp_async16(Ub + r * HP + 8 * q, ug + r * D + 8 * q, true);
+            for (int j = 0; j < C * Q8 / 256; ++j) {
+                const int i = tid + 256 * j, r = i / Q8, q = i % Q8;  // Q8 x 16 bytes per row of CW
+                cp_async16(Ub + r * WP + 8 * q, ug + r * D + 8 * q, true);
             }
             if (tid < C) cp_async4(Gs + bi * C + tid, tid < lc ? gcum + (tok0 + tid) * hv + h : gcum, tid < lc);
         }
         cp_async_commit();
     };
 
-    fetch(0);
-    fetch(1);
+#pragma unroll
+    for (int cc = 0; cc < AHEAD; ++cc) fetch(cc);
     for (int c = 0; c < nch; ++c) {
         const int lc = min(C, len - c * C);
-        const bf16* Wb = ring + (c % WALK_NBUF) * WALK_BUF;
+        const bf16* Wb = ring + (c % NBUF) * BUF;
         const bf16* Kb = Wb + C * BP;
         const bf16* Ub = Kb + C * BP;
-        const float* G = Gs + (c % WALK_NBUF) * C;
+        const float* G = Gs + (c % NBUF) * C;
         bf16* slot = hs + (slot0 + c) * HS_SLOT;
         // a. the incoming state, bf16, to shared memory (then, after the barrier, to the slot).
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-            *reinterpret_cast<uint32_t*>(Sb + (dm + fg) * HP + 8 * n + 2 * ft) = pack_bf16x2(st[n][0], st[n][1]);
-            *reinterpret_cast<uint32_t*>(Sb + (dm + fg + 8) * HP + 8 * n + 2 * ft) = pack_bf16x2(st[n][2], st[n][3]);
+            *reinterpret_cast<uint32_t*>(Sb + (dm + fg) * WP + 8 * n + 2 * ft) = pack_bf16x2(st[n][0], st[n][1]);
+            *reinterpret_cast<uint32_t*>(Sb + (dm + fg + 8) * WP + 8 * n + 2 * ft) = pack_bf16x2(st[n][2], st[n][3]);
         }
-        cp_async_wait<1>();  // this thread's copies of chunk c (chunk c + 1's group may still be in flight)
-        __syncthreads();     // Sb and chunk c's buffer complete; chunk c - 1's readers done
-        fetch(c + 2);        // into the buffer chunk c - 1 used
+        cp_async_wait<AHEAD - 1>();  // this thread's copies of chunk c (later chunks' groups may be in flight)
+        __syncthreads();             // Sb and chunk c's buffer complete; chunk c - 1's readers done
+        fetch(c + AHEAD);            // into the buffer chunk c - 1 used
 #pragma unroll
-        for (int j = 0; j < D * 64 / 8 / 256; ++j) {
-            const int i = tid + 256 * j, r = i >> 3, q = i & 7;
-            *reinterpret_cast<uint4*>(slot + r * D + c0 + 8 * q) = *reinterpret_cast<const uint4*>(Sb + r * HP + 8 * q);
+        for (int j = 0; j < D * Q8 / 256; ++j) {
+            const int i = tid + 256 * j, r = i / Q8, q = i % Q8;
+            *reinterpret_cast<uint4*>(slot + r * D + c0 + 8 * q) = *reinterpret_cast<const uint4*>(Sb + r * WP + 8 * q);
         }
-        // b. D = U - W S on this warp's 16 rows x 32 columns.
-        float acc[4][4];
+        // b. D = U - W S on this warp's 16 rows x CW / 2 columns.
+        float acc[NB][4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < NB; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
 #pragma unroll
         for (int k0 = 0; k0 < D; k0 += 16) {
-            uint32_t a[4], b0[4], b1[4];
+            uint32_t a[4];
             ldsm_a(a, Wb, BP, am, k0, lane);
-            ldsm_b2(b0, Sb, HP, k0, an, lane);
-            ldsm_b2(b1, Sb, HP, k0, an + 16, lane);
-            mma_bf16_16816(acc[0], a, b0[0], b0[1]);
-            mma_bf16_16816(acc[1], a, b0[2], b0[3]);
-            mma_bf16_16816(acc[2], a, b1[0], b1[1]);
-            mma_bf16_16816(acc[3], a, b1[2], b1[3]);
+            mma_kstep<NB / 2>(acc, a, Sb, WP, k0, an, lane);
         }
         const float gl = G[lc - 1];
         const int r0 = am + fg, r1 = am + fg + 8;
         const float f0 = r0 < lc ? expf(gl - G[r0]) : 0.f, f1 = r1 < lc ? expf(gl - G[r1]) : 0.f;
         bf16* dg = slot + D * D;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < NB; ++j) {
             const int col = an + 8 * j + 2 * ft;
-            const float2 ulo = bf16x2_to_float2(*reinterpret_cast<const uint32_t*>(Ub + r0 * HP + col));
-            const float2 uhi = bf16x2_to_float2(*reinterpret_cast<const uint32_t*>(Ub + r1 * HP + col));
+            const float2 ulo = bf16x2_to_float2(*reinterpret_cast<const uint32_t*>(Ub + r0 * WP + col));
+            const float2 uhi = bf16x2_to_float2(*reinterpret_cast<const uint32_t*>(Ub + r1 * WP + col));
             const float d0 = ulo.x - acc[j][0], d1 = ulo.y - acc[j][1];
             const float d2 = uhi.x - acc[j][2], d3 = uhi.y - acc[j][3];
-            *reinterpret_cast<uint32_t*>(Du + r0 * HP + col) = pack_bf16x2(d0, d1);
-            *reinterpret_cast<uint32_t*>(Du + r1 * HP + col) = pack_bf16x2(d2, d3);
-            *reinterpret_cast<uint32_t*>(Db + r0 * HP + col) = pack_bf16x2(d0 * f0, d1 * f0);
-            *reinterpret_cast<uint32_t*>(Db + r1 * HP + col) = pack_bf16x2(d2 * f1, d3 * f1);
+            *reinterpret_cast<uint32_t*>(Du + r0 * WP + col) = pack_bf16x2(d0, d1);
+            *reinterpret_cast<uint32_t*>(Du + r1 * WP + col) = pack_bf16x2(d2, d3);
+            *reinterpret_cast<uint32_t*>(Db + r0 * WP + col) = pack_bf16x2(d0 * f0, d1 * f0);
+            *reinterpret_cast<uint32_t*>(Db + r1 * WP + col) = pack_bf16x2(d2 * f1, d3 * f1);
         }
         __syncthreads();  // Db complete; Sb free
         // c. S <- e^{G_L} S + K^T (e^{G_L-G} D) on this warp's 16 state rows (K and D rows past the chunk are 0).
@@ -1607,13 +1616,13 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         for (int t0 = 0; t0 < kend; t0 += 16) {
             uint32_t a[4];
             ldsm_at(a, Kb, BP, dm, t0, lane);
-            mma_kstep<NT / 2>(st, a, Db, HP, t0, 0, lane);
+            mma_kstep<NT / 2>(st, a, Db, WP, t0, 0, lane);
         }
         // D to the slot, 16 bytes per store from Du (rewritten only after the next chunk's first barrier).
 #pragma unroll
-        for (int j = 0; j < C * 64 / 8 / 256; ++j) {
-            const int i = tid + 256 * j, r = i >> 3, q = i & 7;
-            *reinterpret_cast<uint4*>(dg + r * D + c0 + 8 * q) = *reinterpret_cast<const uint4*>(Du + r * HP + 8 * q);
+        for (int j = 0; j < C * Q8 / 256; ++j) {
+            const int i = tid + 256 * j, r = i / Q8, q = i % Q8;
+            *reinterpret_cast<uint4*>(dg + r * D + c0 + 8 * q) = *reinterpret_cast<const uint4*>(Du + r * WP + 8 * q);
         }
     }
     cp_async_wait<0>();  // (only empty groups can remain; nothing left in flight at exit)
@@ -1623,6 +1632,23 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         *reinterpret_cast<float2*>(sg + (dm + fg) * D + 8 * n + 2 * ft) = make_float2(st[n][0], st[n][1]);
         *reinterpret_cast<float2*>(sg + (dm + fg + 8) * D + 8 * n + 2 * ft) = make_float2(st[n][2], st[n][3]);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+    gdn_prefill_walk_bf16(const bf16* __restrict__ kb, const float* __restrict__ gcum,
+                          const bf16* __restrict__ w_in, const bf16* __restrict__ u_in,
+                          const int* __restrict__ meta, float* __restrict__ state, bf16* __restrict__ hs, int hk,
+                          int hv, int seqs, int n_chunks) {
+    gdn_prefill_walk_bf16_body<64>(kb, gcum, w_in, u_in, meta, state, hs, hk, hv, seqs, n_chunks);
+}
+
+// Two blocks per SM: 100,864 bytes of shared memory each, at most 128 registers.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    gdn_prefill_walk_bf16_c32(const bf16* __restrict__ kb, const float* __restrict__ gcum,
+                              const bf16* __restrict__ w_in, const bf16* __restrict__ u_in,
+                              const int* __restrict__ meta, float* __restrict__ state, bf16* __restrict__ hs, int hk,
+                              int hv, int seqs, int n_chunks) {
+    gdn_prefill_walk_bf16_body<32>(kb, gcum, w_in, u_in, meta, state, hs, hk, hv, seqs, n_chunks);
 }
 
 // Shared memory of gdn_prefill_out_bf16 (dynamic): Q [C][D], the chunk's state [D][D] and D [C][D], Aqk [C][C]
@@ -1779,7 +1805,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
 //      K and V tiles and written 16 bytes per store.
 __host__ __device__ constexpr int wy_h_smem_bytes() { return 3 * C * BP * 2 + C * QP * 4 + 2 * C * 4; }
 
-extern "C" __global__ void __launch_bounds__(256, 2)
+extern "C" __global__ void __launch_bounds__(256, 3)
     gdn_prefill_wy_h_b(const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ vv,
                        const float* __restrict__ gg, const float* __restrict__ bb, const int* __restrict__ meta,
                        float* __restrict__ gcum, float* __restrict__ w_out, float* __restrict__ u_out,
@@ -1903,45 +1929,44 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     }
     __syncthreads();  // Th complete
 
-    // 6. W = T Kb and U = T Vb on columns cw .. cw + 15 of both, all rows; T[r][m] = 0 for m > r, so m-tile t
-    // stops at k-step t.
+    // 6. W = T Kb, then U = T Vb, on columns cw .. cw + 15, all rows (two passes of 32 accumulators, so that three
+    // blocks fit an SM's registers); T[r][m] = 0 for m > r, so m-tile t stops at k-step t.
     {
         const int cw = 16 * warp;
-        float aw[4][2][4], au[4][2][4];
-#pragma unroll
-        for (int t = 0; t < 4; ++t)
-#pragma unroll
-            for (int n = 0; n < 2; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) aw[t][n][e] = au[t][n][e] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-            uint32_t bk[4], bv[4];
-            ldsm_b2(bk, Kh, BP, 16 * ks, cw, lane);
-            ldsm_b2(bv, Vh, BP, 16 * ks, cw, lane);
-#pragma unroll
-            for (int t = ks; t < 4; ++t) {
-                uint32_t a[4];
-                ldsm_a(a, Th, HP, 16 * t, 16 * ks, lane);
-                mma_f16_16816(aw[t][0], a, bk[0], bk[1]);
-                mma_f16_16816(aw[t][1], a, bk[2], bk[3]);
-                mma_f16_16816(au[t][0], a, bv[0], bv[1]);
-                mma_f16_16816(au[t][1], a, bv[2], bv[3]);
-            }
-        }
-        // W and U in bf16, staged over the K and V tiles (rows of BP) and written 16 bytes per store.
-        bf16* const Ws = reinterpret_cast<bf16*>(Kh);
+        bf16* const Ws = reinterpret_cast<bf16*>(Kh);  // W and U in bf16, staged over the K and V tiles
         bf16* const Us = reinterpret_cast<bf16*>(Vh);
-        __syncthreads();  // every warp's products read Kh and Vh
+#pragma unroll 1
+        for (int pass = 0; pass < 2; ++pass) {
+            const __half* const Bt = pass == 0 ? Kh : Vh;
+            bf16* const Os = pass == 0 ? Ws : Us;
+            float acc[4][2][4];
 #pragma unroll
-        for (int t = 0; t < 4; ++t) {
+            for (int t = 0; t < 4; ++t)
 #pragma unroll
-            for (int n = 0; n < 2; ++n) {
-                const int r0 = 16 * t + fg, col = cw + 8 * n + 2 * ft;
-                *reinterpret_cast<uint32_t*>(Ws + r0 * BP + col) = pack_bf16x2(aw[t][n][0], aw[t][n][1]);
-                *reinterpret_cast<uint32_t*>(Ws + (r0 + 8) * BP + col) = pack_bf16x2(aw[t][n][2], aw[t][n][3]);
-                *reinterpret_cast<uint32_t*>(Us + r0 * BP + col) = pack_bf16x2(au[t][n][0], au[t][n][1]);
-                *reinterpret_cast<uint32_t*>(Us + (r0 + 8) * BP + col) = pack_bf16x2(au[t][n][2], au[t][n][3]);
+                for (int n = 0; n < 2; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[t][n][e] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                uint32_t bfr[4];
+                ldsm_b2(bfr, Bt, BP, 16 * ks, cw, lane);
+#pragma unroll
+                for (int t = ks; t < 4; ++t) {
+                    uint32_t a[4];
+                    ldsm_a(a, Th, HP, 16 * t, 16 * ks, lane);
+                    mma_f16_16816(acc[t][0], a, bfr[0], bfr[1]);
+                    mma_f16_16816(acc[t][1], a, bfr[2], bfr[3]);
+                }
+            }
+            __syncthreads();  // every warp's products of this pass read its tile, which the bf16 result replaces
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+#pragma unroll
+                for (int n = 0; n < 2; ++n) {
+                    const int r0 = 16 * t + fg, col = cw + 8 * n + 2 * ft;
+                    *reinterpret_cast<uint32_t*>(Os + r0 * BP + col) = pack_bf16x2(acc[t][n][0], acc[t][n][1]);
+                    *reinterpret_cast<uint32_t*>(Os + (r0 + 8) * BP + col) = pack_bf16x2(acc[t][n][2], acc[t][n][3]);
+                }
             }
         }
         __syncthreads();
@@ -1963,6 +1988,7 @@ static_assert(state_tc_smem_bytes(16) == 103424 && state_tc_smem_bytes(32) == 11
                   state_tc_smem_bytes(64) == 225280,
               "keep gdn_prefill.rs state_tc_smem_bytes equal");
 static_assert(state_smem_bytes(16) == 96768 && state_smem_bytes(32) == 109056 && state_smem_bytes(64) == 133632, "keep gdn_prefill.rs state_smem_bytes equal");
-static_assert(walk_bf16_smem_bytes() == 169728 && out_bf16_smem_bytes() == 75008,
+static_assert(walk_bf16_smem_bytes(64) == 169728 && walk_bf16_smem_bytes(32) == 100864 &&
+                  out_bf16_smem_bytes() == 75008,
               "keep gdn_prefill.rs WALK_BF16_SMEM_BYTES / OUT_BF16_SMEM_BYTES equal");
 static_assert(wy_h_smem_bytes() == 70144, "keep gdn_prefill.rs WY_H_SMEM_BYTES equal");

@@ -1386,7 +1386,10 @@ extern "C" __global__ void __launch_bounds__(256)
 //     operands converted through registers 219.4 us; bf16 operands, next chunk by cp.async 174.2 us; the ring
 //     168.7 us, s8-run5; D staged for 16-byte stores 144.4 us, s9-run4; fla's walk 106.0 us. Measured and not
 //     kept, s9-run3: the state's copy to the slot moved after phase b's products and the next chunk's fetch after
-//     phase c's, so that their instructions fill the mma latency: 170.8 against 168.9 us.)
+//     phase c's, so that their instructions fill the mma latency: 170.8 against 168.9 us. s10-run3: 32 state
+//     columns per block (4 blocks per head, 192 blocks at two per SM, two chunk buffers, W and K read by twice the
+//     blocks): 174.9 against 144.3 us at T = 4096, 332.9 against 287.4 at B = 4, N = 9216, so half the products
+//     per chunk did not halve the chunk's latency.)
 // 4'. gdn_prefill_out_bf16: grid (max_chunks, Hv, seqs), 256 threads, parallel over chunks: per (chunk, head)
 //     o = e^G (Q S_c) + Aqk D ([64 x 128] x [128 x 128] and the causal [64 x 64] x [64 x 128]; warp w owns rows
 //     16 (w & 3) .., columns 64 (w >> 2) ..), then the gated RMSNorm of launch 4 fused (the row's sum of squares
@@ -1461,48 +1464,34 @@ __device__ __forceinline__ void mma_kstep(float (&acc)[2 * NP][4], const uint32_
 
 }  // namespace
 
-// The walk's state columns per block, CW: 64 (`gdn_prefill_walk_bf16`, variant `..._bf16_cs64`: 2 blocks per head,
-// 96 blocks for 48 heads, one per SM) or 32 (`gdn_prefill_walk_bf16_c32`, `..._bf16_cs32`, session 10: 4 blocks per
-// head, two per SM, so 192 blocks fill 96 SMs' worth of pairs at half the products per chunk each; W and K are read
-// by twice the blocks, from L2).
-// Chunk buffers, a ring: with CW = 64 three (chunk c + 2's operands stream in while chunk c is multiplied), with
-// CW = 32 two (chunk c + 1's), so that two blocks fit an SM.
-__host__ __device__ constexpr int walk_nbuf(int cw) { return cw == 64 ? 3 : 2; }
-__host__ __device__ constexpr int walk_wp(int cw) { return cw + 8; }  // padded row (bf16) of a [*][CW] tile
-// bf16 per buffer: W [C][BP], K [C][BP], this block's U [C][CW + 8].
-__host__ __device__ constexpr int walk_buf(int cw) { return 2 * C * BP + C * walk_wp(cw); }
+// Chunk buffers of gdn_prefill_walk_bf16, a ring: chunk c + 2's operands stream in while chunk c is multiplied.
+constexpr int WALK_NBUF = 3;
+constexpr int WALK_BUF = 2 * C * BP + C * HP;  // bf16 per buffer: W [C][BP], K [C][BP], this block's U [C][HP]
 
-// Shared memory of gdn_prefill_walk_bf16[_c32] (dynamic): the ring of chunk buffers, the state [D][CW + 8], the
-// decayed D [C][CW + 8] and D itself [C][CW + 8] (staged so that its slot is written 16 bytes per store: written
-// straight from the fragments, 4 bytes per lane, its stores used 24 of each 32-byte sector, s9-run1's Nsight
-// Compute) in bf16, then G [nbuf][C] fp32.
-__host__ __device__ constexpr int walk_bf16_smem_bytes(int cw) {
-    return (walk_nbuf(cw) * walk_buf(cw) + D * walk_wp(cw) + 2 * C * walk_wp(cw)) * 2 + walk_nbuf(cw) * C * 4;
+// Shared memory of gdn_prefill_walk_bf16 (dynamic): the ring of chunk buffers, the state [D][HP], the decayed D
+// [C][HP] and D itself [C][HP] (staged so that its slot is written 16 bytes per store: written straight from the
+// fragments, 4 bytes per lane, its stores used 24 of each 32-byte sector, s9-run1's Nsight Compute) in bf16, then G
+// [WALK_NBUF][C] fp32.
+__host__ __device__ constexpr int walk_bf16_smem_bytes() {
+    return (WALK_NBUF * WALK_BUF + D * HP + 2 * C * HP) * 2 + WALK_NBUF * C * 4;
 }
 
 // Inputs (all written by launches 1 and 2 of this build): kb the bf16 copy of kn (`gdn_prefill_prep`'s qb / kb),
 // w_in / u_in the bf16 W and U of `gdn_prefill_wy_tc<1|3>_b`, gcum.
-template <int CW>
-__device__ __forceinline__ void gdn_prefill_walk_bf16_body(const bf16* __restrict__ kb,
-                                                           const float* __restrict__ gcum,
-                                                           const bf16* __restrict__ w_in,
-                                                           const bf16* __restrict__ u_in,
-                                                           const int* __restrict__ meta, float* __restrict__ state,
-                                                           bf16* __restrict__ hs, int hk, int hv, int seqs,
-                                                           int n_chunks) {
-    constexpr int NT = CW / 8;        // n-tiles of the CW columns (phase c)
-    constexpr int NB = CW / 16;       // n-tiles of each warp in phase b (rows 16 (w & 3) .., half the columns)
-    constexpr int NBUF = walk_nbuf(CW), BUF = walk_buf(CW), WP = walk_wp(CW);
-    constexpr int AHEAD = NBUF - 1;   // chunks fetched ahead of the one being multiplied
-    constexpr int Q8 = CW / 8;        // 16-byte chunks per row of CW bf16
+extern "C" __global__ void __launch_bounds__(256, 1)
+    gdn_prefill_walk_bf16(const bf16* __restrict__ kb, const float* __restrict__ gcum,
+                          const bf16* __restrict__ w_in, const bf16* __restrict__ u_in,
+                          const int* __restrict__ meta, float* __restrict__ state, bf16* __restrict__ hs, int hk,
+                          int hv, int seqs, int n_chunks) {
+    constexpr int NT = 8;  // n-tiles of the 64 columns (phase c)
     extern __shared__ float4 smem_walk[];
-    bf16* const ring = reinterpret_cast<bf16*>(smem_walk);     // buffer i at i * BUF: W, K, U
-    bf16* const Sb = ring + NBUF * BUF;                        // [D][WP]
-    bf16* const Db = Sb + D * WP;                              // [C][WP]
-    bf16* const Du = Db + C * WP;                              // [C][WP]: D unscaled, for the slot
-    float* const Gs = reinterpret_cast<float*>(Du + C * WP);   // [NBUF][C]
+    bf16* const ring = reinterpret_cast<bf16*>(smem_walk);     // buffer i at i * WALK_BUF: W, K, U
+    bf16* const Sb = ring + WALK_NBUF * WALK_BUF;              // [D][HP]
+    bf16* const Db = Sb + D * HP;                              // [C][HP]
+    bf16* const Du = Db + C * HP;                              // [C][HP]: D unscaled, for the slot
+    float* const Gs = reinterpret_cast<float*>(Du + C * HP);   // [WALK_NBUF][C]
 
-    const int c0 = blockIdx.x * CW, h = blockIdx.y, s = blockIdx.z;
+    const int c0 = blockIdx.x * 64, h = blockIdx.y, s = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int fg = lane >> 2, ft = lane & 3;
     const int start = meta[s];
@@ -1511,7 +1500,7 @@ __device__ __forceinline__ void gdn_prefill_walk_bf16_body(const bf16* __restric
     const int kh = h / (hv / hk);
     float* sg = state + (static_cast<size_t>(s) * hv + h) * D * D + c0;
     const size_t slot0 = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s];
-    const int am = (warp & 3) * 16, an = (warp >> 2) * (CW / 2);  // phase b: rows and first column of this warp
+    const int am = (warp & 3) * 16, an = (warp >> 2) * 32;  // phase b: rows and first column of this warp
     const int dm = warp * 16;                               // phase c: state rows of this warp
 
     float st[NT][4];
@@ -1525,14 +1514,14 @@ __device__ __forceinline__ void gdn_prefill_walk_bf16_body(const bf16* __restric
         st[n][3] = b.y;
     }
 
-    // Chunk cc's W, K (rows past the chunk zero-filled), this block's CW columns of U and G into ring buffer
-    // cc % NBUF, as one cp.async group (committed also when there is no such chunk, so that the waits below
+    // Chunk cc's W, K (rows past the chunk zero-filled), this block's 64 columns of U and G into ring buffer
+    // cc % WALK_NBUF, as one cp.async group (committed also when there is no such chunk, so that the waits below
     // count groups, not chunks).
     auto fetch = [&](int cc) {
         if (cc < nch) {
-            const int lc = min(C, len - cc * C), bi = cc % NBUF;
+            const int lc = min(C, len - cc * C), bi = cc % WALK_NBUF;
             const size_t tok0 = static_cast<size_t>(start + cc * C);
-            bf16* Wb = ring + bi * BUF;
+            bf16* Wb = ring + bi * WALK_BUF;
             bf16* Kb = Wb + C * BP;
             bf16* Ub = Kb + C * BP;
             const bf16* wg = w_in + (slot0 + cc) * C * D;
@@ -1545,65 +1534,70 @@ __device__ __forceinline__ void gdn_prefill_walk_bf16_body(const bf16* __restric
                 cp_async16(Kb + r * BP + 8 * q, ok ? kb + ((tok0 + r) * hk + kh) * D + 8 * q : kb, ok);
             }
 #pragma unroll
-            for (int j = 0; j < C * Q8 / 256; ++j) {
-                const int i = tid + 256 * j, r = i / Q8, q = i % Q8;  // Q8 x 16 bytes per row of CW
-                cp_async16(Ub + r * WP + 8 * q, ug + r * D + 8 * q, true);
+            for (int j = 0; j < C * 64 / 8 / 256; ++j) {
+                const int i = tid + 256 * j, r = i >> 3, q = i & 7;  // 8 x 16 bytes per row of 64
+                cp_async16(Ub + r * HP + 8 * q, ug + r * D + 8 * q, true);
             }
             if (tid < C) cp_async4(Gs + bi * C + tid, tid < lc ? gcum + (tok0 + tid) * hv + h : gcum, tid < lc);
         }
         cp_async_commit();
     };
 
-#pragma unroll
-    for (int cc = 0; cc < AHEAD; ++cc) fetch(cc);
+    fetch(0);
+    fetch(1);
     for (int c = 0; c < nch; ++c) {
         const int lc = min(C, len - c * C);
-        const bf16* Wb = ring + (c % NBUF) * BUF;
+        const bf16* Wb = ring + (c % WALK_NBUF) * WALK_BUF;
         const bf16* Kb = Wb + C * BP;
         const bf16* Ub = Kb + C * BP;
-        const float* G = Gs + (c % NBUF) * C;
+        const float* G = Gs + (c % WALK_NBUF) * C;
         bf16* slot = hs + (slot0 + c) * HS_SLOT;
         // a. the incoming state, bf16, to shared memory (then, after the barrier, to the slot).
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-            *reinterpret_cast<uint32_t*>(Sb + (dm + fg) * WP + 8 * n + 2 * ft) = pack_bf16x2(st[n][0], st[n][1]);
-            *reinterpret_cast<uint32_t*>(Sb + (dm + fg + 8) * WP + 8 * n + 2 * ft) = pack_bf16x2(st[n][2], st[n][3]);
+            *reinterpret_cast<uint32_t*>(Sb + (dm + fg) * HP + 8 * n + 2 * ft) = pack_bf16x2(st[n][0], st[n][1]);
+            *reinterpret_cast<uint32_t*>(Sb + (dm + fg + 8) * HP + 8 * n + 2 * ft) = pack_bf16x2(st[n][2], st[n][3]);
         }
-        cp_async_wait<AHEAD - 1>();  // this thread's copies of chunk c (later chunks' groups may be in flight)
-        __syncthreads();             // Sb and chunk c's buffer complete; chunk c - 1's readers done
-        fetch(c + AHEAD);            // into the buffer chunk c - 1 used
+        cp_async_wait<1>();  // this thread's copies of chunk c (chunk c + 1's group may still be in flight)
+        __syncthreads();     // Sb and chunk c's buffer complete; chunk c - 1's readers done
+        fetch(c + 2);        // into the buffer chunk c - 1 used
 #pragma unroll
-        for (int j = 0; j < D * Q8 / 256; ++j) {
-            const int i = tid + 256 * j, r = i / Q8, q = i % Q8;
-            *reinterpret_cast<uint4*>(slot + r * D + c0 + 8 * q) = *reinterpret_cast<const uint4*>(Sb + r * WP + 8 * q);
+        for (int j = 0; j < D * 64 / 8 / 256; ++j) {
+            const int i = tid + 256 * j, r = i >> 3, q = i & 7;
+            *reinterpret_cast<uint4*>(slot + r * D + c0 + 8 * q) = *reinterpret_cast<const uint4*>(Sb + r * HP + 8 * q);
         }
-        // b. D = U - W S on this warp's 16 rows x CW / 2 columns.
-        float acc[NB][4];
+        // b. D = U - W S on this warp's 16 rows x 32 columns.
+        float acc[4][4];
 #pragma unroll
-        for (int j = 0; j < NB; ++j)
+        for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
 #pragma unroll
         for (int k0 = 0; k0 < D; k0 += 16) {
-            uint32_t a[4];
+            uint32_t a[4], b0[4], b1[4];
             ldsm_a(a, Wb, BP, am, k0, lane);
-            mma_kstep<NB / 2>(acc, a, Sb, WP, k0, an, lane);
+            ldsm_b2(b0, Sb, HP, k0, an, lane);
+            ldsm_b2(b1, Sb, HP, k0, an + 16, lane);
+            mma_bf16_16816(acc[0], a, b0[0], b0[1]);
+            mma_bf16_16816(acc[1], a, b0[2], b0[3]);
+            mma_bf16_16816(acc[2], a, b1[0], b1[1]);
+            mma_bf16_16816(acc[3], a, b1[2], b1[3]);
         }
         const float gl = G[lc - 1];
         const int r0 = am + fg, r1 = am + fg + 8;
         const float f0 = r0 < lc ? expf(gl - G[r0]) : 0.f, f1 = r1 < lc ? expf(gl - G[r1]) : 0.f;
         bf16* dg = slot + D * D;
 #pragma unroll
-        for (int j = 0; j < NB; ++j) {
+        for (int j = 0; j < 4; ++j) {
             const int col = an + 8 * j + 2 * ft;
-            const float2 ulo = bf16x2_to_float2(*reinterpret_cast<const uint32_t*>(Ub + r0 * WP + col));
-            const float2 uhi = bf16x2_to_float2(*reinterpret_cast<const uint32_t*>(Ub + r1 * WP + col));
+            const float2 ulo = bf16x2_to_float2(*reinterpret_cast<const uint32_t*>(Ub + r0 * HP + col));
+            const float2 uhi = bf16x2_to_float2(*reinterpret_cast<const uint32_t*>(Ub + r1 * HP + col));
             const float d0 = ulo.x - acc[j][0], d1 = ulo.y - acc[j][1];
             const float d2 = uhi.x - acc[j][2], d3 = uhi.y - acc[j][3];
-            *reinterpret_cast<uint32_t*>(Du + r0 * WP + col) = pack_bf16x2(d0, d1);
-            *reinterpret_cast<uint32_t*>(Du + r1 * WP + col) = pack_bf16x2(d2, d3);
-            *reinterpret_cast<uint32_t*>(Db + r0 * WP + col) = pack_bf16x2(d0 * f0, d1 * f0);
-            *reinterpret_cast<uint32_t*>(Db + r1 * WP + col) = pack_bf16x2(d2 * f1, d3 * f1);
+            *reinterpret_cast<uint32_t*>(Du + r0 * HP + col) = pack_bf16x2(d0, d1);
+            *reinterpret_cast<uint32_t*>(Du + r1 * HP + col) = pack_bf16x2(d2, d3);
+            *reinterpret_cast<uint32_t*>(Db + r0 * HP + col) = pack_bf16x2(d0 * f0, d1 * f0);
+            *reinterpret_cast<uint32_t*>(Db + r1 * HP + col) = pack_bf16x2(d2 * f1, d3 * f1);
         }
         __syncthreads();  // Db complete; Sb free
         // c. S <- e^{G_L} S + K^T (e^{G_L-G} D) on this warp's 16 state rows (K and D rows past the chunk are 0).
@@ -1616,13 +1610,13 @@ __device__ __forceinline__ void gdn_prefill_walk_bf16_body(const bf16* __restric
         for (int t0 = 0; t0 < kend; t0 += 16) {
             uint32_t a[4];
             ldsm_at(a, Kb, BP, dm, t0, lane);
-            mma_kstep<NT / 2>(st, a, Db, WP, t0, 0, lane);
+            mma_kstep<NT / 2>(st, a, Db, HP, t0, 0, lane);
         }
         // D to the slot, 16 bytes per store from Du (rewritten only after the next chunk's first barrier).
 #pragma unroll
-        for (int j = 0; j < C * Q8 / 256; ++j) {
-            const int i = tid + 256 * j, r = i / Q8, q = i % Q8;
-            *reinterpret_cast<uint4*>(dg + r * D + c0 + 8 * q) = *reinterpret_cast<const uint4*>(Du + r * WP + 8 * q);
+        for (int j = 0; j < C * 64 / 8 / 256; ++j) {
+            const int i = tid + 256 * j, r = i >> 3, q = i & 7;
+            *reinterpret_cast<uint4*>(dg + r * D + c0 + 8 * q) = *reinterpret_cast<const uint4*>(Du + r * HP + 8 * q);
         }
     }
     cp_async_wait<0>();  // (only empty groups can remain; nothing left in flight at exit)
@@ -1632,23 +1626,6 @@ __device__ __forceinline__ void gdn_prefill_walk_bf16_body(const bf16* __restric
         *reinterpret_cast<float2*>(sg + (dm + fg) * D + 8 * n + 2 * ft) = make_float2(st[n][0], st[n][1]);
         *reinterpret_cast<float2*>(sg + (dm + fg + 8) * D + 8 * n + 2 * ft) = make_float2(st[n][2], st[n][3]);
     }
-}
-
-extern "C" __global__ void __launch_bounds__(256, 1)
-    gdn_prefill_walk_bf16(const bf16* __restrict__ kb, const float* __restrict__ gcum,
-                          const bf16* __restrict__ w_in, const bf16* __restrict__ u_in,
-                          const int* __restrict__ meta, float* __restrict__ state, bf16* __restrict__ hs, int hk,
-                          int hv, int seqs, int n_chunks) {
-    gdn_prefill_walk_bf16_body<64>(kb, gcum, w_in, u_in, meta, state, hs, hk, hv, seqs, n_chunks);
-}
-
-// Two blocks per SM: 100,864 bytes of shared memory each, at most 128 registers.
-extern "C" __global__ void __launch_bounds__(256, 2)
-    gdn_prefill_walk_bf16_c32(const bf16* __restrict__ kb, const float* __restrict__ gcum,
-                              const bf16* __restrict__ w_in, const bf16* __restrict__ u_in,
-                              const int* __restrict__ meta, float* __restrict__ state, bf16* __restrict__ hs, int hk,
-                              int hv, int seqs, int n_chunks) {
-    gdn_prefill_walk_bf16_body<32>(kb, gcum, w_in, u_in, meta, state, hs, hk, hv, seqs, n_chunks);
 }
 
 // Shared memory of gdn_prefill_out_bf16 (dynamic): Q [C][D], the chunk's state [D][D] and D [C][D], Aqk [C][C]
@@ -1790,7 +1767,11 @@ extern "C" __global__ void __launch_bounds__(256, 3)
 // l2-normed, beta and e^G are at most 1; v is saturated at +-65504 by the prep, T at +-65504 here). Against the
 // TF32 `_b` form: half the operand bytes (launch 1 writes 16 bits per q / k / v value instead of 32, and this launch
 // reads them), half the mma and fragment loads (m16n8k16 instead of m16n8k8, no rounding adds), and 70,144 bytes of
-// shared memory per block instead of 102,912.
+// shared memory per block instead of 102,912, so three blocks fit an SM (with step 6 in two passes: 76 registers
+// under __launch_bounds__(256, 3), no spill). H200, T = 4096 (s10-run2, s10-run3, the launch alone): 214.4 us for
+// the TF32 `_b` form, 175.0 for this one at two blocks per SM, 152.2 at three (one pass, 48 bytes of spill: 154.9);
+// the whole split step 663.4 -> 602.1 us (1392.4 -> 1258.1 at B = 4, N = 9216). Launch 1's f16 outputs saved no
+// time (139.4 -> 140.6 us for the prep): that launch is not bound by its write bytes.
 //
 // gdn_prefill_wy_h_b: grid (max_chunks, Hv, seqs), 256 threads, the algebra and outputs of gdn_prefill_wy_tc1_b
 // (gcum fp32; W, U, Aqk bf16 in the first half of each fp32 slot):
@@ -1988,7 +1969,6 @@ static_assert(state_tc_smem_bytes(16) == 103424 && state_tc_smem_bytes(32) == 11
                   state_tc_smem_bytes(64) == 225280,
               "keep gdn_prefill.rs state_tc_smem_bytes equal");
 static_assert(state_smem_bytes(16) == 96768 && state_smem_bytes(32) == 109056 && state_smem_bytes(64) == 133632, "keep gdn_prefill.rs state_smem_bytes equal");
-static_assert(walk_bf16_smem_bytes(64) == 169728 && walk_bf16_smem_bytes(32) == 100864 &&
-                  out_bf16_smem_bytes() == 75008,
+static_assert(walk_bf16_smem_bytes() == 169728 && out_bf16_smem_bytes() == 75008,
               "keep gdn_prefill.rs WALK_BF16_SMEM_BYTES / OUT_BF16_SMEM_BYTES equal");
 static_assert(wy_h_smem_bytes() == 70144, "keep gdn_prefill.rs WY_H_SMEM_BYTES equal");

@@ -91,10 +91,8 @@ DEFAULT = "wytf32x3_tf32_cs64"  # Gpu::GDN_PREFILL_DEFAULT (session 4; wytf32_tf
 SPLIT = "wytf32x3_bf16_cs64"  # the bf16 split (session 8): walk_bf16 + out_bf16 (norm fused) after the 3xTF32 WY
 ALT_SPLIT = "wytf32_bf16_cs64"  # the split GDN_PREFILL_ALT's builds are timed as (the fastest, session 9)
 F16_SPLIT = "wyf16_bf16_cs64"  # the f16 split (session 10): f16 prep outputs, the f16 WY, the bf16 walk / output
-F16_C32 = "wyf16_bf16_cs32"  # the same with the walk on 32 state columns per block (4 blocks per head, 2 per SM)
 LEAN = os.environ.get("GDN_PREFILL_LEAN") == "1"  # only the default, the two splits and what their rows need
-WALK_BF16_SMEM = 169728  # cuda/gdn_prefill.cu walk_bf16_smem_bytes(64)
-WALK_BF16_C32_SMEM = 100864  # cuda/gdn_prefill.cu walk_bf16_smem_bytes(32)
+WALK_BF16_SMEM = 169728  # cuda/gdn_prefill.cu walk_bf16_smem_bytes()
 OUT_BF16_SMEM = 75008  # cuda/gdn_prefill.cu out_bf16_smem_bytes()
 HS_SLOT = D * D + C * D  # bf16 per (head, chunk) of the split's hs region
 PREP_TT = 8  # cuda/gdn_prefill.cu PREP_TT (tokens per warp of gdn_prefill_prep)
@@ -198,10 +196,8 @@ class Ours:
         self.f_wy = kern(wy_name)
         self.split = variant.startswith("bf16")
         if self.split:  # launches 3' and 4' (the norm fused into 4')
-            self.walk_smem = WALK_BF16_C32_SMEM if self.cs == 32 else WALK_BF16_SMEM
-            self.f_walk = kern("gdn_prefill_walk_bf16_c32" if self.cs == 32 else "gdn_prefill_walk_bf16")
-            self.f_out = kern("gdn_prefill_out_bf16")
-            b.allow_smem(self.f_walk, self.walk_smem)
+            self.f_walk, self.f_out = kern("gdn_prefill_walk_bf16"), kern("gdn_prefill_out_bf16")
+            b.allow_smem(self.f_walk, WALK_BF16_SMEM)
             try:
                 self.f_walk.preferred_shared_memory_carveout = 100
             except Exception as e:  # noqa: BLE001
@@ -286,9 +282,9 @@ class Ours:
         """Launch 3' of the bf16 split: gdn_prefill_walk_bf16 (state only; chunk states and D to hs)."""
         seqs = len(self.lens)
         p, i32 = b.ptr, np.int32
-        b.launch(self.f_walk, (128 // self.cs, HV, seqs), (256,),
+        b.launch(self.f_walk, (2, HV, seqs), (256,),
                  (self.qk_bf16()[1], self.w("gcum"), self.w("w"), self.w("u"), p(self.meta), p(state), self.w("hs"),
-                  i32(HK), i32(HV), i32(seqs), i32(self.nc)), shared_mem=self.walk_smem)
+                  i32(HK), i32(HV), i32(seqs), i32(self.nc)), shared_mem=WALK_BF16_SMEM)
 
     def out(self, out, z, norm_w):
         """Launch 4' of the bf16 split: gdn_prefill_out_bf16 (output parallel over chunks, gated norm fused)."""
@@ -378,12 +374,12 @@ def case(lens, chunk):
     conv_out = torch.empty(seqs, CD, KC - 1, device=b.dev)
     out = torch.empty(n, HV * D, device=b.dev)
     whole = (["fp32_cs32", "tf32x3_cs32", "tf32_cs32", "tf32_cs64", "wytf32x3_tf32x3_cs32", "wytf32_tf32_cs32",
-              "wytf32_tf32_cs64", "wytf32x3_tf32_cs64", SPLIT, "wytf32_bf16_cs64", F16_SPLIT, F16_C32]
+              "wytf32_tf32_cs64", "wytf32x3_tf32_cs64", SPLIT, "wytf32_bf16_cs64", F16_SPLIT]
              + (["fp32_cs16", "fp32_cs64"] if VARIANTS else []))
     state_only = ["fp32_cs32"] + [f"{m}_cs{c}" for m in ("tf32x3", "tf32") for c in (16, 32, 64)]
     wy_only = ["tf32x3", "tf32"]  # stage arms of the tensor-core WY builds (launch 2 alone)
     if LEAN:
-        whole = ["fp32_cs32", DEFAULT, SPLIT, ALT_SPLIT, F16_SPLIT, F16_C32]
+        whole = ["fp32_cs32", DEFAULT, SPLIT, ALT_SPLIT, F16_SPLIT]
         state_only = ["fp32_cs32", "tf32_cs64"]
         wy_only = []
     ref = Ours(lens, "fp32_cs32")
@@ -489,7 +485,7 @@ def case(lens, chunk):
     # copies, the f16 one q, k, v in f16; their WY launches are the `_b` forms) and each other build's ALT_SPLIT, in
     # the same rounds.
     stage_sets = [("this", impls[ALT_SPLIT])] if ALT_SPLIT not in bad else []
-    stage_sets += [(t, impls[v]) for t, v in (("f16", F16_SPLIT), ("f16c32", F16_C32)) if v in impls and v not in bad]
+    stage_sets += [("f16", impls[F16_SPLIT])] if F16_SPLIT not in bad and F16_SPLIT in impls else []
     stage_sets += list(alts.items())
     for tag, impl in stage_sets:
         if tag in alts:
@@ -545,9 +541,9 @@ def case(lens, chunk):
                   res[f"stage_{base}"], note="launch 3' / 4' of the bf16 split against the default's walk / norm")
     if stage_sets and stage_sets[0][0] == "this":
         for tag, _ in stage_sets:
-            if tag in ("f16", "f16c32"):
-                v = F16_SPLIT if tag == "f16" else F16_C32
-                b.row("gdn_prefill_alt", f"{shape} {v}", res[v], f"{ALT_SPLIT} (this build)", res[ALT_SPLIT], flops=fl)
+            if tag == "f16":
+                b.row("gdn_prefill_alt", f"{shape} {F16_SPLIT}", res[F16_SPLIT], f"{ALT_SPLIT} (this build)",
+                      res[ALT_SPLIT], flops=fl)
             elif tag != "this":
                 av = alt_variant[tag]
                 b.row("gdn_prefill_alt", f"{shape} alt_{tag}", res[f"alt_{tag}"], f"{av} (this build)", res[av],
@@ -576,8 +572,7 @@ def case(lens, chunk):
 
         fres = b.time_arms({"fla_kernel": fla_kernel, "fla_layer": fla_whole}, sets, reps, rounds=ROUNDS)
         torch.cuda.synchronize()
-        for v in [v for v in dict.fromkeys(["fp32_cs32", DEFAULT, SPLIT, ALT_SPLIT, F16_SPLIT, F16_C32, best])
-                  if v in res]:
+        for v in [v for v in dict.fromkeys(["fp32_cs32", DEFAULT, SPLIT, ALT_SPLIT, F16_SPLIT, best]) if v in res]:
             b.row("gdn_prefill", f"{shape} {v}", res[v], "fla chunk kernel", fres["fla_kernel"], flops=fl,
                   target=">=1.0x", note="ours: whole layer step fp32 in/out; fla: recurrence only, bf16")
             b.row("gdn_prefill", f"{shape} {v}", res[v], "torch conv+fla+norm", fres["fla_layer"], flops=fl,

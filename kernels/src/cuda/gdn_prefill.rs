@@ -55,7 +55,7 @@ pub(crate) struct GdnPrefillVariant {
 /// CUDA-core WY kernel, and `wy<wymath>_<math>_cs<cols>` (`wymath` `tf32` or `tf32x3`) with the tensor-core one;
 /// the WY prefix combines with every state build (the bf16 split, `bf16_cs64`, only with a WY prefix), and this
 /// list names the combinations the tests and the benchmark drive.
-pub(crate) const GDN_PREFILL_VARIANTS: [&str; 18] = [
+pub(crate) const GDN_PREFILL_VARIANTS: [&str; 17] = [
     "fp32_cs16",
     "fp32_cs32",
     "fp32_cs64",
@@ -73,7 +73,6 @@ pub(crate) const GDN_PREFILL_VARIANTS: [&str; 18] = [
     "wytf32x3_bf16_cs64",
     "wytf32_bf16_cs64",
     "wyf16_bf16_cs64",
-    "wyf16_bf16_cs32",
 ];
 
 impl GdnPrefillVariant {
@@ -140,8 +139,8 @@ impl GdnPrefillVariant {
             _ => return None,
         };
         // The split reads bf16 W / U / Aqk, which only the tensor-core WY builds write (their `_b` forms); the f16
-        // WY exists only in that form. Its walk is built for 64 and 32 columns.
-        if math == StateMath::Bf16 && (cols == 16 || wy == StateMath::Fp32) {
+        // WY exists only in that form.
+        if math == StateMath::Bf16 && (cols != 64 || wy == StateMath::Fp32) {
             return None;
         }
         if wy == StateMath::F16 && math != StateMath::Bf16 {
@@ -176,7 +175,6 @@ impl GdnPrefillVariant {
             (StateMath::Tf32, 16) => "gdn_prefill_state_tc1_cs16",
             (StateMath::Tf32, 64) => "gdn_prefill_state_tc1_cs64",
             (StateMath::Tf32, _) => "gdn_prefill_state_tc1_cs32",
-            (StateMath::Bf16, 32) => "gdn_prefill_walk_bf16_c32",
             (StateMath::Bf16, _) => "gdn_prefill_walk_bf16",
             (StateMath::F16, _) => unreachable!("F16 is a WY build only (parse refuses it as the state math)"),
         }
@@ -784,8 +782,7 @@ mod tests {
             assert_eq!(v.cols.to_string(), cols, "{name}");
             assert_eq!(v.split(), math == "bf16", "{name}");
             if math == "bf16" {
-                let want = if cols == "32" { "gdn_prefill_walk_bf16_c32" } else { "gdn_prefill_walk_bf16" };
-                assert_eq!(v.kernel(), want, "{name}");
+                assert_eq!(v.kernel(), "gdn_prefill_walk_bf16", "{name}");
                 continue;
             }
             assert!(v.kernel().ends_with(&format!("_cs{cols}")), "{name}");
@@ -850,16 +847,16 @@ mod tests {
             "fp32",
             "fp32_cs48",
             "bf16_cs32",
-            // The bf16 split's walk is built for 64 and 32 columns.
+            // The bf16 split is built for 64 columns only.
             "bf16_cs16",
-            "wytf32x3_bf16_cs16",
-            "wyf16_bf16_cs16",
+            "wytf32x3_bf16_cs32",
             // ... behind a tensor-core WY only (the CUDA-core WY writes no bf16 W / U / Aqk).
             "bf16_cs64",
             "wybf16_bf16_cs64",
             // The f16 WY exists only in front of the split, and f16 is no state build.
             "wyf16_tf32_cs64",
             "wyf16_fp32_cs32",
+            "wyf16_bf16_cs32",
             "f16_cs64",
             "wytf32_f16_cs64",
             "tf32x3_cs",

@@ -40,8 +40,6 @@ fn state_tc_smem_bytes(cs: u32) -> u32 {
 /// Dynamic shared memory of `gdn_prefill_walk_bf16` and `gdn_prefill_out_bf16` (`walk_bf16_smem_bytes()` /
 /// `out_bf16_smem_bytes()` in cuda/gdn_prefill.cu, kept equal by a static_assert there).
 const WALK_BF16_SMEM_BYTES: u32 = 169_728;
-/// The same for `gdn_prefill_walk_bf16_c32` (32 state columns per block, two chunk buffers; two blocks per SM).
-const WALK_BF16_C32_SMEM_BYTES: u32 = 100_864;
 const OUT_BF16_SMEM_BYTES: u32 = 75_008;
 
 /// `floats` floats of the workspace from float `at`, as the kernels' bf16 (u16 here: the same bits; cudarc has no
@@ -249,7 +247,7 @@ impl Device {
                 // (The meta upload, if any, is freed in stream order after these launches, when this returns.)
                 StateMath::Bf16 => {
                     return self
-                        .gdn_prefill_split(variant, dims, w, x, &meta_dev, lay, state, out, workspace)
+                        .gdn_prefill_split(dims, w, x, &meta_dev, lay, state, out, workspace)
                 }
                 StateMath::F16 => unreachable!("F16 is a WY build only (GdnPrefillVariant::parse)"),
             };
@@ -314,10 +312,8 @@ impl Device {
     /// chunk's incoming state and D (bf16) in the workspace's `hs` region, then the output parallel over chunks
     /// with the gated norm fused.
     #[allow(clippy::too_many_arguments)]
-    #[allow(clippy::too_many_arguments)]
     fn gdn_prefill_split(
         &self,
-        variant: GdnPrefillVariant,
         dims: &GdnDims,
         w: &GdnGpuWeights<'_>,
         x: &GdnGpuInputs<'_>,
@@ -338,29 +334,23 @@ impl Device {
         let kb = bf16_view(workspace, lay.qkb + lay.qkb_len / 2, lay.qkb_len / 2)?;
         let hs = bf16_view(workspace, lay.hs, lay.hs_len)?;
         {
-            // 64 columns per block (166 KiB, one block per SM) or 32 (98.5 KiB, two per SM).
-            let name = variant.kernel();
-            let smem = if variant.cols == 32 {
-                WALK_BF16_C32_SMEM_BYTES
-            } else {
-                WALK_BF16_SMEM_BYTES
-            };
-            let f = self.function(Module::GdnPrefill, name)?;
-            set_smem(&f, smem, name)?;
-            max_carveout(&f, name)?;
+            const NAME: &str = "gdn_prefill_walk_bf16";
+            let f = self.function(Module::GdnPrefill, NAME)?;
+            set_smem(&f, WALK_BF16_SMEM_BYTES, NAME)?;
+            max_carveout(&f, NAME)?; // 157 KiB, one block per SM
             let cfg = LaunchConfig {
-                grid_dim: (128 / variant.cols, dims.value_heads as u32, lay.seqs as u32),
+                grid_dim: (2, dims.value_heads as u32, lay.seqs as u32),
                 block_dim: (256, 1, 1),
-                shared_mem_bytes: smem,
+                shared_mem_bytes: WALK_BF16_SMEM_BYTES,
             };
             let mut b = self.stream.launch_builder(&f);
             b.arg(&kb).arg(&gc).arg(&wi).arg(&ui).arg(meta_dev);
             b.arg(&mut *state).arg(&hs);
             b.arg(&hk).arg(&hv).arg(&seqs_i).arg(&nc_i);
-            // SAFETY: matches `gdn_prefill_walk_bf16[_c32]`; reads what launches 1 and 2 wrote (same stream);
-            // state = [seqs, Hv, 128, 128] was checked; each block owns `cols` columns of one (sequence, head)
-            // state and writes only those columns of its own chunks' hs slots (hs holds Hv * NC slots, `layout`).
-            unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+            // SAFETY: matches `gdn_prefill_walk_bf16`; reads what launches 1 and 2 wrote (same stream); state =
+            // [seqs, Hv, 128, 128] was checked; each block owns 64 columns of one (sequence, head) state and writes
+            // only those columns of its own chunks' hs slots (hs holds Hv * NC slots, `layout`).
+            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
         }
         {
             const NAME: &str = "gdn_prefill_out_bf16";
@@ -424,9 +414,7 @@ mod tests {
                 "cs {cs}"
             );
         }
-        assert_eq!(cu("walk_bf16_smem_bytes(64)") as u32, WALK_BF16_SMEM_BYTES);
-        assert_eq!(cu("walk_bf16_smem_bytes(32)") as u32, WALK_BF16_C32_SMEM_BYTES);
-        assert_eq!(py("\nWALK_BF16_C32_SMEM") as u32, WALK_BF16_C32_SMEM_BYTES);
+        assert_eq!(cu("walk_bf16_smem_bytes()") as u32, WALK_BF16_SMEM_BYTES);
         assert_eq!(py("\nWALK_BF16_SMEM") as u32, WALK_BF16_SMEM_BYTES);
         assert_eq!(cu("out_bf16_smem_bytes()") as u32, OUT_BF16_SMEM_BYTES);
         assert_eq!(py("\nOUT_BF16_SMEM") as u32, OUT_BF16_SMEM_BYTES);

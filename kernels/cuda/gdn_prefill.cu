@@ -149,13 +149,13 @@ extern "C" __global__ void __launch_bounds__(256)
 // tokens' rows, L2 re-reads) before a dependent chain (conv, a block reduction with __syncthreads, the store). At
 // most 16 such blocks fit an SM, ~8 KB of new DRAM bytes in flight per SM against the ~22 KB that 4.2 TB/s needs
 // at ~700 ns of latency (Little's law), so that launch was bound by latency, not bytes. Here one warp owns one
-// segment for PREP_TT consecutive tokens: it loads all TT + K-1 rows of its 4 channels per lane (lane l holds
-// channels l, 32+l, 64+l, 96+l: coalesced 128-byte rows, 44 loads in flight per lane before any arithmetic),
-// slides the conv window in registers (each input read once, K-1 history rows per 8 tokens, L2 hits), and reduces
-// the q/k sums of squares with shuffles only (no block barrier). 94 registers, 5 blocks (20 warps) per SM: ~110 KB
-// of loads in flight per SM. The arithmetic per element is the old build's in the same order: the conv taps oldest
-// first, the sum of squares as four 32-lane butterflies (the old build's four warps) added in the same order, the
-// same scale and gates.
+// segment for PREP_TT consecutive tokens: it loads all TT + K-1 rows of its 4 channels per lane (session 10: lane l
+// holds channels 4l .. 4l+3, one 16-byte load per row, 11 in flight per lane before any arithmetic; until then
+// channels l, 32+l, 64+l, 96+l, four 4-byte loads per row), slides the conv window in registers (each input read
+// once, K-1 history rows per 8 tokens, L2 hits), and reduces the q/k sums of squares with one warp butterfly (no
+// block barrier); outputs go out 8 (f16, bf16) or 16 (fp32) bytes per lane. The conv taps are added oldest first;
+// the SiLU uses the fast exponential and reciprocal (`silu_fast`; the IEEE division's subroutine call and slow
+// path were most of the instructions, as in the output launch, s9-run2).
 // Grid (ceil(max_len / TT), ceil((2Hk+Hv) / 4), seqs), 128 threads (warp w: segment 4 blockIdx.y + w).
 constexpr int PREP_TT = 8;
 
@@ -184,11 +184,13 @@ __device__ __forceinline__ void gdn_prefill_prep_body(
         return j >= 0 ? qkv[static_cast<size_t>(start + j) * conv_dim + ch]
                       : conv_in[(static_cast<size_t>(s) * conv_dim + ch) * HIST + HIST + j];
     };
+    // Lane l owns the 4 consecutive channels ch4 .. ch4 + 3 (one 16-byte load per input row, 8- or 16-byte stores).
+    const int ch4 = seg * D + 4 * lane;
     if (blockIdx.x == 0) {
         // Final history of the warp's channels (positions len-HIST .. len-1; history when negative).
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const int ch = seg * D + 32 * j + lane;
+            const int ch = ch4 + j;
             float* cout = conv_out + (static_cast<size_t>(s) * conv_dim + ch) * HIST;
 #pragma unroll
             for (int p = 0; p < HIST; ++p) cout[p] = x_at(ch, len - HIST + p);
@@ -199,14 +201,21 @@ __device__ __forceinline__ void gdn_prefill_prep_body(
     float xs[PREP_TT + HIST][4];
     float wr[4][KC];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int ch = seg * D + 32 * j + lane;
+    for (int j = 0; j < 4; ++j)
 #pragma unroll
-        for (int p = 0; p < KC; ++p) wr[j][p] = conv_w[static_cast<size_t>(ch) * KC + p];
+        for (int p = 0; p < KC; ++p) wr[j][p] = conv_w[static_cast<size_t>(ch4 + j) * KC + p];
 #pragma unroll
-        for (int r = 0; r < PREP_TT + HIST; ++r) {
-            const int pos = t0 - HIST + r;
-            xs[r][j] = pos < len ? x_at(ch, pos) : 0.f;
+    for (int r = 0; r < PREP_TT + HIST; ++r) {
+        const int pos = t0 - HIST + r;
+        if (pos >= 0 && pos < len) {
+            const float4 x4 = *reinterpret_cast<const float4*>(qkv + static_cast<size_t>(start + pos) * conv_dim + ch4);
+            xs[r][0] = x4.x;
+            xs[r][1] = x4.y;
+            xs[r][2] = x4.z;
+            xs[r][3] = x4.w;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) xs[r][j] = pos < 0 ? x_at(ch4 + j, pos) : 0.f;
         }
     }
     const bool is_qk = seg < 2 * hk;
@@ -225,40 +234,34 @@ __device__ __forceinline__ void gdn_prefill_prep_body(
             float acc = 0.f;
 #pragma unroll
             for (int p = 0; p < KC; ++p) acc = fmaf(wr[j][p], xs[i + p][j], acc);
-            y[j] = silu_f(acc);
+            y[j] = silu_fast(acc);
         }
         const size_t tok = static_cast<size_t>(start + t0 + i);
         if (is_qk) {
-            // The block-per-token build's part[j] was warp j's butterfly over channels 32j .. 32j+31: the same
-            // four sums.
-            float part[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) part[j] = warp_sum(y[j] * y[j]);
-            const float tot = part[0] + part[1] + part[2] + part[3];
+            const float tot = warp_sum(y[0] * y[0] + y[1] * y[1] + y[2] * y[2] + y[3] * y[3]);
             const float scale = (seg < hk ? rsqrtf(static_cast<float>(D)) : 1.f) * rsqrtf(tot + L2_EPS);
-            const size_t off = seg < hk ? (tok * hk + seg) * D : (tok * hk + (seg - hk)) * D;
+            const size_t off = (seg < hk ? (tok * hk + seg) * D : (tok * hk + (seg - hk)) * D) + 4 * lane;
             if (HALF) {
-                __half* dst = reinterpret_cast<__half*>(seg < hk ? qn : kn) + off;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) dst[32 * j + lane] = __float2half_rn(y[j] * scale);
+                const __half2 lo = __floats2half2_rn(y[0] * scale, y[1] * scale);
+                const __half2 hi = __floats2half2_rn(y[2] * scale, y[3] * scale);
+                *reinterpret_cast<uint2*>(reinterpret_cast<__half*>(seg < hk ? qn : kn) + off) =
+                    make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
             } else {
-                float* dst = (seg < hk ? qn : kn) + off;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) dst[32 * j + lane] = y[j] * scale;
+                *reinterpret_cast<float4*>((seg < hk ? qn : kn) + off) =
+                    make_float4(y[0] * scale, y[1] * scale, y[2] * scale, y[3] * scale);
             }
-            if (qb != nullptr) {  // the bf16 split's copies (its walk and output launches read these)
-                __nv_bfloat16* db = seg < hk ? qb + (tok * hk + seg) * D : kb + (tok * hk + (seg - hk)) * D;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) db[32 * j + lane] = __float2bfloat16_rn(y[j] * scale);
-            }
+            if (qb != nullptr)  // the bf16 split's copies (its walk and output launches read these)
+                *reinterpret_cast<uint2*>((seg < hk ? qb : kb) + off) =
+                    make_uint2(pack_bf16x2(y[0] * scale, y[1] * scale), pack_bf16x2(y[2] * scale, y[3] * scale));
         } else if (HALF) {
-            __half* dst = reinterpret_cast<__half*>(vv) + (tok * hv + h) * D;
+            float c[4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) dst[32 * j + lane] = __float2half_rn(fminf(fmaxf(y[j], -65504.f), 65504.f));
+            for (int j = 0; j < 4; ++j) c[j] = fminf(fmaxf(y[j], -65504.f), 65504.f);
+            const __half2 lo = __floats2half2_rn(c[0], c[1]), hi = __floats2half2_rn(c[2], c[3]);
+            *reinterpret_cast<uint2*>(reinterpret_cast<__half*>(vv) + (tok * hv + h) * D + 4 * lane) =
+                make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
         } else {
-            float* dst = vv + (tok * hv + h) * D;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) dst[32 * j + lane] = y[j];
+            *reinterpret_cast<float4*>(vv + (tok * hv + h) * D + 4 * lane) = make_float4(y[0], y[1], y[2], y[3]);
         }
     }
 }

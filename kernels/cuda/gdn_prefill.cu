@@ -982,15 +982,6 @@ __device__ __forceinline__ void load_bt(TfFrag<2, SPLIT, RAW>& f, const float* t
 
 namespace {
 
-// The bf16 split's ready counters (session 10), one int per (head, chunk) slot, in the Aqk region past the bf16 Aqk
-// the `_b` WY launches write (its second half, unused by the split): zeroed by the WY launch, raised by each of
-// the walk's two column blocks once it has written the chunk's hs slot, and waited for (== 2) by the output
-// launch, which runs as the walk's programmatic dependent so that its blocks fill the SMs the walk leaves idle.
-// The host passes the same address to the walk and the output launch (device/gdn_prefill.rs).
-__device__ __forceinline__ int* split_ready(float* aqk, int hv, int n_chunks) {
-    return reinterpret_cast<int*>(aqk) + static_cast<size_t>(hv) * n_chunks * C * C / 2;
-}
-
 // Step 2 of the WY builds (warp 0; the caller's barrier follows): the in-chunk inclusive cumulative sum of the 64
 // gates in gc, two per lane.
 __device__ __forceinline__ void wy_cumsum(float* gc, int tid) {
@@ -1208,7 +1199,6 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     wy_cumsum(gc, tid);
     __syncthreads();
     if (tid < lc) gcum[(tok0 + tid) * hv + h] = gc[tid];
-    if (BOUT && tid == 0) split_ready(aqk_out, hv, n_chunks)[slot] = 0;
 
     // 3. A[i][j] = beta_i e^{G_i-G_j} k_i.k_j (j < i) and Aqk[i][j] = e^{G_i-G_j} q_i.k_j (j <= i), on tensor
     // cores, over the 20 n-tiles at or below the diagonal blocks (m-tile t reaches n-tile 2t + 1). Each warp takes
@@ -1494,11 +1484,8 @@ __host__ __device__ constexpr int walk_bf16_smem_bytes() {
 extern "C" __global__ void __launch_bounds__(256, 1)
     gdn_prefill_walk_bf16(const bf16* __restrict__ kb, const float* __restrict__ gcum,
                           const bf16* __restrict__ w_in, const bf16* __restrict__ u_in,
-                          const int* __restrict__ meta, float* __restrict__ state, bf16* __restrict__ hs,
-                          int* __restrict__ ready, int hk, int hv, int seqs, int n_chunks) {
-    // The output launch may start now (PDL): its blocks take the SMs this grid of 2 Hv blocks leaves idle and wait
-    // for each chunk's `ready` counter (split_ready), not for this grid's end.
-    pdl_launch_dependents();
+                          const int* __restrict__ meta, float* __restrict__ state, bf16* __restrict__ hs, int hk,
+                          int hv, int seqs, int n_chunks) {
     constexpr int NT = 8;  // n-tiles of the 64 columns (phase c)
     extern __shared__ float4 smem_walk[];
     bf16* const ring = reinterpret_cast<bf16*>(smem_walk);     // buffer i at i * WALK_BUF: W, K, U
@@ -1576,8 +1563,6 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         }
         cp_async_wait<1>();  // this thread's copies of chunk c (chunk c + 1's group may still be in flight)
         __syncthreads();     // Sb and chunk c's buffer complete; chunk c - 1's readers done
-        // Chunk c - 1's slot is written (every thread fenced its stores before the barrier): count this block.
-        if (c > 0 && tid == 0) atomicAdd(ready + slot0 + c - 1, 1);
         fetch(c + 2);        // into the buffer chunk c - 1 used
 #pragma unroll
         for (int j = 0; j < D * 64 / 8 / 256; ++j) {
@@ -1636,11 +1621,8 @@ extern "C" __global__ void __launch_bounds__(256, 1)
             const int i = tid + 256 * j, r = i >> 3, q = i & 7;
             *reinterpret_cast<uint4*>(dg + r * D + c0 + 8 * q) = *reinterpret_cast<const uint4*>(Du + r * HP + 8 * q);
         }
-        __threadfence();  // this thread's slot stores, device-wide, before the counter (next chunk's barrier)
     }
     cp_async_wait<0>();  // (only empty groups can remain; nothing left in flight at exit)
-    __syncthreads();
-    if (nch > 0 && tid == 0) atomicAdd(ready + slot0 + nch - 1, 1);
 
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
@@ -1664,8 +1646,8 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     gdn_prefill_out_bf16(const bf16* __restrict__ qb, const float* __restrict__ gcum,
                          const bf16* __restrict__ aqk_in, const bf16* __restrict__ hs,
                          const int* __restrict__ meta, const float* __restrict__ z,
-                         const float* __restrict__ norm_w, float norm_eps, float* __restrict__ out,
-                         const int* __restrict__ ready, int hk, int hv, int seqs, int n_chunks) {
+                         const float* __restrict__ norm_w, float norm_eps, float* __restrict__ out, int hk, int hv,
+                         int seqs, int n_chunks) {
     extern __shared__ float4 smem_out[];
     bf16* const Qb = reinterpret_cast<bf16*>(smem_out);  // [C][D], swizzled (swz)
     bf16* const Hb = Qb + C * D;                          // [D][D], swizzled
@@ -1687,8 +1669,12 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     const size_t slot = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s] + c;
     const bf16* hg = hs + slot * HS_SLOT;
 
-    // Every operand by cp.async: Q (rows past the chunk zero-filled), Aqk, G, norm_w; then, once the walk has
-    // written this chunk's slot, the state and D (rows D.. land in Vb = Hb + D * D).
+    // Every operand by cp.async: the state and D (rows D.. land in Vb = Hb + D * D), Q (rows past the chunk
+    // zero-filled), Aqk, G.
+    for (int i = tid; i < (D + C) * (D / 8); i += 256) {
+        const int r = i >> 4, q = i & 15;  // 16 x 16 bytes per row of 128
+        cp_async16(const_cast<bf16*>(swz(Hb, D, r, 8 * q)), hg + r * D + 8 * q, true);
+    }
 #pragma unroll
     for (int j = 0; j < C * D / 8 / 256; ++j) {
         const int i = tid + 256 * j, r = i >> 4, q = i & 15;
@@ -1703,26 +1689,6 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     }
     if (tid < C) cp_async4(G + tid, tid < lc ? gcum + (tok0 + tid) * hv + h : gcum, tid < lc);
     if (tid < D / 4) cp_async16(Wn + 4 * tid, norm_w + 4 * tid, true);
-    // ready (the walk's counters; null when the walk is known to be done, e.g. launched alone): wait until both
-    // column blocks of the walk have written the slot. The walk's blocks are all resident before this grid starts
-    // (PDL launches it once each has run launch_dependents), so the wait ends; a bounded spin turns a broken
-    // pipeline into a trap, not a hang.
-    if (ready != nullptr) {
-        if (tid == 0) {
-            const volatile int* rc = ready + slot;
-            unsigned polls = 0;
-            while (*rc < 2) {
-                __nanosleep(256);
-                if (++polls == (1u << 26)) __trap();
-            }
-            __threadfence();
-        }
-        __syncthreads();
-    }
-    for (int i = tid; i < (D + C) * (D / 8); i += 256) {
-        const int r = i >> 4, q = i & 15;  // 16 x 16 bytes per row of 128
-        cp_async16(const_cast<bf16*>(swz(Hb, D, r, 8 * q)), hg + r * D + 8 * q, true);
-    }
     cp_async_commit();
     // The gate z of this thread's output elements (rows r0, r1; the accumulator columns), loaded now so that
     // their latency hides behind the copies and the products (the norm needs them last).
@@ -1881,7 +1847,6 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     wy_cumsum(gc, tid);
     __syncthreads();
     if (tid < lc) gcum[(tok0 + tid) * hv + h] = gc[tid];
-    if (tid == 0) split_ready(aqk_out, hv, n_chunks)[slot] = 0;
 
     // 3. K K^T and Q K^T over this warp's share of the n-tiles at or below the diagonal blocks.
     {

@@ -176,7 +176,9 @@ impl GdnPrefillVariant {
             (StateMath::Tf32, 64) => "gdn_prefill_state_tc1_cs64",
             (StateMath::Tf32, _) => "gdn_prefill_state_tc1_cs32",
             (StateMath::Bf16, _) => "gdn_prefill_walk_bf16",
-            (StateMath::F16, _) => unreachable!("F16 is a WY build only (parse refuses it as the state math)"),
+            (StateMath::F16, _) => {
+                unreachable!("F16 is a WY build only (parse refuses it as the state math)")
+            }
         }
     }
 
@@ -773,7 +775,11 @@ mod tests {
                 "f16" => "gdn_prefill_wy_h",
                 _ => "gdn_prefill_wy_tc1",
             };
-            let prep = if wy == "f16" { "gdn_prefill_prep_h" } else { "gdn_prefill_prep" };
+            let prep = if wy == "f16" {
+                "gdn_prefill_prep_h"
+            } else {
+                "gdn_prefill_prep"
+            };
             assert_eq!(v.prep_kernel(), prep, "{full}");
             // The split's WY launch is the `_b` form (bf16 W, U, Aqk) of the same build.
             let b = if name.starts_with("bf16_") { "_b" } else { "" };

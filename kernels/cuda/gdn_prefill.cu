@@ -45,7 +45,9 @@
 // 4. gdn_prefill_gated_norm: one warp per (token, value head): out <- rmsnorm(out) * w * silu(z), in place.
 // The bf16 split (`wy<math>_bf16_cs64`, session 8) replaces launches 3 and 4 by 3' (the walk carrying only the
 // state) and 4' (the output parallel over chunks with the gated norm fused), on bf16 operands; see its section
-// at the end of this file.
+// at the end of this file. The f16 split (`wyf16_bf16_cs64`, session 10, the fastest build: 543.5 us at T = 4096
+// on the H200, 0.76x fla's bare chunk kernel) is the same behind launch 1's f16 form (`gdn_prefill_prep_h`) and a
+// WY launch on f16 tensor cores (`gdn_prefill_wy_h_b`), at the bf16 split's precision.
 // Removed (s3-run3): fla's split of launches 3 and 4 on TF32 (`[wytf32_]tf32split_cs<32|64>`: a walk carrying only the
 // state and storing each chunk's incoming state and v_new in fp16, then an output launch parallel over chunks with
 // the gated norm fused). It lost at T = 16384: walk_cs64 1835.7 us + out 963.0 us against the state walk

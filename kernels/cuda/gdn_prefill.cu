@@ -984,6 +984,42 @@ __device__ __forceinline__ void load_bt(TfFrag<2, SPLIT, RAW>& f, const float* t
 
 namespace {
 
+// Step 1 of the tensor-core WY builds: the chunk's K and Q rows (the key head's; zero past the chunk), g and beta
+// into shared memory as one cp.async group, then the V rows as a second (the caller waits for the first with
+// cp_async_wait<1>). E: float (the TF32 builds, tiles of row stride KP) or __half (the f16 build, BP); every copy
+// is 16 bytes, all of them in flight at once (session 9: the plain loads they replaced went out two at a time).
+template <typename E, int LD>
+__device__ __forceinline__ void wy_load_chunk(E* Ks, E* Qs, E* Vs, float* gc, float* bt, const E* __restrict__ kn,
+                                              const E* __restrict__ qn, const E* __restrict__ vv,
+                                              const float* __restrict__ gg, const float* __restrict__ bb,
+                                              size_t tok0, int lc, int hk, int kh, int hv, int h, int tid) {
+    constexpr int PER = 16 / static_cast<int>(sizeof(E)), ROWQ = D / PER;  // elements per copy, copies per row
+    constexpr int SH = ROWQ == 32 ? 5 : 4;
+    static_assert(ROWQ == 1 << SH, "16 or 32 copies per row");
+    constexpr int ld = LD;
+#pragma unroll
+    for (int j = 0; j < C * ROWQ / 256; ++j) {
+        const int i = tid + 256 * j, r = i >> SH, q = i & (ROWQ - 1);
+        const bool ok = r < lc;
+        const size_t off = ((tok0 + r) * hk + kh) * D + PER * q;
+        cp_async16(Ks + r * ld + PER * q, ok ? kn + off : kn, ok);
+        cp_async16(Qs + r * ld + PER * q, ok ? qn + off : qn, ok);
+    }
+    if (tid < C) {
+        const bool ok = tid < lc;
+        cp_async4(gc + tid, ok ? gg + (tok0 + tid) * hv + h : gg, ok);
+        cp_async4(bt + tid, ok ? bb + (tok0 + tid) * hv + h : bb, ok);
+    }
+    cp_async_commit();
+#pragma unroll
+    for (int j = 0; j < C * ROWQ / 256; ++j) {
+        const int i = tid + 256 * j, r = i >> SH, q = i & (ROWQ - 1);
+        const bool ok = r < lc;
+        cp_async16(Vs + r * ld + PER * q, ok ? vv + ((tok0 + r) * hv + h) * D + PER * q : vv, ok);
+    }
+    cp_async_commit();
+}
+
 // Step 2 of the WY builds (warp 0; the caller's barrier follows): the in-chunk inclusive cumulative sum of the 64
 // gates in gc, two per lane.
 __device__ __forceinline__ void wy_cumsum(float* gc, int tid) {
@@ -1168,33 +1204,13 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     // through registers (the build before session 9) went out two 16-byte loads at a time, each pair stored
     // before the next was issued (the guard kept the compiler from hoisting them): eight round trips per block,
     // 24% of this kernel's stall samples (s9-run1 profile, mostly long_sb).
-#pragma unroll
-    for (int j = 0; j < C * (D / 4) / 256; ++j) {
-        const int i = tid + 256 * j, r = i >> 5, c4 = i & 31;  // D / 4 = 32 float4 per row
-        const bool ok = r < lc;
-        const size_t off = ((tok0 + r) * hk + kh) * D + 4 * c4;
-        cp_async16(Ks + r * KP + 4 * c4, ok ? kn + off : kn, ok);
-        cp_async16(Xs + r * KP + 4 * c4, ok ? qn + off : qn, ok);
-    }
-    if (tid < C) {
-        const bool ok = tid < lc;
-        cp_async4(gc + tid, ok ? gg + (tok0 + tid) * hv + h : gg, ok);
-        cp_async4(bt + tid, ok ? bb + (tok0 + tid) * hv + h : bb, ok);
-    }
-    cp_async_commit();
-    // The V rows (zero past the chunk) into Vt, a [C][KP] tile over the A and T tiles (unused until step 3's
+    // The V rows (zero past the chunk) go into Vt, a [C][KP] tile over the A and T tiles (unused until step 3's
     // epilogue), as a second group in flight during steps 2 and 3; moved to Xs, scaled by beta, once the Q tile
     // is free. Until s9-run2 V was copied into Xs only after step 3 (prefetched to L2 at the start) and waited for
     // at the end of step 5a, where the profile put a quarter of the stall samples (mostly barrier). Moved here
     // (with the ldmatrix fragments, s9-run3: 342.8 -> 338.1 us) that barrier time mostly moved to the barrier
     // after step 3 (s9-run6: 23%), so it was the warps' uneven share of step 3 more than V's latency.
-#pragma unroll
-    for (int j = 0; j < C * (D / 4) / 256; ++j) {
-        const int i = tid + 256 * j, r = i >> 5, q4 = i & 31;
-        const bool ok = r < lc;
-        cp_async16(Vt + r * KP + 4 * q4, ok ? vv + ((tok0 + r) * hv + h) * D + 4 * q4 : vv, ok);
-    }
-    cp_async_commit();
+    wy_load_chunk<float, KP>(Ks, Xs, Vt, gc, bt, kn, qn, vv, gg, bb, tok0, lc, hk, kh, hv, h, tid);
     cp_async_wait<1>();  // K, Q, g, beta (V may still be in flight)
     __syncthreads();
     // 2. In-chunk inclusive cumulative sum of g.
@@ -1822,27 +1838,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     const int kh = h / (hv / hk);
 
     // 1. K and Q rows (zero past the chunk), g, beta; then V.
-#pragma unroll
-    for (int j = 0; j < C * (D / 8) / 256; ++j) {
-        const int i = tid + 256 * j, r = i >> 4, c8 = i & 15;  // 16 x 16 bytes per row of 128
-        const bool ok = r < lc;
-        const size_t off = ((tok0 + r) * hk + kh) * D + 8 * c8;
-        cp_async16(Kh + r * BP + 8 * c8, ok ? kh16 + off : kh16, ok);
-        cp_async16(Qh + r * BP + 8 * c8, ok ? qh + off : qh, ok);
-    }
-    if (tid < C) {
-        const bool ok = tid < lc;
-        cp_async4(gc + tid, ok ? gg + (tok0 + tid) * hv + h : gg, ok);
-        cp_async4(bt + tid, ok ? bb + (tok0 + tid) * hv + h : bb, ok);
-    }
-    cp_async_commit();
-#pragma unroll
-    for (int j = 0; j < C * (D / 8) / 256; ++j) {
-        const int i = tid + 256 * j, r = i >> 4, c8 = i & 15;
-        const bool ok = r < lc;
-        cp_async16(Vh + r * BP + 8 * c8, ok ? vh + ((tok0 + r) * hv + h) * D + 8 * c8 : vh, ok);
-    }
-    cp_async_commit();
+    wy_load_chunk<__half, BP>(Kh, Qh, Vh, gc, bt, kh16, qh, vh, gg, bb, tok0, lc, hk, kh, hv, h, tid);
     cp_async_wait<1>();  // K, Q, g, beta (V may still be in flight)
     __syncthreads();
     // 2. In-chunk inclusive cumulative sum of g.

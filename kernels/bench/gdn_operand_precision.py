@@ -20,7 +20,10 @@ WY needs bounds of its own); the H200's tests saw up to 2.9e-2 / 2.6e-3 for the 
 more heads and ragged batches. Session 9's rows (20 draws): behind the plain-TF32 WY 1.72e-2 / 1.15e-3; K K^T in
 bf16 1.72e-2 / 1.14e-3 and W, U in bf16 1.70e-2 / 1.66e-3 (so a bf16 K K^T and W / U stay in the class), but Q K^T
 with q or k in bf16 4.9e-2 / 4.1e-2 and both 7.4e-2 on the output, and v stored in bf16 3.26e-2 / 2.24e-3 (the
-H200's tests saw 3.9e-2 with it, s9-run2; reverted).
+H200's tests saw 3.9e-2 with it, s9-run2; reverted). Session 10's rows (40 draws): the WY's TF32 operands passed
+unrounded (`tf32t`, the tensor core truncates them) 1.85e-2 / 1.48e-3 with all three products so; all three on
+f16 operands (`f16`: IEEE half, round to nearest even) 1.65e-2 / 1.46e-3, exactly the plain-TF32 WY's 1.65e-2 /
+1.46e-3, where bf16 W / U gave 2.57e-2 / 1.84e-3: hence `wyf16_bf16_cs64` (the H200's tests saw up to 2.0e-2).
 """
 import sys
 

@@ -33,6 +33,9 @@ medians and spreads):
   norm fused, so no launch 4), after the 3xTF32 / plain TF32 WY. Checked against fp32_cs32 with a 5e-2 bound
   (fla's precision class); its two launches are also timed alone (`walk_bf16` against the default's walk
   `state_tf32_cs64`, `out_bf16` against `norm`), and it gets its own rows against fla.
+- ours_wyf16_bf16_cs64 (session 10): the same split behind `gdn_prefill_prep_h` (q, k, v stored in f16) and the
+  f16 WY `gdn_prefill_wy_h_b`; the rows `gdn_prefill_alt ... this|f16 <stage>` time each launch of the plain-TF32
+  split ("this") and of this one alone, in the same rounds.
 - launch 1 of every variant is the warp prep `gdn_prefill_prep` (one warp per 128-channel segment and 8 tokens,
   the conv window in registers). Removed after s3-run4: the block-per-token prep it replaced (bit-identical
   outputs; 969.2 -> 304.9 us at B=4 N=9216, 321.3 -> 135.4 us at T=4096; whole default step 3264.3 -> 2615.4 us

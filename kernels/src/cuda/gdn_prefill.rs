@@ -24,17 +24,31 @@ pub(crate) enum StateMath {
     /// launch is the tensor-core build's `_b` form (bf16 W, U, Aqk). fla's division of the work and its precision
     /// class; 64 columns and a tensor-core WY only. Not a WY build itself.
     Bf16,
-    /// f16 operands on mma.sync m16n8k16, fp32 accumulation: a WY build only (`wyf16_bf16_cs64`, the f16 split,
-    /// session 10): `gdn_prefill_prep_h` stores q, k and v in f16 (v saturated at +-65504; q and k are l2-normed)
-    /// and `gdn_prefill_wy_h_b` runs the three WY products on them (T rounded to f16 too), writing the bf16 W, U
-    /// and Aqk the split's walk and output launches read. Its error model
+}
+
+/// How the chunk-local WY kernel (launch 2) multiplies. Its own type, so that a WY-only build (`F16`) cannot be
+/// asked for as a state kernel, nor the bf16 split's walk (`StateMath::Bf16`) as a WY build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) enum WyMath {
+    /// fp32 FMAs on the CUDA cores (`gdn_prefill_wy`), row-at-a-time substitution.
+    Fp32,
+    /// `mma.sync` TF32 with the 3xTF32 split (`gdn_prefill_wy_tc3[_b]`).
+    Tf32x3,
+    /// `mma.sync` plain TF32 (`gdn_prefill_wy_tc1[_b]`).
+    Tf32,
+    /// f16 operands on mma.sync m16n8k16, fp32 accumulation (`wyf16_bf16_cs64`, the f16 split, session 10):
+    /// `gdn_prefill_prep_h` stores q, k and v in f16 (v saturated at +-65504; q and k are l2-normed) and
+    /// `gdn_prefill_wy_h_b` runs the three WY products on them (T rounded to f16 too), writing the bf16 W, U and
+    /// Aqk the split's walk and output launches read, so it exists only in front of the split. Its error model
     /// (kernels/bench/gdn_operand_precision.py) is the plain-TF32 WY's: f16 keeps TF32's 10 mantissa bits.
     F16,
 }
 
 /// Which builds of the chunk-local WY kernel (launch 2) and of the sequential state kernel (launch 3) run: `wy`
-/// the WY kernel's arithmetic (`Fp32`: `gdn_prefill_wy` on the CUDA cores; `Tf32x3` / `Tf32`:
-/// `gdn_prefill_wy_tc3` / `gdn_prefill_wy_tc1` on mma.sync TF32, the same workspace), `math` the state kernel's,
+/// the WY kernel's arithmetic ([`WyMath`]: `Fp32`: `gdn_prefill_wy` on the CUDA cores; `Tf32x3` / `Tf32`:
+/// `gdn_prefill_wy_tc3` / `gdn_prefill_wy_tc1` on mma.sync TF32, the same workspace; `F16` the f16 split's
+/// `gdn_prefill_wy_h_b`), `math` the state kernel's,
 /// and `cols`, the state columns each state block owns (16, 32 or 64: 8, 4 or 2 blocks per (sequence, head);
 /// the `Bf16` split only 64).
 /// fla's split of launch 3 (`[wytf32_]tf32split_cs<32|64>`) was removed after s3-run3: at T = 16384 its walk
@@ -46,7 +60,7 @@ pub(crate) enum StateMath {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) struct GdnPrefillVariant {
-    pub(crate) wy: StateMath,
+    pub(crate) wy: WyMath,
     pub(crate) math: StateMath,
     pub(crate) cols: u32,
 }
@@ -92,7 +106,7 @@ impl GdnPrefillVariant {
     /// relative on the output against `fp32_cs32` there; the tests' 1e-2 bound on the normalised output against
     /// the f64 recurrence) is below that of fla's bf16 kernels (7e-3); `fp32_cs32` stays the accuracy reference.
     const DEFAULT: GdnPrefillVariant = GdnPrefillVariant {
-        wy: StateMath::Tf32x3,
+        wy: WyMath::Tf32x3,
         math: StateMath::Tf32,
         cols: 64,
     };
@@ -115,14 +129,14 @@ impl GdnPrefillVariant {
             Some(rest) => {
                 let (wy, state) = rest.split_once('_')?;
                 let wy = match wy {
-                    "tf32x3" => StateMath::Tf32x3,
-                    "tf32" => StateMath::Tf32,
-                    "f16" => StateMath::F16,
+                    "tf32x3" => WyMath::Tf32x3,
+                    "tf32" => WyMath::Tf32,
+                    "f16" => WyMath::F16,
                     _ => return None,
                 };
                 (wy, state)
             }
-            None => (StateMath::Fp32, name),
+            None => (WyMath::Fp32, name),
         };
         let (math, cols) = name.split_once("_cs")?;
         let math = match math {
@@ -140,10 +154,10 @@ impl GdnPrefillVariant {
         };
         // The split reads bf16 W / U / Aqk, which only the tensor-core WY builds write (their `_b` forms); the f16
         // WY exists only in that form.
-        if math == StateMath::Bf16 && (cols != 64 || wy == StateMath::Fp32) {
+        if math == StateMath::Bf16 && (cols != 64 || wy == WyMath::Fp32) {
             return None;
         }
-        if wy == StateMath::F16 && math != StateMath::Bf16 {
+        if wy == WyMath::F16 && math != StateMath::Bf16 {
             return None;
         }
         Some(GdnPrefillVariant { wy, math, cols })
@@ -153,12 +167,12 @@ impl GdnPrefillVariant {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn wy_kernel(&self) -> &'static str {
         match (self.wy, self.split()) {
-            (StateMath::Fp32, _) => "gdn_prefill_wy",
-            (StateMath::Tf32x3, false) => "gdn_prefill_wy_tc3",
-            (StateMath::Tf32x3, true) => "gdn_prefill_wy_tc3_b",
-            (StateMath::F16, _) => "gdn_prefill_wy_h_b",
-            (_, false) => "gdn_prefill_wy_tc1",
-            (_, true) => "gdn_prefill_wy_tc1_b",
+            (WyMath::Fp32, _) => "gdn_prefill_wy",
+            (WyMath::Tf32x3, false) => "gdn_prefill_wy_tc3",
+            (WyMath::Tf32x3, true) => "gdn_prefill_wy_tc3_b",
+            (WyMath::Tf32, false) => "gdn_prefill_wy_tc1",
+            (WyMath::Tf32, true) => "gdn_prefill_wy_tc1_b",
+            (WyMath::F16, _) => "gdn_prefill_wy_h_b",
         }
     }
 
@@ -176,16 +190,13 @@ impl GdnPrefillVariant {
             (StateMath::Tf32, 64) => "gdn_prefill_state_tc1_cs64",
             (StateMath::Tf32, _) => "gdn_prefill_state_tc1_cs32",
             (StateMath::Bf16, _) => "gdn_prefill_walk_bf16",
-            (StateMath::F16, _) => {
-                unreachable!("F16 is a WY build only (parse refuses it as the state math)")
-            }
         }
     }
 
     /// Launch 1's kernel: `gdn_prefill_prep_h` (q, k, v in f16) for the f16 WY, `gdn_prefill_prep` otherwise.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn prep_kernel(&self) -> &'static str {
-        if self.wy == StateMath::F16 {
+        if self.wy == WyMath::F16 {
             "gdn_prefill_prep_h"
         } else {
             "gdn_prefill_prep"
@@ -832,7 +843,7 @@ mod tests {
         assert_eq!(
             GdnPrefillVariant::DEFAULT,
             GdnPrefillVariant {
-                wy: StateMath::Tf32x3,
+                wy: WyMath::Tf32x3,
                 math: StateMath::Tf32,
                 cols: 64,
             }
@@ -846,7 +857,7 @@ mod tests {
         assert_eq!(
             GdnPrefillVariant::parse("wytf32x3_tf32_cs16"),
             Some(GdnPrefillVariant {
-                wy: StateMath::Tf32x3,
+                wy: WyMath::Tf32x3,
                 math: StateMath::Tf32,
                 cols: 16,
             })

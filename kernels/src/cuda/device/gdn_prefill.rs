@@ -4,7 +4,7 @@
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::{cuda_err, Device, Module};
-use crate::cuda::gdn_prefill::{GdnMeta, GdnPrefillLayout, GdnPrefillVariant, StateMath};
+use crate::cuda::gdn_prefill::{GdnMeta, GdnPrefillLayout, GdnPrefillVariant, StateMath, WyMath};
 use crate::cuda::{GdnGpuInputs, GdnGpuWeights};
 use crate::gdn::GdnDims;
 use crate::KernelError;
@@ -193,12 +193,12 @@ impl Device {
             let name = variant.wy_kernel();
             let f = self.function(Module::GdnPrefill, name)?;
             let smem = match variant.wy {
-                StateMath::Fp32 => WY_SMEM_BYTES,
-                StateMath::F16 => WY_H_SMEM_BYTES,
-                _ => WY_TC_SMEM_BYTES,
+                WyMath::Fp32 => WY_SMEM_BYTES,
+                WyMath::F16 => WY_H_SMEM_BYTES,
+                WyMath::Tf32x3 | WyMath::Tf32 => WY_TC_SMEM_BYTES,
             };
             set_smem(&f, smem, name)?;
-            if variant.wy != StateMath::Fp32 {
+            if variant.wy != WyMath::Fp32 {
                 // Two blocks of 100.5 KiB (68.5 KiB for the f16 build) per SM need more than the default
                 // carveout; ask for all of it (cuda/gdn_prefill.cu).
                 max_carveout(&f, name)?;
@@ -249,7 +249,6 @@ impl Device {
                     return self
                         .gdn_prefill_split(dims, w, x, &meta_dev, lay, state, out, workspace)
                 }
-                StateMath::F16 => unreachable!("F16 is a WY build only (GdnPrefillVariant::parse)"),
             };
             let f = self.function(Module::GdnPrefill, name)?;
             set_smem(&f, smem, name)?;

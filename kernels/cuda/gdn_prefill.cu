@@ -1020,6 +1020,15 @@ __device__ __forceinline__ void wy_load_chunk(E* Ks, E* Qs, E* Vs, float* gc, fl
     cp_async_commit();
 }
 
+// The bf16 split's ready counters (session 10), one int per (head, chunk) slot, in the Aqk region past the bf16 Aqk
+// the `_b` WY launches write (its second half, unused by the split): zeroed by the WY launch, raised by each of
+// the walk's two column blocks once it has written the chunk's hs slot, and waited for (== 2) by the output
+// launch, which runs as the walk's programmatic dependent so that its blocks fill the SMs the walk leaves idle.
+// The host passes the same address to the walk and the output launch (device/gdn_prefill.rs).
+__device__ __forceinline__ int* split_ready(float* aqk, int hv, int n_chunks) {
+    return reinterpret_cast<int*>(aqk) + static_cast<size_t>(hv) * n_chunks * C * C / 2;
+}
+
 // Step 2 of the WY builds (warp 0; the caller's barrier follows): the in-chunk inclusive cumulative sum of the 64
 // gates in gc, two per lane.
 __device__ __forceinline__ void wy_cumsum(float* gc, int tid) {
@@ -1217,6 +1226,7 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     wy_cumsum(gc, tid);
     __syncthreads();
     if (tid < lc) gcum[(tok0 + tid) * hv + h] = gc[tid];
+    if (BOUT && tid == 0) split_ready(aqk_out, hv, n_chunks)[slot] = 0;
 
     // 3. A[i][j] = beta_i e^{G_i-G_j} k_i.k_j (j < i) and Aqk[i][j] = e^{G_i-G_j} q_i.k_j (j <= i), on tensor
     // cores, over the 20 n-tiles at or below the diagonal blocks (m-tile t reaches n-tile 2t + 1). Each warp takes
@@ -1502,8 +1512,11 @@ __host__ __device__ constexpr int walk_bf16_smem_bytes() {
 extern "C" __global__ void __launch_bounds__(256, 1)
     gdn_prefill_walk_bf16(const bf16* __restrict__ kb, const float* __restrict__ gcum,
                           const bf16* __restrict__ w_in, const bf16* __restrict__ u_in,
-                          const int* __restrict__ meta, float* __restrict__ state, bf16* __restrict__ hs, int hk,
-                          int hv, int seqs, int n_chunks) {
+                          const int* __restrict__ meta, float* __restrict__ state, bf16* __restrict__ hs,
+                          int* __restrict__ ready, int hk, int hv, int seqs, int n_chunks) {
+    // The output launch may start now (PDL): its blocks take the SMs this grid of 2 Hv blocks leaves idle and wait
+    // for each chunk's `ready` counter (split_ready), not for this grid's end.
+    pdl_launch_dependents();
     constexpr int NT = 8;  // n-tiles of the 64 columns (phase c)
     extern __shared__ float4 smem_walk[];
     bf16* const ring = reinterpret_cast<bf16*>(smem_walk);     // buffer i at i * WALK_BUF: W, K, U
@@ -1538,27 +1551,40 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     // Chunk cc's W, K (rows past the chunk zero-filled), this block's 64 columns of U and G into ring buffer
     // cc % WALK_NBUF, as one cp.async group (committed also when there is no such chunk, so that the waits below
     // count groups, not chunks).
+    // The copies' addresses, per thread, computed once (session 10: recomputed per chunk with a guard per copy they
+    // were ~218 of the ~740 SASS instructions of a chunk's iteration, all between the barrier and phase b): the
+    // shared destinations as offsets from buffer 0, the W / U sources from the chunk's slot, the K rows from the
+    // chunk's first token (row stride hk * D), 16 rows apart per copy.
+    const int wr = tid >> 4, wq = tid & 15;  // W / K: row, 16-byte column of copy 0 (16 x 16 bytes per row)
+    const int ur = tid >> 3, uq = tid & 7;   // U: the same (8 x 16 bytes per row of 64)
+    const uint32_t ring_s = smem_u32(ring);
+    const uint32_t w_dst = ring_s + 2 * (wr * BP + 8 * wq), u_dst = ring_s + 2 * (2 * C * BP + ur * HP + 8 * uq);
+    const size_t k_row = static_cast<size_t>(hk) * D;  // bf16 between consecutive tokens' k rows
+    const bf16* const k_src0 = kb + static_cast<size_t>(kh) * D + wr * k_row + 8 * wq;
     auto fetch = [&](int cc) {
         if (cc < nch) {
             const int lc = min(C, len - cc * C), bi = cc % WALK_NBUF;
             const size_t tok0 = static_cast<size_t>(start + cc * C);
-            bf16* Wb = ring + bi * WALK_BUF;
-            bf16* Kb = Wb + C * BP;
-            bf16* Ub = Kb + C * BP;
-            const bf16* wg = w_in + (slot0 + cc) * C * D;
-            const bf16* ug = u_in + (slot0 + cc) * C * D + c0;
+            const uint32_t buf = 2 * bi * WALK_BUF;
+            const bf16* wg = w_in + (slot0 + cc) * C * D + wr * D + 8 * wq;
+            const bf16* ug = u_in + (slot0 + cc) * C * D + c0 + ur * D + 8 * uq;
+            const bf16* kg = k_src0 + tok0 * k_row;
+            if (lc == C) {  // a whole chunk (all but a sequence's last): no guards
 #pragma unroll
-            for (int j = 0; j < C * D / 8 / 256; ++j) {
-                const int i = tid + 256 * j, r = i >> 4, q = i & 15;  // 16 x 16 bytes per row of 128
-                cp_async16(Wb + r * BP + 8 * q, wg + r * D + 8 * q, true);
-                const bool ok = r < lc;
-                cp_async16(Kb + r * BP + 8 * q, ok ? kb + ((tok0 + r) * hk + kh) * D + 8 * q : kb, ok);
+                for (int j = 0; j < C * D / 8 / 256; ++j) {
+                    cp_async16(buf + w_dst + 2 * 16 * j * BP, wg + 16 * j * D, true);
+                    cp_async16(buf + w_dst + 2 * (C * BP + 16 * j * BP), kg + 16 * j * k_row, true);
+                }
+            } else {  // K rows past the chunk zero-filled
+#pragma unroll
+                for (int j = 0; j < C * D / 8 / 256; ++j) {
+                    const bool ok = wr + 16 * j < lc;
+                    cp_async16(buf + w_dst + 2 * 16 * j * BP, wg + 16 * j * D, true);
+                    cp_async16(buf + w_dst + 2 * (C * BP + 16 * j * BP), ok ? kg + 16 * j * k_row : kb, ok);
+                }
             }
 #pragma unroll
-            for (int j = 0; j < C * 64 / 8 / 256; ++j) {
-                const int i = tid + 256 * j, r = i >> 3, q = i & 7;  // 8 x 16 bytes per row of 64
-                cp_async16(Ub + r * HP + 8 * q, ug + r * D + 8 * q, true);
-            }
+            for (int j = 0; j < C * 64 / 8 / 256; ++j) cp_async16(buf + u_dst + 2 * 32 * j * HP, ug + 32 * j * D, true);
             if (tid < C) cp_async4(Gs + bi * C + tid, tid < lc ? gcum + (tok0 + tid) * hv + h : gcum, tid < lc);
         }
         cp_async_commit();
@@ -1581,6 +1607,13 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         }
         cp_async_wait<1>();  // this thread's copies of chunk c (chunk c + 1's group may still be in flight)
         __syncthreads();     // Sb and chunk c's buffer complete; chunk c - 1's readers done
+        // Chunk c - 1's slot is written (every thread's stores precede the barrier): count this block, one
+        // gpu-scope fence by the counting thread (the barrier-then-release pattern; a __threadfence by every
+        // thread after its stores cost the walk 145 -> 184 us at T = 4096, s10-run5).
+        if (c > 0 && tid == 0) {
+            __threadfence();
+            atomicAdd(ready + slot0 + c - 1, 1);
+        }
         fetch(c + 2);        // into the buffer chunk c - 1 used
 #pragma unroll
         for (int j = 0; j < D * 64 / 8 / 256; ++j) {
@@ -1641,6 +1674,11 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         }
     }
     cp_async_wait<0>();  // (only empty groups can remain; nothing left in flight at exit)
+    __syncthreads();
+    if (nch > 0 && tid == 0) {
+        __threadfence();
+        atomicAdd(ready + slot0 + nch - 1, 1);
+    }
 
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
@@ -1664,8 +1702,8 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     gdn_prefill_out_bf16(const bf16* __restrict__ qb, const float* __restrict__ gcum,
                          const bf16* __restrict__ aqk_in, const bf16* __restrict__ hs,
                          const int* __restrict__ meta, const float* __restrict__ z,
-                         const float* __restrict__ norm_w, float norm_eps, float* __restrict__ out, int hk, int hv,
-                         int seqs, int n_chunks) {
+                         const float* __restrict__ norm_w, float norm_eps, float* __restrict__ out,
+                         const int* __restrict__ ready, int hk, int hv, int seqs, int n_chunks) {
     extern __shared__ float4 smem_out[];
     bf16* const Qb = reinterpret_cast<bf16*>(smem_out);  // [C][D], swizzled (swz)
     bf16* const Hb = Qb + C * D;                          // [D][D], swizzled
@@ -1687,12 +1725,8 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     const size_t slot = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s] + c;
     const bf16* hg = hs + slot * HS_SLOT;
 
-    // Every operand by cp.async: the state and D (rows D.. land in Vb = Hb + D * D), Q (rows past the chunk
-    // zero-filled), Aqk, G.
-    for (int i = tid; i < (D + C) * (D / 8); i += 256) {
-        const int r = i >> 4, q = i & 15;  // 16 x 16 bytes per row of 128
-        cp_async16(const_cast<bf16*>(swz(Hb, D, r, 8 * q)), hg + r * D + 8 * q, true);
-    }
+    // Every operand by cp.async: Q (rows past the chunk zero-filled), Aqk, G, norm_w; then, once the walk has
+    // written this chunk's slot, the state and D (rows D.. land in Vb = Hb + D * D).
 #pragma unroll
     for (int j = 0; j < C * D / 8 / 256; ++j) {
         const int i = tid + 256 * j, r = i >> 4, q = i & 15;
@@ -1707,6 +1741,26 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     }
     if (tid < C) cp_async4(G + tid, tid < lc ? gcum + (tok0 + tid) * hv + h : gcum, tid < lc);
     if (tid < D / 4) cp_async16(Wn + 4 * tid, norm_w + 4 * tid, true);
+    // ready (the walk's counters; null when the walk is known to be done, e.g. launched alone): wait until both
+    // column blocks of the walk have written the slot. The walk's blocks are all resident before this grid starts
+    // (PDL launches it once each has run launch_dependents), so the wait ends; a bounded spin turns a broken
+    // pipeline into a trap, not a hang.
+    if (ready != nullptr) {
+        if (tid == 0) {
+            const volatile int* rc = ready + slot;
+            unsigned polls = 0;
+            while (*rc < 2) {
+                __nanosleep(256);
+                if (++polls == (1u << 26)) __trap();
+            }
+            __threadfence();
+        }
+        __syncthreads();
+    }
+    for (int i = tid; i < (D + C) * (D / 8); i += 256) {
+        const int r = i >> 4, q = i & 15;  // 16 x 16 bytes per row of 128
+        cp_async16(const_cast<bf16*>(swz(Hb, D, r, 8 * q)), hg + r * D + 8 * q, true);
+    }
     cp_async_commit();
     // The gate z of this thread's output elements (rows r0, r1; the accumulator columns), loaded now so that
     // their latency hides behind the copies and the products (the norm needs them last).
@@ -1845,6 +1899,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     wy_cumsum(gc, tid);
     __syncthreads();
     if (tid < lc) gcum[(tok0 + tid) * hv + h] = gc[tid];
+    if (tid == 0) split_ready(aqk_out, hv, n_chunks)[slot] = 0;
 
     // 3. K K^T and Q K^T over this warp's share of the n-tiles at or below the diagonal blocks.
     {

@@ -238,12 +238,12 @@ class Ours:
         b.launch(self.f_meta, (1,), (256,),
                  (p(cu), p(table), i32(len(self.lens)), i32(sum(self.lens)), i32(max(self.lens))))
 
-    def __call__(self, qkv, z, a, bb, conv_w, a_log, dt_bias, norm_w, conv_in, conv_out, state, out):
+    def __call__(self, qkv, z, a, bb, conv_w, a_log, dt_bias, norm_w, conv_in, conv_out, state, out, pdl=True):
         self.prep(qkv, a, bb, conv_w, a_log, dt_bias, conv_in, conv_out)
         self.wy()
         if self.split:
             self.walk(state)
-            self.out(out, z, norm_w)
+            self.out(out, z, norm_w, wait=True, pdl=pdl)
             return
         self.state(state, out)
         self.norm(out, z, norm_w)
@@ -281,21 +281,31 @@ class Ours:
                   p(self.meta), p(state), p(out), i32(HK), i32(HV), i32(seqs), i32(self.nc)),
                  shared_mem=self.state_smem)
 
+    def ready(self):
+        """The walk's per-(head, chunk) ready counters (cuda/gdn_prefill.cu split_ready): int32 in the Aqk region's
+        second half."""
+        return np.uint64(self.ws.data_ptr() + 4 * (self.off["aqk"] + HV * self.nc * C * C // 2))
+
     def walk(self, state):
-        """Launch 3' of the bf16 split: gdn_prefill_walk_bf16 (state only; chunk states and D to hs)."""
+        """Launch 3' of the bf16 split: gdn_prefill_walk_bf16 (state only; chunk states and D to hs, then each
+        chunk's ready counter)."""
         seqs = len(self.lens)
         p, i32 = b.ptr, np.int32
         b.launch(self.f_walk, (2, HV, seqs), (256,),
                  (self.qk_bf16()[1], self.w("gcum"), self.w("w"), self.w("u"), p(self.meta), p(state), self.w("hs"),
-                  i32(HK), i32(HV), i32(seqs), i32(self.nc)), shared_mem=WALK_BF16_SMEM)
+                  self.ready(), i32(HK), i32(HV), i32(seqs), i32(self.nc)), shared_mem=WALK_BF16_SMEM)
 
-    def out(self, out, z, norm_w):
-        """Launch 4' of the bf16 split: gdn_prefill_out_bf16 (output parallel over chunks, gated norm fused)."""
+    def out(self, out, z, norm_w, wait=False, pdl=False):
+        """Launch 4' of the bf16 split: gdn_prefill_out_bf16 (output parallel over chunks, gated norm fused). In the
+        layer step (`wait`) it waits for the walk's ready counters and runs as the walk's programmatic dependent
+        (`pdl`, as the crate launches it); alone (stage arms) it reads the slots the last walk left."""
         seqs, maxlen = len(self.lens), max(self.lens)
         p, i32 = b.ptr, np.int32
-        b.launch(self.f_out, ((maxlen + C - 1) // C, HV, seqs), (256,),
-                 (self.qk_bf16()[0], self.w("gcum"), self.w("aqk"), self.w("hs"), p(self.meta), p(z), p(norm_w),
-                  np.float32(1e-6), p(out), i32(HK), i32(HV), i32(seqs), i32(self.nc)), shared_mem=OUT_BF16_SMEM)
+        fn = b.launch_pdl if pdl else b.launch
+        fn(self.f_out, ((maxlen + C - 1) // C, HV, seqs), (256,),
+           (self.qk_bf16()[0], self.w("gcum"), self.w("aqk"), self.w("hs"), p(self.meta), p(z), p(norm_w),
+            np.float32(1e-6), p(out), self.ready() if wait else np.uint64(0), i32(HK), i32(HV), i32(seqs),
+            i32(self.nc)), shared_mem=OUT_BF16_SMEM)
 
     def norm(self, out, z, norm_w):
         p, i32 = b.ptr, np.int32
@@ -499,6 +509,10 @@ def case(lens, chunk):
         arms[f"split_{tag}_wy"] = (lambda impl: lambda i: impl.wy())(impl)
         arms[f"split_{tag}_walk"] = (lambda impl: lambda i: impl.walk(st[i]))(impl)
         arms[f"split_{tag}_out"] = (lambda impl: lambda i: impl.out(out, z[i], norm_w))(impl)
+        if tag == "f16":  # the step with the output launched plainly (after the walk's end), against PDL
+            arms["f16_plain_out"] = (lambda impl: lambda i: impl(qkv[i], z[i], a[i], bb[i], conv_w, a_log, dt_bias,
+                                                                 norm_w, conv[i], conv_out, st[i], out,
+                                                                 pdl=False))(impl)
     try:
         res = b.time_arms(arms, sets, reps, rounds=ROUNDS)
         torch.cuda.synchronize()
@@ -547,6 +561,8 @@ def case(lens, chunk):
             if tag == "f16":
                 b.row("gdn_prefill_alt", f"{shape} {F16_SPLIT}", res[F16_SPLIT], f"{ALT_SPLIT} (this build)",
                       res[ALT_SPLIT], flops=fl)
+                b.row("gdn_prefill_alt", f"{shape} {F16_SPLIT} pdl", res[F16_SPLIT], "output launched plainly",
+                      res["f16_plain_out"], flops=fl, note="the output launch as the walk's PDL dependent or not")
             elif tag != "this":
                 av = alt_variant[tag]
                 b.row("gdn_prefill_alt", f"{shape} alt_{tag}", res[f"alt_{tag}"], f"{av} (this build)", res[av],

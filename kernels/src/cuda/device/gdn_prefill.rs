@@ -1,9 +1,9 @@
 //! Launches of `cuda/gdn_prefill.cu`: the chunked gated DeltaNet prefill for a batch of sequences (four kernels on
 //! the device's stream: prep, WY, the state walk, the gated norm; the kernel file's header explains each).
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
-use super::{cuda_err, Device, Module};
+use super::{cuda_err, Device, Module, PdlArgs};
 use crate::cuda::gdn_prefill::{GdnMeta, GdnPrefillLayout, GdnPrefillVariant, StateMath, WyMath};
 use crate::cuda::{GdnGpuInputs, GdnGpuWeights};
 use crate::gdn::GdnDims;
@@ -332,6 +332,17 @@ impl Device {
         let qb = bf16_view(workspace, lay.qkb, lay.qkb_len / 2)?;
         let kb = bf16_view(workspace, lay.qkb + lay.qkb_len / 2, lay.qkb_len / 2)?;
         let hs = bf16_view(workspace, lay.hs, lay.hs_len)?;
+        // The walk's per-(head, chunk) ready counters (cuda/gdn_prefill.cu `split_ready`): one int per slot in the
+        // Aqk region's second half, which the bf16 Aqk leaves free; zeroed by the `_b` WY launch.
+        let slots = dims.value_heads * lay.chunks;
+        let ready_at = lay.aqk + lay.aqk_len / 2;
+        let ready_f = workspace
+            .try_slice(ready_at..ready_at + slots)
+            .ok_or_else(|| KernelError::shape("cuda::gdn_prefill", "workspace region out of range"))?;
+        // SAFETY: `slots` f32 of the same allocation read as i32 (same size and alignment); only the kernels write
+        // them, as int32.
+        let ready = unsafe { ready_f.transmute::<i32>(slots) }
+            .ok_or_else(|| KernelError::shape("cuda::gdn_prefill", "workspace region too small"))?;
         {
             const NAME: &str = "gdn_prefill_walk_bf16";
             let f = self.function(Module::GdnPrefill, NAME)?;
@@ -344,11 +355,12 @@ impl Device {
             };
             let mut b = self.stream.launch_builder(&f);
             b.arg(&kb).arg(&gc).arg(&wi).arg(&ui).arg(meta_dev);
-            b.arg(&mut *state).arg(&hs);
+            b.arg(&mut *state).arg(&hs).arg(&ready);
             b.arg(&hk).arg(&hv).arg(&seqs_i).arg(&nc_i);
             // SAFETY: matches `gdn_prefill_walk_bf16`; reads what launches 1 and 2 wrote (same stream); state =
             // [seqs, Hv, 128, 128] was checked; each block owns 64 columns of one (sequence, head) state and writes
-            // only those columns of its own chunks' hs slots (hs holds Hv * NC slots, `layout`).
+            // only those columns of its own chunks' hs slots (hs holds Hv * NC slots, `layout`), then adds 1 to
+            // each chunk's ready counter (Hv * NC int32 past the bf16 Aqk, inside the Aqk region).
             unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
         }
         {
@@ -365,15 +377,27 @@ impl Device {
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: OUT_BF16_SMEM_BYTES,
             };
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&qb).arg(&gc).arg(&ai).arg(&hs).arg(meta_dev);
-            b.arg(&x.z.slice).arg(&w.norm_weight.slice).arg(&w.norm_eps);
-            b.arg(&mut *out);
-            b.arg(&hk).arg(&hv).arg(&seqs_i).arg(&nc_i);
-            // SAFETY: matches `gdn_prefill_out_bf16`; reads the walk's hs slots and launch 2's Aqk (same stream);
-            // z and out are [N, Hv*128], norm_weight [128] (checked); each block writes only its chunk's rows of
-            // its head; blocks past a sequence's chunks return.
-            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+            // Launched as the walk's programmatic dependent (Device::launch_pdl): its blocks become resident on the
+            // SMs the walk's 2 Hv blocks leave idle and each waits for its chunk's ready counter, not for the
+            // walk's end. The guards order the raw addresses after pending work on other streams.
+            let (qp, _g1) = qb.device_ptr(&self.stream);
+            let (gp, _g2) = gc.device_ptr(&self.stream);
+            let (ap, _g3) = ai.device_ptr(&self.stream);
+            let (hp, _g4) = hs.device_ptr(&self.stream);
+            let (mp, _g5) = meta_dev.device_ptr(&self.stream);
+            let (zp, _g6) = x.z.slice.device_ptr(&self.stream);
+            let (wp, _g7) = w.norm_weight.slice.device_ptr(&self.stream);
+            let (op, _g8) = out.device_ptr_mut(&self.stream);
+            let (rp, _g9) = ready.device_ptr(&self.stream);
+            let mut args = PdlArgs::default();
+            args.ptr(qp).ptr(gp).ptr(ap).ptr(hp).ptr(mp).ptr(zp).ptr(wp).f32(w.norm_eps).ptr(op).ptr(rp);
+            args.i32(hk).i32(hv).i32(seqs_i).i32(nc_i);
+            // SAFETY: matches `gdn_prefill_out_bf16`; reads launch 2's Aqk and the prep's q (finished: the walk
+            // before it was launched plainly) and each chunk's hs slot only after that chunk's ready counter
+            // reached 2 (both walk blocks wrote it; the walk's blocks are all resident before this grid starts,
+            // so the counters do get there); z and out are [N, Hv*128], norm_weight [128] (checked); each block
+            // writes only its chunk's rows of its head; blocks past a sequence's chunks return.
+            unsafe { self.launch_pdl(NAME, &f, cfg, &mut args) }?;
         }
         Ok(())
     }

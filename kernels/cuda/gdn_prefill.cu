@@ -48,6 +48,12 @@
 // at the end of this file. The f16 split (`wyf16_bf16_cs64`, session 10, the fastest build: 543.5 us at T = 4096
 // on the H200, 0.76x fla's bare chunk kernel) is the same behind launch 1's f16 form (`gdn_prefill_prep_h`) and a
 // WY launch on f16 tensor cores (`gdn_prefill_wy_h_b`), at the bf16 split's precision.
+// Launch order (session 11): every WY build is the prep's programmatic dependent (PDL: its blocks start as the
+// prep's last ones run and wait in pdl_wait for its end), the split's walk the WY's (it loads its state, then
+// waits), and the split's output the walk's (it waits per chunk on the walk's ready counters, not for its end), in
+// a grid with the heads fastest so that its blocks start in the order the walk finishes their chunks. H200,
+// T = 4096 (s11-run1 / s11-run2): the f16 split step 543.5 -> 520.1 us with the output overlapped, 497.4 with the
+// WY and walk as dependents and the output grid reordered, 484.1 with two walk buffers (WALK_NBUF); fla 415.9.
 // Removed (s3-run3): fla's split of launches 3 and 4 on TF32 (`[wytf32_]tf32split_cs<32|64>`: a walk carrying only the
 // state and storing each chunk's incoming state and v_new in fp16, then an output launch parallel over chunks with
 // the gated norm fused). It lost at T = 16384: walk_cs64 1835.7 us + out 963.0 us against the state walk
@@ -171,6 +177,9 @@ __device__ __forceinline__ void gdn_prefill_prep_body(
     const float* __restrict__ conv_in, float* __restrict__ conv_out, const int* __restrict__ meta,
     float* __restrict__ qn, float* __restrict__ kn, float* __restrict__ vv, float* __restrict__ gg,
     float* __restrict__ bb, __nv_bfloat16* __restrict__ qb, __nv_bfloat16* __restrict__ kb, int hk, int hv) {
+    // The WY launch may become resident now (it is this launch's programmatic dependent, Device::launch_pdl, and
+    // waits for this grid's end before it reads anything).
+    pdl_launch_dependents();
     constexpr int HIST = KC - 1;
     const int lane = threadIdx.x & 31;
     const int seg = blockIdx.y * 4 + (threadIdx.x >> 5);
@@ -305,6 +314,8 @@ extern "C" __global__ void __launch_bounds__(256)
     float* gc = Ts + C * AP;       // [C]
     float* bt = gc + C;            // [C]
 
+    pdl_wait();  // every WY build: a programmatic dependent of the prep (see gdn_prefill_wy_h_b)
+    pdl_launch_dependents();
     const int c = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
     const int tid = threadIdx.x;
     const int start = meta[s];
@@ -1198,6 +1209,8 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     float* bt = gc + C;         // [C]
     float* Vt = As;             // [C][KP] over As and Ts (2 C QP >= C KP floats) until step 3's epilogue
 
+    pdl_wait();  // every WY build: a programmatic dependent of the prep (see gdn_prefill_wy_h_b)
+    pdl_launch_dependents();
     const int c = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int fg = lane >> 2, ft = lane & 3;  // fragment row group / column pair
@@ -1412,8 +1425,8 @@ extern "C" __global__ void __launch_bounds__(256)
 //          (bf16, unscaled) in shared memory for the slot (for 4'), and e^{G_L-G_t} D_t (bf16) for c;
 //       c. S <- e^{G_L} S + K^T (e^{G_L-G} D) ([128 x 64] x [64 x 64], the k-steps stop at the chunk's end), then
 //          D to the slot, 16 bytes per store.
-//     The operands stream into a ring of three shared buffers by cp.async, chunk c + 2's issued when chunk c
-//     starts, so two chunks' loads are in flight behind the products: two barriers per chunk. (T = 4096: fp32
+//     The operands stream into two shared buffers by cp.async, chunk c + 1's issued when chunk c starts, so one
+//     chunk's loads are in flight behind the products: two barriers per chunk. (T = 4096: fp32
 //     operands converted through registers 219.4 us; bf16 operands, next chunk by cp.async 174.2 us; the ring
 //     168.7 us, s8-run5; D staged for 16-byte stores 144.4 us, s9-run4; fla's walk 106.0 us. Measured and not
 //     kept, s9-run3: the state's copy to the slot moved after phase b's products and the next chunk's fetch after
@@ -1421,7 +1434,7 @@ extern "C" __global__ void __launch_bounds__(256)
 //     columns per block (4 blocks per head, 192 blocks at two per SM, two chunk buffers, W and K read by twice the
 //     blocks): 174.9 against 144.3 us at T = 4096, 332.9 against 287.4 at B = 4, N = 9216, so half the products
 //     per chunk did not halve the chunk's latency.)
-// 4'. gdn_prefill_out_bf16: grid (max_chunks, Hv, seqs), 256 threads, parallel over chunks: per (chunk, head)
+// 4'. gdn_prefill_out_bf16: grid (Hv, seqs, max_chunks), 256 threads, parallel over chunks: per (chunk, head)
 //     o = e^G (Q S_c) + Aqk D ([64 x 128] x [128 x 128] and the causal [64 x 64] x [64 x 128]; warp w owns rows
 //     16 (w & 3) .., columns 64 (w >> 2) ..), then the gated RMSNorm of launch 4 fused (the row's sum of squares
 //     over the two column halves through shared memory), written to `out` once. Three blocks per SM (unpadded,
@@ -1495,8 +1508,12 @@ __device__ __forceinline__ void mma_kstep(float (&acc)[2 * NP][4], const uint32_
 
 }  // namespace
 
-// Chunk buffers of gdn_prefill_walk_bf16, a ring: chunk c + 2's operands stream in while chunk c is multiplied.
-constexpr int WALK_NBUF = 3;
+// Chunk buffers of gdn_prefill_walk_bf16, a ring: chunk c + WALK_NBUF - 1's operands stream in while chunk c is
+// multiplied. Two, not three (session 11): 125,440 instead of 169,728 bytes of shared memory per block, so an
+// output block (75,008) fits beside each walk block and the output launch overlapped with the walk runs on every
+// SM, not only on the 36 the walk leaves idle: s11-run2, T = 4096, the whole f16 split step 497.4 -> 484.1 us
+// (1090.3 -> 1081.3 at B = 4, N = 9216), the walk alone 138.0 -> 139.0 us (one chunk's copies in flight, not two).
+constexpr int WALK_NBUF = 2;
 constexpr int WALK_BUF = 2 * C * BP + C * HP;  // bf16 per buffer: W [C][BP], K [C][BP], this block's U [C][HP]
 
 // Shared memory of gdn_prefill_walk_bf16 (dynamic): the ring of chunk buffers, the state [D][HP], the decayed D
@@ -1514,9 +1531,6 @@ extern "C" __global__ void __launch_bounds__(256, 1)
                           const bf16* __restrict__ w_in, const bf16* __restrict__ u_in,
                           const int* __restrict__ meta, float* __restrict__ state, bf16* __restrict__ hs,
                           int* __restrict__ ready, int hk, int hv, int seqs, int n_chunks) {
-    // The output launch may start now (PDL): its blocks take the SMs this grid of 2 Hv blocks leaves idle and wait
-    // for each chunk's `ready` counter (split_ready), not for this grid's end.
-    pdl_launch_dependents();
     constexpr int NT = 8;  // n-tiles of the 64 columns (phase c)
     extern __shared__ float4 smem_walk[];
     bf16* const ring = reinterpret_cast<bf16*>(smem_walk);     // buffer i at i * WALK_BUF: W, K, U
@@ -1547,6 +1561,12 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         st[n][2] = b.x;
         st[n][3] = b.y;
     }
+    // A programmatic dependent of the WY launch (Device::launch_pdl): the state above is the caller's, so only
+    // from here on does this block need the WY's end. The output launch may start after that (PDL): its blocks
+    // take the SMs this grid leaves idle and wait for each chunk's `ready` counter (split_ready), not for this
+    // grid's end; triggering only now keeps them from reading the counters before the WY has zeroed them.
+    pdl_wait();
+    pdl_launch_dependents();
 
     // Chunk cc's W, K (rows past the chunk zero-filled), this block's 64 columns of U and G into ring buffer
     // cc % WALK_NBUF, as one cp.async group (committed also when there is no such chunk, so that the waits below
@@ -1590,8 +1610,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         cp_async_commit();
     };
 
-    fetch(0);
-    fetch(1);
+    for (int i = 0; i < WALK_NBUF - 1; ++i) fetch(i);
     for (int c = 0; c < nch; ++c) {
         const int lc = min(C, len - c * C);
         const bf16* Wb = ring + (c % WALK_NBUF) * WALK_BUF;
@@ -1605,7 +1624,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
             *reinterpret_cast<uint32_t*>(Sb + (dm + fg) * HP + 8 * n + 2 * ft) = pack_bf16x2(st[n][0], st[n][1]);
             *reinterpret_cast<uint32_t*>(Sb + (dm + fg + 8) * HP + 8 * n + 2 * ft) = pack_bf16x2(st[n][2], st[n][3]);
         }
-        cp_async_wait<1>();  // this thread's copies of chunk c (chunk c + 1's group may still be in flight)
+        cp_async_wait<WALK_NBUF - 2>();  // this thread's copies of chunk c (later chunks' may be in flight)
         __syncthreads();     // Sb and chunk c's buffer complete; chunk c - 1's readers done
         // Chunk c - 1's slot is written (every thread's stores precede the barrier): count this block, one
         // gpu-scope fence by the counting thread (the barrier-then-release pattern; a __threadfence by every
@@ -1614,7 +1633,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
             __threadfence();
             atomicAdd(ready + slot0 + c - 1, 1);
         }
-        fetch(c + 2);        // into the buffer chunk c - 1 used
+        fetch(c + WALK_NBUF - 1);  // into the buffer chunk c - 1 used
 #pragma unroll
         for (int j = 0; j < D * 64 / 8 / 256; ++j) {
             const int i = tid + 256 * j, r = i >> 3, q = i & 7;
@@ -1713,7 +1732,10 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     float* const red = G + C;                                // [2][C]
     float* const Wn = red + 2 * C;                           // [D]: norm_w
 
-    const int c = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
+    // Grid (Hv, seqs, max_chunks), heads fastest: blocks start in the order the walk finishes their slots (chunk c of
+    // every head at about the same time), so the blocks resident during the walk rarely wait on a counter. (Grid
+    // (max_chunks, Hv, seqs) started all chunks of head 0 first, whose last slots come at the walk's end.)
+    const int h = blockIdx.x, s = blockIdx.y, c = blockIdx.z;
     const int start = meta[s];
     const int len = meta[s + 1] - start;
     if (c * C >= len) return;
@@ -1880,6 +1902,10 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     const __half* const kh16 = reinterpret_cast<const __half*>(kn);
     const __half* const vh = reinterpret_cast<const __half*>(vv);
 
+    // A programmatic dependent of the prep (Device::launch_pdl): wait for its end (and its writes) first; the
+    // walk may then become resident as this grid's last blocks start.
+    pdl_wait();
+    pdl_launch_dependents();
     const int c = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int fg = lane >> 2, ft = lane & 3;
@@ -2025,6 +2051,6 @@ static_assert(state_tc_smem_bytes(16) == 103424 && state_tc_smem_bytes(32) == 11
                   state_tc_smem_bytes(64) == 225280,
               "keep gdn_prefill.rs state_tc_smem_bytes equal");
 static_assert(state_smem_bytes(16) == 96768 && state_smem_bytes(32) == 109056 && state_smem_bytes(64) == 133632, "keep gdn_prefill.rs state_smem_bytes equal");
-static_assert(walk_bf16_smem_bytes() == 169728 && out_bf16_smem_bytes() == 75008,
+static_assert(walk_bf16_smem_bytes() == 125440 && out_bf16_smem_bytes() == 75008,
               "keep gdn_prefill.rs WALK_BF16_SMEM_BYTES / OUT_BF16_SMEM_BYTES equal");
 static_assert(wy_h_smem_bytes() == 70144, "keep gdn_prefill.rs WY_H_SMEM_BYTES equal");

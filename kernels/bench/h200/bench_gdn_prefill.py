@@ -95,7 +95,7 @@ SPLIT = "wytf32x3_bf16_cs64"  # the bf16 split (session 8): walk_bf16 + out_bf16
 ALT_SPLIT = "wytf32_bf16_cs64"  # the split GDN_PREFILL_ALT's builds are timed as (the fastest, session 9)
 F16_SPLIT = "wyf16_bf16_cs64"  # the f16 split (session 10): f16 prep outputs, the f16 WY, the bf16 walk / output
 LEAN = os.environ.get("GDN_PREFILL_LEAN") == "1"  # only the default, the two splits and what their rows need
-WALK_BF16_SMEM = 169728  # cuda/gdn_prefill.cu walk_bf16_smem_bytes()
+WALK_BF16_SMEM = 125440  # cuda/gdn_prefill.cu walk_bf16_smem_bytes()
 OUT_BF16_SMEM = 75008  # cuda/gdn_prefill.cu out_bf16_smem_bytes()
 HS_SLOT = D * D + C * D  # bf16 per (head, chunk) of the split's hs region
 PREP_TT = 8  # cuda/gdn_prefill.cu PREP_TT (tokens per warp of gdn_prefill_prep)
@@ -145,16 +145,19 @@ def kern(name, build=None):
 
 
 def alt_builds():
-    """GDN_PREFILL_ALT="tag=dir[@variant];..": other builds of cuda/gdn_prefill.cu (a directory holding its
-    gdn_prefill.sm_90.cubin or .ptx, e.g. made by kernels/bench/h200/build_alt.sh), each timed as `variant` (default
-    the split ALT_SPLIT) in the same rounds as this build's arms (interleaved), whole step and stage by stage, and
-    compared with this build's run of the same variant. Returns [(tag, dir, variant)]."""
+    """GDN_PREFILL_ALT="tag=dir[@variant][,walk_smem=BYTES];..": other builds of cuda/gdn_prefill.cu (a directory
+    holding its gdn_prefill.sm_90.cubin or .ptx, e.g. made by kernels/bench/h200/build_alt.sh), each timed as
+    `variant` (default the split ALT_SPLIT) in the same rounds as this build's arms (interleaved), whole step and
+    stage by stage, and compared with this build's run of the same variant; `walk_smem`: that build's
+    walk_bf16_smem_bytes() where it differs from this one's. Returns [(tag, dir, variant, walk_smem)]."""
     out = []
     for x in os.environ.get("GDN_PREFILL_ALT", "").split(";"):
         if x:
+            x, _, opt = x.partition(",")
             tag, rest = x.split("=", 1)
             d, _, v = rest.partition("@")
-            out.append((tag, d, v or ALT_SPLIT))
+            ws = int(opt.split("=", 1)[1]) if opt.startswith("walk_smem=") else WALK_BF16_SMEM
+            out.append((tag, d, v or ALT_SPLIT, ws))
     return out
 
 
@@ -179,8 +182,9 @@ class Ours:
     """The launches of `Gpu::gdn_prefill_with(variant, ..)`; `share`: another instance whose workspace and meta
     table this one uses (the variants differ only in launch 3, so they can share one 3 GiB workspace)."""
 
-    def __init__(self, lens, variant, share=None, build=None):
+    def __init__(self, lens, variant, share=None, build=None, walk_smem=WALK_BF16_SMEM):
         self.lens = lens
+        self.walk_smem = walk_smem
         kern = lambda name: globals()["kern"](name, build)  # noqa: E731
         wy, variant = split_variant(variant)
         self.cs = int(variant.split("_cs")[1])
@@ -200,7 +204,7 @@ class Ours:
         self.split = variant.startswith("bf16")
         if self.split:  # launches 3' and 4' (the norm fused into 4')
             self.f_walk, self.f_out = kern("gdn_prefill_walk_bf16"), kern("gdn_prefill_out_bf16")
-            b.allow_smem(self.f_walk, WALK_BF16_SMEM)
+            b.allow_smem(self.f_walk, self.walk_smem)
             try:
                 self.f_walk.preferred_shared_memory_carveout = 100
             except Exception as e:  # noqa: BLE001
@@ -239,10 +243,12 @@ class Ours:
                  (p(cu), p(table), i32(len(self.lens)), i32(sum(self.lens)), i32(max(self.lens))))
 
     def __call__(self, qkv, z, a, bb, conv_w, a_log, dt_bias, norm_w, conv_in, conv_out, state, out, pdl=True):
+        """The layer step as the crate queues it: the WY, the walk and the output as programmatic dependents of
+        the launch before (`pdl`; False: every launch plain, the output still waiting on the ready counters)."""
         self.prep(qkv, a, bb, conv_w, a_log, dt_bias, conv_in, conv_out)
-        self.wy()
+        self.wy(pdl=pdl)
         if self.split:
-            self.walk(state)
+            self.walk(state, pdl=pdl)
             self.out(out, z, norm_w, wait=True, pdl=pdl)
             return
         self.state(state, out)
@@ -265,10 +271,10 @@ class Ours:
         n = sum(self.lens)
         return self.w("qkb"), np.uint64(self.ws.data_ptr() + 4 * self.off["qkb"] + 2 * n * HK * D)
 
-    def wy(self):
+    def wy(self, pdl=False):
         seqs, maxlen = len(self.lens), max(self.lens)
         p, i32 = b.ptr, np.int32
-        b.launch(self.f_wy, ((maxlen + C - 1) // C, HV, seqs), (256,),
+        (b.launch_pdl if pdl else b.launch)(self.f_wy, ((maxlen + C - 1) // C, HV, seqs), (256,),
                  (self.w("qn"), self.w("kn"), self.w("v"), self.w("g"), self.w("beta"), p(self.meta),
                   self.w("gcum"), self.w("w"), self.w("u"), self.w("aqk"), i32(HK), i32(HV), i32(seqs),
                   i32(self.nc)), shared_mem=self.wy_smem)
@@ -286,14 +292,15 @@ class Ours:
         second half."""
         return np.uint64(self.ws.data_ptr() + 4 * (self.off["aqk"] + HV * self.nc * C * C // 2))
 
-    def walk(self, state):
+    def walk(self, state, pdl=False):
         """Launch 3' of the bf16 split: gdn_prefill_walk_bf16 (state only; chunk states and D to hs, then each
         chunk's ready counter)."""
         seqs = len(self.lens)
         p, i32 = b.ptr, np.int32
-        b.launch(self.f_walk, (2, HV, seqs), (256,),
-                 (self.qk_bf16()[1], self.w("gcum"), self.w("w"), self.w("u"), p(self.meta), p(state), self.w("hs"),
-                  self.ready(), i32(HK), i32(HV), i32(seqs), i32(self.nc)), shared_mem=WALK_BF16_SMEM)
+        (b.launch_pdl if pdl else b.launch)(
+            self.f_walk, (2, HV, seqs), (256,),
+            (self.qk_bf16()[1], self.w("gcum"), self.w("w"), self.w("u"), p(self.meta), p(state), self.w("hs"),
+             self.ready(), i32(HK), i32(HV), i32(seqs), i32(self.nc)), shared_mem=self.walk_smem)
 
     def out(self, out, z, norm_w, wait=False, pdl=False):
         """Launch 4' of the bf16 split: gdn_prefill_out_bf16 (output parallel over chunks, gated norm fused). In the
@@ -302,7 +309,7 @@ class Ours:
         seqs, maxlen = len(self.lens), max(self.lens)
         p, i32 = b.ptr, np.int32
         fn = b.launch_pdl if pdl else b.launch
-        fn(self.f_out, ((maxlen + C - 1) // C, HV, seqs), (256,),
+        fn(self.f_out, (HV, seqs, (maxlen + C - 1) // C), (256,),  # heads fastest, chunks slowest
            (self.qk_bf16()[0], self.w("gcum"), self.w("aqk"), self.w("hs"), p(self.meta), p(z), p(norm_w),
             np.float32(1e-6), p(out), self.ready() if wait else np.uint64(0), i32(HK), i32(HV), i32(seqs),
             i32(self.nc)), shared_mem=OUT_BF16_SMEM)
@@ -426,8 +433,8 @@ def case(lens, chunk):
         raise RuntimeError(f"{shape}: {DEFAULT} (the default) failed its check against fp32_cs32")
     # Other builds (GDN_PREFILL_ALT), checked like the variants (the split's 5e-2 bound).
     alts, alt_variant = {}, {}
-    for tag, d, av in alt_builds():
-        impl = Ours(lens, av, share=ref, build=d)
+    for tag, d, av, ws in alt_builds():
+        impl = Ours(lens, av, share=ref, build=d, walk_smem=ws)
         st1 = st[0].clone()
         out1 = torch.full_like(out, float("nan"))
         impl(qkv[0], z[0], a[0], bb[0], conv_w, a_log, dt_bias, norm_w, conv[0], conv_out, st1, out1)
@@ -509,7 +516,7 @@ def case(lens, chunk):
         arms[f"split_{tag}_wy"] = (lambda impl: lambda i: impl.wy())(impl)
         arms[f"split_{tag}_walk"] = (lambda impl: lambda i: impl.walk(st[i]))(impl)
         arms[f"split_{tag}_out"] = (lambda impl: lambda i: impl.out(out, z[i], norm_w))(impl)
-        if tag == "f16":  # the step with the output launched plainly (after the walk's end), against PDL
+        if tag == "f16":  # the step with every launch plain (the output after the walk's end), against PDL
             arms["f16_plain_out"] = (lambda impl: lambda i: impl(qkv[i], z[i], a[i], bb[i], conv_w, a_log, dt_bias,
                                                                  norm_w, conv[i], conv_out, st[i], out,
                                                                  pdl=False))(impl)
@@ -561,8 +568,8 @@ def case(lens, chunk):
             if tag == "f16":
                 b.row("gdn_prefill_alt", f"{shape} {F16_SPLIT}", res[F16_SPLIT], f"{ALT_SPLIT} (this build)",
                       res[ALT_SPLIT], flops=fl)
-                b.row("gdn_prefill_alt", f"{shape} {F16_SPLIT} pdl", res[F16_SPLIT], "output launched plainly",
-                      res["f16_plain_out"], flops=fl, note="the output launch as the walk's PDL dependent or not")
+                b.row("gdn_prefill_alt", f"{shape} {F16_SPLIT} pdl", res[F16_SPLIT], "every launch plain",
+                      res["f16_plain_out"], flops=fl, note="WY, walk and output as PDL dependents or all plain")
             elif tag != "this":
                 av = alt_variant[tag]
                 b.row("gdn_prefill_alt", f"{shape} alt_{tag}", res[f"alt_{tag}"], f"{av} (this build)", res[av],

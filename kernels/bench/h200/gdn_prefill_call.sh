@@ -30,4 +30,18 @@ for v in wytf32x3_bf16_cs64 wytf32_bf16_cs64 wyf16_bf16_cs64; do
   echo "$v worst output $(grep -E "variant=$v .*output vs recurrence" "$OUT/tests_gpu_gdn_prefill.txt" | awk '{print $NF}' | sort -g | tail -1)" \
     "state $(grep -E "variant=$v .*state vs recurrence" "$OUT/tests_gpu_gdn_prefill.txt" | awk '{print $NF}' | sort -g | tail -1)"
 done
+# GDN_PREFILL_NCU="regex" (session 11): Nsight Compute on the f16 split's launches whose names match, warm (the
+# second of profile_gdn_prefill.py's three steps; N_PER_STEP: how many of a step's four launches match), then its
+# details page, the SASS source page and ncu_segments.py's barrier-to-barrier summary.
+if [ -n "${GDN_PREFILL_NCU:-}" ]; then
+  n=${N_PER_STEP:-3}
+  PYTHONPATH=/tmp/site GDN_PROFILE_VARIANT=wyf16_bf16_cs64 timeout 300 ncu --clock-control none --set full \
+      --import-source no -k regex:"$GDN_PREFILL_NCU" --launch-skip "$n" --launch-count "$n" -o "$OUT/gdn" -f \
+      python3 kernels/bench/h200/profile_gdn_prefill.py /tmp/edgefit-carry > "$OUT/ncu_log.txt" 2>&1
+  ncu --import "$OUT/gdn.ncu-rep" --page details > "$OUT/ncu_details.txt" 2>&1
+  ncu --import "$OUT/gdn.ncu-rep" --page source --csv --print-source sass 2>/dev/null | gzip > "$OUT/ncu_source.csv.gz"
+  python3 kernels/bench/h200/ncu_segments.py "$OUT/ncu_source.csv.gz" > "$OUT/ncu_segments.txt" 2>&1
+  grep -E "^  gdn_prefill|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Eligible Warps|Issued Warp" \
+      "$OUT/ncu_details.txt" | head -60
+fi
 cd "$OUT" && tar czf /tmp/o.tgz . && find . -type f ! -name 'rs*.txt' -delete && mv /tmp/o.tgz run.tgz

@@ -363,6 +363,13 @@ fn layout_geom(
         op,
         "{tokens} tokens exceed the kernels' 32-bit token and row indices"
     );
+    crate::ensure_shape!(
+        !split || max_len.div_ceil(CHUNK) <= 65535,
+        op,
+        "the bf16 split's output launch takes a sequence's chunks as its grid's z (at most 65535 chunks of \
+         {CHUNK}, {} tokens), got a sequence of {max_len} tokens",
+        65535 * CHUNK
+    );
     let pad = |n: usize| n.div_ceil(64) * 64;
     let qk_len = tokens * dims.key_heads * 128;
     let v_len = tokens * dims.value_heads * 128;
@@ -941,6 +948,12 @@ mod tests {
         assert!(e.to_string().contains("overflow"), "{e}");
         let e = layout("t", &qwen(), &[1 << 27], false).unwrap_err();
         assert!(e.to_string().contains("32-bit"), "{e}");
+        // The split's output grid takes the chunks as z (65535 at most); the other builds take them as x.
+        let long = [65535 * CHUNK + 1];
+        let e = layout("t", &qwen(), &long, true).unwrap_err();
+        assert!(e.to_string().contains("at most 65535 chunks"), "{e}");
+        assert!(layout("t", &qwen(), &long, false).is_ok());
+        assert!(layout("t", &qwen(), &[65535 * CHUNK], true).is_ok());
     }
 
     #[test]

@@ -39,7 +39,7 @@ fn state_tc_smem_bytes(cs: u32) -> u32 {
 
 /// Dynamic shared memory of `gdn_prefill_walk_bf16` and `gdn_prefill_out_bf16` (`walk_bf16_smem_bytes()` /
 /// `out_bf16_smem_bytes()` in cuda/gdn_prefill.cu, kept equal by a static_assert there).
-const WALK_BF16_SMEM_BYTES: u32 = 169_728;
+const WALK_BF16_SMEM_BYTES: u32 = 125_440;
 const OUT_BF16_SMEM_BYTES: u32 = 75_008;
 
 /// `floats` floats of the workspace from float `at`, as the kernels' bf16 (u16 here: the same bits; cudarc has no
@@ -221,22 +221,30 @@ impl Device {
                 ws(lay.u, lay.wu_len),
                 ws(lay.aqk, lay.aqk_len),
             );
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&qn)
-                .arg(&kn)
-                .arg(&vv)
-                .arg(&gg)
-                .arg(&bb)
-                .arg(&meta_dev);
-            b.arg(&gc).arg(&wo).arg(&uo).arg(&ao);
-            b.arg(&hk).arg(&hv).arg(&seqs_i).arg(&nc_i);
+            // Launched as the prep's programmatic dependent (Device::launch_pdl): every WY build starts with
+            // `pdl_wait`, so only its blocks' start overlaps the prep's last blocks. The guards order the raw
+            // addresses after pending work on other streams.
+            let (qp, _g1) = qn.device_ptr(&self.stream);
+            let (kp, _g2) = kn.device_ptr(&self.stream);
+            let (vp, _g3) = vv.device_ptr(&self.stream);
+            let (gp, _g4) = gg.device_ptr(&self.stream);
+            let (bp, _g5) = bb.device_ptr(&self.stream);
+            let (mp, _g6) = meta_dev.device_ptr(&self.stream);
+            let (cp, _g7) = gc.device_ptr(&self.stream);
+            let (wp, _g8) = wo.device_ptr(&self.stream);
+            let (up, _g9) = uo.device_ptr(&self.stream);
+            let (ap, _g10) = ao.device_ptr(&self.stream);
+            let mut args = PdlArgs::default();
+            args.ptr(qp).ptr(kp).ptr(vp).ptr(gp).ptr(bp).ptr(mp);
+            args.ptr(cp).ptr(wp).ptr(up).ptr(ap);
+            args.i32(hk).i32(hv).i32(seqs_i).i32(nc_i);
             // SAFETY: matches `gdn_prefill_wy`, `gdn_prefill_wy_tc{1,3}[_b]` and `gdn_prefill_wy_h_b` (same
             // parameters; the `_b` forms write W, U, Aqk as bf16 into the first half of the same regions, `_h_b`
-            // reads the f16 qn, kn, v `gdn_prefill_prep_h` wrote there); reads what launch 1 wrote (same
-            // stream) and writes gcum [N, Hv],
+            // reads the f16 qn, kn, v `gdn_prefill_prep_h` wrote there); each reads and writes nothing before its
+            // `pdl_wait` (the prep's end), then reads what launch 1 wrote and writes gcum [N, Hv],
             // W, U [Hv, NC, 64, 128] and Aqk [Hv, NC, 64, 64], each block only its own chunk's rows (chunk offsets
             // in meta sum to NC); blocks past a sequence's chunks return.
-            unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+            unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
         }
         // 3. sequential state walk + unnormalised output (the bf16 split: launches 3' and 4' instead of 3 and 4).
         {
@@ -338,7 +346,9 @@ impl Device {
         let ready_at = lay.aqk + lay.aqk_len / 2;
         let ready_f = workspace
             .try_slice(ready_at..ready_at + slots)
-            .ok_or_else(|| KernelError::shape("cuda::gdn_prefill", "workspace region out of range"))?;
+            .ok_or_else(|| {
+                KernelError::shape("cuda::gdn_prefill", "workspace region out of range")
+            })?;
         // SAFETY: `slots` f32 of the same allocation read as i32 (same size and alignment); only the kernels write
         // them, as int32.
         let ready = unsafe { ready_f.transmute::<i32>(slots) }
@@ -347,21 +357,38 @@ impl Device {
             const NAME: &str = "gdn_prefill_walk_bf16";
             let f = self.function(Module::GdnPrefill, NAME)?;
             set_smem(&f, WALK_BF16_SMEM_BYTES, NAME)?;
-            max_carveout(&f, NAME)?; // 157 KiB, one block per SM
+            max_carveout(&f, NAME)?; // 122.5 KiB: one walk block and one output block per SM
             let cfg = LaunchConfig {
                 grid_dim: (2, dims.value_heads as u32, lay.seqs as u32),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: WALK_BF16_SMEM_BYTES,
             };
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&kb).arg(&gc).arg(&wi).arg(&ui).arg(meta_dev);
-            b.arg(&mut *state).arg(&hs).arg(&ready);
-            b.arg(&hk).arg(&hv).arg(&seqs_i).arg(&nc_i);
-            // SAFETY: matches `gdn_prefill_walk_bf16`; reads what launches 1 and 2 wrote (same stream); state =
+            // Launched as the WY's programmatic dependent (Device::launch_pdl): each block loads its state (the
+            // caller's), then waits in `pdl_wait` for the WY's end.
+            let (kp, _g1) = kb.device_ptr(&self.stream);
+            let (gp, _g2) = gc.device_ptr(&self.stream);
+            let (wp, _g3) = wi.device_ptr(&self.stream);
+            let (up, _g4) = ui.device_ptr(&self.stream);
+            let (mp, _g5) = meta_dev.device_ptr(&self.stream);
+            let (sp, _g6) = state.device_ptr_mut(&self.stream);
+            let (hp, _g7) = hs.device_ptr(&self.stream);
+            let (rp, _g8) = ready.device_ptr(&self.stream);
+            let mut args = PdlArgs::default();
+            args.ptr(kp)
+                .ptr(gp)
+                .ptr(wp)
+                .ptr(up)
+                .ptr(mp)
+                .ptr(sp)
+                .ptr(hp)
+                .ptr(rp);
+            args.i32(hk).i32(hv).i32(seqs_i).i32(nc_i);
+            // SAFETY: matches `gdn_prefill_walk_bf16`; before its `pdl_wait` it reads only the state (the caller's)
+            // and meta (written before the prep, a plain launch), after it what launches 1 and 2 wrote; state =
             // [seqs, Hv, 128, 128] was checked; each block owns 64 columns of one (sequence, head) state and writes
             // only those columns of its own chunks' hs slots (hs holds Hv * NC slots, `layout`), then adds 1 to
             // each chunk's ready counter (Hv * NC int32 past the bf16 Aqk, inside the Aqk region).
-            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+            unsafe { self.launch_pdl(NAME, &f, cfg, &mut args) }?;
         }
         {
             const NAME: &str = "gdn_prefill_out_bf16";
@@ -369,10 +396,12 @@ impl Device {
             set_smem(&f, OUT_BF16_SMEM_BYTES, NAME)?;
             max_carveout(&f, NAME)?;
             let cfg = LaunchConfig {
+                // Heads fastest, chunks slowest: the order in which the walk finishes the slots (`layout`
+                // checked max_chunks <= 65535).
                 grid_dim: (
-                    lay.max_chunks as u32,
                     dims.value_heads as u32,
                     lay.seqs as u32,
+                    lay.max_chunks as u32,
                 ),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: OUT_BF16_SMEM_BYTES,
@@ -390,10 +419,19 @@ impl Device {
             let (op, _g8) = out.device_ptr_mut(&self.stream);
             let (rp, _g9) = ready.device_ptr(&self.stream);
             let mut args = PdlArgs::default();
-            args.ptr(qp).ptr(gp).ptr(ap).ptr(hp).ptr(mp).ptr(zp).ptr(wp).f32(w.norm_eps).ptr(op).ptr(rp);
+            args.ptr(qp)
+                .ptr(gp)
+                .ptr(ap)
+                .ptr(hp)
+                .ptr(mp)
+                .ptr(zp)
+                .ptr(wp)
+                .f32(w.norm_eps)
+                .ptr(op)
+                .ptr(rp);
             args.i32(hk).i32(hv).i32(seqs_i).i32(nc_i);
-            // SAFETY: matches `gdn_prefill_out_bf16`; reads launch 2's Aqk and the prep's q (finished: the walk
-            // before it was launched plainly) and each chunk's hs slot only after that chunk's ready counter
+            // SAFETY: matches `gdn_prefill_out_bf16`; reads launch 2's Aqk and the prep's q (finished: the walk's
+            // blocks trigger this launch only after their `pdl_wait`, the WY's end, itself after the prep's) and each chunk's hs slot only after that chunk's ready counter
             // reached 2 (both walk blocks wrote it; the walk's blocks are all resident before this grid starts,
             // so the counters do get there); z and out are [N, Hv*128], norm_weight [128] (checked); each block
             // writes only its chunk's rows of its head; blocks past a sequence's chunks return.

@@ -162,10 +162,9 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
     ldmatrix_x4_trans(r, smem_u32(smem));
 }
 // Two 8x8 b16 matrices (lanes 0..15 give the row addresses; the other lanes' are ignored).
-__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* smem) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
-                 : "=r"(r[0]), "=r"(r[1])
-                 : "r"(smem_u32(smem)));
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* smem) { ldmatrix_x2(r, smem_u32(smem)); }
 
 }  // namespace edgefit

@@ -277,9 +277,11 @@ __device__ __forceinline__ void gdn_prefill_prep_body(
     }
 }
 
-// kconv is 2..=4 (checked in Rust); the window lives in registers, so it is a template argument.
+// kconv is 2..=4 (checked in Rust); the window lives in registers, so it is a template argument. Six blocks per SM
+// (at most 80 registers, no spill; 88 without the bound, five blocks): the launch waits on its loads (s11-run3's
+// Nsight Compute: 29% achieved occupancy, long-scoreboard stalls the first reason).
 #define GDN_PREFILL_PREP_KERNEL(NAME, HALF)                                                                        \
-    extern "C" __global__ void __launch_bounds__(128)                                                              \
+    extern "C" __global__ void __launch_bounds__(128, 6)                                                           \
         NAME(const float* __restrict__ qkv, const float* __restrict__ a_in, const float* __restrict__ b_in,        \
              const float* __restrict__ conv_w, const float* __restrict__ a_log, const float* __restrict__ dt_bias,  \
              const float* __restrict__ conv_in, float* __restrict__ conv_out, const int* __restrict__ meta,         \
@@ -1093,7 +1095,8 @@ __device__ __forceinline__ void wy_step3_epilogue(float (&kk)[3][4], const float
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int col = jc + e;
-                const float dec = col <= i ? expf(gc[i] - gc[col]) : 0.f;
+                // (The bf16-output forms: the fast exponential, ~2 ulp, far below their outputs' rounding.)
+                const float dec = col <= i ? (BOUT ? __expf(gc[i] - gc[col]) : expf(gc[i] - gc[col])) : 0.f;
                 kk[j][2 * hf + e] = col < i ? bt[i] * kk[j][2 * hf + e] * dec : 0.f;  // A
                 q2[e] = qk[j][2 * hf + e] * dec;
             }
@@ -1158,28 +1161,37 @@ __device__ __forceinline__ void wy_inverse_diagonal(const float* As, float* Ts, 
 }
 
 // Step 5b (every thread of the block; six block barriers, the last one at the end): the blocks of T below the
-// diagonal, one distance from the diagonal at a time (see the step's comment).
+// diagonal, one distance from the diagonal at a time (see the step's comment). Thread t works on block t >> 6 of
+// the distance (the 4 - d blocks (d + blk, blk); threads past them idle) at row (t >> 2) & 15 and the four
+// columns 4 (t & 3) .. + 3: each A (or diagonal T) value it loads serves four products, and the T (or X) operand
+// is one 16-byte load that the warp's eight rows share (session 11; one element per thread issued two shared
+// loads per FMA, ~4,100 warp loads per block, and s11-run3's Nsight Compute put a third of the f16 WY's samples
+// here). Every element sums in the same order as before, so T is bit-identical.
 __device__ __forceinline__ void wy_inverse_below(const float* As, float* Ts, int tid) {
-    const int r = tid >> 4, cc = tid & 15;
+    const int blk = tid >> 6, r = (tid >> 2) & 15, c4 = 4 * (tid & 3);
     for (int d = 1; d < 4; ++d) {
-        for (int i = d; i < 4; ++i) {
-            const int j = i - d;
-            float acc = 0.f;
+        const int i = d + blk, j = blk;
+        if (i < 4) {
+            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
             for (int k = j; k < i; ++k) {
 #pragma unroll
-                for (int m = 0; m < 16; ++m)
-                    acc = fmaf(As[(16 * i + r) * QP + 16 * k + m], Ts[(16 * k + m) * QP + 16 * j + cc], acc);
+                for (int m = 0; m < 16; ++m) {
+                    const float a = As[(16 * i + r) * QP + 16 * k + m];
+                    acc = f4_fma(a, *reinterpret_cast<const float4*>(Ts + (16 * k + m) * QP + 16 * j + c4), acc);
+                }
             }
-            Ts[(16 * j + r) * QP + 16 * i + cc] = acc;
+            *reinterpret_cast<float4*>(Ts + (16 * j + r) * QP + 16 * i + c4) = acc;
         }
         __syncthreads();
-        for (int i = d; i < 4; ++i) {
-            const int j = i - d;
-            float acc = 0.f;
+        if (i < 4) {
+            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-            for (int m = 0; m < 16; ++m)
-                acc = fmaf(Ts[(16 * i + r) * QP + 16 * i + m], Ts[(16 * j + m) * QP + 16 * i + cc], acc);
-            Ts[(16 * i + r) * QP + 16 * j + cc] = -acc;
+            for (int m = 0; m < 16; ++m) {
+                const float a = Ts[(16 * i + r) * QP + 16 * i + m];
+                acc = f4_fma(a, *reinterpret_cast<const float4*>(Ts + (16 * j + m) * QP + 16 * i + c4), acc);
+            }
+            *reinterpret_cast<float4*>(Ts + (16 * i + r) * QP + 16 * j + c4) =
+                make_float4(-acc.x, -acc.y, -acc.z, -acc.w);
         }
         __syncthreads();
     }
@@ -1310,9 +1322,9 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
 
     // 5b. The blocks below the diagonal, one distance d = i - j at a time (block indices 0..3):
     // T_ij = -T_ii X with X = sum_{k=j}^{i-1} A_ik T_kj, every term known from the diagonal blocks and the
-    // nearer distances. Thread (r, cc) computes element (r, cc) of every block of the distance; X goes to the
+    // nearer distances. Each thread computes four elements of one block of the distance; X goes to the
     // block (j, i) above the diagonal, which step 6 never reads (T is lower triangular and its k-steps stop at
-    // the diagonal block). Six barriers in all; ~250 FMAs per thread.
+    // the diagonal block). Six barriers in all.
     wy_inverse_below(As, Ts, tid);
 
     // 6. W = T Kb and U = T Vb on this warp's rows am .. am+15 and columns wn .. wn+63; T[r][m] = 0 for m > r.
@@ -1935,21 +1947,29 @@ extern "C" __global__ void __launch_bounds__(256, 3)
         for (int j = 0; j < 3; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) kk[j][e] = qk[j][e] = 0.f;
-#pragma unroll 2
+        // Fragment addresses once (session 11: derived from the warp's share inside the loop, the compiler
+        // re-read SR_TID.X and rebuilt them per k-step and n-tile, ~10 integer instructions and a stall per
+        // ldmatrix; s11-run3's Nsight Compute put a third of this launch's samples in step 3).
+        const uint32_t ka = smem_u32(Kh + (sh.m0 + (lane & 15)) * BP + ((lane >> 4) << 3));
+        const uint32_t qa = smem_u32(Qh + (sh.m0 + (lane & 15)) * BP + ((lane >> 4) << 3));
+        // B = K^T: b0 = K[n][k0 + 2t ..], b1 = K[n][k0 + 8 + 2t ..] for n = n-tile row g: the K rows as stored,
+        // so ldmatrix without .trans (lanes 0..7 the rows at k0, 8..15 at k0 + 8); n-tile j at 8 j rows further.
+        // Every warp multiplies three n-tiles, also those whose share has two (their third, past their share, is
+        // never used: the epilogue and wy_store_a stop at sh.nn; for the share at n-tiles 6, 7 it reads rows
+        // 64 .. 71, the start of the Q tile, which nothing writes in step 3). The slowest warp does three anyway,
+        // and without the branch the compiler keeps the addresses in registers.
+        const uint32_t kt = smem_u32(Kh + (sh.n0 + (lane & 7)) * BP + 8 * ((lane >> 3) & 1));
+#pragma unroll
         for (int k0 = 0; k0 < D; k0 += 16) {
             uint32_t fk[4], fq[4];
-            ldsm_a(fk, Kh, BP, sh.m0, k0, lane);
-            ldsm_a(fq, Qh, BP, sh.m0, k0, lane);
+            ldmatrix_x4(fk, ka + 2 * k0);
+            ldmatrix_x4(fq, qa + 2 * k0);
 #pragma unroll
             for (int j = 0; j < 3; ++j) {
-                if (j < sh.nn) {  // warp-uniform
-                    // B = K^T: b0 = K[n][k0 + 2t ..], b1 = K[n][k0 + 8 + 2t ..] for n = n-tile row g: the K rows
-                    // as stored, so ldmatrix without .trans (lanes 0..7 the rows at k0, 8..15 at k0 + 8).
-                    uint32_t b[2];
-                    ldmatrix_x2(b, Kh + (sh.n0 + 8 * j + (lane & 7)) * BP + k0 + 8 * ((lane >> 3) & 1));
-                    mma_f16_16816(kk[j], fk, b[0], b[1]);
-                    mma_f16_16816(qk[j], fq, b[0], b[1]);
-                }
+                uint32_t b[2];
+                ldmatrix_x2(b, kt + 2 * (8 * j * BP + k0));
+                mma_f16_16816(kk[j], fk, b[0], b[1]);
+                mma_f16_16816(qk[j], fq, b[0], b[1]);
             }
         }
         wy_step3_epilogue<true>(kk, qk, sh, gc, bt, aqk_out, slot, fg, ft, tid);

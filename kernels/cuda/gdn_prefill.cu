@@ -1670,7 +1670,8 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         }
         const float gl = G[lc - 1];
         const int r0 = am + fg, r1 = am + fg + 8;
-        const float f0 = r0 < lc ? expf(gl - G[r0]) : 0.f, f1 = r1 < lc ? expf(gl - G[r1]) : 0.f;
+        // (bf16 operands: the fast exponential, ~2 ulp, like every exponential of the split's walk and output.)
+        const float f0 = r0 < lc ? __expf(gl - G[r0]) : 0.f, f1 = r1 < lc ? __expf(gl - G[r1]) : 0.f;
         bf16* dg = slot + D * D;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -1686,7 +1687,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         }
         __syncthreads();  // Db complete; Sb free
         // c. S <- e^{G_L} S + K^T (e^{G_L-G} D) on this warp's 16 state rows (K and D rows past the chunk are 0).
-        const float el = expf(gl);
+        const float el = __expf(gl);
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -1775,6 +1776,19 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     }
     if (tid < C) cp_async4(G + tid, tid < lc ? gcum + (tok0 + tid) * hv + h : gcum, tid < lc);
     if (tid < D / 4) cp_async16(Wn + 4 * tid, norm_w + 4 * tid, true);
+    // The gate z of this thread's output elements (rows r0, r1; the accumulator columns), loaded now so that
+    // their latency hides behind the wait for the walk, the copies and the products (the norm needs them last;
+    // issued after the state's copies, s11-run3's Nsight Compute still found the epilogue waiting on them).
+    const int am = (warp & 3) * 16, an = (warp >> 2) * 64;
+    const int r0 = am + fg, r1 = am + fg + 8;
+    const size_t vw = static_cast<size_t>(hv) * D;
+    float2 z0[8], z1[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int col = an + 8 * j + 2 * ft;
+        z0[j] = r0 < lc ? *reinterpret_cast<const float2*>(z + (tok0 + r0) * vw + h * D + col) : make_float2(0.f, 0.f);
+        z1[j] = r1 < lc ? *reinterpret_cast<const float2*>(z + (tok0 + r1) * vw + h * D + col) : make_float2(0.f, 0.f);
+    }
     // ready (the walk's counters; null when the walk is known to be done, e.g. launched alone): wait until both
     // column blocks of the walk have written the slot. The walk's blocks are all resident before this grid starts
     // (PDL launches it once each has run launch_dependents), so the wait ends; a bounded spin turns a broken
@@ -1796,18 +1810,6 @@ extern "C" __global__ void __launch_bounds__(256, 3)
         cp_async16(const_cast<bf16*>(swz(Hb, D, r, 8 * q)), hg + r * D + 8 * q, true);
     }
     cp_async_commit();
-    // The gate z of this thread's output elements (rows r0, r1; the accumulator columns), loaded now so that
-    // their latency hides behind the copies and the products (the norm needs them last).
-    const int am = (warp & 3) * 16, an = (warp >> 2) * 64;
-    const int r0 = am + fg, r1 = am + fg + 8;
-    const size_t vw = static_cast<size_t>(hv) * D;
-    float2 z0[8], z1[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const int col = an + 8 * j + 2 * ft;
-        z0[j] = r0 < lc ? *reinterpret_cast<const float2*>(z + (tok0 + r0) * vw + h * D + col) : make_float2(0.f, 0.f);
-        z1[j] = r1 < lc ? *reinterpret_cast<const float2*>(z + (tok0 + r1) * vw + h * D + col) : make_float2(0.f, 0.f);
-    }
     cp_async_wait<0>();
     __syncthreads();
 
@@ -1822,7 +1824,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
         ldsm_a_swz(a, Qb, D, am, k0, lane);
         mma_kstep<4, true>(o, a, Hb, D, k0, an, lane);
     }
-    const float e0 = expf(G[r0]), e1 = expf(G[r1]);
+    const float e0 = __expf(G[r0]), e1 = __expf(G[r1]);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         o[j][0] *= e0;
@@ -1988,7 +1990,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
             const bool isv = i >= C * (D / 8);
             const int e = isv ? i - C * (D / 8) : i, r = e >> 4, c8 = e & 15;
             uint4* p = reinterpret_cast<uint4*>((isv ? Vh : Kh) + r * BP + 8 * c8);
-            const float f = isv ? bt[r] : bt[r] * expf(gc[r]);
+            const float f = isv ? bt[r] : bt[r] * __expf(gc[r]);  // (f16 operands: the fast exponential)
             uint4 x = *p;
             uint32_t* w4 = reinterpret_cast<uint32_t*>(&x);
 #pragma unroll

@@ -45,15 +45,16 @@
 // 4. gdn_prefill_gated_norm: one warp per (token, value head): out <- rmsnorm(out) * w * silu(z), in place.
 // The bf16 split (`wy<math>_bf16_cs64`, session 8) replaces launches 3 and 4 by 3' (the walk carrying only the
 // state) and 4' (the output parallel over chunks with the gated norm fused), on bf16 operands; see its section
-// at the end of this file. The f16 split (`wyf16_bf16_cs64`, session 10, the fastest build: 543.5 us at T = 4096
-// on the H200, 0.76x fla's bare chunk kernel) is the same behind launch 1's f16 form (`gdn_prefill_prep_h`) and a
-// WY launch on f16 tensor cores (`gdn_prefill_wy_h_b`), at the bf16 split's precision.
+// at the end of this file. The f16 split (`wyf16_bf16_cs64`, session 10, the fastest build: 451.9 us at T = 4096
+// on the H200, 0.91x fla's bare chunk kernel, s11-run6) is the same behind launch 1's f16 form
+// (`gdn_prefill_prep_h`) and a WY launch on f16 tensor cores (`gdn_prefill_wy_h_b`), at the bf16 split's precision.
 // Launch order (session 11): every WY build is the prep's programmatic dependent (PDL: its blocks start as the
 // prep's last ones run and wait in pdl_wait for its end), the split's walk the WY's (it loads its state, then
 // waits), and the split's output the walk's (it waits per chunk on the walk's ready counters, not for its end), in
 // a grid with the heads fastest so that its blocks start in the order the walk finishes their chunks. H200,
 // T = 4096 (s11-run1 / s11-run2): the f16 split step 543.5 -> 520.1 us with the output overlapped, 497.4 with the
-// WY and walk as dependents and the output grid reordered, 484.1 with two walk buffers (WALK_NBUF); fla 415.9.
+// WY and walk as dependents and the output grid reordered, 484.1 with two walk buffers (WALK_NBUF); 451.9 with the
+// WY's step 3 and inverse and the prep made cheaper (s11-run5 / s11-run6); fla 413.3.
 // Removed (s3-run3): fla's split of launches 3 and 4 on TF32 (`[wytf32_]tf32split_cs<32|64>`: a walk carrying only the
 // state and storing each chunk's incoming state and v_new in fp16, then an output launch parallel over chunks with
 // the gated norm fused). It lost at T = 16384: walk_cs64 1835.7 us + out 963.0 us against the state walk
@@ -1882,7 +1883,9 @@ extern "C" __global__ void __launch_bounds__(256, 3)
 // under __launch_bounds__(256, 3), no spill). H200, T = 4096 (s10-run2, s10-run3, the launch alone): 214.4 us for
 // the TF32 `_b` form, 175.0 for this one at two blocks per SM, 152.2 at three (one pass, 48 bytes of spill: 154.9);
 // the whole split step 663.4 -> 602.1 us (1392.4 -> 1258.1 at B = 4, N = 9216). Launch 1's f16 outputs saved no
-// time (139.4 -> 140.6 us for the prep): that launch is not bound by its write bytes.
+// time (139.4 -> 140.6 us for the prep): that launch is not bound by its write bytes. Session 11 (s11-run4/5):
+// step 3's addresses out of the loop 151.6 -> 141.5 us, the inverse below the diagonal four columns per thread
+// (wy_inverse_below) -> 128.3 us, below fla's three WY kernels (137 us).
 //
 // gdn_prefill_wy_h_b: grid (max_chunks, Hv, seqs), 256 threads, the algebra and outputs of gdn_prefill_wy_tc1_b
 // (gcum fp32; W, U, Aqk bf16 in the first half of each fp32 slot):

@@ -282,9 +282,10 @@ impl Device {
             b.arg(&qn).arg(&kn).arg(&gc).arg(&wi).arg(&ui).arg(&ai);
             b.arg(&meta_dev).arg(&mut *state).arg(&mut *out);
             b.arg(&hk).arg(&hv).arg(&seqs_i).arg(&nc_i);
-            // SAFETY: matches `gdn_prefill_state_cs*` and `gdn_prefill_state_tc*_cs*` (same parameters); state = [seqs, Hv, 128, 128] and out = [N, Hv*128] were
-            // checked; each block owns `cs` columns of one (sequence, head) state and writes only those columns of
-            // that head's output rows of its sequence.
+            // SAFETY: matches `gdn_prefill_state_cs*` and `gdn_prefill_state_tc*_cs*` (same parameters); state =
+            // [seqs, Hv, 128, 128] and out = [N, Hv*128] were checked; each block owns `cs` columns of one
+            // (sequence, head) state and writes only those columns of that head's output rows of its sequence. A
+            // plain launch: it reads what the WY wrote, and the state kernels have no `pdl_wait`.
             unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
         }
         // 4. gated RMSNorm in place.
@@ -406,9 +407,10 @@ impl Device {
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: OUT_BF16_SMEM_BYTES,
             };
-            // Launched as the walk's programmatic dependent (Device::launch_pdl): its blocks become resident on the
-            // SMs the walk's 2 Hv blocks leave idle and each waits for its chunk's ready counter, not for the
-            // walk's end. The guards order the raw addresses after pending work on other streams.
+            // Launched as the walk's programmatic dependent (Device::launch_pdl): its blocks become resident beside
+            // the walk's (one per walk block's SM, three on the SMs the walk leaves idle) and each waits for its
+            // chunk's ready counter, not for the walk's end. The guards order the raw addresses after pending work
+            // on other streams.
             let (qp, _g1) = qb.device_ptr(&self.stream);
             let (gp, _g2) = gc.device_ptr(&self.stream);
             let (ap, _g3) = ai.device_ptr(&self.stream);
@@ -431,10 +433,11 @@ impl Device {
                 .ptr(rp);
             args.i32(hk).i32(hv).i32(seqs_i).i32(nc_i);
             // SAFETY: matches `gdn_prefill_out_bf16`; reads launch 2's Aqk and the prep's q (finished: the walk's
-            // blocks trigger this launch only after their `pdl_wait`, the WY's end, itself after the prep's) and each chunk's hs slot only after that chunk's ready counter
-            // reached 2 (both walk blocks wrote it; the walk's blocks are all resident before this grid starts,
-            // so the counters do get there); z and out are [N, Hv*128], norm_weight [128] (checked); each block
-            // writes only its chunk's rows of its head; blocks past a sequence's chunks return.
+            // blocks trigger this launch only after their `pdl_wait`, the WY's end, itself after the prep's) and
+            // each chunk's hs slot only after that chunk's ready counter reached 2 (both walk blocks wrote it; the
+            // walk's blocks are all resident before this grid starts, so the counters do get there); z and out are
+            // [N, Hv*128], norm_weight [128] (checked); each block writes only its chunk's rows of its head; blocks
+            // past a sequence's chunks return.
             unsafe { self.launch_pdl(NAME, &f, cfg, &mut args) }?;
         }
         Ok(())

@@ -111,27 +111,16 @@ __device__ __forceinline__ void cp_async_wait() {
 // Tensor-core helpers (mma.sync, ldmatrix) shared by the attention, GEMM, GEMV and GDN kernels.
 // d += a b with fp32 accumulators (a: the four A registers, b0/b1 the two B registers): m16n8k16 on bf16 or f16
 // operands, m16n8k32 on e4m3.
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+#define EDGEFIT_MMA_SYNC(NAME, SHAPE_TYPES)                                                                   \
+    __device__ __forceinline__ void NAME(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {      \
+        asm volatile("mma.sync.aligned." SHAPE_TYPES " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"  \
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                             \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                             \
+    }
+EDGEFIT_MMA_SYNC(mma_bf16_16816, "m16n8k16.row.col.f32.bf16.bf16.f32")
+EDGEFIT_MMA_SYNC(mma_f16_16816, "m16n8k16.row.col.f32.f16.f16.f32")
+EDGEFIT_MMA_SYNC(mma_e4m3_16832, "m16n8k32.row.col.f32.e4m3.e4m3.f32")
+#undef EDGEFIT_MMA_SYNC
 
 // (lo, hi) floats -> bf16x2, each rounded to nearest even, `lo` in the low half.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {

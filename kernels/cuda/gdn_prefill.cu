@@ -303,6 +303,25 @@ __device__ __forceinline__ void gdn_prefill_prep_body(
 GDN_PREFILL_PREP_KERNEL(gdn_prefill_prep, false)
 GDN_PREFILL_PREP_KERNEL(gdn_prefill_prep_h, true)
 
+// The chunk a WY block owns (every WY build: grid (max_chunks, Hv, seqs)): chunk c of value head h of sequence s,
+// its lc tokens from token tok0, key head kh, and its (head, chunk) slot of the W / U / Aqk regions; lc <= 0 for a
+// block past its sequence's chunks, which returns. Every WY build is the prep's programmatic dependent
+// (Device::launch_pdl), so this first waits for the prep's end (and its writes) and then lets the launch after the
+// WY (the split's walk) become resident as this grid's last blocks start.
+struct WyChunk {
+    int c, h, s, lc, kh;
+    size_t tok0, slot;
+};
+__device__ __forceinline__ WyChunk wy_chunk(const int* __restrict__ meta, int hk, int hv, int seqs, int n_chunks) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const int c = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
+    const int start = meta[s];
+    const int len = meta[s + 1] - start;
+    return {c, h, s, min(C, len - c * C), h / (hv / hk), static_cast<size_t>(start + c * C),
+            static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s] + c};
+}
+
 extern "C" __global__ void __launch_bounds__(256)
     gdn_prefill_wy(const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ vv,
                    const float* __restrict__ gg, const float* __restrict__ bb, const int* __restrict__ meta,
@@ -317,17 +336,9 @@ extern "C" __global__ void __launch_bounds__(256)
     float* gc = Ts + C * AP;       // [C]
     float* bt = gc + C;            // [C]
 
-    pdl_wait();  // every WY build: a programmatic dependent of the prep (see gdn_prefill_wy_h_b)
-    pdl_launch_dependents();
-    const int c = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
+    const auto [c, h, s, lc, kh, tok0, slot] = wy_chunk(meta, hk, hv, seqs, n_chunks);
+    if (lc <= 0) return;
     const int tid = threadIdx.x;
-    const int start = meta[s];
-    const int len = meta[s + 1] - start;
-    if (c * C >= len) return;
-    const int lc = min(C, len - c * C);
-    const size_t tok0 = static_cast<size_t>(start + c * C);
-    const size_t slot = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s] + c;
-    const int kh = h / (hv / hk);
 
     // 1. K and Q rows (zero past the chunk), g, beta; identity T.
     for (int i = tid; i < C * (D / 4); i += 256) {
@@ -1222,18 +1233,10 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     float* bt = gc + C;         // [C]
     float* Vt = As;             // [C][KP] over As and Ts (2 C QP >= C KP floats) until step 3's epilogue
 
-    pdl_wait();  // every WY build: a programmatic dependent of the prep (see gdn_prefill_wy_h_b)
-    pdl_launch_dependents();
-    const int c = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
+    const auto [c, h, s, lc, kh, tok0, slot] = wy_chunk(meta, hk, hv, seqs, n_chunks);
+    if (lc <= 0) return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int fg = lane >> 2, ft = lane & 3;  // fragment row group / column pair
-    const int start = meta[s];
-    const int len = meta[s + 1] - start;
-    if (c * C >= len) return;
-    const int lc = min(C, len - c * C);
-    const size_t tok0 = static_cast<size_t>(start + c * C);
-    const size_t slot = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s] + c;
-    const int kh = h / (hv / hk);
 
     // 1. K and Q rows (zero past the chunk), g, beta, all as cp.async copies in flight at once. Plain loads
     // through registers (the build before session 9) went out two 16-byte loads at a time, each pair stored
@@ -1919,20 +1922,10 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     const __half* const kh16 = reinterpret_cast<const __half*>(kn);
     const __half* const vh = reinterpret_cast<const __half*>(vv);
 
-    // A programmatic dependent of the prep (Device::launch_pdl): wait for its end (and its writes) first; the
-    // walk may then become resident as this grid's last blocks start.
-    pdl_wait();
-    pdl_launch_dependents();
-    const int c = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
+    const auto [c, h, s, lc, kh, tok0, slot] = wy_chunk(meta, hk, hv, seqs, n_chunks);
+    if (lc <= 0) return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int fg = lane >> 2, ft = lane & 3;
-    const int start = meta[s];
-    const int len = meta[s + 1] - start;
-    if (c * C >= len) return;
-    const int lc = min(C, len - c * C);
-    const size_t tok0 = static_cast<size_t>(start + c * C);
-    const size_t slot = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s] + c;
-    const int kh = h / (hv / hk);
 
     // 1. K and Q rows (zero past the chunk), g, beta; then V.
     wy_load_chunk<__half, BP>(Kh, Qh, Vh, gc, bt, kh16, qh, vh, gg, bb, tok0, lc, hk, kh, hv, h, tid);

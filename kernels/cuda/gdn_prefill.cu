@@ -303,6 +303,23 @@ __device__ __forceinline__ void gdn_prefill_prep_body(
 GDN_PREFILL_PREP_KERNEL(gdn_prefill_prep, false)
 GDN_PREFILL_PREP_KERNEL(gdn_prefill_prep_h, true)
 
+// Step 2 of the WY builds (warp 0; the caller's barrier follows): the in-chunk inclusive cumulative sum of the 64
+// gates in gc, two per lane.
+__device__ __forceinline__ void wy_cumsum(float* gc, int tid) {
+    if (tid < 32) {
+        float a0 = gc[2 * tid], a1 = a0 + gc[2 * tid + 1];
+        float run = a1;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float n = __shfl_up_sync(0xffffffffu, run, o);
+            if (tid >= o) run += n;
+        }
+        const float before = run - a1;
+        gc[2 * tid] = before + a0;
+        gc[2 * tid + 1] = before + a1;
+    }
+}
+
 // The chunk a WY block owns (every WY build: grid (max_chunks, Hv, seqs)): chunk c of value head h of sequence s,
 // its lc tokens from token tok0, key head kh, and its (head, chunk) slot of the W / U / Aqk regions; lc <= 0 for a
 // block past its sequence's chunks, which returns. Every WY build is the prep's programmatic dependent
@@ -358,19 +375,8 @@ extern "C" __global__ void __launch_bounds__(256)
         bt[tid] = tid < lc ? bb[(tok0 + tid) * hv + h] : 0.f;
     }
     __syncthreads();
-    // 2. In-chunk inclusive cumulative sum of g (64 values; warp 0, two per lane).
-    if (tid < 32) {
-        float a0 = gc[2 * tid], a1 = a0 + gc[2 * tid + 1];
-        float run = a1;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const float n = __shfl_up_sync(0xffffffffu, run, o);
-            if (tid >= o) run += n;
-        }
-        const float before = run - a1;
-        gc[2 * tid] = before + a0;
-        gc[2 * tid + 1] = before + a1;
-    }
+    // 2. In-chunk inclusive cumulative sum of g.
+    wy_cumsum(gc, tid);
     __syncthreads();
     if (tid < lc) gcum[(tok0 + tid) * hv + h] = gc[tid];
 
@@ -1052,23 +1058,6 @@ __device__ __forceinline__ void wy_load_chunk(E* Ks, E* Qs, E* Vs, float* gc, fl
 // The host passes the same address to the walk and the output launch (device/gdn_prefill.rs).
 __device__ __forceinline__ int* split_ready(float* aqk, int hv, int n_chunks) {
     return reinterpret_cast<int*>(aqk) + static_cast<size_t>(hv) * n_chunks * C * C / 2;
-}
-
-// Step 2 of the WY builds (warp 0; the caller's barrier follows): the in-chunk inclusive cumulative sum of the 64
-// gates in gc, two per lane.
-__device__ __forceinline__ void wy_cumsum(float* gc, int tid) {
-    if (tid < 32) {
-        float a0 = gc[2 * tid], a1 = a0 + gc[2 * tid + 1];
-        float run = a1;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const float n = __shfl_up_sync(0xffffffffu, run, o);
-            if (tid >= o) run += n;
-        }
-        const float before = run - a1;
-        gc[2 * tid] = before + a0;
-        gc[2 * tid + 1] = before + a1;
-    }
 }
 
 // Step 3's share of warp w of the tensor-core WY builds: the 20 n-tiles (8 columns) at or below the diagonal blocks

@@ -154,10 +154,13 @@ def alt_builds():
     for x in os.environ.get("GDN_PREFILL_ALT", "").split(";"):
         if x:
             x, _, opt = x.partition(",")
-            tag, rest = x.split("=", 1)
+            tag, eq, rest = x.partition("=")
+            key, _, val = opt.partition("=")
+            if not eq or (opt and (key != "walk_smem" or not val.isdigit())):
+                raise SystemExit(f"GDN_PREFILL_ALT entry {x + (',' + opt if opt else '')!r}: expected "
+                                 "tag=dir[@variant][,walk_smem=BYTES]")
             d, _, v = rest.partition("@")
-            ws = int(opt.split("=", 1)[1]) if opt.startswith("walk_smem=") else WALK_BF16_SMEM
-            out.append((tag, d, v or ALT_SPLIT, ws))
+            out.append((tag, d, v or ALT_SPLIT, int(val) if opt else WALK_BF16_SMEM))
     return out
 
 

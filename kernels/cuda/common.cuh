@@ -74,6 +74,16 @@ __device__ __forceinline__ uint32_t pack_f16x2_sat(float lo, float hi) {
     return r;
 }
 
+// 8- and 16-byte global stores kept whole. NVVM lowers a uint2 or float4 assigned through a cast pointer to 4-byte
+// stores in some kernels (the GDN prep's outputs, all of them 4-byte st.global until session 12: each warp store
+// then fills half of each 32-byte sector it touches, twice the L2 requests per byte); these cannot be split.
+__device__ __forceinline__ void st_global_v2(void* p, uint32_t a, uint32_t b) {
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(a), "r"(b) : "memory");
+}
+__device__ __forceinline__ void st_global_v4(void* p, float4 v) {
+    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+
 // A 16-byte load that bypasses L1 allocation: weights are read exactly once per call.
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
     uint4 r;

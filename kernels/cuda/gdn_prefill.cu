@@ -162,9 +162,11 @@ extern "C" __global__ void __launch_bounds__(256)
 // holds channels 4l .. 4l+3, one 16-byte load per row, 11 in flight per lane before any arithmetic; until then
 // channels l, 32+l, 64+l, 96+l, four 4-byte loads per row), slides the conv window in registers (each input read
 // once, K-1 history rows per 8 tokens, L2 hits), and reduces the q/k sums of squares with one warp butterfly (no
-// block barrier); outputs go out 8 (f16, bf16) or 16 (fp32) bytes per lane. The conv taps are added oldest first;
-// the SiLU uses the fast exponential and reciprocal (`silu_fast`; the IEEE division's subroutine call and slow
-// path were most of the instructions, as in the output launch, s9-run2).
+// block barrier); outputs go out 8 (f16, bf16) or 16 (fp32) bytes per lane (by st_global_v2 / st_global_v4: as
+// plain assignments NVVM split them into 4-byte stores; whole, with the conv taps read 16 bytes per load, the f16
+// prep took 87.3 -> 79.7 us at T = 4096, 192.0 -> 174.2 us at B = 4 x 9216, s12-run2). The conv taps are added
+// oldest first; the SiLU uses the fast exponential and reciprocal (`silu_fast`; the IEEE division's subroutine call
+// and slow path were most of the instructions, as in the output launch, s9-run2).
 // Grid (ceil(max_len / TT), ceil((2Hk+Hv) / 4), seqs), 128 threads (warp w: segment 4 blockIdx.y + w).
 constexpr int PREP_TT = 8;
 
@@ -211,11 +213,24 @@ __device__ __forceinline__ void gdn_prefill_prep_body(
     if (t0 >= len) return;  // whole warp: ragged batch
     // Rows t0-HIST .. t0+TT-1 of the 4 channels (rows past the sequence are not read).
     float xs[PREP_TT + HIST][4];
+    // The lane's conv taps, 4 KC consecutive floats from conv_w + ch4 KC: KC 16-byte loads where the weights are
+    // 16-byte aligned (always, from Rust and torch; 4-byte loads otherwise). (4 KC 4-byte loads 16 KC bytes apart
+    // per warp instruction were 4x the L1 sector lookups of the loads of qkv, s12-run1's Nsight Compute.)
     float wr[4][KC];
+    if ((reinterpret_cast<uintptr_t>(conv_w) & 15) == 0) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+        for (int i = 0; i < KC; ++i) {
+            const float4 w4 = *reinterpret_cast<const float4*>(conv_w + static_cast<size_t>(ch4) * KC + 4 * i);
+            const float wv[4] = {w4.x, w4.y, w4.z, w4.w};
 #pragma unroll
-        for (int p = 0; p < KC; ++p) wr[j][p] = conv_w[static_cast<size_t>(ch4 + j) * KC + p];
+            for (int e = 0; e < 4; ++e) wr[(4 * i + e) / KC][(4 * i + e) % KC] = wv[e];
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int p = 0; p < KC; ++p) wr[j][p] = conv_w[static_cast<size_t>(ch4 + j) * KC + p];
+    }
 #pragma unroll
     for (int r = 0; r < PREP_TT + HIST; ++r) {
         const int pos = t0 - HIST + r;
@@ -256,24 +271,23 @@ __device__ __forceinline__ void gdn_prefill_prep_body(
             if (HALF) {
                 const __half2 lo = __floats2half2_rn(y[0] * scale, y[1] * scale);
                 const __half2 hi = __floats2half2_rn(y[2] * scale, y[3] * scale);
-                *reinterpret_cast<uint2*>(reinterpret_cast<__half*>(seg < hk ? qn : kn) + off) =
-                    make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+                st_global_v2(reinterpret_cast<__half*>(seg < hk ? qn : kn) + off,
+                             *reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
             } else {
-                *reinterpret_cast<float4*>((seg < hk ? qn : kn) + off) =
-                    make_float4(y[0] * scale, y[1] * scale, y[2] * scale, y[3] * scale);
+                st_global_v4((seg < hk ? qn : kn) + off, make_float4(y[0] * scale, y[1] * scale, y[2] * scale, y[3] * scale));
             }
             if (qb != nullptr)  // the bf16 split's copies (its walk and output launches read these)
-                *reinterpret_cast<uint2*>((seg < hk ? qb : kb) + off) =
-                    make_uint2(pack_bf16x2(y[0] * scale, y[1] * scale), pack_bf16x2(y[2] * scale, y[3] * scale));
+                st_global_v2((seg < hk ? qb : kb) + off, pack_bf16x2(y[0] * scale, y[1] * scale),
+                             pack_bf16x2(y[2] * scale, y[3] * scale));
         } else if (HALF) {
             float c[4];
 #pragma unroll
             for (int j = 0; j < 4; ++j) c[j] = fminf(fmaxf(y[j], -65504.f), 65504.f);
             const __half2 lo = __floats2half2_rn(c[0], c[1]), hi = __floats2half2_rn(c[2], c[3]);
-            *reinterpret_cast<uint2*>(reinterpret_cast<__half*>(vv) + (tok * hv + h) * D + 4 * lane) =
-                make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+            st_global_v2(reinterpret_cast<__half*>(vv) + (tok * hv + h) * D + 4 * lane,
+                         *reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
         } else {
-            *reinterpret_cast<float4*>(vv + (tok * hv + h) * D + 4 * lane) = make_float4(y[0], y[1], y[2], y[3]);
+            st_global_v4(vv + (tok * hv + h) * D + 4 * lane, make_float4(y[0], y[1], y[2], y[3]));
         }
     }
 }
@@ -1715,8 +1729,10 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 // Shared memory of gdn_prefill_out_bf16 (dynamic): Q [C][D], the chunk's state [D][D] and D [C][D], Aqk [C][C]
 // (bf16, unpadded and swizzled by `swz`), then G [C], the row sums of squares [2][C] and norm_w [D] (fp32): 75,008
 // bytes, so three blocks fit an SM (with the 1 KiB per block the driver reserves: 228,096 of 233,472 bytes), and
-// __launch_bounds__(256, 3) caps the registers at 80 (40 bytes of spill). Padded tiles (79,616 bytes, two blocks
-// per SM): 164.9 us at T = 4096 (s8-run5); unpadded and swizzled, three blocks: 153.0 us (s9-run1).
+// __launch_bounds__(256, 3) caps the registers at 80 (28 bytes of spill). Padded tiles (79,616 bytes, two blocks
+// per SM): 164.9 us at T = 4096 (s8-run5); unpadded and swizzled, three blocks: 153.0 us (s9-run1). The epilogue
+// staged through Qb / Hb and written 16 bytes per store, z read 16 bytes per load (session 12): 135.4 -> 114.9 us
+// at T = 4096, 297.2 -> 249.4 us at B = 4 x 9216 (s12-run2, the launch alone, same rounds).
 __host__ __device__ constexpr int out_bf16_smem_bytes() {
     return (C * D + D * D + C * D + C * C) * 2 + (3 * C + D) * 4;
 }
@@ -1769,18 +1785,19 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     }
     if (tid < C) cp_async4(G + tid, tid < lc ? gcum + (tok0 + tid) * hv + h : gcum, tid < lc);
     if (tid < D / 4) cp_async16(Wn + 4 * tid, norm_w + 4 * tid, true);
-    // The gate z of this thread's output elements (rows r0, r1; the accumulator columns), loaded now so that
-    // their latency hides behind the wait for the walk, the copies and the products (the norm needs them last;
-    // issued after the state's copies, s11-run3's Nsight Compute still found the epilogue waiting on them).
+    // The gate z of this thread's output elements in the epilogue's store order (row warp + 8 j, columns
+    // 4 lane .. 4 lane + 3: one 512-byte row per warp load), loaded now so that their latency hides behind the wait
+    // for the walk, the copies and the products (the norm needs them last; issued after the state's copies,
+    // s11-run3's Nsight Compute still found the epilogue waiting on them).
     const int am = (warp & 3) * 16, an = (warp >> 2) * 64;
     const int r0 = am + fg, r1 = am + fg + 8;
     const size_t vw = static_cast<size_t>(hv) * D;
-    float2 z0[8], z1[8];
+    float4 zr[C / 8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const int col = an + 8 * j + 2 * ft;
-        z0[j] = r0 < lc ? *reinterpret_cast<const float2*>(z + (tok0 + r0) * vw + h * D + col) : make_float2(0.f, 0.f);
-        z1[j] = r1 < lc ? *reinterpret_cast<const float2*>(z + (tok0 + r1) * vw + h * D + col) : make_float2(0.f, 0.f);
+    for (int j = 0; j < C / 8; ++j) {
+        const int r = warp + 8 * j;
+        zr[j] = r < lc ? *reinterpret_cast<const float4*>(z + (tok0 + r) * vw + h * D + 4 * lane)
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
     }
     // ready (the walk's counters; null when the walk is known to be done, e.g. launched alone): wait until both
     // column blocks of the walk have written the slot. The walk's blocks are all resident before this grid starts
@@ -1846,19 +1863,34 @@ extern "C" __global__ void __launch_bounds__(256, 3)
         red[(warp >> 2) * C + r0] = ss0;
         red[(warp >> 2) * C + r1] = ss1;
     }
-    __syncthreads();
+    __syncthreads();  // red complete; every warp is past its products, so Qb and Hb are free
     const float n0 = rsqrtf((red[r0] + red[C + r0]) / static_cast<float>(D) + norm_eps);
     const float n1 = rsqrtf((red[r1] + red[C + r1]) / static_cast<float>(D) + norm_eps);
+    // The normed rows (o n w, fp32) staged in Os over Qb and Hb, then written 16 bytes per store, one 512-byte row
+    // per warp store, times silu(z). (Stored from the accumulators, 8 bytes per thread, ptxas split each store into
+    // two 4-byte ones: s11-run3's Nsight Compute found 16 of every 32 bytes of a store sector used.) Row stride
+    // OSP = D + 8 floats: the half-warps' 8-byte stores fall on distinct banks. Same products in the same order
+    // as storing from the accumulators, so the output is bit-identical.
+    constexpr int OSP = D + 8;
+    static_assert(C * OSP * 4 <= (C * D + D * D) * 2, "Os fits over Qb and Hb");
+    float* const Os = reinterpret_cast<float*>(smem_out);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         const int col = an + 8 * j + 2 * ft;
         const float2 wv = *reinterpret_cast<const float2*>(Wn + col);
-        if (r0 < lc)
-            *reinterpret_cast<float2*>(out + (tok0 + r0) * vw + h * D + col) =
-                make_float2(o[j][0] * n0 * wv.x * silu_fast(z0[j].x), o[j][1] * n0 * wv.y * silu_fast(z0[j].y));
-        if (r1 < lc)
-            *reinterpret_cast<float2*>(out + (tok0 + r1) * vw + h * D + col) =
-                make_float2(o[j][2] * n1 * wv.x * silu_fast(z1[j].x), o[j][3] * n1 * wv.y * silu_fast(z1[j].y));
+        *reinterpret_cast<float2*>(Os + r0 * OSP + col) = make_float2(o[j][0] * n0 * wv.x, o[j][1] * n0 * wv.y);
+        *reinterpret_cast<float2*>(Os + r1 * OSP + col) = make_float2(o[j][2] * n1 * wv.x, o[j][3] * n1 * wv.y);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < C / 8; ++j) {
+        const int r = warp + 8 * j;
+        if (r < lc) {
+            const float4 v = *reinterpret_cast<const float4*>(Os + r * OSP + 4 * lane);
+            *reinterpret_cast<float4*>(out + (tok0 + r) * vw + h * D + 4 * lane) =
+                make_float4(v.x * silu_fast(zr[j].x), v.y * silu_fast(zr[j].y), v.z * silu_fast(zr[j].z),
+                            v.w * silu_fast(zr[j].w));
+        }
     }
 }
 

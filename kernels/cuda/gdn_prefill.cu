@@ -274,7 +274,8 @@ __device__ __forceinline__ void gdn_prefill_prep_body(
                 st_global_v2(reinterpret_cast<__half*>(seg < hk ? qn : kn) + off,
                              *reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
             } else {
-                st_global_v4((seg < hk ? qn : kn) + off, make_float4(y[0] * scale, y[1] * scale, y[2] * scale, y[3] * scale));
+                st_global_v4((seg < hk ? qn : kn) + off,
+                             make_float4(y[0] * scale, y[1] * scale, y[2] * scale, y[3] * scale));
             }
             if (qb != nullptr)  // the bf16 split's copies (its walk and output launches read these)
                 st_global_v2((seg < hk ? qb : kb) + off, pack_bf16x2(y[0] * scale, y[1] * scale),

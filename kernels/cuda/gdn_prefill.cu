@@ -172,7 +172,8 @@ constexpr int PREP_TT = 8;
 
 // HALF (`gdn_prefill_prep_h`, the f16 split's launch 1, session 10): qn, kn and v written as IEEE half in the first
 // half of their fp32 regions (q, k l2-normed, so |x| <= 1; v saturated at +-65504, the only values f16 cannot hold),
-// the operands of `gdn_prefill_wy_h_b`; the bf16 copies as for the bf16 split.
+// the operands of `gdn_prefill_wy_h_b`, which also writes the split's bf16 copies of q and k (session 12: 80.0 ->
+// 71.8 us for this launch at T = 4096, 127.8 -> 132.2 us for the WY, the step 420.5 -> 414.4 us, s12-run4).
 template <int KC, bool HALF>
 __device__ __forceinline__ void gdn_prefill_prep_body(
     const float* __restrict__ qkv, const float* __restrict__ a_in, const float* __restrict__ b_in,
@@ -277,7 +278,9 @@ __device__ __forceinline__ void gdn_prefill_prep_body(
                 st_global_v4((seg < hk ? qn : kn) + off,
                              make_float4(y[0] * scale, y[1] * scale, y[2] * scale, y[3] * scale));
             }
-            if (qb != nullptr)  // the bf16 split's copies (its walk and output launches read these)
+            // The bf16 split's copies (its walk and output launches read these); the f16 split's WY launch writes
+            // them from its f16 tiles instead (`gdn_prefill_wy_h_b`), so the HALF form never does.
+            if (!HALF && qb != nullptr)
                 st_global_v2((seg < hk ? qb : kb) + off, pack_bf16x2(y[0] * scale, y[1] * scale),
                              pack_bf16x2(y[2] * scale, y[3] * scale));
         } else if (HALF) {
@@ -1914,7 +1917,8 @@ extern "C" __global__ void __launch_bounds__(256, 3)
 //
 // gdn_prefill_wy_h_b: grid (max_chunks, Hv, seqs), 256 threads, the algebra and outputs of gdn_prefill_wy_tc1_b
 // (gcum fp32; W, U, Aqk bf16 in the first half of each fp32 slot):
-//   1. K, Q (f16, the key head's), g, beta by cp.async, then V (f16) as a second group;
+//   1. K, Q (f16, the key head's), g, beta by cp.async, then V (f16) as a second group; one value head per key
+//      head writes the split's bf16 copies of the chunk's q and k rows from the f16 tiles (session 12);
 //   2. cumsum of g; 3. K K^T and Q K^T (m16n8k16 f16, `WyShare` n-tiles per warp, K^T fragments by ldmatrix
 //      without .trans from the K rows), the epilogue of the TF32 builds (`wy_step3_epilogue`), A (fp32) over the Q
 //      tile once every warp is past step 3;
@@ -1929,7 +1933,8 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     gdn_prefill_wy_h_b(const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ vv,
                        const float* __restrict__ gg, const float* __restrict__ bb, const int* __restrict__ meta,
                        float* __restrict__ gcum, float* __restrict__ w_out, float* __restrict__ u_out,
-                       float* __restrict__ aqk_out, int hk, int hv, int seqs, int n_chunks) {
+                       float* __restrict__ aqk_out, int hk, int hv, int seqs, int n_chunks, bf16* __restrict__ qb,
+                       bf16* __restrict__ kb) {
     static_assert(C * BP * 2 == C * QP * 4, "A (fp32 [C][QP]) lives in the Q tile (f16 [C][BP])");
     extern __shared__ float4 smem_wyh[];
     __half* const Kh = reinterpret_cast<__half*>(smem_wyh);  // [C][BP]: K, then diag(beta e^G) K, then W (bf16)
@@ -1953,6 +1958,29 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     wy_load_chunk<__half, BP>(Kh, Qh, Vh, gc, bt, kh16, qh, vh, gg, bb, tok0, lc, hk, kh, hv, h, tid);
     cp_async_wait<1>();  // K, Q, g, beta (V may still be in flight)
     __syncthreads();
+    // The split's bf16 copies of the chunk's q and k rows (the walk reads k, the output q), from the f16 tiles, by
+    // one value head per key head (session 12: launch 1 wrote them, 33.5 MB more of its ~290 MB at T = 4096 on
+    // the 27B layer). f16 -> bf16 after fp32 -> f16: at most 1/16 of a bf16 ulp more than rounding fp32 directly
+    // (q and k are l2-normed; f16's subnormals below 6.1e-5 add at most 3e-8 absolute).
+    if (h % (hv / hk) == 0) {
+#pragma unroll 2
+        for (int i = tid; i < 2 * C * (D / 8); i += 256) {
+            const bool isq = i >= C * (D / 8);
+            const int e = isq ? i - C * (D / 8) : i, r = e >> 4, c8 = e & 15;
+            if (r < lc) {
+                const uint4 x = *reinterpret_cast<const uint4*>((isq ? Qh : Kh) + r * BP + 8 * c8);
+                const uint32_t* x4 = reinterpret_cast<const uint32_t*>(&x);
+                uint4 y;
+                uint32_t* y4 = reinterpret_cast<uint32_t*>(&y);
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&x4[q]));
+                    y4[q] = pack_bf16x2(f.x, f.y);
+                }
+                *reinterpret_cast<uint4*>((isq ? qb : kb) + ((tok0 + r) * hk + kh) * D + 8 * c8) = y;
+            }
+        }
+    }
     // 2. In-chunk inclusive cumulative sum of g.
     wy_cumsum(gc, tid);
     __syncthreads();

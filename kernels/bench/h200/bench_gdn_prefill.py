@@ -199,7 +199,8 @@ class Ours:
             self.meta = torch.from_numpy(np.concatenate([cu, ch])).to(b.dev)
         else:
             self.ws, self.meta = share.ws, share.meta
-        self.f_prep = kern("gdn_prefill_prep_h" if wy == "f16" else "gdn_prefill_prep")  # (variant.prep_kernel)
+        self.f16 = wy == "f16"
+        self.f_prep = kern("gdn_prefill_prep_h" if self.f16 else "gdn_prefill_prep")  # (variant.prep_kernel)
         wy_name, self.wy_smem = wy_kernel(wy)
         if variant.startswith("bf16"):
             wy_name += "_b"  # the WY build's bf16-output form (GdnPrefillVariant::wy_kernel)
@@ -268,7 +269,8 @@ class Ours:
                   i32(HV), i32(KC)))
 
     def qk_bf16(self):
-        """The prep's bf16 copies of q and k: the qkb region (q then k) for the split, null pointers otherwise."""
+        """The split's bf16 copies of q and k: the qkb region (q then k) for the split, null pointers otherwise
+        (written by the prep, or for the f16 split by its WY launch; the f16 prep ignores them since session 12)."""
         if not self.split:
             return np.uint64(0), np.uint64(0)
         n = sum(self.lens)
@@ -277,10 +279,14 @@ class Ours:
     def wy(self, pdl=False):
         seqs, maxlen = len(self.lens), max(self.lens)
         p, i32 = b.ptr, np.int32
+        # The f16 WY also writes the split's bf16 q / k copies (session 12; its prep no longer does). A build
+        # from before takes one parameter list shorter and ignores the two (its prep writes them), so GDN_PREFILL_ALT
+        # can time it with these launches.
+        qkb = self.qk_bf16() if self.f16 else ()
         (b.launch_pdl if pdl else b.launch)(self.f_wy, ((maxlen + C - 1) // C, HV, seqs), (256,),
                  (self.w("qn"), self.w("kn"), self.w("v"), self.w("g"), self.w("beta"), p(self.meta),
                   self.w("gcum"), self.w("w"), self.w("u"), self.w("aqk"), i32(HK), i32(HV), i32(seqs),
-                  i32(self.nc)), shared_mem=self.wy_smem)
+                  i32(self.nc), *qkb), shared_mem=self.wy_smem)
 
     def state(self, state, out):
         seqs = len(self.lens)

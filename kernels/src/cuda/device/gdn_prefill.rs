@@ -160,7 +160,8 @@ impl Device {
                 ws(lay.g, lay.gate_len),
                 ws(lay.beta, lay.gate_len),
             );
-            // The bf16 split's copies of q and k (null pointers for every other variant: the kernel skips them).
+            // The bf16 split's copies of q and k (null pointers for every other variant and for the f16 split,
+            // whose WY launch writes them: the kernel skips them).
             let null = 0u64;
             let (qb, kb) = (
                 bf16_view(workspace, lay.qkb, lay.qkb_len / 2)?,
@@ -173,7 +174,7 @@ impl Device {
                 .arg(&w.dt_bias.slice);
             b.arg(conv_in).arg(&mut *conv_out).arg(&meta_dev);
             b.arg(&qn).arg(&kn).arg(&vv).arg(&gg).arg(&bb);
-            if variant.split() {
+            if variant.split() && variant.wy != WyMath::F16 {
                 b.arg(&qb).arg(&kb);
             } else {
                 b.arg(&null).arg(&null);
@@ -238,12 +239,24 @@ impl Device {
             args.ptr(qp).ptr(kp).ptr(vp).ptr(gp).ptr(bp).ptr(mp);
             args.ptr(cp).ptr(wp).ptr(up).ptr(ap);
             args.i32(hk).i32(hv).i32(seqs_i).i32(nc_i);
+            // The f16 WY also writes the split's bf16 q / k copies (the qkb region), which its prep skips.
+            let (qb, kb) = (
+                bf16_view(workspace, lay.qkb, lay.qkb_len / 2)?,
+                bf16_view(workspace, lay.qkb + lay.qkb_len / 2, lay.qkb_len / 2)?,
+            );
+            let (qbp, _g11) = qb.device_ptr(&self.stream);
+            let (kbp, _g12) = kb.device_ptr(&self.stream);
+            if variant.wy == WyMath::F16 {
+                args.ptr(qbp).ptr(kbp);
+            }
             // SAFETY: matches `gdn_prefill_wy`, `gdn_prefill_wy_tc{1,3}[_b]` and `gdn_prefill_wy_h_b` (same
             // parameters; the `_b` forms write W, U, Aqk as bf16 into the first half of the same regions, `_h_b`
             // reads the f16 qn, kn, v `gdn_prefill_prep_h` wrote there); each reads and writes nothing before its
             // `pdl_wait` (the prep's end), then reads what launch 1 wrote and writes gcum [N, Hv],
             // W, U [Hv, NC, 64, 128] and Aqk [Hv, NC, 64, 64], each block only its own chunk's rows (chunk offsets
-            // in meta sum to NC); blocks past a sequence's chunks return.
+            // in meta sum to NC); blocks past a sequence's chunks return. `_h_b` also takes the qkb region's
+            // q / k halves ([N, Hk, 128] bf16 each) and writes its chunk's rows of its key head there (one value
+            // head per key head).
             unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
         }
         // 3. sequential state walk + unnormalised output (the bf16 split: launches 3' and 4' instead of 3 and 4).

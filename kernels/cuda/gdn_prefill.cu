@@ -173,7 +173,8 @@ constexpr int PREP_TT = 8;
 // HALF (`gdn_prefill_prep_h`, the f16 split's launch 1, session 10): qn, kn and v written as IEEE half in the first
 // half of their fp32 regions (q, k l2-normed, so |x| <= 1; v saturated at +-65504, the only values f16 cannot hold),
 // the operands of `gdn_prefill_wy_h_b`, which also writes the split's bf16 copies of q and k (session 12: 80.0 ->
-// 71.8 us for this launch at T = 4096, 127.8 -> 132.2 us for the WY, the step 420.5 -> 414.4 us, s12-run4).
+// 71.8 us for this launch at T = 4096, 127.8 -> 132.2 us for the WY, the step 420.5 -> 414.4 us, s12-run4; the
+// k copy moved off the WY's inverse path, WY 132.6 -> 131.6 us, step 414.9 -> 413.9, s12-run5).
 template <int KC, bool HALF>
 __device__ __forceinline__ void gdn_prefill_prep_body(
     const float* __restrict__ qkv, const float* __restrict__ a_in, const float* __restrict__ b_in,
@@ -1898,6 +1899,20 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     }
 }
 
+// Eight f16 values to bf16 (through fp32: after fp32 -> f16 at most 1/16 of a bf16 ulp more than rounding the
+// fp32 value directly; for the l2-normed q and k, f16's subnormals below 6.1e-5 add at most 3e-8 absolute).
+__device__ __forceinline__ uint4 f16x8_to_bf16x8(uint4 x) {
+    const uint32_t* x4 = reinterpret_cast<const uint32_t*>(&x);
+    uint4 y;
+    uint32_t* y4 = reinterpret_cast<uint32_t*>(&y);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&x4[q]));
+        y4[q] = pack_bf16x2(f.x, f.y);
+    }
+    return y;
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // The f16 split (`wyf16_bf16_cs64`, session 10): the bf16 split's walk and output launches behind a WY launch on
 // f16 tensor cores. kernels/bench/gdn_operand_precision.py (40 draws): all three WY products on f16 operands
@@ -1918,7 +1933,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
 // gdn_prefill_wy_h_b: grid (max_chunks, Hv, seqs), 256 threads, the algebra and outputs of gdn_prefill_wy_tc1_b
 // (gcum fp32; W, U, Aqk bf16 in the first half of each fp32 slot):
 //   1. K, Q (f16, the key head's), g, beta by cp.async, then V (f16) as a second group; one value head per key
-//      head writes the split's bf16 copies of the chunk's q and k rows from the f16 tiles (session 12);
+//      head writes the split's bf16 copies of the chunk's q rows from the f16 tile (its k rows in 5a; session 12);
 //   2. cumsum of g; 3. K K^T and Q K^T (m16n8k16 f16, `WyShare` n-tiles per warp, K^T fragments by ldmatrix
 //      without .trans from the K rows), the epilogue of the TF32 builds (`wy_step3_epilogue`), A (fp32) over the Q
 //      tile once every warp is past step 3;
@@ -1960,25 +1975,15 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     __syncthreads();
     // The split's bf16 copies of the chunk's q and k rows (the walk reads k, the output q), from the f16 tiles, by
     // one value head per key head (session 12: launch 1 wrote them, 33.5 MB more of its ~290 MB at T = 4096 on
-    // the 27B layer). f16 -> bf16 after fp32 -> f16: at most 1/16 of a bf16 ulp more than rounding fp32 directly
-    // (q and k are l2-normed; f16's subnormals below 6.1e-5 add at most 3e-8 absolute).
-    if (h % (hv / hk) == 0) {
-#pragma unroll 2
-        for (int i = tid; i < 2 * C * (D / 8); i += 256) {
-            const bool isq = i >= C * (D / 8);
-            const int e = isq ? i - C * (D / 8) : i, r = e >> 4, c8 = e & 15;
-            if (r < lc) {
-                const uint4 x = *reinterpret_cast<const uint4*>((isq ? Qh : Kh) + r * BP + 8 * c8);
-                const uint32_t* x4 = reinterpret_cast<const uint32_t*>(&x);
-                uint4 y;
-                uint32_t* y4 = reinterpret_cast<uint32_t*>(&y);
+    // the 27B layer): q here (A replaces the Q tile after step 3), k in step 5a, off the inverse's path.
+    const bool qk_copies = h % (hv / hk) == 0;
+    if (qk_copies) {
 #pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&x4[q]));
-                    y4[q] = pack_bf16x2(f.x, f.y);
-                }
-                *reinterpret_cast<uint4*>((isq ? qb : kb) + ((tok0 + r) * hk + kh) * D + 8 * c8) = y;
-            }
+        for (int j = 0; j < C * (D / 8) / 256; ++j) {
+            const int i = tid + 256 * j, r = i >> 4, c8 = i & 15;
+            if (r < lc)
+                *reinterpret_cast<uint4*>(qb + ((tok0 + r) * hk + kh) * D + 8 * c8) =
+                    f16x8_to_bf16x8(*reinterpret_cast<const uint4*>(Qh + r * BP + 8 * c8));
         }
     }
     // 2. In-chunk inclusive cumulative sum of g.
@@ -2038,6 +2043,8 @@ extern "C" __global__ void __launch_bounds__(256, 3)
             uint4* p = reinterpret_cast<uint4*>((isv ? Vh : Kh) + r * BP + 8 * c8);
             const float f = isv ? bt[r] : bt[r] * __expf(gc[r]);  // (f16 operands: the fast exponential)
             uint4 x = *p;
+            if (!isv && qk_copies && r < lc)  // the bf16 copy of k, before the scaling
+                *reinterpret_cast<uint4*>(kb + ((tok0 + r) * hk + kh) * D + 8 * c8) = f16x8_to_bf16x8(x);
             uint32_t* w4 = reinterpret_cast<uint32_t*>(&x);
 #pragma unroll
             for (int q = 0; q < 4; ++q) {

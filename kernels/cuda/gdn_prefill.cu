@@ -45,16 +45,20 @@
 // 4. gdn_prefill_gated_norm: one warp per (token, value head): out <- rmsnorm(out) * w * silu(z), in place.
 // The bf16 split (`wy<math>_bf16_cs64`, session 8) replaces launches 3 and 4 by 3' (the walk carrying only the
 // state) and 4' (the output parallel over chunks with the gated norm fused), on bf16 operands; see its section
-// at the end of this file. The f16 split (`wyf16_bf16_cs64`, session 10, the fastest build: 451.9 us at T = 4096
-// on the H200, 0.91x fla's bare chunk kernel, s11-run6) is the same behind launch 1's f16 form
-// (`gdn_prefill_prep_h`) and a WY launch on f16 tensor cores (`gdn_prefill_wy_h_b`), at the bf16 split's precision.
+// at the end of this file. The f16 split (`wyf16_bf16_cs64`, session 10, the fastest build: 413.9 us at T = 4096
+// and 936.3 us at B = 4 x 9216 on the H200, 1.005x / 0.983x fla's bare chunk kernel, s12-run5) is the same behind
+// launch 1's f16 form (`gdn_prefill_prep_h`) and a WY launch on f16 tensor cores (`gdn_prefill_wy_h_b`, which
+// also writes the split's bf16 q / k copies), at the bf16 split's precision.
 // Launch order (session 11): every WY build is the prep's programmatic dependent (PDL: its blocks start as the
 // prep's last ones run and wait in pdl_wait for its end), the split's walk the WY's (it loads its state, then
 // waits), and the split's output the walk's (it waits per chunk on the walk's ready counters, not for its end), in
 // a grid with the heads fastest so that its blocks start in the order the walk finishes their chunks. H200,
 // T = 4096 (s11-run1 / s11-run2): the f16 split step 543.5 -> 520.1 us with the output overlapped, 497.4 with the
 // WY and walk as dependents and the output grid reordered, 484.1 with two walk buffers (WALK_NBUF); 451.9 with the
-// WY's step 3 and inverse and the prep made cheaper (s11-run5 / s11-run6); fla 413.3.
+// WY's step 3 and inverse and the prep made cheaper (s11-run5 / s11-run6); fla 413.3. Session 12: 418.8 with the
+// output's epilogue and the prep's stores whole (s12-run2), 413.9 with the bf16 q / k copies in the WY (s12-run5).
+// With more walk blocks than SMs (ragged batches), the output starts only once the last walk block has started
+// (PDL: every block of the primary must have triggered), so it overlaps less (benchmarks/h200.md, session 12).
 // Removed (s3-run3): fla's split of launches 3 and 4 on TF32 (`[wytf32_]tf32split_cs<32|64>`: a walk carrying only the
 // state and storing each chunk's incoming state and v_new in fp16, then an output launch parallel over chunks with
 // the gated norm fused). It lost at T = 16384: walk_cs64 1835.7 us + out 963.0 us against the state walk

@@ -519,8 +519,8 @@ impl Gpu {
     /// recurrence (the default: ~2e-3 / ~2e-4). Its workspace is larger: size it with
     /// [`Gpu::gdn_prefill_workspace_len_with`]. `"wyf16_bf16_cs64"` (session 10) is the same split behind a WY
     /// launch on f16 tensor cores (q, k, v stored in f16 by its prep; the plain-TF32 WY's error model), the
-    /// fastest build: 451.9 us at T = 4096 and 1004.8 us at B = 4, N = 9216 on the H200 (s11-run6; 0.91x / 0.91x
-    /// fla's bare chunk kernel), `"wytf32_bf16_cs64"` 536.1 / 1195.1 us in the same run. The splits queue the WY,
+    /// fastest build: 413.9 us at T = 4096 and 936.3 us at B = 4, N = 9216 on the H200 (s12-run5; 1.005x / 0.983x
+    /// fla's bare chunk kernel), `"wytf32_bf16_cs64"` 507.0 / 1139.7 us in the same run. The splits queue the WY,
     /// the walk and the output as programmatic dependents of the launch before (each waits in `pdl_wait`, the
     /// output per chunk on the walk's counters), so their starts overlap.
     #[allow(clippy::too_many_arguments)]

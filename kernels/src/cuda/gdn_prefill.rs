@@ -203,6 +203,13 @@ impl GdnPrefillVariant {
         }
     }
 
+    /// Whether the WY launch, not launch 1, writes the split's bf16 copies of q and k (the f16 WY, from its f16
+    /// tiles, session 12; its prep skips them).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn wy_writes_qk_bf16(&self) -> bool {
+        self.wy == WyMath::F16
+    }
+
     /// Whether launch 3 is the bf16 split (walk, then the output launch with the norm fused), which needs the
     /// workspace's `hs` region.
     pub(crate) fn split(&self) -> bool {
@@ -803,6 +810,7 @@ mod tests {
                 "gdn_prefill_prep"
             };
             assert_eq!(v.prep_kernel(), prep, "{full}");
+            assert_eq!(v.wy_writes_qk_bf16(), wy == "f16", "{full}");
             // The split's WY launch is the `_b` form (bf16 W, U, Aqk) of the same build.
             let b = if name.starts_with("bf16_") { "_b" } else { "" };
             assert_eq!(v.wy_kernel(), format!("{wy_kernel}{b}"), "{full}");

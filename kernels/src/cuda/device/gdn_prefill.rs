@@ -57,6 +57,19 @@ fn bf16_view(
         .ok_or_else(|| KernelError::shape("cuda::gdn_prefill", "workspace region too small"))
 }
 
+/// The split's bf16 copies of q and k: the qkb region's two halves ([N, Hk, 128] bf16 each, q then k).
+type Bf16View<'a> = cudarc::driver::CudaView<'a, u16>;
+fn qk_bf16_views<'a>(
+    workspace: &'a CudaSlice<f32>,
+    lay: &GdnPrefillLayout,
+) -> Result<(Bf16View<'a>, Bf16View<'a>), KernelError> {
+    let half = lay.qkb_len / 2;
+    Ok((
+        bf16_view(workspace, lay.qkb, half)?,
+        bf16_view(workspace, lay.qkb + half, half)?,
+    ))
+}
+
 /// Asks for the whole 228 KiB shared-memory carveout (two blocks of ~100-115 KiB per SM need it).
 fn max_carveout(f: &cudarc::driver::CudaFunction, name: &str) -> Result<(), KernelError> {
     f.set_attribute(
@@ -160,13 +173,10 @@ impl Device {
                 ws(lay.g, lay.gate_len),
                 ws(lay.beta, lay.gate_len),
             );
-            // The bf16 split's copies of q and k (null pointers for every other variant and for the f16 split,
-            // whose WY launch writes them: the kernel skips them).
+            // The bf16 split's copies of q and k (null pointers for every other variant and where the WY launch
+            // writes them: the kernel skips them).
             let null = 0u64;
-            let (qb, kb) = (
-                bf16_view(workspace, lay.qkb, lay.qkb_len / 2)?,
-                bf16_view(workspace, lay.qkb + lay.qkb_len / 2, lay.qkb_len / 2)?,
-            );
+            let (qb, kb) = qk_bf16_views(workspace, lay)?;
             let mut b = self.stream.launch_builder(&f);
             b.arg(&x.qkv.slice).arg(&x.a.slice).arg(&x.b.slice);
             b.arg(&w.conv_weight.slice)
@@ -174,7 +184,7 @@ impl Device {
                 .arg(&w.dt_bias.slice);
             b.arg(conv_in).arg(&mut *conv_out).arg(&meta_dev);
             b.arg(&qn).arg(&kn).arg(&vv).arg(&gg).arg(&bb);
-            if variant.split() && variant.wy != WyMath::F16 {
+            if variant.split() && !variant.wy_writes_qk_bf16() {
                 b.arg(&qb).arg(&kb);
             } else {
                 b.arg(&null).arg(&null);
@@ -240,15 +250,17 @@ impl Device {
             args.ptr(cp).ptr(wp).ptr(up).ptr(ap);
             args.i32(hk).i32(hv).i32(seqs_i).i32(nc_i);
             // The f16 WY also writes the split's bf16 q / k copies (the qkb region), which its prep skips.
-            let (qb, kb) = (
-                bf16_view(workspace, lay.qkb, lay.qkb_len / 2)?,
-                bf16_view(workspace, lay.qkb + lay.qkb_len / 2, lay.qkb_len / 2)?,
-            );
-            let (qbp, _g11) = qb.device_ptr(&self.stream);
-            let (kbp, _g12) = kb.device_ptr(&self.stream);
-            if variant.wy == WyMath::F16 {
+            let qkb = if variant.wy_writes_qk_bf16() {
+                Some(qk_bf16_views(workspace, lay)?)
+            } else {
+                None
+            };
+            let _qkb_guards = qkb.as_ref().map(|(qb, kb)| {
+                let (qbp, g11) = qb.device_ptr(&self.stream);
+                let (kbp, g12) = kb.device_ptr(&self.stream);
                 args.ptr(qbp).ptr(kbp);
-            }
+                (g11, g12)
+            });
             // SAFETY: matches `gdn_prefill_wy`, `gdn_prefill_wy_tc{1,3}[_b]` and `gdn_prefill_wy_h_b` (same
             // parameters; the `_b` forms write W, U, Aqk as bf16 into the first half of the same regions, `_h_b`
             // reads the f16 qn, kn, v `gdn_prefill_prep_h` wrote there); each reads and writes nothing before its
@@ -351,8 +363,7 @@ impl Device {
         let wi = bf16_view(workspace, lay.w, lay.wu_len / 2)?;
         let ui = bf16_view(workspace, lay.u, lay.wu_len / 2)?;
         let ai = bf16_view(workspace, lay.aqk, lay.aqk_len / 2)?;
-        let qb = bf16_view(workspace, lay.qkb, lay.qkb_len / 2)?;
-        let kb = bf16_view(workspace, lay.qkb + lay.qkb_len / 2, lay.qkb_len / 2)?;
+        let (qb, kb) = qk_bf16_views(workspace, lay)?;
         let hs = bf16_view(workspace, lay.hs, lay.hs_len)?;
         // The walk's per-(head, chunk) ready counters (cuda/gdn_prefill.cu `split_ready`): one int per slot in the
         // Aqk region's second half, which the bf16 Aqk leaves free; zeroed by the `_b` WY launch.

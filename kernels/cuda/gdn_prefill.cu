@@ -1735,6 +1735,238 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     }
 }
 
+// The walk, one block per (sequence, head) since session 13: warp w owns the state's columns 16 w .. 16 w + 15
+// (all 128 rows) and keeps S^T of them in registers as m16n8 accumulator tiles. Both products of a chunk then stay
+// inside the warp: phase b computes D^T = U^T - S^T W^T with S^T's own accumulators, packed to bf16, as the A
+// operand (the accumulator layout of an m16n8 tile pair is the A layout of an m16k16 fragment), and phase c
+// S^T <- e^{G_L} S^T + (e^{G_L-G} D)^T K with D^T's accumulators as A; W and K (read-only, shared by the warps)
+// are the B operands, by ldmatrix from the chunk's ring buffer. No warp waits for another's results: the block
+// meets once per chunk, at the ring buffer's barrier. The slot's state and D (bf16, row-major as the output
+// launch reads them) are staged per warp by stmatrix .trans and written 32 bytes per row.
+constexpr int WALK1_BUF = 3 * C * BP;  // bf16 per buffer: W, K, U [C][BP]
+constexpr int WALK1_WARPS = 8;         // 16 state columns each
+constexpr int WALK1_SP = 24;           // bf16 row pitch of a warp's staging tile [D][16] (48 bytes: conflict-free)
+static_assert(WALK1_WARPS * 16 == D, "the walk's warps cover the state's columns");
+
+// Shared memory of gdn_prefill_walk1_bf16 (dynamic): the ring of chunk buffers, one staging tile per warp, then G
+// [WALK_NBUF][C] fp32.
+__host__ __device__ constexpr int walk1_bf16_smem_bytes() {
+    return (WALK_NBUF * WALK1_BUF + WALK1_WARPS * D * WALK1_SP) * 2 + WALK_NBUF * C * 4;
+}
+
+namespace {
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0),
+                 "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+// Lane's row address offset (elements) for an x4 ldmatrix / stmatrix over a 16 x 16 block at (r0, c0) of a tile
+// with row pitch ld, matrices in the order (r0, c0), (r0, c0 + 8), (r0 + 8, c0), (r0 + 8, c0 + 8).
+__device__ __forceinline__ int x4_rc(int r0, int c0, int ld, int lane) {
+    return (r0 + (lane & 7) + ((lane >> 4) << 3)) * ld + c0 + (((lane >> 3) & 1) << 3);
+}
+}  // namespace
+
+// Inputs (all written by launches 1 and 2 of this build): kb the bf16 copy of kn, w_in / u_in the bf16 W and U,
+// gcum. Grid (1, Hv, seqs).
+extern "C" __global__ void __launch_bounds__(256, 1)
+    gdn_prefill_walk1_bf16(const bf16* __restrict__ kb, const float* __restrict__ gcum,
+                          const bf16* __restrict__ w_in, const bf16* __restrict__ u_in,
+                          const int* __restrict__ meta, float* __restrict__ state, bf16* __restrict__ hs,
+                          int* __restrict__ ready, int hk, int hv, int seqs, int n_chunks) {
+    constexpr int NJ = C / 8;  // token tiles of D^T (phase b)
+    constexpr int NS = D / 8;  // state-row tiles of S^T (phase c)
+    constexpr uint32_t NEG = 0x80008000u;  // the sign bits of a bf16 pair
+    extern __shared__ float4 smem_walk1[];
+    bf16* const ring = reinterpret_cast<bf16*>(smem_walk1);                      // buffer i: W, K, U
+    bf16* const stg_all = ring + WALK_NBUF * WALK1_BUF;                          // [WALK1_WARPS][D][WALK1_SP]
+    float* const Gs = reinterpret_cast<float*>(stg_all + WALK1_WARPS * D * WALK1_SP);  // [WALK_NBUF][C]
+
+    const int h = blockIdx.y, s = blockIdx.z;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int fg = lane >> 2, ft = lane & 3;
+    const int cw = 16 * warp;  // this warp's state columns
+    const int start = meta[s];
+    const int len = meta[s + 1] - start;
+    const int nch = (len + C - 1) / C;
+    const int kh = h / (hv / hk);
+    float* sg = state + (static_cast<size_t>(s) * hv + h) * D * D;
+    const size_t slot0 = static_cast<size_t>(h) * n_chunks + meta[seqs + 1 + s];
+    bf16* const stg = stg_all + warp * D * WALK1_SP;
+    const uint32_t stg_s = smem_u32(stg);
+
+    // st[j]: S^T's tile of state rows 8 j .. 8 j + 7: [0], [1] = S[8 j + 2 ft (+1)][cw + fg], [2], [3] the same at
+    // column cw + fg + 8.
+    float st[NS][4];
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+        const int r = 8 * j + 2 * ft;
+        st[j][0] = sg[r * D + cw + fg];
+        st[j][1] = sg[(r + 1) * D + cw + fg];
+        st[j][2] = sg[r * D + cw + fg + 8];
+        st[j][3] = sg[(r + 1) * D + cw + fg + 8];
+    }
+    // A programmatic dependent of the WY launch: the state above is the caller's; the output launch may start
+    // after this (it waits for each chunk's `ready` counter, which the WY has zeroed).
+    pdl_wait();
+    pdl_launch_dependents();
+
+    // Chunk cc's W, K (rows past the chunk zero-filled), U and G into ring buffer cc % WALK_NBUF, one cp.async group
+    // (committed also when there is no such chunk). Each thread copies rows wr + 16 j, 16-byte column wq.
+    const int wr = tid >> 4, wq = tid & 15;
+    const uint32_t dst0 = smem_u32(ring) + 2 * (wr * BP + 8 * wq);
+    const size_t k_row = static_cast<size_t>(hk) * D;  // bf16 between consecutive tokens' k rows
+    const bf16* const k_src0 = kb + static_cast<size_t>(kh) * D + wr * k_row + 8 * wq;
+    auto fetch = [&](int cc) {
+        if (cc < nch) {
+            const int lc = min(C, len - cc * C), bi = cc % WALK_NBUF;
+            const size_t tok0 = static_cast<size_t>(start + cc * C);
+            const uint32_t buf = dst0 + 2 * bi * WALK1_BUF;
+            const bf16* wg = w_in + (slot0 + cc) * C * D + wr * D + 8 * wq;
+            const bf16* ug = u_in + (slot0 + cc) * C * D + wr * D + 8 * wq;
+            const bf16* kg = k_src0 + tok0 * k_row;
+#pragma unroll
+            for (int j = 0; j < C / 16; ++j) {
+                const bool ok = wr + 16 * j < lc;
+                cp_async16(buf + 2 * 16 * j * BP, wg + 16 * j * D, true);
+                cp_async16(buf + 2 * (C * BP + 16 * j * BP), ok ? kg + 16 * j * k_row : kb, ok);
+                cp_async16(buf + 2 * (2 * C * BP + 16 * j * BP), ug + 16 * j * D, true);
+            }
+            if (tid < C) cp_async4(Gs + bi * C + tid, tid < lc ? gcum + (tok0 + tid) * hv + h : gcum, tid < lc);
+        }
+        cp_async_commit();
+    };
+
+    fetch(0);
+    for (int c = 0; c < nch; ++c) {
+        const int lc = min(C, len - c * C);
+        const bf16* Wb = ring + (c % WALK_NBUF) * WALK1_BUF;
+        const bf16* Kb = Wb + C * BP;
+        const bf16* Ub = Kb + C * BP;
+        const float* G = Gs + (c % WALK_NBUF) * C;
+        bf16* slot = hs + (slot0 + c) * HS_SLOT;
+        // a. S_c in bf16: sp[kk] the A fragment of state rows 16 kk .. 16 kk + 15; staged transposed (rows = state
+        //    rows) and written to the slot, 32 bytes per row.
+        uint32_t sp[NS / 2][4];
+#pragma unroll
+        for (int kk = 0; kk < NS / 2; ++kk) {
+            sp[kk][0] = pack_bf16x2(st[2 * kk][0], st[2 * kk][1]);
+            sp[kk][1] = pack_bf16x2(st[2 * kk][2], st[2 * kk][3]);
+            sp[kk][2] = pack_bf16x2(st[2 * kk + 1][0], st[2 * kk + 1][1]);
+            sp[kk][3] = pack_bf16x2(st[2 * kk + 1][2], st[2 * kk + 1][3]);
+        }
+        __syncwarp();  // the previous chunk's reads of the staging tile are done
+#pragma unroll
+        for (int kk = 0; kk < NS / 2; ++kk)
+            stmatrix_x4_trans(stg_s + 2 * x4_rc(16 * kk, 0, WALK1_SP, lane), sp[kk][0], sp[kk][1], sp[kk][2],
+                              sp[kk][3]);
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < D * 2 / 32; ++i) {
+            const int q = lane + 32 * i, r = q >> 1, hf = q & 1;
+            *reinterpret_cast<uint4*>(slot + r * D + cw + 8 * hf) =
+                *reinterpret_cast<const uint4*>(stg + r * WALK1_SP + 8 * hf);
+        }
+        cp_async_wait<0>();  // this thread's copies of chunk c
+        __syncthreads();     // chunk c's buffer complete; every warp is past chunk c - 1 (its slot written)
+        if (c > 0 && tid == 0) {
+            __threadfence();
+            atomicAdd(ready + slot0 + c - 1, 2);  // (the output waits for 2: one per 64 columns)
+        }
+        fetch(c + 1);  // into the buffer chunk c - 1 used
+        // b. D^T = U^T - S^T W^T: acc[j] the tile of tokens 8 j .. 8 j + 7 (U^T by ldmatrix .trans).
+        float acc[NJ][4];
+#pragma unroll
+        for (int p = 0; p < NJ / 2; ++p) {
+            uint32_t u[4];
+            ldmatrix_x4_trans(u, Ub + x4_rc(16 * p, cw, BP, lane));
+            const float2 u0 = bf16x2_to_float2(u[0]), u1 = bf16x2_to_float2(u[1]);
+            const float2 u2 = bf16x2_to_float2(u[2]), u3 = bf16x2_to_float2(u[3]);
+            acc[2 * p][0] = u0.x;
+            acc[2 * p][1] = u0.y;
+            acc[2 * p][2] = u1.x;
+            acc[2 * p][3] = u1.y;
+            acc[2 * p + 1][0] = u2.x;
+            acc[2 * p + 1][1] = u2.y;
+            acc[2 * p + 1][2] = u3.x;
+            acc[2 * p + 1][3] = u3.y;
+        }
+#pragma unroll
+        for (int kk = 0; kk < NS / 2; ++kk) {
+            const uint32_t a[4] = {sp[kk][0] ^ NEG, sp[kk][1] ^ NEG, sp[kk][2] ^ NEG, sp[kk][3] ^ NEG};
+#pragma unroll
+            for (int p = 0; p < NJ / 2; ++p) {
+                uint32_t b[4];
+                ldmatrix_x4(b, Wb + x4_rc(16 * p, 16 * kk, BP, lane));
+                mma_bf16_16816(acc[2 * p], a, b[0], b[1]);
+                mma_bf16_16816(acc[2 * p + 1], a, b[2], b[3]);
+            }
+        }
+        // D (unscaled, bf16) to the slot through the staging tile (rows = tokens).
+        bf16* dg = slot + D * D;
+        uint32_t dp[NJ][2];
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            dp[j][0] = pack_bf16x2(acc[j][0], acc[j][1]);
+            dp[j][1] = pack_bf16x2(acc[j][2], acc[j][3]);
+        }
+        __syncwarp();  // the state's reads of the staging tile are done
+#pragma unroll
+        for (int p = 0; p < NJ / 2; ++p)
+            stmatrix_x4_trans(stg_s + 2 * x4_rc(16 * p, 0, WALK1_SP, lane), dp[2 * p][0], dp[2 * p][1],
+                              dp[2 * p + 1][0], dp[2 * p + 1][1]);
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < C * 2 / 32; ++i) {
+            const int q = lane + 32 * i, r = q >> 1, hf = q & 1;
+            *reinterpret_cast<uint4*>(dg + r * D + cw + 8 * hf) =
+                *reinterpret_cast<const uint4*>(stg + r * WALK1_SP + 8 * hf);
+        }
+        // c. S^T <- e^{G_L} S^T + (e^{G_L-G} D)^T K over the chunk's tokens (K rows past the chunk are 0).
+        // (bf16 operands: the fast exponential, ~2 ulp, like every exponential of the split's walk and output.)
+        const float gl = G[lc - 1], el = __expf(gl);
+#pragma unroll
+        for (int j = 0; j < NS; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st[j][e] *= el;
+#pragma unroll
+        for (int kk = 0; kk < C / 16; ++kk) {
+            if (16 * kk < lc) {
+                const int t0 = 16 * kk + 2 * ft, t1 = t0 + 8;
+                const float2 g0 = *reinterpret_cast<const float2*>(G + t0);
+                const float2 g1 = *reinterpret_cast<const float2*>(G + t1);
+                const float f00 = t0 < lc ? __expf(gl - g0.x) : 0.f, f01 = t0 + 1 < lc ? __expf(gl - g0.y) : 0.f;
+                const float f10 = t1 < lc ? __expf(gl - g1.x) : 0.f, f11 = t1 + 1 < lc ? __expf(gl - g1.y) : 0.f;
+                const uint32_t a[4] = {pack_bf16x2(acc[2 * kk][0] * f00, acc[2 * kk][1] * f01),
+                                       pack_bf16x2(acc[2 * kk][2] * f00, acc[2 * kk][3] * f01),
+                                       pack_bf16x2(acc[2 * kk + 1][0] * f10, acc[2 * kk + 1][1] * f11),
+                                       pack_bf16x2(acc[2 * kk + 1][2] * f10, acc[2 * kk + 1][3] * f11)};
+#pragma unroll
+                for (int q = 0; q < NS / 2; ++q) {
+                    uint32_t b[4];
+                    ldsm_b2(b, Kb, BP, 16 * kk, 16 * q, lane);
+                    mma_bf16_16816(st[2 * q], a, b[0], b[1]);
+                    mma_bf16_16816(st[2 * q + 1], a, b[2], b[3]);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();  // (only empty groups can remain; nothing left in flight at exit)
+    __syncthreads();
+    if (nch > 0 && tid == 0) {
+        __threadfence();
+        atomicAdd(ready + slot0 + nch - 1, 2);
+    }
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+        const int r = 8 * j + 2 * ft;
+        sg[r * D + cw + fg] = st[j][0];
+        sg[(r + 1) * D + cw + fg] = st[j][1];
+        sg[r * D + cw + fg + 8] = st[j][2];
+        sg[(r + 1) * D + cw + fg + 8] = st[j][3];
+    }
+}
+
 // Shared memory of gdn_prefill_out_bf16 (dynamic): Q [C][D], the chunk's state [D][D] and D [C][D], Aqk [C][C]
 // (bf16, unpadded and swizzled by `swz`), then G [C], the row sums of squares [2][C] and norm_w [D] (fp32): 75,008
 // bytes, so three blocks fit an SM (with the 1 KiB per block the driver reserves: 228,096 of 233,472 bytes), and
@@ -2130,6 +2362,7 @@ static_assert(state_tc_smem_bytes(16) == 103424 && state_tc_smem_bytes(32) == 11
                   state_tc_smem_bytes(64) == 225280,
               "keep gdn_prefill.rs state_tc_smem_bytes equal");
 static_assert(state_smem_bytes(16) == 96768 && state_smem_bytes(32) == 109056 && state_smem_bytes(64) == 133632, "keep gdn_prefill.rs state_smem_bytes equal");
-static_assert(walk_bf16_smem_bytes() == 125440 && out_bf16_smem_bytes() == 75008,
-              "keep gdn_prefill.rs WALK_BF16_SMEM_BYTES / OUT_BF16_SMEM_BYTES equal");
+static_assert(walk_bf16_smem_bytes() == 125440 && walk1_bf16_smem_bytes() == 154112 &&
+                  out_bf16_smem_bytes() == 75008,
+              "keep gdn_prefill.rs WALK_BF16_SMEM_BYTES / WALK1_BF16_SMEM_BYTES / OUT_BF16_SMEM_BYTES equal");
 static_assert(wy_h_smem_bytes() == 70144, "keep gdn_prefill.rs WY_H_SMEM_BYTES equal");

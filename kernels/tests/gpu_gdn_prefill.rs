@@ -501,6 +501,27 @@ fn ragged_batches_match_sequence_by_sequence() {
     }
 }
 
+/// The bf16 splits with more (sequence, head) states than half the SMs run the one-block walk
+/// (`gdn_prefill_walk1_bf16`, all 128 state columns per block; the device layer's `walk_one_block`): 26 ragged
+/// sequences of 6 value heads (156 states) with empty sequences, chunks of 1 and 2 tokens, whole and partial chunks.
+#[test]
+fn ragged_batches_of_many_states_take_the_one_block_walk() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("gdn_prefill many states");
+    let lens: [usize; 26] = [
+        65, 0, 1, 130, 63, 2, 64, 129, 200, 7, 0, 128, 191, 33, 64, 1, 96, 150, 17, 70, 0, 5, 192,
+        63, 129, 40,
+    ];
+    assert!(
+        2 * lens.len() * GROUP3.value_heads > gpu.sm_count(),
+        "{} SMs: the batch must exceed one wave of two-block walk blocks",
+        gpu.sm_count()
+    );
+    for variant in ["wyf16_bf16_cs64", "wytf32_bf16_cs64"] {
+        check_batch(&gpu, &mut rng, GROUP3, &lens, variant, (-1.0, 1.0));
+    }
+}
+
 /// The warp prep (launch 1, `gdn_prefill_prep`: a warp per 128-channel segment and 8 tokens, the conv window a
 /// register template per conv kernel) on the batches that once compared it with the block-per-token prep it
 /// replaced (bit-identical there and on the H200, s3-run4), now against the f64 recurrence and the CPU prefill

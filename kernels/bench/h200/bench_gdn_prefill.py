@@ -96,10 +96,19 @@ ALT_SPLIT = "wytf32_bf16_cs64"  # the split GDN_PREFILL_ALT's builds are timed a
 F16_SPLIT = "wyf16_bf16_cs64"  # the f16 split (session 10): f16 prep outputs, the f16 WY, the bf16 walk / output
 LEAN = os.environ.get("GDN_PREFILL_LEAN") == "1"  # only the default, the two splits and what their rows need
 WALK_BF16_SMEM = 125440  # cuda/gdn_prefill.cu walk_bf16_smem_bytes()
+WALK1_BF16_SMEM = 154112  # cuda/gdn_prefill.cu walk1_bf16_smem_bytes()
+SMS = torch.cuda.get_device_properties(0).multi_processor_count
 OUT_BF16_SMEM = 75008  # cuda/gdn_prefill.cu out_bf16_smem_bytes()
 HS_SLOT = D * D + C * D  # bf16 per (head, chunk) of the split's hs region
 PREP_TT = 8  # cuda/gdn_prefill.cu PREP_TT (tokens per warp of gdn_prefill_prep)
 ROUNDS = 5 if b.QUICK else 7  # arms alternate; the s2-run2 spreads were <= 2% at 11 rounds
+
+
+# The bf16 split's walk for `pairs` (sequence, head) states: the one-block walk (gdn_prefill_walk1_bf16) beyond
+# one wave of two-block walk blocks (kernels/src/cuda/device/gdn_prefill.rs `walk_one_block`, whose test checks
+# this copy).
+def walk_one_block(pairs, sms):
+    return 2 * pairs > sms
 
 
 def split_variant(variant):
@@ -208,11 +217,18 @@ class Ours:
         self.split = variant.startswith("bf16")
         if self.split:  # launches 3' and 4' (the norm fused into 4')
             self.f_walk, self.f_out = kern("gdn_prefill_walk_bf16"), kern("gdn_prefill_out_bf16")
-            b.allow_smem(self.f_walk, self.walk_smem)
-            try:
-                self.f_walk.preferred_shared_memory_carveout = 100
-            except Exception as e:  # noqa: BLE001
-                b.log(f"  note: carveout not set on gdn_prefill_walk_bf16 ({e})")
+            try:  # (builds before session 13 have no one-block walk: they run the two-block walk always)
+                self.f_walk1 = kern("gdn_prefill_walk1_bf16")
+            except Exception:  # noqa: BLE001
+                self.f_walk1 = None
+            for f, smem in [(self.f_walk, self.walk_smem), (self.f_walk1, WALK1_BF16_SMEM)]:
+                if f is None:
+                    continue
+                b.allow_smem(f, smem)
+                try:
+                    f.preferred_shared_memory_carveout = 100
+                except Exception as e:  # noqa: BLE001
+                    b.log(f"  note: carveout not set on a walk kernel ({e})")
             b.allow_smem(self.f_out, OUT_BF16_SMEM)
             try:
                 self.f_out.preferred_shared_memory_carveout = 100
@@ -246,13 +262,15 @@ class Ours:
         b.launch(self.f_meta, (1,), (256,),
                  (p(cu), p(table), i32(len(self.lens)), i32(sum(self.lens)), i32(max(self.lens))))
 
-    def __call__(self, qkv, z, a, bb, conv_w, a_log, dt_bias, norm_w, conv_in, conv_out, state, out, pdl=True):
+    def __call__(self, qkv, z, a, bb, conv_w, a_log, dt_bias, norm_w, conv_in, conv_out, state, out, pdl=True,
+                 one_block=None):
         """The layer step as the crate queues it: the WY, the walk and the output as programmatic dependents of
-        the launch before (`pdl`; False: every launch plain, the output still waiting on the ready counters)."""
+        the launch before (`pdl`; False: every launch plain, the output still waiting on the ready counters);
+        `one_block`: the split's walk, if not the one walk_one_block picks."""
         self.prep(qkv, a, bb, conv_w, a_log, dt_bias, conv_in, conv_out)
         self.wy(pdl=pdl)
         if self.split:
-            self.walk(state, pdl=pdl)
+            self.walk(state, pdl=pdl, one_block=one_block)
             self.out(out, z, norm_w, wait=True, pdl=pdl)
             return
         self.state(state, out)
@@ -301,15 +319,19 @@ class Ours:
         second half."""
         return np.uint64(self.ws.data_ptr() + 4 * (self.off["aqk"] + HV * self.nc * C * C // 2))
 
-    def walk(self, state, pdl=False):
-        """Launch 3' of the bf16 split: gdn_prefill_walk_bf16 (state only; chunk states and D to hs, then each
-        chunk's ready counter)."""
+    def walk(self, state, pdl=False, one_block=None):
+        """Launch 3' of the bf16 split: gdn_prefill_walk_bf16 (two blocks per state) or gdn_prefill_walk1_bf16 (one
+        block per state), as walk_one_block picks unless `one_block` says (state only; chunk states and D to hs,
+        then each chunk's ready counter)."""
         seqs = len(self.lens)
         p, i32 = b.ptr, np.int32
+        if one_block is None:
+            one_block = self.f_walk1 is not None and walk_one_block(seqs * HV, SMS)
+        f, grid_x, smem = (self.f_walk1, 1, WALK1_BF16_SMEM) if one_block else (self.f_walk, 2, self.walk_smem)
         (b.launch_pdl if pdl else b.launch)(
-            self.f_walk, (2, HV, seqs), (256,),
+            f, (grid_x, HV, seqs), (256,),
             (self.qk_bf16()[1], self.w("gcum"), self.w("w"), self.w("u"), p(self.meta), p(state), self.w("hs"),
-             self.ready(), i32(HK), i32(HV), i32(seqs), i32(self.nc)), shared_mem=self.walk_smem)
+             self.ready(), i32(HK), i32(HV), i32(seqs), i32(self.nc)), shared_mem=smem)
 
     def out(self, out, z, norm_w, wait=False, pdl=False):
         """Launch 4' of the bf16 split: gdn_prefill_out_bf16 (output parallel over chunks, gated norm fused). In the
@@ -507,7 +529,8 @@ def case(lens, chunk):
     arms["stage_norm"] = lambda i: ref.norm(out, z[i], norm_w)
     split_ok = SPLIT not in bad
     if split_ok:  # the split's two launches alone (on the W / U / Aqk the last whole step left)
-        arms["stage_walk_bf16"] = lambda i: impls[SPLIT].walk(st[i])
+        arms["stage_walk_bf16"] = lambda i: impls[SPLIT].walk(st[i], one_block=False)
+        arms["stage_walk1_bf16"] = lambda i: impls[SPLIT].walk(st[i], one_block=True)
         arms["stage_out_bf16"] = lambda i: impls[SPLIT].out(out, z[i], norm_w)
     arms["stage_meta"] = lambda i: ref.meta_kernel(cu_dev, meta_dev)
     # This build's ALT_SPLIT ("this") and F16_SPLIT ("f16") stage by stage (their preps write the bf16 q / k
@@ -529,6 +552,11 @@ def case(lens, chunk):
             arms["f16_plain_out"] = (lambda impl: lambda i: impl(qkv[i], z[i], a[i], bb[i], conv_w, a_log, dt_bias,
                                                                  norm_w, conv[i], conv_out, st[i], out,
                                                                  pdl=False))(impl)
+            if impl.f_walk1 is not None:  # the step with the walk walk_one_block does not pick
+                other = not walk_one_block(len(lens) * HV, SMS)
+                arms["f16_other_walk"] = (lambda impl: lambda i: impl(qkv[i], z[i], a[i], bb[i], conv_w, a_log,
+                                                                      dt_bias, norm_w, conv[i], conv_out, st[i],
+                                                                      out, one_block=other))(impl)
     try:
         res = b.time_arms(arms, sets, reps, rounds=ROUNDS)
         torch.cuda.synchronize()
@@ -572,6 +600,8 @@ def case(lens, chunk):
                 continue
             b.row("gdn_prefill_stage", f"{shape} {st_name}", res[f"stage_{st_name}"], f"stage {base}",
                   res[f"stage_{base}"], note="launch 3' / 4' of the bf16 split against the default's walk / norm")
+        b.row("gdn_prefill_stage", f"{shape} walk1_bf16", res["stage_walk1_bf16"], "stage walk_bf16",
+              res["stage_walk_bf16"], note="the one-block walk against the two-block walk (alone)")
     if stage_sets and stage_sets[0][0] == "this":
         for tag, _ in stage_sets:
             if tag == "f16":
@@ -579,6 +609,10 @@ def case(lens, chunk):
                       res[ALT_SPLIT], flops=fl)
                 b.row("gdn_prefill_alt", f"{shape} {F16_SPLIT} pdl", res[F16_SPLIT], "every launch plain",
                       res["f16_plain_out"], flops=fl, note="WY, walk and output as PDL dependents or all plain")
+                if "f16_other_walk" in res:
+                    picked = "one-block" if walk_one_block(len(lens) * HV, SMS) else "two-block"
+                    b.row("gdn_prefill_alt", f"{shape} {F16_SPLIT} walk", res[F16_SPLIT], "the other walk",
+                          res["f16_other_walk"], flops=fl, note=f"walk_one_block picks the {picked} walk")
             elif tag != "this":
                 av = alt_variant[tag]
                 b.row("gdn_prefill_alt", f"{shape} alt_{tag}", res[f"alt_{tag}"], f"{av} (this build)", res[av],

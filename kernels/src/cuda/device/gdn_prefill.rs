@@ -40,6 +40,19 @@ fn state_tc_smem_bytes(cs: u32) -> u32 {
 /// Dynamic shared memory of `gdn_prefill_walk_bf16` and `gdn_prefill_out_bf16` (`walk_bf16_smem_bytes()` /
 /// `out_bf16_smem_bytes()` in cuda/gdn_prefill.cu, kept equal by a static_assert there).
 const WALK_BF16_SMEM_BYTES: u32 = 125_440;
+/// Dynamic shared memory of `gdn_prefill_walk1_bf16` (`walk1_bf16_smem_bytes()`).
+const WALK1_BF16_SMEM_BYTES: u32 = 154_112;
+
+/// Which walk the bf16 split runs for `pairs` (sequence, value head) states on `sms` SMs: the two-block walk
+/// (`gdn_prefill_walk_bf16`, 64 state columns per block) while its `2 * pairs` blocks are all resident at once (one
+/// per SM), else the one-block walk (`gdn_prefill_walk1_bf16`, all 128 columns per block, about 1.8x the
+/// two-block walk's time per chunk). Beyond one wave the two-block walk's last blocks start late, and the output
+/// launch (its programmatic dependent) starts only once every walk block has: H200, s13-run2, whole f16 split
+/// step, T = 4096 (48 pairs): two-block 412.8 us, one-block 445.1; B = 4 x 9216 (192 pairs): two-block 931.8,
+/// one-block 911.1 (fla 415.1 / 917.9).
+fn walk_one_block(pairs: usize, sms: usize) -> bool {
+    2 * pairs > sms
+}
 const OUT_BF16_SMEM_BYTES: u32 = 75_008;
 
 /// `floats` floats of the workspace from float `at`, as the kernels' bf16 (u16 here: the same bits; cudarc has no
@@ -379,14 +392,19 @@ impl Device {
         let ready = unsafe { ready_f.transmute::<i32>(slots) }
             .ok_or_else(|| KernelError::shape("cuda::gdn_prefill", "workspace region too small"))?;
         {
-            const NAME: &str = "gdn_prefill_walk_bf16";
-            let f = self.function(Module::GdnPrefill, NAME)?;
-            set_smem(&f, WALK_BF16_SMEM_BYTES, NAME)?;
-            max_carveout(&f, NAME)?; // 122.5 KiB: one walk block and one output block per SM
+            let one_block = walk_one_block(lay.seqs * dims.value_heads, self.sm_count);
+            let (name, smem, blocks_x) = if one_block {
+                ("gdn_prefill_walk1_bf16", WALK1_BF16_SMEM_BYTES, 1)
+            } else {
+                ("gdn_prefill_walk_bf16", WALK_BF16_SMEM_BYTES, 2)
+            };
+            let f = self.function(Module::GdnPrefill, name)?;
+            set_smem(&f, smem, name)?;
+            max_carveout(&f, name)?; // one walk block and one output block per SM
             let cfg = LaunchConfig {
-                grid_dim: (2, dims.value_heads as u32, lay.seqs as u32),
+                grid_dim: (blocks_x, dims.value_heads as u32, lay.seqs as u32),
                 block_dim: (256, 1, 1),
-                shared_mem_bytes: WALK_BF16_SMEM_BYTES,
+                shared_mem_bytes: smem,
             };
             // Launched as the WY's programmatic dependent (Device::launch_pdl): each block loads its state (the
             // caller's), then waits in `pdl_wait` for the WY's end.
@@ -408,12 +426,13 @@ impl Device {
                 .ptr(hp)
                 .ptr(rp);
             args.i32(hk).i32(hv).i32(seqs_i).i32(nc_i);
-            // SAFETY: matches `gdn_prefill_walk_bf16`; before its `pdl_wait` it reads only the state (the caller's)
-            // and meta (written before the prep, a plain launch), after it what launches 1 and 2 wrote; state =
-            // [seqs, Hv, 128, 128] was checked; each block owns 64 columns of one (sequence, head) state and writes
-            // only those columns of its own chunks' hs slots (hs holds Hv * NC slots, `layout`), then adds 1 to
-            // each chunk's ready counter (Hv * NC int32 past the bf16 Aqk, inside the Aqk region).
-            unsafe { self.launch_pdl(NAME, &f, cfg, &mut args) }?;
+            // SAFETY: matches `gdn_prefill_walk_bf16` and `gdn_prefill_walk1_bf16` (the same parameters); before
+            // their `pdl_wait` they read only the state (the caller's) and meta (written before the prep, a plain
+            // launch), after it what launches 1 and 2 wrote; state = [seqs, Hv, 128, 128] was checked; each block
+            // owns 64 (two-block walk) or all 128 columns of one (sequence, head) state and writes only those
+            // columns of its own chunks' hs slots (hs holds Hv * NC slots, `layout`), then adds 1 per 64 columns
+            // to each chunk's ready counter (Hv * NC int32 past the bf16 Aqk, inside the Aqk region).
+            unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
         }
         {
             const NAME: &str = "gdn_prefill_out_bf16";
@@ -458,7 +477,7 @@ impl Device {
             args.i32(hk).i32(hv).i32(seqs_i).i32(nc_i);
             // SAFETY: matches `gdn_prefill_out_bf16`; reads launch 2's Aqk and the prep's q (finished: the walk's
             // blocks trigger this launch only after their `pdl_wait`, the WY's end, itself after the prep's) and
-            // each chunk's hs slot only after that chunk's ready counter reached 2 (both walk blocks wrote it; the
+            // each chunk's hs slot only after that chunk's ready counter reached 2 (all 128 columns written; the
             // walk's blocks are all resident before this grid starts, so the counters do get there); z and out are
             // [N, Hv*128], norm_weight [128] (checked); each block writes only its chunk's rows of its head; blocks
             // past a sequence's chunks return.
@@ -504,7 +523,25 @@ mod tests {
         }
         assert_eq!(cu("walk_bf16_smem_bytes()") as u32, WALK_BF16_SMEM_BYTES);
         assert_eq!(py("\nWALK_BF16_SMEM") as u32, WALK_BF16_SMEM_BYTES);
+        assert_eq!(cu("walk1_bf16_smem_bytes()") as u32, WALK1_BF16_SMEM_BYTES);
+        assert_eq!(py("\nWALK1_BF16_SMEM") as u32, WALK1_BF16_SMEM_BYTES);
         assert_eq!(cu("out_bf16_smem_bytes()") as u32, OUT_BF16_SMEM_BYTES);
         assert_eq!(py("\nOUT_BF16_SMEM") as u32, OUT_BF16_SMEM_BYTES);
+    }
+
+    #[test]
+    fn the_walk_takes_one_block_per_state_beyond_one_wave_of_two() {
+        // H200 (132 SMs): one 4096-token sequence of 48 heads runs the two-block walk (96 blocks), four run the
+        // one-block walk (384 two-block blocks would be three waves); the bench mirrors this rule.
+        assert!(!walk_one_block(48, 132));
+        assert!(!walk_one_block(66, 132));
+        assert!(walk_one_block(67, 132));
+        assert!(walk_one_block(4 * 48, 132));
+        assert!(walk_one_block(1, 0));
+        assert!(!walk_one_block(0, 132));
+        assert!(
+            BENCH.contains("def walk_one_block(pairs, sms):\n    return 2 * pairs > sms\n"),
+            "the bench's copy of the rule"
+        );
     }
 }

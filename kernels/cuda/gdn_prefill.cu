@@ -1745,7 +1745,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 // launch reads them) are staged per warp by stmatrix .trans and written 32 bytes per row.
 constexpr int WALK1_BUF = 3 * C * BP;  // bf16 per buffer: W, K, U [C][BP]
 constexpr int WALK1_WARPS = 8;         // 16 state columns each
-constexpr int WALK1_SP = 24;           // bf16 row pitch of a warp's staging tile [D][16] (48 bytes: conflict-free)
+constexpr int WALK1_SP = 16;           // bf16 row pitch of a warp's staging tile [D][16] (32 bytes, see stg_at)
 static_assert(WALK1_WARPS * 16 == D, "the walk's warps cover the state's columns");
 
 // Shared memory of gdn_prefill_walk1_bf16 (dynamic): the ring of chunk buffers, one staging tile per warp, then G
@@ -1760,6 +1760,12 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, ui
                  "r"(r1), "r"(r2), "r"(r3)
                  : "memory");
 }
+// Offset (elements) of row r, 8-column half hf, in a warp's staging tile of the one-block walk: 32-byte rows with
+// the half flipped by bit 2 of the row, so that stmatrix (8 rows of one half) and the copy to the slot (each 8 lanes
+// 4 rows, both halves, as whole 32-byte sectors) both meet 8 distinct bank groups. (s13-run4: copying 8 rows of one
+// half per 8 lanes instead, conflict-free with a 48-byte pitch, made the walk 318 -> 358 us at B = 4 x 9216: each
+// 8 lanes' 16-byte stores then half-fill 8 sectors.)
+__device__ __forceinline__ int stg_at(int r, int hf) { return r * WALK1_SP + 8 * (hf ^ ((r >> 2) & 1)); }
 // Lane's row address offset (elements) for an x4 ldmatrix / stmatrix over a 16 x 16 block at (r0, c0) of a tile
 // with row pitch ld, matrices in the order (r0, c0), (r0, c0 + 8), (r0 + 8, c0), (r0 + 8, c0 + 8).
 __device__ __forceinline__ int x4_rc(int r0, int c0, int ld, int lane) {
@@ -1858,14 +1864,14 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         __syncwarp();  // the previous chunk's reads of the staging tile are done
 #pragma unroll
         for (int kk = 0; kk < NS / 2; ++kk)
-            stmatrix_x4_trans(stg_s + 2 * x4_rc(16 * kk, 0, WALK1_SP, lane), sp[kk][0], sp[kk][1], sp[kk][2],
-                              sp[kk][3]);
+            stmatrix_x4_trans(stg_s + 2 * stg_at(16 * kk + (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1),
+                              sp[kk][0], sp[kk][1], sp[kk][2], sp[kk][3]);
         __syncwarp();
 #pragma unroll
         for (int i = 0; i < D * 2 / 32; ++i) {
             const int q = lane + 32 * i, r = q >> 1, hf = q & 1;
             *reinterpret_cast<uint4*>(slot + r * D + cw + 8 * hf) =
-                *reinterpret_cast<const uint4*>(stg + r * WALK1_SP + 8 * hf);
+                *reinterpret_cast<const uint4*>(stg + stg_at(r, hf));
         }
         cp_async_wait<0>();  // this thread's copies of chunk c
         __syncthreads();     // chunk c's buffer complete; every warp is past chunk c - 1 (its slot written)
@@ -1913,14 +1919,14 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         __syncwarp();  // the state's reads of the staging tile are done
 #pragma unroll
         for (int p = 0; p < NJ / 2; ++p)
-            stmatrix_x4_trans(stg_s + 2 * x4_rc(16 * p, 0, WALK1_SP, lane), dp[2 * p][0], dp[2 * p][1],
-                              dp[2 * p + 1][0], dp[2 * p + 1][1]);
+            stmatrix_x4_trans(stg_s + 2 * stg_at(16 * p + (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1),
+                              dp[2 * p][0], dp[2 * p][1], dp[2 * p + 1][0], dp[2 * p + 1][1]);
         __syncwarp();
 #pragma unroll
         for (int i = 0; i < C * 2 / 32; ++i) {
             const int q = lane + 32 * i, r = q >> 1, hf = q & 1;
             *reinterpret_cast<uint4*>(dg + r * D + cw + 8 * hf) =
-                *reinterpret_cast<const uint4*>(stg + r * WALK1_SP + 8 * hf);
+                *reinterpret_cast<const uint4*>(stg + stg_at(r, hf));
         }
         // c. S^T <- e^{G_L} S^T + (e^{G_L-G} D)^T K over the chunk's tokens (K rows past the chunk are 0).
         // (bf16 operands: the fast exponential, ~2 ulp, like every exponential of the split's walk and output.)
@@ -1929,26 +1935,34 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         for (int j = 0; j < NS; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) st[j][e] *= el;
+        // (A whole chunk without the guards, so that the k-steps' loads and products interleave.)
+        auto kstep = [&](int kk, bool guard) {
+            const int t0 = 16 * kk + 2 * ft, t1 = t0 + 8;
+            const float2 g0 = *reinterpret_cast<const float2*>(G + t0);
+            const float2 g1 = *reinterpret_cast<const float2*>(G + t1);
+            const float f00 = !guard || t0 < lc ? __expf(gl - g0.x) : 0.f;
+            const float f01 = !guard || t0 + 1 < lc ? __expf(gl - g0.y) : 0.f;
+            const float f10 = !guard || t1 < lc ? __expf(gl - g1.x) : 0.f;
+            const float f11 = !guard || t1 + 1 < lc ? __expf(gl - g1.y) : 0.f;
+            const uint32_t a[4] = {pack_bf16x2(acc[2 * kk][0] * f00, acc[2 * kk][1] * f01),
+                                   pack_bf16x2(acc[2 * kk][2] * f00, acc[2 * kk][3] * f01),
+                                   pack_bf16x2(acc[2 * kk + 1][0] * f10, acc[2 * kk + 1][1] * f11),
+                                   pack_bf16x2(acc[2 * kk + 1][2] * f10, acc[2 * kk + 1][3] * f11)};
 #pragma unroll
-        for (int kk = 0; kk < C / 16; ++kk) {
-            if (16 * kk < lc) {
-                const int t0 = 16 * kk + 2 * ft, t1 = t0 + 8;
-                const float2 g0 = *reinterpret_cast<const float2*>(G + t0);
-                const float2 g1 = *reinterpret_cast<const float2*>(G + t1);
-                const float f00 = t0 < lc ? __expf(gl - g0.x) : 0.f, f01 = t0 + 1 < lc ? __expf(gl - g0.y) : 0.f;
-                const float f10 = t1 < lc ? __expf(gl - g1.x) : 0.f, f11 = t1 + 1 < lc ? __expf(gl - g1.y) : 0.f;
-                const uint32_t a[4] = {pack_bf16x2(acc[2 * kk][0] * f00, acc[2 * kk][1] * f01),
-                                       pack_bf16x2(acc[2 * kk][2] * f00, acc[2 * kk][3] * f01),
-                                       pack_bf16x2(acc[2 * kk + 1][0] * f10, acc[2 * kk + 1][1] * f11),
-                                       pack_bf16x2(acc[2 * kk + 1][2] * f10, acc[2 * kk + 1][3] * f11)};
-#pragma unroll
-                for (int q = 0; q < NS / 2; ++q) {
-                    uint32_t b[4];
-                    ldsm_b2(b, Kb, BP, 16 * kk, 16 * q, lane);
-                    mma_bf16_16816(st[2 * q], a, b[0], b[1]);
-                    mma_bf16_16816(st[2 * q + 1], a, b[2], b[3]);
-                }
+            for (int q = 0; q < NS / 2; ++q) {
+                uint32_t b[4];
+                ldsm_b2(b, Kb, BP, 16 * kk, 16 * q, lane);
+                mma_bf16_16816(st[2 * q], a, b[0], b[1]);
+                mma_bf16_16816(st[2 * q + 1], a, b[2], b[3]);
             }
+        };
+        if (lc == C) {
+#pragma unroll
+            for (int kk = 0; kk < C / 16; ++kk) kstep(kk, false);
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < C / 16; ++kk)
+                if (16 * kk < lc) kstep(kk, true);
         }
     }
     cp_async_wait<0>();  // (only empty groups can remain; nothing left in flight at exit)
@@ -2362,7 +2376,7 @@ static_assert(state_tc_smem_bytes(16) == 103424 && state_tc_smem_bytes(32) == 11
                   state_tc_smem_bytes(64) == 225280,
               "keep gdn_prefill.rs state_tc_smem_bytes equal");
 static_assert(state_smem_bytes(16) == 96768 && state_smem_bytes(32) == 109056 && state_smem_bytes(64) == 133632, "keep gdn_prefill.rs state_smem_bytes equal");
-static_assert(walk_bf16_smem_bytes() == 125440 && walk1_bf16_smem_bytes() == 154112 &&
+static_assert(walk_bf16_smem_bytes() == 125440 && walk1_bf16_smem_bytes() == 137728 &&
                   out_bf16_smem_bytes() == 75008,
               "keep gdn_prefill.rs WALK_BF16_SMEM_BYTES / WALK1_BF16_SMEM_BYTES / OUT_BF16_SMEM_BYTES equal");
 static_assert(wy_h_smem_bytes() == 70144, "keep gdn_prefill.rs WY_H_SMEM_BYTES equal");

@@ -96,7 +96,7 @@ ALT_SPLIT = "wytf32_bf16_cs64"  # the split GDN_PREFILL_ALT's builds are timed a
 F16_SPLIT = "wyf16_bf16_cs64"  # the f16 split (session 10): f16 prep outputs, the f16 WY, the bf16 walk / output
 LEAN = os.environ.get("GDN_PREFILL_LEAN") == "1"  # only the default, the two splits and what their rows need
 WALK_BF16_SMEM = 125440  # cuda/gdn_prefill.cu walk_bf16_smem_bytes()
-WALK1_BF16_SMEM = 154112  # cuda/gdn_prefill.cu walk1_bf16_smem_bytes()
+WALK1_BF16_SMEM = 137728  # cuda/gdn_prefill.cu walk1_bf16_smem_bytes()
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
 OUT_BF16_SMEM = 75008  # cuda/gdn_prefill.cu out_bf16_smem_bytes()
 HS_SLOT = D * D + C * D  # bf16 per (head, chunk) of the split's hs region
@@ -154,22 +154,29 @@ def kern(name, build=None):
 
 
 def alt_builds():
-    """GDN_PREFILL_ALT="tag=dir[@variant][,walk_smem=BYTES];..": other builds of cuda/gdn_prefill.cu (a directory
-    holding its gdn_prefill.sm_90.cubin or .ptx, e.g. made by kernels/bench/h200/build_alt.sh), each timed as
-    `variant` (default the split ALT_SPLIT) in the same rounds as this build's arms (interleaved), whole step and
-    stage by stage, and compared with this build's run of the same variant; `walk_smem`: that build's
-    walk_bf16_smem_bytes() where it differs from this one's. Returns [(tag, dir, variant, walk_smem)]."""
+    """GDN_PREFILL_ALT="tag=dir[@variant][,walk_smem=BYTES][,walk1_smem=BYTES];..": other builds of
+    cuda/gdn_prefill.cu (a directory holding its gdn_prefill.sm_90.cubin or .ptx, e.g. made by
+    kernels/bench/h200/build_alt.sh), each timed as `variant` (default the split ALT_SPLIT) in the same rounds as
+    this build's arms (interleaved), whole step and stage by stage, and compared with this build's run of the same
+    variant; `walk_smem` / `walk1_smem`: that build's walk_bf16_smem_bytes() / walk1_bf16_smem_bytes() where they
+    differ from this one's. Returns [(tag, dir, variant, walk_smem, walk1_smem)]."""
     out = []
-    for x in os.environ.get("GDN_PREFILL_ALT", "").split(";"):
-        if x:
-            x, _, opt = x.partition(",")
+    for entry in os.environ.get("GDN_PREFILL_ALT", "").split(";"):
+        if entry:
+            x, *opts = entry.split(",")
             tag, eq, rest = x.partition("=")
-            key, _, val = opt.partition("=")
-            if not eq or (opt and (key != "walk_smem" or not val.isdigit())):
-                raise SystemExit(f"GDN_PREFILL_ALT entry {x + (',' + opt if opt else '')!r}: expected "
-                                 "tag=dir[@variant][,walk_smem=BYTES]")
+            smem = {"walk_smem": WALK_BF16_SMEM, "walk1_smem": WALK1_BF16_SMEM}
+            for opt in opts:
+                key, _, val = opt.partition("=")
+                if key not in smem or not val.isdigit():
+                    eq = ""
+                else:
+                    smem[key] = int(val)
+            if not eq:
+                raise SystemExit(f"GDN_PREFILL_ALT entry {entry!r}: expected "
+                                 "tag=dir[@variant][,walk_smem=BYTES][,walk1_smem=BYTES]")
             d, _, v = rest.partition("@")
-            out.append((tag, d, v or ALT_SPLIT, int(val) if opt else WALK_BF16_SMEM))
+            out.append((tag, d, v or ALT_SPLIT, smem["walk_smem"], smem["walk1_smem"]))
     return out
 
 
@@ -194,9 +201,10 @@ class Ours:
     """The launches of `Gpu::gdn_prefill_with(variant, ..)`; `share`: another instance whose workspace and meta
     table this one uses (the variants differ only in launch 3, so they can share one 3 GiB workspace)."""
 
-    def __init__(self, lens, variant, share=None, build=None, walk_smem=WALK_BF16_SMEM):
+    def __init__(self, lens, variant, share=None, build=None, walk_smem=WALK_BF16_SMEM,
+                 walk1_smem=WALK1_BF16_SMEM):
         self.lens = lens
-        self.walk_smem = walk_smem
+        self.walk_smem, self.walk1_smem = walk_smem, walk1_smem
         kern = lambda name: globals()["kern"](name, build)  # noqa: E731
         wy, variant = split_variant(variant)
         self.cs = int(variant.split("_cs")[1])
@@ -221,7 +229,7 @@ class Ours:
                 self.f_walk1 = kern("gdn_prefill_walk1_bf16")
             except Exception:  # noqa: BLE001
                 self.f_walk1 = None
-            for f, smem in [(self.f_walk, self.walk_smem), (self.f_walk1, WALK1_BF16_SMEM)]:
+            for f, smem in [(self.f_walk, self.walk_smem), (self.f_walk1, self.walk1_smem)]:
                 if f is None:
                     continue
                 b.allow_smem(f, smem)
@@ -327,7 +335,7 @@ class Ours:
         p, i32 = b.ptr, np.int32
         if one_block is None:
             one_block = self.f_walk1 is not None and walk_one_block(seqs * HV, SMS)
-        f, grid_x, smem = (self.f_walk1, 1, WALK1_BF16_SMEM) if one_block else (self.f_walk, 2, self.walk_smem)
+        f, grid_x, smem = (self.f_walk1, 1, self.walk1_smem) if one_block else (self.f_walk, 2, self.walk_smem)
         (b.launch_pdl if pdl else b.launch)(
             f, (grid_x, HV, seqs), (256,),
             (self.qk_bf16()[1], self.w("gcum"), self.w("w"), self.w("u"), p(self.meta), p(state), self.w("hs"),
@@ -464,8 +472,8 @@ def case(lens, chunk):
         raise RuntimeError(f"{shape}: {DEFAULT} (the default) failed its check against fp32_cs32")
     # Other builds (GDN_PREFILL_ALT), checked like the variants (the split's 5e-2 bound).
     alts, alt_variant = {}, {}
-    for tag, d, av, ws in alt_builds():
-        impl = Ours(lens, av, share=ref, build=d, walk_smem=ws)
+    for tag, d, av, ws, ws1 in alt_builds():
+        impl = Ours(lens, av, share=ref, build=d, walk_smem=ws, walk1_smem=ws1)
         st1 = st[0].clone()
         out1 = torch.full_like(out, float("nan"))
         impl(qkv[0], z[0], a[0], bb[0], conv_w, a_log, dt_bias, norm_w, conv[0], conv_out, st1, out1)

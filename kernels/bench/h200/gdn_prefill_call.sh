@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One H200 call for work on the GDN chunked prefill (kernels/cuda/gdn_prefill.cu), session 9's s9-run3..5: the
 # gpu_gdn_prefill tests, the bench at T = 4096 and the ragged B = 4 x 9216 case (--quick), memcheck and racecheck
-# on the ragged-batch test, memcheck over every test of the binary, then a short table: the stage and whole-step
+# on the ragged-batch test, memcheck over every test of the binary (env GDN_PREFILL_CASES: other cases, as
+# bench_gdn_prefill.py reads it), then a short table: the stage and whole-step
 # rows, the sanitizers' summaries, the worst split and default errors against the f64 recurrence. Results are
 # packed into $OUT/run.tgz (the device tool returns few files) next to rs.txt.
 # Here first: kernels/bench/h200/run_session.sh prepare gpu_gdn_prefill (and the fla wheels in .whl, see
@@ -13,13 +14,13 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/edgefit-h200}
 mkdir -p "$OUT"
-GDN_PREFILL_CASES="4096;1000,3000,1120,4096" BENCH_ARGS=--quick SAN_ARGS=ragged SAN_TIMEOUT=120 \
+GDN_PREFILL_CASES="${GDN_PREFILL_CASES:-4096;1000,3000,1120,4096}" BENCH_ARGS=--quick SAN_ARGS=ragged SAN_TIMEOUT=120 \
     bash kernels/bench/h200/run_session.sh gpu_gdn_prefill gdn_prefill > "$OUT/rs.txt" 2>&1
 timeout 200 compute-sanitizer --tool memcheck --error-exitcode 99 /tmp/edgefit-carry/gpu_gdn_prefill --test-threads=1 \
     > "$OUT/memcheck_full.txt" 2>&1
 echo "memcheck full rc=$?" >> "$OUT/rs.txt"
 tail -3 "$OUT/memcheck_full.txt" >> "$OUT/rs.txt"
-grep -E "T=4096 (wy_|walk|out_|prep )|B=4 N=9216 (wy_|walk|out_|prep )|^gdn_prefill +(T=4096|B=4).*fla chunk|^gdn_prefill_alt" \
+grep -E "(T=[0-9]+|B=[0-9]+ N=[0-9]+) (wy_|walk|out_|prep )|^gdn_prefill +(T=|B=).*fla chunk|^gdn_prefill_alt" \
     "$OUT/bench_gdn_prefill.txt" | cut -c1-120
 grep -E "status|rc=|ERROR|RACECHECK|memcheck full" "$OUT/rs.txt" | tail -12
 # worst scaled output errors of the split (three largest) and of the default

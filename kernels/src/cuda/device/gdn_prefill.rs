@@ -41,7 +41,7 @@ fn state_tc_smem_bytes(cs: u32) -> u32 {
 /// `out_bf16_smem_bytes()` in cuda/gdn_prefill.cu, kept equal by a static_assert there).
 const WALK_BF16_SMEM_BYTES: u32 = 125_440;
 /// Dynamic shared memory of `gdn_prefill_walk1_bf16` (`walk1_bf16_smem_bytes()`).
-const WALK1_BF16_SMEM_BYTES: u32 = 154_112;
+const WALK1_BF16_SMEM_BYTES: u32 = 137_728;
 
 /// Which walk the bf16 split runs for `pairs` (sequence, value head) states on `sms` SMs: the two-block walk
 /// (`gdn_prefill_walk_bf16`, 64 state columns per block) while its `2 * pairs` blocks are all resident at once (one

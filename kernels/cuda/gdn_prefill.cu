@@ -45,10 +45,13 @@
 // 4. gdn_prefill_gated_norm: one warp per (token, value head): out <- rmsnorm(out) * w * silu(z), in place.
 // The bf16 split (`wy<math>_bf16_cs64`, session 8) replaces launches 3 and 4 by 3' (the walk carrying only the
 // state) and 4' (the output parallel over chunks with the gated norm fused), on bf16 operands; see its section
-// at the end of this file. The f16 split (`wyf16_bf16_cs64`, session 10, the fastest build: 413.9 us at T = 4096
-// and 936.3 us at B = 4 x 9216 on the H200, 1.005x / 0.983x fla's bare chunk kernel, s12-run5) is the same behind
+// at the end of this file. The f16 split (`wyf16_bf16_cs64`, session 10, the fastest build: 412.3 us at T = 4096
+// and 902.0 us at B = 4 x 9216 on the H200, 1.003x / 1.016x fla's bare chunk kernel, s13-run5) is the same behind
 // launch 1's f16 form (`gdn_prefill_prep_h`) and a WY launch on f16 tensor cores (`gdn_prefill_wy_h_b`, which
-// also writes the split's bf16 q / k copies), at the bf16 split's precision.
+// also writes the split's bf16 q / k copies), at the bf16 split's precision. Launch 3' has two builds (session
+// 13): the two-block walk `gdn_prefill_walk_bf16` (64 state columns per block) and the one-block walk
+// `gdn_prefill_walk1_bf16` (all 128, each warp 16 columns with both products in its registers), the second for
+// batches whose two-block walk would not fit the GPU in one wave (the Rust side's `walk_one_block`).
 // Launch order (session 11): every WY build is the prep's programmatic dependent (PDL: its blocks start as the
 // prep's last ones run and wait in pdl_wait for its end), the split's walk the WY's (it loads its state, then
 // waits), and the split's output the walk's (it waits per chunk on the walk's ready counters, not for its end), in
@@ -58,7 +61,8 @@
 // WY's step 3 and inverse and the prep made cheaper (s11-run5 / s11-run6); fla 413.3. Session 12: 418.8 with the
 // output's epilogue and the prep's stores whole (s12-run2), 413.9 with the bf16 q / k copies in the WY (s12-run5).
 // With more walk blocks than SMs (ragged batches), the output starts only once the last walk block has started
-// (PDL: every block of the primary must have triggered), so it overlaps less (benchmarks/h200.md, session 12).
+// (PDL: every block of the primary must have triggered), so it overlaps less (benchmarks/h200.md, session 12):
+// hence the one-block walk for such batches (half the blocks, s13-run5: 929.7 -> 902.0 us at B = 4 x 9216).
 // Removed (s3-run3): fla's split of launches 3 and 4 on TF32 (`[wytf32_]tf32split_cs<32|64>`: a walk carrying only the
 // state and storing each chunk's incoming state and v_new in fp16, then an output launch parallel over chunks with
 // the gated norm fused). It lost at T = 16384: walk_cs64 1835.7 us + out 963.0 us against the state walk
@@ -1742,7 +1746,14 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 // S^T <- e^{G_L} S^T + (e^{G_L-G} D)^T K with D^T's accumulators as A; W and K (read-only, shared by the warps)
 // are the B operands, by ldmatrix from the chunk's ring buffer. No warp waits for another's results: the block
 // meets once per chunk, at the ring buffer's barrier. The slot's state and D (bf16, row-major as the output
-// launch reads them) are staged per warp by stmatrix .trans and written 32 bytes per row.
+// launch reads them) are staged per warp by stmatrix .trans and written 32 bytes per row. Per block and chunk this
+// is twice the two-block walk's products on one SM, in ~1.6x its time (H200, s13-run5, the walk alone: 218.3 us
+// at T = 4096 on 48 SMs against 135.0 for the two-block walk on 96; at B = 4 x 9216, 192 blocks against 384,
+// 291.6 against 274.3), so it pays only where the two-block walk's blocks exceed one wave and the output launch,
+// which can start only once every walk block has, would start late (Rust `walk_one_block`). Nsight Compute
+// (s13-run3, its first form): 0.28 warps issued per scheduler per cycle (two warps each), stalls short
+// scoreboard 23%, fixed-latency waits 22%, the chunk barrier 15%; ~950 instructions per warp and chunk, of which
+// 128 mma, 68 ldmatrix, ~110 for the 12 cp.async of the chunk fetch and their addresses.
 constexpr int WALK1_BUF = 3 * C * BP;  // bf16 per buffer: W, K, U [C][BP]
 constexpr int WALK1_WARPS = 8;         // 16 state columns each
 constexpr int WALK1_SP = 16;           // bf16 row pitch of a warp's staging tile [D][16] (32 bytes, see stg_at)

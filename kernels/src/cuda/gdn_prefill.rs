@@ -526,10 +526,11 @@ impl Gpu {
     /// recurrence (the default: ~2e-3 / ~2e-4). Its workspace is larger: size it with
     /// [`Gpu::gdn_prefill_workspace_len_with`]. `"wyf16_bf16_cs64"` (session 10) is the same split behind a WY
     /// launch on f16 tensor cores (q, k, v stored in f16 by its prep; the plain-TF32 WY's error model), the
-    /// fastest build: 413.9 us at T = 4096 and 936.3 us at B = 4, N = 9216 on the H200 (s12-run5; 1.005x / 0.983x
-    /// fla's bare chunk kernel), `"wytf32_bf16_cs64"` 507.0 / 1139.7 us in the same run. The splits queue the WY,
+    /// fastest build: 412.3 us at T = 4096 and 902.0 us at B = 4, N = 9216 on the H200 (s13-run5; 1.003x / 1.016x
+    /// fla's bare chunk kernel), `"wytf32_bf16_cs64"` 504.3 / 1105.4 us in the same run. The splits queue the WY,
     /// the walk and the output as programmatic dependents of the launch before (each waits in `pdl_wait`, the
-    /// output per chunk on the walk's counters), so their starts overlap.
+    /// output per chunk on the walk's counters), so their starts overlap; their walk runs two blocks per
+    /// (sequence, head) state, or one when that many blocks would not fit the GPU at once (session 13).
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_prefill_with(
         &self,

@@ -37,23 +37,24 @@ fn state_tc_smem_bytes(cs: u32) -> u32 {
     ((2 * 64 * 132 + 64 * 68) * buffers + 128 * (cs + 8) + 64 * (cs + 8)) * 4
 }
 
-/// Dynamic shared memory of `gdn_prefill_walk_bf16` and `gdn_prefill_out_bf16` (`walk_bf16_smem_bytes()` /
-/// `out_bf16_smem_bytes()` in cuda/gdn_prefill.cu, kept equal by a static_assert there).
+/// Dynamic shared memory of `gdn_prefill_walk_bf16`, `gdn_prefill_walk1_bf16` and `gdn_prefill_out_bf16`
+/// (`walk_bf16_smem_bytes()`, `walk1_bf16_smem_bytes()`, `out_bf16_smem_bytes()` in cuda/gdn_prefill.cu, kept
+/// equal by a static_assert there). Either walk block leaves room for one output block on its SM.
 const WALK_BF16_SMEM_BYTES: u32 = 125_440;
-/// Dynamic shared memory of `gdn_prefill_walk1_bf16` (`walk1_bf16_smem_bytes()`).
 const WALK1_BF16_SMEM_BYTES: u32 = 137_728;
+const OUT_BF16_SMEM_BYTES: u32 = 75_008;
 
 /// Which walk the bf16 split runs for `pairs` (sequence, value head) states on `sms` SMs: the two-block walk
-/// (`gdn_prefill_walk_bf16`, 64 state columns per block) while its `2 * pairs` blocks are all resident at once (one
-/// per SM), else the one-block walk (`gdn_prefill_walk1_bf16`, all 128 columns per block, about 1.8x the
-/// two-block walk's time per chunk). Beyond one wave the two-block walk's last blocks start late, and the output
-/// launch (its programmatic dependent) starts only once every walk block has: H200, s13-run2, whole f16 split
-/// step, T = 4096 (48 pairs): two-block 412.8 us, one-block 445.1; B = 4 x 9216 (192 pairs): two-block 931.8,
-/// one-block 911.1 (fla 415.1 / 917.9).
+/// (`gdn_prefill_walk_bf16`, 64 state columns per block) while its `2 * pairs` blocks are all resident at once
+/// (one per SM), else the one-block walk (`gdn_prefill_walk1_bf16`, all 128 columns per block, ~1.6x the
+/// two-block walk's time per chunk for twice its columns). Beyond one wave the two-block walk's last blocks start
+/// late, and the output launch (its programmatic dependent) can start only once every walk block has. H200,
+/// s13-run5, the whole f16 split step with this rule's walk against the other: T = 4096 (48 pairs) 412.3 us
+/// two-block against 426.1 one-block; B = 4 x 9216 (192 pairs) 902.0 one-block against 929.7 two-block (fla
+/// 413.6 / 916.5); s13-run4, B = 2 x 4096 (96 pairs, an earlier and slower one-block walk): 816.1 against 814.6.
 fn walk_one_block(pairs: usize, sms: usize) -> bool {
     2 * pairs > sms
 }
-const OUT_BF16_SMEM_BYTES: u32 = 75_008;
 
 /// `floats` floats of the workspace from float `at`, as the kernels' bf16 (u16 here: the same bits; cudarc has no
 /// bf16 device type without its half feature): `2 * floats` elements. An empty region gives an empty view.

@@ -1548,6 +1548,21 @@ __device__ __forceinline__ void mma_kstep(float (&acc)[2 * NP][4], const uint32_
 constexpr int WALK_NBUF = 2;
 constexpr int WALK_BUF = 2 * C * BP + C * HP;  // bf16 per buffer: W [C][BP], K [C][BP], this block's U [C][HP]
 
+// A walk block's release of chunk slot `slot` (split_ready's counter): called by thread 0 after a block barrier that
+// every thread's stores to the slot precede, one gpu-scope fence and the count (the barrier-then-release pattern; a
+// __threadfence by every thread after its stores cost the walk 145 -> 184 us at T = 4096, s10-run5). `add`: the
+// block's share of the 2 the output waits for (1 per 64 state columns).
+__device__ __forceinline__ void walk_release(int* ready, size_t slot, int add) {
+    __threadfence();
+    atomicAdd(ready + slot, add);
+}
+// A walk block's end: no copy left in flight (only empty groups can remain), then its last chunk released.
+__device__ __forceinline__ void walk_release_last(int* ready, size_t slot0, int nch, int add) {
+    cp_async_wait<0>();
+    __syncthreads();
+    if (nch > 0 && threadIdx.x == 0) walk_release(ready, slot0 + nch - 1, add);
+}
+
 // Shared memory of gdn_prefill_walk_bf16 (dynamic): the ring of chunk buffers, the state [D][HP], the decayed D
 // [C][HP] and D itself [C][HP] (staged so that its slot is written 16 bytes per store: written straight from the
 // fragments, 4 bytes per lane, its stores used 24 of each 32-byte sector, s9-run1's Nsight Compute) in bf16, then G
@@ -1661,10 +1676,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         // Chunk c - 1's slot is written (every thread's stores precede the barrier): count this block, one
         // gpu-scope fence by the counting thread (the barrier-then-release pattern; a __threadfence by every
         // thread after its stores cost the walk 145 -> 184 us at T = 4096, s10-run5).
-        if (c > 0 && tid == 0) {
-            __threadfence();
-            atomicAdd(ready + slot0 + c - 1, 1);
-        }
+        if (c > 0 && tid == 0) walk_release(ready, slot0 + c - 1, 1);
         fetch(c + WALK_NBUF - 1);  // into the buffer chunk c - 1 used
 #pragma unroll
         for (int j = 0; j < D * 64 / 8 / 256; ++j) {
@@ -1725,12 +1737,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
             *reinterpret_cast<uint4*>(dg + r * D + c0 + 8 * q) = *reinterpret_cast<const uint4*>(Du + r * HP + 8 * q);
         }
     }
-    cp_async_wait<0>();  // (only empty groups can remain; nothing left in flight at exit)
-    __syncthreads();
-    if (nch > 0 && tid == 0) {
-        __threadfence();
-        atomicAdd(ready + slot0 + nch - 1, 1);
-    }
+    walk_release_last(ready, slot0, nch, 1);
 
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
@@ -1886,10 +1893,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         }
         cp_async_wait<0>();  // this thread's copies of chunk c
         __syncthreads();     // chunk c's buffer complete; every warp is past chunk c - 1 (its slot written)
-        if (c > 0 && tid == 0) {
-            __threadfence();
-            atomicAdd(ready + slot0 + c - 1, 2);  // (the output waits for 2: one per 64 columns)
-        }
+        if (c > 0 && tid == 0) walk_release(ready, slot0 + c - 1, 2);
         fetch(c + 1);  // into the buffer chunk c - 1 used
         // b. D^T = U^T - S^T W^T: acc[j] the tile of tokens 8 j .. 8 j + 7 (U^T by ldmatrix .trans).
         float acc[NJ][4];
@@ -1976,12 +1980,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
                 if (16 * kk < lc) kstep(kk, true);
         }
     }
-    cp_async_wait<0>();  // (only empty groups can remain; nothing left in flight at exit)
-    __syncthreads();
-    if (nch > 0 && tid == 0) {
-        __threadfence();
-        atomicAdd(ready + slot0 + nch - 1, 2);
-    }
+    walk_release_last(ready, slot0, nch, 2);
 #pragma unroll
     for (int j = 0; j < NS; ++j) {
         const int r = 8 * j + 2 * ft;

@@ -1746,8 +1746,9 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     }
 }
 
-// The walk, one block per (sequence, head) since session 13: warp w owns the state's columns 16 w .. 16 w + 15
-// (all 128 rows) and keeps S^T of them in registers as m16n8 accumulator tiles. Both products of a chunk then stay
+// 3''. gdn_prefill_walk1_bf16 (session 13), the one-block walk: grid (1, Hv, seqs), 256 threads, one block per
+// (sequence, head) state, the same parameters, slots and counters as gdn_prefill_walk_bf16. Warp w owns the state's
+// columns 16 w .. 16 w + 15 (all 128 rows) and keeps S^T of them in registers as m16n8 accumulator tiles. Both products of a chunk then stay
 // inside the warp: phase b computes D^T = U^T - S^T W^T with S^T's own accumulators, packed to bf16, as the A
 // operand (the accumulator layout of an m16n8 tile pair is the A layout of an m16k16 fragment), and phase c
 // S^T <- e^{G_L} S^T + (e^{G_L-G} D)^T K with D^T's accumulators as A; W and K (read-only, shared by the warps)

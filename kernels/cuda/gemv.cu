@@ -381,11 +381,58 @@ __device__ __forceinline__ void cluster_sum_store(const float* red, float* __res
     cl.sync();
 }
 
+// e2m1 -> f16 pairs for the tensor-core GEMVs. The f16 bits s << 15 | e << 10 | m << 9 of an e2m1 value (m | e << 1
+// | s << 3) are that value times 2^-14 (e2m1x8_to_float_scaled's bit trick, kept in f16; subnormal 0.5 included).
+// Both functions turn one 32-bit word of 8 values into four f16 pairs p[i] = (value i, value i + 4), i = 0..3.
+//
+// Checkpoint order (TILE = false; value t at bits 4t .. 4t + 3): each pair's magnitude and sign need different
+// shifts, two shifts and two LOP3 per pair, ~16.5 instructions per word in the SASS.
+//
+// Tile order (TILE = true; nvfp4_tile_word below writes it at load time): the same 32 bits placed so that pair 0
+// already sits at the f16 positions (one AND), pair 1 three bits lower (shift, AND), and pairs 2 and 3 with their
+// magnitude and sign bits m and s such that one multiply by 2^a + 2^b moves both (m by a, s by b) and the two
+// copies never carry into a kept bit (checked over all 256 patterns of each pair's 8 bits, and the whole decode
+// against the checkpoint order on random words, when the layout was chosen): mask, IMAD, mask. 9 instructions
+// per word. Destination bits, value t = 0..7: magnitude (m, e0, e1) at MAG[t] .. MAG[t] + 2, sign at SGN[t]:
+//   t     0   1   2   3   4   5   6   7
+//   MAG   9   6   0   3  25  22  16  19
+//   SGN  15  12  13  14  31  28  29  30
+constexpr uint32_t E2M1_F16_PAIR_BITS = 0x8E008E00u;  // bits 9-11, 15 of each half
+template <bool TILE>
+__device__ __forceinline__ void e2m1x8_to_f16_pairs(const uint32_t w, uint32_t (&p)[4]) {
+    if (TILE) {
+        p[0] = w & E2M1_F16_PAIR_BITS;
+        p[1] = (w << 3) & E2M1_F16_PAIR_BITS;
+        p[2] = ((w & 0x20072007u) * ((1u << 9) + (1u << 2))) & E2M1_F16_PAIR_BITS;
+        p[3] = ((w & 0x40384038u) * ((1u << 6) + (1u << 1))) & E2M1_F16_PAIR_BITS;
+    } else {
+        p[0] = ((w << 9) & 0x0E000E00u) | ((w << 12) & 0x80008000u);
+        p[1] = ((w << 5) & 0x0E000E00u) | ((w << 8) & 0x80008000u);
+        p[2] = ((w << 1) & 0x0E000E00u) | ((w << 4) & 0x80008000u);
+        p[3] = ((w >> 3) & 0x0E000E00u) | (w & 0x80008000u);
+    }
+}
+
+// Checkpoint order -> tile order of one word (the table above).
+__device__ __forceinline__ uint32_t nvfp4_tile_word(const uint32_t w) {
+    constexpr int MAG[8] = {9, 6, 0, 3, 25, 22, 16, 19};
+    constexpr int SGN[8] = {15, 12, 13, 14, 31, 28, 29, 30};
+    uint32_t r = 0;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+        const uint32_t nib = (w >> (4 * t)) & 15u;
+        r |= (nib & 7u) << MAG[t];
+        r |= (nib >> 3) << SGN[t];
+    }
+    return r;
+}
+
 // NVFP4 A fragments of one 16-row, 128-value chunk: the lane's 16-byte words of rows g (wa) and g+8 (wb), 32 values
-// each, to f16 pairs times 2^-14 (e2m1x8_to_float_scaled's bit trick, kept in f16) times the e4m3 group scale in f16
-// (s4: row g's two group scales in bits 0..15, row g+8's in 16..31; both products exact down to 2^-24). ax[4j + i]
-// holds values 8j + i and 8j + i + 4 of row g (bxw: row g+8), the order gemv_act_frag_nvfp4 writes the activations
-// in. 4 x (2 shifts + 2 LOP3) per word and one HMUL2 per pair: ~160 instructions per chunk and lane-row pair.
+// each (checkpoint or tile order, TILE), to f16 pairs times 2^-14 times the e4m3 group scale in f16 (s4: row g's
+// two group scales in bits 0..15, row g+8's in 16..31; both products exact down to 2^-24). ax[4j + i] holds values
+// 8j + i and 8j + i + 4 of row g (bxw: row g+8), the order gemv_act_frag_nvfp4 writes the activations in. Per chunk
+// and lane: 8 words decoded (~132 instructions in the checkpoint order, 72 in the tile order) and 32 HMUL2.
+template <bool TILE>
 __device__ __forceinline__ void nvfp4_a_fragments(const uint4 wa, const uint4 wb, uint32_t s4, uint32_t (&ax)[16],
                                                   uint32_t (&bxw)[16]) {
     // e4m3 scale pairs -> f16 (exact), broadcast to both halves.
@@ -398,18 +445,9 @@ __device__ __forceinline__ void nvfp4_a_fragments(const uint4 wa, const uint4 wb
     const uint32_t wb4[4] = {wb.x, wb.y, wb.z, wb.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        const uint32_t pa[4] = {
-            ((wa4[j] << 9) & 0x0E000E00u) | ((wa4[j] << 12) & 0x80008000u),
-            ((wa4[j] << 5) & 0x0E000E00u) | ((wa4[j] << 8) & 0x80008000u),
-            ((wa4[j] << 1) & 0x0E000E00u) | ((wa4[j] << 4) & 0x80008000u),
-            ((wa4[j] >> 3) & 0x0E000E00u) | (wa4[j] & 0x80008000u),
-        };
-        const uint32_t pb[4] = {
-            ((wb4[j] << 9) & 0x0E000E00u) | ((wb4[j] << 12) & 0x80008000u),
-            ((wb4[j] << 5) & 0x0E000E00u) | ((wb4[j] << 8) & 0x80008000u),
-            ((wb4[j] << 1) & 0x0E000E00u) | ((wb4[j] << 4) & 0x80008000u),
-            ((wb4[j] >> 3) & 0x0E000E00u) | (wb4[j] & 0x80008000u),
-        };
+        uint32_t pa[4], pb[4];
+        e2m1x8_to_f16_pairs<TILE>(wa4[j], pa);
+        e2m1x8_to_f16_pairs<TILE>(wb4[j], pb);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             ax[4 * j + i] = hmul2_u32(pa[i], j < 2 ? sa_lo : sa_hi);
@@ -433,6 +471,15 @@ __device__ __forceinline__ void nvfp4_a_fragments(const uint4 wa, const uint4 wb
 // SASS of this build (cuobjdump 13.2, instructions in the chunk loop, i.e. per chunk per warp): NVFP4 n8 306
 // (checkpoint layout) / 221 (_pre) / 259 (_tile) / 193 (_tile_pre: 66 LOP3, 49 IMAD, 32 HMUL2, 16 SHF, 8 HMMA,
 // 7 LDG); n16 413 / 268 / 359 / 209. FP8 (2 KiB per chunk) n8 203 / 114 (_pre), n16 282 / 141.
+// Session 14 (cuobjdump 13.2 on this build): the tile order's decode (e2m1x8_to_f16_pairs<true>) took
+// nvfp4_gemv_tiles_n8_u1's chunk loop from 203 to 165 instructions (LOP3 66 -> 51, IMAD 46 -> 32, SHF 20 -> 5;
+// 32 HMUL2, 8 HMMA, 7 LDG as before) and made every m <= 8 cut 5-20% faster on the H200 (s14-run2, against the
+// previous build in the same rounds: t1k2_pdl 18.60 -> 15.69 us on 5120x17408 at m = 1, 12.51 -> 10.82 on
+// 5120x10240; w4c1 192.7 -> 174.6 on the lm_head). At m = 16 the one-split n16 kernel got 5-9% slower (24.57 ->
+// 25.93 us on 5120x17408, tilepre_pdl): its B fragments (4 KiB per chunk from L2 at NT = 2, four times the
+// weights) are loaded just in time by ptxas, 2 of 8 ahead of the first mma instead of 4 before, with fewer
+// instructions to hide them; moving the loads in the source, or making them asm volatile, did not change the
+// SASS order. The next step there is fewer fragment bytes per weight byte (two row tiles per warp per chunk).
 //
 // PDL (common.cuh): pdl_wait before the chunk loop (loading the first chunk's weights before it, behind a flag in
 // the loop, took the registers from 42 to 61 here and made nvfp4_gemv_tiles_* spill).
@@ -596,7 +643,7 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
                 }
             }
         } else {
-            nvfp4_a_fragments(la[0], lb[0], s4, ax, bxw);
+            nvfp4_a_fragments<FMT == 2>(la[0], lb[0], s4, ax, bxw);
         }
         float part[NT][4];
 #pragma unroll
@@ -727,7 +774,8 @@ extern "C" __global__ void __launch_bounds__(256) gemv_act_frag_nvfp4(const uint
 // ---------------------------------------------------------------------------------------------------------------
 // NVFP4 tile layout for the tensor-core GEMV, made once at load time. For 16-row tile T and 128-value chunk c
 // (tc = T * ceil(k/128) + c): bytes wr[tc * 1024 ..] hold, for lane = 0..31 (g = lane/4, q = lane%4), the 16
-// checkpoint bytes of row 16T + g, values 128c + 32q .. +31, then at +512 the same for row 16T + g + 8; sr[tc * 32
+// bytes of row 16T + g, values 128c + 32q .. +31 (each 32-bit word's 8 values in the tile order of
+// e2m1x8_to_f16_pairs, nvfp4_tile_word), then at +512 the same for row 16T + g + 8; sr[tc * 32
 // + lane] holds the row's two e4m3 group scales of those values (row g in bits 0..15, row g + 8 in 16..31). Rows
 // past n and values past k are zeros. So a warp's chunk is two fully coalesced 512-byte loads and one 128-byte
 // scale load, with no bounds checks and one address per chunk. Sizes: wr ceil(n/16) * ceil(k/128) * 1024 bytes,
@@ -747,8 +795,10 @@ extern "C" __global__ void __launch_bounds__(256) nvfp4_repack_mma(const uint8_t
     const int row = tile * 16 + g + 8 * half;
     const int k0 = c * 128 + 32 * q;
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (row < n && k0 < k)
+    if (row < n && k0 < k) {
         v = __ldg(reinterpret_cast<const uint4*>(w + static_cast<size_t>(row) * (k >> 1) + (k0 >> 1)));
+        v = make_uint4(nvfp4_tile_word(v.x), nvfp4_tile_word(v.y), nvfp4_tile_word(v.z), nvfp4_tile_word(v.w));
+    }
     *reinterpret_cast<uint4*>(wr + tc * 1024 + half * 512 + lane * 16) = v;
     if (half == 0) {
         uint32_t s = 0;
@@ -1002,7 +1052,9 @@ EDGEFIT_MMA_SPLIT_NT(4, 3, __cluster_dims__(1, 3, 1))
 // the ring never empty) it took 29.3 us: the consumers, not the bytes in flight, set the pace. That agrees with
 // session 4's Nsight Compute reading of nvfp4_gemv_tiles_n8_u1 (64% of issue slots used while active, 19% of the
 // kernel with SMs idle in the ramp and tail): 85% of copy needs fewer instructions per KiB (the e2m1 decode and
-// group scale are ~160 of ~193) and a shorter ramp and tail, not a deeper pipeline. (Under compute-sanitizer
+// group scale are ~160 of ~193) and a shorter ramp and tail, not a deeper pipeline. (Session 14 cut the decode to
+// 9 instructions per 8 values by reordering the tile layout's bits, e2m1x8_to_f16_pairs: 63.7 -> 75.5% of copy
+// at m = 1 on 5120x17408, see blockq_gemv_mma's notes.) (Under compute-sanitizer
 // racecheck that test binary stopped inside the bulk kernel's test in both runs; memcheck was clean and every
 // test passed without the tool. Not pursued once the kernel lost.)
 //

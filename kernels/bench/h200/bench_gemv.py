@@ -40,6 +40,13 @@ for FP8, `nvfp4_gemv_tiles` for NVFP4: the decode paths), so a wrong Auto entry 
 The persistent stream-K arms (p*, pp*) lost everywhere in s3-run1 and were deleted with their kernels.
 
 Registers of the tile kernels as the driver compiled this PTX are logged ("regs").
+
+Env: GEMV_ONLY=nvfp4 (or fp8) runs one format's cases alone; GEMV_MS="1,4,16" sets the m values (default 1, 4, 16;
+--quick 1, 16); GEMV_ALT="TAG=DIR" times another build of gemv.cu (DIR/gemv.ptx, e.g. made by `ALT_MODULE=gemv
+kernels/bench/h200/build_alt.sh TAG ..`) in the same rounds: its nvfp4_repack_mma makes its own tile layout of the
+same weights, and the arms TAG_t1k2_pdl, TAG_tilepre_pdl and TAG_w4c1 (the kernels Gpu::nvfp4_gemv_tiles's Auto
+picks among) run its GEMVs on it after this build's fragment kernel; rows "nvfp4_vs_TAG" give this build's arm
+against the same arm of TAG.
 """
 
 import json
@@ -64,6 +71,23 @@ import torch  # noqa: E402
 dev = torch.device("cuda")
 QUICK = "--quick" in sys.argv
 ptr, launch, kern = b.ptr, b.launch, b.kern
+ONLY = os.environ.get("GEMV_ONLY", "")
+MS_ENV = os.environ.get("GEMV_MS", "")
+
+
+def alt_build():
+    """GEMV_ALT="TAG=DIR": (tag, cupy module of DIR/gemv.ptx) or None."""
+    spec = os.environ.get("GEMV_ALT", "")
+    if not spec:
+        return None
+    tag, sep, d = spec.partition("=")
+    if not sep or not tag or not os.path.exists(os.path.join(d, "gemv.ptx")):
+        raise SystemExit(f"GEMV_ALT={spec!r}: expected TAG=DIR with DIR/gemv.ptx")
+    import cupy as cp
+    return tag, cp.RawModule(path=os.path.join(d, "gemv.ptx"))
+
+
+ALT = alt_build()
 i32, f32 = np.int32, np.float32
 
 
@@ -280,7 +304,7 @@ def add_split_arms(arms, base, nt, tiles, fa, ga, frag_args, split_args, w8c1_pl
             arms[name] = arm
 
 
-def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto):
+def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto, alt_tiles=None):
     x = [torch.randn(m, k, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
     y = torch.empty(m, n, device=dev, dtype=torch.float32)
     nt = 1 if m <= 8 else 2
@@ -329,6 +353,23 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto):
     add_split_arms(arms, "nvfp4_gemv_mma_tile_pre", nt, g16[0], fa, ga,
                    lambda i: (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt)),
                    lambda i: (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail(), "tilepre_w8c1_plain")
+    # The other build's GEMVs (GEMV_ALT) on its own tile layout, after this build's fragment kernel.
+    alt_arms = ("t1k2_pdl", "tilepre_pdl", "w4c1")
+    if ALT is not None:
+        tag, mod = ALT
+        awr, asr = alt_tiles
+        fu_a = mod.get_function(f"nvfp4_gemv_tiles_{sfx}_u1")
+        ftp_a = mod.get_function(f"nvfp4_gemv_mma_tile_pre_{sfx}")
+        fw_a = mod.get_function(f"nvfp4_gemv_mma_tile_pre_{sfx}_w4c1")
+        arms[f"{tag}_t1k2_pdl"] = lambda i: (
+            b.launch_pdl(faz, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt), ptr(y), np.uint64(m * n))),
+            b.launch_pdl(fu_a, (g16[0], 2), (256,), (ptr(xf), ptr(awr[i]), ptr(asr[i])) + tail()))
+        arms[f"{tag}_tilepre_pdl"] = lambda i: (
+            b.launch_pdl(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt))),
+            b.launch_pdl(ftp_a, g16, (256,), (ptr(xf), ptr(awr[i]), ptr(asr[i])) + tail()))
+        arms[f"{tag}_w4c1"] = lambda i: (
+            b.launch_pdl(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt))),
+            b.launch_pdl(fw_a, (g16[0], 1), (128,), (ptr(xf), ptr(awr[i]), ptr(asr[i])) + tail()))
     outs = {}
     for name, call in list(arms.items()):
         y.fill_(float("nan"))
@@ -357,12 +398,23 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto):
             b.row(f"nvfp4_{name}", shape, res[name], "nvfp4 auto", res["auto"], bytes_moved=moved, ceiling=copy_bw,
                   note=f"rel diff vs auto {errs[name]:.1e}" + (", tilepre == t1k1 == pre bitwise"
                                                                  if name == "tilepre" and exact else ""))
+    if ALT is not None:
+        for name in alt_arms:
+            a = f"{ALT[0]}_{name}"
+            if name in res and a in res:
+                b.row(f"nvfp4_vs_{ALT[0]}", f"{shape} {name}", res[name], f"{a}", res[a], bytes_moved=moved,
+                      ceiling=copy_bw)
     ok = {a: res[a][0] for a in arms if errs[a] < 1e-5 and not a.endswith("_only")}
     best = min(ok, key=ok.get) if ok else "none"
     # Gpu::nvfp4_gemv_tiles's choice (nvfp4_tiles_auto), launched as programmatic dependents since s4-run2.
-    lib = "t1k2_pdl" if m <= 8 and n <= 8192 else ("w4c1" if m <= 8 and n >= 65536 else "tilepre_pdl")
+    lib = ("t1k2_pdl" if m <= 8 and n <= 8192 else "w8c1" if 8192 < n < 65536 else
+           "w4c1" if m <= 8 and n >= 65536 else "tilepre_pdl")
     BEST.append(("nvfp4", f"N={n} K={k}", m, best, ok.get(best, float("nan")) * 1e6, lib, res[lib][0] * 1e6,
                  moved / ok.get(best, float("nan")) / copy_bw if ok else float("nan")))
+
+
+class _Skip(Exception):
+    """A format left out by GEMV_ONLY (raised to skip that format's part of a shape)."""
 
 
 REGS_SEEN = set()
@@ -388,8 +440,12 @@ def main():
     one = torch.ones((), device=dev)
     shapes = [(5120, 17408), (17408, 5120), (5120, 10240), (248320, 5120)]
     ms = [1, 4, 16] if not QUICK else [1, 16]
+    if MS_ENV:
+        ms = [int(v) for v in MS_ENV.split(",")]
     for (n, k) in shapes:
         try:
+            if ONLY == "nvfp4":
+                raise _Skip
             nb, kb = (n + 127) // 128, (k + 127) // 128
             sets = b.n_sets(n * k + nb * kb * 4)
             w8 = [torch.randn(n, k, device=dev).div_(4).to(torch.float8_e4m3fn).view(torch.uint8)
@@ -420,6 +476,14 @@ def main():
                               f"{traceback.format_exc()}")
             del w8, wr8, sc, wbf
             torch.cuda.empty_cache()
+        except _Skip:
+            fp8_auto = {}
+        except Exception as e:  # noqa: BLE001
+            b.log(f"  ERROR shape N={n} K={k} (fp8): {type(e).__name__}: {e}\n{traceback.format_exc()}")
+            fp8_auto = {}
+        try:
+            if ONLY == "fp8":
+                raise _Skip
             sets4 = b.n_sets(n * k // 2 + n * k // 16)
             w4 = [torch.randint(0, 256, (n, k // 2), device=dev, dtype=torch.uint8) for _ in range(sets4)]
             s4 = [(torch.rand(n, k // 16, device=dev) + 0.5).to(torch.float8_e4m3fn).view(torch.uint8)
@@ -439,15 +503,25 @@ def main():
             torch.cuda.synchronize()
             if sets4 > 1:
                 b.log(f"nvfp4_repack_mma N={n} K={k}: {e0.elapsed_time(e1) * 1e3 / (sets4 - 1):.1f} us per weight")
+            alt_tiles = None
+            if ALT is not None:  # the other build's tile layout of the same weights, by its own repack kernel
+                alt_tiles = ([torch.empty_like(t) for t in wr], [torch.empty_like(t) for t in sr])
+                frp_a = ALT[1].get_function("nvfp4_repack_mma")
+                for i in range(sets4):
+                    launch(frp_a, grp, (256,), (ptr(w4[i]), ptr(s4[i]), ptr(alt_tiles[0][i]), ptr(alt_tiles[1][i]),
+                                                i32(n), i32(k)))
+                torch.cuda.synchronize()
             for m in ms:
                 try:
-                    nvfp4_case(n, k, m, sets4, w4, s4, wr, sr, copy_bw, fp8_auto.get(m))
+                    nvfp4_case(n, k, m, sets4, w4, s4, wr, sr, copy_bw, fp8_auto.get(m), alt_tiles)
                 except Exception as e:  # noqa: BLE001
                     b.log(f"  ERROR nvfp4 M={m} N={n} K={k}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
-            del w4, s4, wr, sr
+            del w4, s4, wr, sr, alt_tiles
             torch.cuda.empty_cache()
+        except _Skip:
+            pass
         except Exception as e:  # noqa: BLE001
-            b.log(f"  ERROR shape N={n} K={k}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+            b.log(f"  ERROR shape N={n} K={k} (nvfp4): {type(e).__name__}: {e}\n{traceback.format_exc()}")
         b.log(f"[N={n} K={k} done at {time.time() - t0:.0f}s]")
     with open(os.path.join(OUT, "bench_gemv.json"), "w") as fh:
         json.dump({"device": props.name, "copy_GBps": copy_bw / 1e9, "rows": b.ROWS,

@@ -837,7 +837,9 @@ impl Gpu {
     ///
     /// (Measured with the `nvfp4_gemv_mma_tile_pre_*` kernels, which this runs with one K split.) Since s2-run5:
     /// two K splits (`nvfp4_gemv_tiles_n8_u1`, same arithmetic, bit for bit with one split) at m <= 8 on
-    /// n <= 8192, 19.2 / 13.0 us at m = 1; the table of s3-run1 is in `nvfp4_tiles_auto`.
+    /// n <= 8192, 19.2 / 13.0 us at m = 1; the table of s3-run1 is in `nvfp4_tiles_auto`. Since session 14 (the
+    /// tile layout's bits reordered for a cheaper decode, s14-run2), m = 1: 15.7 / 15.5 / 10.8 / 174.6 us on the four
+    /// shapes above (75.5 / 76.5 / 64.4 / 96.8% of copy), the table in `nvfp4_tiles_auto`.
     pub fn nvfp4_gemv_tiles(
         &self,
         x: &GpuBuffer<u16>,
@@ -1239,16 +1241,36 @@ pub(in crate::cuda) enum TilesKernel {
 /// (W consumer warps x P stages, 1-3 K splits) lost at every shape and m (m = 1: 20.7 / 20.9 / 14.9 / 236 us
 /// against this table's 18.7 / 17.7 / 12.7 / 185) and was deleted; the numbers and why are in `cuda/gemv.cu`
 /// beside `nvfp4_gemv_tiles_n8_u1`.
+///
+/// Session 14 (s14-run2, `benchmarks/h200-runs/s14-run2/`, two bench runs within 1% of each other): the tile layout's
+/// e2m1 bits reordered so that the decode takes 9 instructions per 8 values instead of ~16.5 (`e2m1x8_to_f16_pairs`
+/// in `cuda/gemv.cu`). That made every m <= 8 kernel 5-20% faster and moved the winner on the 17408-row shape to one
+/// block of 8 warps per tile (`nvfp4_gemv_mma_tile_pre_n*_w8c1`, as programmatic dependents), at m = 16 too; the
+/// rest of the table stands. us, `tilepre_pdl` / `w8c1` / `t1k2_pdl` / `w4c1` (the choice in bold):
+///
+/// | shape (n x k) | m = 1 | m = 4 | m = 16 |
+/// |---|---|---|---|
+/// | 5120 x 17408 | 26.05 / 24.68 / **15.69** / 42.14 | 25.98 / 24.64 / **15.95** / 42.07 | **25.93** / 34.79 / 26.16 / 60.89 |
+/// | 17408 x 5120 | 16.68 / **15.50** / 17.66 / 16.13 | 16.96 / **15.68** / 18.14 / 16.26 | 25.52 / **24.65** / 27.61 / 25.67 |
+/// | 5120 x 10240 | 16.38 / 15.81 / **10.82** / 26.08 | 16.40 / 15.90 / **11.13** / 26.29 | **17.24** / 22.29 / 16.95 / 39.20 |
+/// | 248320 x 5120 | 177.9 / 177.5 / 207.2 / **174.6** | 186.6 / 183.7 / 223.1 / **182.3** | **276.5** / 307.2 / 371.3 / 281.7 |
+///
+/// (m = 16 on 5120 x 10240: `t1k2_pdl` within 2% of `tilepre_pdl`, in both runs, not worth a rule.)
 fn nvfp4_tiles_auto(m: usize, n: usize) -> (TilesKernel, usize) {
-    if m <= 8 && n <= 8192 {
-        (TilesKernel::Split, 2)
-    } else if m <= 8 && n >= 65536 {
+    let one_block = |warps| {
         let split = MmaSplit {
-            warps: 4,
+            warps,
             splits: 1,
             pdl: true,
         };
         (TilesKernel::Cluster(split), 1)
+    };
+    if m <= 8 && n <= 8192 {
+        (TilesKernel::Split, 2)
+    } else if n > 8192 && n < 65536 {
+        one_block(8)
+    } else if m <= 8 && n >= 65536 {
+        one_block(4)
     } else {
         (TilesKernel::Mma, 1)
     }
@@ -1403,7 +1425,7 @@ mod tests {
         assert!(check_gemv_dims("t", 16, 8, 4096, 32).is_ok());
     }
 
-    /// The `Auto` tables as their documentation states them (s3-run1's fastest arm per shape and m).
+    /// The `Auto` tables as their documentation states them (the fastest arm per shape and m of the runs they cite).
     #[test]
     fn auto_tables_match_their_measurements() {
         const W4: MmaSplit = MmaSplit {
@@ -1411,10 +1433,17 @@ mod tests {
             splits: 1,
             pdl: true,
         };
+        const W8: MmaSplit = MmaSplit {
+            warps: 8,
+            splits: 1,
+            pdl: true,
+        };
         for (m, n, want) in [
             (1, 5120, (TilesKernel::Split, 2)),
             (8, 5120, (TilesKernel::Split, 2)),
-            (1, 17408, (TilesKernel::Mma, 1)),
+            (1, 17408, (TilesKernel::Cluster(W8), 1)),
+            (16, 17408, (TilesKernel::Cluster(W8), 1)),
+            (16, 5120, (TilesKernel::Mma, 1)),
             (4, 248320, (TilesKernel::Cluster(W4), 1)),
             (8, 65536, (TilesKernel::Cluster(W4), 1)),
             (9, 5120, (TilesKernel::Mma, 1)),

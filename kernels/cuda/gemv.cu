@@ -1081,6 +1081,120 @@ extern "C" __global__ void __launch_bounds__(256, 4) nvfp4_gemv_tiles_n16_u1(con
     blockq_gemv_mma<2, 2, 8, true, 0>(nullptr, xf, wr, sr, global_scale, y, m, n, k);
 }
 
+// The NVFP4 m = 1 decode GEMV over the tile layout (Gpu::nvfp4_gemv_tiles at m = 1; session 14): the group scales
+// applied after the mma instead of to every weight pair before it. At m = 1, seven of the n8 mma's eight columns
+// (tokens) are empty; here column n carries group n of the chunk instead. In mma j of a chunk, k-slots 2q', 2q'+1,
+// 2q'+8, 2q'+9 hold lane q''s values of its group 2q' + (j >= 4) (the tile layout's order, as in
+// nvfp4_a_fragments), so B[kk][n] = x[kk] where kk's group is n, else 0, makes C[r][n] the chunk's partial sum of
+// row r over group n. In B fragment terms: lane (g, q) holds token 0's fragment words of lane q (what
+// gemv_act_frag_nvfp4 writes for m = 1) where g == 2q (mmas 0-3, words v = 0, 1) or g == 2q + 1 (mmas 4-7,
+// v = 2, 3), zeros elsewhere: 8 lanes load 32 bytes each per chunk, the same 256 bytes as the token-0 lanes of
+// blockq_gemv_mma. Each lane's accumulators are then rows g, g+8 x groups 2q, 2q+1: exactly the four e4m3 scales of
+// its own scale word, applied by 4 FFMA per chunk instead of 32 HMUL2 on the weight pairs. The rows' sums over the
+// 8 groups: two shuffles at the end. Not bit for bit with blockq_gemv_mma (the scale multiplies a sum, not each
+// product); the same precision class (exact products, fp32 sums). 125 instructions per chunk in the SASS against
+// nvfp4_gemv_tiles_n8_u1's 165, 46 registers. Measured (s14-run4, m = 1, against the best other kernel in the same
+// rounds): 15.24-15.46 against 15.67-15.89 us on 5120x17408 (8 warps, 2 splits), 10.06-10.24 against 10.72-10.94 on
+// 5120x10240; a tie on 17408x5120 and 4% slower on the lm_head (4 warps, one split): so Auto runs it on up to 8192
+// rows only (nvfp4_tiles_auto). A quarter fewer instructions buying 3-6% says these shapes are no longer
+// issue-bound.
+// Grid (ceil(n/16), splits), W warps per block taking every W-th chunk of the block's contiguous share; with
+// splits > 1 the partial sums are added into y with atomicAdd (y zeroed by gemv_act_frag_nvfp4_zero; deterministic
+// for 2 splits). xf from gemv_act_frag_nvfp4[_zero] with m = 1, nt = 1.
+template <int W>
+__device__ __forceinline__ void nvfp4_gemv_tiles_m1(const uint4* __restrict__ xf, const uint8_t* __restrict__ wr,
+                                                    const uint32_t* __restrict__ sr, float global_scale,
+                                                    float* __restrict__ y, int n, int k) {
+    pdl_launch_dependents();
+    __shared__ float red[W][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int row0 = blockIdx.x * 16;
+    const int nchunks = (k + 127) >> 7;
+    const int nsplit = static_cast<int>(gridDim.y);
+    const int per = (nchunks + nsplit - 1) / nsplit;
+    const int cbeg = min(nchunks, static_cast<int>(blockIdx.y) * per);
+    const int cend = min(nchunks, cbeg + per);
+    const uint8_t* wt = wr + static_cast<size_t>(blockIdx.x) * nchunks * 1024 + lane * 16;
+    const uint32_t* st = sr + static_cast<size_t>(blockIdx.x) * nchunks * 32 + lane;
+    const bool lo = g == 2 * q, hi = g == 2 * q + 1;  // the lanes that hold activations (see above)
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    pdl_wait();
+    for (int c = cbeg + warp; c < cend; c += W) {
+        const uint4 wa = ld_stream(wt + static_cast<size_t>(c) * 1024);
+        const uint4 wb = ld_stream(wt + static_cast<size_t>(c) * 1024 + 512);
+        const uint32_t s4 = __ldg(st + static_cast<size_t>(c) * 32);
+        const uint4* xc = xf + static_cast<size_t>(c) * 128 + q;  // token 0's word v of lane q: xc[32 v]
+        const uint4 z = make_uint4(0, 0, 0, 0);
+        const uint4 b0 = lo ? __ldg(xc) : z, b1 = lo ? __ldg(xc + 32) : z;
+        const uint4 b2 = hi ? __ldg(xc + 64) : z, b3 = hi ? __ldg(xc + 96) : z;
+        const uint32_t bx[16] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w,
+                                 b2.x, b2.y, b2.z, b2.w, b3.x, b3.y, b3.z, b3.w};
+        // Weights as f16 pairs times 2^-14, unscaled, in nvfp4_a_fragments' order.
+        uint32_t ax[16], bxw[16];
+        const uint32_t wa4[4] = {wa.x, wa.y, wa.z, wa.w};
+        const uint32_t wb4[4] = {wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            uint32_t pa[4], pb[4];
+            e2m1x8_to_f16_pairs<true>(wa4[j], pa);
+            e2m1x8_to_f16_pairs<true>(wb4[j], pb);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                ax[4 * j + i] = pa[i];
+                bxw[4 * j + i] = pb[i];
+            }
+        }
+        float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const uint32_t a[4] = {ax[2 * j], bxw[2 * j], ax[2 * j + 1], bxw[2 * j + 1]};
+            mma_f16_16816(part, a, bx[2 * j], bx[2 * j + 1]);
+        }
+        // part: rows g (0, 1) and g+8 (2, 3) x groups 2q, 2q+1 = the bytes 0..3 of s4 (e4m3, exact in f16).
+        const __half2_raw sa = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s4 & 0xffffu), __NV_E4M3);
+        const __half2_raw sb = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s4 >> 16), __NV_E4M3);
+        const float2 fa = __half22float2(*reinterpret_cast<const __half2*>(&sa));
+        const float2 fb = __half22float2(*reinterpret_cast<const __half2*>(&sb));
+        acc[0] = fmaf(part[0], fa.x, acc[0]);
+        acc[1] = fmaf(part[1], fa.y, acc[1]);
+        acc[2] = fmaf(part[2], fb.x, acc[2]);
+        acc[3] = fmaf(part[3], fb.y, acc[3]);
+    }
+    // Row sums over the 8 groups (the 4 lanes of a row hold 2 each), then over the warps.
+    float ra = acc[0] + acc[1], rb = acc[2] + acc[3];
+    ra += __shfl_xor_sync(0xffffffffu, ra, 1);
+    rb += __shfl_xor_sync(0xffffffffu, rb, 1);
+    ra += __shfl_xor_sync(0xffffffffu, ra, 2);
+    rb += __shfl_xor_sync(0xffffffffu, rb, 2);
+    if (q == 0) {
+        red[warp][g] = ra;
+        red[warp][g + 8] = rb;
+    }
+    __syncthreads();
+    if (threadIdx.x < 16 && row0 + static_cast<int>(threadIdx.x) < n) {
+        float v = 0.f;
+#pragma unroll
+        for (int wi = 0; wi < W; ++wi) v += red[wi][threadIdx.x];
+        v *= 16384.f * global_scale;
+        float* dst = y + row0 + threadIdx.x;
+        if (nsplit > 1)
+            atomicAdd(dst, v);
+        else
+            *dst = v;
+    }
+}
+extern "C" __global__ void __launch_bounds__(256, 5) nvfp4_gemv_tiles_m1_w8(const uint4* xf, const uint8_t* wr,
+                                                                           const uint32_t* sr, float global_scale,
+                                                                           float* y, int n, int k) {
+    nvfp4_gemv_tiles_m1<8>(xf, wr, sr, global_scale, y, n, k);
+}
+extern "C" __global__ void __launch_bounds__(128, 10) nvfp4_gemv_tiles_m1_w4(const uint4* xf, const uint8_t* wr,
+                                                                            const uint32_t* sr, float global_scale,
+                                                                            float* y, int n, int k) {
+    nvfp4_gemv_tiles_m1<4>(xf, wr, sr, global_scale, y, n, k);
+}
+
 // gemv_act_frag_{nvfp4,fp8} that also zero y[0 .. ylen) (grid-stride), for the split-K launches that add into y.
 // Same grid.
 template <int FMT>

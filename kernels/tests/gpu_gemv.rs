@@ -1,5 +1,6 @@
 //! The decode GEMVs beyond `KernelPath` (issue 4: the NVFP4 decode path `Gpu::nvfp4_repack_tiles` +
-//! `Gpu::nvfp4_gemv_tiles` and its variants `Gpu::nvfp4_gemv_tiles_variant` and `Gpu::nvfp4_gemv_tiles_split`,
+//! `Gpu::nvfp4_gemv_tiles` and its variants `Gpu::nvfp4_gemv_tiles_variant`, `Gpu::nvfp4_gemv_tiles_split` and
+//! `Gpu::nvfp4_gemv_tiles_m1`,
 //! `Gpu::fp8_block_gemv_with_scratch`, the fused decode steps `Gpu::rmsnorm_fp8_fragments` /
 //! `Gpu::silu_and_mul_fp8_fragments` / `gelu_and_mul_fp8_fragments` + `Gpu::fp8_gemv_tiles_fragments`, and the variants `Gpu::fp8_block_gemv_preconverted`,
 //! `Gpu::fp8_block_gemv_split` and `Gpu::nvfp4_gemv_preconverted`) against
@@ -196,6 +197,53 @@ fn nvfp4_tile_layout_matches_the_checkpoint_layout_exactly() {
                     i / n,
                     i % n
                 );
+            }
+        }
+    }
+}
+
+/// The m = 1 kernel (`Gpu::nvfp4_gemv_tiles_m1`, `nvfp4_gemv_tiles_m1_w{4,8}`; `Auto` at m = 1 on up to 8192 rows
+/// since session 14, so the small shapes' `Auto` checks above run it too)
+/// applies the group scales after the mma, with the chunk's 8 groups as the mma's columns: a misplaced group,
+/// scale byte or activation lane shows against the reference. Every cut (4 and 8 warps per tile, 1, 2, 3 and 16 K
+/// splits, most of the 16 empty at these k), ragged n and k (one partial chunk, k = 32 a quarter chunk), outputs
+/// and scratch poisoned; two K splits repeat bit for bit.
+#[test]
+fn nvfp4_m1_kernel_matches_the_reference_for_every_cut() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("nvfp4_gemv_tiles_m1");
+    for &(n, k) in &[(300, 544), (33, 32), (129, 1056), (17, 2080), (1000, 1184)] {
+        let w = uniform(&mut rng, n * k, 0.05);
+        let (packed, scales, global) = reference::linear::quantize_nvfp4(&w, n, k);
+        let (dw, ds) = (gpu.upload(&packed).unwrap(), gpu.upload(&scales).unwrap());
+        let tiles = gpu.nvfp4_repack_tiles(&dw, &ds, n, k).unwrap();
+        let (xb, xf) = bf16_activations(&mut rng, k);
+        let want = reference::linear::nvfp4_linear(&xf, 1, &packed, &scales, global, n, k);
+        let dx = gpu.upload(&xb).unwrap();
+        for warps in [4, 8] {
+            for splits in [1, 2, 3, 16] {
+                let what =
+                    format!("nvfp4 m = 1 kernel, {warps} warps, {splits} K split(s), n={n} k={k}");
+                let mut runs = Vec::new();
+                for _ in 0..if splits == 2 { 3 } else { 1 } {
+                    let mut scratch = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(1, k));
+                    let mut dy = gpu.upload(&vec![f32::NAN; n]).unwrap();
+                    gpu.nvfp4_gemv_tiles_m1(
+                        &dx,
+                        &tiles,
+                        global,
+                        &mut dy,
+                        &mut scratch,
+                        warps,
+                        splits,
+                    )
+                    .unwrap();
+                    runs.push(gpu.download(&dy).unwrap());
+                }
+                check(&what, &runs[0], &want, n);
+                for r in &runs[1..] {
+                    assert_same_bits(&format!("{what}, repeated"), &runs[0], r, n);
+                }
             }
         }
     }
@@ -651,6 +699,20 @@ fn gemv_variant_errors_name_the_operand() {
         .nvfp4_gemv_tiles_variant(&x, &tiles, 1.0, &mut y, None, m, 2)
         .unwrap_err();
     assert!(e.to_string().contains("without a scratch buffer"), "{e}");
+    let x1 = gpu.upload(&vec![0u16; k]).unwrap();
+    let mut y1 = gpu.zeros::<f32>(n).unwrap();
+    let e = gpu
+        .nvfp4_gemv_tiles_m1(&x1, &tiles, 1.0, &mut y1, &mut big, 6, 1)
+        .unwrap_err();
+    assert!(e.to_string().contains("warps must be 4 or 8"), "{e}");
+    let e = gpu
+        .nvfp4_gemv_tiles_m1(&x1, &tiles, 1.0, &mut y1, &mut big, 8, 0)
+        .unwrap_err();
+    assert!(e.to_string().contains("k_splits must be 1..=16"), "{e}");
+    let e = gpu
+        .nvfp4_gemv_tiles_m1(&x, &tiles, 1.0, &mut y1, &mut big, 8, 1)
+        .unwrap_err();
+    assert!(e.to_string().contains("x has"), "{e}");
     let e = gpu.fp8_repack_tiles(&w8, n, 40).unwrap_err();
     assert!(e.to_string().contains("multiple of 16"), "{e}");
     let e = gpu.fp8_repack_tiles(&w8, n + 1, k).unwrap_err();

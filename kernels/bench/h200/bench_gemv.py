@@ -31,7 +31,8 @@ Arms (kernel names as in the SASS, for grepping):
   nv4  tile   nvfp4_gemv_mma_tile_n8/_n16 (weights repacked once by nvfp4_repack_mma)
   nv4  tilepre  gemv_act_frag_nvfp4 + nvfp4_gemv_mma_tile_pre_n8/_n16
   nv4  tilepre_only  the same GEMV alone on fragments converted once before timing (against tilepre_pdl)
-  nv4  t1k{S}  gemv_act_frag_nvfp4[_zero] + nvfp4_gemv_tiles_n8/_n16_u1, grid.y = S   -- Gpu::nvfp4_gemv_tiles_variant
+  nv4  t1k{S}  gemv_act_frag_nvfp4[_zero] + nvfp4_gemv_tiles_n8/_n16_u1, grid.y = S (1-4) -- Gpu::nvfp4_gemv_tiles_variant
+  nv4  m1w{W}k{S}  gemv_act_frag_nvfp4[_zero] + nvfp4_gemv_tiles_m1_w{W}, grid.y = S (m = 1; Gpu::nvfp4_gemv_tiles_m1)
   nv4  w{W}c{CS}[_plain]  gemv_act_frag_nvfp4 + nvfp4_gemv_mma_tile_pre_n8/_n16_w{W}c{CS}
       (Gpu::nvfp4_gemv_tiles_split; tilepre_w8c1_plain is w8c1 launched plainly)
       (Gpu::nvfp4_gemv_tiles's Auto: the table in its nvfp4_tiles_auto)
@@ -44,8 +45,8 @@ Registers of the tile kernels as the driver compiled this PTX are logged ("regs"
 Env: GEMV_ONLY=nvfp4 (or fp8) runs one format's cases alone; GEMV_MS="1,4,16" sets the m values (default 1, 4, 16;
 --quick 1, 16); GEMV_ALT="TAG=DIR" times another build of gemv.cu (DIR/gemv.ptx, e.g. made by `ALT_MODULE=gemv
 kernels/bench/h200/build_alt.sh TAG ..`) in the same rounds: its nvfp4_repack_mma makes its own tile layout of the
-same weights, and the arms TAG_t1k2_pdl, TAG_tilepre_pdl and TAG_w4c1 (the kernels Gpu::nvfp4_gemv_tiles's Auto
-picks among) run its GEMVs on it after this build's fragment kernel; rows "nvfp4_vs_TAG" give this build's arm
+same weights, and the arms TAG_t1k2_pdl, TAG_tilepre_pdl, TAG_w4c1 and TAG_w8c1 (the kernels Gpu::nvfp4_gemv_tiles's
+Auto picks among) run its GEMVs on it after this build's fragment kernel; rows "nvfp4_vs_TAG" give this build's arm
 against the same arm of TAG.
 """
 
@@ -333,7 +334,7 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto, alt_tiles=None)
     # Gpu::nvfp4_gemv_tiles_variant's kernels: S K splits (S > 1: y zeroed by the _zero fragment kernel).
     fu = kern("gemv", f"nvfp4_gemv_tiles_{sfx}_u1")
     log_regs(f"nvfp4_gemv_tiles_{sfx}_u1", fu)
-    for splits in (1, 2):
+    for splits in (1, 2, 3, 4):
         def tiles_arm(i, splits=splits):
             (fragz if splits > 1 else frag)(i)
             launch(fu, (g16[0], splits), (256,), (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail())
@@ -345,6 +346,22 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto, alt_tiles=None)
     arms["t1k2_pdl"] = lambda i: (
         b.launch_pdl(faz, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt), ptr(y), np.uint64(m * n))),
         b.launch_pdl(fu, (g16[0], 2), (256,), (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail()))
+    # m = 1: nvfp4_gemv_tiles_m1_w{W} (the group scales after the mma, Gpu::nvfp4_gemv_tiles_m1), K splits S,
+    # both kernels as programmatic dependents ("m1w{W}k{S}").
+    if m == 1:
+        for w, splits in ((8, 1), (8, 2), (4, 1), (4, 2)):
+            fm = kern("gemv", f"nvfp4_gemv_tiles_m1_w{w}")
+            log_regs(f"nvfp4_gemv_tiles_m1_w{w}", fm)
+
+            def m1_arm(i, fm=fm, w=w, splits=splits):
+                if splits > 1:
+                    b.launch_pdl(faz, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt), ptr(y),
+                                                   np.uint64(m * n)))
+                else:
+                    b.launch_pdl(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt)))
+                b.launch_pdl(fm, (g16[0], splits), (32 * w,), (ptr(xf), ptr(wr[i]), ptr(sr[i]), gs, ptr(y), i32(n),
+                                                               i32(k)))
+            arms[f"m1w{w}k{splits}"] = m1_arm
     # The one-split GEMV alone on fragments converted once beforehand (as fp8_case's "t_..._only").
     xfo = [torch.empty_like(xf) for _ in range(sets)]
     for i in range(sets):
@@ -354,7 +371,7 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto, alt_tiles=None)
                    lambda i: (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt)),
                    lambda i: (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail(), "tilepre_w8c1_plain")
     # The other build's GEMVs (GEMV_ALT) on its own tile layout, after this build's fragment kernel.
-    alt_arms = ("t1k2_pdl", "tilepre_pdl", "w4c1")
+    alt_arms = ("t1k2_pdl", "tilepre_pdl", "w4c1", "w8c1")
     if ALT is not None:
         tag, mod = ALT
         awr, asr = alt_tiles
@@ -370,6 +387,10 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto, alt_tiles=None)
         arms[f"{tag}_w4c1"] = lambda i: (
             b.launch_pdl(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt))),
             b.launch_pdl(fw_a, (g16[0], 1), (128,), (ptr(xf), ptr(awr[i]), ptr(asr[i])) + tail()))
+        fw8_a = mod.get_function(f"nvfp4_gemv_mma_tile_pre_{sfx}_w8c1")
+        arms[f"{tag}_w8c1"] = lambda i: (
+            b.launch_pdl(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt))),
+            b.launch_pdl(fw8_a, (g16[0], 1), (256,), (ptr(xf), ptr(awr[i]), ptr(asr[i])) + tail()))
     outs = {}
     for name, call in list(arms.items()):
         y.fill_(float("nan"))
@@ -407,8 +428,8 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto, alt_tiles=None)
     ok = {a: res[a][0] for a in arms if errs[a] < 1e-5 and not a.endswith("_only")}
     best = min(ok, key=ok.get) if ok else "none"
     # Gpu::nvfp4_gemv_tiles's choice (nvfp4_tiles_auto), launched as programmatic dependents since s4-run2.
-    lib = ("t1k2_pdl" if m <= 8 and n <= 8192 else "w8c1" if 8192 < n < 65536 else
-           "w4c1" if m <= 8 and n >= 65536 else "tilepre_pdl")
+    lib = ("m1w8k2" if m == 1 and n <= 8192 else "t1k2_pdl" if m <= 8 and n <= 8192 else
+           "w8c1" if 8192 < n < 65536 else "w4c1" if m <= 8 and n >= 65536 else "tilepre_pdl")
     BEST.append(("nvfp4", f"N={n} K={k}", m, best, ok.get(best, float("nan")) * 1e6, lib, res[lib][0] * 1e6,
                  moved / ok.get(best, float("nan")) / copy_bw if ok else float("nan")))
 

@@ -838,8 +838,9 @@ impl Gpu {
     /// (Measured with the `nvfp4_gemv_mma_tile_pre_*` kernels, which this runs with one K split.) Since s2-run5:
     /// two K splits (`nvfp4_gemv_tiles_n8_u1`, same arithmetic, bit for bit with one split) at m <= 8 on
     /// n <= 8192, 19.2 / 13.0 us at m = 1; the table of s3-run1 is in `nvfp4_tiles_auto`. Since session 14 (the
-    /// tile layout's bits reordered for a cheaper decode, s14-run2), m = 1: 15.7 / 15.5 / 10.8 / 174.6 us on the four
-    /// shapes above (75.5 / 76.5 / 64.4 / 96.8% of copy), the table in `nvfp4_tiles_auto`.
+    /// tile layout's bits reordered for a cheaper decode, s14-run2; the m = 1 kernel on up to 8192 rows, s14-run4),
+    /// m = 1: 15.2-15.5 / 15.4-15.7 / 10.1-10.2 / 173-175 us on the four shapes above (77-78 / 76-77 / 68-69 /
+    /// 97% of copy), the tables in `nvfp4_tiles_auto`.
     pub fn nvfp4_gemv_tiles(
         &self,
         x: &GpuBuffer<u16>,
@@ -903,6 +904,50 @@ impl Gpu {
         self.tiles_launch(OP, kernel, x, tiles, global_scale, y, scratch, m, k_splits)
     }
 
+    /// The `m = 1` kernel of [`Gpu::nvfp4_gemv_tiles`] (`nvfp4_gemv_tiles_m1_w{warps}` in `cuda/gemv.cu`: the
+    /// group scales applied once per chunk after the mma, with the groups as the mma's columns) with a chosen cut:
+    /// `warps` (4 or 8) per 16-row tile and `k_splits` (1..=16) ranges of K chunks whose partial sums are added into
+    /// `y` with atomics, as [`Gpu::nvfp4_gemv_tiles_variant`]'s. `x` is one token (`[k]`); `scratch` at least
+    /// [`Gpu::gemv_scratch_len`]`(1, k)` words. Not bit for bit with the other kernels (the scale multiplies a
+    /// sum, not each product).
+    #[allow(clippy::too_many_arguments)]
+    pub fn nvfp4_gemv_tiles_m1(
+        &self,
+        x: &GpuBuffer<u16>,
+        tiles: &Nvfp4TileWeights,
+        global_scale: f32,
+        y: &mut GpuBuffer<f32>,
+        scratch: &mut GpuBuffer<u32>,
+        warps: usize,
+        k_splits: usize,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::nvfp4_gemv_tiles_m1";
+        crate::ensure_shape!(
+            warps == 4 || warps == 8,
+            OP,
+            "warps must be 4 or 8, got {warps}"
+        );
+        crate::ensure_shape!(
+            (1..=16).contains(&k_splits),
+            OP,
+            "k_splits must be 1..=16, got {k_splits}"
+        );
+        let kernel = TilesKernel::M1 {
+            warps: warps as u32,
+        };
+        self.tiles_launch(
+            OP,
+            kernel,
+            x,
+            tiles,
+            global_scale,
+            y,
+            Some(scratch),
+            1,
+            k_splits,
+        )
+    }
+
     /// [`Gpu::nvfp4_gemv_tiles`] cut as `split` says (see [`MmaSplit`]; `nvfp4_gemv_mma_tile_pre_n*_w{W}c{CS}`):
     /// activations preconverted into `scratch` (at least [`Gpu::gemv_scratch_len`] words), the K chunks of each
     /// tile shared by `split.splits` blocks of one cluster whose sums meet in distributed shared memory (the same
@@ -957,6 +1002,13 @@ impl Gpu {
         );
         if let Some(s) = scratch.as_deref() {
             check_scratch(op, s, m, k)?;
+        }
+        if let TilesKernel::M1 { .. } = kernel {
+            crate::ensure_shape!(
+                m == 1 && scratch.is_some(),
+                op,
+                "the m = 1 tile GEMV takes one token and the activation scratch, got m = {m}"
+            );
         }
         #[cfg(feature = "cuda")]
         {
@@ -1199,6 +1251,9 @@ pub(in crate::cuda) enum TilesKernel {
     Split,
     /// `nvfp4_gemv_mma_tile_pre_n*_w{W}c{CS}`: preconverted activations, cut as the [`MmaSplit`] says.
     Cluster(MmaSplit),
+    /// `nvfp4_gemv_tiles_m1_w{warps}` (m = 1 only, warps 4 or 8): the group scales applied after the mma, the K
+    /// chunks split over `grid.y` blocks as in `Split`.
+    M1 { warps: u32 },
 }
 
 /// `Auto`'s choice for [`Gpu::nvfp4_gemv_tiles`]: the kernel and the K splits for `m` tokens and `n` rows.
@@ -1256,6 +1311,14 @@ pub(in crate::cuda) enum TilesKernel {
 /// | 248320 x 5120 | 177.9 / 177.5 / 207.2 / **174.6** | 186.6 / 183.7 / 223.1 / **182.3** | **276.5** / 307.2 / 371.3 / 281.7 |
 ///
 /// (m = 16 on 5120 x 10240: `t1k2_pdl` within 2% of `tilepre_pdl`, in both runs, not worth a rule.)
+///
+/// Then the m = 1 kernel (`nvfp4_gemv_tiles_m1_w{W}`, [`Gpu::nvfp4_gemv_tiles_m1`]: the group scales applied once
+/// per chunk after the mma, 125 instructions per chunk against 165) in s14-run4 (two runs), us, `m1w8k2` /
+/// `m1w8k1` / `m1w4k1` against the best of the table above: 5120 x 17408 **15.24-15.46** / 23.2 / 40.1 against
+/// `t1k2_pdl` 15.67-15.89; 17408 x 5120 17.1 / 15.75-16.07 / 15.41-15.72 against `w8c1` **15.40-15.70**; 5120 x
+/// 10240 **10.06-10.24** / 14.9 / 24.4 against `t1k2_pdl` 10.72-10.94; lm_head 210 / 183.5 / 180.3-182.0 against
+/// `w4c1` **173.4-175.3**. So m = 1 takes it (8 warps, 2 K splits) on up to 8192 rows only, 3-6% faster there; a
+/// quarter fewer instructions bought little more, so these shapes are no longer issue-bound.
 fn nvfp4_tiles_auto(m: usize, n: usize) -> (TilesKernel, usize) {
     let one_block = |warps| {
         let split = MmaSplit {
@@ -1265,7 +1328,9 @@ fn nvfp4_tiles_auto(m: usize, n: usize) -> (TilesKernel, usize) {
         };
         (TilesKernel::Cluster(split), 1)
     };
-    if m <= 8 && n <= 8192 {
+    if m == 1 && n <= 8192 {
+        (TilesKernel::M1 { warps: 8 }, 2)
+    } else if m <= 8 && n <= 8192 {
         (TilesKernel::Split, 2)
     } else if n > 8192 && n < 65536 {
         one_block(8)
@@ -1439,9 +1504,13 @@ mod tests {
             pdl: true,
         };
         for (m, n, want) in [
-            (1, 5120, (TilesKernel::Split, 2)),
-            (8, 5120, (TilesKernel::Split, 2)),
+            (1, 5120, (TilesKernel::M1 { warps: 8 }, 2)),
+            (1, 8192, (TilesKernel::M1 { warps: 8 }, 2)),
             (1, 17408, (TilesKernel::Cluster(W8), 1)),
+            (1, 248320, (TilesKernel::Cluster(W4), 1)),
+            (2, 5120, (TilesKernel::Split, 2)),
+            (8, 5120, (TilesKernel::Split, 2)),
+            (2, 17408, (TilesKernel::Cluster(W8), 1)),
             (16, 17408, (TilesKernel::Cluster(W8), 1)),
             (16, 5120, (TilesKernel::Mma, 1)),
             (4, 248320, (TilesKernel::Cluster(W4), 1)),

@@ -580,6 +580,13 @@ impl Device {
             (TilesKernel::Mma, _) => "nvfp4_gemv_mma_tile_pre_n16",
             (TilesKernel::Split, 1) => "nvfp4_gemv_tiles_n8_u1",
             (TilesKernel::Split, _) => "nvfp4_gemv_tiles_n16_u1",
+            (TilesKernel::M1 { warps: 8 }, 1) => "nvfp4_gemv_tiles_m1_w8",
+            (TilesKernel::M1 { warps: 4 }, 1) => "nvfp4_gemv_tiles_m1_w4",
+            (TilesKernel::M1 { warps }, _) => {
+                return Err(KernelError::Cuda(format!(
+                    "nvfp4_gemv_tiles: no m = 1 kernel for {warps} warps and m = {m}"
+                )))
+            }
             (TilesKernel::Cluster(_), _) => {
                 return Err(KernelError::Cuda(
                     "nvfp4_gemv_tiles: cluster splits launch through mma_split_gemv".into(),
@@ -589,7 +596,8 @@ impl Device {
         let f = self.function(Module::Gemv, name)?;
         match xf {
             Some(xf) => {
-                let splits = if kernel == TilesKernel::Split {
+                let m1 = matches!(kernel, TilesKernel::M1 { .. });
+                let splits = if kernel == TilesKernel::Split || m1 {
                     splits
                 } else {
                     1
@@ -601,6 +609,9 @@ impl Device {
                 }
                 let mut cfg = mma_config(n);
                 cfg.grid_dim.1 = splits as u32;
+                if let TilesKernel::M1 { warps } = kernel {
+                    cfg.block_dim.0 = 32 * warps;
+                }
                 // Both kernels launched as programmatic dependents (Device::launch_pdl): the GEMV's blocks get
                 // resident while the fragment kernel runs. s4-run2, against the same two kernels launched plainly:
                 // 18.55 vs 19.19 us (5120x17408, m = 1), 18.22 vs 19.47 (17408x5120), 12.27 vs 13.21 (5120x10240),
@@ -610,16 +621,14 @@ impl Device {
                 let (srp, _gsr) = sr.device_ptr(&self.stream);
                 let (yp, _gy) = y.device_ptr_mut(&self.stream);
                 let mut args = PdlArgs::default();
-                args.ptr(xfp)
-                    .ptr(wrp)
-                    .ptr(srp)
-                    .f32(global_scale)
-                    .ptr(yp)
-                    .i32(mi)
-                    .i32(ni)
-                    .i32(ki);
+                args.ptr(xfp).ptr(wrp).ptr(srp).f32(global_scale).ptr(yp);
+                if !m1 {
+                    args.i32(mi); // the m = 1 kernels take no m
+                }
+                args.i32(ni).i32(ki);
                 // SAFETY: matches `nvfp4_gemv_tiles_n*_u1` and `nvfp4_gemv_mma_tile_pre_n*` (same argument list;
-                // the latter reads one tile per block and runs here with grid.y = 1) in cuda/gemv.cu; xf was just
+                // the latter reads one tile per block and runs here with grid.y = 1), and `nvfp4_gemv_tiles_m1_w*`
+                // (the same without m, 32 x warps threads, called with m = 1 only) in cuda/gemv.cu; xf was just
                 // written for m, k, nt (the kernels read ceil(k/128) * nt * 128 uint4 of it, only for tokens < m);
                 // the caller checked wr and sr are the tile layout of exactly n x k (block (b, s) reads chunks of
                 // tile b only, inside ceil(k/128), ceil(n/16) blocks) and y = [m, n]; stores and atomics are

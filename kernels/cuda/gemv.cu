@@ -479,7 +479,12 @@ __device__ __forceinline__ void nvfp4_a_fragments(const uint4 wa, const uint4 wb
 // 25.93 us on 5120x17408, tilepre_pdl): its B fragments (4 KiB per chunk from L2 at NT = 2, four times the
 // weights) are loaded just in time by ptxas, 2 of 8 ahead of the first mma instead of 4 before, with fewer
 // instructions to hide them; moving the loads in the source, or making them asm volatile, did not change the
-// SASS order. The next step there is fewer fragment bytes per weight byte (two row tiles per warp per chunk).
+// SASS order. Fewer fragment bytes per weight byte did not pay either (s14-run5, patch in
+// benchmarks/h200-runs/s14-run5/two_tile_kernel.patch, not applied): a kernel with two 16-row tiles per warp and
+// chunk sharing the fragments (116 registers, 2 blocks per SM, all fragment loads issued ahead, bit for bit with
+// the split kernel) was slower than this one at m = 12 and 16 on every shape but 5120x17408 with three K splits
+// (23.3 against 24.8 us at m = 12, 24.5 against 25.9 at m = 16; three splits are not deterministic), e.g. 27.6
+// against 24.9 on 17408x5120 and 301 against 267 on the lm_head at m = 16.
 //
 // PDL (common.cuh): pdl_wait before the chunk loop (loading the first chunk's weights before it, behind a flag in
 // the loop, took the registers from 42 to 61 here and made nvfp4_gemv_tiles_* spill).

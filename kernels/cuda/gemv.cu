@@ -432,15 +432,10 @@ __device__ __forceinline__ uint32_t nvfp4_tile_word(const uint32_t w) {
 // two group scales in bits 0..15, row g+8's in 16..31; both products exact down to 2^-24). ax[4j + i] holds values
 // 8j + i and 8j + i + 4 of row g (bxw: row g+8), the order gemv_act_frag_nvfp4 writes the activations in. Per chunk
 // and lane: 8 words decoded (~132 instructions in the checkpoint order, 72 in the tile order) and 32 HMUL2.
+// The unscaled half of it: the 16 f16 pairs of rows g (ax) and g+8 (bxw), ax[4j + i] = pair i of word j.
 template <bool TILE>
-__device__ __forceinline__ void nvfp4_a_fragments(const uint4 wa, const uint4 wb, uint32_t s4, uint32_t (&ax)[16],
-                                                  uint32_t (&bxw)[16]) {
-    // e4m3 scale pairs -> f16 (exact), broadcast to both halves.
-    __half2_raw s2a = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s4 & 0xffffu), __NV_E4M3);
-    __half2_raw s2b = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s4 >> 16), __NV_E4M3);
-    const uint32_t sav = *reinterpret_cast<uint32_t*>(&s2a), sbv = *reinterpret_cast<uint32_t*>(&s2b);
-    const uint32_t sa_lo = (sav & 0xffffu) * 0x10001u, sa_hi = (sav >> 16) * 0x10001u;
-    const uint32_t sb_lo = (sbv & 0xffffu) * 0x10001u, sb_hi = (sbv >> 16) * 0x10001u;
+__device__ __forceinline__ void nvfp4_a_pairs(const uint4 wa, const uint4 wb, uint32_t (&ax)[16],
+                                              uint32_t (&bxw)[16]) {
     const uint32_t wa4[4] = {wa.x, wa.y, wa.z, wa.w};
     const uint32_t wb4[4] = {wb.x, wb.y, wb.z, wb.w};
 #pragma unroll
@@ -450,10 +445,28 @@ __device__ __forceinline__ void nvfp4_a_fragments(const uint4 wa, const uint4 wb
         e2m1x8_to_f16_pairs<TILE>(wb4[j], pb);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            ax[4 * j + i] = hmul2_u32(pa[i], j < 2 ? sa_lo : sa_hi);
-            bxw[4 * j + i] = hmul2_u32(pb[i], j < 2 ? sb_lo : sb_hi);
+            ax[4 * j + i] = pa[i];
+            bxw[4 * j + i] = pb[i];
         }
     }
+}
+template <bool TILE>
+__device__ __forceinline__ void nvfp4_a_fragments(const uint4 wa, const uint4 wb, uint32_t s4, uint32_t (&ax)[16],
+                                                  uint32_t (&bxw)[16]) {
+    // e4m3 scale pairs -> f16 (exact), broadcast to both halves.
+    __half2_raw s2a = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s4 & 0xffffu), __NV_E4M3);
+    __half2_raw s2b = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s4 >> 16), __NV_E4M3);
+    const uint32_t sav = *reinterpret_cast<uint32_t*>(&s2a), sbv = *reinterpret_cast<uint32_t*>(&s2b);
+    const uint32_t sa_lo = (sav & 0xffffu) * 0x10001u, sa_hi = (sav >> 16) * 0x10001u;
+    const uint32_t sb_lo = (sbv & 0xffffu) * 0x10001u, sb_hi = (sbv >> 16) * 0x10001u;
+    nvfp4_a_pairs<TILE>(wa, wb, ax, bxw);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            ax[4 * j + i] = hmul2_u32(ax[4 * j + i], j < 2 ? sa_lo : sa_hi);
+            bxw[4 * j + i] = hmul2_u32(bxw[4 * j + i], j < 2 ? sb_lo : sb_hi);
+        }
 }
 
 // FMT 0: FP8 e4m3 with 128x128 fp32 block scales; FMT 1: NVFP4 in the checkpoint layout; FMT 2: NVFP4 in the
@@ -1137,19 +1150,7 @@ __device__ __forceinline__ void nvfp4_gemv_tiles_m1(const uint4* __restrict__ xf
                                  b2.x, b2.y, b2.z, b2.w, b3.x, b3.y, b3.z, b3.w};
         // Weights as f16 pairs times 2^-14, unscaled, in nvfp4_a_fragments' order.
         uint32_t ax[16], bxw[16];
-        const uint32_t wa4[4] = {wa.x, wa.y, wa.z, wa.w};
-        const uint32_t wb4[4] = {wb.x, wb.y, wb.z, wb.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            uint32_t pa[4], pb[4];
-            e2m1x8_to_f16_pairs<true>(wa4[j], pa);
-            e2m1x8_to_f16_pairs<true>(wb4[j], pb);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                ax[4 * j + i] = pa[i];
-                bxw[4 * j + i] = pb[i];
-            }
-        }
+        nvfp4_a_pairs<true>(wa, wb, ax, bxw);
         float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int j = 0; j < 8; ++j) {

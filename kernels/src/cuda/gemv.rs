@@ -887,11 +887,6 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::nvfp4_gemv_tiles_variant";
         crate::ensure_shape!(
-            (1..=16).contains(&k_splits),
-            OP,
-            "k_splits must be 1..=16, got {k_splits}"
-        );
-        crate::ensure_shape!(
             scratch.is_some() || k_splits == 1,
             OP,
             "without a scratch buffer (activations converted in the GEMV) only k_splits = 1 exists, got {k_splits}"
@@ -926,11 +921,6 @@ impl Gpu {
             warps == 4 || warps == 8,
             OP,
             "warps must be 4 or 8, got {warps}"
-        );
-        crate::ensure_shape!(
-            (1..=16).contains(&k_splits),
-            OP,
-            "k_splits must be 1..=16, got {k_splits}"
         );
         let kernel = TilesKernel::M1 {
             warps: warps as u32,
@@ -992,6 +982,11 @@ impl Gpu {
         splits: usize,
     ) -> Result<(), KernelError> {
         let (n, k) = (tiles.n, tiles.k);
+        crate::ensure_shape!(
+            (1..=16).contains(&splits),
+            op,
+            "k_splits must be 1..=16, got {splits}"
+        );
         check_gemv_dims(op, m, n, k, 32)?;
         check_len(op, "x", x.len(), m * k)?;
         check_len(op, "y", y.len(), m * n)?;

@@ -514,6 +514,10 @@ __device__ __forceinline__ void nvfp4_a_fragments(const uint4 wa, const uint4 wb
 // their sums added into y with atomicAdd (y zeroed before, by gemv_act_frag_*_zero): with 2 splits 0 + a + b is the
 // same in either order, with more the last bits may differ from run to run (nvfp4_gemv_tiles_n*_u1, below).
 //
+// Register prefetch again in session 14 (s14-run3, with the cheap tile-order decode, fitting 48 registers in the
+// one-split cuts): 4-17% slower everywhere; its SASS has ptxas issuing the next chunk's loads after the fifth of
+// the current chunk's eight mma, not at the top, while Nsight Compute has these kernels stalled on long
+// scoreboard 57-67% of the time (s14-run7): the idea is not refuted, the schedule never ran it.
 // Register double buffering (the next chunk's weights and scale word loaded before the current chunk is decoded,
 // 2 KiB in flight per warp; NVFP4 tile layout, 4 warps per block under 64 registers; session 5, s5-run1, built,
 // measured, deleted): slower at every cut, m = 4 on 5120x17408 21.7 -> 24.6 us (c3), 22.3 -> 26.9 (c4), lm_head

@@ -1,6 +1,8 @@
 """One launch of each decode GEMV Auto runs on the 5120x17408 layer shape (m = 1), for Nsight Compute: the NVFP4
-tile path (gemv_act_frag_nvfp4_zero + nvfp4_gemv_tiles_n8_u1 with two K splits, and gemv_act_frag_nvfp4 +
+tile path (gemv_act_frag_nvfp4_zero + nvfp4_gemv_tiles_m1_w8 with two K splits, Auto since session 14;
+gemv_act_frag_nvfp4_zero + nvfp4_gemv_tiles_n8_u1 with two K splits, Auto at m = 2..8; and gemv_act_frag_nvfp4 +
 nvfp4_gemv_mma_tile_pre_n8) and FP8 (fp8_block_gemv_m1_r2_u2), each after two warm-up launches on other weights.
+Session 14's reading (s14-run7): -k regex:'nvfp4_gemv_tiles_(m1_w8|n8_u1)' --launch-skip 4 --launch-count 2.
 
     ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section Occupancy \\
         --section MemoryWorkloadAnalysis --section SchedulerStats --section LaunchStats \\
@@ -32,6 +34,7 @@ frp = b.kern("gemv", "nvfp4_repack_mma")
 fa = b.kern("gemv", "gemv_act_frag_nvfp4")
 faz = b.kern("gemv", "gemv_act_frag_nvfp4_zero")
 fu = b.kern("gemv", "nvfp4_gemv_tiles_n8_u1")
+fm1 = b.kern("gemv", "nvfp4_gemv_tiles_m1_w8")
 ftp = b.kern("gemv", "nvfp4_gemv_mma_tile_pre_n8")
 f8 = b.kern("gemv", "fp8_block_gemv_m1_r2_u2")
 sets = []
@@ -51,6 +54,9 @@ for wr, sr, w8, sc in sets:
     flush.zero_()  # evict the previous weights from L2
     b.launch(faz, ga, (256,), (b.ptr(x), b.ptr(xf), i32(m), i32(k), i32(1), b.ptr(y), np.uint64(m * n)))
     b.launch(fu, (g16[0], 2), (256,), (b.ptr(xf), b.ptr(wr), b.ptr(sr), f32(0.01), b.ptr(y), i32(m), i32(n), i32(k)))
+    flush.zero_()
+    b.launch(faz, ga, (256,), (b.ptr(x), b.ptr(xf), i32(m), i32(k), i32(1), b.ptr(y), np.uint64(m * n)))
+    b.launch(fm1, (g16[0], 2), (256,), (b.ptr(xf), b.ptr(wr), b.ptr(sr), f32(0.01), b.ptr(y), i32(n), i32(k)))
     flush.zero_()
     b.launch(fa, ga, (256,), (b.ptr(x), b.ptr(xf), i32(m), i32(k), i32(1)))
     b.launch(ftp, g16, (256,), (b.ptr(xf), b.ptr(wr), b.ptr(sr), f32(0.01), b.ptr(y), i32(m), i32(n), i32(k)))

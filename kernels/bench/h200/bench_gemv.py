@@ -45,8 +45,8 @@ Registers of the tile kernels as the driver compiled this PTX are logged ("regs"
 Env: GEMV_ONLY=nvfp4 (or fp8) runs one format's cases alone; GEMV_MS="1,4,16" sets the m values (default 1, 4, 16;
 --quick 1, 16); GEMV_ALT="TAG=DIR" times another build of gemv.cu (DIR/gemv.ptx, e.g. made by `ALT_MODULE=gemv
 kernels/bench/h200/build_alt.sh TAG ..`) in the same rounds: its nvfp4_repack_mma makes its own tile layout of the
-same weights, and the arms TAG_t1k2_pdl, TAG_tilepre_pdl, TAG_w4c1 and TAG_w8c1 (the kernels Gpu::nvfp4_gemv_tiles's
-Auto picks among) run its GEMVs on it after this build's fragment kernel; rows "nvfp4_vs_TAG" give this build's arm
+same weights, and the arms TAG_t1k2_pdl, TAG_tilepre_pdl, TAG_w4c1, TAG_w8c1 and at m = 1 TAG_m1w8k2, TAG_m1w8k1,
+TAG_m1w4k1 (the kernels Gpu::nvfp4_gemv_tiles's Auto picks among) run its GEMVs on it after this build's fragment kernel; rows "nvfp4_vs_TAG" give this build's arm
 against the same arm of TAG.
 """
 
@@ -371,7 +371,7 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto, alt_tiles=None)
                    lambda i: (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt)),
                    lambda i: (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail(), "tilepre_w8c1_plain")
     # The other build's GEMVs (GEMV_ALT) on its own tile layout, after this build's fragment kernel.
-    alt_arms = ("t1k2_pdl", "tilepre_pdl", "w4c1", "w8c1")
+    alt_arms = ("t1k2_pdl", "tilepre_pdl", "w4c1", "w8c1") + (("m1w8k2", "m1w8k1", "m1w4k1") if m == 1 else ())
     if ALT is not None:
         tag, mod = ALT
         awr, asr = alt_tiles
@@ -387,6 +387,19 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto, alt_tiles=None)
         arms[f"{tag}_w4c1"] = lambda i: (
             b.launch_pdl(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt))),
             b.launch_pdl(fw_a, (g16[0], 1), (128,), (ptr(xf), ptr(awr[i]), ptr(asr[i])) + tail()))
+        if m == 1:  # the m = 1 kernel's cuts (builds from session 14 on)
+            for w, splits in ((8, 2), (8, 1), (4, 1)):
+                fm_a = mod.get_function(f"nvfp4_gemv_tiles_m1_w{w}")
+
+                def m1_alt(i, fm_a=fm_a, w=w, splits=splits):
+                    if splits > 1:
+                        b.launch_pdl(faz, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt), ptr(y),
+                                                       np.uint64(m * n)))
+                    else:
+                        b.launch_pdl(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt)))
+                    b.launch_pdl(fm_a, (g16[0], splits), (32 * w,), (ptr(xf), ptr(awr[i]), ptr(asr[i]), gs, ptr(y),
+                                                                     i32(n), i32(k)))
+                arms[f"{tag}_m1w{w}k{splits}"] = m1_alt
         fw8_a = mod.get_function(f"nvfp4_gemv_mma_tile_pre_{sfx}_w8c1")
         arms[f"{tag}_w8c1"] = lambda i: (
             b.launch_pdl(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt))),

@@ -517,7 +517,12 @@ __device__ __forceinline__ void nvfp4_a_fragments(const uint4 wa, const uint4 wb
 // Register prefetch again in session 14 (s14-run3, with the cheap tile-order decode, fitting 48 registers in the
 // one-split cuts): 4-17% slower everywhere; its SASS has ptxas issuing the next chunk's loads after the fifth of
 // the current chunk's eight mma, not at the top, while Nsight Compute has these kernels stalled on long
-// scoreboard 57-67% of the time (s14-run7): the idea is not refuted, the schedule never ran it.
+// scoreboard 57-67% of the time (s14-run7). Loads ptxas cannot sink did not help either: the m = 1 kernel with
+// the next chunk's weights, scale word and activation lanes copied by cp.async into a per-warp two-stage
+// shared-memory slot at the top of each iteration (SASS checked; 48 registers, 35 KB shared per block; s14-run8,
+// benchmarks/h200-runs/s14-run8/m1_cp_async_slots.patch, not applied; tests and sanitizers clean) was 1.3-1.4x
+// slower at every cut: 19.75 against 15.27 us on 5120x17408, 14.06 against 10.04 on 5120x10240, 199.4 against
+// 179.2 on the lm_head (4 warps). The fifth pipeline to lose on these GEMVs.
 // Register double buffering (the next chunk's weights and scale word loaded before the current chunk is decoded,
 // 2 KiB in flight per warp; NVFP4 tile layout, 4 warps per block under 64 registers; session 5, s5-run1, built,
 // measured, deleted): slower at every cut, m = 4 on 5120x17408 21.7 -> 24.6 us (c3), 22.3 -> 26.9 (c4), lm_head

@@ -869,6 +869,19 @@ extern "C" __global__ void __launch_bounds__(256) fp8_repack_mma(const uint8_t* 
 // g and g+8, values 128c + 32q .. +31) with the bf16 activations itself (from L1, shared by the two rows): no
 // fragment kernel, no tensor cores. The 4 lanes of a row add their sums by shuffles, the warps in shared memory,
 // the blocks of a cluster as in cluster_sum_store. PDL: the first chunk's weights are loaded before pdl_wait.
+// The m = 1 kernels' warp reduction: the 4 lanes (q) of rows g and g + 8 add their partial sums a and b, and lane
+// q == 0 writes them to red_warp[g] and red_warp[g + 8] (this warp's row of the block's shared sums).
+__device__ __forceinline__ void quad_rows_to_shared(float a, float b, float* red_warp, int g, int q) {
+    a += __shfl_xor_sync(0xffffffffu, a, 1);
+    a += __shfl_xor_sync(0xffffffffu, a, 2);
+    b += __shfl_xor_sync(0xffffffffu, b, 1);
+    b += __shfl_xor_sync(0xffffffffu, b, 2);
+    if (q == 0) {
+        red_warp[g] = a;
+        red_warp[g + 8] = b;
+    }
+}
+
 template <int W, int CS>
 __device__ __forceinline__ void fp8_gemv_tile_m1(const uint16_t* __restrict__ x, const uint8_t* __restrict__ wr,
                                                  const float* __restrict__ scales, float* __restrict__ y, int n,
@@ -923,14 +936,7 @@ __device__ __forceinline__ void fp8_gemv_tile_m1(const uint16_t* __restrict__ x,
         acc_b = fmaf(db, sc, acc_b);
     }
     if (!waited) pdl_wait();  // warps with no chunk still wait before writing
-    acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 1);
-    acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 2);
-    acc_b += __shfl_xor_sync(0xffffffffu, acc_b, 1);
-    acc_b += __shfl_xor_sync(0xffffffffu, acc_b, 2);
-    if (q == 0) {
-        red[warp][g] = acc_a;
-        red[warp][g + 8] = acc_b;
-    }
+    quad_rows_to_shared(acc_a, acc_b, red[warp], g, q);
     __syncthreads();
     if (CS == 1) {
         if (threadIdx.x < 16 && row0 + static_cast<int>(threadIdx.x) < n) {
@@ -1177,15 +1183,7 @@ __device__ __forceinline__ void nvfp4_gemv_tiles_m1(const uint4* __restrict__ xf
         acc[3] = fmaf(part[3], fb.y, acc[3]);
     }
     // Row sums over the 8 groups (the 4 lanes of a row hold 2 each), then over the warps.
-    float ra = acc[0] + acc[1], rb = acc[2] + acc[3];
-    ra += __shfl_xor_sync(0xffffffffu, ra, 1);
-    rb += __shfl_xor_sync(0xffffffffu, rb, 1);
-    ra += __shfl_xor_sync(0xffffffffu, ra, 2);
-    rb += __shfl_xor_sync(0xffffffffu, rb, 2);
-    if (q == 0) {
-        red[warp][g] = ra;
-        red[warp][g + 8] = rb;
-    }
+    quad_rows_to_shared(acc[0] + acc[1], acc[2] + acc[3], red[warp], g, q);
     __syncthreads();
     if (threadIdx.x < 16 && row0 + static_cast<int>(threadIdx.x) < n) {
         float v = 0.f;

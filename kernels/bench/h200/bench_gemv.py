@@ -348,20 +348,22 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto, alt_tiles=None)
         b.launch_pdl(fu, (g16[0], 2), (256,), (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail()))
     # m = 1: nvfp4_gemv_tiles_m1_w{W} (the group scales after the mma, Gpu::nvfp4_gemv_tiles_m1), K splits S,
     # both kernels as programmatic dependents ("m1w{W}k{S}").
+    def m1_arm(fm, wrs, srs, w, splits):
+        """The fragment kernel (zeroing y for splits > 1) + an m = 1 kernel fm on the tile layout wrs / srs."""
+        def arm(i):
+            if splits > 1:
+                b.launch_pdl(faz, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt), ptr(y), np.uint64(m * n)))
+            else:
+                b.launch_pdl(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt)))
+            b.launch_pdl(fm, (g16[0], splits), (32 * w,), (ptr(xf), ptr(wrs[i]), ptr(srs[i]), gs, ptr(y), i32(n),
+                                                           i32(k)))
+        return arm
+
     if m == 1:
         for w, splits in ((8, 1), (8, 2), (4, 1), (4, 2)):
             fm = kern("gemv", f"nvfp4_gemv_tiles_m1_w{w}")
             log_regs(f"nvfp4_gemv_tiles_m1_w{w}", fm)
-
-            def m1_arm(i, fm=fm, w=w, splits=splits):
-                if splits > 1:
-                    b.launch_pdl(faz, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt), ptr(y),
-                                                   np.uint64(m * n)))
-                else:
-                    b.launch_pdl(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt)))
-                b.launch_pdl(fm, (g16[0], splits), (32 * w,), (ptr(xf), ptr(wr[i]), ptr(sr[i]), gs, ptr(y), i32(n),
-                                                               i32(k)))
-            arms[f"m1w{w}k{splits}"] = m1_arm
+            arms[f"m1w{w}k{splits}"] = m1_arm(fm, wr, sr, w, splits)
     # The one-split GEMV alone on fragments converted once beforehand (as fp8_case's "t_..._only").
     xfo = [torch.empty_like(xf) for _ in range(sets)]
     for i in range(sets):
@@ -390,16 +392,7 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto, alt_tiles=None)
         if m == 1:  # the m = 1 kernel's cuts (builds from session 14 on)
             for w, splits in ((8, 2), (8, 1), (4, 1)):
                 fm_a = mod.get_function(f"nvfp4_gemv_tiles_m1_w{w}")
-
-                def m1_alt(i, fm_a=fm_a, w=w, splits=splits):
-                    if splits > 1:
-                        b.launch_pdl(faz, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt), ptr(y),
-                                                       np.uint64(m * n)))
-                    else:
-                        b.launch_pdl(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt)))
-                    b.launch_pdl(fm_a, (g16[0], splits), (32 * w,), (ptr(xf), ptr(awr[i]), ptr(asr[i]), gs, ptr(y),
-                                                                     i32(n), i32(k)))
-                arms[f"{tag}_m1w{w}k{splits}"] = m1_alt
+                arms[f"{tag}_m1w{w}k{splits}"] = m1_arm(fm_a, awr, asr, w, splits)
         fw8_a = mod.get_function(f"nvfp4_gemv_mma_tile_pre_{sfx}_w8c1")
         arms[f"{tag}_w8c1"] = lambda i: (
             b.launch_pdl(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt))),

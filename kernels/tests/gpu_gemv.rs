@@ -264,8 +264,9 @@ fn assert_same_bits(what: &str, want: &[f32], got: &[f32], n: usize) {
 
 /// `Auto` on more than 8192 rows: one K split at every m, so the 8-warp `nvfp4_gemv_mma_tile_pre_n*_w8c1` runs on
 /// 8200 rows (every m, since session 14) and at m <= 8 the 4-warp `nvfp4_gemv_mma_tile_pre_n8_w4c1` on 65552 (the
-/// 5120-row tests above take two splits there). Both leave a half tile, k = 160 one full and one partial 128-value chunk. Against the reference, and
-/// bit for bit against the checkpoint layout where the same 8 warps add the chunks.
+/// 5120-row tests above take two splits there). Both leave a half tile, k = 160 one full and one partial
+/// 128-value chunk. Against the reference, and bit for bit against the checkpoint layout where the same 8 warps
+/// add the chunks.
 #[test]
 fn nvfp4_tiles_auto_on_tall_matrices_matches_the_reference() {
     let Some(gpu) = gpu() else { return };

@@ -73,7 +73,11 @@ dev = torch.device("cuda")
 QUICK = "--quick" in sys.argv
 ptr, launch, kern = b.ptr, b.launch, b.kern
 ONLY = os.environ.get("GEMV_ONLY", "")
+if ONLY not in ("", "fp8", "nvfp4"):
+    raise SystemExit(f"GEMV_ONLY={ONLY!r}: expected fp8 or nvfp4 (or unset for both)")
 MS_ENV = os.environ.get("GEMV_MS", "")
+if MS_ENV and not all(v.strip().isdigit() and 1 <= int(v) <= 16 for v in MS_ENV.split(",")):
+    raise SystemExit(f"GEMV_MS={MS_ENV!r}: expected comma-separated token counts 1..16, e.g. 1,4,16")
 
 
 def alt_build():

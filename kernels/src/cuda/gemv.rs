@@ -839,8 +839,8 @@ impl Gpu {
     /// two K splits (`nvfp4_gemv_tiles_n8_u1`, same arithmetic, bit for bit with one split) at m <= 8 on
     /// n <= 8192, 19.2 / 13.0 us at m = 1; the table of s3-run1 is in `nvfp4_tiles_auto`. Since session 14 (the
     /// tile layout's bits reordered for a cheaper decode, s14-run2; the m = 1 kernel on up to 8192 rows, s14-run4),
-    /// m = 1: 15.2-15.5 / 15.4-15.7 / 10.1-10.2 / 173-175 us on the four shapes above (77-78 / 76-77 / 68-69 /
-    /// 97% of copy), the tables in `nvfp4_tiles_auto`.
+    /// m = 1: 15.2-15.5 / 15.4-15.7 / 10.0-10.3 / 170-175 us on the four shapes above (77-79 / 76-77 / 68-70 /
+    /// 97-100% of copy, s14-run4..6), the tables in `nvfp4_tiles_auto`.
     pub fn nvfp4_gemv_tiles(
         &self,
         x: &GpuBuffer<u16>,

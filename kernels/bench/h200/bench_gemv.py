@@ -10,6 +10,11 @@ is (weights + scales + activations + outputs) / time over the device-to-device c
 default kernel) and a failing case is printed without stopping the others. Writes $OUT/bench_gemv.json and
 $OUT/bench_gemv_log.txt and prints the short table last.
 
+The read floor (rows fp8_read_floor / nvfp4_read_floor, the last table's "floor" and "%floor"): per format and
+shape, kernels/bench/h200/read_floor.cu (CARRY_DIR/read_floor.ptx, compiled by `run_session.sh prepare`) reading
+the same weight and scale bytes once and doing nothing else, the fastest of a few grids. It is what one kernel of
+this size can do on this card; a GEMV's time over it is the GEMV's own.
+
 Arms (kernel names as in the SASS, for grepping):
   fp8  auto   fp8_block_gemv_m1_r2_u2 (m = 1) | fp8_block_gemv_mma_n8/_n16 (m > 1)
   fp8  k2_pdl fp8_block_gemv_m1_r2_u2_k2 as a programmatic dependent (m = 1)        -- Auto at m = 1, n < 65536
@@ -112,6 +117,34 @@ def rel(y, ref):
 
 
 BEST = []  # (format, shape, m, best arm, its us, the library Auto's arm, its us, best's fraction of copy)
+FLOOR = {}  # (format, shape) -> seconds: the read floor of that format's weights and scales (read_floor)
+
+# (loads in flight per thread, blocks of 256 threads per SM) of read_floor.cu's kernel; the floor is the fastest.
+FLOOR_CUTS = ((2, 8), (4, 8), (4, 4), (8, 4), (8, 2))
+
+
+def read_floor(fmt, n, k, sets, wbufs, sbufs, copy_bw):
+    """The read floor of one format and shape (kernels/bench/h200/read_floor.cu): one kernel reading set i's
+    weights wbufs[i] then its scales sbufs[i] once (the bytes a GEMV on set i must read; the activations and
+    outputs, a few KiB, left out) and nothing else, the fastest of FLOOR_CUTS, launched plainly and timed as the
+    GEMVs are. Records a row and FLOOR[(fmt, "N=n K=k")]."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sink = torch.zeros(1, device=dev, dtype=torch.int32)
+    nw = wbufs[0].numel() * wbufs[0].element_size()
+    ns = sbufs[0].numel() * sbufs[0].element_size()
+    if nw % 16 or ns % 16:
+        raise ValueError(f"read_floor: {nw} weight and {ns} scale bytes, expected multiples of 16")
+    arms = {}
+    for u, per in FLOOR_CUTS:
+        f = kern("read_floor", f"read_floor_u{u}")
+        arms[f"u{u}b{per}"] = lambda i, f=f, per=per: launch(f, (sms * per,), (256,), (
+            ptr(wbufs[i]), np.uint64(nw // 16), ptr(sbufs[i]), np.uint64(ns // 16), ptr(sink)))
+    res = b.time_arms(arms, sets, 60 if n < 100000 else 8)
+    best = min(res, key=lambda a: res[a][0])
+    b.row(f"{fmt}_read_floor", f"N={n} K={k} {best}", res[best], "-", None, bytes_moved=nw + ns, ceiling=copy_bw,
+          note="one kernel reading the weights and scales once; " + ", ".join(
+              f"{a} {res[a][0] * 1e6:.2f}" for a in res))
+    FLOOR[(fmt, f"N={n} K={k}")] = res[best][0]
 
 
 def fp8_case(n, k, m, sets, w8, wr8, sc, copy_bw, one, wbf):
@@ -493,6 +526,10 @@ def main():
                 launch(frp8, ((ntiles8 * 128 + 255) // 256,), (256,), (ptr(w8[i]), ptr(wr8[i]), i32(n), i32(k)))
             torch.cuda.synchronize()
             fp8_auto = {}
+            try:
+                read_floor("fp8", n, k, sets, wr8, sc, copy_bw)
+            except Exception as e:  # noqa: BLE001
+                b.log(f"  ERROR fp8 read floor N={n} K={k}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
             for m in ms:
                 try:
                     fp8_auto[m] = fp8_case(n, k, m, sets, w8, wr8, sc, copy_bw, one, wbf)
@@ -542,6 +579,10 @@ def main():
                     launch(frp_a, grp, (256,), (ptr(w4[i]), ptr(s4[i]), ptr(alt_tiles[0][i]), ptr(alt_tiles[1][i]),
                                                 i32(n), i32(k)))
                 torch.cuda.synchronize()
+            try:
+                read_floor("nvfp4", n, k, sets4, wr, sr, copy_bw)
+            except Exception as e:  # noqa: BLE001
+                b.log(f"  ERROR nvfp4 read floor N={n} K={k}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
             for m in ms:
                 try:
                     nvfp4_case(n, k, m, sets4, w4, s4, wr, sr, copy_bw, fp8_auto.get(m), alt_tiles)
@@ -569,10 +610,13 @@ def main():
     print()
     print("Auto table candidates (fastest correct arm per case; auto = the arm the library's Auto runs, both")
     print("formats on the tile layout: Gpu::fp8_gemv_tiles, Gpu::nvfp4_gemv_tiles):")
+    print("floor = read_floor.cu reading the same weights and scales once, alone; %floor = floor / auto's time.")
     print(f"{'fmt':6s}|{'shape':18s}|{'m':>3s}|{'best':15s}|{'best us':>8s}|{'auto':9s}|{'auto us':>8s}|{'gain':>5s}|"
-          f"{'%copy':>6s}")
+          f"{'%copy':>6s}|{'floor us':>8s}|{'%floor':>6s}")
     for fmt, shape, m, best, bu, lib, au, fc in BEST:
-        print(f"{fmt:6s}|{shape:18s}|{m:3d}|{best:15s}|{bu:8.2f}|{lib:9s}|{au:8.2f}|{au / bu:5.2f}|{fc * 100:6.1f}")
+        fl = FLOOR.get((fmt, shape), float("nan")) * 1e6
+        print(f"{fmt:6s}|{shape:18s}|{m:3d}|{best:15s}|{bu:8.2f}|{lib:9s}|{au:8.2f}|{au / bu:5.2f}|{fc * 100:6.1f}|"
+              f"{fl:8.2f}|{fl / au * 100:6.1f}")
 
 
 if __name__ == "__main__":

@@ -1131,10 +1131,14 @@ extern "C" __global__ void __launch_bounds__(256, 4) nvfp4_gemv_tiles_n16_u1(con
 // 5120x10240; a tie on 17408x5120 and 4% slower on the lm_head (4 warps, one split): so Auto runs it on up to 8192
 // rows only (nvfp4_tiles_auto). A quarter fewer instructions buying 3-6% says these shapes are no longer
 // issue-bound.
-// Grid (ceil(n/16), splits), W warps per block taking every W-th chunk of the block's contiguous share; with
-// splits > 1 the partial sums are added into y with atomicAdd (y zeroed by gemv_act_frag_nvfp4_zero; deterministic
-// for 2 splits). xf from gemv_act_frag_nvfp4[_zero] with m = 1, nt = 1.
-template <int W>
+// Grid (ceil(n/16), splits), W warps per block taking every W-th chunk of the block's contiguous share. CS == 0:
+// with splits > 1 the partial sums are added into y with atomicAdd (y zeroed by gemv_act_frag_nvfp4_zero;
+// deterministic for 2 splits). CS > 1 (the _w{W}c{CS} builds, session 15): the CS blocks of a tile are one
+// thread-block cluster (gridDim.y == CS) whose sums meet in distributed shared memory (cluster_sum_store), so y
+// needs no zeroing and the bits do not depend on the order: what a producer writing the fragments itself
+// (rmsnorm_frag_nvfp4, ops.cu) can run without a zeroing pass. xf from gemv_act_frag_nvfp4[_zero] (or such a
+// producer) with m = 1, nt = 1.
+template <int W, int CS = 0>
 __device__ __forceinline__ void nvfp4_gemv_tiles_m1(const uint4* __restrict__ xf, const uint8_t* __restrict__ wr,
                                                     const uint32_t* __restrict__ sr, float global_scale,
                                                     float* __restrict__ y, int n, int k) {
@@ -1185,6 +1189,10 @@ __device__ __forceinline__ void nvfp4_gemv_tiles_m1(const uint4* __restrict__ xf
     // Row sums over the 8 groups (the 4 lanes of a row hold 2 each), then over the warps.
     quad_rows_to_shared(acc[0] + acc[1], acc[2] + acc[3], red[warp], g, q);
     __syncthreads();
+    if (CS > 1) {
+        cluster_sum_store<CS, 16, W>(&red[0][0], y, 1, n, row0, 16384.f * global_scale);
+        return;
+    }
     if (threadIdx.x < 16 && row0 + static_cast<int>(threadIdx.x) < n) {
         float v = 0.f;
 #pragma unroll
@@ -1206,6 +1214,11 @@ extern "C" __global__ void __launch_bounds__(128, 10) nvfp4_gemv_tiles_m1_w4(con
                                                                             const uint32_t* sr, float global_scale,
                                                                             float* y, int n, int k) {
     nvfp4_gemv_tiles_m1<4>(xf, wr, sr, global_scale, y, n, k);
+}
+extern "C" __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(256, 5)
+    nvfp4_gemv_tiles_m1_w8c2(const uint4* xf, const uint8_t* wr, const uint32_t* sr, float global_scale, float* y,
+                             int n, int k) {
+    nvfp4_gemv_tiles_m1<8, 2>(xf, wr, sr, global_scale, y, n, k);
 }
 
 // gemv_act_frag_{nvfp4,fp8} that also zero y[0 .. ylen) (grid-stride), for the split-K launches that add into y.

@@ -54,7 +54,7 @@ __device__ __forceinline__ void store_out4(__nv_bfloat16* o, float4 v) {
 // -prec-div/-prec-sqrt), then `h * s * (w + add)` in that order.
 //
 // Where the outputs go is the Sink's business: RowSink writes row `row` of a [rows, dim] bf16 or fp32 tensor,
-// Fp8FragSink (below) the FP8 decode GEMV's B fragments. store4(e, v) gets elements e .. e + 3 (e % 4 == 0, only
+// FragSink (below) the decode GEMVs' B fragments. store4(e, v) gets elements e .. e + 3 (e % 4 == 0, only
 // on the vector path), store1(e, v) element e.
 template <typename OutT>
 struct RowSink {
@@ -134,28 +134,41 @@ __device__ __forceinline__ void rmsnorm_row(const float* __restrict__ x, float* 
     rmsnorm_row_to<ADD>(x, residual, w, add, eps, RowSink<OutT>{out + static_cast<size_t>(blockIdx.x) * dim}, dim);
 }
 
-// The FP8 decode GEMV's B fragments (gemv.cu: gemv_act_frag_body's layout and rounding, FP8 pair order) of token
-// row = blockIdx.x, nt = 1 for up to 8 rows, else 2: each value rounded to bf16 as rmsnorm_bf16 stores it, then
-// to f16 with saturation as gemv_act_frag_fp8 converts that bf16, so the fragments are bit for bit those of
-// rmsnorm_bf16 followed by gemv_act_frag_fp8. Four values land as one 8-byte half of a 16-byte fragment entry.
-struct Fp8FragSink {
-    uint2* xf;  // the fragments as uint2 halves: [ceil(dim/128)][nt][4][32][2]
+// The decode GEMVs' B fragments (gemv.cu: gemv_act_frag_body's layout and rounding; FMT 0: FP8's pair order,
+// consecutive values; FMT 1: NVFP4's, (a, a + 4) of each 8) of token row = blockIdx.x, nt = 1 for up to 8 rows,
+// else 2: each value rounded to bf16 as rmsnorm_bf16 stores it, then to f16 with saturation as
+// gemv_act_frag_{fp8,nvfp4} converts that bf16, so the fragments are bit for bit those of rmsnorm_bf16 followed by
+// the GEMV's fragment kernel. FP8: four values land as one 8-byte half of a 16-byte fragment entry. NVFP4: four
+// consecutive values are the low (first four of the 8) or high (last four) f16 halves of the entry's four words,
+// four 2-byte stores.
+template <int FMT>
+struct FragSink {
+    uint32_t* xf;  // the fragments: [ceil(dim/128)][nt][4][32] entries of 16 bytes
     int tok, nt;
     __device__ __forceinline__ uint32_t pair(float lo, float hi) const {
         return pack_f16x2_sat(__bfloat162float(__float2bfloat16_rn(lo)), __bfloat162float(__float2bfloat16_rn(hi)));
     }
     __device__ __forceinline__ void store4(int e, float4 v) const {
-        // Value e of token tok: chunk c = e / 128, lane = 4 (tok % 8) + (e % 128) / 32, v = (e % 32) / 8, half
-        // (e % 8) / 4.
+        // Value e of token tok: chunk c = e / 128, lane = 4 (tok % 8) + (e % 128) / 32, v = (e % 32) / 8, and
+        // inside the entry (e % 8) / 4: FP8's 8-byte half, NVFP4's half of each word.
         const int c = e >> 7, r = e & 127;
         const int lane = 4 * (tok & 7) + (r >> 5), vv = (r >> 3) & 3, half = (r >> 2) & 1;
         const size_t entry = ((static_cast<size_t>(c) * nt + (tok >> 3)) * 4 + vv) * 32 + lane;
-        xf[2 * entry + half] = make_uint2(pair(v.x, v.y), pair(v.z, v.w));
+        const uint32_t p01 = pair(v.x, v.y), p23 = pair(v.z, v.w);
+        if (FMT == 0) {
+            reinterpret_cast<uint2*>(xf)[2 * entry + half] = make_uint2(p01, p23);
+        } else {
+            uint16_t* h = reinterpret_cast<uint16_t*>(xf) + 8 * entry + half;  // word w's half: h[2 w]
+            h[0] = static_cast<uint16_t>(p01);
+            h[2] = static_cast<uint16_t>(p01 >> 16);
+            h[4] = static_cast<uint16_t>(p23);
+            h[6] = static_cast<uint16_t>(p23 >> 16);
+        }
     }
     __device__ __forceinline__ void store1(int, float) const {}  // never: the entries need dim % 16 == 0
     // The sink of this block's token row: rows are blocks along x, 8 per fragment tile.
-    static __device__ __forceinline__ Fp8FragSink of_block(uint32_t* xf) {
-        return Fp8FragSink{reinterpret_cast<uint2*>(xf), static_cast<int>(blockIdx.x), gridDim.x <= 8 ? 1 : 2};
+    static __device__ __forceinline__ FragSink of_block(uint32_t* xf) {
+        return FragSink{xf, static_cast<int>(blockIdx.x), gridDim.x <= 8 ? 1 : 2};
     }
 };
 
@@ -197,16 +210,16 @@ __device__ __forceinline__ void glu_chunk(const float* __restrict__ gate_up, __n
     glu_chunk_to<GELU>(gate_up, RowSink<__nv_bfloat16>{out + blockIdx.x * (size_t)inter}, inter);
 }
 
-// glu_chunk straight into the FP8 decode GEMV's B fragments (Fp8FragSink, the same bits as *_and_mul_bf16
-// followed by gemv_act_frag_fp8) for up to 16 token rows: the down projection's activations without the fragment
+// glu_chunk straight into a decode GEMV's B fragments (FragSink<FMT>, the same bits as *_and_mul_bf16 followed
+// by gemv_act_frag_fp8 / _nvfp4) for up to 16 token rows: the down projection's activations without the fragment
 // kernel's launch. Needs inter % 16 == 0 (the Rust side checks); grid (rows, ceil(ceil(inter/128)*128 / 1024)):
 // threads past inter but inside its last 128-chunk write zeros. A programmatic dependent, as rmsnorm_frag_fp8.
-template <bool GELU>
-__device__ __forceinline__ void glu_frag_fp8_chunk(const float* __restrict__ gate_up, uint32_t* __restrict__ xf,
-                                                   int inter) {
+template <bool GELU, int FMT>
+__device__ __forceinline__ void glu_frag_chunk(const float* __restrict__ gate_up, uint32_t* __restrict__ xf,
+                                               int inter) {
     pdl_launch_dependents();
     pdl_wait();
-    const Fp8FragSink sink = Fp8FragSink::of_block(xf);
+    const FragSink<FMT> sink = FragSink<FMT>::of_block(xf);
     const int j = (blockIdx.y * GLU_THREADS + threadIdx.x) * 4;
     if (j >= inter) {
         if (j < ((inter + 127) & ~127)) sink.store4(j, make_float4(0.f, 0.f, 0.f, 0.f));
@@ -556,18 +569,18 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     rmsnorm_row<true>(x, residual, w, add, eps, out, dim);
 }
 
-// RMSNorm (ADD: after residual += x) of up to 16 token rows straight into the FP8 decode GEMV's B fragments
-// (Gpu::rmsnorm_fp8_fragments; Fp8FragSink above): the fragment kernel's launch saved. Needs dim % 16 == 0 and
+// RMSNorm (ADD: after residual += x) of up to 16 token rows straight into a decode GEMV's B fragments
+// (Gpu::rmsnorm_fp8_fragments / rmsnorm_nvfp4_fragments; FragSink<FMT> above): the fragment kernel's launch saved. Needs dim % 16 == 0 and
 // dim <= 8192 (the vector path; the Rust side checks). The values of the last 128-chunk past dim are zeroed here.
-template <bool ADD>
-__device__ __forceinline__ void rmsnorm_frag_fp8_body(const float* __restrict__ x, float* __restrict__ residual,
-                                                      const float* __restrict__ w, float add, float eps,
-                                                      uint32_t* __restrict__ xf, int dim) {
+template <bool ADD, int FMT>
+__device__ __forceinline__ void rmsnorm_frag_body(const float* __restrict__ x, float* __restrict__ residual,
+                                                  const float* __restrict__ w, float add, float eps,
+                                                  uint32_t* __restrict__ xf, int dim) {
     // Launched as a programmatic dependent (common.cuh): the GEMV after it gets resident early, and this kernel's
     // own launch overlaps the kernel before it, which may still read the fragments (the last GEMV) or write x.
     pdl_launch_dependents();
     pdl_wait();
-    const Fp8FragSink sink = Fp8FragSink::of_block(xf);
+    const FragSink<FMT> sink = FragSink<FMT>::of_block(xf);
     rmsnorm_row_to<ADD>(x, residual, w, add, eps, sink, dim);
     const int padded = (dim + 127) & ~127;
     for (int e = dim + 4 * static_cast<int>(threadIdx.x); e < padded; e += 4 * NORM_THREADS)
@@ -576,12 +589,23 @@ __device__ __forceinline__ void rmsnorm_frag_fp8_body(const float* __restrict__ 
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     rmsnorm_frag_fp8(const float* __restrict__ x, const float* __restrict__ w, float add, float eps,
                      uint32_t* __restrict__ xf, int dim) {
-    rmsnorm_frag_fp8_body<false>(x, nullptr, w, add, eps, xf, dim);
+    rmsnorm_frag_body<false, 0>(x, nullptr, w, add, eps, xf, dim);
 }
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     add_rmsnorm_frag_fp8(const float* __restrict__ x, float* __restrict__ residual, const float* __restrict__ w,
                          float add, float eps, uint32_t* __restrict__ xf, int dim) {
-    rmsnorm_frag_fp8_body<true>(x, residual, w, add, eps, xf, dim);
+    rmsnorm_frag_body<true, 0>(x, residual, w, add, eps, xf, dim);
+}
+// The same into the NVFP4 decode GEMV's fragments (Gpu::rmsnorm_nvfp4_fragments; pair order (a, a + 4)).
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+    rmsnorm_frag_nvfp4(const float* __restrict__ x, const float* __restrict__ w, float add, float eps,
+                       uint32_t* __restrict__ xf, int dim) {
+    rmsnorm_frag_body<false, 1>(x, nullptr, w, add, eps, xf, dim);
+}
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+    add_rmsnorm_frag_nvfp4(const float* __restrict__ x, float* __restrict__ residual, const float* __restrict__ w,
+                           float add, float eps, uint32_t* __restrict__ xf, int dim) {
+    rmsnorm_frag_body<true, 1>(x, residual, w, add, eps, xf, dim);
 }
 
 // Gated activations: gate_up fp32 [rows, 2 * inter] (gate first), out bf16 [rows, inter].
@@ -594,14 +618,23 @@ extern "C" __global__ void __launch_bounds__(GLU_THREADS)
     glu_chunk<true>(gate_up, out, inter);
 }
 
-// *_and_mul into the FP8 decode GEMV's fragments (glu_frag_fp8_chunk): gate_up fp32 [rows <= 16, 2 * inter].
+// *_and_mul into the decode GEMVs' fragments (glu_frag_chunk; FP8's and NVFP4's pair order): gate_up fp32
+// [rows <= 16, 2 * inter].
 extern "C" __global__ void __launch_bounds__(GLU_THREADS)
     silu_and_mul_frag_fp8(const float* __restrict__ gate_up, uint32_t* __restrict__ xf, int inter) {
-    glu_frag_fp8_chunk<false>(gate_up, xf, inter);
+    glu_frag_chunk<false, 0>(gate_up, xf, inter);
 }
 extern "C" __global__ void __launch_bounds__(GLU_THREADS)
     gelu_and_mul_frag_fp8(const float* __restrict__ gate_up, uint32_t* __restrict__ xf, int inter) {
-    glu_frag_fp8_chunk<true>(gate_up, xf, inter);
+    glu_frag_chunk<true, 0>(gate_up, xf, inter);
+}
+extern "C" __global__ void __launch_bounds__(GLU_THREADS)
+    silu_and_mul_frag_nvfp4(const float* __restrict__ gate_up, uint32_t* __restrict__ xf, int inter) {
+    glu_frag_chunk<false, 1>(gate_up, xf, inter);
+}
+extern "C" __global__ void __launch_bounds__(GLU_THREADS)
+    gelu_and_mul_frag_nvfp4(const float* __restrict__ gate_up, uint32_t* __restrict__ xf, int inter) {
+    glu_frag_chunk<true, 1>(gate_up, xf, inter);
 }
 
 // Embedding gather from a bf16 table [vocab, dim] into fp32 out [n, dim], one block of 128 threads per id. An id >=

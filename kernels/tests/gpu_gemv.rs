@@ -2,7 +2,9 @@
 //! `Gpu::nvfp4_gemv_tiles` and its variants `Gpu::nvfp4_gemv_tiles_variant`, `Gpu::nvfp4_gemv_tiles_split` and
 //! `Gpu::nvfp4_gemv_tiles_m1`,
 //! `Gpu::fp8_block_gemv_with_scratch`, the fused decode steps `Gpu::rmsnorm_fp8_fragments` /
-//! `Gpu::silu_and_mul_fp8_fragments` / `gelu_and_mul_fp8_fragments` + `Gpu::fp8_gemv_tiles_fragments`, and the variants `Gpu::fp8_block_gemv_preconverted`,
+//! `Gpu::silu_and_mul_fp8_fragments` / `gelu_and_mul_fp8_fragments` + `Gpu::fp8_gemv_tiles_fragments` and their
+//! NVFP4 twins (`Gpu::rmsnorm_nvfp4_fragments`, ... + `Gpu::nvfp4_gemv_tiles_fragments`), and the variants
+//! `Gpu::fp8_block_gemv_preconverted`,
 //! `Gpu::fp8_block_gemv_split` and `Gpu::nvfp4_gemv_preconverted`) against
 //! `kernels::reference::linear`: fresh random inputs each run (the seed is
 //! printed), every m from 1 to 16, n not a multiple of the 16-row tile or of two rows per warp, k at the constraint
@@ -13,7 +15,7 @@
 //! Without a CUDA device (or without the `cuda` feature) each test prints "skipped: no CUDA device". Small enough
 //! for `compute-sanitizer --tool memcheck|racecheck` in seconds.
 
-use kernels::cuda::{Fp8Fragments, Gpu, MmaSplit};
+use kernels::cuda::{Fp8Fragments, Gpu, MmaSplit, Nvfp4Fragments};
 use kernels::ops::NormWeight;
 use kernels::reference;
 
@@ -649,6 +651,120 @@ fn glu_fragments_feed_the_fp8_gemv_bit_for_bit() {
     }
 }
 
+/// The NVFP4 fused decode steps: `Gpu::rmsnorm_nvfp4_fragments` (with and without the residual add, both weight
+/// forms), `Gpu::silu_and_mul_nvfp4_fragments` and `gelu_and_mul_nvfp4_fragments`, each followed by
+/// `Gpu::nvfp4_gemv_tiles_fragments`, against the CPU reference on the bf16 output of the unfused producer
+/// (`Gpu::rmsnorm`, `Gpu::add_rmsnorm`, `Gpu::silu_and_mul`, `Gpu::gelu_and_mul`, downloaded) and against the unfused
+/// step (that output + `Gpu::nvfp4_gemv_tiles`): the same products, only the cluster cuts (m <= 8 on up to 8192
+/// rows, the m = 1 cluster kernel) add the K halves in another order, so the two agree to a few ulps (1e-6
+/// relative) and a misplaced fragment value shows at once. m from 1 to 16, k not a multiple of 128 (the norm
+/// zeroes the last chunk's tail), n on both sides of the 8192-row cut; poisoned fragments and outputs; a second
+/// fused run bit for bit (the cluster sums are deterministic). The written-back residual matches the unfused one.
+#[test]
+fn producer_fragments_feed_the_nvfp4_gemv() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng("nvfp4_fragments");
+    let bf16_to_f32 = |v: &[u16]| -> Vec<f32> {
+        v.iter()
+            .map(|&b| f32::from_bits(u32::from(b) << 16))
+            .collect()
+    };
+    for &(n, k) in &[(300, 416), (9000, 160), (33, 2080)] {
+        let w = uniform(&mut rng, n * k, 0.05);
+        let (packed, scales, global) = reference::linear::quantize_nvfp4(&w, n, k);
+        let (dw, ds) = (gpu.upload(&packed).unwrap(), gpu.upload(&scales).unwrap());
+        let tiles = gpu.nvfp4_repack_tiles(&dw, &ds, n, k).unwrap();
+        let norm_w = gpu.upload(&uniform(&mut rng, k, 0.5)).unwrap();
+        for (m, producer) in [
+            (1, "norm"),
+            (1, "silu"),
+            (2, "add_norm_oneplus"),
+            (7, "gelu"),
+            (8, "norm"),
+            (9, "add_norm_oneplus"),
+            (16, "silu"),
+        ] {
+            let what = format!("{producer} m={m} n={n} k={k}");
+            let form = if producer.ends_with("oneplus") {
+                NormWeight::OnePlus
+            } else {
+                NormWeight::Plain
+            };
+            let x = gpu.upload(&uniform(&mut rng, m * k, 2.0)).unwrap();
+            let gate_up = gpu.upload(&uniform(&mut rng, m * 2 * k, 3.0)).unwrap();
+            let res0 = uniform(&mut rng, m * k, 1.0);
+            // The unfused producer's bf16 output, then the GEMV that converts it.
+            let mut xb = gpu.zeros::<u16>(m * k).unwrap();
+            let mut res_a = gpu.upload(&res0).unwrap();
+            match producer {
+                "silu" => gpu.silu_and_mul(&gate_up, k, &mut xb).unwrap(),
+                "gelu" => gpu.gelu_and_mul(&gate_up, k, &mut xb).unwrap(),
+                "norm" => gpu.rmsnorm(&x, &norm_w, form, 1e-6, &mut xb).unwrap(),
+                _ => gpu
+                    .add_rmsnorm(&x, &mut res_a, &norm_w, form, 1e-6, &mut xb)
+                    .unwrap(),
+            }
+            let xs = bf16_to_f32(&gpu.download(&xb).unwrap());
+            let want = reference::linear::nvfp4_linear(&xs, m, &packed, &scales, global, n, k);
+            let mut scratch = poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k));
+            let mut ya = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            gpu.nvfp4_gemv_tiles(&xb, &tiles, global, &mut ya, &mut scratch, m)
+                .unwrap();
+            let unfused = gpu.download(&ya).unwrap();
+            // The fused step, twice.
+            let mut runs = Vec::new();
+            let mut res_b = gpu.upload(&res0).unwrap();
+            for _ in 0..2 {
+                // Each run from the same residual.
+                res_b = gpu.upload(&res0).unwrap();
+                let mut frags =
+                    Nvfp4Fragments::new(poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k)));
+                match producer {
+                    "silu" => gpu
+                        .silu_and_mul_nvfp4_fragments(&gate_up, k, &mut frags)
+                        .unwrap(),
+                    "gelu" => gpu
+                        .gelu_and_mul_nvfp4_fragments(&gate_up, k, &mut frags)
+                        .unwrap(),
+                    "norm" => gpu
+                        .rmsnorm_nvfp4_fragments(&x, None, &norm_w, form, 1e-6, &mut frags)
+                        .unwrap(),
+                    _ => gpu
+                        .rmsnorm_nvfp4_fragments(
+                            &x,
+                            Some(&mut res_b),
+                            &norm_w,
+                            form,
+                            1e-6,
+                            &mut frags,
+                        )
+                        .unwrap(),
+                }
+                assert_eq!(frags.written(), Some((m, k)), "{what}: the record");
+                let mut yb = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+                gpu.nvfp4_gemv_tiles_fragments(&frags, &tiles, global, &mut yb, m)
+                    .unwrap();
+                runs.push(gpu.download(&yb).unwrap());
+            }
+            check(&format!("fused {what}"), &runs[0], &want, n);
+            let e = rel_err(&what, &runs[0], &unfused);
+            assert!(
+                e < 1e-6,
+                "{what}: fused against unfused relative difference {e:e} >= 1e-6"
+            );
+            assert_same_bits(&format!("fused {what}, second run"), &runs[0], &runs[1], n);
+            if producer.starts_with("add") {
+                assert_same_bits(
+                    &format!("written-back residual {what}"),
+                    &gpu.download(&res_a).unwrap(),
+                    &gpu.download(&res_b).unwrap(),
+                    k,
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn gemv_variant_errors_name_the_operand() {
     let Some(gpu) = gpu() else { return };
@@ -859,6 +975,48 @@ fn gemv_variant_errors_name_the_operand() {
         .silu_and_mul_fp8_fragments(&gum, k, &mut fsmall)
         .unwrap_err();
     assert!(e.to_string().contains("scratch has 2047 words"), "{e}");
+    // The NVFP4 twins: the GEMV refuses fragments not written for its m and k and a non-finite global scale; a
+    // refused producer call records nothing; on zero weights the fused step writes exact zeros.
+    let mut f4 = Nvfp4Fragments::new(gpu.zeros::<u32>(Gpu::gemv_scratch_len(16, k)).unwrap());
+    let e = gpu
+        .nvfp4_gemv_tiles_fragments(&f4, &tiles, 1.0, &mut y, m)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains(
+            "the fragments hold nothing yet (no producer call), the GEMV needs m = 9, k = 160"
+        ),
+        "{e}"
+    );
+    let e = gpu
+        .gelu_and_mul_nvfp4_fragments(&gu40, 40, &mut f4)
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("inter must be a multiple of 16 (the NVFP4 GEMV's k), got 40"),
+        "{e}"
+    );
+    assert_eq!(f4.written(), None, "a refused call recorded a shape");
+    gpu.rmsnorm_nvfp4_fragments(&xm, None, &nw, NormWeight::Plain, 1e-6, &mut f4)
+        .unwrap();
+    let e = gpu
+        .nvfp4_gemv_tiles_fragments(&f4, &tiles, 1.0, &mut y8, 8)
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("the fragments hold m = 9, k = 160, the GEMV needs m = 8, k = 160"),
+        "{e}"
+    );
+    let e = gpu
+        .nvfp4_gemv_tiles_fragments(&f4, &tiles, f32::NAN, &mut y, m)
+        .unwrap_err();
+    assert!(e.to_string().contains("global_scale must be finite"), "{e}");
+    let mut yz = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+    gpu.nvfp4_gemv_tiles_fragments(&f4, &tiles, 1.0, &mut yz, m)
+        .unwrap();
+    assert!(
+        gpu.download(&yz).unwrap().iter().all(|&v| v == 0.0),
+        "zero weights through the fused step gave a nonzero or unwritten output"
+    );
     // Zero weights (e2m1 code 0) times random activations: every output written, and exactly zero.
     let mut r = rng("gemv_variant_errors");
     let xr = gpu.upload(&bf16_activations(&mut r, m * k).0).unwrap();

@@ -36,6 +36,13 @@ Arms (kernel names as in the SASS, for grepping):
   nv4  tile   nvfp4_gemv_mma_tile_n8/_n16 (weights repacked once by nvfp4_repack_mma)
   nv4  tilepre  gemv_act_frag_nvfp4 + nvfp4_gemv_mma_tile_pre_n8/_n16
   nv4  tilepre_only  the same GEMV alone on fragments converted once before timing (against tilepre_pdl)
+  nv4  t1k2_only, m1w8k2_only  Auto's two-split kernels alone the same way (y not zeroed between launches):
+      what a producer that wrote the fragments and zeroed y would leave of the call
+  nv4  m1w8c2[_only]  gemv_act_frag_nvfp4 + nvfp4_gemv_tiles_m1_w8c2 (the m = 1 kernel, two blocks of one cluster
+      per tile: nothing to zero), and alone on fragments converted beforehand
+  nv4  normfrag, glufrag  rmsnorm_frag_nvfp4 / silu_and_mul_frag_nvfp4 + Gpu::nvfp4_gemv_tiles_fragments' kernel
+      against the bf16 producer + fragment kernel + Auto's kernel (nvfp4_fused_case; rows _u: the bf16 producer
+      + fragment kernel + the fragments kernel)
   nv4  t1k{S}  gemv_act_frag_nvfp4[_zero] + nvfp4_gemv_tiles_n8/_n16_u1, grid.y = S (1-4) -- Gpu::nvfp4_gemv_tiles_variant
   nv4  m1w{W}k{S}  gemv_act_frag_nvfp4[_zero] + nvfp4_gemv_tiles_m1_w{W}, grid.y = S (m = 1; Gpu::nvfp4_gemv_tiles_m1)
   nv4  w{W}c{CS}[_plain]  gemv_act_frag_nvfp4 + nvfp4_gemv_mma_tile_pre_n8/_n16_w{W}c{CS}
@@ -319,6 +326,98 @@ def fp8_fused_case(kind, n, k, m, sets, wr8, sc, copy_bw):
           target=">=85% copy", note=f"w{w}c{cs}, bitwise equal")
 
 
+def nvfp4_gemv_cut(n, m, fragments):
+    """(kernel, grid, threads, takes m, adds into y) of the NVFP4 tile GEMV that Gpu::nvfp4_gemv_tiles runs
+    (fragments False: nvfp4_tiles_auto, the "lib" of nvfp4_case) or Gpu::nvfp4_gemv_tiles_fragments runs (True: the
+    same where it writes y whole, else the cluster builds: nothing to zero for a producer that writes the
+    fragments)."""
+    sfx, g16 = ("n8" if m <= 8 else "n16"), (n + 15) // 16
+    if m == 1 and n <= 8192:
+        return ((kern("gemv", "nvfp4_gemv_tiles_m1_w8c2"), (g16, 2), 256, False, False) if fragments else
+                (kern("gemv", "nvfp4_gemv_tiles_m1_w8"), (g16, 2), 256, False, True))
+    if m <= 8 and n <= 8192:
+        return ((kern("gemv", f"nvfp4_gemv_mma_tile_pre_{sfx}_w8c2"), (g16, 2), 256, True, False) if fragments else
+                (kern("gemv", f"nvfp4_gemv_tiles_{sfx}_u1"), (g16, 2), 256, True, True))
+    if 8192 < n < 65536:
+        return kern("gemv", f"nvfp4_gemv_mma_tile_pre_{sfx}_w8c1"), (g16, 1), 256, True, False
+    if m <= 8:
+        return kern("gemv", f"nvfp4_gemv_mma_tile_pre_{sfx}_w4c1"), (g16, 1), 128, True, False
+    return kern("gemv", f"nvfp4_gemv_mma_tile_pre_{sfx}"), (g16, 1), 256, True, False
+
+
+def nvfp4_fused_case(kind, n, k, m, sets, wr, sr, copy_bw):
+    """The decode step producer -> NVFP4 GEMV, as fp8_fused_case: "auto" = the bf16 producer (rmsnorm_bf16 or
+    silu_and_mul_bf16, plain) + gemv_act_frag_nvfp4[_zero] + Gpu::nvfp4_gemv_tiles' kernel; "unfused" = the bf16
+    producer + gemv_act_frag_nvfp4 + Gpu::nvfp4_gemv_tiles_fragments' kernel; "fused" = rmsnorm_frag_nvfp4 (or
+    silu_and_mul_frag_nvfp4) + that kernel (Gpu::rmsnorm_nvfp4_fragments + Gpu::nvfp4_gemv_tiles_fragments).
+    fused and unfused must be equal bit for bit, fused and auto within 1e-5. "% copy" counts the GEMV's bytes."""
+    nt = 1 if m <= 8 else 2
+    xb = torch.empty(m, k, device=dev, dtype=torch.bfloat16)
+    xf = torch.empty((k + 127) // 128 * nt * 512, device=dev, dtype=torch.int32)
+    y = torch.empty(m, n, device=dev, dtype=torch.float32)
+    gs = f32(0.01)
+    fa, faz = kern("gemv", "gemv_act_frag_nvfp4"), kern("gemv", "gemv_act_frag_nvfp4_zero")
+    ga = ((xf.numel() // 4 + 255) // 256,)
+    if kind == "norm":
+        xs = [torch.randn(m, k, device=dev) * 2 for _ in range(sets)]
+        nw = torch.rand(k, device=dev) + 0.5
+        eps, add = f32(1e-6), f32(0.0)
+        fb, ff = kern("ops", "rmsnorm_bf16"), kern("ops", "rmsnorm_frag_nvfp4")
+        to_bf16 = lambda i: launch(fb, (m,), (256,), (ptr(xs[i]), ptr(nw), add, eps, ptr(xb), i32(k)))  # noqa: E731
+        to_frag = lambda i: b.launch_pdl(ff, (m,), (256,), (ptr(xs[i]), ptr(nw), add, eps, ptr(xf), i32(k)))  # noqa: E731
+        label = "nvfp4_normfrag"
+    else:
+        gus = [torch.randn(m, 2 * k, device=dev) * 2 for _ in range(sets)]
+        fb, ff = kern("ops", "silu_and_mul_bf16"), kern("ops", "silu_and_mul_frag_nvfp4")
+        to_bf16 = lambda i: launch(fb, (m, (k + 1023) // 1024), (256,), (ptr(gus[i]), ptr(xb), i32(k)))  # noqa: E731
+        to_frag = lambda i: b.launch_pdl(ff, (m, ((k + 127) // 128 * 128 + 1023) // 1024), (256,),  # noqa: E731
+                                         (ptr(gus[i]), ptr(xf), i32(k)))
+        label = "nvfp4_glufrag"
+
+    def gemv(i, fragments):
+        fg, grid, threads, takes_m, _ = nvfp4_gemv_cut(n, m, fragments)
+        b.launch_pdl(fg, grid, (threads,), (ptr(xf), ptr(wr[i]), ptr(sr[i]), gs, ptr(y)) + ((i32(m),) if takes_m else ())
+                     + (i32(n), i32(k)))
+
+    def auto(i):
+        to_bf16(i)
+        if nvfp4_gemv_cut(n, m, False)[4]:
+            b.launch_pdl(faz, ga, (256,), (ptr(xb), ptr(xf), i32(m), i32(k), i32(nt), ptr(y), np.uint64(m * n)))
+        else:
+            b.launch_pdl(fa, ga, (256,), (ptr(xb), ptr(xf), i32(m), i32(k), i32(nt)))
+        gemv(i, False)
+
+    def unfused(i):
+        to_bf16(i)
+        b.launch_pdl(fa, ga, (256,), (ptr(xb), ptr(xf), i32(m), i32(k), i32(nt)))
+        gemv(i, True)
+
+    def fused(i):
+        to_frag(i)
+        gemv(i, True)
+    arms = {"auto": auto, "unfused": unfused, "fused": fused}
+    outs = {}
+    for name, call in arms.items():
+        y.fill_(float("nan"))
+        call(0)
+        torch.cuda.synchronize()
+        outs[name] = y.clone()
+    if not torch.equal(outs["unfused"], outs["fused"]) or not torch.isfinite(outs["fused"]).all().item():
+        b.log(f"  FAIL nvfp4 {kind} M={m} N={n} K={k}: fused and unfused differ (or NaN)")
+        return
+    err = rel(outs["fused"], outs["auto"])
+    if not err < 1e-5:
+        b.log(f"  FAIL nvfp4 {kind} M={m} N={n} K={k}: fused against auto rel diff {err:.2e}")
+        return
+    res = b.time_arms(arms, sets, 60 if n < 100000 else 8)
+    moved = n * k // 2 + n * k // 16 + m * k * 2 + m * n * 4
+    shape = f"M={m} N={n} K={k}"
+    b.row(label, shape, res["fused"], "producer + frag + auto", res["auto"], bytes_moved=moved, ceiling=copy_bw,
+          target=">=85% copy", note=f"fused == unfused bitwise, rel diff vs auto {err:.1e}")
+    b.row(label + "_u", shape, res["unfused"], "producer + frag + auto", res["auto"], bytes_moved=moved,
+          ceiling=copy_bw, note="unfused: frag kernel + the fragments GEMV")
+
+
 # The cuts of the tensor-core GEMVs over preconverted activations (Gpu::fp8_block_gemv_split,
 # Gpu::nvfp4_gemv_tiles_split; the _w{W}c{CS} builds of blockq_gemv_mma): W warps per block, CS blocks of one
 # cluster per 16-row tile. "pre" is w8c1 launched plainly (the one-block-per-tile kernel of sessions 2-4).
@@ -401,11 +500,30 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto, alt_tiles=None)
             fm = kern("gemv", f"nvfp4_gemv_tiles_m1_w{w}")
             log_regs(f"nvfp4_gemv_tiles_m1_w{w}", fm)
             arms[f"m1w{w}k{splits}"] = m1_arm(fm, wr, sr, w, splits)
+        # The cluster build (two blocks per tile, sums in distributed shared memory; nothing to zero).
+        fmc = kern("gemv", "nvfp4_gemv_tiles_m1_w8c2")
+        log_regs("nvfp4_gemv_tiles_m1_w8c2", fmc)
+        arms["m1w8c2"] = lambda i: (
+            b.launch_pdl(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt))),
+            b.launch_pdl(fmc, (g16[0], 2), (256,), (ptr(xf), ptr(wr[i]), ptr(sr[i]), gs, ptr(y), i32(n), i32(k))))
     # The one-split GEMV alone on fragments converted once beforehand (as fp8_case's "t_..._only").
     xfo = [torch.empty_like(xf) for _ in range(sets)]
     for i in range(sets):
         launch(fa, ga, (256,), (ptr(x[i]), ptr(xfo[i]), i32(m), i32(k), i32(nt)))
     arms["tilepre_only"] = lambda i: b.launch_pdl(ftp, g16, (256,), (ptr(xfo[i]), ptr(wr[i]), ptr(sr[i])) + tail())
+    # Auto's split kernels alone on those fragments: what a producer writing the fragments (and zeroing y) would
+    # leave of the call (the FP8 path's rmsnorm_fp8_fragments). They add into y, zeroed for the check only.
+    adds_only = {"t1k2_only"}
+    if m <= 8:
+        arms["t1k2_only"] = lambda i: b.launch_pdl(fu, (g16[0], 2), (256,), (ptr(xfo[i]), ptr(wr[i]), ptr(sr[i]))
+                                                   + tail())
+    if m == 1:
+        fm8 = kern("gemv", "nvfp4_gemv_tiles_m1_w8")
+        arms["m1w8k2_only"] = lambda i: b.launch_pdl(fm8, (g16[0], 2), (256,), (
+            ptr(xfo[i]), ptr(wr[i]), ptr(sr[i]), gs, ptr(y), i32(n), i32(k)))
+        adds_only.add("m1w8k2_only")
+        arms["m1w8c2_only"] = lambda i: b.launch_pdl(fmc, (g16[0], 2), (256,), (
+            ptr(xfo[i]), ptr(wr[i]), ptr(sr[i]), gs, ptr(y), i32(n), i32(k)))
     add_split_arms(arms, "nvfp4_gemv_mma_tile_pre", nt, g16[0], fa, ga,
                    lambda i: (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt)),
                    lambda i: (ptr(xf), ptr(wr[i]), ptr(sr[i])) + tail(), "tilepre_w8c1_plain")
@@ -436,7 +554,7 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto, alt_tiles=None)
             b.launch_pdl(fw8_a, (g16[0], 1), (256,), (ptr(xf), ptr(awr[i]), ptr(asr[i])) + tail()))
     outs = {}
     for name, call in list(arms.items()):
-        y.fill_(float("nan"))
+        y.fill_(0.0 if name in adds_only else float("nan"))
         try:
             call(0)
             torch.cuda.synchronize()
@@ -584,6 +702,12 @@ def main():
             except Exception as e:  # noqa: BLE001
                 b.log(f"  ERROR nvfp4 read floor N={n} K={k}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
             for m in ms:
+                for kind in ("norm", "glu"):
+                    try:
+                        nvfp4_fused_case(kind, n, k, m, sets4, wr, sr, copy_bw)
+                    except Exception as e:  # noqa: BLE001
+                        b.log(f"  ERROR nvfp4 {kind} M={m} N={n} K={k}: {type(e).__name__}: {e}\n"
+                              f"{traceback.format_exc()}")
                 try:
                     nvfp4_case(n, k, m, sets4, w4, s4, wr, sr, copy_bw, fp8_auto.get(m), alt_tiles)
                 except Exception as e:  # noqa: BLE001

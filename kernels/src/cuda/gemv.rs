@@ -300,30 +300,85 @@ impl Fp8TileWeights {
     }
 }
 
-/// The FP8 decode GEMV's activation fragments as a producer wrote them ([`Gpu::rmsnorm_fp8_fragments`],
-/// [`Gpu::silu_and_mul_fp8_fragments`]) for [`Gpu::fp8_gemv_tiles_fragments`]: a buffer of f16 `mma` fragments plus the
-/// `m` and `k` they were written for, because their layout depends on both (8 tokens per fragment tile, 128-value
-/// chunks) and a GEMV reading them for another shape would multiply garbage. Reusable across calls: each producer
-/// call records its shape, each GEMV call checks it.
-pub struct Fp8Fragments {
-    buf: GpuBuffer<u32>,
-    written: Option<(usize, usize)>,
+/// The pair order of a decode GEMV's activation fragments: the format whose weights the fragments meet in the
+/// `mma` ([`Fp8Order`]: consecutive values; [`Nvfp4Order`]: values `a` and `a + 4` of each 8, as the e2m1 decode
+/// yields them). A type parameter, so a GEMV of one format cannot be handed the other's fragments.
+pub trait FragmentOrder: sealed_order::Sealed {
+    /// The format, for messages.
+    const FORMAT: &'static str;
+    /// The producers' kernels in `cuda/ops.cu`: rmsnorm, add + rmsnorm, silu * up, gelu * up.
+    #[doc(hidden)]
+    const KERNELS: [&'static str; 4];
 }
 
-impl std::fmt::Debug for Fp8Fragments {
+mod sealed_order {
+    pub trait Sealed {}
+    impl Sealed for super::Fp8Order {}
+    impl Sealed for super::Nvfp4Order {}
+}
+
+/// [`FragmentOrder`] of the FP8 decode GEMV ([`Gpu::fp8_gemv_tiles_fragments`]).
+#[derive(Debug)]
+pub enum Fp8Order {}
+/// [`FragmentOrder`] of the NVFP4 decode GEMV ([`Gpu::nvfp4_gemv_tiles_fragments`]).
+#[derive(Debug)]
+pub enum Nvfp4Order {}
+
+impl FragmentOrder for Fp8Order {
+    const FORMAT: &'static str = "FP8";
+    const KERNELS: [&'static str; 4] = [
+        "rmsnorm_frag_fp8",
+        "add_rmsnorm_frag_fp8",
+        "silu_and_mul_frag_fp8",
+        "gelu_and_mul_frag_fp8",
+    ];
+}
+impl FragmentOrder for Nvfp4Order {
+    const FORMAT: &'static str = "NVFP4";
+    const KERNELS: [&'static str; 4] = [
+        "rmsnorm_frag_nvfp4",
+        "add_rmsnorm_frag_nvfp4",
+        "silu_and_mul_frag_nvfp4",
+        "gelu_and_mul_frag_nvfp4",
+    ];
+}
+
+/// A decode GEMV's activation fragments as a producer wrote them ([`Gpu::rmsnorm_fp8_fragments`],
+/// [`Gpu::silu_and_mul_fp8_fragments`], [`Gpu::rmsnorm_nvfp4_fragments`], ...) for the GEMV of the same format
+/// ([`Gpu::fp8_gemv_tiles_fragments`], [`Gpu::nvfp4_gemv_tiles_fragments`]): a buffer of f16 `mma` fragments plus
+/// the `m` and `k` they were written for, because their layout depends on both (8 tokens per fragment tile,
+/// 128-value chunks) and a GEMV reading them for another shape would multiply garbage. Reusable across calls: each
+/// producer call records its shape, each GEMV call checks it.
+pub struct GemvFragments<O: FragmentOrder> {
+    buf: GpuBuffer<u32>,
+    written: Option<(usize, usize)>,
+    order: std::marker::PhantomData<O>,
+}
+
+/// The FP8 decode GEMV's fragments.
+pub type Fp8Fragments = GemvFragments<Fp8Order>;
+/// The NVFP4 decode GEMV's fragments.
+pub type Nvfp4Fragments = GemvFragments<Nvfp4Order>;
+
+impl<O: FragmentOrder> std::fmt::Debug for GemvFragments<O> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Fp8Fragments")
+        f.debug_struct("GemvFragments")
+            .field("format", &O::FORMAT)
             .field("words", &self.buf.len())
             .field("written_m_k", &self.written)
             .finish()
     }
 }
 
-impl Fp8Fragments {
+impl<O: FragmentOrder> GemvFragments<O> {
     /// Wraps a device buffer (any contents, at least [`Gpu::gemv_scratch_len`]`(m, k)` words for the largest
     /// `m` and `k` it will hold; a producer checks its length) as not yet written.
     pub fn new(buf: GpuBuffer<u32>) -> Self {
-        Fp8Fragments { buf, written: None }
+        GemvFragments {
+            buf,
+            written: None,
+            order: std::marker::PhantomData,
+        }
     }
 
     /// The `(m, k)` of the last producer call, `None` before the first.
@@ -401,7 +456,7 @@ impl Gpu {
     /// a 16-row tile's K chunks and `split.splits` blocks of one thread-block cluster each take a contiguous share
     /// of them, their sums added in distributed shared memory in rank order (the same bits on
     /// every run); `split.pdl` launches the conversion and the GEMV as programmatic dependents. Tests and the
-    /// benchmark drive each cut; `with_scratch`'s `Auto` picks one by shape ([`fp8_split_auto`]).
+    /// benchmark drive each cut; `with_scratch`'s `Auto` picks one by shape (`fp8_split_auto`).
     #[allow(clippy::too_many_arguments)]
     pub fn fp8_block_gemv_split(
         &self,
@@ -547,7 +602,7 @@ impl Gpu {
     /// weights in the tile layout ([`Gpu::fp8_repack_tiles`], once at load), on the tensor cores, `1 <= m <= 16`:
     /// **the FP8 decode GEMV** for an engine that repacks. `scratch` (at least [`Gpu::gemv_scratch_len`]`(m, k)`
     /// words, contents ignored) receives the activations as `mma` fragments where the table converts them once per
-    /// call. The cut, by shape ([`fp8_tiles_auto`]), from the session 5 sweep (s5-run3, s5-run4; us and fraction
+    /// call. The cut, by shape (`fp8_tiles_auto`), from the session 5 sweep (s5-run3, s5-run4; us and fraction
     /// of copy, m = 1 / 4 / 16):
     ///
     /// | shape (n x k) | m = 1 (s5-run9) | m = 4 | m = 16 | checkpoint layout (`fp8_block_gemv_with_scratch`) |
@@ -864,6 +919,56 @@ impl Gpu {
         )
     }
 
+    /// [`Gpu::nvfp4_gemv_tiles`] on activation fragments already written by [`Gpu::rmsnorm_nvfp4_fragments`],
+    /// [`Gpu::silu_and_mul_nvfp4_fragments`] or [`Gpu::gelu_and_mul_nvfp4_fragments`] for the same `m` and `k`
+    /// (checked: [`Nvfp4Fragments`]; read, not written): the NVFP4 decode GEMV without its fragment kernel. The
+    /// kernel is [`Gpu::nvfp4_gemv_tiles`]' choice where that one writes y whole; where it adds two K splits into a
+    /// y its fragment kernel zeroed (m <= 8 on up to 8192 rows), the same split runs as one thread-block cluster
+    /// (at m = 1 `nvfp4_gemv_tiles_m1_w8c2`), which needs no zeroing and gives the same bits on every run.
+    /// Not bit for bit with [`Gpu::nvfp4_gemv_tiles`] there (the halves meet in another order), the same precision
+    /// class. Measured (s15-run3, `benchmarks/h200.md`, producer + this against `rmsnorm` / `silu_and_mul` +
+    /// [`Gpu::nvfp4_gemv_tiles`]): 1.08-1.37x on the layer shapes at m = 1 and 4, 1.01-1.28x at m = 16, the same
+    /// on the lm_head.
+    pub fn nvfp4_gemv_tiles_fragments(
+        &self,
+        fragments: &Nvfp4Fragments,
+        tiles: &Nvfp4TileWeights,
+        global_scale: f32,
+        y: &mut GpuBuffer<f32>,
+        m: usize,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::nvfp4_gemv_tiles_fragments";
+        let (n, k) = (tiles.n, tiles.k);
+        check_gemv_dims(OP, m, n, k, 32)?;
+        check_len(OP, "y", y.len(), m * n)?;
+        crate::ensure_shape!(
+            global_scale.is_finite(),
+            OP,
+            "global_scale must be finite, got {global_scale}"
+        );
+        let fragments = fragments.for_read(OP, m, k)?;
+        let kernel = nvfp4_fragments_cut(m, n);
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.nvfp4_gemv_tiles_fragments(
+                kernel,
+                &fragments.slice,
+                &tiles.w.slice,
+                &tiles.scales.slice,
+                global_scale,
+                &mut y.slice,
+                m,
+                n,
+                k,
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (fragments, y, kernel);
+            match self.never {}
+        }
+    }
+
     /// [`Gpu::nvfp4_gemv_tiles`] with a chosen K split (tests and the benchmark drive each one).
     ///
     /// With `scratch` (at least [`Gpu::gemv_scratch_len`] words): activations preconverted, the K chunks cut into
@@ -1051,7 +1156,7 @@ impl Gpu {
     /// [`Gpu::fp8_block_gemv`] with a caller-owned activation scratch (at least [`Gpu::gemv_scratch_len`]`(m, k)`
     /// words, contents ignored, reusable across calls): the FP8 decode path. `m = 1` runs `Auto`'s CUDA-core
     /// kernel; `m >= 2` converts the activations once per call and runs the tensor-core GEMV cut as
-    /// [`fp8_split_auto`] says ([`Gpu::fp8_block_gemv_split`]). The scratch is a parameter because the device
+    /// `fp8_split_auto` says ([`Gpu::fp8_block_gemv_split`]). The scratch is a parameter because the device
     /// context has no buffer of its own for it yet.
     #[allow(clippy::too_many_arguments)]
     pub fn fp8_block_gemv_with_scratch(
@@ -1167,7 +1272,7 @@ fn fp8_tiles_auto(m: usize, n: usize) -> (MmaSplit, Fp8TileKernel) {
 /// Why: one block of 8 warps per tile leaves a 5120-row matrix 320 blocks, ~19 warps per SM with one 2 KiB (FP8)
 /// chunk each in flight, where the FP8 `m = 1` kernel keeps ~40 warps' worth in flight at 90% of copy; and a
 /// 17408-row matrix 1088 blocks of 8 warps, 1.65 waves of 5 chunks per warp. The session 5 sweep (s5-run1,
-/// `benchmarks/h200.md`) measured every cut; [`fp8_split_auto`] and `nvfp4_tiles_auto` hold the winners.
+/// `benchmarks/h200.md`) measured every cut; `fp8_split_auto` and `nvfp4_tiles_auto` hold the winners.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmaSplit {
     /// Warps per block: 4 or 8.
@@ -1249,6 +1354,26 @@ pub(in crate::cuda) enum TilesKernel {
     /// `nvfp4_gemv_tiles_m1_w{warps}` (m = 1 only, warps 4 or 8): the group scales applied after the mma, the K
     /// chunks split over `grid.y` blocks as in `Split`.
     M1 { warps: u32 },
+    /// `nvfp4_gemv_tiles_m1_w8c2` (m = 1 only, on fragments a producer wrote): `M1`'s kernel with 8 warps, two
+    /// blocks of one cluster per tile whose sums meet in distributed shared memory, so y needs no zeroing.
+    M1Cluster,
+}
+
+/// The kernel [`Gpu::nvfp4_gemv_tiles_fragments`] runs for `m` tokens and `n` rows: `nvfp4_tiles_auto`'s, except
+/// where that one adds K splits into a zeroed y (its fragment kernel zeroes it; a producer writing the fragments
+/// does not): there the same split as one cluster (`M1Cluster` at m = 1, 8 warps x 2 blocks at m <= 8). s15-run3,
+/// the GEMV alone on fragments, m = 1: the cluster build 14.31 against 13.63 us (atomics, y not zeroed) on
+/// 5120x17408, 9.64 against 8.96 on 5120x10240; with its producer the step is still 1.08-1.37x the unfused one.
+fn nvfp4_fragments_cut(m: usize, n: usize) -> TilesKernel {
+    match nvfp4_tiles_auto(m, n) {
+        (TilesKernel::M1 { .. }, _) => TilesKernel::M1Cluster,
+        (TilesKernel::Split, _) => TilesKernel::Cluster(MmaSplit {
+            warps: 8,
+            splits: 2,
+            pdl: true,
+        }),
+        (kernel, _) => kernel,
+    }
 }
 
 /// `Auto`'s choice for [`Gpu::nvfp4_gemv_tiles`]: the kernel and the K splits for `m` tokens and `n` rows.

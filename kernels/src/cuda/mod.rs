@@ -42,7 +42,10 @@ mod gemm_sm90a;
 mod gemv;
 mod ops;
 pub use gemm_sm90a::{Fp8Wgmma, Nvfp4Wgmma};
-pub use gemv::{Fp8Fragments, Fp8TileWeights, MmaSplit, Nvfp4TileWeights};
+pub use gemv::{
+    Fp8Fragments, Fp8Order, Fp8TileWeights, FragmentOrder, GemvFragments, MmaSplit, Nvfp4Fragments,
+    Nvfp4Order, Nvfp4TileWeights,
+};
 
 mod sealed {
     pub trait Sealed {}

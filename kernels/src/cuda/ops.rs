@@ -20,7 +20,10 @@
 //! ([`Gpu::INVALID_TOKEN`]), where the CPU returns an error. Everything the host does know (every length, count
 //! and parameter) is checked here and refused with [`KernelError::Shape`] before any launch.
 
-use super::{check_len, Fp8Fragments, Gpu, GpuBuffer, GpuScalar};
+use super::{
+    check_len, Fp8Fragments, FragmentOrder, GemvFragments, Gpu, GpuBuffer, GpuScalar,
+    Nvfp4Fragments,
+};
 use crate::attention::Rope;
 use crate::ops::NormWeight;
 use crate::sampling::SamplingParams;
@@ -405,23 +408,72 @@ impl Gpu {
         eps: f32,
         fragments: &mut Fp8Fragments,
     ) -> Result<(), KernelError> {
-        const OP: &str = "cuda::rmsnorm_fp8_fragments";
+        self.rmsnorm_fragments(
+            "cuda::rmsnorm_fp8_fragments",
+            x,
+            residual,
+            weight,
+            form,
+            eps,
+            fragments,
+        )
+    }
+
+    /// [`Gpu::rmsnorm_fp8_fragments`] into the NVFP4 decode GEMV's fragments (its pair order) for
+    /// [`Gpu::nvfp4_gemv_tiles_fragments`]: the same bits as [`Gpu::rmsnorm`]'s bf16 output converted by
+    /// [`Gpu::nvfp4_gemv_tiles`]' own fragment kernel, one launch fewer. Measured with that GEMV (s15-run3,
+    /// `benchmarks/h200.md`): the norm + GEMV step 1.08-1.37x faster than `rmsnorm` + `nvfp4_gemv_tiles` on the
+    /// layer shapes at m = 1 and 4 (11.8 against 16.2 us on 5120x10240 at m = 1), the same on the lm_head.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm_nvfp4_fragments(
+        &self,
+        x: &GpuBuffer<f32>,
+        residual: Option<&mut GpuBuffer<f32>>,
+        weight: &GpuBuffer<f32>,
+        form: NormWeight,
+        eps: f32,
+        fragments: &mut Nvfp4Fragments,
+    ) -> Result<(), KernelError> {
+        self.rmsnorm_fragments(
+            "cuda::rmsnorm_nvfp4_fragments",
+            x,
+            residual,
+            weight,
+            form,
+            eps,
+            fragments,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_fragments<O: FragmentOrder>(
+        &self,
+        op: &'static str,
+        x: &GpuBuffer<f32>,
+        residual: Option<&mut GpuBuffer<f32>>,
+        weight: &GpuBuffer<f32>,
+        form: NormWeight,
+        eps: f32,
+        fragments: &mut GemvFragments<O>,
+    ) -> Result<(), KernelError> {
         let dim = weight.len();
-        let rows = check_norm(OP, x.len(), dim, eps)?;
-        check_fragment_rows(OP, rows, "x")?;
+        let rows = check_norm(op, x.len(), dim, eps)?;
+        check_fragment_rows(op, rows, "x")?;
         crate::ensure_shape!(
             dim.is_multiple_of(16) && dim <= 8192,
-            OP,
+            op,
             "dim must be a multiple of 16 and at most 8192 (the kernel's vector path), got {dim}"
         );
         if let Some(r) = &residual {
-            check_len(OP, "residual", r.len(), x.len())?;
+            check_len(op, "residual", r.len(), x.len())?;
         }
         let add = norm_add(form);
-        let fragments = fragments.for_write(OP, rows, dim)?;
+        let fragments = fragments.for_write(op, rows, dim)?;
         #[cfg(feature = "cuda")]
         {
-            self.inner.rmsnorm_fp8_fragments(
+            let name = O::KERNELS[usize::from(residual.is_some())];
+            self.inner.rmsnorm_fragments(
+                name,
                 &x.slice,
                 residual.map(|r| &mut r.slice),
                 &weight.slice,
@@ -475,7 +527,7 @@ impl Gpu {
         inter: usize,
         fragments: &mut Fp8Fragments,
     ) -> Result<(), KernelError> {
-        self.glu_fp8_fragments(
+        self.glu_fragments(
             "cuda::silu_and_mul_fp8_fragments",
             false,
             gate_up,
@@ -491,7 +543,7 @@ impl Gpu {
         inter: usize,
         fragments: &mut Fp8Fragments,
     ) -> Result<(), KernelError> {
-        self.glu_fp8_fragments(
+        self.glu_fragments(
             "cuda::gelu_and_mul_fp8_fragments",
             true,
             gate_up,
@@ -500,26 +552,63 @@ impl Gpu {
         )
     }
 
-    fn glu_fp8_fragments(
+    /// [`Gpu::silu_and_mul_fp8_fragments`] into the NVFP4 decode GEMV's fragments for
+    /// [`Gpu::nvfp4_gemv_tiles_fragments`] (the same bits as [`Gpu::silu_and_mul`]'s output converted by
+    /// [`Gpu::nvfp4_gemv_tiles`]' fragment kernel): the down projection's activations without that launch, 1.10-1.17x
+    /// on the layer shapes at m = 1 (s15-run3). Needs `inter % 16 == 0` (the GEMV then needs `inter % 32 == 0`).
+    pub fn silu_and_mul_nvfp4_fragments(
+        &self,
+        gate_up: &GpuBuffer<f32>,
+        inter: usize,
+        fragments: &mut Nvfp4Fragments,
+    ) -> Result<(), KernelError> {
+        self.glu_fragments(
+            "cuda::silu_and_mul_nvfp4_fragments",
+            false,
+            gate_up,
+            inter,
+            fragments,
+        )
+    }
+
+    /// [`Gpu::silu_and_mul_nvfp4_fragments`] with [`Gpu::gelu_and_mul`]'s activation.
+    pub fn gelu_and_mul_nvfp4_fragments(
+        &self,
+        gate_up: &GpuBuffer<f32>,
+        inter: usize,
+        fragments: &mut Nvfp4Fragments,
+    ) -> Result<(), KernelError> {
+        self.glu_fragments(
+            "cuda::gelu_and_mul_nvfp4_fragments",
+            true,
+            gate_up,
+            inter,
+            fragments,
+        )
+    }
+
+    fn glu_fragments<O: FragmentOrder>(
         &self,
         op: &'static str,
         gelu: bool,
         gate_up: &GpuBuffer<f32>,
         inter: usize,
-        fragments: &mut Fp8Fragments,
+        fragments: &mut GemvFragments<O>,
     ) -> Result<(), KernelError> {
         let rows = check_glu(op, gate_up.len(), inter)?;
         check_fragment_rows(op, rows, "gate_up")?;
         crate::ensure_shape!(
             inter.is_multiple_of(16),
             op,
-            "inter must be a multiple of 16 (the FP8 GEMV's k), got {inter}"
+            "inter must be a multiple of 16 (the {} GEMV's k), got {inter}",
+            O::FORMAT
         );
         let fragments = fragments.for_write(op, rows, inter)?;
         #[cfg(feature = "cuda")]
         {
+            let name = O::KERNELS[2 + usize::from(gelu)];
             self.inner
-                .glu_fp8_fragments(gelu, &gate_up.slice, &mut fragments.slice, rows, inter)
+                .glu_fragments(name, &gate_up.slice, &mut fragments.slice, rows, inter)
         }
         #[cfg(not(feature = "cuda"))]
         {

@@ -245,8 +245,8 @@ fn gemv_config(n: usize, rows_per_warp: usize) -> LaunchConfig {
 pub(in crate::cuda) enum Activations<'a> {
     /// bf16 `x [m, k]`, converted into the scratch first by `gemv_act_frag_*`.
     Convert(&'a CudaSlice<u16>, &'a mut CudaSlice<u32>),
-    /// Fragments already written on this stream (`Gpu::rmsnorm_fp8_fragments`, `Gpu::silu_and_mul_fp8_fragments`), only
-    /// read.
+    /// Fragments already written on this stream (`Gpu::rmsnorm_fp8_fragments`, `Gpu::silu_and_mul_fp8_fragments`,
+    /// their NVFP4 twins), only read.
     Fragments(&'a CudaSlice<u32>),
 }
 
@@ -587,9 +587,10 @@ impl Device {
                     "nvfp4_gemv_tiles: no m = 1 kernel for {warps} warps and m = {m}"
                 )))
             }
-            (TilesKernel::Cluster(_), _) => {
+            (TilesKernel::Cluster(_) | TilesKernel::M1Cluster, _) => {
                 return Err(KernelError::Cuda(
-                    "nvfp4_gemv_tiles: cluster splits launch through mma_split_gemv".into(),
+                    "nvfp4_gemv_tiles: cluster splits launch through mma_split_gemv / on fragments"
+                        .into(),
                 ))
             }
         };
@@ -616,25 +617,20 @@ impl Device {
                 // resident while the fragment kernel runs. s4-run2, against the same two kernels launched plainly:
                 // 18.55 vs 19.19 us (5120x17408, m = 1), 18.22 vs 19.47 (17408x5120), 12.27 vs 13.21 (5120x10240),
                 // 198.2 vs 199.5 (lm_head); 1.03-1.08x at m = 1..16 on the layer shapes.
-                let (xfp, _gxf) = xf.device_ptr(&self.stream);
-                let (wrp, _gwr) = wr.device_ptr(&self.stream);
-                let (srp, _gsr) = sr.device_ptr(&self.stream);
-                let (yp, _gy) = y.device_ptr_mut(&self.stream);
-                let mut args = PdlArgs::default();
-                args.ptr(xfp).ptr(wrp).ptr(srp).f32(global_scale).ptr(yp);
-                if !m1 {
-                    args.i32(mi); // the m = 1 kernels take no m
-                }
-                args.i32(ni).i32(ki);
-                // SAFETY: matches `nvfp4_gemv_tiles_n*_u1` and `nvfp4_gemv_mma_tile_pre_n*` (same argument list;
-                // the latter reads one tile per block and runs here with grid.y = 1), and `nvfp4_gemv_tiles_m1_w*`
-                // (the same without m, 32 x warps threads, called with m = 1 only) in cuda/gemv.cu; xf was just
-                // written for m, k, nt (the kernels read ceil(k/128) * nt * 128 uint4 of it, only for tokens < m);
-                // the caller checked wr and sr are the tile layout of exactly n x k (block (b, s) reads chunks of
-                // tile b only, inside ceil(k/128), ceil(n/16) blocks) and y = [m, n]; stores and atomics are
-                // guarded against m and n, and with splits > 1 y was zeroed by the fragment kernel just before, on
-                // the same stream; the kernels read xf and touch y only after their pdl_wait.
-                unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
+                // (with splits > 1, y was zeroed by the fragment kernel just above, on the same stream)
+                self.tiles_pre_launch(
+                    name,
+                    &f,
+                    cfg,
+                    &*xf,
+                    wr,
+                    sr,
+                    global_scale,
+                    y,
+                    (!m1).then_some(m),
+                    n,
+                    k,
+                )?;
             }
             None => {
                 if kernel != TilesKernel::Converting {
@@ -657,6 +653,95 @@ impl Device {
             }
         }
         Ok(())
+    }
+
+    /// The tile-layout NVFP4 GEMV on fragments already in `xf` (written just before on this stream by the fragment
+    /// kernel or a producer such as `rmsnorm_frag_nvfp4`): `nvfp4_gemv_tiles_n*_u1` / `nvfp4_gemv_mma_tile_pre_n*`
+    /// (`m` given) or `nvfp4_gemv_tiles_m1_w*[c2]` (`m` None: the m = 1 kernels take none), as a programmatic
+    /// dependent with `cfg`'s grid (y: the K splits or the cluster's blocks) and block.
+    #[allow(clippy::too_many_arguments)]
+    fn tiles_pre_launch(
+        &self,
+        name: &'static str,
+        f: &cudarc::driver::CudaFunction,
+        cfg: LaunchConfig,
+        xf: &CudaSlice<u32>,
+        wr: &CudaSlice<u8>,
+        sr: &CudaSlice<u32>,
+        global_scale: f32,
+        y: &mut CudaSlice<f32>,
+        m: Option<usize>,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        let (xfp, _gxf) = xf.device_ptr(&self.stream);
+        let (wrp, _gwr) = wr.device_ptr(&self.stream);
+        let (srp, _gsr) = sr.device_ptr(&self.stream);
+        let (yp, _gy) = y.device_ptr_mut(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(xfp).ptr(wrp).ptr(srp).f32(global_scale).ptr(yp);
+        if let Some(m) = m {
+            args.i32(m as i32);
+        }
+        args.i32(n as i32).i32(k as i32);
+        // SAFETY: matches `nvfp4_gemv_tiles_n*_u1` and `nvfp4_gemv_mma_tile_pre_n*` (xf, wr, sr, global_scale, y, m,
+        // n, k; the latter reads one tile per block and runs with grid.y = 1), and `nvfp4_gemv_tiles_m1_w*` /
+        // `_w8c2` (the same without m, 32 x warps threads, m = 1 only; the cluster build with grid.y = 2, its
+        // __cluster_dims__) in cuda/gemv.cu; the callers pass xf written on this stream for m, k and nt (the kernels
+        // read ceil(k/128) * nt * 128 uint4 of it, only for tokens < m, and the callers checked its length), wr and
+        // sr the tile layout of exactly n x k (block (b, s) reads chunks of tile b only, inside ceil(k/128),
+        // ceil(n/16) blocks) and y = [m, n]; stores and atomics are guarded against m and n, and atomics (grid.y > 1
+        // without a cluster) only follow a fragment kernel that zeroed y; the kernels read xf and touch y only after
+        // their pdl_wait.
+        unsafe { self.launch_pdl(name, f, cfg, &mut args) }?;
+        Ok(())
+    }
+
+    /// `Gpu::nvfp4_gemv_tiles_fragments`' launch: the GEMV alone on fragments a producer wrote, cut by `kernel`
+    /// (`nvfp4_fragments_cut`): none of these adds into y, so nothing needs zeroing.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) fn nvfp4_gemv_tiles_fragments(
+        &self,
+        kernel: TilesKernel,
+        xf: &CudaSlice<u32>,
+        wr: &CudaSlice<u8>,
+        sr: &CudaSlice<u32>,
+        global_scale: f32,
+        y: &mut CudaSlice<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        let mut cfg = mma_config(n);
+        let (name, m_arg) = match (kernel, m) {
+            (TilesKernel::Cluster(split), _) => {
+                return self.mma_split_gemv(
+                    SplitFormat::Nvfp4Tile,
+                    split,
+                    Activations::Fragments(xf),
+                    wr,
+                    sr,
+                    global_scale,
+                    y,
+                    m,
+                    n,
+                    k,
+                )
+            }
+            (TilesKernel::M1Cluster, 1) => {
+                cfg.grid_dim.1 = 2;
+                ("nvfp4_gemv_tiles_m1_w8c2", None)
+            }
+            (TilesKernel::Mma, 1..=8) => ("nvfp4_gemv_mma_tile_pre_n8", Some(m)),
+            (TilesKernel::Mma, _) => ("nvfp4_gemv_mma_tile_pre_n16", Some(m)),
+            (kernel, _) => {
+                return Err(KernelError::Cuda(format!(
+                    "nvfp4_gemv_tiles_fragments: no launch on fragments for {kernel:?} at m = {m}"
+                )))
+            }
+        };
+        let f = self.function(Module::Gemv, name)?;
+        self.tiles_pre_launch(name, &f, cfg, xf, wr, sr, global_scale, y, m_arg, n, k)
     }
 
     /// `gemv_act_frag_nvfp4_zero`: `gemv_act_frag_nvfp4` that also zeroes `y[0 .. m*n)`, for the split-K launches

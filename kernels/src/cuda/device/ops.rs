@@ -42,11 +42,12 @@ fn glu_config(rows: usize, width: usize) -> LaunchConfig {
 }
 
 impl Device {
-    /// `rmsnorm_frag_fp8` (`residual` `None`) or `add_rmsnorm_frag_fp8`: one block per token row, writing the FP8
-    /// decode GEMV's activation fragments.
+    /// `name`: `rmsnorm_frag_{fp8,nvfp4}` (`residual` `None`) or `add_rmsnorm_frag_*`: one block per token row,
+    /// writing a decode GEMV's activation fragments.
     #[allow(clippy::too_many_arguments)]
-    pub(in crate::cuda) fn rmsnorm_fp8_fragments(
+    pub(in crate::cuda) fn rmsnorm_fragments(
         &self,
+        name: &'static str,
         x: &CudaSlice<f32>,
         residual: Option<&mut CudaSlice<f32>>,
         w: &CudaSlice<f32>,
@@ -56,11 +57,6 @@ impl Device {
         rows: usize,
         dim: usize,
     ) -> Result<(), KernelError> {
-        let name = if residual.is_some() {
-            "add_rmsnorm_frag_fp8"
-        } else {
-            "rmsnorm_frag_fp8"
-        };
         let f = self.function(Module::Ops, name)?;
         let (xp, _gx) = x.device_ptr(&self.stream);
         let (wp, _gw) = w.device_ptr(&self.stream);
@@ -73,8 +69,8 @@ impl Device {
             g
         });
         args.ptr(wp).f32(add).f32(eps).ptr(fp).i32(dim as i32);
-        // SAFETY: matches `rmsnorm_frag_fp8(x, w, add, eps, xf, dim)` / `add_rmsnorm_frag_fp8(x, residual, w, add,
-        // eps, xf, dim)` in cuda/ops.cu (picked by the residual's presence); the caller checked x and residual =
+        // SAFETY: matches `rmsnorm_frag_{fp8,nvfp4}(x, w, add, eps, xf, dim)` / `add_rmsnorm_frag_*(x, residual, w,
+        // add, eps, xf, dim)` in cuda/ops.cu (the caller picks the name by the residual's presence); the caller checked x and residual =
         // [rows, dim], w = [dim], 1 <= rows <= 16 (one block per token; the kernel takes 8 tokens per fragment tile
         // from gridDim.x), dim % 16 == 0 and dim <= 8192 (the kernel's float4 path, the only one that writes
         // fragments), and xf of at least ceil(dim/128) * nt * 512 words (Gpu::gemv_scratch_len), every entry the
@@ -113,21 +109,16 @@ impl Device {
         Ok(())
     }
 
-    /// `silu_and_mul_frag_fp8` / `gelu_and_mul_frag_fp8`: the gated activation of `rows` token rows written as
-    /// the FP8 decode GEMV's activation fragments, as a programmatic dependent.
-    pub(in crate::cuda) fn glu_fp8_fragments(
+    /// `name`: `silu_and_mul_frag_{fp8,nvfp4}` / `gelu_and_mul_frag_*`: the gated activation of `rows` token rows
+    /// written as a decode GEMV's activation fragments, as a programmatic dependent.
+    pub(in crate::cuda) fn glu_fragments(
         &self,
-        gelu: bool,
+        name: &'static str,
         gate_up: &CudaSlice<f32>,
         xf: &mut CudaSlice<u32>,
         rows: usize,
         inter: usize,
     ) -> Result<(), KernelError> {
-        let name = if gelu {
-            "gelu_and_mul_frag_fp8"
-        } else {
-            "silu_and_mul_frag_fp8"
-        };
         let f = self.function(Module::Ops, name)?;
         // The grid covers inter rounded up to whole 128-value chunks: the padding's fragments are written too.
         let cfg = glu_config(rows, inter.div_ceil(128) * 128);
@@ -135,7 +126,7 @@ impl Device {
         let (fp, _gf) = xf.device_ptr_mut(&self.stream);
         let mut args = PdlArgs::default();
         args.ptr(gp).ptr(fp).i32(inter as i32);
-        // SAFETY: matches `*_and_mul_frag_fp8(gate_up, xf, inter)` in cuda/ops.cu; the caller checked gate_up =
+        // SAFETY: matches `*_and_mul_frag_{fp8,nvfp4}(gate_up, xf, inter)` in cuda/ops.cu; the caller checked gate_up =
         // [rows, 2*inter] with 1 <= rows <= 16, inter % 16 == 0 (so the float4 loads are aligned) and
         // inter <= 65535 * 1024 (a multiple of 128, so the padded grid's y stays <= 65535), and xf of at least
         // ceil(inter/128) * nt * 512 words (Gpu::gemv_scratch_len), every entry the grid writes (threads past the

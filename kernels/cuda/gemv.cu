@@ -522,7 +522,11 @@ __device__ __forceinline__ void nvfp4_a_fragments(const uint4 wa, const uint4 wb
 // shared-memory slot at the top of each iteration (SASS checked; 48 registers, 35 KB shared per block; s14-run8,
 // benchmarks/h200-runs/s14-run8/m1_cp_async_slots.patch, not applied; tests and sanitizers clean) was 1.3-1.4x
 // slower at every cut: 19.75 against 15.27 us on 5120x17408, 14.06 against 10.04 on 5120x10240, 199.4 against
-// 179.2 on the lm_head (4 warps). The fifth pipeline to lose on these GEMVs.
+// 179.2 on the lm_head (4 warps). The fifth pipeline to lose on these GEMVs. The sixth (s15-run1,
+// benchmarks/h200-runs/s15-run1/l2_bulk_prefetch.patch, not applied): the copy engine prefetching the tile's weights
+// and scale words into L2 (cp.async.bulk.prefetch.L2.global before pdl_wait; the block's whole share at once, or
+// each warp 2 or 4 chunks ahead of itself), in this kernel and the nvfp4 m = 1 one: 1.07-1.30x slower at m <= 4 on
+// every shape (m1w8k2 15.42 -> 18.4-20.0 us on 5120x17408, w4c1 176.3 -> 188.6-190.6 on the lm_head).
 // Register double buffering (the next chunk's weights and scale word loaded before the current chunk is decoded,
 // 2 KiB in flight per warp; NVFP4 tile layout, 4 warps per block under 64 registers; session 5, s5-run1, built,
 // measured, deleted): slower at every cut, m = 4 on 5120x17408 21.7 -> 24.6 us (c3), 22.3 -> 26.9 (c4), lm_head

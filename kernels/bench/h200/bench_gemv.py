@@ -264,6 +264,40 @@ def fp8_case(n, k, m, sets, w8, wr8, sc, copy_bw, one, wbf):
     return res["auto"]
 
 
+def producer_calls(kind, fmt, m, k, sets, xb, xf):
+    """The decode step's producer of fp8_fused_case / nvfp4_fused_case on `sets` fresh inputs: kind "norm"
+    (rmsnorm_bf16 / rmsnorm_frag_{fmt}) or "glu" (silu_and_mul_bf16 / silu_and_mul_frag_{fmt}, inter = k). Returns
+    (to_bf16(i), to_frag(i)): the bf16 producer into xb, launched plainly (it has no griddepcontrol), and the
+    fragment producer into xf, as a programmatic dependent (it waits for its predecessor itself)."""
+    if kind == "norm":
+        xs = [torch.randn(m, k, device=dev) * 2 for _ in range(sets)]
+        nw = torch.rand(k, device=dev) + 0.5
+        eps, add = f32(1e-6), f32(0.0)
+        fb, ff = kern("ops", "rmsnorm_bf16"), kern("ops", f"rmsnorm_frag_{fmt}")
+        return (lambda i: launch(fb, (m,), (256,), (ptr(xs[i]), ptr(nw), add, eps, ptr(xb), i32(k))),
+                lambda i: b.launch_pdl(ff, (m,), (256,), (ptr(xs[i]), ptr(nw), add, eps, ptr(xf), i32(k))))
+    gus = [torch.randn(m, 2 * k, device=dev) * 2 for _ in range(sets)]
+    fb, ff = kern("ops", "silu_and_mul_bf16"), kern("ops", f"silu_and_mul_frag_{fmt}")
+    return (lambda i: launch(fb, (m, (k + 1023) // 1024), (256,), (ptr(gus[i]), ptr(xb), i32(k))),
+            lambda i: b.launch_pdl(ff, (m, ((k + 127) // 128 * 128 + 1023) // 1024), (256,),
+                                   (ptr(gus[i]), ptr(xf), i32(k))))
+
+
+def fused_outputs(arms, y, what):
+    """Runs each arm of a fused case once into y (NaN first) and returns {arm: output}, or None (logged as a FAIL)
+    if the "fused" arm's output is not finite or not bit for bit the "unfused" one's."""
+    outs = {}
+    for name, call in arms.items():
+        y.fill_(float("nan"))
+        call(0)
+        torch.cuda.synchronize()
+        outs[name] = y.clone()
+    if not torch.equal(outs["unfused"], outs["fused"]) or not torch.isfinite(outs["fused"]).all().item():
+        b.log(f"  FAIL {what}: fused and unfused differ (or NaN)")
+        return None
+    return outs
+
+
 def fp8_fused_case(kind, n, k, m, sets, wr8, sc, copy_bw):
     """The decode step producer -> FP8 GEMV (m >= 2), both ways. kind "norm": "norm_frag_gemv" = rmsnorm_bf16 +
     gemv_act_frag_fp8 + the GEMV (what Gpu::rmsnorm + Gpu::fp8_gemv_tiles_split run) against "normfrag_gemv" =
@@ -282,21 +316,9 @@ def fp8_fused_case(kind, n, k, m, sets, wr8, sc, copy_bw):
     fg = kern("gemv", f"fp8_gemv_mma_tile_pre_n{8 * nt}_w{w}c{cs}")
     fa = kern("gemv", "gemv_act_frag_fp8")
     ga = ((xf.numel() // 4 + 255) // 256,)
-    if kind == "norm":
-        xs = [torch.randn(m, k, device=dev) * 2 for _ in range(sets)]
-        nw = torch.rand(k, device=dev) + 0.5
-        eps, add = f32(1e-6), f32(0.0)
-        fb, ff = kern("ops", "rmsnorm_bf16"), kern("ops", "rmsnorm_frag_fp8")
-        to_bf16 = lambda i: launch(fb, (m,), (256,), (ptr(xs[i]), ptr(nw), add, eps, ptr(xb), i32(k)))  # noqa: E731
-        to_frag = lambda i: b.launch_pdl(ff, (m,), (256,), (ptr(xs[i]), ptr(nw), add, eps, ptr(xf), i32(k)))  # noqa: E731
-        label, base = "fp8_normfrag", "norm + frag + gemv"
-    else:
-        gus = [torch.randn(m, 2 * k, device=dev) * 2 for _ in range(sets)]
-        fb, ff = kern("ops", "silu_and_mul_bf16"), kern("ops", "silu_and_mul_frag_fp8")
-        to_bf16 = lambda i: launch(fb, (m, (k + 1023) // 1024), (256,), (ptr(gus[i]), ptr(xb), i32(k)))  # noqa: E731
-        to_frag = lambda i: b.launch_pdl(ff, (m, ((k + 127) // 128 * 128 + 1023) // 1024), (256,),  # noqa: E731
-                                         (ptr(gus[i]), ptr(xf), i32(k)))
-        label, base = "fp8_glufrag", "silu*up + frag + gemv"
+    to_bf16, to_frag = producer_calls(kind, "fp8", m, k, sets, xb, xf)
+    label, base = (("fp8_normfrag", "norm + frag + gemv") if kind == "norm" else
+                   ("fp8_glufrag", "silu*up + frag + gemv"))
 
     def gemv(i):
         b.launch_pdl(fg, (g16, cs), (32 * w,), (ptr(xf), ptr(wr8[i]), ptr(sc[i]), ptr(y), i32(m), i32(n), i32(k)))
@@ -310,14 +332,7 @@ def fp8_fused_case(kind, n, k, m, sets, wr8, sc, copy_bw):
         to_frag(i)
         gemv(i)
     arms = {"unfused": unfused, "fused": fused}
-    outs = {}
-    for name, call in arms.items():
-        y.fill_(float("nan"))
-        call(0)
-        torch.cuda.synchronize()
-        outs[name] = y.clone()
-    if not torch.equal(outs["unfused"], outs["fused"]) or not torch.isfinite(outs["fused"]).all().item():
-        b.log(f"  FAIL fp8 {kind} M={m} N={n} K={k}: fused and unfused differ (or NaN)")
+    if fused_outputs(arms, y, f"fp8 {kind} M={m} N={n} K={k}") is None:
         return
     res = b.time_arms(arms, sets, 60 if n < 100000 else 8)
     nb, kb = (n + 127) // 128, (k + 127) // 128
@@ -358,26 +373,13 @@ def nvfp4_fused_case(kind, n, k, m, sets, wr, sr, copy_bw):
     gs = f32(0.01)
     fa, faz = kern("gemv", "gemv_act_frag_nvfp4"), kern("gemv", "gemv_act_frag_nvfp4_zero")
     ga = ((xf.numel() // 4 + 255) // 256,)
-    if kind == "norm":
-        xs = [torch.randn(m, k, device=dev) * 2 for _ in range(sets)]
-        nw = torch.rand(k, device=dev) + 0.5
-        eps, add = f32(1e-6), f32(0.0)
-        fb, ff = kern("ops", "rmsnorm_bf16"), kern("ops", "rmsnorm_frag_nvfp4")
-        to_bf16 = lambda i: launch(fb, (m,), (256,), (ptr(xs[i]), ptr(nw), add, eps, ptr(xb), i32(k)))  # noqa: E731
-        to_frag = lambda i: b.launch_pdl(ff, (m,), (256,), (ptr(xs[i]), ptr(nw), add, eps, ptr(xf), i32(k)))  # noqa: E731
-        label = "nvfp4_normfrag"
-    else:
-        gus = [torch.randn(m, 2 * k, device=dev) * 2 for _ in range(sets)]
-        fb, ff = kern("ops", "silu_and_mul_bf16"), kern("ops", "silu_and_mul_frag_nvfp4")
-        to_bf16 = lambda i: launch(fb, (m, (k + 1023) // 1024), (256,), (ptr(gus[i]), ptr(xb), i32(k)))  # noqa: E731
-        to_frag = lambda i: b.launch_pdl(ff, (m, ((k + 127) // 128 * 128 + 1023) // 1024), (256,),  # noqa: E731
-                                         (ptr(gus[i]), ptr(xf), i32(k)))
-        label = "nvfp4_glufrag"
+    to_bf16, to_frag = producer_calls(kind, "nvfp4", m, k, sets, xb, xf)
+    label = "nvfp4_normfrag" if kind == "norm" else "nvfp4_glufrag"
 
     def gemv(i, fragments):
         fg, grid, threads, takes_m, _ = nvfp4_gemv_cut(n, m, fragments)
-        b.launch_pdl(fg, grid, (threads,), (ptr(xf), ptr(wr[i]), ptr(sr[i]), gs, ptr(y)) + ((i32(m),) if takes_m else ())
-                     + (i32(n), i32(k)))
+        b.launch_pdl(fg, grid, (threads,), (ptr(xf), ptr(wr[i]), ptr(sr[i]), gs, ptr(y))
+                     + ((i32(m),) if takes_m else ()) + (i32(n), i32(k)))
 
     def auto(i):
         to_bf16(i)
@@ -396,14 +398,8 @@ def nvfp4_fused_case(kind, n, k, m, sets, wr, sr, copy_bw):
         to_frag(i)
         gemv(i, True)
     arms = {"auto": auto, "unfused": unfused, "fused": fused}
-    outs = {}
-    for name, call in arms.items():
-        y.fill_(float("nan"))
-        call(0)
-        torch.cuda.synchronize()
-        outs[name] = y.clone()
-    if not torch.equal(outs["unfused"], outs["fused"]) or not torch.isfinite(outs["fused"]).all().item():
-        b.log(f"  FAIL nvfp4 {kind} M={m} N={n} K={k}: fused and unfused differ (or NaN)")
+    outs = fused_outputs(arms, y, f"nvfp4 {kind} M={m} N={n} K={k}")
+    if outs is None:
         return
     err = rel(outs["fused"], outs["auto"])
     if not err < 1e-5:
@@ -614,6 +610,16 @@ def log_regs(name, fn):
         b.log(f"regs {name}: unavailable ({type(e).__name__}: {e})")
 
 
+def guarded(what, fn, *args):
+    """fn(*args), or None with an ERROR line (the traceback in the log) if it raises: one failing case must not
+    stop the others."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001
+        b.log(f"  ERROR {what}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+        return None
+
+
 def main():
     t0 = time.time()
     props = torch.cuda.get_device_properties(0)
@@ -643,23 +649,12 @@ def main():
             for i in range(sets):
                 launch(frp8, ((ntiles8 * 128 + 255) // 256,), (256,), (ptr(w8[i]), ptr(wr8[i]), i32(n), i32(k)))
             torch.cuda.synchronize()
-            fp8_auto = {}
-            try:
-                read_floor("fp8", n, k, sets, wr8, sc, copy_bw)
-            except Exception as e:  # noqa: BLE001
-                b.log(f"  ERROR fp8 read floor N={n} K={k}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
-            for m in ms:
-                try:
-                    fp8_auto[m] = fp8_case(n, k, m, sets, w8, wr8, sc, copy_bw, one, wbf)
-                except Exception as e:  # noqa: BLE001 - one failing case must not stop the others
-                    b.log(f"  ERROR fp8 M={m} N={n} K={k}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+            guarded(f"fp8 read floor N={n} K={k}", read_floor, "fp8", n, k, sets, wr8, sc, copy_bw)
+            fp8_auto = {m: guarded(f"fp8 M={m} N={n} K={k}", fp8_case, n, k, m, sets, w8, wr8, sc, copy_bw, one, wbf)
+                        for m in ms}
             for m in sorted(set(ms + [4]) - {1}):
                 for kind in ("norm", "glu"):
-                    try:
-                        fp8_fused_case(kind, n, k, m, sets, wr8, sc, copy_bw)
-                    except Exception as e:  # noqa: BLE001
-                        b.log(f"  ERROR fp8 {kind} M={m} N={n} K={k}: {type(e).__name__}: {e}\n"
-                              f"{traceback.format_exc()}")
+                    guarded(f"fp8 {kind} M={m} N={n} K={k}", fp8_fused_case, kind, n, k, m, sets, wr8, sc, copy_bw)
             del w8, wr8, sc, wbf
             torch.cuda.empty_cache()
         except _Skip:
@@ -697,21 +692,13 @@ def main():
                     launch(frp_a, grp, (256,), (ptr(w4[i]), ptr(s4[i]), ptr(alt_tiles[0][i]), ptr(alt_tiles[1][i]),
                                                 i32(n), i32(k)))
                 torch.cuda.synchronize()
-            try:
-                read_floor("nvfp4", n, k, sets4, wr, sr, copy_bw)
-            except Exception as e:  # noqa: BLE001
-                b.log(f"  ERROR nvfp4 read floor N={n} K={k}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+            guarded(f"nvfp4 read floor N={n} K={k}", read_floor, "nvfp4", n, k, sets4, wr, sr, copy_bw)
             for m in ms:
                 for kind in ("norm", "glu"):
-                    try:
-                        nvfp4_fused_case(kind, n, k, m, sets4, wr, sr, copy_bw)
-                    except Exception as e:  # noqa: BLE001
-                        b.log(f"  ERROR nvfp4 {kind} M={m} N={n} K={k}: {type(e).__name__}: {e}\n"
-                              f"{traceback.format_exc()}")
-                try:
-                    nvfp4_case(n, k, m, sets4, w4, s4, wr, sr, copy_bw, fp8_auto.get(m), alt_tiles)
-                except Exception as e:  # noqa: BLE001
-                    b.log(f"  ERROR nvfp4 M={m} N={n} K={k}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+                    guarded(f"nvfp4 {kind} M={m} N={n} K={k}", nvfp4_fused_case, kind, n, k, m, sets4, wr, sr,
+                            copy_bw)
+                guarded(f"nvfp4 M={m} N={n} K={k}", nvfp4_case, n, k, m, sets4, w4, s4, wr, sr, copy_bw,
+                        fp8_auto.get(m), alt_tiles)
             del w4, s4, wr, sr, alt_tiles
             torch.cuda.empty_cache()
         except _Skip:

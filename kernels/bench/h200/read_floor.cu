@@ -8,16 +8,9 @@
 // words), grid-stride, U independent streaming loads in flight per thread (the GEMVs' ld.global.nc.L1::no_allocate).
 // The XOR of everything read is kept so that no load is dead, and written to *sink only if it equals a constant
 // (so in practice nothing is written: the kernel reads and exits).
-#include <cstddef>
-#include <cstdint>
+#include "common.cuh"  // edgefit::ld_stream: the GEMVs' streaming load (ld.global.nc.L1::no_allocate.v4)
 
-__device__ __forceinline__ uint4 ld_stream_floor(const uint4* p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
+using edgefit::ld_stream;
 
 template <int U>
 __device__ __forceinline__ void read_floor(const uint4* __restrict__ a, unsigned long long na,
@@ -30,7 +23,7 @@ __device__ __forceinline__ void read_floor(const uint4* __restrict__ a, unsigned
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const size_t j = i + u * stride;
-            v[u] = j < na ? ld_stream_floor(a + j) : j < n ? ld_stream_floor(b + (j - na)) : make_uint4(0, 0, 0, 0);
+            v[u] = j < na ? ld_stream(a + j) : j < n ? ld_stream(b + (j - na)) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) x ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;

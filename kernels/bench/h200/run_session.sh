@@ -36,8 +36,8 @@ for l in sys.stdin:
   while read -r name exe; do cp "$exe" "$stage/$name"; strip --strip-debug "$stage/$name"; done < /tmp/edgefit-gpu-bins.txt
   cp "$out"/*.ptx "$out"/*.cubin "$out"/*.ptxas.txt "$stage/"
   # bench_gemv.py's read floor, not part of the crate: the same nvcc and target as kernels/build_cuda.rs
-  "${NVCC:-nvcc}" -ptx -arch=compute_90 -O3 -std=c++17 --Werror all-warnings -o "$stage/read_floor.ptx" \
-    kernels/bench/h200/read_floor.cu
+  "${NVCC:-nvcc}" -ptx -arch=compute_90 -O3 -std=c++17 --Werror all-warnings -Ikernels/cuda \
+    -o "$stage/read_floor.ptx" kernels/bench/h200/read_floor.cu
   rm -rf "$CARRY" && mkdir -p "$CARRY"
   tar -C "$stage" -czf "$CARRY/carry.tar.gz" .
   rm -rf "$stage"

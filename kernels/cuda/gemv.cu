@@ -1135,6 +1135,14 @@ extern "C" __global__ void __launch_bounds__(256, 4) nvfp4_gemv_tiles_n16_u1(con
 // 5120x10240; a tie on 17408x5120 and 4% slower on the lm_head (4 warps, one split): so Auto runs it on up to 8192
 // rows only (nvfp4_tiles_auto). A quarter fewer instructions buying 3-6% says these shapes are no longer
 // issue-bound.
+// A flat walk, measured and not kept (s15-run6, benchmarks/h200-runs/s15-run6/m1_flat_walk.patch): one wave of
+// SMs x 5 blocks, warp w of T taking flat chunks [F w / T, F (w + 1) / T) of the tile layout (F = tiles x chunks,
+// tile b's chunks contiguous) and adding into the zeroed y at each tile boundary, so every warp has the same work
+// whatever the tiles-to-SMs fit (17408 rows: 1088 tiles for 660 resident blocks). Alone on fragments it beat the
+// tile kernels on 17408x5120 (14.86 against 15.5-16.2 us), but as the call runs, after the fragment kernel that
+// zeroes y, it lost everywhere: 16.29 against 15.32 us (5120x17408), 16.24 against 15.45 (17408x5120, w8c1), 11.08
+// against 10.37 (5120x10240), 187.1 against 170.9 (lm_head, w4c1); with SMs x 4 blocks 13-24% slower still.
+//
 // Grid (ceil(n/16), splits), W warps per block taking every W-th chunk of the block's contiguous share. CS == 0:
 // with splits > 1 the partial sums are added into y with atomicAdd (y zeroed by gemv_act_frag_nvfp4_zero;
 // deterministic for 2 splits). CS > 1 (the _w{W}c{CS} builds, session 15): the CS blocks of a tile are one

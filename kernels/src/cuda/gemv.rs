@@ -927,8 +927,8 @@ impl Gpu {
     /// (at m = 1 `nvfp4_gemv_tiles_m1_w8c2`), which needs no zeroing and gives the same bits on every run.
     /// Not bit for bit with [`Gpu::nvfp4_gemv_tiles`] there (the halves meet in another order), the same precision
     /// class. Measured (s15-run3, `benchmarks/h200.md`, producer + this against `rmsnorm` / `silu_and_mul` +
-    /// [`Gpu::nvfp4_gemv_tiles`]): 1.08-1.37x on the layer shapes at m = 1 and 4, 1.01-1.28x at m = 16, the same
-    /// on the lm_head.
+    /// [`Gpu::nvfp4_gemv_tiles`]): 1.09-1.36x on the layer shapes at m = 1, 1.02-1.32x at m = 4, 1.01-1.24x at
+    /// m = 16, the same on the lm_head.
     pub fn nvfp4_gemv_tiles_fragments(
         &self,
         fragments: &Nvfp4Fragments,
@@ -1363,7 +1363,8 @@ pub(in crate::cuda) enum TilesKernel {
 /// where that one adds K splits into a zeroed y (its fragment kernel zeroes it; a producer writing the fragments
 /// does not): there the same split as one cluster (`M1Cluster` at m = 1, 8 warps x 2 blocks at m <= 8). s15-run3,
 /// the GEMV alone on fragments, m = 1: the cluster build 14.31 against 13.63 us (atomics, y not zeroed) on
-/// 5120x17408, 9.64 against 8.96 on 5120x10240; with its producer the step is still 1.08-1.37x the unfused one.
+/// 5120x17408, 9.64 against 8.96 on 5120x10240; with its producer the step is still 1.02-1.36x the unfused one
+/// at m = 1 and 4.
 fn nvfp4_fragments_cut(m: usize, n: usize) -> TilesKernel {
     match nvfp4_tiles_auto(m, n) {
         (TilesKernel::M1 { .. }, _) => TilesKernel::M1Cluster,

@@ -422,8 +422,8 @@ impl Gpu {
     /// [`Gpu::rmsnorm_fp8_fragments`] into the NVFP4 decode GEMV's fragments (its pair order) for
     /// [`Gpu::nvfp4_gemv_tiles_fragments`]: the same bits as [`Gpu::rmsnorm`]'s bf16 output converted by
     /// [`Gpu::nvfp4_gemv_tiles`]' own fragment kernel, one launch fewer. Measured with that GEMV (s15-run3,
-    /// `benchmarks/h200.md`): the norm + GEMV step 1.08-1.37x faster than `rmsnorm` + `nvfp4_gemv_tiles` on the
-    /// layer shapes at m = 1 and 4 (11.8 against 16.2 us on 5120x10240 at m = 1), the same on the lm_head.
+    /// `benchmarks/h200.md`): the norm + GEMV step 1.08-1.36x faster than `rmsnorm` + `nvfp4_gemv_tiles` on the
+    /// layer shapes at m = 1 and 4 (11.9 against 16.2 us on 5120x10240 at m = 1), the same on the lm_head.
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm_nvfp4_fragments(
         &self,

@@ -70,9 +70,9 @@ impl Device {
         });
         args.ptr(wp).f32(add).f32(eps).ptr(fp).i32(dim as i32);
         // SAFETY: matches `rmsnorm_frag_{fp8,nvfp4}(x, w, add, eps, xf, dim)` / `add_rmsnorm_frag_*(x, residual, w,
-        // add, eps, xf, dim)` in cuda/ops.cu (the caller picks the name by the residual's presence); the caller checked x and residual =
-        // [rows, dim], w = [dim], 1 <= rows <= 16 (one block per token; the kernel takes 8 tokens per fragment tile
-        // from gridDim.x), dim % 16 == 0 and dim <= 8192 (the kernel's float4 path, the only one that writes
+        // add, eps, xf, dim)` in cuda/ops.cu (the caller picks the name by the residual's presence); the caller
+        // checked x and residual = [rows, dim], w = [dim], 1 <= rows <= 16 (one block per token; the kernel takes 8
+        // tokens per fragment tile from gridDim.x), dim % 16 == 0 and dim <= 8192 (the kernel's float4 path, the only one that writes
         // fragments), and xf of at least ceil(dim/128) * nt * 512 words (Gpu::gemv_scratch_len), every entry the
         // kernel writes; as a programmatic dependent it touches memory only after its pdl_wait.
         unsafe { self.launch_pdl(name, &f, per_row(rows, NORM_THREADS), &mut args) }?;

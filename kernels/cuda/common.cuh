@@ -85,6 +85,15 @@ __device__ __forceinline__ void st_global_v4(void* p, float4 v) {
                  : "memory");
 }
 
+// y[0 .. len) = 0, shared by the nthreads threads of a grid (this one thread t): 16-byte stores, then the tail.
+// y must be 16-byte aligned (the crate's buffers are whole allocations, 256-byte aligned). The NVFP4 fragment
+// producers (ops.cu) zero the GEMV's output with it when the GEMV after them adds K splits into it.
+__device__ __forceinline__ void zero_f32(float* __restrict__ y, size_t len, size_t t, size_t nthreads) {
+    const size_t n4 = len >> 2;
+    for (size_t i = t; i < n4; i += nthreads) st_global_v4(y + 4 * i, make_float4(0.f, 0.f, 0.f, 0.f));
+    for (size_t i = 4 * n4 + t; i < len; i += nthreads) y[i] = 0.f;
+}
+
 // A 16-byte load that bypasses L1 allocation: weights are read exactly once per call.
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
     uint4 r;

@@ -214,11 +214,16 @@ __device__ __forceinline__ void glu_chunk(const float* __restrict__ gate_up, __n
 // by gemv_act_frag_fp8 / _nvfp4) for up to 16 token rows: the down projection's activations without the fragment
 // kernel's launch. Needs inter % 16 == 0 (the Rust side checks); grid (rows, ceil(ceil(inter/128)*128 / 1024)):
 // threads past inter but inside its last 128-chunk write zeros. A programmatic dependent, as rmsnorm_frag_fp8.
+// With y (not null) the grid also zeroes y[0 .. ylen), the output of a GEMV after it that adds K splits into it
+// (Gpu::silu_and_mul_nvfp4_gemv), as gemv_act_frag_nvfp4_zero does for the unfused path.
 template <bool GELU, int FMT>
 __device__ __forceinline__ void glu_frag_chunk(const float* __restrict__ gate_up, uint32_t* __restrict__ xf,
-                                               int inter) {
+                                               int inter, float* __restrict__ y, unsigned long long ylen) {
     pdl_launch_dependents();
     pdl_wait();
+    if (y != nullptr)
+        zero_f32(y, ylen, (static_cast<size_t>(blockIdx.x) * gridDim.y + blockIdx.y) * GLU_THREADS + threadIdx.x,
+                 static_cast<size_t>(gridDim.x) * gridDim.y * GLU_THREADS);
     const FragSink<FMT> sink = FragSink<FMT>::of_block(xf);
     const int j = (blockIdx.y * GLU_THREADS + threadIdx.x) * 4;
     if (j >= inter) {
@@ -572,40 +577,52 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
 // RMSNorm (ADD: after residual += x) of up to 16 token rows straight into a decode GEMV's B fragments
 // (Gpu::rmsnorm_fp8_fragments / rmsnorm_nvfp4_fragments; FragSink<FMT> above): the fragment kernel's launch saved. Needs dim % 16 == 0 and
 // dim <= 8192 (the vector path; the Rust side checks). The values of the last 128-chunk past dim are zeroed here.
+// With y (not null) the blocks also zero y[0 .. ylen), the output of a GEMV after it that adds K splits into it
+// (Gpu::rmsnorm_nvfp4_gemv), as gemv_act_frag_nvfp4_zero does for the unfused path.
 template <bool ADD, int FMT>
 __device__ __forceinline__ void rmsnorm_frag_body(const float* __restrict__ x, float* __restrict__ residual,
                                                   const float* __restrict__ w, float add, float eps,
-                                                  uint32_t* __restrict__ xf, int dim) {
+                                                  uint32_t* __restrict__ xf, int dim, float* __restrict__ y,
+                                                  unsigned long long ylen) {
     // Launched as a programmatic dependent (common.cuh): the GEMV after it gets resident early, and this kernel's
-    // own launch overlaps the kernel before it, which may still read the fragments (the last GEMV) or write x.
+    // own launch overlaps the kernel before it, which may still read the fragments (the last GEMV) or write x
+    // (or read y).
     pdl_launch_dependents();
     pdl_wait();
+    if (y != nullptr)
+        zero_f32(y, ylen, static_cast<size_t>(blockIdx.x) * NORM_THREADS + threadIdx.x,
+                 static_cast<size_t>(gridDim.x) * NORM_THREADS);
     const FragSink<FMT> sink = FragSink<FMT>::of_block(xf);
     rmsnorm_row_to<ADD>(x, residual, w, add, eps, sink, dim);
     const int padded = (dim + 127) & ~127;
     for (int e = dim + 4 * static_cast<int>(threadIdx.x); e < padded; e += 4 * NORM_THREADS)
         sink.store4(e, make_float4(0.f, 0.f, 0.f, 0.f));
 }
+// The producers' last two arguments (y, ylen): the output to zero for the GEMV after them, or (nullptr, 0). Only
+// the NVFP4 GEMV adds K splits into its output (nvfp4_tiles_auto); FP8's fragment GEMV writes it whole, so its
+// producers are always given (nullptr, 0) and take the pair only to keep one signature.
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     rmsnorm_frag_fp8(const float* __restrict__ x, const float* __restrict__ w, float add, float eps,
-                     uint32_t* __restrict__ xf, int dim) {
-    rmsnorm_frag_body<false, 0>(x, nullptr, w, add, eps, xf, dim);
+                     uint32_t* __restrict__ xf, int dim, float* __restrict__ y, unsigned long long ylen) {
+    rmsnorm_frag_body<false, 0>(x, nullptr, w, add, eps, xf, dim, y, ylen);
 }
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     add_rmsnorm_frag_fp8(const float* __restrict__ x, float* __restrict__ residual, const float* __restrict__ w,
-                         float add, float eps, uint32_t* __restrict__ xf, int dim) {
-    rmsnorm_frag_body<true, 0>(x, residual, w, add, eps, xf, dim);
+                         float add, float eps, uint32_t* __restrict__ xf, int dim, float* __restrict__ y,
+                         unsigned long long ylen) {
+    rmsnorm_frag_body<true, 0>(x, residual, w, add, eps, xf, dim, y, ylen);
 }
 // The same into the NVFP4 decode GEMV's fragments (Gpu::rmsnorm_nvfp4_fragments; pair order (a, a + 4)).
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     rmsnorm_frag_nvfp4(const float* __restrict__ x, const float* __restrict__ w, float add, float eps,
-                       uint32_t* __restrict__ xf, int dim) {
-    rmsnorm_frag_body<false, 1>(x, nullptr, w, add, eps, xf, dim);
+                       uint32_t* __restrict__ xf, int dim, float* __restrict__ y, unsigned long long ylen) {
+    rmsnorm_frag_body<false, 1>(x, nullptr, w, add, eps, xf, dim, y, ylen);
 }
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     add_rmsnorm_frag_nvfp4(const float* __restrict__ x, float* __restrict__ residual, const float* __restrict__ w,
-                           float add, float eps, uint32_t* __restrict__ xf, int dim) {
-    rmsnorm_frag_body<true, 1>(x, residual, w, add, eps, xf, dim);
+                           float add, float eps, uint32_t* __restrict__ xf, int dim, float* __restrict__ y,
+                           unsigned long long ylen) {
+    rmsnorm_frag_body<true, 1>(x, residual, w, add, eps, xf, dim, y, ylen);
 }
 
 // Gated activations: gate_up fp32 [rows, 2 * inter] (gate first), out bf16 [rows, inter].
@@ -619,22 +636,26 @@ extern "C" __global__ void __launch_bounds__(GLU_THREADS)
 }
 
 // *_and_mul into the decode GEMVs' fragments (glu_frag_chunk; FP8's and NVFP4's pair order): gate_up fp32
-// [rows <= 16, 2 * inter].
+// [rows <= 16, 2 * inter]; (y, ylen) as the norm producers'.
 extern "C" __global__ void __launch_bounds__(GLU_THREADS)
-    silu_and_mul_frag_fp8(const float* __restrict__ gate_up, uint32_t* __restrict__ xf, int inter) {
-    glu_frag_chunk<false, 0>(gate_up, xf, inter);
+    silu_and_mul_frag_fp8(const float* __restrict__ gate_up, uint32_t* __restrict__ xf, int inter,
+                          float* __restrict__ y, unsigned long long ylen) {
+    glu_frag_chunk<false, 0>(gate_up, xf, inter, y, ylen);
 }
 extern "C" __global__ void __launch_bounds__(GLU_THREADS)
-    gelu_and_mul_frag_fp8(const float* __restrict__ gate_up, uint32_t* __restrict__ xf, int inter) {
-    glu_frag_chunk<true, 0>(gate_up, xf, inter);
+    gelu_and_mul_frag_fp8(const float* __restrict__ gate_up, uint32_t* __restrict__ xf, int inter,
+                          float* __restrict__ y, unsigned long long ylen) {
+    glu_frag_chunk<true, 0>(gate_up, xf, inter, y, ylen);
 }
 extern "C" __global__ void __launch_bounds__(GLU_THREADS)
-    silu_and_mul_frag_nvfp4(const float* __restrict__ gate_up, uint32_t* __restrict__ xf, int inter) {
-    glu_frag_chunk<false, 1>(gate_up, xf, inter);
+    silu_and_mul_frag_nvfp4(const float* __restrict__ gate_up, uint32_t* __restrict__ xf, int inter,
+                            float* __restrict__ y, unsigned long long ylen) {
+    glu_frag_chunk<false, 1>(gate_up, xf, inter, y, ylen);
 }
 extern "C" __global__ void __launch_bounds__(GLU_THREADS)
-    gelu_and_mul_frag_nvfp4(const float* __restrict__ gate_up, uint32_t* __restrict__ xf, int inter) {
-    glu_frag_chunk<true, 1>(gate_up, xf, inter);
+    gelu_and_mul_frag_nvfp4(const float* __restrict__ gate_up, uint32_t* __restrict__ xf, int inter,
+                            float* __restrict__ y, unsigned long long ylen) {
+    glu_frag_chunk<true, 1>(gate_up, xf, inter, y, ylen);
 }
 
 // Embedding gather from a bf16 table [vocab, dim] into fp32 out [n, dim], one block of 128 threads per id. An id >=

@@ -3,7 +3,8 @@
 //! `Gpu::nvfp4_gemv_tiles_m1`,
 //! `Gpu::fp8_block_gemv_with_scratch`, the fused decode steps `Gpu::rmsnorm_fp8_fragments` /
 //! `Gpu::silu_and_mul_fp8_fragments` / `gelu_and_mul_fp8_fragments` + `Gpu::fp8_gemv_tiles_fragments` and their
-//! NVFP4 twins (`Gpu::rmsnorm_nvfp4_fragments`, ... + `Gpu::nvfp4_gemv_tiles_fragments`), and the variants
+//! NVFP4 twins (`Gpu::rmsnorm_nvfp4_fragments`, ... + `Gpu::nvfp4_gemv_tiles_fragments`; the one-call steps
+//! `Gpu::rmsnorm_nvfp4_gemv`, `Gpu::silu_and_mul_nvfp4_gemv`, `gelu_and_mul_nvfp4_gemv`), and the variants
 //! `Gpu::fp8_block_gemv_preconverted`,
 //! `Gpu::fp8_block_gemv_split` and `Gpu::nvfp4_gemv_preconverted`) against
 //! `kernels::reference::linear`: fresh random inputs each run (the seed is
@@ -660,6 +661,9 @@ fn glu_fragments_feed_the_fp8_gemv_bit_for_bit() {
 /// relative) and a misplaced fragment value shows at once. m from 1 to 16, k not a multiple of 128 (the norm
 /// zeroes the last chunk's tail), n on both sides of the 8192-row cut; poisoned fragments and outputs; a second
 /// fused run bit for bit (the cluster sums are deterministic). The written-back residual matches the unfused one.
+/// And the one-call steps (`Gpu::rmsnorm_nvfp4_gemv`, `silu_and_mul_nvfp4_gemv`, `gelu_and_mul_nvfp4_gemv`: the
+/// producer zeroes y where `Auto`'s kernel adds K splits into it): bit for bit the unfused step, twice, the first
+/// time into a NaN-poisoned y, the second into the y the first wrote (an unzeroed y would show either way).
 #[test]
 fn producer_fragments_feed_the_nvfp4_gemv() {
     let Some(gpu) = gpu() else { return };
@@ -746,6 +750,49 @@ fn producer_fragments_feed_the_nvfp4_gemv() {
                     .unwrap();
                 runs.push(gpu.download(&yb).unwrap());
             }
+            // The step (producer zeroing y where the GEMV adds K splits, then Auto's own kernel): bit for bit the
+            // unfused path, into a poisoned y and again into the y it wrote (so the zeroing is real), the
+            // fragments left for the next GEMV.
+            let mut yc = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            let mut frags =
+                Nvfp4Fragments::new(poisoned_scratch(&gpu, Gpu::gemv_scratch_len(m, k)));
+            for run in 0..2 {
+                let mut res_c = gpu.upload(&res0).unwrap();
+                match producer {
+                    "silu" => {
+                        gpu.silu_and_mul_nvfp4_gemv(&gate_up, &mut frags, &tiles, global, &mut yc)
+                    }
+                    "gelu" => {
+                        gpu.gelu_and_mul_nvfp4_gemv(&gate_up, &mut frags, &tiles, global, &mut yc)
+                    }
+                    "norm" => gpu.rmsnorm_nvfp4_gemv(
+                        &x, None, &norm_w, form, 1e-6, &mut frags, &tiles, global, &mut yc,
+                    ),
+                    _ => gpu.rmsnorm_nvfp4_gemv(
+                        &x,
+                        Some(&mut res_c),
+                        &norm_w,
+                        form,
+                        1e-6,
+                        &mut frags,
+                        &tiles,
+                        global,
+                        &mut yc,
+                    ),
+                }
+                .unwrap();
+                let step = gpu.download(&yc).unwrap();
+                assert_same_bits(&format!("step {what}, run {run}"), &step, &unfused, n);
+                if producer.starts_with("add") {
+                    assert_same_bits(
+                        &format!("step's written-back residual {what}"),
+                        &gpu.download(&res_a).unwrap(),
+                        &gpu.download(&res_c).unwrap(),
+                        k,
+                    );
+                }
+            }
+            assert_eq!(frags.written(), Some((m, k)), "{what}: the step's record");
             check(&format!("fused {what}"), &runs[0], &want, n);
             let e = rel_err(&what, &runs[0], &unfused);
             assert!(
@@ -1016,6 +1063,79 @@ fn gemv_variant_errors_name_the_operand() {
     assert!(
         gpu.download(&yz).unwrap().iter().all(|&v| v == 0.0),
         "zero weights through the fused step gave a nonzero or unwritten output"
+    );
+    // The producer + GEMV steps check every operand before their first launch: a refused one leaves y and the
+    // fragments' record as they were.
+    let before = f4.written();
+    let mut ys = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+    let w_short = gpu.upload(&vec![1.0f32; k - 16]).unwrap();
+    let e = gpu
+        .rmsnorm_nvfp4_gemv(
+            &xm,
+            None,
+            &w_short,
+            NormWeight::Plain,
+            1e-6,
+            &mut f4,
+            &tiles,
+            1.0,
+            &mut ys,
+        )
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("the norm's weight has 144 elements, the GEMV's k is 160"),
+        "{e}"
+    );
+    let e = gpu
+        .rmsnorm_nvfp4_gemv(
+            &xm,
+            None,
+            &nw,
+            NormWeight::Plain,
+            1e-6,
+            &mut f4,
+            &tiles,
+            1.0,
+            &mut y8,
+        )
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("y has 64 elements, expected 72"),
+        "{e}"
+    );
+    let e = gpu
+        .rmsnorm_nvfp4_gemv(
+            &xn17,
+            None,
+            &nw,
+            NormWeight::Plain,
+            1e-6,
+            &mut f4,
+            &tiles,
+            1.0,
+            &mut ys,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("m must be 1..=16"), "{e}");
+    let gu_ragged = gpu.upload(&vec![1.0f32; m * 2 * k + 3]).unwrap();
+    let e = gpu
+        .gelu_and_mul_nvfp4_gemv(&gu_ragged, &mut f4, &tiles, 1.0, &mut ys)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains(
+            "gate_up has 2883 elements, not a whole number of rows of 320 (the GEMV's k = 160)"
+        ),
+        "{e}"
+    );
+    let e = gpu
+        .silu_and_mul_nvfp4_gemv(&gum, &mut f4, &tiles, f32::INFINITY, &mut ys)
+        .unwrap_err();
+    assert!(e.to_string().contains("global_scale must be finite"), "{e}");
+    assert_eq!(f4.written(), before, "a refused step changed the record");
+    assert!(
+        gpu.download(&ys).unwrap().iter().all(|v| v.is_nan()),
+        "a refused step wrote y"
     );
     // Zero weights (e2m1 code 0) times random activations: every output written, and exactly zero.
     let mut r = rng("gemv_variant_errors");

@@ -43,6 +43,8 @@ Arms (kernel names as in the SASS, for grepping):
   nv4  normfrag, glufrag  rmsnorm_frag_nvfp4 / silu_and_mul_frag_nvfp4 + Gpu::nvfp4_gemv_tiles_fragments' kernel
       against the bf16 producer + fragment kernel + Auto's kernel (nvfp4_fused_case; rows _u: the bf16 producer
       + fragment kernel + the fragments kernel)
+  nv4  normstep, glustep  the same producers zeroing y where Auto's kernel adds K splits into it, then Auto's
+      kernel (Gpu::rmsnorm_nvfp4_gemv / silu_and_mul_nvfp4_gemv), checked bit for bit against the unfused path
   nv4  t1k{S}  gemv_act_frag_nvfp4[_zero] + nvfp4_gemv_tiles_n8/_n16_u1, grid.y = S (1-4) -- Gpu::nvfp4_gemv_tiles_variant
   nv4  m1w{W}k{S}  gemv_act_frag_nvfp4[_zero] + nvfp4_gemv_tiles_m1_w{W}, grid.y = S (m = 1; Gpu::nvfp4_gemv_tiles_m1)
   nv4  w{W}c{CS}[_plain]  gemv_act_frag_nvfp4 + nvfp4_gemv_mma_tile_pre_n8/_n16_w{W}c{CS}
@@ -267,20 +269,24 @@ def fp8_case(n, k, m, sets, w8, wr8, sc, copy_bw, one, wbf):
 def producer_calls(kind, fmt, m, k, sets, xb, xf):
     """The decode step's producer of fp8_fused_case / nvfp4_fused_case on `sets` fresh inputs: kind "norm"
     (rmsnorm_bf16 / rmsnorm_frag_{fmt}) or "glu" (silu_and_mul_bf16 / silu_and_mul_frag_{fmt}, inter = k). Returns
-    (to_bf16(i), to_frag(i)): the bf16 producer into xb, launched plainly (it has no griddepcontrol), and the
-    fragment producer into xf, as a programmatic dependent (it waits for its predecessor itself)."""
+    (to_bf16(i), to_frag(i, zero=None)): the bf16 producer into xb, launched plainly (it has no griddepcontrol),
+    and the fragment producer into xf, as a programmatic dependent (it waits for its predecessor itself), zeroing
+    the tensor `zero` as well if given (what Gpu::rmsnorm_nvfp4_gemv's producer does for a GEMV adding into y)."""
+    def z(zero):
+        return (ptr(zero), np.uint64(zero.numel())) if zero is not None else (np.uint64(0), np.uint64(0))
     if kind == "norm":
         xs = [torch.randn(m, k, device=dev) * 2 for _ in range(sets)]
         nw = torch.rand(k, device=dev) + 0.5
         eps, add = f32(1e-6), f32(0.0)
         fb, ff = kern("ops", "rmsnorm_bf16"), kern("ops", f"rmsnorm_frag_{fmt}")
         return (lambda i: launch(fb, (m,), (256,), (ptr(xs[i]), ptr(nw), add, eps, ptr(xb), i32(k))),
-                lambda i: b.launch_pdl(ff, (m,), (256,), (ptr(xs[i]), ptr(nw), add, eps, ptr(xf), i32(k))))
+                lambda i, zero=None: b.launch_pdl(ff, (m,), (256,),
+                                                  (ptr(xs[i]), ptr(nw), add, eps, ptr(xf), i32(k)) + z(zero)))
     gus = [torch.randn(m, 2 * k, device=dev) * 2 for _ in range(sets)]
     fb, ff = kern("ops", "silu_and_mul_bf16"), kern("ops", f"silu_and_mul_frag_{fmt}")
     return (lambda i: launch(fb, (m, (k + 1023) // 1024), (256,), (ptr(gus[i]), ptr(xb), i32(k))),
-            lambda i: b.launch_pdl(ff, (m, ((k + 127) // 128 * 128 + 1023) // 1024), (256,),
-                                   (ptr(gus[i]), ptr(xf), i32(k))))
+            lambda i, zero=None: b.launch_pdl(ff, (m, ((k + 127) // 128 * 128 + 1023) // 1024), (256,),
+                                              (ptr(gus[i]), ptr(xf), i32(k)) + z(zero)))
 
 
 def fused_outputs(arms, y, what):
@@ -397,13 +403,21 @@ def nvfp4_fused_case(kind, n, k, m, sets, wr, sr, copy_bw):
     def fused(i):
         to_frag(i)
         gemv(i, True)
-    arms = {"auto": auto, "unfused": unfused, "fused": fused}
-    outs = fused_outputs(arms, y, f"nvfp4 {kind} M={m} N={n} K={k}")
+
+    def step(i):
+        to_frag(i, y if nvfp4_gemv_cut(n, m, False)[4] else None)
+        gemv(i, False)
+    arms = {"auto": auto, "unfused": unfused, "fused": fused, "step": step}
+    what = f"nvfp4 {kind} M={m} N={n} K={k}"
+    outs = fused_outputs(arms, y, what)
     if outs is None:
         return
     err = rel(outs["fused"], outs["auto"])
     if not err < 1e-5:
-        b.log(f"  FAIL nvfp4 {kind} M={m} N={n} K={k}: fused against auto rel diff {err:.2e}")
+        b.log(f"  FAIL {what}: fused against auto rel diff {err:.2e}")
+        return
+    if not torch.equal(outs["step"], outs["auto"]):
+        b.log(f"  FAIL {what}: the step (producer zeroing y + Auto's kernel) differs from auto")
         return
     res = b.time_arms(arms, sets, 60 if n < 100000 else 8)
     moved = n * k // 2 + n * k // 16 + m * k * 2 + m * n * 4
@@ -412,6 +426,9 @@ def nvfp4_fused_case(kind, n, k, m, sets, wr, sr, copy_bw):
           target=">=85% copy", note=f"fused == unfused bitwise, rel diff vs auto {err:.1e}")
     b.row(label + "_u", shape, res["unfused"], "producer + frag + auto", res["auto"], bytes_moved=moved,
           ceiling=copy_bw, note="unfused: frag kernel + the fragments GEMV")
+    b.row(label.replace("frag", "step"), shape, res["step"], "producer + frag + auto", res["auto"],
+          bytes_moved=moved, ceiling=copy_bw, target=">=85% copy",
+          note="Gpu::*_nvfp4_gemv: the producer zeroes y, Auto's kernel; == auto bitwise")
 
 
 # The cuts of the tensor-core GEMVs over preconverted activations (Gpu::fp8_block_gemv_split,

@@ -924,7 +924,10 @@ impl Gpu {
     /// (checked: [`Nvfp4Fragments`]; read, not written): the NVFP4 decode GEMV without its fragment kernel. The
     /// kernel is [`Gpu::nvfp4_gemv_tiles`]' choice where that one writes y whole; where it adds two K splits into a
     /// y its fragment kernel zeroed (m <= 8 on up to 8192 rows), the same split runs as one thread-block cluster
-    /// (at m = 1 `nvfp4_gemv_tiles_m1_w8c2`), which needs no zeroing and gives the same bits on every run.
+    /// (at m = 1 `nvfp4_gemv_tiles_m1_w8c2`), which needs no zeroing and gives the same bits on every run. (The
+    /// steps [`Gpu::rmsnorm_nvfp4_gemv`], [`Gpu::silu_and_mul_nvfp4_gemv`] run producer and GEMV in one call and
+    /// have the producer zero y, so they keep `Auto`'s atomic split: call one for the first GEMV on an input, this
+    /// for the others on the same fragments.)
     /// Not bit for bit with [`Gpu::nvfp4_gemv_tiles`] there (the halves meet in another order), the same precision
     /// class. Measured (s15-run3, `benchmarks/h200.md`, producer + this against `rmsnorm` / `silu_and_mul` +
     /// [`Gpu::nvfp4_gemv_tiles`]): 1.09-1.36x on the layer shapes at m = 1, 1.02-1.32x at m = 4, 1.01-1.24x at
@@ -952,6 +955,171 @@ impl Gpu {
         {
             self.inner.nvfp4_gemv_tiles_fragments(
                 kernel,
+                1,
+                &fragments.slice,
+                &tiles.w.slice,
+                &tiles.scales.slice,
+                global_scale,
+                &mut y.slice,
+                m,
+                n,
+                k,
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (fragments, y, kernel);
+            match self.never {}
+        }
+    }
+
+    /// The NVFP4 decode step from the norm: [`Gpu::rmsnorm_nvfp4_fragments`] (with or without `residual`) into
+    /// `fragments`, then [`Gpu::nvfp4_gemv_tiles`]' own kernel on them into `y` (`[m, n]`: `m` the rows of `x`,
+    /// the norm's dim the GEMV's `k`), two launches. Where that kernel adds two K splits into `y` (m <= 8 on up to
+    /// 8192 rows, `nvfp4_tiles_auto`), the norm's launch zeroes `y` as well, which a producer called apart cannot
+    /// do for [`Gpu::nvfp4_gemv_tiles_fragments`] (that one runs a cluster build there, 5% slower alone). So `y`
+    /// is bit for bit [`Gpu::rmsnorm`] + [`Gpu::nvfp4_gemv_tiles`]' (the same fragments, the same kernel), the
+    /// same on every run, and the fragments stay written for the other GEMVs of the same input, which take
+    /// [`Gpu::nvfp4_gemv_tiles_fragments`]. Everything is checked before the first launch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm_nvfp4_gemv(
+        &self,
+        x: &GpuBuffer<f32>,
+        residual: Option<&mut GpuBuffer<f32>>,
+        weight: &GpuBuffer<f32>,
+        form: crate::ops::NormWeight,
+        eps: f32,
+        fragments: &mut Nvfp4Fragments,
+        tiles: &Nvfp4TileWeights,
+        global_scale: f32,
+        y: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        let producer = StepProducer::Norm {
+            x,
+            residual,
+            weight,
+            form,
+            eps,
+        };
+        self.nvfp4_step(
+            "cuda::rmsnorm_nvfp4_gemv",
+            producer,
+            fragments,
+            tiles,
+            global_scale,
+            y,
+        )
+    }
+
+    /// The NVFP4 decode step's down projection: [`Gpu::silu_and_mul_nvfp4_fragments`] of `gate_up` (`[m, 2k]`,
+    /// `k` the GEMV's) into `fragments`, then the GEMV into `y`, as [`Gpu::rmsnorm_nvfp4_gemv`] (the activation's
+    /// launch zeroes `y` where the GEMV adds K splits into it; bit for bit [`Gpu::silu_and_mul`] +
+    /// [`Gpu::nvfp4_gemv_tiles`]).
+    pub fn silu_and_mul_nvfp4_gemv(
+        &self,
+        gate_up: &GpuBuffer<f32>,
+        fragments: &mut Nvfp4Fragments,
+        tiles: &Nvfp4TileWeights,
+        global_scale: f32,
+        y: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        let producer = StepProducer::Glu {
+            gelu: false,
+            gate_up,
+        };
+        self.nvfp4_step(
+            "cuda::silu_and_mul_nvfp4_gemv",
+            producer,
+            fragments,
+            tiles,
+            global_scale,
+            y,
+        )
+    }
+
+    /// [`Gpu::silu_and_mul_nvfp4_gemv`] with [`Gpu::gelu_and_mul`]'s activation.
+    pub fn gelu_and_mul_nvfp4_gemv(
+        &self,
+        gate_up: &GpuBuffer<f32>,
+        fragments: &mut Nvfp4Fragments,
+        tiles: &Nvfp4TileWeights,
+        global_scale: f32,
+        y: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        let producer = StepProducer::Glu {
+            gelu: true,
+            gate_up,
+        };
+        self.nvfp4_step(
+            "cuda::gelu_and_mul_nvfp4_gemv",
+            producer,
+            fragments,
+            tiles,
+            global_scale,
+            y,
+        )
+    }
+
+    /// The body of the `*_nvfp4_gemv` steps: the GEMV's operands checked, then the producer (which checks its
+    /// own before launching; it zeroes `y` where the kernel adds into it), then the GEMV.
+    fn nvfp4_step(
+        &self,
+        op: &'static str,
+        producer: StepProducer<'_>,
+        fragments: &mut Nvfp4Fragments,
+        tiles: &Nvfp4TileWeights,
+        global_scale: f32,
+        y: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        let (n, k) = (tiles.n, tiles.k);
+        // k > 0: the tiles exist (nvfp4_repack_tiles refuses k = 0).
+        let (input, width, len) = match &producer {
+            StepProducer::Norm { x, weight, .. } => {
+                crate::ensure_shape!(
+                    weight.len() == k,
+                    op,
+                    "the norm's weight has {} elements, the GEMV's k is {k}",
+                    weight.len()
+                );
+                ("x", k, x.len())
+            }
+            StepProducer::Glu { gate_up, .. } => ("gate_up", 2 * k, gate_up.len()),
+        };
+        crate::ensure_shape!(
+            len.is_multiple_of(width),
+            op,
+            "{input} has {len} elements, not a whole number of rows of {width} (the GEMV's k = {k})"
+        );
+        let m = len / width;
+        check_gemv_dims(op, m, n, k, 32)?;
+        check_len(op, "y", y.len(), m * n)?;
+        crate::ensure_shape!(
+            global_scale.is_finite(),
+            op,
+            "global_scale must be finite, got {global_scale}"
+        );
+        let (kernel, splits) = nvfp4_tiles_auto(m, n);
+        // Auto's kernels that add K splits into y; the others write it whole.
+        let adds = splits > 1 && matches!(kernel, TilesKernel::Split | TilesKernel::M1 { .. });
+        let zero = if adds { Some(&mut *y) } else { None };
+        match producer {
+            StepProducer::Norm {
+                x,
+                residual,
+                weight,
+                form,
+                eps,
+            } => self.rmsnorm_fragments(op, x, residual, weight, form, eps, fragments, zero)?,
+            StepProducer::Glu { gelu, gate_up } => {
+                self.glu_fragments(op, gelu, gate_up, k, fragments, zero)?
+            }
+        }
+        let fragments = fragments.for_read(op, m, k)?;
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.nvfp4_gemv_tiles_fragments(
+                kernel,
+                if adds { splits } else { 1 },
                 &fragments.slice,
                 &tiles.w.slice,
                 &tiles.scales.slice,
@@ -1340,6 +1508,24 @@ pub(in crate::cuda) enum SplitFormat {
     Nvfp4Tile,
 }
 
+/// What the `*_nvfp4_gemv` decode steps run before their GEMV ([`Gpu::rmsnorm_nvfp4_gemv`],
+/// [`Gpu::silu_and_mul_nvfp4_gemv`], [`Gpu::gelu_and_mul_nvfp4_gemv`]).
+enum StepProducer<'a> {
+    /// [`Gpu::rmsnorm_nvfp4_fragments`]' operands.
+    Norm {
+        x: &'a GpuBuffer<f32>,
+        residual: Option<&'a mut GpuBuffer<f32>>,
+        weight: &'a GpuBuffer<f32>,
+        form: crate::ops::NormWeight,
+        eps: f32,
+    },
+    /// [`Gpu::silu_and_mul_nvfp4_fragments`]' (or gelu's, `gelu`) operand; `inter` is the GEMV's `k`.
+    Glu {
+        gelu: bool,
+        gate_up: &'a GpuBuffer<f32>,
+    },
+}
+
 /// The builds of the tile-layout NVFP4 GEMV (`cuda/gemv.cu`) that `Device::nvfp4_gemv_tiles` launches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(in crate::cuda) enum TilesKernel {
@@ -1364,7 +1550,7 @@ pub(in crate::cuda) enum TilesKernel {
 /// does not): there the same split as one cluster (`M1Cluster` at m = 1, 8 warps x 2 blocks at m <= 8). s15-run3,
 /// the GEMV alone on fragments, m = 1: the cluster build 14.31 against 13.63 us (atomics, y not zeroed) on
 /// 5120x17408, 9.64 against 8.96 on 5120x10240; with its producer the step is still 1.02-1.36x the unfused one
-/// at m = 1 and 4.
+/// at m = 1 and 4. `Gpu::nvfp4_step` (the `*_nvfp4_gemv` calls) has its producer zero y and keeps `Auto`'s cut.
 fn nvfp4_fragments_cut(m: usize, n: usize) -> TilesKernel {
     match nvfp4_tiles_auto(m, n) {
         (TilesKernel::M1 { .. }, _) => TilesKernel::M1Cluster,

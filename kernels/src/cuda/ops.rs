@@ -416,6 +416,7 @@ impl Gpu {
             form,
             eps,
             fragments,
+            None,
         )
     }
 
@@ -442,11 +443,14 @@ impl Gpu {
             form,
             eps,
             fragments,
+            None,
         )
     }
 
+    /// The norm producers' body; `zero`, if given, is zeroed whole by the same launch (the output of a GEMV that
+    /// adds K splits into it: [`Gpu::rmsnorm_nvfp4_gemv`]).
     #[allow(clippy::too_many_arguments)]
-    fn rmsnorm_fragments<O: FragmentOrder>(
+    pub(in crate::cuda) fn rmsnorm_fragments<O: FragmentOrder>(
         &self,
         op: &'static str,
         x: &GpuBuffer<f32>,
@@ -455,6 +459,7 @@ impl Gpu {
         form: NormWeight,
         eps: f32,
         fragments: &mut GemvFragments<O>,
+        zero: Option<&mut GpuBuffer<f32>>,
     ) -> Result<(), KernelError> {
         let dim = weight.len();
         let rows = check_norm(op, x.len(), dim, eps)?;
@@ -480,13 +485,14 @@ impl Gpu {
                 add,
                 eps,
                 &mut fragments.slice,
+                zero.map(|z| &mut z.slice),
                 rows,
                 dim,
             )
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = (residual, add, fragments, rows);
+            let _ = (residual, add, fragments, zero, rows);
             match self.never {}
         }
     }
@@ -533,6 +539,7 @@ impl Gpu {
             gate_up,
             inter,
             fragments,
+            None,
         )
     }
 
@@ -549,6 +556,7 @@ impl Gpu {
             gate_up,
             inter,
             fragments,
+            None,
         )
     }
 
@@ -568,6 +576,7 @@ impl Gpu {
             gate_up,
             inter,
             fragments,
+            None,
         )
     }
 
@@ -584,16 +593,19 @@ impl Gpu {
             gate_up,
             inter,
             fragments,
+            None,
         )
     }
 
-    fn glu_fragments<O: FragmentOrder>(
+    /// The gated-activation producers' body; `zero` as `Gpu::rmsnorm_fragments`'.
+    pub(in crate::cuda) fn glu_fragments<O: FragmentOrder>(
         &self,
         op: &'static str,
         gelu: bool,
         gate_up: &GpuBuffer<f32>,
         inter: usize,
         fragments: &mut GemvFragments<O>,
+        zero: Option<&mut GpuBuffer<f32>>,
     ) -> Result<(), KernelError> {
         let rows = check_glu(op, gate_up.len(), inter)?;
         check_fragment_rows(op, rows, "gate_up")?;
@@ -607,12 +619,18 @@ impl Gpu {
         #[cfg(feature = "cuda")]
         {
             let name = O::KERNELS[2 + usize::from(gelu)];
-            self.inner
-                .glu_fragments(name, &gate_up.slice, &mut fragments.slice, rows, inter)
+            self.inner.glu_fragments(
+                name,
+                &gate_up.slice,
+                &mut fragments.slice,
+                zero.map(|z| &mut z.slice),
+                rows,
+                inter,
+            )
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = (gelu, fragments, rows);
+            let _ = (gelu, fragments, zero, rows);
             match self.never {}
         }
     }

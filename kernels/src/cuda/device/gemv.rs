@@ -697,12 +697,14 @@ impl Device {
         Ok(())
     }
 
-    /// `Gpu::nvfp4_gemv_tiles_fragments`' launch: the GEMV alone on fragments a producer wrote, cut by `kernel`
-    /// (`nvfp4_fragments_cut`): none of these adds into y, so nothing needs zeroing.
+    /// The GEMV alone on fragments a producer wrote, cut by `kernel`: `Gpu::nvfp4_gemv_tiles_fragments`' cuts
+    /// (`nvfp4_fragments_cut`, `splits` 1: none adds into y), or `Gpu::nvfp4_step`'s (`nvfp4_tiles_auto`: `Split`
+    /// and `M1` with `splits` > 1 add into y, which that step's producer zeroed).
     #[allow(clippy::too_many_arguments)]
     pub(in crate::cuda) fn nvfp4_gemv_tiles_fragments(
         &self,
         kernel: TilesKernel,
+        splits: usize,
         xf: &CudaSlice<u32>,
         wr: &CudaSlice<u8>,
         sr: &CudaSlice<u32>,
@@ -731,6 +733,24 @@ impl Device {
             (TilesKernel::M1Cluster, 1) => {
                 cfg.grid_dim.1 = 2;
                 ("nvfp4_gemv_tiles_m1_w8c2", None)
+            }
+            (TilesKernel::M1 { warps: w @ (4 | 8) }, 1) => {
+                cfg.grid_dim.1 = splits as u32;
+                cfg.block_dim.0 = 32 * w;
+                let name = if w == 8 {
+                    "nvfp4_gemv_tiles_m1_w8"
+                } else {
+                    "nvfp4_gemv_tiles_m1_w4"
+                };
+                (name, None)
+            }
+            (TilesKernel::Split, 1..=8) => {
+                cfg.grid_dim.1 = splits as u32;
+                ("nvfp4_gemv_tiles_n8_u1", Some(m))
+            }
+            (TilesKernel::Split, _) => {
+                cfg.grid_dim.1 = splits as u32;
+                ("nvfp4_gemv_tiles_n16_u1", Some(m))
             }
             (TilesKernel::Mma, 1..=8) => ("nvfp4_gemv_mma_tile_pre_n8", Some(m)),
             (TilesKernel::Mma, _) => ("nvfp4_gemv_mma_tile_pre_n16", Some(m)),

@@ -43,7 +43,7 @@ fn glu_config(rows: usize, width: usize) -> LaunchConfig {
 
 impl Device {
     /// `name`: `rmsnorm_frag_{fp8,nvfp4}` (`residual` `None`) or `add_rmsnorm_frag_*`: one block per token row,
-    /// writing a decode GEMV's activation fragments.
+    /// writing a decode GEMV's activation fragments, and zeroing `zero` whole if given.
     #[allow(clippy::too_many_arguments)]
     pub(in crate::cuda) fn rmsnorm_fragments(
         &self,
@@ -54,6 +54,7 @@ impl Device {
         add: f32,
         eps: f32,
         xf: &mut CudaSlice<u32>,
+        zero: Option<&mut CudaSlice<f32>>,
         rows: usize,
         dim: usize,
     ) -> Result<(), KernelError> {
@@ -69,14 +70,37 @@ impl Device {
             g
         });
         args.ptr(wp).f32(add).f32(eps).ptr(fp).i32(dim as i32);
-        // SAFETY: matches `rmsnorm_frag_{fp8,nvfp4}(x, w, add, eps, xf, dim)` / `add_rmsnorm_frag_*(x, residual, w,
-        // add, eps, xf, dim)` in cuda/ops.cu (the caller picks the name by the residual's presence); the caller
-        // checked x and residual = [rows, dim], w = [dim], 1 <= rows <= 16 (one block per token; the kernel takes 8
-        // tokens per fragment tile from gridDim.x), dim % 16 == 0 and dim <= 8192 (the kernel's float4 path, the only one that writes
-        // fragments), and xf of at least ceil(dim/128) * nt * 512 words (Gpu::gemv_scratch_len), every entry the
-        // kernel writes; as a programmatic dependent it touches memory only after its pdl_wait.
+        let _gz = self.zero_args(&mut args, zero);
+        // SAFETY: matches `rmsnorm_frag_{fp8,nvfp4}(x, w, add, eps, xf, dim, y, ylen)` / `add_rmsnorm_frag_*(x,
+        // residual, w, add, eps, xf, dim, y, ylen)` in cuda/ops.cu (the caller picks the name by the residual's
+        // presence); the caller checked x and residual = [rows, dim], w = [dim], 1 <= rows <= 16 (one block per
+        // token; the kernel takes 8 tokens per fragment tile from gridDim.x), dim % 16 == 0 and dim <= 8192 (the
+        // kernel's float4 path, the only one that writes fragments), and xf of at least ceil(dim/128) * nt * 512
+        // words (Gpu::gemv_scratch_len), every entry the kernel writes; (y, ylen) is a whole allocation and its
+        // length (zero_args) or (null, 0); as a programmatic dependent it touches memory only after its pdl_wait.
         unsafe { self.launch_pdl(name, &f, per_row(rows, NORM_THREADS), &mut args) }?;
         Ok(())
+    }
+
+    /// The producers' last two arguments: `zero`'s pointer and length (a whole allocation, so 256-byte aligned as
+    /// `zero_f32` in cuda/common.cuh needs), or (null, 0). Returns the pointer's guard, to hold until the launch.
+    fn zero_args<'a>(
+        &'a self,
+        args: &mut PdlArgs,
+        zero: Option<&'a mut CudaSlice<f32>>,
+    ) -> Option<cudarc::driver::SyncOnDrop<'a>> {
+        match zero {
+            Some(z) => {
+                let len = z.len() as u64;
+                let (zp, g) = z.device_ptr_mut(&self.stream);
+                args.ptr(zp).u64(len);
+                Some(g)
+            }
+            None => {
+                args.ptr(0).u64(0);
+                None
+            }
+        }
     }
 
     /// `rmsnorm_bf16` / `rmsnorm_f32` (`residual` `None`) or `add_rmsnorm_*` (`Some`): one block per row.
@@ -116,6 +140,7 @@ impl Device {
         name: &'static str,
         gate_up: &CudaSlice<f32>,
         xf: &mut CudaSlice<u32>,
+        zero: Option<&mut CudaSlice<f32>>,
         rows: usize,
         inter: usize,
     ) -> Result<(), KernelError> {
@@ -126,11 +151,13 @@ impl Device {
         let (fp, _gf) = xf.device_ptr_mut(&self.stream);
         let mut args = PdlArgs::default();
         args.ptr(gp).ptr(fp).i32(inter as i32);
-        // SAFETY: matches `*_and_mul_frag_{fp8,nvfp4}(gate_up, xf, inter)` in cuda/ops.cu; the caller checked gate_up =
-        // [rows, 2*inter] with 1 <= rows <= 16, inter % 16 == 0 (so the float4 loads are aligned) and
-        // inter <= 65535 * 1024 (a multiple of 128, so the padded grid's y stays <= 65535), and xf of at least
+        let _gz = self.zero_args(&mut args, zero);
+        // SAFETY: matches `*_and_mul_frag_{fp8,nvfp4}(gate_up, xf, inter, y, ylen)` in cuda/ops.cu; the caller
+        // checked gate_up = [rows, 2*inter] with 1 <= rows <= 16, inter % 16 == 0 (so the float4 loads are aligned)
+        // and inter <= 65535 * 1024 (a multiple of 128, so the padded grid's y stays <= 65535), and xf of at least
         // ceil(inter/128) * nt * 512 words (Gpu::gemv_scratch_len), every entry the grid writes (threads past the
-        // last 128-chunk return); as a programmatic dependent it touches memory only after its pdl_wait.
+        // last 128-chunk return); (y, ylen) as zero_args says; as a programmatic dependent it touches memory only
+        // after its pdl_wait.
         unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
         Ok(())
     }

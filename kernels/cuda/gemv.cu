@@ -1106,7 +1106,7 @@ EDGEFIT_MMA_SPLIT_NT(4, 3, __cluster_dims__(1, 3, 1))
 // 5120x17408) and within 1% or faster for FP8, which uses them (see the cluster builds above).
 //
 // Grid (ceil(n/16), splits), 256 threads; xf from gemv_act_frag_nvfp4 (splits = 1) or gemv_act_frag_nvfp4_zero
-// (splits > 1: y must be zero). n8: m <= 8 (nt = 1), n16: m <= 16 (nt = 2); registers capped at 48 / 64.
+// (splits > 1: y must be zero; or from a producer in ops.cu given y to zero, as Gpu::rmsnorm_nvfp4_gemv runs it). n8: m <= 8 (nt = 1), n16: m <= 16 (nt = 2); registers capped at 48 / 64.
 extern "C" __global__ void __launch_bounds__(256, 5) nvfp4_gemv_tiles_n8_u1(const uint4* xf, const uint8_t* wr,
                                                                            const uint32_t* sr, float global_scale,
                                                                            float* y, int m, int n, int k) {
@@ -1144,8 +1144,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) nvfp4_gemv_tiles_n16_u1(con
 // against 10.37 (5120x10240), 187.1 against 170.9 (lm_head, w4c1); with SMs x 4 blocks 13-24% slower still.
 //
 // Grid (ceil(n/16), splits), W warps per block taking every W-th chunk of the block's contiguous share. CS == 0:
-// with splits > 1 the partial sums are added into y with atomicAdd (y zeroed by gemv_act_frag_nvfp4_zero;
-// deterministic for 2 splits). CS > 1 (the _w{W}c{CS} builds, session 15): the CS blocks of a tile are one
+// with splits > 1 the partial sums are added into y with atomicAdd (y zeroed by gemv_act_frag_nvfp4_zero, or by
+// the fragment producer of Gpu::rmsnorm_nvfp4_gemv / silu_and_mul_nvfp4_gemv; deterministic for 2 splits). CS > 1 (the _w{W}c{CS} builds, session 15): the CS blocks of a tile are one
 // thread-block cluster (gridDim.y == CS) whose sums meet in distributed shared memory (cluster_sum_store), so y
 // needs no zeroing and the bits do not depend on the order: what a producer writing the fragments itself
 // (rmsnorm_frag_nvfp4, ops.cu) can run without a zeroing pass. xf from gemv_act_frag_nvfp4[_zero] (or such a

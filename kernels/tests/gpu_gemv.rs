@@ -16,7 +16,7 @@
 //! Without a CUDA device (or without the `cuda` feature) each test prints "skipped: no CUDA device". Small enough
 //! for `compute-sanitizer --tool memcheck|racecheck` in seconds.
 
-use kernels::cuda::{Fp8Fragments, Gpu, MmaSplit, Nvfp4Fragments};
+use kernels::cuda::{Fp8Fragments, Gpu, GpuBuffer, MmaSplit, Nvfp4Fragments};
 use kernels::ops::NormWeight;
 use kernels::reference;
 
@@ -1069,55 +1069,24 @@ fn gemv_variant_errors_name_the_operand() {
     let before = f4.written();
     let mut ys = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
     let w_short = gpu.upload(&vec![1.0f32; k - 16]).unwrap();
-    let e = gpu
-        .rmsnorm_nvfp4_gemv(
-            &xm,
-            None,
-            &w_short,
-            NormWeight::Plain,
-            1e-6,
-            &mut f4,
-            &tiles,
-            1.0,
-            &mut ys,
-        )
-        .unwrap_err();
-    assert!(
-        e.to_string()
-            .contains("the norm's weight has 144 elements, the GEMV's k is 160"),
-        "{e}"
-    );
-    let e = gpu
-        .rmsnorm_nvfp4_gemv(
-            &xm,
-            None,
-            &nw,
-            NormWeight::Plain,
-            1e-6,
-            &mut f4,
-            &tiles,
-            1.0,
-            &mut y8,
-        )
-        .unwrap_err();
-    assert!(
-        e.to_string().contains("y has 64 elements, expected 72"),
-        "{e}"
-    );
-    let e = gpu
-        .rmsnorm_nvfp4_gemv(
-            &xn17,
-            None,
-            &nw,
-            NormWeight::Plain,
-            1e-6,
-            &mut f4,
-            &tiles,
-            1.0,
-            &mut ys,
-        )
-        .unwrap_err();
-    assert!(e.to_string().contains("m must be 1..=16"), "{e}");
+    let mut norm_step = |x: &GpuBuffer<f32>, w: &GpuBuffer<f32>, y: &mut GpuBuffer<f32>| {
+        let e =
+            gpu.rmsnorm_nvfp4_gemv(x, None, w, NormWeight::Plain, 1e-6, &mut f4, &tiles, 1.0, y);
+        e.unwrap_err().to_string()
+    };
+    for (e, want) in [
+        (
+            norm_step(&xm, &w_short, &mut ys),
+            "the norm's weight has 144 elements, the GEMV's k is 160",
+        ),
+        (
+            norm_step(&xm, &nw, &mut y8),
+            "y has 64 elements, expected 72",
+        ),
+        (norm_step(&xn17, &nw, &mut ys), "m must be 1..=16"),
+    ] {
+        assert!(e.contains(want), "{e}");
+    }
     let gu_ragged = gpu.upload(&vec![1.0f32; m * 2 * k + 3]).unwrap();
     let e = gpu
         .gelu_and_mul_nvfp4_gemv(&gu_ragged, &mut f4, &tiles, 1.0, &mut ys)

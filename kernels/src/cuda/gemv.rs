@@ -941,34 +941,45 @@ impl Gpu {
         m: usize,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::nvfp4_gemv_tiles_fragments";
-        let (n, k) = (tiles.n, tiles.k);
-        check_gemv_dims(OP, m, n, k, 32)?;
-        check_len(OP, "y", y.len(), m * n)?;
-        crate::ensure_shape!(
-            global_scale.is_finite(),
-            OP,
-            "global_scale must be finite, got {global_scale}"
-        );
-        let fragments = fragments.for_read(OP, m, k)?;
-        let kernel = nvfp4_fragments_cut(m, n);
+        check_nvfp4_fragments_gemv(OP, tiles, global_scale, y, m)?;
+        let kernel = nvfp4_fragments_cut(m, tiles.n);
+        self.nvfp4_fragments_launch(OP, fragments, tiles, global_scale, y, m, kernel, 1)
+    }
+
+    /// The NVFP4 tile GEMV on `fragments` (checked to hold `m` x `tiles.k`) with `kernel` and `splits` (more than
+    /// one only for `Split` / `M1` after a producer that zeroed y); the other operands checked by the caller
+    /// (`check_nvfp4_fragments_gemv`).
+    #[allow(clippy::too_many_arguments)]
+    fn nvfp4_fragments_launch(
+        &self,
+        op: &'static str,
+        fragments: &Nvfp4Fragments,
+        tiles: &Nvfp4TileWeights,
+        global_scale: f32,
+        y: &mut GpuBuffer<f32>,
+        m: usize,
+        kernel: TilesKernel,
+        splits: usize,
+    ) -> Result<(), KernelError> {
+        let fragments = fragments.for_read(op, m, tiles.k)?;
         #[cfg(feature = "cuda")]
         {
             self.inner.nvfp4_gemv_tiles_fragments(
                 kernel,
-                1,
+                splits,
                 &fragments.slice,
                 &tiles.w.slice,
                 &tiles.scales.slice,
                 global_scale,
                 &mut y.slice,
                 m,
-                n,
-                k,
+                tiles.n,
+                tiles.k,
             )
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = (fragments, y, kernel);
+            let _ = (fragments, y, global_scale, kernel, splits);
             match self.never {}
         }
     }
@@ -1091,13 +1102,7 @@ impl Gpu {
             "{input} has {len} elements, not a whole number of rows of {width} (the GEMV's k = {k})"
         );
         let m = len / width;
-        check_gemv_dims(op, m, n, k, 32)?;
-        check_len(op, "y", y.len(), m * n)?;
-        crate::ensure_shape!(
-            global_scale.is_finite(),
-            op,
-            "global_scale must be finite, got {global_scale}"
-        );
+        check_nvfp4_fragments_gemv(op, tiles, global_scale, y, m)?;
         let (kernel, splits) = nvfp4_tiles_auto(m, n);
         // Auto's kernels that add K splits into y; the others write it whole.
         let adds = splits > 1 && matches!(kernel, TilesKernel::Split | TilesKernel::M1 { .. });
@@ -1114,27 +1119,8 @@ impl Gpu {
                 self.glu_fragments(op, gelu, gate_up, k, fragments, zero)?
             }
         }
-        let fragments = fragments.for_read(op, m, k)?;
-        #[cfg(feature = "cuda")]
-        {
-            self.inner.nvfp4_gemv_tiles_fragments(
-                kernel,
-                if adds { splits } else { 1 },
-                &fragments.slice,
-                &tiles.w.slice,
-                &tiles.scales.slice,
-                global_scale,
-                &mut y.slice,
-                m,
-                n,
-                k,
-            )
-        }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (fragments, y, kernel);
-            match self.never {}
-        }
+        let splits = if adds { splits } else { 1 };
+        self.nvfp4_fragments_launch(op, fragments, tiles, global_scale, y, m, kernel, splits)
     }
 
     /// [`Gpu::nvfp4_gemv_tiles`] with a chosen K split (tests and the benchmark drive each one).
@@ -1745,6 +1731,25 @@ pub(in crate::cuda) fn check_scratch(
         op,
         "scratch has {} words, the activations of m = {m}, k = {k} need {want} (Gpu::gemv_scratch_len)",
         scratch.len()
+    );
+    Ok(())
+}
+
+/// The NVFP4 fragments GEMV's operands besides the fragments: `m` tokens on `tiles` (`check_gemv_dims`), `y` of
+/// `m * n` floats and a finite global scale.
+fn check_nvfp4_fragments_gemv(
+    op: &'static str,
+    tiles: &Nvfp4TileWeights,
+    global_scale: f32,
+    y: &GpuBuffer<f32>,
+    m: usize,
+) -> Result<(), KernelError> {
+    check_gemv_dims(op, m, tiles.n, tiles.k, 32)?;
+    check_len(op, "y", y.len(), m * tiles.n)?;
+    crate::ensure_shape!(
+        global_scale.is_finite(),
+        op,
+        "global_scale must be finite, got {global_scale}"
     );
     Ok(())
 }

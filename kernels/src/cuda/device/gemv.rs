@@ -573,27 +573,7 @@ impl Device {
     ) -> Result<(), KernelError> {
         let nt = if m <= 8 { 1 } else { 2 };
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-        let name = match (kernel, nt) {
-            (TilesKernel::Converting, 1) => "nvfp4_gemv_mma_tile_n8",
-            (TilesKernel::Converting, _) => "nvfp4_gemv_mma_tile_n16",
-            (TilesKernel::Mma, 1) => "nvfp4_gemv_mma_tile_pre_n8",
-            (TilesKernel::Mma, _) => "nvfp4_gemv_mma_tile_pre_n16",
-            (TilesKernel::Split, 1) => "nvfp4_gemv_tiles_n8_u1",
-            (TilesKernel::Split, _) => "nvfp4_gemv_tiles_n16_u1",
-            (TilesKernel::M1 { warps: 8 }, 1) => "nvfp4_gemv_tiles_m1_w8",
-            (TilesKernel::M1 { warps: 4 }, 1) => "nvfp4_gemv_tiles_m1_w4",
-            (TilesKernel::M1 { warps }, _) => {
-                return Err(KernelError::Cuda(format!(
-                    "nvfp4_gemv_tiles: no m = 1 kernel for {warps} warps and m = {m}"
-                )))
-            }
-            (TilesKernel::Cluster(_) | TilesKernel::M1Cluster, _) => {
-                return Err(KernelError::Cuda(
-                    "nvfp4_gemv_tiles: cluster splits launch through mma_split_gemv / on fragments"
-                        .into(),
-                ))
-            }
-        };
+        let name = nvfp4_tiles_name(kernel, m)?;
         let f = self.function(Module::Gemv, name)?;
         match xf {
             Some(xf) => {
@@ -715,8 +695,8 @@ impl Device {
         k: usize,
     ) -> Result<(), KernelError> {
         let mut cfg = mma_config(n);
-        let (name, m_arg) = match (kernel, m) {
-            (TilesKernel::Cluster(split), _) => {
+        match kernel {
+            TilesKernel::Cluster(split) => {
                 return self.mma_split_gemv(
                     SplitFormat::Nvfp4Tile,
                     split,
@@ -730,36 +710,27 @@ impl Device {
                     k,
                 )
             }
-            (TilesKernel::M1Cluster, 1) => {
-                cfg.grid_dim.1 = 2;
-                ("nvfp4_gemv_tiles_m1_w8c2", None)
-            }
-            (TilesKernel::M1 { warps: w @ (4 | 8) }, 1) => {
+            TilesKernel::M1Cluster => cfg.grid_dim.1 = 2,
+            TilesKernel::M1 { warps } => {
                 cfg.grid_dim.1 = splits as u32;
-                cfg.block_dim.0 = 32 * w;
-                let name = if w == 8 {
-                    "nvfp4_gemv_tiles_m1_w8"
-                } else {
-                    "nvfp4_gemv_tiles_m1_w4"
-                };
-                (name, None)
+                cfg.block_dim.0 = 32 * warps;
             }
-            (TilesKernel::Split, 1..=8) => {
-                cfg.grid_dim.1 = splits as u32;
-                ("nvfp4_gemv_tiles_n8_u1", Some(m))
+            TilesKernel::Split => cfg.grid_dim.1 = splits as u32,
+            TilesKernel::Mma | TilesKernel::Converting => {}
+        }
+        let name = match kernel {
+            TilesKernel::Converting => {
+                return Err(KernelError::Cuda(
+                    "nvfp4_gemv_tiles_fragments: the converting build takes bf16 activations, not fragments"
+                        .into(),
+                ))
             }
-            (TilesKernel::Split, _) => {
-                cfg.grid_dim.1 = splits as u32;
-                ("nvfp4_gemv_tiles_n16_u1", Some(m))
-            }
-            (TilesKernel::Mma, 1..=8) => ("nvfp4_gemv_mma_tile_pre_n8", Some(m)),
-            (TilesKernel::Mma, _) => ("nvfp4_gemv_mma_tile_pre_n16", Some(m)),
-            (kernel, _) => {
-                return Err(KernelError::Cuda(format!(
-                    "nvfp4_gemv_tiles_fragments: no launch on fragments for {kernel:?} at m = {m}"
-                )))
-            }
+            TilesKernel::M1Cluster if m == 1 => "nvfp4_gemv_tiles_m1_w8c2",
+            _ => nvfp4_tiles_name(kernel, m)?,
         };
+        // The m = 1 kernels take no m.
+        let m_arg =
+            (!matches!(kernel, TilesKernel::M1 { .. } | TilesKernel::M1Cluster)).then_some(m);
         let f = self.function(Module::Gemv, name)?;
         self.tiles_pre_launch(name, &f, cfg, xf, wr, sr, global_scale, y, m_arg, n, k)
     }
@@ -803,4 +774,32 @@ impl Device {
         unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
         Ok(())
     }
+}
+
+/// The `cuda/gemv.cu` entry of a tile-layout NVFP4 GEMV build for `m` tokens (n8 for m <= 8, n16 above; the
+/// m = 1 kernels at m = 1 only), shared by `Device::nvfp4_gemv_tiles` and `Device::nvfp4_gemv_tiles_fragments`.
+/// The cluster cuts have no single name here (`mma_split_gemv`, or `_m1_w8c2` on fragments).
+fn nvfp4_tiles_name(kernel: TilesKernel, m: usize) -> Result<&'static str, KernelError> {
+    let n8 = m <= 8;
+    Ok(match kernel {
+        TilesKernel::Converting if n8 => "nvfp4_gemv_mma_tile_n8",
+        TilesKernel::Converting => "nvfp4_gemv_mma_tile_n16",
+        TilesKernel::Mma if n8 => "nvfp4_gemv_mma_tile_pre_n8",
+        TilesKernel::Mma => "nvfp4_gemv_mma_tile_pre_n16",
+        TilesKernel::Split if n8 => "nvfp4_gemv_tiles_n8_u1",
+        TilesKernel::Split => "nvfp4_gemv_tiles_n16_u1",
+        TilesKernel::M1 { warps: 8 } if m == 1 => "nvfp4_gemv_tiles_m1_w8",
+        TilesKernel::M1 { warps: 4 } if m == 1 => "nvfp4_gemv_tiles_m1_w4",
+        TilesKernel::M1 { warps } => {
+            return Err(KernelError::Cuda(format!(
+                "nvfp4_gemv_tiles: no m = 1 kernel for {warps} warps and m = {m}"
+            )))
+        }
+        TilesKernel::Cluster(_) | TilesKernel::M1Cluster => {
+            return Err(KernelError::Cuda(
+                "nvfp4_gemv_tiles: cluster splits launch through mma_split_gemv / on fragments"
+                    .into(),
+            ))
+        }
+    })
 }

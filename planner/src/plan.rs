@@ -759,6 +759,7 @@ mod tests {
             has_vision: true,
             mtp_layers: 1,
             rope: vec![],
+            runtime: crate::testutil::unit_runtime(),
         }
     }
 

@@ -118,3 +118,29 @@ pub(crate) fn small_model() -> Vec<TensorEntry> {
     ));
     v
 }
+
+/// Runtime facts of a unit-test model (a plain Llama-style decoder); plans never read them.
+pub(crate) fn unit_runtime() -> crate::model::Runtime {
+    use crate::model::{Activation, NormForm, OutputGate, RopeStyle, Runtime};
+    Runtime {
+        prefix: "model".into(),
+        embedding: "model.embed_tokens.weight".into(),
+        activation: Activation::Silu,
+        mlp_gated: true,
+        norm: NormForm::Weight,
+        norm_eps: 1e-6,
+        qk_norm: false,
+        output_gate: OutputGate::None,
+        sandwich_norms: false,
+        rope_style: RopeStyle::Neox,
+        mrope: None,
+        embedding_scale: None,
+        attn_scale: 1.0,
+        attn_logit_softcap: None,
+        final_logit_softcap: None,
+        moe: None,
+        linears: Vec::new(),
+        bos_token_id: None,
+        eos_token_ids: Vec::new(),
+    }
+}

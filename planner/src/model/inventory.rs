@@ -7,6 +7,7 @@
 //! Totals are what the tests pin against the published checkpoint sizes.
 
 use super::quant::{Format, QuantScheme};
+use super::runtime::LinearModule;
 use super::{Access, DType, ModelSpec, Role, TensorEntry};
 
 /// Which part of the model a module belongs to; decides the role of each tensor and whether GPTQ quantizes it.
@@ -79,6 +80,8 @@ fn product(shape: &[u64]) -> u64 {
 pub(crate) struct Inventory<'q> {
     q: &'q QuantScheme,
     pub(crate) entries: Vec<TensorEntry>,
+    /// Every linear module with its stored format, for [`super::Runtime::linears`].
+    pub(crate) linears: Vec<LinearModule>,
 }
 
 impl<'q> Inventory<'q> {
@@ -86,6 +89,7 @@ impl<'q> Inventory<'q> {
         Inventory {
             q,
             entries: Vec::new(),
+            linears: Vec::new(),
         }
     }
 
@@ -162,6 +166,13 @@ impl<'q> Inventory<'q> {
     pub(crate) fn linear(&mut self, module: &str, out: u64, inp: u64, bias: bool, part: Part) {
         let in_layer = matches!(part, Part::Layer(_) | Part::Expert { .. });
         let fmt = self.q.format_of(module, in_layer);
+        self.linears.push(LinearModule {
+            module: module.to_string(),
+            out_features: out,
+            in_features: inp,
+            bias,
+            format: fmt.stored(),
+        });
         let (w_role, s_role, small_role) = part.roles();
         let logical = out.saturating_mul(inp);
         match fmt {

@@ -22,6 +22,7 @@ mod inventory;
 mod json;
 mod parse;
 mod quant;
+mod runtime;
 
 pub use cache::{
     cache_budget, gdn_state_bytes_per_layer, kv_bytes_per_layer_token, rope_table_bytes,
@@ -30,6 +31,10 @@ pub use cache::{
 pub use error::ModelError;
 pub use flops::{decode_flops_per_token, prefill_flops};
 pub use parse::{parse_model, supported_architectures};
+pub use runtime::{
+    Activation, LinearModule, MoeRouting, Mrope, NormForm, OutputGate, RopeStyle, Runtime,
+    StoredFormat,
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -176,6 +181,8 @@ pub struct ModelSpec {
     pub mtp_layers: u32,
     /// RoPE tables per distinct (rotary dims) — `rotary_dims` per layer type, to size cos/sin tables.
     pub rope: Vec<RopeSpec>,
+    /// How the model computes (activation, norms, gates, scales, stored formats): what the engine runs from.
+    pub runtime: Runtime,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]

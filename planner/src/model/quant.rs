@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use super::config::{Doc, Field, Obj};
 use super::error::ModelError;
 use super::json::Kind;
+use super::runtime::StoredFormat;
 use super::{DType, Quantization};
 
 /// Storage of one linear module.
@@ -27,6 +28,19 @@ pub(crate) enum Format {
     Fp8Tensor,
     Nvfp4 { group: u32 },
     Gptq { bits: u32, group: u32 },
+}
+
+impl Format {
+    /// The public form of this storage, as [`super::Runtime::linears`] carries it.
+    pub(crate) fn stored(self) -> StoredFormat {
+        match self {
+            Format::Dense(dtype) => StoredFormat::Dense { dtype },
+            Format::Fp8Block { block } => StoredFormat::Fp8Block { block },
+            Format::Fp8Tensor => StoredFormat::Fp8Tensor,
+            Format::Nvfp4 { group } => StoredFormat::Nvfp4 { group },
+            Format::Gptq { bits, group } => StoredFormat::Gptq { bits, group },
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -79,6 +79,23 @@ impl Architecture for Dense {
         if !tie {
             inv.linear("lm_head", vocab, a.hidden, false, Part::LmHead);
         }
+        let runtime = super::runtime(
+            cx,
+            &text,
+            a.head_dim,
+            super::RuntimeFacts {
+                prefix: "model",
+                embedding: "model.embed_tokens.weight".into(),
+                default_activation: crate::model::Activation::Silu,
+                norm: crate::model::NormForm::Weight,
+                qk_norm: block.qk_norm,
+                output_gate: crate::model::OutputGate::None,
+                sandwich_norms: false,
+                embedding_scale: None,
+                moe: None,
+            },
+            std::mem::take(&mut inv.linears),
+        )?;
         Ok(ModelSpec {
             id: cx.id.to_string(),
             architecture: arch,
@@ -99,6 +116,7 @@ impl Architecture for Dense {
             moe: None,
             has_vision: false,
             mtp_layers: 0,
+            runtime,
         })
     }
 }

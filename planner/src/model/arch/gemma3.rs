@@ -75,6 +75,24 @@ impl Architecture for Gemma3 {
         if !tie {
             inv.linear("lm_head", vocab, a.hidden, false, Part::LmHead);
         }
+        let runtime = super::runtime(
+            cx,
+            &text,
+            a.head_dim,
+            super::RuntimeFacts {
+                prefix: "model",
+                embedding: "model.embed_tokens.weight".into(),
+                default_activation: crate::model::Activation::GeluTanh,
+                norm: crate::model::NormForm::OnePlusWeight,
+                qk_norm: true,
+                output_gate: crate::model::OutputGate::None,
+                sandwich_norms: true,
+                // Gemma scales the embedding by sqrt(hidden) computed in the model dtype.
+                embedding_scale: Some((a.hidden as f64).sqrt()),
+                moe: None,
+            },
+            std::mem::take(&mut inv.linears),
+        )?;
         Ok(ModelSpec {
             id: cx.id.to_string(),
             architecture: super::architecture_name(&cx.root)?
@@ -96,6 +114,7 @@ impl Architecture for Gemma3 {
             moe: None,
             has_vision: false,
             mtp_layers: 0,
+            runtime,
         })
     }
 }

@@ -13,7 +13,10 @@ mod spark2_5;
 use super::config::{Doc, Obj, MAX_LAYERS};
 use super::error::ModelError;
 use super::inventory::{Inventory, Part};
-use super::{GdnGeometry, LayerKind, ModelSpec, RopeSpec};
+use super::{
+    Activation, GdnGeometry, LayerKind, ModelSpec, MoeRouting, NormForm, OutputGate, RopeSpec,
+    RopeStyle, Runtime,
+};
 
 /// What a family gets to build from: the card id, the top-level config object and the modelopt metadata file.
 pub(crate) struct BuildCx<'a> {
@@ -401,4 +404,60 @@ pub(crate) fn gated_mlp(
 /// Layer index as stored in [`super::TensorEntry::layer`]; `num_layers` bounds it far below `u32::MAX`.
 pub(crate) fn layer_index(i: u64) -> u32 {
     u32::try_from(i).unwrap_or(u32::MAX)
+}
+
+/// The parts of a [`crate::model::Runtime`] that differ by family; [`runtime`] reads the rest from the config.
+pub(crate) struct RuntimeFacts<'s> {
+    pub(crate) prefix: &'s str,
+    pub(crate) embedding: String,
+    pub(crate) default_activation: Activation,
+    pub(crate) norm: NormForm,
+    pub(crate) qk_norm: bool,
+    pub(crate) output_gate: OutputGate,
+    pub(crate) sandwich_norms: bool,
+    pub(crate) embedding_scale: Option<f64>,
+    pub(crate) moe: Option<MoeRouting>,
+}
+
+/// Builds the runtime facts of a family from its config (`text`: where the geometry lives) and its inventory.
+pub(crate) fn runtime(
+    cx: &BuildCx<'_>,
+    text: &Obj<'_>,
+    head_dim: u64,
+    facts: RuntimeFacts<'_>,
+    linears: Vec<crate::model::LinearModule>,
+) -> Result<Runtime, ModelError> {
+    use crate::model::runtime as rt;
+    let attn_scale = match text.field("query_pre_attn_scalar") {
+        Some(f) => {
+            let v = f.f64()?;
+            if v <= 0.0 {
+                return Err(f.invalid("a positive query_pre_attn_scalar"));
+            }
+            v.powf(-0.5)
+        }
+        None => (head_dim as f64).powf(-0.5),
+    };
+    let (bos_token_id, eos_token_ids) = rt::special_tokens(&cx.root, text)?;
+    Ok(Runtime {
+        prefix: facts.prefix.to_string(),
+        embedding: facts.embedding,
+        activation: rt::activation(text, facts.default_activation)?,
+        mlp_gated: true,
+        norm: facts.norm,
+        norm_eps: rt::norm_eps(text)?,
+        qk_norm: facts.qk_norm,
+        output_gate: facts.output_gate,
+        sandwich_norms: facts.sandwich_norms,
+        rope_style: RopeStyle::Neox,
+        mrope: rt::mrope(text)?,
+        embedding_scale: facts.embedding_scale,
+        attn_scale,
+        attn_logit_softcap: rt::softcap(text, "attn_logit_softcapping")?,
+        final_logit_softcap: rt::softcap(text, "final_logit_softcapping")?,
+        moe: facts.moe,
+        linears,
+        bos_token_id,
+        eos_token_ids,
+    })
 }

@@ -96,6 +96,23 @@ impl Architecture for Qwen3_5 {
             .opt_str("model_type")?
             .unwrap_or("qwen3_5")
             .to_string();
+        let runtime = super::runtime(
+            cx,
+            &text,
+            a.head_dim,
+            super::RuntimeFacts {
+                prefix,
+                embedding: format!("{prefix}.embed_tokens.weight"),
+                default_activation: crate::model::Activation::Silu,
+                norm: crate::model::NormForm::OnePlusWeight,
+                qk_norm: true,
+                output_gate: crate::model::OutputGate::SigmoidPerElement,
+                sandwich_norms: false,
+                embedding_scale: None,
+                moe: None,
+            },
+            std::mem::take(&mut inv.linears),
+        )?;
         Ok(ModelSpec {
             id: cx.id.to_string(),
             architecture: super::architecture_name(&cx.root)?
@@ -117,6 +134,7 @@ impl Architecture for Qwen3_5 {
             moe: None,
             has_vision: vision.is_some(),
             mtp_layers: u32::try_from(mtp_layers).unwrap_or(u32::MAX),
+            runtime,
         })
     }
 }

@@ -150,6 +150,28 @@ impl Architecture for Qwen3Next {
         if !tie {
             inv.linear("lm_head", vocab, a.hidden, false, Part::LmHead);
         }
+        let runtime = super::runtime(
+            cx,
+            &text,
+            a.head_dim,
+            super::RuntimeFacts {
+                prefix: "model",
+                embedding: "model.embed_tokens.weight".into(),
+                default_activation: crate::model::Activation::Silu,
+                norm: crate::model::NormForm::OnePlusWeight,
+                qk_norm: true,
+                output_gate: crate::model::OutputGate::SigmoidPerElement,
+                sandwich_norms: false,
+                embedding_scale: None,
+                moe: Some(crate::model::MoeRouting {
+                    num_experts: experts32,
+                    experts_per_token: active32,
+                    normalize_top_k: text.bool_or("norm_topk_prob", true)?,
+                    shared_expert: shared_inter > 0,
+                }),
+            },
+            std::mem::take(&mut inv.linears),
+        )?;
         Ok(ModelSpec {
             id: cx.id.to_string(),
             architecture: super::architecture_name(&cx.root)?
@@ -176,6 +198,7 @@ impl Architecture for Qwen3Next {
             }),
             has_vision: false,
             mtp_layers: 0,
+            runtime,
         })
     }
 }

@@ -87,6 +87,23 @@ impl Architecture for Spark2_5 {
         if !tie {
             inv.linear("lm_head", vocab, a.hidden, false, Part::LmHead);
         }
+        let runtime = super::runtime(
+            cx,
+            &text,
+            a.head_dim,
+            super::RuntimeFacts {
+                prefix: "model",
+                embedding: "model.embedding.weight".into(),
+                default_activation: crate::model::Activation::GeluErf,
+                norm: crate::model::NormForm::Weight,
+                qk_norm: false,
+                output_gate: crate::model::OutputGate::SigmoidPerHead,
+                sandwich_norms: false,
+                embedding_scale: None,
+                moe: None,
+            },
+            std::mem::take(&mut inv.linears),
+        )?;
         Ok(ModelSpec {
             id: cx.id.to_string(),
             architecture: super::architecture_name(&cx.root)?
@@ -108,6 +125,7 @@ impl Architecture for Spark2_5 {
             moe: None,
             has_vision: false,
             mtp_layers: 0,
+            runtime,
         })
     }
 }

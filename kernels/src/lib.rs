@@ -7,6 +7,7 @@
 //! [`KernelError::NotCompiledWithCuda`] when the crate was built without the `cuda` feature.
 
 pub mod attention;
+pub mod backend;
 pub mod cpu;
 pub mod cuda;
 mod error;

@@ -1,5 +1,169 @@
-//! The engine executes a plan produced by the planner: it loads a checkpoint, places the weights as the plan
-//! says, sizes the caches from the plan and generates tokens with the kernels crate.
+//! The engine executes a plan: it loads a Hugging Face checkpoint ([`checkpoint`]), converts every weight once into
+//! the plan's weight path ([`model::Model::load`]), sizes the caches per layer type from the plan ([`cache`]), and
+//! generates tokens with the kernels crate ([`Engine`]). It measures itself so that every run prints measured
+//! against predicted.
 //!
-//! Not built yet: the engine has no issue of its own so far. This crate exists so the workspace has the shape of
-//! ARCHITECTURE.md and the dependency direction (planner, kernels -> engine) is fixed from the start.
+//! Start at [`Engine`]: sequences join ([`Engine::join`]), advance by prompt or by one token in shared steps
+//! ([`Engine::step`]) and leave ([`Engine::leave`]) between steps — the continuous batching a server needs.
+//! [`generate::generate`] drives one sequence from a prompt to a stop.
+
+pub mod cache;
+pub mod checkpoint;
+pub mod generate;
+mod gptq;
+pub mod model;
+pub mod setup;
+pub mod tokenizer;
+
+use std::path::Path;
+
+pub use model::{Model, Step, WeightMode};
+
+/// Everything that can stop the engine, each naming the file, tensor or limit involved.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum EngineError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Checkpoint(String),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Model(Box<planner::model::ModelError>),
+    #[error("{0}")]
+    Plan(String),
+    #[error("not supported: {0}")]
+    Unsupported(String),
+    #[error("kernel: {0}")]
+    Kernel(String),
+    #[error("the KV cache is full: {needed} more pages needed, {free} free")]
+    CacheFull { needed: usize, free: usize },
+    #[error("{0}")]
+    Request(String),
+}
+
+impl EngineError {
+    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
+        EngineError::Io {
+            path: path.display().to_string(),
+            source,
+        }
+    }
+}
+
+/// A loaded model with its caches: the unit that runs steps.
+pub struct Engine {
+    pub model: Model,
+    pub caches: cache::Caches,
+    /// Longest sequence (prompt + generated) a slot holds: the plan's `max_model_len`.
+    pub max_len: usize,
+    /// Tokens cached per slot.
+    lens: Vec<usize>,
+}
+
+impl Engine {
+    /// Caches for `slots` sequences of at most `max_len` tokens, sized per layer type.
+    pub fn new(model: Model, slots: usize, max_len: usize) -> Result<Engine, EngineError> {
+        let window = model.spec.sliding_window.map(|w| w as usize);
+        let caches = cache::Caches::new(
+            &model.spec.layers,
+            &model.attn_dims,
+            window,
+            model.gdn_dims,
+            slots,
+            max_len,
+        )?;
+        Ok(Engine {
+            model,
+            caches,
+            max_len,
+            lens: vec![0; slots],
+        })
+    }
+
+    /// A new sequence's slot, or `None` when every slot is taken.
+    pub fn join(&mut self) -> Option<usize> {
+        let s = self.caches.acquire()?;
+        self.lens[s] = 0;
+        Some(s)
+    }
+
+    /// Frees a sequence's slot and pages.
+    pub fn leave(&mut self, slot: usize) {
+        self.caches.release(slot);
+        self.lens[slot] = 0;
+    }
+
+    /// Tokens cached for `slot`.
+    pub fn len(&self, slot: usize) -> usize {
+        self.lens[slot]
+    }
+
+    /// Advances every `(slot, tokens)` and returns each one's last-token logits (`[work.len()][vocab]`). A fresh
+    /// sequence's prompt runs as one prefill (chunked DeltaNet, causal attention); single tokens of several
+    /// sequences share one decode step (one pass over the weights); further tokens of a sequence that already has
+    /// a cache run token by token.
+    pub fn step(&mut self, work: &[(usize, &[u32])]) -> Result<Vec<Vec<f32>>, EngineError> {
+        let vocab = self.model.vocab();
+        let mut out: Vec<Option<Vec<f32>>> = vec![None; work.len()];
+        let mut decode: Vec<(usize, usize)> = Vec::new();
+        for (i, &(slot, toks)) in work.iter().enumerate() {
+            if toks.is_empty() {
+                return Err(EngineError::Request(format!(
+                    "slot {slot}: a step needs at least one token"
+                )));
+            }
+            let len = self.lens[slot];
+            if len + toks.len() > self.max_len {
+                return Err(EngineError::Request(format!(
+                    "slot {slot}: {} tokens exceed max_model_len {}",
+                    len + toks.len(),
+                    self.max_len
+                )));
+            }
+            self.caches.reserve(slot, len + toks.len())?;
+            if len == 0 && toks.len() > 1 {
+                let step = Step {
+                    slot,
+                    pos: 0,
+                    tokens: toks,
+                };
+                out[i] = Some(self.model.forward(&mut self.caches, &[step])?);
+                self.lens[slot] = toks.len();
+            } else if toks.len() == 1 {
+                decode.push((i, slot));
+            } else {
+                let mut last = Vec::new();
+                for (j, t) in toks.iter().enumerate() {
+                    let step = Step {
+                        slot,
+                        pos: len + j,
+                        tokens: std::slice::from_ref(t),
+                    };
+                    last = self.model.forward(&mut self.caches, &[step])?;
+                }
+                self.lens[slot] = len + toks.len();
+                out[i] = Some(last);
+            }
+        }
+        if !decode.is_empty() {
+            let steps: Vec<Step<'_>> = decode
+                .iter()
+                .map(|&(i, slot)| Step {
+                    slot,
+                    pos: self.lens[slot],
+                    tokens: work[i].1,
+                })
+                .collect();
+            let logits = self.model.forward(&mut self.caches, &steps)?;
+            for (b, &(i, slot)) in decode.iter().enumerate() {
+                out[i] = Some(logits[b * vocab..(b + 1) * vocab].to_vec());
+                self.lens[slot] += 1;
+            }
+        }
+        Ok(out.into_iter().map(|o| o.unwrap_or_default()).collect())
+    }
+}

@@ -1,0 +1,386 @@
+//! `edgefit`: run a checkpoint as a plan says and print measured against predicted.
+//!
+//! ```text
+//! edgefit generate --model DIR [--plan PLAN.toml] [--profile NAME|PATH] [--device cpu]
+//!     (--prompt TEXT | --prompt-ids 1,2,3) [--max-new-tokens N] [--temperature T --top-k K --top-p P --seed S]
+//!     [--stop TEXT]... [--exact] [--json] [--dump-logits FILE]
+//! edgefit bench --model DIR [--batch B] [--prompt-len P] [--gen N]
+//! ```
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use clap::{Args, Parser, Subcommand};
+use engine::checkpoint::Checkpoint;
+use engine::generate::{generate, GenerateOptions};
+use engine::tokenizer::{GenerationConfig, Tokenizer};
+use engine::{Engine, EngineError, Model, WeightMode};
+use kernels::sampling::SamplingParams;
+use miette::IntoDiagnostic;
+use planner::{Plan, Workload};
+
+#[derive(Parser)]
+#[command(
+    name = "edgefit",
+    about = "Run a model as its plan says, and measure it against the prediction"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate from a prompt, streaming text to stdout.
+    Generate(GenerateArgs),
+    /// pp/tg figures the way llama-bench prints them, beside the plan's prediction.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct Common {
+    /// A Hugging Face checkpoint directory.
+    #[arg(long)]
+    model: PathBuf,
+    /// A plan TOML (`cargo xtask plan --out`); without it the planner plans this checkpoint for this machine.
+    #[arg(long)]
+    plan: Option<PathBuf>,
+    /// A committed profile name or a profile TOML path; without it this machine is probed.
+    #[arg(long)]
+    profile: Option<String>,
+    /// Where to run: `cpu` (CUDA is the engine's next part).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Run the checkpoint's own formats (no conversion), f32 accumulation: the parity path.
+    #[arg(long)]
+    exact: bool,
+    /// Longest sequence (prompt + generated) when the engine makes the plan.
+    #[arg(long, default_value_t = 4096)]
+    max_model_len: u64,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    #[command(flatten)]
+    common: Common,
+    #[arg(long, conflicts_with = "prompt_ids")]
+    prompt: Option<String>,
+    /// Comma-separated token ids.
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    #[arg(long, default_value_t = 32)]
+    max_new_tokens: usize,
+    #[arg(long)]
+    temperature: Option<f32>,
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long)]
+    top_p: Option<f32>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[arg(long)]
+    repetition_penalty: Option<f32>,
+    /// A stop string (its single token id when it is one token of the vocabulary).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Print one JSON object at the end instead of streaming text.
+    #[arg(long)]
+    json: bool,
+    /// Write every generated step's logits as f32 little-endian `[steps, vocab]`.
+    #[arg(long)]
+    dump_logits: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    common: Common,
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    #[arg(long, default_value_t = 512)]
+    prompt_len: usize,
+    #[arg(long, default_value_t = 128)]
+    gen: usize,
+}
+
+/// Peak resident memory of this process (`VmHWM`), in bytes.
+fn peak_rss() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let l = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    l.split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()
+        .map(|k| k * 1024)
+}
+
+struct Loaded {
+    engine: Engine,
+    plan: Plan,
+    load_s: f64,
+}
+
+fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, EngineError> {
+    if c.device != "cpu" {
+        return Err(EngineError::Unsupported(format!(
+            "--device {}: the engine runs on the CPU so far (`--device cpu`)",
+            c.device
+        )));
+    }
+    let t0 = Instant::now();
+    let ck = Checkpoint::open(&c.model)?;
+    let profile = engine::setup::profile(c.profile.as_deref())?;
+    let workload = Workload {
+        max_model_len: c.max_model_len,
+        max_num_seqs,
+        prompt_len: prompt_len.min(c.max_model_len),
+        ..Workload::default()
+    };
+    let plan = engine::setup::plan(&ck, c.plan.as_deref(), &profile, &workload)?;
+    engine::setup::admit(&plan)?;
+    let mode = if c.exact {
+        WeightMode::Exact
+    } else {
+        WeightMode::from_plan(plan.weight_path.format)?
+    };
+    let layers = ck.spec.layers.len();
+    let mut last_print = Instant::now();
+    let model = Model::load(&ck, mode, |done, total| {
+        // A progress line for loads that take more than a moment.
+        if t0.elapsed().as_secs_f64() > 1.0
+            && (last_print.elapsed().as_millis() > 200 || done == total)
+        {
+            eprint!("\rloading {done}/{total} layers");
+            last_print = Instant::now();
+            if done == total {
+                eprintln!();
+            }
+        }
+    })?;
+    let _ = layers;
+    // The mapping is dropped here: every tensor has been converted or copied.
+    drop(ck);
+    let slots = usize::try_from(plan.workload.max_num_seqs)
+        .unwrap_or(1)
+        .max(1);
+    let max_len = usize::try_from(plan.workload.max_model_len).unwrap_or(usize::MAX);
+    let engine = Engine::new(model, slots, max_len)?;
+    Ok(Loaded {
+        engine,
+        plan,
+        load_s: t0.elapsed().as_secs_f64(),
+    })
+}
+
+fn ratio(measured: f64, predicted: f64) -> String {
+    if predicted > 0.0 {
+        format!("{:.2}x", measured / predicted)
+    } else {
+        "n/a".into()
+    }
+}
+
+fn run_generate(a: GenerateArgs) -> miette::Result<()> {
+    let tok = if a.prompt.is_some() || !a.json {
+        Tokenizer::open(&a.common.model).ok()
+    } else {
+        None
+    };
+    let prompt: Vec<u32> = match (&a.prompt, &a.prompt_ids) {
+        (Some(p), _) => tok
+            .as_ref()
+            .ok_or_else(|| {
+                miette::miette!("--prompt needs {}/tokenizer.json", a.common.model.display())
+            })?
+            .encode(p, true)?,
+        (None, Some(ids)) => ids.clone(),
+        (None, None) => miette::bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
+    };
+    let gen_cfg = GenerationConfig::open(&a.common.model)?;
+    let mut l = load(&a.common, 1, prompt.len() as u64)?;
+    let mut stop_tokens = gen_cfg.eos_token_ids.clone();
+    if stop_tokens.is_empty() {
+        stop_tokens = l
+            .engine
+            .model
+            .spec
+            .runtime
+            .eos_token_ids
+            .iter()
+            .map(|&x| x as u32)
+            .collect();
+    }
+    for s in &a.stop {
+        match tok.as_ref().and_then(|t| t.token_id(s)) {
+            Some(id) => stop_tokens.push(id),
+            None => miette::bail!("--stop {s:?} is not one token of this vocabulary (stop strings are matched as tokens)"),
+        }
+    }
+    let temperature = a.temperature.or(gen_cfg.temperature).unwrap_or(0.0);
+    let opts = GenerateOptions {
+        max_new_tokens: a.max_new_tokens,
+        sampling: SamplingParams {
+            temperature,
+            top_k: a.top_k.or(gen_cfg.top_k).unwrap_or(0),
+            top_p: a.top_p.or(gen_cfg.top_p).unwrap_or(1.0),
+        },
+        seed: a.seed,
+        repetition_penalty: a
+            .repetition_penalty
+            .or(gen_cfg.repetition_penalty)
+            .unwrap_or(1.0),
+        stop_tokens,
+        keep_logits: a.dump_logits.is_some(),
+    };
+    let stream = !a.json && tok.is_some();
+    let mut so_far = Vec::new();
+    let mut printed = 0usize;
+    let g = generate(&mut l.engine, &prompt, &opts, |id| {
+        if let (true, Some(t)) = (stream, &tok) {
+            so_far.push(id);
+            if let Ok(text) = t.decode(&so_far) {
+                if text.len() > printed && text.is_char_boundary(printed) {
+                    print!("{}", &text[printed..]);
+                    let _ = std::io::stdout().flush();
+                    printed = text.len();
+                }
+            }
+        }
+    })?;
+    if let Some(path) = &a.dump_logits {
+        let bytes: Vec<u8> = g.logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        write_atomic(path, &bytes)?;
+    }
+    let prefill_tok_s = g.prefill_tokens as f64 / g.prefill_s.max(1e-12);
+    let decode_tok_s = if g.decode_tokens > 0 {
+        g.decode_tokens as f64 / g.decode_s.max(1e-12)
+    } else {
+        0.0
+    };
+    let p = &l.plan.prediction;
+    let text = match &tok {
+        Some(t) => t.decode(&g.tokens)?,
+        None => String::new(),
+    };
+    if a.json {
+        let out = serde_json::json!({
+            "tokens": g.tokens,
+            "text": text,
+            "finish_reason": g.finish_reason,
+            "timings": {
+                "ttft_ms": g.ttft_s * 1e3,
+                "prefill_tok_s": prefill_tok_s,
+                "decode_tok_s": decode_tok_s,
+                "load_s": l.load_s,
+            },
+            "memory": { "host_peak_bytes": peak_rss(), "weights_bytes": l.engine.model.weight_bytes, "cache_bytes": l.engine.caches.bytes },
+            "weight_paths": l.engine.model.paths(),
+            "predicted": {
+                "decode_tok_s": p.decode_tok_s,
+                "prefill_tok_s": p.prefill_tok_s,
+                "bound": p.bound,
+                "weight_path": format!("{:?}", l.plan.weight_path.format),
+            },
+        });
+        println!("{out}");
+    } else {
+        println!();
+        eprintln!(
+            "prefill {} tok {:.1} tok/s (predicted {:.1}, {}), decode {} tok {:.2} tok/s (predicted {:.2}, {}), ttft {:.1} ms, peak rss {} MiB, paths {:?}",
+            g.prefill_tokens,
+            prefill_tok_s,
+            p.prefill_tok_s,
+            ratio(prefill_tok_s, p.prefill_tok_s),
+            g.decode_tokens,
+            decode_tok_s,
+            p.decode_tok_s,
+            ratio(decode_tok_s, p.decode_tok_s),
+            g.ttft_s * 1e3,
+            peak_rss().unwrap_or(0) >> 20,
+            l.engine.model.paths(),
+        );
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory and a rename, so a failure leaves no
+/// partial file.
+fn write_atomic(path: &Path, bytes: &[u8]) -> miette::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        path.file_name()
+            .map(|f| f.to_string_lossy())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    let r = std::fs::write(&tmp, bytes).and_then(|_| std::fs::rename(&tmp, path));
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r.into_diagnostic()
+}
+
+fn run_bench(a: BenchArgs) -> miette::Result<()> {
+    let b = a.batch.max(1);
+    let mut l = load(&a.common, b as u64, a.prompt_len as u64)?;
+    let vocab = l.engine.model.vocab() as u32;
+    let prompt: Vec<u32> = (0..a.prompt_len as u32)
+        .map(|i| (i * 7919 + 13) % vocab)
+        .collect();
+    let slots: Vec<usize> = (0..b)
+        .map(|_| l.engine.join().expect("slots sized from --batch"))
+        .collect();
+    let t0 = Instant::now();
+    for &s in &slots {
+        l.engine.step(&[(s, &prompt)])?;
+    }
+    let pp_s = t0.elapsed().as_secs_f64();
+    let toks: Vec<u32> = vec![1; b];
+    let t1 = Instant::now();
+    for _ in 0..a.gen {
+        let work: Vec<(usize, &[u32])> = slots
+            .iter()
+            .zip(&toks)
+            .map(|(&s, t)| (s, std::slice::from_ref(t)))
+            .collect();
+        l.engine.step(&work)?;
+    }
+    let tg_s = t1.elapsed().as_secs_f64();
+    let pp = (a.prompt_len * b) as f64 / pp_s;
+    let tg = (a.gen * b) as f64 / tg_s;
+    let p = &l.plan.prediction;
+    println!("| model | paths | batch | test | t/s | predicted | ratio |");
+    println!("|---|---|---|---|---|---|---|");
+    let name = l.engine.model.spec.id.clone();
+    let paths = l.engine.model.paths().join("+");
+    println!(
+        "| {name} | {paths} | {b} | pp{} | {pp:.2} | {:.2} | {} |",
+        a.prompt_len,
+        p.prefill_tok_s,
+        ratio(pp, p.prefill_tok_s)
+    );
+    println!(
+        "| {name} | {paths} | {b} | tg{} | {tg:.2} | {:.2} | {} |",
+        a.gen,
+        p.decode_tok_s,
+        ratio(tg / b as f64, p.decode_tok_s)
+    );
+    println!(
+        "decode reads {} weight bytes per step; {:.2} GB/s of weights at tg",
+        l.engine.model.decode_read_bytes,
+        l.engine.model.decode_read_bytes as f64 * (a.gen as f64 / tg_s) / 1e9
+    );
+    Ok(())
+}
+
+fn main() -> miette::Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Generate(a) => run_generate(a),
+        Cmd::Bench(a) => run_bench(a),
+    }
+}

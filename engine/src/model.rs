@@ -1,0 +1,870 @@
+//! The forward pass of every supported family, built only from the planner's [`ModelSpec`] (its `runtime` facts
+//! say which norm, activation, gate and RoPE a layer uses) and the checkpoint's tensors, converted once at load into
+//! the weight path the plan chose.
+//!
+//! One decoder layer is: `h = norm(x)`; a mixer (softmax attention, full or sliding, or a gated DeltaNet) on `h`;
+//! Gemma's sandwich norm on its output; the residual add; `norm` again; the gated MLP; the sandwich norm; the
+//! residual add. The families differ only in the facts `runtime` carries.
+
+use kernels::attention::{self, AttnDims, KvSlice, KvSliceMut, PagedKv, RingKv, Rope};
+use kernels::backend::{self, Weight};
+use kernels::gdn::{self, GdnDims, GdnInputs, GdnWeights};
+use kernels::ops::{self, EmbeddingTable, NormWeight};
+use planner::model::{Activation, LayerKind, ModelSpec, NormForm, OutputGate, StoredFormat};
+use planner::profile::WeightFormat;
+
+use crate::cache::Caches;
+use crate::checkpoint::Checkpoint;
+use crate::EngineError;
+
+/// Which weight path the loaded linears take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightMode {
+    /// The checkpoint's own formats, f32 or bf16 computed with f32 accumulation: the parity path.
+    Exact,
+    /// Dense weights converted at load into the chunked int4 pack for W4A16 (group 64, asymmetric).
+    W4a16,
+    /// Dense weights converted into the symmetric int4 pack for W4A8 (group 128, zero point 8).
+    W4a8,
+}
+
+impl WeightMode {
+    /// The mode a plan's weight path asks for; quantized checkpoints keep their format whatever the plan says.
+    pub fn from_plan(format: WeightFormat) -> Result<WeightMode, EngineError> {
+        match format {
+            WeightFormat::Bf16
+            | WeightFormat::F16
+            | WeightFormat::F32
+            | WeightFormat::Fp8Block
+            | WeightFormat::Nvfp4
+            | WeightFormat::Gptq => Ok(WeightMode::Exact),
+            WeightFormat::W4a16 => Ok(WeightMode::W4a16),
+            WeightFormat::W4a8 => Ok(WeightMode::W4a8),
+            WeightFormat::W8a16 => Err(EngineError::Unsupported(
+                "the plan's weight path is w8a16, an export format for a phone NPU; the engine does not run it"
+                    .into(),
+            )),
+        }
+    }
+}
+
+/// The weight paths the engine runs on the CPU: the list the planner's `runs_in_engine` is checked against.
+pub const CPU_WEIGHT_PATHS: &[WeightFormat] = &[
+    WeightFormat::F32,
+    WeightFormat::F16,
+    WeightFormat::Bf16,
+    WeightFormat::Fp8Block,
+    WeightFormat::Nvfp4,
+    WeightFormat::Gptq,
+    WeightFormat::W4a16,
+    WeightFormat::W4a8,
+];
+
+/// Every architecture the engine runs (the planner knows more: `qwen3_next` is planned, not run yet).
+pub const ENGINE_MODEL_TYPES: &[&str] = &[
+    "qwen3_5",
+    "qwen3_5_text",
+    "spark2_5",
+    "gemma3_text",
+    "qwen3",
+    "qwen2",
+    "llama",
+];
+
+enum Embedding {
+    F32(Vec<f32>),
+    Bf16(Vec<half::bf16>),
+}
+
+enum Qkv {
+    Split {
+        q: Weight,
+        k: Weight,
+        v: Weight,
+    },
+    /// Spark's `q_k_v_proj`: rows q, then k, then v.
+    Fused(Weight),
+}
+
+struct AttnLayer {
+    qkv: Qkv,
+    o: Weight,
+    biases: [Option<Vec<f32>>; 4],
+    /// Spark's per-head gate projection.
+    g_proj: Option<Weight>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    rope: Rope,
+    window: Option<usize>,
+}
+
+struct GdnLayer {
+    in_qkv: Weight,
+    in_z: Weight,
+    in_b: Weight,
+    in_a: Weight,
+    out: Weight,
+    conv: Vec<f32>,
+    a_log: Vec<f32>,
+    dt_bias: Vec<f32>,
+    norm: Vec<f32>,
+}
+
+enum Mixer {
+    Attn(Box<AttnLayer>),
+    Gdn(Box<GdnLayer>),
+}
+
+struct Layer {
+    kind: LayerKind,
+    input_norm: Vec<f32>,
+    post_attn_norm: Vec<f32>,
+    /// Gemma's extra norms: before the MLP and after it (`post_attn_norm` then norms the attention output).
+    pre_ff_norm: Option<Vec<f32>>,
+    post_ff_norm: Option<Vec<f32>>,
+    mixer: Mixer,
+    gate: Weight,
+    up: Weight,
+    down: Weight,
+}
+
+/// A loaded model: weights in their planned format, ready for [`Model::forward`].
+pub struct Model {
+    pub spec: ModelSpec,
+    pub mode: WeightMode,
+    embed: Embedding,
+    embed_scale: Option<f32>,
+    layers: Vec<Layer>,
+    final_norm: Vec<f32>,
+    lm_head: Weight,
+    pub attn_dims: AttnDims,
+    pub gdn_dims: Option<GdnDims>,
+    norm_form: NormWeight,
+    eps: f32,
+    inter: usize,
+    /// Bytes of every loaded weight, as held in memory.
+    pub weight_bytes: u64,
+    /// Bytes a decode step reads per token (every linear plus one embedding row): the roofline's numerator.
+    pub decode_read_bytes: u64,
+}
+
+fn usize_of(v: u64, what: &str) -> Result<usize, EngineError> {
+    usize::try_from(v)
+        .map_err(|_| EngineError::Unsupported(format!("{what} = {v} does not fit this machine")))
+}
+
+/// Loads one linear module in the weight path `mode` asks for.
+fn load_linear(ck: &Checkpoint, module: &str, mode: WeightMode) -> Result<Weight, EngineError> {
+    let lin = ck
+        .spec
+        .runtime
+        .linears
+        .iter()
+        .find(|l| l.module == module)
+        .ok_or_else(|| {
+            EngineError::Checkpoint(format!(
+                "{module}: not a linear module of this architecture"
+            ))
+        })?;
+    let (n, k) = (
+        usize_of(lin.out_features, "out_features")?,
+        usize_of(lin.in_features, "in_features")?,
+    );
+    let wname = format!("{module}.weight");
+    let err = |e: kernels::KernelError| EngineError::Kernel(format!("{module}: {e}"));
+    match lin.format {
+        StoredFormat::Dense { .. } => {
+            let dtype = ck.info(&wname)?.dtype;
+            match mode {
+                WeightMode::Exact if dtype == safetensors::Dtype::BF16 => {
+                    Weight::bf16(ck.bf16_bits(&wname)?, n, k).map_err(err)
+                }
+                WeightMode::Exact => Weight::f32(ck.f32(&wname)?, n, k).map_err(err),
+                WeightMode::W4a16 | WeightMode::W4a8 => {
+                    let a8 = mode == WeightMode::W4a8;
+                    let group = if a8 {
+                        planner::weight_path::W4A8_GROUP
+                    } else {
+                        planner::weight_path::W4A16_GROUP
+                    } as usize;
+                    if k % group != 0 {
+                        // The int4 pack needs whole groups; a ragged layer keeps its dense format.
+                        return load_linear(ck, module, WeightMode::Exact);
+                    }
+                    // Streams one 64-row block at a time from the mapping: the packer's only transient.
+                    let bytes = ck.bytes(&wname)?;
+                    let width = match dtype {
+                        safetensors::Dtype::F32 => 4,
+                        _ => 2,
+                    };
+                    Weight::int4_from_rows(n, k, group, a8, |row0, buf| {
+                        let src = &bytes[row0 * k * width..(row0 * k + buf.len()) * width];
+                        for (d, c) in buf.iter_mut().zip(src.chunks_exact(width)) {
+                            *d = match dtype {
+                                safetensors::Dtype::F32 => {
+                                    f32::from_le_bytes([c[0], c[1], c[2], c[3]])
+                                }
+                                safetensors::Dtype::F16 => {
+                                    half::f16::from_le_bytes([c[0], c[1]]).to_f32()
+                                }
+                                _ => half::bf16::from_le_bytes([c[0], c[1]]).to_f32(),
+                            };
+                        }
+                        Ok(())
+                    })
+                    .map_err(err)
+                }
+            }
+        }
+        StoredFormat::Fp8Block { block } => {
+            if block != [128, 128] {
+                return Err(EngineError::Unsupported(format!(
+                    "{module}: FP8 block {block:?}; the kernels read 128x128 blocks"
+                )));
+            }
+            let scale = ck.f32(&format!("{module}.weight_scale_inv"))?;
+            Weight::fp8_block(ck.bytes(&wname)?.to_vec(), scale, n, k).map_err(err)
+        }
+        StoredFormat::Fp8Tensor => {
+            let scale = ck.scalar(&format!("{module}.weight_scale"))?;
+            Weight::fp8_tensor(ck.bytes(&wname)?.to_vec(), scale, n, k).map_err(err)
+        }
+        StoredFormat::Nvfp4 { group } => {
+            if group != 16 {
+                return Err(EngineError::Unsupported(format!(
+                    "{module}: NVFP4 group {group}; the kernels read 16"
+                )));
+            }
+            let scales = ck.bytes(&format!("{module}.weight_scale"))?.to_vec();
+            let global = ck.scalar(&format!("{module}.weight_scale_2"))?;
+            Weight::nvfp4(ck.bytes(&wname)?.to_vec(), scales, global, n, k).map_err(err)
+        }
+        StoredFormat::Gptq { bits, group } => crate::gptq::load(ck, module, bits, group, n, k),
+    }
+}
+
+fn norm_vec(ck: &Checkpoint, name: &str) -> Result<Vec<f32>, EngineError> {
+    ck.f32(name)
+}
+
+impl Model {
+    /// Converts every tensor the forward pass reads into `mode`'s weight path. `progress(done, total)` is called
+    /// after each layer.
+    pub fn load(
+        ck: &Checkpoint,
+        mode: WeightMode,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<Model, EngineError> {
+        let spec = ck.spec.clone();
+        let rt = &spec.runtime;
+        if !ENGINE_MODEL_TYPES.contains(&spec.model_type.as_str()) {
+            return Err(EngineError::Unsupported(format!(
+                "model_type {} is planned but not run by the engine yet (it runs: {})",
+                spec.model_type,
+                ENGINE_MODEL_TYPES.join(", ")
+            )));
+        }
+        if rt.attn_logit_softcap.is_some() {
+            return Err(EngineError::Unsupported(
+                "attention logit softcapping (Gemma 2) is not implemented by the attention kernels"
+                    .into(),
+            ));
+        }
+        let p = &rt.prefix;
+        let hidden = usize_of(spec.hidden_size, "hidden_size")?;
+        let attn_dims = AttnDims {
+            q_heads: usize_of(spec.num_q_heads, "num_attention_heads")?,
+            kv_heads: usize_of(spec.num_kv_heads, "num_key_value_heads")?,
+            head_dim: usize_of(spec.head_dim, "head_dim")?,
+        };
+        let gdn_dims = spec.gdn.map(|g| GdnDims {
+            key_heads: g.num_key_heads as usize,
+            value_heads: g.num_value_heads as usize,
+            key_dim: g.key_head_dim as usize,
+            value_dim: g.value_head_dim as usize,
+            conv_kernel: g.conv_kernel as usize,
+        });
+        let embed_info = ck.info(&rt.embedding)?;
+        let embed = match embed_info.dtype {
+            safetensors::Dtype::BF16 => Embedding::Bf16(
+                ck.bf16_bits(&rt.embedding)?
+                    .into_iter()
+                    .map(half::bf16::from_bits)
+                    .collect(),
+            ),
+            _ => Embedding::F32(ck.f32(&rt.embedding)?),
+        };
+        // Gemma multiplies by sqrt(hidden) rounded to the model dtype.
+        let embed_scale = rt.embedding_scale.map(|s| match embed_info.dtype {
+            safetensors::Dtype::BF16 => half::bf16::from_f64(s).to_f32(),
+            safetensors::Dtype::F16 => half::f16::from_f64(s).to_f32(),
+            _ => s as f32,
+        });
+        let rope_of = |kind: LayerKind| -> Result<Rope, EngineError> {
+            let r = spec
+                .rope
+                .iter()
+                .find(|r| r.layer_kind == kind)
+                .ok_or_else(|| EngineError::Unsupported(format!("no RoPE for {kind:?} layers")))?;
+            let rope = Rope {
+                head_dim: attn_dims.head_dim,
+                rotary_dim: r.rotary_dims as usize,
+                theta: r.theta,
+            };
+            rope.validate("rope")
+                .map_err(|e| EngineError::Kernel(e.to_string()))?;
+            Ok(rope)
+        };
+        let mut layers = Vec::with_capacity(spec.layers.len());
+        let mut inter = 0;
+        for (i, &kind) in spec.layers.iter().enumerate() {
+            let lp = format!("{p}.layers.{i}");
+            let mixer = match kind {
+                LayerKind::LinearAttention => {
+                    let la = format!("{lp}.linear_attn");
+                    let conv = ck.f32(&format!("{la}.conv1d.weight"))?;
+                    Mixer::Gdn(Box::new(GdnLayer {
+                        in_qkv: load_linear(ck, &format!("{la}.in_proj_qkv"), mode)?,
+                        in_z: load_linear(ck, &format!("{la}.in_proj_z"), mode)?,
+                        in_b: load_linear(ck, &format!("{la}.in_proj_b"), mode)?,
+                        in_a: load_linear(ck, &format!("{la}.in_proj_a"), mode)?,
+                        out: load_linear(ck, &format!("{la}.out_proj"), mode)?,
+                        conv,
+                        a_log: ck.f32(&format!("{la}.A_log"))?,
+                        dt_bias: ck.f32(&format!("{la}.dt_bias"))?,
+                        norm: ck.f32(&format!("{la}.norm.weight"))?,
+                    }))
+                }
+                LayerKind::FullAttention | LayerKind::SlidingAttention => {
+                    let sa = format!("{lp}.self_attn");
+                    let opt = |n: String| -> Result<Option<Vec<f32>>, EngineError> {
+                        if ck.has(&n) {
+                            Ok(Some(ck.f32(&n)?))
+                        } else {
+                            Ok(None)
+                        }
+                    };
+                    let (qkv, o) = if rt.output_gate == OutputGate::SigmoidPerHead {
+                        (
+                            Qkv::Fused(load_linear(ck, &format!("{sa}.q_k_v_proj"), mode)?),
+                            load_linear(ck, &format!("{sa}.out_proj"), mode)?,
+                        )
+                    } else {
+                        (
+                            Qkv::Split {
+                                q: load_linear(ck, &format!("{sa}.q_proj"), mode)?,
+                                k: load_linear(ck, &format!("{sa}.k_proj"), mode)?,
+                                v: load_linear(ck, &format!("{sa}.v_proj"), mode)?,
+                            },
+                            load_linear(ck, &format!("{sa}.o_proj"), mode)?,
+                        )
+                    };
+                    let g_proj = if rt.output_gate == OutputGate::SigmoidPerHead {
+                        Some(load_linear(ck, &format!("{sa}.g_proj"), mode)?)
+                    } else {
+                        None
+                    };
+                    let window = match kind {
+                        LayerKind::SlidingAttention => Some(usize_of(
+                            spec.sliding_window.unwrap_or(0),
+                            "sliding_window",
+                        )?),
+                        _ => None,
+                    };
+                    Mixer::Attn(Box::new(AttnLayer {
+                        qkv,
+                        o,
+                        biases: [
+                            opt(format!("{sa}.q_proj.bias"))?,
+                            opt(format!("{sa}.k_proj.bias"))?,
+                            opt(format!("{sa}.v_proj.bias"))?,
+                            opt(format!("{sa}.o_proj.bias"))?,
+                        ],
+                        g_proj,
+                        q_norm: if rt.qk_norm {
+                            Some(ck.f32(&format!("{sa}.q_norm.weight"))?)
+                        } else {
+                            None
+                        },
+                        k_norm: if rt.qk_norm {
+                            Some(ck.f32(&format!("{sa}.k_norm.weight"))?)
+                        } else {
+                            None
+                        },
+                        rope: rope_of(kind)?,
+                        window,
+                    }))
+                }
+            };
+            let gate = load_linear(ck, &format!("{lp}.mlp.gate_proj"), mode)?;
+            inter = gate.n();
+            layers.push(Layer {
+                kind,
+                input_norm: norm_vec(ck, &format!("{lp}.input_layernorm.weight"))?,
+                post_attn_norm: norm_vec(ck, &format!("{lp}.post_attention_layernorm.weight"))?,
+                pre_ff_norm: if rt.sandwich_norms {
+                    Some(norm_vec(
+                        ck,
+                        &format!("{lp}.pre_feedforward_layernorm.weight"),
+                    )?)
+                } else {
+                    None
+                },
+                post_ff_norm: if rt.sandwich_norms {
+                    Some(norm_vec(
+                        ck,
+                        &format!("{lp}.post_feedforward_layernorm.weight"),
+                    )?)
+                } else {
+                    None
+                },
+                mixer,
+                gate,
+                up: load_linear(ck, &format!("{lp}.mlp.up_proj"), mode)?,
+                down: load_linear(ck, &format!("{lp}.mlp.down_proj"), mode)?,
+            });
+            progress(i + 1, spec.layers.len());
+        }
+        let vocab = usize_of(spec.vocab_size, "vocab_size")?;
+        let lm_head = if spec.tie_word_embeddings {
+            // The tied head reads the whole table every token: it takes the plan's weight path, while the gather
+            // keeps the dense rows (seed: the two have the same shape and the opposite decision).
+            match (mode, &embed) {
+                (WeightMode::Exact, Embedding::F32(w)) => Weight::f32(w.clone(), vocab, hidden),
+                (WeightMode::Exact, Embedding::Bf16(w)) => {
+                    Weight::bf16(w.iter().map(|b| b.to_bits()).collect(), vocab, hidden)
+                }
+                (_, e) => {
+                    let a8 = mode == WeightMode::W4a8;
+                    let group = if a8 { 128 } else { 64 };
+                    Weight::int4_from_rows(vocab, hidden, group, a8, |row0, buf| {
+                        let src_row = row0 * hidden;
+                        match e {
+                            Embedding::F32(w) => {
+                                buf.copy_from_slice(&w[src_row..src_row + buf.len()])
+                            }
+                            Embedding::Bf16(w) => {
+                                for (d, s) in buf.iter_mut().zip(&w[src_row..]) {
+                                    *d = s.to_f32();
+                                }
+                            }
+                        }
+                        Ok(())
+                    })
+                }
+            }
+            .map_err(|e| EngineError::Kernel(format!("tied lm_head: {e}")))?
+        } else {
+            load_linear(ck, "lm_head", mode)?
+        };
+        let mut model = Model {
+            final_norm: norm_vec(ck, &format!("{p}.norm.weight"))?,
+            norm_form: match rt.norm {
+                NormForm::Weight => NormWeight::Plain,
+                NormForm::OnePlusWeight => NormWeight::OnePlus,
+            },
+            eps: rt.norm_eps as f32,
+            spec,
+            mode,
+            embed,
+            embed_scale,
+            layers,
+            lm_head,
+            attn_dims,
+            gdn_dims,
+            inter,
+            weight_bytes: 0,
+            decode_read_bytes: 0,
+        };
+        let (held, read) = model.count_bytes();
+        model.weight_bytes = held;
+        model.decode_read_bytes = read;
+        Ok(model)
+    }
+
+    fn linears(&self) -> Vec<&Weight> {
+        let mut v = vec![&self.lm_head];
+        for l in &self.layers {
+            v.extend([&l.gate, &l.up, &l.down]);
+            match &l.mixer {
+                Mixer::Attn(a) => {
+                    match &a.qkv {
+                        Qkv::Split { q, k, v: vv } => v.extend([q, k, vv]),
+                        Qkv::Fused(w) => v.push(w),
+                    }
+                    v.push(&a.o);
+                    if let Some(g) = &a.g_proj {
+                        v.push(g);
+                    }
+                }
+                Mixer::Gdn(g) => v.extend([&g.in_qkv, &g.in_z, &g.in_b, &g.in_a, &g.out]),
+            }
+        }
+        v
+    }
+
+    fn count_bytes(&self) -> (u64, u64) {
+        let lin: u64 = self.linears().iter().map(|w| w.bytes() as u64).sum();
+        let (embed, row) = match &self.embed {
+            Embedding::F32(w) => (w.len() as u64 * 4, self.spec.hidden_size * 4),
+            Embedding::Bf16(w) => (w.len() as u64 * 2, self.spec.hidden_size * 2),
+        };
+        (lin + embed, lin + row)
+    }
+
+    /// The weight path names in use (`bf16`, `w4a16`, ...), each once.
+    pub fn paths(&self) -> Vec<&'static str> {
+        let mut v: Vec<&'static str> = self.linears().iter().map(|w| w.path_name()).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.spec.vocab_size as usize
+    }
+
+    fn hidden(&self) -> usize {
+        self.spec.hidden_size as usize
+    }
+
+    fn norm(&self, x: &[f32], w: &[f32], out: &mut [f32]) -> Result<(), EngineError> {
+        ops::rmsnorm(x, w, self.norm_form, self.eps, out).map_err(kerr)
+    }
+
+    /// Runs `tokens` of the sequences in `batch` through the model and returns the logits of each sequence's last
+    /// token (`[batch.len(), vocab]`). Each entry is `(cache slot, first position, tokens)`: either one sequence's
+    /// prompt starting at position 0 (a prefill), or any number of sequences with one token each (a decode step).
+    pub fn forward(
+        &self,
+        caches: &mut Caches,
+        batch: &[Step<'_>],
+    ) -> Result<Vec<f32>, EngineError> {
+        let prefill = batch.len() == 1 && batch[0].pos == 0 && batch[0].tokens.len() > 1;
+        if !prefill && batch.iter().any(|s| s.tokens.len() != 1) {
+            return Err(EngineError::Unsupported(
+                "a step is one prompt from position 0 or one token per sequence".into(),
+            ));
+        }
+        let ids: Vec<u32> = batch
+            .iter()
+            .flat_map(|s| s.tokens.iter().copied())
+            .collect();
+        let t = ids.len();
+        let h = self.hidden();
+        let mut x = vec![0.0f32; t * h];
+        let table = match &self.embed {
+            Embedding::F32(w) => EmbeddingTable::F32(w),
+            Embedding::Bf16(w) => EmbeddingTable::Bf16(w),
+        };
+        ops::embedding_gather(table, h, &ids, &mut x).map_err(kerr)?;
+        if let Some(s) = self.embed_scale {
+            x.iter_mut().for_each(|v| *v *= s);
+        }
+        let positions: Vec<u32> = if prefill {
+            (0..t as u32).collect()
+        } else {
+            batch.iter().map(|s| s.pos as u32).collect()
+        };
+        let mut hbuf = vec![0.0f32; t * h];
+        for (li, layer) in self.layers.iter().enumerate() {
+            self.norm(&x, &layer.input_norm, &mut hbuf)?;
+            let mut o = match &layer.mixer {
+                Mixer::Attn(a) => {
+                    self.attention(li, a, caches, batch, prefill, &positions, &hbuf)?
+                }
+                Mixer::Gdn(g) => self.gdn(li, g, caches, batch, prefill, &hbuf)?,
+            };
+            if layer.pre_ff_norm.is_some() {
+                let mut n = vec![0.0; o.len()];
+                self.norm(&o, &layer.post_attn_norm, &mut n)?;
+                o = n;
+            }
+            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            let ff_norm = layer.pre_ff_norm.as_ref().unwrap_or(&layer.post_attn_norm);
+            self.norm(&x, ff_norm, &mut hbuf)?;
+            let mut m = self.mlp(layer, &hbuf, t)?;
+            if let Some(w) = &layer.post_ff_norm {
+                let mut n = vec![0.0; m.len()];
+                self.norm(&m, w, &mut n)?;
+                m = n;
+            }
+            x.iter_mut().zip(&m).for_each(|(a, b)| *a += b);
+            let _ = layer.kind;
+        }
+        // Logits of each sequence's last token only.
+        let rows: Vec<usize> = if prefill {
+            vec![t - 1]
+        } else {
+            (0..t).collect()
+        };
+        let mut last = Vec::with_capacity(rows.len() * h);
+        for &r in &rows {
+            last.extend_from_slice(&x[r * h..(r + 1) * h]);
+        }
+        let mut normed = vec![0.0; last.len()];
+        self.norm(&last, &self.final_norm, &mut normed)?;
+        let mut logits = vec![0.0f32; rows.len() * self.vocab()];
+        self.lm_head
+            .linear(&normed, rows.len(), &mut logits)
+            .map_err(kerr)?;
+        if let Some(cap) = self.spec.runtime.final_logit_softcap {
+            backend::softcap(&mut logits, cap as f32);
+        }
+        Ok(logits)
+    }
+
+    fn mlp(&self, layer: &Layer, x: &[f32], t: usize) -> Result<Vec<f32>, EngineError> {
+        let inter = self.inter;
+        let mut g = vec![0.0; t * inter];
+        let mut u = vec![0.0; t * inter];
+        layer.gate.linear(x, t, &mut g).map_err(kerr)?;
+        layer.up.linear(x, t, &mut u).map_err(kerr)?;
+        let mut gu = Vec::with_capacity(2 * t * inter);
+        for r in 0..t {
+            gu.extend_from_slice(&g[r * inter..(r + 1) * inter]);
+            gu.extend_from_slice(&u[r * inter..(r + 1) * inter]);
+        }
+        let mut act = vec![0.0; t * inter];
+        match self.spec.runtime.activation {
+            Activation::Silu => ops::silu_and_mul(&gu, inter, &mut act),
+            Activation::GeluErf => ops::gelu_and_mul(&gu, inter, &mut act),
+            Activation::GeluTanh => backend::gelu_tanh_and_mul(&gu, inter, &mut act),
+        }
+        .map_err(kerr)?;
+        let mut out = vec![0.0; t * self.hidden()];
+        layer.down.linear(&act, t, &mut out).map_err(kerr)?;
+        Ok(out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        li: usize,
+        a: &AttnLayer,
+        caches: &mut Caches,
+        batch: &[Step<'_>],
+        prefill: bool,
+        positions: &[u32],
+        x: &[f32],
+    ) -> Result<Vec<f32>, EngineError> {
+        let d = self.attn_dims;
+        let t = positions.len();
+        let (qw, kvw) = (d.q_heads * d.head_dim, d.kv_heads * d.head_dim);
+        let gated = self.spec.runtime.output_gate == OutputGate::SigmoidPerElement;
+        let (mut q, mut k, mut v, gate) = match &a.qkv {
+            Qkv::Split {
+                q: wq,
+                k: wk,
+                v: wv,
+            } => {
+                let mut qg = vec![0.0; t * wq.n()];
+                wq.linear(x, t, &mut qg).map_err(kerr)?;
+                let mut k = vec![0.0; t * kvw];
+                let mut v = vec![0.0; t * kvw];
+                wk.linear(x, t, &mut k).map_err(kerr)?;
+                wv.linear(x, t, &mut v).map_err(kerr)?;
+                if gated {
+                    // Per head: head_dim query values, then head_dim gate values.
+                    let mut q = Vec::with_capacity(t * qw);
+                    let mut g = Vec::with_capacity(t * qw);
+                    for head in qg.chunks_exact(2 * d.head_dim) {
+                        q.extend_from_slice(&head[..d.head_dim]);
+                        g.extend_from_slice(&head[d.head_dim..]);
+                    }
+                    (q, k, v, Some(g))
+                } else {
+                    (qg, k, v, None)
+                }
+            }
+            Qkv::Fused(w) => {
+                let n = w.n();
+                let mut all = vec![0.0; t * n];
+                w.linear(x, t, &mut all).map_err(kerr)?;
+                let (mut q, mut k, mut v) = (
+                    Vec::with_capacity(t * qw),
+                    Vec::with_capacity(t * kvw),
+                    Vec::with_capacity(t * kvw),
+                );
+                for row in all.chunks_exact(n) {
+                    q.extend_from_slice(&row[..qw]);
+                    k.extend_from_slice(&row[qw..qw + kvw]);
+                    v.extend_from_slice(&row[qw + kvw..]);
+                }
+                (q, k, v, None)
+            }
+        };
+        for (buf, bias) in [
+            (&mut q, &a.biases[0]),
+            (&mut k, &a.biases[1]),
+            (&mut v, &a.biases[2]),
+        ] {
+            if let Some(b) = bias {
+                for row in buf.chunks_exact_mut(b.len()) {
+                    row.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+                }
+            }
+        }
+        if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
+            let mut tmp = vec![0.0; q.len()];
+            self.norm(&q, qn, &mut tmp)?;
+            q = tmp;
+            let mut tmp = vec![0.0; k.len()];
+            self.norm(&k, kn, &mut tmp)?;
+            k = tmp;
+        }
+        attention::rope_neox(&a.rope, d.q_heads, positions, &mut q).map_err(kerr)?;
+        attention::rope_neox(&a.rope, d.kv_heads, positions, &mut k).map_err(kerr)?;
+        let scale = self.spec.runtime.attn_scale as f32;
+        let mut out = vec![0.0f32; t * qw];
+        let mut c = caches.layer_mut(li)?;
+        if prefill {
+            attention::prefill(&d, scale, a.window, t, &q, &k, &v, &mut out).map_err(kerr)?;
+            let slot = batch[0].slot;
+            for p in 0..t {
+                c.store(
+                    &d,
+                    slot,
+                    p,
+                    &k[p * kvw..(p + 1) * kvw],
+                    &v[p * kvw..(p + 1) * kvw],
+                    a.window,
+                )?;
+            }
+        } else {
+            for (b, s) in batch.iter().enumerate() {
+                let (kr, vr) = (&k[b * kvw..(b + 1) * kvw], &v[b * kvw..(b + 1) * kvw]);
+                let (qr, or) = (&q[b * qw..(b + 1) * qw], &mut out[b * qw..(b + 1) * qw]);
+                match a.window {
+                    None => {
+                        c.store(&d, s.slot, s.pos, kr, vr, None)?;
+                        let (kp, vp, page, table) = c.paged(s.slot)?;
+                        let lens = [s.pos as u32 + 1];
+                        let kv = PagedKv {
+                            k_pages: KvSlice::F32(kp),
+                            v_pages: KvSlice::F32(vp),
+                            page_size: page,
+                            block_table: table,
+                            max_pages: table.len(),
+                            lens: &lens,
+                        };
+                        attention::decode_paged(&d, scale, 1, qr, &kv, or).map_err(kerr)?;
+                    }
+                    Some(w) => {
+                        let (kring, vring) = c.ring(s.slot)?;
+                        let pos = [s.pos as u32];
+                        let kv = RingKv {
+                            k_ring: KvSlice::F32(kring),
+                            v_ring: KvSlice::F32(vring),
+                            window: w,
+                            k_cur: KvSlice::F32(kr),
+                            v_cur: KvSlice::F32(vr),
+                            pos: &pos,
+                        };
+                        attention::decode_ring(&d, scale, 1, qr, &kv, or).map_err(kerr)?;
+                        c.store(&d, s.slot, s.pos, kr, vr, Some(w))?;
+                    }
+                }
+            }
+        }
+        if let Some(g) = gate {
+            backend::sigmoid_gate(&mut out, &g).map_err(kerr)?;
+        }
+        if let Some(gp) = &a.g_proj {
+            let mut g = vec![0.0; t * d.q_heads];
+            gp.linear(x, t, &mut g).map_err(kerr)?;
+            backend::sigmoid_head_gate(&mut out, d.q_heads, &g).map_err(kerr)?;
+        }
+        let mut o = vec![0.0; t * self.hidden()];
+        a.o.linear(&out, t, &mut o).map_err(kerr)?;
+        if let Some(b) = &a.biases[3] {
+            for row in o.chunks_exact_mut(b.len()) {
+                row.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+            }
+        }
+        Ok(o)
+    }
+
+    fn gdn(
+        &self,
+        li: usize,
+        g: &GdnLayer,
+        caches: &mut Caches,
+        batch: &[Step<'_>],
+        prefill: bool,
+        x: &[f32],
+    ) -> Result<Vec<f32>, EngineError> {
+        let dims = self
+            .gdn_dims
+            .ok_or_else(|| EngineError::Unsupported("GDN layer without geometry".into()))?;
+        let t = x.len() / self.hidden();
+        let (cd, vw, hv) = (dims.conv_dim(), dims.value_width(), dims.value_heads);
+        let mut qkv = vec![0.0; t * cd];
+        let mut z = vec![0.0; t * vw];
+        let mut b = vec![0.0; t * hv];
+        let mut a = vec![0.0; t * hv];
+        g.in_qkv.linear(x, t, &mut qkv).map_err(kerr)?;
+        g.in_z.linear(x, t, &mut z).map_err(kerr)?;
+        g.in_b.linear(x, t, &mut b).map_err(kerr)?;
+        g.in_a.linear(x, t, &mut a).map_err(kerr)?;
+        let w = GdnWeights {
+            conv_weight: &g.conv,
+            a_log: &g.a_log,
+            dt_bias: &g.dt_bias,
+            norm_weight: &g.norm,
+            norm_eps: self.eps,
+        };
+        let mut out = vec![0.0; t * vw];
+        let mut c = caches.layer_mut(li)?;
+        if prefill {
+            let (conv, state) = c.gdn(batch[0].slot)?;
+            let inp = GdnInputs {
+                qkv: &qkv,
+                z: &z,
+                a: &a,
+                b: &b,
+            };
+            gdn::prefill(&dims, &w, t, &inp, conv, state, &mut out).map_err(kerr)?;
+        } else {
+            for (i, s) in batch.iter().enumerate() {
+                let (conv, state) = c.gdn(s.slot)?;
+                let inp = GdnInputs {
+                    qkv: &qkv[i * cd..(i + 1) * cd],
+                    z: &z[i * vw..(i + 1) * vw],
+                    a: &a[i * hv..(i + 1) * hv],
+                    b: &b[i * hv..(i + 1) * hv],
+                };
+                gdn::decode_step(
+                    &dims,
+                    &w,
+                    1,
+                    &inp,
+                    conv,
+                    state,
+                    &mut out[i * vw..(i + 1) * vw],
+                )
+                .map_err(kerr)?;
+            }
+        }
+        let mut o = vec![0.0; t * self.hidden()];
+        g.out.linear(&out, t, &mut o).map_err(kerr)?;
+        Ok(o)
+    }
+}
+
+/// One sequence's part of a [`Model::forward`] call.
+#[derive(Debug, Clone, Copy)]
+pub struct Step<'a> {
+    /// The sequence's cache slot.
+    pub slot: usize,
+    /// Position of `tokens[0]` (tokens already in the cache).
+    pub pos: usize,
+    pub tokens: &'a [u32],
+}
+
+pub(crate) fn kerr(e: kernels::KernelError) -> EngineError {
+    EngineError::Kernel(e.to_string())
+}
+
+#[allow(dead_code)]
+fn _assert_mut_slice(_: KvSliceMut<'_>) {}

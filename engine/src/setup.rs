@@ -1,0 +1,187 @@
+//! From the command line to a running [`crate::Engine`]: which profile describes this machine (a committed one by
+//! name, a TOML path, or a probe of this machine with its rates marked provisional), which plan to apply (`--plan`,
+//! or one the planner makes for this checkpoint on that profile), and the admission check against the memory the
+//! OS reports free before anything big is allocated.
+
+use std::path::Path;
+
+use planner::model::{ModelCard, SourceFile};
+use planner::{Plan, Verdict, Workload};
+
+use crate::checkpoint::Checkpoint;
+use crate::EngineError;
+
+/// The committed profiles, embedded so `--profile NAME` works from any directory.
+const PROFILES: &[(&str, &str)] = &[
+    (
+        "avx512-2core",
+        include_str!("../../profiles/avx512-2core.toml"),
+    ),
+    ("ryzen-5090", include_str!("../../profiles/ryzen-5090.toml")),
+    ("xeon-8480c", include_str!("../../profiles/xeon-8480c.toml")),
+    ("h200", include_str!("../../profiles/h200.toml")),
+    ("galaxy-s25", include_str!("../../profiles/galaxy-s25.toml")),
+];
+
+fn meminfo(key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+/// Bytes the OS reports available right now (`MemAvailable`), if it says.
+pub fn available_bytes() -> Option<u64> {
+    meminfo("MemAvailable:")
+}
+
+/// A profile of this machine from a probe: ISA, cores and memory are read; rates are provisional placeholders that
+/// only `calibrate` may replace (the planner's speed figures from it are an order of magnitude, not a measurement).
+pub fn probe_profile() -> SourceFile {
+    let total = meminfo("MemTotal:").unwrap_or(8 << 30);
+    let avail = available_bytes().unwrap_or(total / 2);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    #[cfg(target_arch = "x86_64")]
+    let isa = format!(
+        "arch = \"x86_64\", avx512 = {}, vnni = {}, bf16 = {}, amx = false",
+        std::arch::is_x86_feature_detected!("avx512f"),
+        std::arch::is_x86_feature_detected!("avx512vnni"),
+        std::arch::is_x86_feature_detected!("avx512bf16"),
+    );
+    #[cfg(not(target_arch = "x86_64"))]
+    let isa = "arch = \"aarch64\"".to_string();
+    let text = format!(
+        r#"# Probed by `edgefit` at start-up: sizes read from this machine, rates provisional (not measured).
+name = "probed"
+description = "this machine, probed: {cores} cores"
+
+[[pool]]
+id = "dram"
+description = "system memory"
+capacity_bytes = {{ value = {total}, source = "probe: /proc/meminfo MemTotal" }}
+taken_bytes = {{ value = {taken}, source = "probe: MemTotal - MemAvailable at start-up" }}
+read_bytes_per_s = {{ value = 10e9, source = "provisional: not measured" }}
+runtime_overhead_bytes = {{ value = 536870912, source = "provisional: 512 MiB for activations and the runtime" }}
+reserve_bytes = {{ value = 268435456, source = "provisional: 256 MiB" }}
+
+[[compute]]
+id = "cpu"
+kind = "cpu"
+description = "{cores} cores"
+pool = "dram"
+runs_engine = true
+isa = {{ {isa}, source = "probe: cpuid; AMX is not used until calibrate proves the tiles usable" }}
+peak = {{ bf16_flops_per_s = {{ value = {peak}e9, source = "provisional: {cores} cores x 50 GFLOP/s, not measured" }} }}
+"#,
+        taken = total.saturating_sub(avail),
+        peak = cores * 50,
+    );
+    SourceFile {
+        path: "(probed profile)".into(),
+        text,
+    }
+}
+
+/// `--profile NAME|PATH`, or the probe when absent.
+pub fn profile(arg: Option<&str>) -> Result<SourceFile, EngineError> {
+    let Some(arg) = arg else {
+        return Ok(probe_profile());
+    };
+    if let Some((name, text)) = PROFILES.iter().find(|(n, _)| *n == arg) {
+        return Ok(SourceFile {
+            path: format!("profiles/{name}.toml"),
+            text: text.to_string(),
+        });
+    }
+    let path = Path::new(arg);
+    if path.exists() {
+        let text = std::fs::read_to_string(path).map_err(|e| EngineError::io(path, e))?;
+        return Ok(SourceFile {
+            path: arg.to_string(),
+            text,
+        });
+    }
+    let names: Vec<&str> = PROFILES.iter().map(|(n, _)| *n).collect();
+    Err(EngineError::Plan(format!(
+        "--profile {arg}: no such file, and not one of the committed profiles ({})",
+        names.join(", ")
+    )))
+}
+
+/// The plan to run: `--plan PATH` when given, else the planner's plan for this checkpoint on `profile`.
+pub fn plan(
+    ck: &Checkpoint,
+    plan_path: Option<&Path>,
+    profile: &SourceFile,
+    workload: &Workload,
+) -> Result<Plan, EngineError> {
+    if let Some(p) = plan_path {
+        let text = std::fs::read_to_string(p).map_err(|e| EngineError::io(p, e))?;
+        return Plan::from_toml(&p.display().to_string(), &text)
+            .map_err(|e| EngineError::Plan(format!("{:?}", miette::Report::new(e))));
+    }
+    let quant = ck.dir.join("hf_quant_config.json");
+    let card = ModelCard {
+        id: ck.spec.id.clone(),
+        config: SourceFile {
+            path: ck.dir.join("config.json").display().to_string(),
+            text: ck.config_text.clone(),
+        },
+        quant_config: if quant.exists() {
+            Some(SourceFile {
+                path: quant.display().to_string(),
+                text: std::fs::read_to_string(&quant).map_err(|e| EngineError::io(&quant, e))?,
+            })
+        } else {
+            None
+        },
+    };
+    planner::plan::plan(&card, profile, workload)
+        .map_err(|e| EngineError::Plan(format!("{:?}", miette::Report::new(e))))
+}
+
+/// Refuses a plan that does not fit, by its own ledgers or by the memory the OS has free now.
+pub fn admit(plan: &Plan) -> Result<(), EngineError> {
+    let ledgers = || {
+        plan.ledgers
+            .iter()
+            .map(|l| {
+                format!(
+                    "  {}: capacity {} taken {} overhead {} reserve {} cache {} weights {} free {} shortfall {}",
+                    l.pool,
+                    l.capacity_bytes,
+                    l.taken_bytes,
+                    l.runtime_overhead_bytes,
+                    l.reserve_bytes,
+                    l.cache_bytes,
+                    l.weight_bytes,
+                    l.free_bytes,
+                    l.shortfall_bytes
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    if plan.verdict != Verdict::Fits {
+        return Err(EngineError::Plan(format!(
+            "the plan does not fit; its ledgers:\n{}",
+            ledgers()
+        )));
+    }
+    let need = plan
+        .inventory
+        .planned_bytes
+        .saturating_add(plan.cache.total_bytes)
+        .saturating_add(plan.cache.rope_table_bytes);
+    if let Some(avail) = available_bytes() {
+        if need > avail {
+            return Err(EngineError::Plan(format!(
+                "the plan needs {need} bytes of weights and caches but the OS reports {avail} available; its ledgers:\n{}",
+                ledgers()
+            )));
+        }
+    }
+    Ok(())
+}

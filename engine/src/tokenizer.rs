@@ -1,0 +1,99 @@
+//! The checkpoint's tokenizer (`tokenizer.json`, through the `tokenizers` crate built without its C++ regex) and
+//! the stop tokens and sampling defaults of `generation_config.json`.
+
+use std::path::Path;
+
+use crate::EngineError;
+
+/// A loaded `tokenizer.json`.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+}
+
+impl Tokenizer {
+    /// Loads `dir/tokenizer.json`.
+    pub fn open(dir: &Path) -> Result<Tokenizer, EngineError> {
+        let path = dir.join("tokenizer.json");
+        let inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| EngineError::Checkpoint(format!("{}: {e}", path.display())))?;
+        Ok(Tokenizer { inner })
+    }
+
+    pub fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>, EngineError> {
+        let enc = self
+            .inner
+            .encode(text, special)
+            .map_err(|e| EngineError::Request(format!("tokenizing the prompt: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String, EngineError> {
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| EngineError::Request(format!("detokenizing: {e}")))
+    }
+
+    /// The id of a token string, if the vocabulary has it.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+}
+
+/// `generation_config.json`'s stop tokens and sampling defaults, when the file exists.
+#[derive(Debug, Clone, Default)]
+pub struct GenerationConfig {
+    pub eos_token_ids: Vec<u32>,
+    pub temperature: Option<f32>,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+}
+
+impl GenerationConfig {
+    pub fn open(dir: &Path) -> Result<GenerationConfig, EngineError> {
+        let path = dir.join("generation_config.json");
+        if !path.exists() {
+            return Ok(GenerationConfig::default());
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| EngineError::io(&path, e))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            EngineError::Checkpoint(format!(
+                "{}:{}:{}: {e}",
+                path.display(),
+                e.line(),
+                e.column()
+            ))
+        })?;
+        let bad = |key: &str, want: &str| {
+            EngineError::Checkpoint(format!("{}: `{key}` must be {want}", path.display()))
+        };
+        let eos = match v.get("eos_token_id") {
+            None | Some(serde_json::Value::Null) => Vec::new(),
+            Some(serde_json::Value::Array(a)) => a
+                .iter()
+                .map(|x| {
+                    x.as_u64()
+                        .and_then(|x| u32::try_from(x).ok())
+                        .ok_or_else(|| bad("eos_token_id", "token ids"))
+                })
+                .collect::<Result<_, _>>()?,
+            Some(x) => vec![x
+                .as_u64()
+                .and_then(|x| u32::try_from(x).ok())
+                .ok_or_else(|| bad("eos_token_id", "a token id or a list of them"))?],
+        };
+        let num = |key: &str| -> Result<Option<f64>, EngineError> {
+            match v.get(key) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(x) => x.as_f64().map(Some).ok_or_else(|| bad(key, "a number")),
+            }
+        };
+        Ok(GenerationConfig {
+            eos_token_ids: eos,
+            temperature: num("temperature")?.map(|x| x as f32),
+            top_k: num("top_k")?.map(|x| x as usize),
+            top_p: num("top_p")?.map(|x| x as f32),
+            repetition_penalty: num("repetition_penalty")?.map(|x| x as f32),
+        })
+    }
+}

@@ -1,8 +1,8 @@
 //! Decode attention over a paged KV cache (`kernels/cuda/attention.cu`).
 
 use super::{
-    check_len, DecodeKernels, Gpu, GpuBuffer, KernelPath, PagedAttentionDims, PagedKvCache,
-    RingKvCache,
+    check_len, check_len_of, DecodeKernels, Gpu, GpuBuffer, KernelPath, PagedAttentionDims,
+    PagedKvCache, RingKvCache,
 };
 use crate::KernelError;
 
@@ -393,13 +393,13 @@ impl Gpu {
             dims.kv_heads
         );
         let (hq, hkv, hd) = (dims.q_heads, dims.kv_heads, dims.head_dim);
-        check_len(op, "q", q.len(), seqs * hq * hd)?;
-        check_len(op, "k_ring", k_ring.len(), seqs * hkv * slots * hd)?;
-        check_len(op, "v_ring", v_ring.len(), seqs * hkv * slots * hd)?;
-        check_len(op, "k_cur", k_cur.len(), seqs * hkv * hd)?;
-        check_len(op, "v_cur", v_cur.len(), seqs * hkv * hd)?;
+        check_len_of(op, "q", q.len(), &[seqs, hq, hd])?;
+        check_len_of(op, "k_ring", k_ring.len(), &[seqs, hkv, slots, hd])?;
+        check_len_of(op, "v_ring", v_ring.len(), &[seqs, hkv, slots, hd])?;
+        check_len_of(op, "k_cur", k_cur.len(), &[seqs, hkv, hd])?;
+        check_len_of(op, "v_cur", v_cur.len(), &[seqs, hkv, hd])?;
         check_len(op, "pos", pos.len(), seqs)?;
-        check_len(op, "out", out.len(), seqs * hq * hd)?;
+        check_len_of(op, "out", out.len(), &[seqs, hq, hd])?;
         #[cfg(feature = "cuda")]
         {
             self.inner.attention_decode_ring(
@@ -445,18 +445,18 @@ fn check_paged_lens(
     kv: PagedKvCache<'_>,
     out: &GpuBuffer<f32>,
 ) -> Result<(), KernelError> {
-    let cache = d.num_pages * d.page_size * d.kv_heads * d.head_dim;
-    check_len(op, "q", q.len(), d.seqs * d.q_heads * d.head_dim)?;
-    check_len(op, "k_cache", kv.k.len(), cache)?;
-    check_len(op, "v_cache", kv.v.len(), cache)?;
-    check_len(
+    let cache = [d.num_pages, d.page_size, d.kv_heads, d.head_dim];
+    check_len_of(op, "q", q.len(), &[d.seqs, d.q_heads, d.head_dim])?;
+    check_len_of(op, "k_cache", kv.k.len(), &cache)?;
+    check_len_of(op, "v_cache", kv.v.len(), &cache)?;
+    check_len_of(
         op,
         "block_table",
         kv.block_table.len(),
-        d.seqs * d.max_pages_per_seq,
+        &[d.seqs, d.max_pages_per_seq],
     )?;
     check_len(op, "seq_lens", kv.seq_lens.len(), d.seqs)?;
-    check_len(op, "out", out.len(), d.seqs * d.q_heads * d.head_dim)
+    check_len_of(op, "out", out.len(), &[d.seqs, d.q_heads, d.head_dim])
 }
 
 /// Index of `tiling` in [`Gpu::DECODE_TILINGS`], or a shape error naming the built ones.

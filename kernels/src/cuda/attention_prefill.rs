@@ -4,7 +4,7 @@
 //! `attention_prefill_ring`) and the store of the new tokens' K/V into those caches (`attention_kv_store_*`). The
 //! kernels' design is documented at the top of the .cu file.
 
-use super::{check_len, Gpu, GpuBuffer, PagedAttentionDims, PrefillChunk};
+use super::{check_len, check_len_of, Gpu, GpuBuffer, PagedAttentionDims, PrefillChunk};
 use crate::attention::AttnDims;
 use crate::KernelError;
 
@@ -460,10 +460,10 @@ impl Gpu {
         let kernel = check_prefill(op, variant, dims, scale, window, seqs, total, max_seqlen)?;
         check_batch(op, max_seqlen)?;
         let (hq, hkv, d) = (dims.q_heads, dims.kv_heads, dims.head_dim);
-        check_len(op, "q", q.len(), total * hq * d)?;
-        check_len(op, "k", k.len(), total * hkv * d)?;
-        check_len(op, "v", v.len(), total * hkv * d)?;
-        check_len(op, "out", out.len(), total * hq * d)?;
+        check_len_of(op, "q", q.len(), &[total, hq, d])?;
+        check_len_of(op, "k", k.len(), &[total, hkv, d])?;
+        check_len_of(op, "v", v.len(), &[total, hkv, d])?;
+        check_len_of(op, "out", out.len(), &[total, hq, d])?;
         check_len(op, "cu_seqlens", cu_seqlens.len(), seqs + 1)?;
         check_len(op, "prefix_lens", prefix_lens.len(), seqs)?;
         let elements = cache.elements(op, seqs, hkv, d)?;
@@ -551,8 +551,8 @@ impl Gpu {
             op,
             "total ({total}) x kv_heads ({hkv}) x head_dim ({d}) must fit the kernel's 32-bit indices"
         );
-        check_len(op, "k", k.len(), total * hkv * d)?;
-        check_len(op, "v", v.len(), total * hkv * d)?;
+        check_len_of(op, "k", k.len(), &[total, hkv, d])?;
+        check_len_of(op, "v", v.len(), &[total, hkv, d])?;
         check_len(op, "cu_seqlens", cu_seqlens.len(), seqs + 1)?;
         check_len(op, "prefix_lens", prefix_lens.len(), seqs)?;
         let elements = cache.elements(op, seqs, hkv, d)?;
@@ -607,10 +607,10 @@ impl Gpu {
         const OP: &str = "cuda::attention_prefill";
         let kernel = check_prefill(OP, variant, dims, scale, window, seqs, total, max_seqlen)?;
         let (hq, hkv, d) = (dims.q_heads, dims.kv_heads, dims.head_dim);
-        check_len(OP, "q", q.len(), total * hq * d)?;
-        check_len(OP, "k", k.len(), total * hkv * d)?;
-        check_len(OP, "v", v.len(), total * hkv * d)?;
-        check_len(OP, "out", out.len(), total * hq * d)?;
+        check_len_of(OP, "q", q.len(), &[total, hq, d])?;
+        check_len_of(OP, "k", k.len(), &[total, hkv, d])?;
+        check_len_of(OP, "v", v.len(), &[total, hkv, d])?;
+        check_len_of(OP, "out", out.len(), &[total, hq, d])?;
         if let Some(cu) = cu_seqlens {
             check_len(OP, "cu_seqlens", cu.len(), seqs + 1)?;
         }
@@ -683,7 +683,7 @@ impl CacheShape<'_> {
                 max_pages,
                 num_pages,
             } => {
-                check_len(op, "block_table", block_table.len(), seqs * max_pages)?;
+                check_len_of(op, "block_table", block_table.len(), &[seqs, max_pages])?;
                 (
                     num_pages
                         .checked_mul(kv_heads)
@@ -878,7 +878,9 @@ fn check_prefill(
             .checked_mul(dims.head_dim)
             .and_then(|row| row.checked_mul(total))
             .is_some_and(|n| n <= i32::MAX as usize)
-            && max_seqlen * group <= i32::MAX as usize,
+            && max_seqlen
+                .checked_mul(group)
+                .is_some_and(|n| n <= i32::MAX as usize),
         op,
         "total ({total}) x q_heads ({}) x head_dim ({}) must fit the kernel's 32-bit token indices",
         dims.q_heads,

@@ -3,7 +3,8 @@
 //! the CPU [`crate::gdn::prefill`] and the layouts of [`crate::gdn`] and [`Gpu::gdn_decode_step`], so an engine
 //! prefills and then decodes on the same buffers. Kernels, chunk algebra and precision: `cuda/gdn_prefill.cu`.
 
-use super::{check_len, GdnGpuInputs, GdnGpuWeights, GdnPrefillIo, Gpu, GpuBuffer};
+use super::{check_len, check_len_of, GdnGpuInputs, GdnGpuWeights, GdnPrefillIo, Gpu, GpuBuffer};
+use crate::error::checked_product;
 use crate::gdn::{GdnDims, CHUNK};
 use crate::KernelError;
 
@@ -353,11 +354,16 @@ fn layout_geom(
         op,
         "seq_lens must name 1..=65535 sequences, got {seqs}"
     );
+    let heads = dims
+        .key_heads
+        .checked_mul(2)
+        .and_then(|qk| qk.checked_add(dims.value_heads));
     crate::ensure_shape!(
-        2 * dims.key_heads + dims.value_heads <= 65535,
+        heads.is_some_and(|h| h <= 65535),
         op,
-        "2 * key_heads + value_heads must be at most 65535 (grid limit), got {}",
-        2 * dims.key_heads + dims.value_heads
+        "2 * key_heads + value_heads must be at most 65535 (grid limit), got key_heads = {}, value_heads = {}",
+        dims.key_heads,
+        dims.value_heads
     );
     crate::ensure_shape!(
         tokens > 0,
@@ -377,14 +383,19 @@ fn layout_geom(
          {CHUNK}, {} tokens), got a sequence of {max_len} tokens",
         65535 * CHUNK
     );
-    let pad = |n: usize| n.div_ceil(64) * 64;
-    let qk_len = tokens * dims.key_heads * 128;
-    let v_len = tokens * dims.value_heads * 128;
-    let gate_len = tokens * dims.value_heads;
-    let wu_len = dims.value_heads * chunks * CHUNK * 128;
-    let aqk_len = dims.value_heads * chunks * CHUNK * CHUNK;
+    // The limits above keep every region far below 2^63 elements; the products are checked all the same.
+    let pad = |n: usize| n.div_ceil(64).saturating_mul(64);
+    let len = |what, f: &[usize]| checked_product(op, what, f);
+    let qk_len = len("tokens*Hk*128", &[tokens, dims.key_heads, 128])?;
+    let v_len = len("tokens*Hv*128", &[tokens, dims.value_heads, 128])?;
+    let gate_len = len("tokens*Hv", &[tokens, dims.value_heads])?;
+    let wu_len = len("Hv*chunks*64*128", &[dims.value_heads, chunks, CHUNK, 128])?;
+    let aqk_len = len("Hv*chunks*64*64", &[dims.value_heads, chunks, CHUNK, CHUNK])?;
     let hs_len = if split {
-        dims.value_heads * chunks * HS_SLOT_BF16 / 2
+        len(
+            "Hv*chunks*hs_slot",
+            &[dims.value_heads, chunks, HS_SLOT_BF16],
+        )? / 2
     } else {
         0
     };
@@ -667,12 +678,13 @@ impl Gpu {
             workspace,
         } = io;
         let n = lay.tokens;
-        let cd = dims.conv_dim();
+        let sizes = dims.checked_sizes(op)?;
+        let cd = sizes.conv_dim;
         check_len(
             op,
             "conv_weight",
             w.conv_weight.len(),
-            cd * dims.conv_kernel,
+            sizes.conv_weight_len,
         )?;
         check_len(op, "a_log", w.a_log.len(), dims.value_heads)?;
         check_len(op, "dt_bias", w.dt_bias.len(), dims.value_heads)?;
@@ -683,24 +695,24 @@ impl Gpu {
             "norm_eps must be finite and non-negative, got {}",
             w.norm_eps
         );
-        check_len(op, "qkv", x.qkv.len(), n * cd)?;
-        check_len(op, "z", x.z.len(), n * dims.value_width())?;
-        check_len(op, "a", x.a.len(), n * dims.value_heads)?;
-        check_len(op, "b", x.b.len(), n * dims.value_heads)?;
-        check_len(
+        check_len_of(op, "qkv", x.qkv.len(), &[n, cd])?;
+        check_len_of(op, "z", x.z.len(), &[n, sizes.value_width])?;
+        check_len_of(op, "a", x.a.len(), &[n, dims.value_heads])?;
+        check_len_of(op, "b", x.b.len(), &[n, dims.value_heads])?;
+        check_len_of(
             op,
             "conv_in",
             conv_in.len(),
-            lay.seqs * dims.conv_state_len(),
+            &[lay.seqs, sizes.conv_state_len],
         )?;
-        check_len(
+        check_len_of(
             op,
             "conv_out",
             conv_out.len(),
-            lay.seqs * dims.conv_state_len(),
+            &[lay.seqs, sizes.conv_state_len],
         )?;
-        check_len(op, "state", state.len(), lay.seqs * dims.state_len())?;
-        check_len(op, "out", out.len(), n * dims.value_width())?;
+        check_len_of(op, "state", state.len(), &[lay.seqs, sizes.state_len])?;
+        check_len_of(op, "out", out.len(), &[n, sizes.value_width])?;
         crate::ensure_shape!(
             workspace.len() >= lay.total,
             op,

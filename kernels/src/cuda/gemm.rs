@@ -4,7 +4,7 @@
 //! constraint, otherwise to the `mma.sync` kernels of `kernels/cuda/gemm.cu`, which stay callable by name
 //! ([`Gpu::fp8_block_gemm_mma_sync`], [`Gpu::nvfp4_gemm_mma_sync`]) for tests and benchmarks.
 
-use super::{check_len, Gpu, GpuBuffer};
+use super::{check_len_of, Gpu, GpuBuffer};
 use crate::KernelError;
 
 impl Gpu {
@@ -24,9 +24,9 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::fp8_quantize_activations";
         check_gemm_dims(OP, m, 1, k)?;
-        check_len(OP, "x", x.len(), m * k)?;
-        check_len(OP, "xq", xq.len(), m * k)?;
-        check_len(OP, "scales", scales.len(), m * k.div_ceil(128))?;
+        check_len_of(OP, "x", x.len(), &[m, k])?;
+        check_len_of(OP, "xq", xq.len(), &[m, k])?;
+        check_len_of(OP, "scales", scales.len(), &[m, k.div_ceil(128)])?;
         #[cfg(feature = "cuda")]
         {
             self.inner
@@ -198,11 +198,11 @@ fn check_fp8_gemm(
 ) -> Result<(), KernelError> {
     check_gemm_dims(op, m, n, k)?;
     let kb = k.div_ceil(128);
-    check_len(op, "xq", xq.len(), m * k)?;
-    check_len(op, "x_scales", x_scales.len(), m * kb)?;
-    check_len(op, "w", w.len(), n * k)?;
-    check_len(op, "w_scales", w_scales.len(), n.div_ceil(128) * kb)?;
-    check_len(op, "y", y.len(), m * n)
+    check_len_of(op, "xq", xq.len(), &[m, k])?;
+    check_len_of(op, "x_scales", x_scales.len(), &[m, kb])?;
+    check_len_of(op, "w", w.len(), &[n, k])?;
+    check_len_of(op, "w_scales", w_scales.len(), &[n.div_ceil(128), kb])?;
+    check_len_of(op, "y", y.len(), &[m, n])
 }
 
 /// The NVFP4 GEMM's arguments, as both paths need them.
@@ -224,10 +224,10 @@ fn check_nvfp4_gemm(
         op,
         "k must be a multiple of 64 (the NVFP4 GEMM's K tile), got {k}"
     );
-    check_len(op, "x", x.len(), m * k)?;
-    check_len(op, "w", w.len(), n * k / 2)?;
-    check_len(op, "scales", scales.len(), n * k / 16)?;
-    check_len(op, "y", y.len(), m * n)?;
+    check_len_of(op, "x", x.len(), &[m, k])?;
+    check_len_of(op, "w", w.len(), &[n, k / 2])?;
+    check_len_of(op, "scales", scales.len(), &[n, k / 16])?;
+    check_len_of(op, "y", y.len(), &[m, n])?;
     crate::ensure_shape!(
         global_scale.is_finite(),
         op,

@@ -35,7 +35,7 @@
 //! [`Nvfp4Wgmma::PrmtDecode256`] (v3: v2 with 256-row tiles and a byte-permute decode), which
 //! [`Gpu::nvfp4_gemm_wgmma`] runs (the table at `NVFP4_BEST`).
 
-use super::{check_len, Gpu, GpuBuffer};
+use super::{check_len_of, Gpu, GpuBuffer};
 use crate::KernelError;
 
 /// Which build of the wgmma FP8 GEMM runs (see the module docs).
@@ -254,15 +254,15 @@ impl Gpu {
         const OP: &str = "cuda::fp8_block_gemm_wgmma";
         check_dims(OP, m, n, k, 128)?;
         let kb = k / 128;
-        check_len(OP, "xq", xq.len(), m * k)?;
-        check_len(OP, "x_scales", x_scales.len(), m * kb)?;
-        check_len(OP, "w", w.len(), n * k)?;
-        check_len(OP, "w_scales", w_scales.len(), n.div_ceil(128) * kb)?;
+        check_len_of(OP, "xq", xq.len(), &[m, k])?;
+        check_len_of(OP, "x_scales", x_scales.len(), &[m, kb])?;
+        check_len_of(OP, "w", w.len(), &[n, k])?;
+        check_len_of(OP, "w_scales", w_scales.len(), &[n.div_ceil(128), kb])?;
         let y_len = match &y {
             Fp8Out::F32(y) => y.len(),
             Fp8Out::Bf16(y) => y.len(),
         };
-        check_len(OP, "y", y_len, m * n)?;
+        check_len_of(OP, "y", y_len, &[m, n])?;
         #[cfg(feature = "cuda")]
         {
             let y = match y {
@@ -346,10 +346,10 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::nvfp4_gemm_wgmma";
         check_dims(OP, m, n, k, 64)?;
-        check_len(OP, "x", x.len(), m * k)?;
-        check_len(OP, "w", w.len(), n * k / 2)?;
-        check_len(OP, "scales", scales.len(), n * k / 16)?;
-        check_len(OP, "y", y.len(), m * n)?;
+        check_len_of(OP, "x", x.len(), &[m, k])?;
+        check_len_of(OP, "w", w.len(), &[n, k / 2])?;
+        check_len_of(OP, "scales", scales.len(), &[n, k / 16])?;
+        check_len_of(OP, "y", y.len(), &[m, n])?;
         crate::ensure_shape!(
             global_scale.is_finite(),
             OP,

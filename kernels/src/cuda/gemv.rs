@@ -3,7 +3,8 @@
 
 #[cfg(feature = "cuda")]
 use super::device::Activations;
-use super::{check_len, Gpu, GpuBuffer, KernelPath};
+use super::{check_len_of, Gpu, GpuBuffer, KernelPath};
+use crate::error::checked_product;
 use crate::KernelError;
 
 impl Gpu {
@@ -190,10 +191,10 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::nvfp4_gemv";
         check_gemv_dims(OP, m, n, k, 32)?;
-        check_len(OP, "x", x.len(), m * k)?;
-        check_len(OP, "w", w.len(), n * k / 2)?;
-        check_len(OP, "scales", scales.len(), n * k / 16)?;
-        check_len(OP, "y", y.len(), m * n)?;
+        check_len_of(OP, "x", x.len(), &[m, k])?;
+        check_len_of(OP, "w", w.len(), &[n, k / 2])?;
+        check_len_of(OP, "scales", scales.len(), &[n, k / 16])?;
+        check_len_of(OP, "y", y.len(), &[m, n])?;
         crate::ensure_shape!(
             global_scale.is_finite(),
             OP,
@@ -430,7 +431,10 @@ impl Gpu {
     /// the f16 B fragments of `ceil(k/128)` chunks x one (m <= 8) or two 8-token tiles, 2 KiB each. One buffer of
     /// `gemv_scratch_len(16, k_max)` words serves every call of a model (32 bytes per `k`: 544 KiB at k = 17408).
     pub fn gemv_scratch_len(m: usize, k: usize) -> usize {
-        k.div_ceil(128) * if m <= 8 { 1 } else { 2 } * 512
+        // Saturating: a `k` past any real model answers a length no buffer has, never a wrapped one.
+        k.div_ceil(128)
+            .saturating_mul(if m <= 8 { 1 } else { 2 })
+            .saturating_mul(512)
     }
 
     /// [`Gpu::fp8_block_gemv`] on the tensor cores with the activations converted once per call (one small
@@ -561,11 +565,16 @@ impl Gpu {
     ) -> Result<Nvfp4TileWeights, KernelError> {
         const OP: &str = "cuda::nvfp4_repack_tiles";
         check_gemv_dims(OP, 1, n, k, 32)?;
-        check_len(OP, "w", w.len(), n * k / 2)?;
-        check_len(OP, "scales", scales.len(), n * k / 16)?;
-        let tiles = n.div_ceil(16) * k.div_ceil(128);
-        let mut wr = self.zeros::<u8>(tiles * 1024)?;
-        let mut sr = self.zeros::<u32>(tiles * 32)?;
+        check_len_of(OP, "w", w.len(), &[n, k / 2])?;
+        check_len_of(OP, "scales", scales.len(), &[n, k / 16])?;
+        let tiles = [n.div_ceil(16), k.div_ceil(128)];
+        let mut wr = self.zeros::<u8>(checked_product(
+            OP,
+            "tiles*1024",
+            &[tiles[0], tiles[1], 1024],
+        )?)?;
+        let mut sr =
+            self.zeros::<u32>(checked_product(OP, "tiles*32", &[tiles[0], tiles[1], 32])?)?;
         #[cfg(feature = "cuda")]
         self.inner
             .nvfp4_repack_mma(&w.slice, &scales.slice, &mut wr.slice, &mut sr.slice, n, k)?;
@@ -589,8 +598,9 @@ impl Gpu {
     ) -> Result<Fp8TileWeights, KernelError> {
         const OP: &str = "cuda::fp8_repack_tiles";
         check_gemv_dims(OP, 1, n, k, 16)?;
-        check_len(OP, "w", w.len(), n * k)?;
-        let mut wr = self.zeros::<u8>(n.div_ceil(16) * k.div_ceil(128) * 2048)?;
+        check_len_of(OP, "w", w.len(), &[n, k])?;
+        let len = checked_product(OP, "tiles*2048", &[n.div_ceil(16), k.div_ceil(128), 2048])?;
+        let mut wr = self.zeros::<u8>(len)?;
         #[cfg(feature = "cuda")]
         self.inner.fp8_repack_mma(&w.slice, &mut wr.slice, n, k)?;
         #[cfg(not(feature = "cuda"))]
@@ -772,14 +782,14 @@ impl Gpu {
         let (n, k) = (tiles.n, tiles.k);
         check_gemv_dims(op, m, n, k, 16)?;
         if let Some(x) = x {
-            check_len(op, "x", x.len(), m * k)?;
+            check_len_of(op, "x", x.len(), &[m, k])?;
         }
-        check_len(op, "y", y.len(), m * n)?;
-        check_len(
+        check_len_of(op, "y", y.len(), &[m, n])?;
+        check_len_of(
             op,
             "scales",
             scales.len(),
-            n.div_ceil(128) * k.div_ceil(128),
+            &[n.div_ceil(128), k.div_ceil(128)],
         )?;
         if let Some(s) = scratch {
             check_scratch(op, s, m, k)?;
@@ -1094,6 +1104,7 @@ impl Gpu {
                 );
                 ("x", k, x.len())
             }
+            // k is at most i32::MAX (the tiles were checked when made), so 2k fits.
             StepProducer::Glu { gate_up, .. } => ("gate_up", 2 * k, gate_up.len()),
         };
         crate::ensure_shape!(
@@ -1247,8 +1258,8 @@ impl Gpu {
             "k_splits must be 1..=16, got {splits}"
         );
         check_gemv_dims(op, m, n, k, 32)?;
-        check_len(op, "x", x.len(), m * k)?;
-        check_len(op, "y", y.len(), m * n)?;
+        check_len_of(op, "x", x.len(), &[m, k])?;
+        check_len_of(op, "y", y.len(), &[m, n])?;
         crate::ensure_shape!(
             global_scale.is_finite(),
             op,
@@ -1683,15 +1694,15 @@ fn check_fp8_gemv(
     k: usize,
 ) -> Result<(), KernelError> {
     check_gemv_dims(op, m, n, k, 16)?;
-    check_len(op, "x", x.len(), m * k)?;
-    check_len(op, "w", w.len(), n * k)?;
-    check_len(
+    check_len_of(op, "x", x.len(), &[m, k])?;
+    check_len_of(op, "w", w.len(), &[n, k])?;
+    check_len_of(
         op,
         "scales",
         scales.len(),
-        n.div_ceil(128) * k.div_ceil(128),
+        &[n.div_ceil(128), k.div_ceil(128)],
     )?;
-    check_len(op, "y", y.len(), m * n)
+    check_len_of(op, "y", y.len(), &[m, n])
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1707,10 +1718,10 @@ fn check_nvfp4_gemv(
     k: usize,
 ) -> Result<(), KernelError> {
     check_gemv_dims(op, m, n, k, 32)?;
-    check_len(op, "x", x.len(), m * k)?;
-    check_len(op, "w", w.len(), n * k / 2)?;
-    check_len(op, "scales", scales.len(), n * k / 16)?;
-    check_len(op, "y", y.len(), m * n)?;
+    check_len_of(op, "x", x.len(), &[m, k])?;
+    check_len_of(op, "w", w.len(), &[n, k / 2])?;
+    check_len_of(op, "scales", scales.len(), &[n, k / 16])?;
+    check_len_of(op, "y", y.len(), &[m, n])?;
     crate::ensure_shape!(
         global_scale.is_finite(),
         op,
@@ -1745,7 +1756,7 @@ fn check_nvfp4_fragments_gemv(
     m: usize,
 ) -> Result<(), KernelError> {
     check_gemv_dims(op, m, tiles.n, tiles.k, 32)?;
-    check_len(op, "y", y.len(), m * tiles.n)?;
+    check_len_of(op, "y", y.len(), &[m, tiles.n])?;
     crate::ensure_shape!(
         global_scale.is_finite(),
         op,

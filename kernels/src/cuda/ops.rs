@@ -21,7 +21,7 @@
 //! and parameter) is checked here and refused with [`KernelError::Shape`] before any launch.
 
 use super::{
-    check_len, Fp8Fragments, FragmentOrder, GemvFragments, Gpu, GpuBuffer, GpuScalar,
+    check_len, check_len_of, Fp8Fragments, FragmentOrder, GemvFragments, Gpu, GpuBuffer, GpuScalar,
     Nvfp4Fragments,
 };
 use crate::attention::Rope;
@@ -151,7 +151,7 @@ fn check_logits(
         op,
         "out has {out} rows, expected 1..={max_rows}"
     );
-    check_len(op, "logits", logits, out * vocab)?;
+    check_len_of(op, "logits", logits, &[out, vocab])?;
     Ok(out)
 }
 
@@ -177,7 +177,7 @@ fn check_rope(
         op,
         "heads x head_dim and the token count must fit 32-bit indices"
     );
-    check_len(op, "x", x, positions.saturating_mul(heads * rope.head_dim))?;
+    check_len_of(op, "x", x, &[positions, heads, rope.head_dim])?;
     Ok(positions)
 }
 
@@ -201,18 +201,18 @@ fn check_int4_table(
         "group must be one of {:?}, got {group}",
         crate::linear::int4::GROUPS
     );
-    let npad = n.div_ceil(64) * 64;
+    let npad = n.div_ceil(64).saturating_mul(64);
     crate::ensure_shape!(
         npad <= u32::MAX as usize && k <= I32_MAX,
         op,
         "n = {n} and k = {k} must fit the kernel's 32-bit indices"
     );
-    check_len(op, "packed", packed, npad / 64 * k * 32)?;
-    check_len(
+    check_len_of(op, "packed", packed, &[npad / 64, k, 32])?;
+    check_len_of(
         op,
         "scales_zeros",
         scales_zeros,
-        k.div_ceil(group) * npad * 2,
+        &[k.div_ceil(group), npad, 2],
     )?;
     Ok(npad)
 }
@@ -223,7 +223,7 @@ fn check_ids(op: &'static str, ids: usize, dim: usize, out: usize) -> Result<(),
         op,
         "{ids} ids: at most i32::MAX (one block per id)"
     );
-    check_len(op, "out", out, ids.saturating_mul(dim))
+    check_len_of(op, "out", out, &[ids, dim])
 }
 
 impl Gpu {
@@ -644,7 +644,7 @@ impl Gpu {
         out: &mut GpuBuffer<u16>,
     ) -> Result<(), KernelError> {
         let rows = check_glu(op, gate_up.len(), inter)?;
-        check_len(op, "out", out.len(), rows * inter)?;
+        check_len_of(op, "out", out.len(), &[rows, inter])?;
         #[cfg(feature = "cuda")]
         {
             if rows == 0 {
@@ -845,7 +845,7 @@ impl Gpu {
         let max_rows = if cluster { 65535 } else { I32_MAX };
         let rows = check_logits(OP, logits.len(), vocab, out.len(), max_rows)?;
         let k = sample_k(OP, vocab, params)?;
-        check_len(OP, "rng", rng.len(), rows * 4)?;
+        check_len_of(OP, "rng", rng.len(), &[rows, 4])?;
         #[cfg(feature = "cuda")]
         {
             self.inner.sample(

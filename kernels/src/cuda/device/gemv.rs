@@ -62,6 +62,7 @@ impl Device {
             let (yp, _gy) = y.device_ptr_mut(&self.stream);
             let mut args = PdlArgs::default();
             args.ptr(xp).ptr(wp).ptr(sp).ptr(yp).i32(mi).i32(ni).i32(ki);
+            // SAFETY: see "SAFETY (both launches)" above.
             unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
         } else {
             let mut b = self.stream.launch_builder(&f);
@@ -72,6 +73,7 @@ impl Device {
                 .arg(&mi)
                 .arg(&ni)
                 .arg(&ki);
+            // SAFETY: see "SAFETY (both launches)" above.
             unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
         }
         Ok(())
@@ -296,6 +298,7 @@ impl Device {
         let (xfp, _gxf) = xf.device_ptr_mut(&self.stream);
         let mut args = PdlArgs::default();
         args.ptr(xp).ptr(xfp).i32(mi).i32(ki).i32(nti);
+        // SAFETY: see "SAFETY (both launches)" above.
         unsafe { self.launch_ex(name, &f, cfg, &mut args, pdl) }?;
         Ok(())
     }

@@ -116,7 +116,7 @@ pub(in crate::cuda) const PREFILL_KERNELS: &[PrefillKernel] = &[
 /// `total tokens x q_heads / 128`, the number of 128-row query tiles over all sequences and KV heads (GQA packs
 /// the `q_heads / kv_heads` heads of a KV head into the rows), to compare with the H200's 132 multiprocessors.
 ///
-/// Measured on the H200 (benchmarks/h200-runs/s2-run1/bench_attention_prefill.txt, one causal sequence, times
+/// Measured on the H200 (`benchmarks/h200.md`, one causal sequence, times
 /// in us, SDPA flash in brackets):
 /// - D256, 24 q / 4 kv: T=1024 (192 row tiles): M64_W1_N64_S2 81.0, M64_W1_N32_S2 83.4, M128_W1_N64_S2 87.4
 ///   [75.6]; T=4096 (768): M128_W1_N64_S2 769, M64_W1_N32_S2 862, M64_W1_N64_S2 916 [754]; T=16384 (3072):
@@ -128,7 +128,7 @@ pub(in crate::cuda) const PREFILL_KERNELS: &[PrefillKernel] = &[
 ///   M128_W2_N64_S2 7113, M128_W2_N32_S3 7606, M64_W1_N64_S2 8566, M128_W1_N64_S2 8617 [6527]. W2 (each K/V
 ///   fragment feeds two MMAs) is within 1% of the best at 4096 and 17% faster at 16384, so it takes every
 ///   large grid.
-/// - D64, 32 q / 8 kv (s2-run5/bench_attention_prefill.txt): T=1024 (256): M128_W2_N64_S3 35.8, M64_W1_N64_S3
+/// - D64, 32 q / 8 kv (`benchmarks/h200.md`): T=1024 (256): M128_W2_N64_S3 35.8, M64_W1_N64_S3
 ///   37.6 [33.4]; T=16384 (4096): M128_W2_N64_S3 3775, M128_W1_N64_S3 5366 [3772]. M128_W2 wins both (by 5% and
 ///   42%; 1.00x SDPA at 16384), so it serves every D64 grid.
 ///
@@ -171,7 +171,7 @@ impl Gpu {
     /// `P V` product, as in flash-attention (relative error ~3e-3 against an f32 reference on bf16 inputs).
     /// Needs `head_dim` 64, 128 or 256 and any `q_heads` multiple of `kv_heads`; `t = 0` does nothing.
     ///
-    /// Speed (H200, benchmarks/h200-runs/s2-run1): 0.90-0.98x SDPA flash at T = 1k-16k for 24 q / 4 kv x 256
+    /// Speed (H200, `benchmarks/h200.md`): 0.90-0.98x SDPA flash at T = 1k-16k for 24 q / 4 kv x 256
     /// and 32 q / 8 kv x 128 with the best tiling; the tiling is picked by [`Gpu::attention_prefill_default`]
     /// from those measurements.
     #[allow(clippy::too_many_arguments)]
@@ -1024,7 +1024,7 @@ mod tests {
             );
         }
         assert_eq!(Gpu::attention_prefill_default(96, 8, 100), None);
-        // The H200 bests of benchmarks/h200-runs/s2-run1 (D128 T=4096: 558 us vs the best 553, within 1%).
+        // The H200 bests of `benchmarks/h200.md` (D128 T=4096: 558 us vs the best 553, within 1%).
         let pick = |d, hq, t| Gpu::attention_prefill_default(d, hq, t).unwrap();
         assert_eq!(pick(256, 24, 1024), "M64_W1_N64_S2");
         assert_eq!(pick(256, 24, 4096), "M128_W1_N64_S2");

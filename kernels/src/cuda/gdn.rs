@@ -44,9 +44,9 @@ const KERNELS: [GdnDecodeKernel; 5] = [
 /// kernels/bench/h200/bench_gdn_decode.py reads this table (the `AUTO_TABLE` rows below, one per line) to report
 /// which arm auto picks, so keep its shape.
 ///
-/// Measured on the H200 (benchmarks/h200-runs/s2-run4/bench_gdn_decode.txt; Qwen3.8-27B's layer, Hk=16 Hv=48,
+/// Measured on the H200 (`benchmarks/h200.md`; Qwen3.8-27B's layer, Hk=16 Hv=48,
 /// K=4; whole step, microseconds; fla's bare fused_recurrent beside it; the `_mb` arms (two reductions, the
-/// winners of s2-run1) lost to the `_1r` arms (one fused reduction of S^T k and S^T q) at every batch in s2-run4
+/// winners) lost to the `_1r` arms (one fused reduction of S^T k and S^T q) at every batch
 /// and were removed with split8_t64_1r, which never won):
 ///
 /// | batch | split8_t128_1r | split4_t128_1r | split2_t256_1r | split2_t128_1r | best `_mb` | block_per_head | fla   |

@@ -50,7 +50,7 @@ impl Gpu {
     /// warpgroups with ping-pong partials, v4; H200, `m = 4096`, 5120x17408 and 17408x5120: 693.2 / 735.7 us,
     /// ~990-1050 TFLOP/s, 0.82x / 0.78x cuBLAS FP8 `torch._scaled_mm` with the same block scales (bf16 out;
     /// with bf16 out too, [`Gpu::fp8_block_gemm_wgmma_bf16`]: 691.6 / 712.2 us, 0.82x / 0.80x), 4.4-4.7x the
-    /// mma.sync kernel; `benchmarks/h200-runs/s3-run4/bench_gemm_sm90a.txt`),
+    /// mma.sync kernel; `benchmarks/h200.md`),
     /// otherwise [`Gpu::fp8_block_gemm_mma_sync`]. The two agree to ~1e-4 relative (the same products summed in
     /// another order).
     #[allow(clippy::too_many_arguments)]
@@ -122,7 +122,7 @@ impl Gpu {
     /// bf16 ring in shared memory, consumer warpgroups run `wgmma` m64n128k16 bf16 on 256x128 tiles; H200,
     /// `m = 4096`, 5120x17408 and 17408x5120: 1119.6 / 1188.4 us, ~615-650 TFLOP/s, 0.82x / 0.78x cuBLAS bf16
     /// `torch.matmul` on a dequantised copy (919.0 / 923.1 us; `m = 2048`: 0.70x / 0.77x, `m = 512`: 0.60x),
-    /// 3.2-3.4x the mma.sync kernel; `benchmarks/h200-runs/s3-run4/bench_gemm_sm90a.txt`),
+    /// 3.2-3.4x the mma.sync kernel; `benchmarks/h200.md`),
     /// otherwise [`Gpu::nvfp4_gemm_mma_sync`]. Both have the same K constraint, so every valid call takes the
     /// wgmma path on the H200.
     #[allow(clippy::too_many_arguments)]

@@ -169,7 +169,7 @@ proptest! {
         prop_assert_eq!(r.is_ok(), ok, "{:?}", r);
         for d in [dim_, big] {
             let table: Vec<half::bf16> = x.iter().map(|&v| half::bf16::from_f32(v)).collect();
-            let vocab = if d == 0 { 0 } else { x.len() / d };
+            let vocab = x.len().checked_div(d).unwrap_or(0);
             let ok = d > 0 && x.len() % d == 0 && ids.iter().all(|&i| (i as usize) < vocab)
                 && Some(out_len) == ids.len().checked_mul(d);
             let r = ops::embedding_gather(EmbeddingTable::F32(&x), d, &ids, &mut out);

@@ -13,14 +13,14 @@ l2-normed SiLU outputs (so strongly correlated, which is what makes I + A ill-co
 a_log in (-1, 1), beta = sigmoid(U(-3, 3)), initial state U(-0.5, 0.5); the metric is the tests' scaled error
 max |got - want| / (1 + |want|) on the gated-normed output (rmsnorm(o) * w * silu(z)) and on the final state.
 
-The last rows model the bf16 split as built in session 8 (`chunked_split`: every operand the walk and the output
-launch read is stored in bf16) behind a 3xTF32, plain-TF32 or bf16 WY. Session 8, 40 draws: 1.78e-2 / 1.46e-3
+The last rows model the bf16 split as built (`chunked_split`: every operand the walk and the output
+launch read is stored in bf16) behind a 3xTF32, plain-TF32 or bf16 WY. Earlier, 40 draws: 1.78e-2 / 1.46e-3
 (3xTF32 WY), 1.65e-2 / 1.46e-3 (TF32), 6.79e-2 / 1.84e-3 (bf16 WY: over the split's 5e-2 output bound, so a bf16
 WY needs bounds of its own); the H200's tests saw up to 2.9e-2 / 2.6e-3 for the 3xTF32 one over 108 checks of
-more heads and ragged batches. Session 9's rows (20 draws): behind the plain-TF32 WY 1.72e-2 / 1.15e-3; K K^T in
+more heads and ragged batches. Earlier rows (20 draws): behind the plain-TF32 WY 1.72e-2 / 1.15e-3; K K^T in
 bf16 1.72e-2 / 1.14e-3 and W, U in bf16 1.70e-2 / 1.66e-3 (so a bf16 K K^T and W / U stay in the class), but Q K^T
 with q or k in bf16 4.9e-2 / 4.1e-2 and both 7.4e-2 on the output, and v stored in bf16 3.26e-2 / 2.24e-3 (the
-H200's tests saw 3.9e-2 with it, s9-run2; reverted). Session 10's rows (40 draws): the WY's TF32 operands passed
+H200's tests saw 3.9e-2 with it; reverted). Earlier rows (40 draws): the WY's TF32 operands passed
 unrounded (`tf32t`, the tensor core truncates them) 1.85e-2 / 1.48e-3 with all three products so; all three on
 f16 operands (`f16`: IEEE half, round to nearest even) 1.65e-2 / 1.46e-3, exactly the plain-TF32 WY's 1.65e-2 /
 1.46e-3, where bf16 W / U gave 2.57e-2 / 1.84e-3: hence `wyf16_bf16_cs64` (the H200's tests saw up to 2.0e-2).
@@ -105,10 +105,10 @@ def chunked(q, k, v, g, beta, s0, wy, walk, outp):
 
 
 def chunked_split(q, k, v, g, beta, s0, wy, kkt=None, qkt=None, wu=None, qk_q=None, qk_k=None, v_in="fp32"):
-    """The bf16 split as built (session 8: `wy<wy>_bf16_cs64`, gdn_prefill_walk_bf16 / gdn_prefill_out_bf16): the
+    """The bf16 split as built (`wy<wy>_bf16_cs64`, gdn_prefill_walk_bf16 / gdn_prefill_out_bf16): the
     WY products' operands rounded to `wy`, then every stored operand in bf16 - W, U, Aqk (the `_b` WY), q and k (the
     prep's copies), each chunk's incoming state and D (the walk's hs slots) - and the update's D scaled by
-    e^{G_L-G_t} before its rounding; the state itself and every accumulation fp32. Session 9's questions, one
+    e^{G_L-G_t} before its rounding; the state itself and every accumulation fp32. Earlier questions, one
     product or input at a time: `kkt`, `qkt`, `wu` round that WY product's operands otherwise (default `wy`);
     `qk_q` / `qk_k` round only q or only k of Q K^T; `v_in="bf16"` stores v in bf16 before the WY (as the prep
     would write it)."""
@@ -156,15 +156,15 @@ def main():
     modes = [("fp32", "fp32", "fp32"), ("tf32", "tf32", "tf32"), ("fp32", "tf32", "tf32"),
              ("fp32", "tf32", "bf16"), ("fp32", "bf16", "bf16"), ("bf16", "tf32", "tf32"), ("bf16", "bf16", "bf16")]
     split_wy = ["fp32", "tf32", "bf16"]  # the bf16 split behind a 3xTF32, a plain-TF32 or a (future) bf16 WY
-    # Session 9: the split behind a plain-TF32 WY with one product or input rounded to bf16 (name, options).
+    # Tried: the split behind a plain-TF32 WY with one product or input rounded to bf16 (name, options).
     split_one = [("K K^T bf16", dict(kkt="bf16")), ("W, U bf16", dict(wu="bf16")),
                  ("K K^T, W, U bf16", dict(kkt="bf16", wu="bf16")), ("Q K^T: q bf16", dict(qk_q="bf16")),
                  ("Q K^T: k bf16", dict(qk_k="bf16")), ("Q K^T bf16", dict(qkt="bf16")),
                  ("v stored bf16", dict(v_in="bf16")),
-                 # Session 10: the WY's TF32 operands passed unrounded (truncated by the tensor core).
+                 # Tried: the WY's TF32 operands passed unrounded (truncated by the tensor core).
                  ("K K^T TF32 truncated", dict(kkt="tf32t")), ("W, U TF32 truncated", dict(wu="tf32t")),
                  ("Q K^T TF32 truncated", dict(qkt="tf32t")), ("all three truncated", dict(kkt="tf32t", wu="tf32t", qkt="tf32t")),
-                 # Session 10: K K^T and Q K^T on f16 operands (q and k stored in f16 by the prep), W, U on bf16.
+                 # Tried: K K^T and Q K^T on f16 operands (q and k stored in f16 by the prep), W, U on bf16.
                  ("Q K^T, K K^T f16", dict(kkt="f16", qkt="f16")),
                  ("Q K^T, K K^T f16; W, U bf16", dict(kkt="f16", qkt="f16", wu="bf16")),
                  ("Q K^T, K K^T, W, U f16", dict(kkt="f16", qkt="f16", wu="f16"))]
@@ -195,7 +195,7 @@ def main():
     for w_ in split_wy:
         m = ("split", w_)
         print(f"{w_:6s} {'bf16 split':12s} {'bf16 split':12s} {worst[m][0]:10.2e} {worst[m][1]:10.2e}")
-    print("the bf16 split behind a plain-TF32 WY with one product or input in bf16 (session 9):")
+    print("the bf16 split behind a plain-TF32 WY with one product or input in bf16:")
     for name, _ in split_one:
         m = ("one", name)
         print(f"{name:32s} {worst[m][0]:10.2e} {worst[m][1]:10.2e}")

@@ -306,7 +306,7 @@ EDGEFIT_ATT_D(256)
 // meet in shared memory. Why: the block combine runs one block of 4 D threads per (sequence, query head), 24
 // blocks at B=1 on 132 SMs, each pulling 68 KiB of partials (66 splits) through one SM after a first round trip
 // for the split maxima and two block-wide reductions; at B=32 (2 splits) its 768 blocks of 1024 threads spend
-// their time in barriers (10.9 us, benchmarks/h200-runs/s3-run2). Here B=1 runs 96 blocks of 16 warps with 17 KiB
+// their time in barriers (10.9 us, `benchmarks/h200.md`). Here B=1 runs 96 blocks of 16 warps with 17 KiB
 // each, and B=32 3072 blocks of one warp without a barrier that waits on anything.
 // The weights differ from the block combine's by rounding only (exp2(m_s - m_chunk) exp2(m_chunk - M) instead of
 // exp2(m_s - M)); an empty split (m = -inf, l = 0, acc = 0) weighs 0, and a row with no token writes 0.
@@ -400,7 +400,7 @@ EDGEFIT_ATT_COMB_SLICED(256)
 // Warps per block of the tiled tensor-core kernels below (their mma.sync / ldmatrix helpers are in common.cuh).
 // (A first tensor-core kernel, attention_decode_tc_D*, 16 tokens per stage with per-lane 32-bit fragment
 // loads, was the default until the tiled kernels measured 1.8-2.5x faster on the H200 at every context and batch:
-// benchmarks/h200-runs/s2-run2/bench_attention_decode.txt; it was removed.)
+// `benchmarks/h200.md`; it was removed.)
 constexpr int TC_WARPS = 4;
 
 // ---------------------------------------------------------------------------------------------------------------

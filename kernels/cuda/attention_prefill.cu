@@ -160,7 +160,7 @@ __device__ __forceinline__ void attention_prefill_body(const uint16_t* __restric
         cp_async16(sq + swz<D>(r, c), src, ok);
     }
     // Prefix mode: where key n0 + lane + 32 x of a tile comes from, looked up once per key per tile (not once per
-    // 16-byte chunk: D / 8 table loads per key, s2-run5's 0.61-0.66x SDPA after an 8k prefix) and handed to the
+    // 16-byte chunk: D / 8 table loads per key, the H200's 0.61-0.66x SDPA after an 8k prefix) and handed to the
     // copying threads by shuffle: AP_ROW_NONE (not attended, or a page past the pool: zero-filled, nothing read),
     // AP_ROW_NEW | i (new token i: row start + i of k / v) or the row of the cache (paged or ring; the Rust side
     // keeps cache rows below 2^31).

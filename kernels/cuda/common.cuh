@@ -75,7 +75,7 @@ __device__ __forceinline__ uint32_t pack_f16x2_sat(float lo, float hi) {
 }
 
 // 8- and 16-byte global stores kept whole. NVVM lowers a uint2 or float4 assigned through a cast pointer to 4-byte
-// stores in some kernels (the GDN prep's outputs, all of them 4-byte st.global until session 12: each warp store
+// stores in some kernels (the GDN prep's outputs, all of them 4-byte st.global: each warp store
 // then fills half of each 32-byte sector it touches, twice the L2 requests per byte); these cannot be split.
 __device__ __forceinline__ void st_global_v2(void* p, uint32_t a, uint32_t b) {
     asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(a), "r"(b) : "memory");

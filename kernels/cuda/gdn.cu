@@ -13,7 +13,7 @@
 // gdn_decode_step_split<S>_t<T>_1r (below it): S blocks of T threads per head in a cluster, each owning 128/S
 // state columns, the gated RMSNorm's sum of squares exchanged through distributed shared memory; the Rust side
 // picks among them by batch (`auto_kernel`, kernels/src/cuda/gdn.rs, with the H200 numbers). Removed after the
-// H200 measured them (benchmarks/h200-runs/s2-run1, s2-run4): a 4-block cluster with two full cluster barriers
+// H200 measured them (`benchmarks/h200.md`): a 4-block cluster with two full cluster barriers
 // (slower than block_per_head at every batch), the split variants that exchanged through a cluster barrier
 // instead of an mbarrier, split1 (no cluster), the two-reduction `_mb` form (S^T k, then the update, then S^T q:
 // 1-4% slower than `_1r` at every batch) and split8_t64 (never the best at any batch).
@@ -509,7 +509,7 @@ __device__ __forceinline__ void gdn_split_body(const float* __restrict__ qkv, co
                                       conv_out, state, out, hk, hv, kconv);                                     \
     }
 
-// The _1r variants beat the earlier two-reduction (_mb) form at every batch in s2-run4 (2-4%) and the _mb form was
+// The _1r variants beat the earlier two-reduction (_mb) form at every batch (2-4%) and the _mb form was
 // removed; split8_t64_1r lost to split8_t128_1r at every batch (5.09 vs 4.98 us at batch 1). The table with the
 // numbers `auto` follows is AUTO_TABLE in kernels/src/cuda/gdn.rs.
 GDN_SPLIT_KERNEL(2, 128, gdn_decode_step_split2_t128_1r)

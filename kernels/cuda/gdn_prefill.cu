@@ -21,7 +21,7 @@
 //    the l2-norm of q/k segments (warp shuffles), the gates of v segments; writes qn, kn, v, g, beta to the
 //    workspace, and the final conv history of each channel to conv_out (warps of the first 8-token tile).
 //    conv_in is only read, so the q/k history shared by several warps never races (the same two-buffer convention
-//    as gdn_decode_step). It replaced the block-per-token prep (s3-run4: 969 -> 305 us at B=4 N=9216, bit-identical).
+//    as gdn_decode_step). It replaced the block-per-token prep (969 -> 305 us at B=4 N=9216, bit-identical).
 // 2. gdn_prefill_wy: grid (max_chunks, Hv, seqs), 256 threads: per (chunk, value head) G, A, T (forward
 //    substitution, 4 threads per column), W, U and the masked decayed Aqk[t][s] = e^{G_t-G_s} q_t.k_s (s <= t), all
 //    independent across chunks, so this is the parallel part. gdn_prefill_wy_tc{1,3} are drop-in builds of the
@@ -34,41 +34,41 @@
 //    gdn_prefill_state_tc{1,3}_cs<CS> are drop-in builds of the same launch with the four per-chunk products on
 //    mma.sync TF32 tensor cores (plain or 3xTF32 split; see their comment below); Gpu::gdn_prefill_with selects
 //    one by name. Per (chunk, head) the walk costs 7.3 MFLOP (W S, Q S, K^T D: 2 * 64*128*128 each; Aqk D:
-//    2 * 64*64*128) against ~150 KB of W, U, Aqk, q, k reads, so on CUDA cores it is FMA-bound (s2-run2: 14
+//    2 * 64*64*128) against ~150 KB of W, U, Aqk, q, k reads, so on CUDA cores it is FMA-bound (14
 //    TFLOP/s for the whole layer) while on tensor cores it becomes load-latency-bound. At 64 columns (the
 //    default) the tensor-core walk therefore double-buffers: chunk c + 1's W, Q, Aqk, G stream into a second
-//    shared buffer (cp.async) and its K, U into a second register set while chunk c is multiplied (s6-run2/4:
+//    shared buffer (cp.async) and its K, U into a second register set while chunk c is multiplied (
 //    575 -> 503 us at T = 4096, the TF32 conversion change below included). What is left is latency between
-//    the phases' dependent shared-memory loads and mma with 8 warps on an SM (s6-run4 profile); 16 warps per
-//    block (s6-run3) traded that for shared-memory bandwidth (the A fragments read by twice the warps) and was
+//    the phases' dependent shared-memory loads and mma with 8 warps on an SM (profile); 16 warps per
+//    block traded that for shared-memory bandwidth (the A fragments read by twice the warps) and was
 //    2% slower.
 // 4. gdn_prefill_gated_norm: one warp per (token, value head): out <- rmsnorm(out) * w * silu(z), in place.
-// The bf16 split (`wy<math>_bf16_cs64`, session 8) replaces launches 3 and 4 by 3' (the walk carrying only the
+// The bf16 split (`wy<math>_bf16_cs64`) replaces launches 3 and 4 by 3' (the walk carrying only the
 // state) and 4' (the output parallel over chunks with the gated norm fused), on bf16 operands; see its section
-// at the end of this file. The f16 split (`wyf16_bf16_cs64`, session 10, the fastest build: 412.3 us at T = 4096
-// and 902.0 us at B = 4 x 9216 on the H200, 1.003x / 1.016x fla's bare chunk kernel, s13-run5) is the same behind
+// at the end of this file. The f16 split (`wyf16_bf16_cs64`, the fastest build: 412.3 us at T = 4096
+// and 902.0 us at B = 4 x 9216 on the H200, 1.003x / 1.016x fla's bare chunk kernel) is the same behind
 // launch 1's f16 form (`gdn_prefill_prep_h`) and a WY launch on f16 tensor cores (`gdn_prefill_wy_h_b`, which
 // also writes the split's bf16 q / k copies), at the bf16 split's precision. Launch 3' has two builds (session
 // 13): the two-block walk `gdn_prefill_walk_bf16` (64 state columns per block) and the one-block walk
 // `gdn_prefill_walk1_bf16` (all 128, each warp 16 columns with both products in its registers), the second for
 // batches whose two-block walk would not fit the GPU in one wave (the Rust side's `walk_one_block`).
-// Launch order (session 11): every WY build is the prep's programmatic dependent (PDL: its blocks start as the
+// Launch order: every WY build is the prep's programmatic dependent (PDL: its blocks start as the
 // prep's last ones run and wait in pdl_wait for its end), the split's walk the WY's (it loads its state, then
 // waits), and the split's output the walk's (it waits per chunk on the walk's ready counters, not for its end), in
 // a grid with the heads fastest so that its blocks start in the order the walk finishes their chunks. H200,
-// T = 4096 (s11-run1 / s11-run2): the f16 split step 543.5 -> 520.1 us with the output overlapped, 497.4 with the
+// T = 4096: the f16 split step 543.5 -> 520.1 us with the output overlapped, 497.4 with the
 // WY and walk as dependents and the output grid reordered, 484.1 with two walk buffers (WALK_NBUF); 451.9 with the
-// WY's step 3 and inverse and the prep made cheaper (s11-run5 / s11-run6); fla 413.3. Session 12: 418.8 with the
-// output's epilogue and the prep's stores whole (s12-run2), 413.9 with the bf16 q / k copies in the WY (s12-run5).
+// WY's step 3 and inverse and the prep made cheaper; fla 413.3. Tried earlier: 418.8 with the
+// output's epilogue and the prep's stores whole, 413.9 with the bf16 q / k copies in the WY.
 // With more walk blocks than SMs (ragged batches), the output starts only once the last walk block has started
-// (PDL: every block of the primary must have triggered), so it overlaps less (benchmarks/h200.md, session 12):
-// hence the one-block walk for such batches (half the blocks, s13-run5: 929.7 -> 902.0 us at B = 4 x 9216).
-// Removed (s3-run3): fla's split of launches 3 and 4 on TF32 (`[wytf32_]tf32split_cs<32|64>`: a walk carrying only the
+// (PDL: every block of the primary must have triggered), so it overlaps less (benchmarks/h200.md):
+// hence the one-block walk for such batches (half the blocks: 929.7 -> 902.0 us at B = 4 x 9216).
+// Removed: fla's split of launches 3 and 4 on TF32 (`[wytf32_]tf32split_cs<32|64>`: a walk carrying only the
 // state and storing each chunk's incoming state and v_new in fp16, then an output launch parallel over chunks with
 // the gated norm fused). It lost at T = 16384: walk_cs64 1835.7 us + out 963.0 us against the state walk
 // tf32_cs64 2272.2 us + norm 277.8 us; whole step wytf32_tf32split_cs64 6125.8 us against 5856.3 us for
 // wytf32_tf32_cs64 (tf32split_cs32/cs64 7149.1/7023.0, wytf32_tf32split_cs32 6264.9). On bf16 operands the same
-// division wins (s9-run5: 762.6 against 1061.0 us at T = 4096 for the whole step; the split's section below).
+// division wins (762.6 against 1061.0 us at T = 4096 for the whole step; the split's section below).
 //
 // Precision: `fp32_cs<CS>` is fp32 on the CUDA cores throughout (no tensor cores, no bf16 rounding), so its
 // results match the fp32 CPU chunked prefill and the f64 recurrence to fp32 rounding of a different summation
@@ -95,7 +95,7 @@ constexpr float L2_EPS = 1e-6f;
 __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
 
 // SiLU with the fast reciprocal (__fdividef: ~2 ulp; x -> -inf gives x * 0 = -0) instead of IEEE division, whose
-// subroutine and slow-path branch were most of the bf16 output launch's epilogue (s9-run1 profile: the
+// subroutine and slow-path branch were most of the bf16 output launch's epilogue (profile: the
 // BSYNC / BRA / MOV around each division). Used only there, where the output is bf16-class anyway.
 __device__ __forceinline__ float silu_fast(float x) { return __fdividef(x, 1.f + __expf(-x)); }
 
@@ -156,33 +156,33 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // ---------------------------------------------------------------------------------------------------------------
 // gdn_prefill_prep: launch 1 (conv + SiLU, q/k l2-norms, gates), one warp per 128-channel segment and PREP_TT = 8
-// tokens. H200, s3-run4 (--quick, Qwen3.8-27B's layer; measured as `gdn_prefill_prep_w`, a drop-in next to the
+// tokens. H200 (--quick, Qwen3.8-27B's layer; measured as `gdn_prefill_prep_w`, a drop-in next to the
 // block-per-token build it then replaced): 304.9 us against 969.2 us at B = 4, N = 9216 (3.18x; 59.4% of a torch
 // copy of the same bytes), 135.4 us against 321.3 us at T = 4096 (2.37x); outputs bit-identical to the old
 // build's (max abs difference 0 at both shapes, and in the test that compared the two). Why the block-per-token
-// build ran at ~1 TB/s (s3-run3, T = 16384: 1277 us for 1355 MB: qkv 671 MB read, qn/kn/v 671 MB written, a, b,
+// build ran at ~1 TB/s (T = 16384: 1277 us for 1355 MB: qkv 671 MB read, qn/kn/v 671 MB written, a, b,
 // g, beta 13 MB; 323 us at the 4.2 TB/s copy rate): its grid was one 128-thread block per (token, 128-channel
 // segment), 1.31 M blocks, each thread one 4-byte load from DRAM (the other K-1 conv taps are the neighbouring
 // tokens' rows, L2 re-reads) before a dependent chain (conv, a block reduction with __syncthreads, the store). At
 // most 16 such blocks fit an SM, ~8 KB of new DRAM bytes in flight per SM against the ~22 KB that 4.2 TB/s needs
 // at ~700 ns of latency (Little's law), so that launch was bound by latency, not bytes. Here one warp owns one
-// segment for PREP_TT consecutive tokens: it loads all TT + K-1 rows of its 4 channels per lane (session 10: lane l
+// segment for PREP_TT consecutive tokens: it loads all TT + K-1 rows of its 4 channels per lane (lane l
 // holds channels 4l .. 4l+3, one 16-byte load per row, 11 in flight per lane before any arithmetic; until then
 // channels l, 32+l, 64+l, 96+l, four 4-byte loads per row), slides the conv window in registers (each input read
 // once, K-1 history rows per 8 tokens, L2 hits), and reduces the q/k sums of squares with one warp butterfly (no
 // block barrier); outputs go out 8 (f16, bf16) or 16 (fp32) bytes per lane (by st_global_v2 / st_global_v4: as
 // plain assignments NVVM split them into 4-byte stores; whole, with the conv taps read 16 bytes per load, the f16
-// prep took 87.3 -> 79.7 us at T = 4096, 192.0 -> 174.2 us at B = 4 x 9216, s12-run2). The conv taps are added
+// prep took 87.3 -> 79.7 us at T = 4096, 192.0 -> 174.2 us at B = 4 x 9216). The conv taps are added
 // oldest first; the SiLU uses the fast exponential and reciprocal (`silu_fast`; the IEEE division's subroutine call
-// and slow path were most of the instructions, as in the output launch, s9-run2).
+// and slow path were most of the instructions, as in the output launch).
 // Grid (ceil(max_len / TT), ceil((2Hk+Hv) / 4), seqs), 128 threads (warp w: segment 4 blockIdx.y + w).
 constexpr int PREP_TT = 8;
 
-// HALF (`gdn_prefill_prep_h`, the f16 split's launch 1, session 10): qn, kn and v written as IEEE half in the first
+// HALF (`gdn_prefill_prep_h`, the f16 split's launch 1): qn, kn and v written as IEEE half in the first
 // half of their fp32 regions (q, k l2-normed, so |x| <= 1; v saturated at +-65504, the only values f16 cannot hold),
-// the operands of `gdn_prefill_wy_h_b`, which also writes the split's bf16 copies of q and k (session 12: 80.0 ->
-// 71.8 us for this launch at T = 4096, 127.8 -> 132.2 us for the WY, the step 420.5 -> 414.4 us, s12-run4; the
-// k copy moved off the WY's inverse path, WY 132.6 -> 131.6 us, step 414.9 -> 413.9, s12-run5).
+// the operands of `gdn_prefill_wy_h_b`, which also writes the split's bf16 copies of q and k (80.0 ->
+// 71.8 us for this launch at T = 4096, 127.8 -> 132.2 us for the WY, the step 420.5 -> 414.4 us; the
+// k copy moved off the WY's inverse path, WY 132.6 -> 131.6 us, step 414.9 -> 413.9).
 template <int KC, bool HALF>
 __device__ __forceinline__ void gdn_prefill_prep_body(
     const float* __restrict__ qkv, const float* __restrict__ a_in, const float* __restrict__ b_in,
@@ -225,7 +225,7 @@ __device__ __forceinline__ void gdn_prefill_prep_body(
     float xs[PREP_TT + HIST][4];
     // The lane's conv taps, 4 KC consecutive floats from conv_w + ch4 KC: KC 16-byte loads where the weights are
     // 16-byte aligned (always, from Rust and torch; 4-byte loads otherwise). (4 KC 4-byte loads 16 KC bytes apart
-    // per warp instruction were 4x the L1 sector lookups of the loads of qkv, s12-run1's Nsight Compute.)
+    // per warp instruction were 4x the L1 sector lookups of the loads of qkv, Nsight Compute on the H200.)
     float wr[4][KC];
     if ((reinterpret_cast<uintptr_t>(conv_w) & 15) == 0) {
 #pragma unroll
@@ -306,7 +306,7 @@ __device__ __forceinline__ void gdn_prefill_prep_body(
 }
 
 // kconv is 2..=4 (checked in Rust); the window lives in registers, so it is a template argument. Six blocks per SM
-// (at most 80 registers, no spill; 88 without the bound, five blocks): the launch waits on its loads (s11-run3's
+// (at most 80 registers, no spill; 88 without the bound, five blocks): the launch waits on its loads (the H200's
 // Nsight Compute: 29% achieved occupancy, long-scoreboard stalls the first reason).
 #define GDN_PREFILL_PREP_KERNEL(NAME, HALF)                                                                        \
     extern "C" __global__ void __launch_bounds__(128, 6)                                                           \
@@ -650,7 +650,7 @@ constexpr int QP = C + 4;  // padded row of the Aqk tile of the tensor-core stat
 // in one integer add: the tensor core reads only the top 19 bits of a .tf32 register (it ignores the low 13), so
 // adding half a TF32 ulp (0x1000) to the fp32 bits rounds the magnitude, a carry into the exponent included.
 // cvt.rna.tf32.f32 is no single instruction on sm_90: ptxas expands it to a NaN test and the rounding (FSETP,
-// IMAD, LOP3, SEL), and in s6-run1's profile (benchmarks/h200.md, session 6) those conversions were the largest
+// IMAD, LOP3, SEL), and 's profile (benchmarks/h200.md) those conversions were the largest
 // share of the instructions of the state walk's W S / Q S phase (12.6 M FSETP and 14.5 M IMAD against 6.3 M HMMA
 // at T = 4096) and of both WY products. Inputs here are finite (l2-normed keys, gates, state), so the NaN test
 // bought nothing.
@@ -658,7 +658,7 @@ __device__ __forceinline__ uint32_t tf32_round(float x) { return __float_as_uint
 
 // One operand fragment: hi (TF32) and, when split, lo = TF32(x - hi). The split needs hi exact (its low 13 bits
 // cleared), so that x - hi is exact in fp32. RAW (plain TF32 only): x's fp32 bits as they are, so the tensor core
-// truncates them to TF32 (no rounding add per fragment register; for the bf16 split's WY, session 10:
+// truncates them to TF32 (no rounding add per fragment register; for the bf16 split's WY:
 // kernels/bench/gdn_operand_precision.py puts all three WY products truncated at 1.76e-2 / 1.45e-3 on the
 // output / state against 1.72e-2 / 1.15e-3 rounded, both inside the split's class).
 template <int N, bool SPLIT, bool RAW = false>
@@ -1004,7 +1004,7 @@ GDN_STATE_TC_KERNEL(3, 64)
 //      n-tiles wholly above the diagonal are skipped (their outputs are written as zeros);
 //   6. W = T (diag(beta e^G) K) and U = T (diag(beta) V) ([64 x 64] x [64 x 128]): warp w owns m-tile (w & 3) and
 //      n-tiles 8 (w >> 2) .. +7 of both; T is lower triangular, so the k-steps stop at the m-tile's last row.
-// T = (I + A)^-1 is fp32 on the CUDA cores, blocked (session 6): the four 16 x 16 diagonal blocks by forward
+// T = (I + A)^-1 is fp32 on the CUDA cores, blocked: the four 16 x 16 diagonal blocks by forward
 // substitution in registers (a half-warp each, while the other six warps scale K), then the
 // blocks below the diagonal from them, one distance from the diagonal at a time (steps 5a and 5b below);
 // gdn_prefill_wy keeps the row-at-a-time substitution over all 64 rows (63 block barriers). Per (chunk, head)
@@ -1014,12 +1014,12 @@ GDN_STATE_TC_KERNEL(3, 64)
 // SPLIT: 3xTF32 as in the state kernel (~fp32 accuracy), else plain TF32 (~5e-4 relative per operand).
 // Bank layout: K / Q / V tiles [C][KP] (A fragments and the K^T B fragments conflict-free, the row-major B
 // fragments of step 6 2-way), A and T tiles [C][QP] (T's A fragments conflict-free).
-// Loads (session 9): K, Q, g, beta by cp.async all at once, then V (into the A / T tiles, unused until step 3's
+// Loads: K, Q, g, beta by cp.async all at once, then V (into the A / T tiles, unused until step 3's
 // epilogue) as a second group in flight during steps 2 and 3; A and K^T fragments by ldmatrix (load_a, load_bt).
-// T = 4096, s9-run1 -> s9-run3: 370.8 -> 338.1 us (3xTF32), 294.6 -> 270.2 us (plain TF32); most of it the
-// cp.async loads (s9-run2: 342.8 / 274.6 with them alone), which took the kernel's first stretch from 24% of the
+// T = 4096 -> later build: 370.8 -> 338.1 us (3xTF32), 294.6 -> 270.2 us (plain TF32); most of it the
+// cp.async loads (342.8 / 274.6 with them alone), which took the kernel's first stretch from 24% of the
 // stall samples (the plain loads went out two at a time, eight round trips) to 10%. What the profile of this
-// build shows next (s9-run6, `_b` form): step 3 41% of the samples (its instructions mostly the TF32 rounding
+// build shows next (`_b` form): step 3 41% of the samples (its instructions mostly the TF32 rounding
 // adds and the fragment loads) and the barrier after it 23% (warps 0..7 hold 2, 0, 4, 0, 4, 2, 4, 4 of the 20
 // n-tiles at or below the diagonal, so most wait for the busiest), the loads 11%, the inverse and W / U 19%.
 __host__ __device__ constexpr int wy_tc_smem_bytes() { return (2 * C * KP + 2 * C * QP + 2 * C) * 4; }
@@ -1045,7 +1045,7 @@ namespace {
 // Step 1 of the tensor-core WY builds: the chunk's K and Q rows (the key head's; zero past the chunk), g and beta
 // into shared memory as one cp.async group, then the V rows as a second (the caller waits for the first with
 // cp_async_wait<1>). E: float (the TF32 builds, tiles of row stride KP) or __half (the f16 build, BP); every copy
-// is 16 bytes, all of them in flight at once (session 9: the plain loads they replaced went out two at a time).
+// is 16 bytes, all of them in flight at once (the plain loads they replaced went out two at a time).
 template <typename E, int LD>
 __device__ __forceinline__ void wy_load_chunk(E* Ks, E* Qs, E* Vs, float* gc, float* bt, const E* __restrict__ kn,
                                               const E* __restrict__ qn, const E* __restrict__ vv,
@@ -1078,7 +1078,7 @@ __device__ __forceinline__ void wy_load_chunk(E* Ks, E* Qs, E* Vs, float* gc, fl
     cp_async_commit();
 }
 
-// The bf16 split's ready counters (session 10), one int per (head, chunk) slot, in the Aqk region past the bf16 Aqk
+// The bf16 split's ready counters, one int per (head, chunk) slot, in the Aqk region past the bf16 Aqk
 // the `_b` WY launches write (its second half, unused by the split): zeroed by the WY launch, raised by each of
 // the walk's two column blocks once it has written the chunk's hs slot, and waited for (== 2) by the output
 // launch, which runs as the walk's programmatic dependent so that its blocks fill the SMs the walk leaves idle.
@@ -1089,7 +1089,7 @@ __device__ __forceinline__ int* split_ready(float* aqk, int hv, int n_chunks) {
 
 // Step 3's share of warp w of the tensor-core WY builds: the 20 n-tiles (8 columns) at or below the diagonal blocks
 // of A and Aqk (m-tile t of 16 rows reaches n-tile 2t + 1), each warp one m-tile and at most 3 of its n-tiles
-// (session 9's patch, measured in s10-run1). Byte w of kShare: m-tile (bits 0-1), first n-tile (2-4), n-tiles
+// (an earlier patch, measured). Byte w of kShare: m-tile (bits 0-1), first n-tile (2-4), n-tiles
 // (5-6): 3/0/3, 3/3/3, 2/0/3, 2/3/3, 3/6/2, 1/0/2, 1/2/2, 0/0/2.
 struct WyShare {
     int m0, n0, nn;  // first row, first column, n-tiles
@@ -1192,8 +1192,8 @@ __device__ __forceinline__ void wy_inverse_diagonal(const float* As, float* Ts, 
 // diagonal, one distance from the diagonal at a time (see the step's comment). Thread t works on block t >> 6 of
 // the distance (the 4 - d blocks (d + blk, blk); threads past them idle) at row (t >> 2) & 15 and the four
 // columns 4 (t & 3) .. + 3: each A (or diagonal T) value it loads serves four products, and the T (or X) operand
-// is one 16-byte load that the warp's eight rows share (session 11; one element per thread issued two shared
-// loads per FMA, ~4,100 warp loads per block, and s11-run3's Nsight Compute put a third of the f16 WY's samples
+// is one 16-byte load that the warp's eight rows share (one element per thread issued two shared
+// loads per FMA, ~4,100 warp loads per block, and Nsight Compute on the H200 put a third of the f16 WY's samples
 // here). Every element sums in the same order as before, so T is bit-identical.
 __device__ __forceinline__ void wy_inverse_below(const float* As, float* Ts, int tid) {
     const int blk = tid >> 6, r = (tid >> 2) & 15, c4 = 4 * (tid & 3);
@@ -1255,15 +1255,15 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     const int fg = lane >> 2, ft = lane & 3;  // fragment row group / column pair
 
     // 1. K and Q rows (zero past the chunk), g, beta, all as cp.async copies in flight at once. Plain loads
-    // through registers (the build before session 9) went out two 16-byte loads at a time, each pair stored
+    // through registers (an older build) went out two 16-byte loads at a time, each pair stored
     // before the next was issued (the guard kept the compiler from hoisting them): eight round trips per block,
-    // 24% of this kernel's stall samples (s9-run1 profile, mostly long_sb).
+    // 24% of this kernel's stall samples (profile, mostly long_sb).
     // The V rows (zero past the chunk) go into Vt, a [C][KP] tile over the A and T tiles (unused until step 3's
     // epilogue), as a second group in flight during steps 2 and 3; moved to Xs, scaled by beta, once the Q tile
-    // is free. Until s9-run2 V was copied into Xs only after step 3 (prefetched to L2 at the start) and waited for
+    // is free. Previously V was copied into Xs only after step 3 (prefetched to L2 at the start) and waited for
     // at the end of step 5a, where the profile put a quarter of the stall samples (mostly barrier). Moved here
-    // (with the ldmatrix fragments, s9-run3: 342.8 -> 338.1 us) that barrier time mostly moved to the barrier
-    // after step 3 (s9-run6: 23%), so it was the warps' uneven share of step 3 more than V's latency.
+    // (with the ldmatrix fragments: 342.8 -> 338.1 us) that barrier time mostly moved to the barrier
+    // after step 3 (23%), so it was the warps' uneven share of step 3 more than V's latency.
     wy_load_chunk<float, KP>(Ks, Xs, Vt, gc, bt, kn, qn, vv, gg, bb, tok0, lc, hk, kh, hv, h, tid);
     cp_async_wait<1>();  // K, Q, g, beta (V may still be in flight)
     __syncthreads();
@@ -1276,7 +1276,7 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     // 3. A[i][j] = beta_i e^{G_i-G_j} k_i.k_j (j < i) and Aqk[i][j] = e^{G_i-G_j} q_i.k_j (j <= i), on tensor
     // cores, over the 20 n-tiles at or below the diagonal blocks (m-tile t reaches n-tile 2t + 1). Each warp takes
     // one m-tile and at most 3 of its n-tiles (a grid of 4 m-tiles x 2 column halves gave the warps 2, 0, 4, 0, 4,
-    // 2, 4, 4: s9-run6 put 23% of the stall samples at the barrier after this step; `WyShare`).
+    // 2, 4, 4: a profile put 23% of the stall samples at the barrier after this step; `WyShare`).
     const int am = (warp & 3) * 16;  // step 6's rows
     {
         const WyShare sh(warp);
@@ -1323,7 +1323,7 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
     // j of its block, x = (I + A_bb)^-1 e_j, row i after row i - 1 (x[i] = [i == j] - sum_{m<i} A[i][m] x[m], so
     // the rows above j come out zero and the block is written whole, zeros included). No barrier inside; the sum
     // of row i waits only for its last term, so the chain is ~16 FMAs long instead of the 63 block barriers of a
-    // row-at-a-time substitution over all 64 rows (s6-run1: that loop and its barriers were ~60% of this kernel's
+    // row-at-a-time substitution over all 64 rows (that loop and its barriers were ~60% of this kernel's
     // stall samples).
     if (warp < 2) {
         wy_inverse_diagonal(As, Ts, warp, lane);
@@ -1374,7 +1374,7 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
             // Staged in shared memory (the K and V tiles, free once every warp's products are done; rows of
             // D + 8 bf16 so that the fragment stores spread over the banks) and written 16 bytes per store:
             // straight from the fragments each lane wrote 4 bytes, 16 per row and 32-byte sector, as the walk's D
-            // did until s9-run4 (its 8 KB per chunk staged: walk 170.8 -> 144.4 us at T = 4096).
+            // did (its 8 KB per chunk staged: walk 170.8 -> 144.4 us at T = 4096).
             constexpr int WP = D + 8;
             __nv_bfloat16* const Ws = reinterpret_cast<__nv_bfloat16*>(Ks);  // [C][WP]
             __nv_bfloat16* const Us = reinterpret_cast<__nv_bfloat16*>(Xs);  // [C][WP]
@@ -1446,9 +1446,9 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// bf16 split build of launches 3 and 4 (variant `<wy>bf16_cs64`, session 8): fla's division of the work, on bf16
-// tensor cores (mma.sync m16n8k16, operands from shared memory by ldmatrix), after session 7's measurement of
-// fla's kernels (benchmarks/h200.md, session 7 point 3):
+// bf16 split build of launches 3 and 4 (variant `<wy>bf16_cs64`): fla's division of the work, on bf16
+// tensor cores (mma.sync m16n8k16, operands from shared memory by ldmatrix), 's measurement of
+// fla's kernels (benchmarks/h200.md point 3):
 // 3'. gdn_prefill_walk_bf16: grid (2, Hv, seqs), 256 threads, the serial part reduced to what the next chunk
 //     needs. Each block owns 64 columns of one head's state, fp32 in registers (the m16n8 accumulator layout of
 //     the update: warp w owns state rows 16w .. 16w+15, all 64 columns), and per chunk
@@ -1460,9 +1460,9 @@ extern "C" __global__ void __launch_bounds__(256)
 //     The operands stream into two shared buffers by cp.async, chunk c + 1's issued when chunk c starts, so one
 //     chunk's loads are in flight behind the products: two barriers per chunk. (T = 4096: fp32
 //     operands converted through registers 219.4 us; bf16 operands, next chunk by cp.async 174.2 us; the ring
-//     168.7 us, s8-run5; D staged for 16-byte stores 144.4 us, s9-run4; fla's walk 106.0 us. Measured and not
-//     kept, s9-run3: the state's copy to the slot moved after phase b's products and the next chunk's fetch after
-//     phase c's, so that their instructions fill the mma latency: 170.8 against 168.9 us. s10-run3: 32 state
+//     168.7 us; D staged for 16-byte stores 144.4 us; fla's walk 106.0 us. Measured and not
+//     kept: the state's copy to the slot moved after phase b's products and the next chunk's fetch after
+//     phase c's, so that their instructions fill the mma latency: 170.8 against 168.9 us. On the H200: 32 state
 //     columns per block (4 blocks per head, 192 blocks at two per SM, two chunk buffers, W and K read by twice the
 //     blocks): 174.9 against 144.3 us at T = 4096, 332.9 against 287.4 at B = 4, N = 9216, so half the products
 //     per chunk did not halve the chunk's latency.)
@@ -1470,16 +1470,16 @@ extern "C" __global__ void __launch_bounds__(256)
 //     o = e^G (Q S_c) + Aqk D ([64 x 128] x [128 x 128] and the causal [64 x 64] x [64 x 128]; warp w owns rows
 //     16 (w & 3) .., columns 64 (w >> 2) ..), then the gated RMSNorm of launch 4 fused (the row's sum of squares
 //     over the two column halves through shared memory), written to `out` once. Three blocks per SM (unpadded,
-//     swizzled tiles; s8-run6's patch with its bug fixed): 164.9 (two blocks, s8-run5) -> 153.0 us (s9-run1) at
-//     T = 4096; norm_w through shared memory and the SiLU's fast reciprocal: 149.5 us (s9-run2).
+//     swizzled tiles; the H200's patch with its bug fixed): 164.9 (two blocks) -> 153.0 us at
+//     T = 4096; norm_w through shared memory and the SiLU's fast reciprocal: 149.5 us.
 // `hs` (the workspace region after Aqk, only in the layout of this build): per (head, chunk) slot of 24,576 bf16,
 // the chunk's incoming state [128][128] then D [64][128]. Every operand these two launches read is bf16 in global
 // memory (half the bytes; copied straight to shared memory by cp.async): launch 1 also writes bf16 copies of the
 // normalised q and k (`qb`, `kb`: the workspace region after hs), and launch 2 is `gdn_prefill_wy_tc<1|3>_b`,
 // which writes W, U and Aqk in bf16 (the first half of each fp32 slot of those regions).
 // Precision: up to 2.9e-2 scaled error on the normalised output and 2.6e-3 on the final state against the f64
-// recurrence in the H200's tests (s8-run2..5, s9-run3..5; kernels/bench/gdn_operand_precision.py models this
-// rounding: 1.8e-2 / 1.5e-3), fla's class, not the default's. Measured and not kept (s9-run2): v in bf16 from
+// recurrence in the H200's tests (kernels/bench/gdn_operand_precision.py models this
+// rounding: 1.8e-2 / 1.5e-3), fla's class, not the default's. Measured and not kept: v in bf16 from
 // launch 1 for the `_b` WY (the U product's operand rounded once more): ~13 us at T = 4096, but the tests' worst
 // output error rose to 3.9e-2 (the model, 20 draws: 1.72e-2 -> 3.26e-2 on the output, 1.15e-3 -> 2.24e-3 on the
 // state), too close to the 5e-2 bound for 2%. The model also says which WY products could be bf16: K K^T and
@@ -1541,16 +1541,16 @@ __device__ __forceinline__ void mma_kstep(float (&acc)[2 * NP][4], const uint32_
 }  // namespace
 
 // Chunk buffers of gdn_prefill_walk_bf16, a ring: chunk c + WALK_NBUF - 1's operands stream in while chunk c is
-// multiplied. Two, not three (session 11): 125,440 instead of 169,728 bytes of shared memory per block, so an
+// multiplied. Two, not three: 125,440 instead of 169,728 bytes of shared memory per block, so an
 // output block (75,008) fits beside each walk block and the output launch overlapped with the walk runs on every
-// SM, not only on the 36 the walk leaves idle: s11-run2, T = 4096, the whole f16 split step 497.4 -> 484.1 us
+// SM, not only on the 36 the walk leaves idle: On the H200, T = 4096, the whole f16 split step 497.4 -> 484.1 us
 // (1090.3 -> 1081.3 at B = 4, N = 9216), the walk alone 138.0 -> 139.0 us (one chunk's copies in flight, not two).
 constexpr int WALK_NBUF = 2;
 constexpr int WALK_BUF = 2 * C * BP + C * HP;  // bf16 per buffer: W [C][BP], K [C][BP], this block's U [C][HP]
 
 // A walk block's release of chunk slot `slot` (split_ready's counter): called by thread 0 after a block barrier that
 // every thread's stores to the slot precede, one gpu-scope fence and the count (the barrier-then-release pattern; a
-// __threadfence by every thread after its stores cost the walk 145 -> 184 us at T = 4096, s10-run5). `add`: the
+// __threadfence by every thread after its stores cost the walk 145 -> 184 us at T = 4096). `add`: the
 // block's share of the 2 the output waits for (1 per 64 state columns).
 __device__ __forceinline__ void walk_release(int* ready, size_t slot, int add) {
     __threadfence();
@@ -1565,7 +1565,7 @@ __device__ __forceinline__ void walk_release_last(int* ready, size_t slot0, int 
 
 // Shared memory of gdn_prefill_walk_bf16 (dynamic): the ring of chunk buffers, the state [D][HP], the decayed D
 // [C][HP] and D itself [C][HP] (staged so that its slot is written 16 bytes per store: written straight from the
-// fragments, 4 bytes per lane, its stores used 24 of each 32-byte sector, s9-run1's Nsight Compute) in bf16, then G
+// fragments, 4 bytes per lane, its stores used 24 of each 32-byte sector, Nsight Compute on the H200) in bf16, then G
 // [WALK_NBUF][C] fp32.
 __host__ __device__ constexpr int walk_bf16_smem_bytes() {
     return (WALK_NBUF * WALK_BUF + D * HP + 2 * C * HP) * 2 + WALK_NBUF * C * 4;
@@ -1618,7 +1618,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     // Chunk cc's W, K (rows past the chunk zero-filled), this block's 64 columns of U and G into ring buffer
     // cc % WALK_NBUF, as one cp.async group (committed also when there is no such chunk, so that the waits below
     // count groups, not chunks).
-    // The copies' addresses, per thread, computed once (session 10: recomputed per chunk with a guard per copy they
+    // The copies' addresses, per thread, computed once (recomputed per chunk with a guard per copy they
     // were ~218 of the ~740 SASS instructions of a chunk's iteration, all between the barrier and phase b): the
     // shared destinations as offsets from buffer 0, the W / U sources from the chunk's slot, the K rows from the
     // chunk's first token (row stride hk * D), 16 rows apart per copy.
@@ -1675,7 +1675,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         __syncthreads();     // Sb and chunk c's buffer complete; chunk c - 1's readers done
         // Chunk c - 1's slot is written (every thread's stores precede the barrier): count this block, one
         // gpu-scope fence by the counting thread (the barrier-then-release pattern; a __threadfence by every
-        // thread after its stores cost the walk 145 -> 184 us at T = 4096, s10-run5).
+        // thread after its stores cost the walk 145 -> 184 us at T = 4096).
         if (c > 0 && tid == 0) walk_release(ready, slot0 + c - 1, 1);
         fetch(c + WALK_NBUF - 1);  // into the buffer chunk c - 1 used
 #pragma unroll
@@ -1746,7 +1746,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     }
 }
 
-// 3''. gdn_prefill_walk1_bf16 (session 13), the one-block walk: grid (1, Hv, seqs), 256 threads, one block per
+// 3''. gdn_prefill_walk1_bf16, the one-block walk: grid (1, Hv, seqs), 256 threads, one block per
 // (sequence, head) state, the same parameters, slots and counters as gdn_prefill_walk_bf16. Warp w owns the state's
 // columns 16 w .. 16 w + 15 (all 128 rows) and keeps S^T of them in registers as m16n8 accumulator tiles. Both products of a chunk then stay
 // inside the warp: phase b computes D^T = U^T - S^T W^T with S^T's own accumulators, packed to bf16, as the A
@@ -1755,11 +1755,11 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 // are the B operands, by ldmatrix from the chunk's ring buffer. No warp waits for another's results: the block
 // meets once per chunk, at the ring buffer's barrier. The slot's state and D (bf16, row-major as the output
 // launch reads them) are staged per warp by stmatrix .trans and written 32 bytes per row. Per block and chunk this
-// is twice the two-block walk's products on one SM, in ~1.6x its time (H200, s13-run5, the walk alone: 218.3 us
+// is twice the two-block walk's products on one SM, in ~1.6x its time (H200, the walk alone: 218.3 us
 // at T = 4096 on 48 SMs against 135.0 for the two-block walk on 96; at B = 4 x 9216, 192 blocks against 384,
 // 291.6 against 274.3), so it pays only where the two-block walk's blocks exceed one wave and the output launch,
 // which can start only once every walk block has, would start late (Rust `walk_one_block`). Nsight Compute
-// (s13-run3, its first form): 0.28 warps issued per scheduler per cycle (two warps each), stalls short
+// (its first form): 0.28 warps issued per scheduler per cycle (two warps each), stalls short
 // scoreboard 23%, fixed-latency waits 22%, the chunk barrier 15%; ~950 instructions per warp and chunk, of which
 // 128 mma, 68 ldmatrix, ~110 for the 12 cp.async of the chunk fetch and their addresses.
 constexpr int WALK1_BUF = 3 * C * BP;  // bf16 per buffer: W, K, U [C][BP]
@@ -1781,7 +1781,7 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, ui
 }
 // Offset (elements) of row r, 8-column half hf, in a warp's staging tile of the one-block walk: 32-byte rows with
 // the half flipped by bit 2 of the row, so that stmatrix (8 rows of one half) and the copy to the slot (each 8 lanes
-// 4 rows, both halves, as whole 32-byte sectors) both meet 8 distinct bank groups. (s13-run4: copying 8 rows of one
+// 4 rows, both halves, as whole 32-byte sectors) both meet 8 distinct bank groups. (copying 8 rows of one
 // half per 8 lanes instead, conflict-free with a 48-byte pitch, made the walk 318 -> 358 us at B = 4 x 9216: each
 // 8 lanes' 16-byte stores then half-fill 8 sectors.)
 __device__ __forceinline__ int stg_at(int r, int hf) { return r * WALK1_SP + 8 * (hf ^ ((r >> 2) & 1)); }
@@ -1996,9 +1996,9 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 // (bf16, unpadded and swizzled by `swz`), then G [C], the row sums of squares [2][C] and norm_w [D] (fp32): 75,008
 // bytes, so three blocks fit an SM (with the 1 KiB per block the driver reserves: 228,096 of 233,472 bytes), and
 // __launch_bounds__(256, 3) caps the registers at 80 (28 bytes of spill). Padded tiles (79,616 bytes, two blocks
-// per SM): 164.9 us at T = 4096 (s8-run5); unpadded and swizzled, three blocks: 153.0 us (s9-run1). The epilogue
-// staged through Qb / Hb and written 16 bytes per store, z read 16 bytes per load (session 12): 135.4 -> 114.9 us
-// at T = 4096, 297.2 -> 249.4 us at B = 4 x 9216 (s12-run2, the launch alone, same rounds).
+// per SM): 164.9 us at T = 4096; unpadded and swizzled, three blocks: 153.0 us. The epilogue
+// staged through Qb / Hb and written 16 bytes per store, z read 16 bytes per load: 135.4 -> 114.9 us
+// at T = 4096, 297.2 -> 249.4 us at B = 4 x 9216 (the launch alone, same rounds).
 __host__ __device__ constexpr int out_bf16_smem_bytes() {
     return (C * D + D * D + C * D + C * C) * 2 + (3 * C + D) * 4;
 }
@@ -2054,7 +2054,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     // The gate z of this thread's output elements in the epilogue's store order (row warp + 8 j, columns
     // 4 lane .. 4 lane + 3: one 512-byte row per warp load), loaded now so that their latency hides behind the wait
     // for the walk, the copies and the products (the norm needs them last; issued after the state's copies,
-    // s11-run3's Nsight Compute still found the epilogue waiting on them).
+    // Nsight Compute on the H200 still found the epilogue waiting on them).
     const int am = (warp & 3) * 16, an = (warp >> 2) * 64;
     const int r0 = am + fg, r1 = am + fg + 8;
     const size_t vw = static_cast<size_t>(hv) * D;
@@ -2134,7 +2134,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     const float n1 = rsqrtf((red[r1] + red[C + r1]) / static_cast<float>(D) + norm_eps);
     // The normed rows (o n w, fp32) staged in Os over Qb and Hb, then written 16 bytes per store, one 512-byte row
     // per warp store, times silu(z). (Stored from the accumulators, 8 bytes per thread, ptxas split each store into
-    // two 4-byte ones: s11-run3's Nsight Compute found 16 of every 32 bytes of a store sector used.) Row stride
+    // two 4-byte ones: Nsight Compute on the H200 found 16 of every 32 bytes of a store sector used.) Row stride
     // OSP = D + 8 floats: the half-warps' 8-byte stores fall on distinct banks. Same products in the same order
     // as storing from the accumulators, so the output is bit-identical.
     constexpr int OSP = D + 8;
@@ -2175,7 +2175,7 @@ __device__ __forceinline__ uint4 f16x8_to_bf16x8(uint4 x) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// The f16 split (`wyf16_bf16_cs64`, session 10): the bf16 split's walk and output launches behind a WY launch on
+// The f16 split (`wyf16_bf16_cs64`): the bf16 split's walk and output launches behind a WY launch on
 // f16 tensor cores. kernels/bench/gdn_operand_precision.py (40 draws): all three WY products on f16 operands
 // (q, k, v stored in f16 by `gdn_prefill_prep_h`, T, diag(beta e^G) K and diag(beta) V rounded to f16) 1.65e-2 /
 // 1.46e-3 on the output / state, the same as the plain-TF32 WY (1.65e-2 / 1.46e-3), where bf16 W / U products
@@ -2184,17 +2184,17 @@ __device__ __forceinline__ uint4 f16x8_to_bf16x8(uint4 x) {
 // TF32 `_b` form: half the operand bytes (launch 1 writes 16 bits per q / k / v value instead of 32, and this launch
 // reads them), half the mma and fragment loads (m16n8k16 instead of m16n8k8, no rounding adds), and 70,144 bytes of
 // shared memory per block instead of 102,912, so three blocks fit an SM (with step 6 in two passes: 76 registers
-// under __launch_bounds__(256, 3), no spill). H200, T = 4096 (s10-run2, s10-run3, the launch alone): 214.4 us for
+// under __launch_bounds__(256, 3), no spill). H200, T = 4096 (the launch alone): 214.4 us for
 // the TF32 `_b` form, 175.0 for this one at two blocks per SM, 152.2 at three (one pass, 48 bytes of spill: 154.9);
 // the whole split step 663.4 -> 602.1 us (1392.4 -> 1258.1 at B = 4, N = 9216). Launch 1's f16 outputs saved no
-// time (139.4 -> 140.6 us for the prep): that launch is not bound by its write bytes. Session 11 (s11-run4/5):
+// time (139.4 -> 140.6 us for the prep): that launch is not bound by its write bytes. Measured earlier (two H200 runs):
 // step 3's addresses out of the loop 151.6 -> 141.5 us, the inverse below the diagonal four columns per thread
 // (wy_inverse_below) -> 128.3 us, below fla's three WY kernels (137 us).
 //
 // gdn_prefill_wy_h_b: grid (max_chunks, Hv, seqs), 256 threads, the algebra and outputs of gdn_prefill_wy_tc1_b
 // (gcum fp32; W, U, Aqk bf16 in the first half of each fp32 slot):
 //   1. K, Q (f16, the key head's), g, beta by cp.async, then V (f16) as a second group; one value head per key
-//      head writes the split's bf16 copies of the chunk's q rows from the f16 tile (its k rows in 5a; session 12);
+//      head writes the split's bf16 copies of the chunk's q rows from the f16 tile (its k rows in 5a);
 //   2. cumsum of g; 3. K K^T and Q K^T (m16n8k16 f16, `WyShare` n-tiles per warp, K^T fragments by ldmatrix
 //      without .trans from the K rows), the epilogue of the TF32 builds (`wy_step3_epilogue`), A (fp32) over the Q
 //      tile once every warp is past step 3;
@@ -2235,7 +2235,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     cp_async_wait<1>();  // K, Q, g, beta (V may still be in flight)
     __syncthreads();
     // The split's bf16 copies of the chunk's q and k rows (the walk reads k, the output q), from the f16 tiles, by
-    // one value head per key head (session 12: launch 1 wrote them, 33.5 MB more of its ~290 MB at T = 4096 on
+    // one value head per key head (launch 1 wrote them, 33.5 MB more of its ~290 MB at T = 4096 on
     // the 27B layer): q here (A replaces the Q tile after step 3), k in step 5a, off the inverse's path.
     const bool qk_copies = h % (hv / hk) == 0;
     if (qk_copies) {
@@ -2261,9 +2261,9 @@ extern "C" __global__ void __launch_bounds__(256, 3)
         for (int j = 0; j < 3; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) kk[j][e] = qk[j][e] = 0.f;
-        // Fragment addresses once (session 11: derived from the warp's share inside the loop, the compiler
+        // Fragment addresses once (derived from the warp's share inside the loop, the compiler
         // re-read SR_TID.X and rebuilt them per k-step and n-tile, ~10 integer instructions and a stall per
-        // ldmatrix; s11-run3's Nsight Compute put a third of this launch's samples in step 3).
+        // ldmatrix; Nsight Compute on the H200 put a third of this launch's samples in step 3).
         const uint32_t ka = smem_u32(Kh + (sh.m0 + (lane & 15)) * BP + ((lane >> 4) << 3));
         const uint32_t qa = smem_u32(Qh + (sh.m0 + (lane & 15)) * BP + ((lane >> 4) << 3));
         // B = K^T: b0 = K[n][k0 + 2t ..], b1 = K[n][k0 + 8 + 2t ..] for n = n-tile row g: the K rows as stored,

@@ -32,15 +32,15 @@
 //   v3 / v4: v2 made persistent (one block per SM walking its tiles), v4 also overlapping each warpgroup's
 //       promotion with its next K block's wgmmas through two partial tiles; see their kernel below.
 //   v4 bf16: v4 writing bf16 (round to nearest even) instead of fp32, half the output bytes (cuBLAS's output).
-//   Measured on the H200 (M = 4096, 5120x17408 / 17408x5120, benchmarks/h200-runs/s2-run5): v1 987 / 1050 us,
+//   Measured on the H200 (M = 4096, 5120x17408 / 17408x5120, `benchmarks/h200.md`): v1 987 / 1050 us,
 //   v2 816 / 853 us, v3 906 / 889 us, v4 712 / 729 us (0.77-0.79x cuBLAS FP8 with the same block scales at
-//   560 us, 0.72-0.74x rowwise at 524-527 us); the Rust side runs v4. Removed after measuring (s3-run1): a "v5",
+//   560 us, 0.72-0.74x rowwise at 524-527 us); the Rust side runs v4. Removed after measuring: a "v5",
 //   v4 in clusters of 2 along M multicasting the shared B tile (0.75x the L2 -> SM bytes), ran 741 / 777 us
 //   against v4's 715 / 744 us in the same rounds (0.96-0.99x v4 at M = 512, 2048, 4096): L2 -> SM bytes are
-//   not what limits v4. Removed after measuring (s3-run4): a "v6", v4 with 128x192 tiles (ping-pong over two
+//   not what limits v4. Removed after measuring: a "v6", v4 with 128x192 tiles (ping-pong over two
 //   m64n96k32 halves per K block), 859.9 / 855.9 us against v4's 693.2 / 735.7 us (0.81x / 0.86x v4; M = 2048:
 //   0.76x / 0.87x).
-//   v4 bf16 (s3-run4, M = 4096): 691.6 / 712.2 us, 0.82x / 0.80x cuBLAS `_scaled_mm` with the same block scales
+//   v4 bf16 (M = 4096): 691.6 / 712.2 us, 0.82x / 0.80x cuBLAS `_scaled_mm` with the same block scales
 //   and bf16 output (566.9 / 570.6 us), 0.77x / 0.76x rowwise (531.5 / 539.1 us); M = 2048: 0.85x / 0.85x.
 //   Output tiles are visited in groups of 8 tile rows, the tile row fastest inside a group (tile_of), so that the
 //   ~132 blocks resident at one time (one per SM) share ~8 A row blocks and ~17 B row blocks through L2.
@@ -62,8 +62,8 @@
 //   the kernel's comment for the counts. Measured on the H200 (M = 4096): 1784-1819 us, 0.50-0.51x cuBLAS bf16.
 //
 // - nvfp4_gemm_sm90a_v3: v2 with 256x128 tiles (each consumer warpgroup 128 rows) and the e2m1 -> bf16 decode by
-//   byte permutes with the group scale applied in packed bf16 (exact). Measured on the H200 (s3-run1): 1.29-1.65x
-//   v2 at M = 512, 2048 and 4096; s3-run4, M = 4096: 1119.6 / 1188.4 us, 0.82x / 0.78x cuBLAS bf16 (919.0 /
+//   byte permutes with the group scale applied in packed bf16 (exact). Measured on the H200: 1.29-1.65x
+//   v2 at M = 512, 2048 and 4096, M = 4096: 1119.6 / 1188.4 us, 0.82x / 0.78x cuBLAS bf16 (919.0 /
 //   923.1 us), M = 2048: 0.70x / 0.77x, M = 512: 0.60x. The Rust side runs v3.
 
 #include "common.cuh"
@@ -978,7 +978,7 @@ extern "C" __global__ void __launch_bounds__(512, 1)
 // memory, the same tensor map of x as v2 (box {64, 128}: each stage's 256 x rows arrive as two boxes). Needs
 // K % 64 == 0.
 //
-// Why: v2 ran at 0.50-0.51x cuBLAS bf16 on the H200 (s2-run5) with its decode producers as the limit: ~130
+// Why: v2 ran at 0.50-0.51x cuBLAS bf16 on the H200 with its decode producers as the limit: ~130
 // instructions per producer thread per 64-K tile (f16x2 nibble tricks, f32 conversions, f32 multiplies, bf16
 // packs), each decoded weight feeding only 128 rows. Here:
 // - e2m1 -> bf16 by byte permutes (e2m1x8_to_bf16x8): the 8 magnitudes' bf16 low and high bytes are two 8-byte

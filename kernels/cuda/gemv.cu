@@ -11,13 +11,13 @@
 // Launch: GEMV_THREADS threads, grid ceil(n / (GEMV_WARPS * RW)).
 //
 // Tensor cores (*_mma_n8, *_mma_n16, see blockq_gemv_mma below): 16-row tiles, each shared by the W warps of a
-// block and (the _w{W}c{CS} builds, session 5) by CS blocks of a thread-block cluster.
+// block and (the _w{W}c{CS} builds) by CS blocks of a thread-block cluster.
 //
 // The FP8 decode path (Rust: Gpu::fp8_repack_tiles at load, Gpu::fp8_gemv_tiles per call): fp8_repack_mma makes
 // the tile layout (each warp load one contiguous 512-byte run); at m = 1 fp8_gemv_tile_m1_* multiplies on the CUDA
 // cores (90-99% of copy on the layer shapes), above it gemv_act_frag_fp8 converts the activations and
 // fp8_gemv_mma_tile_pre_* (or fp8_gemv_mma_tile_*, converting them itself) multiply: 74-88% at m = 4..16 against
-// 50-72% on the checkpoint layout (benchmarks/h200.md, session 5).
+// 50-72% on the checkpoint layout (benchmarks/h200.md).
 //
 // The NVFP4 decode path (Rust: Gpu::nvfp4_repack_tiles at load, Gpu::nvfp4_gemv_tiles per call): nvfp4_repack_mma
 // makes the tile layout, gemv_act_frag_nvfp4[_zero] converts the activations, nvfp4_gemv_tiles_n8_u1 (m <= 8 with
@@ -28,7 +28,7 @@
 // against the kernels Auto picks, which it keeps until then): gemv_act_frag_* + *_mma_pre_* (activations converted
 // once per call to f16 B fragments; FP8 in Gpu::fp8_block_gemv_with_scratch), nvfp4_gemv_mma_tile_n* (tile layout,
 // activations converted in the GEMV) and nvfp4_gemv_tiles_n16_u1. The persistent stream-K kernels (one wave of
-// blocks, a cp.async ring per warp, partial sums by atomics; FP8 and NVFP4) lost to these at every shape in s3-run1
+// blocks, a cp.async ring per warp, partial sums by atomics; FP8 and NVFP4) lost to these at every shape
 // and were deleted: numbers in the documentation of Gpu::fp8_block_gemv_with and nvfp4_tiles_auto (src/cuda/gemv.rs).
 //
 // Outputs are fp32 [m][n]. The Rust side checks k % 16 == 0 (FP8) or k % 32 == 0 (NVFP4), m <= 16 (and <= the
@@ -48,12 +48,12 @@ constexpr int GEMV_UNROLL = 4;
 // PDL (common.cuh): the first iteration's weight loads are issued before pdl_wait, activations and outputs after
 // it, so a dependent launch streams weights while the kernel before it finishes.
 //
-// KS > 1 (the _k{KS} kernels, session 4): KS warps of the block share one group of RW rows, each a contiguous
+// KS > 1 (the _k{KS} kernels): KS warps of the block share one group of RW rows, each a contiguous
 // 1/KS of K (cut at multiples of 512, so every 16-byte chunk keeps its place in a 128-wide scale block), and
 // their sums meet in shared memory; a block serves GEMV_WARPS / KS row groups, grid ceil(n / (GEMV_WARPS / KS *
 // RW)). Why: on the 5120-row shapes the KS = 1 kernel has 320 blocks of 8 warps, 19 warps per SM of the 32 its
 // registers allow, and Nsight Compute shows it latency-bound (40% of issue slots, 4.8 warps per scheduler,
-// benchmarks/h200-runs/s4-run5). Splitting K gives KS times the warps with the same activation traffic per weight
+// `benchmarks/h200.md`). Splitting K gives KS times the warps with the same activation traffic per weight
 // byte (each warp still shares its activations across RW rows).
 template <int MT, int RW, int U, int KS = 1>
 __device__ __forceinline__ void fp8_block_gemv(const uint16_t* __restrict__ x, const uint8_t* __restrict__ w,
@@ -292,11 +292,11 @@ EDGEFIT_GEMV_ENTRIES(4)
 EDGEFIT_GEMV_ENTRIES(8)
 EDGEFIT_GEMV_ENTRIES(16)
 
-// M = 1 on the CUDA cores: two rows per warp, two 16-byte loads in flight per row, the best of session 1's sweep
+// M = 1 on the CUDA cores: two rows per warp, two 16-byte loads in flight per row, the best 's sweep
 // of rows per warp x loads in flight (r1u8, r2u4, r2u2, r4u2: r2u2 best or within noise on all four shapes,
-// 25.2 us on 5120x17408; benchmarks/h200.md history). The variants that lost were deleted with the s2-run5
+// 25.2 us on 5120x17408; benchmarks/h200.md history). The variants that lost were deleted with the H200 runs'
 // sweep's (L2::256B prefetch hints 0.99-1.01x, split-K 1.01x at best, cp.async.bulk rings 0.48-0.80x).
-// Session 4 (s4-run1) added `prefetch.global.L2` of the lines a warp loads 2, 4 or 8 iterations later (here, and
+// A tried variant added `prefetch.global.L2` of the lines a warp loads 2, 4 or 8 iterations later (here, and
 // 2 or 4 chunks ahead in the tensor-core and NVFP4 tile kernels below): slower at every shape and m, by 5-35%
 // (FP8 M=1 5120x17408 32.5 / 33.7 / 37.4 us against 25.4; NVFP4 t1k2 22.6 / 23.6 against 19.2): the extra
 // requests cost more than the latency they hide. Deleted.
@@ -484,16 +484,16 @@ __device__ __forceinline__ void nvfp4_a_fragments(const uint4 wa, const uint4 wb
 // SASS of this build (cuobjdump 13.2, instructions in the chunk loop, i.e. per chunk per warp): NVFP4 n8 306
 // (checkpoint layout) / 221 (_pre) / 259 (_tile) / 193 (_tile_pre: 66 LOP3, 49 IMAD, 32 HMUL2, 16 SHF, 8 HMMA,
 // 7 LDG); n16 413 / 268 / 359 / 209. FP8 (2 KiB per chunk) n8 203 / 114 (_pre), n16 282 / 141.
-// Session 14 (cuobjdump 13.2 on this build): the tile order's decode (e2m1x8_to_f16_pairs<true>) took
+// Measured earlier (cuobjdump 13.2 on this build): the tile order's decode (e2m1x8_to_f16_pairs<true>) took
 // nvfp4_gemv_tiles_n8_u1's chunk loop from 203 to 165 instructions (LOP3 66 -> 51, IMAD 46 -> 32, SHF 20 -> 5;
-// 32 HMUL2, 8 HMMA, 7 LDG as before) and made every m <= 8 cut 5-20% faster on the H200 (s14-run2, against the
+// 32 HMUL2, 8 HMMA, 7 LDG as before) and made every m <= 8 cut 5-20% faster on the H200 (against the
 // previous build in the same rounds: t1k2_pdl 18.60 -> 15.69 us on 5120x17408 at m = 1, 12.51 -> 10.82 on
 // 5120x10240; w4c1 192.7 -> 174.6 on the lm_head). At m = 16 the one-split n16 kernel got 5-9% slower (24.57 ->
 // 25.93 us on 5120x17408, tilepre_pdl): its B fragments (4 KiB per chunk from L2 at NT = 2, four times the
 // weights) are loaded just in time by ptxas, 2 of 8 ahead of the first mma instead of 4 before, with fewer
 // instructions to hide them; moving the loads in the source, or making them asm volatile, did not change the
-// SASS order. Fewer fragment bytes per weight byte did not pay either (s14-run5, patch in
-// benchmarks/h200-runs/s14-run5/two_tile_kernel.patch, not applied): a kernel with two 16-row tiles per warp and
+// SASS order. Fewer fragment bytes per weight byte did not pay either (patch in
+// `benchmarks/h200.md`, not applied): a kernel with two 16-row tiles per warp and
 // chunk sharing the fragments (116 registers, 2 blocks per SM, all fragment loads issued ahead, bit for bit with
 // the split kernel) was slower than this one at m = 12 and 16 on every shape but 5120x17408 with three K splits
 // (23.3 against 24.8 us at m = 12, 24.5 against 25.9 at m = 16; three splits are not deterministic), e.g. 27.6
@@ -502,41 +502,41 @@ __device__ __forceinline__ void nvfp4_a_fragments(const uint4 wa, const uint4 wb
 // PDL (common.cuh): pdl_wait before the chunk loop (loading the first chunk's weights before it, behind a flag in
 // the loop, took the registers from 42 to 61 here and made nvfp4_gemv_tiles_* spill).
 //
-// CS > 1 (session 5, the _w{W}c{CS} builds): a thread-block cluster of CS blocks along y shares one 16-row tile, each
+// CS > 1 (the _w{W}c{CS} builds): a thread-block cluster of CS blocks along y shares one 16-row tile, each
 // block a contiguous 1/CS of the K chunks; their sums meet in distributed shared memory (each block's sum in its own
 // shared memory, one cluster barrier, each block adds an interleaved 1/CS of the outputs over ranks 0..CS-1 in
 // order, a second barrier so no block leaves while another still reads it). Deterministic for every CS, no atomics,
 // nothing to zero before. Why: on the 5120-row shapes one block of 8 warps per tile gives 320 blocks, 2.4 per SM:
 // ~19 warps per SM with one chunk each in flight, half of what the FP8 m = 1 kernel keeps in flight at 90% of copy
-// (benchmarks/h200.md, session 5). Needs gridDim.y == CS (the kernel is compiled with __cluster_dims__(1, CS, 1)).
+// (benchmarks/h200.md). Needs gridDim.y == CS (the kernel is compiled with __cluster_dims__(1, CS, 1)).
 //
 // CS == 0 (nvfp4_gemv_tiles_n*_u1): gridDim.y blocks per tile, each a contiguous share of the chunks,
 // their sums added into y with atomicAdd (y zeroed before, by gemv_act_frag_*_zero): with 2 splits 0 + a + b is the
 // same in either order, with more the last bits may differ from run to run (nvfp4_gemv_tiles_n*_u1, below).
 //
-// Register prefetch again in session 14 (s14-run3, with the cheap tile-order decode, fitting 48 registers in the
+// Register prefetch again (with the cheap tile-order decode, fitting 48 registers in the
 // one-split cuts): 4-17% slower everywhere; its SASS has ptxas issuing the next chunk's loads after the fifth of
 // the current chunk's eight mma, not at the top, while Nsight Compute has these kernels stalled on long
-// scoreboard 57-67% of the time (s14-run7). Loads ptxas cannot sink did not help either: the m = 1 kernel with
+// scoreboard 57-67% of the time. Loads ptxas cannot sink did not help either: the m = 1 kernel with
 // the next chunk's weights, scale word and activation lanes copied by cp.async into a per-warp two-stage
-// shared-memory slot at the top of each iteration (SASS checked; 48 registers, 35 KB shared per block; s14-run8,
-// benchmarks/h200-runs/s14-run8/m1_cp_async_slots.patch, not applied; tests and sanitizers clean) was 1.3-1.4x
+// shared-memory slot at the top of each iteration (SASS checked; 48 registers, 35 KB shared per block,
+// `benchmarks/h200.md`, not applied; tests and sanitizers clean) was 1.3-1.4x
 // slower at every cut: 19.75 against 15.27 us on 5120x17408, 14.06 against 10.04 on 5120x10240, 199.4 against
-// 179.2 on the lm_head (4 warps). The fifth pipeline to lose on these GEMVs. The sixth (s15-run1,
-// benchmarks/h200-runs/s15-run1/l2_bulk_prefetch.patch, not applied): the copy engine prefetching the tile's weights
+// 179.2 on the lm_head (4 warps). The fifth pipeline to lose on these GEMVs. The sixth (
+// `benchmarks/h200.md`, not applied): the copy engine prefetching the tile's weights
 // and scale words into L2 (cp.async.bulk.prefetch.L2.global before pdl_wait; the block's whole share at once, or
 // each warp 2 or 4 chunks ahead of itself), in this kernel and the nvfp4 m = 1 one: 1.07-1.30x slower at m <= 4 on
 // every shape (m1w8k2 15.42 -> 18.4-20.0 us on 5120x17408, w4c1 176.3 -> 188.6-190.6 on the lm_head).
 // Register double buffering (the next chunk's weights and scale word loaded before the current chunk is decoded,
-// 2 KiB in flight per warp; NVFP4 tile layout, 4 warps per block under 64 registers; session 5, s5-run1, built,
+// 2 KiB in flight per warp; NVFP4 tile layout, 4 warps per block under 64 registers, built,
 // measured, deleted): slower at every cut, m = 4 on 5120x17408 21.7 -> 24.6 us (c3), 22.3 -> 26.9 (c4), lm_head
 // 188.4 -> 202.2 (c1): the 64 registers cost more resident warps than the second chunk bought.
 //
 // An L2 prefetch of each warp's first two chunks before pdl_wait (FP8 tile layout, 8 prefetch.global.L2 per warp,
-// so that a dependent launch finds them on chip when the fragment kernel ends; session 5, s5-run6, built, measured,
+// so that a dependent launch finds them on chip when the fragment kernel ends, built, measured,
 // deleted): 1.0-1.5% faster on 5120x17408 (24.54 vs 24.81 us at m = 4), 3-12% slower on 17408x5120, 5120x10240
 // and the lm_head (28.65 vs 25.89 us, w8c1 m = 4 on 17408x5120). Issuing the first chunk's weight loads themselves
-// before pdl_wait, into the registers its iteration uses (s5-run8; 48 registers under a cap of 5 blocks): no gain
+// before pdl_wait, into the registers its iteration uses (48 registers under a cap of 5 blocks): no gain
 // on the cuts Auto uses (w8c2 25.36 vs 25.06 us at m = 4 on 5120x17408, w8c1 26.59 vs 25.65 on 17408x5120), much
 // worse at m = 16 (36.2 vs 25.6). Deleted: the ~2 us between this path and the m = 1 CUDA-core kernel is not the
 // fragment kernel's serialisation.
@@ -602,7 +602,7 @@ __device__ __forceinline__ void blockq_gemv_mma(const uint16_t* __restrict__ x, 
                 // so each of the warp's loads touches all four 32-byte sectors of the 8 rows' 128-byte lines and uses
                 // half of each. Mapping the quad onto contiguous 64-byte halves instead (lane q: 16q and 64 + 16q,
                 // activations in the same order; every load full sectors) was 1.1-1.17x slower at m = 4 and 16 on
-                // every shape (s5-run2 against s5-run1: auto m = 4 5120x17408 35.3 vs 31.9 us, preconverted m = 16
+                // every shape (against an earlier build: auto m = 4 5120x17408 35.3 vs 31.9 us, preconverted m = 16
                 // 41.6 vs 35.6, lm_head m = 4 373.8 vs 327.6): full-line requests beat full-sector ones here.
                 const bool kin = k0 + 16 * i < k;
                 const size_t off = static_cast<size_t>(k0 + 16 * i) * BYTES_PER_VALUE_X2 / 2;
@@ -868,7 +868,7 @@ extern "C" __global__ void __launch_bounds__(256) fp8_repack_mma(const uint8_t* 
 }
 
 // FP8 m = 1 over the tile layout on the CUDA cores (fp8_gemv_tile_m1_w{W}c{CS}; Rust: Gpu::fp8_gemv_tiles at m = 1,
-// w8c2 up to 8192 rows and w8c1 above; s5-run9: 21.45 / 23.13 / 13.31 / 277.7 us, 91.7-98.9% of copy): the cuts of
+// w8c2 up to 8192 rows and w8c1 above: 21.45 / 23.13 / 13.31 / 277.7 us, 91.7-98.9% of copy): the cuts of
 // blockq_gemv_mma (W warps per 16-row tile, CS blocks of a cluster), but each lane multiplies its 64 weights (rows
 // g and g+8, values 128c + 32q .. +31) with the bf16 activations itself (from L1, shared by the two rows): no
 // fragment kernel, no tensor cores. The 4 lanes of a row add their sums by shuffles, the warps in shared memory,
@@ -992,7 +992,7 @@ EDGEFIT_MMA_VARIANTS(2, n16)
 // threads; preconverted activations (FP8 checkpoint layout, NVFP4 tile layout). NVFP4's registers capped for 40
 // (n8) or 32 (n16) resident warps per SM (no spills); FP8's left to ptxas (40-52 registers), since the same caps
 // made it spill 4-12 bytes inside the chunk loop. CLUSTER is __cluster_dims__(1, CS, 1), or nothing for CS = 1.
-// Built: the cuts that won a case or came within noise in the session 5 sweep (s5-run1); 8 warps x 3 or 4 and
+// Built: the cuts that won a case or came within noise in the sweep; 8 warps x 3 or 4 and
 // 4 warps x 4 lost everywhere (e.g. FP8 m = 4 5120x17408: w8c3 39.2, w8c4 35.0, w4c4 40.3 us against w8c2 29.8)
 // and were deleted.
 #define EDGEFIT_MMA_SPLIT(NTILES, NS, W, CS, CLUSTER)                                                              \
@@ -1013,7 +1013,7 @@ EDGEFIT_MMA_VARIANTS(2, n16)
         blockq_gemv_mma<3, NTILES, W, true, CS>(nullptr, xf, wr, scales, 1.f, y, m, n, k);                        \
     }
 // The same over the tile layout with the activations converted inside the GEMV from bf16 x (no fragment kernel,
-// no scratch; session 5 sweep).
+// no scratch sweep).
 #define EDGEFIT_MMA_SPLIT_FP8_TILE_CONV(NTILES, NS, W, CS, CLUSTER)                                                \
     extern "C" __global__ void CLUSTER __launch_bounds__(W * 32)                                                   \
         fp8_gemv_mma_tile_##NS##_w##W##c##CS(const uint16_t* x, const uint8_t* wr, const float* scales, float* y,  \
@@ -1042,7 +1042,7 @@ EDGEFIT_MMA_SPLIT_NT(4, 3, __cluster_dims__(1, 3, 1))
 // Gpu::nvfp4_repack_tiles at load time), activations preconverted by gemv_act_frag_nvfp4[_zero].
 //
 // Why the first tile kernel (nvfp4_gemv_mma_tile_pre_*) reached only 48-64% of copy on the layer shapes while the
-// same code reached 86% on lm_head (H200 run s2-run3): it issues ~193 instructions per KiB against a budget of ~300,
+// same code reached 86% on lm_head (an H200 run): it issues ~193 instructions per KiB against a budget of ~300,
 // so issue is not the limit; bytes in flight are. Each warp has one chunk (1 KiB of weights) in flight, 42
 // registers allow 5 blocks (40 warps) per SM, and lm_head's 15520 tiles fill them: 40 KiB in flight per SM. A
 // 5120-row matrix has only 320 tiles, 2.4 blocks per SM: ~19 KiB per SM, half the bytes in flight, and the measured
@@ -1056,8 +1056,8 @@ EDGEFIT_MMA_SPLIT_NT(4, 3, __cluster_dims__(1, 3, 1))
 // deterministic); and lanes of tokens past m load no fragments. Each warp adds the same chunks in the same order as
 // nvfp4_gemv_mma_pre_n*, so with one split the outputs are bitwise those of the checkpoint-layout preconverted
 // kernel (the tests check it). Two chunks in flight per warp, both loaded before either is decoded (U = 2), lost
-// at every shape in s2-run3 and s2-run5 (e.g. lm_head m = 1 283 vs 224 us) and was deleted. With one split Rust
-// runs nvfp4_gemv_mma_tile_pre_n* instead (s3-run1: 1-4% faster at m <= 8, 4-25% at m > 8, same bits; the
+// at every shape (e.g. lm_head m = 1 283 vs 224 us) and was deleted. With one split Rust
+// runs nvfp4_gemv_mma_tile_pre_n* instead (1-4% faster at m <= 8, 4-25% at m > 8, same bits; the
 // _n16 build here is capped at 64 registers by __launch_bounds__(256, 4)).
 //
 // Register double buffering (the next chunk's two 16-byte loads and scale word issued before the current chunk is
@@ -1068,7 +1068,7 @@ EDGEFIT_MMA_SPLIT_NT(4, 3, __cluster_dims__(1, 3, 1))
 // the end of the loop: no double buffering left. The 9 registers need the 64 of 4 blocks per SM, which would leave
 // the 5120-row shapes' 640 blocks (two splits) 1.2 waves of 528.
 //
-// A cp.async ring per warp (session 4, s4-run3; built, measured, deleted): each warp streamed its chunks (weights,
+// A cp.async ring per warp (built, measured, deleted): each warp streamed its chunks (weights,
 // scale words, the fragments of tokens 0-1) through 2-4 stages of shared memory, chunk c + (S-1) W requested
 // before chunk c was decoded, same sums bit for bit. The idea: the one-wave layer shapes run every warp in
 // lockstep (all wait for DRAM, then all decode), which lm_head's ~24 waves avoid (85.9% of copy there). It lost
@@ -1077,7 +1077,7 @@ EDGEFIT_MMA_SPLIT_NT(4, 3, __cluster_dims__(1, 3, 1))
 // lm_head 253-274 against 234): the commit/wait, the shared-memory round trip and the __syncwarps cost more than
 // the overlap bought, so whatever holds these shapes at ~65% is not the warps' lockstep alone.
 //
-// A block-level ring filled by the copy engine (session 7, s7-run2 and s7-run3; built, measured, deleted): one extra
+// A block-level ring filled by the copy engine (built, measured, deleted): one extra
 // producer warp per block streamed the tile's chunks (weights and scale words, W chunks per stage, P stages of
 // shared memory, one cp.async.bulk each per stage, full/empty mbarriers) while W consumer warps each took one chunk
 // per stage, the same decode and mma as here (bit for bit at W = 8); so up to W * P KiB per block stayed in flight
@@ -1087,19 +1087,19 @@ EDGEFIT_MMA_SPLIT_NT(4, 3, __cluster_dims__(1, 3, 1))
 // Prefetching the next chunk's B fragments to L1 (their L2 latency is exposed per chunk once the weights come from
 // shared memory) made it slower still (22.5 on 5120x17408). With one split (320 blocks, 19 consumer warps per SM,
 // the ring never empty) it took 29.3 us: the consumers, not the bytes in flight, set the pace. That agrees with
-// session 4's Nsight Compute reading of nvfp4_gemv_tiles_n8_u1 (64% of issue slots used while active, 19% of the
+// an earlier Nsight Compute reading of nvfp4_gemv_tiles_n8_u1 (64% of issue slots used while active, 19% of the
 // kernel with SMs idle in the ramp and tail): 85% of copy needs fewer instructions per KiB (the e2m1 decode and
-// group scale are ~160 of ~193) and a shorter ramp and tail, not a deeper pipeline. (Session 14 cut the decode to
+// group scale are ~160 of ~193) and a shorter ramp and tail, not a deeper pipeline. (cut the decode to
 // 9 instructions per 8 values by reordering the tile layout's bits, e2m1x8_to_f16_pairs: 63.7 -> 75.5% of copy
 // at m = 1 on 5120x17408, see blockq_gemv_mma's notes.) (Under compute-sanitizer
 // racecheck that test binary stopped inside the bulk kernel's test in both runs; memcheck was clean and every
 // test passed without the tool. Not pursued once the kernel lost.)
 //
-// Programmatic dependent launch (session 4): this kernel and the fragment kernel before it are launched as
+// Programmatic dependent launch: this kernel and the fragment kernel before it are launched as
 // programmatic dependents by the crate (Device::launch_pdl), so the GEMV's blocks get resident while the
-// fragment kernel runs: 1.03-1.08x at every m on the layer shapes (s4-run2).
+// fragment kernel runs: 1.03-1.08x at every m on the layer shapes.
 //
-// Since session 5 this is blockq_gemv_mma with CS = 0 (the same loads, fragments and sums: the s5-run2 arms
+// Now this is blockq_gemv_mma with CS = 0 (the same loads, fragments and sums: the H200 runs' arms
 // w8a2 and t1k2 of bench_gemv.py, this build against the separate kernel it replaced, 18.5 vs 18.3 us at m = 1 on
 // 5120x17408, 12.7 vs 11.9 on 5120x10240, within each other's spread elsewhere). Thread-block clusters in place of
 // the atomics (CS > 1, deterministic for any split) were slower for NVFP4 (w8c2 21.6-21.8 us against 18.3-18.6 on
@@ -1118,7 +1118,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) nvfp4_gemv_tiles_n16_u1(con
     blockq_gemv_mma<2, 2, 8, true, 0>(nullptr, xf, wr, sr, global_scale, y, m, n, k);
 }
 
-// The NVFP4 m = 1 decode GEMV over the tile layout (Gpu::nvfp4_gemv_tiles at m = 1; session 14): the group scales
+// The NVFP4 m = 1 decode GEMV over the tile layout (Gpu::nvfp4_gemv_tiles at m = 1): the group scales
 // applied after the mma instead of to every weight pair before it. At m = 1, seven of the n8 mma's eight columns
 // (tokens) are empty; here column n carries group n of the chunk instead. In mma j of a chunk, k-slots 2q', 2q'+1,
 // 2q'+8, 2q'+9 hold lane q''s values of its group 2q' + (j >= 4) (the tile layout's order, as in
@@ -1130,12 +1130,12 @@ extern "C" __global__ void __launch_bounds__(256, 4) nvfp4_gemv_tiles_n16_u1(con
 // its own scale word, applied by 4 FFMA per chunk instead of 32 HMUL2 on the weight pairs. The rows' sums over the
 // 8 groups: two shuffles at the end. Not bit for bit with blockq_gemv_mma (the scale multiplies a sum, not each
 // product); the same precision class (exact products, fp32 sums). 125 instructions per chunk in the SASS against
-// nvfp4_gemv_tiles_n8_u1's 165, 46 registers. Measured (s14-run4, m = 1, against the best other kernel in the same
+// nvfp4_gemv_tiles_n8_u1's 165, 46 registers. Measured (m = 1, against the best other kernel in the same
 // rounds): 15.24-15.46 against 15.67-15.89 us on 5120x17408 (8 warps, 2 splits), 10.06-10.24 against 10.72-10.94 on
 // 5120x10240; a tie on 17408x5120 and 4% slower on the lm_head (4 warps, one split): so Auto runs it on up to 8192
 // rows only (nvfp4_tiles_auto). A quarter fewer instructions buying 3-6% says these shapes are no longer
 // issue-bound.
-// A flat walk, measured and not kept (s15-run6, benchmarks/h200-runs/s15-run6/m1_flat_walk.patch): one wave of
+// A flat walk, measured and not kept (`benchmarks/h200.md`): one wave of
 // SMs x 5 blocks, warp w of T taking flat chunks [F w / T, F (w + 1) / T) of the tile layout (F = tiles x chunks,
 // tile b's chunks contiguous) and adding into the zeroed y at each tile boundary, so every warp has the same work
 // whatever the tiles-to-SMs fit (17408 rows: 1088 tiles for 660 resident blocks). Alone on fragments it beat the
@@ -1145,7 +1145,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) nvfp4_gemv_tiles_n16_u1(con
 //
 // Grid (ceil(n/16), splits), W warps per block taking every W-th chunk of the block's contiguous share. CS == 0:
 // with splits > 1 the partial sums are added into y with atomicAdd (y zeroed by gemv_act_frag_nvfp4_zero, or by
-// the fragment producer of Gpu::rmsnorm_nvfp4_gemv / silu_and_mul_nvfp4_gemv; deterministic for 2 splits). CS > 1 (the _w{W}c{CS} builds, session 15): the CS blocks of a tile are one
+// the fragment producer of Gpu::rmsnorm_nvfp4_gemv / silu_and_mul_nvfp4_gemv; deterministic for 2 splits). CS > 1 (the _w{W}c{CS} builds): the CS blocks of a tile are one
 // thread-block cluster (gridDim.y == CS) whose sums meet in distributed shared memory (cluster_sum_store), so y
 // needs no zeroing and the bits do not depend on the order: what a producer writing the fragments itself
 // (rmsnorm_frag_nvfp4, ops.cu) can run without a zeroing pass. xf from gemv_act_frag_nvfp4[_zero] (or such a

@@ -37,6 +37,7 @@
 //! positions in a 2048-token deployment).
 
 use crate::cpu::Isa;
+use crate::error::checked_product;
 use crate::KernelError;
 
 /// Head geometry of one attention layer.
@@ -188,14 +189,14 @@ pub fn paged_store(
     dims.validate(OP)?;
     let (hkv, d) = (dims.kv_heads, dims.head_dim);
     crate::ensure_shape!(page_size > 0, OP, "page_size must be positive");
+    let row_len = checked_product(OP, "Hkv x D", &[hkv, d])?;
     crate::ensure_shape!(
-        row.len() == hkv.saturating_mul(d),
+        row.len() == row_len,
         OP,
-        "row has {} elements, expected Hkv x D = {}",
-        row.len(),
-        hkv * d
+        "row has {} elements, expected Hkv x D = {row_len}",
+        row.len()
     );
-    let page = hkv.saturating_mul(page_size).saturating_mul(d);
+    let page = checked_product(OP, "Hkv x page_size x D", &[hkv, page_size, d])?;
     crate::ensure_shape!(
         cache.len().is_multiple_of(page),
         OP,
@@ -245,18 +246,18 @@ pub fn ring_store(
         OP,
         "a sliding window must hold at least 1 token, got 0"
     );
+    let row_len = checked_product(OP, "Hkv x D", &[hkv, d])?;
     crate::ensure_shape!(
-        row.len() == hkv.saturating_mul(d),
+        row.len() == row_len,
         OP,
-        "row has {} elements, expected Hkv x D = {}",
-        row.len(),
-        hkv * d
+        "row has {} elements, expected Hkv x D = {row_len}",
+        row.len()
     );
     let Some(slot) = ring_slot(window, p) else {
         return Ok(());
     };
     let slots = window - 1;
-    let seq = hkv.saturating_mul(slots).saturating_mul(d);
+    let seq = checked_product(OP, "Hkv x (window-1) x D", &[hkv, slots, d])?;
     crate::ensure_shape!(
         cache.len().is_multiple_of(seq) && b < cache.len() / seq,
         OP,
@@ -445,10 +446,7 @@ fn check_common(
         dims.head_dim
     );
     crate::ensure_shape!(scale.is_finite(), op, "scale must be finite, got {scale}");
-    // Saturating products: an absurd count fails the length check instead of overflowing.
-    let want = rows
-        .saturating_mul(dims.q_heads)
-        .saturating_mul(dims.head_dim);
+    let want = checked_product(op, "rows x Hq x D", &[rows, dims.q_heads, dims.head_dim])?;
     crate::ensure_shape!(
         q.len() == want,
         op,
@@ -607,7 +605,7 @@ pub fn decode_paged_with(
     check_common(OP, dims, scale, batch, q, out)?;
     let (hkv, d, ps) = (dims.kv_heads, dims.head_dim, kv.page_size);
     crate::ensure_shape!(ps > 0, OP, "page_size must be positive");
-    let page = hkv.saturating_mul(ps).saturating_mul(d);
+    let page = checked_product(OP, "Hkv x page_size x D", &[hkv, ps, d])?;
     crate::ensure_shape!(
         kv.k_pages.len().is_multiple_of(page),
         OP,
@@ -624,7 +622,7 @@ pub fn decode_paged_with(
     let num_pages = kv.k_pages.len() / page;
     let bf16 = same_dtype(OP, &[kv.k_pages, kv.v_pages])?;
     crate::ensure_shape!(
-        kv.block_table.len() == batch.saturating_mul(kv.max_pages),
+        kv.block_table.len() == checked_product(OP, "batch x max_pages", &[batch, kv.max_pages])?,
         OP,
         "block_table has {} entries, expected batch ({batch}) x max_pages ({})",
         kv.block_table.len(),
@@ -643,6 +641,7 @@ pub fn decode_paged_with(
             OP,
             "lens[{b}] is 0: the cache must hold at least the current token"
         );
+        // Saturating is exact here: a product past usize::MAX is above every u32 length.
         crate::ensure_shape!(
             len <= kv.max_pages.saturating_mul(ps),
             OP,
@@ -720,10 +719,7 @@ pub fn decode_ring_with(
         "a sliding window must hold at least 1 token, got 0"
     );
     let (hkv, d, slots) = (dims.kv_heads, dims.head_dim, kv.window - 1);
-    let ring = batch
-        .saturating_mul(hkv)
-        .saturating_mul(slots)
-        .saturating_mul(d);
+    let ring = checked_product(OP, "batch x Hkv x (window-1) x D", &[batch, hkv, slots, d])?;
     crate::ensure_shape!(
         kv.k_ring.len() == ring && kv.v_ring.len() == ring,
         OP,
@@ -731,7 +727,7 @@ pub fn decode_ring_with(
         kv.k_ring.len(),
         kv.v_ring.len()
     );
-    let cur = batch.saturating_mul(hkv).saturating_mul(d);
+    let cur = checked_product(OP, "batch x Hkv x D", &[batch, hkv, d])?;
     crate::ensure_shape!(
         kv.k_cur.len() == cur && kv.v_cur.len() == cur,
         OP,
@@ -821,9 +817,7 @@ pub fn prefill_with(
         OP,
         "{t} tokens is more than the kernels index (2^31 - 1)"
     );
-    let kvn = t
-        .saturating_mul(dims.kv_heads)
-        .saturating_mul(dims.head_dim);
+    let kvn = checked_product(OP, "t x Hkv x D", &[t, dims.kv_heads, dims.head_dim])?;
     crate::ensure_shape!(
         k.len() == kvn && v.len() == kvn,
         OP,
@@ -941,10 +935,11 @@ pub fn rope_neox_with(
 ) -> Result<(), KernelError> {
     const OP: &str = "attention::rope_neox";
     rope.validate(OP)?;
-    let want = positions
-        .len()
-        .saturating_mul(heads)
-        .saturating_mul(rope.head_dim);
+    let want = checked_product(
+        OP,
+        "positions x heads x head_dim",
+        &[positions.len(), heads, rope.head_dim],
+    )?;
     crate::ensure_shape!(
         x.len() == want,
         OP,
@@ -953,7 +948,12 @@ pub fn rope_neox_with(
         positions.len(),
         rope.head_dim
     );
+    crate::ensure_shape!(heads > 0, OP, "heads must be positive");
     let kern = kernels_for(OP, isa)?;
+    if positions.is_empty() {
+        return Ok(());
+    }
+    // x holds at least one row of head_dim >= rotary_dim floats, so the table and the scratch below are no larger.
     let inv: Vec<f32> = (0..rope.rotary_dim / 2).map(|i| rope.inv_freq(i)).collect();
     let xp = crate::gdn::SharedMut(x.as_mut_ptr());
     let (d, rot) = (rope.head_dim as i64, rope.rotary_dim as i64);

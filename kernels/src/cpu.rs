@@ -94,7 +94,11 @@ fn split_ranges(n: usize, align: usize, threads: usize) -> Vec<(usize, usize)> {
     let threads = threads.clamp(1, units.max(1));
     let per = units.div_ceil(threads);
     (0..threads)
-        .map(|t| ((t * per * align).min(n), ((t + 1) * per * align).min(n)))
+        // Saturating: for `n` near `usize::MAX` the last range's nominal end passes it and is clamped to `n`.
+        .map(|t| {
+            let at = |t: usize| t.saturating_mul(per).saturating_mul(align).min(n);
+            (at(t), at(t + 1))
+        })
         .filter(|(s, e)| s < e)
         .collect()
 }

@@ -36,3 +36,31 @@ macro_rules! ensure_shape {
         }
     };
 }
+
+/// The product of `factors`, or a [`KernelError::Shape`] naming `op` and `what` (the product's formula, such as
+/// `"m*k"`) when it does not fit in `usize`. Every size check multiplies through this (or [`checked_sum`]), so an
+/// absurd dimension is refused instead of wrapping to a small length that a C or CUDA kernel would then trust.
+pub(crate) fn checked_product(
+    op: &'static str,
+    what: &str,
+    factors: &[usize],
+) -> Result<usize, KernelError> {
+    factors
+        .iter()
+        .try_fold(1usize, |acc, &f| acc.checked_mul(f))
+        .ok_or_else(|| {
+            KernelError::shape(op, format!("{what} overflows usize (factors {factors:?})"))
+        })
+}
+
+/// The sum of `terms`, or a [`KernelError::Shape`] naming `op` and `what` when it does not fit in `usize`.
+pub(crate) fn checked_sum(
+    op: &'static str,
+    what: &str,
+    terms: &[usize],
+) -> Result<usize, KernelError> {
+    terms
+        .iter()
+        .try_fold(0usize, |acc, &t| acc.checked_add(t))
+        .ok_or_else(|| KernelError::shape(op, format!("{what} overflows usize (terms {terms:?})")))
+}

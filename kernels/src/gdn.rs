@@ -38,6 +38,7 @@
 //! floating-point mode.
 
 use crate::cpu::Isa;
+use crate::error::{checked_product, checked_sum};
 use crate::KernelError;
 
 /// The l2-norm epsilon transformers uses for q and k (`l2norm(x, eps=1e-6)` in `modeling_qwen3_5`).
@@ -64,9 +65,11 @@ pub struct GdnDims {
 }
 
 impl GdnDims {
-    /// Channels of the depthwise conv: `2*Hk*dk + Hv*dv`.
+    /// Channels of the depthwise conv: `2*Hk*dk + Hv*dv` (saturating; the size checks use
+    /// [`GdnDims::checked_sizes`], which refuses a geometry whose sizes overflow).
     pub fn conv_dim(&self) -> usize {
-        (2 * self.key_heads)
+        self.key_heads
+            .saturating_mul(2)
             .saturating_mul(self.key_dim)
             .saturating_add(self.value_heads.saturating_mul(self.value_dim))
     }
@@ -84,6 +87,25 @@ impl GdnDims {
     pub fn conv_state_len(&self) -> usize {
         self.conv_dim()
             .saturating_mul(self.conv_kernel.saturating_sub(1))
+    }
+
+    /// `conv_dim`, `value_width`, `state_len` and `conv_state_len` computed with checked arithmetic, or a shape
+    /// error naming `op` when one of them does not fit in `usize`.
+    pub(crate) fn checked_sizes(&self, op: &'static str) -> Result<GdnSizes, KernelError> {
+        let qk = checked_product(op, "2*Hk*dk", &[2, self.key_heads, self.key_dim])?;
+        let value_width = checked_product(op, "Hv*dv", &[self.value_heads, self.value_dim])?;
+        let conv_dim = checked_sum(op, "2*Hk*dk + Hv*dv", &[qk, value_width])?;
+        Ok(GdnSizes {
+            conv_dim,
+            value_width,
+            state_len: checked_product(op, "Hv*dk*dv", &[value_width, self.key_dim])?,
+            conv_state_len: checked_product(
+                op,
+                "conv_dim*(K-1)",
+                &[conv_dim, self.conv_kernel.saturating_sub(1)],
+            )?,
+            conv_weight_len: checked_product(op, "conv_dim*K", &[conv_dim, self.conv_kernel])?,
+        })
     }
 
     /// Checks that the geometry is usable: every dimension positive, `Hv` a multiple of `Hk`.
@@ -107,6 +129,16 @@ impl GdnDims {
         );
         Ok(())
     }
+}
+
+/// The sizes derived from a [`GdnDims`], each known to fit in `usize`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GdnSizes {
+    pub(crate) conv_dim: usize,
+    pub(crate) value_width: usize,
+    pub(crate) state_len: usize,
+    pub(crate) conv_state_len: usize,
+    pub(crate) conv_weight_len: usize,
 }
 
 /// The layer's parameters the kernels read (everything but the linear projections).
@@ -153,11 +185,12 @@ pub(crate) fn check_weights(
     w: &GdnWeights<'_>,
 ) -> Result<(), KernelError> {
     dims.validate(op)?;
+    let sizes = dims.checked_sizes(op)?;
     check_len(
         op,
         "conv_weight",
         w.conv_weight.len(),
-        dims.conv_dim().saturating_mul(dims.conv_kernel),
+        sizes.conv_weight_len,
     )?;
     check_len(op, "a_log", w.a_log.len(), dims.value_heads)?;
     check_len(op, "dt_bias", w.dt_bias.len(), dims.value_heads)?;
@@ -178,11 +211,17 @@ pub(crate) fn check_inputs(
     n: usize,
     x: &GdnInputs<'_>,
 ) -> Result<(), KernelError> {
-    // Saturating products: an absurd count fails the length check instead of overflowing.
-    check_len(op, "qkv", x.qkv.len(), n.saturating_mul(dims.conv_dim()))?;
-    check_len(op, "z", x.z.len(), n.saturating_mul(dims.value_width()))?;
-    check_len(op, "a", x.a.len(), n.saturating_mul(dims.value_heads))?;
-    check_len(op, "b", x.b.len(), n.saturating_mul(dims.value_heads))?;
+    let sizes = dims.checked_sizes(op)?;
+    let per_token = |what, len| checked_product(op, what, &[n, len]);
+    check_len(
+        op,
+        "qkv",
+        x.qkv.len(),
+        per_token("n*conv_dim", sizes.conv_dim)?,
+    )?;
+    check_len(op, "z", x.z.len(), per_token("n*Hv*dv", sizes.value_width)?)?;
+    check_len(op, "a", x.a.len(), per_token("n*Hv", dims.value_heads)?)?;
+    check_len(op, "b", x.b.len(), per_token("n*Hv", dims.value_heads)?)?;
     Ok(())
 }
 
@@ -196,19 +235,25 @@ pub(crate) fn check_states(
     state: &[f32],
     out: &[f32],
 ) -> Result<(), KernelError> {
+    let sizes = dims.checked_sizes(op)?;
     check_len(
         op,
         "conv_state",
         conv_state.len(),
-        seqs.saturating_mul(dims.conv_state_len()),
+        checked_product(op, "seqs*conv_dim*(K-1)", &[seqs, sizes.conv_state_len])?,
     )?;
     check_len(
         op,
         "state",
         state.len(),
-        seqs.saturating_mul(dims.state_len()),
+        checked_product(op, "seqs*Hv*dk*dv", &[seqs, sizes.state_len])?,
     )?;
-    check_len(op, "out", out.len(), n.saturating_mul(dims.value_width()))?;
+    check_len(
+        op,
+        "out",
+        out.len(),
+        checked_product(op, "n*Hv*dv", &[n, sizes.value_width])?,
+    )?;
     Ok(())
 }
 

@@ -10,6 +10,7 @@
 //! `SiluAndMul` convention; transformers computes `act(gate_proj(x)) * up_proj(x)`, the same numbers).
 
 use crate::cpu::Isa;
+use crate::error::checked_product;
 use crate::KernelError;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -90,7 +91,13 @@ pub(crate) fn check_glu(
     out: &[f32],
 ) -> Result<(), KernelError> {
     crate::ensure_shape!(inter > 0, op, "inter must be positive");
-    let width = inter.saturating_mul(2);
+    // The C kernels take `inter` as an i64.
+    crate::ensure_shape!(
+        i64::try_from(inter).is_ok(),
+        op,
+        "inter = {inter} is more than the kernels index"
+    );
+    let width = checked_product(op, "2*inter", &[2, inter])?;
     crate::ensure_shape!(
         gate_up.len().is_multiple_of(width),
         op,
@@ -99,12 +106,13 @@ pub(crate) fn check_glu(
         width
     );
     let rows = gate_up.len() / width;
+    // rows*inter is half of gate_up.len(), so it cannot overflow.
     crate::ensure_shape!(
-        out.len() == rows.saturating_mul(inter),
+        out.len() == rows * inter,
         op,
         "out has {} elements, expected rows*inter = {}",
         out.len(),
-        rows.saturating_mul(inter)
+        rows * inter
     );
     Ok(())
 }
@@ -137,12 +145,12 @@ pub fn embedding_gather(
         "table has {len} elements, not a whole number of rows of {dim}"
     );
     let vocab = len / dim;
+    let want = checked_product(OP, "ids*dim", &[ids.len(), dim])?;
     crate::ensure_shape!(
-        out.len() == ids.len().saturating_mul(dim),
+        out.len() == want,
         OP,
-        "out has {} elements, expected {}",
-        out.len(),
-        ids.len().saturating_mul(dim)
+        "out has {} elements, expected ids*dim = {want}",
+        out.len()
     );
     if let Some((i, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
         return Err(KernelError::shape(
@@ -313,6 +321,7 @@ fn glu_with(
 ) -> Result<(), KernelError> {
     check_glu(op, gate_up, inter, out)?;
     let (_, glu) = kernels_for(op, isa)?;
+    // check_glu verified that 2*inter does not overflow.
     run_rows(
         op,
         isa,

@@ -94,6 +94,12 @@ pub fn candidates(
     if let Some(i) = logits.iter().position(|&v| v == f32::INFINITY) {
         return Err(KernelError::shape(OP, format!("logits[{i}] is +inf")));
     }
+    // With every logit masked there is no distribution to draw from (the probabilities would be 0/0).
+    crate::ensure_shape!(
+        logits.iter().any(|&v| v > f32::NEG_INFINITY),
+        OP,
+        "every logit is -inf"
+    );
     if params.temperature == 0.0 {
         return Ok(vec![(crate::ops::argmax(logits)?, 1.0)]);
     }

@@ -388,11 +388,17 @@ fn bad_caches_are_errors() {
     let kv = PagedKv { lens: &lens, ..kv };
     let e = attention::decode_paged(&dims, 1.0, 2, &q, &kv, &mut out).unwrap_err();
     assert!(e.to_string().contains("lens[0] is 0"), "{e}");
-    // Absurd counts are refused by the size checks, not by an arithmetic overflow.
+    // Absurd counts are refused by the size checks' checked products, not by an arithmetic overflow.
     let e = attention::decode_paged(&dims, 1.0, usize::MAX, &q, &kv, &mut out).unwrap_err();
-    assert!(e.to_string().contains("q has"), "{e}");
+    assert!(
+        e.to_string().contains("rows x Hq x D overflows usize"),
+        "{e}"
+    );
     let e = attention::prefill(&dims, 1.0, None, usize::MAX, &q, &q, &q, &mut out).unwrap_err();
-    assert!(e.to_string().contains("q has"), "{e}");
+    assert!(
+        e.to_string().contains("rows x Hq x D overflows usize"),
+        "{e}"
+    );
     let e = attention::prefill(
         &dims,
         1.0,

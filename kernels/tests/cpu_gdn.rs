@@ -356,7 +356,7 @@ fn bad_sizes_are_errors_not_ub() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("norm_weight"), "{e}");
-    // Absurd counts are refused by the size checks, not by an arithmetic overflow.
+    // Absurd counts are refused by the size checks' checked products, not by an arithmetic overflow.
     let e = gdn::decode_step(
         &dims,
         &w,
@@ -367,7 +367,7 @@ fn bad_sizes_are_errors_not_ub() {
         &mut out,
     )
     .unwrap_err();
-    assert!(e.to_string().contains("qkv has"), "{e}");
+    assert!(e.to_string().contains("n*conv_dim overflows usize"), "{e}");
     let wide = GdnDims {
         key_heads: usize::MAX / 2,
         value_heads: usize::MAX / 2,

@@ -159,7 +159,7 @@ fn tiled_paged_decode_at_a_batch_that_fills_the_gpu() {
 /// (2 splits), 2-3 (5, 9), 16 warps with one chunk of loads (64, 65, 300: most of them empty) and with eight
 /// (1024 splits, 64 per warp), where the first 188-512 splits hold tokens (a tile each: 6000 or 8192 tokens), so
 /// later chunks meet both real and empty partials; sequences of 0 and 1 tokens. (Lengths kept small for
-/// racecheck, which took 120 s on this file in s3-run2.)
+/// racecheck, which took 120 s on this file .)
 #[test]
 fn combines_agree_over_ragged_batches() {
     let Some(gpu) = gpu() else { return };

@@ -29,14 +29,14 @@ const STATE_TOL: f32 = 2e-5;
 /// on the state: the order of fla's bf16 kernels (~7e-3 relative against this crate's fp32 kernels on the H200),
 /// still far below a wrong index or a missed term. The plain-TF32 WY rounds K K^T, Q K^T and the T products and
 /// carries those errors through the triangular solve: with it the worst normalised-output error over fresh draws
-/// reached 1.35e-2 (s4-run1, `wytf32_tf32_cs64`, 63 tokens) and 1.04e-2 (s4-run3, `wytf32_tf32_cs32`, a ragged
+/// reached 1.35e-2 (`wytf32_tf32_cs64`, 63 tokens) and 1.04e-2 (`wytf32_tf32_cs32`, a ragged
 /// batch), most draws 3e-3..7e-3, so its builds get 2e-2 on the output (the state bound unchanged). The default
-/// runs the 3xTF32 WY (worst 2.2e-3 over 24 draws, s4-run2) and keeps the 1e-2 class of its plain-TF32 state walk.
+/// runs the 3xTF32 WY (worst 2.2e-3 over 24 draws) and keeps the 1e-2 class of its plain-TF32 state walk.
 /// `"auto"` and `""` take the bounds of the build they run, `Gpu::GDN_PREFILL_DEFAULT`.
 /// The bf16 split (`<wy>bf16_cs64`: bf16 operands in the walk's and the output's products) is fla's precision
-/// class: session 6's CPU simulation of its rounding (benchmarks/h200.md, session 6 point 8) gave at worst 1.8e-2
+/// class: an earlier CPU simulation of its rounding (benchmarks/h200.md point 8) gave at worst 1.8e-2
 /// on the normalised output and 1.0e-3 on the state with the 3xTF32 WY, 3.5e-2 / 1.3e-3 with every operand bf16.
-/// On the H200 (s8-run2..5, 27 checks of `wytf32x3_bf16_cs64` per run, fresh draws) the worst were 2.9e-2 and
+/// On the H200 (27 checks of `wytf32x3_bf16_cs64` per run, fresh draws) the worst were 2.9e-2 and
 /// 2.6e-3; its bounds are 5e-2 and 6e-3 (still far below a wrong index, which gives O(1)).
 fn tolerances(variant: &str) -> (f32, f32) {
     let variant = if variant.is_empty() || variant == "auto" {
@@ -409,10 +409,10 @@ fn single_sequences_across_chunk_boundaries_match_the_recurrence() {
     }
 }
 
-/// The plain-TF32 bounds (`tolerances`) were an assumption until the H200 printed worst errors; s4-run1 drew a
+/// The plain-TF32 bounds (`tolerances`) were an assumption until the H200 printed worst errors drew a
 /// 63-token sequence on which the then default (`wytf32_tf32_cs64`) missed the 1e-2 output bound (1.35e-2). This
 /// checks the default, that build and the fp32-WY one over many fresh draws of the shapes most exposed (one
-/// partial chunk, one full chunk, a chunk boundary), and reports every miss before failing. s4-run2 (24 draws
+/// partial chunk, one full chunk, a chunk boundary), and reports every miss before failing. On the H200 (24 draws
 /// each): worst 2.2e-3 (3xTF32 WY, now the default), 6.3e-3 (plain-TF32 WY), 2.6e-3 (fp32 WY).
 #[test]
 fn tf32_builds_hold_their_bounds_over_many_draws() {
@@ -524,7 +524,7 @@ fn ragged_batches_of_many_states_take_the_one_block_walk() {
 
 /// The warp prep (launch 1, `gdn_prefill_prep`: a warp per 128-channel segment and 8 tokens, the conv window a
 /// register template per conv kernel) on the batches that once compared it with the block-per-token prep it
-/// replaced (bit-identical there and on the H200, s3-run4), now against the f64 recurrence and the CPU prefill
+/// replaced (bit-identical there and on the H200), now against the f64 recurrence and the CPU prefill
 /// through the fp32 build: conv kernels 4, 3 and 2, ragged batches with empty sequences, sequences shorter than
 /// the conv history and than an 8-token tile, lengths around multiples of 8, and segment counts (2Hk+Hv = 10, 9
 /// and 4) that leave warps of the last block idle or not. The conv history must be a bit-for-bit copy

@@ -206,7 +206,7 @@ fn nvfp4_tile_layout_matches_the_checkpoint_layout_exactly() {
 }
 
 /// The m = 1 kernel (`Gpu::nvfp4_gemv_tiles_m1`, `nvfp4_gemv_tiles_m1_w{4,8}`; `Auto` at m = 1 on up to 8192 rows
-/// since session 14, so the small shapes' `Auto` checks above run it too)
+/// , so the small shapes' `Auto` checks above run it too)
 /// applies the group scales after the mma, with the chunk's 8 groups as the mma's columns: a misplaced group,
 /// scale byte or activation lane shows against the reference. Every cut (4 and 8 warps per tile, 1, 2, 3 and 16 K
 /// splits, most of the 16 empty at these k), ragged n and k (one partial chunk, k = 32 a quarter chunk), outputs
@@ -266,7 +266,7 @@ fn assert_same_bits(what: &str, want: &[f32], got: &[f32], n: usize) {
 }
 
 /// `Auto` on more than 8192 rows: one K split at every m, so the 8-warp `nvfp4_gemv_mma_tile_pre_n*_w8c1` runs on
-/// 8200 rows (every m, since session 14) and at m <= 8 the 4-warp `nvfp4_gemv_mma_tile_pre_n8_w4c1` on 65552 (the
+/// 8200 rows (every m) and at m <= 8 the 4-warp `nvfp4_gemv_mma_tile_pre_n8_w4c1` on 65552 (the
 /// 5120-row tests above take two splits there). Both leave a half tile, k = 160 one full and one partial
 /// 128-value chunk. Against the reference, and bit for bit against the checkpoint layout where the same 8 warps
 /// add the chunks.

@@ -88,7 +88,7 @@ def launch_pdl(fn, grid, block, args, shared_mem=0):
     vals = [_CTYPE[np.asarray(a).dtype](a.item() if hasattr(a, "item") else a) for a in args]
     params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
     # cupy's RawModule.get_function gives a RawKernel; its `kernel` is the loaded Function, whose ptr is the
-    # CUfunction (s4-run1: RawKernel has no ptr of its own).
+    # CUfunction (RawKernel has no ptr of its own).
     func = fn.ptr if hasattr(fn, "ptr") else fn.kernel.ptr
     rc = _libcuda.cuLaunchKernelEx(ctypes.byref(cfg), ctypes.c_void_p(func), params, None)
     if rc != 0:

@@ -17,7 +17,7 @@ programmatic dependent (PDL, `b.launch_pdl`; every arm's combine is, as in the c
 kernels plainly). "auto ... sliced" / "auto ...
 block" is the same split kernel and split count with the other combine: the pair decides
 Gpu::DECODE_AUTO_SLICED_COMBINE. The other two tilings run with both combines ("T32S2" on the paged cases is the
-previous Auto, s3-run2); "s=K" arms try other split counts on the auto tiling with both combines; "auto
+previous Auto); "s=K" arms try other split counts on the auto tiling with both combines; "auto
 no-combine" times the split kernel alone (output not final, not checked, never "best"): an arm minus it is its
 combine kernel's cost ("comb us" and "sliced comb us" in the table). "% copy" counts K and V once (bytes of the
 attended tokens) over the time, against a 256 MiB float32 copy_ measured in this run (read + write). Every arm's
@@ -44,7 +44,7 @@ dev = torch.device("cuda")
 TILINGS = [(32, 3), (16, 4), (32, 2)]
 AUTO_TILING = {"paged": (16, 4), "ring": (32, 2)}  # Gpu::DECODE_AUTO_TILING, Gpu::DECODE_RING_TILING
 AUTO_SLICED = True  # Gpu::DECODE_AUTO_SLICED_COMBINE
-# The crate launches every combine as the split kernel's programmatic dependent (Device::launch_pdl, since s4-run2):
+# The crate launches every combine as the split kernel's programmatic dependent (Device::launch_pdl):
 # every arm's combine here does the same ("+pdlc"), but "auto no-pdl" (both kernels launched plainly).
 PDL_COMBINE = "+pdlc"
 RESULTS = []
@@ -70,7 +70,7 @@ def tiled_smem(d, tile, stages):
 
 
 def per_sm(d, tile, stages):
-    # Gpu::decode_auto_splits uses at most two blocks per SM (s2-run4: the fastest split count everywhere).
+    # Gpu::decode_auto_splits uses at most two blocks per SM (the fastest split count everywhere).
     return min(2, max(1, 228 * 1024 // (tiled_smem(d, tile, stages) + 1024)))
 
 
@@ -116,7 +116,7 @@ def arm_plan(sms, pairs, d, max_tokens, kind):
     if s_auto > 1:
         plan["auto no-combine"] = (at, s_auto, "none")
         # Without programmatic dependent launch: both kernels plainly. (Launching the split kernels as dependents
-        # too, "+pdl", lost in s4-run2: 43.13 against 39.18 us at 32k, 149.1 against 127.6 at 128k.)
+        # too, "+pdl", lost: 43.13 against 39.18 us at 32k, 149.1 against 127.6 at 128k.)
         plan["auto no-pdl"] = (at, s_auto, combine_names(AUTO_SLICED))
     return plan
 

@@ -326,7 +326,7 @@ def main():
         except Exception:  # noqa: BLE001
             b.log(f"FAIL case {c}:\n{traceback.format_exc()}")
         torch.cuda.empty_cache()
-    # Pages of 16 (the cases of s2-run5) and of 64 (the decode benchmark's pages; a 64-key tile in one page).
+    # Pages of 16 (the cases) and of 64 (the decode benchmark's pages; a 64-key tile in one page).
     for c in [(24, 4, 256, 8192, 2048), (32, 8, 128, 8192, 2048), (24, 4, 256, 8192, 2048, 64),
               (32, 8, 128, 8192, 2048, 64)]:
         try:

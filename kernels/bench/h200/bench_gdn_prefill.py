@@ -18,26 +18,26 @@ medians and spreads):
   cannot capture from pageable memory; it is prepared on the device once here.
 - ours_<variant>: the same four launches with another build of the sequential state kernel
   (`Gpu::gdn_prefill_with("<variant>", ..)`): `tf32x3_cs32` / `tf32_cs32` (mma.sync TF32, split or plain); the
-  fp32 column slices 16 / 64 only with --variants (measured in s2-run2: 0.78x and 0.98x of cs32).
+  fp32 column slices 16 / 64 only with --variants (measured: 0.78x and 0.98x of cs32).
 - ours_wy<math>_<variant> (`wytf32_tf32_cs64`, `wytf32_tf32_cs32`, `wytf32x3_tf32x3_cs32`): launch 2 on the
   tensor-core WY build (`gdn_prefill_wy_tc1` / `_tc3`, mma.sync TF32, same fp32 workspace) instead of the CUDA-core
-  one; `ours_wytf32x3_tf32_cs64` is the default (`Gpu::GDN_PREFILL_DEFAULT`, session 4: the 3xTF32 WY for
-  precision; `wytf32_tf32_cs64` was it from s3-run3, 5856.3 us at T = 16384 against 6763.6 us for `tf32_cs64`),
+  one; `ours_wytf32x3_tf32_cs64` is the default (`Gpu::GDN_PREFILL_DEFAULT`: the 3xTF32 WY for
+  precision; `wytf32_tf32_cs64` was it (5856.3 us at T = 16384 against 6763.6 us for `tf32_cs64`),
   the row the others are compared with.
-- removed after s3-run3: fla's split of launch 3 (`[wytf32_]tf32split_cs<32|64>`, walk + parallel output with the
+- removed: fla's split of launch 3 (`[wytf32_]tf32split_cs<32|64>`, walk + parallel output with the
   norm fused): walk_cs64 1835.7 us + out 963.0 us against state tf32_cs64 2272.2 us + norm 277.8 us; whole step
   wytf32_tf32split_cs64 6125.8 us against 5856.3 us at T = 16384.
-- ours_wytf32x3_bf16_cs64 / ours_wytf32_bf16_cs64 (session 8): the bf16 split, fla's division again but on bf16
+- ours_wytf32x3_bf16_cs64 / ours_wytf32_bf16_cs64: the bf16 split, fla's division again but on bf16
   tensor cores: launch 3' `gdn_prefill_walk_bf16` (the state only; each chunk's incoming state and D to the
   workspace's hs region in bf16) and launch 4' `gdn_prefill_out_bf16` (the output parallel over chunks, the gated
   norm fused, so no launch 4), after the 3xTF32 / plain TF32 WY. Checked against fp32_cs32 with a 5e-2 bound
   (fla's precision class); its two launches are also timed alone (`walk_bf16` against the default's walk
   `state_tf32_cs64`, `out_bf16` against `norm`), and it gets its own rows against fla.
-- ours_wyf16_bf16_cs64 (session 10): the same split behind `gdn_prefill_prep_h` (q, k, v stored in f16) and the
+- ours_wyf16_bf16_cs64: the same split behind `gdn_prefill_prep_h` (q, k, v stored in f16) and the
   f16 WY `gdn_prefill_wy_h_b`; the rows `gdn_prefill_alt ... this|f16 <stage>` time each launch of the plain-TF32
   split ("this") and of this one alone, in the same rounds.
 - launch 1 of every variant is the warp prep `gdn_prefill_prep` (one warp per 128-channel segment and 8 tokens,
-  the conv window in registers). Removed after s3-run4: the block-per-token prep it replaced (bit-identical
+  the conv window in registers). Removed: the block-per-token prep it replaced (bit-identical
   outputs; 969.2 -> 304.9 us at B=4 N=9216, 321.3 -> 135.4 us at T=4096; whole default step 3264.3 -> 2615.4 us
   and 1462.8 -> 1291.7 us) and the `prepw_` variant prefix that selected the warp build. Stage arm `prep` is
   timed against `copy` (a torch copy of qkv: the same 2 * N * conv_dim * 4 bytes as the prep's bulk), the copy
@@ -60,7 +60,7 @@ The check compares our output and final state with the fla layer's (bf16 there, 
 tensor-core build's with the fp32 build's.
 
 Ragged batches: fla's `chunk_gated_delta_rule` with `cu_seqlens` memoises index tensors derived from the
-cu_seqlens tensor (fla's `tensor_cache`, keyed by object identity, bounded). s2-run2 crashed with an illegal
+cu_seqlens tensor (fla's `tensor_cache`, keyed by object identity, bounded). an H200 run crashed with an illegal
 address in this case: the fla_layer arm built a fresh cu_seqlens tensor per call (not capturable, so timed eagerly),
 whose cache entries evicted (freed) the index tensors the captured fla_kernel graph had recorded, and the next
 replay read reused memory. Ours had run the same case (all variants, graphs captured and replayed) without error.
@@ -90,10 +90,10 @@ WY_SMEM = 101376  # cuda/gdn_prefill.cu WY_SMEM_BYTES
 WY_TC_SMEM = 102912  # cuda/gdn_prefill.cu wy_tc_smem_bytes()
 WY_H_SMEM = 70144  # cuda/gdn_prefill.cu wy_h_smem_bytes()
 VARIANTS = "--variants" in sys.argv
-DEFAULT = "wytf32x3_tf32_cs64"  # Gpu::GDN_PREFILL_DEFAULT (session 4; wytf32_tf32_cs64 before)
-SPLIT = "wytf32x3_bf16_cs64"  # the bf16 split (session 8): walk_bf16 + out_bf16 (norm fused) after the 3xTF32 WY
-ALT_SPLIT = "wytf32_bf16_cs64"  # the split GDN_PREFILL_ALT's builds are timed as (the fastest, session 9)
-F16_SPLIT = "wyf16_bf16_cs64"  # the f16 split (session 10): f16 prep outputs, the f16 WY, the bf16 walk / output
+DEFAULT = "wytf32x3_tf32_cs64"  # Gpu::GDN_PREFILL_DEFAULT (wytf32_tf32_cs64 before)
+SPLIT = "wytf32x3_bf16_cs64"  # the bf16 split: walk_bf16 + out_bf16 (norm fused) after the 3xTF32 WY
+ALT_SPLIT = "wytf32_bf16_cs64"  # the split GDN_PREFILL_ALT's builds are timed as (the fastest)
+F16_SPLIT = "wyf16_bf16_cs64"  # the f16 split: f16 prep outputs, the f16 WY, the bf16 walk / output
 LEAN = os.environ.get("GDN_PREFILL_LEAN") == "1"  # only the default, the two splits and what their rows need
 WALK_BF16_SMEM = 125440  # cuda/gdn_prefill.cu walk_bf16_smem_bytes()
 WALK1_BF16_SMEM = 137728  # cuda/gdn_prefill.cu walk1_bf16_smem_bytes()
@@ -101,7 +101,7 @@ SMS = torch.cuda.get_device_properties(0).multi_processor_count
 OUT_BF16_SMEM = 75008  # cuda/gdn_prefill.cu out_bf16_smem_bytes()
 HS_SLOT = D * D + C * D  # bf16 per (head, chunk) of the split's hs region
 PREP_TT = 8  # cuda/gdn_prefill.cu PREP_TT (tokens per warp of gdn_prefill_prep)
-ROUNDS = 5 if b.QUICK else 7  # arms alternate; the s2-run2 spreads were <= 2% at 11 rounds
+ROUNDS = 5 if b.QUICK else 7  # arms alternate; the H200 runs' spreads were <= 2% at 11 rounds
 
 
 # The bf16 split's walk for `pairs` (sequence, head) states: the one-block walk (gdn_prefill_walk1_bf16) beyond
@@ -225,7 +225,7 @@ class Ours:
         self.split = variant.startswith("bf16")
         if self.split:  # launches 3' and 4' (the norm fused into 4')
             self.f_walk, self.f_out = kern("gdn_prefill_walk_bf16"), kern("gdn_prefill_out_bf16")
-            try:  # (builds before session 13 have no one-block walk: they run the two-block walk always)
+            try:  # (older builds have no one-block walk: they run the two-block walk always)
                 self.f_walk1 = kern("gdn_prefill_walk1_bf16")
             except Exception:  # noqa: BLE001
                 self.f_walk1 = None
@@ -296,7 +296,7 @@ class Ours:
 
     def qk_bf16(self):
         """The split's bf16 copies of q and k: the qkb region (q then k) for the split, null pointers otherwise
-        (written by the prep, or for the f16 split by its WY launch; the f16 prep ignores them since session 12)."""
+        (written by the prep, or for the f16 split by its WY launch; the f16 prep ignores them)."""
         if not self.split:
             return np.uint64(0), np.uint64(0)
         n = sum(self.lens)
@@ -305,7 +305,7 @@ class Ours:
     def wy(self, pdl=False):
         seqs, maxlen = len(self.lens), max(self.lens)
         p, i32 = b.ptr, np.int32
-        # The f16 WY also writes the split's bf16 q / k copies (session 12; its prep no longer does). A build
+        # The f16 WY also writes the split's bf16 q / k copies (its prep no longer does). A build
         # from before takes one parameter list shorter and ignores the two (its prep writes them), so GDN_PREFILL_ALT
         # can time it with these launches.
         qkb = self.qk_bf16() if self.f16 else ()

@@ -344,7 +344,7 @@ def main():
     print("targets: FP8 >= 0.8x cuBLAS FP8 (scaled_mm), NVFP4 >= 0.7x cuBLAS bf16 (bf16 matmul), at M = 4096;"
           " the scaled_mm arms write bf16: 'v4 bf16out' is the like-for-like FP8 row")
     print("spreads ((max - min) / median over the rounds) are in the log rows; fp8 v1/v2 (one block per tile) spread"
-          " 8-15% in s2-run1 where cuBLAS spread < 3%: compare v3/v4 (persistent, static schedule) there")
+          " 8-15% where cuBLAS spread < 3%: compare v3/v4 (persistent, static schedule) there")
 
 
 if __name__ == "__main__":

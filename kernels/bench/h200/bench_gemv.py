@@ -52,7 +52,7 @@ Arms (kernel names as in the SASS, for grepping):
       (Gpu::nvfp4_gemv_tiles's Auto: the table in its nvfp4_tiles_auto)
 The last table names, per case, the fastest correct arm and the arm the library's Auto runs for it (`with_scratch`
 for FP8, `nvfp4_gemv_tiles` for NVFP4: the decode paths), so a wrong Auto entry shows as a gain > 1.
-The persistent stream-K arms (p*, pp*) lost everywhere in s3-run1 and were deleted with their kernels.
+The persistent stream-K arms (p*, pp*) lost everywhere and were deleted with their kernels.
 
 Registers of the tile kernels as the driver compiled this PTX are logged ("regs").
 
@@ -165,9 +165,9 @@ def fp8_case(n, k, m, sets, w8, wr8, sc, copy_bw, one, wbf):
     args = lambda i: (ptr(x[i]), ptr(w8[i]), ptr(sc[i]), ptr(y), i32(m), i32(n), i32(k))  # noqa: E731
     arms = {}
     if m == 1:
-        # "auto" here is the unsplit kernel (the library's Auto before session 4); Gpu::fp8_block_gemv's Auto now
+        # "auto" here is the unsplit kernel (the library's earlier Auto); Gpu::fp8_block_gemv's Auto now
         # splits K over 2 warps below 65536 rows and launches that as a programmatic dependent (fp8_m1_ksplit_auto,
-        # fp8_m1_pdl_auto; s4-run6, s4-run8), the "k2_pdl" arm.
+        # fp8_m1_pdl_auto), the "k2_pdl" arm.
         f = kern("gemv", "fp8_block_gemv_m1_r2_u2")
         arms["auto"] = lambda i: launch(f, g16, (256,), args(i))
         fk = kern("gemv", "fp8_block_gemv_m1_r2_u2_k2")
@@ -433,7 +433,7 @@ def nvfp4_fused_case(kind, n, k, m, sets, wr, sr, copy_bw):
 
 # The cuts of the tensor-core GEMVs over preconverted activations (Gpu::fp8_block_gemv_split,
 # Gpu::nvfp4_gemv_tiles_split; the _w{W}c{CS} builds of blockq_gemv_mma): W warps per block, CS blocks of one
-# cluster per 16-row tile. "pre" is w8c1 launched plainly (the one-block-per-tile kernel of sessions 2-4).
+# cluster per 16-row tile. "pre" is w8c1 launched plainly (the one-block-per-tile kernel -4).
 SPLITS = [(8, 1), (8, 2), (4, 1), (4, 2), (4, 3)]  # MmaSplit::BUILT
 PLAIN_TOO = [(8, 1)]
 
@@ -557,7 +557,7 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto, alt_tiles=None)
         arms[f"{tag}_w4c1"] = lambda i: (
             b.launch_pdl(fa, ga, (256,), (ptr(x[i]), ptr(xf), i32(m), i32(k), i32(nt))),
             b.launch_pdl(fw_a, (g16[0], 1), (128,), (ptr(xf), ptr(awr[i]), ptr(asr[i])) + tail()))
-        if m == 1:  # the m = 1 kernel's cuts (builds from session 14 on)
+        if m == 1:  # the m = 1 kernel's cuts (newer builds)
             for w, splits in ((8, 2), (8, 1), (4, 1)):
                 fm_a = mod.get_function(f"nvfp4_gemv_tiles_m1_w{w}")
                 arms[f"{tag}_m1w{w}k{splits}"] = m1_arm(fm_a, awr, asr, w, splits)
@@ -601,7 +601,7 @@ def nvfp4_case(n, k, m, sets, w4, s4, wr, sr, copy_bw, fp8_auto, alt_tiles=None)
                       ceiling=copy_bw)
     ok = {a: res[a][0] for a in arms if errs[a] < 1e-5 and not a.endswith("_only")}
     best = min(ok, key=ok.get) if ok else "none"
-    # Gpu::nvfp4_gemv_tiles's choice (nvfp4_tiles_auto), launched as programmatic dependents since s4-run2.
+    # Gpu::nvfp4_gemv_tiles's choice (nvfp4_tiles_auto), launched as programmatic dependents.
     lib = ("m1w8k2" if m == 1 and n <= 8192 else "t1k2_pdl" if m <= 8 and n <= 8192 else
            "w8c1" if 8192 < n < 65536 else "w4c1" if m <= 8 and n >= 65536 else "tilepre_pdl")
     BEST.append(("nvfp4", f"N={n} K={k}", m, best, ok.get(best, float("nan")) * 1e6, lib, res[lib][0] * 1e6,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One H200 call for work on the GDN chunked prefill (kernels/cuda/gdn_prefill.cu), session 9's s9-run3..5: the
+# One H200 call for work on the GDN chunked prefill (kernels/cuda/gdn_prefill.cu), an earlier H200 run: the
 # gpu_gdn_prefill tests, the bench at T = 4096 and the ragged B = 4 x 9216 case (--quick), memcheck and racecheck
 # on the ragged-batch test, memcheck over every test of the binary (env GDN_PREFILL_CASES: other cases, as
 # bench_gdn_prefill.py reads it), then a short table: the stage and whole-step
@@ -9,7 +9,7 @@
 # Here first: kernels/bench/h200/run_session.sh prepare gpu_gdn_prefill (and the fla wheels in .whl, see
 # benchmarks/h200.md, Reproduce); on the device (carry: ["target-carry", ".whl"]):
 #   bash kernels/bench/h200/gdn_prefill_call.sh
-# Other builds timed in the same rounds (session 10): kernels/bench/h200/build_alt.sh TAG .. here, then on the device
+# Other builds timed in the same rounds: kernels/bench/h200/build_alt.sh TAG .. here, then on the device
 #   GDN_PREFILL_ALT="TAG=target-carry/alt/TAG[@variant];.." [GDN_PREFILL_LEAN=1] bash kernels/bench/h200/gdn_prefill_call.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -17,7 +17,7 @@ OUT=${OUT:-/tmp/edgefit-h200}
 mkdir -p "$OUT"
 GDN_PREFILL_CASES="${GDN_PREFILL_CASES:-4096;1000,3000,1120,4096}" BENCH_ARGS=--quick SAN_ARGS=ragged SAN_TIMEOUT=120 \
     bash kernels/bench/h200/run_session.sh gpu_gdn_prefill gdn_prefill > "$OUT/rs.txt" 2>&1
-# The tests', bench's and sanitizers' logs packed now (run1.tgz), so that a call cut later (s13-run6 ran out of
+# The tests', bench's and sanitizers' logs packed now (run1.tgz), so that a call cut later (ran out of
 # device time in the full memcheck below and lost them: the tool returns 8 files) still returns them.
 # The summary below reads them from $LOGS.
 LOGS=$(mktemp -d)
@@ -38,7 +38,7 @@ for v in wytf32x3_bf16_cs64 wytf32_bf16_cs64 wyf16_bf16_cs64; do
   echo "$v worst output $(grep -E "variant=$v .*output vs recurrence" "$LOGS/tests_gpu_gdn_prefill.txt" | awk '{print $NF}' | sort -g | tail -1)" \
     "state $(grep -E "variant=$v .*state vs recurrence" "$LOGS/tests_gpu_gdn_prefill.txt" | awk '{print $NF}' | sort -g | tail -1)"
 done
-# GDN_PREFILL_NCU="regex" (session 11): Nsight Compute on the f16 split's launches whose names match, warm (the
+# GDN_PREFILL_NCU="regex": Nsight Compute on the f16 split's launches whose names match, warm (the
 # second of profile_gdn_prefill.py's three steps; N_PER_STEP: how many of a step's four launches match), then its
 # details page, the SASS source page and ncu_segments.py's barrier-to-barrier summary.
 if [ -n "${GDN_PREFILL_NCU:-}" ]; then

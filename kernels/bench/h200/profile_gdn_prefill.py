@@ -1,6 +1,6 @@
 """The GDN prefill's launches at T = 4096 (Qwen3.8-27B's layer: Hk = 16, Hv = 48, d = 128) for Nsight Compute: the
 default variant's four launches (prep, WY, state walk, gated norm) three times on the same inputs, so with the
-filter below --launch-skip 2 --launch-count 2 profiles the second (warm) WY and state launches (what session 6 ran).
+filter below --launch-skip 2 --launch-count 2 profiles the second (warm) WY and state launches (what an earlier call ran).
 
     ncu --clock-control none --set full --import-source no -k regex:'gdn_prefill_(wy|state)' \\
         --launch-skip 2 --launch-count 2 python3 kernels/bench/h200/profile_gdn_prefill.py CARRY_DIR

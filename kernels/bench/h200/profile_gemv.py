@@ -1,15 +1,15 @@
 """One launch of each decode GEMV Auto runs on the 5120x17408 layer shape (m = 1), for Nsight Compute: the NVFP4
-tile path (gemv_act_frag_nvfp4_zero + nvfp4_gemv_tiles_m1_w8 with two K splits, Auto since session 14;
+tile path (gemv_act_frag_nvfp4_zero + nvfp4_gemv_tiles_m1_w8 with two K splits, Auto now;
 gemv_act_frag_nvfp4_zero + nvfp4_gemv_tiles_n8_u1 with two K splits, Auto at m = 2..8; and gemv_act_frag_nvfp4 +
 nvfp4_gemv_mma_tile_pre_n8) and FP8 (fp8_block_gemv_m1_r2_u2), each after two warm-up launches on other weights.
-Session 14's reading (s14-run7): -k regex:'nvfp4_gemv_tiles_(m1_w8|n8_u1)' --launch-skip 4 --launch-count 2.
+An earlier reading: -k regex:'nvfp4_gemv_tiles_(m1_w8|n8_u1)' --launch-skip 4 --launch-count 2.
 
     ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section Occupancy \\
         --section MemoryWorkloadAnalysis --section SchedulerStats --section LaunchStats \\
         -k regex:'nvfp4_gemv_tiles_n8_u1|nvfp4_gemv_mma_tile_pre_n8|fp8_block_gemv_m1_r2_u2' \\
         python3 kernels/bench/h200/profile_gemv.py CARRY_DIR
 
-(what session 4 ran, benchmarks/h200-runs/s4-run5). CARRY_DIR holds gemv.ptx. Correctness is the tests' and
+(what an earlier call ran, `benchmarks/h200.md`). CARRY_DIR holds gemv.ptx. Correctness is the tests' and
 bench_gemv.py's business; this only launches.
 """
 import os

@@ -1,8 +1,8 @@
 //! Decode attention over a paged KV cache (`kernels/cuda/attention.cu`).
 
 use super::{
-    check_len, DecodeKernels, Gpu, GpuBuffer, KernelPath, PagedAttentionDims, PagedKvCache,
-    RingKvCache,
+    check_len, check_len_of, DecodeKernels, Gpu, GpuBuffer, KernelPath, PagedAttentionDims,
+    PagedKvCache, RingKvCache,
 };
 use crate::KernelError;
 
@@ -128,10 +128,10 @@ impl Gpu {
 
     /// The tiling of [`KernelPath::Auto`] (paged): 16 tokens per stage, 4 stages, 3 blocks per multiprocessor
     /// (2 used: [`Gpu::decode_auto_splits`]). Measured on the H200 with the two-kernel combine
-    /// (benchmarks/h200-runs/s3-run2/bench_attention_decode.txt, Qwen 24q/4kv x 256, pages of 64), (16, 4)
+    /// (`benchmarks/h200.md`, Qwen 24q/4kv x 256, pages of 64), (16, 4)
     /// against (32, 2), the previous default, both at the same split count: B=1 4k 12.28 vs 12.80 us, 8k 16.33 vs
     /// 16.92, 32k 40.62 vs 40.87 (78.8% of copy bandwidth), 64k 70.35 vs 71.10, 128k 129.04 vs 130.22; B=8 x 8k
-    /// 71.19 vs 71.48; B=32 x 4k 135.71 vs 136.50. (32, 3) was slower than both everywhere. (In s2-run2, before
+    /// 71.19 vs 71.48; B=32 x 4k 135.71 vs 136.50. (32, 3) was slower than both everywhere. (In an earlier run, before
     /// the split count was fixed to one wave, (32, 2) had won; the ring keeps it: [`Gpu::DECODE_RING_TILING`].)
     ///
     /// A folded combine (the last block of each group of 8 splits weighing the group's partials, the last group
@@ -149,7 +149,7 @@ impl Gpu {
     pub const DECODE_AUTO_TILING: (usize, usize) = (16, 4);
 
     /// The tiling of [`Gpu::attention_decode_ring`]: 32 tokens per stage, 2 stages. Measured on the H200
-    /// (benchmarks/h200-runs/s3-run2/bench_attention_decode.txt), (32, 2) against (16, 4): Spark 16q/4kv x 256 B=1
+    /// (`benchmarks/h200.md`), (32, 2) against (16, 4): Spark 16q/4kv x 256 B=1
     /// W=1024 8.84 vs 9.23 us, W=4096 11.63 vs 11.84; B=8 W=4096 38.75 vs 38.63; Gemma 4q/1kv x 256 B=32 W=1024
     /// 15.12 vs 14.98: (32, 2) wins the two B=1 cases (the ones a decode step waits on) by 2-4% and loses the
     /// batched ones by 0.3-0.9%, within the runs' spread.
@@ -160,7 +160,7 @@ impl Gpu {
     /// (`attention_decode_combine_sliced_D*`: one block per 64 columns of each (sequence, query head), each warp
     /// with all its loads in flight before any reduction) instead of the block one (`attention_decode_combine_D*`:
     /// one block per (sequence, query head), a round trip for the split maxima first). Measured on the H200
-    /// (benchmarks/h200-runs/s3-run4/bench_attention_decode.txt, the same split kernel and partials, arms
+    /// (`benchmarks/h200.md`, the same split kernel and partials, arms
     /// alternating), whole call in us, block combine / sliced combine (the combine's own share in brackets):
     ///
     /// | case (paged, 24q/4kv x 256, Auto tiling (16, 4)) | block | sliced |
@@ -171,11 +171,11 @@ impl Gpu {
     /// | ring B=1 W=1024 / 4096, B=8 W=4096, Gemma B=32 (tiling (32, 2)) | 8.62 / 11.09 / 38.82 / 14.95 | **7.53 / 10.59 / 38.02 / 14.15** |
     ///
     /// The sliced combine wins every case, so it is the one used. At 32k that was 79.8% of copy bandwidth (copy
-    /// 4.22 TB/s in that run), 0.2 points under the 80% target; 64k 89.5%, 128k 97.3%. Since session 4 the
+    /// 4.22 TB/s in that run), 0.2 points under the 80% target; 64k 89.5%, 128k 97.3%. Now the
     /// combine is launched as the split kernel's programmatic dependent (`Device::launch_pdl`), so its blocks
-    /// are resident when the partials land: 32k 39.18 / 39.57 / 39.60 us (80.1-81.8% of copy) in s4-run2..4
+    /// are resident when the partials land: 32k 39.18 / 39.57 / 39.60 us (80.1-81.8% of copy)
     /// against 39.67 / 39.89 us plainly. The block combine stays selectable ([`DecodeKernels`]`::sliced_combine`)
-    /// as the measured comparison; `combines_agree_over_ragged_batches` passed on the H200 in s4-run4.
+    /// as the measured comparison; `combines_agree_over_ragged_batches` passed on the H200.
     pub const DECODE_AUTO_SLICED_COMBINE: bool = true;
 
     /// [`Gpu::attention_decode_paged`] (same layouts, same clamping of lengths and skipping of bad page ids) on
@@ -214,12 +214,12 @@ impl Gpu {
     /// largest count whose grid (`splits x pairs` blocks) fits those slots, so every block runs from the start
     /// and all end together; 1 when the pairs alone fill them (no partials, no combine kernel); at most one split
     /// per two tiles of `max_tokens`, at most 1024. Measured on the H200 at head_dim 256 with (32, 2), which fits
-    /// three blocks per multiprocessor (benchmarks/h200-runs/s2-run4): two per multiprocessor was the fastest
+    /// three blocks per multiprocessor (`benchmarks/h200.md`): two per multiprocessor was the fastest
     /// split count in every case: B=1 at 8k-128k (66 splits against 99: 40.2 vs 42.5 us at 32k, 79.7% of copy
     /// bandwidth), B=8 x 8k (8: 70.7 vs 72.5 us), B=32 x 4k (2: 135.6 vs 136.3 us), the ring at B=8 and 32 (8).
     /// Fewer, longer splits read as fast and leave the combine kernel less to do (3.5-11.6 us of those calls).
     /// (A count rounded up instead overshot the wave: at B=8 x 8k, 416 blocks on 396 slots ran at 73% of copy
-    /// bandwidth, s2-run2.) Public so the benchmark and the tests can state what Auto ran.
+    /// bandwidth.) Public so the benchmark and the tests can state what Auto ran.
     pub fn decode_auto_splits(
         tiling: (usize, usize),
         head_dim: usize,
@@ -393,13 +393,13 @@ impl Gpu {
             dims.kv_heads
         );
         let (hq, hkv, hd) = (dims.q_heads, dims.kv_heads, dims.head_dim);
-        check_len(op, "q", q.len(), seqs * hq * hd)?;
-        check_len(op, "k_ring", k_ring.len(), seqs * hkv * slots * hd)?;
-        check_len(op, "v_ring", v_ring.len(), seqs * hkv * slots * hd)?;
-        check_len(op, "k_cur", k_cur.len(), seqs * hkv * hd)?;
-        check_len(op, "v_cur", v_cur.len(), seqs * hkv * hd)?;
+        check_len_of(op, "q", q.len(), &[seqs, hq, hd])?;
+        check_len_of(op, "k_ring", k_ring.len(), &[seqs, hkv, slots, hd])?;
+        check_len_of(op, "v_ring", v_ring.len(), &[seqs, hkv, slots, hd])?;
+        check_len_of(op, "k_cur", k_cur.len(), &[seqs, hkv, hd])?;
+        check_len_of(op, "v_cur", v_cur.len(), &[seqs, hkv, hd])?;
         check_len(op, "pos", pos.len(), seqs)?;
-        check_len(op, "out", out.len(), seqs * hq * hd)?;
+        check_len_of(op, "out", out.len(), &[seqs, hq, hd])?;
         #[cfg(feature = "cuda")]
         {
             self.inner.attention_decode_ring(
@@ -445,18 +445,18 @@ fn check_paged_lens(
     kv: PagedKvCache<'_>,
     out: &GpuBuffer<f32>,
 ) -> Result<(), KernelError> {
-    let cache = d.num_pages * d.page_size * d.kv_heads * d.head_dim;
-    check_len(op, "q", q.len(), d.seqs * d.q_heads * d.head_dim)?;
-    check_len(op, "k_cache", kv.k.len(), cache)?;
-    check_len(op, "v_cache", kv.v.len(), cache)?;
-    check_len(
+    let cache = [d.num_pages, d.page_size, d.kv_heads, d.head_dim];
+    check_len_of(op, "q", q.len(), &[d.seqs, d.q_heads, d.head_dim])?;
+    check_len_of(op, "k_cache", kv.k.len(), &cache)?;
+    check_len_of(op, "v_cache", kv.v.len(), &cache)?;
+    check_len_of(
         op,
         "block_table",
         kv.block_table.len(),
-        d.seqs * d.max_pages_per_seq,
+        &[d.seqs, d.max_pages_per_seq],
     )?;
     check_len(op, "seq_lens", kv.seq_lens.len(), d.seqs)?;
-    check_len(op, "out", out.len(), d.seqs * d.q_heads * d.head_dim)
+    check_len_of(op, "out", out.len(), &[d.seqs, d.q_heads, d.head_dim])
 }
 
 /// Index of `tiling` in [`Gpu::DECODE_TILINGS`], or a shape error naming the built ones.

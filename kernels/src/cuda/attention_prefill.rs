@@ -4,7 +4,7 @@
 //! `attention_prefill_ring`) and the store of the new tokens' K/V into those caches (`attention_kv_store_*`). The
 //! kernels' design is documented at the top of the .cu file.
 
-use super::{check_len, Gpu, GpuBuffer, PagedAttentionDims, PrefillChunk};
+use super::{check_len, check_len_of, Gpu, GpuBuffer, PagedAttentionDims, PrefillChunk};
 use crate::attention::AttnDims;
 use crate::KernelError;
 
@@ -116,7 +116,7 @@ pub(in crate::cuda) const PREFILL_KERNELS: &[PrefillKernel] = &[
 /// `total tokens x q_heads / 128`, the number of 128-row query tiles over all sequences and KV heads (GQA packs
 /// the `q_heads / kv_heads` heads of a KV head into the rows), to compare with the H200's 132 multiprocessors.
 ///
-/// Measured on the H200 (benchmarks/h200-runs/s2-run1/bench_attention_prefill.txt, one causal sequence, times
+/// Measured on the H200 (`benchmarks/h200.md`, one causal sequence, times
 /// in us, SDPA flash in brackets):
 /// - D256, 24 q / 4 kv: T=1024 (192 row tiles): M64_W1_N64_S2 81.0, M64_W1_N32_S2 83.4, M128_W1_N64_S2 87.4
 ///   [75.6]; T=4096 (768): M128_W1_N64_S2 769, M64_W1_N32_S2 862, M64_W1_N64_S2 916 [754]; T=16384 (3072):
@@ -128,7 +128,7 @@ pub(in crate::cuda) const PREFILL_KERNELS: &[PrefillKernel] = &[
 ///   M128_W2_N64_S2 7113, M128_W2_N32_S3 7606, M64_W1_N64_S2 8566, M128_W1_N64_S2 8617 [6527]. W2 (each K/V
 ///   fragment feeds two MMAs) is within 1% of the best at 4096 and 17% faster at 16384, so it takes every
 ///   large grid.
-/// - D64, 32 q / 8 kv (s2-run5/bench_attention_prefill.txt): T=1024 (256): M128_W2_N64_S3 35.8, M64_W1_N64_S3
+/// - D64, 32 q / 8 kv (`benchmarks/h200.md`): T=1024 (256): M128_W2_N64_S3 35.8, M64_W1_N64_S3
 ///   37.6 [33.4]; T=16384 (4096): M128_W2_N64_S3 3775, M128_W1_N64_S3 5366 [3772]. M128_W2 wins both (by 5% and
 ///   42%; 1.00x SDPA at 16384), so it serves every D64 grid.
 ///
@@ -171,7 +171,7 @@ impl Gpu {
     /// `P V` product, as in flash-attention (relative error ~3e-3 against an f32 reference on bf16 inputs).
     /// Needs `head_dim` 64, 128 or 256 and any `q_heads` multiple of `kv_heads`; `t = 0` does nothing.
     ///
-    /// Speed (H200, benchmarks/h200-runs/s2-run1): 0.90-0.98x SDPA flash at T = 1k-16k for 24 q / 4 kv x 256
+    /// Speed (H200, `benchmarks/h200.md`): 0.90-0.98x SDPA flash at T = 1k-16k for 24 q / 4 kv x 256
     /// and 32 q / 8 kv x 128 with the best tiling; the tiling is picked by [`Gpu::attention_prefill_default`]
     /// from those measurements.
     #[allow(clippy::too_many_arguments)]
@@ -460,10 +460,10 @@ impl Gpu {
         let kernel = check_prefill(op, variant, dims, scale, window, seqs, total, max_seqlen)?;
         check_batch(op, max_seqlen)?;
         let (hq, hkv, d) = (dims.q_heads, dims.kv_heads, dims.head_dim);
-        check_len(op, "q", q.len(), total * hq * d)?;
-        check_len(op, "k", k.len(), total * hkv * d)?;
-        check_len(op, "v", v.len(), total * hkv * d)?;
-        check_len(op, "out", out.len(), total * hq * d)?;
+        check_len_of(op, "q", q.len(), &[total, hq, d])?;
+        check_len_of(op, "k", k.len(), &[total, hkv, d])?;
+        check_len_of(op, "v", v.len(), &[total, hkv, d])?;
+        check_len_of(op, "out", out.len(), &[total, hq, d])?;
         check_len(op, "cu_seqlens", cu_seqlens.len(), seqs + 1)?;
         check_len(op, "prefix_lens", prefix_lens.len(), seqs)?;
         let elements = cache.elements(op, seqs, hkv, d)?;
@@ -551,8 +551,8 @@ impl Gpu {
             op,
             "total ({total}) x kv_heads ({hkv}) x head_dim ({d}) must fit the kernel's 32-bit indices"
         );
-        check_len(op, "k", k.len(), total * hkv * d)?;
-        check_len(op, "v", v.len(), total * hkv * d)?;
+        check_len_of(op, "k", k.len(), &[total, hkv, d])?;
+        check_len_of(op, "v", v.len(), &[total, hkv, d])?;
         check_len(op, "cu_seqlens", cu_seqlens.len(), seqs + 1)?;
         check_len(op, "prefix_lens", prefix_lens.len(), seqs)?;
         let elements = cache.elements(op, seqs, hkv, d)?;
@@ -607,10 +607,10 @@ impl Gpu {
         const OP: &str = "cuda::attention_prefill";
         let kernel = check_prefill(OP, variant, dims, scale, window, seqs, total, max_seqlen)?;
         let (hq, hkv, d) = (dims.q_heads, dims.kv_heads, dims.head_dim);
-        check_len(OP, "q", q.len(), total * hq * d)?;
-        check_len(OP, "k", k.len(), total * hkv * d)?;
-        check_len(OP, "v", v.len(), total * hkv * d)?;
-        check_len(OP, "out", out.len(), total * hq * d)?;
+        check_len_of(OP, "q", q.len(), &[total, hq, d])?;
+        check_len_of(OP, "k", k.len(), &[total, hkv, d])?;
+        check_len_of(OP, "v", v.len(), &[total, hkv, d])?;
+        check_len_of(OP, "out", out.len(), &[total, hq, d])?;
         if let Some(cu) = cu_seqlens {
             check_len(OP, "cu_seqlens", cu.len(), seqs + 1)?;
         }
@@ -683,7 +683,7 @@ impl CacheShape<'_> {
                 max_pages,
                 num_pages,
             } => {
-                check_len(op, "block_table", block_table.len(), seqs * max_pages)?;
+                check_len_of(op, "block_table", block_table.len(), &[seqs, max_pages])?;
                 (
                     num_pages
                         .checked_mul(kv_heads)
@@ -878,7 +878,9 @@ fn check_prefill(
             .checked_mul(dims.head_dim)
             .and_then(|row| row.checked_mul(total))
             .is_some_and(|n| n <= i32::MAX as usize)
-            && max_seqlen * group <= i32::MAX as usize,
+            && max_seqlen
+                .checked_mul(group)
+                .is_some_and(|n| n <= i32::MAX as usize),
         op,
         "total ({total}) x q_heads ({}) x head_dim ({}) must fit the kernel's 32-bit token indices",
         dims.q_heads,
@@ -1022,7 +1024,7 @@ mod tests {
             );
         }
         assert_eq!(Gpu::attention_prefill_default(96, 8, 100), None);
-        // The H200 bests of benchmarks/h200-runs/s2-run1 (D128 T=4096: 558 us vs the best 553, within 1%).
+        // The H200 bests of `benchmarks/h200.md` (D128 T=4096: 558 us vs the best 553, within 1%).
         let pick = |d, hq, t| Gpu::attention_prefill_default(d, hq, t).unwrap();
         assert_eq!(pick(256, 24, 1024), "M64_W1_N64_S2");
         assert_eq!(pick(256, 24, 4096), "M128_W1_N64_S2");

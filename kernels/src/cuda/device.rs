@@ -33,7 +33,7 @@ pub(in crate::cuda) use gemv::Activations;
 
 /// The embedded modules, each loaded at most once per context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[allow(dead_code)] // placeholder modules until their kernels land (session 2)
+#[allow(dead_code)] // placeholder modules until their kernels land
 enum Module {
     Gemv,
     Gdn,
@@ -186,7 +186,7 @@ impl Device {
     /// `griddepcontrol.launch_dependents` (`pdl_launch_dependents` in cuda/common.cuh), and they wait in
     /// `griddepcontrol.wait` (`pdl_wait`) until it has finished and its writes are visible. A predecessor that
     /// never triggers is waited for as without the attribute; a kernel launched normally runs its `pdl_*` calls as
-    /// no-ops. What it buys on the H200 (benchmarks/h200.md, s4-run2): the decode attention combine 39.2 vs 39.7 us
+    /// no-ops. What it buys on the H200 (benchmarks/h200.md): the decode attention combine 39.2 vs 39.7 us
     /// at 32k, the NVFP4 tile GEMV 3-8% per call. cudarc's launch builder sets no attributes, hence the raw call.
     ///
     /// # Safety

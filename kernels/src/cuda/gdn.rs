@@ -1,6 +1,6 @@
 //! The fused gated DeltaNet decode step (`kernels/cuda/gdn.cu`).
 
-use super::{check_len, GdnGpuInputs, GdnGpuWeights, Gpu, GpuBuffer};
+use super::{check_len, check_len_of, GdnGpuInputs, GdnGpuWeights, Gpu, GpuBuffer};
 use crate::gdn::GdnDims;
 use crate::KernelError;
 
@@ -44,9 +44,9 @@ const KERNELS: [GdnDecodeKernel; 5] = [
 /// kernels/bench/h200/bench_gdn_decode.py reads this table (the `AUTO_TABLE` rows below, one per line) to report
 /// which arm auto picks, so keep its shape.
 ///
-/// Measured on the H200 (benchmarks/h200-runs/s2-run4/bench_gdn_decode.txt; Qwen3.8-27B's layer, Hk=16 Hv=48,
+/// Measured on the H200 (`benchmarks/h200.md`; Qwen3.8-27B's layer, Hk=16 Hv=48,
 /// K=4; whole step, microseconds; fla's bare fused_recurrent beside it; the `_mb` arms (two reductions, the
-/// winners of s2-run1) lost to the `_1r` arms (one fused reduction of S^T k and S^T q) at every batch in s2-run4
+/// winners) lost to the `_1r` arms (one fused reduction of S^T k and S^T q) at every batch
 /// and were removed with split8_t64_1r, which never won):
 ///
 /// | batch | split8_t128_1r | split4_t128_1r | split2_t256_1r | split2_t128_1r | best `_mb` | block_per_head | fla   |
@@ -181,12 +181,13 @@ impl Gpu {
             "value_heads {} is too large for the kernels' 32-bit indexing",
             dims.value_heads
         );
-        let cd = dims.conv_dim();
+        let sizes = dims.checked_sizes(OP)?;
+        let cd = sizes.conv_dim;
         check_len(
             OP,
             "conv_weight",
             w.conv_weight.len(),
-            cd * dims.conv_kernel,
+            sizes.conv_weight_len,
         )?;
         check_len(OP, "a_log", w.a_log.len(), dims.value_heads)?;
         check_len(OP, "dt_bias", w.dt_bias.len(), dims.value_heads)?;
@@ -197,14 +198,19 @@ impl Gpu {
             "norm_eps must be finite and non-negative, got {}",
             w.norm_eps
         );
-        check_len(OP, "qkv", x.qkv.len(), seqs * cd)?;
-        check_len(OP, "z", x.z.len(), seqs * dims.value_width())?;
-        check_len(OP, "a", x.a.len(), seqs * dims.value_heads)?;
-        check_len(OP, "b", x.b.len(), seqs * dims.value_heads)?;
-        check_len(OP, "conv_in", conv_in.len(), seqs * dims.conv_state_len())?;
-        check_len(OP, "conv_out", conv_out.len(), seqs * dims.conv_state_len())?;
-        check_len(OP, "state", state.len(), seqs * dims.state_len())?;
-        check_len(OP, "out", out.len(), seqs * dims.value_width())?;
+        check_len_of(OP, "qkv", x.qkv.len(), &[seqs, cd])?;
+        check_len_of(OP, "z", x.z.len(), &[seqs, sizes.value_width])?;
+        check_len_of(OP, "a", x.a.len(), &[seqs, dims.value_heads])?;
+        check_len_of(OP, "b", x.b.len(), &[seqs, dims.value_heads])?;
+        check_len_of(OP, "conv_in", conv_in.len(), &[seqs, sizes.conv_state_len])?;
+        check_len_of(
+            OP,
+            "conv_out",
+            conv_out.len(),
+            &[seqs, sizes.conv_state_len],
+        )?;
+        check_len_of(OP, "state", state.len(), &[seqs, sizes.state_len])?;
+        check_len_of(OP, "out", out.len(), &[seqs, sizes.value_width])?;
         #[cfg(feature = "cuda")]
         {
             self.inner.gdn_decode_step(

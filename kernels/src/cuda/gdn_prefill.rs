@@ -3,7 +3,8 @@
 //! the CPU [`crate::gdn::prefill`] and the layouts of [`crate::gdn`] and [`Gpu::gdn_decode_step`], so an engine
 //! prefills and then decodes on the same buffers. Kernels, chunk algebra and precision: `cuda/gdn_prefill.cu`.
 
-use super::{check_len, GdnGpuInputs, GdnGpuWeights, GdnPrefillIo, Gpu, GpuBuffer};
+use super::{check_len, check_len_of, GdnGpuInputs, GdnGpuWeights, GdnPrefillIo, Gpu, GpuBuffer};
+use crate::error::checked_product;
 use crate::gdn::{GdnDims, CHUNK};
 use crate::KernelError;
 
@@ -37,7 +38,7 @@ pub(crate) enum WyMath {
     Tf32x3,
     /// `mma.sync` plain TF32 (`gdn_prefill_wy_tc1[_b]`).
     Tf32,
-    /// f16 operands on mma.sync m16n8k16, fp32 accumulation (`wyf16_bf16_cs64`, the f16 split, session 10):
+    /// f16 operands on mma.sync m16n8k16, fp32 accumulation (`wyf16_bf16_cs64`, the f16 split):
     /// `gdn_prefill_prep_h` stores q, k and v in f16 (v saturated at +-65504; q and k are l2-normed) and
     /// `gdn_prefill_wy_h_b` runs the three WY products on them (T rounded to f16 too), writing the bf16 W, U and
     /// Aqk the split's walk and output launches read, so it exists only in front of the split. Its error model
@@ -51,12 +52,12 @@ pub(crate) enum WyMath {
 /// `gdn_prefill_wy_h_b`), `math` the state kernel's,
 /// and `cols`, the state columns each state block owns (16, 32 or 64: 8, 4 or 2 blocks per (sequence, head);
 /// the `Bf16` split only 64).
-/// fla's split of launch 3 (`[wytf32_]tf32split_cs<32|64>`) was removed after s3-run3: at T = 16384 its walk
+/// fla's split of launch 3 (`[wytf32_]tf32split_cs<32|64>`) was removed: at T = 16384 its walk
 /// (1835.7 us at cs64) plus its output launch with the norm fused (963.0 us) took longer than the state walk
 /// tf32_cs64 (2272.2 us) plus the norm (277.8 us); whole step 6125.8 us against 5856.3 us for `wytf32_tf32_cs64`.
-/// On bf16 operands the same division is the `Bf16` split (session 8), faster than the default.
+/// On bf16 operands the same division is the `Bf16` split, faster than the default.
 /// Launch 1 is the same for every variant: `gdn_prefill_prep` (one warp per 128-channel segment and 8 tokens,
-/// since s3-run4; cuda/gdn_prefill.cu has its numbers).
+/// ; cuda/gdn_prefill.cu has its numbers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) struct GdnPrefillVariant {
@@ -90,15 +91,15 @@ pub(crate) const GDN_PREFILL_VARIANTS: [&str; 17] = [
 ];
 
 impl GdnPrefillVariant {
-    /// `wytf32_tf32_cs64`, the default until session 4 (now [`Gpu::GDN_PREFILL_DEFAULT`] is
+    /// `wytf32_tf32_cs64`, the default (now [`Gpu::GDN_PREFILL_DEFAULT`] is
     /// `wytf32x3_tf32_cs64`, the same with a 3xTF32 WY, for precision: see there): the WY launch and the state walk
     /// both on plain TF32 tensor cores, 64 state columns per block, after the warp prep (`gdn_prefill_prep`, every
-    /// variant's launch 1 since s3-run4). On the H200 (benchmarks/h200-runs/s3-run4, --quick, Qwen3.8-27B's layer)
+    /// variant's launch 1 ). On the H200 (`benchmarks/h200.md`, --quick, Qwen3.8-27B's layer)
     /// the whole step took 2615.4 us at B = 4, N = 9216 and 1291.7 us at T = 4096: 1.25x / 1.13x the same build
     /// on the block-per-token prep the warp prep replaced (3264.3 / 1462.8 us; the prep alone 304.9 against
     /// 969.2 us and 135.4 against 321.3 us, bit-identical outputs), 1.92x / 1.68x torch's conv + fla's chunk
     /// kernel + torch's gated norm (5033.2 / 2170.4 us), 0.35x / 0.32x fla's bare chunk kernel (909.1 / 414.5 us).
-    /// Before that, with the old prep (s3-run3, T = 16384), the whole step took 5856.3 us: 1.15x the previous
+    /// Before that, with the old prep (T = 16384), the whole step took 5856.3 us: 1.15x the previous
     /// default `tf32_cs64` (CUDA-core WY, 6763.6 us), 1.48x torch conv + fla + torch norm (8687.3 us), 0.27x fla's
     /// bare chunk kernel (1599.9 us); `wytf32_tf32_cs32` took 6130.9 us. Stages: prep (block per token) 1277.2 us,
     /// WY on tensor cores 2049.9 us (2938.4 us on the CUDA cores), state walk tf32_cs64 2272.2 us, norm 277.8 us. At
@@ -204,7 +205,7 @@ impl GdnPrefillVariant {
     }
 
     /// Whether the WY launch, not launch 1, writes the split's bf16 copies of q and k (the f16 WY, from its f16
-    /// tiles, session 12; its prep skips them).
+    /// tiles; its prep skips them).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn wy_writes_qk_bf16(&self) -> bool {
         self.wy == WyMath::F16
@@ -353,11 +354,16 @@ fn layout_geom(
         op,
         "seq_lens must name 1..=65535 sequences, got {seqs}"
     );
+    let heads = dims
+        .key_heads
+        .checked_mul(2)
+        .and_then(|qk| qk.checked_add(dims.value_heads));
     crate::ensure_shape!(
-        2 * dims.key_heads + dims.value_heads <= 65535,
+        heads.is_some_and(|h| h <= 65535),
         op,
-        "2 * key_heads + value_heads must be at most 65535 (grid limit), got {}",
-        2 * dims.key_heads + dims.value_heads
+        "2 * key_heads + value_heads must be at most 65535 (grid limit), got key_heads = {}, value_heads = {}",
+        dims.key_heads,
+        dims.value_heads
     );
     crate::ensure_shape!(
         tokens > 0,
@@ -377,14 +383,19 @@ fn layout_geom(
          {CHUNK}, {} tokens), got a sequence of {max_len} tokens",
         65535 * CHUNK
     );
-    let pad = |n: usize| n.div_ceil(64) * 64;
-    let qk_len = tokens * dims.key_heads * 128;
-    let v_len = tokens * dims.value_heads * 128;
-    let gate_len = tokens * dims.value_heads;
-    let wu_len = dims.value_heads * chunks * CHUNK * 128;
-    let aqk_len = dims.value_heads * chunks * CHUNK * CHUNK;
+    // The limits above keep every region far below 2^63 elements; the products are checked all the same.
+    let pad = |n: usize| n.div_ceil(64).saturating_mul(64);
+    let len = |what, f: &[usize]| checked_product(op, what, f);
+    let qk_len = len("tokens*Hk*128", &[tokens, dims.key_heads, 128])?;
+    let v_len = len("tokens*Hv*128", &[tokens, dims.value_heads, 128])?;
+    let gate_len = len("tokens*Hv", &[tokens, dims.value_heads])?;
+    let wu_len = len("Hv*chunks*64*128", &[dims.value_heads, chunks, CHUNK, 128])?;
+    let aqk_len = len("Hv*chunks*64*64", &[dims.value_heads, chunks, CHUNK, CHUNK])?;
     let hs_len = if split {
-        dims.value_heads * chunks * HS_SLOT_BF16 / 2
+        len(
+            "Hv*chunks*hs_slot",
+            &[dims.value_heads, chunks, HS_SLOT_BF16],
+        )? / 2
     } else {
         0
     };
@@ -434,22 +445,22 @@ fn layout_geom(
 
 impl Gpu {
     /// The build [`Gpu::gdn_prefill`] runs (and `"auto"` names): the warp prep, then the WY launch and the state
-    /// walk on plain TF32 tensor cores, 64 columns per state block. H200, s3-run4 (--quick): whole step 2615.4 us
+    /// walk on plain TF32 tensor cores, 64 columns per state block. H200 (--quick): whole step 2615.4 us
     /// at B = 4, N = 9216 and 1291.7 us at T = 4096, 1.25x / 1.13x the same build on the old block-per-token prep
     /// (3264.3 / 1462.8 us), 1.92x / 1.68x torch conv + fla + torch norm (5033.2 / 2170.4 us), 0.35x / 0.32x fla's
-    /// bare chunk kernel (909.1 / 414.5 us). s3-run3 (old prep, T = 16384): 5856.3 us, 1.15x the previous default
+    /// bare chunk kernel (909.1 / 414.5 us). On the H200 with the old prep (T = 16384): 5856.3 us, 1.15x the previous default
     /// `tf32_cs64` (6763.6 us); the stage numbers are beside the constant it names.
     ///
-    /// Since session 4 the WY launch runs 3xTF32 (`wytf32x3_tf32_cs64`, each operand split in two TF32 terms), not
+    /// Now the WY launch runs 3xTF32 (`wytf32x3_tf32_cs64`, each operand split in two TF32 terms), not
     /// plain TF32: the plain-TF32 WY's errors reach the triangular solve's output, and on the H200 its worst
-    /// normalised-output error over fresh draws went to 1.35e-2 on a 63-token sequence (s4-run1), over the tests'
-    /// 1e-2 bound; over 24 further draws (s4-run2, `tf32_builds_hold_their_bounds_over_many_draws`) the worst was
+    /// normalised-output error over fresh draws went to 1.35e-2 on a 63-token sequence, over the tests'
+    /// 1e-2 bound; over 24 further draws (`tf32_builds_hold_their_bounds_over_many_draws`) the worst was
     /// 6.3e-3 for the plain WY, 2.2e-3 with the 3xTF32 WY and 2.6e-3 with the fp32 WY. The 3xTF32 WY stage cost
-    /// 592.6 against 501.3 us at T = 4096 (s3-run4, the stage alone), ~7% of the whole step.
+    /// 592.6 against 501.3 us at T = 4096 (the stage alone), ~7% of the whole step.
     ///
-    /// Session 6 made the same build faster without changing its arithmetic (TF32 rounding by one integer add,
+    /// A later change made the same build faster without changing its arithmetic (TF32 rounding by one integer add,
     /// T inverted by 16 x 16 blocks, the walk double-buffered; cuda/gdn_prefill.cu): 1103.1 us at T = 4096 and
-    /// 2222.9 us at B = 4, N = 9216 (s6-run6), 0.38x / 0.41x fla's bare chunk kernel (414.7 / 909.2 us), 1.97x /
+    /// 2222.9 us at B = 4, N = 9216, 0.38x / 0.41x fla's bare chunk kernel (414.7 / 909.2 us), 1.97x /
     /// 2.26x torch conv + fla + torch norm; stages at T = 4096: prep 135.7, WY 370.3 (plain TF32 ~300), walk
     /// 514.6, norm 72.0 us.
     pub const GDN_PREFILL_DEFAULT: &'static str = "wytf32x3_tf32_cs64";
@@ -518,19 +529,19 @@ impl Gpu {
     /// (plain or 3xTF32) instead of the CUDA cores. Every variant runs the same conv / norms / gates launch.
     /// Tests and the benchmark drive each.
     ///
-    /// `"wytf32x3_bf16_cs64"` / `"wytf32_bf16_cs64"` run the bf16 split (session 8): the walk carries only the
+    /// `"wytf32x3_bf16_cs64"` / `"wytf32_bf16_cs64"` run the bf16 split: the walk carries only the
     /// state and the output is computed parallel over chunks with the gated norm fused, every operand of both in
-    /// bf16. H200 (s9-run5): 762.6 / 675.2 us at T = 4096 and 1628.6 / 1425.2 us at B = 4, N = 9216 against the
+    /// bf16. H200: 762.6 / 675.2 us at T = 4096 and 1628.6 / 1425.2 us at B = 4, N = 9216 against the
     /// default's 1061.0 / 2258.8 us (0.54x-0.65x fla's bare chunk kernel against 0.39x / 0.41x), at fla's
     /// precision class: up to ~3e-2 scaled error on the normalised output and ~3e-3 on the state against the f64
     /// recurrence (the default: ~2e-3 / ~2e-4). Its workspace is larger: size it with
-    /// [`Gpu::gdn_prefill_workspace_len_with`]. `"wyf16_bf16_cs64"` (session 10) is the same split behind a WY
+    /// [`Gpu::gdn_prefill_workspace_len_with`]. `"wyf16_bf16_cs64"` is the same split behind a WY
     /// launch on f16 tensor cores (q, k, v stored in f16 by its prep; the plain-TF32 WY's error model), the
-    /// fastest build: 412.3 us at T = 4096 and 902.0 us at B = 4, N = 9216 on the H200 (s13-run5; 1.003x / 1.016x
+    /// fastest build: 412.3 us at T = 4096 and 902.0 us at B = 4, N = 9216 on the H200 (1.003x / 1.016x
     /// fla's bare chunk kernel), `"wytf32_bf16_cs64"` 504.3 / 1105.4 us in the same run. The splits queue the WY,
     /// the walk and the output as programmatic dependents of the launch before (each waits in `pdl_wait`, the
     /// output per chunk on the walk's counters), so their starts overlap; their walk runs two blocks per
-    /// (sequence, head) state, or one when that many blocks would not fit the GPU at once (session 13).
+    /// (sequence, head) state, or one when that many blocks would not fit the GPU at once.
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_prefill_with(
         &self,
@@ -667,12 +678,13 @@ impl Gpu {
             workspace,
         } = io;
         let n = lay.tokens;
-        let cd = dims.conv_dim();
+        let sizes = dims.checked_sizes(op)?;
+        let cd = sizes.conv_dim;
         check_len(
             op,
             "conv_weight",
             w.conv_weight.len(),
-            cd * dims.conv_kernel,
+            sizes.conv_weight_len,
         )?;
         check_len(op, "a_log", w.a_log.len(), dims.value_heads)?;
         check_len(op, "dt_bias", w.dt_bias.len(), dims.value_heads)?;
@@ -683,24 +695,24 @@ impl Gpu {
             "norm_eps must be finite and non-negative, got {}",
             w.norm_eps
         );
-        check_len(op, "qkv", x.qkv.len(), n * cd)?;
-        check_len(op, "z", x.z.len(), n * dims.value_width())?;
-        check_len(op, "a", x.a.len(), n * dims.value_heads)?;
-        check_len(op, "b", x.b.len(), n * dims.value_heads)?;
-        check_len(
+        check_len_of(op, "qkv", x.qkv.len(), &[n, cd])?;
+        check_len_of(op, "z", x.z.len(), &[n, sizes.value_width])?;
+        check_len_of(op, "a", x.a.len(), &[n, dims.value_heads])?;
+        check_len_of(op, "b", x.b.len(), &[n, dims.value_heads])?;
+        check_len_of(
             op,
             "conv_in",
             conv_in.len(),
-            lay.seqs * dims.conv_state_len(),
+            &[lay.seqs, sizes.conv_state_len],
         )?;
-        check_len(
+        check_len_of(
             op,
             "conv_out",
             conv_out.len(),
-            lay.seqs * dims.conv_state_len(),
+            &[lay.seqs, sizes.conv_state_len],
         )?;
-        check_len(op, "state", state.len(), lay.seqs * dims.state_len())?;
-        check_len(op, "out", out.len(), n * dims.value_width())?;
+        check_len_of(op, "state", state.len(), &[lay.seqs, sizes.state_len])?;
+        check_len_of(op, "out", out.len(), &[n, sizes.value_width])?;
         crate::ensure_shape!(
             workspace.len() >= lay.total,
             op,
@@ -853,7 +865,7 @@ mod tests {
             Some(GdnPrefillVariant::DEFAULT)
         );
         // The name parses to the default as a whole (its WY prefix included), and the default is the 3xTF32
-        // tensor-core WY with the plain-TF32 state walk on 64 columns (session 4, for precision).
+        // tensor-core WY with the plain-TF32 state walk on 64 columns (for precision).
         assert_eq!(
             GdnPrefillVariant::parse(named),
             Some(GdnPrefillVariant::DEFAULT)
@@ -905,12 +917,12 @@ mod tests {
             "wytf32_cs32",
             "wytf32_tf32_cs48",
             "wytf32_wytf32_tf32_cs32",
-            // fla's split, removed after s3-run3.
+            // fla's split, removed.
             "tf32split_cs32",
             "tf32split_cs64",
             "wytf32_tf32split_cs64",
             "tf32split",
-            // The warp prep's prefix, gone since it became every variant's launch 1 (s3-run4).
+            // The warp prep's prefix, gone since it became every variant's launch 1.
             "prepw_fp32_cs32",
             "prepw_wytf32_tf32_cs64",
         ] {

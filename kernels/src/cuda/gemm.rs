@@ -4,7 +4,7 @@
 //! constraint, otherwise to the `mma.sync` kernels of `kernels/cuda/gemm.cu`, which stay callable by name
 //! ([`Gpu::fp8_block_gemm_mma_sync`], [`Gpu::nvfp4_gemm_mma_sync`]) for tests and benchmarks.
 
-use super::{check_len, Gpu, GpuBuffer};
+use super::{check_len_of, Gpu, GpuBuffer};
 use crate::KernelError;
 
 impl Gpu {
@@ -24,9 +24,9 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::fp8_quantize_activations";
         check_gemm_dims(OP, m, 1, k)?;
-        check_len(OP, "x", x.len(), m * k)?;
-        check_len(OP, "xq", xq.len(), m * k)?;
-        check_len(OP, "scales", scales.len(), m * k.div_ceil(128))?;
+        check_len_of(OP, "x", x.len(), &[m, k])?;
+        check_len_of(OP, "xq", xq.len(), &[m, k])?;
+        check_len_of(OP, "scales", scales.len(), &[m, k.div_ceil(128)])?;
         #[cfg(feature = "cuda")]
         {
             self.inner
@@ -50,7 +50,7 @@ impl Gpu {
     /// warpgroups with ping-pong partials, v4; H200, `m = 4096`, 5120x17408 and 17408x5120: 693.2 / 735.7 us,
     /// ~990-1050 TFLOP/s, 0.82x / 0.78x cuBLAS FP8 `torch._scaled_mm` with the same block scales (bf16 out;
     /// with bf16 out too, [`Gpu::fp8_block_gemm_wgmma_bf16`]: 691.6 / 712.2 us, 0.82x / 0.80x), 4.4-4.7x the
-    /// mma.sync kernel; `benchmarks/h200-runs/s3-run4/bench_gemm_sm90a.txt`),
+    /// mma.sync kernel; `benchmarks/h200.md`),
     /// otherwise [`Gpu::fp8_block_gemm_mma_sync`]. The two agree to ~1e-4 relative (the same products summed in
     /// another order).
     #[allow(clippy::too_many_arguments)]
@@ -122,7 +122,7 @@ impl Gpu {
     /// bf16 ring in shared memory, consumer warpgroups run `wgmma` m64n128k16 bf16 on 256x128 tiles; H200,
     /// `m = 4096`, 5120x17408 and 17408x5120: 1119.6 / 1188.4 us, ~615-650 TFLOP/s, 0.82x / 0.78x cuBLAS bf16
     /// `torch.matmul` on a dequantised copy (919.0 / 923.1 us; `m = 2048`: 0.70x / 0.77x, `m = 512`: 0.60x),
-    /// 3.2-3.4x the mma.sync kernel; `benchmarks/h200-runs/s3-run4/bench_gemm_sm90a.txt`),
+    /// 3.2-3.4x the mma.sync kernel; `benchmarks/h200.md`),
     /// otherwise [`Gpu::nvfp4_gemm_mma_sync`]. Both have the same K constraint, so every valid call takes the
     /// wgmma path on the H200.
     #[allow(clippy::too_many_arguments)]
@@ -198,11 +198,11 @@ fn check_fp8_gemm(
 ) -> Result<(), KernelError> {
     check_gemm_dims(op, m, n, k)?;
     let kb = k.div_ceil(128);
-    check_len(op, "xq", xq.len(), m * k)?;
-    check_len(op, "x_scales", x_scales.len(), m * kb)?;
-    check_len(op, "w", w.len(), n * k)?;
-    check_len(op, "w_scales", w_scales.len(), n.div_ceil(128) * kb)?;
-    check_len(op, "y", y.len(), m * n)
+    check_len_of(op, "xq", xq.len(), &[m, k])?;
+    check_len_of(op, "x_scales", x_scales.len(), &[m, kb])?;
+    check_len_of(op, "w", w.len(), &[n, k])?;
+    check_len_of(op, "w_scales", w_scales.len(), &[n.div_ceil(128), kb])?;
+    check_len_of(op, "y", y.len(), &[m, n])
 }
 
 /// The NVFP4 GEMM's arguments, as both paths need them.
@@ -224,10 +224,10 @@ fn check_nvfp4_gemm(
         op,
         "k must be a multiple of 64 (the NVFP4 GEMM's K tile), got {k}"
     );
-    check_len(op, "x", x.len(), m * k)?;
-    check_len(op, "w", w.len(), n * k / 2)?;
-    check_len(op, "scales", scales.len(), n * k / 16)?;
-    check_len(op, "y", y.len(), m * n)?;
+    check_len_of(op, "x", x.len(), &[m, k])?;
+    check_len_of(op, "w", w.len(), &[n, k / 2])?;
+    check_len_of(op, "scales", scales.len(), &[n, k / 16])?;
+    check_len_of(op, "y", y.len(), &[m, n])?;
     crate::ensure_shape!(
         global_scale.is_finite(),
         op,

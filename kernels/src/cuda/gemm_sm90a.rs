@@ -18,16 +18,16 @@
 //!
 //! Only v4 has the bf16 epilogue, so the bf16 entry point takes no build.
 //!
-//! Measured on the H200 at M = 4096 on 5120x17408 / 17408x5120 (benchmarks/h200-runs/s2-run5, one run, all
+//! Measured on the H200 at M = 4096 on 5120x17408 / 17408x5120 (`benchmarks/h200.md`, one run, all
 //! arms checked against torch first): v1 987 / 1050 us, v2 816 / 853, v3 906 / 889, v4 712 / 729 us (1026 /
 //! 1002 TFLOP/s) against `torch._scaled_mm` rowwise 524 / 527 us and with the same block scales 560 / 560 us:
-//! v4 is 0.72-0.74x the rowwise and 0.77-0.79x the block-scaled cuBLAS (s3-run1: 715 / 744 us, 0.79 / 0.76x
-//! block-scaled; s3-run4: 693.2 / 735.7 us fp32 out, 691.6 / 712.2 us bf16 out, 0.82 / 0.80x block-scaled
+//! v4 is 0.72-0.74x the rowwise and 0.77-0.79x the block-scaled cuBLAS (715 / 744 us, 0.79 / 0.76x
+//! block-scaled: 693.2 / 735.7 us fp32 out, 691.6 / 712.2 us bf16 out, 0.82 / 0.80x block-scaled
 //! cuBLAS, numbers at [`Gpu::fp8_block_gemm_wgmma_bf16`]). A fifth build, v4 in 2x1 clusters multicasting the
-//! weight tile (0.75x the L2 -> SM bytes), was removed after s3-run1 measured it at 741 / 777 us, 0.96-0.99x v4
+//! weight tile (0.75x the L2 -> SM bytes), was removed once the H200 measured it at 741 / 777 us, 0.96-0.99x v4
 //! at M = 512, 2048 and 4096. (128x256 tiles do not fit v4: per-128-K promotion of a 64x256 warpgroup tile needs
 //! 128 accumulator + 2 x 128 partial registers per thread.) A sixth, "v6" (v4 with 128x192 tiles, ping-pong over
-//! two m64n96k32 halves per K block), was removed after s3-run4 measured it at 859.9 / 855.9 us against v4's
+//! two m64n96k32 halves per K block), was removed once the H200 measured it at 859.9 / 855.9 us against v4's
 //! 693.2 / 735.7 us (0.81x / 0.86x v4; M = 2048: 0.76x / 0.87x).
 //!
 //! NVFP4 comes in three builds: [`Nvfp4Wgmma::Synchronous`] (v1), [`Nvfp4Wgmma::WarpSpecialized`] (v2: TMA for
@@ -35,7 +35,7 @@
 //! [`Nvfp4Wgmma::PrmtDecode256`] (v3: v2 with 256-row tiles and a byte-permute decode), which
 //! [`Gpu::nvfp4_gemm_wgmma`] runs (the table at `NVFP4_BEST`).
 
-use super::{check_len, Gpu, GpuBuffer};
+use super::{check_len_of, Gpu, GpuBuffer};
 use crate::KernelError;
 
 /// Which build of the wgmma FP8 GEMM runs (see the module docs).
@@ -75,7 +75,7 @@ pub enum Nvfp4Wgmma {
 
 /// The build [`Gpu::nvfp4_gemm_wgmma`] (and so [`Gpu::nvfp4_gemm`] on compute capability 9.0) runs: v3, faster
 /// than v2 at every measured M. H200, N x K = 5120x17408 / 17408x5120, all arms checked against an fp32 torch
-/// reference first and timed in the same rounds (benchmarks/h200-runs/s3-run1/bench_gemm_sm90a.txt):
+/// reference first and timed in the same rounds (`benchmarks/h200.md`):
 ///
 /// | M | v3 us | v2 us | v3 / v2 speed | cuBLAS bf16 `torch.matmul` us | v3 / cuBLAS speed |
 /// |---:|---:|---:|---:|---:|---:|
@@ -83,14 +83,14 @@ pub enum Nvfp4Wgmma {
 /// | 2048 | 646 / 614 | 865 / 907 | 1.34 / 1.48 | 454 / 477 | 0.70 / 0.78 |
 /// | 512 | 208 / 202 | 343 / 262 | 1.65 / 1.29 | 124 / 121 | 0.60 / 0.60 |
 ///
-/// The final run (s3-run4) agrees: M = 4096 1119.6 / 1188.4 us, 0.82x / 0.78x cuBLAS bf16 `torch.matmul`
+/// The final run agrees: M = 4096 1119.6 / 1188.4 us, 0.82x / 0.78x cuBLAS bf16 `torch.matmul`
 /// (919.0 / 923.1 us); M = 2048 0.70x / 0.77x; M = 512 0.60x.
 ///
 /// v2 ([`Nvfp4Wgmma::WarpSpecialized`]) stays selectable through [`Gpu::nvfp4_gemm_wgmma_with`].
 const NVFP4_BEST: Nvfp4Wgmma = Nvfp4Wgmma::PrmtDecode256;
 
 /// The build [`Gpu::fp8_block_gemm_wgmma`] (and so [`Gpu::fp8_block_gemm`] on compute capability 9.0) runs.
-/// v4, 1.15-1.17x v2 on the H200 (s2-run5, numbers in the module docs). Final H200 run (s3-run4, M = 4096,
+/// v4, 1.15-1.17x v2 on the H200 (numbers in the module docs). Final H200 run (M = 4096,
 /// 5120x17408 / 17408x5120): fp32 out 693.2 / 735.7 us; with the bf16 epilogue
 /// ([`Gpu::fp8_block_gemm_wgmma_bf16`], the like-for-like comparison: cuBLAS writes bf16 too) 691.6 / 712.2 us
 /// = 0.82x / 0.80x cuBLAS `_scaled_mm` with the same 1x128 / 128x128 block scales (566.9 / 570.6 us) and
@@ -197,7 +197,7 @@ impl Gpu {
     /// the fp32 form (at m = 4096, n = 17408: 143 MB instead of 285 MB per call), and the output cuBLAS
     /// `torch._scaled_mm` writes.
     ///
-    /// Measured on the H200 (benchmarks/h200-runs/s3-run4, 5120x17408 / 17408x5120, checked against torch
+    /// Measured on the H200 (`benchmarks/h200.md`, 5120x17408 / 17408x5120, checked against torch
     /// first): at `m = 4096` 691.6 / 712.2 us (fp32 out 693.2 / 735.7 us) = 0.82x / 0.80x cuBLAS
     /// `torch._scaled_mm` with the same 1x128 / 128x128 block scales and bf16 output (566.9 / 570.6 us), and
     /// 0.77x / 0.76x `_scaled_mm` rowwise (531.5 / 539.1 us); at `m = 2048` 0.85x / 0.85x block-scaled.
@@ -254,15 +254,15 @@ impl Gpu {
         const OP: &str = "cuda::fp8_block_gemm_wgmma";
         check_dims(OP, m, n, k, 128)?;
         let kb = k / 128;
-        check_len(OP, "xq", xq.len(), m * k)?;
-        check_len(OP, "x_scales", x_scales.len(), m * kb)?;
-        check_len(OP, "w", w.len(), n * k)?;
-        check_len(OP, "w_scales", w_scales.len(), n.div_ceil(128) * kb)?;
+        check_len_of(OP, "xq", xq.len(), &[m, k])?;
+        check_len_of(OP, "x_scales", x_scales.len(), &[m, kb])?;
+        check_len_of(OP, "w", w.len(), &[n, k])?;
+        check_len_of(OP, "w_scales", w_scales.len(), &[n.div_ceil(128), kb])?;
         let y_len = match &y {
             Fp8Out::F32(y) => y.len(),
             Fp8Out::Bf16(y) => y.len(),
         };
-        check_len(OP, "y", y_len, m * n)?;
+        check_len_of(OP, "y", y_len, &[m, n])?;
         #[cfg(feature = "cuda")]
         {
             let y = match y {
@@ -289,7 +289,7 @@ impl Gpu {
     }
 
     /// [`Gpu::nvfp4_gemm`] on wgmma, the measured-best build (v3, [`Nvfp4Wgmma::PrmtDecode256`];
-    /// H200, `m = 4096`, 5120x17408 and 17408x5120: 1119.6 / 1188.4 us, 0.82 / 0.78x cuBLAS bf16 (s3-run4; the
+    /// H200, `m = 4096`, 5120x17408 and 17408x5120: 1119.6 / 1188.4 us, 0.82 / 0.78x cuBLAS bf16 (the
     /// table at `NVFP4_BEST`): `y[m][n] = global_scale * sum_k x[m][k] *
     /// e2m1(w[n][k]) * e4m3(scales[n][k/16])`, fp32 out. The weights are decoded to bf16 in shared memory
     /// (exact: an e2m1 value times an e4m3 scale has at most 5 significant bits) and multiplied by `wgmma`
@@ -346,10 +346,10 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::nvfp4_gemm_wgmma";
         check_dims(OP, m, n, k, 64)?;
-        check_len(OP, "x", x.len(), m * k)?;
-        check_len(OP, "w", w.len(), n * k / 2)?;
-        check_len(OP, "scales", scales.len(), n * k / 16)?;
-        check_len(OP, "y", y.len(), m * n)?;
+        check_len_of(OP, "x", x.len(), &[m, k])?;
+        check_len_of(OP, "w", w.len(), &[n, k / 2])?;
+        check_len_of(OP, "scales", scales.len(), &[n, k / 16])?;
+        check_len_of(OP, "y", y.len(), &[m, n])?;
         crate::ensure_shape!(
             global_scale.is_finite(),
             OP,

@@ -3,7 +3,8 @@
 
 #[cfg(feature = "cuda")]
 use super::device::Activations;
-use super::{check_len, Gpu, GpuBuffer, KernelPath};
+use super::{check_len_of, Gpu, GpuBuffer, KernelPath};
+use crate::error::checked_product;
 use crate::KernelError;
 
 impl Gpu {
@@ -13,7 +14,7 @@ impl Gpu {
     /// `[ceil(n/128), ceil(k/128)]` (`weight_scale_inv`, multiplied); `y`: fp32 `[m, n]`. Needs `k % 16 == 0`
     /// (one 16-byte load per lane never straddles a row). Same as [`Gpu::fp8_block_gemv_with`] with
     /// [`KernelPath::Auto`], which takes the CUDA cores at `m = 1` (92% of copy bandwidth on 5120x17408 on the
-    /// H200 with K split over two warps, s4-run8, against 67% on the tensor cores) and the tensor cores above (at
+    /// H200 with K split over two warps, against 67% on the tensor cores) and the tensor cores above (at
     /// `m = 4` 2.8x faster).
     #[allow(clippy::too_many_arguments)]
     pub fn fp8_block_gemv(
@@ -31,19 +32,19 @@ impl Gpu {
 
     /// [`Gpu::fp8_block_gemv`] on a chosen kernel family (tests and benchmarks drive each one).
     ///
-    /// `Auto`'s table (H200, benchmarks/h200.md run 12; m = 1 updated in session 4): `m = 1` ->
+    /// `Auto`'s table (H200, benchmarks/h200.md; m = 1 updated ): `m = 1` ->
     /// `fp8_block_gemv_m1_r2_u2_k2` (CUDA cores, K split over two warps, launched as a programmatic dependent:
-    /// 86.5-91.7% of copy bandwidth on the layer shapes, s4-run8) below 65536 rows, `fp8_block_gemv_m1_r2_u2`
+    /// 86.5-91.7% of copy bandwidth on the layer shapes) below 65536 rows, `fp8_block_gemv_m1_r2_u2`
     /// (105.5% on the lm_head) above (`fp8_m1_ksplit_auto`, `fp8_m1_pdl_auto`); `m = 2..=8` ->
     /// `fp8_block_gemv_mma_n8`, `m = 9..=16` -> `fp8_block_gemv_mma_n16` (tensor cores, 47-94%). A caller that can
     /// lend a scratch buffer should call [`Gpu::fp8_block_gemv_with_scratch`], which at `m >= 2` converts the
-    /// activations once per call and cuts the work for the shape (1.0-1.2x this table, s5-run1). A variant replaces an entry only where `kernels/bench/h200/bench_gemv.py` measures it faster ("Auto
-    /// table candidates" in its output). The s2-run5 sweep's m = 1 variants lost and were deleted: L2::256B prefetch
+    /// activations once per call and cuts the work for the shape (1.0-1.2x this table). A variant replaces an entry only where `kernels/bench/h200/bench_gemv.py` measures it faster ("Auto
+    /// table candidates" in its output). An H200 sweep's m = 1 variants lost and were deleted: L2::256B prefetch
     /// hints 0.99-1.01x, split-K with atomics 0.83-1.01x, `cp.async.bulk` rings per warp 0.48-0.80x of this kernel.
     ///
     /// Persistent stream-K kernels (one wave of `SMs x B` blocks of 4 warps, the work cut into one equal contiguous
     /// range per warp, an S-stage `cp.async` ring per warp, partial sums by atomics) lost to this table at every
-    /// shape and m in s3-run1 (`benchmarks/h200-runs/s3-run1/bench_gemv.txt`) and were deleted. CUDA cores, m = 1,
+    /// shape and m (`benchmarks/h200.md`) and were deleted. CUDA cores, m = 1,
     /// 5120x17408: 25.19 us here (83.7% of copy) against `p4b4` 32.77, `p4b8` 32.02, `p8b4` 43.16, `p8b6` 37.52;
     /// 5120x10240: 16.32 against 21.99 (`p4b4`); lm_head 284 against 376-405. Tensor cores with preconverted
     /// activations (`pp3`, `pp6`): 0.45-0.72x of this table at m = 1, 4 and 16. From the SASS of that build
@@ -172,7 +173,7 @@ impl Gpu {
 
     /// [`Gpu::nvfp4_gemv`] on a chosen kernel family (tests and benchmarks drive each one).
     ///
-    /// `Auto`'s table (H200, benchmarks/h200.md run 12): `nvfp4_gemv_mma_n8` for `m <= 8`, `nvfp4_gemv_mma_n16`
+    /// `Auto`'s table (H200, benchmarks/h200.md): `nvfp4_gemv_mma_n8` for `m <= 8`, `nvfp4_gemv_mma_n16`
     /// above (38-61% of copy bandwidth). The decode path of an engine is not this one but the repacked tile
     /// layout, [`Gpu::nvfp4_gemv_tiles`] (1.2-1.9x faster, table there).
     #[allow(clippy::too_many_arguments)]
@@ -190,10 +191,10 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::nvfp4_gemv";
         check_gemv_dims(OP, m, n, k, 32)?;
-        check_len(OP, "x", x.len(), m * k)?;
-        check_len(OP, "w", w.len(), n * k / 2)?;
-        check_len(OP, "scales", scales.len(), n * k / 16)?;
-        check_len(OP, "y", y.len(), m * n)?;
+        check_len_of(OP, "x", x.len(), &[m, k])?;
+        check_len_of(OP, "w", w.len(), &[n, k / 2])?;
+        check_len_of(OP, "scales", scales.len(), &[n, k / 16])?;
+        check_len_of(OP, "y", y.len(), &[m, n])?;
         crate::ensure_shape!(
             global_scale.is_finite(),
             OP,
@@ -430,7 +431,10 @@ impl Gpu {
     /// the f16 B fragments of `ceil(k/128)` chunks x one (m <= 8) or two 8-token tiles, 2 KiB each. One buffer of
     /// `gemv_scratch_len(16, k_max)` words serves every call of a model (32 bytes per `k`: 544 KiB at k = 17408).
     pub fn gemv_scratch_len(m: usize, k: usize) -> usize {
-        k.div_ceil(128) * if m <= 8 { 1 } else { 2 } * 512
+        // Saturating: a `k` past any real model answers a length no buffer has, never a wrapped one.
+        k.div_ceil(128)
+            .saturating_mul(if m <= 8 { 1 } else { 2 })
+            .saturating_mul(512)
     }
 
     /// [`Gpu::fp8_block_gemv`] on the tensor cores with the activations converted once per call (one small
@@ -561,11 +565,16 @@ impl Gpu {
     ) -> Result<Nvfp4TileWeights, KernelError> {
         const OP: &str = "cuda::nvfp4_repack_tiles";
         check_gemv_dims(OP, 1, n, k, 32)?;
-        check_len(OP, "w", w.len(), n * k / 2)?;
-        check_len(OP, "scales", scales.len(), n * k / 16)?;
-        let tiles = n.div_ceil(16) * k.div_ceil(128);
-        let mut wr = self.zeros::<u8>(tiles * 1024)?;
-        let mut sr = self.zeros::<u32>(tiles * 32)?;
+        check_len_of(OP, "w", w.len(), &[n, k / 2])?;
+        check_len_of(OP, "scales", scales.len(), &[n, k / 16])?;
+        let tiles = [n.div_ceil(16), k.div_ceil(128)];
+        let mut wr = self.zeros::<u8>(checked_product(
+            OP,
+            "tiles*1024",
+            &[tiles[0], tiles[1], 1024],
+        )?)?;
+        let mut sr =
+            self.zeros::<u32>(checked_product(OP, "tiles*32", &[tiles[0], tiles[1], 32])?)?;
         #[cfg(feature = "cuda")]
         self.inner
             .nvfp4_repack_mma(&w.slice, &scales.slice, &mut wr.slice, &mut sr.slice, n, k)?;
@@ -589,8 +598,9 @@ impl Gpu {
     ) -> Result<Fp8TileWeights, KernelError> {
         const OP: &str = "cuda::fp8_repack_tiles";
         check_gemv_dims(OP, 1, n, k, 16)?;
-        check_len(OP, "w", w.len(), n * k)?;
-        let mut wr = self.zeros::<u8>(n.div_ceil(16) * k.div_ceil(128) * 2048)?;
+        check_len_of(OP, "w", w.len(), &[n, k])?;
+        let len = checked_product(OP, "tiles*2048", &[n.div_ceil(16), k.div_ceil(128), 2048])?;
+        let mut wr = self.zeros::<u8>(len)?;
         #[cfg(feature = "cuda")]
         self.inner.fp8_repack_mma(&w.slice, &mut wr.slice, n, k)?;
         #[cfg(not(feature = "cuda"))]
@@ -602,10 +612,10 @@ impl Gpu {
     /// weights in the tile layout ([`Gpu::fp8_repack_tiles`], once at load), on the tensor cores, `1 <= m <= 16`:
     /// **the FP8 decode GEMV** for an engine that repacks. `scratch` (at least [`Gpu::gemv_scratch_len`]`(m, k)`
     /// words, contents ignored) receives the activations as `mma` fragments where the table converts them once per
-    /// call. The cut, by shape (`fp8_tiles_auto`), from the session 5 sweep (s5-run3, s5-run4; us and fraction
+    /// call. The cut, by shape (`fp8_tiles_auto`), from an H200 sweep (us and fraction
     /// of copy, m = 1 / 4 / 16):
     ///
-    /// | shape (n x k) | m = 1 (s5-run9) | m = 4 | m = 16 | checkpoint layout (`fp8_block_gemv_with_scratch`) |
+    /// | shape (n x k) | m = 1 | m = 4 | m = 16 | checkpoint layout (`fp8_block_gemv_with_scratch`) |
     /// |---|---|---|---|---|
     /// | 5120 x 17408 | 21.45 (99%) | 24.9 (85%) | 25.8 (82%) | 22.7 (93%) / 29.6 / 33.5 |
     /// | 17408 x 5120 | 23.13 (92%) | 23.9 (88%) | 25.8 (83%) | 24.3 (88%) / 29.3 / 34.7 |
@@ -647,9 +657,9 @@ impl Gpu {
     /// same H200 sweeps as `fp8_tiles_auto`'s preconverted entries: 8 warps x 2 blocks per tile up to 8192 rows,
     /// above 4 x 1 at m >= 9 and 8 x 1 at m <= 8. Where [`Gpu::fp8_gemv_tiles`] runs a kernel that reads bf16 x
     /// itself (m = 1 on the CUDA cores; m <= 8 on 8193..65535 rows, converting in the GEMV), that path stays
-    /// faster. s7-run6, m = 16, this kernel alone against `fp8_gemv_tiles`' fragment kernel + the same GEMV: 23.57
+    /// faster. On the H200, m = 16, this kernel alone against `fp8_gemv_tiles`' fragment kernel + the same GEMV: 23.57
     /// against 25.65 us on 5120x17408, 24.64 against 25.42 on 17408x5120, 15.45 against 17.05 on 5120x10240.
-    /// s7-run8, the decode step norm + GEMV, `rmsnorm_fp8_fragments` + this against `rmsnorm` + fragment kernel +
+    /// On the H200, the decode step norm + GEMV, `rmsnorm_fp8_fragments` + this against `rmsnorm` + fragment kernel +
     /// the same GEMV (same bits), m = 4 / 16: 25.38 / 25.57 against 30.84 / 31.15 us on 5120x17408 (1.22x), 26.85 /
     /// 26.91 against 27.43 / 27.64 on 17408x5120, 16.26 / 16.80 against 20.57 / 20.92 on 5120x10240 (1.24-1.27x),
     /// 288.2 / 332.1 against 290.6 / 333.9 on the lm_head.
@@ -772,14 +782,14 @@ impl Gpu {
         let (n, k) = (tiles.n, tiles.k);
         check_gemv_dims(op, m, n, k, 16)?;
         if let Some(x) = x {
-            check_len(op, "x", x.len(), m * k)?;
+            check_len_of(op, "x", x.len(), &[m, k])?;
         }
-        check_len(op, "y", y.len(), m * n)?;
-        check_len(
+        check_len_of(op, "y", y.len(), &[m, n])?;
+        check_len_of(
             op,
             "scales",
             scales.len(),
-            n.div_ceil(128) * k.div_ceil(128),
+            &[n.div_ceil(128), k.div_ceil(128)],
         )?;
         if let Some(s) = scratch {
             check_scratch(op, s, m, k)?;
@@ -880,7 +890,7 @@ impl Gpu {
     /// call to f16 `mma` fragments. Nothing is allocated per call.
     ///
     /// The kernel is chosen by `m` (and the shape) from the H200 measurements of `kernels/bench/h200/bench_gemv.py`
-    /// (run s2-run3, `benchmarks/h200-runs/s2-run3/bench_gemv.txt`): activations preconverted at every `m`, one
+    /// (`benchmarks/h200.md`): activations preconverted at every `m`, one
     /// chunk in flight per warp, no K split:
     ///
     /// | shape (n x k) | m = 1 | m = 4 | m = 16 | checkpoint layout, `Auto`, m = 1 / 4 / 16 |
@@ -890,12 +900,12 @@ impl Gpu {
     /// | 5120 x 10240 | 14.6 us, 48% | 14.7 us, 48% | 16.4 us, 43% | 18.0 / 18.1 / 27.4 us |
     /// | 248320 x 5120 (lm_head) | 197 us, 86% | 222 us, 77% | 312 us, 56% | 292 / 306 / 578 us |
     ///
-    /// (Measured with the `nvfp4_gemv_mma_tile_pre_*` kernels, which this runs with one K split.) Since s2-run5:
+    /// (Measured with the `nvfp4_gemv_mma_tile_pre_*` kernels, which this runs with one K split.) Since then:
     /// two K splits (`nvfp4_gemv_tiles_n8_u1`, same arithmetic, bit for bit with one split) at m <= 8 on
-    /// n <= 8192, 19.2 / 13.0 us at m = 1; the table of s3-run1 is in `nvfp4_tiles_auto`. Since session 14 (the
-    /// tile layout's bits reordered for a cheaper decode, s14-run2; the m = 1 kernel on up to 8192 rows, s14-run4),
+    /// n <= 8192, 19.2 / 13.0 us at m = 1; the table is in `nvfp4_tiles_auto`. Since a later change (the
+    /// tile layout's bits reordered for a cheaper decode; the m = 1 kernel on up to 8192 rows),
     /// m = 1: 15.2-15.5 / 15.4-15.7 / 10.0-10.3 / 170-175 us on the four shapes above (77-79 / 76-77 / 68-70 /
-    /// 97-100% of copy, s14-run4..6), the tables in `nvfp4_tiles_auto`.
+    /// 97-100% of copy), the tables in `nvfp4_tiles_auto`.
     pub fn nvfp4_gemv_tiles(
         &self,
         x: &GpuBuffer<u16>,
@@ -929,7 +939,7 @@ impl Gpu {
     /// have the producer zero y, so they keep `Auto`'s atomic split: call one for the first GEMV on an input, this
     /// for the others on the same fragments.)
     /// Not bit for bit with [`Gpu::nvfp4_gemv_tiles`] there (the halves meet in another order), the same precision
-    /// class. Measured (s15-run3, `benchmarks/h200.md`, producer + this against `rmsnorm` / `silu_and_mul` +
+    /// class. Measured (`benchmarks/h200.md`, producer + this against `rmsnorm` / `silu_and_mul` +
     /// [`Gpu::nvfp4_gemv_tiles`]): 1.09-1.36x on the layer shapes at m = 1, 1.02-1.32x at m = 4, 1.01-1.24x at
     /// m = 16, the same on the lm_head.
     pub fn nvfp4_gemv_tiles_fragments(
@@ -1094,6 +1104,7 @@ impl Gpu {
                 );
                 ("x", k, x.len())
             }
+            // k is at most i32::MAX (the tiles were checked when made), so 2k fits.
             StepProducer::Glu { gate_up, .. } => ("gate_up", 2 * k, gate_up.len()),
         };
         crate::ensure_shape!(
@@ -1131,7 +1142,7 @@ impl Gpu {
     /// from run to run in the last bits): `nvfp4_gemv_tiles_n8_u1` (m <= 8) or `_n16_u1`, the same products bit for bit
     /// as `Auto`'s one-split kernels. Without `scratch`: the activations are converted per weight tile inside the GEMV
     /// (`nvfp4_gemv_mma_tile_n*`, `k_splits` must be 1), slower at every `m` measured. Two chunks in flight per warp in
-    /// registers (`_u2`) lost at every shape in s2-run3 and s2-run5 (e.g. 283 vs 224 us on lm_head at m = 1) and was
+    /// registers (`_u2`) lost at every shape (e.g. 283 vs 224 us on lm_head at m = 1) and was
     /// deleted.
     #[allow(clippy::too_many_arguments)]
     pub fn nvfp4_gemv_tiles_variant(
@@ -1247,8 +1258,8 @@ impl Gpu {
             "k_splits must be 1..=16, got {splits}"
         );
         check_gemv_dims(op, m, n, k, 32)?;
-        check_len(op, "x", x.len(), m * k)?;
-        check_len(op, "y", y.len(), m * n)?;
+        check_len_of(op, "x", x.len(), &[m, k])?;
+        check_len_of(op, "y", y.len(), &[m, n])?;
         crate::ensure_shape!(
             global_scale.is_finite(),
             op,
@@ -1337,7 +1348,7 @@ impl Gpu {
 
 /// The cut [`Gpu::fp8_block_gemv_with_scratch`] runs for `m >= 2` ([`MmaSplit`], always as programmatic
 /// dependents): on matrices of at most 8192 rows two 8-warp blocks per tile for `m <= 8` and three 4-warp blocks
-/// for `m >= 9`; on taller ones one 4-warp block per tile. H200, s5-run1 (`benchmarks/h200-runs/s5-run1`), us,
+/// for `m >= 9`; on taller ones one 4-warp block per tile. H200 (`benchmarks/h200.md`), us,
 /// against the table before (the tensor-core kernel converting its own activations at `m <= 8` below 65536 rows,
 /// one 8-warp block per tile on preconverted activations elsewhere):
 ///
@@ -1348,9 +1359,9 @@ impl Gpu {
 /// | 5120 x 10240 | 20.21 | 20.41 (w8c2) | 23.52 | **21.79** (w4c3) |
 /// | 248320 x 5120 | 327.58 | **316.53** (w4c1) | 380.79 | **379.91** (w4c1) |
 ///
-/// The one loss, 1% on 5120x10240 at m = 4, is within that case's spread. Before session 5: preconverting was
-/// faster at m >= 9 everywhere (s2-run3: 34.5 vs 42.6 us on 5120x17408) and at m = 2..=8 on the lm_head (322.1 vs
-/// 351.6 us, s3-run1), within 0.96-1.01x at m = 4 on the layer shapes.
+/// The one loss, 1% on 5120x10240 at m = 4, is within that case's spread. Earlier: preconverting was
+/// faster at m >= 9 everywhere (34.5 vs 42.6 us on 5120x17408) and at m = 2..=8 on the lm_head (322.1 vs
+/// 351.6 us), within 0.96-1.01x at m = 4 on the layer shapes.
 fn fp8_split_auto(m: usize, n: usize) -> MmaSplit {
     let (warps, splits) = match (n <= 8192, m <= 8) {
         (true, true) => (8, 2),
@@ -1376,7 +1387,7 @@ enum Fp8TileKernel {
 }
 
 /// [`Gpu::fp8_gemv_tiles`]'s choice for `m` tokens and `n` rows: the kernel and its cut; always as programmatic
-/// dependents. s5-run3 / s5-run4 / s5-run9 (`benchmarks/h200-runs/s5-run{3,4,9}/bench_gemv.txt`), us, the choice
+/// dependents. Three H200 sweeps (`benchmarks/h200.md`), us, the choice
 /// in bold:
 ///
 /// | shape (n x k) | m | CUDA cores (m = 1) w8c2 / w8c1 / w4c3 | preconverted w8c2 / w8c1 / w4c1 | converting w8c2 / w8c1 / w4c1 |
@@ -1425,7 +1436,7 @@ fn fp8_tiles_auto(m: usize, n: usize) -> (MmaSplit, Fp8TileKernel) {
 ///
 /// Why: one block of 8 warps per tile leaves a 5120-row matrix 320 blocks, ~19 warps per SM with one 2 KiB (FP8)
 /// chunk each in flight, where the FP8 `m = 1` kernel keeps ~40 warps' worth in flight at 90% of copy; and a
-/// 17408-row matrix 1088 blocks of 8 warps, 1.65 waves of 5 chunks per warp. The session 5 sweep (s5-run1,
+/// 17408-row matrix 1088 blocks of 8 warps, 1.65 waves of 5 chunks per warp. The the sweep (
 /// `benchmarks/h200.md`) measured every cut; `fp8_split_auto` and `nvfp4_tiles_auto` hold the winners.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmaSplit {
@@ -1438,7 +1449,7 @@ pub struct MmaSplit {
 }
 
 impl MmaSplit {
-    /// One block of 8 warps per tile, launched plainly: the kernels' shape before session 5.
+    /// One block of 8 warps per tile, launched plainly: the kernels' earlier shape.
     pub const ONE_TILE: MmaSplit = MmaSplit {
         warps: 8,
         splits: 1,
@@ -1533,7 +1544,7 @@ pub(in crate::cuda) enum TilesKernel {
 
 /// The kernel [`Gpu::nvfp4_gemv_tiles_fragments`] runs for `m` tokens and `n` rows: `nvfp4_tiles_auto`'s, except
 /// where that one adds K splits into a zeroed y (its fragment kernel zeroes it; a producer writing the fragments
-/// does not): there the same split as one cluster (`M1Cluster` at m = 1, 8 warps x 2 blocks at m <= 8). s15-run3,
+/// does not): there the same split as one cluster (`M1Cluster` at m = 1, 8 warps x 2 blocks at m <= 8). On the H200,
 /// the GEMV alone on fragments, m = 1: the cluster build 14.31 against 13.63 us (atomics, y not zeroed) on
 /// 5120x17408, 9.64 against 8.96 on 5120x10240; with its producer the step is still 1.02-1.36x the unfused one
 /// at m = 1 and 4. `Gpu::nvfp4_step` (the `*_nvfp4_gemv` calls) has its producer zero y and keeps `Auto`'s cut.
@@ -1551,10 +1562,10 @@ fn nvfp4_fragments_cut(m: usize, n: usize) -> TilesKernel {
 
 /// `Auto`'s choice for [`Gpu::nvfp4_gemv_tiles`]: the kernel and the K splits for `m` tokens and `n` rows.
 /// Activations are always preconverted (faster than converting them in the GEMV at every m and shape measured:
-/// 1.04-1.47x, H200 run s2-run3). Two K splits (`nvfp4_gemv_tiles_n8_u1`) where the rows alone leave the GPU short
+/// 1.04-1.47x, an H200 run). Two K splits (`nvfp4_gemv_tiles_n8_u1`) where the rows alone leave the GPU short
 /// of blocks, m <= 8 on the 5120-row shapes (320 tiles of 16 rows for 132 SMs); everywhere else one split on
 /// `nvfp4_gemv_mma_tile_pre_n8` / `_n16`, bitwise the same products as `nvfp4_gemv_tiles_n*_u1` with one split and
-/// faster in s2-run5 and s3-run1. s3-run1 (`benchmarks/h200-runs/s3-run1/bench_gemv.txt`), us: `tilepre` (one
+/// faster. On the H200 (`benchmarks/h200.md`), us: `tilepre` (one
 /// split, `nvfp4_gemv_mma_tile_pre_*`) / `t1k1` (one split, `nvfp4_gemv_tiles_n*_u1`) / `t1k2` (two splits of the
 /// latter), the choice in bold:
 ///
@@ -1565,12 +1576,12 @@ fn nvfp4_fragments_cut(m: usize, n: usize) -> TilesKernel {
 /// | 5120 x 10240 | 14.83 / 14.95 / **13.08** | 14.89 / 15.02 / **13.24** | **17.03** / 20.53 / 18.85 |
 /// | 248320 x 5120 | **199.2** / 208.2 / 233.2 | **204.2** / 211.2 / 241.0 | **294.1** / 328.8 / 374.2 |
 ///
-/// Before s3, `Auto` ran `t1k1` at m <= 8 on n > 8192: 2-4% slower than `tilepre` in both runs (s2-run5: 19.17 vs
+/// Before s3, `Auto` ran `t1k1` at m <= 8 on n > 8192: 2-4% slower than `tilepre` in both runs (19.17 vs
 /// 19.66 us on 17408x5120, 214.9 vs 224.2 on lm_head at m = 1).
 ///
 /// Persistent stream-K kernels (one wave of `SMs x B` blocks of 4 warps, one equal contiguous range of (tile,
 /// chunk) items per warp, an S-stage `cp.async` ring per warp, partial sums by atomics; arms `p{S}b{B}`) lost to
-/// this table at every shape and m in s3-run1 and were deleted: m = 1, 5120x17408: `t1k2` 19.23 us (61.7% of copy)
+/// this table at every shape and m and were deleted: m = 1, 5120x17408: `t1k2` 19.23 us (61.7% of copy)
 /// against `p4b4` 27.86, `p4b8` 26.70, `p8b6` 25.70; 17408x5120: `tilepre` 19.20 against `p4b8` 23.88; lm_head
 /// 199.2 (85.0%) against 243.9-295.7; m = 16, the four shapes in the table's order: `tilepre` 25.8 / 24.8 / 17.0 /
 /// 294 us against `p4b6` 27.8 / 27.9 / 20.0 / 338. From the SASS of
@@ -1579,18 +1590,18 @@ fn nvfp4_fragments_cut(m: usize, n: usize) -> TilesKernel {
 /// 8 BRA, 4 BSSY/BSYNC, 6 LDS per chunk), at or over the ~300 per KiB that 85% of copy allows on 4 schedulers;
 /// and with 56-70 registers and 4 warps per block, 16-32 warps per SM against the 40 of 5 tile blocks.
 ///
-/// Session 5 (s5-run1, s5-run2): on the lm_head at m <= 8, one block of 4 warps per tile (`nvfp4_gemv_mma_tile_pre_n8_w4c1`,
+/// Tried earlier: on the lm_head at m <= 8, one block of 4 warps per tile (`nvfp4_gemv_mma_tile_pre_n8_w4c1`,
 /// [`MmaSplit`], as programmatic dependents): 188.4 / 193.8 us against `tilepre` 195.4 / 204.2 at m = 1, 196.4 /
 /// 197.7 against 203.8 / 209.6 at m = 4. Elsewhere the table stands: two- and three-block clusters per tile lost
 /// to the atomic two splits on the 5120-row shapes (21.6-21.8 against 18.3-18.6 us), and 4- or 8-warp single
 /// blocks came within 1% of `tilepre` on 17408 rows.
 ///
-/// Session 7 (s7-run2, s7-run3): a block-level shared-memory ring filled by `cp.async.bulk` from a producer warp
+/// Tried earlier: a block-level shared-memory ring filled by `cp.async.bulk` from a producer warp
 /// (W consumer warps x P stages, 1-3 K splits) lost at every shape and m (m = 1: 20.7 / 20.9 / 14.9 / 236 us
 /// against this table's 18.7 / 17.7 / 12.7 / 185) and was deleted; the numbers and why are in `cuda/gemv.cu`
 /// beside `nvfp4_gemv_tiles_n8_u1`.
 ///
-/// Session 14 (s14-run2, `benchmarks/h200-runs/s14-run2/`, two bench runs within 1% of each other): the tile layout's
+/// Measured earlier (`benchmarks/h200.md`, two bench runs within 1% of each other): the tile layout's
 /// e2m1 bits reordered so that the decode takes 9 instructions per 8 values instead of ~16.5 (`e2m1x8_to_f16_pairs`
 /// in `cuda/gemv.cu`). That made every m <= 8 kernel 5-20% faster and moved the winner on the 17408-row shape to one
 /// block of 8 warps per tile (`nvfp4_gemv_mma_tile_pre_n*_w8c1`, as programmatic dependents), at m = 16 too; the
@@ -1606,7 +1617,7 @@ fn nvfp4_fragments_cut(m: usize, n: usize) -> TilesKernel {
 /// (m = 16 on 5120 x 10240: `t1k2_pdl` within 2% of `tilepre_pdl`, in both runs, not worth a rule.)
 ///
 /// Then the m = 1 kernel (`nvfp4_gemv_tiles_m1_w{W}`, [`Gpu::nvfp4_gemv_tiles_m1`]: the group scales applied once
-/// per chunk after the mma, 125 instructions per chunk against 165) in s14-run4 (two runs), us, `m1w8k2` /
+/// per chunk after the mma, 125 instructions per chunk against 165) (two runs), us, `m1w8k2` /
 /// `m1w8k1` / `m1w4k1` against the best of the table above: 5120 x 17408 **15.24-15.46** / 23.2 / 40.1 against
 /// `t1k2_pdl` 15.67-15.89; 17408 x 5120 17.1 / 15.75-16.07 / 15.41-15.72 against `w8c1` **15.40-15.70**; 5120 x
 /// 10240 **10.06-10.24** / 14.9 / 24.4 against `t1k2_pdl` 10.72-10.94; lm_head 210 / 183.5 / 180.3-182.0 against
@@ -1637,7 +1648,7 @@ fn nvfp4_tiles_auto(m: usize, n: usize) -> (TilesKernel, usize) {
 /// `Auto`'s K split for the `m = 1` FP8 GEMV on the CUDA cores ([`Gpu::fp8_block_gemv_m1_ksplit`]): 2 on the layer
 /// shapes, 1 on the lm_head. Why: the unsplit kernel has one block of 8 warps per 16 rows, 19 warps per SM on a
 /// 5120-row matrix of the 32 its registers allow, and Nsight Compute showed it latency-bound there (40% of issue
-/// slots, 4.8 warps per scheduler; s4-run5). H200, s4-run6 (`benchmarks/h200-runs/s4-run6/bench_gemv.txt`), us and
+/// slots, 4.8 warps per scheduler). H200 (`benchmarks/h200.md`), us and
 /// fraction of copy for splits 1 / 2 / 4:
 ///
 /// | shape (n x k) | 1 | 2 | 4 |
@@ -1658,7 +1669,7 @@ fn fp8_m1_ksplit_auto(n: usize) -> usize {
 }
 
 /// Whether `Auto` launches the `m = 1` FP8 GEMV as a programmatic dependent (`Device::launch_pdl`): with the K
-/// split, below 65536 rows. s4-run8 (--quick, `benchmarks/h200-runs/s4-run8/bench_gemv.txt`), us and fraction of
+/// split, below 65536 rows. On the H200 (--quick, `benchmarks/h200.md`), us and fraction of
 /// copy, split in two plain / split in two as a dependent: 5120x17408 23.83 (88.3%) / **22.94 (91.7%)**,
 /// 17408x5120 25.43 (82.7%) / **24.34 (86.5%)**, 5120x10240 14.94 (82.8%) / **13.63 (90.8%)**. The unsplit kernel
 /// as a dependent was 1.2x slower on the 5120-row shapes (31.2 vs 25.9 us: its one-wave grid of 320 blocks,
@@ -1683,15 +1694,15 @@ fn check_fp8_gemv(
     k: usize,
 ) -> Result<(), KernelError> {
     check_gemv_dims(op, m, n, k, 16)?;
-    check_len(op, "x", x.len(), m * k)?;
-    check_len(op, "w", w.len(), n * k)?;
-    check_len(
+    check_len_of(op, "x", x.len(), &[m, k])?;
+    check_len_of(op, "w", w.len(), &[n, k])?;
+    check_len_of(
         op,
         "scales",
         scales.len(),
-        n.div_ceil(128) * k.div_ceil(128),
+        &[n.div_ceil(128), k.div_ceil(128)],
     )?;
-    check_len(op, "y", y.len(), m * n)
+    check_len_of(op, "y", y.len(), &[m, n])
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1707,10 +1718,10 @@ fn check_nvfp4_gemv(
     k: usize,
 ) -> Result<(), KernelError> {
     check_gemv_dims(op, m, n, k, 32)?;
-    check_len(op, "x", x.len(), m * k)?;
-    check_len(op, "w", w.len(), n * k / 2)?;
-    check_len(op, "scales", scales.len(), n * k / 16)?;
-    check_len(op, "y", y.len(), m * n)?;
+    check_len_of(op, "x", x.len(), &[m, k])?;
+    check_len_of(op, "w", w.len(), &[n, k / 2])?;
+    check_len_of(op, "scales", scales.len(), &[n, k / 16])?;
+    check_len_of(op, "y", y.len(), &[m, n])?;
     crate::ensure_shape!(
         global_scale.is_finite(),
         op,
@@ -1745,7 +1756,7 @@ fn check_nvfp4_fragments_gemv(
     m: usize,
 ) -> Result<(), KernelError> {
     check_gemv_dims(op, m, tiles.n, tiles.k, 32)?;
-    check_len(op, "y", y.len(), m * tiles.n)?;
+    check_len_of(op, "y", y.len(), &[m, tiles.n])?;
     crate::ensure_shape!(
         global_scale.is_finite(),
         op,

@@ -391,6 +391,23 @@ fn check_len(op: &'static str, name: &str, got: usize, want: usize) -> Result<()
     Ok(())
 }
 
+/// [`check_len`] against the product of `factors`, multiplied with checked arithmetic: a product that does not fit
+/// in `usize` is a shape error, never a wrapped length that a launch would then trust.
+fn check_len_of(
+    op: &'static str,
+    name: &str,
+    got: usize,
+    factors: &[usize],
+) -> Result<(), KernelError> {
+    let Some(want) = factors.iter().try_fold(1usize, |a, &f| a.checked_mul(f)) else {
+        return Err(KernelError::shape(
+            op,
+            format!("the size of {name} (the product of {factors:?}) overflows usize"),
+        ));
+    };
+    check_len(op, name, got, want)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

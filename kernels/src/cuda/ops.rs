@@ -21,7 +21,7 @@
 //! and parameter) is checked here and refused with [`KernelError::Shape`] before any launch.
 
 use super::{
-    check_len, Fp8Fragments, FragmentOrder, GemvFragments, Gpu, GpuBuffer, GpuScalar,
+    check_len, check_len_of, Fp8Fragments, FragmentOrder, GemvFragments, Gpu, GpuBuffer, GpuScalar,
     Nvfp4Fragments,
 };
 use crate::attention::Rope;
@@ -151,7 +151,7 @@ fn check_logits(
         op,
         "out has {out} rows, expected 1..={max_rows}"
     );
-    check_len(op, "logits", logits, out * vocab)?;
+    check_len_of(op, "logits", logits, &[out, vocab])?;
     Ok(out)
 }
 
@@ -177,7 +177,7 @@ fn check_rope(
         op,
         "heads x head_dim and the token count must fit 32-bit indices"
     );
-    check_len(op, "x", x, positions.saturating_mul(heads * rope.head_dim))?;
+    check_len_of(op, "x", x, &[positions, heads, rope.head_dim])?;
     Ok(positions)
 }
 
@@ -201,18 +201,18 @@ fn check_int4_table(
         "group must be one of {:?}, got {group}",
         crate::linear::int4::GROUPS
     );
-    let npad = n.div_ceil(64) * 64;
+    let npad = n.div_ceil(64).saturating_mul(64);
     crate::ensure_shape!(
         npad <= u32::MAX as usize && k <= I32_MAX,
         op,
         "n = {n} and k = {k} must fit the kernel's 32-bit indices"
     );
-    check_len(op, "packed", packed, npad / 64 * k * 32)?;
-    check_len(
+    check_len_of(op, "packed", packed, &[npad / 64, k, 32])?;
+    check_len_of(
         op,
         "scales_zeros",
         scales_zeros,
-        k.div_ceil(group) * npad * 2,
+        &[k.div_ceil(group), npad, 2],
     )?;
     Ok(npad)
 }
@@ -223,7 +223,7 @@ fn check_ids(op: &'static str, ids: usize, dim: usize, out: usize) -> Result<(),
         op,
         "{ids} ids: at most i32::MAX (one block per id)"
     );
-    check_len(op, "out", out, ids.saturating_mul(dim))
+    check_len_of(op, "out", out, &[ids, dim])
 }
 
 impl Gpu {
@@ -242,7 +242,7 @@ impl Gpu {
     pub const ARGMAX_CLUSTER_MAX_ROWS: usize = 16;
 
     /// Most rows [`Gpu::sample`] gives to the cluster kernel (8 blocks per row); more rows take one block per row.
-    /// Measured on the H200 at a 248320-wide vocabulary, k = 20 / 1024 (benchmarks/h200-runs/s2-run5): 1 row,
+    /// Measured on the H200 at a 248320-wide vocabulary, k = 20 / 1024 (`benchmarks/h200.md`): 1 row,
     /// cluster 28.5 / 36.8 us against one block 119 / 138 us (torch top-k + softmax + multinomial 104 / 120 us);
     /// 16 rows 45.5 / 58.0 against 126 / 148 us; 64 rows 104 / 125 against 153 / 171 us (torch 326 / 373 us).
     /// The cluster kernel won at every measured row count, so it serves up to the largest measured one; more
@@ -394,8 +394,8 @@ impl Gpu {
     /// at least [`Gpu::gemv_scratch_len`]`(m, dim)` words, which then records `m` and `dim`) for
     /// [`Gpu::fp8_gemv_tiles_fragments`]: the same bits as
     /// [`Gpu::rmsnorm`]'s bf16 output converted by the GEMV's own fragment kernel, one launch fewer per decode
-    /// step. Why: at m = 16 that launch costs 0.8-2.1 us of a 17-26 us GEMV on the layer shapes (s7-run6,
-    /// `benchmarks/h200.md`); the norm + GEMV step runs 1.22-1.27x faster so on the 5120-row shapes (s7-run8,
+    /// step. Why: at m = 16 that launch costs 0.8-2.1 us of a 17-26 us GEMV on the layer shapes (
+    /// `benchmarks/h200.md`); the norm + GEMV step runs 1.22-1.27x faster so on the 5120-row shapes (
     /// numbers at [`Gpu::fp8_gemv_tiles_fragments`]). Launched as a programmatic dependent (it waits for the
     /// kernel before it itself). Needs `dim % 16 == 0` and `dim <= 8192`.
     #[allow(clippy::too_many_arguments)]
@@ -422,7 +422,7 @@ impl Gpu {
 
     /// [`Gpu::rmsnorm_fp8_fragments`] into the NVFP4 decode GEMV's fragments (its pair order) for
     /// [`Gpu::nvfp4_gemv_tiles_fragments`]: the same bits as [`Gpu::rmsnorm`]'s bf16 output converted by
-    /// [`Gpu::nvfp4_gemv_tiles`]' own fragment kernel, one launch fewer. Measured with that GEMV (s15-run3,
+    /// [`Gpu::nvfp4_gemv_tiles`]' own fragment kernel, one launch fewer. Measured with that GEMV (
     /// `benchmarks/h200.md`): the norm + GEMV step 1.08-1.36x faster than `rmsnorm` + `nvfp4_gemv_tiles` on the
     /// layer shapes at m = 1 and 4 (11.9 against 16.2 us on 5120x10240 at m = 1), the same on the lm_head.
     #[allow(clippy::too_many_arguments)]
@@ -526,7 +526,7 @@ impl Gpu {
     /// words; records `m` and `inter`) for [`Gpu::fp8_gemv_tiles_fragments`]: the same bits as the bf16 output
     /// converted by the GEMV's own fragment kernel, one launch fewer before the down projection (as
     /// [`Gpu::rmsnorm_fp8_fragments`] before the others; at m = 16 on 5120x17408 that launch is 2.1 of 25.7 us,
-    /// s7-run6). Launched as a programmatic dependent. Needs `inter % 16 == 0`.
+    /// measured on the H200). Launched as a programmatic dependent. Needs `inter % 16 == 0`.
     pub fn silu_and_mul_fp8_fragments(
         &self,
         gate_up: &GpuBuffer<f32>,
@@ -563,7 +563,7 @@ impl Gpu {
     /// [`Gpu::silu_and_mul_fp8_fragments`] into the NVFP4 decode GEMV's fragments for
     /// [`Gpu::nvfp4_gemv_tiles_fragments`] (the same bits as [`Gpu::silu_and_mul`]'s output converted by
     /// [`Gpu::nvfp4_gemv_tiles`]' fragment kernel): the down projection's activations without that launch, 1.10-1.17x
-    /// on the layer shapes at m = 1 (s15-run3). Needs `inter % 16 == 0` (the GEMV then needs `inter % 32 == 0`).
+    /// on the layer shapes at m = 1. Needs `inter % 16 == 0` (the GEMV then needs `inter % 32 == 0`).
     pub fn silu_and_mul_nvfp4_fragments(
         &self,
         gate_up: &GpuBuffer<f32>,
@@ -644,7 +644,7 @@ impl Gpu {
         out: &mut GpuBuffer<u16>,
     ) -> Result<(), KernelError> {
         let rows = check_glu(op, gate_up.len(), inter)?;
-        check_len(op, "out", out.len(), rows * inter)?;
+        check_len_of(op, "out", out.len(), &[rows, inter])?;
         #[cfg(feature = "cuda")]
         {
             if rows == 0 {
@@ -845,7 +845,7 @@ impl Gpu {
         let max_rows = if cluster { 65535 } else { I32_MAX };
         let rows = check_logits(OP, logits.len(), vocab, out.len(), max_rows)?;
         let k = sample_k(OP, vocab, params)?;
-        check_len(OP, "rng", rng.len(), rows * 4)?;
+        check_len_of(OP, "rng", rng.len(), &[rows, 4])?;
         #[cfg(feature = "cuda")]
         {
             self.inner.sample(

@@ -14,6 +14,7 @@
 //! (512 KiB for K = 2048, 4.25 MiB for K = 17408), whatever `N` is. The seeds' packer went through an int32 copy
 //! of the whole matrix instead: 1 GiB for a 131072 x 2048 embedding.
 
+use crate::error::{checked_product, checked_sum};
 use crate::formats::{bf16_to_f32, f32_to_bf16};
 use crate::reference::linear::Int4Logical;
 use crate::{ensure_shape, KernelError};
@@ -76,7 +77,7 @@ impl Int4Weights {
         scheme: Int4Scheme,
     ) -> Result<Self, KernelError> {
         ensure_shape!(
-            w.len() == n * k,
+            w.len() == checked_product("int4 quantize", "n*k", &[n, k])?,
             "int4 quantize",
             "weights have {} elements, expected n*k = {n}*{k}",
             w.len()
@@ -96,7 +97,7 @@ impl Int4Weights {
         scheme: Int4Scheme,
     ) -> Result<Self, KernelError> {
         ensure_shape!(
-            w.len() == n * k,
+            w.len() == checked_product("int4 quantize", "n*k", &[n, k])?,
             "int4 quantize",
             "weights have {} elements, expected n*k = {n}*{k}",
             w.len()
@@ -121,7 +122,17 @@ impl Int4Weights {
     ) -> Result<Self, KernelError> {
         let mut out = Self::empty(n, k, group, scheme)?;
         let symmetric = scheme == Int4Scheme::Symmetric;
-        let mut buf = vec![0.0f32; BLOCK_N * k];
+        // The block buffer: no overflow (the packed buffer just allocated holds k * 32 bytes per block, and this is
+        // 8 times that at most), reserved fallibly like the packed buffers.
+        let buf_len = BLOCK_N.min(n) * k;
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(buf_len).map_err(|_| {
+            KernelError::shape(
+                "int4 quantize",
+                format!("cannot allocate a block buffer of {buf_len} f32"),
+            )
+        })?;
+        buf.resize(buf_len, 0.0f32);
         for b in 0..out.blocks() {
             let row0 = b * BLOCK_N;
             let nrows = BLOCK_N.min(n - row0);
@@ -144,19 +155,22 @@ impl Int4Weights {
     /// Packs already-quantised logical weights (codes `[n][k]`, scales/zeros `[groups][n]`) as one whole matrix.
     /// The chunked packer must produce the same bytes; the tests check it.
     pub fn from_logical(l: &Int4Logical, scheme: Int4Scheme) -> Result<Self, KernelError> {
-        let mut out = Self::empty(l.n, l.k, l.group, scheme)?;
+        const OP: &str = "int4 pack";
+        // The logical sizes are checked before the packed buffers are allocated.
+        Self::empty_shape(l.n, l.k, l.group)?;
         ensure_shape!(
-            l.codes.len() == l.n * l.k,
-            "int4 pack",
+            l.codes.len() == checked_product(OP, "n*k", &[l.n, l.k])?,
+            OP,
             "codes have {} elements, expected n*k",
             l.codes.len()
         );
+        let params = checked_product(OP, "ceil(k/group)*n", &[l.k.div_ceil(l.group), l.n])?;
         ensure_shape!(
-            l.scales.len() == out.groups() * l.n && l.zeros.len() == out.groups() * l.n,
-            "int4 pack",
-            "scales/zeros must be [ceil(k/group)][n] = {} elements",
-            out.groups() * l.n
+            l.scales.len() == params && l.zeros.len() == params,
+            OP,
+            "scales/zeros must be [ceil(k/group)][n] = {params} elements"
         );
+        let mut out = Self::empty(l.n, l.k, l.group, scheme)?;
         ensure_shape!(
             l.codes.iter().all(|&c| c < 16),
             "int4 pack",
@@ -227,33 +241,59 @@ impl Int4Weights {
         })
     }
 
-    /// Checks the dimensions and returns the packed and scale buffer lengths.
+    /// Checks the dimensions and returns the packed and scale buffer lengths. Both must fit in `isize::MAX` bytes
+    /// (what a `Vec` can hold), and so do the kernels' index products, which never exceed them.
     fn empty_shape(n: usize, k: usize, group: usize) -> Result<(usize, usize), KernelError> {
+        const OP: &str = "int4 pack";
         ensure_shape!(
             n > 0 && k > 0,
-            "int4 pack",
+            OP,
             "n and k must be positive (n = {n}, k = {k})"
         );
         ensure_shape!(
             GROUPS.contains(&group),
-            "int4 pack",
+            OP,
             "group must be one of {GROUPS:?}, got {group}"
         );
-        let npad = n.div_ceil(BLOCK_N) * BLOCK_N;
-        Ok((npad / BLOCK_N * k * 32, k.div_ceil(group) * npad * 2))
+        let blocks = n.div_ceil(BLOCK_N);
+        let npad = checked_product(OP, "ceil(n/64)*64", &[blocks, BLOCK_N])?;
+        let packed = checked_product(OP, "ceil(n/64)*k*32", &[blocks, k, 32])?;
+        let sz = checked_product(OP, "ceil(k/group)*npad*2", &[k.div_ceil(group), npad, 2])?;
+        // The byte size of the scales (2 per element) and the two buffers together are what a GEMV addresses.
+        let total = checked_sum(OP, "packed + scales bytes", &[packed, sz, sz])?;
+        ensure_shape!(
+            total <= isize::MAX as usize,
+            OP,
+            "n = {n}, k = {k} needs {total} bytes, more than an address space holds"
+        );
+        Ok((packed, sz))
     }
 
     fn empty(n: usize, k: usize, group: usize, scheme: Int4Scheme) -> Result<Self, KernelError> {
+        const OP: &str = "int4 pack";
         let (packed_len, sz_len) = Self::empty_shape(n, k, group)?;
-        // Code 8 in both nibbles: padding columns decode to (8 - 8) * 0 + 0 = 0.
-        let code8 = 0x88u8;
+        // Code 8 in both nibbles: padding columns decode to (8 - 8) * 0 + 0 = 0. The buffers are reserved
+        // fallibly, so a size the allocator refuses is an error rather than an abort.
+        let alloc_err = |what: &str, len: usize| {
+            KernelError::shape(OP, format!("cannot allocate {what} of {len} elements"))
+        };
+        let mut packed = Vec::new();
+        packed
+            .try_reserve_exact(packed_len)
+            .map_err(|_| alloc_err("the packed codes", packed_len))?;
+        packed.resize(packed_len, 0x88u8);
+        let mut scales_zeros = Vec::new();
+        scales_zeros
+            .try_reserve_exact(sz_len)
+            .map_err(|_| alloc_err("the scales and zeros", sz_len))?;
+        scales_zeros.resize(sz_len, 0);
         Ok(Self {
             n,
             k,
             group,
             scheme,
-            packed: vec![code8; packed_len],
-            scales_zeros: vec![0; sz_len],
+            packed,
+            scales_zeros,
         })
     }
 
@@ -387,7 +427,7 @@ impl Int4Weights {
     /// Every id is checked before anything is written.
     pub fn gather_rows(&self, ids: &[u32], out: &mut [f32]) -> Result<(), KernelError> {
         ensure_shape!(
-            out.len() == ids.len() * self.k,
+            out.len() == checked_product("int4 gather_rows", "ids*k", &[ids.len(), self.k])?,
             "int4 gather_rows",
             "out has {} elements, expected ids * k = {} * {}",
             out.len(),

@@ -21,6 +21,7 @@ pub mod int4;
 pub use int4::{Int4Scheme, Int4Weights};
 
 use crate::cpu::{parallel_ranges, Isa};
+use crate::error::checked_product;
 use crate::formats::bf16_to_f32;
 use crate::reference::linear::{FP8_BLOCK, NVFP4_GROUP};
 use crate::{ensure_shape, KernelError};
@@ -473,14 +474,18 @@ fn check_io(
     y: &[f32],
 ) -> Result<(), KernelError> {
     ensure_shape!(m > 0, op, "m must be positive");
+    let (mk, mn) = (
+        checked_product(op, "m*k", &[m, k])?,
+        checked_product(op, "m*n", &[m, n])?,
+    );
     ensure_shape!(
-        x.len() == m * k,
+        x.len() == mk,
         op,
         "x has {} elements, expected m*k = {m}*{k}",
         x.len()
     );
     ensure_shape!(
-        y.len() == m * n,
+        y.len() == mn,
         op,
         "y has {} elements, expected m*n = {m}*{n}",
         y.len()
@@ -768,12 +773,16 @@ impl<'a> Fp8Weights<'a> {
             "n and k must be positive (n = {n}, k = {k})"
         );
         ensure_shape!(
-            w.len() == n * k,
+            w.len() == checked_product(OP, "n*k", &[n, k])?,
             OP,
             "weight has {} bytes, expected n*k = {n}*{k}",
             w.len()
         );
-        let want = n.div_ceil(FP8_BLOCK) * k.div_ceil(FP8_BLOCK);
+        let want = checked_product(
+            OP,
+            "ceil(n/128)*ceil(k/128)",
+            &[n.div_ceil(FP8_BLOCK), k.div_ceil(FP8_BLOCK)],
+        )?;
         ensure_shape!(
             scale_inv.len() == want,
             OP,
@@ -865,19 +874,20 @@ impl<'a> Nvfp4Weights<'a> {
             OP,
             "k = {k} is not a multiple of the 16-element scale group"
         );
+        // k is a multiple of 16, so these products are exact and never larger than n*k.
+        let codes = checked_product(OP, "n*k/2", &[n, k / 2])?;
+        let groups = checked_product(OP, "n*k/16", &[n, k / NVFP4_GROUP])?;
         ensure_shape!(
-            w.len() == n * k / 2,
+            w.len() == codes,
             OP,
-            "weight has {} bytes, expected n*k/2 = {}",
-            w.len(),
-            n * k / 2
+            "weight has {} bytes, expected n*k/2 = {codes}",
+            w.len()
         );
         ensure_shape!(
-            scales.len() == n * k / NVFP4_GROUP,
+            scales.len() == groups,
             OP,
-            "weight_scale has {} bytes, expected n*k/16 = {}",
-            scales.len(),
-            n * k / NVFP4_GROUP
+            "weight_scale has {} bytes, expected n*k/16 = {groups}",
+            scales.len()
         );
         ensure_shape!(
             global.is_finite(),
@@ -1069,7 +1079,7 @@ impl<'a> Bf16Weights<'a> {
             "n and k must be positive (n = {n}, k = {k})"
         );
         ensure_shape!(
-            w.len() == n * k,
+            w.len() == checked_product(OP, "n*k", &[n, k])?,
             OP,
             "weight has {} elements, expected n*k = {n}*{k}",
             w.len()

@@ -83,7 +83,7 @@ impl Device {
         unsafe { b.launch(cfg) }.map_err(cuda_err(split_name))?;
         if splits > 1 {
             // The CUDA-core path is the accuracy arm: it keeps the block combine, the one the H200 ran it with
-            // (s3-run4); the tiled paths use Gpu::DECODE_AUTO_SLICED_COMBINE.
+            //; the tiled paths use Gpu::DECODE_AUTO_SLICED_COMBINE.
             self.attention_combine(false, d.head_dim, d.q_heads, d.seqs, splits, ws, out)?;
         }
         Ok(())
@@ -240,7 +240,7 @@ impl Device {
             }
         };
         // Launched as the split kernel's programmatic dependent (Device::launch_pdl): its blocks get resident
-        // while the split kernel runs and wait in pdl_wait for the partials (s4-run2: 39.18 vs 39.67 us at 32k,
+        // while the split kernel runs and wait in pdl_wait for the partials (39.18 vs 39.67 us at 32k,
         // 6.89 vs 7.56 us on a 1024-token ring). Launching the split kernels so too lost (43.1 us at 32k: their
         // blocks, resident early beside the previous combine's, no longer spread two per SM).
         // The guards order the raw addresses after pending writes on other streams and record this use.

@@ -22,7 +22,7 @@ impl Device {
         // uses two rows per warp and two 16-byte loads in flight per row, the best of the design sweep in
         // kernels/bench/h200 (3.54 TB/s on 5120x17408, 1.13x the one-row, four-load kernel, H200 2026-11-30);
         // Auto splits K over two warps below 65536 rows and launches that as a programmatic dependent
-        // (fp8_m1_ksplit_auto, fp8_m1_pdl_auto in cuda/gemv.rs; s4-run6, s4-run8). `ksplit` (m = 1 only) warps
+        // (fp8_m1_ksplit_auto, fp8_m1_pdl_auto in cuda/gemv.rs). `ksplit` (m = 1 only) warps
         // of a block share two rows, each a contiguous part of K (`fp8_block_gemv_m1_r2_u2_k{2,4}`): a block
         // covers 16 / ksplit rows.
         let (name, rows_per_block) = match (tensor, m, ksplit) {
@@ -62,6 +62,7 @@ impl Device {
             let (yp, _gy) = y.device_ptr_mut(&self.stream);
             let mut args = PdlArgs::default();
             args.ptr(xp).ptr(wp).ptr(sp).ptr(yp).i32(mi).i32(ni).i32(ki);
+            // SAFETY: see "SAFETY (both launches)" above.
             unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
         } else {
             let mut b = self.stream.launch_builder(&f);
@@ -72,6 +73,7 @@ impl Device {
                 .arg(&mi)
                 .arg(&ni)
                 .arg(&ki);
+            // SAFETY: see "SAFETY (both launches)" above.
             unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
         }
         Ok(())
@@ -291,11 +293,12 @@ impl Device {
         // k % 16 == 0 (each 16-byte load is inside its row, tokens >= m are not read) and xf holds at least
         // ceil(k/128) * nt * 128 uint4 (threads past that return); cudarc allocations are 256-byte aligned.
         // Launched as a programmatic dependent (Device::launch_pdl) where the GEMV after it is (the NVFP4 tile pair
-        // measured 1.03-1.08x faster so, s4-run2; the one-wave FP8 grids of one block per tile 0.6-1.04x).
+        // measured 1.03-1.08x faster so; the one-wave FP8 grids of one block per tile 0.6-1.04x).
         let (xp, _gx) = x.device_ptr(&self.stream);
         let (xfp, _gxf) = xf.device_ptr_mut(&self.stream);
         let mut args = PdlArgs::default();
         args.ptr(xp).ptr(xfp).i32(mi).i32(ki).i32(nti);
+        // SAFETY: see "SAFETY (both launches)" above.
         unsafe { self.launch_ex(name, &f, cfg, &mut args, pdl) }?;
         Ok(())
     }
@@ -594,7 +597,7 @@ impl Device {
                     cfg.block_dim.0 = 32 * warps;
                 }
                 // Both kernels launched as programmatic dependents (Device::launch_pdl): the GEMV's blocks get
-                // resident while the fragment kernel runs. s4-run2, against the same two kernels launched plainly:
+                // resident while the fragment kernel runs. On the H200, against the same two kernels launched plainly:
                 // 18.55 vs 19.19 us (5120x17408, m = 1), 18.22 vs 19.47 (17408x5120), 12.27 vs 13.21 (5120x10240),
                 // 198.2 vs 199.5 (lm_head); 1.03-1.08x at m = 1..16 on the layer shapes.
                 // (with splits > 1, y was zeroed by the fragment kernel just above, on the same stream)

@@ -9,6 +9,7 @@
 
 pub mod cache;
 pub mod checkpoint;
+pub mod fixtures;
 pub mod generate;
 mod gptq;
 pub mod model;

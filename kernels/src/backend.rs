@@ -481,7 +481,11 @@ mod tests {
             f32_linear(&x, m, &deq, n, k, &mut want).unwrap();
             let mut y = vec![f32::NAN; m * n];
             weight.linear(&x, m, &mut y).unwrap();
-            let err = y.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            let err = y
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
             assert!(err < 1e-3, "{}: max error {err}", weight.path_name());
         }
     }

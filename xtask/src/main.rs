@@ -1,10 +1,11 @@
 //! `cargo xtask` — the front door. Each subcommand lives in its own module:
-//! `plan` (plan.rs), `codegen` (codegen.rs), `bench` (bench.rs).
+//! `plan` (plan.rs), `codegen` (codegen.rs), `bench` (bench.rs), `fixtures` (fixtures.rs).
 
 use miette::Result;
 
 mod bench;
 mod codegen;
+mod fixtures;
 mod plan;
 
 fn main() -> Result<()> {
@@ -18,12 +19,13 @@ fn main() -> Result<()> {
         Some("plan") => plan::run(rest),
         Some("codegen") => codegen::run(rest),
         Some("bench") => bench::run(rest),
+        Some("fixtures") => fixtures::run(rest),
         Some("help" | "--help" | "-h") => {
             print_usage();
             Ok(())
         }
         other => Err(miette::miette!(
-            "unknown subcommand `{}`; expected one of: plan, codegen, bench",
+            "unknown subcommand `{}`; expected one of: plan, codegen, bench, fixtures",
             other.unwrap_or("<non-utf8>")
         )),
     }
@@ -35,6 +37,7 @@ fn print_usage() {
          commands:\n  \
          plan      plan a model on a device profile (cargo xtask plan --device ryzen-5090)\n  \
          codegen   regenerate the committed JSON Schemas (--check to verify only)\n  \
-         bench     run benchmarks (cargo xtask bench cpu)"
+         bench     run benchmarks (cargo xtask bench cpu)\n  \
+         fixtures  write the engine's parity fixtures (engine/tests/fixtures)"
     );
 }

@@ -1,0 +1,246 @@
+//! Parity with the reference implementations: every fixture under `tests/fixtures/` (made by `cargo xtask
+//! fixtures`, goldens by `make_golden.py` on transformers) runs on the CPU with `--exact` semantics and must give
+//! the golden greedy tokens, diverging only where the golden's top-2 margin is a near-tie, with the first steps'
+//! logits inside the bound of its format. Plan-converted paths (W4A16, W4A8) are measured against the same goldens.
+
+use std::path::{Path, PathBuf};
+
+use engine::checkpoint::Checkpoint;
+use engine::generate::{generate, GenerateOptions};
+use engine::{Engine, Model, WeightMode};
+use kernels::sampling::SamplingParams;
+
+fn fixtures() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("golden.json").exists())
+        .collect();
+    v.sort();
+    assert!(
+        v.len() >= 8,
+        "expected the eight fixtures, found {}",
+        v.len()
+    );
+    v
+}
+
+struct Golden {
+    prompt: Vec<u32>,
+    tokens: Vec<u32>,
+    margins: Vec<f32>,
+    logits: Vec<Vec<f32>>,
+}
+
+fn golden(dir: &Path) -> Golden {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    let ids = |k: &str| {
+        v[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect::<Vec<_>>()
+    };
+    Golden {
+        prompt: ids("prompt"),
+        tokens: ids("tokens"),
+        margins: v["margins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect(),
+        logits: v["logits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                r.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap() as f32)
+                    .collect()
+            })
+            .collect(),
+    }
+}
+
+struct Outcome {
+    matched: usize,
+    /// First step where the tokens differ, if any.
+    diverged: Option<usize>,
+    /// Max over the compared steps of max|engine - golden| / max|golden|.
+    logit_err: f32,
+}
+
+fn run(dir: &Path, mode: WeightMode) -> Outcome {
+    let g = golden(dir);
+    let ck = Checkpoint::open(dir).unwrap();
+    let model = Model::load(&ck, mode, |_, _| {}).unwrap();
+    let mut e = Engine::new(model, 1, 256).unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens: g.tokens.len(),
+        sampling: SamplingParams::GREEDY,
+        seed: 0,
+        repetition_penalty: 1.0,
+        stop_tokens: vec![],
+        keep_logits: true,
+    };
+    let out = generate(&mut e, &g.prompt, &opts, |_| {}).unwrap();
+    let vocab = e.model.vocab();
+    let diverged = out.tokens.iter().zip(&g.tokens).position(|(a, b)| a != b);
+    let matched = diverged.unwrap_or(g.tokens.len());
+    let mut logit_err = 0.0f32;
+    // Logits are comparable up to and including the first divergence (same inputs until then).
+    for (s, want) in g.logits.iter().enumerate().take(matched + 1) {
+        let got = &out.logits[s * vocab..(s + 1) * vocab];
+        let scale = want.iter().fold(0.0f32, |a, x| a.max(x.abs()));
+        let err = got
+            .iter()
+            .zip(want)
+            .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
+        logit_err = logit_err.max(err / scale);
+    }
+    Outcome {
+        matched,
+        diverged,
+        logit_err,
+    }
+}
+
+/// The logit bound of each exact build, relative to the largest logit. f32 and bf16 weights are the reference's own
+/// numbers (bf16 widened exactly), so only summation order and the kernels' f32 transcendentals differ: 1e-3, the
+/// issue's bound. The CPU FP8 and NVFP4 kernels are weight-only (f32 activations, weights decoded exactly), so the
+/// same bound holds for them. The int4 pack holds GPTQ's f16 group scales in bf16 (2^-9 relative per scale), which
+/// the reference does not: 1e-2 (measured 5.8e-3).
+fn bound(name: &str) -> f32 {
+    if name.ends_with("-gptq") {
+        1e-2
+    } else {
+        1e-3
+    }
+}
+
+/// A divergence is allowed only where the golden's top-2 margin is a near-tie: below the logit bound times the
+/// largest logit of that step's golden (or of the first step's, past the logged steps).
+fn near_tie(g: &Golden, step: usize, name: &str) -> bool {
+    let logits = g.logits.get(step).unwrap_or(&g.logits[0]);
+    let scale = logits.iter().fold(0.0f32, |a, x| a.max(x.abs()));
+    g.margins[step] <= 2.0 * bound(name) * scale
+}
+
+#[test]
+fn exact_path_reproduces_the_golden_tokens_and_logits() {
+    let mut table = String::from("| fixture | tokens matched | first divergence (margin) | max logit error |\n|---|---|---|---|\n");
+    let mut failures = Vec::new();
+    for dir in fixtures() {
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        let g = golden(&dir);
+        let o = run(&dir, WeightMode::Exact);
+        let div = match o.diverged {
+            Some(s) => format!("step {s} ({:.4})", g.margins[s]),
+            None => "none".into(),
+        };
+        table += &format!(
+            "| {name} | {}/{} | {div} | {:.2e} |\n",
+            o.matched,
+            g.tokens.len(),
+            o.logit_err
+        );
+        if o.logit_err > bound(&name) {
+            failures.push(format!(
+                "{name}: logit error {:.3e} above {:.0e}",
+                o.logit_err,
+                bound(&name)
+            ));
+        }
+        if let Some(s) = o.diverged {
+            if !near_tie(&g, s, &name) {
+                failures.push(format!(
+                    "{name}: diverged at step {s} where the golden margin is {}",
+                    g.margins[s]
+                ));
+            }
+        }
+    }
+    println!("{table}");
+    assert!(failures.is_empty(), "{}\n{table}", failures.join("\n"));
+}
+
+/// Teacher-forced agreement of a converted path with the goldens: at every step the golden token is fed, so one
+/// disagreement does not cascade. Returns (top-1 agreements, steps, step-0 logit error, step-0 logit correlation).
+fn teacher_forced(dir: &Path, mode: WeightMode) -> (usize, usize, f32, f64, String) {
+    let g = golden(dir);
+    let ck = Checkpoint::open(dir).unwrap();
+    let model = Model::load(&ck, mode, |_, _| {}).unwrap();
+    let paths = model.paths().join("+");
+    let mut e = Engine::new(model, 1, 256).unwrap();
+    let slot = e.join().unwrap();
+    let mut logits = e.step(&[(slot, &g.prompt)]).unwrap().remove(0);
+    let want = &g.logits[0];
+    let scale = want.iter().fold(0.0f32, |a, x| a.max(x.abs()));
+    let err = logits
+        .iter()
+        .zip(want)
+        .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()))
+        / scale;
+    let n = want.len() as f64;
+    let (ma, mb) = (
+        logits.iter().map(|&x| x as f64).sum::<f64>() / n,
+        want.iter().map(|&x| x as f64).sum::<f64>() / n,
+    );
+    let cov: f64 = logits
+        .iter()
+        .zip(want)
+        .map(|(&a, &b)| (a as f64 - ma) * (b as f64 - mb))
+        .sum();
+    let va: f64 = logits.iter().map(|&a| (a as f64 - ma).powi(2)).sum();
+    let vb: f64 = want.iter().map(|&b| (b as f64 - mb).powi(2)).sum();
+    let corr = cov / (va * vb).sqrt();
+    let mut agree = 0;
+    for (s, &tok) in g.tokens.iter().enumerate() {
+        if kernels::ops::argmax(&logits).unwrap() as u32 == tok {
+            agree += 1;
+        }
+        if s + 1 < g.tokens.len() {
+            logits = e
+                .step(&[(slot, std::slice::from_ref(&tok))])
+                .unwrap()
+                .remove(0);
+        }
+    }
+    (agree, g.tokens.len(), err, corr, paths)
+}
+
+#[test]
+fn converted_paths_agree_with_the_goldens() {
+    let mut table = String::from(
+        "| fixture | path | kernels that ran | top-1 agreement (teacher-forced) | step-0 logit error | step-0 correlation |\n|---|---|---|---|---|---|\n",
+    );
+    let mut failures = Vec::new();
+    for dir in fixtures() {
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        if !(name.ends_with("-f32") || name.ends_with("-bf16")) {
+            continue;
+        }
+        for (mode, label) in [(WeightMode::W4a16, "w4a16"), (WeightMode::W4a8, "w4a8")] {
+            let (agree, steps, err, corr, paths) = teacher_forced(&dir, mode);
+            table += &format!(
+                "| {name} | {label} | {paths} | {agree}/{steps} | {err:.2e} | {corr:.4} |\n"
+            );
+            // These tiny random models have one int4 group per row (hidden 64) and amplified output projections,
+            // so 4-bit weights move their logits by tens of percent; a path that ran the wrong kernel or read the
+            // wrong layout is uncorrelated with the reference instead (W4A8's group of 128 does not divide the
+            // fixtures' 64 inputs, so most of their layers keep the dense kernel: the table says which ran).
+            if corr < 0.8 {
+                failures.push(format!(
+                    "{name} {label}: step-0 logits correlate {corr:.3} with the golden"
+                ));
+            }
+        }
+    }
+    println!("{table}");
+    assert!(failures.is_empty(), "{}\n{table}", failures.join("\n"));
+}

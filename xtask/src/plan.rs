@@ -614,18 +614,186 @@ mod tests {
         assert!(e.contains(DEFAULT_MODEL), "{e}");
     }
 
+    /// A fresh empty directory under the system temp dir, removed by the caller.
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("edgefit-xtask-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn run_err(v: &[&str]) -> String {
+        match run(args(v)) {
+            Ok(code) => panic!("{v:?} should fail, exited {code:?}"),
+            Err(e) => format!("{e}"),
+        }
+    }
+
+    #[test]
+    fn all_with_model_or_device_is_an_error() {
+        assert!(err(&["--all", "--model", "gemma-3-1b"]).contains("--all"));
+        assert!(err(&["--device", "h200", "--all"]).contains("cannot be combined"));
+    }
+
+    #[test]
+    fn prompt_len_above_context_is_an_error_and_the_default_warns() {
+        let e = err(&["--max-model-len", "256", "--prompt-len", "512"]);
+        assert!(
+            e.contains("prompt_len 512 is above max_model_len 256"),
+            "{e}"
+        );
+        let a = parse_args(args(&["--device", "h200", "--max-model-len", "256"])).unwrap();
+        assert_eq!(a.workload.prompt_len, 256);
+        assert_eq!(a.warnings.len(), 1);
+        assert!(
+            a.warnings[0].contains("default --prompt-len 512"),
+            "{:?}",
+            a.warnings
+        );
+    }
+
+    /// Issue 23 §6, reproduced first: each of these panicked or wrote a corrupt file with exit 0.
+    #[test]
+    fn numbers_no_plan_can_hold_are_errors_naming_the_input() {
+        let e = err(&["--offload-gib", "8589934592"]);
+        assert!(e.contains("--offload-gib 8589934592"), "{e}");
+        let e = run_err(&[
+            "--device",
+            "ryzen-5090",
+            "--max-model-len",
+            "18446744073709551615",
+        ]);
+        assert!(e.contains("max_model_len 18446744073709551615"), "{e}");
+        // Within max_position_embeddings but with a cache no plan can hold.
+        let e = run_err(&[
+            "--device",
+            "ryzen-5090",
+            "--max-num-seqs",
+            "18446744073709551615",
+        ]);
+        assert!(e.contains("max_num_seqs 18446744073709551615"), "{e}");
+        let e = run_err(&["--device", "ryzen-5090", "--offload-gib", "1000"]);
+        assert!(e.contains("decoder-layer weights"), "{e}");
+        let e = run_err(&["--device", "avx512-2core", "--offload-gib", "1"]);
+        assert!(e.contains("nowhere to offload"), "{e}");
+    }
+
+    #[test]
+    fn a_plan_that_does_not_fit_exits_2_and_still_writes_its_verdict() {
+        let dir = scratch("nofit");
+        let out = dir.join("p.toml");
+        let code = run(args(&[
+            "--device",
+            "ryzen-5090",
+            "--engine",
+            "vllm",
+            "--offload-gib",
+            "4",
+            "--out",
+            out.to_str().unwrap(),
+        ]))
+        .unwrap();
+        assert_eq!(code, ExitCode::from(EXIT_DOES_NOT_FIT));
+        let plan = Plan::from_toml("p.toml", &std::fs::read_to_string(&out).unwrap()).unwrap();
+        assert_eq!(plan.verdict, planner::Verdict::DoesNotFit);
+        assert!(plan.prediction.is_none());
+        let sf = plan.shortfall.unwrap();
+        assert_eq!(
+            (sf.pool.as_str(), sf.component.as_str()),
+            ("vram", "weights")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn out_naming_a_directory_is_refused_and_leaves_nothing_behind() {
+        let dir = scratch("outdir");
+        let target = dir.join("plans");
+        std::fs::create_dir(&target).unwrap();
+        let e = run_err(&["--device", "h200", "--out", target.to_str().unwrap()]);
+        assert!(e.contains("is a directory"), "{e}");
+        assert_eq!(entries(&dir), ["plans"], "no temporary file is left behind");
+        assert!(entries(&target).is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn out_onto_a_read_only_file_is_refused_and_the_file_is_untouched() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = scratch("readonly");
+        let out = dir.join("p.toml");
+        std::fs::write(&out, "keep me\n").unwrap();
+        std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o444)).unwrap();
+        let e = run_err(&["--device", "h200", "--out", out.to_str().unwrap()]);
+        assert!(e.contains("read-only"), "{e}");
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "keep me\n");
+        let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o444);
+        assert_eq!(entries(&dir), ["p.toml"]);
+        // A writable file is replaced and keeps its mode.
+        std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o640)).unwrap();
+        run(args(&["--device", "h200", "--out", out.to_str().unwrap()])).unwrap();
+        let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640);
+        assert!(std::fs::read_to_string(&out)
+            .unwrap()
+            .contains("verdict = \"fits\""));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn device_accepts_a_path_to_a_profile() {
+        let dir = scratch("profile-path");
+        let text = std::fs::read_to_string(workspace_root().join("profiles/h200.toml"))
+            .unwrap()
+            .replacen("name = \"h200\"", "name = \"my-h200\"", 1);
+        // The profile's name must match its file's stem, wherever the file is.
+        let path = dir.join("my-h200.toml");
+        std::fs::write(&path, &text).unwrap();
+        let out = dir.join("p.toml");
+        let code = run(args(&[
+            "--device",
+            path.to_str().unwrap(),
+            "--model",
+            "gemma-3-1b",
+            "--out",
+            out.to_str().unwrap(),
+        ]))
+        .unwrap();
+        assert_eq!(code, ExitCode::SUCCESS);
+        let plan = Plan::from_toml("p.toml", &std::fs::read_to_string(&out).unwrap()).unwrap();
+        assert_eq!(plan.device.profile, "my-h200");
+        let e = format!(
+            "{}",
+            load_profile(&workspace_root(), "no/such.toml").unwrap_err()
+        );
+        assert!(e.contains("not a file") && e.contains("h200"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn readme_command_writes_a_plan_atomically() {
         let dir = std::env::temp_dir().join(format!("edgefit-xtask-plan-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let out = dir.join("plan.toml");
-        run(args(&[
+        let code = run(args(&[
             "--device",
             "ryzen-5090",
             "--out",
             out.to_str().unwrap(),
         ]))
         .unwrap();
+        assert_eq!(code, ExitCode::SUCCESS);
         let text = std::fs::read_to_string(&out).unwrap();
         let plan = Plan::from_toml("plan.toml", &text).unwrap();
         assert_eq!(plan.model.id, DEFAULT_MODEL);

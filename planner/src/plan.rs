@@ -358,6 +358,32 @@ fn check_pinned_offload(
     Ok(())
 }
 
+/// A prediction is a finite, positive step time. A rate the profile parser accepts (positive, finite) can still be
+/// absurd enough to make a step infinite (1e-300 B/s) or zero; that is an error naming the term and its rate, never a
+/// plan that "fits" at 0 tok/s.
+fn check_prediction(p: &Prediction) -> Result<(), crate::error::PlanError> {
+    let bad = p
+        .decode_terms
+        .iter()
+        .chain(&p.prefill_terms)
+        .find(|t| !t.seconds.is_finite() || !t.rate_per_s.is_finite() || t.rate_per_s <= 0.0);
+    if let Some(t) = bad {
+        return Err(crate::error::PlanError::Unrepresentable(format!(
+            "the term `{}` takes {} s ({} at {} per second): check that rate in the profile",
+            t.name, t.seconds, t.amount, t.rate_per_s
+        )));
+    }
+    let rates = [p.decode_step_s, p.decode_tok_s, p.prefill_tok_s];
+    if rates.iter().any(|x| !x.is_finite() || *x <= 0.0) {
+        return Err(crate::error::PlanError::Unrepresentable(format!(
+            "the prediction is not a finite positive rate (decode step {} s, {} tok/s; prefill {} tok/s): check the \
+             profile's rates",
+            p.decode_step_s, p.decode_tok_s, p.prefill_tok_s
+        )));
+    }
+    Ok(())
+}
+
 /// Backstop: every integer of the plan fits a TOML integer. The checks above make this hold for the inputs they
 /// name; this one names the field when an arithmetic path they do not foresee produces a larger figure.
 fn check_plan_ints(plan: &Plan) -> Result<(), crate::error::PlanError> {
@@ -453,6 +479,7 @@ pub fn build(inputs: Inputs<'_>) -> Result<Plan, crate::error::PlanError> {
             decode_context: prefill_tokens,
         },
     );
+    check_prediction(&prediction)?;
     let count = |k: LayerKind| spec.layers.iter().filter(|&&l| l == k).count() as u64;
     let plan = Plan {
         planner_version: PLANNER_VERSION.to_owned(),

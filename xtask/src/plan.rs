@@ -781,6 +781,72 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// The CLI's numbers never panic the argument parser or the planner (issue 23 §6): boundary values and a
+    /// deterministic pseudo-random sweep, for every numeric flag. xtask has no proptest dependency, so the inputs come
+    /// from a fixed LCG; the count tried is asserted so a report can quote it.
+    #[test]
+    fn cli_numbers_never_panic() {
+        let root = workspace_root();
+        let profile = load_profile(&root, "ryzen-5090").unwrap();
+        let card = load_model(&root, "spark-x2.5-1.7b").unwrap();
+        let mut values: Vec<String> = [
+            "0",
+            "1",
+            "-1",
+            "1.5",
+            "1e3",
+            "nan",
+            "inf",
+            "-0",
+            "",
+            " 1",
+            "0x10",
+            "4096",
+            "262144",
+            "1048576",
+            "4294967296",
+            "9007199254740993",
+            "9223372036854775807",
+            "9223372036854775808",
+            "18446744073709551615",
+            "18446744073709551616",
+            "8589934591",
+            "8589934592",
+            "1e300",
+            "1e-300",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for _ in 0..200 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            values.push((x >> (x % 64)).to_string());
+            values.push(format!("{}", f64::from_bits(x >> 2)));
+        }
+        let flags = [
+            "--max-model-len",
+            "--max-num-seqs",
+            "--prompt-len",
+            "--offload-gib",
+        ];
+        let mut tried = 0;
+        for flag in flags {
+            for v in &values {
+                tried += 1;
+                let Ok(a) = parse_args(args(&["--device", "ryzen-5090", flag, v])) else {
+                    continue;
+                };
+                if let Ok(plan) = planner::plan::plan(&card, &profile, &a.workload) {
+                    assert!(plan.to_toml().is_ok(), "{flag} {v}");
+                }
+            }
+        }
+        assert_eq!(tried, 4 * (24 + 400));
+    }
+
     #[test]
     fn readme_command_writes_a_plan_atomically() {
         let dir = std::env::temp_dir().join(format!("edgefit-xtask-plan-{}", std::process::id()));

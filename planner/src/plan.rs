@@ -366,6 +366,7 @@ fn check_prediction(p: &Prediction) -> Result<(), crate::error::PlanError> {
         .decode_terms
         .iter()
         .chain(&p.prefill_terms)
+        .chain(p.batched.iter().flat_map(|b| &b.terms))
         .find(|t| !t.seconds.is_finite() || !t.rate_per_s.is_finite() || t.rate_per_s <= 0.0);
     if let Some(t) = bad {
         return Err(crate::error::PlanError::Unrepresentable(format!(
@@ -373,7 +374,10 @@ fn check_prediction(p: &Prediction) -> Result<(), crate::error::PlanError> {
             t.name, t.seconds, t.amount, t.rate_per_s
         )));
     }
-    let rates = [p.decode_step_s, p.decode_tok_s, p.prefill_tok_s];
+    let mut rates = vec![p.decode_step_s, p.decode_tok_s, p.prefill_tok_s];
+    if let Some(b) = &p.batched {
+        rates.extend([b.step_s, b.per_sequence_tok_s, b.aggregate_tok_s]);
+    }
     if rates.iter().any(|x| !x.is_finite() || *x <= 0.0) {
         return Err(crate::error::PlanError::Unrepresentable(format!(
             "the prediction is not a finite positive rate (decode step {} s, {} tok/s; prefill {} tok/s): check the \
@@ -477,6 +481,7 @@ pub fn build(inputs: Inputs<'_>) -> Result<Plan, crate::error::PlanError> {
             prefill_flops,
             prefill_tokens,
             decode_context: prefill_tokens,
+            batch: workload.max_num_seqs,
         },
     );
     check_prediction(&prediction)?;
@@ -942,6 +947,20 @@ impl Plan {
             pr.prefill_tokens
         );
         let _ = writeln!(s, "  bottleneck: {}", pr.bound);
+        if let Some(b) = &pr.batched {
+            let _ = writeln!(
+                s,
+                "  batched decode at {} sequences: {:.3} tok/s each, {:.3} tok/s together ({:.1} ms/step), {}; \
+                 compute takes over {}",
+                b.batch,
+                b.per_sequence_tok_s,
+                b.aggregate_tok_s,
+                b.step_s * 1e3,
+                b.bound,
+                b.compute_bound_from_batch
+                    .map_or_else(|| "at no batch".to_owned(), |n| format!("from {n} sequences"))
+            );
+        }
         for t in &pr.decode_terms {
             let _ = writeln!(
                 s,

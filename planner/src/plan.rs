@@ -1,6 +1,7 @@
 //! The plan: the one stable serialized interface between the planner and the engine (and the scripts around them).
 //! Its types are serde + schemars with `deny_unknown_fields`; `schemas/plan.schema.json` is generated from them.
-//! Fields scripts rely on: top-level `verdict`, `[prediction]` (`decode_tok_s`, `prefill_tok_s`, `bound`),
+//! Fields scripts rely on: top-level `verdict`, `[shortfall]` (when it does not fit), `[prediction]` (`decode_tok_s`,
+//! `prefill_tok_s`, `bound`; absent when the plan does not fit: a plan that cannot run has no speed),
 //! `[cache]` (`bytes_per_token_flat`, `bytes_per_token_hybrid`, `state_bytes_per_seq`, `total_bytes`) and
 //! `[inventory]` (`total_bytes`, `total_params`).
 

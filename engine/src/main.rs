@@ -173,6 +173,28 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
     })
 }
 
+/// The plan's predicted figures (a plan the engine runs fits, so it has them; zeros say "no prediction").
+struct Predicted {
+    decode_tok_s: f64,
+    prefill_tok_s: f64,
+    bound: String,
+}
+
+fn predicted(plan: &Plan) -> Predicted {
+    match &plan.prediction {
+        Some(p) => Predicted {
+            decode_tok_s: p.decode_tok_s,
+            prefill_tok_s: p.prefill_tok_s,
+            bound: p.bound.clone(),
+        },
+        None => Predicted {
+            decode_tok_s: 0.0,
+            prefill_tok_s: 0.0,
+            bound: "no prediction (the plan does not fit)".into(),
+        },
+    }
+}
+
 fn ratio(measured: f64, predicted: f64) -> String {
     if predicted > 0.0 {
         format!("{:.2}x", measured / predicted)
@@ -258,7 +280,7 @@ fn run_generate(a: GenerateArgs) -> miette::Result<()> {
     } else {
         0.0
     };
-    let p = &l.plan.prediction;
+    let p = predicted(&l.plan);
     let text = match &tok {
         Some(t) => t.decode(&g.tokens)?,
         None => String::new(),
@@ -353,7 +375,7 @@ fn run_bench(a: BenchArgs) -> miette::Result<()> {
     let tg_s = t1.elapsed().as_secs_f64();
     let pp = (a.prompt_len * b) as f64 / pp_s;
     let tg = (a.gen * b) as f64 / tg_s;
-    let p = &l.plan.prediction;
+    let p = predicted(&l.plan);
     println!("| model | paths | batch | test | t/s | predicted | ratio |");
     println!("|---|---|---|---|---|---|---|");
     let name = l.engine.model.spec.id.clone();

@@ -1,7 +1,9 @@
 //! Admission: one ledger per memory pool that must add up, and a verdict. Each ledger charges, in order, what other
-//! software already holds, the engine's runtime overhead, the reserve, the caches and RoPE tables (on the decode
-//! pool only), and the weights placed there; what is left is free, and what is missing is the shortfall. The first
-//! component that crosses the pool's capacity is the one the verdict names.
+//! software already holds, the engine's runtime overhead, the reserve, the weights placed there, and the RoPE tables
+//! and caches (on the decode pool only); what is left is free, and what is missing is the shortfall. The first
+//! component that crosses the pool's capacity is the one the verdict names: the weights are the model's and come
+//! first, so when the weights alone fit and the tables and caches (which grow with `max_model_len x max_num_seqs`)
+//! push the pool over, the verdict says the cache grew, not the weights. The shortfall carries both figures.
 //!
 //! A pool that holds anything but declares no runtime-overhead budget fails closed: the verdict is `does-not-fit`
 //! whatever the arithmetic says (BRIEF §2: a stage that declares no budget is refused). Which ledger applies is
@@ -69,6 +71,12 @@ pub struct Shortfall {
     pub component: String,
     pub shortfall_bytes: u64,
     pub reason: String,
+    /// Weight bytes charged to the pool.
+    #[serde(default)]
+    pub weight_bytes: u64,
+    /// Cache and RoPE-table bytes charged to the pool (they grow with `max_model_len x max_num_seqs`).
+    #[serde(default)]
+    pub cache_bytes: u64,
 }
 
 /// A piece of work and where it runs: which unit, reading which pool, and so charged to which ledger.
@@ -106,7 +114,7 @@ pub fn stages(
         // The pool holding most of the tower's bytes; ties go to the lower pool index (the profile's order).
         let mut bytes = vec![0u64; profile.pools.len()];
         for &i in vision_tensors {
-            bytes[a.pool_of[i]] += a.planned[i];
+            bytes[a.pool_of[i]] = bytes[a.pool_of[i]].saturating_add(a.planned[i]);
         }
         let pool = (0..bytes.len())
             .max_by_key(|&p| (bytes[p], std::cmp::Reverse(p)))
@@ -131,6 +139,8 @@ pub fn stages(
                     "the vision tower is placed in `{id}` but no compute unit that runs the engine reads that pool: \
                      the stage has nowhere to run (fails closed)"
                 ),
+                weight_bytes: bytes[pool],
+                cache_bytes: 0,
             });
         }
         out.push(Stage {
@@ -141,6 +151,10 @@ pub fn stages(
         });
     }
     (out, refused)
+}
+
+fn gib(b: u64) -> f64 {
+    b as f64 / crate::workload::Workload::GIB
 }
 
 fn peak(c: &crate::profile::ComputeUnit) -> f64 {
@@ -174,9 +188,9 @@ pub fn admit(
             ("already taken", pool.taken_bytes.value),
             ("runtime overhead", overhead),
             ("reserve", pool.reserve_bytes.value),
-            ("cache", if on_primary { cache_bytes } else { 0 }),
-            ("rope tables", if on_primary { rope_table_bytes } else { 0 }),
             ("weights", a.bytes_in(i)),
+            ("rope tables", if on_primary { rope_table_bytes } else { 0 }),
+            ("cache", if on_primary { cache_bytes } else { 0 }),
         ];
         let capacity = pool.capacity_bytes.value;
         let mut running: u128 = 0;
@@ -201,9 +215,9 @@ pub fn admit(
             taken_bytes: components[0].1,
             runtime_overhead_bytes: overhead,
             reserve_bytes: components[2].1,
-            cache_bytes: components[3].1,
+            weight_bytes: components[3].1,
             rope_table_bytes: components[4].1,
-            weight_bytes: components[5].1,
+            cache_bytes: components[5].1,
             weight_tensors,
             free_bytes: free,
             shortfall_bytes: shortfall,
@@ -219,6 +233,8 @@ pub fn admit(
                         "pool `{}` holds work but declares no runtime_overhead_bytes: admission fails closed",
                         pool.id
                     ),
+                    weight_bytes: ledger.weight_bytes,
+                    cache_bytes: ledger.cache_bytes.saturating_add(ledger.rope_table_bytes),
                 });
             } else if let Some(name) = crossing {
                 first = Some(Shortfall {
@@ -226,10 +242,21 @@ pub fn admit(
                     component: name.replace(' ', "_"),
                     shortfall_bytes: shortfall,
                     reason: format!(
-                        "{name} cross the capacity of `{}`: {shortfall} bytes ({:.2} GiB) short",
+                        "{name} cross the capacity of `{}`: {shortfall} bytes ({:.2} GiB) short; charged: weights \
+                         {:.2} GiB, cache and RoPE tables {:.2} GiB, already taken + overhead + reserve {:.2} GiB of \
+                         {:.2} GiB",
                         pool.id,
-                        shortfall as f64 / crate::workload::Workload::GIB
+                        gib(shortfall),
+                        gib(ledger.weight_bytes),
+                        gib(ledger.cache_bytes.saturating_add(ledger.rope_table_bytes)),
+                        gib(ledger
+                            .taken_bytes
+                            .saturating_add(ledger.runtime_overhead_bytes)
+                            .saturating_add(ledger.reserve_bytes)),
+                        gib(capacity),
                     ),
+                    weight_bytes: ledger.weight_bytes,
+                    cache_bytes: ledger.cache_bytes.saturating_add(ledger.rope_table_bytes),
                 });
             }
         }
@@ -308,9 +335,15 @@ mod tests {
             ("vram", "weights", 210)
         );
         assert!(ledgers[0].adds_up());
-        // A cache larger than the pool is named instead.
+        assert_eq!((sf.weight_bytes, sf.cache_bytes), (680, 20));
+        // Weights that fit alone and a cache that pushes the pool over: the cache is what grew, and is named (issue 23 §4).
+        let (_, _, sf) = admit_small(1000, 600, &w);
+        let sf = sf.unwrap();
+        assert_eq!((sf.component.as_str(), sf.shortfall_bytes), ("cache", 290));
+        assert!(sf.reason.contains("charged: weights"), "{}", sf.reason);
+        // Both too large: the weights cross first.
         let (_, _, sf) = admit_small(500, 600, &w);
-        assert_eq!(sf.unwrap().component, "cache");
+        assert_eq!(sf.unwrap().component, "weights");
     }
 
     #[test]

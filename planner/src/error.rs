@@ -64,4 +64,13 @@ pub enum PlanError {
     #[error("invalid workload: {0}")]
     #[diagnostic(code(edgefit::workload))]
     Workload(String),
+    /// A byte or element count the inputs imply is too large to represent (the plan's TOML integers stop at
+    /// `i64::MAX`). The message names the input that made it so.
+    #[error("cannot be represented: {0}")]
+    #[diagnostic(code(edgefit::unrepresentable))]
+    Unrepresentable(String),
+    /// The plan could not be rendered (a backstop: the limits checked while planning should make this unreachable).
+    #[error("the plan could not be serialized: {0}")]
+    #[diagnostic(code(edgefit::serialize))]
+    Serialize(String),
 }

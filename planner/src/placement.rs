@@ -56,6 +56,14 @@ pub fn is_decoder_layer_tensor(t: &TensorEntry) -> bool {
         )
 }
 
+/// Planned bytes a pinned offload (`--offload-gib`) can move: the decoder-layer tensors, the only ones it takes.
+pub fn pinned_offloadable_bytes(inventory: &[TensorEntry], path: &WeightPath) -> u64 {
+    inventory
+        .iter()
+        .filter(|t| is_decoder_layer_tensor(t))
+        .fold(0u64, |acc, t| acc.saturating_add(path.planned_bytes(t)))
+}
+
 /// The result of placement, before admission.
 #[derive(Debug, Clone)]
 pub struct Assignment {
@@ -82,16 +90,17 @@ impl Assignment {
             .iter()
             .zip(&self.planned)
             .filter(|(p, _)| **p == pool)
-            .map(|(_, b)| *b)
-            .sum()
+            .fold(0u64, |acc, (_, b)| acc.saturating_add(*b))
     }
 
     /// Bytes one prefill pass reads from `pool`: the decode reads plus what only prefill needs.
     pub fn prefill_in(&self, pool: usize) -> u64 {
         (0..self.pool_of.len())
             .filter(|&i| self.pool_of[i] == pool)
-            .map(|i| self.per_token[i] + self.prefill_only[i])
-            .sum()
+            .fold(0u64, |acc, i| {
+                acc.saturating_add(self.per_token[i])
+                    .saturating_add(self.prefill_only[i])
+            })
     }
 
     pub fn per_token_in(&self, pool: usize) -> u64 {
@@ -99,8 +108,7 @@ impl Assignment {
             .iter()
             .zip(&self.per_token)
             .filter(|(p, _)| **p == pool)
-            .map(|(_, b)| *b)
-            .sum()
+            .fold(0u64, |acc, (_, b)| acc.saturating_add(*b))
     }
 }
 
@@ -194,7 +202,7 @@ pub fn place(
             }
             if is_decoder_layer_tensor(t) {
                 a.pool_of[i] = sec;
-                moved += a.planned[i];
+                moved = moved.saturating_add(a.planned[i]);
             }
         }
         if moved > 0 {
@@ -204,8 +212,9 @@ pub fn place(
     }
 
     let budget = weight_budget(profile, primary, fixed_primary_bytes);
-    let total: u64 = a.planned.iter().sum();
-    if i128::from(total) <= budget {
+    let total: u128 = a.planned.iter().map(|&b| u128::from(b)).sum();
+    let total = i128::try_from(total).unwrap_or(i128::MAX);
+    if total <= budget {
         a.policy = "fit: every weight on the decode unit's pool (one device for decode)".into();
         return a;
     }
@@ -245,7 +254,7 @@ pub fn place(
         let rhs = sum(y, &a.per_token) * sum(x, &a.planned);
         lhs.cmp(&rhs)
     });
-    let mut resident = i128::from(total);
+    let mut resident = total;
     for unit in units {
         if resident <= budget {
             break;

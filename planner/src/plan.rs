@@ -1,6 +1,7 @@
 //! The plan: the one stable serialized interface between the planner and the engine (and the scripts around them).
 //! Its types are serde + schemars with `deny_unknown_fields`; `schemas/plan.schema.json` is generated from them.
-//! Fields scripts rely on: top-level `verdict`, `[prediction]` (`decode_tok_s`, `prefill_tok_s`, `bound`),
+//! Fields scripts rely on: top-level `verdict`, `[shortfall]` (when it does not fit), `[prediction]` (`decode_tok_s`,
+//! `prefill_tok_s`, `bound`; absent when the plan does not fit: a plan that cannot run has no speed),
 //! `[cache]` (`bytes_per_token_flat`, `bytes_per_token_hybrid`, `state_bytes_per_seq`, `total_bytes`) and
 //! `[inventory]` (`total_bytes`, `total_params`).
 
@@ -21,6 +22,11 @@ use crate::workload::Workload;
 
 pub const PLANNER_VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// The largest byte or element count a plan holds: TOML integers are signed 64-bit, so `i64::MAX`. Inputs that imply
+/// a larger figure (a `vocab_size` of 2^63, `--max-model-len` of 2^64 - 1) are errors naming the input, never a
+/// saturated or wrapped number (issue 23 §6).
+pub const MAX_PLAN_INT: u64 = i64::MAX as u64;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Plan {
@@ -28,7 +34,9 @@ pub struct Plan {
     pub verdict: Verdict,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shortfall: Option<Shortfall>,
-    pub prediction: Prediction,
+    /// Decode and prefill rates; absent when the plan does not fit (a plan that cannot run has no speed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prediction: Option<Prediction>,
     pub model: ModelInfo,
     pub device: DeviceInfo,
     pub inputs: InputHashes,
@@ -101,6 +109,8 @@ pub struct InventorySummary {
     pub tensors: u64,
     /// Checkpoint bytes (scales included), as the files hold them.
     pub total_bytes: u64,
+    /// Model parameters: packed 4-bit codes count one per value; quantization scales, zero points and `g_idx` do not
+    /// count (they are in `total_bytes`).
     pub total_params: u64,
     /// Bytes once loaded on the weight path (differs from `total_bytes` when the path converts).
     pub planned_bytes: u64,
@@ -136,8 +146,12 @@ pub struct PoolPlacement {
     pub tensors: u64,
     pub bytes: u64,
     pub decode_bytes_per_token: u64,
-    /// Decoder layers with at least one tensor here, as ranges (`0-15,20`); empty when none.
+    /// Decoder layers whose every decoder-layer tensor is here, as ranges (`0-15,20`); empty when none. A layer split
+    /// between pools is not listed here but in `split_layers`, so the `layers` of all pools never overlap.
     pub layers: String,
+    /// Decoder layers with some of their tensors here and the rest in another pool, as ranges; absent when none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub split_layers: String,
     /// The decode unit's pool holds every tensor no other pool claims (see [`Plan::pool_for`]).
     pub is_default: bool,
     /// Decoder layers (inclusive `[first, last]` ranges) whose every decoder-layer tensor is here. Empty on the
@@ -215,23 +229,28 @@ pub fn plan(
     workload.validate()?;
     let profile = crate::profile::parse_profile(profile_file)?;
     let spec = crate::model::parse_model(card)?;
-    Ok(plan_parsed(
-        &spec,
-        card,
-        &profile,
-        &profile_file.text,
-        workload,
-    ))
+    plan_parsed(&spec, card, &profile, &profile_file.text, workload)
 }
 
 /// Plan already-parsed inputs (so `--all` parses each file once). The model-side figures come from [`crate::model`].
+/// Errors: a workload the model cannot serve (longer than its `max_position_embeddings`), and any input whose sizes
+/// cannot be represented (see [`MAX_PLAN_INT`]).
 pub fn plan_parsed(
     spec: &ModelSpec,
     card: &crate::model::ModelCard,
     profile: &DeviceProfile,
     profile_text: &str,
     workload: &Workload,
-) -> Plan {
+) -> Result<Plan, crate::error::PlanError> {
+    workload.validate()?;
+    if spec.max_position_embeddings > 0 && workload.max_model_len > spec.max_position_embeddings {
+        return Err(crate::error::PlanError::Workload(format!(
+            "max_model_len {} is above `{}`'s max_position_embeddings {} ({}): the model was not trained for \
+             longer sequences (lower --max-model-len)",
+            workload.max_model_len, spec.id, spec.max_position_embeddings, card.config.path
+        )));
+    }
+    check_inventory(spec, &card.config.path)?;
     let prompt = workload.effective_prompt_len();
     build(Inputs {
         spec,
@@ -248,8 +267,170 @@ pub fn plan_parsed(
     })
 }
 
-/// Compile parsed inputs into a plan. Pure and total: any inputs that parsed give a plan (possibly `does-not-fit`).
-pub fn build(inputs: Inputs<'_>) -> Plan {
+/// Every tensor's bytes and parameters, and their totals, fit in a plan; the error names the first tensor that does
+/// not, with its shape, so the config key behind it can be found.
+fn check_inventory(spec: &ModelSpec, config_path: &str) -> Result<(), crate::error::PlanError> {
+    let (mut bytes, mut params) = (0u128, 0u128);
+    for t in &spec.inventory {
+        bytes += u128::from(t.bytes);
+        params += u128::from(t.params);
+        if t.bytes > MAX_PLAN_INT || t.params > MAX_PLAN_INT || bytes > u128::from(MAX_PLAN_INT) {
+            return Err(crate::error::PlanError::Unrepresentable(format!(
+                "tensor `{}` of shape {:?} ({config_path}) makes the checkpoint larger than {MAX_PLAN_INT} bytes; \
+                 check the sizes in the config (vocab_size, hidden_size, intermediate_size, layer and head counts)",
+                t.name, t.shape
+            )));
+        }
+    }
+    if params > u128::from(MAX_PLAN_INT) {
+        return Err(crate::error::PlanError::Unrepresentable(format!(
+            "`{}` has more than {MAX_PLAN_INT} parameters ({config_path})",
+            spec.id
+        )));
+    }
+    Ok(())
+}
+
+/// The caches and RoPE tables the workload asks for fit in a plan; the error names the workload numbers behind them.
+fn check_cache(cache: &CacheBudget, w: &Workload) -> Result<(), crate::error::PlanError> {
+    let reserved = u128::from(cache.total_bytes) + u128::from(cache.rope_table_bytes);
+    let figures = [
+        ("the cache", u128::from(cache.total_bytes)),
+        (
+            "the flat (layer-blind) cache",
+            u128::from(cache.flat_total_bytes),
+        ),
+        ("the RoPE tables", u128::from(cache.rope_table_bytes)),
+        (
+            "the RoPE tables sized from max_position_embeddings",
+            u128::from(cache.rope_table_bytes_uncapped),
+        ),
+        ("the cache plus the RoPE tables", reserved),
+    ];
+    for (what, v) in figures {
+        // The model side saturates at u64::MAX: any figure at or above the limit may be a saturated one.
+        if v >= u128::from(MAX_PLAN_INT) {
+            return Err(crate::error::PlanError::Unrepresentable(format!(
+                "{what} for max_model_len {} x max_num_seqs {} is more than {MAX_PLAN_INT} bytes (lower \
+                 --max-model-len or --max-num-seqs)",
+                w.max_model_len, w.max_num_seqs
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A pinned offload (`--offload-gib`) must be something the placement can do: there must be a pool linked to the
+/// decode pool to put the bytes in, and the decoder layers must hold at least that many bytes. Either failure used to
+/// be silent (nothing moved, or everything did).
+fn check_pinned_offload(
+    spec: &ModelSpec,
+    path: &WeightPath,
+    profile: &DeviceProfile,
+    w: &Workload,
+) -> Result<(), crate::error::PlanError> {
+    let Some(target) = w.offload_bytes else {
+        return Ok(());
+    };
+    let unit = profile.decode_unit();
+    let primary = profile
+        .pools
+        .iter()
+        .position(|p| p.id == unit.pool)
+        .unwrap_or(0);
+    if crate::placement::offload_pool(profile, primary).is_none() {
+        return Err(crate::error::PlanError::Workload(format!(
+            "--offload-gib is given, but on `{}` the decode unit `{}` reads its weights from `{}` and no other pool is \
+             linked to it: there is nowhere to offload to (drop --offload-gib)",
+            profile.name, unit.id, unit.pool
+        )));
+    }
+    let offloadable = crate::placement::pinned_offloadable_bytes(&spec.inventory, path);
+    if target > offloadable {
+        return Err(crate::error::PlanError::Workload(format!(
+            "--offload-gib asks for {target} bytes ({:.2} GiB) but `{}` has only {offloadable} bytes ({:.2} GiB) of \
+             decoder-layer weights on the {:?} path, the only tensors a pinned offload moves",
+            gib(target),
+            spec.id,
+            gib(offloadable),
+            path.format
+        )));
+    }
+    Ok(())
+}
+
+/// A prediction is a finite, positive step time. A rate the profile parser accepts (positive, finite) can still be
+/// absurd enough to make a step infinite (1e-300 B/s) or zero; that is an error naming the term and its rate, never a
+/// plan that "fits" at 0 tok/s.
+fn check_prediction(p: &Prediction) -> Result<(), crate::error::PlanError> {
+    let bad = p
+        .decode_terms
+        .iter()
+        .chain(&p.prefill_terms)
+        .chain(p.batched.iter().flat_map(|b| &b.terms))
+        .find(|t| !t.seconds.is_finite() || !t.rate_per_s.is_finite() || t.rate_per_s <= 0.0);
+    if let Some(t) = bad {
+        return Err(crate::error::PlanError::Unrepresentable(format!(
+            "the term `{}` takes {} s ({} at {} per second): check that rate in the profile",
+            t.name, t.seconds, t.amount, t.rate_per_s
+        )));
+    }
+    let mut rates = vec![p.decode_step_s, p.decode_tok_s, p.prefill_tok_s];
+    if let Some(b) = &p.batched {
+        rates.extend([b.step_s, b.per_sequence_tok_s, b.aggregate_tok_s]);
+    }
+    if rates.iter().any(|x| !x.is_finite() || *x <= 0.0) {
+        return Err(crate::error::PlanError::Unrepresentable(format!(
+            "the prediction is not a finite positive rate (decode step {} s, {} tok/s; prefill {} tok/s): check the \
+             profile's rates",
+            p.decode_step_s, p.decode_tok_s, p.prefill_tok_s
+        )));
+    }
+    Ok(())
+}
+
+/// Backstop: every integer of the plan fits a TOML integer. The checks above make this hold for the inputs they
+/// name; this one names the field when an arithmetic path they do not foresee produces a larger figure.
+fn check_plan_ints(plan: &Plan) -> Result<(), crate::error::PlanError> {
+    fn walk(v: &serde_json::Value, at: &mut String) -> Option<(String, u64)> {
+        match v {
+            serde_json::Value::Number(n) => n
+                .as_u64()
+                .filter(|&x| x > MAX_PLAN_INT)
+                .map(|x| (at.clone(), x)),
+            serde_json::Value::Array(items) => items.iter().enumerate().find_map(|(i, x)| {
+                let len = at.len();
+                let _ = write!(at, "[{i}]");
+                let r = walk(x, at);
+                at.truncate(len);
+                r
+            }),
+            serde_json::Value::Object(m) => m.iter().find_map(|(k, x)| {
+                let len = at.len();
+                if !at.is_empty() {
+                    at.push('.');
+                }
+                at.push_str(k);
+                let r = walk(x, at);
+                at.truncate(len);
+                r
+            }),
+            _ => None,
+        }
+    }
+    let v = serde_json::to_value(plan)
+        .map_err(|e| crate::error::PlanError::Serialize(e.to_string()))?;
+    match walk(&v, &mut String::new()) {
+        Some((field, x)) => Err(crate::error::PlanError::Unrepresentable(format!(
+            "the plan's `{field}` would be {x}, more than {MAX_PLAN_INT}: check the profile's and the model's sizes"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Compile parsed inputs into a plan. Pure and total: any inputs that parsed give a plan (possibly `does-not-fit`)
+/// or an error naming the input that cannot be served or represented.
+pub fn build(inputs: Inputs<'_>) -> Result<Plan, crate::error::PlanError> {
     let Inputs {
         spec,
         cache,
@@ -259,8 +440,10 @@ pub fn build(inputs: Inputs<'_>) -> Plan {
         workload,
         hashes,
     } = inputs;
+    check_cache(&cache, workload)?;
     let unit = profile.decode_unit();
     let path = choose(&spec.quantization, unit, workload.priority);
+    check_pinned_offload(spec, &path, profile, workload)?;
     let fixed = cache.total_bytes.saturating_add(cache.rope_table_bytes);
     let a = place(&spec.inventory, &path, profile, workload, fixed);
     let (ledgers, mut verdict, mut shortfall) =
@@ -272,6 +455,17 @@ pub fn build(inputs: Inputs<'_>) -> Plan {
     } else {
         Vec::new()
     };
+    if let (Some(sf), Some(pinned)) = (shortfall.as_mut(), workload.offload_bytes) {
+        if sf.component == "weights" && sf.pool == profile.pools[a.primary].id {
+            // Whole tensors move, so this is a floor: the plan at that figure may still need a little more.
+            let _ = write!(
+                sf.reason,
+                "; the pinned offload of {:.2} GiB would have to be at least {:.2} GiB",
+                gib(pinned),
+                gib(pinned.saturating_add(sf.shortfall_bytes))
+            );
+        }
+    }
     let (stages, refused) = stages(profile, &a, &unit.id, &vision);
     if shortfall.is_none() && refused.is_some() {
         verdict = Verdict::DoesNotFit;
@@ -288,10 +482,12 @@ pub fn build(inputs: Inputs<'_>) -> Plan {
             prefill_flops,
             prefill_tokens,
             decode_context: prefill_tokens,
+            batch: workload.max_num_seqs,
         },
     );
+    check_prediction(&prediction)?;
     let count = |k: LayerKind| spec.layers.iter().filter(|&&l| l == k).count() as u64;
-    Plan {
+    let plan = Plan {
         planner_version: PLANNER_VERSION.to_owned(),
         verdict,
         shortfall,
@@ -318,8 +514,12 @@ pub fn build(inputs: Inputs<'_>) -> Plan {
         cache,
         ledgers,
         stages,
-        prediction,
-    }
+        // A plan that does not fit has no speed: the rates of a placement that cannot be admitted would only mislead
+        // (issue 23 §4: a pinned 4 GiB offload that does not fit was predicted faster than the 10 GiB one that does).
+        prediction: (verdict == Verdict::Fits).then_some(prediction),
+    };
+    check_plan_ints(&plan)?;
+    Ok(plan)
 }
 
 fn inventory_summary(spec: &ModelSpec, a: &Assignment) -> InventorySummary {
@@ -327,14 +527,19 @@ fn inventory_summary(spec: &ModelSpec, a: &Assignment) -> InventorySummary {
     for (i, t) in spec.inventory.iter().enumerate() {
         let e = by.entry(access_class(&t.access)).or_default();
         e.0 += 1;
-        e.1 += a.planned[i];
+        e.1 = e.1.saturating_add(a.planned[i]);
     }
+    let sum = |v: &mut dyn Iterator<Item = u64>| v.fold(0u64, u64::saturating_add);
     InventorySummary {
         tensors: spec.inventory.len() as u64,
-        total_bytes: spec.inventory.iter().map(|t| t.bytes).sum(),
-        total_params: spec.inventory.iter().map(|t| t.params).sum(),
-        planned_bytes: a.planned.iter().sum(),
-        decode_bytes_per_token: a.per_token.iter().sum(),
+        total_bytes: sum(&mut spec.inventory.iter().map(|t| t.bytes)),
+        total_params: sum(&mut spec
+            .inventory
+            .iter()
+            .filter(|t| !is_quantization_aux(t))
+            .map(|t| t.params)),
+        planned_bytes: sum(&mut a.planned.iter().copied()),
+        decode_bytes_per_token: sum(&mut a.per_token.iter().copied()),
         by_access: by
             .into_iter()
             .map(|(class, (tensors, planned_bytes))| AccessClass {
@@ -344,6 +549,22 @@ fn inventory_summary(spec: &ModelSpec, a: &Assignment) -> InventorySummary {
             })
             .collect(),
     }
+}
+
+/// Whether a tensor is quantization metadata rather than model parameters: block and tensor scales, NVFP4's global
+/// and input scales, GPTQ's zero points, scales and `g_idx`. Scales inside the vision tower and the MTP head carry
+/// those parts' roles, so the name decides there.
+pub fn is_quantization_aux(t: &crate::model::TensorEntry) -> bool {
+    const SUFFIXES: [&str; 7] = [
+        ".weight_scale_inv",
+        ".weight_scale",
+        ".weight_scale_2",
+        ".input_scale",
+        ".qzeros",
+        ".scales",
+        ".g_idx",
+    ];
+    t.role == Role::Scale || SUFFIXES.iter().any(|s| t.name.ends_with(s))
 }
 
 /// Inclusive ranges of a sorted, deduplicated list.
@@ -454,7 +675,6 @@ fn placement_summary(spec: &ModelSpec, profile: &DeviceProfile, a: &Assignment) 
             continue;
         }
         let mut groups: BTreeMap<(String, &'static str), (Role, Vec<usize>)> = BTreeMap::new();
-        let mut layers: Vec<u32> = Vec::new();
         for &i in &members {
             let t = &spec.inventory[i];
             let key = (format!("{:?}", t.role), access_class(&t.access));
@@ -463,12 +683,27 @@ fn placement_summary(spec: &ModelSpec, profile: &DeviceProfile, a: &Assignment) 
                 .or_insert_with(|| (t.role, Vec::new()))
                 .1
                 .push(i);
-            if let Some(l) = t.layer {
-                layers.push(l);
+        }
+        // Per decoder layer: does this pool hold all of its decoder-layer tensors, or only some?
+        let mut layer_here: BTreeMap<u32, (bool, bool)> = BTreeMap::new();
+        for (i, t) in spec.inventory.iter().enumerate() {
+            if let Some(l) = t.layer.filter(|_| is_decoder_layer_tensor(t)) {
+                let e = layer_here.entry(l).or_insert((false, true));
+                let here = a.pool_of[i] == p;
+                e.0 |= here;
+                e.1 &= here;
             }
         }
-        layers.sort_unstable();
-        layers.dedup();
+        let whole: Vec<u32> = layer_here
+            .iter()
+            .filter(|(_, &(any, all))| any && all)
+            .map(|(&l, _)| l)
+            .collect();
+        let split: Vec<u32> = layer_here
+            .iter()
+            .filter(|(_, &(any, all))| any && !all)
+            .map(|(&l, _)| l)
+            .collect();
         let is_default = p == a.primary;
         let c = if is_default {
             Claims::default()
@@ -478,9 +713,14 @@ fn placement_summary(spec: &ModelSpec, profile: &DeviceProfile, a: &Assignment) 
         pools.push(PoolPlacement {
             pool: pool.id.clone(),
             tensors: members.len() as u64,
-            bytes: members.iter().map(|&i| a.planned[i]).sum(),
-            decode_bytes_per_token: members.iter().map(|&i| a.per_token[i]).sum(),
-            layers: ranges(&layers),
+            bytes: members
+                .iter()
+                .fold(0u64, |acc, &i| acc.saturating_add(a.planned[i])),
+            decode_bytes_per_token: members
+                .iter()
+                .fold(0u64, |acc, &i| acc.saturating_add(a.per_token[i])),
+            layers: ranges(&whole),
+            split_layers: ranges(&split),
             is_default,
             whole_layers: c.whole_layers,
             whole_layer_roles: c.whole_layer_roles,
@@ -492,7 +732,9 @@ fn placement_summary(spec: &ModelSpec, profile: &DeviceProfile, a: &Assignment) 
                     role,
                     access: access.to_owned(),
                     tensors: idx.len() as u64,
-                    bytes: idx.iter().map(|&i| a.planned[i]).sum(),
+                    bytes: idx
+                        .iter()
+                        .fold(0u64, |acc, &i| acc.saturating_add(a.planned[i])),
                     names: if idx.len() <= NAMES_LISTED {
                         idx.iter()
                             .map(|&i| spec.inventory[i].name.clone())
@@ -512,8 +754,7 @@ fn placement_summary(spec: &ModelSpec, profile: &DeviceProfile, a: &Assignment) 
             .iter()
             .enumerate()
             .filter(|(i, _)| *i != a.primary)
-            .map(|(i, _)| a.bytes_in(i))
-            .sum(),
+            .fold(0u64, |acc, (i, _)| acc.saturating_add(a.bytes_in(i))),
         pools,
     }
 }
@@ -571,12 +812,11 @@ impl Plan {
         &self.device.decode_pool
     }
 
-    /// The plan as TOML text (the stable format).
-    pub fn to_toml(&self) -> String {
-        // The plan's types serialize to TOML by construction: no map keys that are not strings, no NaN (every rate
-        // is validated finite and positive), tables after values.
-        toml::to_string_pretty(self)
-            .unwrap_or_else(|e| format!("# plan serialization failed: {e}\n"))
+    /// The plan as TOML text (the stable format). The plan's types serialize to TOML by construction (string map
+    /// keys, finite rates, tables after values, integers checked against [`MAX_PLAN_INT`] when the plan was built);
+    /// a plan edited by hand afterwards can still fail, and then this is an error, never a corrupt file.
+    pub fn to_toml(&self) -> Result<String, crate::error::PlanError> {
+        toml::to_string_pretty(self).map_err(|e| crate::error::PlanError::Serialize(e.to_string()))
     }
 
     /// Read a plan back (round-trip, or a plan handed to the engine).
@@ -651,7 +891,7 @@ impl Plan {
                 gib(l.taken_bytes),
                 gib(l.runtime_overhead_bytes),
                 gib(l.reserve_bytes),
-                gib(l.cache_bytes + l.rope_table_bytes),
+                gib(l.cache_bytes.saturating_add(l.rope_table_bytes)),
                 gib(l.weight_bytes),
                 gib(l.free_bytes),
                 gib(l.shortfall_bytes),
@@ -679,15 +919,26 @@ impl Plan {
         for p in &self.placement.pools {
             let _ = writeln!(
                 s,
-                "    {:<10} {:>6} tensors {:>8.2} GiB, {:>8.3} GiB/token, layers [{}]",
+                "    {:<10} {:>6} tensors {:>8.2} GiB, {:>8.3} GiB/token, layers [{}]{}",
                 p.pool,
                 p.tensors,
                 gib(p.bytes),
                 gib(p.decode_bytes_per_token),
-                p.layers
+                p.layers,
+                if p.split_layers.is_empty() {
+                    String::new()
+                } else {
+                    format!(", split [{}]", p.split_layers)
+                }
             );
         }
-        let pr = &self.prediction;
+        let Some(pr) = &self.prediction else {
+            let _ = writeln!(
+                s,
+                "  prediction: none, the plan does not fit (see the shortfall above)"
+            );
+            return s;
+        };
         let _ = writeln!(
             s,
             "  prediction: decode {:.3} tok/s ({:.1} ms/token), prefill {:.0} tok/s (pp{})",
@@ -697,6 +948,20 @@ impl Plan {
             pr.prefill_tokens
         );
         let _ = writeln!(s, "  bottleneck: {}", pr.bound);
+        if let Some(b) = &pr.batched {
+            let _ = writeln!(
+                s,
+                "  batched decode at {} sequences: {:.3} tok/s each, {:.3} tok/s together ({:.1} ms/step), {}; \
+                 compute takes over {}",
+                b.batch,
+                b.per_sequence_tok_s,
+                b.aggregate_tok_s,
+                b.step_s * 1e3,
+                b.bound,
+                b.compute_bound_from_batch
+                    .map_or_else(|| "at no batch".to_owned(), |n| format!("from {n} sequences"))
+            );
+        }
         for t in &pr.decode_terms {
             let _ = writeln!(
                 s,
@@ -782,7 +1047,8 @@ mod tests {
             profile: &profile,
             workload: w,
             hashes: InputHashes::of("", None, ""),
-        });
+        })
+        .unwrap();
         (plan, a)
     }
 
@@ -853,19 +1119,111 @@ mod tests {
             max_model_len: 4,
             ..Workload::default()
         };
-        // 10 overhead + 640 of cache and RoPE tables fit in 1000; the 680 bytes of weights do not.
+        // 10 overhead + 680 bytes of weights fit in 1000; the 640 of cache and RoPE tables on top do not, so the
+        // cache is what grew.
         let (plan, _) = unit_plan(&s, 1000, &w);
         let text = plan.summary();
         assert!(text.contains("DOES NOT FIT"), "{text}");
-        assert!(text.contains("shortfall: weights on `vram`"), "{text}");
+        assert!(text.contains("shortfall: cache on `vram`"), "{text}");
         assert!(
             text.contains("memory map") && text.contains("vram") && text.contains("host"),
             "{text}"
         );
+        // A plan that does not fit prints no speed (issue 23 §4) and its file carries none.
+        assert!(plan.prediction.is_none());
+        assert!(
+            !text.contains("tok/s") && !text.contains("bottleneck"),
+            "{text}"
+        );
+        assert!(
+            text.contains("prediction: none, the plan does not fit"),
+            "{text}"
+        );
+        // One that fits does.
+        let (plan, _) = unit_plan(&s, 100_000, &w);
+        let text = plan.summary();
         assert!(
             text.contains("bottleneck: bandwidth-bound: read pool `vram`"),
             "{text}"
         );
+        assert!(plan.prediction.is_some());
+    }
+
+    #[test]
+    fn a_split_layer_shows_as_split_in_both_pools() {
+        let mut inv = small_model();
+        for l in 0..4 {
+            inv.push(tensor(
+                &format!("layers.{l}.norm"),
+                2,
+                Access::EveryToken,
+                Role::Small,
+                Some(l),
+            ));
+        }
+        let s = spec(inv);
+        // 150 bytes pinned in checkpoint order: layers.0 (100) and layers.1 (100) move; each layer's norm comes after
+        // all the layers in this inventory, so layers 0 and 1 are split between the pools.
+        let w = Workload {
+            offload_bytes: Some(150),
+            max_model_len: 4,
+            ..Workload::default()
+        };
+        let (plan, _) = unit_plan(&s, 100_000, &w);
+        let pool = |id: &str| plan.placement.pools.iter().find(|p| p.pool == id).unwrap();
+        assert_eq!(
+            (
+                pool("host").layers.as_str(),
+                pool("host").split_layers.as_str()
+            ),
+            ("", "0-1")
+        );
+        assert_eq!(
+            (
+                pool("vram").layers.as_str(),
+                pool("vram").split_layers.as_str()
+            ),
+            ("2-3", "0-1")
+        );
+        let text = plan.summary();
+        assert!(text.contains("layers [], split [0-1]"), "{text}");
+        assert!(text.contains("layers [2-3], split [0-1]"), "{text}");
+    }
+
+    #[test]
+    fn total_params_leaves_out_scales_and_zero_points() {
+        let mut inv = small_model();
+        let n = inv.len();
+        inv.push(tensor(
+            "layers.0.weight_scale_inv",
+            7,
+            Access::EveryToken,
+            Role::Scale,
+            Some(0),
+        ));
+        inv.push(tensor(
+            "mtp.fc.weight_scale_inv",
+            5,
+            Access::ConditionalSpeculative,
+            Role::MtpHead,
+            None,
+        ));
+        inv.push(tensor(
+            "visual.blocks.0.qzeros",
+            3,
+            Access::ConditionalImage,
+            Role::VisionTower,
+            None,
+        ));
+        let s = spec(inv);
+        let w = Workload {
+            max_model_len: 4,
+            ..Workload::default()
+        };
+        let (plan, _) = unit_plan(&s, 100_000, &w);
+        let params: u64 = s.inventory[..n].iter().map(|t| t.params).sum();
+        assert_eq!(plan.inventory.total_params, params);
+        assert_eq!(plan.inventory.tensors, n as u64 + 3);
     }
 
     #[test]

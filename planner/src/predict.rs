@@ -9,7 +9,13 @@
 //! arithmetic time and one pass over the resident weights, plus the offloaded bytes crossing the link once.
 //!
 //! Decode is predicted for one stream at the context where generation starts (`prompt_len` tokens), reading the
-//! caches that context needs. With speculative decoding on, the MTP head's reads are charged to every step but the
+//! caches that context needs. With `max_num_seqs` above one, the plan also predicts a step that decodes that many
+//! sequences at once ([`BatchedDecode`]): the weights are still read once per step, every sequence's cache and state
+//! is read, and the arithmetic grows with the batch until it bounds the step. Two simplifications, both optimistic
+//! for large batches: routed experts are charged at the one-sequence active fraction (a batch touches the union of
+//! its tokens' experts), and gathered embedding rows once per step (a batch gathers one row per sequence, a few KiB).
+//! No per-launch overhead is charged yet (issue 23 §3 asks for one; it needs a count of launches per step, which the
+//! engine will own). With speculative decoding on, the MTP head's reads are charged to every step but the
 //! accepted draft tokens are not credited: no acceptance rate has been measured on these models yet, so the
 //! prediction is a floor, not an estimate of the speed-up.
 
@@ -58,6 +64,29 @@ pub struct Prediction {
     pub prefill_bound: String,
     pub decode_terms: Vec<Term>,
     pub prefill_terms: Vec<Term>,
+    /// The decode step at `max_num_seqs` sequences; absent when the workload decodes one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batched: Option<BatchedDecode>,
+}
+
+/// A decode step over `batch` sequences at once, each at `decode_context` tokens of context.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchedDecode {
+    pub batch: u64,
+    pub step_s: f64,
+    /// Tokens per second each sequence sees (`1 / step_s`).
+    pub per_sequence_tok_s: f64,
+    /// Tokens per second over the batch (`batch / step_s`).
+    pub aggregate_tok_s: f64,
+    /// The term that dominates the batched step, in words.
+    pub bound: String,
+    pub bound_kind: BoundKind,
+    /// The smallest batch at which the arithmetic term becomes the largest on the decode pool (compute takes over
+    /// from the weight and cache reads); absent when it never does (each sequence adds more bytes than FLOPs' time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_bound_from_batch: Option<u64>,
+    pub terms: Vec<Term>,
 }
 
 /// Inputs of the prediction besides the placement.
@@ -67,6 +96,8 @@ pub struct Work<'a> {
     pub prefill_flops: u64,
     pub prefill_tokens: u64,
     pub decode_context: u64,
+    /// Sequences decoded together in the batched prediction (`max_num_seqs`).
+    pub batch: u64,
 }
 
 fn term(name: String, kind: BoundKind, amount: f64, rate: f64) -> Term {
@@ -146,35 +177,41 @@ pub fn predict(
     let kernel = path.kernel_rate(unit);
     let (flop_rate, flop_what) = arithmetic_rate(unit, path);
 
-    // Decode, decode unit's own pool: weights read this step plus the caches at the decode context.
+    // Decode, decode unit's own pool: weights read once per step plus each sequence's caches at the decode context;
+    // the arithmetic is per sequence. The measured kernel rate was taken at one sequence: it is charged on the
+    // weights, once per step, at every batch.
     let cache_read = work.cache.bytes_per_token_hybrid as f64 * work.decode_context as f64
         + work.cache.state_bytes_per_seq as f64;
-    let resident = a.per_token_in(a.primary) as f64 + cache_read;
-    let mut group = vec![term(
-        format!("read pool `{}`", primary.id),
-        BoundKind::Bandwidth,
-        resident,
-        primary.read_bytes_per_s.value,
-    )];
-    if let Some(k) = kernel {
+    let weights = a.per_token_in(a.primary) as f64;
+    let primary_group = |batch: f64| {
+        let mut group = vec![term(
+            format!("read pool `{}`", primary.id),
+            BoundKind::Bandwidth,
+            weights + batch * cache_read,
+            primary.read_bytes_per_s.value,
+        )];
+        if let Some(k) = kernel {
+            group.push(term(
+                format!(
+                    "measured {:?} kernel rate on `{}` (resident weights)",
+                    path.format, unit.id
+                ),
+                BoundKind::Compute,
+                weights,
+                k.decode_weight_bytes_per_s.value,
+            ));
+        }
         group.push(term(
-            format!(
-                "measured {:?} kernel rate on `{}` (resident weights)",
-                path.format, unit.id
-            ),
+            flop_what.clone(),
             BoundKind::Compute,
-            a.per_token_in(a.primary) as f64,
-            k.decode_weight_bytes_per_s.value,
+            batch * work.decode_flops_per_token as f64,
+            flop_rate,
         ));
-    }
-    group.push(term(
-        flop_what.clone(),
-        BoundKind::Compute,
-        work.decode_flops_per_token as f64,
-        flop_rate,
-    ));
-    overlap(&mut group);
-    let mut decode_terms = group;
+        overlap(&mut group);
+        group
+    };
+    let mut decode_terms = primary_group(1.0);
+    let mut offloaded_terms = Vec::new();
     if let Some(sec) = a.secondary {
         let bytes = a.per_token_in(sec) as f64;
         let from = &profile.pools[sec];
@@ -203,20 +240,44 @@ pub fn predict(
             ));
         }
         overlap(&mut off);
-        decode_terms.extend(off);
+        offloaded_terms = off;
     }
-    let step: f64 = decode_terms
-        .iter()
-        .filter(|t| t.counted)
-        .map(|t| t.seconds)
-        .sum();
-    let dominant = decode_terms
-        .iter()
-        .filter(|t| t.counted)
-        .max_by(|x, y| x.seconds.total_cmp(&y.seconds))
-        .cloned()
-        .unwrap_or_else(|| decode_terms[0].clone());
+    decode_terms.extend(offloaded_terms.iter().cloned());
+    let (step, dominant) = step_and_dominant(&decode_terms);
     let bound = describe(&dominant);
+    let batched = (work.batch > 1).then(|| {
+        let mut terms = primary_group(work.batch as f64);
+        terms.extend(offloaded_terms.iter().cloned());
+        let (step_s, dominant) = step_and_dominant(&terms);
+        // Arithmetic overtakes the reads at B >= (W / bw) / (F / r - C / bw) and the kernel term at B >= K / (F / r).
+        let bw = primary.read_bytes_per_s.value;
+        let flop_s = work.decode_flops_per_token as f64 / flop_rate;
+        let over_reads = flop_s - cache_read / bw;
+        let compute_bound_from_batch = (over_reads > 0.0)
+            .then(|| {
+                let kernel_s = kernel.map_or(0.0, |k| weights / k.decode_weight_bytes_per_s.value);
+                ((weights / bw) / over_reads)
+                    .max(kernel_s / flop_s)
+                    .ceil()
+                    .max(1.0)
+            })
+            .filter(|b| b.is_finite() && *b <= 9.0e15)
+            .map(|b| b as u64);
+        BatchedDecode {
+            batch: work.batch,
+            step_s,
+            per_sequence_tok_s: if step_s > 0.0 { 1.0 / step_s } else { 0.0 },
+            aggregate_tok_s: if step_s > 0.0 {
+                work.batch as f64 / step_s
+            } else {
+                0.0
+            },
+            bound: describe(&dominant),
+            bound_kind: dominant.kind,
+            compute_bound_from_batch,
+            terms,
+        }
+    });
 
     // Prefill: one pass over the weights for the whole prompt (the vision tower too when prompts carry images),
     // overlapped with the arithmetic; the offloaded bytes cross the link once.
@@ -276,7 +337,21 @@ pub fn predict(
         prefill_bound: describe(&pre_dominant),
         decode_terms,
         prefill_terms: pre,
+        batched,
     }
+}
+
+/// A step's time (the counted terms, serial) and its dominant term.
+fn step_and_dominant(terms: &[Term]) -> (f64, Term) {
+    let step = terms.iter().filter(|t| t.counted).map(|t| t.seconds).sum();
+    let dominant = terms
+        .iter()
+        .filter(|t| t.counted)
+        .max_by(|x, y| x.seconds.total_cmp(&y.seconds))
+        .or(terms.first())
+        .cloned()
+        .unwrap_or_else(|| term(String::new(), BoundKind::Bandwidth, 0.0, 1.0));
+    (step, dominant)
 }
 
 fn describe(t: &Term) -> String {
@@ -330,8 +405,76 @@ mod tests {
             prefill_flops: 1000,
             prefill_tokens: 10,
             decode_context: 10,
+            batch: 1,
         };
         predict(profile, &path, &a, &work)
+    }
+
+    #[test]
+    fn a_batch_reads_the_weights_once_and_every_sequences_cache() {
+        let profile = two_pools(10_000, 10_000);
+        let w = Workload::default();
+        let path = choose(
+            &crate::model::Quantization::Fp8Block { block: [128, 128] },
+            &profile.compute[0],
+            w.priority,
+        );
+        let a = place(&small_model(), &path, &profile, &w, 0);
+        // 5 bytes of state per sequence (0.05 s at 100 B/s) and 1e5 FLOP per token (0.1 s at 1e6 FLOP/s); 501 bytes
+        // of weights (5.01 s) read once per step.
+        let cache = CacheBudget {
+            state_bytes_per_seq: 5,
+            ..no_cache()
+        };
+        let at = |batch: u64| {
+            predict(
+                &profile,
+                &path,
+                &a,
+                &Work {
+                    cache: &cache,
+                    decode_flops_per_token: 100_000,
+                    prefill_flops: 1000,
+                    prefill_tokens: 10,
+                    decode_context: 10,
+                    batch,
+                },
+            )
+        };
+        assert!(at(1).batched.is_none(), "one sequence: no batched figure");
+        let p = at(8);
+        let b = p.batched.unwrap();
+        // (501 + 8 x 5) / 100 = 5.41 s against 8 x 0.1 = 0.8 s of arithmetic.
+        assert!((b.step_s - 5.41).abs() < 1e-9, "{}", b.step_s);
+        assert!((b.aggregate_tok_s - 8.0 / 5.41).abs() < 1e-9);
+        assert!((b.per_sequence_tok_s - 1.0 / 5.41).abs() < 1e-9);
+        assert_eq!(b.bound_kind, BoundKind::Bandwidth);
+        // Arithmetic overtakes the reads at B >= 5.01 / (0.1 - 0.05) = 100.2.
+        assert_eq!(b.compute_bound_from_batch, Some(101));
+        let b = at(101).batched.unwrap();
+        assert_eq!(b.bound_kind, BoundKind::Compute, "{}", b.bound);
+        assert!((b.step_s - 10.1).abs() < 1e-9, "{}", b.step_s);
+        let b = at(100).batched.unwrap();
+        assert_eq!(b.bound_kind, BoundKind::Bandwidth, "{}", b.bound);
+        // A sequence that adds more read time than arithmetic never turns compute-bound.
+        let heavy = CacheBudget {
+            state_bytes_per_seq: 50,
+            ..no_cache()
+        };
+        let p = predict(
+            &profile,
+            &path,
+            &a,
+            &Work {
+                cache: &heavy,
+                decode_flops_per_token: 100_000,
+                prefill_flops: 1000,
+                prefill_tokens: 10,
+                decode_context: 10,
+                batch: 64,
+            },
+        );
+        assert_eq!(p.batched.unwrap().compute_bound_from_batch, None);
     }
 
     #[test]

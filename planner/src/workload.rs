@@ -92,7 +92,15 @@ impl Workload {
                 "--offload-gib must be a finite amount >= 0, got {gib}"
             )));
         }
-        self.offload_bytes = Some((gib * Self::GIB).round() as u64);
+        let bytes = (gib * Self::GIB).round();
+        // `as u64` would saturate silently; anything at or above 2^63 has no TOML integer to go in.
+        if bytes >= crate::plan::MAX_PLAN_INT as f64 {
+            return Err(PlanError::Unrepresentable(format!(
+                "--offload-gib {gib} is {bytes:.0} bytes, beyond the largest amount a plan can hold ({} bytes)",
+                crate::plan::MAX_PLAN_INT
+            )));
+        }
+        self.offload_bytes = Some(bytes as u64);
         Ok(self)
     }
 
@@ -111,10 +119,26 @@ impl Workload {
         if self.prompt_len == 0 {
             return Err(PlanError::Workload("prompt_len must be at least 1".into()));
         }
+        if self.prompt_len > self.max_model_len {
+            return Err(PlanError::Workload(format!(
+                "prompt_len {} is above max_model_len {}: a prompt cannot be longer than the longest sequence \
+                 (lower --prompt-len or raise --max-model-len)",
+                self.prompt_len, self.max_model_len
+            )));
+        }
+        if let Some(b) = self.offload_bytes {
+            if b > crate::plan::MAX_PLAN_INT {
+                return Err(PlanError::Unrepresentable(format!(
+                    "offload_bytes {b} is beyond the largest amount a plan can hold ({} bytes)",
+                    crate::plan::MAX_PLAN_INT
+                )));
+            }
+        }
         Ok(())
     }
 
-    /// Prompt length actually used for prefill: never longer than the context.
+    /// Prompt length used for prefill. [`Workload::validate`] refuses a prompt longer than the context; the `min`
+    /// only keeps callers that build a plan from an unvalidated workload (unit tests) in range.
     pub fn effective_prompt_len(&self) -> u64 {
         self.prompt_len.min(self.max_model_len)
     }
@@ -164,12 +188,34 @@ mod tests {
     }
 
     #[test]
-    fn prompt_never_exceeds_context() {
+    fn a_prompt_longer_than_the_context_is_an_error_not_a_clamp() {
         let w = Workload {
             max_model_len: 128,
             ..Workload::default()
         };
-        assert_eq!(w.effective_prompt_len(), 128);
+        let e = w.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("prompt_len 512 is above max_model_len 128"),
+            "{e}"
+        );
+        let w = Workload {
+            max_model_len: 128,
+            prompt_len: 128,
+            ..Workload::default()
+        };
+        assert!(w.validate().is_ok());
+    }
+
+    #[test]
+    fn an_offload_no_plan_can_hold_is_an_error_not_a_saturation() {
+        // 2^33 GiB = 2^63 bytes: one past i64::MAX, which TOML cannot write (issue 23 §6 wrote a corrupt file).
+        let e = Workload::default()
+            .with_offload_gib(8589934592.0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--offload-gib 8589934592"), "{e}");
+        assert!(Workload::default().with_offload_gib(1e300).is_err());
+        assert!(Workload::default().with_offload_gib(8589934591.0).is_ok());
     }
 
     #[test]

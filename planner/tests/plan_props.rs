@@ -3,6 +3,9 @@
 //! every tensor exactly once, keeps ledgers that add up and a verdict that agrees with them; offloading more never
 //! predicts faster decode; and the profile parser never panics on arbitrary text.
 
+// `PlanError` carries its file's text for miette (see the allow in planner/src/lib.rs).
+#![allow(clippy::result_large_err)]
+
 mod common;
 
 use std::sync::OnceLock;
@@ -13,7 +16,7 @@ use planner::profile::{
     MemoryPool, PeakRates, WeightFormat,
 };
 use planner::workload::{Priority, TargetEngine};
-use planner::{Plan, Verdict, Workload};
+use planner::{Plan, PlanError, Verdict, Workload};
 use proptest::prelude::*;
 
 const GIB: u64 = 1 << 30;
@@ -211,7 +214,8 @@ fn build_profile(p: &ProfileParams) -> DeviceProfile {
 
 fn workload() -> impl Strategy<Value = Workload> {
     (
-        1u64..65536,
+        // Up to the smallest committed card's max_position_embeddings (gemma-3-1b: 32768); longer is an error.
+        1u64..32769,
         1u64..8,
         1u64..4096,
         any::<bool>(),
@@ -224,7 +228,8 @@ fn workload() -> impl Strategy<Value = Workload> {
             |(len, seqs, prompt, images, speculative, fidelity, vllm, offload)| Workload {
                 max_model_len: len,
                 max_num_seqs: seqs,
-                prompt_len: prompt,
+                // A prompt longer than the context is an error (issue 23 §4), so keep it within.
+                prompt_len: prompt.min(len),
                 images,
                 speculative,
                 priority: if fidelity {
@@ -242,8 +247,30 @@ fn workload() -> impl Strategy<Value = Workload> {
         )
 }
 
-/// Write the profile out as TOML and plan through the public parser, as a user's file would go.
+/// Plan, or the one refusal a random valid workload may meet: a pinned offload the device or the model cannot take
+/// (no pool linked to the decode pool, or more bytes than the decoder layers hold). Anything else fails the property.
+fn plan_or_refused(
+    profile: &DeviceProfile,
+    model: usize,
+    w: &Workload,
+) -> Result<Option<Plan>, TestCaseError> {
+    match try_plan_for(profile, model, w) {
+        Ok(plan) => Ok(Some(plan)),
+        Err(PlanError::Workload(msg))
+            if w.offload_bytes.is_some() && msg.contains("--offload-gib") =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(TestCaseError::fail(format!("{e}"))),
+    }
+}
+
 fn plan_for(profile: &DeviceProfile, model: usize, w: &Workload) -> Plan {
+    try_plan_for(profile, model, w).unwrap_or_else(|e| panic!("{:?}", miette::Report::new(e)))
+}
+
+/// Write the profile out as TOML and plan through the public parser, as a user's file would go.
+fn try_plan_for(profile: &DeviceProfile, model: usize, w: &Workload) -> Result<Plan, PlanError> {
     let text = toml::to_string(profile).unwrap();
     let file = SourceFile {
         path: "profiles/random.toml".into(),
@@ -271,9 +298,24 @@ fn check_pool_for(plan: &Plan, spec: &ModelSpec) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// `0-2,5` -> `[0, 1, 2, 5]`.
+fn expand(ranges: &str) -> Vec<u32> {
+    ranges
+        .split(',')
+        .filter(|r| !r.is_empty())
+        .flat_map(|r| match r.split_once('-') {
+            Some((a, b)) => a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap(),
+            None => {
+                let x = r.parse::<u32>().unwrap();
+                x..=x
+            }
+        })
+        .collect()
+}
+
 fn check_invariants(plan: &Plan) -> Result<(), TestCaseError> {
     // Schema.
-    let text = plan.to_toml();
+    let text = plan.to_toml().unwrap();
     let v: toml::Value = toml::from_str(&text).unwrap();
     let json = serde_json::to_value(v).unwrap();
     let errs: Vec<String> = match plan_schema().validate(&json) {
@@ -307,9 +349,25 @@ fn check_invariants(plan: &Plan) -> Result<(), TestCaseError> {
         short || plan.shortfall.is_some()
     );
     prop_assert_eq!(plan.verdict == Verdict::Fits, plan.shortfall.is_none());
-    // Predictions are finite and positive.
-    prop_assert!(plan.prediction.decode_tok_s.is_finite() && plan.prediction.decode_tok_s > 0.0);
-    prop_assert!(plan.prediction.prefill_tok_s.is_finite() && plan.prediction.prefill_tok_s > 0.0);
+    // A plan that fits has finite, positive rates; one that does not has none (issue 23 §4).
+    prop_assert_eq!(plan.prediction.is_some(), plan.verdict == Verdict::Fits);
+    if let Some(pr) = &plan.prediction {
+        prop_assert!(pr.decode_tok_s.is_finite() && pr.decode_tok_s > 0.0);
+        prop_assert!(pr.prefill_tok_s.is_finite() && pr.prefill_tok_s > 0.0);
+    }
+    // The placement's layer ranges are a partition of the whole layers; a split layer is listed as split in every
+    // pool that holds part of it, never as whole in one.
+    let mut whole = std::collections::BTreeSet::new();
+    for pool in &plan.placement.pools {
+        for l in expand(&pool.layers) {
+            prop_assert!(whole.insert(l), "layer {} listed whole in two pools", l);
+        }
+    }
+    for pool in &plan.placement.pools {
+        for l in expand(&pool.split_layers) {
+            prop_assert!(!whole.contains(&l), "layer {} both whole and split", l);
+        }
+    }
     Ok(())
 }
 
@@ -319,9 +377,10 @@ proptest! {
     #[test]
     fn random_plans_keep_their_invariants(p in profile_params(), model in 0usize..64, w in workload()) {
         let model = model % models().len();
-        let plan = plan_for(&build_profile(&p), model, &w);
-        check_invariants(&plan)?;
-        check_pool_for(&plan, &models()[model].1)?;
+        if let Some(plan) = plan_or_refused(&build_profile(&p), model, &w)? {
+            check_invariants(&plan)?;
+            check_pool_for(&plan, &models()[model].1)?;
+        }
     }
 
     #[test]
@@ -332,13 +391,19 @@ proptest! {
         let mut p = p;
         p.gpu = true;
         let profile = build_profile(&p);
-        let less = plan_for(&profile, model, &Workload { offload_bytes: Some(a * GIB / 2), ..w.clone() });
-        let more = plan_for(&profile, model, &Workload { offload_bytes: Some((a + extra) * GIB / 2), ..w });
-        prop_assert!(
-            more.prediction.decode_tok_s <= less.prediction.decode_tok_s * (1.0 + 1e-9),
-            "{} GiB: {} tok/s, {} GiB: {} tok/s",
-            a as f64 / 2.0, less.prediction.decode_tok_s, (a + extra) as f64 / 2.0, more.prediction.decode_tok_s
-        );
+        let less = plan_or_refused(&profile, model, &Workload { offload_bytes: Some(a * GIB / 2), ..w.clone() })?;
+        let more = plan_or_refused(&profile, model, &Workload { offload_bytes: Some((a + extra) * GIB / 2), ..w })?;
+        // Only plans that fit have a speed to compare.
+        if let (Some(less), Some(more)) = (
+            less.and_then(|p| p.prediction),
+            more.and_then(|p| p.prediction),
+        ) {
+            prop_assert!(
+                more.decode_tok_s <= less.decode_tok_s * (1.0 + 1e-9),
+                "{} GiB: {} tok/s, {} GiB: {} tok/s",
+                a as f64 / 2.0, less.decode_tok_s, (a + extra) as f64 / 2.0, more.decode_tok_s
+            );
+        }
     }
 
     #[test]
@@ -373,6 +438,11 @@ proptest! {
         let profile = build_profile(&p);
         let text = toml::to_string(&profile).unwrap();
         let plan = planner::plan::plan_parsed(&spec, &card, &profile, &text, &w);
+        let plan = match plan {
+            Ok(plan) => plan,
+            Err(PlanError::Workload(msg)) if w.offload_bytes.is_some() && msg.contains("--offload-gib") => return Ok(()),
+            Err(e) => return Err(TestCaseError::fail(format!("{e}"))),
+        };
         check_invariants(&plan)?;
         check_pool_for(&plan, &spec)?;
         prop_assert_eq!(plan.inventory.total_params, spec.inventory.iter().map(|t| t.params).sum::<u64>());

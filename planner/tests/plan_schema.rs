@@ -77,15 +77,32 @@ fn plans_validate_and_round_trip() {
             max_num_seqs: 4,
             ..Workload::default()
         }
-        .with_offload_gib(2.0)
+        .with_offload_gib(0.5)
         .unwrap(),
     ];
     for device in common::profiles() {
         for model in common::models() {
             let spec = planner::model::parse_model(&common::card(&model)).unwrap();
             for w in &workloads {
-                let plan = common::plan(&model, &device, w);
-                let text = plan.to_toml();
+                let plan = match planner::plan::plan(
+                    &common::card(&model),
+                    &common::profile(&device),
+                    w,
+                ) {
+                    Ok(plan) => plan,
+                    // A pinned offload on a device with one pool is refused (issue 23 §4), not ignored.
+                    Err(e)
+                        if w.offload_bytes.is_some()
+                            && e.to_string().contains("nowhere to offload") =>
+                    {
+                        assert!(
+                            ["avx512-2core", "galaxy-s25", "xeon-8480c"].contains(&device.as_str())
+                        );
+                        continue;
+                    }
+                    Err(e) => panic!("{model} on {device}: {e}"),
+                };
+                let text = plan.to_toml().unwrap();
                 let errs = errors(&schema, &toml_to_json(&text));
                 assert!(errs.is_empty(), "{model} on {device}: {errs:?}");
                 for pool in &plan.placement.pools {
@@ -130,7 +147,7 @@ fn plan_carries_version_and_input_hashes() {
 #[test]
 fn scripts_find_the_stable_fields() {
     let p = common::plan("spark-x2.5-4b", "ryzen-5090", &Workload::default());
-    let v: toml::Value = toml::from_str(&p.to_toml()).unwrap();
+    let v: toml::Value = toml::from_str(&p.to_toml().unwrap()).unwrap();
     assert_eq!(v["verdict"].as_str(), Some("fits"));
     for key in ["decode_tok_s", "prefill_tok_s", "bound"] {
         assert!(v["prediction"].get(key).is_some(), "[prediction].{key}");
@@ -151,9 +168,10 @@ fn scripts_find_the_stable_fields() {
 #[test]
 fn a_plan_with_an_unknown_key_is_rejected_with_its_line() {
     let p = common::plan("gemma-3-1b", "avx512-2core", &Workload::default());
-    let text = p
-        .to_toml()
-        .replacen("verdict = \"fits\"", "verdict = \"fits\"\nturbo = true", 1);
+    let text =
+        p.to_toml()
+            .unwrap()
+            .replacen("verdict = \"fits\"", "verdict = \"fits\"\nturbo = true", 1);
     let e = Plan::from_toml("plans/x.toml", &text).unwrap_err();
     let line = text.lines().position(|l| l == "turbo = true").unwrap() + 1;
     assert_eq!(e.line(), Some(line));

@@ -130,11 +130,36 @@ fn missing_required_field() {
 #[test]
 fn bad_model_card_through_plan() {
     let mut card = common::card("gemma-3-1b");
-    card.config.text = card.config.text.replacen('{', "{\n  \"model_type\": 7,", 1);
+    // Replaced in place: a key added before the real one would now lose to it (the last value wins, as in Python).
+    card.config.text =
+        card.config
+            .text
+            .replacen("\"model_type\": \"gemma3_text\"", "\"model_type\": 7", 1);
     let e = planner::plan::plan(&card, &common::profile("ryzen-5090"), &Workload::default())
         .unwrap_err();
     let report = common::render(&e);
     assert!(report.contains("models/gemma-3-1b/config.json"), "{report}");
+}
+
+/// A repeated key keeps its last value, as Python's `json` and Hugging Face do (issue 23 §6): a bad first value is
+/// overridden, and a bad last value is the error, pointing at the second occurrence.
+#[test]
+fn a_repeated_config_key_keeps_its_last_value() {
+    let mut card = common::card("gemma-3-1b");
+    card.config.text = card.config.text.replacen('{', "{\n  \"model_type\": 7,", 1);
+    let plan = planner::plan::plan(&card, &common::profile("ryzen-5090"), &Workload::default());
+    assert!(
+        plan.is_ok(),
+        "the first, bad, value is overridden by the real one"
+    );
+    let mut card = common::card("gemma-3-1b");
+    card.config.text = card.config.text.replacen(
+        "\"vocab_size\": 262144",
+        "\"vocab_size\": 1000,\n  \"vocab_size\": 262144",
+        1,
+    );
+    let spec = planner::model::parse_model(&card).unwrap();
+    assert_eq!(spec.vocab_size, 262144);
 }
 
 /// An impossible workload is an error, not a plan.

@@ -1,6 +1,8 @@
 //! `cargo xtask` — the front door. Each subcommand lives in its own module:
 //! `plan` (plan.rs), `codegen` (codegen.rs), `bench` (bench.rs), `fixtures` (fixtures.rs).
 
+use std::process::ExitCode;
+
 use miette::Result;
 
 mod bench;
@@ -8,21 +10,21 @@ mod codegen;
 mod fixtures;
 mod plan;
 
-fn main() -> Result<()> {
+fn main() -> Result<ExitCode> {
     let mut args = std::env::args_os().skip(1);
     let Some(cmd) = args.next() else {
         print_usage();
-        return Ok(());
+        return Ok(ExitCode::SUCCESS);
     };
     let rest: Vec<std::ffi::OsString> = args.collect();
     match cmd.to_str() {
         Some("plan") => plan::run(rest),
-        Some("codegen") => codegen::run(rest),
-        Some("bench") => bench::run(rest),
-        Some("fixtures") => fixtures::run(rest),
+        Some("codegen") => codegen::run(rest).map(|()| ExitCode::SUCCESS),
+        Some("bench") => bench::run(rest).map(|()| ExitCode::SUCCESS),
+        Some("fixtures") => fixtures::run(rest).map(|()| ExitCode::SUCCESS),
         Some("help" | "--help" | "-h") => {
             print_usage();
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         other => Err(miette::miette!(
             "unknown subcommand `{}`; expected one of: plan, codegen, bench, fixtures",

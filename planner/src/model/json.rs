@@ -270,7 +270,8 @@ impl Reader<'_> {
 
     fn object(&mut self, depth: usize) -> Result<Kind, SyntaxError> {
         self.expect(b'{', "expected `{`")?;
-        let mut members = Vec::new();
+        let mut members: Vec<Member> = Vec::new();
+        let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
         self.skip_ws();
         if self.peek() == Some(b'}') {
             self.pos += 1;
@@ -288,11 +289,24 @@ impl Reader<'_> {
             self.expect(b':', "expected `:`")?;
             self.skip_ws();
             let value = self.value(depth + 1)?;
-            members.push(Member {
-                key,
-                key_span,
-                value,
-            });
+            // A repeated key keeps its last value, as Python's `json` and so Hugging Face do.
+            match seen.get(&key) {
+                Some(&i) => {
+                    members[i] = Member {
+                        key,
+                        key_span,
+                        value,
+                    }
+                }
+                None => {
+                    seen.insert(key.clone(), members.len());
+                    members.push(Member {
+                        key,
+                        key_span,
+                        value,
+                    });
+                }
+            }
             self.skip_ws();
             match self.peek() {
                 Some(b',') => self.pos += 1,
@@ -347,6 +361,20 @@ mod tests {
         // Truncated input: the error sits at the end of the text, never past it.
         let err = parse("{\"a\": ").unwrap_err();
         assert!(err.span.end <= 6);
+    }
+
+    #[test]
+    fn a_repeated_key_keeps_its_last_value_like_python() {
+        let text = r#"{"vocab_size": 1, "x": 0, "vocab_size": 2}"#;
+        let root = parse(text).unwrap();
+        let m = root.get("vocab_size").unwrap();
+        assert_eq!(m.value.kind, Kind::Number("2".into()));
+        assert_eq!(&text[m.key_span.start..m.key_span.end], "\"vocab_size\"");
+        assert!(m.key_span.start > 20, "the span points at the key that won");
+        match &root.kind {
+            Kind::Object(members) => assert_eq!(members.len(), 2, "one member per key"),
+            other => panic!("expected an object, got {other:?}"),
+        }
     }
 
     #[test]

@@ -28,7 +28,9 @@ fn err(dir: &Path) -> String {
         // The plain message plus miette's help (where the known architectures are listed), without the fancy
         // renderer's line wrapping.
         Err(e) => {
-            let help = miette::Diagnostic::help(&e).map(|h| h.to_string()).unwrap_or_default();
+            let help = miette::Diagnostic::help(&e)
+                .map(|h| h.to_string())
+                .unwrap_or_default();
             format!("{e}\n{help}")
         }
     }
@@ -48,7 +50,11 @@ fn rewrite(dir: &Path, edit: impl FnOnce(&mut Vec<(String, Dtype, Vec<usize>, Ve
         .iter()
         .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
         .collect();
-    std::fs::write(dir.join("model.safetensors"), safetensors::serialize(views, None).unwrap()).unwrap();
+    std::fs::write(
+        dir.join("model.safetensors"),
+        safetensors::serialize(views, None).unwrap(),
+    )
+    .unwrap();
 }
 
 #[test]
@@ -65,7 +71,10 @@ fn a_truncated_file_names_the_file() {
     let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
     f.set_len(len - 100).unwrap();
     let e = err(&dir);
-    assert!(e.contains("model.safetensors") && e.contains("not a valid safetensors file"), "{e}");
+    assert!(
+        e.contains("model.safetensors") && e.contains("not a valid safetensors file"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -99,7 +108,12 @@ fn missing_unexpected_and_mismatched_tensors_are_reported_together() {
                 t.1 = Dtype::I16;
             }
         }
-        list.push(("model.layers.9.extra.weight".into(), Dtype::F32, vec![2], vec![0; 8]));
+        list.push((
+            "model.layers.9.extra.weight".into(),
+            Dtype::F32,
+            vec![2],
+            vec![0; 8],
+        ));
     });
     let e = err(&dir);
     for want in [
@@ -127,13 +141,18 @@ fn a_linear_in_the_wrong_dtype_is_refused_but_a_widened_norm_is_read() {
         }
     });
     let e = err(&dir);
-    assert!(e.contains("model.layers.0.mlp.down_proj.weight: dtype F16, expected Bf16"), "{e}");
+    assert!(
+        e.contains("model.layers.0.mlp.down_proj.weight: dtype F16, expected Bf16"),
+        "{e}"
+    );
     assert!(!e.contains("input_layernorm"), "{e}");
 }
 
 fn write_index(dir: &Path, entries: &[(&str, &str)]) {
-    let map: serde_json::Map<String, serde_json::Value> =
-        entries.iter().map(|(t, f)| (t.to_string(), serde_json::json!(f))).collect();
+    let map: serde_json::Map<String, serde_json::Value> = entries
+        .iter()
+        .map(|(t, f)| (t.to_string(), serde_json::json!(f)))
+        .collect();
     std::fs::write(
         dir.join("model.safetensors.index.json"),
         serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
@@ -147,12 +166,18 @@ fn an_index_entry_outside_the_directory_is_refused() {
         let dir = copy(tag);
         write_index(&dir, &[("model.norm.weight", target)]);
         let e = err(&dir);
-        assert!(e.contains("not a file inside the checkpoint directory"), "{tag}: {e}");
+        assert!(
+            e.contains("not a file inside the checkpoint directory"),
+            "{tag}: {e}"
+        );
     }
     #[cfg(unix)]
     {
         let dir = copy("symlink");
-        let outside = std::env::temp_dir().join(format!("edgefit-outside-{}.safetensors", std::process::id()));
+        let outside = std::env::temp_dir().join(format!(
+            "edgefit-outside-{}.safetensors",
+            std::process::id()
+        ));
         std::fs::copy(dir.join("model.safetensors"), &outside).unwrap();
         std::os::unix::fs::symlink(&outside, dir.join("link.safetensors")).unwrap();
         write_index(&dir, &[("model.norm.weight", "link.safetensors")]);
@@ -170,12 +195,17 @@ fn an_index_that_disagrees_with_its_shards_is_refused() {
     let names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
     let (a, b): (Vec<_>, Vec<_>) = names.iter().enumerate().partition(|(i, _)| i % 2 == 0);
     for (file, part) in [("a.safetensors", &a), ("b.safetensors", &b)] {
-        let views: Vec<(String, TensorView<'_>)> =
-            part.iter().map(|(_, n)| ((*n).clone(), st.tensor(n).unwrap())).collect();
+        let views: Vec<(String, TensorView<'_>)> = part
+            .iter()
+            .map(|(_, n)| ((*n).clone(), st.tensor(n).unwrap()))
+            .collect();
         std::fs::write(dir.join(file), safetensors::serialize(views, None).unwrap()).unwrap();
     }
     std::fs::remove_file(dir.join("model.safetensors")).unwrap();
-    let mut entries: Vec<(&str, &str)> = a.iter().map(|(_, n)| (n.as_str(), "a.safetensors")).collect();
+    let mut entries: Vec<(&str, &str)> = a
+        .iter()
+        .map(|(_, n)| (n.as_str(), "a.safetensors"))
+        .collect();
     entries.extend(b.iter().map(|(_, n)| (n.as_str(), "b.safetensors")));
     write_index(&dir, &entries);
     Checkpoint::open(&dir).expect("a correct two-shard split opens");
@@ -192,14 +222,30 @@ fn an_index_that_disagrees_with_its_shards_is_refused() {
 fn an_unknown_architecture_lists_the_known_ones() {
     let dir = copy("arch");
     let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
-    let cfg = cfg.replace("LlamaForCausalLM", "MambaForCausalLM").replace("\"llama\"", "\"mamba\"");
+    let cfg = cfg
+        .replace("LlamaForCausalLM", "MambaForCausalLM")
+        .replace("\"llama\"", "\"mamba\"");
     std::fs::write(dir.join("config.json"), cfg).unwrap();
     let e = err(&dir);
-    assert!(e.contains("Qwen3_5ForConditionalGeneration") && e.contains("Gemma3ForCausalLM"), "{e}");
+    assert!(
+        e.contains("Qwen3_5ForConditionalGeneration") && e.contains("Gemma3ForCausalLM"),
+        "{e}"
+    );
 }
 
 #[test]
 fn a_missing_directory_names_the_path() {
     let e = err(Path::new("/nonexistent/edgefit-model"));
     assert!(e.contains("/nonexistent/edgefit-model/config.json"), "{e}");
+}
+
+#[test]
+fn the_planner_claims_runs_in_engine_only_for_paths_the_engine_runs() {
+    assert_eq!(
+        planner::weight_path::ENGINE_CPU_PATHS,
+        engine::model::CPU_WEIGHT_PATHS
+    );
+    for f in engine::model::CPU_WEIGHT_PATHS {
+        engine::WeightMode::from_plan(*f).expect("every listed path maps to a weight mode");
+    }
 }

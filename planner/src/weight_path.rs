@@ -45,7 +45,9 @@ pub struct WeightPath {
     pub format: WeightFormat,
     pub kernel: String,
     pub activations: String,
-    /// False for export targets (a phone NPU): the plan describes the exported graph, the engine does not run it.
+    /// True only where edgefit's engine runs this path on this unit today ([`ENGINE_CPU_PATHS`] on a CPU): false
+    /// for export targets (a phone NPU: the plan describes the exported graph) and for GPU paths until the engine
+    /// runs on CUDA.
     pub runs_in_engine: bool,
     /// False where the path was not measured on this kind of hardware (ARM int4).
     pub verified: bool,
@@ -100,8 +102,29 @@ fn int4(bits: u32, group: u32, symmetric: bool) -> Conversion {
     }
 }
 
+/// The weight paths the engine runs, on CPU units only so far (CUDA is the engine's next part). The engine crate
+/// owns the real list (`engine::model::CPU_WEIGHT_PATHS`); a test there keeps this copy equal to it, so a plan
+/// says `runs_in_engine = true` only for a path the engine really runs.
+pub const ENGINE_CPU_PATHS: &[WeightFormat] = &[
+    WeightFormat::F32,
+    WeightFormat::F16,
+    WeightFormat::Bf16,
+    WeightFormat::Fp8Block,
+    WeightFormat::Nvfp4,
+    WeightFormat::Gptq,
+    WeightFormat::W4a16,
+    WeightFormat::W4a8,
+];
+
 /// Choose the weight path for `quant` on `unit`.
 pub fn choose(quant: &Quantization, unit: &ComputeUnit, priority: Priority) -> WeightPath {
+    let mut p = choose_path(quant, unit, priority);
+    p.runs_in_engine =
+        p.runs_in_engine && unit.kind == ComputeKind::Cpu && ENGINE_CPU_PATHS.contains(&p.format);
+    p
+}
+
+fn choose_path(quant: &Quantization, unit: &ComputeUnit, priority: Priority) -> WeightPath {
     let ckpt = checkpoint_format(quant);
     let base = |format, kernel: &str, activations: &str, reason: String| WeightPath {
         unit: unit.id.clone(),

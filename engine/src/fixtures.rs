@@ -487,34 +487,8 @@ fn pretty(v: &Value) -> Vec<u8> {
     s.into_bytes()
 }
 
-/// Writes `fx` into `dir/<name>/`: config(s), tokenizer, generation config and `model.safetensors`.
-pub fn write(fx: &Fixture, dir: &Path) -> Result<(), EngineError> {
-    let out = dir.join(fx.name);
-    std::fs::create_dir_all(&out).map_err(|e| EngineError::io(&out, e))?;
-    let config_text = String::from_utf8(pretty(&fx.config)).unwrap_or_default();
-    let quant = (fx.build == Build::Nvfp4).then(|| {
-        let kinds: Vec<&str> = fx.config["layer_types"]
-            .as_array()
-            .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
-            .unwrap_or_default();
-        nvfp4_quant_config(&kinds)
-    });
-    let card = ModelCard {
-        id: fx.name.into(),
-        config: SourceFile {
-            path: format!("{}/config.json", fx.name),
-            text: config_text.clone(),
-        },
-        quant_config: quant.as_ref().map(|q| SourceFile {
-            path: format!("{}/hf_quant_config.json", fx.name),
-            text: String::from_utf8(pretty(q)).unwrap_or_default(),
-        }),
-    };
-    let spec = parse_model(&card).map_err(|e| EngineError::Model(Box::new(e)))?;
-    let seed = fx
-        .name
-        .bytes()
-        .fold(0u64, |a, b| a.wrapping_mul(131).wrapping_add(u64::from(b)));
+/// Random tensors for every entry of `spec`'s inventory, in the stored format of each linear module.
+fn random_tensors(spec: &planner::model::ModelSpec, seed: u64) -> Tensors {
     let mut r = ChaCha8Rng::seed_from_u64(seed);
     let mut t = Tensors { list: Vec::new() };
     let linear_names: std::collections::HashSet<String> = spec
@@ -570,6 +544,81 @@ pub fn write(fx: &Fixture, dir: &Path) -> Result<(), EngineError> {
         let (d, b) = float_bytes(&vals, e.dtype);
         t.push(e.name.clone(), d, &e.shape, b);
     }
+    t
+}
+
+/// Writes a random-weight checkpoint with the geometry of `config_text` (a model card's `config.json`, e.g. a real
+/// model's) into `out`, with a byte-level tokenizer padded to the card's vocabulary: what the speed benchmarks load.
+/// Never committed: a 1.7B model is 3.4 GB.
+pub fn write_random_checkpoint(
+    config_text: &str,
+    out: &Path,
+    seed: u64,
+) -> Result<u64, EngineError> {
+    std::fs::create_dir_all(out).map_err(|e| EngineError::io(out, e))?;
+    let card = ModelCard {
+        id: "random".into(),
+        config: SourceFile {
+            path: "config.json".into(),
+            text: config_text.to_string(),
+        },
+        quant_config: None,
+    };
+    let spec = parse_model(&card).map_err(|e| EngineError::Model(Box::new(e)))?;
+    let t = random_tensors(&spec, seed);
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = t
+        .list
+        .iter()
+        .map(|(n, d, s, b)| {
+            safetensors::tensor::TensorView::new(*d, s.clone(), b)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| EngineError::Checkpoint(format!("{n}: {e}")))
+        })
+        .collect::<Result<_, _>>()?;
+    let path = out.join("model.safetensors");
+    safetensors::serialize_to_file(views, None, &path)
+        .map_err(|e| EngineError::Checkpoint(format!("{}: {e}", path.display())))?;
+    write_file(&out.join("config.json"), config_text.as_bytes())?;
+    let mut tok = tokenizer_json();
+    if let Some(vocab) = tok["model"]["vocab"].as_object_mut() {
+        // Filler entries up to the card's vocabulary, so converters that check the size accept it.
+        for id in 259..spec.vocab_size {
+            vocab.insert(format!("<filler_{id}>"), json!(id));
+        }
+    }
+    write_file(&out.join("tokenizer.json"), &pretty(&tok))?;
+    Ok(std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0))
+}
+
+/// Writes `fx` into `dir/<name>/`: config(s), tokenizer, generation config and `model.safetensors`.
+pub fn write(fx: &Fixture, dir: &Path) -> Result<(), EngineError> {
+    let out = dir.join(fx.name);
+    std::fs::create_dir_all(&out).map_err(|e| EngineError::io(&out, e))?;
+    let config_text = String::from_utf8(pretty(&fx.config)).unwrap_or_default();
+    let quant = (fx.build == Build::Nvfp4).then(|| {
+        let kinds: Vec<&str> = fx.config["layer_types"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+            .unwrap_or_default();
+        nvfp4_quant_config(&kinds)
+    });
+    let card = ModelCard {
+        id: fx.name.into(),
+        config: SourceFile {
+            path: format!("{}/config.json", fx.name),
+            text: config_text.clone(),
+        },
+        quant_config: quant.as_ref().map(|q| SourceFile {
+            path: format!("{}/hf_quant_config.json", fx.name),
+            text: String::from_utf8(pretty(q)).unwrap_or_default(),
+        }),
+    };
+    let spec = parse_model(&card).map_err(|e| EngineError::Model(Box::new(e)))?;
+    let seed = fx
+        .name
+        .bytes()
+        .fold(0u64, |a, b| a.wrapping_mul(131).wrapping_add(u64::from(b)));
+    let t = random_tensors(&spec, seed);
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = t
         .list
         .iter()

@@ -16,7 +16,7 @@
 //! assert_eq!(y, [10.0, 10.0, 10.0, 2.0, 2.0, 2.0]);
 //! ```
 
-use crate::cpu::{default_threads, parallel_ranges};
+use crate::cpu::{default_threads, parallel_ranges, Isa};
 use crate::linear::{self, Bf16Weights, Fp8Weights, Int4Scheme, Int4Weights, Nvfp4Weights};
 use crate::KernelError;
 
@@ -186,15 +186,14 @@ impl Weight {
         }
     }
 
-    /// `y[m, n] = x[m, k] @ W^T` with the kernel of this format on the fastest path this CPU has.
-    pub fn linear(&self, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), KernelError> {
+    /// `y[m, n] = x[m, k] @ W^T` with the kernel of this format on the fastest path this CPU has; returns the
+    /// path that ran (the f32 linear is plain Rust and reports [`Isa::Scalar`]).
+    pub fn linear(&self, x: &[f32], m: usize, y: &mut [f32]) -> Result<Isa, KernelError> {
         match self {
-            Weight::F32 { w, n, k } => f32_linear(x, m, w, *n, *k, y),
-            Weight::Bf16 { w, n, k } => {
-                linear::bf16(x, m, &Bf16Weights::new(w, *n, *k)?, y).map(drop)
-            }
+            Weight::F32 { w, n, k } => f32_linear(x, m, w, *n, *k, y).map(|()| Isa::Scalar),
+            Weight::Bf16 { w, n, k } => linear::bf16(x, m, &Bf16Weights::new(w, *n, *k)?, y),
             Weight::Fp8Block { w, scale_inv, n, k } => {
-                linear::fp8(x, m, &Fp8Weights::new(w, scale_inv, *n, *k)?, y).map(drop)
+                linear::fp8(x, m, &Fp8Weights::new(w, scale_inv, *n, *k)?, y)
             }
             Weight::Nvfp4 {
                 w,
@@ -202,9 +201,9 @@ impl Weight {
                 global,
                 n,
                 k,
-            } => linear::nvfp4(x, m, &Nvfp4Weights::new(w, scales, *global, *n, *k)?, y).map(drop),
-            Weight::Int4 { w, a8: false } => linear::w4a16(x, m, w, y).map(drop),
-            Weight::Int4 { w, a8: true } => linear::w4a8(x, m, w, y).map(drop),
+            } => linear::nvfp4(x, m, &Nvfp4Weights::new(w, scales, *global, *n, *k)?, y),
+            Weight::Int4 { w, a8: false } => linear::w4a16(x, m, w, y),
+            Weight::Int4 { w, a8: true } => linear::w4a8(x, m, w, y),
         }
     }
 
@@ -480,7 +479,13 @@ mod tests {
             let mut want = vec![0.0; m * n];
             f32_linear(&x, m, &deq, n, k, &mut want).unwrap();
             let mut y = vec![f32::NAN; m * n];
-            weight.linear(&x, m, &mut y).unwrap();
+            // The fast path ran: the detected ISA's kernel, not a silent fallback.
+            assert_eq!(
+                weight.linear(&x, m, &mut y).unwrap(),
+                Isa::detected(),
+                "{}",
+                weight.path_name()
+            );
             let err = y
                 .iter()
                 .zip(&want)

@@ -1,0 +1,132 @@
+//! Several sequences at once: sequences join and leave between steps, single tokens of several sequences share
+//! one decode step, and every sequence's tokens are exactly what it generates alone (caches per slot, pages handed
+//! out and returned). Also proves the fast paths ran: on an AVX-512 machine the attention, GDN and norm kernels
+//! report their AVX-512 builds.
+
+use std::path::Path;
+
+use engine::checkpoint::Checkpoint;
+use engine::generate::{generate, GenerateOptions};
+use engine::{Engine, Model, WeightMode};
+use kernels::cpu::Isa;
+use kernels::sampling::SamplingParams;
+
+fn engine(name: &str, slots: usize) -> Engine {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    let ck = Checkpoint::open(&dir).unwrap();
+    let model = Model::load(&ck, WeightMode::Exact, |_, _| {}).unwrap();
+    Engine::new(model, slots, 160).unwrap()
+}
+
+fn greedy(n: usize) -> GenerateOptions {
+    GenerateOptions {
+        max_new_tokens: n,
+        sampling: SamplingParams::GREEDY,
+        seed: 0,
+        repetition_penalty: 1.0,
+        stop_tokens: vec![],
+        keep_logits: false,
+    }
+}
+
+fn prompt(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i * 37 + seed * 101 + 11) % 256)
+        .collect()
+}
+
+/// Runs three sequences that join at different steps and leave early or late, in shared decode steps, and checks
+/// each against the same sequence run alone.
+fn interleaved_equals_alone(name: &str) {
+    let mut alone = engine(name, 1);
+    let prompts = [prompt(1, 70), prompt(2, 9), prompt(3, 33)];
+    let steps = [12usize, 5, 9];
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .zip(steps)
+        .map(|(p, n)| generate(&mut alone, p, &greedy(n), |_| {}).unwrap().tokens)
+        .collect();
+
+    let mut e = engine(name, 3);
+    let vocab = e.model.vocab();
+    let argmax = |l: &[f32]| kernels::ops::argmax(&l[..vocab]).unwrap() as u32;
+    // Sequence i joins at step `join[i]`.
+    let join = [0usize, 2, 4];
+    let mut slots = [None; 3];
+    let mut got: Vec<Vec<u32>> = vec![Vec::new(); 3];
+    for step in 0..20 {
+        let mut work: Vec<(usize, Vec<u32>)> = Vec::new();
+        let mut who = Vec::new();
+        for i in 0..3 {
+            if step == join[i] {
+                slots[i] = Some(e.join().unwrap());
+                work.push((slots[i].unwrap(), prompts[i].clone()));
+                who.push(i);
+            } else if let Some(s) = slots[i] {
+                work.push((s, vec![*got[i].last().unwrap()]));
+                who.push(i);
+            }
+        }
+        if work.is_empty() {
+            continue;
+        }
+        let refs: Vec<(usize, &[u32])> = work.iter().map(|(s, t)| (*s, t.as_slice())).collect();
+        let logits = e.step(&refs).unwrap();
+        for (j, &i) in who.iter().enumerate() {
+            got[i].push(argmax(&logits[j]));
+            if got[i].len() == steps[i] {
+                e.leave(slots[i].take().unwrap());
+            }
+        }
+    }
+    assert_eq!(
+        got, want,
+        "{name}: interleaved sequences must equal their single runs"
+    );
+    assert_eq!(
+        e.caches.free_pages(),
+        e.caches.pages,
+        "{name}: every page returned"
+    );
+}
+
+#[test]
+fn sequences_join_and_leave_between_shared_steps() {
+    for name in ["qwen3_5-f32", "spark2_5-bf16", "gemma3-bf16", "qwen3-f32"] {
+        interleaved_equals_alone(name);
+    }
+}
+
+#[test]
+fn a_prompt_past_the_context_or_a_full_cache_is_refused_not_truncated() {
+    let mut e = engine("qwen3-f32", 1);
+    let long = prompt(4, 161);
+    let err = generate(&mut e, &long, &greedy(1), |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("max_model_len 160"), "{err}");
+    // The slot came back: a fitting prompt still runs.
+    generate(&mut e, &prompt(4, 20), &greedy(2), |_| {}).unwrap();
+    let s = e.join().unwrap();
+    assert!(e.join().is_none(), "one slot only");
+    e.leave(s);
+}
+
+#[test]
+fn the_avx512_kernels_ran() {
+    if Isa::detected() != Isa::Avx512 {
+        println!(
+            "skipped: this CPU has no AVX-512 (detected {:?})",
+            Isa::detected()
+        );
+        return;
+    }
+    let before = kernels::ops::seq_isa_calls(Isa::Avx512);
+    let mut e = engine("qwen3_5-f32", 1);
+    generate(&mut e, &prompt(5, 70), &greedy(3), |_| {}).unwrap();
+    let ran = kernels::ops::seq_isa_calls(Isa::Avx512) - before;
+    // Per token step at least: 4 layers x 2 norms, the GDN or attention kernel, RoPE on the attention layer.
+    assert!(ran >= 3 * 10, "only {ran} AVX-512 sequence-kernel calls");
+}

@@ -347,6 +347,26 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> miette::Result<()> {
     r.into_diagnostic()
 }
 
+/// Read bandwidth of this machine now: the best of three passes summing a 1 GiB buffer on every core, the
+/// roofline's denominator measured in the same run as the model it judges.
+fn read_bandwidth() -> f64 {
+    let words = (1usize << 30) / 8;
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let threads = kernels::cpu::default_threads();
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let total = std::sync::atomic::AtomicU64::new(0);
+        kernels::cpu::parallel_ranges(words, 1 << 16, threads, |a, b| {
+            let s = buf[a..b].iter().fold(0u64, |x, &y| x.wrapping_add(y));
+            total.fetch_add(s, std::sync::atomic::Ordering::Relaxed);
+        });
+        std::hint::black_box(total.load(std::sync::atomic::Ordering::Relaxed));
+        best = best.max((words * 8) as f64 / t.elapsed().as_secs_f64());
+    }
+    best
+}
+
 fn run_bench(a: BenchArgs) -> miette::Result<()> {
     let b = a.batch.max(1);
     let mut l = load(&a.common, b as u64, a.prompt_len as u64)?;
@@ -392,10 +412,14 @@ fn run_bench(a: BenchArgs) -> miette::Result<()> {
         p.decode_tok_s,
         ratio(tg / b as f64, p.decode_tok_s)
     );
+    let bw = read_bandwidth();
+    let roof = bw / l.engine.model.decode_read_bytes as f64;
     println!(
-        "decode reads {} weight bytes per step; {:.2} GB/s of weights at tg",
+        "decode reads {} weight bytes per step; read bandwidth now {:.2} GB/s -> roofline {:.2} tok/s; tg at {:.2} of it",
         l.engine.model.decode_read_bytes,
-        l.engine.model.decode_read_bytes as f64 * (a.gen as f64 / tg_s) / 1e9
+        bw / 1e9,
+        roof,
+        (tg / b as f64) / roof
     );
     Ok(())
 }

@@ -3,10 +3,10 @@
 //! layers, and the fixed conv + recurrent state per sequence for gated DeltaNet layers. Each sequence owns one slot
 //! (`0..max_num_seqs`); slots and pages are handed out when a sequence joins and returned when it leaves.
 //!
-//! Elements are f32: the exact path's parity needs them, and the engine's CPU decode is bound by weights at the
-//! context lengths the fixtures and benchmarks use. (A bf16 cache halves the bytes; the kernels read it already.)
+//! K/V elements are bf16 (the 2 bytes per element the plan's cache budget charges; the kernels widen them exactly in
+//! registers), or f32 on the exact path, whose parity with an f32 reference needs them. Recurrent state is f32.
 
-use kernels::attention::{self, AttnDims, KvSliceMut};
+use kernels::attention::{self, AttnDims, KvSlice, KvSliceMut};
 use kernels::gdn::GdnDims;
 use planner::model::LayerKind;
 
@@ -16,14 +16,54 @@ use crate::EngineError;
 /// Tokens per page of the full-attention cache.
 pub const PAGE_SIZE: usize = 16;
 
+/// K or V elements of one layer.
+enum Store {
+    F32(Vec<f32>),
+    Bf16(Vec<half::bf16>),
+}
+
+impl Store {
+    fn zeros(n: usize, bf16: bool) -> Store {
+        if bf16 {
+            Store::Bf16(vec![half::bf16::ZERO; n])
+        } else {
+            Store::F32(vec![0.0; n])
+        }
+    }
+    fn bytes(&self) -> u64 {
+        match self {
+            Store::F32(v) => v.len() as u64 * 4,
+            Store::Bf16(v) => v.len() as u64 * 2,
+        }
+    }
+    fn view(&self, r: std::ops::Range<usize>) -> KvSlice<'_> {
+        match self {
+            Store::F32(v) => KvSlice::F32(&v[r]),
+            Store::Bf16(v) => KvSlice::Bf16(&v[r]),
+        }
+    }
+    fn view_mut(&mut self, r: std::ops::Range<usize>) -> KvSliceMut<'_> {
+        match self {
+            Store::F32(v) => KvSliceMut::F32(&mut v[r]),
+            Store::Bf16(v) => KvSliceMut::Bf16(&mut v[r]),
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            Store::F32(v) => v.len(),
+            Store::Bf16(v) => v.len(),
+        }
+    }
+}
+
 enum LayerCache {
     Full {
-        k: Vec<f32>,
-        v: Vec<f32>,
+        k: Store,
+        v: Store,
     },
     Sliding {
-        k: Vec<f32>,
-        v: Vec<f32>,
+        k: Store,
+        v: Store,
         ring: usize,
     },
     Gdn {
@@ -44,6 +84,8 @@ pub struct Caches {
     pub slots: usize,
     pub pages: usize,
     pub bytes: u64,
+    /// Whether K/V are held in bf16 (else f32).
+    pub bf16: bool,
 }
 
 /// Elements of `parts` multiplied, or an error naming `what`.
@@ -55,7 +97,7 @@ fn elems(parts: &[usize], what: &str) -> Result<usize, EngineError> {
 }
 
 impl Caches {
-    /// Caches for `slots` sequences of at most `max_len` tokens each.
+    /// Caches for `slots` sequences of at most `max_len` tokens each, K/V in bf16 or f32.
     pub fn new(
         kinds: &[LayerKind],
         attn: &AttnDims,
@@ -63,6 +105,7 @@ impl Caches {
         gdn: Option<GdnDims>,
         slots: usize,
         max_len: usize,
+        bf16: bool,
     ) -> Result<Caches, EngineError> {
         let row = elems(&[attn.kv_heads, attn.head_dim], "KV")?;
         let pages = elems(&[max_len.div_ceil(PAGE_SIZE), slots], "KV")?;
@@ -73,8 +116,8 @@ impl Caches {
                 LayerKind::FullAttention => {
                     let n = elems(&[pages, PAGE_SIZE, row], "KV")?;
                     LayerCache::Full {
-                        k: vec![0.0; n],
-                        v: vec![0.0; n],
+                        k: Store::zeros(n, bf16),
+                        v: Store::zeros(n, bf16),
                     }
                 }
                 LayerKind::SlidingAttention => {
@@ -84,8 +127,8 @@ impl Caches {
                     let ring = w.saturating_sub(1);
                     let n = elems(&[slots, ring, row], "sliding")?;
                     LayerCache::Sliding {
-                        k: vec![0.0; n],
-                        v: vec![0.0; n],
+                        k: Store::zeros(n, bf16),
+                        v: Store::zeros(n, bf16),
                         ring,
                     }
                 }
@@ -102,11 +145,11 @@ impl Caches {
                     }
                 }
             };
-            bytes += 4 * match &l {
+            bytes += match &l {
                 LayerCache::Full { k, v } | LayerCache::Sliding { k, v, .. } => {
-                    (k.len() + v.len()) as u64
+                    k.bytes() + v.bytes()
                 }
-                LayerCache::Gdn { conv, state, .. } => (conv.len() + state.len()) as u64,
+                LayerCache::Gdn { conv, state, .. } => 4 * (conv.len() + state.len()) as u64,
             };
             layers.push(l);
         }
@@ -119,6 +162,7 @@ impl Caches {
             slots,
             pages,
             bytes,
+            bf16,
         })
     }
 
@@ -205,21 +249,19 @@ impl LayerView<'_> {
         match (&mut *self.layer, window) {
             (LayerCache::Full { k: kc, v: vc }, None) => {
                 let t = &self.tables[slot];
-                attention::paged_store(d, KvSliceMut::F32(kc), PAGE_SIZE, t, pos, k)
+                let (nk, nv) = (kc.len(), vc.len());
+                attention::paged_store(d, kc.view_mut(0..nk), PAGE_SIZE, t, pos, k)
                     .map_err(kerr)?;
-                attention::paged_store(d, KvSliceMut::F32(vc), PAGE_SIZE, t, pos, v).map_err(kerr)
+                attention::paged_store(d, vc.view_mut(0..nv), PAGE_SIZE, t, pos, v).map_err(kerr)
             }
             (LayerCache::Sliding { k: kc, v: vc, ring }, Some(w)) => {
                 if *ring == 0 {
                     return Ok(());
                 }
                 let n = *ring * self.row;
-                let (ks, vs) = (
-                    &mut kc[slot * n..(slot + 1) * n],
-                    &mut vc[slot * n..(slot + 1) * n],
-                );
-                attention::ring_store(d, KvSliceMut::F32(ks), w, 0, pos, k).map_err(kerr)?;
-                attention::ring_store(d, KvSliceMut::F32(vs), w, 0, pos, v).map_err(kerr)
+                let r = slot * n..(slot + 1) * n;
+                attention::ring_store(d, kc.view_mut(r.clone()), w, 0, pos, k).map_err(kerr)?;
+                attention::ring_store(d, vc.view_mut(r), w, 0, pos, v).map_err(kerr)
             }
             _ => Err(EngineError::Unsupported(
                 "cache kind does not match the layer".into(),
@@ -230,20 +272,28 @@ impl LayerView<'_> {
     pub(crate) fn paged(
         &self,
         slot: usize,
-    ) -> Result<(&[f32], &[f32], usize, &[u32]), EngineError> {
+    ) -> Result<(KvSlice<'_>, KvSlice<'_>, usize, &[u32]), EngineError> {
         match &*self.layer {
-            LayerCache::Full { k, v } => Ok((k, v, PAGE_SIZE, &self.tables[slot])),
+            LayerCache::Full { k, v } => Ok((
+                k.view(0..k.len()),
+                v.view(0..v.len()),
+                PAGE_SIZE,
+                &self.tables[slot],
+            )),
             _ => Err(EngineError::Unsupported(
                 "not a full-attention cache".into(),
             )),
         }
     }
 
-    pub(crate) fn ring(&self, slot: usize) -> Result<(&[f32], &[f32]), EngineError> {
+    pub(crate) fn ring(&self, slot: usize) -> Result<(KvSlice<'_>, KvSlice<'_>), EngineError> {
         match &*self.layer {
             LayerCache::Sliding { k, v, ring } => {
                 let n = ring * self.row;
-                Ok((&k[slot * n..(slot + 1) * n], &v[slot * n..(slot + 1) * n]))
+                Ok((
+                    k.view(slot * n..(slot + 1) * n),
+                    v.view(slot * n..(slot + 1) * n),
+                ))
             }
             _ => Err(EngineError::Unsupported("not a sliding cache".into())),
         }

@@ -338,6 +338,26 @@ impl Checkpoint {
             .ok_or_else(|| EngineError::Checkpoint(format!("{name}: empty scalar")))
     }
 
+    /// Tells the OS that `name`'s pages will not be read again (it has been converted or copied), so the mapping's
+    /// resident pages do not add up across the load: peak memory stays near the converted weights plus one tensor.
+    /// Best effort: an OS that ignores the advice only keeps more clean file pages resident.
+    pub fn release(&self, name: &str) {
+        let Ok(t) = self.info(name) else { return };
+        const PAGE: usize = 4096;
+        let map = &self.files[t.file].1;
+        let start = t.range.start.next_multiple_of(PAGE);
+        let end = t.range.end / PAGE * PAGE;
+        if end > start {
+            #[cfg(unix)]
+            // SAFETY: the mapping is a private read-only file mapping; MADV_DONTNEED drops clean pages, which the
+            // kernel re-reads from the file if they are touched again, so no reader can observe a change. The range
+            // lies inside the mapping (validated tensor range, aligned inward).
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+            };
+        }
+    }
+
     /// Bytes of every mapped file.
     pub fn mapped_bytes(&self) -> u64 {
         self.files.iter().map(|(_, m)| m.len() as u64).sum()

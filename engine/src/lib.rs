@@ -76,6 +76,8 @@ impl Engine {
             model.gdn_dims,
             slots,
             max_len,
+            // bf16 K/V, as the plan budgets them, except on the exact path (parity with f32 references).
+            model.mode != WeightMode::Exact,
         )?;
         Ok(Engine {
             model,

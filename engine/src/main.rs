@@ -296,7 +296,13 @@ fn run_generate(a: GenerateArgs) -> miette::Result<()> {
                 "decode_tok_s": decode_tok_s,
                 "load_s": l.load_s,
             },
-            "memory": { "host_peak_bytes": peak_rss(), "weights_bytes": l.engine.model.weight_bytes, "cache_bytes": l.engine.caches.bytes },
+            "memory": {
+                "host_peak_bytes": peak_rss(),
+                "weights_bytes": l.engine.model.weight_bytes,
+                "cache_bytes": l.engine.caches.bytes,
+                "planned_weight_bytes": l.plan.inventory.planned_bytes,
+                "planned_cache_bytes": l.plan.cache.total_bytes,
+            },
             "weight_paths": l.engine.model.paths(),
             "predicted": {
                 "decode_tok_s": p.decode_tok_s,

@@ -74,6 +74,8 @@ pub const ENGINE_MODEL_TYPES: &[&str] = &[
 enum Embedding {
     F32(Vec<f32>),
     Bf16(Vec<half::bf16>),
+    /// A tied table held once, as the head's dense weight: rows are gathered from it.
+    Head,
 }
 
 enum Qkv {
@@ -153,8 +155,23 @@ fn usize_of(v: u64, what: &str) -> Result<usize, EngineError> {
         .map_err(|_| EngineError::Unsupported(format!("{what} = {v} does not fit this machine")))
 }
 
-/// Loads one linear module in the weight path `mode` asks for.
+/// Loads one linear module in the weight path `mode` asks for, then releases its mapped pages.
 fn load_linear(ck: &Checkpoint, module: &str, mode: WeightMode) -> Result<Weight, EngineError> {
+    let w = convert_linear(ck, module, mode)?;
+    for t in [
+        "weight",
+        "weight_scale_inv",
+        "weight_scale",
+        "qweight",
+        "qzeros",
+        "scales",
+    ] {
+        ck.release(&format!("{module}.{t}"));
+    }
+    Ok(w)
+}
+
+fn convert_linear(ck: &Checkpoint, module: &str, mode: WeightMode) -> Result<Weight, EngineError> {
     let lin = ck
         .spec
         .runtime
@@ -189,7 +206,7 @@ fn load_linear(ck: &Checkpoint, module: &str, mode: WeightMode) -> Result<Weight
                     } as usize;
                     if k % group != 0 {
                         // The int4 pack needs whole groups; a ragged layer keeps its dense format.
-                        return load_linear(ck, module, WeightMode::Exact);
+                        return convert_linear(ck, module, WeightMode::Exact);
                     }
                     // Streams one 64-row block at a time from the mapping: the packer's only transient.
                     let bytes = ck.bytes(&wname)?;
@@ -294,6 +311,7 @@ impl Model {
             ),
             _ => Embedding::F32(ck.f32(&rt.embedding)?),
         };
+        ck.release(&rt.embedding);
         // Gemma multiplies by sqrt(hidden) rounded to the model dtype.
         let embed_scale = rt.embedding_scale.map(|s| match embed_info.dtype {
             safetensors::Dtype::BF16 => half::bf16::from_f64(s).to_f32(),
@@ -426,20 +444,24 @@ impl Model {
             progress(i + 1, spec.layers.len());
         }
         let vocab = usize_of(spec.vocab_size, "vocab_size")?;
+        let mut embed = embed;
         let lm_head = if spec.tie_word_embeddings {
             // The tied head reads the whole table every token: it takes the plan's weight path, while the gather
-            // keeps the dense rows (seed: the two have the same shape and the opposite decision).
-            match (mode, &embed) {
-                (WeightMode::Exact, Embedding::F32(w)) => Weight::f32(w.clone(), vocab, hidden),
+            // keeps the dense rows (seed: the two have the same shape and the opposite decision). On the exact
+            // path both are the same dense table, held once (as the head) and gathered from by row.
+            match (mode, std::mem::replace(&mut embed, Embedding::Head)) {
+                (WeightMode::Exact, Embedding::F32(w)) => Weight::f32(w, vocab, hidden),
                 (WeightMode::Exact, Embedding::Bf16(w)) => {
-                    Weight::bf16(w.iter().map(|b| b.to_bits()).collect(), vocab, hidden)
+                    Weight::bf16(w.into_iter().map(|b| b.to_bits()).collect(), vocab, hidden)
                 }
+                (_, Embedding::Head) => unreachable_head(),
                 (_, e) => {
                     let a8 = mode == WeightMode::W4a8;
                     let group = if a8 { 128 } else { 64 };
-                    Weight::int4_from_rows(vocab, hidden, group, a8, |row0, buf| {
+                    let w = Weight::int4_from_rows(vocab, hidden, group, a8, |row0, buf| {
                         let src_row = row0 * hidden;
-                        match e {
+                        match &e {
+                            Embedding::Head => {}
                             Embedding::F32(w) => {
                                 buf.copy_from_slice(&w[src_row..src_row + buf.len()])
                             }
@@ -450,7 +472,9 @@ impl Model {
                             }
                         }
                         Ok(())
-                    })
+                    });
+                    embed = e;
+                    w
                 }
             }
             .map_err(|e| EngineError::Kernel(format!("tied lm_head: {e}")))?
@@ -508,6 +532,8 @@ impl Model {
         let (embed, row) = match &self.embed {
             Embedding::F32(w) => (w.len() as u64 * 4, self.spec.hidden_size * 4),
             Embedding::Bf16(w) => (w.len() as u64 * 2, self.spec.hidden_size * 2),
+            // Held once, as the head (already counted); a gathered row is a row of it.
+            Embedding::Head => (0, (self.lm_head.bytes() / self.lm_head.n().max(1)) as u64),
         };
         (lin + embed, lin + row)
     }
@@ -553,11 +579,15 @@ impl Model {
         let t = ids.len();
         let h = self.hidden();
         let mut x = vec![0.0f32; t * h];
-        let table = match &self.embed {
-            Embedding::F32(w) => EmbeddingTable::F32(w),
-            Embedding::Bf16(w) => EmbeddingTable::Bf16(w),
-        };
-        ops::embedding_gather(table, h, &ids, &mut x).map_err(kerr)?;
+        match &self.embed {
+            Embedding::F32(w) => ops::embedding_gather(EmbeddingTable::F32(w), h, &ids, &mut x),
+            Embedding::Bf16(w) => ops::embedding_gather(EmbeddingTable::Bf16(w), h, &ids, &mut x),
+            Embedding::Head => ids
+                .iter()
+                .zip(x.chunks_exact_mut(h))
+                .try_for_each(|(&id, row)| self.lm_head.row(id as usize, row)),
+        }
+        .map_err(kerr)?;
         if let Some(s) = self.embed_scale {
             x.iter_mut().for_each(|v| *v *= s);
         }
@@ -741,8 +771,8 @@ impl Model {
                         let (kp, vp, page, table) = c.paged(s.slot)?;
                         let lens = [s.pos as u32 + 1];
                         let kv = PagedKv {
-                            k_pages: KvSlice::F32(kp),
-                            v_pages: KvSlice::F32(vp),
+                            k_pages: kp,
+                            v_pages: vp,
                             page_size: page,
                             block_table: table,
                             max_pages: table.len(),
@@ -753,12 +783,24 @@ impl Model {
                     Some(w) => {
                         let (kring, vring) = c.ring(s.slot)?;
                         let pos = [s.pos as u32];
+                        // The current token's K/V in the ring's element type (the kernel reads one type per call).
+                        let (kb, vb): (Vec<half::bf16>, Vec<half::bf16>) = match kring {
+                            KvSlice::Bf16(_) => (
+                                kr.iter().map(|&x| half::bf16::from_f32(x)).collect(),
+                                vr.iter().map(|&x| half::bf16::from_f32(x)).collect(),
+                            ),
+                            KvSlice::F32(_) => (Vec::new(), Vec::new()),
+                        };
+                        let (k_cur, v_cur) = match kring {
+                            KvSlice::Bf16(_) => (KvSlice::Bf16(&kb), KvSlice::Bf16(&vb)),
+                            KvSlice::F32(_) => (KvSlice::F32(kr), KvSlice::F32(vr)),
+                        };
                         let kv = RingKv {
-                            k_ring: KvSlice::F32(kring),
-                            v_ring: KvSlice::F32(vring),
+                            k_ring: kring,
+                            v_ring: vring,
                             window: w,
-                            k_cur: KvSlice::F32(kr),
-                            v_cur: KvSlice::F32(vr),
+                            k_cur,
+                            v_cur,
                             pos: &pos,
                         };
                         attention::decode_ring(&d, scale, 1, qr, &kv, or).map_err(kerr)?;
@@ -850,6 +892,14 @@ impl Model {
         g.out.linear(&out, t, &mut o).map_err(kerr)?;
         Ok(o)
     }
+}
+
+/// The head is built from a table that was just loaded, never from itself.
+fn unreachable_head() -> Result<Weight, kernels::KernelError> {
+    Err(kernels::KernelError::shape(
+        "tied lm_head",
+        "the embedding table was already moved into the head",
+    ))
 }
 
 /// One sequence's part of a [`Model::forward`] call.

@@ -446,9 +446,9 @@ impl Model {
         let vocab = usize_of(spec.vocab_size, "vocab_size")?;
         let mut embed = embed;
         let lm_head = if spec.tie_word_embeddings {
-            // The tied head reads the whole table every token: it takes the plan's weight path, while the gather
-            // keeps the dense rows (seed: the two have the same shape and the opposite decision). On the exact
-            // path both are the same dense table, held once (as the head) and gathered from by row.
+            // The tied head reads the whole table every token, so it takes the plan's weight path; the table is
+            // held once, as the head, and rows are gathered from it (dequantized when converted). An untied
+            // embedding stays dense: a gather reads one row per token (the seed's opposite decision).
             match (mode, std::mem::replace(&mut embed, Embedding::Head)) {
                 (WeightMode::Exact, Embedding::F32(w)) => Weight::f32(w, vocab, hidden),
                 (WeightMode::Exact, Embedding::Bf16(w)) => {
@@ -473,7 +473,9 @@ impl Model {
                         }
                         Ok(())
                     });
-                    embed = e;
+                    // The plan converts the one tied tensor; its rows are gathered from the int4 head, as
+                    // llama.cpp's Q4_0 does, rather than keeping a second, dense copy.
+                    drop(e);
                     w
                 }
             }

@@ -331,7 +331,8 @@ pub fn gelu_tanh_and_mul(
     crate::ensure_shape!(inter > 0, OP, "inter must be positive");
     let rows = out.len() / inter;
     crate::ensure_shape!(
-        out.len() % inter == 0 && Some(gate_up.len()) == rows.checked_mul(2 * inter),
+        out.len().is_multiple_of(inter)
+            && inter.checked_mul(2).and_then(|w| rows.checked_mul(w)) == Some(gate_up.len()),
         OP,
         "gate_up has {} elements and out {}, expected [rows, 2*{inter}] and [rows, {inter}]",
         gate_up.len(),
@@ -370,7 +371,10 @@ pub fn sigmoid_gate(x: &mut [f32], gate: &[f32]) -> Result<(), KernelError> {
 pub fn sigmoid_head_gate(x: &mut [f32], heads: usize, gate: &[f32]) -> Result<(), KernelError> {
     const OP: &str = "sigmoid_head_gate";
     crate::ensure_shape!(
-        heads > 0 && !gate.is_empty() && gate.len() % heads == 0 && x.len() % gate.len() == 0,
+        heads > 0
+            && !gate.is_empty()
+            && gate.len().is_multiple_of(heads)
+            && x.len().is_multiple_of(gate.len()),
         OP,
         "x has {} elements, gate {} for {heads} heads",
         x.len(),

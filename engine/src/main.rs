@@ -144,21 +144,20 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
     } else {
         WeightMode::from_plan(plan.weight_path.format)?
     };
-    let layers = ck.spec.layers.len();
-    let mut last_print = Instant::now();
-    let model = Model::load(&ck, mode, |done, total| {
-        // A progress line for loads that take more than a moment.
-        if t0.elapsed().as_secs_f64() > 1.0
-            && (last_print.elapsed().as_millis() > 200 || done == total)
-        {
-            eprint!("\rloading {done}/{total} layers");
-            last_print = Instant::now();
-            if done == total {
-                eprintln!();
-            }
+    // A progress bar for loads that take more than a moment (it draws only on a terminal).
+    let bar = indicatif::ProgressBar::new(ck.spec.layers.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    let model = Model::load(&ck, mode, |done, _| {
+        if t0.elapsed().as_secs_f64() > 1.0 && bar.is_hidden() {
+            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
         }
+        bar.set_position(done as u64);
     })?;
-    let _ = layers;
+    bar.finish_and_clear();
     // The mapping is dropped here: every tensor has been converted or copied.
     drop(ck);
     let slots = usize::try_from(plan.workload.max_num_seqs)

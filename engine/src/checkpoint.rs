@@ -12,7 +12,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
-use planner::model::{parse_model, DType, ModelCard, ModelSpec, Role, SourceFile};
+use planner::model::{
+    check_inventory, parse_model, ModelCard, ModelSpec, ObservedTensor, SourceFile,
+};
 use safetensors::{Dtype, SafeTensors};
 
 use crate::EngineError;
@@ -65,20 +67,6 @@ fn shard_path(dir: &Path, index: &Path, name: &str) -> Result<PathBuf, EngineErr
         )));
     }
     Ok(path)
-}
-
-/// The planner's dtype for a safetensors dtype, where one exists.
-fn planner_dtype(d: Dtype, expected: DType) -> Option<DType> {
-    Some(match d {
-        Dtype::F32 => DType::F32,
-        Dtype::BF16 => DType::Bf16,
-        Dtype::F16 => DType::F16,
-        Dtype::F8_E4M3 => DType::F8E4m3,
-        Dtype::U8 if expected == DType::U8PackedE2m1 => DType::U8PackedE2m1,
-        Dtype::I32 if expected == DType::I32PackedInt4 => DType::I32PackedInt4,
-        Dtype::I32 => DType::I32,
-        _ => return None,
-    })
 }
 
 impl Checkpoint {
@@ -207,53 +195,19 @@ impl Checkpoint {
         }
 
         // Against the planner's inventory: what the architecture says must be there.
-        let mut seen = std::collections::HashSet::new();
-        for e in &spec.inventory {
-            // Vision and MTP tensors are only loaded when a plan uses them; text decoding never reads them.
-            let optional = matches!(e.role, Role::VisionTower | Role::MtpHead);
-            seen.insert(e.name.as_str());
-            let Some(t) = tensors.get(&e.name) else {
-                if !optional {
-                    problems.push(format!(
-                        "{}: missing (expected {:?} {:?})",
-                        e.name, e.dtype, e.shape
-                    ));
-                }
-                continue;
-            };
-            let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
-            // Scalars may be stored as [] or [1].
-            let same_shape = shape == e.shape || (e.shape.is_empty() && shape == [1]);
-            if !same_shape {
-                problems.push(format!(
-                    "{}: shape {:?}, expected {:?}",
-                    e.name, t.shape, e.shape
-                ));
-            }
-            let got = planner_dtype(t.dtype, e.dtype);
-            // Small tensors (norms, A_log, conv) may be widened or narrowed by the exporter (Qwen3.8 stores A_log
-            // in bf16 where Qwen3.5 used f32): any float dtype is read and widened to f32 at load.
-            let float = |d: Option<DType>| matches!(d, Some(DType::F32 | DType::Bf16 | DType::F16));
-            let ok = got == Some(e.dtype)
-                || (e.role == Role::Small && float(got) && float(Some(e.dtype)));
-            if !ok {
-                problems.push(format!(
-                    "{}: dtype {:?}, expected {:?}",
-                    e.name, t.dtype, e.dtype
-                ));
-            }
-        }
-        let mut unexpected: Vec<&String> = tensors
-            .keys()
-            .filter(|n| !seen.contains(n.as_str()))
+        let observed: Vec<ObservedTensor> = tensors
+            .iter()
+            .map(|(name, t)| ObservedTensor {
+                name: name.clone(),
+                dtype: format!("{:?}", t.dtype),
+                shape: t.shape.iter().map(|&d| d as u64).collect(),
+                file: file_names[t.file]
+                    .file_name()
+                    .map(|f| f.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            })
             .collect();
-        unexpected.sort();
-        for n in unexpected {
-            problems.push(format!(
-                "{n}: unexpected (not in the inventory of {})",
-                spec.architecture
-            ));
-        }
+        problems.extend(check_inventory(&spec, &observed));
         if !problems.is_empty() {
             problems.sort();
             return Err(EngineError::Checkpoint(format!(

@@ -395,7 +395,11 @@ fn linear(
                         let code =
                             kernels::formats::f32_to_e2m1(if eff > 0.0 { v / eff } else { 0.0 });
                         let idx = row * k + grp * g + j;
-                        packed[idx / 2] |= if idx.is_multiple_of(2) { code } else { code << 4 };
+                        packed[idx / 2] |= if idx.is_multiple_of(2) {
+                            code
+                        } else {
+                            code << 4
+                        };
                     }
                 }
             }

@@ -142,7 +142,9 @@ fn a_linear_in_the_wrong_dtype_is_refused_but_a_widened_norm_is_read() {
     });
     let e = err(&dir);
     assert!(
-        e.contains("model.layers.0.mlp.down_proj.weight: dtype F16, expected Bf16"),
+        e.contains(
+            "model.layers.0.mlp.down_proj.weight: dtype F16 in model.safetensors, expected Bf16"
+        ),
         "{e}"
     );
     assert!(!e.contains("input_layernorm"), "{e}");

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use miette::Result;
 
 mod bench;
+mod checkpoint;
 mod codegen;
 mod fixtures;
 mod plan;

@@ -26,7 +26,8 @@ usage: cargo xtask plan --device D [options]
 
   --device D           a profile in profiles/ (D.toml), or a path to a profile TOML (anything with a `/` or
                        ending in `.toml`; see docs/profiles.md)
-  --model M            a model card in models/ (default: qwen3.8-27b-fp8)
+  --model M            a model card in models/ (default: qwen3.8-27b-fp8), or a checkpoint directory
+                       (config.json, safetensors headers checked against the architecture)
   --max-model-len N    longest sequence the deployment admits; caches are sized from it (default 4096)
   --max-num-seqs N     concurrent sequences (default 1)
   --prompt-len N       prompt length of the prefill prediction (default 512, or --max-model-len if smaller,
@@ -283,6 +284,9 @@ pub(crate) fn load_profile(root: &Path, device: &str) -> Result<SourceFile> {
 }
 
 pub(crate) fn load_model(root: &Path, model: &str) -> Result<ModelCard> {
+    if is_profile_path(model) || Path::new(model).join("config.json").is_file() {
+        return crate::checkpoint::load_dir(Path::new(model));
+    }
     let models = available_models(root);
     if !models.iter().any(|m| m == model) {
         return Err(miette!(

@@ -20,6 +20,7 @@ mod error;
 mod flops;
 mod inventory;
 mod json;
+mod observed;
 mod parse;
 mod quant;
 mod runtime;
@@ -30,6 +31,7 @@ pub use cache::{
 };
 pub use error::ModelError;
 pub use flops::{decode_flops_per_token, prefill_flops};
+pub use observed::{check_inventory, ObservedTensor};
 pub use parse::{parse_model, supported_architectures};
 pub use runtime::{
     Activation, LinearModule, MoeRouting, Mrope, NormForm, OutputGate, RopeStyle, Runtime,

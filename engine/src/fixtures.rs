@@ -585,11 +585,14 @@ pub fn write_random_checkpoint(
     write_file(&out.join("config.json"), config_text.as_bytes())?;
     let mut tok = tokenizer_json();
     if let Some(vocab) = tok["model"]["vocab"].as_object_mut() {
-        // Filler entries up to the card's vocabulary, so converters that check the size accept it.
-        for id in 259..spec.vocab_size {
+        // Filler entries up to the card's vocabulary, so converters that check the size accept it, and one merge
+        // (llama.cpp refuses a BPE vocabulary without merges).
+        vocab.insert("ab".into(), json!(259));
+        for id in 260..spec.vocab_size {
             vocab.insert(format!("<filler_{id}>"), json!(id));
         }
     }
+    tok["model"]["merges"] = json!(["a b"]);
     write_file(&out.join("tokenizer.json"), &pretty(&tok))?;
     Ok(std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0))
 }

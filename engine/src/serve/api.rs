@@ -148,11 +148,8 @@ pub(crate) fn parse(kind: Kind, body: &[u8], model: &str) -> Result<Request, Api
     let v: Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
-            format!(
-                "malformed JSON at line {} column {}: {e}",
-                e.line(),
-                e.column()
-            ),
+            // serde_json's message ends with "at line L column C".
+            format!("malformed JSON: {e}"),
         )
     })?;
     let Value::Object(o) = v else {

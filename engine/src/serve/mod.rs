@@ -645,23 +645,20 @@ fn stream(
     Sse::new(s).keep_alive(KeepAlive::default())
 }
 
-/// Binds `host:port`, serves until SIGTERM or ctrl-c, then shuts down gracefully: stop accepting, let running
-/// requests finish for `grace`, cancel the rest, stop the step loop. `ready` gets the bound address.
-pub async fn serve(
+/// Serves on `listener` until `shutdown` completes, then shuts down gracefully: stop accepting (and answer 503 to
+/// what is still queued), let running requests finish for `grace`, cancel the rest, stop the step loop.
+pub async fn serve_on(
     server: Server,
-    host: &str,
-    port: u16,
+    listener: tokio::net::TcpListener,
     grace: Duration,
-    ready: impl FnOnce(std::net::SocketAddr),
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind((host, port)).await?;
-    ready(listener.local_addr()?);
     let server = Arc::new(server);
     let (fired_tx, fired_rx) = tokio::sync::watch::channel(false);
     let signal = {
         let server = server.clone();
         async move {
-            shutdown_signal().await;
+            shutdown.await;
             server.drain();
             let _ = fired_tx.send(true);
         }
@@ -680,16 +677,17 @@ pub async fn serve(
             server.send(Msg::Stop);
         })
     };
-    axum::serve(listener, server.router())
+    let r = axum::serve(listener, server.router())
         .with_graceful_shutdown(signal)
-        .await?;
+        .await;
     canceller.abort();
+    let _ = canceller.await;
     if let Ok(s) = Arc::try_unwrap(server) {
         tokio::task::spawn_blocking(move || s.stop())
             .await
             .map_err(std::io::Error::other)?;
     }
-    Ok(())
+    r
 }
 
 async fn shutdown_signal() {
@@ -727,18 +725,16 @@ pub fn run(engine: Engine, dir: &Path, flags: &ServeFlags) -> Result<(), EngineE
         .enable_all()
         .build()
         .map_err(|e| EngineError::Request(format!("starting tokio: {e}")))?;
-    rt.block_on(serve(
-        server,
-        &flags.host,
-        flags.port,
-        Duration::from_secs(flags.shutdown_grace_s),
-        |addr| {
-            eprintln!(
-                "serving {name} on http://{addr} (chat template: {})",
-                if has_template { "yes" } else { "none" }
-            );
-        },
-    ))
+    let grace = Duration::from_secs(flags.shutdown_grace_s);
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind((flags.host.as_str(), flags.port)).await?;
+        eprintln!(
+            "serving {name} on http://{} (chat template: {})",
+            listener.local_addr()?,
+            if has_template { "yes" } else { "none" }
+        );
+        serve_on(server, listener, grace, shutdown_signal()).await
+    })
     .map_err(|e| EngineError::Request(format!("serving on {}:{}: {e}", flags.host, flags.port)))?;
     eprintln!("shut down");
     Ok(())

@@ -362,16 +362,23 @@ pub(crate) fn run(mut engine: Engine, tok: Arc<Tokenizer>, rx: Receiver<Msg>, sh
 
         let now = Instant::now();
         let mut finished = Vec::new();
+        // The last events go out once the counters and gauges say the request is over, so a client that reads
+        // /metrics after its response sees it counted.
+        let mut done = Vec::new();
         for (i, (s, mut row)) in active.iter_mut().zip(logits).enumerate() {
             s.prefilled = true;
             penalize(&mut row, &s.seen, s.opts.repetition_penalty);
             let id = match pick(&row, &s.opts, &mut s.rng) {
                 Ok(id) => id,
                 Err(e) => {
-                    let _ = s.job.events.send(Event::Error {
-                        status: 500,
-                        message: e.to_string(),
-                    });
+                    shared.metrics.errors.fetch_add(1, Ordering::Relaxed);
+                    done.push((
+                        s.job.events.clone(),
+                        Event::Error {
+                            status: 500,
+                            message: e.to_string(),
+                        },
+                    ));
                     finished.push(i);
                     continue;
                 }
@@ -421,16 +428,19 @@ pub(crate) fn run(mut engine: Engine, tok: Arc<Tokenizer>, rx: Receiver<Msg>, sh
                 });
             }
             if let Some(finish) = finish {
-                let _ = s.job.events.send(Event::Done {
-                    finish,
-                    prompt_tokens: s.job.prompt.len(),
-                    completion_tokens: s.generated,
-                });
                 match finish {
                     FinishReason::Stop => &shared.metrics.finished_stop,
                     FinishReason::Length => &shared.metrics.finished_length,
                 }
                 .fetch_add(1, Ordering::Relaxed);
+                done.push((
+                    s.job.events.clone(),
+                    Event::Done {
+                        finish,
+                        prompt_tokens: s.job.prompt.len(),
+                        completion_tokens: s.generated,
+                    },
+                ));
                 finished.push(i);
             }
         }
@@ -445,6 +455,9 @@ pub(crate) fn run(mut engine: Engine, tok: Arc<Tokenizer>, rx: Receiver<Msg>, sh
             engine.caches.pages - engine.caches.free_pages(),
             Ordering::Relaxed,
         );
+        for (tx, ev) in done {
+            let _ = tx.send(ev);
+        }
     }
     shared.running.store(0, Ordering::SeqCst);
 }

@@ -187,9 +187,12 @@ impl ChatTemplate {
 
     /// One user message `{role: "user", content: text}` rendered with the generation prompt: `--chat`.
     pub fn render_user(&self, text: &str) -> Result<String, EngineError> {
-        let msg: Value = [("role", Value::from("user")), ("content", Value::from(text))]
-            .into_iter()
-            .collect();
+        let msg: Value = [
+            ("role", Value::from("user")),
+            ("content", Value::from(text)),
+        ]
+        .into_iter()
+        .collect();
         self.render(
             &Value::from(vec![msg]),
             &RenderOptions {

@@ -94,8 +94,13 @@ fn strftime_now_gives_todays_date() {
 
 #[test]
 fn fixture_template_is_chatml() {
-    let fx = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/qwen3-f32"));
-    let t = ChatTemplate::open(fx).unwrap().expect("the fixture has a template");
+    let fx = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/qwen3-f32"
+    ));
+    let t = ChatTemplate::open(fx)
+        .unwrap()
+        .expect("the fixture has a template");
     assert_eq!(
         t.render_user("hi").unwrap(),
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

@@ -127,8 +127,15 @@ async fn health_models_metrics() {
     let app = s.router();
     let (st, _, body) = send(&app, Request::get("/health").body(Body::empty()).unwrap()).await;
     assert_eq!(st, StatusCode::OK);
-    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["status"], "ok");
-    let (st, _, body) = send(&app, Request::get("/v1/models").body(Body::empty()).unwrap()).await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["status"],
+        "ok"
+    );
+    let (st, _, body) = send(
+        &app,
+        Request::get("/v1/models").body(Body::empty()).unwrap(),
+    )
+    .await;
     assert_eq!(st, StatusCode::OK);
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["object"], "list");
@@ -144,7 +151,10 @@ async fn health_models_metrics() {
     assert_eq!(st, StatusCode::OK);
     let (st, h, m) = send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await;
     assert_eq!(st, StatusCode::OK);
-    assert!(h[header::CONTENT_TYPE].to_str().unwrap().starts_with("text/plain"));
+    assert!(h[header::CONTENT_TYPE]
+        .to_str()
+        .unwrap()
+        .starts_with("text/plain"));
     for want in [
         "edgefit_requests_total{outcome=\"received\"} 1",
         "edgefit_requests_total{outcome=\"length\"} 1",
@@ -200,7 +210,9 @@ async fn greedy_completion_equals_generate() {
 
     // Chat: the template's rendering, tokenized without added special tokens, then the same greedy decode.
     let t = ChatTemplate::open(&fixture()).unwrap().unwrap();
-    let chat_ids = tok.encode(&t.render_user("hi there").unwrap(), false).unwrap();
+    let chat_ids = tok
+        .encode(&t.render_user("hi there").unwrap(), false)
+        .unwrap();
     let (want, n) = reference(&chat_ids, 16);
     let (st, v) = json_call(
         &app,
@@ -253,7 +265,11 @@ async fn streams_match_whole_responses() {
         for c in &chunks[..chunks.len() - 1] {
             assert_eq!(
                 c["object"],
-                if chat { "chat.completion.chunk" } else { "text_completion" }
+                if chat {
+                    "chat.completion.chunk"
+                } else {
+                    "text_completion"
+                }
             );
             assert!(c["usage"].is_null());
             let ch = &c["choices"][0];
@@ -324,7 +340,10 @@ async fn stop_strings_and_logprobs() {
         assert!(lp <= 0.0);
         let top = e["top_logprobs"].as_array().unwrap();
         assert_eq!(top.len(), 3);
-        assert!((top[0]["logprob"].as_f64().unwrap() - lp).abs() < 1e-6, "greedy picks the top");
+        assert!(
+            (top[0]["logprob"].as_f64().unwrap() - lp).abs() < 1e-6,
+            "greedy picks the top"
+        );
     }
     let (st, v) = json_call(
         &app,
@@ -360,35 +379,176 @@ async fn errors_are_400s_naming_the_field() {
         b
     };
     let cases: Vec<(&str, Value, StatusCode, &str, Option<&str>)> = vec![
-        ("/v1/chat/completions", chat(json!({"frobnicate": 1})), StatusCode::BAD_REQUEST, "frobnicate", Some("frobnicate")),
-        ("/v1/chat/completions", chat(json!({"n": 2})), StatusCode::BAD_REQUEST, "`n` = 1", Some("n")),
-        ("/v1/chat/completions", chat(json!({"presence_penalty": 0.5})), StatusCode::BAD_REQUEST, "presence_penalty", Some("presence_penalty")),
-        ("/v1/chat/completions", chat(json!({"temperature": 3})), StatusCode::BAD_REQUEST, "temperature", Some("temperature")),
-        ("/v1/chat/completions", chat(json!({"top_p": 0})), StatusCode::BAD_REQUEST, "top_p", Some("top_p")),
-        ("/v1/chat/completions", chat(json!({"stream": "yes"})), StatusCode::BAD_REQUEST, "boolean", Some("stream")),
-        ("/v1/chat/completions", chat(json!({"stream_options": {"include_usage": true}})), StatusCode::BAD_REQUEST, "stream", Some("stream_options")),
-        ("/v1/chat/completions", chat(json!({"top_logprobs": 2})), StatusCode::BAD_REQUEST, "logprobs", Some("top_logprobs")),
-        ("/v1/chat/completions", chat(json!({"max_tokens": 0})), StatusCode::BAD_REQUEST, "at least 1", Some("max_tokens")),
-        ("/v1/chat/completions", chat(json!({"max_tokens": 60})), StatusCode::BAD_REQUEST, "max_model_len 64", Some("max_completion_tokens")),
-        ("/v1/chat/completions", chat(json!({"model": "other"})), StatusCode::NOT_FOUND, "other", Some("model")),
-        ("/v1/chat/completions", json!({"messages": []}), StatusCode::BAD_REQUEST, "empty", Some("messages")),
-        ("/v1/chat/completions", json!({"messages": [{"content": "x"}]}), StatusCode::BAD_REQUEST, "role", Some("messages")),
-        ("/v1/chat/completions", json!({"prompt": "x"}), StatusCode::BAD_REQUEST, "prompt", Some("prompt")),
-        ("/v1/completions", json!({"prompt": "hi", "messages": []}), StatusCode::BAD_REQUEST, "messages", Some("messages")),
-        ("/v1/completions", json!({"prompt": "hi", "echo": true}), StatusCode::BAD_REQUEST, "echo", Some("echo")),
-        ("/v1/completions", json!({"prompt": "hi", "logprobs": 9}), StatusCode::BAD_REQUEST, "logprobs", Some("logprobs")),
-        ("/v1/completions", json!({"prompt": ""}), StatusCode::BAD_REQUEST, "no tokens", Some("prompt")),
-        ("/v1/completions", json!({"prompt": [1, 2, 999999]}), StatusCode::BAD_REQUEST, "vocabulary", Some("prompt")),
-        ("/v1/completions", json!({"prompt": "x".repeat(64)}), StatusCode::BAD_REQUEST, "max_model_len is 64", Some("prompt")),
-        ("/v1/completions", json!({"prompt": "hi", "max_tokens": 63}), StatusCode::BAD_REQUEST, "exceed max_model_len 64", Some("max_tokens")),
-        ("/v1/completions", json!({"prompt": "hi", "stop": [1]}), StatusCode::BAD_REQUEST, "stop", Some("stop")),
-        ("/v1/completions", json!(["not", "an", "object"]), StatusCode::BAD_REQUEST, "JSON object", None),
+        (
+            "/v1/chat/completions",
+            chat(json!({"frobnicate": 1})),
+            StatusCode::BAD_REQUEST,
+            "frobnicate",
+            Some("frobnicate"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"n": 2})),
+            StatusCode::BAD_REQUEST,
+            "`n` = 1",
+            Some("n"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"presence_penalty": 0.5})),
+            StatusCode::BAD_REQUEST,
+            "presence_penalty",
+            Some("presence_penalty"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"temperature": 3})),
+            StatusCode::BAD_REQUEST,
+            "temperature",
+            Some("temperature"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"top_p": 0})),
+            StatusCode::BAD_REQUEST,
+            "top_p",
+            Some("top_p"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"stream": "yes"})),
+            StatusCode::BAD_REQUEST,
+            "boolean",
+            Some("stream"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"stream_options": {"include_usage": true}})),
+            StatusCode::BAD_REQUEST,
+            "stream",
+            Some("stream_options"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"top_logprobs": 2})),
+            StatusCode::BAD_REQUEST,
+            "logprobs",
+            Some("top_logprobs"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"max_tokens": 0})),
+            StatusCode::BAD_REQUEST,
+            "at least 1",
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"max_tokens": 60})),
+            StatusCode::BAD_REQUEST,
+            "max_model_len 64",
+            Some("max_completion_tokens"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"model": "other"})),
+            StatusCode::NOT_FOUND,
+            "other",
+            Some("model"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": []}),
+            StatusCode::BAD_REQUEST,
+            "empty",
+            Some("messages"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"content": "x"}]}),
+            StatusCode::BAD_REQUEST,
+            "role",
+            Some("messages"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"prompt": "x"}),
+            StatusCode::BAD_REQUEST,
+            "prompt",
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "messages": []}),
+            StatusCode::BAD_REQUEST,
+            "messages",
+            Some("messages"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "echo": true}),
+            StatusCode::BAD_REQUEST,
+            "echo",
+            Some("echo"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "logprobs": 9}),
+            StatusCode::BAD_REQUEST,
+            "logprobs",
+            Some("logprobs"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": ""}),
+            StatusCode::BAD_REQUEST,
+            "no tokens",
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1, 2, 999999]}),
+            StatusCode::BAD_REQUEST,
+            "vocabulary",
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x".repeat(64)}),
+            StatusCode::BAD_REQUEST,
+            "max_model_len is 64",
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "max_tokens": 63}),
+            StatusCode::BAD_REQUEST,
+            "exceed max_model_len 64",
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "stop": [1]}),
+            StatusCode::BAD_REQUEST,
+            "stop",
+            Some("stop"),
+        ),
+        (
+            "/v1/completions",
+            json!(["not", "an", "object"]),
+            StatusCode::BAD_REQUEST,
+            "JSON object",
+            None,
+        ),
     ];
     for (uri, body, status, needle, param) in cases {
         let (st, v) = json_call(&app, uri, &body).await;
         assert_eq!(st, status, "{body} -> {v}");
         let msg = v["error"]["message"].as_str().unwrap();
-        assert!(msg.contains(needle), "{body}: {msg:?} should name {needle:?}");
+        assert!(
+            msg.contains(needle),
+            "{body}: {msg:?} should name {needle:?}"
+        );
         assert_eq!(v["error"]["param"].as_str(), param, "{body}");
         assert!(v["error"]["type"].is_string());
     }
@@ -404,10 +564,19 @@ async fn errors_are_400s_naming_the_field() {
     let (st, _, _) = send(&app, post("/v1/completions", &big)).await;
     assert_eq!(st, StatusCode::PAYLOAD_TOO_LARGE);
     // Wrong method.
-    let (st, _, _) = send(&app, Request::get("/v1/completions").body(Body::empty()).unwrap()).await;
+    let (st, _, _) = send(
+        &app,
+        Request::get("/v1/completions").body(Body::empty()).unwrap(),
+    )
+    .await;
     assert_eq!(st, StatusCode::METHOD_NOT_ALLOWED);
     // The server still answers after all that.
-    let (st, _) = json_call(&app, "/v1/completions", &json!({"prompt": "ok", "max_tokens": 2})).await;
+    let (st, _) = json_call(
+        &app,
+        "/v1/completions",
+        &json!({"prompt": "ok", "max_tokens": 2}),
+    )
+    .await;
     assert_eq!(st, StatusCode::OK);
     s.stop();
 }
@@ -423,7 +592,13 @@ async fn api_key_is_required_when_set() {
     let (st, h, text) = send(&app, post("/v1/completions", &body)).await;
     assert_eq!(st, StatusCode::UNAUTHORIZED, "{text}");
     assert_eq!(h[header::WWW_AUTHENTICATE], "Bearer");
-    for bad in ["Bearer wrong", "Bearer sekri", "Bearer sekrit2", "sekrit", "Basic sekrit"] {
+    for bad in [
+        "Bearer wrong",
+        "Bearer sekri",
+        "Bearer sekrit2",
+        "sekrit",
+        "Basic sekrit",
+    ] {
         let mut req = post("/v1/completions", &body);
         req.headers_mut()
             .insert(header::AUTHORIZATION, bad.parse().unwrap());
@@ -465,14 +640,26 @@ async fn full_queue_is_429_and_disconnect_frees_the_slot() {
     let app = s.router();
     let long = json!({"prompt": "a long one", "max_tokens": 100, "temperature": 0, "stream": true});
     // A takes the only slot.
-    let a = app.clone().oneshot(post("/v1/completions", &long)).await.unwrap();
+    let a = app
+        .clone()
+        .oneshot(post("/v1/completions", &long))
+        .await
+        .unwrap();
     let mut a_body = a.into_body().into_data_stream();
     assert_eq!(read_events(&mut a_body, 2).await.len(), 2);
     // B waits in the queue (its stream is open but silent).
-    let b = app.clone().oneshot(post("/v1/completions", &long)).await.unwrap();
+    let b = app
+        .clone()
+        .oneshot(post("/v1/completions", &long))
+        .await
+        .unwrap();
     assert_eq!(b.status(), StatusCode::OK);
     // C finds the queue full.
-    let (st, h, text) = send(&app, post("/v1/completions", &json!({"prompt": "c", "max_tokens": 2}))).await;
+    let (st, h, text) = send(
+        &app,
+        post("/v1/completions", &json!({"prompt": "c", "max_tokens": 2})),
+    )
+    .await;
     assert_eq!(st, StatusCode::TOO_MANY_REQUESTS, "{text}");
     assert_eq!(h[header::RETRY_AFTER], "1");
     // A and B hang up; the loop notices before its next step, and D runs.
@@ -480,8 +667,12 @@ async fn full_queue_is_429_and_disconnect_frees_the_slot() {
     drop(b);
     let mut tries = 0;
     let (st, v) = loop {
-        let (st, v) =
-            json_call(&app, "/v1/completions", &json!({"prompt": "d", "max_tokens": 3})).await;
+        let (st, v) = json_call(
+            &app,
+            "/v1/completions",
+            &json!({"prompt": "d", "max_tokens": 3}),
+        )
+        .await;
         tries += 1;
         if st != StatusCode::TOO_MANY_REQUESTS || tries == 200 {
             break (st, v);
@@ -490,13 +681,19 @@ async fn full_queue_is_429_and_disconnect_frees_the_slot() {
     };
     assert_eq!(st, StatusCode::OK, "{v}");
     let (_, _, m) = send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await;
-    assert!(m.contains("edgefit_requests_total{outcome=\"cancelled\"} 2"), "{m}");
+    assert!(
+        m.contains("edgefit_requests_total{outcome=\"cancelled\"} 2"),
+        "{m}"
+    );
     let full = m
         .lines()
         .find_map(|l| l.strip_prefix("edgefit_requests_total{outcome=\"queue_full\"} "))
         .and_then(|x| x.parse::<u64>().ok())
         .unwrap();
-    assert_eq!(full, tries, "C and every retry of D before the queue emptied");
+    assert_eq!(
+        full, tries,
+        "C and every retry of D before the queue emptied"
+    );
     assert!(m.contains("edgefit_queue_depth 0"), "{m}");
     s.stop();
 }
@@ -504,7 +701,9 @@ async fn full_queue_is_429_and_disconnect_frees_the_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_streams_equal_single_requests() {
     const N: usize = 10;
-    let prompts: Vec<String> = (0..N).map(|i| format!("request {i}: {}", "ab".repeat(i))).collect();
+    let prompts: Vec<String> = (0..N)
+        .map(|i| format!("request {i}: {}", "ab".repeat(i)))
+        .collect();
     let tok = Tokenizer::open(&fixture()).unwrap();
     // The ones that hang up ask for more than they can get before they do, so they cannot finish first.
     let cancels = |i: usize| i % 3 == 1;
@@ -538,21 +737,37 @@ async fn concurrent_streams_equal_single_requests() {
     let mut finished = 0;
     let mut ids = std::collections::HashSet::new();
     for (i, t) in tasks.into_iter().enumerate() {
-        let Some(data) = t.await.unwrap() else { continue };
-        assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "request {i}");
+        let Some(data) = t.await.unwrap() else {
+            continue;
+        };
+        assert_eq!(
+            data.last().map(String::as_str),
+            Some("[DONE]"),
+            "request {i}"
+        );
         let chunks: Vec<Value> = data[..data.len() - 1]
             .iter()
             .map(|d| serde_json::from_str(d).unwrap())
             .collect();
         let id = chunks[0]["id"].as_str().unwrap().to_string();
-        assert!(chunks.iter().all(|c| c["id"] == id.as_str()), "one id per stream");
+        assert!(
+            chunks.iter().all(|c| c["id"] == id.as_str()),
+            "one id per stream"
+        );
         assert!(ids.insert(id), "request {i}: a duplicated id");
         let text: String = chunks
             .iter()
             .filter_map(|c| c["choices"][0]["text"].as_str())
             .collect();
-        assert_eq!(text, refs[i].0, "request {i}: batched greedy text differs from single");
-        assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], refs[i].1, "request {i}");
+        assert_eq!(
+            text, refs[i].0,
+            "request {i}: batched greedy text differs from single"
+        );
+        assert_eq!(
+            chunks.last().unwrap()["usage"]["completion_tokens"],
+            refs[i].1,
+            "request {i}"
+        );
         finished += 1;
     }
     assert_eq!(finished, (0..N).filter(|&i| !cancels(i)).count());
@@ -570,7 +785,10 @@ async fn concurrent_streams_equal_single_requests() {
     assert_eq!(count("stop") + count("length"), finished as u64);
     assert_eq!(count("cancelled"), (N - finished) as u64);
     assert!(m.contains("edgefit_running_sequences 0"), "{m}");
-    assert!(m.contains("edgefit_kv_cache_pages{state=\"used\"} 0"), "{m}");
+    assert!(
+        m.contains("edgefit_kv_cache_pages{state=\"used\"} 0"),
+        "{m}"
+    );
     s.stop();
 }
 
@@ -589,7 +807,8 @@ async fn graceful_shutdown_finishes_running_streams() {
             let _ = stop_rx.await;
         },
     ));
-    let body = json!({"prompt": "shutdown", "max_tokens": 40, "temperature": 0, "stream": true}).to_string();
+    let body = json!({"prompt": "shutdown", "max_tokens": 40, "temperature": 0, "stream": true})
+        .to_string();
     let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
     c.write_all(
         format!(
@@ -612,7 +831,8 @@ async fn graceful_shutdown_finishes_running_streams() {
     let text = String::from_utf8_lossy(&rest);
     assert!(text.contains("data: [DONE]"), "{text}");
     assert!(
-        text.contains("\"finish_reason\":\"length\"") || text.contains("\"finish_reason\":\"stop\""),
+        text.contains("\"finish_reason\":\"length\"")
+            || text.contains("\"finish_reason\":\"stop\""),
         "the running request finished: {text}"
     );
     assert!(!text.contains("\"error\""), "{text}");
@@ -621,5 +841,8 @@ async fn graceful_shutdown_finishes_running_streams() {
         .expect("the server returns")
         .unwrap()
         .unwrap();
-    assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "no longer accepting");
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "no longer accepting"
+    );
 }

@@ -107,12 +107,7 @@ const COMMON: &[&str] = &[
     "frequency_penalty",
     "logit_bias",
 ];
-const CHAT: &[&str] = &[
-    "messages",
-    "max_completion_tokens",
-    "top_logprobs",
-    "tools",
-];
+const CHAT: &[&str] = &["messages", "max_completion_tokens", "top_logprobs", "tools"];
 const COMPLETION: &[&str] = &["prompt", "echo"];
 
 fn number(o: &Map<String, Value>, key: &str) -> Result<Option<f64>, ApiError> {
@@ -225,7 +220,9 @@ pub(crate) fn parse(kind: Kind, body: &[u8], model: &str) -> Result<Request, Api
                     ));
                 }
             }
-            if o.get("tools").is_some_and(|t| !t.is_null() && !t.is_array()) {
+            if o.get("tools")
+                .is_some_and(|t| !t.is_null() && !t.is_array())
+            {
                 return Err(ApiError::bad("tools", "`tools` must be a list"));
             }
             Prompt::Messages
@@ -237,15 +234,17 @@ pub(crate) fn parse(kind: Kind, body: &[u8], model: &str) -> Result<Request, Api
             }
             Some(Value::Array(a)) if a.iter().all(|x| x.is_u64()) => Prompt::Ids(
                 a.iter()
-                    .map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok()).unwrap_or(u32::MAX))
+                    .map(|x| {
+                        x.as_u64()
+                            .and_then(|x| u32::try_from(x).ok())
+                            .unwrap_or(u32::MAX)
+                    })
                     .collect(),
             ),
-            Some(Value::Array(_)) => {
-                return Err(ApiError::bad(
-                    "prompt",
-                    "`prompt` must be a string, a list of one string, or a list of token ids (n = 1)",
-                ))
-            }
+            Some(Value::Array(_)) => return Err(ApiError::bad(
+                "prompt",
+                "`prompt` must be a string, a list of one string, or a list of token ids (n = 1)",
+            )),
             _ => return Err(ApiError::bad("prompt", "`prompt` must be a string")),
         },
     };
@@ -405,7 +404,8 @@ pub(crate) fn usage(prompt: usize, completion: usize) -> Value {
 pub(crate) fn logprobs_json(kind: Kind, toks: &[TokenLogprob], mut offset: usize) -> Value {
     match kind {
         Kind::Chat => {
-            let entry = |t: &str, lp: f32| json!({"token": t, "logprob": lp, "bytes": t.as_bytes()});
+            let entry =
+                |t: &str, lp: f32| json!({"token": t, "logprob": lp, "bytes": t.as_bytes()});
             json!({"content": toks.iter().map(|t| {
                 let mut e = entry(&t.text, t.logprob);
                 e["top_logprobs"] = Value::Array(t.top.iter().map(|(s, l)| entry(s, *l)).collect());

@@ -236,11 +236,7 @@ impl Server {
     }
 }
 
-async fn auth(
-    State(app): State<Arc<App>>,
-    req: axum::extract::Request,
-    next: Next,
-) -> Response {
+async fn auth(State(app): State<Arc<App>>, req: axum::extract::Request, next: Next) -> Response {
     if let Some(want) = &app.key_hash {
         let got = req
             .headers()
@@ -348,7 +344,11 @@ fn prompt_ids(app: &App, req: &api::Request, body: &[u8]) -> Result<Vec<u32>, Ap
         }
     };
     if ids.is_empty() {
-        let param = if req.prompt_is_chat() { "messages" } else { "prompt" };
+        let param = if req.prompt_is_chat() {
+            "messages"
+        } else {
+            "prompt"
+        };
         return Err(ApiError::bad(param, "the prompt has no tokens"));
     }
     Ok(ids)
@@ -365,7 +365,16 @@ fn prepare(
     app: &App,
     kind: Kind,
     body: &[u8],
-) -> Result<(Box<Job>, UnboundedReceiver<Event>, api::Request, Head, usize), ApiError> {
+) -> Result<
+    (
+        Box<Job>,
+        UnboundedReceiver<Event>,
+        api::Request,
+        Head,
+        usize,
+    ),
+    ApiError,
+> {
     if app.draining.load(Ordering::SeqCst) {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -381,7 +390,11 @@ fn prepare(
     };
     if prompt.len() >= app.max_len {
         return Err(ApiError::bad(
-            if req.prompt_is_chat() { "messages" } else { "prompt" },
+            if req.prompt_is_chat() {
+                "messages"
+            } else {
+                "prompt"
+            },
             format!(
                 "the prompt has {} tokens; max_model_len is {}",
                 prompt.len(),
@@ -526,7 +539,11 @@ async fn whole(head: Head, mut rx: UnboundedReceiver<Event>) -> Response {
             }
         }
     }
-    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the engine dropped the request").into_response()
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "the engine dropped the request",
+    )
+    .into_response()
 }
 
 struct StreamState {

@@ -182,7 +182,11 @@ fn log_softmax_top(
             .map(|&l| ((l - max) as f64).exp())
             .sum::<f64>()
             .ln() as f32;
-    let lp = logits.get(id as usize).copied().unwrap_or(f32::NEG_INFINITY) - lse;
+    let lp = logits
+        .get(id as usize)
+        .copied()
+        .unwrap_or(f32::NEG_INFINITY)
+        - lse;
     let mut best: Vec<(usize, f32)> = Vec::new();
     if top > 0 {
         let mut idx: Vec<usize> = (0..logits.len()).collect();
@@ -394,7 +398,10 @@ pub(crate) fn run(mut engine: Engine, tok: Arc<Tokenizer>, rx: Receiver<Msg>, sh
             s.generated += 1;
             s.seen.push(id);
             s.next = id;
-            shared.metrics.generation_tokens.fetch_add(1, Ordering::Relaxed);
+            shared
+                .metrics
+                .generation_tokens
+                .fetch_add(1, Ordering::Relaxed);
             match s.last_token {
                 None => shared
                     .metrics
@@ -407,8 +414,7 @@ pub(crate) fn run(mut engine: Engine, tok: Arc<Tokenizer>, rx: Receiver<Msg>, sh
             }
             s.last_token = Some(now);
             let eos = s.opts.stop_tokens.contains(&id);
-            let full = s.generated >= s.job.max_tokens
-                || engine.len(s.slot) + 1 > engine.max_len;
+            let full = s.generated >= s.job.max_tokens || engine.len(s.slot) + 1 > engine.max_len;
             let last = eos || full;
             if !eos {
                 s.detok.push(&tok, id, last);

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -288,12 +288,12 @@ async fn prometheus(State(app): State<Arc<App>>) -> Response {
         .into_response()
 }
 
-async fn chat(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
-    handle(app, Kind::Chat, headers, body).await
+async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    handle(app, Kind::Chat, body).await
 }
 
-async fn completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
-    handle(app, Kind::Completion, headers, body).await
+async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    handle(app, Kind::Completion, body).await
 }
 
 /// The prompt's ids: the chat template rendered and tokenized without added special tokens (the template writes
@@ -360,21 +360,16 @@ impl api::Request {
     }
 }
 
-/// Checks, tokenizes and queues one request; the job and the head of its responses.
-fn prepare(
-    app: &App,
-    kind: Kind,
-    body: &[u8],
-) -> Result<
-    (
-        Box<Job>,
-        UnboundedReceiver<Event>,
-        api::Request,
-        Head,
-        usize,
-    ),
-    ApiError,
-> {
+/// A checked, tokenized request ready to queue.
+struct Prepared {
+    job: Box<Job>,
+    events: UnboundedReceiver<Event>,
+    req: api::Request,
+    head: Head,
+}
+
+/// Checks and tokenizes one request; the job and the head of its responses.
+fn prepare(app: &App, kind: Kind, body: &[u8]) -> Result<Prepared, ApiError> {
     if app.draining.load(Ordering::SeqCst) {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -451,13 +446,22 @@ fn prepare(
         model: app.cfg.model_name.clone(),
         kind,
     };
-    let plen = job.prompt.len();
-    Ok((job, erx, req, head, plen))
+    Ok(Prepared {
+        job,
+        events: erx,
+        req,
+        head,
+    })
 }
 
-async fn handle(app: Arc<App>, kind: Kind, _headers: HeaderMap, body: Bytes) -> Response {
+async fn handle(app: Arc<App>, kind: Kind, body: Bytes) -> Response {
     app.shared.metrics.received.fetch_add(1, Ordering::Relaxed);
-    let (job, rx, req, head, _plen) = match prepare(&app, kind, &body) {
+    let Prepared {
+        job,
+        events: rx,
+        req,
+        head,
+    } = match prepare(&app, kind, &body) {
         Ok(x) => x,
         Err(e) => {
             app.shared.metrics.invalid.fetch_add(1, Ordering::Relaxed);

@@ -846,3 +846,50 @@ async fn graceful_shutdown_finishes_running_streams() {
         "no longer accepting"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_whole_request_frees_its_slot() {
+    let s = server(Opts {
+        slots: 1,
+        ..Opts::default()
+    });
+    let app = s.router();
+    let metric = |m: &str, name: &str| -> f64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|r| r.trim().parse().ok()))
+            .unwrap()
+    };
+    // A non-streamed request whose client goes away: hyper drops the handler's future, and with it the receiver.
+    let long = app.clone().oneshot(post(
+        "/v1/completions",
+        &json!({"prompt": "long", "max_tokens": 100, "temperature": 0}),
+    ));
+    let task = tokio::spawn(long);
+    let mut running = 0.0;
+    for _ in 0..200 {
+        let (_, _, m) = send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await;
+        running = metric(&m, "edgefit_running_sequences");
+        if running == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(running, 1.0, "the request was running");
+    task.abort();
+    let (st, v) = tokio::time::timeout(
+        Duration::from_secs(60),
+        json_call(&app, "/v1/completions", &json!({"prompt": "next", "max_tokens": 2})),
+    )
+    .await
+    .expect("the slot was freed");
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let (_, _, m) = send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    // Each request ended exactly once; the first was cancelled unless it had reached a stop before the abort.
+    let ended: f64 = ["cancelled", "stop", "length"]
+        .iter()
+        .map(|o| metric(&m, &format!("edgefit_requests_total{{outcome=\"{o}\"}}")))
+        .sum();
+    assert_eq!(ended, 2.0, "{m}");
+    assert_eq!(metric(&m, "edgefit_running_sequences"), 0.0);
+    s.stop();
+}

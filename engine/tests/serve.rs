@@ -878,7 +878,11 @@ async fn dropped_whole_request_frees_its_slot() {
     task.abort();
     let (st, v) = tokio::time::timeout(
         Duration::from_secs(60),
-        json_call(&app, "/v1/completions", &json!({"prompt": "next", "max_tokens": 2})),
+        json_call(
+            &app,
+            "/v1/completions",
+            &json!({"prompt": "next", "max_tokens": 2}),
+        ),
     )
     .await
     .expect("the slot was freed");

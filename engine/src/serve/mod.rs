@@ -215,7 +215,7 @@ impl Server {
             .with_state(self.app.clone())
     }
 
-    /// Stop admitting: queued requests get 503, running ones finish, `/health` says 503.
+    /// Refuse new requests (503, and `/health` says 503); the accepted ones, running or queued, still finish.
     pub fn drain(&self) {
         self.app.draining.store(true, Ordering::SeqCst);
         self.send(Msg::Drain);
@@ -666,8 +666,8 @@ fn stream(
     Sse::new(s).keep_alive(KeepAlive::default())
 }
 
-/// Serves on `listener` until `shutdown` completes, then shuts down gracefully: stop accepting (and answer 503 to
-/// what is still queued), let running requests finish for `grace`, cancel the rest, stop the step loop.
+/// Serves on `listener` until `shutdown` completes, then shuts down gracefully: stop accepting, let the accepted
+/// requests (running or queued) finish for `grace`, cancel the rest, stop the step loop.
 pub async fn serve_on(
     server: Server,
     listener: tokio::net::TcpListener,

@@ -26,7 +26,7 @@ use crate::Engine;
 /// What the HTTP side sends to the loop.
 pub(crate) enum Msg {
     Submit(Box<Job>),
-    /// Stop admitting: waiting requests get 503, running ones finish.
+    /// Refuse new requests (503); the accepted ones, running or queued, still finish.
     Drain,
     /// Cancel everything and end the thread.
     Stop,
@@ -245,12 +245,8 @@ pub(crate) fn run(mut engine: Engine, tok: Arc<Tokenizer>, rx: Receiver<Msg>, sh
             match m {
                 Msg::Submit(job) if draining => reject(job, &shared, "the server is shutting down"),
                 Msg::Submit(job) => pending.push_back(job),
-                Msg::Drain => {
-                    draining = true;
-                    for job in pending.drain(..) {
-                        reject(job, &shared, "the server is shutting down");
-                    }
-                }
+                // Requests already accepted (running or queued) still finish; new ones are refused.
+                Msg::Drain => draining = true,
                 Msg::Stop => {
                     for job in pending.drain(..) {
                         reject(job, &shared, "the server is shutting down");

@@ -173,10 +173,7 @@ async fn stream_one(
             body_started = true;
         }
         // Chunked transfer coding: `SIZE\r\nDATA\r\n`.
-        loop {
-            let Some(eol) = raw[pos..].windows(2).position(|w| w == b"\r\n") else {
-                break;
-            };
+        while let Some(eol) = raw[pos..].windows(2).position(|w| w == b"\r\n") {
             let size =
                 usize::from_str_radix(String::from_utf8_lossy(&raw[pos..pos + eol]).trim(), 16)
                     .unwrap_or(0);

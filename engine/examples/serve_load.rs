@@ -6,11 +6,13 @@
 //! ```text
 //! cargo run --release -p engine --example serve_load -- [--model DIR] [--profile NAME] [--exact]
 //!     [--clients 64] [--duration-s 60] [--warmup-s 5] [--max-num-seqs 8] [--max-model-len 512]
-//!     [--max-tokens 48] [--prompts 8] [--disconnect-every 5]
+//!     [--max-tokens 48] [--prompts 8] [--disconnect-every 5] [--edgefit target/release/edgefit]
 //! ```
 //!
-//! The server runs in this process on 127.0.0.1 (an ephemeral port) and the clients speak raw HTTP/1.1 to it over
-//! TCP, so the memory figures include the clients' small buffers. Results go in `benchmarks/serve.md`.
+//! With `--edgefit` the server is that binary, started as `edgefit serve` on an ephemeral 127.0.0.1 port and
+//! stopped with SIGTERM at the end (its exit status is reported), and the memory figures are its own; without it the
+//! server runs in this process (and the figures include the clients' records). The clients speak raw HTTP/1.1 over
+//! TCP. Results go in `benchmarks/serve.md`.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -38,6 +40,7 @@ struct Args {
     max_tokens: usize,
     prompts: usize,
     disconnect_every: usize,
+    edgefit: Option<PathBuf>,
 }
 
 fn args() -> Args {
@@ -56,6 +59,7 @@ fn args() -> Args {
         max_tokens: 48,
         prompts: 8,
         disconnect_every: 5,
+        edgefit: None,
     };
     let v: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -78,6 +82,7 @@ fn args() -> Args {
             "--max-tokens" => a.max_tokens = num(val()) as usize,
             "--prompts" => a.prompts = num(val()) as usize,
             "--disconnect-every" => a.disconnect_every = num(val()) as usize,
+            "--edgefit" => a.edgefit = Some(val().into()),
             other => panic!("unknown flag {other}"),
         }
         i += 2;
@@ -85,8 +90,12 @@ fn args() -> Args {
     a
 }
 
-fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+/// Resident memory of `pid` (this process when `None`).
+fn rss_of(pid: Option<u32>) -> u64 {
+    let path = pid.map_or("/proc/self/status".to_string(), |p| {
+        format!("/proc/{p}/status")
+    });
+    std::fs::read_to_string(path)
         .ok()
         .and_then(|s| {
             s.lines()
@@ -262,7 +271,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio");
-    let rss_start = rss_bytes();
+    let rss_start = rss_of(None);
     let ck = Checkpoint::open(&a.model).expect("checkpoint");
     let profile = engine::setup::profile(Some(&a.profile)).expect("profile");
     let workload = Workload {
@@ -272,48 +281,118 @@ fn main() {
         ..Workload::default()
     };
     let plan = engine::setup::plan(&ck, None, &profile, &workload).expect("plan");
-    let mode = if a.exact {
-        WeightMode::Exact
+    // The server: the `edgefit` binary as a child process (its own memory figures), or this process.
+    let mut child = None;
+    let mut inproc = None;
+    let paths;
+    if let Some(bin) = &a.edgefit {
+        let mut cmd = std::process::Command::new(bin);
+        cmd.args(["serve", "--model"]).arg(&a.model).args([
+            "--profile",
+            &a.profile,
+            "--port",
+            "0",
+            "--served-model-name",
+            "load",
+            "--max-num-seqs",
+            &a.max_num_seqs.to_string(),
+            "--max-model-len",
+            &a.max_model_len.to_string(),
+            "--max-queue",
+            &(4 * a.clients).to_string(),
+        ]);
+        if a.exact {
+            cmd.arg("--exact");
+        }
+        let mut c = cmd
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn edgefit serve");
+        let mut err = std::io::BufReader::new(c.stderr.take().expect("stderr"));
+        let mut line = String::new();
+        let port: u16 = loop {
+            line.clear();
+            if std::io::BufRead::read_line(&mut err, &mut line).unwrap_or(0) == 0 {
+                panic!("edgefit serve exited before listening");
+            }
+            if let Some(rest) = line.split("http://127.0.0.1:").nth(1) {
+                break rest
+                    .split(|ch: char| !ch.is_ascii_digit())
+                    .next()
+                    .and_then(|p| p.parse().ok())
+                    .expect("port");
+            }
+        };
+        // Keep draining its stderr so it never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut sink = String::new();
+            while std::io::BufRead::read_line(&mut err, &mut sink).unwrap_or(0) > 0 {
+                sink.clear();
+            }
+        });
+        paths = if a.exact {
+            "checkpoint formats (--exact)".to_string()
+        } else {
+            format!("{:?}", plan.weight_path.format).to_lowercase()
+        };
+        child = Some((c, port));
     } else {
-        WeightMode::from_plan(plan.weight_path.format).expect("weight path")
-    };
-    let model = Model::load(&ck, mode, |_, _| {}).expect("model");
+        let mode = if a.exact {
+            WeightMode::Exact
+        } else {
+            WeightMode::from_plan(plan.weight_path.format).expect("weight path")
+        };
+        let model = Model::load(&ck, mode, |_, _| {}).expect("model");
+        let engine =
+            Engine::new(model, a.max_num_seqs as usize, a.max_model_len as usize).expect("engine");
+        paths = engine.model.paths().join("+");
+        let flags = ServeFlags {
+            host: "127.0.0.1".into(),
+            port: 0,
+            served_model_name: Some("load".into()),
+            api_key: None,
+            max_num_seqs: a.max_num_seqs,
+            max_queue: 4 * a.clients,
+            max_body_bytes: 1 << 20,
+            shutdown_grace_s: 5,
+        };
+        let cfg = ServeConfig::for_checkpoint(&a.model, &engine, &flags).expect("config");
+        inproc = Some(
+            Server::start(
+                engine,
+                Tokenizer::open(&a.model).expect("tokenizer"),
+                ChatTemplate::open(&a.model).expect("template"),
+                cfg,
+            )
+            .expect("server"),
+        );
+    }
     drop(ck);
-    let engine =
-        Engine::new(model, a.max_num_seqs as usize, a.max_model_len as usize).expect("engine");
-    let paths = engine.model.paths().join("+");
-    let flags = ServeFlags {
-        host: "127.0.0.1".into(),
-        port: 0,
-        served_model_name: Some("load".into()),
-        api_key: None,
-        max_num_seqs: a.max_num_seqs,
-        max_queue: 4 * a.clients,
-        max_body_bytes: 1 << 20,
-        shutdown_grace_s: 5,
-    };
-    let cfg = ServeConfig::for_checkpoint(&a.model, &engine, &flags).expect("config");
-    let server = Server::start(
-        engine,
-        Tokenizer::open(&a.model).expect("tokenizer"),
-        ChatTemplate::open(&a.model).expect("template"),
-        cfg,
-    )
-    .expect("server");
-    let rss_loaded = rss_bytes();
+    let pid = child.as_ref().map(|(c, _)| c.id());
+    let rss = move || rss_of(pid);
+    let rss_loaded = rss();
 
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let srv = tokio::spawn(engine::serve::serve_on(
-            server,
-            listener,
-            Duration::from_secs(5),
-            async move {
-                let _ = stop_rx.await;
-            },
-        ));
+        let (addr, stop_tx, srv) = match inproc {
+            Some(server) => {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+                let addr = listener.local_addr().expect("addr");
+                let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+                let srv = tokio::spawn(engine::serve::serve_on(
+                    server,
+                    listener,
+                    Duration::from_secs(5),
+                    async move {
+                        let _ = stop_rx.await;
+                    },
+                ));
+                (addr, Some(stop_tx), Some(srv))
+            }
+            None => {
+                let port = child.as_ref().map(|(_, p)| *p).expect("child");
+                (std::net::SocketAddr::from(([127, 0, 0, 1], port)), None, None)
+            }
+        };
         let prompts: Vec<String> = (0..a.prompts)
             .map(|i| format!("Load test prompt {i}: the edge box {}", "runs ".repeat(i % 4)))
             .collect();
@@ -356,7 +435,7 @@ fn main() {
             }));
         }
         tokio::time::sleep_until(tokio::time::Instant::from_std(deadline_warm)).await;
-        let rss_warm = rss_bytes();
+        let rss_warm = rss();
         let mut all: Vec<Outcome> = Vec::new();
         for t in tasks {
             all.extend(t.await.expect("client"));
@@ -371,9 +450,19 @@ fn main() {
         let m_length = metric(addr, "edgefit_requests_total{outcome=\"length\"}").await;
         let m_running = metric(addr, "edgefit_running_sequences").await;
         let m_queue = metric(addr, "edgefit_queue_depth").await;
-        let rss_end = rss_bytes();
-        let _ = stop_tx.send(());
-        srv.await.expect("server task").expect("server");
+        let rss_end = rss();
+        // Graceful shutdown: SIGTERM to the child (it must exit 0), or the in-process signal.
+        let mut exit = String::from("in process");
+        if let Some((mut c, _)) = child {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            exit = format!("{}", c.wait().expect("wait"));
+        }
+        if let (Some(tx), Some(srv)) = (stop_tx, srv) {
+            let _ = tx.send(());
+            srv.await.expect("server task").expect("server");
+        }
 
         let finished: Vec<&Outcome> = all.iter().filter(|o| o.finished).collect();
         let hung: usize = all.iter().filter(|o| o.hung_up).count();
@@ -431,13 +520,15 @@ fn main() {
             predicted.map_or("n/a".into(), |p| format!("{p:.1} tok/s"))
         );
         println!(
-            "| RSS: start / loaded / after warm-up / end | {:.1} / {:.1} / {:.1} / {:.1} MiB |",
-            mib(rss_start),
+            "| {} RSS: before load / listening / after warm-up / end | {} / {:.1} / {:.1} / {:.1} MiB |",
+            if pid.is_some() { "server process" } else { "this process" },
+            if pid.is_some() { "-".to_string() } else { format!("{:.1}", mib(rss_start)) },
             mib(rss_loaded),
             mib(rss_warm),
             mib(rss_end)
         );
         println!("| after the run: running / queued | {m_running} / {m_queue} |");
+        println!("| server exit after SIGTERM | {exit} |");
         for e in errors.iter().take(5) {
             println!("error: {:?}", e.error);
         }

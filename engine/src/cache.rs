@@ -269,8 +269,6 @@ impl LayerView<'_> {
         }
     }
 
-    /// K, V, the page size and the slot's page table.
-    #[allow(clippy::type_complexity)]
     pub(crate) fn paged(
         &self,
         slot: usize,

@@ -51,7 +51,8 @@ pub struct ServeFlags {
     /// The model name clients send and `/v1/models` lists (default: the checkpoint directory's name).
     #[arg(long)]
     pub served_model_name: Option<String>,
-    /// Require `Authorization: Bearer KEY` on every request.
+    /// Require `Authorization: Bearer KEY` on every request (or set `EDGEFIT_API_KEY`, which keeps the key out of
+    /// the process list).
     #[arg(long)]
     pub api_key: Option<String>,
     /// Sequences in the running batch when the engine makes the plan (a `--plan` carries its own).
@@ -107,7 +108,11 @@ impl ServeConfig {
         });
         Ok(ServeConfig {
             model_name,
-            api_key: flags.api_key.clone(),
+            api_key: flags
+                .api_key
+                .clone()
+                .or_else(|| std::env::var("EDGEFIT_API_KEY").ok())
+                .filter(|k| !k.is_empty()),
             max_queue: flags.max_queue,
             max_body_bytes: flags.max_body_bytes,
             stop_tokens,

@@ -252,6 +252,24 @@ pub fn tokenizer_json() -> Value {
     })
 }
 
+/// A small ChatML template (Qwen's turn markers, without tools or thinking) over the tokenizer's special tokens.
+pub const CHAT_TEMPLATE: &str = "{%- for message in messages %}\
+{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}\
+{%- endfor %}\
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+
+/// `tokenizer_config.json`: the special tokens and the chat template, as transformers writes them.
+pub fn tokenizer_config_json() -> Value {
+    json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": null,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 4096,
+        "chat_template": CHAT_TEMPLATE,
+    })
+}
+
 /// The golden prompt: `PROMPT_LEN` byte tokens from a fixed seed.
 pub fn prompt() -> Vec<u32> {
     let mut r = ChaCha8Rng::seed_from_u64(7);
@@ -643,6 +661,10 @@ pub fn write(fx: &Fixture, dir: &Path) -> Result<(), EngineError> {
         write_file(&out.join("hf_quant_config.json"), &pretty(q))?;
     }
     write_file(&out.join("tokenizer.json"), &pretty(&tokenizer_json()))?;
+    write_file(
+        &out.join("tokenizer_config.json"),
+        &pretty(&tokenizer_config_json()),
+    )?;
     write_file(&out.join("prompt.json"), &pretty(&json!({"ids": prompt()})))?;
     write_file(
         &out.join("generation_config.json"),

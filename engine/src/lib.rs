@@ -5,14 +5,17 @@
 //!
 //! Start at [`Engine`]: sequences join ([`Engine::join`]), advance by prompt or by one token in shared steps
 //! ([`Engine::step`]) and leave ([`Engine::leave`]) between steps — the continuous batching a server needs.
-//! [`generate::generate`] drives one sequence from a prompt to a stop.
+//! [`generate::generate`] drives one sequence from a prompt to a stop; [`serve`] puts the engine behind the
+//! OpenAI HTTP API with continuous batching, and [`chat`] renders the checkpoint's chat template.
 
 pub mod cache;
+pub mod chat;
 pub mod checkpoint;
 pub mod fixtures;
 pub mod generate;
 mod gptq;
 pub mod model;
+pub mod serve;
 pub mod setup;
 pub mod tokenizer;
 

@@ -3,8 +3,10 @@
 //! ```text
 //! edgefit generate --model DIR [--plan PLAN.toml] [--profile NAME|PATH] [--device cpu]
 //!     (--prompt TEXT | --prompt-ids 1,2,3) [--max-new-tokens N] [--temperature T --top-k K --top-p P --seed S]
-//!     [--stop TEXT]... [--exact] [--json] [--dump-logits FILE]
+//!     [--stop TEXT]... [--chat] [--exact] [--json] [--dump-logits FILE]
 //! edgefit bench --model DIR [--batch B] [--prompt-len P] [--gen N]
+//! edgefit serve --model DIR [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] [--api-key KEY]
+//!     [--max-num-seqs N] [--max-model-len N]
 //! ```
 
 use std::io::Write;
@@ -36,6 +38,16 @@ enum Cmd {
     Generate(GenerateArgs),
     /// pp/tg figures the way llama-bench prints them, beside the plan's prediction.
     Bench(BenchArgs),
+    /// Serve the OpenAI API (chat and completions, streamed or whole) with continuous batching.
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    serve: engine::serve::ServeFlags,
 }
 
 #[derive(Args)]
@@ -66,6 +78,9 @@ struct GenerateArgs {
     common: Common,
     #[arg(long, conflicts_with = "prompt_ids")]
     prompt: Option<String>,
+    /// Render --prompt as one user message through the checkpoint's chat template.
+    #[arg(long, requires = "prompt")]
+    chat: bool,
     /// Comma-separated token ids.
     #[arg(long, value_delimiter = ',')]
     prompt_ids: Option<Vec<u32>>,
@@ -209,12 +224,20 @@ fn run_generate(a: GenerateArgs) -> miette::Result<()> {
         None
     };
     let prompt: Vec<u32> = match (&a.prompt, &a.prompt_ids) {
-        (Some(p), _) => tok
-            .as_ref()
-            .ok_or_else(|| {
+        (Some(p), _) => {
+            let t = tok.as_ref().ok_or_else(|| {
                 miette::miette!("--prompt needs {}/tokenizer.json", a.common.model.display())
-            })?
-            .encode(p, true)?,
+            })?;
+            if a.chat {
+                let tmpl = engine::chat::ChatTemplate::open(&a.common.model)?.ok_or_else(|| {
+                    miette::miette!("--chat: {} has no chat template", a.common.model.display())
+                })?;
+                // The template writes the special tokens itself, as apply_chat_template does.
+                t.encode(&tmpl.render_user(p)?, false)?
+            } else {
+                t.encode(p, true)?
+            }
+        }
         (None, Some(ids)) => ids.clone(),
         (None, None) => miette::bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
     };
@@ -433,5 +456,9 @@ fn main() -> miette::Result<()> {
     match Cli::parse().cmd {
         Cmd::Generate(a) => run_generate(a),
         Cmd::Bench(a) => run_bench(a),
+        Cmd::Serve(a) => {
+            let l = load(&a.common, a.serve.max_num_seqs, 512)?;
+            Ok(engine::serve::run(l.engine, &a.common.model, &a.serve)?)
+        }
     }
 }

@@ -33,6 +33,11 @@ impl Tokenizer {
             .map_err(|e| EngineError::Request(format!("detokenizing: {e}")))
     }
 
+    /// One token's text as it reads in a decoded string, special tokens included (for `logprobs`).
+    pub fn token_text(&self, id: u32) -> String {
+        self.inner.decode(&[id], false).unwrap_or_default()
+    }
+
     /// The id of a token string, if the vocabulary has it.
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)

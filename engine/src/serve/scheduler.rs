@@ -1,0 +1,476 @@
+//! The engine's step loop on its own OS thread: continuous batching.
+//!
+//! Requests arrive through a channel ([`Msg::Submit`]) and wait in a queue; between two steps the loop drops the
+//! ones whose client has gone (their event channel is closed), admits waiting ones into free slots while the
+//! worst-case page budget of everything running still fits the cache (a request waits rather than evicting a
+//! running one), and runs one [`Engine::step`]: fresh sequences prefill their prompt, running ones decode one
+//! token each in one shared pass over the weights. Each sequence samples with its own seeded generator, so its
+//! tokens do not depend on what else runs beside it. Text goes back as deltas, with stop strings cut and a
+//! partial stop string or an incomplete UTF-8 character held back until it resolves.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+use std::time::Instant;
+
+use kernels::sampling::{Pcg32, SamplingParams};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::metrics::Shared;
+use crate::cache::PAGE_SIZE;
+use crate::generate::{penalize, pick, FinishReason, GenerateOptions};
+use crate::tokenizer::Tokenizer;
+use crate::Engine;
+
+/// What the HTTP side sends to the loop.
+pub(crate) enum Msg {
+    Submit(Box<Job>),
+    /// Refuse new requests (503); the accepted ones, running or queued, still finish.
+    Drain,
+    /// Cancel everything and end the thread.
+    Stop,
+}
+
+/// One request, tokenized and validated.
+pub(crate) struct Job {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub seed: u64,
+    pub repetition_penalty: f32,
+    pub stop_tokens: Vec<u32>,
+    pub stop_strings: Vec<String>,
+    /// `Some(n)`: report each token's logprob and the `n` most likely alternatives.
+    pub logprobs: Option<usize>,
+    pub events: UnboundedSender<Event>,
+    pub submitted: Instant,
+}
+
+/// One generated token with its log-probability, for `logprobs`.
+#[derive(Debug, Clone)]
+pub(crate) struct TokenLogprob {
+    pub text: String,
+    pub logprob: f32,
+    pub top: Vec<(String, f32)>,
+}
+
+/// What the loop sends back for one request.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// New text (possibly empty when only held-back tokens arrived) and, with `logprobs`, the tokens since the
+    /// last delta.
+    Delta {
+        text: String,
+        tokens: Vec<TokenLogprob>,
+    },
+    Done {
+        finish: FinishReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+    Error {
+        status: u16,
+        message: String,
+    },
+}
+
+/// Incremental detokenization: text is released only once it no longer ends in an incomplete character, decoding
+/// a short window of earlier tokens for context (as TGI and vLLM do) instead of the whole sequence each step.
+struct Detok {
+    ids: Vec<u32>,
+    prefix: usize,
+    read: usize,
+    text: String,
+    sent: usize,
+}
+
+impl Detok {
+    fn new() -> Detok {
+        Detok {
+            ids: Vec::new(),
+            prefix: 0,
+            read: 0,
+            text: String::new(),
+            sent: 0,
+        }
+    }
+
+    fn push(&mut self, tok: &Tokenizer, id: u32, last: bool) {
+        self.ids.push(id);
+        let before = tok
+            .decode(&self.ids[self.prefix..self.read])
+            .unwrap_or_default();
+        let now = tok.decode(&self.ids[self.prefix..]).unwrap_or_default();
+        if now.len() > before.len() && (last || !now.ends_with('\u{FFFD}')) {
+            if let Some(d) = now.get(before.len()..) {
+                self.text.push_str(d);
+                self.prefix = self.read;
+                self.read = self.ids.len();
+            }
+        }
+    }
+
+    /// Text not yet sent that can be sent: up to the first stop string (then `true`), else all but a suffix that
+    /// could still become a stop string.
+    fn release(&mut self, stops: &[String], last: bool) -> (String, bool) {
+        let longest = stops.iter().map(|s| s.len()).max().unwrap_or(0);
+        let mut from = self.sent.saturating_sub(longest);
+        while !self.text.is_char_boundary(from) {
+            from -= 1;
+        }
+        let hit = stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.text[from..].find(s.as_str()).map(|p| from + p))
+            .min();
+        if let Some(pos) = hit {
+            let out = self.text.get(self.sent..pos).unwrap_or("").to_string();
+            self.text.truncate(pos.max(self.sent));
+            self.sent = self.text.len();
+            return (out, true);
+        }
+        let mut end = self.text.len();
+        if !last {
+            let hold = stops
+                .iter()
+                .flat_map(|s| {
+                    (1..s.len())
+                        .filter(|&k| s.is_char_boundary(k) && self.text.ends_with(&s[..k]))
+                        .max()
+                })
+                .max()
+                .unwrap_or(0);
+            end -= hold;
+        }
+        let end = end.max(self.sent);
+        let out = self.text[self.sent..end].to_string();
+        self.sent = end;
+        (out, false)
+    }
+}
+
+struct Seq {
+    job: Box<Job>,
+    slot: usize,
+    opts: GenerateOptions,
+    rng: Pcg32,
+    seen: Vec<u32>,
+    generated: usize,
+    next: u32,
+    prefilled: bool,
+    detok: Detok,
+    logprobs: Vec<TokenLogprob>,
+    last_token: Option<Instant>,
+}
+
+/// The worst-case cache pages a request can take.
+fn pages_for(job: &Job) -> usize {
+    (job.prompt.len() + job.max_tokens).div_ceil(PAGE_SIZE)
+}
+
+fn log_softmax_top(
+    logits: &[f32],
+    id: u32,
+    top: usize,
+    tok: &Tokenizer,
+) -> (f32, Vec<(String, f32)>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max
+        + logits
+            .iter()
+            .map(|&l| ((l - max) as f64).exp())
+            .sum::<f64>()
+            .ln() as f32;
+    let lp = logits
+        .get(id as usize)
+        .copied()
+        .unwrap_or(f32::NEG_INFINITY)
+        - lse;
+    let mut best: Vec<(usize, f32)> = Vec::new();
+    if top > 0 {
+        let mut idx: Vec<usize> = (0..logits.len()).collect();
+        let k = top.min(idx.len());
+        idx.select_nth_unstable_by(k.saturating_sub(1), |&a, &b| {
+            logits[b].total_cmp(&logits[a]).then(a.cmp(&b))
+        });
+        idx.truncate(k);
+        idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        best = idx.into_iter().map(|i| (i, logits[i] - lse)).collect();
+    }
+    (
+        lp,
+        best.into_iter()
+            .map(|(i, l)| (tok.token_text(i as u32), l))
+            .collect(),
+    )
+}
+
+/// The loop: runs until [`Msg::Stop`] or until every sender is gone and nothing runs.
+pub(crate) fn run(mut engine: Engine, tok: Arc<Tokenizer>, rx: Receiver<Msg>, shared: Arc<Shared>) {
+    let mut pending: VecDeque<Box<Job>> = VecDeque::new();
+    let mut active: Vec<Seq> = Vec::new();
+    let mut draining = false;
+    let mut open = true;
+    let reject = |job: Box<Job>, shared: &Shared, msg: &str| {
+        shared.queued.fetch_sub(1, Ordering::SeqCst);
+        let _ = job.events.send(Event::Error {
+            status: 503,
+            message: msg.into(),
+        });
+    };
+    loop {
+        // Intake: block only when there is nothing to run.
+        let mut msgs = Vec::new();
+        if active.is_empty() && pending.is_empty() {
+            if !open {
+                break;
+            }
+            match rx.recv() {
+                Ok(m) => msgs.push(m),
+                Err(_) => break,
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(m) => msgs.push(m),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+            }
+        }
+        for m in msgs {
+            match m {
+                Msg::Submit(job) if draining => reject(job, &shared, "the server is shutting down"),
+                Msg::Submit(job) => pending.push_back(job),
+                // Requests already accepted (running or queued) still finish; new ones are refused.
+                Msg::Drain => draining = true,
+                Msg::Stop => {
+                    for job in pending.drain(..) {
+                        reject(job, &shared, "the server is shutting down");
+                    }
+                    for s in active.drain(..) {
+                        engine.leave(s.slot);
+                        shared.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                        let _ = s.job.events.send(Event::Error {
+                            status: 503,
+                            message: "cancelled: the server is shutting down".into(),
+                        });
+                    }
+                    shared.running.store(0, Ordering::SeqCst);
+                    return;
+                }
+            }
+        }
+
+        // Clients that went away free their place before the step.
+        pending.retain(|j| {
+            let gone = j.events.is_closed();
+            if gone {
+                shared.queued.fetch_sub(1, Ordering::SeqCst);
+                shared.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+            !gone
+        });
+        active.retain(|s| {
+            let gone = s.job.events.is_closed();
+            if gone {
+                engine.leave(s.slot);
+                shared.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+            !gone
+        });
+
+        // Admission: a free slot and room in the cache for the whole request, oldest first.
+        let mut committed: usize = active.iter().map(|s| pages_for(&s.job)).sum();
+        while let Some(job) = pending.front() {
+            let need = pages_for(job);
+            if committed + need > engine.caches.pages {
+                break;
+            }
+            let Some(slot) = engine.join() else { break };
+            let Some(job) = pending.pop_front() else {
+                engine.leave(slot);
+                break;
+            };
+            shared.queued.fetch_sub(1, Ordering::SeqCst);
+            committed += need;
+            let opts = GenerateOptions {
+                max_new_tokens: job.max_tokens,
+                sampling: job.sampling,
+                seed: job.seed,
+                repetition_penalty: job.repetition_penalty,
+                stop_tokens: job.stop_tokens.clone(),
+                keep_logits: false,
+            };
+            active.push(Seq {
+                rng: Pcg32::new(job.seed, 0),
+                seen: job.prompt.clone(),
+                slot,
+                opts,
+                generated: 0,
+                next: 0,
+                prefilled: false,
+                detok: Detok::new(),
+                logprobs: Vec::new(),
+                last_token: None,
+                job,
+            });
+        }
+        shared.running.store(active.len(), Ordering::SeqCst);
+        shared.cache_pages_used.store(
+            engine.caches.pages - engine.caches.free_pages(),
+            Ordering::Relaxed,
+        );
+        if active.is_empty() {
+            continue;
+        }
+
+        let work: Vec<(usize, &[u32])> = active
+            .iter()
+            .map(|s| {
+                if s.prefilled {
+                    (s.slot, std::slice::from_ref(&s.next))
+                } else {
+                    (s.slot, s.job.prompt.as_slice())
+                }
+            })
+            .collect();
+        let prompt_tokens: usize = active
+            .iter()
+            .filter(|s| !s.prefilled)
+            .map(|s| s.job.prompt.len())
+            .sum();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.step(&work)));
+        let logits = match result {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => {
+                fail_all(&mut engine, &mut active, &shared, &e.to_string());
+                continue;
+            }
+            Err(_) => {
+                fail_all(&mut engine, &mut active, &shared, "the engine panicked");
+                continue;
+            }
+        };
+        shared
+            .metrics
+            .prompt_tokens
+            .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+
+        let now = Instant::now();
+        let mut finished = Vec::new();
+        // The last events go out once the counters and gauges say the request is over, so a client that reads
+        // /metrics after its response sees it counted.
+        let mut done = Vec::new();
+        for (i, (s, mut row)) in active.iter_mut().zip(logits).enumerate() {
+            s.prefilled = true;
+            penalize(&mut row, &s.seen, s.opts.repetition_penalty);
+            let id = match pick(&row, &s.opts, &mut s.rng) {
+                Ok(id) => id,
+                Err(e) => {
+                    shared.metrics.errors.fetch_add(1, Ordering::Relaxed);
+                    done.push((
+                        s.job.events.clone(),
+                        Event::Error {
+                            status: 500,
+                            message: e.to_string(),
+                        },
+                    ));
+                    finished.push(i);
+                    continue;
+                }
+            };
+            if let Some(top) = s.job.logprobs {
+                let (lp, alts) = log_softmax_top(&row, id, top, &tok);
+                s.logprobs.push(TokenLogprob {
+                    text: tok.token_text(id),
+                    logprob: lp,
+                    top: alts,
+                });
+            }
+            s.generated += 1;
+            s.seen.push(id);
+            s.next = id;
+            shared
+                .metrics
+                .generation_tokens
+                .fetch_add(1, Ordering::Relaxed);
+            match s.last_token {
+                None => shared
+                    .metrics
+                    .ttft
+                    .observe(now.duration_since(s.job.submitted).as_secs_f64()),
+                Some(t) => shared
+                    .metrics
+                    .itl
+                    .observe(now.duration_since(t).as_secs_f64()),
+            }
+            s.last_token = Some(now);
+            let eos = s.opts.stop_tokens.contains(&id);
+            let full = s.generated >= s.job.max_tokens || engine.len(s.slot) + 1 > engine.max_len;
+            let last = eos || full;
+            if !eos {
+                s.detok.push(&tok, id, last);
+            }
+            let (text, hit_stop) = s.detok.release(&s.job.stop_strings, last);
+            let finish = if eos || hit_stop {
+                Some(FinishReason::Stop)
+            } else if full {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            if !text.is_empty() || !s.logprobs.is_empty() || finish.is_some() {
+                let _ = s.job.events.send(Event::Delta {
+                    text,
+                    tokens: std::mem::take(&mut s.logprobs),
+                });
+            }
+            if let Some(finish) = finish {
+                match finish {
+                    FinishReason::Stop => &shared.metrics.finished_stop,
+                    FinishReason::Length => &shared.metrics.finished_length,
+                }
+                .fetch_add(1, Ordering::Relaxed);
+                done.push((
+                    s.job.events.clone(),
+                    Event::Done {
+                        finish,
+                        prompt_tokens: s.job.prompt.len(),
+                        completion_tokens: s.generated,
+                    },
+                ));
+                finished.push(i);
+            }
+        }
+        for &i in finished.iter().rev() {
+            let s = active.swap_remove(i);
+            engine.leave(s.slot);
+        }
+        // Keep arrival order among the running (swap_remove moved the last one).
+        active.sort_by_key(|s| s.job.submitted);
+        shared.running.store(active.len(), Ordering::SeqCst);
+        shared.cache_pages_used.store(
+            engine.caches.pages - engine.caches.free_pages(),
+            Ordering::Relaxed,
+        );
+        for (tx, ev) in done {
+            let _ = tx.send(ev);
+        }
+    }
+    shared.running.store(0, Ordering::SeqCst);
+}
+
+fn fail_all(engine: &mut Engine, active: &mut Vec<Seq>, shared: &Shared, msg: &str) {
+    for s in active.drain(..) {
+        engine.leave(s.slot);
+        shared.metrics.errors.fetch_add(1, Ordering::Relaxed);
+        let _ = s.job.events.send(Event::Error {
+            status: 500,
+            message: format!("engine: {msg}"),
+        });
+    }
+}

@@ -15,6 +15,7 @@ pub mod fixtures;
 pub mod generate;
 mod gptq;
 pub mod model;
+pub mod profile;
 pub mod serve;
 pub mod setup;
 pub mod tokenizer;

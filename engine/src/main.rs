@@ -411,6 +411,7 @@ fn run_bench(a: BenchArgs) -> miette::Result<()> {
     }
     let pp_s = t0.elapsed().as_secs_f64();
     let toks: Vec<u32> = vec![1; b];
+    engine::profile::enable();
     let t1 = Instant::now();
     for _ in 0..a.gen {
         let work: Vec<(usize, &[u32])> = slots
@@ -440,6 +441,7 @@ fn run_bench(a: BenchArgs) -> miette::Result<()> {
         p.decode_tok_s,
         ratio(tg / b as f64, p.decode_tok_s)
     );
+    let prof = engine::profile::totals();
     let bw = read_bandwidth();
     let roof = bw / l.engine.model.decode_read_bytes as f64;
     println!(
@@ -449,6 +451,13 @@ fn run_bench(a: BenchArgs) -> miette::Result<()> {
         roof,
         (tg / b as f64) / roof
     );
+    let per_step = |s: f64| s * 1e3 / a.gen as f64;
+    let timed: f64 = prof.iter().map(|(_, s)| s).sum();
+    println!("decode step profile (ms per step, share of the step):");
+    for (name, s) in &prof {
+        println!("  {name:<24} {:>8.3} ms  {:>5.1}%", per_step(*s), 100.0 * s / tg_s);
+    }
+    println!("  {:<24} {:>8.3} ms  {:>5.1}%", "untimed (engine glue)", per_step(tg_s - timed), 100.0 * (tg_s - timed) / tg_s);
     Ok(())
 }
 

@@ -14,6 +14,7 @@ use planner::model::{Activation, LayerKind, ModelSpec, NormForm, OutputGate, Sto
 use planner::profile::WeightFormat;
 
 use crate::cache::Caches;
+use crate::profile::{self, Op};
 use crate::checkpoint::Checkpoint;
 use crate::EngineError;
 
@@ -84,8 +85,9 @@ enum Qkv {
         k: Weight,
         v: Weight,
     },
-    /// Spark's `q_k_v_proj`: rows q, then k, then v.
-    Fused(Weight),
+    /// One weight whose rows are q (`q_rows`, twice as wide with a per-head gate), then k, then v: Spark's stored
+    /// `q_k_v_proj`, or the three projections fused at load so a decode step makes one call instead of three.
+    Fused { w: Weight, q_rows: usize },
 }
 
 struct AttnLayer {
@@ -112,6 +114,11 @@ struct GdnLayer {
     norm: Vec<f32>,
 }
 
+enum GateUp {
+    Fused(Weight),
+    Split { gate: Weight, up: Weight },
+}
+
 enum Mixer {
     Attn(Box<AttnLayer>),
     Gdn(Box<GdnLayer>),
@@ -125,8 +132,9 @@ struct Layer {
     pre_ff_norm: Option<Vec<f32>>,
     post_ff_norm: Option<Vec<f32>>,
     mixer: Mixer,
-    gate: Weight,
-    up: Weight,
+    /// Gate and up projections, fused at load into one weight (gate rows first: the `[rows, 2*inter]` layout the
+    /// activation kernels read) where their formats allow, else apart.
+    gate_up: GateUp,
     down: Weight,
 }
 
@@ -169,6 +177,89 @@ fn load_linear(ck: &Checkpoint, module: &str, mode: WeightMode) -> Result<Weight
         ck.release(&format!("{module}.{t}"));
     }
     Ok(w)
+}
+
+/// Several dense linear modules with the same input, fused at load into one weight (rows of each in order), with
+/// each part's row count; `None` when they cannot be (a quantized or mixed-dtype part, or int4 groups that do not
+/// divide the input). One call reads every part's weights in one pass: a decode step makes 4 calls per attention
+/// layer instead of 7, each over a larger matrix.
+fn load_fused(
+    ck: &Checkpoint,
+    modules: &[String],
+    mode: WeightMode,
+) -> Result<Option<(Weight, Vec<usize>)>, EngineError> {
+    let mut parts = Vec::new();
+    for m in modules {
+        let Some(l) = ck.spec.runtime.linears.iter().find(|l| &l.module == m) else {
+            return Ok(None);
+        };
+        let StoredFormat::Dense { .. } = l.format else {
+            return Ok(None);
+        };
+        if l.bias || ck.has(&format!("{m}.bias")) {
+            return Ok(None);
+        }
+        parts.push((format!("{m}.weight"), usize_of(l.out_features, "out_features")?, usize_of(l.in_features, "in_features")?));
+    }
+    let k = parts[0].2;
+    let dtype = ck.info(&parts[0].0)?.dtype;
+    for (name, _, pk) in &parts {
+        if *pk != k || ck.info(name)?.dtype != dtype {
+            return Ok(None);
+        }
+    }
+    let rows: Vec<usize> = parts.iter().map(|p| p.1).collect();
+    let n: usize = rows.iter().sum();
+    let err = |e: kernels::KernelError| EngineError::Kernel(format!("{}: {e}", modules.join("+")));
+    let w = match mode {
+        WeightMode::Exact if dtype == safetensors::Dtype::BF16 => {
+            let mut all = Vec::with_capacity(n * k);
+            for (name, _, _) in &parts {
+                all.extend(ck.bf16_bits(name)?);
+            }
+            Weight::bf16(all, n, k).map_err(err)?
+        }
+        WeightMode::Exact => {
+            let mut all = Vec::with_capacity(n * k);
+            for (name, _, _) in &parts {
+                all.extend(ck.f32(name)?);
+            }
+            Weight::f32(all, n, k).map_err(err)?
+        }
+        WeightMode::W4a16 | WeightMode::W4a8 => {
+            let a8 = mode == WeightMode::W4a8;
+            let group = if a8 { planner::weight_path::W4A8_GROUP } else { planner::weight_path::W4A16_GROUP } as usize;
+            if k % group != 0 {
+                return Ok(None);
+            }
+            let width = if dtype == safetensors::Dtype::F32 { 4 } else { 2 };
+            let sources: Vec<&[u8]> = parts.iter().map(|(name, _, _)| ck.bytes(name)).collect::<Result<_, _>>()?;
+            Weight::int4_from_rows(n, k, group, a8, |row0, buf| {
+                for (r, out) in buf.chunks_exact_mut(k).enumerate() {
+                    // Global row -> (part, row in part).
+                    let (mut p, mut row) = (0, row0 + r);
+                    while row >= rows[p] {
+                        row -= rows[p];
+                        p += 1;
+                    }
+                    let src = &sources[p][row * k * width..(row + 1) * k * width];
+                    for (d, c) in out.iter_mut().zip(src.chunks_exact(width)) {
+                        *d = match dtype {
+                            safetensors::Dtype::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+                            safetensors::Dtype::F16 => half::f16::from_le_bytes([c[0], c[1]]).to_f32(),
+                            _ => half::bf16::from_le_bytes([c[0], c[1]]).to_f32(),
+                        };
+                    }
+                }
+                Ok(())
+            })
+            .map_err(err)?
+        }
+    };
+    for (name, _, _) in &parts {
+        ck.release(name);
+    }
+    Ok(Some((w, rows)))
 }
 
 fn convert_linear(ck: &Checkpoint, module: &str, mode: WeightMode) -> Result<Weight, EngineError> {
@@ -364,15 +455,24 @@ impl Model {
                     };
                     let (qkv, o) = if rt.output_gate == OutputGate::SigmoidPerHead {
                         (
-                            Qkv::Fused(load_linear(ck, &format!("{sa}.q_k_v_proj"), mode)?),
+                            Qkv::Fused {
+                                w: load_linear(ck, &format!("{sa}.q_k_v_proj"), mode)?,
+                                q_rows: attn_dims.q_heads * attn_dims.head_dim,
+                            },
                             load_linear(ck, &format!("{sa}.out_proj"), mode)?,
                         )
                     } else {
                         (
-                            Qkv::Split {
-                                q: load_linear(ck, &format!("{sa}.q_proj"), mode)?,
-                                k: load_linear(ck, &format!("{sa}.k_proj"), mode)?,
-                                v: load_linear(ck, &format!("{sa}.v_proj"), mode)?,
+                            {
+                                let names = ["q_proj", "k_proj", "v_proj"].map(|m| format!("{sa}.{m}"));
+                                match load_fused(ck, &names, mode)? {
+                                    Some((w, rows)) => Qkv::Fused { w, q_rows: rows[0] },
+                                    None => Qkv::Split {
+                                        q: load_linear(ck, &names[0], mode)?,
+                                        k: load_linear(ck, &names[1], mode)?,
+                                        v: load_linear(ck, &names[2], mode)?,
+                                    },
+                                }
                             },
                             load_linear(ck, &format!("{sa}.o_proj"), mode)?,
                         )
@@ -414,8 +514,21 @@ impl Model {
                     }))
                 }
             };
-            let gate = load_linear(ck, &format!("{lp}.mlp.gate_proj"), mode)?;
-            inter = gate.n();
+            let names = ["gate_proj", "up_proj"].map(|m| format!("{lp}.mlp.{m}"));
+            let gate_up = match load_fused(ck, &names, mode)? {
+                Some((w, rows)) => {
+                    inter = rows[0];
+                    GateUp::Fused(w)
+                }
+                None => {
+                    let gate = load_linear(ck, &names[0], mode)?;
+                    inter = gate.n();
+                    GateUp::Split {
+                        gate,
+                        up: load_linear(ck, &names[1], mode)?,
+                    }
+                }
+            };
             layers.push(Layer {
                 kind,
                 input_norm: norm_vec(ck, &format!("{lp}.input_layernorm.weight"))?,
@@ -437,8 +550,7 @@ impl Model {
                     None
                 },
                 mixer,
-                gate,
-                up: load_linear(ck, &format!("{lp}.mlp.up_proj"), mode)?,
+                gate_up,
                 down: load_linear(ck, &format!("{lp}.mlp.down_proj"), mode)?,
             });
             progress(i + 1, spec.layers.len());
@@ -511,12 +623,16 @@ impl Model {
     fn linears(&self) -> Vec<&Weight> {
         let mut v = vec![&self.lm_head];
         for l in &self.layers {
-            v.extend([&l.gate, &l.up, &l.down]);
+            match &l.gate_up {
+                GateUp::Fused(w) => v.push(w),
+                GateUp::Split { gate, up } => v.extend([gate, up]),
+            }
+            v.push(&l.down);
             match &l.mixer {
                 Mixer::Attn(a) => {
                     match &a.qkv {
                         Qkv::Split { q, k, v: vv } => v.extend([q, k, vv]),
-                        Qkv::Fused(w) => v.push(w),
+                        Qkv::Fused { w, .. } => v.push(w),
                     }
                     v.push(&a.o);
                     if let Some(g) = &a.g_proj {
@@ -557,6 +673,7 @@ impl Model {
     }
 
     fn norm(&self, x: &[f32], w: &[f32], out: &mut [f32]) -> Result<(), EngineError> {
+        let _t = profile::span(Op::Small);
         ops::rmsnorm(x, w, self.norm_form, self.eps, out).map_err(kerr)
     }
 
@@ -581,6 +698,7 @@ impl Model {
         let t = ids.len();
         let h = self.hidden();
         let mut x = vec![0.0f32; t * h];
+        let t_embed = profile::span(Op::Embed);
         match &self.embed {
             Embedding::F32(w) => ops::embedding_gather(EmbeddingTable::F32(w), h, &ids, &mut x),
             Embedding::Bf16(w) => ops::embedding_gather(EmbeddingTable::Bf16(w), h, &ids, &mut x),
@@ -593,6 +711,7 @@ impl Model {
         if let Some(s) = self.embed_scale {
             x.iter_mut().for_each(|v| *v *= s);
         }
+        drop(t_embed);
         let positions: Vec<u32> = if prefill {
             (0..t as u32).collect()
         } else {
@@ -612,7 +731,9 @@ impl Model {
                 self.norm(&o, &layer.post_attn_norm, &mut n)?;
                 o = n;
             }
+            let t_add = profile::span(Op::Small);
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            drop(t_add);
             let ff_norm = layer.pre_ff_norm.as_ref().unwrap_or(&layer.post_attn_norm);
             self.norm(&x, ff_norm, &mut hbuf)?;
             let mut m = self.mlp(layer, &hbuf, t)?;
@@ -621,6 +742,7 @@ impl Model {
                 self.norm(&m, w, &mut n)?;
                 m = n;
             }
+            let _t = profile::span(Op::Small);
             x.iter_mut().zip(&m).for_each(|(a, b)| *a += b);
             let _ = layer.kind;
         }
@@ -637,9 +759,7 @@ impl Model {
         let mut normed = vec![0.0; last.len()];
         self.norm(&last, &self.final_norm, &mut normed)?;
         let mut logits = vec![0.0f32; rows.len() * self.vocab()];
-        self.lm_head
-            .linear(&normed, rows.len(), &mut logits)
-            .map_err(kerr)?;
+        lin(&self.lm_head, &normed, rows.len(), &mut logits)?;
         if let Some(cap) = self.spec.runtime.final_logit_softcap {
             backend::softcap(&mut logits, cap as f32);
         }
@@ -648,24 +768,36 @@ impl Model {
 
     fn mlp(&self, layer: &Layer, x: &[f32], t: usize) -> Result<Vec<f32>, EngineError> {
         let inter = self.inter;
-        let mut g = vec![0.0; t * inter];
-        let mut u = vec![0.0; t * inter];
-        layer.gate.linear(x, t, &mut g).map_err(kerr)?;
-        layer.up.linear(x, t, &mut u).map_err(kerr)?;
-        let mut gu = Vec::with_capacity(2 * t * inter);
-        for r in 0..t {
-            gu.extend_from_slice(&g[r * inter..(r + 1) * inter]);
-            gu.extend_from_slice(&u[r * inter..(r + 1) * inter]);
-        }
+        let gu = match &layer.gate_up {
+            GateUp::Fused(w) => {
+                let mut gu = vec![0.0; t * 2 * inter];
+                lin(w, x, t, &mut gu)?;
+                gu
+            }
+            GateUp::Split { gate, up } => {
+                let mut g = vec![0.0; t * inter];
+                let mut u = vec![0.0; t * inter];
+                lin(gate, x, t, &mut g)?;
+                lin(up, x, t, &mut u)?;
+                let mut gu = Vec::with_capacity(2 * t * inter);
+                for r in 0..t {
+                    gu.extend_from_slice(&g[r * inter..(r + 1) * inter]);
+                    gu.extend_from_slice(&u[r * inter..(r + 1) * inter]);
+                }
+                gu
+            }
+        };
         let mut act = vec![0.0; t * inter];
+        let t_act = profile::span(Op::Small);
         match self.spec.runtime.activation {
             Activation::Silu => ops::silu_and_mul(&gu, inter, &mut act),
             Activation::GeluErf => ops::gelu_and_mul(&gu, inter, &mut act),
             Activation::GeluTanh => backend::gelu_tanh_and_mul(&gu, inter, &mut act),
         }
         .map_err(kerr)?;
+        drop(t_act);
         let mut out = vec![0.0; t * self.hidden()];
-        layer.down.linear(&act, t, &mut out).map_err(kerr)?;
+        lin(&layer.down, &act, t, &mut out)?;
         Ok(out)
     }
 
@@ -691,11 +823,11 @@ impl Model {
                 v: wv,
             } => {
                 let mut qg = vec![0.0; t * wq.n()];
-                wq.linear(x, t, &mut qg).map_err(kerr)?;
+                lin(wq, x, t, &mut qg)?;
                 let mut k = vec![0.0; t * kvw];
                 let mut v = vec![0.0; t * kvw];
-                wk.linear(x, t, &mut k).map_err(kerr)?;
-                wv.linear(x, t, &mut v).map_err(kerr)?;
+                lin(wk, x, t, &mut k)?;
+                lin(wv, x, t, &mut v)?;
                 if gated {
                     // Per head: head_dim query values, then head_dim gate values.
                     let mut q = Vec::with_capacity(t * qw);
@@ -709,21 +841,30 @@ impl Model {
                     (qg, k, v, None)
                 }
             }
-            Qkv::Fused(w) => {
+            Qkv::Fused { w, q_rows } => {
                 let n = w.n();
                 let mut all = vec![0.0; t * n];
-                w.linear(x, t, &mut all).map_err(kerr)?;
+                lin(w, x, t, &mut all)?;
                 let (mut q, mut k, mut v) = (
                     Vec::with_capacity(t * qw),
                     Vec::with_capacity(t * kvw),
                     Vec::with_capacity(t * kvw),
                 );
+                let mut g = Vec::new();
                 for row in all.chunks_exact(n) {
-                    q.extend_from_slice(&row[..qw]);
-                    k.extend_from_slice(&row[qw..qw + kvw]);
-                    v.extend_from_slice(&row[qw + kvw..]);
+                    let (qpart, kv) = row.split_at(*q_rows);
+                    if gated {
+                        for head in qpart.chunks_exact(2 * d.head_dim) {
+                            q.extend_from_slice(&head[..d.head_dim]);
+                            g.extend_from_slice(&head[d.head_dim..]);
+                        }
+                    } else {
+                        q.extend_from_slice(qpart);
+                    }
+                    k.extend_from_slice(&kv[..kvw]);
+                    v.extend_from_slice(&kv[kvw..]);
                 }
-                (q, k, v, None)
+                (q, k, v, gated.then_some(g))
             }
         };
         for (buf, bias) in [
@@ -745,8 +886,11 @@ impl Model {
             self.norm(&k, kn, &mut tmp)?;
             k = tmp;
         }
+        let t_rope = profile::span(Op::Small);
         attention::rope_neox(&a.rope, d.q_heads, positions, &mut q).map_err(kerr)?;
         attention::rope_neox(&a.rope, d.kv_heads, positions, &mut k).map_err(kerr)?;
+        drop(t_rope);
+        let t_attn = profile::span(Op::Attention);
         let scale = self.spec.runtime.attn_scale as f32;
         let mut out = vec![0.0f32; t * qw];
         let mut c = caches.layer_mut(li)?;
@@ -811,16 +955,18 @@ impl Model {
                 }
             }
         }
+        drop(t_attn);
         if let Some(g) = gate {
+            let _t = profile::span(Op::Small);
             backend::sigmoid_gate(&mut out, &g).map_err(kerr)?;
         }
         if let Some(gp) = &a.g_proj {
             let mut g = vec![0.0; t * d.q_heads];
-            gp.linear(x, t, &mut g).map_err(kerr)?;
+            lin(gp, x, t, &mut g)?;
             backend::sigmoid_head_gate(&mut out, d.q_heads, &g).map_err(kerr)?;
         }
         let mut o = vec![0.0; t * self.hidden()];
-        a.o.linear(&out, t, &mut o).map_err(kerr)?;
+        lin(&a.o, &out, t, &mut o)?;
         if let Some(b) = &a.biases[3] {
             for row in o.chunks_exact_mut(b.len()) {
                 row.iter_mut().zip(b).for_each(|(x, y)| *x += y);
@@ -847,10 +993,10 @@ impl Model {
         let mut z = vec![0.0; t * vw];
         let mut b = vec![0.0; t * hv];
         let mut a = vec![0.0; t * hv];
-        g.in_qkv.linear(x, t, &mut qkv).map_err(kerr)?;
-        g.in_z.linear(x, t, &mut z).map_err(kerr)?;
-        g.in_b.linear(x, t, &mut b).map_err(kerr)?;
-        g.in_a.linear(x, t, &mut a).map_err(kerr)?;
+        lin(&g.in_qkv, x, t, &mut qkv)?;
+        lin(&g.in_z, x, t, &mut z)?;
+        lin(&g.in_b, x, t, &mut b)?;
+        lin(&g.in_a, x, t, &mut a)?;
         let w = GdnWeights {
             conv_weight: &g.conv,
             a_log: &g.a_log,
@@ -859,6 +1005,7 @@ impl Model {
             norm_eps: self.eps,
         };
         let mut out = vec![0.0; t * vw];
+        let t_gdn = profile::span(Op::Gdn);
         let mut c = caches.layer_mut(li)?;
         if prefill {
             let (conv, state) = c.gdn(batch[0].slot)?;
@@ -890,8 +1037,9 @@ impl Model {
                 .map_err(kerr)?;
             }
         }
+        drop(t_gdn);
         let mut o = vec![0.0; t * self.hidden()];
-        g.out.linear(&out, t, &mut o).map_err(kerr)?;
+        lin(&g.out, &out, t, &mut o)?;
         Ok(o)
     }
 }
@@ -912,6 +1060,12 @@ pub struct Step<'a> {
     /// Position of `tokens[0]` (tokens already in the cache).
     pub pos: usize,
     pub tokens: &'a [u32],
+}
+
+/// A linear call, timed as [`Op::Linear`] when profiling.
+fn lin(w: &Weight, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), EngineError> {
+    let _t = profile::span(Op::Linear);
+    w.linear(x, m, y).map(drop).map_err(kerr)
 }
 
 pub(crate) fn kerr(e: kernels::KernelError) -> EngineError {

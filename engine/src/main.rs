@@ -395,6 +395,18 @@ fn read_bandwidth() -> f64 {
     best
 }
 
+/// The engine's own profile of `total_s` spent in `calls` steps, per op family.
+fn print_profile(what: &str, prof: &[(&str, f64)], total_s: f64, calls: usize) {
+    let per = |s: f64| s * 1e3 / calls.max(1) as f64;
+    let timed: f64 = prof.iter().map(|(_, s)| s).sum();
+    println!("{what} profile (ms per call, share of the time):");
+    for (name, s) in prof {
+        println!("  {name:<24} {:>9.3} ms  {:>5.1}%", per(*s), 100.0 * s / total_s);
+    }
+    let rest = total_s - timed;
+    println!("  {:<24} {:>9.3} ms  {:>5.1}%", "untimed (engine glue)", per(rest), 100.0 * rest / total_s);
+}
+
 fn run_bench(a: BenchArgs) -> miette::Result<()> {
     let b = a.batch.max(1);
     let mut l = load(&a.common, b as u64, a.prompt_len as u64)?;
@@ -405,11 +417,13 @@ fn run_bench(a: BenchArgs) -> miette::Result<()> {
     let slots: Vec<usize> = (0..b)
         .map(|_| l.engine.join().expect("slots sized from --batch"))
         .collect();
+    engine::profile::enable();
     let t0 = Instant::now();
     for &s in &slots {
         l.engine.step(&[(s, &prompt)])?;
     }
     let pp_s = t0.elapsed().as_secs_f64();
+    let pp_prof = engine::profile::totals();
     let toks: Vec<u32> = vec![1; b];
     engine::profile::enable();
     let t1 = Instant::now();
@@ -451,13 +465,8 @@ fn run_bench(a: BenchArgs) -> miette::Result<()> {
         roof,
         (tg / b as f64) / roof
     );
-    let per_step = |s: f64| s * 1e3 / a.gen as f64;
-    let timed: f64 = prof.iter().map(|(_, s)| s).sum();
-    println!("decode step profile (ms per step, share of the step):");
-    for (name, s) in &prof {
-        println!("  {name:<24} {:>8.3} ms  {:>5.1}%", per_step(*s), 100.0 * s / tg_s);
-    }
-    println!("  {:<24} {:>8.3} ms  {:>5.1}%", "untimed (engine glue)", per_step(tg_s - timed), 100.0 * (tg_s - timed) / tg_s);
+    print_profile("decode step", &prof, tg_s, a.gen);
+    print_profile("prefill", &pp_prof, pp_s, b);
     Ok(())
 }
 

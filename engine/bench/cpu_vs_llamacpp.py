@@ -26,12 +26,16 @@ from pathlib import Path
 def convert(src: Path, model: Path, out: Path):
     if out.exists():
         return
+    extra = []
+    if json.loads((model / "config.json").read_text()).get("model_type", "").startswith("qwen3_5"):
+        # The random checkpoint has no MTP head; the converter expects one unless told.
+        extra = ["--no-mtp"]
     code = (
         "import sys; sys.path.insert(0, %r); sys.argv = %r\n"
         "import conversion.base as b\n"
         "b.TextModel.get_vocab_base_pre = lambda self, tok: 'qwen2'\n"
         "import convert_hf_to_gguf as c; c.main()\n"
-    ) % (str(src), ["convert_hf_to_gguf.py", str(model), "--outtype", "bf16", "--outfile", str(out)])
+    ) % (str(src), ["convert_hf_to_gguf.py", str(model), "--outtype", "bf16", "--outfile", str(out)] + extra)
     subprocess.run([sys.executable, "-c", code], check=True, cwd=src)
 
 

@@ -281,6 +281,18 @@ struct Tensors {
 }
 
 impl Tensors {
+    /// Views of every tensor, for `safetensors::serialize`.
+    fn views(&self) -> Result<Vec<(String, safetensors::tensor::TensorView<'_>)>, EngineError> {
+        self.list
+            .iter()
+            .map(|(n, d, s, b)| {
+                safetensors::tensor::TensorView::new(*d, s.clone(), b)
+                    .map(|v| (n.clone(), v))
+                    .map_err(|e| EngineError::Checkpoint(format!("{n}: {e}")))
+            })
+            .collect()
+    }
+
     fn push(&mut self, name: String, dtype: safetensors::Dtype, shape: &[u64], data: Vec<u8>) {
         self.list.push((
             name,
@@ -588,15 +600,7 @@ pub fn write_random_checkpoint(
     };
     let spec = parse_model(&card).map_err(|e| EngineError::Model(Box::new(e)))?;
     let t = random_tensors(&spec, seed);
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = t
-        .list
-        .iter()
-        .map(|(n, d, s, b)| {
-            safetensors::tensor::TensorView::new(*d, s.clone(), b)
-                .map(|v| (n.clone(), v))
-                .map_err(|e| EngineError::Checkpoint(format!("{n}: {e}")))
-        })
-        .collect::<Result<_, _>>()?;
+    let views = t.views()?;
     let path = out.join("model.safetensors");
     safetensors::serialize_to_file(views, None, &path)
         .map_err(|e| EngineError::Checkpoint(format!("{}: {e}", path.display())))?;
@@ -644,15 +648,7 @@ pub fn write(fx: &Fixture, dir: &Path) -> Result<(), EngineError> {
         .bytes()
         .fold(0u64, |a, b| a.wrapping_mul(131).wrapping_add(u64::from(b)));
     let t = random_tensors(&spec, seed);
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = t
-        .list
-        .iter()
-        .map(|(n, d, s, b)| {
-            safetensors::tensor::TensorView::new(*d, s.clone(), b)
-                .map(|v| (n.clone(), v))
-                .map_err(|e| EngineError::Checkpoint(format!("{n}: {e}")))
-        })
-        .collect::<Result<_, _>>()?;
+    let views = t.views()?;
     let bytes = safetensors::serialize(views, None)
         .map_err(|e| EngineError::Checkpoint(format!("serializing {}: {e}", fx.name)))?;
     write_file(&out.join("model.safetensors"), &bytes)?;

@@ -243,18 +243,7 @@ fn run_generate(a: GenerateArgs) -> miette::Result<()> {
     };
     let gen_cfg = GenerationConfig::open(&a.common.model)?;
     let mut l = load(&a.common, 1, prompt.len() as u64)?;
-    let mut stop_tokens = gen_cfg.eos_token_ids.clone();
-    if stop_tokens.is_empty() {
-        stop_tokens = l
-            .engine
-            .model
-            .spec
-            .runtime
-            .eos_token_ids
-            .iter()
-            .map(|&x| x as u32)
-            .collect();
-    }
+    let mut stop_tokens = gen_cfg.stop_tokens(&l.engine.model.spec);
     for s in &a.stop {
         match tok.as_ref().and_then(|t| t.token_id(s)) {
             Some(id) => stop_tokens.push(id),
@@ -401,10 +390,19 @@ fn print_profile(what: &str, prof: &[(&str, f64)], total_s: f64, calls: usize) {
     let timed: f64 = prof.iter().map(|(_, s)| s).sum();
     println!("{what} profile (ms per call, share of the time):");
     for (name, s) in prof {
-        println!("  {name:<24} {:>9.3} ms  {:>5.1}%", per(*s), 100.0 * s / total_s);
+        println!(
+            "  {name:<24} {:>9.3} ms  {:>5.1}%",
+            per(*s),
+            100.0 * s / total_s
+        );
     }
     let rest = total_s - timed;
-    println!("  {:<24} {:>9.3} ms  {:>5.1}%", "untimed (engine glue)", per(rest), 100.0 * rest / total_s);
+    println!(
+        "  {:<24} {:>9.3} ms  {:>5.1}%",
+        "untimed (engine glue)",
+        per(rest),
+        100.0 * rest / total_s
+    );
 }
 
 fn run_bench(a: BenchArgs) -> miette::Result<()> {

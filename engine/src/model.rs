@@ -14,8 +14,8 @@ use planner::model::{Activation, LayerKind, ModelSpec, NormForm, OutputGate, Sto
 use planner::profile::WeightFormat;
 
 use crate::cache::Caches;
-use crate::profile::{self, Op};
 use crate::checkpoint::Checkpoint;
+use crate::profile::{self, Op};
 use crate::EngineError;
 
 /// Which weight path the loaded linears take.
@@ -87,7 +87,10 @@ enum Qkv {
     },
     /// One weight whose rows are q (`q_rows`, twice as wide with a per-head gate), then k, then v: Spark's stored
     /// `q_k_v_proj`, or the three projections fused at load so a decode step makes one call instead of three.
-    Fused { w: Weight, q_rows: usize },
+    Fused {
+        w: Weight,
+        q_rows: usize,
+    },
 }
 
 struct AttnLayer {
@@ -179,6 +182,22 @@ fn load_linear(ck: &Checkpoint, module: &str, mode: WeightMode) -> Result<Weight
     Ok(w)
 }
 
+/// Widens little-endian f32 / f16 / bf16 bytes into `out` (one element per `out` entry).
+fn widen(dtype: safetensors::Dtype, src: &[u8], out: &mut [f32]) {
+    let width = if dtype == safetensors::Dtype::F32 {
+        4
+    } else {
+        2
+    };
+    for (d, c) in out.iter_mut().zip(src.chunks_exact(width)) {
+        *d = match dtype {
+            safetensors::Dtype::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+            safetensors::Dtype::F16 => half::f16::from_le_bytes([c[0], c[1]]).to_f32(),
+            _ => half::bf16::from_le_bytes([c[0], c[1]]).to_f32(),
+        };
+    }
+}
+
 /// Several dense linear modules with the same input, fused at load into one weight (rows of each in order), with
 /// each part's row count; `None` when they cannot be (a quantized or mixed-dtype part, or int4 groups that do not
 /// divide the input). One call reads every part's weights in one pass: a decode step makes 4 calls per attention
@@ -199,7 +218,11 @@ fn load_fused(
         if l.bias || ck.has(&format!("{m}.bias")) {
             return Ok(None);
         }
-        parts.push((format!("{m}.weight"), usize_of(l.out_features, "out_features")?, usize_of(l.in_features, "in_features")?));
+        parts.push((
+            format!("{m}.weight"),
+            usize_of(l.out_features, "out_features")?,
+            usize_of(l.in_features, "in_features")?,
+        ));
     }
     let k = parts[0].2;
     let dtype = ck.info(&parts[0].0)?.dtype;
@@ -228,12 +251,23 @@ fn load_fused(
         }
         WeightMode::W4a16 | WeightMode::W4a8 => {
             let a8 = mode == WeightMode::W4a8;
-            let group = if a8 { planner::weight_path::W4A8_GROUP } else { planner::weight_path::W4A16_GROUP } as usize;
+            let group = if a8 {
+                planner::weight_path::W4A8_GROUP
+            } else {
+                planner::weight_path::W4A16_GROUP
+            } as usize;
             if k % group != 0 {
                 return Ok(None);
             }
-            let width = if dtype == safetensors::Dtype::F32 { 4 } else { 2 };
-            let sources: Vec<&[u8]> = parts.iter().map(|(name, _, _)| ck.bytes(name)).collect::<Result<_, _>>()?;
+            let width = if dtype == safetensors::Dtype::F32 {
+                4
+            } else {
+                2
+            };
+            let sources: Vec<&[u8]> = parts
+                .iter()
+                .map(|(name, _, _)| ck.bytes(name))
+                .collect::<Result<_, _>>()?;
             Weight::int4_from_rows(n, k, group, a8, |row0, buf| {
                 for (r, out) in buf.chunks_exact_mut(k).enumerate() {
                     // Global row -> (part, row in part).
@@ -242,14 +276,11 @@ fn load_fused(
                         row -= rows[p];
                         p += 1;
                     }
-                    let src = &sources[p][row * k * width..(row + 1) * k * width];
-                    for (d, c) in out.iter_mut().zip(src.chunks_exact(width)) {
-                        *d = match dtype {
-                            safetensors::Dtype::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
-                            safetensors::Dtype::F16 => half::f16::from_le_bytes([c[0], c[1]]).to_f32(),
-                            _ => half::bf16::from_le_bytes([c[0], c[1]]).to_f32(),
-                        };
-                    }
+                    widen(
+                        dtype,
+                        &sources[p][row * k * width..(row + 1) * k * width],
+                        out,
+                    );
                 }
                 Ok(())
             })
@@ -306,18 +337,11 @@ fn convert_linear(ck: &Checkpoint, module: &str, mode: WeightMode) -> Result<Wei
                         _ => 2,
                     };
                     Weight::int4_from_rows(n, k, group, a8, |row0, buf| {
-                        let src = &bytes[row0 * k * width..(row0 * k + buf.len()) * width];
-                        for (d, c) in buf.iter_mut().zip(src.chunks_exact(width)) {
-                            *d = match dtype {
-                                safetensors::Dtype::F32 => {
-                                    f32::from_le_bytes([c[0], c[1], c[2], c[3]])
-                                }
-                                safetensors::Dtype::F16 => {
-                                    half::f16::from_le_bytes([c[0], c[1]]).to_f32()
-                                }
-                                _ => half::bf16::from_le_bytes([c[0], c[1]]).to_f32(),
-                            };
-                        }
+                        widen(
+                            dtype,
+                            &bytes[row0 * k * width..(row0 * k + buf.len()) * width],
+                            buf,
+                        );
                         Ok(())
                     })
                     .map_err(err)
@@ -464,7 +488,8 @@ impl Model {
                     } else {
                         (
                             {
-                                let names = ["q_proj", "k_proj", "v_proj"].map(|m| format!("{sa}.{m}"));
+                                let names =
+                                    ["q_proj", "k_proj", "v_proj"].map(|m| format!("{sa}.{m}"));
                                 match load_fused(ck, &names, mode)? {
                                     Some((w, rows)) => Qkv::Fused { w, q_rows: rows[0] },
                                     None => Qkv::Split {

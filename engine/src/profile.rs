@@ -20,7 +20,13 @@ pub enum Op {
     Embed = 4,
 }
 
-const NAMES: [&str; 5] = ["linear", "attention", "gdn", "norms/rope/act/copies", "embed"];
+const NAMES: [&str; 5] = [
+    "linear",
+    "attention",
+    "gdn",
+    "norms/rope/act/copies",
+    "embed",
+];
 static ON: AtomicBool = AtomicBool::new(false);
 static NANOS: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
 

@@ -55,6 +55,18 @@ pub struct GenerationConfig {
 }
 
 impl GenerationConfig {
+    /// The stop tokens: `generation_config.json`'s, else the config's `eos_token_id`.
+    pub fn stop_tokens(&self, spec: &planner::model::ModelSpec) -> Vec<u32> {
+        if !self.eos_token_ids.is_empty() {
+            return self.eos_token_ids.clone();
+        }
+        spec.runtime
+            .eos_token_ids
+            .iter()
+            .filter_map(|&x| u32::try_from(x).ok())
+            .collect()
+    }
+
     pub fn open(dir: &Path) -> Result<GenerationConfig, EngineError> {
         let path = dir.join("generation_config.json");
         if !path.exists() {

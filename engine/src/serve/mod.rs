@@ -89,17 +89,7 @@ impl ServeConfig {
         flags: &ServeFlags,
     ) -> Result<ServeConfig, EngineError> {
         let defaults = GenerationConfig::open(dir)?;
-        let mut stop_tokens = defaults.eos_token_ids.clone();
-        if stop_tokens.is_empty() {
-            stop_tokens = engine
-                .model
-                .spec
-                .runtime
-                .eos_token_ids
-                .iter()
-                .map(|&x| x as u32)
-                .collect();
-        }
+        let stop_tokens = defaults.stop_tokens(&engine.model.spec);
         let model_name = flags.served_model_name.clone().unwrap_or_else(|| {
             dir.canonicalize()
                 .ok()

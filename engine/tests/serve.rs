@@ -38,6 +38,8 @@ struct Opts {
     key: Option<&'static str>,
     max_queue: usize,
     body: usize,
+    /// Stop at the fixture's end-of-turn token (off where a request must run to its token budget).
+    stop_at_eos: bool,
 }
 
 impl Default for Opts {
@@ -48,6 +50,7 @@ impl Default for Opts {
             key: None,
             max_queue: 64,
             body: 1 << 20,
+            stop_at_eos: true,
         }
     }
 }
@@ -59,7 +62,7 @@ fn server(o: Opts) -> Server {
         api_key: o.key.map(String::from),
         max_queue: o.max_queue,
         max_body_bytes: o.body,
-        stop_tokens: vec![258],
+        stop_tokens: if o.stop_at_eos { vec![258] } else { vec![] },
         defaults: GenerationConfig::open(&dir).unwrap(),
     };
     Server::start(
@@ -632,13 +635,18 @@ async fn read_events(body: &mut axum::body::BodyDataStream, n: usize) -> Vec<Str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_queue_is_429_and_disconnect_frees_the_slot() {
+    // A must still be running when C arrives: the server generates whether or not a client reads its stream, and
+    // the tiny fixture decodes a token in ~0.1 ms, so A gets thousands of tokens to go and no stop token.
     let s = server(Opts {
         slots: 1,
         max_queue: 1,
+        max_len: 4096,
+        stop_at_eos: false,
         ..Opts::default()
     });
     let app = s.router();
-    let long = json!({"prompt": "a long one", "max_tokens": 100, "temperature": 0, "stream": true});
+    let long =
+        json!({"prompt": "a long one", "max_tokens": 4000, "temperature": 0, "stream": true});
     // A takes the only slot.
     let a = app
         .clone()
@@ -849,8 +857,11 @@ async fn graceful_shutdown_finishes_running_streams() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_whole_request_frees_its_slot() {
+    // Long enough (thousands of tokens, no stop token) that the poll below sees it running before it ends.
     let s = server(Opts {
         slots: 1,
+        max_len: 4096,
+        stop_at_eos: false,
         ..Opts::default()
     });
     let app = s.router();
@@ -862,7 +873,7 @@ async fn dropped_whole_request_frees_its_slot() {
     // A non-streamed request whose client goes away: hyper drops the handler's future, and with it the receiver.
     let long = app.clone().oneshot(post(
         "/v1/completions",
-        &json!({"prompt": "long", "max_tokens": 100, "temperature": 0}),
+        &json!({"prompt": "long", "max_tokens": 4000, "temperature": 0}),
     ));
     let task = tokio::spawn(long);
     let mut running = 0.0;

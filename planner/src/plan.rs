@@ -483,6 +483,7 @@ pub fn build(inputs: Inputs<'_>) -> Result<Plan, crate::error::PlanError> {
             prefill_tokens,
             decode_context: prefill_tokens,
             batch: workload.max_num_seqs,
+            decode_kernels: crate::model::decode_kernels(spec),
         },
     );
     check_prediction(&prediction)?;

@@ -98,6 +98,9 @@ pub struct Work<'a> {
     pub decode_context: u64,
     /// Sequences decoded together in the batched prediction (`max_num_seqs`).
     pub batch: u64,
+    /// Kernels one decode step runs ([`crate::model::decode_kernels`]); each costs at least the unit's
+    /// `kernel_floor_s`, whatever its work.
+    pub decode_kernels: u64,
 }
 
 fn term(name: String, kind: BoundKind, amount: f64, rate: f64) -> Term {
@@ -207,6 +210,18 @@ pub fn predict(
             batch * work.decode_flops_per_token as f64,
             flop_rate,
         ));
+        if let Some(floor) = &unit.kernel_floor_s {
+            // Kernels per step over kernels per second: the step of a model too small to fill its kernels.
+            group.push(term(
+                format!(
+                    "kernel floor on `{}` ({} kernels per step x {:.2e} s)",
+                    unit.id, work.decode_kernels, floor.value
+                ),
+                BoundKind::Compute,
+                work.decode_kernels as f64,
+                1.0 / floor.value,
+            ));
+        }
         overlap(&mut group);
         group
     };
@@ -359,6 +374,9 @@ fn describe(t: &Term) -> String {
         BoundKind::Compute if t.name.starts_with("measured ") => {
             "compute-bound (measured kernel rate)"
         }
+        BoundKind::Compute if t.name.starts_with("kernel floor") => {
+            "launch-bound (kernels too small to fill)"
+        }
         BoundKind::Compute => "compute-bound (arithmetic)",
         BoundKind::Bandwidth => "bandwidth-bound",
     };
@@ -406,6 +424,7 @@ mod tests {
             prefill_tokens: 10,
             decode_context: 10,
             batch: 1,
+            decode_kernels: 0,
         };
         predict(profile, &path, &a, &work)
     }
@@ -438,6 +457,7 @@ mod tests {
                     prefill_tokens: 10,
                     decode_context: 10,
                     batch,
+                    decode_kernels: 0,
                 },
             )
         };
@@ -472,6 +492,7 @@ mod tests {
                 prefill_tokens: 10,
                 decode_context: 10,
                 batch: 64,
+                decode_kernels: 0,
             },
         );
         assert_eq!(p.batched.unwrap().compute_bound_from_batch, None);
@@ -559,6 +580,32 @@ mod tests {
         ];
         assert_eq!(overlap(&mut g), 1);
         assert!(!g[0].counted && g[1].counted);
+    }
+
+    #[test]
+    fn a_small_model_on_a_big_gpu_is_bound_by_its_kernel_count() {
+        // 26 layers x 12 + 4 kernels at 2.5 us: 0.79 ms, above the 0.48 ms of reading a 2 GB model at 4.2 TB/s.
+        let reads = term(
+            "read pool `hbm`".into(),
+            BoundKind::Bandwidth,
+            2.0e9,
+            4.2e12,
+        );
+        let floor = term(
+            "kernel floor on `h200` (316 kernels per step x 2.50e-6 s)".into(),
+            BoundKind::Compute,
+            316.0,
+            1.0 / 2.5e-6,
+        );
+        let mut group = vec![reads, floor];
+        overlap(&mut group);
+        let (step, dominant) = step_and_dominant(&group);
+        assert!((step - 316.0 * 2.5e-6).abs() < 1e-12, "{step}");
+        assert!(
+            describe(&dominant).starts_with("launch-bound"),
+            "{}",
+            describe(&dominant)
+        );
     }
 
     #[test]

@@ -194,6 +194,11 @@ pub struct ComputeUnit {
     /// Measured kernel rates, TOML `[[compute.kernel]]`.
     #[serde(rename = "kernel", default, skip_serializing_if = "Vec::is_empty")]
     pub kernels: Vec<KernelRate>,
+    /// Seconds a kernel costs beyond its work (launch, ramp, tail): the floor under every kernel of a step. A
+    /// decode step cannot be faster than its kernel count times this, which is what bounds small models on big
+    /// GPUs. Absent: no floor is charged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_floor_s: Option<Measured<f64>>,
 }
 
 impl DeviceProfile {
@@ -430,6 +435,10 @@ fn validate(p: &DeviceProfile) -> Result<(), Violation> {
         }
         if p.pool(&unit.pool).is_none() {
             return Err(unknown_pool(p, at("pool"), &unit.pool));
+        }
+        if let Some(f) = &unit.kernel_floor_s {
+            check_rate(at("kernel_floor_s"), "kernel_floor_s", f)?;
+            check_source(at("kernel_floor_s"), f)?;
         }
         if unit.isa.source.trim().is_empty() {
             let mut path = at("isa");

@@ -347,6 +347,7 @@ mod tests {
             },
             peak: PeakRates::default(),
             kernels: vec![],
+            kernel_floor_s: None,
         }
     }
     const BF16: Quantization = Quantization::None { dtype: DType::Bf16 };

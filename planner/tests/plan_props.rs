@@ -164,6 +164,7 @@ fn build_profile(p: &ProfileParams) -> DeviceProfile {
         } else {
             kernels(p.dram_read)
         },
+        kernel_floor_s: None,
     };
     let mut profile = DeviceProfile {
         name: "random".into(),
@@ -206,6 +207,7 @@ fn build_profile(p: &ProfileParams) -> DeviceProfile {
                     ..PeakRates::default()
                 },
                 kernels: kernels(p.vram_read),
+                kernel_floor_s: p.gpu.then(|| m(2.5e-6)),
             },
         );
     }

@@ -111,3 +111,18 @@ pub fn prefill_flops(spec: &ModelSpec, prompt_len: u64) -> u64 {
         .fold(0u128, u128::saturating_add);
     saturate(body.saturating_add(layers))
 }
+
+/// Kernels per decoder layer of a decode step as an engine without cross-op fusion runs them: the input norm, the
+/// fused input projection(s), q/k norms or the conv, RoPE or the gates, the attention or recurrence kernel, the
+/// output projection, the residual add, the post-attention norm, the fused gate/up projection, the activation, the
+/// down projection and the second residual add (a GDN layer's conv, gates and state update are one kernel, its four
+/// input projections two). Twelve either way, within one or two of what the H200 kernels' layer steps launch.
+pub const KERNELS_PER_LAYER: u64 = 12;
+
+/// Kernels a decode step runs: [`KERNELS_PER_LAYER`] per decoder layer plus the embedding gather, the final norm,
+/// the head and the sampler.
+pub fn decode_kernels(spec: &ModelSpec) -> u64 {
+    (spec.layers.len() as u64)
+        .saturating_mul(KERNELS_PER_LAYER)
+        .saturating_add(4)
+}

@@ -30,7 +30,7 @@ pub use cache::{
     sliding_slots, GDN_CONV_ELEM_BYTES, GDN_STATE_ELEM_BYTES, ROPE_ELEM_BYTES,
 };
 pub use error::ModelError;
-pub use flops::{decode_flops_per_token, prefill_flops};
+pub use flops::{decode_flops_per_token, decode_kernels, prefill_flops, KERNELS_PER_LAYER};
 pub use observed::{check_inventory, ObservedTensor};
 pub use parse::{parse_model, supported_architectures};
 pub use runtime::{

@@ -59,6 +59,10 @@ impl EngineError {
     }
 }
 
+/// Longest piece of a prompt one step runs: a prompt longer than this is prefilled in chunks, so activations stay
+/// bounded (the chunked DeltaNet continues its state across chunks; attention reads the cached prefix).
+pub const PREFILL_CHUNK: usize = 512;
+
 /// A loaded model with its caches: the unit that runs steps.
 pub struct Engine {
     pub model: Model,
@@ -109,10 +113,10 @@ impl Engine {
         self.lens[slot]
     }
 
-    /// Advances every `(slot, tokens)` and returns each one's last-token logits (`[work.len()][vocab]`). A fresh
-    /// sequence's prompt runs as one prefill (chunked DeltaNet, causal attention); single tokens of several
-    /// sequences share one decode step (one pass over the weights); further tokens of a sequence that already has
-    /// a cache run token by token.
+    /// Advances every `(slot, tokens)` and returns each one's last-token logits (`[work.len()][vocab]`). A prompt
+    /// runs as a prefill (chunked DeltaNet, causal attention) when the sequence is fresh and as a chunk after its
+    /// cached prefix otherwise, in pieces of at most [`PREFILL_CHUNK`]; single tokens of several sequences share
+    /// one decode step (one pass over the weights).
     pub fn step(&mut self, work: &[(usize, &[u32])]) -> Result<Vec<Vec<f32>>, EngineError> {
         let vocab = self.model.vocab();
         let mut out: Vec<Option<Vec<f32>>> = vec![None; work.len()];
@@ -132,29 +136,24 @@ impl Engine {
                 )));
             }
             self.caches.reserve(slot, len + toks.len())?;
-            if len == 0 && toks.len() > 1 {
+            if toks.len() == 1 {
+                decode.push((i, slot));
+                continue;
+            }
+            // A prompt runs in chunks of at most PREFILL_CHUNK tokens, so activations stay bounded: the first as a
+            // prefill when the sequence is fresh, the rest after the cached prefix.
+            let mut last = Vec::new();
+            for (c, piece) in toks.chunks(PREFILL_CHUNK).enumerate() {
+                let pos = len + c * PREFILL_CHUNK;
                 let step = Step {
                     slot,
-                    pos: 0,
-                    tokens: toks,
+                    pos,
+                    tokens: piece,
                 };
-                out[i] = Some(self.model.forward(&mut self.caches, &[step])?);
-                self.lens[slot] = toks.len();
-            } else if toks.len() == 1 {
-                decode.push((i, slot));
-            } else {
-                let mut last = Vec::new();
-                for (j, t) in toks.iter().enumerate() {
-                    let step = Step {
-                        slot,
-                        pos: len + j,
-                        tokens: std::slice::from_ref(t),
-                    };
-                    last = self.model.forward(&mut self.caches, &[step])?;
-                }
-                self.lens[slot] = len + toks.len();
-                out[i] = Some(last);
+                last = self.model.forward(&mut self.caches, &[step])?;
+                self.lens[slot] = pos + piece.len();
             }
+            out[i] = Some(last);
         }
         if !decode.is_empty() {
             let steps: Vec<Step<'_>> = decode

@@ -703,19 +703,36 @@ impl Model {
     }
 
     /// Runs `tokens` of the sequences in `batch` through the model and returns the logits of each sequence's last
-    /// token (`[batch.len(), vocab]`). Each entry is `(cache slot, first position, tokens)`: either one sequence's
-    /// prompt starting at position 0 (a prefill), or any number of sequences with one token each (a decode step).
+    /// token (`[batch.len(), vocab]`). Each entry is `(cache slot, first position, tokens)`: one sequence's prompt
+    /// from position 0 (a prefill: causal attention and the chunked DeltaNet over the tokens), one sequence's next
+    /// chunk of a prompt after its cached prefix (the DeltaNet continues its state; attention runs each token over
+    /// the cache, in order), or any number of sequences with one token each (a decode step).
     pub fn forward(
         &self,
         caches: &mut Caches,
         batch: &[Step<'_>],
     ) -> Result<Vec<f32>, EngineError> {
         let prefill = batch.len() == 1 && batch[0].pos == 0 && batch[0].tokens.len() > 1;
-        if !prefill && batch.iter().any(|s| s.tokens.len() != 1) {
+        let chunk = batch.len() == 1 && batch[0].pos > 0 && batch[0].tokens.len() > 1;
+        if !prefill && !chunk && batch.iter().any(|s| s.tokens.len() != 1) {
             return Err(EngineError::Unsupported(
-                "a step is one prompt from position 0 or one token per sequence".into(),
+                "a step is one sequence's prompt or chunk, or one token per sequence".into(),
             ));
         }
+        // A chunk's attention is its tokens as consecutive decode steps of one sequence.
+        let per_token: Vec<Step<'_>> = if chunk {
+            let s = batch[0];
+            (0..s.tokens.len())
+                .map(|i| Step {
+                    slot: s.slot,
+                    pos: s.pos + i,
+                    tokens: &s.tokens[i..i + 1],
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let attn_batch: &[Step<'_>] = if chunk { &per_token } else { batch };
         let ids: Vec<u32> = batch
             .iter()
             .flat_map(|s| s.tokens.iter().copied())
@@ -740,16 +757,16 @@ impl Model {
         let positions: Vec<u32> = if prefill {
             (0..t as u32).collect()
         } else {
-            batch.iter().map(|s| s.pos as u32).collect()
+            attn_batch.iter().map(|s| s.pos as u32).collect()
         };
         let mut hbuf = vec![0.0f32; t * h];
         for (li, layer) in self.layers.iter().enumerate() {
             self.norm(&x, &layer.input_norm, &mut hbuf)?;
             let mut o = match &layer.mixer {
                 Mixer::Attn(a) => {
-                    self.attention(li, a, caches, batch, prefill, &positions, &hbuf)?
+                    self.attention(li, a, caches, attn_batch, prefill, &positions, &hbuf)?
                 }
-                Mixer::Gdn(g) => self.gdn(li, g, caches, batch, prefill, &hbuf)?,
+                Mixer::Gdn(g) => self.gdn(li, g, caches, batch, prefill || chunk, &hbuf)?,
             };
             if layer.pre_ff_norm.is_some() {
                 let mut n = vec![0.0; o.len()];
@@ -772,7 +789,7 @@ impl Model {
             let _ = layer.kind;
         }
         // Logits of each sequence's last token only.
-        let rows: Vec<usize> = if prefill {
+        let rows: Vec<usize> = if prefill || chunk {
             vec![t - 1]
         } else {
             (0..t).collect()

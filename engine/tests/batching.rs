@@ -130,3 +130,46 @@ fn the_avx512_kernels_ran() {
     // Per token step at least: 4 layers x 2 norms, the GDN or attention kernel, RoPE on the attention layer.
     assert!(ran >= 3 * 10, "only {ran} AVX-512 sequence-kernel calls");
 }
+
+/// A prompt fed in pieces (a prefill, then chunks after the cached prefix: the path long prompts and a server's
+/// chunked prefill take) gives the logits of the prompt run in one prefill, and the same greedy continuation.
+#[test]
+fn a_prompt_in_chunks_equals_the_prompt_at_once() {
+    for name in [
+        "qwen3_5-f32",
+        "qwen3_5-nvfp4",
+        "spark2_5-bf16",
+        "gemma3-bf16",
+        "qwen3-f32",
+        "llama-bf16",
+    ] {
+        let p = prompt(6, 80);
+        let mut whole = engine(name, 1);
+        let s = whole.join().unwrap();
+        let want = whole.step(&[(s, &p)]).unwrap().remove(0);
+        let mut parts = engine(name, 1);
+        let c = parts.join().unwrap();
+        let mut got = Vec::new();
+        // 30 as a prefill (past the 8-token windows), then 1 token, then 49 across the 64-token DeltaNet chunk.
+        for piece in [&p[..30], &p[30..31], &p[31..]] {
+            got = parts.step(&[(c, piece)]).unwrap().remove(0);
+        }
+        let scale = want.iter().fold(0.0f32, |a, x| a.max(x.abs()));
+        let err = got
+            .iter()
+            .zip(&want)
+            .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()))
+            / scale;
+        assert!(
+            err < 1e-4,
+            "{name}: chunked prompt logits differ by {err:.2e} of the largest"
+        );
+        let mut a = kernels::ops::argmax(&want).unwrap() as u32;
+        let mut b = kernels::ops::argmax(&got).unwrap() as u32;
+        for _ in 0..8 {
+            assert_eq!(a, b, "{name}: continuations differ");
+            a = kernels::ops::argmax(&whole.step(&[(s, &[a])]).unwrap()[0]).unwrap() as u32;
+            b = kernels::ops::argmax(&parts.step(&[(c, &[b])]).unwrap()[0]).unwrap() as u32;
+        }
+    }
+}

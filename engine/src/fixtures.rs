@@ -281,6 +281,11 @@ struct Tensors {
 }
 
 impl Tensors {
+    /// A scalar f32 (modelopt's per-tensor scales).
+    fn scalar(&mut self, name: String, v: f32) {
+        self.push(name, safetensors::Dtype::F32, &[], v.to_le_bytes().to_vec());
+    }
+
     /// Views of every tensor, for `safetensors::serialize`.
     fn views(&self) -> Result<Vec<(String, safetensors::tensor::TensorView<'_>)>, EngineError> {
         self.list
@@ -395,18 +400,8 @@ fn linear(
                 &shape,
                 codes,
             );
-            t.push(
-                format!("{module}.weight_scale"),
-                safetensors::Dtype::F32,
-                &[],
-                s.to_le_bytes().to_vec(),
-            );
-            t.push(
-                format!("{module}.input_scale"),
-                safetensors::Dtype::F32,
-                &[],
-                1.0f32.to_le_bytes().to_vec(),
-            );
+            t.scalar(format!("{module}.weight_scale"), s);
+            t.scalar(format!("{module}.input_scale"), 1.0);
         }
         StoredFormat::Nvfp4 { group } => {
             let g = group as usize;
@@ -445,18 +440,8 @@ fn linear(
                 &[n as u64, (k / g) as u64],
                 scales,
             );
-            t.push(
-                format!("{module}.weight_scale_2"),
-                safetensors::Dtype::F32,
-                &[],
-                global.to_le_bytes().to_vec(),
-            );
-            t.push(
-                format!("{module}.input_scale"),
-                safetensors::Dtype::F32,
-                &[],
-                1.0f32.to_le_bytes().to_vec(),
-            );
+            t.scalar(format!("{module}.weight_scale_2"), global);
+            t.scalar(format!("{module}.input_scale"), 1.0);
         }
         StoredFormat::Gptq { bits: _, group } => {
             let g = group as usize;

@@ -30,6 +30,17 @@ pub enum WeightMode {
 }
 
 impl WeightMode {
+    /// Whether this mode's int4 pack is W4A8's (symmetric) and its group size: the plan's own constants.
+    fn int4(self) -> (bool, usize) {
+        let a8 = self == WeightMode::W4a8;
+        let group = if a8 {
+            planner::weight_path::W4A8_GROUP
+        } else {
+            planner::weight_path::W4A16_GROUP
+        };
+        (a8, group as usize)
+    }
+
     /// The mode a plan's weight path asks for; quantized checkpoints keep their format whatever the plan says.
     pub fn from_plan(format: WeightFormat) -> Result<WeightMode, EngineError> {
         match format {
@@ -250,12 +261,7 @@ fn load_fused(
             Weight::f32(all, n, k).map_err(err)?
         }
         WeightMode::W4a16 | WeightMode::W4a8 => {
-            let a8 = mode == WeightMode::W4a8;
-            let group = if a8 {
-                planner::weight_path::W4A8_GROUP
-            } else {
-                planner::weight_path::W4A16_GROUP
-            } as usize;
+            let (a8, group) = mode.int4();
             if k % group != 0 {
                 return Ok(None);
             }
@@ -320,12 +326,7 @@ fn convert_linear(ck: &Checkpoint, module: &str, mode: WeightMode) -> Result<Wei
                 }
                 WeightMode::Exact => Weight::f32(ck.f32(&wname)?, n, k).map_err(err),
                 WeightMode::W4a16 | WeightMode::W4a8 => {
-                    let a8 = mode == WeightMode::W4a8;
-                    let group = if a8 {
-                        planner::weight_path::W4A8_GROUP
-                    } else {
-                        planner::weight_path::W4A16_GROUP
-                    } as usize;
+                    let (a8, group) = mode.int4();
                     if k % group != 0 {
                         // The int4 pack needs whole groups; a ragged layer keeps its dense format.
                         return convert_linear(ck, module, WeightMode::Exact);
@@ -593,8 +594,7 @@ impl Model {
                 }
                 (_, Embedding::Head) => unreachable_head(),
                 (_, e) => {
-                    let a8 = mode == WeightMode::W4a8;
-                    let group = if a8 { 128 } else { 64 };
+                    let (a8, group) = mode.int4();
                     let w = Weight::int4_from_rows(vocab, hidden, group, a8, |row0, buf| {
                         let src_row = row0 * hidden;
                         match &e {

@@ -110,7 +110,11 @@ fn sse_data(text: &str) -> Vec<String> {
 
 /// The greedy text `generate` produces for `prompt` on a fresh single-slot engine, and its token count.
 fn reference(prompt: &[u32], max_new: usize) -> (String, usize) {
-    let mut e = engine(1, 128);
+    reference_with(prompt, max_new, 128)
+}
+
+fn reference_with(prompt: &[u32], max_new: usize, max_len: usize) -> (String, usize) {
+    let mut e = engine(1, max_len);
     let opts = GenerateOptions {
         max_new_tokens: max_new,
         sampling: SamplingParams::GREEDY,
@@ -176,6 +180,30 @@ async fn health_models_metrics() {
     }
     let (st, _, _) = send(&app, Request::get("/nope").body(Body::empty()).unwrap()).await;
     assert_eq!(st, StatusCode::NOT_FOUND);
+    s.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_prompt_fed_over_several_steps_equals_generate() {
+    // 600 prompt tokens: the server feeds them 256 per step beside the running sequences; `generate` feeds 512
+    // then 88. The logits agree to ~1e-6 of their range, so greedy text is the same.
+    let ids: Vec<u32> = (0..600u32).map(|i| (i * 37 + 11) % 256).collect();
+    let (want, n) = reference_with(&ids, 12, 1024);
+    let s = server(Opts {
+        max_len: 1024,
+        ..Opts::default()
+    });
+    let app = s.router();
+    let (st, v) = json_call(
+        &app,
+        "/v1/completions",
+        &json!({"prompt": ids, "max_tokens": 12, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["choices"][0]["text"], want);
+    assert_eq!(v["usage"]["completion_tokens"], n);
+    assert_eq!(v["usage"]["prompt_tokens"], 600);
     s.stop();
 }
 

@@ -159,9 +159,22 @@ struct Seq {
     generated: usize,
     next: u32,
     prefilled: bool,
+    /// Prompt tokens already in the cache: a long prompt is fed a chunk per step, between the decode tokens of the
+    /// running sequences, so one new request does not stall every stream for its whole prefill.
+    fed: usize,
     detok: Detok,
     logprobs: Vec<TokenLogprob>,
     last_token: Option<Instant>,
+}
+
+/// Prompt tokens a sequence feeds per step: longer prompts are prefilled over several steps, each sharing the
+/// step with the running sequences' decode tokens, so inter-token latency stays bounded while a long prompt joins.
+const PROMPT_CHUNK: usize = 256;
+
+/// The next piece of `s`'s prompt to feed.
+fn piece(s: &Seq) -> &[u32] {
+    let end = (s.fed + PROMPT_CHUNK).min(s.job.prompt.len());
+    &s.job.prompt[s.fed..end]
 }
 
 /// The worst-case cache pages a request can take.
@@ -313,6 +326,7 @@ pub(crate) fn run(mut engine: Engine, tok: Arc<Tokenizer>, rx: Receiver<Msg>, sh
                 generated: 0,
                 next: 0,
                 prefilled: false,
+                fed: 0,
                 detok: Detok::new(),
                 logprobs: Vec::new(),
                 last_token: None,
@@ -334,14 +348,14 @@ pub(crate) fn run(mut engine: Engine, tok: Arc<Tokenizer>, rx: Receiver<Msg>, sh
                 if s.prefilled {
                     (s.slot, std::slice::from_ref(&s.next))
                 } else {
-                    (s.slot, s.job.prompt.as_slice())
+                    (s.slot, piece(s))
                 }
             })
             .collect();
         let prompt_tokens: usize = active
             .iter()
             .filter(|s| !s.prefilled)
-            .map(|s| s.job.prompt.len())
+            .map(|s| piece(s).len())
             .sum();
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.step(&work)));
         let logits = match result {
@@ -366,6 +380,13 @@ pub(crate) fn run(mut engine: Engine, tok: Arc<Tokenizer>, rx: Receiver<Msg>, sh
         // /metrics after its response sees it counted.
         let mut done = Vec::new();
         for (i, (s, mut row)) in active.iter_mut().zip(logits).enumerate() {
+            if !s.prefilled {
+                s.fed = (s.fed + PROMPT_CHUNK).min(s.job.prompt.len());
+                if s.fed < s.job.prompt.len() {
+                    // More of the prompt to feed: nothing to sample yet.
+                    continue;
+                }
+            }
             s.prefilled = true;
             penalize(&mut row, &s.seen, s.opts.repetition_penalty);
             let id = match pick(&row, &s.opts, &mut s.rng) {

@@ -77,6 +77,20 @@ pub fn generate(
     opts: &GenerateOptions,
     mut on_token: impl FnMut(u32),
 ) -> Result<Generation, EngineError> {
+    generate_until(engine, prompt, opts, |id| {
+        on_token(id);
+        true
+    })
+}
+
+/// [`generate`] whose `on_token` also decides whether to go on: returning `false` ends generation with
+/// [`FinishReason::Stop`] after that token (a stop string matched in the text, say).
+pub fn generate_until(
+    engine: &mut Engine,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    mut on_token: impl FnMut(u32) -> bool,
+) -> Result<Generation, EngineError> {
     if prompt.is_empty() {
         return Err(EngineError::Request("the prompt has no tokens".into()));
     }
@@ -101,7 +115,7 @@ fn run(
     slot: usize,
     prompt: &[u32],
     opts: &GenerateOptions,
-    on_token: &mut impl FnMut(u32),
+    on_token: &mut impl FnMut(u32) -> bool,
 ) -> Result<Generation, EngineError> {
     let mut rng = Pcg32::new(opts.seed, 0);
     let mut seen: Vec<u32> = prompt.to_vec();
@@ -124,8 +138,7 @@ fn run(
         }
         tokens.push(id);
         seen.push(id);
-        on_token(id);
-        if opts.stop_tokens.contains(&id) {
+        if !on_token(id) || opts.stop_tokens.contains(&id) {
             finish = FinishReason::Stop;
             break;
         }

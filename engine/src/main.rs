@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
 use engine::checkpoint::Checkpoint;
-use engine::generate::{generate, GenerateOptions};
+use engine::generate::{generate_until, GenerateOptions};
 use engine::tokenizer::{GenerationConfig, Tokenizer};
 use engine::{Engine, EngineError, Model, WeightMode};
 use kernels::sampling::SamplingParams;
@@ -96,7 +96,8 @@ struct GenerateArgs {
     seed: u64,
     #[arg(long)]
     repetition_penalty: Option<f32>,
-    /// A stop string (its single token id when it is one token of the vocabulary).
+    /// A stop string: one token of the vocabulary stops on its id, anything else is matched in the decoded text
+    /// (and left out of it).
     #[arg(long)]
     stop: Vec<String>,
     /// Print one JSON object at the end instead of streaming text.
@@ -244,12 +245,22 @@ fn run_generate(a: GenerateArgs) -> miette::Result<()> {
     let gen_cfg = GenerationConfig::open(&a.common.model)?;
     let mut l = load(&a.common, 1, prompt.len() as u64)?;
     let mut stop_tokens = gen_cfg.stop_tokens(&l.engine.model.spec);
+    // A stop string that is one token of the vocabulary stops on that id; any other is matched in the text.
+    let mut stop_strings: Vec<String> = Vec::new();
     for s in &a.stop {
+        if s.is_empty() {
+            miette::bail!("--stop needs a non-empty string");
+        }
         match tok.as_ref().and_then(|t| t.token_id(s)) {
             Some(id) => stop_tokens.push(id),
-            None => miette::bail!("--stop {s:?} is not one token of this vocabulary (stop strings are matched as tokens)"),
+            None if tok.is_some() => stop_strings.push(s.clone()),
+            None => miette::bail!(
+                "--stop {s:?} needs the checkpoint's tokenizer.json to match it in the text"
+            ),
         }
     }
+    // Streamed text holds back as many bytes as the longest stop string could still need.
+    let hold = stop_strings.iter().map(|s| s.len()).max().unwrap_or(1) - 1;
     let temperature = a.temperature.or(gen_cfg.temperature).unwrap_or(0.0);
     let opts = GenerateOptions {
         max_new_tokens: a.max_new_tokens,
@@ -269,18 +280,42 @@ fn run_generate(a: GenerateArgs) -> miette::Result<()> {
     let stream = !a.json && tok.is_some();
     let mut so_far = Vec::new();
     let mut printed = 0usize;
-    let g = generate(&mut l.engine, &prompt, &opts, |id| {
-        if let (true, Some(t)) = (stream, &tok) {
-            so_far.push(id);
-            if let Ok(text) = t.decode(&so_far) {
-                if text.len() > printed && text.is_char_boundary(printed) {
-                    print!("{}", &text[printed..]);
-                    let _ = std::io::stdout().flush();
-                    printed = text.len();
-                }
+    // Where the first stop string begins in the generated text, once one has appeared.
+    let mut stop_at: Option<usize> = None;
+    let g = generate_until(&mut l.engine, &prompt, &opts, |id| {
+        let Some(t) = &tok else { return true };
+        so_far.push(id);
+        let Ok(text) = t.decode(&so_far) else {
+            return true;
+        };
+        stop_at = stop_strings
+            .iter()
+            .filter_map(|s| text.find(s.as_str()))
+            .min();
+        if stream {
+            let mut upto = match stop_at {
+                Some(at) => at,
+                None => text.len().saturating_sub(hold),
+            };
+            while !text.is_char_boundary(upto) {
+                upto -= 1;
+            }
+            if upto > printed {
+                print!("{}", &text[printed..upto]);
+                let _ = std::io::stdout().flush();
+                printed = upto;
             }
         }
+        stop_at.is_none()
     })?;
+    if stream && stop_at.is_none() {
+        // The held-back tail of a generation no stop string ended.
+        if let Some(Ok(text)) = tok.as_ref().map(|t| t.decode(&so_far)) {
+            if text.len() > printed && text.is_char_boundary(printed) {
+                print!("{}", &text[printed..]);
+            }
+        }
+    }
     if let Some(path) = &a.dump_logits {
         let bytes: Vec<u8> = g.logits.iter().flat_map(|v| v.to_le_bytes()).collect();
         write_atomic(path, &bytes)?;
@@ -292,10 +327,14 @@ fn run_generate(a: GenerateArgs) -> miette::Result<()> {
         0.0
     };
     let p = predicted(&l.plan);
-    let text = match &tok {
+    let mut text = match &tok {
         Some(t) => t.decode(&g.tokens)?,
         None => String::new(),
     };
+    if let Some(at) = stop_at {
+        // OpenAI's convention: the stop string is not part of the text.
+        text.truncate(at);
+    }
     if a.json {
         let out = serde_json::json!({
             "tokens": g.tokens,

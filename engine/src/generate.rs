@@ -94,7 +94,8 @@ pub fn generate_until(
     if prompt.is_empty() {
         return Err(EngineError::Request("the prompt has no tokens".into()));
     }
-    if prompt.len() + opts.max_new_tokens > engine.max_len {
+    let total = prompt.len().checked_add(opts.max_new_tokens);
+    if total.is_none_or(|n| n > engine.max_len) {
         return Err(EngineError::Request(format!(
             "prompt ({}) + max_new_tokens ({}) exceed max_model_len {}",
             prompt.len(),

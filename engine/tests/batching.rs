@@ -107,6 +107,11 @@ fn a_prompt_past_the_context_or_a_full_cache_is_refused_not_truncated() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("max_model_len 160"), "{err}");
+    // A token budget that overflows with the prompt is refused too, not wrapped around.
+    let err = generate(&mut e, &prompt(4, 20), &greedy(usize::MAX), |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("max_model_len 160"), "{err}");
     // The slot came back: a fitting prompt still runs.
     generate(&mut e, &prompt(4, 20), &greedy(2), |_| {}).unwrap();
     let s = e.join().unwrap();

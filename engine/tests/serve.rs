@@ -559,6 +559,13 @@ async fn errors_are_400s_naming_the_field() {
         ),
         (
             "/v1/completions",
+            json!({"prompt": "hi", "max_tokens": u64::MAX >> 1}),
+            StatusCode::BAD_REQUEST,
+            "exceed max_model_len 64",
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
             json!({"prompt": "hi", "stop": [1]}),
             StatusCode::BAD_REQUEST,
             "stop",

@@ -393,7 +393,11 @@ fn prepare(app: &App, kind: Kind, body: &[u8]) -> Result<Prepared, ApiError> {
         ));
     }
     let max_tokens = req.max_tokens.unwrap_or(app.max_len - prompt.len());
-    if prompt.len() + max_tokens > app.max_len {
+    if prompt
+        .len()
+        .checked_add(max_tokens)
+        .is_none_or(|n| n > app.max_len)
+    {
         return Err(ApiError::bad(
             max_param,
             format!(

@@ -34,7 +34,8 @@ pub struct TensorInfo {
 pub struct Checkpoint {
     pub dir: PathBuf,
     pub spec: ModelSpec,
-    pub config_text: String,
+    /// The `config.json` (and `hf_quant_config.json`) the spec was parsed from, for the planner.
+    pub card: ModelCard,
     files: Vec<(PathBuf, Mmap)>,
     tensors: HashMap<String, TensorInfo>,
 }
@@ -69,8 +70,21 @@ fn shard_path(dir: &Path, index: &Path, name: &str) -> Result<PathBuf, EngineErr
     Ok(path)
 }
 
+/// Widens little-endian f32 / f16 / bf16 bytes into `out` (one element per `out` entry; any other dtype is read as
+/// bf16, so callers check the dtype first).
+pub(crate) fn widen(dtype: Dtype, src: &[u8], out: &mut [f32]) {
+    let width = if dtype == Dtype::F32 { 4 } else { 2 };
+    for (d, c) in out.iter_mut().zip(src.chunks_exact(width)) {
+        *d = match dtype {
+            Dtype::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+            Dtype::F16 => half::f16::from_le_bytes([c[0], c[1]]).to_f32(),
+            _ => half::bf16::from_le_bytes([c[0], c[1]]).to_f32(),
+        };
+    }
+}
+
 impl Checkpoint {
-    /// Opens and validates `dir`. `model_id` names the model in plans and messages.
+    /// Opens and validates `dir`; the directory's name is the model's id in plans and messages.
     pub fn open(dir: &Path) -> Result<Checkpoint, EngineError> {
         let config_path = dir.join("config.json");
         let config_text = read_text(&config_path)?;
@@ -91,7 +105,7 @@ impl Checkpoint {
             id,
             config: SourceFile {
                 path: config_path.display().to_string(),
-                text: config_text.clone(),
+                text: config_text,
             },
             quant_config,
         };
@@ -220,7 +234,7 @@ impl Checkpoint {
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
             spec,
-            config_text,
+            card,
             files,
             tensors,
         })
@@ -246,26 +260,19 @@ impl Checkpoint {
     /// `name` widened to f32 (f32, bf16 or f16 storage).
     pub fn f32(&self, name: &str) -> Result<Vec<f32>, EngineError> {
         let t = self.info(name)?;
-        let b = self.bytes(name)?;
-        Ok(match t.dtype {
-            Dtype::F32 => b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Dtype::BF16 => b
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::F16 => b
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
+        let width = match t.dtype {
+            Dtype::F32 => 4,
+            Dtype::BF16 | Dtype::F16 => 2,
             d => {
                 return Err(EngineError::Checkpoint(format!(
                     "{name}: dtype {d:?} is not a float dtype the engine widens"
                 )))
             }
-        })
+        };
+        let b = self.bytes(name)?;
+        let mut out = vec![0.0; b.len() / width];
+        widen(t.dtype, b, &mut out);
+        Ok(out)
     }
 
     /// `name` as bf16 bits (bf16 storage only).

@@ -6,7 +6,7 @@
 //! Gemma's sandwich norm on its output; the residual add; `norm` again; the gated MLP; the sandwich norm; the
 //! residual add. The families differ only in the facts `runtime` carries.
 
-use kernels::attention::{self, AttnDims, KvSlice, KvSliceMut, PagedKv, RingKv, Rope};
+use kernels::attention::{self, AttnDims, KvSlice, PagedKv, RingKv, Rope};
 use kernels::backend::{self, Weight};
 use kernels::gdn::{self, GdnDims, GdnInputs, GdnWeights};
 use kernels::ops::{self, EmbeddingTable, NormWeight};
@@ -14,7 +14,7 @@ use planner::model::{Activation, LayerKind, ModelSpec, NormForm, OutputGate, Sto
 use planner::profile::WeightFormat;
 
 use crate::cache::Caches;
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{widen, Checkpoint};
 use crate::profile::{self, Op};
 use crate::EngineError;
 
@@ -139,7 +139,6 @@ enum Mixer {
 }
 
 struct Layer {
-    kind: LayerKind,
     input_norm: Vec<f32>,
     post_attn_norm: Vec<f32>,
     /// Gemma's extra norms: before the MLP and after it (`post_attn_norm` then norms the attention output).
@@ -191,22 +190,6 @@ fn load_linear(ck: &Checkpoint, module: &str, mode: WeightMode) -> Result<Weight
         ck.release(&format!("{module}.{t}"));
     }
     Ok(w)
-}
-
-/// Widens little-endian f32 / f16 / bf16 bytes into `out` (one element per `out` entry).
-fn widen(dtype: safetensors::Dtype, src: &[u8], out: &mut [f32]) {
-    let width = if dtype == safetensors::Dtype::F32 {
-        4
-    } else {
-        2
-    };
-    for (d, c) in out.iter_mut().zip(src.chunks_exact(width)) {
-        *d = match dtype {
-            safetensors::Dtype::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
-            safetensors::Dtype::F16 => half::f16::from_le_bytes([c[0], c[1]]).to_f32(),
-            _ => half::bf16::from_le_bytes([c[0], c[1]]).to_f32(),
-        };
-    }
 }
 
 /// Several dense linear modules with the same input, fused at load into one weight (rows of each in order), with
@@ -556,7 +539,6 @@ impl Model {
                 }
             };
             layers.push(Layer {
-                kind,
                 input_norm: norm_vec(ck, &format!("{lp}.input_layernorm.weight"))?,
                 post_attn_norm: norm_vec(ck, &format!("{lp}.post_attention_layernorm.weight"))?,
                 pre_ff_norm: if rt.sandwich_norms {
@@ -786,7 +768,6 @@ impl Model {
             }
             let _t = profile::span(Op::Small);
             x.iter_mut().zip(&m).for_each(|(a, b)| *a += b);
-            let _ = layer.kind;
         }
         // Logits of each sequence's last token only.
         let rows: Vec<usize> = if prefill || chunk {
@@ -871,13 +852,7 @@ impl Model {
                 lin(wk, x, t, &mut k)?;
                 lin(wv, x, t, &mut v)?;
                 if gated {
-                    // Per head: head_dim query values, then head_dim gate values.
-                    let mut q = Vec::with_capacity(t * qw);
-                    let mut g = Vec::with_capacity(t * qw);
-                    for head in qg.chunks_exact(2 * d.head_dim) {
-                        q.extend_from_slice(&head[..d.head_dim]);
-                        g.extend_from_slice(&head[d.head_dim..]);
-                    }
+                    let (q, g) = split_gate(&qg, d.head_dim);
                     (q, k, v, Some(g))
                 } else {
                     (qg, k, v, None)
@@ -892,21 +867,18 @@ impl Model {
                     Vec::with_capacity(t * kvw),
                     Vec::with_capacity(t * kvw),
                 );
-                let mut g = Vec::new();
                 for row in all.chunks_exact(n) {
                     let (qpart, kv) = row.split_at(*q_rows);
-                    if gated {
-                        for head in qpart.chunks_exact(2 * d.head_dim) {
-                            q.extend_from_slice(&head[..d.head_dim]);
-                            g.extend_from_slice(&head[d.head_dim..]);
-                        }
-                    } else {
-                        q.extend_from_slice(qpart);
-                    }
+                    q.extend_from_slice(qpart);
                     k.extend_from_slice(&kv[..kvw]);
                     v.extend_from_slice(&kv[kvw..]);
                 }
-                (q, k, v, gated.then_some(g))
+                if gated {
+                    let (q, g) = split_gate(&q, d.head_dim);
+                    (q, k, v, Some(g))
+                } else {
+                    (q, k, v, None)
+                }
             }
         };
         for (buf, bias) in [
@@ -1104,6 +1076,18 @@ pub struct Step<'a> {
     pub tokens: &'a [u32],
 }
 
+/// Splits a gated q projection's output (per head: `head_dim` query values, then `head_dim` gate values) into the
+/// queries and the gates, each `[rows, heads, head_dim]`.
+fn split_gate(qg: &[f32], head_dim: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut q = Vec::with_capacity(qg.len() / 2);
+    let mut g = Vec::with_capacity(qg.len() / 2);
+    for head in qg.chunks_exact(2 * head_dim) {
+        q.extend_from_slice(&head[..head_dim]);
+        g.extend_from_slice(&head[head_dim..]);
+    }
+    (q, g)
+}
+
 /// A linear call, timed as [`Op::Linear`] when profiling.
 fn lin(w: &Weight, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), EngineError> {
     let _t = profile::span(Op::Linear);
@@ -1113,6 +1097,3 @@ fn lin(w: &Weight, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), EngineError
 pub(crate) fn kerr(e: kernels::KernelError) -> EngineError {
     EngineError::Kernel(e.to_string())
 }
-
-#[allow(dead_code)]
-fn _assert_mut_slice(_: KvSliceMut<'_>) {}

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use planner::model::{ModelCard, SourceFile};
+use planner::model::SourceFile;
 use planner::{Plan, Verdict, Workload};
 
 use crate::checkpoint::Checkpoint;
@@ -122,23 +122,7 @@ pub fn plan(
         return Plan::from_toml(&p.display().to_string(), &text)
             .map_err(|e| EngineError::Plan(format!("{:?}", miette::Report::new(e))));
     }
-    let quant = ck.dir.join("hf_quant_config.json");
-    let card = ModelCard {
-        id: ck.spec.id.clone(),
-        config: SourceFile {
-            path: ck.dir.join("config.json").display().to_string(),
-            text: ck.config_text.clone(),
-        },
-        quant_config: if quant.exists() {
-            Some(SourceFile {
-                path: quant.display().to_string(),
-                text: std::fs::read_to_string(&quant).map_err(|e| EngineError::io(&quant, e))?,
-            })
-        } else {
-            None
-        },
-    };
-    planner::plan::plan(&card, profile, workload)
+    planner::plan::plan(&ck.card, profile, workload)
         .map_err(|e| EngineError::Plan(format!("{:?}", miette::Report::new(e))))
 }
 

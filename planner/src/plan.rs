@@ -1029,6 +1029,22 @@ mod tests {
         }
     }
 
+    /// The small model with a second tensor per layer (a norm after its weight), so a pinned offload can split a
+    /// layer.
+    fn spec_with_norms() -> ModelSpec {
+        let mut inv = small_model();
+        for l in 0..4 {
+            inv.push(tensor(
+                &format!("layers.{l}.norm"),
+                2,
+                Access::EveryToken,
+                Role::Small,
+                Some(l),
+            ));
+        }
+        spec(inv)
+    }
+
     fn unit_plan(spec: &ModelSpec, vram: u64, w: &Workload) -> (Plan, Assignment) {
         let profile = two_pools(vram, 100_000);
         let cache = crate::model::cache_budget(spec, &w.cache_workload());
@@ -1055,18 +1071,7 @@ mod tests {
 
     #[test]
     fn pool_for_reproduces_the_assignment_tensor_by_tensor() {
-        let mut inv = small_model();
-        // A second tensor per layer, so a pinned offload can split a layer.
-        for l in 0..4 {
-            inv.push(tensor(
-                &format!("layers.{l}.norm"),
-                2,
-                Access::EveryToken,
-                Role::Small,
-                Some(l),
-            ));
-        }
-        let s = spec(inv);
+        let s = spec_with_norms();
         for (vram, offload) in [
             (100_000, None),
             (600, None),
@@ -1152,17 +1157,7 @@ mod tests {
 
     #[test]
     fn a_split_layer_shows_as_split_in_both_pools() {
-        let mut inv = small_model();
-        for l in 0..4 {
-            inv.push(tensor(
-                &format!("layers.{l}.norm"),
-                2,
-                Access::EveryToken,
-                Role::Small,
-                Some(l),
-            ));
-        }
-        let s = spec(inv);
+        let s = spec_with_norms();
         // 150 bytes pinned in checkpoint order: layers.0 (100) and layers.1 (100) move; each layer's norm comes after
         // all the layers in this inventory, so layers 0 and 1 are split between the pools.
         let w = Workload {

@@ -249,7 +249,8 @@ mod tests {
         }
     }
 
-    fn corrupt(tag: &str, edit: impl FnOnce(&mut Vec<u8>)) -> String {
+    /// A fresh directory holding the llama fixture's config only.
+    fn config_only(tag: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("edgefit-xtask-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -258,6 +259,11 @@ mod tests {
             dir.join("config.json"),
         )
         .unwrap();
+        dir
+    }
+
+    fn corrupt(tag: &str, edit: impl FnOnce(&mut Vec<u8>)) -> String {
+        let dir = config_only(tag);
         let mut bytes = std::fs::read(fixture("llama-bf16").join("model.safetensors")).unwrap();
         edit(&mut bytes);
         std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
@@ -273,6 +279,9 @@ mod tests {
         assert!(corrupt("past", |b| b[..8]
             .copy_from_slice(&(1u64 << 40).to_le_bytes()))
         .contains("above the"));
+        assert!(corrupt("beyond", |b| b[..8]
+            .copy_from_slice(&50_000_000u64.to_le_bytes()))
+        .contains("runs past the end"));
         assert!(corrupt("short", |b| b.truncate(4)).contains("shorter than"));
         assert!(corrupt("trunc", |b| {
             let n = b.len();
@@ -284,14 +293,7 @@ mod tests {
 
     #[test]
     fn a_shard_outside_the_directory_is_refused() {
-        let dir = std::env::temp_dir().join(format!("edgefit-xtask-escape-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::copy(
-            fixture("llama-bf16").join("config.json"),
-            dir.join("config.json"),
-        )
-        .unwrap();
+        let dir = config_only("escape");
         std::fs::write(
             dir.join("model.safetensors.index.json"),
             r#"{"weight_map": {"model.norm.weight": "../../etc/passwd"}}"#,

@@ -83,10 +83,16 @@ pub const ENGINE_MODEL_TYPES: &[&str] = &[
     "llama",
 ];
 
-enum Embedding {
+/// A dense embedding table as the checkpoint stores it.
+enum Table {
     F32(Vec<f32>),
     Bf16(Vec<half::bf16>),
-    /// A tied table held once, as the head's dense weight: rows are gathered from it.
+}
+
+enum Embedding {
+    /// An untied table, kept dense: a gather reads one row per token.
+    Table(Table),
+    /// A tied table held once, as the head: rows are gathered from it (dequantized when converted).
     Head,
 }
 
@@ -401,14 +407,14 @@ impl Model {
             conv_kernel: g.conv_kernel as usize,
         });
         let embed_info = ck.info(&rt.embedding)?;
-        let embed = match embed_info.dtype {
-            safetensors::Dtype::BF16 => Embedding::Bf16(
+        let table = match embed_info.dtype {
+            safetensors::Dtype::BF16 => Table::Bf16(
                 ck.bf16_bits(&rt.embedding)?
                     .into_iter()
                     .map(half::bf16::from_bits)
                     .collect(),
             ),
-            _ => Embedding::F32(ck.f32(&rt.embedding)?),
+            _ => Table::F32(ck.f32(&rt.embedding)?),
         };
         ck.release(&rt.embedding);
         // Gemma multiplies by sqrt(hidden) rounded to the model dtype.
@@ -564,43 +570,35 @@ impl Model {
             progress(i + 1, spec.layers.len());
         }
         let vocab = usize_of(spec.vocab_size, "vocab_size")?;
-        let mut embed = embed;
-        let lm_head = if spec.tie_word_embeddings {
+        let (embed, lm_head) = if spec.tie_word_embeddings {
             // The tied head reads the whole table every token, so it takes the plan's weight path; the table is
-            // held once, as the head, and rows are gathered from it (dequantized when converted). An untied
-            // embedding stays dense: a gather reads one row per token (the seed's opposite decision).
-            match (mode, std::mem::replace(&mut embed, Embedding::Head)) {
-                (WeightMode::Exact, Embedding::F32(w)) => Weight::f32(w, vocab, hidden),
-                (WeightMode::Exact, Embedding::Bf16(w)) => {
+            // held once, as the head, and rows are gathered from it (dequantized when converted, as llama.cpp's
+            // Q4_0 does). An untied embedding stays dense (the seed's opposite decision).
+            let head = match (mode, table) {
+                (WeightMode::Exact, Table::F32(w)) => Weight::f32(w, vocab, hidden),
+                (WeightMode::Exact, Table::Bf16(w)) => {
                     Weight::bf16(w.into_iter().map(|b| b.to_bits()).collect(), vocab, hidden)
                 }
-                (_, Embedding::Head) => unreachable_head(),
-                (_, e) => {
+                (_, table) => {
                     let (a8, group) = mode.int4();
-                    let w = Weight::int4_from_rows(vocab, hidden, group, a8, |row0, buf| {
+                    Weight::int4_from_rows(vocab, hidden, group, a8, |row0, buf| {
                         let src_row = row0 * hidden;
-                        match &e {
-                            Embedding::Head => {}
-                            Embedding::F32(w) => {
-                                buf.copy_from_slice(&w[src_row..src_row + buf.len()])
-                            }
-                            Embedding::Bf16(w) => {
+                        match &table {
+                            Table::F32(w) => buf.copy_from_slice(&w[src_row..src_row + buf.len()]),
+                            Table::Bf16(w) => {
                                 for (d, s) in buf.iter_mut().zip(&w[src_row..]) {
                                     *d = s.to_f32();
                                 }
                             }
                         }
                         Ok(())
-                    });
-                    // The plan converts the one tied tensor; its rows are gathered from the int4 head, as
-                    // llama.cpp's Q4_0 does, rather than keeping a second, dense copy.
-                    drop(e);
-                    w
+                    })
                 }
             }
-            .map_err(|e| EngineError::Kernel(format!("tied lm_head: {e}")))?
+            .map_err(|e| EngineError::Kernel(format!("tied lm_head: {e}")))?;
+            (Embedding::Head, head)
         } else {
-            load_linear(ck, "lm_head", mode)?
+            (Embedding::Table(table), load_linear(ck, "lm_head", mode)?)
         };
         let mut model = Model {
             final_norm: norm_vec(ck, &format!("{p}.norm.weight"))?,
@@ -655,8 +653,8 @@ impl Model {
     fn count_bytes(&self) -> (u64, u64) {
         let lin: u64 = self.linears().iter().map(|w| w.bytes() as u64).sum();
         let (embed, row) = match &self.embed {
-            Embedding::F32(w) => (w.len() as u64 * 4, self.spec.hidden_size * 4),
-            Embedding::Bf16(w) => (w.len() as u64 * 2, self.spec.hidden_size * 2),
+            Embedding::Table(Table::F32(w)) => (w.len() as u64 * 4, self.spec.hidden_size * 4),
+            Embedding::Table(Table::Bf16(w)) => (w.len() as u64 * 2, self.spec.hidden_size * 2),
             // Held once, as the head (already counted); a gathered row is a row of it.
             Embedding::Head => (0, (self.lm_head.bytes() / self.lm_head.n().max(1)) as u64),
         };
@@ -724,8 +722,12 @@ impl Model {
         let mut x = vec![0.0f32; t * h];
         let t_embed = profile::span(Op::Embed);
         match &self.embed {
-            Embedding::F32(w) => ops::embedding_gather(EmbeddingTable::F32(w), h, &ids, &mut x),
-            Embedding::Bf16(w) => ops::embedding_gather(EmbeddingTable::Bf16(w), h, &ids, &mut x),
+            Embedding::Table(Table::F32(w)) => {
+                ops::embedding_gather(EmbeddingTable::F32(w), h, &ids, &mut x)
+            }
+            Embedding::Table(Table::Bf16(w)) => {
+                ops::embedding_gather(EmbeddingTable::Bf16(w), h, &ids, &mut x)
+            }
             Embedding::Head => ids
                 .iter()
                 .zip(x.chunks_exact_mut(h))
@@ -1056,14 +1058,6 @@ impl Model {
         lin(&g.out, &out, t, &mut o)?;
         Ok(o)
     }
-}
-
-/// The head is built from a table that was just loaded, never from itself.
-fn unreachable_head() -> Result<Weight, kernels::KernelError> {
-    Err(kernels::KernelError::shape(
-        "tied lm_head",
-        "the embedding table was already moved into the head",
-    ))
 }
 
 /// One sequence's part of a [`Model::forward`] call.

@@ -16,7 +16,7 @@ use std::time::Instant;
 use clap::{Args, Parser, Subcommand};
 use engine::checkpoint::Checkpoint;
 use engine::generate::{generate_until, GenerateOptions};
-use engine::tokenizer::{GenerationConfig, Tokenizer};
+use engine::tokenizer::{Detok, GenerationConfig, Tokenizer};
 use engine::{Engine, EngineError, Model, WeightMode};
 use kernels::sampling::SamplingParams;
 use miette::IntoDiagnostic;
@@ -259,8 +259,6 @@ fn run_generate(a: GenerateArgs) -> miette::Result<()> {
             ),
         }
     }
-    // Streamed text holds back as many bytes as the longest stop string could still need.
-    let hold = stop_strings.iter().map(|s| s.len()).max().unwrap_or(1) - 1;
     let temperature = a.temperature.or(gen_cfg.temperature).unwrap_or(0.0);
     let opts = GenerateOptions {
         max_new_tokens: a.max_new_tokens,
@@ -278,44 +276,23 @@ fn run_generate(a: GenerateArgs) -> miette::Result<()> {
         keep_logits: a.dump_logits.is_some(),
     };
     let stream = !a.json && tok.is_some();
-    let mut so_far = Vec::new();
-    let mut printed = 0usize;
-    // Where the first stop string begins in the generated text, once one has appeared.
-    let mut stop_at: Option<usize> = None;
+    // The server's incremental detokenizer: text is released as it completes, up to the first stop string (left
+    // out), holding back what a stop string could still need.
+    let mut detok = Detok::new();
+    let mut released = String::new();
+    let mut stopped = false;
     let g = generate_until(&mut l.engine, &prompt, &opts, |id| {
         let Some(t) = &tok else { return true };
-        so_far.push(id);
-        let Ok(text) = t.decode(&so_far) else {
-            return true;
-        };
-        stop_at = stop_strings
-            .iter()
-            .filter_map(|s| text.find(s.as_str()))
-            .min();
+        detok.push(t, id, false);
+        let (piece, hit) = detok.release(&stop_strings, false);
         if stream {
-            let mut upto = match stop_at {
-                Some(at) => at,
-                None => text.len().saturating_sub(hold),
-            };
-            while !text.is_char_boundary(upto) {
-                upto -= 1;
-            }
-            if upto > printed {
-                print!("{}", &text[printed..upto]);
-                let _ = std::io::stdout().flush();
-                printed = upto;
-            }
+            print!("{piece}");
+            let _ = std::io::stdout().flush();
         }
-        stop_at.is_none()
+        released.push_str(&piece);
+        stopped = hit;
+        !hit
     })?;
-    if stream && stop_at.is_none() {
-        // The held-back tail of a generation no stop string ended.
-        if let Some(Ok(text)) = tok.as_ref().map(|t| t.decode(&so_far)) {
-            if text.len() > printed && text.is_char_boundary(printed) {
-                print!("{}", &text[printed..]);
-            }
-        }
-    }
     if let Some(path) = &a.dump_logits {
         let bytes: Vec<u8> = g.logits.iter().flat_map(|v| v.to_le_bytes()).collect();
         write_atomic(path, &bytes)?;
@@ -327,13 +304,15 @@ fn run_generate(a: GenerateArgs) -> miette::Result<()> {
         0.0
     };
     let p = predicted(&l.plan);
-    let mut text = match &tok {
+    let sent = released.len();
+    let text = match &tok {
+        Some(_) if stopped => released,
         Some(t) => t.decode(&g.tokens)?,
         None => String::new(),
     };
-    if let Some(at) = stop_at {
-        // OpenAI's convention: the stop string is not part of the text.
-        text.truncate(at);
+    if stream && !stopped && text.len() > sent && text.is_char_boundary(sent) {
+        // The tail the detokenizer still held back when generation ended.
+        print!("{}", &text[sent..]);
     }
     if a.json {
         let out = serde_json::json!({

@@ -20,7 +20,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::metrics::Shared;
 use crate::cache::PAGE_SIZE;
 use crate::generate::{penalize, pick, FinishReason, GenerateOptions};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{Detok, Tokenizer};
 use crate::Engine;
 
 /// What the HTTP side sends to the loop.
@@ -73,81 +73,6 @@ pub(crate) enum Event {
         status: u16,
         message: String,
     },
-}
-
-/// Incremental detokenization: text is released only once it no longer ends in an incomplete character, decoding
-/// a short window of earlier tokens for context (as TGI and vLLM do) instead of the whole sequence each step.
-struct Detok {
-    ids: Vec<u32>,
-    prefix: usize,
-    read: usize,
-    text: String,
-    sent: usize,
-}
-
-impl Detok {
-    fn new() -> Detok {
-        Detok {
-            ids: Vec::new(),
-            prefix: 0,
-            read: 0,
-            text: String::new(),
-            sent: 0,
-        }
-    }
-
-    fn push(&mut self, tok: &Tokenizer, id: u32, last: bool) {
-        self.ids.push(id);
-        let before = tok
-            .decode(&self.ids[self.prefix..self.read])
-            .unwrap_or_default();
-        let now = tok.decode(&self.ids[self.prefix..]).unwrap_or_default();
-        if now.len() > before.len() && (last || !now.ends_with('\u{FFFD}')) {
-            if let Some(d) = now.get(before.len()..) {
-                self.text.push_str(d);
-                self.prefix = self.read;
-                self.read = self.ids.len();
-            }
-        }
-    }
-
-    /// Text not yet sent that can be sent: up to the first stop string (then `true`), else all but a suffix that
-    /// could still become a stop string.
-    fn release(&mut self, stops: &[String], last: bool) -> (String, bool) {
-        let longest = stops.iter().map(|s| s.len()).max().unwrap_or(0);
-        let mut from = self.sent.saturating_sub(longest);
-        while !self.text.is_char_boundary(from) {
-            from -= 1;
-        }
-        let hit = stops
-            .iter()
-            .filter(|s| !s.is_empty())
-            .filter_map(|s| self.text[from..].find(s.as_str()).map(|p| from + p))
-            .min();
-        if let Some(pos) = hit {
-            let out = self.text.get(self.sent..pos).unwrap_or("").to_string();
-            self.text.truncate(pos.max(self.sent));
-            self.sent = self.text.len();
-            return (out, true);
-        }
-        let mut end = self.text.len();
-        if !last {
-            let hold = stops
-                .iter()
-                .flat_map(|s| {
-                    (1..s.len())
-                        .filter(|&k| s.is_char_boundary(k) && self.text.ends_with(&s[..k]))
-                        .max()
-                })
-                .max()
-                .unwrap_or(0);
-            end -= hold;
-        }
-        let end = end.max(self.sent);
-        let out = self.text[self.sent..end].to_string();
-        self.sent = end;
-        (out, false)
-    }
 }
 
 struct Seq {

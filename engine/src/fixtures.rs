@@ -47,14 +47,16 @@ fn dtype_name(b: Build) -> &'static str {
     }
 }
 
+/// Qwen3.5's DeltaNet heads are 128 wide, as in every released model: the CUDA DeltaNet kernels are built for
+/// that size only, so the fixture runs the same kernels on the GPU as the real model does.
 fn qwen3_5(build: Build) -> Value {
     let mut c = json!({
         "architectures": ["Qwen3_5ForCausalLM"],
         "model_type": "qwen3_5_text",
         "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-        "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-        "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+        "linear_num_key_heads": 1, "linear_num_value_heads": 2,
+        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
         "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
         "full_attention_interval": 4,
         "hidden_act": "silu", "rms_norm_eps": 1e-6, "vocab_size": VOCAB,

@@ -399,6 +399,79 @@ fn copy_cols_copies_exactly_the_block_and_nothing_else() {
     }
 }
 
+/// Any [`Gpu::copy_cols`] call on small buffers: accepted exactly when every range is inside its buffer (the
+/// extents computed in u128, so they cannot wrap) and destination rows cannot overlap, and then the same copy as on
+/// the CPU, every other destination element untouched. Dimensions are zero, small or huge (products that overflow
+/// `usize`).
+#[test]
+fn copy_cols_accepts_exactly_the_in_range_calls_and_copies_them() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let Some(gpu) = gpu() else { return };
+    let dim = || {
+        prop_oneof![
+            Just(0usize),
+            1usize..9,
+            Just(usize::MAX / 2),
+            Just(usize::MAX)
+        ]
+    };
+    let strategy = (
+        [dim(), dim(), dim(), dim(), dim(), dim()],
+        1usize..64,
+        1usize..64,
+        any::<u64>(),
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 256,
+        ..Config::default()
+    });
+    runner
+        .run(
+            &strategy,
+            |([sc, so, dc, doff, rows, width], slen, dlen, seed)| {
+                let extent = |cols: usize, off: usize| {
+                    (rows as u128).saturating_sub(1) * cols as u128 + off as u128 + width as u128
+                };
+                let ok = rows > 0
+                    && width > 0
+                    && (rows == 1 || width <= dc)
+                    && extent(sc, so) <= slen as u128
+                    && extent(dc, doff) <= dlen as u128;
+                let mut r = <ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed);
+                let src = uniform(&mut r, slen, 1.0);
+                let dst0 = uniform(&mut r, dlen, 1.0);
+                let mut dd = gpu.upload(&dst0).unwrap();
+                let res = gpu.copy_cols(
+                    &gpu.upload(&src).unwrap(),
+                    sc,
+                    so,
+                    &mut dd,
+                    dc,
+                    doff,
+                    rows,
+                    width,
+                );
+                prop_assert_eq!(res.is_ok(), ok, "{:?}", res);
+                let mut want = dst0.clone();
+                if ok {
+                    for row in 0..rows {
+                        for c in 0..width {
+                            want[row * dc + doff + c] = src[row * sc + so + c];
+                        }
+                    }
+                }
+                let got = gpu.download(&dd).unwrap();
+                prop_assert!(got
+                    .iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits()));
+                Ok(())
+            },
+        )
+        .unwrap();
+}
+
 // ---- attention over per-slot f32 caches -----------------------------------------------------------------------
 
 /// One attention case: random caches (the history), `t` new tokens at random (slot, pos) pairs with distinct

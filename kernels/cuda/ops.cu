@@ -998,3 +998,201 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
         }
     }
 }
+
+// ---- f32 elementwise ops of the engine's exact path ----------------------------------------------------------------
+// Casts, the gated activations with f32 output, the sigmoid output gates, the logit softcap, in-place adds and
+// scales, bias rows and strided column copies, all over f32 activations (kernels/src/cuda/ops.rs has the checks).
+// The flat ones take their length in 64 bits and walk it with a grid stride: 16-byte accesses over the first
+// floor(n / 4) * 4 elements (aligned: the buffers are whole 256-byte-aligned allocations), then the tail one by
+// one. The row-wise ones put the columns on grid.x and stride the rows over grid.y.
+namespace {
+
+constexpr int EW_THREADS = 256;
+
+__device__ __forceinline__ float sigmoid_f(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+// Gemma's gelu_pytorch_tanh, the CPU's formula (kernels/src/backend.rs, gelu_tanh_and_mul).
+__device__ __forceinline__ float gelu_tanh_f(float g) {
+    const float t = tanhf(0.7978846f * (g + 0.044715f * g * g * g));
+    return 0.5f * g * (1.0f + t);
+}
+
+// ACT: 0 SiLU, 1 GELU (erf), 2 GELU (tanh); the order of kernels::ops::GatedAct.
+template <int ACT>
+__device__ __forceinline__ float gated_act(float g) {
+    return ACT == 0 ? silu_f(g) : ACT == 1 ? gelu_f(g) : gelu_tanh_f(g);
+}
+
+// out[r][j] = act(gate_up[r][j]) * gate_up[r][inter + j], fp32 out. Grid (rows, ceil(inter / 1024)), four outputs
+// per thread as glu_chunk_to (float4 when inter % 4 == 0).
+template <int ACT>
+__device__ __forceinline__ void act_and_mul_row(const float* __restrict__ gate_up, float* __restrict__ out,
+                                                int inter) {
+    const size_t row = blockIdx.x;
+    const float* g = gate_up + row * 2 * (size_t)inter;
+    const float* u = g + inter;
+    float* o = out + row * (size_t)inter;
+    const int j = (blockIdx.y * GLU_THREADS + threadIdx.x) * 4;
+    if (j >= inter) return;
+    if ((inter & 3) == 0) {
+        const float4 gv = *reinterpret_cast<const float4*>(g + j);
+        const float4 uv = *reinterpret_cast<const float4*>(u + j);
+        *reinterpret_cast<float4*>(o + j) =
+            make_float4(gated_act<ACT>(gv.x) * uv.x, gated_act<ACT>(gv.y) * uv.y, gated_act<ACT>(gv.z) * uv.z,
+                        gated_act<ACT>(gv.w) * uv.w);
+    } else {
+        const int end = min(j + 4, inter);
+        for (int i = j; i < end; ++i) o[i] = gated_act<ACT>(g[i]) * u[i];
+    }
+}
+
+// Calls f(i) for every i in [0, n / 4) (the vector part) and t(i) for every i in [4 * (n / 4), n) (the tail),
+// grid-stride over the whole grid.
+template <typename F, typename T>
+__device__ __forceinline__ void ew_walk(unsigned long long n, F&& f, T&& t) {
+    const unsigned long long stride = (unsigned long long)gridDim.x * EW_THREADS;
+    const unsigned long long tid = (unsigned long long)blockIdx.x * EW_THREADS + threadIdx.x;
+    const unsigned long long n4 = n / 4;
+    for (unsigned long long i = tid; i < n4; i += stride) f(i);
+    for (unsigned long long i = 4 * n4 + tid; i < n; i += stride) t(i);
+}
+
+// The CPU's f32_to_bf16 (kernels/src/formats.rs) bit for bit: round to nearest even, NaN kept quiet with its sign
+// and top payload bits (cvt.rn.bf16.f32 would give the canonical NaN instead).
+__device__ __forceinline__ uint32_t f32_to_bf16_bits(float x) {
+    const uint32_t b = __float_as_uint(x);
+    if (x != x) return (b >> 16) | 0x0040u;
+    return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+}
+
+}  // namespace
+
+// gate_up fp32 [rows, 2 * inter] (gate first), out fp32 [rows, inter].
+extern "C" __global__ void __launch_bounds__(GLU_THREADS)
+    silu_and_mul_f32(const float* __restrict__ gate_up, float* __restrict__ out, int inter) {
+    act_and_mul_row<0>(gate_up, out, inter);
+}
+extern "C" __global__ void __launch_bounds__(GLU_THREADS)
+    gelu_and_mul_f32(const float* __restrict__ gate_up, float* __restrict__ out, int inter) {
+    act_and_mul_row<1>(gate_up, out, inter);
+}
+extern "C" __global__ void __launch_bounds__(GLU_THREADS)
+    gelu_tanh_and_mul_f32(const float* __restrict__ gate_up, float* __restrict__ out, int inter) {
+    act_and_mul_row<2>(gate_up, out, inter);
+}
+
+// x fp32 [n] -> out bf16 bits [n].
+extern "C" __global__ void __launch_bounds__(EW_THREADS)
+    cast_f32_to_bf16(const float* __restrict__ x, uint16_t* __restrict__ out, unsigned long long n) {
+    ew_walk(
+        n,
+        [&](unsigned long long i) {
+            const float4 v = reinterpret_cast<const float4*>(x)[i];
+            uint2 u;
+            u.x = f32_to_bf16_bits(v.x) | (f32_to_bf16_bits(v.y) << 16);
+            u.y = f32_to_bf16_bits(v.z) | (f32_to_bf16_bits(v.w) << 16);
+            reinterpret_cast<uint2*>(out)[i] = u;
+        },
+        [&](unsigned long long i) { out[i] = (uint16_t)f32_to_bf16_bits(x[i]); });
+}
+
+// x bf16 bits [n] -> out fp32 [n] (exact).
+extern "C" __global__ void __launch_bounds__(EW_THREADS)
+    cast_bf16_to_f32(const uint16_t* __restrict__ x, float* __restrict__ out, unsigned long long n) {
+    ew_walk(
+        n,
+        [&](unsigned long long i) {
+            const uint2 u = reinterpret_cast<const uint2*>(x)[i];
+            const float2 a = bf16x2_to_float2(u.x), b = bf16x2_to_float2(u.y);
+            reinterpret_cast<float4*>(out)[i] = make_float4(a.x, a.y, b.x, b.y);
+        },
+        [&](unsigned long long i) { out[i] = __uint_as_float((uint32_t)x[i] << 16); });
+}
+
+// x[i] *= sigmoid(gate[i]).
+extern "C" __global__ void __launch_bounds__(EW_THREADS)
+    sigmoid_gate_f32(float* __restrict__ x, const float* __restrict__ gate, unsigned long long n) {
+    ew_walk(
+        n,
+        [&](unsigned long long i) {
+            float4 v = reinterpret_cast<float4*>(x)[i];
+            const float4 g = reinterpret_cast<const float4*>(gate)[i];
+            v.x *= sigmoid_f(g.x); v.y *= sigmoid_f(g.y); v.z *= sigmoid_f(g.z); v.w *= sigmoid_f(g.w);
+            reinterpret_cast<float4*>(x)[i] = v;
+        },
+        [&](unsigned long long i) { x[i] *= sigmoid_f(gate[i]); });
+}
+
+// x[i] = cap * tanh(x[i] / cap).
+extern "C" __global__ void __launch_bounds__(EW_THREADS)
+    softcap_f32(float* __restrict__ x, float cap, unsigned long long n) {
+    const auto sc = [cap](float v) { return cap * tanhf(v / cap); };
+    ew_walk(
+        n,
+        [&](unsigned long long i) {
+            float4 v = reinterpret_cast<float4*>(x)[i];
+            v.x = sc(v.x); v.y = sc(v.y); v.z = sc(v.z); v.w = sc(v.w);
+            reinterpret_cast<float4*>(x)[i] = v;
+        },
+        [&](unsigned long long i) { x[i] = sc(x[i]); });
+}
+
+// x[i] += y[i].
+extern "C" __global__ void __launch_bounds__(EW_THREADS)
+    add_assign_f32(float* __restrict__ x, const float* __restrict__ y, unsigned long long n) {
+    ew_walk(
+        n,
+        [&](unsigned long long i) {
+            float4 v = reinterpret_cast<float4*>(x)[i];
+            const float4 w = reinterpret_cast<const float4*>(y)[i];
+            v.x += w.x; v.y += w.y; v.z += w.z; v.w += w.w;
+            reinterpret_cast<float4*>(x)[i] = v;
+        },
+        [&](unsigned long long i) { x[i] += y[i]; });
+}
+
+// x[i] *= s.
+extern "C" __global__ void __launch_bounds__(EW_THREADS)
+    scale_assign_f32(float* __restrict__ x, float s, unsigned long long n) {
+    ew_walk(
+        n,
+        [&](unsigned long long i) {
+            float4 v = reinterpret_cast<float4*>(x)[i];
+            v.x *= s; v.y *= s; v.z *= s; v.w *= s;
+            reinterpret_cast<float4*>(x)[i] = v;
+        },
+        [&](unsigned long long i) { x[i] *= s; });
+}
+
+// x [groups, d] *= sigmoid(gate [groups]) per group (a group is one head of one token). Grid
+// (ceil(d / 256), min(groups, 65535)), the groups strided over grid.y.
+extern "C" __global__ void __launch_bounds__(EW_THREADS)
+    sigmoid_head_gate_f32(float* __restrict__ x, const float* __restrict__ gate, unsigned long long groups, int d) {
+    const int j = blockIdx.x * EW_THREADS + threadIdx.x;
+    if (j >= d) return;
+    for (unsigned long long g = blockIdx.y; g < groups; g += gridDim.y) x[g * d + j] *= sigmoid_f(gate[g]);
+}
+
+// x [rows, n] += bias [n]. Grid (ceil(n / 256), min(rows, 65535)), the rows strided over grid.y.
+extern "C" __global__ void __launch_bounds__(EW_THREADS)
+    add_bias_rows_f32(float* __restrict__ x, const float* __restrict__ bias, unsigned long long rows, int n) {
+    const int j = blockIdx.x * EW_THREADS + threadIdx.x;
+    if (j >= n) return;
+    const float b = bias[j];
+    for (unsigned long long r = blockIdx.y; r < rows; r += gridDim.y) x[r * n + j] += b;
+}
+
+// dst[r * dst_cols + dst_off + c] = src[r * src_cols + src_off + c] for r < rows, c < width. Grid
+// (min(ceil(width / 256), 4096), min(rows, 65535)), both strided.
+extern "C" __global__ void __launch_bounds__(EW_THREADS)
+    copy_cols_f32(const float* __restrict__ src, unsigned long long src_cols, unsigned long long src_off,
+                  float* __restrict__ dst, unsigned long long dst_cols, unsigned long long dst_off,
+                  unsigned long long rows, unsigned long long width) {
+    for (unsigned long long r = blockIdx.y; r < rows; r += gridDim.y) {
+        const float* s = src + r * src_cols + src_off;
+        float* d = dst + r * dst_cols + dst_off;
+        for (unsigned long long c = (unsigned long long)blockIdx.x * EW_THREADS + threadIdx.x; c < width;
+             c += (unsigned long long)gridDim.x * EW_THREADS)
+            d[c] = s[c];
+    }
+}

@@ -389,6 +389,33 @@ pub fn gelu_and_mul_with(
     glu_with("ops::gelu_and_mul", true, isa, threads, gate_up, inter, out)
 }
 
+/// The activation of a gated MLP (`act(gate) * up`): what a model's `hidden_act` names. One name for the op on
+/// both devices: [`act_and_mul`] on the CPU, `Gpu::act_and_mul_f32` on the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatedAct {
+    /// `silu` (Llama, Qwen): [`silu_and_mul`].
+    Silu,
+    /// `gelu`, the exact erf form (Spark): [`gelu_and_mul`].
+    GeluErf,
+    /// `gelu_pytorch_tanh` (Gemma): [`crate::backend::gelu_tanh_and_mul`].
+    GeluTanh,
+}
+
+/// `out = act(gate) * up` over rows of `gate_up` (`[rows, 2*inter]`, gate first; `out` `[rows, inter]`), the
+/// activation `act` names: [`silu_and_mul`], [`gelu_and_mul`] or [`crate::backend::gelu_tanh_and_mul`].
+pub fn act_and_mul(
+    act: GatedAct,
+    gate_up: &[f32],
+    inter: usize,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    match act {
+        GatedAct::Silu => silu_and_mul(gate_up, inter, out),
+        GatedAct::GeluErf => gelu_and_mul(gate_up, inter, out),
+        GatedAct::GeluTanh => crate::backend::gelu_tanh_and_mul(gate_up, inter, out),
+    }
+}
+
 type ProbeFn = unsafe extern "C" fn(i64, *mut f32, *mut i64) -> i32;
 extern "C" {
     fn ops_fma_probe_scalar(iters: i64, sink: *mut f32, flops: *mut i64) -> i32;

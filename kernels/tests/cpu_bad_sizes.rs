@@ -163,6 +163,10 @@ proptest! {
             prop_assert_eq!(r.is_ok(), ok, "inter = {}: {:?}", inter, r);
             let r = ops::gelu_and_mul_with(isa, threads, &x, inter, &mut out);
             prop_assert_eq!(r.is_ok(), ok, "inter = {}: {:?}", inter, r);
+            for act in [ops::GatedAct::Silu, ops::GatedAct::GeluErf, ops::GatedAct::GeluTanh] {
+                let r = ops::act_and_mul(act, &x, inter, &mut out);
+                prop_assert_eq!(r.is_ok(), ok, "{:?} inter = {}: {:?}", act, inter, r);
+            }
         }
         let ok = !w.is_empty() && x.len() % w.len().max(1) == 0 && out_len == x.len();
         let r = ops::rmsnorm_with(isa, threads, &x, &w, NormWeight::OnePlus, 1e-6, &mut out);

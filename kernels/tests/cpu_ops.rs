@@ -1,8 +1,11 @@
 //! The C small ops against the f64 references on every ISA path (ragged widths, poisoned outputs, both RMSNorm
 //! forms), the Rust gather and argmax, and their error cases.
 
+use kernels::backend;
 use kernels::cpu::Isa;
-use kernels::ops::{self, argmax, embedding_gather, seq_isa_calls, EmbeddingTable, NormWeight};
+use kernels::ops::{
+    self, argmax, embedding_gather, seq_isa_calls, EmbeddingTable, GatedAct, NormWeight,
+};
 use kernels::reference;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -109,6 +112,31 @@ fn argmax_takes_the_first_maximum_and_refuses_nan() {
         .unwrap_err()
         .to_string()
         .contains("x[1] is NaN"));
+}
+
+/// `act_and_mul` is the named op of its activation, bit for bit (one name for the op on both devices).
+#[test]
+fn act_and_mul_dispatches_to_the_named_ops() {
+    let mut rng = ChaCha8Rng::seed_from_u64(22);
+    let (rows, inter) = (3, 37);
+    let gu = uniform(&mut rng, rows * 2 * inter, -4.0, 4.0);
+    for act in [GatedAct::Silu, GatedAct::GeluErf, GatedAct::GeluTanh] {
+        let mut got = vec![f32::NAN; rows * inter];
+        let mut want = vec![f32::NAN; rows * inter];
+        ops::act_and_mul(act, &gu, inter, &mut got).unwrap();
+        match act {
+            GatedAct::Silu => ops::silu_and_mul(&gu, inter, &mut want),
+            GatedAct::GeluErf => ops::gelu_and_mul(&gu, inter, &mut want),
+            GatedAct::GeluTanh => backend::gelu_tanh_and_mul(&gu, inter, &mut want),
+        }
+        .unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "{act:?}");
+        assert!(
+            ops::act_and_mul(act, &gu, inter, &mut got[1..]).is_err(),
+            "{act:?}"
+        );
+    }
 }
 
 #[test]

@@ -22,6 +22,8 @@ mod ptx {
 // One file per kernel family: each adds an `impl Device` block with its launches.
 mod attention;
 mod attention_prefill;
+mod attention_slots;
+mod dense;
 mod gdn;
 mod gdn_prefill;
 mod gemm;
@@ -47,6 +49,10 @@ enum Module {
     Ops,
     /// `cuda/gemm_sm90a.cu`: wgmma/TMA GEMMs, an sm_90a cubin only (no PTX: the `a` features do not carry over).
     GemmSm90a,
+    /// `cuda/dense.cu`: the f32 / bf16 dense GEMV and GEMM.
+    Dense,
+    /// `cuda/attention_slots.cu`: f32 KV caches of one block per slot (the engine's exact path).
+    AttentionSlots,
 }
 
 impl Module {
@@ -61,6 +67,8 @@ impl Module {
             Module::GdnPrefill => ptx::PTX_GDN_PREFILL,
             Module::AttentionPrefill => ptx::PTX_ATTENTION_PREFILL,
             Module::Ops => ptx::PTX_OPS,
+            Module::Dense => ptx::PTX_DENSE,
+            Module::AttentionSlots => ptx::PTX_ATTENTION_SLOTS,
             Module::GemmSm90a => return None,
         })
     }
@@ -75,6 +83,8 @@ impl Module {
             Module::GdnPrefill => ptx::CUBIN_SM90_GDN_PREFILL,
             Module::AttentionPrefill => ptx::CUBIN_SM90_ATTENTION_PREFILL,
             Module::Ops => ptx::CUBIN_SM90_OPS,
+            Module::Dense => ptx::CUBIN_SM90_DENSE,
+            Module::AttentionSlots => ptx::CUBIN_SM90_ATTENTION_SLOTS,
             Module::GemmSm90a => ptx::CUBIN_GEMM_SM90A,
         }
     }

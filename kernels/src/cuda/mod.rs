@@ -24,7 +24,12 @@
 //!   cached prefix) and [`Gpu::attention_kv_store_paged`] / [`Gpu::attention_kv_store_ring`]; bf16 caches.
 //! - `ops`: [`Gpu::rmsnorm`], [`Gpu::add_rmsnorm`], [`Gpu::silu_and_mul`], [`Gpu::gelu_and_mul`],
 //!   [`Gpu::embedding_gather`] (bf16 and packed int4), [`Gpu::argmax`], [`Gpu::sample`] (the CPU's tokens for the
-//!   same seed), [`Gpu::rope_neox`].
+//!   same seed), [`Gpu::rope_neox`]; and the f32 elementwise ops of the engine's exact path ([`Gpu::act_and_mul_f32`],
+//!   the casts, the sigmoid gates, [`Gpu::softcap`], [`Gpu::add_assign`], [`Gpu::copy_cols`], ...).
+//! - `dense`: f32 / bf16 dense linear layers in f32 ([`Gpu::dense_weights_f32`], [`Gpu::dense_weights_bf16`],
+//!   [`Gpu::dense_linear`]): the exact path of small checkpoints.
+//! - `attention_slots`: f32 KV caches of one block per slot, [`Gpu::kv_store_slots`] and [`Gpu::attention_slots`]
+//!   (full or sliding, GQA), the engine's exact attention.
 
 use crate::KernelError;
 
@@ -35,12 +40,15 @@ mod device;
 // `device.rs` / `device/<same name>.rs`.
 mod attention;
 mod attention_prefill;
+mod attention_slots;
+mod dense;
 mod gdn;
 mod gdn_prefill;
 mod gemm;
 mod gemm_sm90a;
 mod gemv;
 mod ops;
+pub use dense::DenseGpuWeights;
 pub use gemm_sm90a::{Fp8Wgmma, Nvfp4Wgmma};
 pub use gemv::{
     Fp8Fragments, Fp8Order, Fp8TileWeights, FragmentOrder, GemvFragments, MmaSplit, Nvfp4Fragments,

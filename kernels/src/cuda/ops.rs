@@ -12,6 +12,10 @@
 //! - [`Gpu::argmax`]: [`crate::ops::argmax`] per row; [`Gpu::sample`]: [`crate::sampling::sample`] per row, the
 //!   same token for the same seed.
 //! - [`Gpu::rope_neox`]: [`crate::attention::rope_neox`] in place.
+//! - The f32 elementwise ops of the engine's exact path: [`Gpu::cast_f32_to_bf16`] / [`Gpu::cast_bf16_to_f32`],
+//!   [`Gpu::act_and_mul_f32`] ([`crate::ops::act_and_mul`] with f32 output), [`Gpu::sigmoid_gate`],
+//!   [`Gpu::sigmoid_head_gate`], [`Gpu::softcap`] (the `crate::backend` ops of those names), [`Gpu::add_assign`],
+//!   [`Gpu::scale_assign`], [`Gpu::add_bias_rows`] and [`Gpu::copy_cols`].
 //!
 //! **Device-side values.** Token ids, positions and logits live on the device in an engine, so the host cannot
 //! check them before a launch without a round trip. The kernels never read out of bounds because of them and
@@ -900,6 +904,299 @@ impl Gpu {
             let _ = tokens;
             match self.never {}
         }
+    }
+}
+
+/// The grid of the row-wise ops (`sigmoid_head_gate_f32`, `add_bias_rows_f32`): `cols` on grid.x, whole blocks of
+/// 256, so at most i32::MAX columns.
+fn check_row_cols(op: &'static str, what: &str, cols: usize) -> Result<(), KernelError> {
+    crate::ensure_shape!(
+        cols <= I32_MAX,
+        op,
+        "{what} = {cols} must fit the kernel's 32-bit column index"
+    );
+    Ok(())
+}
+
+/// The last element a [`Gpu::copy_cols`] side touches, `(rows - 1) * cols + off + width`, must be inside `len`.
+fn check_copy_side(
+    op: &'static str,
+    name: &str,
+    len: usize,
+    cols: usize,
+    off: usize,
+    rows: usize,
+    width: usize,
+) -> Result<(), KernelError> {
+    let end = (rows - 1)
+        .checked_mul(cols)
+        .and_then(|a| a.checked_add(off))
+        .and_then(|a| a.checked_add(width));
+    match end {
+        Some(end) if end <= len => Ok(()),
+        Some(end) => Err(KernelError::shape(
+            op,
+            format!(
+                "{name} has {len} elements; {rows} rows of {name}_cols = {cols} from {name}_off = {off}, {width} \
+                 wide, end at {end}"
+            ),
+        )),
+        None => Err(KernelError::shape(
+            op,
+            format!("the extent of {name} ((rows - 1) * {name}_cols + {name}_off + width) overflows usize"),
+        )),
+    }
+}
+
+/// f32 elementwise ops of the engine's exact path (activations kept in f32 device buffers): casts, the gated
+/// activations with f32 output, the sigmoid gates, the softcap, in-place adds and scales, bias rows and strided
+/// column copies. Each is one memory-bound pass; lengths are checked here, an empty buffer launches nothing.
+impl Gpu {
+    /// `out = bf16(x)` element-wise: f32 `x` to bf16 bits `out` of the same length, rounded to nearest even, bit
+    /// for bit [`crate::formats::f32_to_bf16`] (NaN stays a quiet NaN with its sign).
+    pub fn cast_f32_to_bf16(
+        &self,
+        x: &GpuBuffer<f32>,
+        out: &mut GpuBuffer<u16>,
+    ) -> Result<(), KernelError> {
+        check_len("cuda::cast_f32_to_bf16", "out", out.len(), x.len())?;
+        #[cfg(feature = "cuda")]
+        {
+            if x.is_empty() {
+                return Ok(());
+            }
+            self.inner.cast_f32_to_bf16(&x.slice, &mut out.slice)
+        }
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
+    }
+
+    /// `out = f32(x)` element-wise: bf16 bits `x` widened exactly to f32 `out` of the same length.
+    pub fn cast_bf16_to_f32(
+        &self,
+        x: &GpuBuffer<u16>,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        check_len("cuda::cast_bf16_to_f32", "out", out.len(), x.len())?;
+        #[cfg(feature = "cuda")]
+        {
+            if x.is_empty() {
+                return Ok(());
+            }
+            self.inner.cast_bf16_to_f32(&x.slice, &mut out.slice)
+        }
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
+    }
+
+    /// `out[r, i] = act(gate_up[r, i]) * gate_up[r, inter + i]`: `gate_up` f32 `[rows, 2*inter]` (gate first),
+    /// `out` f32 `[rows, inter]`, the activation [`crate::ops::act_and_mul`] computes for `act` (SiLU
+    /// `g / (1 + expf(-g))`, GELU `0.5 g (1 + erff(g / sqrt 2))`, GELU tanh
+    /// `0.5 g (1 + tanhf(sqrt(2/pi) (g + 0.044715 g^3)))`), in f32 with CUDA's accurate `expf` / `erff` / `tanhf`.
+    pub fn act_and_mul_f32(
+        &self,
+        act: crate::ops::GatedAct,
+        gate_up: &GpuBuffer<f32>,
+        inter: usize,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::act_and_mul_f32";
+        let rows = check_glu(OP, gate_up.len(), inter)?;
+        check_len_of(OP, "out", out.len(), &[rows, inter])?;
+        #[cfg(feature = "cuda")]
+        {
+            if rows == 0 {
+                return Ok(());
+            }
+            self.inner
+                .act_and_mul_f32(act, &gate_up.slice, &mut out.slice, rows, inter)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = act;
+            match self.never {}
+        }
+    }
+
+    /// `x *= sigmoid(gate)` element-wise (`x`, `gate` f32 of the same length; sigmoid `1 / (1 + expf(-g))`):
+    /// [`crate::backend::sigmoid_gate`], Qwen3.5's per-element attention output gate.
+    pub fn sigmoid_gate(
+        &self,
+        x: &mut GpuBuffer<f32>,
+        gate: &GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        check_len("cuda::sigmoid_gate", "gate", gate.len(), x.len())?;
+        #[cfg(feature = "cuda")]
+        {
+            if x.is_empty() {
+                return Ok(());
+            }
+            self.inner
+                .ew_binary("sigmoid_gate_f32", &mut x.slice, &gate.slice)
+        }
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
+    }
+
+    /// `x[r, h, :] *= sigmoid(gate[r, h])`: `x` f32 `[rows, heads, d]`, `gate` f32 `[rows, heads]` (`d` and `rows`
+    /// follow from the lengths): [`crate::backend::sigmoid_head_gate`], Spark's per-head output gate. Needs
+    /// `heads >= 1`, a non-empty `gate` of whole rows of `heads`, and `x` a positive multiple of it.
+    pub fn sigmoid_head_gate(
+        &self,
+        x: &mut GpuBuffer<f32>,
+        heads: usize,
+        gate: &GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::sigmoid_head_gate";
+        let (xl, gl) = (x.len(), gate.len());
+        crate::ensure_shape!(
+            heads > 0 && gl > 0 && gl.is_multiple_of(heads) && xl.is_multiple_of(gl) && xl > 0,
+            OP,
+            "x has {xl} elements and gate {gl} for {heads} heads: gate must be whole rows of heads and x a \
+             positive multiple of it"
+        );
+        let d = xl / gl;
+        check_row_cols(OP, "head dim", d)?;
+        #[cfg(feature = "cuda")]
+        {
+            self.inner
+                .ew_rows("sigmoid_head_gate_f32", &mut x.slice, &gate.slice, gl, d)
+        }
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
+    }
+
+    /// `x = cap * tanhf(x / cap)` element-wise (Gemma's logit and attention softcap), as
+    /// [`crate::backend::softcap`]. Needs a finite `cap > 0`.
+    pub fn softcap(&self, x: &mut GpuBuffer<f32>, cap: f32) -> Result<(), KernelError> {
+        crate::ensure_shape!(
+            cap.is_finite() && cap > 0.0,
+            "cuda::softcap",
+            "cap must be finite and positive, got {cap}"
+        );
+        #[cfg(feature = "cuda")]
+        {
+            if x.is_empty() {
+                return Ok(());
+            }
+            self.inner.ew_scalar("softcap_f32", &mut x.slice, cap)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = x;
+            match self.never {}
+        }
+    }
+
+    /// `x += y` element-wise (f32, the same length): the residual add.
+    pub fn add_assign(
+        &self,
+        x: &mut GpuBuffer<f32>,
+        y: &GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        check_len("cuda::add_assign", "y", y.len(), x.len())?;
+        #[cfg(feature = "cuda")]
+        {
+            if x.is_empty() {
+                return Ok(());
+            }
+            self.inner
+                .ew_binary("add_assign_f32", &mut x.slice, &y.slice)
+        }
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
+    }
+
+    /// `x *= s` element-wise (f32; any `s`, a non-finite one propagates as in IEEE arithmetic).
+    pub fn scale_assign(&self, x: &mut GpuBuffer<f32>, s: f32) -> Result<(), KernelError> {
+        #[cfg(feature = "cuda")]
+        {
+            if x.is_empty() {
+                return Ok(());
+            }
+            self.inner.ew_scalar("scale_assign_f32", &mut x.slice, s)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (x, s);
+            match self.never {}
+        }
+    }
+
+    /// `x[r, :] += bias` for every row: `x` f32 `[rows, n]`, `bias` f32 `[n]` (`rows` follows from the lengths;
+    /// `bias` non-empty, `x` whole rows of it).
+    pub fn add_bias_rows(
+        &self,
+        x: &mut GpuBuffer<f32>,
+        bias: &GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::add_bias_rows";
+        let (xl, n) = (x.len(), bias.len());
+        crate::ensure_shape!(n > 0, OP, "bias must not be empty");
+        crate::ensure_shape!(
+            xl.is_multiple_of(n),
+            OP,
+            "x has {xl} elements, not a whole number of rows of {n}"
+        );
+        check_row_cols(OP, "n", n)?;
+        #[cfg(feature = "cuda")]
+        {
+            if xl == 0 {
+                return Ok(());
+            }
+            self.inner
+                .ew_rows("add_bias_rows_f32", &mut x.slice, &bias.slice, xl / n, n)
+        }
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
+    }
+
+    /// `dst[r*dst_cols + dst_off + c] = src[r*src_cols + src_off + c]` for `r < rows`, `c < width` (f32): splits a
+    /// fused projection's columns (`src_cols` the fused width, `src_off` the part's first column), gathers a
+    /// contiguous run of rows (`src_off = first_row * src_cols`), or copies one slot's state block (`rows = 1`,
+    /// the offsets the slots' starts). Needs `rows >= 1` and `width >= 1`, `width <= dst_cols` when `rows > 1`
+    /// (two rows never write the same element), and on each side `(rows - 1) * cols + off + width <= len`
+    /// (checked arithmetic).
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_cols(
+        &self,
+        src: &GpuBuffer<f32>,
+        src_cols: usize,
+        src_off: usize,
+        dst: &mut GpuBuffer<f32>,
+        dst_cols: usize,
+        dst_off: usize,
+        rows: usize,
+        width: usize,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::copy_cols";
+        crate::ensure_shape!(
+            rows > 0 && width > 0,
+            OP,
+            "rows and width must be positive, got rows = {rows}, width = {width}"
+        );
+        crate::ensure_shape!(
+            rows == 1 || width <= dst_cols,
+            OP,
+            "width = {width} is more than dst_cols = {dst_cols}: rows would overlap in dst"
+        );
+        check_copy_side(OP, "src", src.len(), src_cols, src_off, rows, width)?;
+        check_copy_side(OP, "dst", dst.len(), dst_cols, dst_off, rows, width)?;
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.copy_cols(
+                &src.slice,
+                src_cols,
+                src_off,
+                &mut dst.slice,
+                dst_cols,
+                dst_off,
+                rows,
+                width,
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
     }
 }
 

@@ -19,6 +19,25 @@ const ROW_THREADS: u32 = 1024;
 const ARGMAX_CLUSTER: u32 = 8;
 /// Blocks of one sampling cluster (`SAMPLE_CLUSTER`, the kernel's `__cluster_dims__`).
 const SAMPLE_CLUSTER: u32 = 8;
+/// Threads of the f32 elementwise blocks (`EW_THREADS`).
+const EW_THREADS: u32 = 256;
+/// Most blocks of a grid-stride elementwise launch (flat ops, and `copy_cols`' columns).
+const EW_MAX_BLOCKS: usize = 4096;
+/// Most blocks along grid.y of the row-wise ops (the hardware's limit); more rows are strided.
+const EW_MAX_ROWS: usize = 65535;
+
+/// The flat elementwise ops' grid over `n` elements: one thread per float4 of the vector part (at least one block,
+/// which also covers a tail of up to 3), at most EW_MAX_BLOCKS blocks (the kernels stride).
+fn flat_config(n: usize) -> LaunchConfig {
+    let blocks = (n / 4)
+        .div_ceil(EW_THREADS as usize)
+        .clamp(1, EW_MAX_BLOCKS);
+    LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (EW_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
 
 fn per_row(rows: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {
@@ -313,6 +332,177 @@ impl Device {
         // kernel (grid.y), whose compile-time cluster of 8 divides grid.x = 8; 1 <= k <= min(vocab, 1024) (the
         // shared candidate array), vocab <= i32::MAX, temperature finite and > 0 unless k == 1, top_p in (0, 1].
         unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        Ok(())
+    }
+
+    /// `silu_and_mul_f32` / `gelu_and_mul_f32` / `gelu_tanh_and_mul_f32`: grid (rows, ceil(inter / 1024)).
+    pub(in crate::cuda) fn act_and_mul_f32(
+        &self,
+        act: crate::ops::GatedAct,
+        gate_up: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        rows: usize,
+        inter: usize,
+    ) -> Result<(), KernelError> {
+        use crate::ops::GatedAct;
+        let name = match act {
+            GatedAct::Silu => "silu_and_mul_f32",
+            GatedAct::GeluErf => "gelu_and_mul_f32",
+            GatedAct::GeluTanh => "gelu_tanh_and_mul_f32",
+        };
+        let f = self.function(Module::Ops, name)?;
+        let i = inter as i32;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(gate_up).arg(out).arg(&i);
+        // SAFETY: matches `*_and_mul_f32(gate_up, out, inter)` in cuda/ops.cu; the caller checked
+        // gate_up = [rows, 2*inter], out = [rows, inter], 1 <= rows <= i32::MAX and 1 <= inter <= 65535 * 1024 (so
+        // grid.y = ceil(inter/1024) <= 65535); threads past inter return, and the float4 path runs only when
+        // inter % 4 == 0 (aligned rows and halves).
+        unsafe { b.launch(glu_config(rows, inter)) }.map_err(cuda_err(name))?;
+        Ok(())
+    }
+
+    /// `cast_f32_to_bf16`: the flat grid over x.len().
+    pub(in crate::cuda) fn cast_f32_to_bf16(
+        &self,
+        x: &CudaSlice<f32>,
+        out: &mut CudaSlice<u16>,
+    ) -> Result<(), KernelError> {
+        const NAME: &str = "cast_f32_to_bf16";
+        let f = self.function(Module::Ops, NAME)?;
+        let n = x.len() as u64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(out).arg(&n);
+        // SAFETY: matches `cast_f32_to_bf16(x, out, n)` in cuda/ops.cu; the caller checked out.len() == x.len() = n
+        // >= 1; the kernel touches indices < n only, its 16-byte / 8-byte vector accesses cover whole groups of 4
+        // below 4 * (n / 4) from the starts of these 256-byte-aligned allocations.
+        unsafe { b.launch(flat_config(x.len())) }.map_err(cuda_err(NAME))?;
+        Ok(())
+    }
+
+    /// `cast_bf16_to_f32`: the flat grid over x.len().
+    pub(in crate::cuda) fn cast_bf16_to_f32(
+        &self,
+        x: &CudaSlice<u16>,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), KernelError> {
+        const NAME: &str = "cast_bf16_to_f32";
+        let f = self.function(Module::Ops, NAME)?;
+        let n = x.len() as u64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(out).arg(&n);
+        // SAFETY: matches `cast_bf16_to_f32(x, out, n)` in cuda/ops.cu; as cast_f32_to_bf16 above.
+        unsafe { b.launch(flat_config(x.len())) }.map_err(cuda_err(NAME))?;
+        Ok(())
+    }
+
+    /// `sigmoid_gate_f32` / `add_assign_f32` (`x op= y`): the flat grid over x.len().
+    pub(in crate::cuda) fn ew_binary(
+        &self,
+        name: &'static str,
+        x: &mut CudaSlice<f32>,
+        y: &CudaSlice<f32>,
+    ) -> Result<(), KernelError> {
+        let f = self.function(Module::Ops, name)?;
+        let len = x.len();
+        let n = len as u64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(y).arg(&n);
+        // SAFETY: matches `sigmoid_gate_f32(x, gate, n)` / `add_assign_f32(x, y, n)` in cuda/ops.cu; the caller
+        // checked y.len() == x.len() = n >= 1 (two distinct allocations: one is borrowed mutably); the kernel
+        // touches indices < n only, float4 accesses only below 4 * (n / 4) from 256-byte-aligned starts.
+        unsafe { b.launch(flat_config(len)) }.map_err(cuda_err(name))?;
+        Ok(())
+    }
+
+    /// `softcap_f32` / `scale_assign_f32` (`x = op(x, s)`): the flat grid over x.len().
+    pub(in crate::cuda) fn ew_scalar(
+        &self,
+        name: &'static str,
+        x: &mut CudaSlice<f32>,
+        s: f32,
+    ) -> Result<(), KernelError> {
+        let f = self.function(Module::Ops, name)?;
+        let len = x.len();
+        let n = len as u64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(&s).arg(&n);
+        // SAFETY: matches `softcap_f32(x, cap, n)` / `scale_assign_f32(x, s, n)` in cuda/ops.cu; n = x.len() >= 1
+        // (the caller returns before an empty buffer); indices < n only, float4 accesses as in ew_binary.
+        unsafe { b.launch(flat_config(len)) }.map_err(cuda_err(name))?;
+        Ok(())
+    }
+
+    /// `sigmoid_head_gate_f32` (`v` the gate, one per group of `cols`) / `add_bias_rows_f32` (`v` the bias, one
+    /// per column): grid (ceil(cols / 256), min(rows, 65535)).
+    pub(in crate::cuda) fn ew_rows(
+        &self,
+        name: &'static str,
+        x: &mut CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        let f = self.function(Module::Ops, name)?;
+        let (r, c) = (rows as u64, cols as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                cols.div_ceil(EW_THREADS as usize) as u32,
+                rows.min(EW_MAX_ROWS) as u32,
+                1,
+            ),
+            block_dim: (EW_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(v).arg(&r).arg(&c);
+        // SAFETY: matches `sigmoid_head_gate_f32(x, gate, groups, d)` / `add_bias_rows_f32(x, bias, rows, n)` in
+        // cuda/ops.cu; the caller checked x = [rows, cols] with rows, cols >= 1 and cols <= i32::MAX, and v of
+        // rows elements (the gate) or cols (the bias), the only ones each kernel reads; threads past cols return
+        // and grid.y strides the rows.
+        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        Ok(())
+    }
+
+    /// `copy_cols_f32`: grid (min(ceil(width / 256), 4096), min(rows, 65535)), both strided.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) fn copy_cols(
+        &self,
+        src: &CudaSlice<f32>,
+        src_cols: usize,
+        src_off: usize,
+        dst: &mut CudaSlice<f32>,
+        dst_cols: usize,
+        dst_off: usize,
+        rows: usize,
+        width: usize,
+    ) -> Result<(), KernelError> {
+        const NAME: &str = "copy_cols_f32";
+        let f = self.function(Module::Ops, NAME)?;
+        let a = [src_cols, src_off, dst_cols, dst_off, rows, width].map(|v| v as u64);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                width.div_ceil(EW_THREADS as usize).min(EW_MAX_BLOCKS) as u32,
+                rows.min(EW_MAX_ROWS) as u32,
+                1,
+            ),
+            block_dim: (EW_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(src)
+            .arg(&a[0])
+            .arg(&a[1])
+            .arg(dst)
+            .arg(&a[2])
+            .arg(&a[3])
+            .arg(&a[4])
+            .arg(&a[5]);
+        // SAFETY: matches `copy_cols_f32(src, src_cols, src_off, dst, dst_cols, dst_off, rows, width)` in
+        // cuda/ops.cu; the caller checked rows, width >= 1 and (rows - 1) * cols + off + width <= len on both sides
+        // without overflow, so every index the kernel forms (r < rows, c < width) is inside its buffer; src and dst
+        // are distinct allocations (dst is borrowed mutably).
+        unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
         Ok(())
     }
 

@@ -1,0 +1,172 @@
+//! Dense f32 / bf16 linear layers on the GPU (`cuda/dense.cu`): the exact path of the engine's CUDA forward pass
+//! (small f32 checkpoints, parity tests against transformers, bf16 weights kept as they are stored), the GPU form
+//! of [`crate::backend::f32_linear`] and of the bf16 [`crate::backend::Weight`]. Upload a matrix once with
+//! [`Gpu::dense_weights_f32`] or [`Gpu::dense_weights_bf16`], then call [`Gpu::dense_linear`] per step: f32
+//! activations in, f32 out, f32 products and sums on the CUDA cores (no tensor cores, no TF32).
+
+use super::{check_len_of, Gpu, GpuBuffer};
+use crate::KernelError;
+
+const I32_MAX: usize = i32::MAX as usize;
+
+/// A dense weight matrix on the device, row-major `[n, k]` (`n` output features of `k` values each, the
+/// checkpoint's layout), in f32 or as bf16 bits. Made by [`Gpu::dense_weights_f32`] / [`Gpu::dense_weights_bf16`];
+/// [`Gpu::dense_linear`] checks that `w` holds `n * k` values before it trusts `n` and `k`.
+pub enum DenseGpuWeights {
+    /// f32 values.
+    F32 {
+        /// `[n, k]`.
+        w: GpuBuffer<f32>,
+        /// Output features.
+        n: usize,
+        /// Values per row.
+        k: usize,
+    },
+    /// bf16 bits.
+    Bf16 {
+        /// `[n, k]`.
+        w: GpuBuffer<u16>,
+        /// Output features.
+        n: usize,
+        /// Values per row.
+        k: usize,
+    },
+}
+
+impl std::fmt::Debug for DenseGpuWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let dtype = match self {
+            DenseGpuWeights::F32 { .. } => "f32",
+            DenseGpuWeights::Bf16 { .. } => "bf16",
+        };
+        f.debug_struct("DenseGpuWeights")
+            .field("dtype", &dtype)
+            .field("n", &self.n())
+            .field("k", &self.k())
+            .field("device_bytes", &self.device_bytes())
+            .finish()
+    }
+}
+
+impl DenseGpuWeights {
+    /// Output features (rows of the matrix).
+    pub fn n(&self) -> usize {
+        match self {
+            DenseGpuWeights::F32 { n, .. } | DenseGpuWeights::Bf16 { n, .. } => *n,
+        }
+    }
+
+    /// Values per row (the inner dimension).
+    pub fn k(&self) -> usize {
+        match self {
+            DenseGpuWeights::F32 { k, .. } | DenseGpuWeights::Bf16 { k, .. } => *k,
+        }
+    }
+
+    /// Bytes of device memory the matrix takes.
+    pub fn device_bytes(&self) -> usize {
+        match self {
+            DenseGpuWeights::F32 { w, .. } => w.len() * 4,
+            DenseGpuWeights::Bf16 { w, .. } => w.len() * 2,
+        }
+    }
+}
+
+/// `n` and `k` positive and within the kernels' 32-bit indices, `len == n * k`.
+fn check_matrix(op: &'static str, len: usize, n: usize, k: usize) -> Result<(), KernelError> {
+    crate::ensure_shape!(
+        n > 0 && k > 0,
+        op,
+        "n and k must be positive, got n = {n}, k = {k}"
+    );
+    crate::ensure_shape!(
+        n <= I32_MAX && k <= I32_MAX,
+        op,
+        "n = {n} and k = {k} must fit the kernels' 32-bit indices"
+    );
+    check_len_of(op, "w", len, &[n, k])
+}
+
+impl Gpu {
+    /// Most activation rows [`Gpu::dense_linear`] gives to the GEMV kernel (each weight row read once for all of
+    /// them); more rows take the tiled GEMM.
+    pub const DENSE_GEMV_MAX_ROWS: usize = 16;
+
+    /// Uploads the row-major f32 matrix `w` (`[n, k]`) for [`Gpu::dense_linear`].
+    pub fn dense_weights_f32(
+        &self,
+        w: &[f32],
+        n: usize,
+        k: usize,
+    ) -> Result<DenseGpuWeights, KernelError> {
+        check_matrix("cuda::dense_weights_f32", w.len(), n, k)?;
+        Ok(DenseGpuWeights::F32 {
+            w: self.upload(w)?,
+            n,
+            k,
+        })
+    }
+
+    /// Uploads the row-major bf16 matrix `w` (bits, `[n, k]`) for [`Gpu::dense_linear`], which widens each value
+    /// to f32 exactly.
+    pub fn dense_weights_bf16(
+        &self,
+        w: &[u16],
+        n: usize,
+        k: usize,
+    ) -> Result<DenseGpuWeights, KernelError> {
+        check_matrix("cuda::dense_weights_bf16", w.len(), n, k)?;
+        Ok(DenseGpuWeights::Bf16 {
+            w: self.upload(w)?,
+            n,
+            k,
+        })
+    }
+
+    /// `y[m, n] = x[m, k] . w[n, k]^T`: f32 activations `x` (`x.len() == m * k`), f32 output `y`
+    /// (`y.len() == m * n`), f32 products and sums (bf16 weights widened exactly), so it agrees with
+    /// [`crate::backend::f32_linear`] up to the order of the sum.
+    ///
+    /// `m <= 16` ([`Gpu::DENSE_GEMV_MAX_ROWS`], decode) runs a GEMV that reads each weight row once for all `m`
+    /// rows (a warp per 4 rows, 16-byte loads when `k` is a multiple of 4 for f32 or 8 for bf16, `x` staged in
+    /// shared memory); more rows run a shared-memory tiled GEMM (64 x 64 output tiles). Needs `m >= 1` and
+    /// `m <= 65535 * 64`.
+    pub fn dense_linear(
+        &self,
+        x: &GpuBuffer<f32>,
+        w: &DenseGpuWeights,
+        y: &mut GpuBuffer<f32>,
+        m: usize,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::dense_linear";
+        let (n, k) = (w.n(), w.k());
+        let wlen = match w {
+            DenseGpuWeights::F32 { w, .. } => w.len(),
+            DenseGpuWeights::Bf16 { w, .. } => w.len(),
+        };
+        check_matrix(OP, wlen, n, k)?;
+        crate::ensure_shape!(m > 0, OP, "m must be positive");
+        crate::ensure_shape!(
+            m <= 65535 * 64,
+            OP,
+            "m = {m} is past the GEMM's grid (at most 65535 * 64 rows)"
+        );
+        check_len_of(OP, "x", x.len(), &[m, k])?;
+        check_len_of(OP, "y", y.len(), &[m, n])?;
+        #[cfg(feature = "cuda")]
+        {
+            match w {
+                DenseGpuWeights::F32 { w, .. } => {
+                    self.inner
+                        .dense_linear(&x.slice, &w.slice, &mut y.slice, m, n, k)
+                }
+                DenseGpuWeights::Bf16 { w, .. } => {
+                    self.inner
+                        .dense_linear(&x.slice, &w.slice, &mut y.slice, m, n, k)
+                }
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
+    }
+}

@@ -166,6 +166,23 @@ impl Caches {
         })
     }
 
+    /// Slot and page bookkeeping only, for a model whose caches live on a device (`bytes` of them there): the
+    /// same admission (slots, pages of [`PAGE_SIZE`] tokens) with no host storage.
+    pub fn bookkeeping(slots: usize, max_len: usize, bytes: u64) -> Result<Caches, EngineError> {
+        let pages = elems(&[max_len.div_ceil(PAGE_SIZE), slots], "KV")?;
+        Ok(Caches {
+            layers: Vec::new(),
+            tables: vec![Vec::new(); slots],
+            free_pages: (0..pages as u32).rev().collect(),
+            free_slots: (0..slots).rev().collect(),
+            row: 0,
+            slots,
+            pages,
+            bytes,
+            bf16: false,
+        })
+    }
+
     /// Takes a free slot for a new sequence, with its states zeroed.
     pub fn acquire(&mut self) -> Option<usize> {
         let s = self.free_slots.pop()?;

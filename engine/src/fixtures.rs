@@ -533,35 +533,7 @@ fn random_tensors(spec: &planner::model::ModelSpec, seed: u64) -> Tensors {
         if linear_names.contains(module) {
             continue;
         }
-        let n: usize = e.shape.iter().product::<u64>() as usize;
-        let leaf = e.name.rsplit('.').next().unwrap_or("");
-        let vals: Vec<f32> = if e.role == Role::Embedding {
-            // Gemma scales the embedding by sqrt(hidden); its table is that much smaller.
-            let std = spec.runtime.embedding_scale.map_or(1.0, |s| 1.0 / s as f32);
-            (0..n).map(|_| normal(&mut r, std)).collect()
-        } else if e.name.ends_with("A_log") {
-            (0..n).map(|_| r.gen_range(1.0f32..16.0).ln()).collect()
-        } else if e.name.ends_with("dt_bias") {
-            (0..n).map(|_| r.gen_range(-1.0f32..1.0)).collect()
-        } else if e.name.contains("conv1d") {
-            (0..n).map(|_| normal(&mut r, 0.5)).collect()
-        } else if leaf == "weight" && e.name.contains("norm") {
-            // The GDN gated norm is always `w`; the layer norms follow the family's form.
-            let centred = spec.runtime.norm == NormForm::OnePlusWeight
-                && !e.name.contains("linear_attn.norm");
-            // Gemma's norms after the attention and the MLP set their outputs' scale: 3x, as above.
-            let post = spec.runtime.sandwich_norms
-                && (e.name.contains("post_attention_layernorm")
-                    || e.name.contains("post_feedforward_layernorm"));
-            let centre = match (centred, post) {
-                (true, true) => 2.0,
-                (true, false) => 0.0,
-                (false, _) => 1.0,
-            };
-            (0..n).map(|_| centre + normal(&mut r, 0.1)).collect()
-        } else {
-            (0..n).map(|_| normal(&mut r, 0.1)).collect()
-        };
+        let vals = small_values(spec, e, &mut r);
         let (d, b) = float_bytes(&vals, e.dtype);
         t.push(e.name.clone(), d, &e.shape, b);
     }
@@ -592,18 +564,23 @@ pub fn write_random_checkpoint(
     safetensors::serialize_to_file(views, None, &path)
         .map_err(|e| EngineError::Checkpoint(format!("{}: {e}", path.display())))?;
     write_file(&out.join("config.json"), config_text.as_bytes())?;
+    write_tokenizer(out, spec.vocab_size)?;
+    Ok(std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0))
+}
+
+/// Writes a byte-level tokenizer padded to `vocab` into `out/tokenizer.json`.
+pub(crate) fn write_tokenizer(out: &Path, vocab: u64) -> Result<(), EngineError> {
     let mut tok = tokenizer_json();
-    if let Some(vocab) = tok["model"]["vocab"].as_object_mut() {
+    if let Some(v) = tok["model"]["vocab"].as_object_mut() {
         // Filler entries up to the card's vocabulary, so converters that check the size accept it, and one merge
         // (llama.cpp refuses a BPE vocabulary without merges).
-        vocab.insert("ab".into(), json!(259));
-        for id in 260..spec.vocab_size {
-            vocab.insert(format!("<filler_{id}>"), json!(id));
+        v.insert("ab".into(), json!(259));
+        for id in 260..vocab {
+            v.insert(format!("<filler_{id}>"), json!(id));
         }
     }
     tok["model"]["merges"] = json!(["a b"]);
-    write_file(&out.join("tokenizer.json"), &pretty(&tok))?;
-    Ok(std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0))
+    write_file(&out.join("tokenizer.json"), &pretty(&tok))
 }
 
 /// Writes `fx` into `dir/<name>/`: config(s), tokenizer, generation config and `model.safetensors`.
@@ -654,4 +631,59 @@ pub fn write(fx: &Fixture, dir: &Path) -> Result<(), EngineError> {
         &pretty(&json!({"bos_token_id": 256, "eos_token_id": [258], "do_sample": false})),
     )?;
     Ok(())
+}
+
+/// Values of a tensor that is not a linear module's: the embedding, norms, DeltaNet decay, bias and conv weights.
+fn small_values(
+    spec: &planner::model::ModelSpec,
+    e: &planner::model::TensorEntry,
+    r: &mut ChaCha8Rng,
+) -> Vec<f32> {
+    let n: usize = e.shape.iter().product::<u64>() as usize;
+    let leaf = e.name.rsplit('.').next().unwrap_or("");
+    if e.role == Role::Embedding {
+        // Gemma scales the embedding by sqrt(hidden); its table is that much smaller.
+        let std = spec.runtime.embedding_scale.map_or(1.0, |s| 1.0 / s as f32);
+        (0..n).map(|_| normal(r, std)).collect()
+    } else if e.name.ends_with("A_log") {
+        (0..n).map(|_| r.gen_range(1.0f32..16.0).ln()).collect()
+    } else if e.name.ends_with("dt_bias") {
+        (0..n).map(|_| r.gen_range(-1.0f32..1.0)).collect()
+    } else if e.name.contains("conv1d") {
+        (0..n).map(|_| normal(r, 0.5)).collect()
+    } else if leaf == "weight" && e.name.contains("norm") {
+        // The GDN gated norm is always `w`; the layer norms follow the family's form.
+        let centred =
+            spec.runtime.norm == NormForm::OnePlusWeight && !e.name.contains("linear_attn.norm");
+        // Gemma's norms after the attention and the MLP set their outputs' scale: 3x, as above.
+        let post = spec.runtime.sandwich_norms
+            && (e.name.contains("post_attention_layernorm")
+                || e.name.contains("post_feedforward_layernorm"));
+        let centre = match (centred, post) {
+            (true, true) => 2.0,
+            (true, false) => 0.0,
+            (false, _) => 1.0,
+        };
+        (0..n).map(|_| centre + normal(r, 0.1)).collect()
+    } else {
+        (0..n).map(|_| normal(r, 0.1)).collect()
+    }
+}
+
+/// [`small_values`] of `e` as its stored little-endian bytes (what [`crate::bench_checkpoint`] writes for the small
+/// tensors; a small linear weight gets the fixtures' `1/sqrt(k)` scale).
+pub(crate) fn small_tensor_bytes(
+    spec: &planner::model::ModelSpec,
+    e: &planner::model::TensorEntry,
+    seed: u64,
+) -> Vec<u8> {
+    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    let vals = if matches!(e.role, Role::LayerWeight | Role::LmHead) {
+        let k = e.shape.last().copied().unwrap_or(1).max(1) as f32;
+        let n: usize = e.shape.iter().product::<u64>() as usize;
+        (0..n).map(|_| normal(&mut r, 1.0 / k.sqrt())).collect()
+    } else {
+        small_values(spec, e, &mut r)
+    };
+    float_bytes(&vals, e.dtype).1
 }

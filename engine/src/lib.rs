@@ -8,6 +8,7 @@
 //! [`generate::generate`] drives one sequence from a prompt to a stop; [`serve`] puts the engine behind the
 //! OpenAI HTTP API with continuous batching, and [`chat`] renders the checkpoint's chat template.
 
+pub mod bench_checkpoint;
 pub mod cache;
 pub mod chat;
 pub mod checkpoint;
@@ -22,7 +23,7 @@ pub mod tokenizer;
 
 use std::path::Path;
 
-pub use model::{Model, Step, WeightMode};
+pub use model::{CudaModel, Model, Step, WeightMode};
 
 /// Everything that can stop the engine, each naming the file, tensor or limit involved.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -71,6 +72,15 @@ pub struct Engine {
     pub max_len: usize,
     /// Tokens cached per slot.
     lens: Vec<usize>,
+    /// The model placed on a CUDA device, when the engine runs there (`model` then holds only its facts).
+    cuda: Option<Box<CudaModel>>,
+}
+
+/// Where an engine runs its steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda,
 }
 
 impl Engine {
@@ -92,7 +102,75 @@ impl Engine {
             caches,
             max_len,
             lens: vec![0; slots],
+            cuda: None,
         })
+    }
+
+    /// The engine on CUDA device 0: `admit(free device bytes)` decides before anything is allocated there, then
+    /// `model`'s weights move to the device and the caches are allocated; refuses with "no CUDA device" where there
+    /// is none. `precise` runs the f32 builds of kernels that have a faster, less exact one (`--exact`).
+    pub fn on_cuda(
+        mut model: Model,
+        slots: usize,
+        max_len: usize,
+        precise: bool,
+        admit: impl FnOnce(usize) -> Result<(), EngineError>,
+    ) -> Result<Engine, EngineError> {
+        let gpu = kernels::cuda::Gpu::probe()
+            .map_err(model::kerr)?
+            .ok_or_else(|| EngineError::Unsupported("no CUDA device".into()))?;
+        admit(gpu.memory_info().map_err(model::kerr)?.0)?;
+        let cuda = CudaModel::upload(gpu, &mut model, slots, max_len, precise, |_, _| {})?;
+        let caches = cache::Caches::bookkeeping(slots, max_len, cuda.cache_bytes)?;
+        Ok(Engine {
+            model,
+            caches,
+            max_len,
+            lens: vec![0; slots],
+            cuda: Some(Box::new(cuda)),
+        })
+    }
+
+    /// Where the steps run.
+    pub fn device(&self) -> Device {
+        if self.cuda.is_some() {
+            Device::Cuda
+        } else {
+            Device::Cpu
+        }
+    }
+
+    /// The model on the device, when the engine runs on one.
+    pub fn cuda(&self) -> Option<&CudaModel> {
+        self.cuda.as_deref()
+    }
+
+    /// The model on the device, mutably (for its measurements).
+    pub fn cuda_mut(&mut self) -> Option<&mut CudaModel> {
+        self.cuda.as_deref_mut()
+    }
+
+    /// The weight path names the steps run, each once.
+    pub fn paths(&self) -> Vec<&'static str> {
+        match &self.cuda {
+            Some(c) => c.paths(),
+            None => self.model.paths(),
+        }
+    }
+
+    fn forward(&mut self, steps: &[Step<'_>]) -> Result<Vec<f32>, EngineError> {
+        match &mut self.cuda {
+            Some(c) => {
+                // A sequence's first step starts from zeroed DeltaNet state on the device.
+                for s in steps {
+                    if s.pos == 0 {
+                        c.reset_slot(s.slot)?;
+                    }
+                }
+                c.forward(steps)
+            }
+            None => self.model.forward(&mut self.caches, steps),
+        }
     }
 
     /// A new sequence's slot, or `None` when every slot is taken.
@@ -150,7 +228,7 @@ impl Engine {
                     pos,
                     tokens: piece,
                 };
-                last = self.model.forward(&mut self.caches, &[step])?;
+                last = self.forward(&[step])?;
                 self.lens[slot] = pos + piece.len();
             }
             out[i] = Some(last);
@@ -164,7 +242,7 @@ impl Engine {
                     tokens: work[i].1,
                 })
                 .collect();
-            let logits = self.model.forward(&mut self.caches, &steps)?;
+            let logits = self.forward(&steps)?;
             for (b, &(i, slot)) in decode.iter().enumerate() {
                 out[i] = Some(logits[b * vocab..(b + 1) * vocab].to_vec());
                 self.lens[slot] += 1;

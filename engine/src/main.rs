@@ -61,7 +61,7 @@ struct Common {
     /// A committed profile name or a profile TOML path; without it this machine is probed.
     #[arg(long)]
     profile: Option<String>,
-    /// Where to run: `cpu` (CUDA is the engine's next part).
+    /// Where to run: `cpu`, or `cuda` (device 0; the engine built with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     device: String,
     /// Run the checkpoint's own formats (no conversion), f32 accumulation: the parity path.
@@ -138,15 +138,20 @@ struct Loaded {
 }
 
 fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, EngineError> {
-    if c.device != "cpu" {
-        return Err(EngineError::Unsupported(format!(
-            "--device {}: the engine runs on the CPU so far (`--device cpu`)",
-            c.device
-        )));
-    }
+    let cuda = match c.device.as_str() {
+        "cpu" => false,
+        "cuda" => true,
+        other => {
+            return Err(EngineError::Unsupported(format!(
+                "--device {other}: expected cpu or cuda"
+            )))
+        }
+    };
     let t0 = Instant::now();
     let ck = Checkpoint::open(&c.model)?;
-    let profile = engine::setup::profile(c.profile.as_deref())?;
+    // On CUDA the plan is the GPU's: the committed H200 profile unless one is named.
+    let profile_name = c.profile.as_deref().or(cuda.then_some("h200"));
+    let profile = engine::setup::profile(profile_name)?;
     let workload = Workload {
         max_model_len: c.max_model_len,
         max_num_seqs,
@@ -154,11 +159,17 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
         ..Workload::default()
     };
     let plan = engine::setup::plan(&ck, c.plan.as_deref(), &profile, &workload)?;
-    engine::setup::admit(&plan)?;
+    if !cuda {
+        engine::setup::admit(&plan)?;
+    }
     let mode = if c.exact {
         WeightMode::Exact
     } else {
-        WeightMode::from_plan(plan.weight_path.format)?
+        match WeightMode::from_plan(plan.weight_path.format)? {
+            // The GPU has no int4 kernel: a CPU plan's int4 path runs there in the checkpoint's own format.
+            WeightMode::W4a16 | WeightMode::W4a8 if cuda => WeightMode::Exact,
+            m => m,
+        }
     };
     // A progress bar for loads that take more than a moment (it draws only on a terminal).
     let bar = indicatif::ProgressBar::new(ck.spec.layers.len() as u64);
@@ -180,7 +191,13 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
         .unwrap_or(1)
         .max(1);
     let max_len = usize::try_from(plan.workload.max_model_len).unwrap_or(usize::MAX);
-    let engine = Engine::new(model, slots, max_len)?;
+    let engine = if cuda {
+        Engine::on_cuda(model, slots, max_len, c.exact, |free| {
+            engine::setup::admit_cuda(&plan, free as u64)
+        })?
+    } else {
+        Engine::new(model, slots, max_len)?
+    };
     Ok(Loaded {
         engine,
         plan,
@@ -327,12 +344,13 @@ fn run_generate(a: GenerateArgs) -> miette::Result<()> {
             },
             "memory": {
                 "host_peak_bytes": peak_rss(),
-                "weights_bytes": l.engine.model.weight_bytes,
+                "weights_bytes": l.engine.cuda().map_or(l.engine.model.weight_bytes, |c| c.weight_bytes),
                 "cache_bytes": l.engine.caches.bytes,
                 "planned_weight_bytes": l.plan.inventory.planned_bytes,
                 "planned_cache_bytes": l.plan.cache.total_bytes,
             },
-            "weight_paths": l.engine.model.paths(),
+            "weight_paths": l.engine.paths(),
+            "device": format!("{:?}", l.engine.device()),
             "predicted": {
                 "decode_tok_s": p.decode_tok_s,
                 "prefill_tok_s": p.prefill_tok_s,
@@ -355,7 +373,7 @@ fn run_generate(a: GenerateArgs) -> miette::Result<()> {
             ratio(decode_tok_s, p.decode_tok_s),
             g.ttft_s * 1e3,
             peak_rss().unwrap_or(0) >> 20,
-            l.engine.model.paths(),
+            l.engine.paths(),
         );
     }
     Ok(())
@@ -458,7 +476,7 @@ fn run_bench(a: BenchArgs) -> miette::Result<()> {
     println!("| model | paths | batch | test | t/s | predicted | ratio |");
     println!("|---|---|---|---|---|---|---|");
     let name = l.engine.model.spec.id.clone();
-    let paths = l.engine.model.paths().join("+");
+    let paths = l.engine.paths().join("+");
     println!(
         "| {name} | {paths} | {b} | pp{} | {pp:.2} | {:.2} | {} |",
         a.prompt_len,
@@ -472,11 +490,16 @@ fn run_bench(a: BenchArgs) -> miette::Result<()> {
         ratio(tg / b as f64, p.decode_tok_s)
     );
     let prof = engine::profile::totals();
-    let bw = read_bandwidth();
-    let roof = bw / l.engine.model.decode_read_bytes as f64;
+    // The roofline: weight bytes read per step over the bandwidth measured now (host reads, or the device's copy
+    // bandwidth, read + write, as benchmarks/h200.md counts it).
+    let (bw, read_bytes) = match l.engine.cuda_mut() {
+        Some(c) => (c.copy_bandwidth()?, c.weight_bytes),
+        None => (read_bandwidth(), l.engine.model.decode_read_bytes),
+    };
+    let roof = bw / read_bytes as f64;
     println!(
-        "decode reads {} weight bytes per step; read bandwidth now {:.2} GB/s -> roofline {:.2} tok/s; tg at {:.2} of it",
-        l.engine.model.decode_read_bytes,
+        "decode reads {} weight bytes per step; bandwidth now {:.2} GB/s -> roofline {:.2} tok/s; tg at {:.2} of it",
+        read_bytes,
         bw / 1e9,
         roof,
         (tg / b as f64) / roof

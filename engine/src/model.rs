@@ -18,6 +18,9 @@ use crate::checkpoint::{widen, Checkpoint};
 use crate::profile::{self, Op};
 use crate::EngineError;
 
+mod cuda;
+pub use cuda::CudaModel;
+
 /// Which weight path the loaded linears take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightMode {
@@ -175,6 +178,10 @@ pub struct Model {
     pub weight_bytes: u64,
     /// Bytes a decode step reads per token (every linear plus one embedding row): the roofline's numerator.
     pub decode_read_bytes: u64,
+    /// The weight path names in use, each once.
+    paths: Vec<&'static str>,
+    /// Whether the weights were moved to a device ([`CudaModel::upload`]): the CPU forward then refuses.
+    on_device: bool,
 }
 
 fn usize_of(v: u64, what: &str) -> Result<usize, EngineError> {
@@ -618,8 +625,14 @@ impl Model {
             inter,
             weight_bytes: 0,
             decode_read_bytes: 0,
+            paths: Vec::new(),
+            on_device: false,
         };
         let (held, read) = model.count_bytes();
+        let mut paths: Vec<&'static str> = model.linears().iter().map(|w| w.path_name()).collect();
+        paths.sort_unstable();
+        paths.dedup();
+        model.paths = paths;
         model.weight_bytes = held;
         model.decode_read_bytes = read;
         Ok(model)
@@ -663,10 +676,7 @@ impl Model {
 
     /// The weight path names in use (`bf16`, `w4a16`, ...), each once.
     pub fn paths(&self) -> Vec<&'static str> {
-        let mut v: Vec<&'static str> = self.linears().iter().map(|w| w.path_name()).collect();
-        v.sort_unstable();
-        v.dedup();
-        v
+        self.paths.clone()
     }
 
     pub fn vocab(&self) -> usize {
@@ -692,6 +702,11 @@ impl Model {
         caches: &mut Caches,
         batch: &[Step<'_>],
     ) -> Result<Vec<f32>, EngineError> {
+        if self.on_device {
+            return Err(EngineError::Unsupported(
+                "this model's weights were moved to a CUDA device; run it there".into(),
+            ));
+        }
         let prefill = batch.len() == 1 && batch[0].pos == 0 && batch[0].tokens.len() > 1;
         let chunk = batch.len() == 1 && batch[0].pos > 0 && batch[0].tokens.len() > 1;
         if !prefill && !chunk && batch.iter().any(|s| s.tokens.len() != 1) {

@@ -18,17 +18,20 @@ pub enum Op {
     Small = 3,
     /// Embedding gather.
     Embed = 4,
+    /// Waiting for a device to finish a step (a GPU step's kernels run asynchronously; their time shows here).
+    Wait = 5,
 }
 
-const NAMES: [&str; 5] = [
+const NAMES: [&str; 6] = [
     "linear",
     "attention",
     "gdn",
     "norms/rope/act/copies",
     "embed",
+    "wait for device",
 ];
 static ON: AtomicBool = AtomicBool::new(false);
-static NANOS: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+static NANOS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
 
 /// Starts counting (and clears what was counted).
 pub fn enable() {

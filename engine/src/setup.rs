@@ -169,3 +169,31 @@ pub fn admit(plan: &Plan) -> Result<(), EngineError> {
     }
     Ok(())
 }
+
+/// [`admit`] for the CUDA engine: the plan must fit, and what it places in the device's pool (weights, caches and
+/// the runtime's overhead) must fit the memory the driver reports free now, checked before anything is allocated.
+pub fn admit_cuda(plan: &Plan, free: u64) -> Result<(), EngineError> {
+    if plan.verdict != Verdict::Fits {
+        return Err(EngineError::Plan(
+            "the plan does not fit this device (see `cargo xtask plan` for its ledgers)".into(),
+        ));
+    }
+    let Some(l) = plan.ledgers.iter().find(|l| l.pool != "host") else {
+        return Err(EngineError::Plan(
+            "the plan has no device pool: plan it for a GPU profile (`--profile h200`)".into(),
+        ));
+    };
+    let need = l
+        .weight_bytes
+        .saturating_add(l.cache_bytes)
+        .saturating_add(l.rope_table_bytes)
+        .saturating_add(l.runtime_overhead_bytes);
+    if need > free {
+        return Err(EngineError::Plan(format!(
+            "the plan places {need} bytes in {} (weights {}, cache {}, runtime {}) but the driver reports {free} \
+             free",
+            l.pool, l.weight_bytes, l.cache_bytes, l.runtime_overhead_bytes
+        )));
+    }
+    Ok(())
+}

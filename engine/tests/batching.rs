@@ -7,17 +7,37 @@ use std::path::Path;
 
 use engine::checkpoint::Checkpoint;
 use engine::generate::{generate, GenerateOptions};
-use engine::{Engine, Model, WeightMode};
+use engine::{Device, Engine, Model, WeightMode};
 use kernels::cpu::Isa;
 use kernels::sampling::SamplingParams;
 
 fn engine(name: &str, slots: usize) -> Engine {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
+    engine_on(name, slots, Device::Cpu)
+}
+
+fn engine_on(name: &str, slots: usize, device: Device) -> Engine {
+    // EDGEFIT_FIXTURES: where a test binary built here finds the fixtures on another machine (the GPU runs).
+    let dir = std::env::var_os("EDGEFIT_FIXTURES")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
         .join(name);
     let ck = Checkpoint::open(&dir).unwrap();
     let model = Model::load(&ck, WeightMode::Exact, |_, _| {}).unwrap();
-    Engine::new(model, slots, 160).unwrap()
+    match device {
+        Device::Cpu => Engine::new(model, slots, 160).unwrap(),
+        Device::Cuda => Engine::on_cuda(model, slots, 160, true, |_| Ok(())).unwrap(),
+    }
+}
+
+/// Whether this machine has a CUDA device the engine can use (says "skipped" when not).
+fn cuda_here() -> bool {
+    match kernels::cuda::Gpu::probe() {
+        Ok(Some(_)) => true,
+        _ => {
+            println!("skipped: no CUDA device");
+            false
+        }
+    }
 }
 
 fn greedy(n: usize) -> GenerateOptions {
@@ -39,8 +59,8 @@ fn prompt(seed: u32, len: usize) -> Vec<u32> {
 
 /// Runs three sequences that join at different steps and leave early or late, in shared decode steps, and checks
 /// each against the same sequence run alone.
-fn interleaved_equals_alone(name: &str) {
-    let mut alone = engine(name, 1);
+fn interleaved_equals_alone(name: &str, device: Device) {
+    let mut alone = engine_on(name, 1, device);
     let prompts = [prompt(1, 70), prompt(2, 9), prompt(3, 33)];
     let steps = [12usize, 5, 9];
     let want: Vec<Vec<u32>> = prompts
@@ -49,7 +69,7 @@ fn interleaved_equals_alone(name: &str) {
         .map(|(p, n)| generate(&mut alone, p, &greedy(n), |_| {}).unwrap().tokens)
         .collect();
 
-    let mut e = engine(name, 3);
+    let mut e = engine_on(name, 3, device);
     let vocab = e.model.vocab();
     let argmax = |l: &[f32]| kernels::ops::argmax(&l[..vocab]).unwrap() as u32;
     // Sequence i joins at step `join[i]`.
@@ -95,7 +115,25 @@ fn interleaved_equals_alone(name: &str) {
 #[test]
 fn sequences_join_and_leave_between_shared_steps() {
     for name in ["qwen3_5-f32", "spark2_5-bf16", "gemma3-bf16", "qwen3-f32"] {
-        interleaved_equals_alone(name);
+        interleaved_equals_alone(name, Device::Cpu);
+    }
+}
+
+/// The same on CUDA: batched decode steps (the DeltaNet states of several slots gathered into one step) equal
+/// each sequence alone, token for token.
+#[test]
+fn cuda_sequences_join_and_leave_between_shared_steps() {
+    if !cuda_here() {
+        return;
+    }
+    for name in [
+        "qwen3_5-f32",
+        "qwen3_5-fp8",
+        "spark2_5-bf16",
+        "gemma3-bf16",
+        "qwen3-f32",
+    ] {
+        interleaved_equals_alone(name, Device::Cuda);
     }
 }
 
@@ -140,6 +178,19 @@ fn the_avx512_kernels_ran() {
 /// chunked prefill take) gives the logits of the prompt run in one prefill, and the same greedy continuation.
 #[test]
 fn a_prompt_in_chunks_equals_the_prompt_at_once() {
+    prompt_in_chunks(Device::Cpu, 1e-4);
+}
+
+/// On CUDA the pieces run different kernels (the DeltaNet prefill over 30 and 49 tokens, its decode step for one;
+/// the f32 builds): the same logits within 1e-3 of the largest.
+#[test]
+fn cuda_a_prompt_in_chunks_equals_the_prompt_at_once() {
+    if cuda_here() {
+        prompt_in_chunks(Device::Cuda, 1e-3);
+    }
+}
+
+fn prompt_in_chunks(device: Device, bound: f32) {
     for name in [
         "qwen3_5-f32",
         "qwen3_5-nvfp4",
@@ -149,10 +200,10 @@ fn a_prompt_in_chunks_equals_the_prompt_at_once() {
         "llama-bf16",
     ] {
         let p = prompt(6, 80);
-        let mut whole = engine(name, 1);
+        let mut whole = engine_on(name, 1, device);
         let s = whole.join().unwrap();
         let want = whole.step(&[(s, &p)]).unwrap().remove(0);
-        let mut parts = engine(name, 1);
+        let mut parts = engine_on(name, 1, device);
         let c = parts.join().unwrap();
         let mut got = Vec::new();
         // 30 as a prefill (past the 8-token windows), then 1 token, then 49 across the 64-token DeltaNet chunk.
@@ -166,8 +217,8 @@ fn a_prompt_in_chunks_equals_the_prompt_at_once() {
             .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()))
             / scale;
         assert!(
-            err < 1e-4,
-            "{name}: chunked prompt logits differ by {err:.2e} of the largest"
+            err < bound,
+            "{name} on {device:?}: chunked prompt logits differ by {err:.2e} of the largest"
         );
         let mut a = kernels::ops::argmax(&want).unwrap() as u32;
         let mut b = kernels::ops::argmax(&got).unwrap() as u32;

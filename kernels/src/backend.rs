@@ -226,14 +226,24 @@ impl Weight {
                 }
             }
             Weight::Int4 { w, .. } => w.dequantize_row(row, out)?,
-            Weight::Fp8Block { .. } | Weight::Nvfp4 { .. } => {
-                return Err(KernelError::shape(
-                    OP,
-                    format!(
-                        "a {} weight has no row gather; keep the embedding in its dense dtype",
-                        self.path_name()
-                    ),
-                ))
+            Weight::Fp8Block { w, scale_inv, .. } => {
+                // 128x128 blocks: the row's scales are one row of the block grid.
+                let scales = &scale_inv[(row / 128) * k.div_ceil(128)..];
+                for (j, (o, &c)) in out.iter_mut().zip(&w[row * k..(row + 1) * k]).enumerate() {
+                    *o = crate::formats::e4m3_to_f32(c) * scales[j / 128];
+                }
+            }
+            Weight::Nvfp4 {
+                w, scales, global, ..
+            } => {
+                // e2m1 pairs, the even element in the low nibble; one e4m3 scale per 16 values.
+                let (bytes, sc) = (&w[row * k / 2..], &scales[row * (k / 16)..]);
+                for (j, o) in out.iter_mut().enumerate() {
+                    let code = (bytes[j / 2] >> (4 * (j % 2))) & 0xf;
+                    *o = crate::formats::e2m1_to_f32(code)
+                        * crate::formats::e4m3_to_f32(sc[j / 16])
+                        * global;
+                }
             }
         }
         Ok(())
@@ -474,8 +484,29 @@ mod tests {
             Ok(())
         })
         .unwrap();
+        let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(6);
+        // FP8 codes below 2 in magnitude (never NaN) with 128x128 block scales; NVFP4 pairs with e4m3 group scales.
+        let fp8 = Weight::fp8_block(
+            (0..n * k).map(|_| r.gen::<u8>() & 0xbf).collect(),
+            (0..n.div_ceil(128) * k.div_ceil(128))
+                .map(|_| r.gen_range(0.01..0.1))
+                .collect(),
+            n,
+            k,
+        )
+        .unwrap();
+        let nvfp4 = Weight::nvfp4(
+            (0..n * k / 2).map(|_| r.gen()).collect(),
+            (0..n * k / 16)
+                .map(|_| crate::formats::f32_to_e4m3(r.gen_range(0.25..2.0)))
+                .collect(),
+            0.03,
+            n,
+            k,
+        )
+        .unwrap();
         // Each format against the f32 linear of its own dequantised rows: only accumulation order may differ.
-        for weight in [Weight::bf16(bf, n, k).unwrap(), int4] {
+        for weight in [Weight::bf16(bf, n, k).unwrap(), int4, fp8, nvfp4] {
             let mut deq = vec![0.0f32; n * k];
             for (r, row) in deq.chunks_exact_mut(k).enumerate() {
                 weight.row(r, row).unwrap();

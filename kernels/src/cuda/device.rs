@@ -292,6 +292,11 @@ impl Device {
         self.stream.clone_dtoh(src).map_err(cuda_err("download"))
     }
 
+    pub(super) fn memory_info(&self) -> Result<(usize, usize), KernelError> {
+        self.ctx.bind_to_thread().map_err(cuda_err("memory_info"))?;
+        cudarc::driver::result::mem_get_info().map_err(cuda_err("memory_info"))
+    }
+
     pub(super) fn synchronize(&self) -> Result<(), KernelError> {
         self.stream.synchronize().map_err(cuda_err("synchronize"))
     }

@@ -379,6 +379,17 @@ impl Gpu {
         }
     }
 
+    /// Free and total bytes of device memory, as the driver reports them now (what an engine admits a plan
+    /// against before it allocates).
+    pub fn memory_info(&self) -> Result<(usize, usize), KernelError> {
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.memory_info()
+        }
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
+    }
+
     /// Waits for every queued kernel and reports an asynchronous launch error, if any.
     pub fn synchronize(&self) -> Result<(), KernelError> {
         #[cfg(feature = "cuda")]

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# One device call for the CUDA engine: the engine's GPU parity and batching tests, the new GPU ops' tests,
+# compute-sanitizer memcheck over the parity run, then the speed runs on random-weight checkpoints with the real
+# Qwen3.8-27B geometry (FP8 block and modelopt NVFP4, written on the device by the random_checkpoint example, never
+# committed), each beside the planner's prediction and the device's copy bandwidth measured in the same run.
+# It builds nothing on the device: `prepare` (here) builds the release binaries with the `cuda` feature and packs
+# them into target-carry-engine/carry.tar.gz, which the device tool carries (`carry: ["target-carry-engine"]`).
+#
+# Usage (here):    engine/bench/h200/run_engine.sh prepare
+# Usage (device):  bash engine/bench/h200/run_engine.sh [STAGES]   (comma-separated: tests,sanitizer,bench,nsys;
+#                  baseline; default tests,sanitizer,bench). baseline needs `carry: [".whl"]` (transformers 5.25,
+#                  flash-linear-attention; see engine/bench/h200/hf_baseline.py).  Env: GEN (decode steps, default 64), MODELS (fp8,nvfp4).
+# Logs: $OUT/engine_*.txt; a table last.
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+CARRY=target-carry-engine
+
+if [ "${1:-}" = prepare ]; then
+  set -e
+  NVCC=${NVCC:-$(ls "$PWD"/.venv-cuda/lib/python3*/site-packages/nvidia/cu13/bin/nvcc | head -1)}
+  export NVCC
+  trap '[ $? -ne 0 ] && tail -40 /tmp/edgefit-engine-prepare.err' EXIT
+  cargo build --release -p engine --features cuda --bin edgefit --example random_checkpoint 2>/tmp/edgefit-engine-prepare.err
+  { cargo test --release -p engine --features cuda --test parity --test batching --no-run --message-format=json
+    cargo test --release -p kernels --features cuda --test gpu_engine_ops --no-run --message-format=json
+  } 2>>/tmp/edgefit-engine-prepare.err | python3 -c "import sys, json
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get('reason') == 'compiler-artifact' and m.get('executable') and m['target']['kind'] == ['test']:
+        print(m['target']['name'], m['executable'])" > /tmp/edgefit-engine-bins.txt
+  stage=$(mktemp -d)
+  while read -r name exe; do cp "$exe" "$stage/test_$name"; done < /tmp/edgefit-engine-bins.txt
+  cp target/release/edgefit target/release/examples/random_checkpoint "$stage/"
+  strip "$stage"/*
+  rm -rf "$CARRY" && mkdir -p "$CARRY"
+  tar -C "$stage" -czf "$CARRY/carry.tar.gz" .
+  rm -rf "$stage"
+  ls -la "$CARRY"
+  exit 0
+fi
+
+OUT=${OUT:-/tmp/edgefit-engine}
+mkdir -p "$OUT"
+STAGES=${1:-tests,sanitizer,bench}
+GEN=${GEN:-64}
+MODELS=${MODELS:-fp8,nvfp4}
+BIN=/tmp/edgefit-engine-bin
+rm -rf "$BIN" && mkdir -p "$BIN" && tar -C "$BIN" -xzf "$CARRY/carry.tar.gz"
+export EDGEFIT_FIXTURES=$PWD/engine/tests/fixtures
+status=()
+want() { [[ ",$STAGES," == *",$1,"* ]]; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv | tee "$OUT/engine_env.txt"
+
+if want tests; then
+  for t in parity batching gpu_engine_ops; do
+    timeout 300 "$BIN/test_$t" --test-threads=1 --nocapture > "$OUT/engine_tests_$t.txt" 2>&1
+    rc=$?; status+=("tests $t: rc=$rc $(grep -E '^test result' "$OUT/engine_tests_$t.txt" | tail -1)")
+  done
+  grep -A12 '^Cuda:' "$OUT/engine_tests_parity.txt"
+fi
+
+if want sanitizer; then
+  timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_parity" cuda_ --test-threads=1 \
+    > "$OUT/engine_memcheck.txt" 2>&1
+  rc=$?; status+=("memcheck parity (cuda): rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/engine_memcheck.txt" | tail -1)")
+fi
+
+if want bench; then
+  for m in ${MODELS//,/ }; do
+    dir=/tmp/q27-$m
+    [ -f "$dir/model.safetensors" ] || "$BIN/random_checkpoint" "models/qwen3.8-27b-$m" "$dir" 2>&1 | tail -2
+    for b in 1 8; do
+      timeout 500 "$BIN/edgefit" bench --device cuda --model "$dir" --batch $b --prompt-len 512 --gen "$GEN" \
+        > "$OUT/engine_bench_${m}_b$b.txt" 2>&1
+      rc=$?; status+=("bench $m b$b: rc=$rc $(grep -E 'tg[0-9]' "$OUT/engine_bench_${m}_b$b.txt" | head -1)")
+      cat "$OUT/engine_bench_${m}_b$b.txt" | head -30
+    done
+  done
+fi
+
+if want baseline; then
+  if ls .whl/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      && export PYTHONPATH=/tmp/site
+  fi
+  PYTHONUNBUFFERED=1 timeout 500 python3 engine/bench/h200/hf_baseline.py models/qwen3.8-27b-fp8 --batch 1,8 \
+    --prompt-len 512 --gen 32 > "$OUT/engine_baseline.txt" 2>&1
+  rc=$?; status+=("baseline transformers bf16: rc=$rc"); grep '^{' "$OUT/engine_baseline.txt"; tail -3 "$OUT/engine_baseline.txt"
+fi
+
+if want ncu; then
+  # GPU time per kernel over one short run (prefill of 8 tokens, 3 decode steps), summed by kernel name.
+  m=${MODELS%%,*}
+  [ -f "/tmp/q27-$m/model.safetensors" ] || "$BIN/random_checkpoint" "models/qwen3.8-27b-$m" "/tmp/q27-$m" | tail -1
+  timeout 400 ncu --metrics gpu__time_duration.sum --csv --print-units base \
+    "$BIN/edgefit" bench --device cuda --model /tmp/q27-$m --batch 1 --prompt-len 8 --gen 3 > "$OUT/engine_ncu.csv" 2>/dev/null
+  rc=$?; status+=("ncu: rc=$rc")
+  python3 - "$OUT/engine_ncu.csv" <<'PY' | tee "$OUT/engine_ncu_summary.txt"
+import csv, sys, collections
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+hdr = rows[0]; ki, vi = hdr.index("Kernel Name"), hdr.index("Metric Value")
+t = collections.defaultdict(float); n = collections.Counter()
+for r in rows[1:]:
+    try: v = float(r[vi].replace(",", ""))
+    except ValueError: continue
+    name = r[ki].split("(")[0]; t[name] += v; n[name] += 1
+tot = sum(t.values())
+print(f"{len(rows)-1} kernels, {tot/1e6:.2f} ms GPU time in all")
+for k, v in sorted(t.items(), key=lambda x: -x[1])[:30]:
+    print(f"{v/1e6:9.3f} ms {100*v/tot:5.1f}% {n[k]:6d} calls {v/n[k]/1e3:8.2f} us/call  {k}")
+PY
+fi
+
+if want nsys; then
+  m=${MODELS%%,*}
+  nsys profile -o "$OUT/engine_decode" --force-overwrite true -t cuda "$BIN/edgefit" bench --device cuda \
+    --model /tmp/q27-$m --batch 1 --prompt-len 16 --gen 8 > "$OUT/engine_nsys.txt" 2>&1
+  nsys stats -r cuda_gpu_kern_sum "$OUT/engine_decode.nsys-rep" 2>/dev/null | head -40 | tee -a "$OUT/engine_nsys.txt"
+  rm -f "$OUT"/engine_decode.nsys-rep "$OUT"/engine_decode.sqlite
+fi
+
+echo; echo "== status"
+printf '%s\n' "${status[@]}"

@@ -1,0 +1,1139 @@
+//! The forward pass on a CUDA GPU (`--device cuda`): the same layer sequence as [`Model::forward`], every op a
+//! kernel of `kernels::cuda`, activations in f32 device buffers.
+//!
+//! Weights are taken from a loaded [`Model`] (so the checkpoint is read and checked by the one loader) and placed in
+//! device memory in the layout the GPU kernels read fastest: FP8 blocks and NVFP4 repacked into the decode GEMVs'
+//! tiles, f32 and bf16 kept dense. The embedding stays on the host and only the rows a step needs cross the link.
+//! GPTQ int4 has no GPU kernel: it is widened to bf16 at load ([`CudaModel::paths`] says `bf16`). The parity path
+//! (`precise`) computes every format in f32 from its dequantized rows instead.
+//!
+//! Caches: K/V in f32, one contiguous block of `max_len` positions per slot and layer (the exact path's numbers;
+//! sliding layers read only their window), and per slot the DeltaNet conv history (two buffers, swapped each step:
+//! the step reads one and writes the other) and recurrent state, each its own buffer so a lone sequence runs on its
+//! own state without a copy.
+//!
+//! Scratch comes from a pool keyed by length, so a decode step allocates nothing once every shape has been seen.
+
+use std::collections::HashMap;
+
+use kernels::attention::{AttnDims, Rope};
+use kernels::backend::Weight;
+use kernels::cuda::{
+    DenseGpuWeights, Fp8TileWeights, GdnGpuInputs, GdnGpuWeights, GdnPrefillIo, Gpu, GpuBuffer,
+    GpuScalar, Nvfp4TileWeights,
+};
+use kernels::gdn::GdnDims;
+use kernels::ops::{GatedAct, NormWeight};
+use planner::model::{Activation, OutputGate};
+
+use super::{kerr, Embedding, GateUp, Mixer, Model, Qkv, Step, Table};
+use crate::profile::{self, Op};
+use crate::EngineError;
+
+/// A linear layer's weights on the device.
+enum GLinear {
+    Dense(DenseGpuWeights),
+    Fp8 {
+        tiles: Fp8TileWeights,
+        scales: GpuBuffer<f32>,
+    },
+    Nvfp4 {
+        tiles: Nvfp4TileWeights,
+        global: f32,
+    },
+}
+
+impl GLinear {
+    fn n(&self) -> usize {
+        match self {
+            GLinear::Dense(w) => w.n(),
+            GLinear::Fp8 { tiles, .. } => tiles.n(),
+            GLinear::Nvfp4 { tiles, .. } => tiles.n(),
+        }
+    }
+    fn k(&self) -> usize {
+        match self {
+            GLinear::Dense(w) => w.k(),
+            GLinear::Fp8 { tiles, .. } => tiles.k(),
+            GLinear::Nvfp4 { tiles, .. } => tiles.k(),
+        }
+    }
+    fn bytes(&self) -> usize {
+        match self {
+            GLinear::Dense(w) => w.device_bytes(),
+            // The tile layout: 2 KiB per 16 rows x 128 columns.
+            GLinear::Fp8 { tiles, scales } => {
+                tiles.n().div_ceil(16) * tiles.k().div_ceil(128) * 2048 + scales.len() * 4
+            }
+            GLinear::Nvfp4 { tiles, .. } => tiles.device_bytes(),
+        }
+    }
+    fn path_name(&self) -> &'static str {
+        match self {
+            GLinear::Dense(DenseGpuWeights::F32 { .. }) => "f32",
+            GLinear::Dense(DenseGpuWeights::Bf16 { .. }) => "bf16",
+            GLinear::Fp8 { .. } => "fp8-block",
+            GLinear::Nvfp4 { .. } => "nvfp4",
+        }
+    }
+}
+
+enum GQkv {
+    Split { q: GLinear, k: GLinear, v: GLinear },
+    Fused { w: GLinear, q_rows: usize },
+}
+
+struct GAttn {
+    qkv: GQkv,
+    o: GLinear,
+    biases: [Option<GpuBuffer<f32>>; 4],
+    g_proj: Option<GLinear>,
+    q_norm: Option<GpuBuffer<f32>>,
+    k_norm: Option<GpuBuffer<f32>>,
+    rope: Rope,
+    window: Option<usize>,
+}
+
+struct GGdn {
+    in_qkv: GLinear,
+    in_z: GLinear,
+    in_b: GLinear,
+    in_a: GLinear,
+    out: GLinear,
+    conv: GpuBuffer<f32>,
+    a_log: GpuBuffer<f32>,
+    dt_bias: GpuBuffer<f32>,
+    norm: GpuBuffer<f32>,
+}
+
+enum GMixer {
+    Attn(Box<GAttn>),
+    Gdn(Box<GGdn>),
+}
+
+enum GGateUp {
+    Fused(GLinear),
+    Split { gate: GLinear, up: GLinear },
+}
+
+struct GLayer {
+    input_norm: GpuBuffer<f32>,
+    post_attn_norm: GpuBuffer<f32>,
+    pre_ff_norm: Option<GpuBuffer<f32>>,
+    post_ff_norm: Option<GpuBuffer<f32>>,
+    mixer: GMixer,
+    gate_up: GGateUp,
+    down: GLinear,
+}
+
+/// Where a step's embedding rows come from (host memory).
+enum HostEmbed {
+    Table(Table),
+    /// The tied table, held as the host copy of the head.
+    Head(Weight),
+}
+
+/// One slot's DeltaNet state in one layer.
+struct SlotGdn {
+    /// Conv history: `conv[cur]` holds it, the step writes `conv[1 - cur]`.
+    conv: [GpuBuffer<f32>; 2],
+    cur: usize,
+    state: GpuBuffer<f32>,
+}
+
+enum LayerState {
+    Attn {
+        k: GpuBuffer<f32>,
+        v: GpuBuffer<f32>,
+    },
+    Gdn(Vec<SlotGdn>),
+}
+
+/// Device scratch, reused by length.
+#[derive(Default)]
+struct Pool {
+    f32s: HashMap<usize, Vec<GpuBuffer<f32>>>,
+    u16s: HashMap<usize, Vec<GpuBuffer<u16>>>,
+}
+
+impl Pool {
+    fn take<T: GpuScalar>(
+        map: &mut HashMap<usize, Vec<GpuBuffer<T>>>,
+        gpu: &Gpu,
+        len: usize,
+    ) -> Result<GpuBuffer<T>, EngineError> {
+        match map.get_mut(&len).and_then(Vec::pop) {
+            Some(b) => Ok(b),
+            None => gpu.zeros::<T>(len).map_err(kerr),
+        }
+    }
+    fn f32(&mut self, gpu: &Gpu, len: usize) -> Result<GpuBuffer<f32>, EngineError> {
+        Self::take(&mut self.f32s, gpu, len)
+    }
+    fn u16(&mut self, gpu: &Gpu, len: usize) -> Result<GpuBuffer<u16>, EngineError> {
+        Self::take(&mut self.u16s, gpu, len)
+    }
+    fn put(&mut self, b: GpuBuffer<f32>) {
+        self.f32s.entry(b.len()).or_default().push(b);
+    }
+    fn put_u16(&mut self, b: GpuBuffer<u16>) {
+        self.u16s.entry(b.len()).or_default().push(b);
+    }
+}
+
+/// The immutable half: device, weights and the model's facts.
+struct Weights {
+    gpu: Gpu,
+    embed: HostEmbed,
+    embed_scale: Option<f32>,
+    layers: Vec<GLayer>,
+    final_norm: GpuBuffer<f32>,
+    lm_head: GLinear,
+    attn_dims: AttnDims,
+    gdn_dims: Option<GdnDims>,
+    hidden: usize,
+    inter: usize,
+    eps: f32,
+    norm_form: NormWeight,
+    act: GatedAct,
+    gated_q: bool,
+    attn_scale: f32,
+    final_softcap: Option<f32>,
+    /// `u32` words of the tile GEMVs' activation scratch: enough for 16 rows of the widest input.
+    scratch_len: usize,
+    /// The DeltaNet prefill build: the f32 one for parity runs, else the fastest (TF32, ~2e-3 relative).
+    gdn_prefill: &'static str,
+}
+
+/// A model placed on a CUDA device with its caches: what [`crate::Engine`] runs when `--device cuda`.
+pub struct CudaModel {
+    w: Weights,
+    state: Vec<LayerState>,
+    pool: Pool,
+    gemv_scratch: GpuBuffer<u32>,
+    slot_buf: HashMap<usize, (GpuBuffer<u32>, GpuBuffer<u32>)>,
+    max_len: usize,
+    /// Device bytes of the weights and of the caches.
+    pub weight_bytes: u64,
+    pub cache_bytes: u64,
+    paths: Vec<&'static str>,
+}
+
+fn upload_vec(gpu: &Gpu, v: &[f32]) -> Result<GpuBuffer<f32>, EngineError> {
+    gpu.upload(v).map_err(kerr)
+}
+
+/// A weight's rows dequantized to f32 (`Weight::row`), as one dense f32 weight on the device.
+fn widen_f32(gpu: &Gpu, w: &Weight) -> Result<GLinear, EngineError> {
+    let (n, k) = (w.n(), w.k());
+    let mut all = vec![0.0f32; n * k];
+    for (r, row) in all.chunks_exact_mut(k).enumerate() {
+        w.row(r, row).map_err(kerr)?;
+    }
+    Ok(GLinear::Dense(gpu.dense_weights_f32(&all, n, k).map_err(kerr)?))
+}
+
+/// A linear on the device. `precise` (the parity path) computes every format in f32 from its dequantized rows,
+/// the checkpoint's own numbers: the tile GEMVs read bf16 activations (about 2e-2 of the largest logit on the
+/// qwen3_5 fixtures), and GPTQ has no GPU kernel.
+fn upload_linear(gpu: &Gpu, w: &Weight, precise: bool) -> Result<GLinear, EngineError> {
+    if precise && matches!(w, Weight::Fp8Block { .. } | Weight::Nvfp4 { .. } | Weight::Int4 { .. }) {
+        return widen_f32(gpu, w);
+    }
+    Ok(match w {
+        Weight::F32 { w, n, k } => GLinear::Dense(gpu.dense_weights_f32(w, *n, *k).map_err(kerr)?),
+        Weight::Bf16 { w, n, k } => {
+            GLinear::Dense(gpu.dense_weights_bf16(w, *n, *k).map_err(kerr)?)
+        }
+        Weight::Fp8Block { w, scale_inv, n, k } => {
+            let raw = gpu.upload(w).map_err(kerr)?;
+            GLinear::Fp8 {
+                tiles: gpu.fp8_repack_tiles(&raw, *n, *k).map_err(kerr)?,
+                scales: gpu.upload(scale_inv).map_err(kerr)?,
+            }
+        }
+        Weight::Nvfp4 {
+            w,
+            scales,
+            global,
+            n,
+            k,
+        } => {
+            let raw = gpu.upload(w).map_err(kerr)?;
+            let sc = gpu.upload(scales).map_err(kerr)?;
+            GLinear::Nvfp4 {
+                tiles: gpu.nvfp4_repack_tiles(&raw, &sc, *n, *k).map_err(kerr)?,
+                global: *global,
+            }
+        }
+        Weight::Int4 { .. } => {
+            // No int4 GPU kernel: widened to bf16, one row at a time.
+            let (n, k) = (w.n(), w.k());
+            let mut bits = Vec::with_capacity(n * k);
+            let mut row = vec![0.0f32; k];
+            for r in 0..n {
+                w.row(r, &mut row).map_err(kerr)?;
+                bits.extend(row.iter().map(|&x| half::bf16::from_f32(x).to_bits()));
+            }
+            GLinear::Dense(gpu.dense_weights_bf16(&bits, n, k).map_err(kerr)?)
+        }
+    })
+}
+
+/// FP8 block weights with the same input, stacked by rows into one (each part's rows a whole number of 128-row
+/// scale blocks, so the scales stack too): one GEMV per step instead of one per part. `None` when they cannot be.
+fn stack_fp8(parts: &[&Weight]) -> Option<Weight> {
+    let mut w = Vec::new();
+    let mut scales = Vec::new();
+    let (mut n, mut k0) = (0, None);
+    for p in parts {
+        let Weight::Fp8Block {
+            w: pw,
+            scale_inv,
+            n: pn,
+            k,
+        } = p
+        else {
+            return None;
+        };
+        if *k0.get_or_insert(*k) != *k || !pn.is_multiple_of(128) {
+            return None;
+        }
+        w.extend_from_slice(pw);
+        scales.extend_from_slice(scale_inv);
+        n += pn;
+    }
+    Some(Weight::Fp8Block {
+        w,
+        scale_inv: scales,
+        n,
+        k: k0?,
+    })
+}
+
+fn opt_vec(gpu: &Gpu, v: &Option<Vec<f32>>) -> Result<Option<GpuBuffer<f32>>, EngineError> {
+    v.as_deref().map(|v| upload_vec(gpu, v)).transpose()
+}
+
+impl CudaModel {
+    /// Moves `model`'s weights onto `gpu` (the host copies are dropped layer by layer; `model` keeps its facts and
+    /// refuses to run on the CPU afterwards) and allocates the caches for `slots` sequences of `max_len` tokens.
+    /// `precise` picks the f32 builds where a kernel has a faster, less exact one (the parity path, `--exact`).
+    pub fn upload(
+        gpu: Gpu,
+        model: &mut Model,
+        slots: usize,
+        max_len: usize,
+        precise: bool,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<CudaModel, EngineError> {
+        let layers_host = std::mem::take(&mut model.layers);
+        model.on_device = true;
+        let total = layers_host.len();
+        let mut layers = Vec::with_capacity(total);
+        let mut wide = model.hidden();
+        for (i, l) in layers_host.into_iter().enumerate() {
+            let mixer = match l.mixer {
+                Mixer::Attn(a) => {
+                    let a = *a;
+                    let qkv = match a.qkv {
+                        Qkv::Split { q, k, v } => match stack_fp8(&[&q, &k, &v]) {
+                            Some(w) => GQkv::Fused {
+                                w: upload_linear(&gpu, &w, precise)?,
+                                q_rows: q.n(),
+                            },
+                            None => GQkv::Split {
+                                q: upload_linear(&gpu, &q, precise)?,
+                                k: upload_linear(&gpu, &k, precise)?,
+                                v: upload_linear(&gpu, &v, precise)?,
+                            },
+                        },
+                        Qkv::Fused { w, q_rows } => GQkv::Fused {
+                            w: upload_linear(&gpu, &w, precise)?,
+                            q_rows,
+                        },
+                    };
+                    let [b0, b1, b2, b3] = &a.biases;
+                    GMixer::Attn(Box::new(GAttn {
+                        qkv,
+                        o: upload_linear(&gpu, &a.o, precise)?,
+                        biases: [
+                            opt_vec(&gpu, b0)?,
+                            opt_vec(&gpu, b1)?,
+                            opt_vec(&gpu, b2)?,
+                            opt_vec(&gpu, b3)?,
+                        ],
+                        g_proj: a
+                            .g_proj
+                            .as_ref()
+                            .map(|g| upload_linear(&gpu, g, precise))
+                            .transpose()?,
+                        q_norm: opt_vec(&gpu, &a.q_norm)?,
+                        k_norm: opt_vec(&gpu, &a.k_norm)?,
+                        rope: a.rope,
+                        window: a.window,
+                    }))
+                }
+                Mixer::Gdn(g) => {
+                    let g = *g;
+                    wide = wide.max(g.out.k());
+                    GMixer::Gdn(Box::new(GGdn {
+                        in_qkv: upload_linear(&gpu, &g.in_qkv, precise)?,
+                        in_z: upload_linear(&gpu, &g.in_z, precise)?,
+                        in_b: upload_linear(&gpu, &g.in_b, precise)?,
+                        in_a: upload_linear(&gpu, &g.in_a, precise)?,
+                        out: upload_linear(&gpu, &g.out, precise)?,
+                        conv: upload_vec(&gpu, &g.conv)?,
+                        a_log: upload_vec(&gpu, &g.a_log)?,
+                        dt_bias: upload_vec(&gpu, &g.dt_bias)?,
+                        norm: upload_vec(&gpu, &g.norm)?,
+                    }))
+                }
+            };
+            let gate_up = match l.gate_up {
+                GateUp::Fused(w) => GGateUp::Fused(upload_linear(&gpu, &w, precise)?),
+                GateUp::Split { gate, up } => match stack_fp8(&[&gate, &up]) {
+                    Some(w) => GGateUp::Fused(upload_linear(&gpu, &w, precise)?),
+                    None => GGateUp::Split {
+                        gate: upload_linear(&gpu, &gate, precise)?,
+                        up: upload_linear(&gpu, &up, precise)?,
+                    },
+                },
+            };
+            wide = wide.max(l.down.k());
+            layers.push(GLayer {
+                input_norm: upload_vec(&gpu, &l.input_norm)?,
+                post_attn_norm: upload_vec(&gpu, &l.post_attn_norm)?,
+                pre_ff_norm: opt_vec(&gpu, &l.pre_ff_norm)?,
+                post_ff_norm: opt_vec(&gpu, &l.post_ff_norm)?,
+                mixer,
+                gate_up,
+                down: upload_linear(&gpu, &l.down, precise)?,
+            });
+            progress(i + 1, total);
+        }
+        // The head goes to the device; a tied table keeps its host copy for the embedding gather.
+        let head_host = std::mem::replace(
+            &mut model.lm_head,
+            Weight::F32 {
+                w: Vec::new(),
+                n: 0,
+                k: 0,
+            },
+        );
+        let (embed, lm_head) = match std::mem::replace(&mut model.embed, Embedding::Head) {
+            Embedding::Table(t) => (HostEmbed::Table(t), upload_linear(&gpu, &head_host, precise)?),
+            Embedding::Head => {
+                let dev = upload_linear(&gpu, &head_host, precise)?;
+                (HostEmbed::Head(head_host), dev)
+            }
+        };
+        let rt = &model.spec.runtime;
+        let w = Weights {
+            embed,
+            embed_scale: model.embed_scale,
+            final_norm: upload_vec(&gpu, &model.final_norm)?,
+            lm_head,
+            layers,
+            attn_dims: model.attn_dims,
+            gdn_dims: model.gdn_dims,
+            hidden: model.hidden(),
+            inter: model.inter,
+            eps: model.eps,
+            norm_form: model.norm_form,
+            act: match rt.activation {
+                Activation::Silu => GatedAct::Silu,
+                Activation::GeluErf => GatedAct::GeluErf,
+                Activation::GeluTanh => GatedAct::GeluTanh,
+            },
+            gated_q: rt.output_gate == OutputGate::SigmoidPerElement,
+            attn_scale: rt.attn_scale as f32,
+            final_softcap: rt.final_logit_softcap.map(|c| c as f32),
+            scratch_len: Gpu::gemv_scratch_len(16, wide.max(model.hidden()).max(model.inter)),
+            gdn_prefill: if precise { "fp32_cs32" } else { "auto" },
+            gpu,
+        };
+        let mut weight_bytes = w.lm_head.bytes() as u64;
+        let mut paths = vec![w.lm_head.path_name()];
+        for l in &w.layers {
+            for lin in l.linears() {
+                weight_bytes += lin.bytes() as u64;
+                paths.push(lin.path_name());
+            }
+        }
+        paths.sort_unstable();
+        paths.dedup();
+        let gemv_scratch = w.gpu.zeros::<u32>(w.scratch_len).map_err(kerr)?;
+        let mut m = CudaModel {
+            state: Vec::new(),
+            pool: Pool::default(),
+            gemv_scratch,
+            slot_buf: HashMap::new(),
+            max_len,
+            weight_bytes,
+            cache_bytes: 0,
+            paths,
+            w,
+        };
+        m.alloc_caches(slots)?;
+        Ok(m)
+    }
+
+    fn alloc_caches(&mut self, slots: usize) -> Result<(), EngineError> {
+        let gpu = &self.w.gpu;
+        let d = self.w.attn_dims;
+        let kvw = d.kv_heads * d.head_dim;
+        let kv_len = [slots, self.max_len, kvw]
+            .iter()
+            .try_fold(1usize, |a, &b| a.checked_mul(b))
+            .ok_or_else(|| EngineError::Unsupported("the KV cache size overflows".into()))?;
+        let mut bytes = 0u64;
+        for l in &self.w.layers {
+            let s = match &l.mixer {
+                GMixer::Attn(_) => {
+                    bytes += 8 * kv_len as u64;
+                    LayerState::Attn {
+                        k: gpu.zeros(kv_len).map_err(kerr)?,
+                        v: gpu.zeros(kv_len).map_err(kerr)?,
+                    }
+                }
+                GMixer::Gdn(_) => {
+                    let g = self.w.gdn_dims.ok_or_else(|| {
+                        EngineError::Unsupported("GDN layer without geometry".into())
+                    })?;
+                    let (cl, sl) = (g.conv_state_len(), g.state_len());
+                    let mut v = Vec::with_capacity(slots);
+                    for _ in 0..slots {
+                        bytes += 4 * (2 * cl + sl) as u64;
+                        v.push(SlotGdn {
+                            conv: [gpu.zeros(cl).map_err(kerr)?, gpu.zeros(cl).map_err(kerr)?],
+                            cur: 0,
+                            state: gpu.zeros(sl).map_err(kerr)?,
+                        });
+                    }
+                    LayerState::Gdn(v)
+                }
+            };
+            self.state.push(s);
+        }
+        self.cache_bytes = bytes;
+        Ok(())
+    }
+
+    /// The weight path names on the device, each once.
+    pub fn paths(&self) -> Vec<&'static str> {
+        self.paths.clone()
+    }
+
+    /// The device's name.
+    pub fn device_name(&self) -> String {
+        self.w.gpu.name().unwrap_or_else(|_| "CUDA device".into())
+    }
+
+    /// The device's copy bandwidth now, read + write bytes per second: the best of five copies of 256 MiB of f32
+    /// through the engine's own copy kernel (the decode roofline's denominator, measured in the same run).
+    pub fn copy_bandwidth(&mut self) -> Result<f64, EngineError> {
+        let gpu = &self.w.gpu;
+        let (rows, width) = (64usize, 1usize << 20);
+        let src = gpu.zeros::<f32>(rows * width).map_err(kerr)?;
+        let mut dst = gpu.zeros::<f32>(rows * width).map_err(kerr)?;
+        let mut best = 0.0f64;
+        for _ in 0..5 {
+            gpu.synchronize().map_err(kerr)?;
+            let t = std::time::Instant::now();
+            gpu.copy_cols(&src, width, 0, &mut dst, width, 0, rows, width)
+                .map_err(kerr)?;
+            gpu.synchronize().map_err(kerr)?;
+            best = best.max((2 * 4 * rows * width) as f64 / t.elapsed().as_secs_f64());
+        }
+        Ok(best)
+    }
+
+    /// Zeroes a slot's DeltaNet state for a new sequence (its K/V positions are written before they are read).
+    pub fn reset_slot(&mut self, slot: usize) -> Result<(), EngineError> {
+        let gpu = &self.w.gpu;
+        for l in &mut self.state {
+            if let LayerState::Gdn(v) = l {
+                let s = v
+                    .get_mut(slot)
+                    .ok_or_else(|| EngineError::Request(format!("no slot {slot}")))?;
+                let (cl, sl) = (s.conv[0].len(), s.state.len());
+                s.conv = [gpu.zeros(cl).map_err(kerr)?, gpu.zeros(cl).map_err(kerr)?];
+                s.cur = 0;
+                s.state = gpu.zeros(sl).map_err(kerr)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Model::forward`] on the device: the logits of each sequence's last token, `[batch.len(), vocab]`.
+    pub fn forward(&mut self, batch: &[Step<'_>]) -> Result<Vec<f32>, EngineError> {
+        let prefill = batch.len() == 1 && batch[0].tokens.len() > 1;
+        if !prefill && batch.iter().any(|s| s.tokens.len() != 1) {
+            return Err(EngineError::Unsupported(
+                "a step is one sequence's prompt or chunk, or one token per sequence".into(),
+            ));
+        }
+        let CudaModel {
+            w,
+            state,
+            pool,
+            gemv_scratch,
+            slot_buf,
+            max_len,
+            ..
+        } = self;
+        let gpu = &w.gpu;
+        let ids: Vec<u32> = batch
+            .iter()
+            .flat_map(|s| s.tokens.iter().copied())
+            .collect();
+        let t = ids.len();
+        let h = w.hidden;
+        // Token i's (slot, position): a prompt's tokens run consecutively from its first position.
+        let (slots, positions): (Vec<u32>, Vec<u32>) = batch
+            .iter()
+            .flat_map(|s| (0..s.tokens.len()).map(move |i| (s.slot as u32, (s.pos + i) as u32)))
+            .unzip();
+        if positions.iter().any(|&p| p as usize >= *max_len) {
+            return Err(EngineError::Request(format!(
+                "a position reaches max_model_len {max_len}"
+            )));
+        }
+        let t_embed = profile::span(Op::Embed);
+        let mut xh = vec![0.0f32; t * h];
+        match &w.embed {
+            HostEmbed::Table(Table::F32(tab)) => kernels::ops::embedding_gather(
+                kernels::ops::EmbeddingTable::F32(tab),
+                h,
+                &ids,
+                &mut xh,
+            ),
+            HostEmbed::Table(Table::Bf16(tab)) => kernels::ops::embedding_gather(
+                kernels::ops::EmbeddingTable::Bf16(tab),
+                h,
+                &ids,
+                &mut xh,
+            ),
+            HostEmbed::Head(head) => ids
+                .iter()
+                .zip(xh.chunks_exact_mut(h))
+                .try_for_each(|(&id, row)| head.row(id as usize, row)),
+        }
+        .map_err(kerr)?;
+        if let Some(s) = w.embed_scale {
+            xh.iter_mut().for_each(|v| *v *= s);
+        }
+        let mut x = pool.f32(gpu, t * h)?;
+        gpu.write(&mut x, &xh).map_err(kerr)?;
+        drop(t_embed);
+        let (sb, pb) = match slot_buf.remove(&t) {
+            Some(b) => b,
+            None => (
+                gpu.zeros::<u32>(t).map_err(kerr)?,
+                gpu.zeros::<u32>(t).map_err(kerr)?,
+            ),
+        };
+        let (mut sb, mut pb) = (sb, pb);
+        gpu.write(&mut sb, &slots).map_err(kerr)?;
+        gpu.write(&mut pb, &positions).map_err(kerr)?;
+        let mut cx = Ctx {
+            w,
+            pool,
+            scratch: gemv_scratch,
+            max_len: *max_len,
+        };
+        let run = (|| -> Result<GpuBuffer<f32>, EngineError> {
+            for (li, layer) in cx.w.layers.iter().enumerate() {
+                let hb = cx.norm(&x, &layer.input_norm)?;
+                let mut o = match (&layer.mixer, &mut state[li]) {
+                    (GMixer::Attn(a), LayerState::Attn { k, v }) => {
+                        cx.attention(a, k, v, &sb, &pb, &hb, t)?
+                    }
+                    (GMixer::Gdn(g), LayerState::Gdn(slots_state)) => {
+                        cx.gdn(g, slots_state, batch, prefill, &hb, t)?
+                    }
+                    _ => {
+                        return Err(EngineError::Unsupported(
+                            "cache kind does not match the layer".into(),
+                        ))
+                    }
+                };
+                cx.pool.put(hb);
+                if layer.pre_ff_norm.is_some() {
+                    let n = cx.norm(&o, &layer.post_attn_norm)?;
+                    cx.pool.put(std::mem::replace(&mut o, n));
+                }
+                {
+                    let _t = profile::span(Op::Small);
+                    gpu.add_assign(&mut x, &o).map_err(kerr)?;
+                }
+                cx.pool.put(o);
+                let ff_norm = layer.pre_ff_norm.as_ref().unwrap_or(&layer.post_attn_norm);
+                let hb = cx.norm(&x, ff_norm)?;
+                let mut m = cx.mlp(layer, &hb, t)?;
+                cx.pool.put(hb);
+                if let Some(wn) = &layer.post_ff_norm {
+                    let n = cx.norm(&m, wn)?;
+                    cx.pool.put(std::mem::replace(&mut m, n));
+                }
+                {
+                    let _t = profile::span(Op::Small);
+                    gpu.add_assign(&mut x, &m).map_err(kerr)?;
+                }
+                cx.pool.put(m);
+            }
+            // Logits of each sequence's last token only.
+            let rows = if prefill { 1 } else { t };
+            let normed = if prefill && t > 1 {
+                let mut l = cx.pool.f32(gpu, h)?;
+                gpu.copy_cols(&x, t * h, (t - 1) * h, &mut l, h, 0, 1, h)
+                    .map_err(kerr)?;
+                let n = cx.norm(&l, &cx.w.final_norm)?;
+                cx.pool.put(l);
+                n
+            } else {
+                cx.norm(&x, &cx.w.final_norm)?
+            };
+            let mut logits = cx.linear(&cx.w.lm_head, &normed, rows)?;
+            cx.pool.put(normed);
+            if let Some(cap) = cx.w.final_softcap {
+                gpu.softcap(&mut logits, cap).map_err(kerr)?;
+            }
+            Ok(logits)
+        })();
+        slot_buf.insert(t, (sb, pb));
+        cx.pool.put(x);
+        let logits = run?;
+        let _t = profile::span(Op::Wait);
+        let host = gpu.download(&logits).map_err(kerr)?;
+        cx.pool.put(logits);
+        Ok(host)
+    }
+}
+
+impl GLayer {
+    fn linears(&self) -> Vec<&GLinear> {
+        let mut v = Vec::new();
+        match &self.gate_up {
+            GGateUp::Fused(w) => v.push(w),
+            GGateUp::Split { gate, up } => v.extend([gate, up]),
+        }
+        v.push(&self.down);
+        match &self.mixer {
+            GMixer::Attn(a) => {
+                match &a.qkv {
+                    GQkv::Split { q, k, v: vv } => v.extend([q, k, vv]),
+                    GQkv::Fused { w, .. } => v.push(w),
+                }
+                v.push(&a.o);
+                if let Some(g) = &a.g_proj {
+                    v.push(g);
+                }
+            }
+            GMixer::Gdn(g) => v.extend([&g.in_qkv, &g.in_z, &g.in_b, &g.in_a, &g.out]),
+        }
+        v
+    }
+}
+
+/// A step's view: the weights, the scratch pool and the GEMV scratch.
+struct Ctx<'a> {
+    w: &'a Weights,
+    pool: &'a mut Pool,
+    scratch: &'a mut GpuBuffer<u32>,
+    max_len: usize,
+}
+
+impl Ctx<'_> {
+    fn norm(
+        &mut self,
+        x: &GpuBuffer<f32>,
+        wn: &GpuBuffer<f32>,
+    ) -> Result<GpuBuffer<f32>, EngineError> {
+        let _t = profile::span(Op::Small);
+        let gpu = &self.w.gpu;
+        let mut out = self.pool.f32(gpu, x.len())?;
+        gpu.rmsnorm_f32(x, wn, self.w.norm_form, self.w.eps, &mut out)
+            .map_err(kerr)?;
+        Ok(out)
+    }
+
+    /// Columns `[off, off + width)` of every row of `src` (`[rows, cols]`) as a new `[rows, width]` buffer.
+    fn cols(
+        &mut self,
+        src: &GpuBuffer<f32>,
+        cols: usize,
+        off: usize,
+        width: usize,
+    ) -> Result<GpuBuffer<f32>, EngineError> {
+        let gpu = &self.w.gpu;
+        let rows = src.len() / cols;
+        let mut out = self.pool.f32(gpu, rows * width)?;
+        gpu.copy_cols(src, cols, off, &mut out, width, 0, rows, width)
+            .map_err(kerr)?;
+        Ok(out)
+    }
+
+    /// `y = x · wᵀ` for `m` rows: the dense kernel at any `m`; the tile GEMVs on bf16 copies of the activations
+    /// (what they read), in pieces of at most 16 rows.
+    fn linear(
+        &mut self,
+        w: &GLinear,
+        x: &GpuBuffer<f32>,
+        m: usize,
+    ) -> Result<GpuBuffer<f32>, EngineError> {
+        let _t = profile::span(Op::Linear);
+        let gpu = &self.w.gpu;
+        let (n, k) = (w.n(), w.k());
+        let mut y = self.pool.f32(gpu, m * n)?;
+        if let GLinear::Dense(d) = w {
+            gpu.dense_linear(x, d, &mut y, m).map_err(kerr)?;
+            return Ok(y);
+        }
+        if m <= 16 {
+            let mut xb = self.pool.u16(gpu, m * k)?;
+            gpu.cast_f32_to_bf16(x, &mut xb).map_err(kerr)?;
+            self.tiles(w, &xb, &mut y, m)?;
+            self.pool.put_u16(xb);
+            return Ok(y);
+        }
+        let mut r0 = 0;
+        while r0 < m {
+            let c = (m - r0).min(16);
+            let mut xs = self.pool.f32(gpu, c * k)?;
+            gpu.copy_cols(x, m * k, r0 * k, &mut xs, c * k, 0, 1, c * k)
+                .map_err(kerr)?;
+            let mut xb = self.pool.u16(gpu, c * k)?;
+            gpu.cast_f32_to_bf16(&xs, &mut xb).map_err(kerr)?;
+            self.pool.put(xs);
+            let mut ys = self.pool.f32(gpu, c * n)?;
+            self.tiles(w, &xb, &mut ys, c)?;
+            self.pool.put_u16(xb);
+            gpu.copy_cols(&ys, c * n, 0, &mut y, m * n, r0 * n, 1, c * n)
+                .map_err(kerr)?;
+            self.pool.put(ys);
+            r0 += c;
+        }
+        Ok(y)
+    }
+
+    /// Several linears of the same input `x` (`m` rows), the input cast to bf16 once for all the tile GEMVs.
+    fn linears(
+        &mut self,
+        ws: &[&GLinear],
+        x: &GpuBuffer<f32>,
+        m: usize,
+    ) -> Result<Vec<GpuBuffer<f32>>, EngineError> {
+        let tiled = ws
+            .iter()
+            .filter(|w| !matches!(w, GLinear::Dense(_)))
+            .count();
+        if m > 16 || tiled < 2 {
+            return ws.iter().map(|w| self.linear(w, x, m)).collect();
+        }
+        let _t = profile::span(Op::Linear);
+        let gpu = &self.w.gpu;
+        let k = ws[0].k();
+        let mut xb = self.pool.u16(gpu, m * k)?;
+        gpu.cast_f32_to_bf16(x, &mut xb).map_err(kerr)?;
+        let mut out = Vec::with_capacity(ws.len());
+        for w in ws {
+            let mut y = self.pool.f32(gpu, m * w.n())?;
+            match w {
+                GLinear::Dense(d) => gpu.dense_linear(x, d, &mut y, m).map_err(kerr)?,
+                _ => self.tiles(w, &xb, &mut y, m)?,
+            }
+            out.push(y);
+        }
+        self.pool.put_u16(xb);
+        Ok(out)
+    }
+
+    /// One tile GEMV of at most 16 rows.
+    fn tiles(
+        &mut self,
+        w: &GLinear,
+        xb: &GpuBuffer<u16>,
+        y: &mut GpuBuffer<f32>,
+        m: usize,
+    ) -> Result<(), EngineError> {
+        let gpu = &self.w.gpu;
+        match w {
+            GLinear::Fp8 { tiles, scales } => {
+                gpu.fp8_gemv_tiles(xb, tiles, scales, y, self.scratch, m)
+            }
+            GLinear::Nvfp4 { tiles, global } => {
+                gpu.nvfp4_gemv_tiles(xb, tiles, *global, y, self.scratch, m)
+            }
+            GLinear::Dense(d) => {
+                return Err(EngineError::Unsupported(format!(
+                    "a dense {}x{} weight has no tile GEMV",
+                    d.n(),
+                    d.k()
+                )))
+            }
+        }
+        .map_err(kerr)
+    }
+
+    fn mlp(
+        &mut self,
+        layer: &GLayer,
+        x: &GpuBuffer<f32>,
+        t: usize,
+    ) -> Result<GpuBuffer<f32>, EngineError> {
+        let gpu = &self.w.gpu;
+        let inter = self.w.inter;
+        let gu = match &layer.gate_up {
+            GGateUp::Fused(wt) => self.linear(wt, x, t)?,
+            GGateUp::Split { gate, up } => {
+                let [g, u]: [GpuBuffer<f32>; 2] = self
+                    .linears(&[gate, up], x, t)?
+                    .try_into()
+                    .map_err(|_| EngineError::Kernel("linears: missing output".into()))?;
+                let mut gu = self.pool.f32(gpu, 2 * t * inter)?;
+                gpu.copy_cols(&g, inter, 0, &mut gu, 2 * inter, 0, t, inter)
+                    .map_err(kerr)?;
+                gpu.copy_cols(&u, inter, 0, &mut gu, 2 * inter, inter, t, inter)
+                    .map_err(kerr)?;
+                self.pool.put(g);
+                self.pool.put(u);
+                gu
+            }
+        };
+        let mut act = self.pool.f32(gpu, t * inter)?;
+        {
+            let _t = profile::span(Op::Small);
+            gpu.act_and_mul_f32(self.w.act, &gu, inter, &mut act)
+                .map_err(kerr)?;
+        }
+        self.pool.put(gu);
+        let out = self.linear(&layer.down, &act, t)?;
+        self.pool.put(act);
+        Ok(out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &mut self,
+        a: &GAttn,
+        ck: &mut GpuBuffer<f32>,
+        cv: &mut GpuBuffer<f32>,
+        slots: &GpuBuffer<u32>,
+        pos: &GpuBuffer<u32>,
+        x: &GpuBuffer<f32>,
+        t: usize,
+    ) -> Result<GpuBuffer<f32>, EngineError> {
+        let gpu = &self.w.gpu;
+        let d = self.w.attn_dims;
+        let (qw, kvw) = (d.q_heads * d.head_dim, d.kv_heads * d.head_dim);
+        let (qg, mut k, mut v) = match &a.qkv {
+            GQkv::Split { q, k, v } => {
+                let mut o = self.linears(&[q, k, v], x, t)?.into_iter();
+                let mut next = || {
+                    o.next()
+                        .ok_or_else(|| EngineError::Kernel("linears: missing output".into()))
+                };
+                (next()?, next()?, next()?)
+            }
+            GQkv::Fused { w, q_rows } => {
+                let n = w.n();
+                let all = self.linear(w, x, t)?;
+                let q = self.cols(&all, n, 0, *q_rows)?;
+                let k = self.cols(&all, n, *q_rows, kvw)?;
+                let v = self.cols(&all, n, *q_rows + kvw, kvw)?;
+                self.pool.put(all);
+                (q, k, v)
+            }
+        };
+        // A gated q projection holds, per head, head_dim queries then head_dim gates.
+        let (mut q, gate) = if self.w.gated_q {
+            let q = self.cols(&qg, 2 * d.head_dim, 0, d.head_dim)?;
+            let g = self.cols(&qg, 2 * d.head_dim, d.head_dim, d.head_dim)?;
+            self.pool.put(qg);
+            (q, Some(g))
+        } else {
+            (qg, None)
+        };
+        for (buf, bias) in [
+            (&mut q, &a.biases[0]),
+            (&mut k, &a.biases[1]),
+            (&mut v, &a.biases[2]),
+        ] {
+            if let Some(b) = bias {
+                gpu.add_bias_rows(buf, b).map_err(kerr)?;
+            }
+        }
+        if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
+            let nq = self.norm(&q, qn)?;
+            self.pool.put(std::mem::replace(&mut q, nq));
+            let nk = self.norm(&k, kn)?;
+            self.pool.put(std::mem::replace(&mut k, nk));
+        }
+        {
+            let _t = profile::span(Op::Small);
+            gpu.rope_neox(&a.rope, d.q_heads, pos, &mut q)
+                .map_err(kerr)?;
+            gpu.rope_neox(&a.rope, d.kv_heads, pos, &mut k)
+                .map_err(kerr)?;
+        }
+        let mut out = self.pool.f32(gpu, t * qw)?;
+        {
+            let _t = profile::span(Op::Attention);
+            gpu.kv_store_slots(&d, &k, &v, slots, pos, ck, cv, self.max_len)
+                .map_err(kerr)?;
+            gpu.attention_slots(
+                &d,
+                self.w.attn_scale,
+                a.window,
+                &q,
+                ck,
+                cv,
+                self.max_len,
+                slots,
+                pos,
+                &mut out,
+            )
+            .map_err(kerr)?;
+        }
+        self.pool.put(q);
+        self.pool.put(k);
+        self.pool.put(v);
+        if let Some(g) = gate {
+            gpu.sigmoid_gate(&mut out, &g).map_err(kerr)?;
+            self.pool.put(g);
+        }
+        if let Some(gp) = &a.g_proj {
+            let g = self.linear(gp, x, t)?;
+            gpu.sigmoid_head_gate(&mut out, d.q_heads, &g)
+                .map_err(kerr)?;
+            self.pool.put(g);
+        }
+        let mut o = self.linear(&a.o, &out, t)?;
+        self.pool.put(out);
+        if let Some(b) = &a.biases[3] {
+            gpu.add_bias_rows(&mut o, b).map_err(kerr)?;
+        }
+        Ok(o)
+    }
+
+    fn gdn(
+        &mut self,
+        g: &GGdn,
+        states: &mut [SlotGdn],
+        batch: &[Step<'_>],
+        prefill: bool,
+        x: &GpuBuffer<f32>,
+        t: usize,
+    ) -> Result<GpuBuffer<f32>, EngineError> {
+        let gpu = &self.w.gpu;
+        let dims = self
+            .w
+            .gdn_dims
+            .ok_or_else(|| EngineError::Unsupported("GDN layer without geometry".into()))?;
+        let vw = dims.value_width();
+        let [qkv, z, b, a]: [GpuBuffer<f32>; 4] = self
+            .linears(&[&g.in_qkv, &g.in_z, &g.in_b, &g.in_a], x, t)?
+            .try_into()
+            .map_err(|_| EngineError::Kernel("linears: missing output".into()))?;
+        let wts = GdnGpuWeights {
+            conv_weight: &g.conv,
+            a_log: &g.a_log,
+            dt_bias: &g.dt_bias,
+            norm_weight: &g.norm,
+            norm_eps: self.w.eps,
+        };
+        let inp = GdnGpuInputs {
+            qkv: &qkv,
+            z: &z,
+            a: &a,
+            b: &b,
+        };
+        let mut out = self.pool.f32(gpu, t * vw)?;
+        let t_gdn = profile::span(Op::Gdn);
+        let n_slots = states.len();
+        let slot_of = |s: &Step<'_>| -> Result<usize, EngineError> {
+            if s.slot < n_slots {
+                Ok(s.slot)
+            } else {
+                Err(EngineError::Request(format!("no slot {}", s.slot)))
+            }
+        };
+        if prefill {
+            let s = slot_of(&batch[0])?;
+            let st = &mut states[s];
+            let ws_len = Gpu::gdn_prefill_workspace_len_with(self.w.gdn_prefill, &dims, &[t])
+                .map_err(kerr)?;
+            let mut ws = self.pool.f32(gpu, ws_len)?;
+            let (c0, c1) = st.conv.split_at_mut(1);
+            let (cin, cout) = if st.cur == 0 {
+                (&c0[0], &mut c1[0])
+            } else {
+                (&c1[0], &mut c0[0])
+            };
+            gpu.gdn_prefill_with(
+                self.w.gdn_prefill,
+                &dims,
+                &wts,
+                &inp,
+                &[t],
+                GdnPrefillIo {
+                    conv_in: cin,
+                    conv_out: cout,
+                    state: &mut st.state,
+                    out: &mut out,
+                    workspace: &mut ws,
+                },
+            )
+            .map_err(kerr)?;
+            st.cur = 1 - st.cur;
+            self.pool.put(ws);
+        } else if batch.len() == 1 {
+            let st = &mut states[slot_of(&batch[0])?];
+            let (c0, c1) = st.conv.split_at_mut(1);
+            let (cin, cout) = if st.cur == 0 {
+                (&c0[0], &mut c1[0])
+            } else {
+                (&c1[0], &mut c0[0])
+            };
+            gpu.gdn_decode_step(&dims, &wts, &inp, 1, cin, cout, &mut st.state, &mut out)
+                .map_err(kerr)?;
+            st.cur = 1 - st.cur;
+        } else {
+            // Several sequences: their states gathered into one batch and scattered back.
+            let bsz = batch.len();
+            let (cl, sl) = (dims.conv_state_len(), dims.state_len());
+            let mut cin = self.pool.f32(gpu, bsz * cl)?;
+            let mut cout = self.pool.f32(gpu, bsz * cl)?;
+            let mut sts = self.pool.f32(gpu, bsz * sl)?;
+            for (i, s) in batch.iter().enumerate() {
+                let st = &states[slot_of(s)?];
+                gpu.copy_cols(&st.conv[st.cur], cl, 0, &mut cin, bsz * cl, i * cl, 1, cl)
+                    .map_err(kerr)?;
+                gpu.copy_cols(&st.state, sl, 0, &mut sts, bsz * sl, i * sl, 1, sl)
+                    .map_err(kerr)?;
+            }
+            gpu.gdn_decode_step(&dims, &wts, &inp, bsz, &cin, &mut cout, &mut sts, &mut out)
+                .map_err(kerr)?;
+            for (i, s) in batch.iter().enumerate() {
+                let st = &mut states[slot_of(s)?];
+                let cur = st.cur;
+                gpu.copy_cols(&cout, bsz * cl, i * cl, &mut st.conv[cur], cl, 0, 1, cl)
+                    .map_err(kerr)?;
+                gpu.copy_cols(&sts, bsz * sl, i * sl, &mut st.state, sl, 0, 1, sl)
+                    .map_err(kerr)?;
+            }
+            self.pool.put(cin);
+            self.pool.put(cout);
+            self.pool.put(sts);
+        }
+        drop(t_gdn);
+        for buf in [qkv, z, b, a] {
+            self.pool.put(buf);
+        }
+        let o = self.linear(&g.out, &out, t)?;
+        self.pool.put(out);
+        Ok(o)
+    }
+}

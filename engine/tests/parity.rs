@@ -198,7 +198,11 @@ fn teacher_forced(dir: &Path, mode: WeightMode) -> (usize, usize, f32, f64, Stri
 
 /// [`teacher_forced`] on a device; on CUDA the fast path (not `precise`): the tile GEMVs and the TF32 DeltaNet
 /// prefill.
-fn teacher_forced_on(dir: &Path, mode: WeightMode, device: Device) -> (usize, usize, f32, f64, String) {
+fn teacher_forced_on(
+    dir: &Path,
+    mode: WeightMode,
+    device: Device,
+) -> (usize, usize, f32, f64, String) {
     let g = golden(dir);
     let ck = Checkpoint::open(dir).unwrap();
     let model = Model::load(&ck, mode, |_, _| {}).unwrap();
@@ -296,10 +300,13 @@ fn cuda_tile_paths_agree_with_the_goldens() {
         if !(name.ends_with("-fp8") || name.ends_with("-nvfp4")) {
             continue;
         }
-        let (agree, steps, err, corr, paths) = teacher_forced_on(&dir, WeightMode::Exact, Device::Cuda);
+        let (agree, steps, err, corr, paths) =
+            teacher_forced_on(&dir, WeightMode::Exact, Device::Cuda);
         table += &format!("| {name} | {paths} | {agree}/{steps} | {err:.2e} | {corr:.5} |\n");
         if agree + 2 < steps || err > 5e-2 || corr < 0.999 {
-            failures.push(format!("{name}: {agree}/{steps}, error {err:.2e}, correlation {corr}"));
+            failures.push(format!(
+                "{name}: {agree}/{steps}, error {err:.2e}, correlation {corr}"
+            ));
         }
     }
     println!("{table}");

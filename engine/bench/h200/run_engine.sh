@@ -69,11 +69,16 @@ if want bench; then
   for m in ${MODELS//,/ }; do
     dir=/tmp/q27-$m
     [ -f "$dir/model.safetensors" ] || "$BIN/random_checkpoint" "models/qwen3.8-27b-$m" "$dir" 2>&1 | tail -2
-    for b in 1 8; do
-      timeout 500 "$BIN/edgefit" bench --device cuda --model "$dir" --batch $b --prompt-len 512 --gen "$GEN" \
-        > "$OUT/engine_bench_${m}_b$b.txt" 2>&1
-      rc=$?; status+=("bench $m b$b: rc=$rc $(grep -E 'tg[0-9]' "$OUT/engine_bench_${m}_b$b.txt" | head -1)")
-      cat "$OUT/engine_bench_${m}_b$b.txt" | head -30
+    # Decode steps as CUDA graphs (the default) and launch by launch (EDGEFIT_CUDA_GRAPHS=0), interleaved.
+    for arm in graphs launches graphs; do
+      for b in ${BATCHES:-1 8}; do
+        [ $arm = launches ] && g=0 || g=1
+        f="$OUT/engine_bench_${m}_b${b}_$arm.txt"
+        EDGEFIT_CUDA_GRAPHS=$g timeout 300 "$BIN/edgefit" bench --device cuda --model "$dir" --batch $b \
+          --prompt-len "${PROMPT:-512}" --gen "$GEN" > "$f.tmp" 2>&1
+        rc=$?; status+=("bench $m b$b $arm: rc=$rc $(grep -E 'tg[0-9]|roofline' "$f.tmp" | tr '\n' ' ')")
+        cat "$f.tmp" >> "$f"; rm -f "$f.tmp"
+      done
     done
   done
 fi
@@ -92,7 +97,7 @@ if want ncu; then
   # GPU time per kernel over one short run (prefill of 8 tokens, 3 decode steps), summed by kernel name.
   m=${MODELS%%,*}
   [ -f "/tmp/q27-$m/model.safetensors" ] || "$BIN/random_checkpoint" "models/qwen3.8-27b-$m" "/tmp/q27-$m" | tail -1
-  timeout 400 ncu --metrics gpu__time_duration.sum --csv --print-units base \
+  EDGEFIT_CUDA_GRAPHS=0 timeout 400 ncu --metrics gpu__time_duration.sum --csv --print-units base \
     "$BIN/edgefit" bench --device cuda --model /tmp/q27-$m --batch 1 --prompt-len 8 --gen 3 > "$OUT/engine_ncu.csv" 2>/dev/null
   rc=$?; status+=("ncu: rc=$rc")
   python3 - "$OUT/engine_ncu.csv" <<'PY' | tee "$OUT/engine_ncu_summary.txt"

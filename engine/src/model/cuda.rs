@@ -8,9 +8,13 @@
 //! (`precise`) computes every format in f32 from its dequantized rows instead.
 //!
 //! Caches: K/V in f32, one contiguous block of `max_len` positions per slot and layer (the exact path's numbers;
-//! sliding layers read only their window), and per slot the DeltaNet conv history (two buffers, swapped each step:
-//! the step reads one and writes the other) and recurrent state, each its own buffer so a lone sequence runs on its
-//! own state without a copy.
+//! sliding layers read only their window), and per slot the DeltaNet conv history (two buffers: the step reads one
+//! and writes the other) and recurrent state, each its own buffer so a lone sequence runs on its own state without
+//! a copy.
+//!
+//! Decode steps are recorded as CUDA graphs, one per batch (the slots, in order): the first step of a batch runs
+//! launch by launch (it loads the modules and fills the scratch pool), the second is recorded and every later one
+//! is one graph launch. `EDGEFIT_CUDA_GRAPHS=0` turns that off (the benchmarks' other arm).
 //!
 //! Scratch comes from a pool keyed by length, so a decode step allocates nothing once every shape has been seen.
 
@@ -78,6 +82,7 @@ impl GLinear {
     }
 }
 
+#[allow(clippy::large_enum_variant)] // one per attention layer, built once
 enum GQkv {
     Split { q: GLinear, k: GLinear, v: GLinear },
     Fused { w: GLinear, q_rows: usize },
@@ -135,9 +140,9 @@ enum HostEmbed {
 
 /// One slot's DeltaNet state in one layer.
 struct SlotGdn {
-    /// Conv history: `conv[cur]` holds it, the step writes `conv[1 - cur]`.
+    /// Conv history: `conv[0]` holds it; a step writes the next one into `conv[1]` (the kernels read one buffer
+    /// and write another) and copies it back, so the buffers a recorded graph names never change roles.
     conv: [GpuBuffer<f32>; 2],
-    cur: usize,
     state: GpuBuffer<f32>,
 }
 
@@ -154,6 +159,8 @@ enum LayerState {
 struct Pool {
     f32s: HashMap<usize, Vec<GpuBuffer<f32>>>,
     u16s: HashMap<usize, Vec<GpuBuffer<u16>>>,
+    /// While a graph is recorded nothing may be allocated: a length the pool lacks is an error then.
+    frozen: bool,
 }
 
 impl Pool {
@@ -161,17 +168,21 @@ impl Pool {
         map: &mut HashMap<usize, Vec<GpuBuffer<T>>>,
         gpu: &Gpu,
         len: usize,
+        frozen: bool,
     ) -> Result<GpuBuffer<T>, EngineError> {
         match map.get_mut(&len).and_then(Vec::pop) {
             Some(b) => Ok(b),
+            None if frozen => Err(EngineError::Kernel(format!(
+                "recording a graph: no pooled buffer of {len} elements"
+            ))),
             None => gpu.zeros::<T>(len).map_err(kerr),
         }
     }
     fn f32(&mut self, gpu: &Gpu, len: usize) -> Result<GpuBuffer<f32>, EngineError> {
-        Self::take(&mut self.f32s, gpu, len)
+        Self::take(&mut self.f32s, gpu, len, self.frozen)
     }
     fn u16(&mut self, gpu: &Gpu, len: usize) -> Result<GpuBuffer<u16>, EngineError> {
-        Self::take(&mut self.u16s, gpu, len)
+        Self::take(&mut self.u16s, gpu, len, self.frozen)
     }
     fn put(&mut self, b: GpuBuffer<f32>) {
         self.f32s.entry(b.len()).or_default().push(b);
@@ -205,9 +216,25 @@ struct Weights {
     gdn_prefill: &'static str,
 }
 
+/// Recorded decode graphs kept at most (a server's changing batches each record one); past it they are dropped.
+const MAX_GRAPHS: usize = 256;
+
+/// A recorded decode step: the graph, the input buffer it reads the embedded rows from and the logits it writes.
+struct Recorded {
+    graph: kernels::cuda::GpuGraph,
+    x: GpuBuffer<f32>,
+    logits: GpuBuffer<f32>,
+}
+
 /// A model placed on a CUDA device with its caches: what [`crate::Engine`] runs when `--device cuda`.
 pub struct CudaModel {
     w: Weights,
+    /// Recorded decode steps by batch (the slots, in order), the batches seen once, and whether to record.
+    graphs: HashMap<Vec<usize>, Recorded>,
+    seen: std::collections::HashSet<Vec<usize>>,
+    graphs_on: bool,
+    /// Zeros to clear a slot's state from, in place.
+    zeros: GpuBuffer<f32>,
     state: Vec<LayerState>,
     pool: Pool,
     gemv_scratch: GpuBuffer<u32>,
@@ -230,14 +257,21 @@ fn widen_f32(gpu: &Gpu, w: &Weight) -> Result<GLinear, EngineError> {
     for (r, row) in all.chunks_exact_mut(k).enumerate() {
         w.row(r, row).map_err(kerr)?;
     }
-    Ok(GLinear::Dense(gpu.dense_weights_f32(&all, n, k).map_err(kerr)?))
+    Ok(GLinear::Dense(
+        gpu.dense_weights_f32(&all, n, k).map_err(kerr)?,
+    ))
 }
 
 /// A linear on the device. `precise` (the parity path) computes every format in f32 from its dequantized rows,
 /// the checkpoint's own numbers: the tile GEMVs read bf16 activations (about 2e-2 of the largest logit on the
 /// qwen3_5 fixtures), and GPTQ has no GPU kernel.
 fn upload_linear(gpu: &Gpu, w: &Weight, precise: bool) -> Result<GLinear, EngineError> {
-    if precise && matches!(w, Weight::Fp8Block { .. } | Weight::Nvfp4 { .. } | Weight::Int4 { .. }) {
+    if precise
+        && matches!(
+            w,
+            Weight::Fp8Block { .. } | Weight::Nvfp4 { .. } | Weight::Int4 { .. }
+        )
+    {
         return widen_f32(gpu, w);
     }
     Ok(match w {
@@ -422,7 +456,10 @@ impl CudaModel {
             },
         );
         let (embed, lm_head) = match std::mem::replace(&mut model.embed, Embedding::Head) {
-            Embedding::Table(t) => (HostEmbed::Table(t), upload_linear(&gpu, &head_host, precise)?),
+            Embedding::Table(t) => (
+                HostEmbed::Table(t),
+                upload_linear(&gpu, &head_host, precise)?,
+            ),
             Embedding::Head => {
                 let dev = upload_linear(&gpu, &head_host, precise)?;
                 (HostEmbed::Head(head_host), dev)
@@ -464,7 +501,12 @@ impl CudaModel {
         paths.sort_unstable();
         paths.dedup();
         let gemv_scratch = w.gpu.zeros::<u32>(w.scratch_len).map_err(kerr)?;
+        let zeros = w.gpu.zeros::<f32>(1).map_err(kerr)?;
         let mut m = CudaModel {
+            graphs: HashMap::new(),
+            seen: Default::default(),
+            graphs_on: std::env::var("EDGEFIT_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            zeros,
             state: Vec::new(),
             pool: Pool::default(),
             gemv_scratch,
@@ -488,6 +530,7 @@ impl CudaModel {
             .try_fold(1usize, |a, &b| a.checked_mul(b))
             .ok_or_else(|| EngineError::Unsupported("the KV cache size overflows".into()))?;
         let mut bytes = 0u64;
+        let mut zeros_len = 1;
         for l in &self.w.layers {
             let s = match &l.mixer {
                 GMixer::Attn(_) => {
@@ -507,9 +550,9 @@ impl CudaModel {
                         bytes += 4 * (2 * cl + sl) as u64;
                         v.push(SlotGdn {
                             conv: [gpu.zeros(cl).map_err(kerr)?, gpu.zeros(cl).map_err(kerr)?],
-                            cur: 0,
                             state: gpu.zeros(sl).map_err(kerr)?,
                         });
+                        zeros_len = zeros_len.max(cl).max(sl);
                     }
                     LayerState::Gdn(v)
                 }
@@ -517,6 +560,7 @@ impl CudaModel {
             self.state.push(s);
         }
         self.cache_bytes = bytes;
+        self.zeros = gpu.zeros(zeros_len).map_err(kerr)?;
         Ok(())
     }
 
@@ -549,18 +593,21 @@ impl CudaModel {
         Ok(best)
     }
 
-    /// Zeroes a slot's DeltaNet state for a new sequence (its K/V positions are written before they are read).
+    /// Zeroes a slot's DeltaNet state for a new sequence (its K/V positions are written before they are read), in
+    /// place: recorded graphs name these buffers.
     pub fn reset_slot(&mut self, slot: usize) -> Result<(), EngineError> {
         let gpu = &self.w.gpu;
+        let z = &self.zeros;
         for l in &mut self.state {
             if let LayerState::Gdn(v) = l {
                 let s = v
                     .get_mut(slot)
                     .ok_or_else(|| EngineError::Request(format!("no slot {slot}")))?;
-                let (cl, sl) = (s.conv[0].len(), s.state.len());
-                s.conv = [gpu.zeros(cl).map_err(kerr)?, gpu.zeros(cl).map_err(kerr)?];
-                s.cur = 0;
-                s.state = gpu.zeros(sl).map_err(kerr)?;
+                for buf in s.conv.iter_mut().chain([&mut s.state]) {
+                    let n = buf.len();
+                    gpu.copy_cols(z, z.len(), 0, buf, n, 0, 1, n)
+                        .map_err(kerr)?;
+                }
             }
         }
         Ok(())
@@ -574,6 +621,149 @@ impl CudaModel {
                 "a step is one sequence's prompt or chunk, or one token per sequence".into(),
             ));
         }
+        let ids: Vec<u32> = batch
+            .iter()
+            .flat_map(|s| s.tokens.iter().copied())
+            .collect();
+        let t = ids.len();
+        // Token i's (slot, position): a prompt's tokens run consecutively from its first position.
+        let (slots, positions): (Vec<u32>, Vec<u32>) = batch
+            .iter()
+            .flat_map(|s| (0..s.tokens.len()).map(move |i| (s.slot as u32, (s.pos + i) as u32)))
+            .unzip();
+        if positions.iter().any(|&p| p as usize >= self.max_len) {
+            return Err(EngineError::Request(format!(
+                "a position reaches max_model_len {}",
+                self.max_len
+            )));
+        }
+        let xh = self.embed_rows(&ids)?;
+        let gpu = &self.w.gpu;
+        let (mut sb, mut pb) = match self.slot_buf.remove(&t) {
+            Some(b) => b,
+            None => (
+                gpu.zeros::<u32>(t).map_err(kerr)?,
+                gpu.zeros::<u32>(t).map_err(kerr)?,
+            ),
+        };
+        let written = gpu
+            .write(&mut sb, &slots)
+            .and_then(|()| gpu.write(&mut pb, &positions));
+        self.slot_buf.insert(t, (sb, pb));
+        written.map_err(kerr)?;
+        if !prefill && self.graphs_on {
+            let key: Vec<usize> = batch.iter().map(|s| s.slot).collect();
+            if let Some(g) = self.graphs.get_mut(&key) {
+                gpu.write(&mut g.x, &xh).map_err(kerr)?;
+                gpu.launch_graph(&g.graph).map_err(kerr)?;
+                let _t = profile::span(Op::Wait);
+                return gpu.download(&g.logits).map_err(kerr);
+            }
+            if self.seen.contains(&key) {
+                return self.record(key, batch, &xh);
+            }
+            self.seen.insert(key);
+        }
+        let mut x = self.pool.f32(gpu, xh.len())?;
+        let r = gpu
+            .write(&mut x, &xh)
+            .map_err(kerr)
+            .and_then(|()| self.run(&mut x, batch, prefill));
+        self.pool.put(x);
+        let logits = r?;
+        let _t = profile::span(Op::Wait);
+        let host = self.w.gpu.download(&logits).map_err(kerr);
+        self.pool.put(logits);
+        host
+    }
+
+    /// Records a decode step of this batch as a graph, runs it and keeps it for the batch's later steps. If the
+    /// recording fails, graphs are turned off (said once on stderr) and the step runs launch by launch.
+    fn record(
+        &mut self,
+        key: Vec<usize>,
+        batch: &[Step<'_>],
+        xh: &[f32],
+    ) -> Result<Vec<f32>, EngineError> {
+        if self.graphs.len() >= MAX_GRAPHS {
+            self.graphs.clear();
+        }
+        let gpu = &self.w.gpu;
+        let mut x = gpu.zeros::<f32>(xh.len()).map_err(kerr)?;
+        gpu.write(&mut x, xh).map_err(kerr)?;
+        self.pool.frozen = true;
+        let began = gpu.begin_capture().map_err(kerr);
+        let ran = began.and_then(|()| self.run(&mut x, batch, false));
+        let graph = self.w.gpu.end_capture().map_err(kerr);
+        self.pool.frozen = false;
+        match (ran, graph) {
+            (Ok(logits), Ok(graph)) => {
+                let gpu = &self.w.gpu;
+                gpu.launch_graph(&graph).map_err(kerr)?;
+                let host = {
+                    let _t = profile::span(Op::Wait);
+                    gpu.download(&logits).map_err(kerr)?
+                };
+                self.graphs.insert(key, Recorded { graph, x, logits });
+                Ok(host)
+            }
+            (ran, graph) => {
+                let why = match (&ran, &graph) {
+                    (Err(e), _) | (_, Err(e)) => e.to_string(),
+                    _ => String::new(),
+                };
+                if let Ok(l) = ran {
+                    self.pool.put(l);
+                }
+                eprintln!("edgefit: recording a CUDA graph failed ({why}); decode steps run launch by launch");
+                self.graphs_on = false;
+                // Nothing recorded ran: the caches are as before, so the step runs again, unrecorded.
+                self.forward(batch)
+            }
+        }
+    }
+
+    /// The embedding rows of `ids` on the host (the table stays there), scaled as the family says.
+    fn embed_rows(&self, ids: &[u32]) -> Result<Vec<f32>, EngineError> {
+        let _t = profile::span(Op::Embed);
+        let h = self.w.hidden;
+        let mut xh = vec![0.0f32; ids.len() * h];
+        match &self.w.embed {
+            HostEmbed::Table(Table::F32(tab)) => kernels::ops::embedding_gather(
+                kernels::ops::EmbeddingTable::F32(tab),
+                h,
+                ids,
+                &mut xh,
+            ),
+            HostEmbed::Table(Table::Bf16(tab)) => kernels::ops::embedding_gather(
+                kernels::ops::EmbeddingTable::Bf16(tab),
+                h,
+                ids,
+                &mut xh,
+            ),
+            HostEmbed::Head(head) => ids
+                .iter()
+                .zip(xh.chunks_exact_mut(h))
+                .try_for_each(|(&id, row)| head.row(id as usize, row)),
+        }
+        .map_err(kerr)?;
+        if let Some(s) = self.w.embed_scale {
+            xh.iter_mut().for_each(|v| *v *= s);
+        }
+        Ok(xh)
+    }
+
+    /// Every layer and the head on the device, from the embedded rows in `x` (the residual stream, updated in
+    /// place); the step's slots and positions are in `slot_buf[t]`. Only launches: nothing is allocated once the
+    /// pool has seen the shapes, nothing crosses the link, so it can be recorded.
+    fn run(
+        &mut self,
+        x: &mut GpuBuffer<f32>,
+        batch: &[Step<'_>],
+        prefill: bool,
+    ) -> Result<GpuBuffer<f32>, EngineError> {
+        let h = self.w.hidden;
+        let t = x.len() / h;
         let CudaModel {
             w,
             state,
@@ -584,132 +774,88 @@ impl CudaModel {
             ..
         } = self;
         let gpu = &w.gpu;
-        let ids: Vec<u32> = batch
-            .iter()
-            .flat_map(|s| s.tokens.iter().copied())
-            .collect();
-        let t = ids.len();
-        let h = w.hidden;
-        // Token i's (slot, position): a prompt's tokens run consecutively from its first position.
-        let (slots, positions): (Vec<u32>, Vec<u32>) = batch
-            .iter()
-            .flat_map(|s| (0..s.tokens.len()).map(move |i| (s.slot as u32, (s.pos + i) as u32)))
-            .unzip();
-        if positions.iter().any(|&p| p as usize >= *max_len) {
-            return Err(EngineError::Request(format!(
-                "a position reaches max_model_len {max_len}"
-            )));
-        }
-        let t_embed = profile::span(Op::Embed);
-        let mut xh = vec![0.0f32; t * h];
-        match &w.embed {
-            HostEmbed::Table(Table::F32(tab)) => kernels::ops::embedding_gather(
-                kernels::ops::EmbeddingTable::F32(tab),
-                h,
-                &ids,
-                &mut xh,
-            ),
-            HostEmbed::Table(Table::Bf16(tab)) => kernels::ops::embedding_gather(
-                kernels::ops::EmbeddingTable::Bf16(tab),
-                h,
-                &ids,
-                &mut xh,
-            ),
-            HostEmbed::Head(head) => ids
-                .iter()
-                .zip(xh.chunks_exact_mut(h))
-                .try_for_each(|(&id, row)| head.row(id as usize, row)),
-        }
-        .map_err(kerr)?;
-        if let Some(s) = w.embed_scale {
-            xh.iter_mut().for_each(|v| *v *= s);
-        }
-        let mut x = pool.f32(gpu, t * h)?;
-        gpu.write(&mut x, &xh).map_err(kerr)?;
-        drop(t_embed);
-        let (sb, pb) = match slot_buf.remove(&t) {
-            Some(b) => b,
-            None => (
-                gpu.zeros::<u32>(t).map_err(kerr)?,
-                gpu.zeros::<u32>(t).map_err(kerr)?,
-            ),
-        };
-        let (mut sb, mut pb) = (sb, pb);
-        gpu.write(&mut sb, &slots).map_err(kerr)?;
-        gpu.write(&mut pb, &positions).map_err(kerr)?;
+        let (sb, pb) = slot_buf
+            .get(&t)
+            .ok_or_else(|| EngineError::Kernel("no slot buffers for this step".into()))?;
         let mut cx = Ctx {
             w,
             pool,
             scratch: gemv_scratch,
             max_len: *max_len,
         };
-        let run = (|| -> Result<GpuBuffer<f32>, EngineError> {
-            for (li, layer) in cx.w.layers.iter().enumerate() {
-                let hb = cx.norm(&x, &layer.input_norm)?;
-                let mut o = match (&layer.mixer, &mut state[li]) {
-                    (GMixer::Attn(a), LayerState::Attn { k, v }) => {
-                        cx.attention(a, k, v, &sb, &pb, &hb, t)?
-                    }
-                    (GMixer::Gdn(g), LayerState::Gdn(slots_state)) => {
-                        cx.gdn(g, slots_state, batch, prefill, &hb, t)?
-                    }
-                    _ => {
-                        return Err(EngineError::Unsupported(
-                            "cache kind does not match the layer".into(),
-                        ))
-                    }
-                };
-                cx.pool.put(hb);
-                if layer.pre_ff_norm.is_some() {
-                    let n = cx.norm(&o, &layer.post_attn_norm)?;
-                    cx.pool.put(std::mem::replace(&mut o, n));
+        // Each residual add is fused into the norm after it (`add_rmsnorm_f32`: one pass, one launch).
+        let layers = &cx.w.layers;
+        let mut hb = match layers.first() {
+            Some(l) => cx.norm(x, &l.input_norm)?,
+            None => return Err(EngineError::Unsupported("a model without layers".into())),
+        };
+        for (li, layer) in layers.iter().enumerate() {
+            let mut o = match (&layer.mixer, &mut state[li]) {
+                (GMixer::Attn(a), LayerState::Attn { k, v }) => {
+                    cx.attention(a, k, v, sb, pb, &hb, t)?
                 }
-                {
-                    let _t = profile::span(Op::Small);
-                    gpu.add_assign(&mut x, &o).map_err(kerr)?;
+                (GMixer::Gdn(g), LayerState::Gdn(slots_state)) => {
+                    cx.gdn(g, slots_state, batch, prefill, &hb, t)?
                 }
-                cx.pool.put(o);
-                let ff_norm = layer.pre_ff_norm.as_ref().unwrap_or(&layer.post_attn_norm);
-                let hb = cx.norm(&x, ff_norm)?;
-                let mut m = cx.mlp(layer, &hb, t)?;
-                cx.pool.put(hb);
-                if let Some(wn) = &layer.post_ff_norm {
-                    let n = cx.norm(&m, wn)?;
-                    cx.pool.put(std::mem::replace(&mut m, n));
+                _ => {
+                    return Err(EngineError::Unsupported(
+                        "cache kind does not match the layer".into(),
+                    ))
                 }
-                {
-                    let _t = profile::span(Op::Small);
-                    gpu.add_assign(&mut x, &m).map_err(kerr)?;
-                }
-                cx.pool.put(m);
-            }
-            // Logits of each sequence's last token only.
-            let rows = if prefill { 1 } else { t };
-            let normed = if prefill && t > 1 {
-                let mut l = cx.pool.f32(gpu, h)?;
-                gpu.copy_cols(&x, t * h, (t - 1) * h, &mut l, h, 0, 1, h)
-                    .map_err(kerr)?;
-                let n = cx.norm(&l, &cx.w.final_norm)?;
-                cx.pool.put(l);
-                n
-            } else {
-                cx.norm(&x, &cx.w.final_norm)?
             };
-            let mut logits = cx.linear(&cx.w.lm_head, &normed, rows)?;
-            cx.pool.put(normed);
-            if let Some(cap) = cx.w.final_softcap {
-                gpu.softcap(&mut logits, cap).map_err(kerr)?;
+            cx.pool.put(hb);
+            if layer.pre_ff_norm.is_some() {
+                let n = cx.norm(&o, &layer.post_attn_norm)?;
+                cx.pool.put(std::mem::replace(&mut o, n));
             }
-            Ok(logits)
-        })();
-        slot_buf.insert(t, (sb, pb));
-        cx.pool.put(x);
-        let logits = run?;
-        let _t = profile::span(Op::Wait);
-        let host = gpu.download(&logits).map_err(kerr)?;
-        cx.pool.put(logits);
-        Ok(host)
+            let ff_norm = layer.pre_ff_norm.as_ref().unwrap_or(&layer.post_attn_norm);
+            let h2 = cx.add_norm(&o, x, ff_norm)?;
+            cx.pool.put(o);
+            let mut m = cx.mlp(layer, &h2, t)?;
+            cx.pool.put(h2);
+            if let Some(wn) = &layer.post_ff_norm {
+                let n = cx.norm(&m, wn)?;
+                cx.pool.put(std::mem::replace(&mut m, n));
+            }
+            match layers.get(li + 1) {
+                Some(next) => hb = cx.add_norm(&m, x, &next.input_norm)?,
+                None => {
+                    let _t = profile::span(Op::Small);
+                    gpu.add_assign(x, &m).map_err(kerr)?;
+                    // A buffer to hand back at the loop's end (nothing reads it).
+                    hb = cx.pool.f32(gpu, 1)?;
+                }
+            }
+            cx.pool.put(m);
+        }
+        cx.pool.put(hb);
+        // Logits of each sequence's last token only.
+        let rows = if prefill { 1 } else { t };
+        let normed = if prefill && t > 1 {
+            let mut l = cx.pool.f32(gpu, h)?;
+            gpu.copy_cols(x, t * h, (t - 1) * h, &mut l, h, 0, 1, h)
+                .map_err(kerr)?;
+            let n = cx.norm(&l, &cx.w.final_norm)?;
+            cx.pool.put(l);
+            n
+        } else {
+            cx.norm(x, &cx.w.final_norm)?
+        };
+        let mut logits = cx.linear(&cx.w.lm_head, &normed, rows)?;
+        cx.pool.put(normed);
+        if let Some(cap) = cx.w.final_softcap {
+            gpu.softcap(&mut logits, cap).map_err(kerr)?;
+        }
+        Ok(logits)
     }
+}
+
+/// Copies a slot's new conv history (`conv[1]`, just written) back into `conv[0]`.
+fn conv_back(gpu: &Gpu, st: &mut SlotGdn) -> Result<(), EngineError> {
+    let (c0, c1) = st.conv.split_at_mut(1);
+    let n = c0[0].len();
+    gpu.copy_cols(&c1[0], n, 0, &mut c0[0], n, 0, 1, n)
+        .map_err(kerr)
 }
 
 impl GLayer {
@@ -755,6 +901,21 @@ impl Ctx<'_> {
         let gpu = &self.w.gpu;
         let mut out = self.pool.f32(gpu, x.len())?;
         gpu.rmsnorm_f32(x, wn, self.w.norm_form, self.w.eps, &mut out)
+            .map_err(kerr)?;
+        Ok(out)
+    }
+
+    /// `x += y` (the residual stream), then the norm of the new `x` with `wn`: one kernel.
+    fn add_norm(
+        &mut self,
+        y: &GpuBuffer<f32>,
+        x: &mut GpuBuffer<f32>,
+        wn: &GpuBuffer<f32>,
+    ) -> Result<GpuBuffer<f32>, EngineError> {
+        let _t = profile::span(Op::Small);
+        let gpu = &self.w.gpu;
+        let mut out = self.pool.f32(gpu, x.len())?;
+        gpu.add_rmsnorm_f32(y, x, wn, self.w.norm_form, self.w.eps, &mut out)
             .map_err(kerr)?;
         Ok(out)
     }
@@ -902,6 +1063,27 @@ impl Ctx<'_> {
                 gu
             }
         };
+        // A tile down projection reads bf16: the activation kernel writes it directly (no f32 copy, no cast).
+        let tile_down = !matches!(layer.down, GLinear::Dense(_)) && t <= 16;
+        if tile_down && self.w.act != GatedAct::GeluTanh {
+            let mut xb = self.pool.u16(gpu, t * inter)?;
+            {
+                let _t = profile::span(Op::Small);
+                match self.w.act {
+                    GatedAct::Silu => gpu.silu_and_mul(&gu, inter, &mut xb),
+                    _ => gpu.gelu_and_mul(&gu, inter, &mut xb),
+                }
+                .map_err(kerr)?;
+            }
+            self.pool.put(gu);
+            let mut out = self.pool.f32(gpu, t * layer.down.n())?;
+            {
+                let _t = profile::span(Op::Linear);
+                self.tiles(&layer.down, &xb, &mut out, t)?;
+            }
+            self.pool.put_u16(xb);
+            return Ok(out);
+        }
         let mut act = self.pool.f32(gpu, t * inter)?;
         {
             let _t = profile::span(Op::Small);
@@ -1067,11 +1249,7 @@ impl Ctx<'_> {
                 .map_err(kerr)?;
             let mut ws = self.pool.f32(gpu, ws_len)?;
             let (c0, c1) = st.conv.split_at_mut(1);
-            let (cin, cout) = if st.cur == 0 {
-                (&c0[0], &mut c1[0])
-            } else {
-                (&c1[0], &mut c0[0])
-            };
+            let (cin, cout) = (&c0[0], &mut c1[0]);
             gpu.gdn_prefill_with(
                 self.w.gdn_prefill,
                 &dims,
@@ -1087,19 +1265,23 @@ impl Ctx<'_> {
                 },
             )
             .map_err(kerr)?;
-            st.cur = 1 - st.cur;
+            conv_back(gpu, st)?;
             self.pool.put(ws);
         } else if batch.len() == 1 {
             let st = &mut states[slot_of(&batch[0])?];
             let (c0, c1) = st.conv.split_at_mut(1);
-            let (cin, cout) = if st.cur == 0 {
-                (&c0[0], &mut c1[0])
-            } else {
-                (&c1[0], &mut c0[0])
-            };
-            gpu.gdn_decode_step(&dims, &wts, &inp, 1, cin, cout, &mut st.state, &mut out)
-                .map_err(kerr)?;
-            st.cur = 1 - st.cur;
+            gpu.gdn_decode_step(
+                &dims,
+                &wts,
+                &inp,
+                1,
+                &c0[0],
+                &mut c1[0],
+                &mut st.state,
+                &mut out,
+            )
+            .map_err(kerr)?;
+            conv_back(gpu, st)?;
         } else {
             // Several sequences: their states gathered into one batch and scattered back.
             let bsz = batch.len();
@@ -1109,7 +1291,7 @@ impl Ctx<'_> {
             let mut sts = self.pool.f32(gpu, bsz * sl)?;
             for (i, s) in batch.iter().enumerate() {
                 let st = &states[slot_of(s)?];
-                gpu.copy_cols(&st.conv[st.cur], cl, 0, &mut cin, bsz * cl, i * cl, 1, cl)
+                gpu.copy_cols(&st.conv[0], cl, 0, &mut cin, bsz * cl, i * cl, 1, cl)
                     .map_err(kerr)?;
                 gpu.copy_cols(&st.state, sl, 0, &mut sts, bsz * sl, i * sl, 1, sl)
                     .map_err(kerr)?;
@@ -1118,8 +1300,7 @@ impl Ctx<'_> {
                 .map_err(kerr)?;
             for (i, s) in batch.iter().enumerate() {
                 let st = &mut states[slot_of(s)?];
-                let cur = st.cur;
-                gpu.copy_cols(&cout, bsz * cl, i * cl, &mut st.conv[cur], cl, 0, 1, cl)
+                gpu.copy_cols(&cout, bsz * cl, i * cl, &mut st.conv[0], cl, 0, 1, cl)
                     .map_err(kerr)?;
                 gpu.copy_cols(&sts, bsz * sl, i * sl, &mut st.state, sl, 0, 1, sl)
                     .map_err(kerr)?;

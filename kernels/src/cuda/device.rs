@@ -138,7 +138,13 @@ impl Device {
                 "the kernels are built for compute capability 9.0 or later (Hopper), device {ordinal} is {major}.{minor}"
             )));
         }
-        let stream = ctx.default_stream();
+        // A stream of our own, not the legacy default stream: only such a stream can be captured into a CUDA graph
+        // (an engine replays its decode step as one). Everything runs on this one stream, so cudarc's per-buffer
+        // events, which order uses across streams, are never needed.
+        // SAFETY: no buffer is ever used on a second stream (this device has one), the only case the events
+        // order; it is called before any buffer of the context exists.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(cuda_err("creating the stream"))?;
         Ok(Device {
             ctx,
             stream,
@@ -295,6 +301,20 @@ impl Device {
     pub(super) fn memory_info(&self) -> Result<(usize, usize), KernelError> {
         self.ctx.bind_to_thread().map_err(cuda_err("memory_info"))?;
         cudarc::driver::result::mem_get_info().map_err(cuda_err("memory_info"))
+    }
+
+    pub(super) fn begin_capture(&self) -> Result<(), KernelError> {
+        self.stream
+            .begin_capture(
+                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+            .map_err(cuda_err("begin_capture"))
+    }
+
+    pub(super) fn end_capture(&self) -> Result<Option<cudarc::driver::CudaGraph>, KernelError> {
+        self.stream
+            .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+            .map_err(cuda_err("end_capture"))
     }
 
     pub(super) fn synchronize(&self) -> Result<(), KernelError> {

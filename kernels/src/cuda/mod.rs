@@ -85,6 +85,22 @@ impl GpuScalar for i32 {}
 impl GpuScalar for u32 {}
 impl GpuScalar for f32 {}
 
+/// A recorded sequence of launches ([`Gpu::begin_capture`] .. [`Gpu::end_capture`]), replayed by
+/// [`Gpu::launch_graph`] with one launch's overhead.
+pub struct GpuGraph {
+    #[cfg(feature = "cuda")]
+    graph: cudarc::driver::CudaGraph,
+    #[cfg(not(feature = "cuda"))]
+    #[allow(dead_code)]
+    never: std::convert::Infallible,
+}
+
+// SAFETY: the driver's graph objects may be used from any thread as long as calls on one graph are not concurrent
+// (CUDA's "graph thread safety" rules); `GpuGraph` is only used through `&self` / ownership by one owner at a
+// time (it is not `Sync`), so moving it to another thread (an engine's step thread) keeps that.
+#[cfg(feature = "cuda")]
+unsafe impl Send for GpuGraph {}
+
 /// One CUDA device (its primary context and a stream) with the kernel modules loaded on first use.
 pub struct Gpu {
     #[cfg(feature = "cuda")]
@@ -375,6 +391,51 @@ impl Gpu {
         #[cfg(not(feature = "cuda"))]
         {
             let _ = buf;
+            match self.never {}
+        }
+    }
+
+    /// Starts recording every launch queued on this device's stream into a graph instead of running it, until
+    /// [`Gpu::end_capture`]. Nothing may be allocated, uploaded or downloaded meanwhile (the driver refuses it on
+    /// this thread); every kernel to be recorded must have run once before (modules load on first use).
+    pub fn begin_capture(&self) -> Result<(), KernelError> {
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.begin_capture()
+        }
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
+    }
+
+    /// Ends a capture begun by [`Gpu::begin_capture`] and instantiates what was recorded. The graph holds the
+    /// device addresses of every buffer the recorded kernels used: they must outlive it and keep their place.
+    pub fn end_capture(&self) -> Result<GpuGraph, KernelError> {
+        #[cfg(feature = "cuda")]
+        {
+            match self.inner.end_capture()? {
+                Some(graph) => Ok(GpuGraph { graph }),
+                None => Err(KernelError::Cuda(
+                    "end_capture: nothing was recorded".into(),
+                )),
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
+    }
+
+    /// Queues a recorded graph on this device's stream: every kernel it holds, in order, in one launch.
+    pub fn launch_graph(&self, graph: &GpuGraph) -> Result<(), KernelError> {
+        #[cfg(feature = "cuda")]
+        {
+            let _ = self;
+            graph
+                .graph
+                .launch()
+                .map_err(|e| KernelError::Cuda(format!("launch_graph: {e:?}")))
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = graph;
             match self.never {}
         }
     }

@@ -18,14 +18,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{DType, Quantization, Role, TensorEntry};
 use crate::profile::{Arch, ComputeKind, ComputeUnit, KernelRate, WeightFormat};
-use crate::workload::Priority;
+use crate::workload::{Priority, TargetEngine, Workload};
 
 /// Group size of the W4A16 tinygemm path (seed 002: W4A16 g64).
 pub const W4A16_GROUP: u32 = 64;
 /// Group size of the W4A8 AMX path (seed 002: W4A8 g128).
 pub const W4A8_GROUP: u32 = 128;
 
-/// A load-time conversion of an unquantized checkpoint's matmul weights.
+/// A load-time conversion of the matmul weights a checkpoint stores in a float dtype: all of them for an unquantized
+/// checkpoint; for a GPTQ checkpoint on the int4 CPU paths, the ones its exporter left in float (the tied
+/// embedding, which is also the head, an untied `lm_head`, Spark's `g_proj`), quantized to the path's own groups as
+/// the engine does at load.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Conversion {
@@ -65,19 +68,26 @@ impl WeightPath {
         }
     }
 
-    /// The measured rate of this path's kernel on `unit`, if the profile has one.
-    pub fn kernel_rate<'a>(&self, unit: &'a ComputeUnit) -> Option<&'a KernelRate> {
-        unit.kernels.iter().find(|k| k.format == self.format)
+    /// The measured rate of this path's kernel on `unit` under `engine`, if the profile has one.
+    pub fn kernel_rate<'a>(
+        &self,
+        unit: &'a ComputeUnit,
+        engine: TargetEngine,
+    ) -> Option<&'a KernelRate> {
+        unit.kernel_rate(self.format, engine)
     }
 }
 
-/// Whether a conversion applies to this tensor: 2-D matmul weights stored in a float dtype.
+/// Whether a conversion applies to this tensor: 2-D matmul weights stored in a float dtype. An untied embedding is
+/// not a matmul weight (a decode step gathers one row of it) and stays as stored, as the engine keeps it; a tied one
+/// is the head, read whole every token, and converts with the other matmul weights.
 fn converts(t: &TensorEntry) -> bool {
-    matches!(
-        t.role,
-        Role::LayerWeight | Role::ExpertWeight | Role::LmHead | Role::Embedding
-    ) && t.shape.len() == 2
-        && matches!(t.dtype, DType::Bf16 | DType::F16 | DType::F32)
+    let matmul = match t.role {
+        Role::LayerWeight | Role::ExpertWeight | Role::LmHead => true,
+        Role::Embedding => !matches!(t.access, crate::model::Access::Gather { .. }),
+        _ => false,
+    };
+    matmul && t.shape.len() == 2 && matches!(t.dtype, DType::Bf16 | DType::F16 | DType::F32)
 }
 
 pub fn checkpoint_format(q: &Quantization) -> WeightFormat {
@@ -116,15 +126,21 @@ pub const ENGINE_CPU_PATHS: &[WeightFormat] = &[
     WeightFormat::W4a8,
 ];
 
-/// Choose the weight path for `quant` on `unit`.
-pub fn choose(quant: &Quantization, unit: &ComputeUnit, priority: Priority) -> WeightPath {
-    let mut p = choose_path(quant, unit, priority);
+/// Choose the weight path for `quant` on `unit` under workload `w` (its priority, and its engine, whose measured
+/// kernel rates decide Blackwell's NVFP4 verdict).
+pub fn choose(quant: &Quantization, unit: &ComputeUnit, w: &Workload) -> WeightPath {
+    let mut p = choose_path(quant, unit, w.priority, w.engine);
     p.runs_in_engine =
         p.runs_in_engine && unit.kind == ComputeKind::Cpu && ENGINE_CPU_PATHS.contains(&p.format);
     p
 }
 
-fn choose_path(quant: &Quantization, unit: &ComputeUnit, priority: Priority) -> WeightPath {
+fn choose_path(
+    quant: &Quantization,
+    unit: &ComputeUnit,
+    priority: Priority,
+    engine: TargetEngine,
+) -> WeightPath {
     let ckpt = checkpoint_format(quant);
     let base = |format, kernel: &str, activations: &str, reason: String| WeightPath {
         unit: unit.id.clone(),
@@ -158,7 +174,7 @@ fn choose_path(quant: &Quantization, unit: &ComputeUnit, priority: Priority) -> 
         return p;
     }
     match (unit.kind, unit.isa.arch) {
-        (ComputeKind::Gpu, Arch::Cuda) => gpu_path(quant, unit, base),
+        (ComputeKind::Gpu, Arch::Cuda) => gpu_path(quant, unit, engine, base),
         (_, Arch::X86_64) | (_, Arch::Aarch64) => cpu_path(quant, unit, priority, base),
         _ => base(
             ckpt,
@@ -175,10 +191,11 @@ fn choose_path(quant: &Quantization, unit: &ComputeUnit, priority: Priority) -> 
 fn gpu_path(
     quant: &Quantization,
     unit: &ComputeUnit,
+    engine: TargetEngine,
     base: impl Fn(WeightFormat, &str, &str, String) -> WeightPath,
 ) -> WeightPath {
     let sm = unit.isa.sm.unwrap_or(0);
-    let measured = |f: WeightFormat| unit.kernels.iter().find(|k| k.format == f);
+    let measured = |f: WeightFormat| unit.kernel_rate(f, engine);
     match quant {
         Quantization::Fp8Block { .. } if sm >= 89 => {
             let mut reason = format!(
@@ -202,6 +219,13 @@ fn gpu_path(
         ),
         Quantization::Nvfp4 { .. } if sm >= 100 => {
             let why = match measured(WeightFormat::Nvfp4) {
+                Some(k) if k.extrapolated => format!(
+                    "the profile's NVFP4 decode rate for {} ({:.3e} B/s, {}) is the compute term; it is carried over \
+                     from another device's measurement, not measured on sm_{sm}, so the path is unverified",
+                    engine.name(),
+                    k.decode_weight_bytes_per_s.value,
+                    k.decode_weight_bytes_per_s.source
+                ),
                 Some(k) => format!(
                     "the profile's measured NVFP4 decode rate ({:.3e} B/s, {}) is the compute term: the byte model alone \
                      was 4.7x optimistic on this stack (seed 000 §6)",
@@ -217,7 +241,7 @@ fn gpu_path(
                 "nvfp4 per 16",
                 format!("NVFP4 checkpoint on Blackwell sm_{sm}: FP8 or NVFP4 by measurement; {why}"),
             );
-            p.verified = measured(WeightFormat::Nvfp4).is_some();
+            p.verified = measured(WeightFormat::Nvfp4).is_some_and(|k| !k.extrapolated);
             p
         }
         Quantization::Nvfp4 { .. } => base(
@@ -247,6 +271,12 @@ fn gpu_path(
         ),
     }
 }
+
+/// What happens to the float matmul weights of a GPTQ checkpoint on the int4 CPU paths.
+const GPTQ_FLOATS: &str = "the matmul weights the GPTQ export left in float (the tied embedding, which is also the \
+    head and read whole every token; g_proj) are quantized at load to the path's int4 groups, so a decode step reads \
+    the head at 4 bits (seed 002 measured 84.5 tok/s on an artifact whose tied embedding was quantized: 'the \
+    quantized tied embedding [is] faithful')";
 
 fn cpu_path(
     quant: &Quantization,
@@ -298,16 +328,22 @@ fn cpu_path(
         Quantization::None { .. } => {
             w4a16(format!("{why_not_w4a8}; weights quantized at load, g{W4A16_GROUP}"), Some(int4(4, W4A16_GROUP, false)))
         }
-        Quantization::Gptq { bits: 4, sym: true, .. } if w4a8_ok => {
-            w4a8("GPTQ symmetric 4-bit checkpoint on x86 with AMX: W4A8 with the zero point pinned at 8".into(), None)
-        }
+        Quantization::Gptq { bits: 4, sym: true, .. } if w4a8_ok => w4a8(
+            format!(
+                "GPTQ symmetric 4-bit checkpoint on x86 with AMX: W4A8 with the zero point pinned at 8; {GPTQ_FLOATS}"
+            ),
+            Some(int4(4, W4A8_GROUP, true)),
+        ),
         Quantization::Gptq { bits: 4, sym, .. } => {
             let asym = if !sym && !arm && isa.amx {
                 "an asymmetric GPTQ grid cannot use the W4A8 kernel (zero point pinned at 8); "
             } else {
                 ""
             };
-            w4a16(format!("{asym}{why_not_w4a8}; GPTQ codes repacked to the tinygemm layout"), None)
+            w4a16(
+                format!("{asym}{why_not_w4a8}; GPTQ codes repacked to the tinygemm layout; {GPTQ_FLOATS}"),
+                Some(int4(4, W4A16_GROUP, false)),
+            )
         }
         _ => {
             let mut p = base(
@@ -352,13 +388,20 @@ mod tests {
     }
     const BF16: Quantization = Quantization::None { dtype: DType::Bf16 };
 
+    fn fidelity() -> Workload {
+        Workload {
+            priority: Priority::Fidelity,
+            ..Workload::default()
+        }
+    }
+
     #[test]
     fn amx_speed_is_w4a8_and_fidelity_is_w4a16() {
         let u = unit(ComputeKind::Cpu, Arch::X86_64, None, true);
-        let p = choose(&BF16, &u, Priority::Speed);
+        let p = choose(&BF16, &u, &Workload::default());
         assert_eq!(p.format, WeightFormat::W4a8);
         assert!(p.conversion.as_ref().unwrap().symmetric);
-        let p = choose(&BF16, &u, Priority::Fidelity);
+        let p = choose(&BF16, &u, &fidelity());
         assert_eq!(p.format, WeightFormat::W4a16);
         assert!(p.reason.contains("fidelity"));
     }
@@ -368,7 +411,7 @@ mod tests {
         let p = choose(
             &BF16,
             &unit(ComputeKind::Cpu, Arch::X86_64, None, false),
-            Priority::Speed,
+            &Workload::default(),
         );
         assert_eq!(p.format, WeightFormat::W4a16);
         assert!(p.verified);
@@ -380,7 +423,7 @@ mod tests {
         let p = choose(
             &BF16,
             &unit(ComputeKind::Cpu, Arch::Aarch64, None, false),
-            Priority::Speed,
+            &Workload::default(),
         );
         assert_eq!(p.format, WeightFormat::W4a16);
         assert!(!p.verified);
@@ -396,7 +439,7 @@ mod tests {
         let p = choose(
             &q,
             &unit(ComputeKind::Cpu, Arch::X86_64, None, true),
-            Priority::Speed,
+            &Workload::default(),
         );
         assert_eq!(p.format, WeightFormat::W4a16);
         assert!(p.reason.contains("zero point pinned at 8"));
@@ -408,10 +451,12 @@ mod tests {
         let p = choose(
             &q,
             &unit(ComputeKind::Cpu, Arch::X86_64, None, true),
-            Priority::Speed,
+            &Workload::default(),
         );
         assert_eq!(p.format, WeightFormat::W4a8);
-        assert!(p.conversion.is_none());
+        // The codes stay GPTQ's; only the float matmul weights (the tied head) are quantized, to W4A8's groups.
+        let c = p.conversion.as_ref().unwrap();
+        assert_eq!((c.group_size, c.symmetric), (W4A8_GROUP, true));
     }
 
     #[test]
@@ -421,13 +466,13 @@ mod tests {
             group_size: 16,
             exclude_modules: vec![],
         };
-        let p = choose(&q, &u, Priority::Speed);
+        let p = choose(&q, &u, &Workload::default());
         assert_eq!(p.format, WeightFormat::Nvfp4);
         assert!(p.kernel.contains("weight-only"));
         let p = choose(
             &Quantization::Fp8Block { block: [128, 128] },
             &u,
-            Priority::Speed,
+            &Workload::default(),
         );
         assert_eq!(p.format, WeightFormat::Fp8Block);
         assert!(p.kernel.contains("block GEMV"));
@@ -440,9 +485,12 @@ mod tests {
             group_size: 16,
             exclude_modules: vec![],
         };
-        assert!(!choose(&q, &u, Priority::Speed).verified);
+        assert!(!choose(&q, &u, &Workload::default()).verified);
         u.kernels.push(KernelRate {
             format: WeightFormat::Nvfp4,
+            engine: None,
+            extrapolated: false,
+            decode_cache_bytes_per_s: None,
             decode_weight_bytes_per_s: crate::profile::Measured {
                 value: 2e10,
                 source: "seed".into(),
@@ -450,7 +498,7 @@ mod tests {
             offloaded_weight_bytes_per_s: None,
             prefill_flops_per_s: None,
         });
-        let p = choose(&q, &u, Priority::Speed);
+        let p = choose(&q, &u, &Workload::default());
         assert!(p.verified);
         assert!(p.reason.contains("measured NVFP4 decode rate"));
     }
@@ -459,7 +507,7 @@ mod tests {
     fn export_targets_are_not_run() {
         let mut u = unit(ComputeKind::Npu, Arch::Hexagon, None, false);
         u.runs_engine = false;
-        let p = choose(&BF16, &u, Priority::Speed);
+        let p = choose(&BF16, &u, &Workload::default());
         assert_eq!(p.format, WeightFormat::W8a16);
         assert!(!p.runs_in_engine);
     }
@@ -469,7 +517,7 @@ mod tests {
         let p = choose(
             &BF16,
             &unit(ComputeKind::Cpu, Arch::X86_64, None, false),
-            Priority::Speed,
+            &Workload::default(),
         );
         let w = TensorEntry {
             name: "w".into(),
@@ -487,8 +535,20 @@ mod tests {
             role: Role::Small,
             bytes: 128,
             params: 64,
-            ..w
+            ..w.clone()
         };
         assert_eq!(p.planned_bytes(&norm), 128);
+        // An untied embedding is gathered, not multiplied: it stays as stored. A tied one is the head.
+        let untied = TensorEntry {
+            role: Role::Embedding,
+            access: crate::model::Access::Gather { row_bytes: 128 },
+            ..w.clone()
+        };
+        assert_eq!(p.planned_bytes(&untied), 8192);
+        let tied = TensorEntry {
+            role: Role::Embedding,
+            ..w.clone()
+        };
+        assert_eq!(p.planned_bytes(&tied), 4096 * 9 / 16);
     }
 }

@@ -456,7 +456,8 @@ pub fn build(inputs: Inputs<'_>) -> Result<Plan, crate::error::PlanError> {
     } = inputs;
     check_cache(&cache, workload)?;
     let unit = profile.decode_unit();
-    let path = choose(&spec.quantization, unit, workload);
+    let mut path = choose(&spec.quantization, unit, workload);
+    path.groups = crate::weight_path::group_kernels(spec, &path, unit);
     check_pinned_offload(spec, &path, profile, workload)?;
     let fixed = cache.total_bytes.saturating_add(cache.rope_table_bytes);
     let a = place(&spec.inventory, &path, profile, workload, fixed);
@@ -906,6 +907,18 @@ impl Plan {
             },
             self.weight_path.reason
         );
+        if !self.weight_path.groups.is_empty() {
+            let groups: Vec<String> = self
+                .weight_path
+                .groups
+                .iter()
+                .map(|g| {
+                    let name = |v: &dyn erased::Name| v.snake();
+                    format!("{} {} ({})", name(&g.group), name(&g.kernel), g.modules)
+                })
+                .collect();
+            let _ = writeln!(s, "    kernels: {}", groups.join(", "));
+        }
         let _ = writeln!(
             s,
             "  weights: {:.2} GiB checkpoint, {:.2} GiB planned, {:.2} GiB read per token; cache {:.1} MiB \
@@ -1014,6 +1027,21 @@ impl Plan {
             );
         }
         s
+    }
+}
+
+/// The snake_case name serde gives a unit enum variant (how the plan's TOML spells it).
+mod erased {
+    pub(super) trait Name {
+        fn snake(&self) -> String;
+    }
+    impl<T: serde::Serialize> Name for T {
+        fn snake(&self) -> String {
+            serde_json::to_value(self)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        }
     }
 }
 

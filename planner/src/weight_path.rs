@@ -56,7 +56,78 @@ pub struct WeightPath {
     pub verified: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversion: Option<Conversion>,
+    /// Why this path, in words (`kernel` above is the path's kernel family in words; `group` below is what the engine
+    /// dispatches on).
     pub reason: String,
+    /// The kernel each tensor group of the decode step runs, by stored format, TOML `[[weight_path.group]]`: what an
+    /// engine dispatches on. Empty only on a path built without a model (unit tests of the choice).
+    #[serde(rename = "group", default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupKernel>,
+}
+
+/// The tensor groups of a decode step, in the order a layer runs them.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum TensorGroup {
+    /// The token embedding (a gather of one row per token).
+    Embedding,
+    /// Attention projections: q/k/v (fused or not), the output projection, an output gate's projection.
+    Attention,
+    /// Gated DeltaNet projections (`in_proj_*`, `out_proj`).
+    Gdn,
+    /// Dense MLP projections, a shared expert and the router.
+    Mlp,
+    /// Routed experts.
+    Experts,
+    /// The LM head (the tied embedding when tied).
+    LmHead,
+}
+
+/// A kernel family the engine (and `kernels`) runs: what a plan's tensor group dispatches to.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum KernelChoice {
+    /// f32 weights, f32 GEMV / GEMM.
+    DenseF32,
+    /// bf16 (or f16) weights as stored, f32 accumulation: GEMV at decode, GEMM for prompts.
+    DenseBf16,
+    /// FP8 e4m3 with 128x128 block scales: the tiled block GEMV at decode, the block GEMM for prompts.
+    Fp8BlockTiles,
+    /// FP8 e4m3 decoded to bf16 in registers where the GPU has no FP8 tensor cores (before sm_89).
+    Fp8WeightOnly,
+    /// FP8 e4m3 with one per-tensor scale (modelopt's FP8 modules).
+    Fp8Tensor,
+    /// NVFP4 (e2m1, e4m3 per-16 scales, fp32 global) repacked into tiles: the tiles GEMV at decode, weight-only
+    /// (e2m1 decoded in registers) where there are no FP4 tensor cores.
+    Nvfp4Tiles,
+    /// The chunked int4 pack `[N/64][K][32]` with bf16 activations (tinygemm layout, asymmetric groups).
+    Int4W4a16,
+    /// The int4 pack, symmetric (zero point 8), int8 activations per token.
+    Int4W4a8,
+    /// GPTQ codes dequantized in registers (a GPU with no int4 kernel of ours).
+    GptqWeightOnly,
+    /// One row per token gathered from the table as stored.
+    Gather,
+    /// Rows gathered from the int4 head a tied table was converted into (dequantized per row).
+    GatherFromHead,
+    /// Not run by the engine: the vendor compiler's kernels in an exported graph.
+    ExportedGraph,
+}
+
+/// The kernel of one tensor group's modules that share a stored format.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GroupKernel {
+    pub group: TensorGroup,
+    /// How the checkpoint stores these modules.
+    pub stored: crate::model::StoredFormat,
+    pub kernel: KernelChoice,
+    /// Linear modules (or tables) of this group in this stored format.
+    pub modules: u64,
 }
 
 impl WeightPath {
@@ -76,6 +147,162 @@ impl WeightPath {
     ) -> Option<&'a KernelRate> {
         unit.kernel_rate(self.format, engine)
     }
+}
+
+/// The group a linear module belongs to, from its name; `None` for modules off the decode path (the vision tower, the
+/// MTP head).
+fn group_of(module: &str) -> Option<TensorGroup> {
+    // Prefix checks first and the routed experts (all but a few hundred of a MoE model's modules) with one scan.
+    if module.starts_with("mtp.")
+        || module.starts_with("model.visual.")
+        || module.starts_with("visual.")
+    {
+        return None;
+    }
+    Some(if module.contains(".experts.") {
+        TensorGroup::Experts
+    } else if module == "lm_head" || module.ends_with(".lm_head") {
+        TensorGroup::LmHead
+    } else if module.contains(".linear_attn.") {
+        TensorGroup::Gdn
+    } else if module.contains(".self_attn.") {
+        TensorGroup::Attention
+    } else {
+        TensorGroup::Mlp
+    })
+}
+
+impl WeightPath {
+    /// The kernel a module stored as `stored` with `in_features` inputs runs on this path, on `unit`.
+    pub fn kernel_for(
+        &self,
+        stored: crate::model::StoredFormat,
+        in_features: u64,
+        unit: &ComputeUnit,
+    ) -> KernelChoice {
+        use crate::model::StoredFormat as S;
+        if !self.runs_in_engine && self.format == WeightFormat::W8a16 {
+            return KernelChoice::ExportedGraph;
+        }
+        let int4 = match self.format {
+            WeightFormat::W4a16 => Some(KernelChoice::Int4W4a16),
+            WeightFormat::W4a8 => Some(KernelChoice::Int4W4a8),
+            _ => None,
+        };
+        match stored {
+            S::Dense { dtype } => {
+                // The engine packs whole groups only: a ragged input dimension keeps its dense format.
+                let packs = self.conversion.as_ref().is_some_and(|c| {
+                    c.group_size > 0 && in_features.is_multiple_of(u64::from(c.group_size))
+                });
+                match (int4, packs) {
+                    (Some(k), true) => k,
+                    _ if dtype == DType::F32 => KernelChoice::DenseF32,
+                    _ => KernelChoice::DenseBf16,
+                }
+            }
+            S::Fp8Block { .. }
+                if unit.kind == ComputeKind::Gpu && unit.isa.sm.unwrap_or(0) < 89 =>
+            {
+                KernelChoice::Fp8WeightOnly
+            }
+            S::Fp8Block { .. } => KernelChoice::Fp8BlockTiles,
+            S::Fp8Tensor => KernelChoice::Fp8Tensor,
+            S::Nvfp4 { .. } => KernelChoice::Nvfp4Tiles,
+            S::Gptq { .. } => int4.unwrap_or(KernelChoice::GptqWeightOnly),
+        }
+    }
+}
+
+/// The kernel of every tensor group of `spec`'s decode step on `path`: each linear module by its stored format, the
+/// embedding, and a tied head (the embedding table read as the head).
+pub fn group_kernels(
+    spec: &crate::model::ModelSpec,
+    path: &WeightPath,
+    unit: &ComputeUnit,
+) -> Vec<GroupKernel> {
+    use crate::model::StoredFormat as S;
+    let stored_key = |f: S| -> (u8, u32, u32) {
+        match f {
+            S::Dense { dtype } => (0, dtype as u32, 0),
+            S::Fp8Block { block } => (1, block[0], block[1]),
+            S::Fp8Tensor => (2, 0, 0),
+            S::Nvfp4 { group } => (3, group, 0),
+            S::Gptq { bits, group } => (4, bits, group),
+        }
+    };
+    let group_size = path
+        .conversion
+        .as_ref()
+        .map_or(0, |c| u64::from(c.group_size));
+    // A MoE model has tens of thousands of expert modules and `--all` plans every pair, so modules are counted under
+    // a small key (a handful of distinct ones per model, searched linearly) and each key's kernel is chosen once.
+    type Key = (TensorGroup, (u8, u32, u32), bool);
+    let mut seen: Vec<(Key, GroupKernel)> = Vec::new();
+    let mut add = |group, stored: S, in_features: u64| {
+        let whole = group_size > 0 && in_features.is_multiple_of(group_size);
+        let key = (group, stored_key(stored), whole);
+        match seen.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, g)) => g.modules += 1,
+            None => seen.push((
+                key,
+                GroupKernel {
+                    group,
+                    stored,
+                    kernel: path.kernel_for(stored, in_features, unit),
+                    modules: 1,
+                },
+            )),
+        }
+    };
+    for l in &spec.runtime.linears {
+        if let Some(g) = group_of(&l.module) {
+            add(g, l.format, l.in_features);
+        }
+    }
+    let mut out: Vec<GroupKernel> = Vec::new();
+    let mut merge = |g: GroupKernel| match out
+        .iter_mut()
+        .find(|o| o.group == g.group && o.kernel == g.kernel && o.stored == g.stored)
+    {
+        Some(o) => o.modules += g.modules,
+        None => out.push(g),
+    };
+    for (_, g) in seen {
+        merge(g);
+    }
+    if let Some(e) = spec
+        .inventory
+        .iter()
+        .find(|t| t.name == spec.runtime.embedding)
+    {
+        let stored = S::Dense { dtype: e.dtype };
+        let head = path.kernel_for(stored, spec.hidden_size, unit);
+        let gather = match head {
+            KernelChoice::ExportedGraph => KernelChoice::ExportedGraph,
+            // The tied table is the head: the embedding gathers rows of whatever the head became.
+            KernelChoice::Int4W4a16 | KernelChoice::Int4W4a8 if spec.tie_word_embeddings => {
+                KernelChoice::GatherFromHead
+            }
+            _ => KernelChoice::Gather,
+        };
+        if spec.tie_word_embeddings {
+            merge(GroupKernel {
+                group: TensorGroup::LmHead,
+                stored,
+                kernel: head,
+                modules: 1,
+            });
+        }
+        merge(GroupKernel {
+            group: TensorGroup::Embedding,
+            stored,
+            kernel: gather,
+            modules: 1,
+        });
+    }
+    out.sort_by_key(|g| (g.group, g.kernel));
+    out
 }
 
 /// Whether a conversion applies to this tensor: 2-D matmul weights stored in a float dtype. An untied embedding is
@@ -152,6 +379,7 @@ fn choose_path(
         verified: true,
         conversion: None,
         reason,
+        groups: Vec::new(),
     };
     if !unit.runs_engine {
         let mut p = base(

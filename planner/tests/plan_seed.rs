@@ -549,3 +549,70 @@ fn nvfp4_laptop_plan_for_edgefit_uses_edgefits_h200_efficiency_not_vllms_0_67_to
         0.05
     ));
 }
+
+/// Issue 23 §2: the plan names the kernel of every tensor group as an enum an engine dispatches on (the prose stays
+/// as the reason). The GPTQ Spark card on the Xeon runs everything through the W4A8 int4 pack, its tied head
+/// included, and gathers embedding rows from that head; the FP8 27B on the H200 runs its FP8 modules on the block
+/// tiles and keeps the bf16 ones (the GDN's small `in_proj_a/b`, the untied head) dense; the phone is an export.
+#[test]
+fn the_weight_path_names_a_kernel_per_tensor_group() {
+    use planner::weight_path::{KernelChoice as K, TensorGroup as G};
+    let kernels = |model: &str, device: &str| -> Vec<(G, K)> {
+        plan(model, device, &Workload::default())
+            .weight_path
+            .groups
+            .iter()
+            .map(|g| (g.group, g.kernel))
+            .collect()
+    };
+    let gptq = kernels("spark-x2.5-1.7b-gptq-int4", "xeon-8480c");
+    assert!(
+        gptq.contains(&(G::Embedding, K::GatherFromHead)),
+        "{gptq:?}"
+    );
+    assert!(gptq.contains(&(G::LmHead, K::Int4W4a8)), "{gptq:?}");
+    assert!(
+        gptq.iter()
+            .all(|&(g, k)| g == G::Embedding || k == K::Int4W4a8),
+        "{gptq:?}"
+    );
+    let fp8 = kernels("qwen3.8-27b-fp8", "h200");
+    for want in [
+        (G::Attention, K::Fp8BlockTiles),
+        (G::Gdn, K::Fp8BlockTiles),
+        (G::Gdn, K::DenseBf16),
+        (G::Mlp, K::Fp8BlockTiles),
+        (G::LmHead, K::DenseBf16),
+        (G::Embedding, K::Gather),
+    ] {
+        assert!(fp8.contains(&want), "{want:?} in {fp8:?}");
+    }
+    let phone = kernels("spark-x2.5-1.7b", "galaxy-s25");
+    assert!(
+        phone.iter().all(|&(_, k)| k == K::ExportedGraph),
+        "{phone:?}"
+    );
+    // Every decode-path linear module is in exactly one group entry.
+    let p = plan("qwen3.8-27b-nvfp4", "ryzen-5090", &Workload::default());
+    let spec = planner::model::parse_model(&common::card("qwen3.8-27b-nvfp4")).unwrap();
+    let on_path = spec
+        .runtime
+        .linears
+        .iter()
+        .filter(|l| !l.module.starts_with("mtp.") && !l.module.contains("visual."))
+        .count() as u64;
+    let listed: u64 = p
+        .weight_path
+        .groups
+        .iter()
+        .filter(|g| g.group != G::Embedding)
+        .map(|g| g.modules)
+        .sum();
+    assert_eq!(listed, on_path);
+    // The TOML spells it `[[weight_path.group]]` with snake_case names.
+    let text = p.to_toml().unwrap();
+    assert!(
+        text.contains("[[weight_path.group]]") && text.contains("kernel = \"nvfp4_tiles\""),
+        "{text}"
+    );
+}

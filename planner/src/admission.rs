@@ -305,7 +305,7 @@ mod tests {
         let path = choose(
             &crate::model::Quantization::Fp8Block { block: [128, 128] },
             &profile.compute[0],
-            w.priority,
+            w,
         );
         let a = place(&small_model(), &path, &profile, w, cache);
         admit(&profile, &a, cache, 0)
@@ -353,7 +353,7 @@ mod tests {
         let path = choose(
             &crate::model::Quantization::Fp8Block { block: [128, 128] },
             &profile.compute[0],
-            crate::workload::Priority::Speed,
+            &crate::workload::Workload::default(),
         );
         let a = place(&small_model(), &path, &profile, &Workload::default(), 0);
         let (_, verdict, sf) = admit(&profile, &a, 0, 0);
@@ -372,7 +372,7 @@ mod tests {
         let path = choose(
             &crate::model::Quantization::Fp8Block { block: [128, 128] },
             &profile.compute[0],
-            w.priority,
+            &w,
         );
         let a = place(&small_model(), &path, &profile, &w, 0);
         let (st, refused) = stages(&profile, &a, "gpu", &[1]);

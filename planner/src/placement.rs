@@ -160,7 +160,18 @@ pub fn place(
         .iter()
         .position(|p| p.id == unit.pool)
         .unwrap_or(0);
-    let planned: Vec<u64> = inventory.iter().map(|t| path.planned_bytes(t)).collect();
+    // A tensor the target engine does not load for this workload (vLLM's MTP head without speculative decoding)
+    // takes no memory anywhere: it is placed, at zero bytes, so every tensor is still placed exactly once.
+    let planned: Vec<u64> = inventory
+        .iter()
+        .map(|t| {
+            if workload.loads(t) {
+                path.planned_bytes(t)
+            } else {
+                0
+            }
+        })
+        .collect();
     let per_token: Vec<u64> = inventory
         .iter()
         .zip(&planned)
@@ -375,7 +386,7 @@ mod tests {
         let path = choose(
             &crate::model::Quantization::Fp8Block { block: [128, 128] },
             &profile.compute[0],
-            w.priority,
+            w,
         );
         (place(&inv, &path, &profile, w, fixed), inv)
     }
@@ -479,7 +490,7 @@ mod tests {
         let path = choose(
             &crate::model::Quantization::Fp8Block { block: [128, 128] },
             &profile.compute[0],
-            w.priority,
+            &w,
         );
         let a = place(&inv, &path, &profile, &w, 0);
         let moved: Vec<&str> = inv

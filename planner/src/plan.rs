@@ -117,6 +117,20 @@ pub struct InventorySummary {
     /// Planned bytes one decode step reads (hot weights, gathered rows, active experts).
     pub decode_bytes_per_token: u64,
     pub by_access: Vec<AccessClass>,
+    /// Checkpoint tensors the target engine does not load for this workload (placed at zero bytes); absent when it
+    /// loads every tensor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_loaded: Option<NotLoaded>,
+}
+
+/// Tensors of the checkpoint that the target engine leaves on disk for this workload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NotLoaded {
+    pub tensors: u64,
+    /// Their bytes in the checkpoint (counted in `total_bytes`, not in `planned_bytes`).
+    pub checkpoint_bytes: u64,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -442,7 +456,8 @@ pub fn build(inputs: Inputs<'_>) -> Result<Plan, crate::error::PlanError> {
     } = inputs;
     check_cache(&cache, workload)?;
     let unit = profile.decode_unit();
-    let path = choose(&spec.quantization, unit, workload.priority);
+    let mut path = choose(&spec.quantization, unit, workload);
+    path.groups = crate::weight_path::group_kernels(spec, &path, unit);
     check_pinned_offload(spec, &path, profile, workload)?;
     let fixed = cache.total_bytes.saturating_add(cache.rope_table_bytes);
     let a = place(&spec.inventory, &path, profile, workload, fixed);
@@ -456,7 +471,10 @@ pub fn build(inputs: Inputs<'_>) -> Result<Plan, crate::error::PlanError> {
         Vec::new()
     };
     if let (Some(sf), Some(pinned)) = (shortfall.as_mut(), workload.offload_bytes) {
-        if sf.component == "weights" && sf.pool == profile.pools[a.primary].id {
+        // Weights or the caches on top of them: either way, pinning more weights off the pool is what would make room.
+        if (sf.component == "weights" || sf.component == "cache")
+            && sf.pool == profile.pools[a.primary].id
+        {
             // Whole tensors move, so this is a floor: the plan at that figure may still need a little more.
             let _ = write!(
                 sf.reason,
@@ -484,6 +502,7 @@ pub fn build(inputs: Inputs<'_>) -> Result<Plan, crate::error::PlanError> {
             decode_context: prefill_tokens,
             batch: workload.max_num_seqs,
             decode_kernels: crate::model::decode_kernels(spec),
+            engine: workload.engine,
         },
     );
     check_prediction(&prediction)?;
@@ -509,7 +528,7 @@ pub fn build(inputs: Inputs<'_>) -> Result<Plan, crate::error::PlanError> {
         },
         inputs: hashes,
         workload: workload.clone(),
-        inventory: inventory_summary(spec, &a),
+        inventory: inventory_summary(spec, &a, workload),
         placement: placement_summary(spec, profile, &a),
         weight_path: path,
         cache,
@@ -523,7 +542,19 @@ pub fn build(inputs: Inputs<'_>) -> Result<Plan, crate::error::PlanError> {
     Ok(plan)
 }
 
-fn inventory_summary(spec: &ModelSpec, a: &Assignment) -> InventorySummary {
+fn inventory_summary(spec: &ModelSpec, a: &Assignment, workload: &Workload) -> InventorySummary {
+    let skipped: Vec<&crate::model::TensorEntry> = spec
+        .inventory
+        .iter()
+        .filter(|t| !workload.loads(t))
+        .collect();
+    let not_loaded = (!skipped.is_empty()).then(|| NotLoaded {
+        tensors: skipped.len() as u64,
+        checkpoint_bytes: skipped
+            .iter()
+            .fold(0u64, |acc, t| acc.saturating_add(t.bytes)),
+        reason: workload.engine.not_loaded_reason().to_owned(),
+    });
     let mut by: BTreeMap<&'static str, (u64, u64)> = BTreeMap::new();
     for (i, t) in spec.inventory.iter().enumerate() {
         let e = by.entry(access_class(&t.access)).or_default();
@@ -549,6 +580,7 @@ fn inventory_summary(spec: &ModelSpec, a: &Assignment) -> InventorySummary {
                 planned_bytes,
             })
             .collect(),
+        not_loaded,
     }
 }
 
@@ -789,6 +821,16 @@ fn gib(b: u64) -> f64 {
 }
 
 impl Plan {
+    /// Bytes tensor `t` of the model takes once loaded under this plan: none when the target engine does not load it
+    /// for this workload ([`Workload::loads`]), else its size on the weight path.
+    pub fn planned_bytes(&self, t: &crate::model::TensorEntry) -> u64 {
+        if self.workload.loads(t) {
+            self.weight_path.planned_bytes(t)
+        } else {
+            0
+        }
+    }
+
     /// The pool a tensor of the model is placed in: the first non-default pool that lists it by name, holds its
     /// whole decoder layer, or holds its whole role (outside the decoder layers); else the decode unit's pool. This is
     /// how the engine reads a placement.
@@ -865,6 +907,18 @@ impl Plan {
             },
             self.weight_path.reason
         );
+        if !self.weight_path.groups.is_empty() {
+            let groups: Vec<String> = self
+                .weight_path
+                .groups
+                .iter()
+                .map(|g| {
+                    let name = |v: &dyn erased::Name| v.snake();
+                    format!("{} {} ({})", name(&g.group), name(&g.kernel), g.modules)
+                })
+                .collect();
+            let _ = writeln!(s, "    kernels: {}", groups.join(", "));
+        }
         let _ = writeln!(
             s,
             "  weights: {:.2} GiB checkpoint, {:.2} GiB planned, {:.2} GiB read per token; cache {:.1} MiB \
@@ -976,6 +1030,21 @@ impl Plan {
     }
 }
 
+/// The snake_case name serde gives a unit enum variant (how the plan's TOML spells it).
+mod erased {
+    pub(super) trait Name {
+        fn snake(&self) -> String;
+    }
+    impl<T: serde::Serialize> Name for T {
+        fn snake(&self) -> String {
+            serde_json::to_value(self)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        }
+    }
+}
+
 pub fn plan_schema() -> schemars::schema::RootSchema {
     schemars::schema_for!(Plan)
 }
@@ -1048,7 +1117,7 @@ mod tests {
     fn unit_plan(spec: &ModelSpec, vram: u64, w: &Workload) -> (Plan, Assignment) {
         let profile = two_pools(vram, 100_000);
         let cache = crate::model::cache_budget(spec, &w.cache_workload());
-        let path = choose(&spec.quantization, profile.decode_unit(), w.priority);
+        let path = choose(&spec.quantization, profile.decode_unit(), w);
         let a = place(
             &spec.inventory,
             &path,

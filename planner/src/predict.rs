@@ -26,6 +26,7 @@ use crate::model::CacheBudget;
 use crate::placement::Assignment;
 use crate::profile::{ComputeUnit, DeviceProfile, WeightFormat};
 use crate::weight_path::WeightPath;
+use crate::workload::TargetEngine;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -101,6 +102,8 @@ pub struct Work<'a> {
     /// Kernels one decode step runs ([`crate::model::decode_kernels`]); each costs at least the unit's
     /// `kernel_floor_s`, whatever its work.
     pub decode_kernels: u64,
+    /// The engine that runs the plan: its own measured kernel rates apply, never another engine's.
+    pub engine: TargetEngine,
 }
 
 fn term(name: String, kind: BoundKind, amount: f64, rate: f64) -> Term {
@@ -128,17 +131,31 @@ fn overlap(terms: &mut [Term]) -> usize {
     best
 }
 
+/// How a kernel rate's terms are named: `measured`, or `extrapolated` when the profile carried it over from other
+/// hardware.
+fn measured_or_extrapolated(k: &crate::profile::KernelRate) -> &'static str {
+    if k.extrapolated {
+        "extrapolated"
+    } else {
+        "measured"
+    }
+}
+
 /// The arithmetic rate the unit sustains on this path: a measured prefill rate if the profile has one, else the
 /// peak of the dtype the path computes in, else the best declared peak.
-fn arithmetic_rate(unit: &ComputeUnit, path: &WeightPath) -> (f64, String) {
-    if let Some(r) = path
-        .kernel_rate(unit)
-        .and_then(|k| k.prefill_flops_per_s.as_ref())
-    {
-        return (
-            r.value,
-            format!("measured {:?} prefill rate on `{}`", path.format, unit.id),
-        );
+fn arithmetic_rate(unit: &ComputeUnit, path: &WeightPath, engine: TargetEngine) -> (f64, String) {
+    if let Some(k) = path.kernel_rate(unit, engine) {
+        if let Some(r) = &k.prefill_flops_per_s {
+            return (
+                r.value,
+                format!(
+                    "{} {:?} prefill rate on `{}`",
+                    measured_or_extrapolated(k),
+                    path.format,
+                    unit.id
+                ),
+            );
+        }
     }
     let p = &unit.peak;
     let by_format = match path.format {
@@ -177,15 +194,26 @@ pub fn predict(
         .find(|c| c.id == path.unit)
         .unwrap_or_else(|| profile.decode_unit());
     let primary = &profile.pools[a.primary];
-    let kernel = path.kernel_rate(unit);
-    let (flop_rate, flop_what) = arithmetic_rate(unit, path);
+    let kernel = path.kernel_rate(unit, work.engine);
+    let (flop_rate, flop_what) = arithmetic_rate(unit, path, work.engine);
 
     // Decode, decode unit's own pool: weights read once per step plus each sequence's caches at the decode context;
     // the arithmetic is per sequence. The measured kernel rate was taken at one sequence: it is charged on the
-    // weights, once per step, at every batch.
+    // weights, once per step, at every batch, and, where the profile measured how the step grows with context, on
+    // every sequence's caches at the measured cache rate.
     let cache_read = work.cache.bytes_per_token_hybrid as f64 * work.decode_context as f64
         + work.cache.state_bytes_per_seq as f64;
     let weights = a.per_token_in(a.primary) as f64;
+    let kernel_cache_rate = kernel
+        .and_then(|k| k.decode_cache_bytes_per_s.as_ref())
+        .map(|r| r.value);
+    // Seconds of the measured kernel term: the weights (once per step), then each sequence's caches.
+    let kernel_s = |batch: f64| {
+        kernel.map(|k| {
+            weights / k.decode_weight_bytes_per_s.value
+                + kernel_cache_rate.map_or(0.0, |r| batch * cache_read / r)
+        })
+    };
     let primary_group = |batch: f64| {
         let mut group = vec![term(
             format!("read pool `{}`", primary.id),
@@ -193,16 +221,33 @@ pub fn predict(
             weights + batch * cache_read,
             primary.read_bytes_per_s.value,
         )];
-        if let Some(k) = kernel {
-            group.push(term(
+        if let (Some(k), Some(seconds)) = (kernel, kernel_s(batch)) {
+            let mut t = term(
                 format!(
-                    "measured {:?} kernel rate on `{}` (resident weights)",
-                    path.format, unit.id
+                    "{} {:?} kernel rate on `{}` (resident weights)",
+                    measured_or_extrapolated(k),
+                    path.format,
+                    unit.id
                 ),
                 BoundKind::Compute,
                 weights,
                 k.decode_weight_bytes_per_s.value,
-            ));
+            );
+            if let Some(r) = kernel_cache_rate {
+                // One term, weights then caches: its rate is the effective rate over both.
+                t.name = format!(
+                    "{} {:?} kernel rate on `{}` (resident weights at {:.3e} B/s, then caches at {:.3e} B/s)",
+                    measured_or_extrapolated(k),
+                    path.format,
+                    unit.id,
+                    k.decode_weight_bytes_per_s.value,
+                    r
+                );
+                t.amount = weights + batch * cache_read;
+                t.seconds = seconds;
+                t.rate_per_s = if seconds > 0.0 { t.amount / seconds } else { r };
+            }
+            group.push(t);
         }
         group.push(term(
             flop_what.clone(),
@@ -243,11 +288,15 @@ pub fn predict(
             bytes,
             link_rate,
         )];
-        if let Some(r) = kernel.and_then(|k| k.offloaded_weight_bytes_per_s.as_ref()) {
+        if let Some((k, r)) =
+            kernel.and_then(|k| k.offloaded_weight_bytes_per_s.as_ref().map(|r| (k, r)))
+        {
             off.push(term(
                 format!(
-                    "measured {:?} kernel rate on `{}` (offloaded weights)",
-                    path.format, unit.id
+                    "{} {:?} kernel rate on `{}` (offloaded weights)",
+                    measured_or_extrapolated(k),
+                    path.format,
+                    unit.id
                 ),
                 BoundKind::Compute,
                 bytes,
@@ -264,17 +313,23 @@ pub fn predict(
         let mut terms = primary_group(work.batch as f64);
         terms.extend(offloaded_terms.iter().cloned());
         let (step_s, dominant) = step_and_dominant(&terms);
-        // Arithmetic overtakes the reads at B >= (W / bw) / (F / r - C / bw) and the kernel term at B >= K / (F / r).
+        // A term that costs `fixed + B * per_seq` is overtaken by the arithmetic's `B * F / r` from B >= fixed /
+        // (F / r - per_seq), and never when each sequence adds at least as much to it as to the arithmetic: the reads
+        // (W / bw, C / bw) and the measured kernel (W / kw, C / kc when the cache rate was measured, else 0).
         let bw = primary.read_bytes_per_s.value;
         let flop_s = work.decode_flops_per_token as f64 / flop_rate;
-        let over_reads = flop_s - cache_read / bw;
-        let compute_bound_from_batch = (over_reads > 0.0)
-            .then(|| {
-                let kernel_s = kernel.map_or(0.0, |k| weights / k.decode_weight_bytes_per_s.value);
-                ((weights / bw) / over_reads)
-                    .max(kernel_s / flop_s)
-                    .ceil()
-                    .max(1.0)
+        let mut rivals = vec![(weights / bw, cache_read / bw)];
+        if let (Some(k), Some(_)) = (kernel, kernel_s(1.0)) {
+            rivals.push((
+                weights / k.decode_weight_bytes_per_s.value,
+                kernel_cache_rate.map_or(0.0, |r| cache_read / r),
+            ));
+        }
+        let compute_bound_from_batch = rivals
+            .iter()
+            .try_fold(1.0f64, |b, &(fixed, per_seq)| {
+                let over = flop_s - per_seq;
+                (over > 0.0).then(|| b.max((fixed / over).ceil()))
             })
             .filter(|b| b.is_finite() && *b <= 9.0e15)
             .map(|b| b as u64);
@@ -374,6 +429,9 @@ fn describe(t: &Term) -> String {
         BoundKind::Compute if t.name.starts_with("measured ") => {
             "compute-bound (measured kernel rate)"
         }
+        BoundKind::Compute if t.name.starts_with("extrapolated ") => {
+            "compute-bound (kernel rate carried over from other hardware, unverified)"
+        }
         BoundKind::Compute if t.name.starts_with("kernel floor") => {
             "launch-bound (kernels too small to fill)"
         }
@@ -403,6 +461,8 @@ mod tests {
             flat_over_hybrid: 1.0,
             headroom: 1.0,
             sliding_accounting: SlidingAccounting::Ring,
+            rope_tables: crate::model::RopeTables::PerCall,
+            rope_table_dtype: crate::model::DType::Bf16,
             rope_table_bytes: 0,
             rope_table_bytes_uncapped: 0,
             per_kind: vec![],
@@ -413,7 +473,7 @@ mod tests {
         let path = choose(
             &crate::model::Quantization::Fp8Block { block: [128, 128] },
             &profile.compute[0],
-            w.priority,
+            w,
         );
         let a = place(&small_model(), &path, profile, w, 0);
         let cache = no_cache();
@@ -425,6 +485,7 @@ mod tests {
             decode_context: 10,
             batch: 1,
             decode_kernels: 0,
+            engine: TargetEngine::Edgefit,
         };
         predict(profile, &path, &a, &work)
     }
@@ -436,7 +497,7 @@ mod tests {
         let path = choose(
             &crate::model::Quantization::Fp8Block { block: [128, 128] },
             &profile.compute[0],
-            w.priority,
+            &w,
         );
         let a = place(&small_model(), &path, &profile, &w, 0);
         // 5 bytes of state per sequence (0.05 s at 100 B/s) and 1e5 FLOP per token (0.1 s at 1e6 FLOP/s); 501 bytes
@@ -458,6 +519,7 @@ mod tests {
                     decode_context: 10,
                     batch,
                     decode_kernels: 0,
+                    engine: TargetEngine::Edgefit,
                 },
             )
         };
@@ -493,6 +555,7 @@ mod tests {
                 decode_context: 10,
                 batch: 64,
                 decode_kernels: 0,
+                engine: TargetEngine::Edgefit,
             },
         );
         assert_eq!(p.batched.unwrap().compute_bound_from_batch, None);
@@ -528,6 +591,9 @@ mod tests {
         let mut profile = two_pools(10_000, 10_000);
         profile.compute[0].kernels.push(crate::profile::KernelRate {
             format: crate::profile::WeightFormat::Fp8Block,
+            engine: None,
+            extrapolated: false,
+            decode_cache_bytes_per_s: None,
             decode_weight_bytes_per_s: crate::profile::Measured {
                 value: 10.0,
                 source: "t".into(),

@@ -165,6 +165,15 @@ pub enum WeightFormat {
 #[serde(deny_unknown_fields)]
 pub struct KernelRate {
     pub format: WeightFormat,
+    /// The engine whose kernel this rate is (`vllm` for a figure measured through vLLM, `edgefit` for edgefit's own
+    /// kernels); absent when it stands for any engine. A plan for one engine uses that engine's entry, else an
+    /// entry without an engine, never another engine's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<crate::workload::TargetEngine>,
+    /// True when the figure was carried over from a measurement on other hardware (an efficiency measured there
+    /// times this unit's bandwidth) rather than measured on this unit: a path that relies on it is unverified.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub extrapolated: bool,
     /// Resident weight bytes the decode step consumes per second with this kernel (a compute term when it is below
     /// the pool's read bandwidth).
     pub decode_weight_bytes_per_s: Measured<f64>,
@@ -175,6 +184,27 @@ pub struct KernelRate {
     /// Sustained FLOP/s of this kernel on prompt processing, when measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_flops_per_s: Option<Measured<f64>>,
+    /// KV-cache bytes a decode step's attention consumes per second on this path, when measured (the step's growth
+    /// with context over the cache bytes added). When present, the measured decode term is the weights at
+    /// `decode_weight_bytes_per_s` plus every sequence's caches at this rate, one after the other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_cache_bytes_per_s: Option<Measured<f64>>,
+}
+
+impl ComputeUnit {
+    /// The unit's kernel rate for `format` under `engine`: that engine's entry, else an entry for any engine.
+    pub fn kernel_rate(
+        &self,
+        format: WeightFormat,
+        engine: crate::workload::TargetEngine,
+    ) -> Option<&KernelRate> {
+        let of = |e: Option<crate::workload::TargetEngine>| {
+            self.kernels
+                .iter()
+                .find(|k| k.format == format && k.engine == e)
+        };
+        of(Some(engine)).or_else(|| of(None))
+    }
 }
 
 /// One compute unit (GPU, CPU, NPU, iGPU).
@@ -507,6 +537,13 @@ fn validate(p: &DeviceProfile) -> Result<(), Violation> {
             }
             if let Some(r) = &kernel.prefill_flops_per_s {
                 check_rate(base("prefill_flops_per_s"), "prefill_flops_per_s", r)?;
+            }
+            if let Some(r) = &kernel.decode_cache_bytes_per_s {
+                check_rate(
+                    base("decode_cache_bytes_per_s"),
+                    "decode_cache_bytes_per_s",
+                    r,
+                )?;
             }
         }
     }

@@ -18,14 +18,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{DType, Quantization, Role, TensorEntry};
 use crate::profile::{Arch, ComputeKind, ComputeUnit, KernelRate, WeightFormat};
-use crate::workload::Priority;
+use crate::workload::{Priority, TargetEngine, Workload};
 
 /// Group size of the W4A16 tinygemm path (seed 002: W4A16 g64).
 pub const W4A16_GROUP: u32 = 64;
 /// Group size of the W4A8 AMX path (seed 002: W4A8 g128).
 pub const W4A8_GROUP: u32 = 128;
 
-/// A load-time conversion of an unquantized checkpoint's matmul weights.
+/// A load-time conversion of the matmul weights a checkpoint stores in a float dtype: all of them for an unquantized
+/// checkpoint; for a GPTQ checkpoint on the int4 CPU paths, the ones its exporter left in float (the tied
+/// embedding, which is also the head, an untied `lm_head`, Spark's `g_proj`), quantized to the path's own groups as
+/// the engine does at load.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Conversion {
@@ -53,7 +56,78 @@ pub struct WeightPath {
     pub verified: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversion: Option<Conversion>,
+    /// Why this path, in words (`kernel` above is the path's kernel family in words; `group` below is what the engine
+    /// dispatches on).
     pub reason: String,
+    /// The kernel each tensor group of the decode step runs, by stored format, TOML `[[weight_path.group]]`: what an
+    /// engine dispatches on. Empty only on a path built without a model (unit tests of the choice).
+    #[serde(rename = "group", default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupKernel>,
+}
+
+/// The tensor groups of a decode step, in the order a layer runs them.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum TensorGroup {
+    /// The token embedding (a gather of one row per token).
+    Embedding,
+    /// Attention projections: q/k/v (fused or not), the output projection, an output gate's projection.
+    Attention,
+    /// Gated DeltaNet projections (`in_proj_*`, `out_proj`).
+    Gdn,
+    /// Dense MLP projections, a shared expert and the router.
+    Mlp,
+    /// Routed experts.
+    Experts,
+    /// The LM head (the tied embedding when tied).
+    LmHead,
+}
+
+/// A kernel family the engine (and `kernels`) runs: what a plan's tensor group dispatches to.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum KernelChoice {
+    /// f32 weights, f32 GEMV / GEMM.
+    DenseF32,
+    /// bf16 (or f16) weights as stored, f32 accumulation: GEMV at decode, GEMM for prompts.
+    DenseBf16,
+    /// FP8 e4m3 with 128x128 block scales: the tiled block GEMV at decode, the block GEMM for prompts.
+    Fp8BlockTiles,
+    /// FP8 e4m3 decoded to bf16 in registers where the GPU has no FP8 tensor cores (before sm_89).
+    Fp8WeightOnly,
+    /// FP8 e4m3 with one per-tensor scale (modelopt's FP8 modules).
+    Fp8Tensor,
+    /// NVFP4 (e2m1, e4m3 per-16 scales, fp32 global) repacked into tiles: the tiles GEMV at decode, weight-only
+    /// (e2m1 decoded in registers) where there are no FP4 tensor cores.
+    Nvfp4Tiles,
+    /// The chunked int4 pack `[N/64][K][32]` with bf16 activations (tinygemm layout, asymmetric groups).
+    Int4W4a16,
+    /// The int4 pack, symmetric (zero point 8), int8 activations per token.
+    Int4W4a8,
+    /// GPTQ codes dequantized in registers (a GPU with no int4 kernel of ours).
+    GptqWeightOnly,
+    /// One row per token gathered from the table as stored.
+    Gather,
+    /// Rows gathered from the int4 head a tied table was converted into (dequantized per row).
+    GatherFromHead,
+    /// Not run by the engine: the vendor compiler's kernels in an exported graph.
+    ExportedGraph,
+}
+
+/// The kernel of one tensor group's modules that share a stored format.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GroupKernel {
+    pub group: TensorGroup,
+    /// How the checkpoint stores these modules.
+    pub stored: crate::model::StoredFormat,
+    pub kernel: KernelChoice,
+    /// Linear modules (or tables) of this group in this stored format.
+    pub modules: u64,
 }
 
 impl WeightPath {
@@ -65,19 +139,182 @@ impl WeightPath {
         }
     }
 
-    /// The measured rate of this path's kernel on `unit`, if the profile has one.
-    pub fn kernel_rate<'a>(&self, unit: &'a ComputeUnit) -> Option<&'a KernelRate> {
-        unit.kernels.iter().find(|k| k.format == self.format)
+    /// The measured rate of this path's kernel on `unit` under `engine`, if the profile has one.
+    pub fn kernel_rate<'a>(
+        &self,
+        unit: &'a ComputeUnit,
+        engine: TargetEngine,
+    ) -> Option<&'a KernelRate> {
+        unit.kernel_rate(self.format, engine)
     }
 }
 
-/// Whether a conversion applies to this tensor: 2-D matmul weights stored in a float dtype.
+/// The group a linear module belongs to, from its name; `None` for modules off the decode path (the vision tower, the
+/// MTP head).
+fn group_of(module: &str) -> Option<TensorGroup> {
+    // Prefix checks first and the routed experts (all but a few hundred of a MoE model's modules) with one scan.
+    if module.starts_with("mtp.")
+        || module.starts_with("model.visual.")
+        || module.starts_with("visual.")
+    {
+        return None;
+    }
+    Some(if module.contains(".experts.") {
+        TensorGroup::Experts
+    } else if module == "lm_head" || module.ends_with(".lm_head") {
+        TensorGroup::LmHead
+    } else if module.contains(".linear_attn.") {
+        TensorGroup::Gdn
+    } else if module.contains(".self_attn.") {
+        TensorGroup::Attention
+    } else {
+        TensorGroup::Mlp
+    })
+}
+
+impl WeightPath {
+    /// The kernel a module stored as `stored` with `in_features` inputs runs on this path, on `unit`.
+    pub fn kernel_for(
+        &self,
+        stored: crate::model::StoredFormat,
+        in_features: u64,
+        unit: &ComputeUnit,
+    ) -> KernelChoice {
+        use crate::model::StoredFormat as S;
+        if !self.runs_in_engine && self.format == WeightFormat::W8a16 {
+            return KernelChoice::ExportedGraph;
+        }
+        let int4 = match self.format {
+            WeightFormat::W4a16 => Some(KernelChoice::Int4W4a16),
+            WeightFormat::W4a8 => Some(KernelChoice::Int4W4a8),
+            _ => None,
+        };
+        match stored {
+            S::Dense { dtype } => {
+                // The engine packs whole groups only: a ragged input dimension keeps its dense format.
+                let packs = self.conversion.as_ref().is_some_and(|c| {
+                    c.group_size > 0 && in_features.is_multiple_of(u64::from(c.group_size))
+                });
+                match (int4, packs) {
+                    (Some(k), true) => k,
+                    _ if dtype == DType::F32 => KernelChoice::DenseF32,
+                    _ => KernelChoice::DenseBf16,
+                }
+            }
+            S::Fp8Block { .. }
+                if unit.kind == ComputeKind::Gpu && unit.isa.sm.unwrap_or(0) < 89 =>
+            {
+                KernelChoice::Fp8WeightOnly
+            }
+            S::Fp8Block { .. } => KernelChoice::Fp8BlockTiles,
+            S::Fp8Tensor => KernelChoice::Fp8Tensor,
+            S::Nvfp4 { .. } => KernelChoice::Nvfp4Tiles,
+            S::Gptq { .. } => int4.unwrap_or(KernelChoice::GptqWeightOnly),
+        }
+    }
+}
+
+/// The kernel of every tensor group of `spec`'s decode step on `path`: each linear module by its stored format, the
+/// embedding, and a tied head (the embedding table read as the head).
+pub fn group_kernels(
+    spec: &crate::model::ModelSpec,
+    path: &WeightPath,
+    unit: &ComputeUnit,
+) -> Vec<GroupKernel> {
+    use crate::model::StoredFormat as S;
+    let stored_key = |f: S| -> (u8, u32, u32) {
+        match f {
+            S::Dense { dtype } => (0, dtype as u32, 0),
+            S::Fp8Block { block } => (1, block[0], block[1]),
+            S::Fp8Tensor => (2, 0, 0),
+            S::Nvfp4 { group } => (3, group, 0),
+            S::Gptq { bits, group } => (4, bits, group),
+        }
+    };
+    let group_size = path
+        .conversion
+        .as_ref()
+        .map_or(0, |c| u64::from(c.group_size));
+    // A MoE model has tens of thousands of expert modules and `--all` plans every pair, so modules are counted under
+    // a small key (a handful of distinct ones per model, searched linearly) and each key's kernel is chosen once.
+    type Key = (TensorGroup, (u8, u32, u32), bool);
+    let mut seen: Vec<(Key, GroupKernel)> = Vec::new();
+    let mut add = |group, stored: S, in_features: u64| {
+        let whole = group_size > 0 && in_features.is_multiple_of(group_size);
+        let key = (group, stored_key(stored), whole);
+        match seen.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, g)) => g.modules += 1,
+            None => seen.push((
+                key,
+                GroupKernel {
+                    group,
+                    stored,
+                    kernel: path.kernel_for(stored, in_features, unit),
+                    modules: 1,
+                },
+            )),
+        }
+    };
+    for l in &spec.runtime.linears {
+        if let Some(g) = group_of(&l.module) {
+            add(g, l.format, l.in_features);
+        }
+    }
+    let mut out: Vec<GroupKernel> = Vec::new();
+    let mut merge = |g: GroupKernel| match out
+        .iter_mut()
+        .find(|o| o.group == g.group && o.kernel == g.kernel && o.stored == g.stored)
+    {
+        Some(o) => o.modules += g.modules,
+        None => out.push(g),
+    };
+    for (_, g) in seen {
+        merge(g);
+    }
+    if let Some(e) = spec
+        .inventory
+        .iter()
+        .find(|t| t.name == spec.runtime.embedding)
+    {
+        let stored = S::Dense { dtype: e.dtype };
+        let head = path.kernel_for(stored, spec.hidden_size, unit);
+        let gather = match head {
+            KernelChoice::ExportedGraph => KernelChoice::ExportedGraph,
+            // The tied table is the head: the embedding gathers rows of whatever the head became.
+            KernelChoice::Int4W4a16 | KernelChoice::Int4W4a8 if spec.tie_word_embeddings => {
+                KernelChoice::GatherFromHead
+            }
+            _ => KernelChoice::Gather,
+        };
+        if spec.tie_word_embeddings {
+            merge(GroupKernel {
+                group: TensorGroup::LmHead,
+                stored,
+                kernel: head,
+                modules: 1,
+            });
+        }
+        merge(GroupKernel {
+            group: TensorGroup::Embedding,
+            stored,
+            kernel: gather,
+            modules: 1,
+        });
+    }
+    out.sort_by_key(|g| (g.group, g.kernel));
+    out
+}
+
+/// Whether a conversion applies to this tensor: 2-D matmul weights stored in a float dtype. An untied embedding is
+/// not a matmul weight (a decode step gathers one row of it) and stays as stored, as the engine keeps it; a tied one
+/// is the head, read whole every token, and converts with the other matmul weights.
 fn converts(t: &TensorEntry) -> bool {
-    matches!(
-        t.role,
-        Role::LayerWeight | Role::ExpertWeight | Role::LmHead | Role::Embedding
-    ) && t.shape.len() == 2
-        && matches!(t.dtype, DType::Bf16 | DType::F16 | DType::F32)
+    let matmul = match t.role {
+        Role::LayerWeight | Role::ExpertWeight | Role::LmHead => true,
+        Role::Embedding => !matches!(t.access, crate::model::Access::Gather { .. }),
+        _ => false,
+    };
+    matmul && t.shape.len() == 2 && matches!(t.dtype, DType::Bf16 | DType::F16 | DType::F32)
 }
 
 pub fn checkpoint_format(q: &Quantization) -> WeightFormat {
@@ -116,15 +353,21 @@ pub const ENGINE_CPU_PATHS: &[WeightFormat] = &[
     WeightFormat::W4a8,
 ];
 
-/// Choose the weight path for `quant` on `unit`.
-pub fn choose(quant: &Quantization, unit: &ComputeUnit, priority: Priority) -> WeightPath {
-    let mut p = choose_path(quant, unit, priority);
+/// Choose the weight path for `quant` on `unit` under workload `w` (its priority, and its engine, whose measured
+/// kernel rates decide Blackwell's NVFP4 verdict).
+pub fn choose(quant: &Quantization, unit: &ComputeUnit, w: &Workload) -> WeightPath {
+    let mut p = choose_path(quant, unit, w.priority, w.engine);
     p.runs_in_engine =
         p.runs_in_engine && unit.kind == ComputeKind::Cpu && ENGINE_CPU_PATHS.contains(&p.format);
     p
 }
 
-fn choose_path(quant: &Quantization, unit: &ComputeUnit, priority: Priority) -> WeightPath {
+fn choose_path(
+    quant: &Quantization,
+    unit: &ComputeUnit,
+    priority: Priority,
+    engine: TargetEngine,
+) -> WeightPath {
     let ckpt = checkpoint_format(quant);
     let base = |format, kernel: &str, activations: &str, reason: String| WeightPath {
         unit: unit.id.clone(),
@@ -136,6 +379,7 @@ fn choose_path(quant: &Quantization, unit: &ComputeUnit, priority: Priority) -> 
         verified: true,
         conversion: None,
         reason,
+        groups: Vec::new(),
     };
     if !unit.runs_engine {
         let mut p = base(
@@ -158,7 +402,7 @@ fn choose_path(quant: &Quantization, unit: &ComputeUnit, priority: Priority) -> 
         return p;
     }
     match (unit.kind, unit.isa.arch) {
-        (ComputeKind::Gpu, Arch::Cuda) => gpu_path(quant, unit, base),
+        (ComputeKind::Gpu, Arch::Cuda) => gpu_path(quant, unit, engine, base),
         (_, Arch::X86_64) | (_, Arch::Aarch64) => cpu_path(quant, unit, priority, base),
         _ => base(
             ckpt,
@@ -175,10 +419,11 @@ fn choose_path(quant: &Quantization, unit: &ComputeUnit, priority: Priority) -> 
 fn gpu_path(
     quant: &Quantization,
     unit: &ComputeUnit,
+    engine: TargetEngine,
     base: impl Fn(WeightFormat, &str, &str, String) -> WeightPath,
 ) -> WeightPath {
     let sm = unit.isa.sm.unwrap_or(0);
-    let measured = |f: WeightFormat| unit.kernels.iter().find(|k| k.format == f);
+    let measured = |f: WeightFormat| unit.kernel_rate(f, engine);
     match quant {
         Quantization::Fp8Block { .. } if sm >= 89 => {
             let mut reason = format!(
@@ -202,6 +447,13 @@ fn gpu_path(
         ),
         Quantization::Nvfp4 { .. } if sm >= 100 => {
             let why = match measured(WeightFormat::Nvfp4) {
+                Some(k) if k.extrapolated => format!(
+                    "the profile's NVFP4 decode rate for {} ({:.3e} B/s, {}) is the compute term; it is carried over \
+                     from another device's measurement, not measured on sm_{sm}, so the path is unverified",
+                    engine.name(),
+                    k.decode_weight_bytes_per_s.value,
+                    k.decode_weight_bytes_per_s.source
+                ),
                 Some(k) => format!(
                     "the profile's measured NVFP4 decode rate ({:.3e} B/s, {}) is the compute term: the byte model alone \
                      was 4.7x optimistic on this stack (seed 000 §6)",
@@ -217,7 +469,7 @@ fn gpu_path(
                 "nvfp4 per 16",
                 format!("NVFP4 checkpoint on Blackwell sm_{sm}: FP8 or NVFP4 by measurement; {why}"),
             );
-            p.verified = measured(WeightFormat::Nvfp4).is_some();
+            p.verified = measured(WeightFormat::Nvfp4).is_some_and(|k| !k.extrapolated);
             p
         }
         Quantization::Nvfp4 { .. } => base(
@@ -247,6 +499,12 @@ fn gpu_path(
         ),
     }
 }
+
+/// What happens to the float matmul weights of a GPTQ checkpoint on the int4 CPU paths.
+const GPTQ_FLOATS: &str = "the matmul weights the GPTQ export left in float (the tied embedding, which is also the \
+    head and read whole every token; g_proj) are quantized at load to the path's int4 groups, so a decode step reads \
+    the head at 4 bits (seed 002 measured 84.5 tok/s on an artifact whose tied embedding was quantized: 'the \
+    quantized tied embedding [is] faithful')";
 
 fn cpu_path(
     quant: &Quantization,
@@ -298,16 +556,22 @@ fn cpu_path(
         Quantization::None { .. } => {
             w4a16(format!("{why_not_w4a8}; weights quantized at load, g{W4A16_GROUP}"), Some(int4(4, W4A16_GROUP, false)))
         }
-        Quantization::Gptq { bits: 4, sym: true, .. } if w4a8_ok => {
-            w4a8("GPTQ symmetric 4-bit checkpoint on x86 with AMX: W4A8 with the zero point pinned at 8".into(), None)
-        }
+        Quantization::Gptq { bits: 4, sym: true, .. } if w4a8_ok => w4a8(
+            format!(
+                "GPTQ symmetric 4-bit checkpoint on x86 with AMX: W4A8 with the zero point pinned at 8; {GPTQ_FLOATS}"
+            ),
+            Some(int4(4, W4A8_GROUP, true)),
+        ),
         Quantization::Gptq { bits: 4, sym, .. } => {
             let asym = if !sym && !arm && isa.amx {
                 "an asymmetric GPTQ grid cannot use the W4A8 kernel (zero point pinned at 8); "
             } else {
                 ""
             };
-            w4a16(format!("{asym}{why_not_w4a8}; GPTQ codes repacked to the tinygemm layout"), None)
+            w4a16(
+                format!("{asym}{why_not_w4a8}; GPTQ codes repacked to the tinygemm layout; {GPTQ_FLOATS}"),
+                Some(int4(4, W4A16_GROUP, false)),
+            )
         }
         _ => {
             let mut p = base(
@@ -352,13 +616,20 @@ mod tests {
     }
     const BF16: Quantization = Quantization::None { dtype: DType::Bf16 };
 
+    fn fidelity() -> Workload {
+        Workload {
+            priority: Priority::Fidelity,
+            ..Workload::default()
+        }
+    }
+
     #[test]
     fn amx_speed_is_w4a8_and_fidelity_is_w4a16() {
         let u = unit(ComputeKind::Cpu, Arch::X86_64, None, true);
-        let p = choose(&BF16, &u, Priority::Speed);
+        let p = choose(&BF16, &u, &Workload::default());
         assert_eq!(p.format, WeightFormat::W4a8);
         assert!(p.conversion.as_ref().unwrap().symmetric);
-        let p = choose(&BF16, &u, Priority::Fidelity);
+        let p = choose(&BF16, &u, &fidelity());
         assert_eq!(p.format, WeightFormat::W4a16);
         assert!(p.reason.contains("fidelity"));
     }
@@ -368,7 +639,7 @@ mod tests {
         let p = choose(
             &BF16,
             &unit(ComputeKind::Cpu, Arch::X86_64, None, false),
-            Priority::Speed,
+            &Workload::default(),
         );
         assert_eq!(p.format, WeightFormat::W4a16);
         assert!(p.verified);
@@ -380,7 +651,7 @@ mod tests {
         let p = choose(
             &BF16,
             &unit(ComputeKind::Cpu, Arch::Aarch64, None, false),
-            Priority::Speed,
+            &Workload::default(),
         );
         assert_eq!(p.format, WeightFormat::W4a16);
         assert!(!p.verified);
@@ -396,7 +667,7 @@ mod tests {
         let p = choose(
             &q,
             &unit(ComputeKind::Cpu, Arch::X86_64, None, true),
-            Priority::Speed,
+            &Workload::default(),
         );
         assert_eq!(p.format, WeightFormat::W4a16);
         assert!(p.reason.contains("zero point pinned at 8"));
@@ -408,10 +679,12 @@ mod tests {
         let p = choose(
             &q,
             &unit(ComputeKind::Cpu, Arch::X86_64, None, true),
-            Priority::Speed,
+            &Workload::default(),
         );
         assert_eq!(p.format, WeightFormat::W4a8);
-        assert!(p.conversion.is_none());
+        // The codes stay GPTQ's; only the float matmul weights (the tied head) are quantized, to W4A8's groups.
+        let c = p.conversion.as_ref().unwrap();
+        assert_eq!((c.group_size, c.symmetric), (W4A8_GROUP, true));
     }
 
     #[test]
@@ -421,13 +694,13 @@ mod tests {
             group_size: 16,
             exclude_modules: vec![],
         };
-        let p = choose(&q, &u, Priority::Speed);
+        let p = choose(&q, &u, &Workload::default());
         assert_eq!(p.format, WeightFormat::Nvfp4);
         assert!(p.kernel.contains("weight-only"));
         let p = choose(
             &Quantization::Fp8Block { block: [128, 128] },
             &u,
-            Priority::Speed,
+            &Workload::default(),
         );
         assert_eq!(p.format, WeightFormat::Fp8Block);
         assert!(p.kernel.contains("block GEMV"));
@@ -440,9 +713,12 @@ mod tests {
             group_size: 16,
             exclude_modules: vec![],
         };
-        assert!(!choose(&q, &u, Priority::Speed).verified);
+        assert!(!choose(&q, &u, &Workload::default()).verified);
         u.kernels.push(KernelRate {
             format: WeightFormat::Nvfp4,
+            engine: None,
+            extrapolated: false,
+            decode_cache_bytes_per_s: None,
             decode_weight_bytes_per_s: crate::profile::Measured {
                 value: 2e10,
                 source: "seed".into(),
@@ -450,7 +726,7 @@ mod tests {
             offloaded_weight_bytes_per_s: None,
             prefill_flops_per_s: None,
         });
-        let p = choose(&q, &u, Priority::Speed);
+        let p = choose(&q, &u, &Workload::default());
         assert!(p.verified);
         assert!(p.reason.contains("measured NVFP4 decode rate"));
     }
@@ -459,7 +735,7 @@ mod tests {
     fn export_targets_are_not_run() {
         let mut u = unit(ComputeKind::Npu, Arch::Hexagon, None, false);
         u.runs_engine = false;
-        let p = choose(&BF16, &u, Priority::Speed);
+        let p = choose(&BF16, &u, &Workload::default());
         assert_eq!(p.format, WeightFormat::W8a16);
         assert!(!p.runs_in_engine);
     }
@@ -469,7 +745,7 @@ mod tests {
         let p = choose(
             &BF16,
             &unit(ComputeKind::Cpu, Arch::X86_64, None, false),
-            Priority::Speed,
+            &Workload::default(),
         );
         let w = TensorEntry {
             name: "w".into(),
@@ -487,8 +763,20 @@ mod tests {
             role: Role::Small,
             bytes: 128,
             params: 64,
-            ..w
+            ..w.clone()
         };
         assert_eq!(p.planned_bytes(&norm), 128);
+        // An untied embedding is gathered, not multiplied: it stays as stored. A tied one is the head.
+        let untied = TensorEntry {
+            role: Role::Embedding,
+            access: crate::model::Access::Gather { row_bytes: 128 },
+            ..w.clone()
+        };
+        assert_eq!(p.planned_bytes(&untied), 8192);
+        let tied = TensorEntry {
+            role: Role::Embedding,
+            ..w.clone()
+        };
+        assert_eq!(p.planned_bytes(&tied), 4096 * 9 / 16);
     }
 }

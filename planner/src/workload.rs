@@ -6,7 +6,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::PlanError;
-use crate::model::{CacheWorkload, SlidingAccounting};
+use crate::model::{CacheWorkload, Role, RopeTables, SlidingAccounting, TensorEntry};
 
 /// Default context length: the seed's laptop sweep ran at 4096 tokens (seed 000 §5).
 pub const DEFAULT_MAX_MODEL_LEN: u64 = 4096;
@@ -40,8 +40,53 @@ pub enum TargetEngine {
 }
 
 impl TargetEngine {
+    /// The engine's name as profiles and the CLI spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TargetEngine::Edgefit => "edgefit",
+            TargetEngine::Vllm => "vllm",
+        }
+    }
+
     pub fn can_offload_non_layer_tensors(self) -> bool {
         matches!(self, TargetEngine::Edgefit)
+    }
+
+    /// Whether this engine loads a tensor of `role` at all when speculative decoding is `speculative`.
+    ///
+    /// vLLM's main model never holds the MTP head: `Qwen3_5ForConditionalGeneration.load_weights` (and
+    /// `Qwen3_5ForCausalLMBase`'s) build `AutoWeightsLoader(self, skip_prefixes=["mtp."])`, and `Qwen3NextForCausalLM`
+    /// maps the `mtp.` prefix to `None` ("MTP weights are loaded by the draft model, not this one"); see
+    /// `vllm/model_executor/models/qwen3_5.py` and `qwen3_next.py`. The head is built and loaded only by the
+    /// speculative-decoding drafter (`Qwen3_5MTP` in `vllm/model_executor/models/qwen3_5_mtp.py`) when a speculative
+    /// config asks for it. So without speculative decoding its bytes are never in memory, and with it they are on
+    /// the device and read every step. edgefit's placement keeps every tensor (an unused MTP head is the first thing
+    /// it moves off the device).
+    pub fn loads(self, role: Role, speculative: bool) -> bool {
+        match self {
+            TargetEngine::Edgefit => true,
+            TargetEngine::Vllm => role != Role::MtpHead || speculative,
+        }
+    }
+
+    /// Why [`TargetEngine::loads`] leaves tensors out, for the plan.
+    pub fn not_loaded_reason(self) -> &'static str {
+        match self {
+            TargetEngine::Edgefit => "",
+            TargetEngine::Vllm => {
+                "vLLM loads `mtp.*` only into the speculative-decoding drafter: its Qwen3.5 / Qwen3-Next models skip \
+                 the prefix (vllm/model_executor/models/qwen3_5.py load_weights, skip_prefixes=[\"mtp.\"]; \
+                 qwen3_next.py maps `mtp.` to None), so without --speculative the MTP head is never loaded"
+            }
+        }
+    }
+
+    /// How this engine holds RoPE's cos/sin values (see [`RopeTables`]).
+    pub fn rope_tables(self) -> RopeTables {
+        match self {
+            TargetEngine::Edgefit => RopeTables::PerCall,
+            TargetEngine::Vllm => RopeTables::CosSinCache,
+        }
     }
 }
 
@@ -81,8 +126,14 @@ impl Default for Workload {
 }
 
 impl Workload {
-    /// Bytes per GiB, the unit of `--offload-gib` (vLLM's `cpu_offload_gb` is GiB: seed 000 §5 worked out in the
-    /// brief — 10 GiB fits the FP8 27B and 9 GiB does not; in decimal GB 10 would not fit).
+    /// Whether the target engine loads tensor `t` for this workload ([`TargetEngine::loads`]).
+    pub fn loads(&self, t: &TensorEntry) -> bool {
+        self.engine.loads(t.role, self.speculative)
+    }
+
+    /// Bytes per GiB, the unit of `--offload-gib`: vLLM's `cpu_offload_gb` is GiB (`cpu_offload_max_bytes =
+    /// int(cpu_offload_gb * 1024**3)` in `vllm/model_executor/offloader/base.py`); seed 000 §5 measured 10 fitting the
+    /// FP8 27B and 9 failing.
     pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
     /// Pin the offloaded amount in GiB.
@@ -157,6 +208,7 @@ impl Workload {
                     block_tokens: VLLM_BLOCK_TOKENS,
                 },
             },
+            rope_tables: self.engine.rope_tables(),
         }
     }
 }
@@ -216,6 +268,14 @@ mod tests {
         assert!(e.contains("--offload-gib 8589934592"), "{e}");
         assert!(Workload::default().with_offload_gib(1e300).is_err());
         assert!(Workload::default().with_offload_gib(8589934591.0).is_ok());
+    }
+
+    #[test]
+    fn vllm_loads_the_mtp_head_only_for_speculative_decoding() {
+        assert!(!TargetEngine::Vllm.loads(Role::MtpHead, false));
+        assert!(TargetEngine::Vllm.loads(Role::MtpHead, true));
+        assert!(TargetEngine::Vllm.loads(Role::VisionTower, false));
+        assert!(TargetEngine::Edgefit.loads(Role::MtpHead, false));
     }
 
     #[test]

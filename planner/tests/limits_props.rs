@@ -4,7 +4,8 @@
 //! input either is an error or gives a plan whose TOML renders, reads back and whose ledgers add up. proptest catches
 //! a panic as a failure, so "no panic" is what each property asserts first.
 //!
-//! Inputs tried per run: `CASES` per property (see the constant), each a full parse + plan.
+//! Inputs tried per run: `CASES` per property (see the constant), each a full parse + plan; five properties, so
+//! 1280 inputs (config numbers, workload numbers, profile numbers, arbitrary profile text, mutated real profiles).
 
 mod common;
 
@@ -208,6 +209,38 @@ proptest! {
         match planner::parse_profile(&file) {
             Ok(_) => check(planner::plan::plan(card, &file, &Workload::default()))?,
             Err(e) => prop_assert!(!e.to_string().is_empty()),
+        }
+    }
+
+    /// The profile reader on arbitrary text (the fuzz target `profile` does the same, unbounded): an error that
+    /// renders with its span, never a panic.
+    #[test]
+    fn arbitrary_profile_text_never_panics(text in "\\PC{0,300}") {
+        let file = SourceFile { path: "profiles/fuzz.toml".into(), text };
+        if let Err(e) = planner::parse_profile(&file) {
+            prop_assert!(!common::render(&e).is_empty());
+        }
+    }
+
+    /// A real profile cut short, with a slice of it repeated or a few characters spliced in: every truncation and
+    /// splice of a valid file is an error or a profile that plans.
+    #[test]
+    fn mutated_real_profiles_never_panic(
+        profile in 0usize..64,
+        card in 0usize..64,
+        at in any::<prop::sample::Index>(),
+        cut in 0usize..80,
+        splice in "[\\[\\]{}=\".,0-9a-z_ \n#-]{0,12}",
+    ) {
+        let mut file = profiles()[profile % profiles().len()].clone();
+        let mut chars: Vec<char> = file.text.chars().collect();
+        let i = at.index(chars.len().max(1)).min(chars.len());
+        let end = (i + cut).min(chars.len());
+        chars.splice(i..end, splice.chars());
+        file.text = chars.into_iter().collect();
+        match planner::parse_profile(&file) {
+            Ok(_) => check(planner::plan::plan(&cards()[card % cards().len()], &file, &Workload::default()))?,
+            Err(e) => prop_assert!(!common::render(&e).is_empty()),
         }
     }
 }

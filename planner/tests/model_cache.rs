@@ -5,7 +5,7 @@ mod common;
 
 use planner::model::{
     cache_budget, parse_model, CacheBudget, CacheWorkload, LayerKind, ModelCard, ModelSpec,
-    SlidingAccounting, SourceFile,
+    RopeTables, SlidingAccounting, SourceFile,
 };
 
 const KIB: u64 = 1024;
@@ -22,6 +22,7 @@ fn workload(max_model_len: u64, acc: SlidingAccounting) -> CacheWorkload {
         kv_bytes_per_elem: 2,
         headroom: 1.25,
         sliding_accounting: acc,
+        rope_tables: RopeTables::CosSinCache,
     }
 }
 
@@ -169,19 +170,46 @@ fn sliding_slots_are_capped_by_max_model_len() {
     assert_eq!(b.total_bytes, b.flat_total_bytes);
 }
 
-/// Seed 002: Spark's 1,048,576-position RoPE tables (sliding: all 256 dims, full: 64) are what a 2048-token
-/// deployment must not pay. In f32: 2 * positions * dims/2 * 4 bytes per table; 1.25 GiB uncapped, 2.5 MiB capped
-/// (the seed's bf16 tables were half that: 640 MiB and 1.25 MB).
+/// Seed 002: Spark's 1,048,576-position RoPE tables, as vLLM builds them (`cos_sin_cache` `[positions,
+/// rotary_dim]` in the model dtype, bf16): `[1048576, 256]` 512 MB for the sliding layers (all 256 dims rotated) and
+/// `[1048576, 64]` 128 MB for the full ones (partial 0.25), 640 MiB together; "at max_model_len 2048 they need 1.25 MB
+/// between them".
 #[test]
-fn rope_tables_are_sized_from_max_model_len() {
-    let b = budget("spark-x2.5-1.7b", 2048);
-    assert_eq!(b.rope_table_bytes, 2048 * (256 + 64) * 4);
-    assert_eq!(b.rope_table_bytes, 2560 * KIB);
-    assert_eq!(b.rope_table_bytes_uncapped, 1_048_576 * (256 + 64) * 4);
-    assert_eq!(b.rope_table_bytes_uncapped, 1280 * MIB);
+fn rope_tables_match_seed_002s_640_mib_at_a_million_positions_and_1_25_mib_at_2048() {
+    for id in ["spark-x2.5-1.7b", "spark-x2.5-4b"] {
+        let b = budget(id, 2048);
+        assert_eq!(b.rope_table_dtype, planner::model::DType::Bf16);
+        assert_eq!(
+            b.rope_table_bytes_uncapped,
+            1_048_576 * 256 * 2 + 1_048_576 * 64 * 2
+        );
+        assert_eq!(b.rope_table_bytes_uncapped, 640 * MIB, "{id}");
+        assert_eq!(b.rope_table_bytes, 2048 * (256 + 64) * 2);
+        assert_eq!(b.rope_table_bytes, 1280 * KIB, "{id}: 1.25 MiB");
+    }
     // Qwen3.8 has one RoPE (full layers only, 64 of 256 dims rotated): GDN layers carry none.
     let q = budget("qwen3.8-27b-fp8", 4096);
-    assert_eq!(q.rope_table_bytes, 4096 * 64 * 4);
+    assert_eq!(q.rope_table_bytes, 4096 * 64 * 2);
+    // ... and vLLM's stock Qwen3.5 attention, sized from max_position_embeddings (262144), holds 32 MiB of it.
+    assert_eq!(q.rope_table_bytes_uncapped, 32 * MIB);
+}
+
+/// edgefit's engine computes RoPE angles per call (`kernels::attention::rope_neox`): it reserves no table, whatever
+/// the context; the uncapped figure stays in the plan as what a cos/sin-cache backend would hold.
+#[test]
+fn edgefit_reserves_no_rope_table() {
+    let mut w = workload(2048, SlidingAccounting::Ring);
+    w.rope_tables = RopeTables::PerCall;
+    let b = cache_budget(&spec("spark-x2.5-4b"), &w);
+    assert_eq!(b.rope_table_bytes, 0);
+    assert_eq!(b.rope_table_bytes_uncapped, 640 * MIB);
+    let default = planner::Workload::default().cache_workload();
+    assert_eq!(default.rope_tables, RopeTables::PerCall);
+    let vllm = planner::Workload {
+        engine: planner::workload::TargetEngine::Vllm,
+        ..planner::Workload::default()
+    };
+    assert_eq!(vllm.cache_workload().rope_tables, RopeTables::CosSinCache);
 }
 
 /// More sequences scale the cache and the state together.

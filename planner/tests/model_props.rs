@@ -4,7 +4,7 @@
 use miette::{Diagnostic, NarratableReportHandler};
 use planner::model::{
     cache_budget, decode_flops_per_token, parse_model, prefill_flops, CacheWorkload, LayerKind,
-    ModelCard, ModelSpec, SlidingAccounting, SourceFile,
+    ModelCard, ModelSpec, RopeTables, SlidingAccounting, SourceFile,
 };
 use proptest::prelude::*;
 
@@ -95,6 +95,7 @@ fn workload(len: u64, seqs: u64, acc: SlidingAccounting) -> CacheWorkload {
         kv_bytes_per_elem: 2,
         headroom: 1.25,
         sliding_accounting: acc,
+        rope_tables: RopeTables::CosSinCache,
     }
 }
 

@@ -11,15 +11,16 @@
 //! sliding) and rounded up, never to the GDN state, which is exact and constant (the seed's vLLM budget applied its
 //! 1.25 the same way; seed 000 §4: 467 MiB at 4096 = 147 MiB of state + 320 MiB = 1.25 x 256 MiB of cache).
 
-use super::{CacheBudget, CacheWorkload, LayerKind, LayerKindBudget, ModelSpec, SlidingAccounting};
+use super::{
+    CacheBudget, CacheWorkload, DType, LayerKind, LayerKindBudget, ModelSpec, RopeTables,
+    SlidingAccounting,
+};
 
 /// Bytes per element of the GDN recurrent state: transformers and vLLM keep it in fp32 whatever the model dtype,
 /// because the decay `exp(g)` compounds over thousands of steps (BRIEF §3 "Gated DeltaNet").
 pub const GDN_STATE_ELEM_BYTES: u64 = 4;
 /// Bytes per element of the GDN conv state: it holds raw projected activations, kept in the model dtype (bf16).
 pub const GDN_CONV_ELEM_BYTES: u64 = 2;
-/// Bytes of one RoPE table element: edgefit's kernels build cos/sin tables in f32.
-pub const ROPE_ELEM_BYTES: u64 = 4;
 
 /// KV bytes one attention layer adds per cached token: K and V, each `kv_heads * head_dim` elements.
 pub fn kv_bytes_per_layer_token(spec: &ModelSpec, kv_bytes_per_elem: u64) -> u64 {
@@ -64,14 +65,24 @@ pub fn gdn_state_bytes_per_layer(spec: &ModelSpec) -> u64 {
     recurrent.saturating_add(conv)
 }
 
-/// RoPE cos/sin tables for `positions` positions: one table pair per distinct (theta, rotary_dims) spec, each
-/// `2 (cos and sin) * positions * rotary_dims / 2 (one angle per rotated pair) * 4 (f32)` bytes.
+/// The model dtype: what the token embedding is stored in (every family keeps it unquantized in `torch_dtype`, FP8
+/// and NVFP4 builds included). RoPE caches are cast to it.
+pub fn model_dtype(spec: &ModelSpec) -> DType {
+    spec.inventory
+        .iter()
+        .find(|t| t.name == spec.runtime.embedding)
+        .map_or(DType::Bf16, |t| t.dtype)
+}
+
+/// A cos/sin cache for `positions` positions as vLLM builds it: per distinct (theta, rotary_dims) spec, one
+/// `[positions, rotary_dims]` tensor (`cat(cos, sin)` of `rotary_dims / 2` angles each) in the model dtype
+/// (`vllm/model_executor/layers/rotary_embedding/base.py`: `_compute_cos_sin_cache`, then `cache.to(dtype)`).
 ///
-/// Why it matters: tables sized from `max_position_embeddings` instead of the deployment's `max_model_len` were the
-/// largest single memory item the seed found (seed 002: Spark's 1,048,576-position tables, 640 MiB in bf16, resident
-/// in a 2048-token deployment that needed 1.25 MiB of them). The plan reserves the capped figure and reports the
-/// uncapped one beside it.
+/// Why it matters: caches sized from `max_position_embeddings` instead of the deployment's `max_model_len` were the
+/// largest single memory item the seed found (seed 002: Spark's 1,048,576-position caches, `[1048576, 256]` 512 MB
+/// and `[1048576, 64]` 128 MB in bf16, resident in a 2048-token deployment that needed 1.25 MB of them).
 pub fn rope_table_bytes(spec: &ModelSpec, positions: u64) -> u64 {
+    let elem = super::inventory::elem_bytes(model_dtype(spec));
     let mut seen: Vec<(u64, u64)> = Vec::new();
     let mut total = 0u64;
     for r in &spec.rope {
@@ -80,10 +91,7 @@ pub fn rope_table_bytes(spec: &ModelSpec, positions: u64) -> u64 {
             continue;
         }
         seen.push(key);
-        let t = 2u64
-            .saturating_mul(positions)
-            .saturating_mul(r.rotary_dims / 2)
-            .saturating_mul(ROPE_ELEM_BYTES);
+        let t = positions.saturating_mul(r.rotary_dims).saturating_mul(elem);
         total = total.saturating_add(t);
     }
     total
@@ -177,7 +185,12 @@ pub fn cache_budget(spec: &ModelSpec, w: &CacheWorkload) -> CacheBudget {
         },
         headroom: w.headroom,
         sliding_accounting: w.sliding_accounting,
-        rope_table_bytes: rope_table_bytes(spec, w.max_model_len),
+        rope_tables: w.rope_tables,
+        rope_table_dtype: model_dtype(spec),
+        rope_table_bytes: match w.rope_tables {
+            RopeTables::CosSinCache => rope_table_bytes(spec, w.max_model_len),
+            RopeTables::PerCall => 0,
+        },
         rope_table_bytes_uncapped: rope_table_bytes(spec, spec.max_position_embeddings),
         per_kind,
     }

@@ -26,8 +26,8 @@ mod quant;
 mod runtime;
 
 pub use cache::{
-    cache_budget, gdn_state_bytes_per_layer, kv_bytes_per_layer_token, rope_table_bytes,
-    sliding_slots, GDN_CONV_ELEM_BYTES, GDN_STATE_ELEM_BYTES, ROPE_ELEM_BYTES,
+    cache_budget, gdn_state_bytes_per_layer, kv_bytes_per_layer_token, model_dtype,
+    rope_table_bytes, sliding_slots, GDN_CONV_ELEM_BYTES, GDN_STATE_ELEM_BYTES,
 };
 pub use error::ModelError;
 pub use flops::{decode_flops_per_token, decode_kernels, prefill_flops, KERNELS_PER_LAYER};
@@ -223,6 +223,23 @@ pub struct CacheWorkload {
     /// Multiplier on the KV cache (not on the fixed recurrent state): the seed used 1.25.
     pub headroom: f64,
     pub sliding_accounting: SlidingAccounting,
+    /// How the target engine holds RoPE's cos/sin values.
+    pub rope_tables: RopeTables,
+}
+
+/// How an engine holds RoPE's cos/sin values, which decides what the plan reserves for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RopeTables {
+    /// vLLM's `RotaryEmbedding.cos_sin_cache`: `cat(cos, sin)` of shape `[positions, rotary_dim]`, cast to the
+    /// model dtype (`vllm/model_executor/layers/rotary_embedding/base.py`), one per distinct (theta, rotary_dim)
+    /// because `get_rope` caches its instances. Seed 002 measured the 1,048,576-position pair of Spark at 512 MiB +
+    /// 128 MiB in bf16.
+    CosSinCache,
+    /// edgefit's engine keeps no table: each RoPE call computes its angles from `rotary_dim / 2` f32 inverse
+    /// frequencies (`kernels::attention::rope_neox`, `kernels/cuda/ops.cu` `rope_neox`), so nothing grows with
+    /// positions.
+    PerCall,
 }
 
 /// How a sliding-window layer's cache is charged.
@@ -267,9 +284,17 @@ pub struct CacheBudget {
     pub flat_over_hybrid: f64,
     pub headroom: f64,
     pub sliding_accounting: SlidingAccounting,
-    /// RoPE cos/sin tables sized from `max_model_len` (what the plan reserves) ...
+    /// How the target engine holds RoPE (a cos/sin cache, or angles computed per call).
+    pub rope_tables: RopeTables,
+    /// The dtype of a cos/sin cache: the model dtype (vLLM casts the f32 table to it).
+    pub rope_table_dtype: DType,
+    /// What the plan reserves for RoPE: a cos/sin cache sized from `max_model_len` (as the seed's capped vLLM build
+    /// allocates it; seed 002: the scheduler never produces a later position), or nothing when the engine computes
+    /// the angles per call.
     pub rope_table_bytes: u64,
-    /// ... and what they would cost sized from `max_position_embeddings` (the seed's 618 MB trap).
+    /// A cos/sin cache sized from `max_position_embeddings` in `rope_table_dtype`, whatever the target: what a model
+    /// file that passes `max_position=config.max_position_embeddings` to vLLM's `get_rope` allocates (the seed's trap:
+    /// 640 MiB for Spark's million positions in a 2048-token deployment).
     pub rope_table_bytes_uncapped: u64,
     pub per_kind: Vec<LayerKindBudget>,
 }

@@ -75,6 +75,16 @@ pub const CPU_WEIGHT_PATHS: &[WeightFormat] = &[
     WeightFormat::W4a8,
 ];
 
+/// The weight paths the engine runs on a CUDA GPU ([`CudaModel`]): the list the planner's `runs_in_engine` is
+/// checked against for GPU units.
+pub const CUDA_WEIGHT_PATHS: &[WeightFormat] = &[
+    WeightFormat::F32,
+    WeightFormat::F16,
+    WeightFormat::Bf16,
+    WeightFormat::Fp8Block,
+    WeightFormat::Nvfp4,
+];
+
 /// Every architecture the engine runs (the planner knows more: `qwen3_next` is planned, not run yet).
 pub const ENGINE_MODEL_TYPES: &[&str] = &[
     "qwen3_5",

@@ -247,6 +247,10 @@ fn the_planner_claims_runs_in_engine_only_for_paths_the_engine_runs() {
         planner::weight_path::ENGINE_CPU_PATHS,
         engine::model::CPU_WEIGHT_PATHS
     );
+    assert_eq!(
+        planner::weight_path::ENGINE_CUDA_PATHS,
+        engine::model::CUDA_WEIGHT_PATHS
+    );
     for f in engine::model::CPU_WEIGHT_PATHS {
         engine::WeightMode::from_plan(*f).expect("every listed path maps to a weight mode");
     }

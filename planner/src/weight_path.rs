@@ -339,9 +339,9 @@ fn int4(bits: u32, group: u32, symmetric: bool) -> Conversion {
     }
 }
 
-/// The weight paths the engine runs, on CPU units only so far (CUDA is the engine's next part). The engine crate
-/// owns the real list (`engine::model::CPU_WEIGHT_PATHS`); a test there keeps this copy equal to it, so a plan
-/// says `runs_in_engine = true` only for a path the engine really runs.
+/// The weight paths the engine runs on CPU units. The engine crate owns the real list
+/// (`engine::model::CPU_WEIGHT_PATHS`); a test there keeps this copy equal to it, so a plan says
+/// `runs_in_engine = true` only for a path the engine really runs.
 pub const ENGINE_CPU_PATHS: &[WeightFormat] = &[
     WeightFormat::F32,
     WeightFormat::F16,
@@ -353,12 +353,27 @@ pub const ENGINE_CPU_PATHS: &[WeightFormat] = &[
     WeightFormat::W4a8,
 ];
 
+/// The weight paths the engine runs on CUDA GPU units (`--device cuda`): dense f32 / f16 / bf16, FP8 block and
+/// NVFP4 through the tile GEMVs. Int4 has no GPU kernel. Kept equal to `engine::model::CUDA_WEIGHT_PATHS` by the
+/// same test.
+pub const ENGINE_CUDA_PATHS: &[WeightFormat] = &[
+    WeightFormat::F32,
+    WeightFormat::F16,
+    WeightFormat::Bf16,
+    WeightFormat::Fp8Block,
+    WeightFormat::Nvfp4,
+];
+
 /// Choose the weight path for `quant` on `unit` under workload `w` (its priority, and its engine, whose measured
 /// kernel rates decide Blackwell's NVFP4 verdict).
 pub fn choose(quant: &Quantization, unit: &ComputeUnit, w: &Workload) -> WeightPath {
     let mut p = choose_path(quant, unit, w.priority, w.engine);
-    p.runs_in_engine =
-        p.runs_in_engine && unit.kind == ComputeKind::Cpu && ENGINE_CPU_PATHS.contains(&p.format);
+    let engine_runs = match unit.kind {
+        ComputeKind::Cpu => ENGINE_CPU_PATHS.contains(&p.format),
+        ComputeKind::Gpu => ENGINE_CUDA_PATHS.contains(&p.format),
+        ComputeKind::Npu | ComputeKind::Igpu => false,
+    };
+    p.runs_in_engine = p.runs_in_engine && engine_runs;
     p
 }
 

@@ -127,13 +127,22 @@ fn run(
     let prefill_s = t0.elapsed().as_secs_f64();
     let mut finish = FinishReason::Length;
     let mut ttft_s = 0.0;
+    // Plain greedy decoding needs no logits on the host: the engine picks the ids (on the device, on CUDA).
+    let greedy =
+        opts.sampling.temperature == 0.0 && opts.repetition_penalty == 1.0 && !opts.keep_logits;
+    let mut ready: Option<u32> = None;
     let t1 = Instant::now();
     for step in 0..opts.max_new_tokens {
-        if opts.keep_logits {
-            dump.extend_from_slice(&logits);
-        }
-        penalize(&mut logits, &seen, opts.repetition_penalty);
-        let id = pick(&logits, opts, &mut rng)?;
+        let id = match ready.take() {
+            Some(id) => id,
+            None => {
+                if opts.keep_logits {
+                    dump.extend_from_slice(&logits);
+                }
+                penalize(&mut logits, &seen, opts.repetition_penalty);
+                pick(&logits, opts, &mut rng)?
+            }
+        };
         if step == 0 {
             ttft_s = t0.elapsed().as_secs_f64();
         }
@@ -146,7 +155,12 @@ fn run(
         if step + 1 == opts.max_new_tokens {
             break;
         }
-        logits = engine.step(&[(slot, std::slice::from_ref(&id))])?.remove(0);
+        let next = [(slot, std::slice::from_ref(&id))];
+        if greedy {
+            ready = engine.step_greedy(&next)?.first().copied();
+        } else {
+            logits = engine.step(&next)?.remove(0);
+        }
     }
     let decode_tokens = tokens.len().saturating_sub(1);
     Ok(Generation {

@@ -158,6 +158,62 @@ impl Engine {
         }
     }
 
+    /// [`Engine::step`] for greedy decoding: each sequence's argmax token instead of its logits. On CUDA the
+    /// argmax runs on the device and only the ids cross the link.
+    pub fn step_greedy(&mut self, work: &[(usize, &[u32])]) -> Result<Vec<u32>, EngineError> {
+        let decode = work.len() > 1 || work.first().is_some_and(|(_, t)| t.len() == 1);
+        if self.cuda.is_some() && decode && work.iter().all(|(_, t)| t.len() == 1) {
+            for &(slot, toks) in work {
+                self.check_and_reserve(slot, toks.len())?;
+            }
+            let steps: Vec<Step<'_>> = work
+                .iter()
+                .map(|&(slot, tokens)| Step {
+                    slot,
+                    pos: self.lens[slot],
+                    tokens,
+                })
+                .collect();
+            let c = self.cuda.as_deref_mut().expect("checked above");
+            for s in &steps {
+                if s.pos == 0 {
+                    c.reset_slot(s.slot)?;
+                }
+            }
+            let ids = c.forward_argmax(&steps)?;
+            for &(slot, _) in work {
+                self.lens[slot] += 1;
+            }
+            return Ok(ids);
+        }
+        self.step(work)?
+            .iter()
+            .map(|l| {
+                kernels::ops::argmax(l)
+                    .map(|i| i as u32)
+                    .map_err(model::kerr)
+            })
+            .collect()
+    }
+
+    /// The checks of a step for one sequence (tokens present, within max_model_len) and its pages reserved.
+    fn check_and_reserve(&mut self, slot: usize, n: usize) -> Result<(), EngineError> {
+        if n == 0 {
+            return Err(EngineError::Request(format!(
+                "slot {slot}: a step needs at least one token"
+            )));
+        }
+        let len = self.lens[slot];
+        if len + n > self.max_len {
+            return Err(EngineError::Request(format!(
+                "slot {slot}: {} tokens exceed max_model_len {}",
+                len + n,
+                self.max_len
+            )));
+        }
+        self.caches.reserve(slot, len + n)
+    }
+
     fn forward(&mut self, steps: &[Step<'_>]) -> Result<Vec<f32>, EngineError> {
         match &mut self.cuda {
             Some(c) => {
@@ -200,20 +256,8 @@ impl Engine {
         let mut out: Vec<Option<Vec<f32>>> = vec![None; work.len()];
         let mut decode: Vec<(usize, usize)> = Vec::new();
         for (i, &(slot, toks)) in work.iter().enumerate() {
-            if toks.is_empty() {
-                return Err(EngineError::Request(format!(
-                    "slot {slot}: a step needs at least one token"
-                )));
-            }
+            self.check_and_reserve(slot, toks.len())?;
             let len = self.lens[slot];
-            if len + toks.len() > self.max_len {
-                return Err(EngineError::Request(format!(
-                    "slot {slot}: {} tokens exceed max_model_len {}",
-                    len + toks.len(),
-                    self.max_len
-                )));
-            }
-            self.caches.reserve(slot, len + toks.len())?;
             if toks.len() == 1 {
                 decode.push((i, slot));
                 continue;

@@ -458,7 +458,7 @@ fn run_bench(a: BenchArgs) -> miette::Result<()> {
     }
     let pp_s = t0.elapsed().as_secs_f64();
     let pp_prof = engine::profile::totals();
-    let toks: Vec<u32> = vec![1; b];
+    let mut toks: Vec<u32> = vec![1; b];
     engine::profile::enable();
     let t1 = Instant::now();
     for _ in 0..a.gen {
@@ -467,7 +467,8 @@ fn run_bench(a: BenchArgs) -> miette::Result<()> {
             .zip(&toks)
             .map(|(&s, t)| (s, std::slice::from_ref(t)))
             .collect();
-        l.engine.step(&work)?;
+        // Greedy, as a user's default decode: the ids are chosen where the step ran.
+        toks = l.engine.step_greedy(&work)?;
     }
     let tg_s = t1.elapsed().as_secs_f64();
     let pp = (a.prompt_len * b) as f64 / pp_s;

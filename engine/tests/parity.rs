@@ -312,3 +312,34 @@ fn cuda_tile_paths_agree_with_the_goldens() {
     println!("{table}");
     assert!(failures.is_empty(), "{}\n{table}", failures.join("\n"));
 }
+
+/// Greedy decoding with the argmax on the device (only the ids cross the link, what `generate` does when it needs
+/// no logits) gives the same tokens as the argmax of the downloaded logits, on every fixture.
+#[test]
+fn cuda_greedy_ids_chosen_on_the_device_equal_the_host_argmax() {
+    match kernels::cuda::Gpu::probe() {
+        Ok(Some(_)) => {}
+        _ => {
+            println!("skipped: no CUDA device");
+            return;
+        }
+    }
+    for dir in fixtures() {
+        let g = golden(&dir);
+        let run = |keep_logits: bool| {
+            let ck = Checkpoint::open(&dir).unwrap();
+            let model = Model::load(&ck, WeightMode::Exact, |_, _| {}).unwrap();
+            let mut e = Engine::on_cuda(model, 1, 256, true, |_| Ok(())).unwrap();
+            let opts = GenerateOptions {
+                max_new_tokens: g.tokens.len(),
+                sampling: SamplingParams::GREEDY,
+                seed: 0,
+                repetition_penalty: 1.0,
+                stop_tokens: vec![],
+                keep_logits,
+            };
+            generate(&mut e, &g.prompt, &opts, |_| {}).unwrap().tokens
+        };
+        assert_eq!(run(false), run(true), "{}", dir.display());
+    }
+}

@@ -226,9 +226,17 @@ struct Recorded {
     logits: GpuBuffer<f32>,
 }
 
+/// What a step hands back: the logits, or the greedy ids chosen on the device.
+enum Out {
+    Logits(Vec<f32>),
+    Ids(Vec<u32>),
+}
+
 /// A model placed on a CUDA device with its caches: what [`crate::Engine`] runs when `--device cuda`.
 pub struct CudaModel {
     w: Weights,
+    /// Argmax outputs by row count.
+    ids_buf: HashMap<usize, GpuBuffer<u32>>,
     /// Recorded decode steps by batch (the slots, in order), the batches seen once, and whether to record.
     graphs: HashMap<Vec<usize>, Recorded>,
     seen: std::collections::HashSet<Vec<usize>>,
@@ -503,6 +511,7 @@ impl CudaModel {
         let gemv_scratch = w.gpu.zeros::<u32>(w.scratch_len).map_err(kerr)?;
         let zeros = w.gpu.zeros::<f32>(1).map_err(kerr)?;
         let mut m = CudaModel {
+            ids_buf: HashMap::new(),
             graphs: HashMap::new(),
             seen: Default::default(),
             graphs_on: std::env::var("EDGEFIT_CUDA_GRAPHS").map_or(true, |v| v != "0"),
@@ -615,6 +624,26 @@ impl CudaModel {
 
     /// [`Model::forward`] on the device: the logits of each sequence's last token, `[batch.len(), vocab]`.
     pub fn forward(&mut self, batch: &[Step<'_>]) -> Result<Vec<f32>, EngineError> {
+        match self.forward_as(batch, false)? {
+            Out::Logits(l) => Ok(l),
+            Out::Ids(_) => Err(EngineError::Kernel(
+                "forward: ids where logits were asked".into(),
+            )),
+        }
+    }
+
+    /// The greedy next token of each sequence, chosen on the device: only the ids cross the link (first on ties,
+    /// as the CPU's argmax; a row holding a NaN is an error).
+    pub fn forward_argmax(&mut self, batch: &[Step<'_>]) -> Result<Vec<u32>, EngineError> {
+        match self.forward_as(batch, true)? {
+            Out::Ids(ids) => Ok(ids),
+            Out::Logits(_) => Err(EngineError::Kernel(
+                "forward: logits where ids were asked".into(),
+            )),
+        }
+    }
+
+    fn forward_as(&mut self, batch: &[Step<'_>], argmax: bool) -> Result<Out, EngineError> {
         let prefill = batch.len() == 1 && batch[0].tokens.len() > 1;
         if !prefill && batch.iter().any(|s| s.tokens.len() != 1) {
             return Err(EngineError::Unsupported(
@@ -656,11 +685,17 @@ impl CudaModel {
             if let Some(g) = self.graphs.get_mut(&key) {
                 gpu.write(&mut g.x, &xh).map_err(kerr)?;
                 gpu.launch_graph(&g.graph).map_err(kerr)?;
-                let _t = profile::span(Op::Wait);
-                return gpu.download(&g.logits).map_err(kerr);
+                let vocab = self.w.lm_head.n();
+                return finish(
+                    gpu,
+                    &self.graphs[&key].logits,
+                    vocab,
+                    &mut self.ids_buf,
+                    argmax,
+                );
             }
             if self.seen.contains(&key) {
-                return self.record(key, batch, &xh);
+                return self.record(key, batch, &xh, argmax);
             }
             self.seen.insert(key);
         }
@@ -671,10 +706,10 @@ impl CudaModel {
             .and_then(|()| self.run(&mut x, batch, prefill));
         self.pool.put(x);
         let logits = r?;
-        let _t = profile::span(Op::Wait);
-        let host = self.w.gpu.download(&logits).map_err(kerr);
+        let vocab = self.w.lm_head.n();
+        let out = finish(&self.w.gpu, &logits, vocab, &mut self.ids_buf, argmax);
         self.pool.put(logits);
-        host
+        out
     }
 
     /// Records a decode step of this batch as a graph, runs it and keeps it for the batch's later steps. If the
@@ -684,7 +719,8 @@ impl CudaModel {
         key: Vec<usize>,
         batch: &[Step<'_>],
         xh: &[f32],
-    ) -> Result<Vec<f32>, EngineError> {
+        argmax: bool,
+    ) -> Result<Out, EngineError> {
         if self.graphs.len() >= MAX_GRAPHS {
             self.graphs.clear();
         }
@@ -698,14 +734,16 @@ impl CudaModel {
         self.pool.frozen = false;
         match (ran, graph) {
             (Ok(logits), Ok(graph)) => {
-                let gpu = &self.w.gpu;
-                gpu.launch_graph(&graph).map_err(kerr)?;
-                let host = {
-                    let _t = profile::span(Op::Wait);
-                    gpu.download(&logits).map_err(kerr)?
-                };
+                self.w.gpu.launch_graph(&graph).map_err(kerr)?;
+                let out = finish(
+                    &self.w.gpu,
+                    &logits,
+                    self.w.lm_head.n(),
+                    &mut self.ids_buf,
+                    argmax,
+                );
                 self.graphs.insert(key, Recorded { graph, x, logits });
-                Ok(host)
+                out
             }
             (ran, graph) => {
                 let why = match (&ran, &graph) {
@@ -718,7 +756,7 @@ impl CudaModel {
                 eprintln!("edgefit: recording a CUDA graph failed ({why}); decode steps run launch by launch");
                 self.graphs_on = false;
                 // Nothing recorded ran: the caches are as before, so the step runs again, unrecorded.
-                self.forward(batch)
+                self.forward_as(batch, argmax)
             }
         }
     }
@@ -848,6 +886,36 @@ impl CudaModel {
         }
         Ok(logits)
     }
+}
+
+/// The logits, or (`argmax`) the greedy ids, of a finished step's `logits` buffer (`[rows, vocab]`).
+fn finish(
+    gpu: &Gpu,
+    logits: &GpuBuffer<f32>,
+    vocab: usize,
+    ids_buf: &mut HashMap<usize, GpuBuffer<u32>>,
+    argmax: bool,
+) -> Result<Out, EngineError> {
+    let _t = profile::span(Op::Wait);
+    if !argmax {
+        return gpu.download(logits).map(Out::Logits).map_err(kerr);
+    }
+    let rows = logits.len() / vocab;
+    let mut ids = match ids_buf.remove(&rows) {
+        Some(b) => b,
+        None => gpu.zeros::<u32>(rows).map_err(kerr)?,
+    };
+    let r = gpu
+        .argmax(logits, vocab, &mut ids)
+        .and_then(|()| gpu.download(&ids));
+    ids_buf.insert(rows, ids);
+    let ids = r.map_err(kerr)?;
+    if ids.contains(&Gpu::INVALID_TOKEN) {
+        return Err(EngineError::Kernel(
+            "argmax: a row of logits holds a NaN".into(),
+        ));
+    }
+    Ok(Out::Ids(ids))
 }
 
 /// Copies a slot's new conv history (`conv[1]`, just written) back into `conv[0]`.

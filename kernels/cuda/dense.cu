@@ -8,6 +8,11 @@
 //   A warp owns GEMV_ROWS_PER_WARP output rows; x is staged in shared memory in chunks of K, padded to MAXM rows
 //   with zeros, and every lane reads its weights with 16-byte loads (when k allows it) and takes all MAXM rows of x
 //   from shared memory, so each x load serves GEMV_ROWS_PER_WARP weight loads.
+// - dense_gemv_splitk_*: m <= 16 on matrices of few rows (n < DENSE_SPLITK_MAX_N, device/dense.rs): one block of
+//   256 threads per output row, K split across its 8 warps and reduced in shared memory. The kernel above gives
+//   such a matrix ceil(n / 16) blocks, each walking whole rows: the engine's own profile of a Qwen3.8-27B decode
+//   step (H100, ncu) had the DeltaNet's 48-row in_proj_a / in_proj_b take 16 us a call, 96 calls a step, where the
+//   bytes take 0.2 us.
 // - dense_gemm_*: m > 16 (prefill). A plain shared-memory tiled SGEMM: 64 x 64 output tiles, K in steps of 16,
 //   256 threads with 4 x 4 outputs each.
 //
@@ -123,6 +128,65 @@ __device__ __forceinline__ void dense_gemv(const float* __restrict__ x, const ty
     }
 }
 
+constexpr int SPLITK_THREADS = 256;
+constexpr int SPLITK_WARPS = SPLITK_THREADS / 32;
+
+// y[r, row] for row = blockIdx.x and r < m: the block's threads split the row's k values (16-byte weight loads of
+// VEC values when k % VEC == 0, x read from global memory where the rows of this small matrix keep it cached), each
+// warp sums its lanes, and warp 0 sums the warps.
+template <typename W, int MAXM>
+__device__ __forceinline__ void dense_gemv_splitk(const float* __restrict__ x, const typename W::T* __restrict__ w,
+                                                  float* __restrict__ y, int m, int n, int k) {
+    __shared__ float part[SPLITK_WARPS][MAXM];
+    const int row = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const typename W::T* wr = w + (size_t)row * k;
+    float acc[MAXM];
+#pragma unroll
+    for (int r = 0; r < MAXM; ++r) acc[r] = 0.0f;
+    if ((k % W::VEC) == 0) {
+        constexpr int V = W::VEC;
+        for (int i = tid * V; i < k; i += SPLITK_THREADS * V) {
+            float wv[V];
+            W::load_vec(wr + i, wv);
+#pragma unroll
+            for (int r = 0; r < MAXM; ++r) {
+                if (r < m) {
+                    const float* xr = x + (size_t)r * k + i;
+#pragma unroll
+                    for (int h = 0; h < V; h += 4) {
+                        const float4 xv = *reinterpret_cast<const float4*>(xr + h);
+                        acc[r] = fmaf(wv[h], xv.x, acc[r]);
+                        acc[r] = fmaf(wv[h + 1], xv.y, acc[r]);
+                        acc[r] = fmaf(wv[h + 2], xv.z, acc[r]);
+                        acc[r] = fmaf(wv[h + 3], xv.w, acc[r]);
+                    }
+                }
+            }
+        }
+    } else {
+        for (int i = tid; i < k; i += SPLITK_THREADS) {
+            const float wv = W::load1(wr + i);
+#pragma unroll
+            for (int r = 0; r < MAXM; ++r)
+                if (r < m) acc[r] = fmaf(wv, x[(size_t)r * k + i], acc[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MAXM; ++r) {
+        const float s = warp_sum(acc[r]);
+        if (lane == 0) part[warp][r] = s;
+    }
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+        for (int r = 0; r < MAXM; ++r) {
+            float s = lane < SPLITK_WARPS ? part[lane][r] : 0.0f;
+            s = warp_sum(s);
+            if (lane == 0 && r < m) y[(size_t)r * n + row] = s;
+        }
+    }
+}
+
 constexpr int GEMM_BM = 64, GEMM_BN = 64, GEMM_BK = 16, GEMM_THREADS = 256;
 static_assert(GEMM_BM == 64 && GEMM_BN == 64, "device/dense.rs restates the tile");
 
@@ -214,6 +278,24 @@ DENSE_GEMV(dense_gemv_bf16_m2, WBf16, 2)
 DENSE_GEMV(dense_gemv_bf16_m4, WBf16, 4)
 DENSE_GEMV(dense_gemv_bf16_m8, WBf16, 8)
 DENSE_GEMV(dense_gemv_bf16_m16, WBf16, 16)
+
+#define DENSE_GEMV_SPLITK(NAME, W, MAXM)                                                                          \
+    extern "C" __global__ void __launch_bounds__(SPLITK_THREADS)                                                 \
+        NAME(const float* __restrict__ x, const W::T* __restrict__ w, float* __restrict__ y, int m, int n, int k) { \
+        dense_gemv_splitk<W, MAXM>(x, w, y, m, n, k);                                                             \
+    }
+
+// As DENSE_GEMV, grid n blocks of SPLITK_THREADS: one block per output row.
+DENSE_GEMV_SPLITK(dense_gemv_splitk_f32_m1, WF32, 1)
+DENSE_GEMV_SPLITK(dense_gemv_splitk_f32_m2, WF32, 2)
+DENSE_GEMV_SPLITK(dense_gemv_splitk_f32_m4, WF32, 4)
+DENSE_GEMV_SPLITK(dense_gemv_splitk_f32_m8, WF32, 8)
+DENSE_GEMV_SPLITK(dense_gemv_splitk_f32_m16, WF32, 16)
+DENSE_GEMV_SPLITK(dense_gemv_splitk_bf16_m1, WBf16, 1)
+DENSE_GEMV_SPLITK(dense_gemv_splitk_bf16_m2, WBf16, 2)
+DENSE_GEMV_SPLITK(dense_gemv_splitk_bf16_m4, WBf16, 4)
+DENSE_GEMV_SPLITK(dense_gemv_splitk_bf16_m8, WBf16, 8)
+DENSE_GEMV_SPLITK(dense_gemv_splitk_bf16_m16, WBf16, 16)
 
 // x f32 [m, k], w [n, k], y f32 [m, n]; any m >= 1.
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)

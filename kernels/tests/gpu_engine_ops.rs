@@ -107,8 +107,11 @@ fn dense_linear_matches_the_f64_product_for_f32_and_bf16_weights() {
     let Some(gpu) = gpu() else { return };
     let mut r = rng("dense_linear");
     // (n, k): tiny, odd n with k not a multiple of 4 or 8 (the scalar paths), multiples of 8 (the 16-byte paths),
-    // k past the GEMV's x chunk at m = 16 (512) and at m = 1 (8192), n past a 64-row GEMM tile.
-    let shapes: [(usize, usize); 7] = [
+    // k past the GEMV's x chunk at m = 16 (512) and at m = 1 (8192), n past a 64-row GEMM tile; below 4096 rows the
+    // split-K GEMV runs, from 4096 rows the whole-row one (both paths, both load widths).
+    let shapes: [(usize, usize); 9] = [
+        (4099, 520),
+        (4096, 37),
         (1, 1),
         (33, 7),
         (67, 130),

@@ -7,6 +7,11 @@ use super::*;
 const GEMV_ROWS_PER_BLOCK: usize = 16;
 /// Threads of a GEMV block (`GEMV_THREADS`).
 const GEMV_THREADS: u32 = 128;
+/// Threads of a split-K GEMV block (`SPLITK_THREADS`): one block per output row.
+const SPLITK_THREADS: u32 = 256;
+/// Matrices of fewer rows than this take the split-K GEMV (`ceil(n/16)` blocks of whole rows would leave most of the
+/// GPU idle: 3 blocks for the 48-row DeltaNet projections of Qwen3.8-27B).
+const DENSE_SPLITK_MAX_N: usize = 4096;
 /// Output tile of the GEMM (`GEMM_BM` = `GEMM_BN`) and its threads (`GEMM_THREADS`).
 const GEMM_TILE: usize = 64;
 const GEMM_THREADS: u32 = 256;
@@ -15,6 +20,8 @@ const GEMM_THREADS: u32 = 256;
 pub(in crate::cuda) trait DenseWeight: GpuScalar {
     /// `dense_gemv_<dtype>_m{1,2,4,8,16}`.
     const GEMV: [&'static str; 5];
+    /// `dense_gemv_splitk_<dtype>_m{1,2,4,8,16}`.
+    const SPLITK: [&'static str; 5];
     /// `dense_gemm_<dtype>`.
     const GEMM: &'static str;
 }
@@ -27,6 +34,13 @@ impl DenseWeight for f32 {
         "dense_gemv_f32_m8",
         "dense_gemv_f32_m16",
     ];
+    const SPLITK: [&'static str; 5] = [
+        "dense_gemv_splitk_f32_m1",
+        "dense_gemv_splitk_f32_m2",
+        "dense_gemv_splitk_f32_m4",
+        "dense_gemv_splitk_f32_m8",
+        "dense_gemv_splitk_f32_m16",
+    ];
     const GEMM: &'static str = "dense_gemm_f32";
 }
 
@@ -37,6 +51,13 @@ impl DenseWeight for u16 {
         "dense_gemv_bf16_m4",
         "dense_gemv_bf16_m8",
         "dense_gemv_bf16_m16",
+    ];
+    const SPLITK: [&'static str; 5] = [
+        "dense_gemv_splitk_bf16_m1",
+        "dense_gemv_splitk_bf16_m2",
+        "dense_gemv_splitk_bf16_m4",
+        "dense_gemv_splitk_bf16_m8",
+        "dense_gemv_splitk_bf16_m16",
     ];
     const GEMM: &'static str = "dense_gemm_bf16";
 }
@@ -52,7 +73,15 @@ impl Device {
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        let (name, cfg) = if m <= 16 {
+        let (name, cfg) = if m <= 16 && n < DENSE_SPLITK_MAX_N {
+            let which = m.next_power_of_two().trailing_zeros() as usize;
+            let cfg = LaunchConfig {
+                grid_dim: (n as u32, 1, 1),
+                block_dim: (SPLITK_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            (T::SPLITK[which], cfg)
+        } else if m <= 16 {
             let which = m.next_power_of_two().trailing_zeros() as usize;
             let cfg = LaunchConfig {
                 grid_dim: (n.div_ceil(GEMV_ROWS_PER_BLOCK) as u32, 1, 1),
@@ -76,6 +105,7 @@ impl Device {
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
         let mut b = self.stream.launch_builder(&f);
         b.arg(x).arg(w).arg(y).arg(&mi).arg(&ni).arg(&ki);
+        // The split-K GEMV (n < DENSE_SPLITK_MAX_N blocks, one per row) reads row `blockIdx.x < n` only.
         // SAFETY: matches `dense_gemv_*(x, w, y, m, n, k)` / `dense_gemm_*(x, w, y, m, n, k)` in cuda/dense.cu with
         // the weight type T names; the caller checked x = [m, k], w = [n, k], y = [m, n] with 1 <= n, k <= i32::MAX
         // and 1 <= m <= 65535 * 64, so m, n and k fit i32, grid.x = ceil(n/16) or ceil(n/64) fits the grid and
@@ -103,6 +133,10 @@ mod tests {
         assert_eq!(
             source_literal(src, "constexpr int GEMV_THREADS", " = ") as u32,
             super::GEMV_THREADS
+        );
+        assert_eq!(
+            source_literal(src, "constexpr int SPLITK_THREADS", " = ") as u32,
+            super::SPLITK_THREADS
         );
         assert_eq!(
             source_literal(src, "GEMM_BM", " == ") as usize,

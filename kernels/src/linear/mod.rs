@@ -13,7 +13,9 @@
 //!
 //! One activation row (decode) streams the weights once and decodes them in registers, aiming at the memory read
 //! bandwidth (`benchmarks/cpu-avx512-2core.md` records how close each format gets); several rows (prefill)
-//! dequantise a tile once and reuse it across rows. Activations are f32 or bf16
+//! dequantise a tile once and reuse it across rows. W4A16's several rows run, on a CPU with AVX512-VBMI, an
+//! integer GEMM instead (int16 activations per group, `vpdpwssd`, [`GemmActs`]; `benchmarks/engine-cpu.md`,
+//! "Prefill on an integer int4 GEMM"). Activations are f32 or bf16
 //! (converted to f32 once per call, `m * k` elements, negligible next to the weights).
 
 pub mod int4;

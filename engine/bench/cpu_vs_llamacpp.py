@@ -1,14 +1,19 @@
 """edgefit's CPU engine against llama.cpp on the same random-weight checkpoint, arms interleaved, medians and spreads.
 
     python engine/bench/cpu_vs_llamacpp.py --llama-src DIR --model CKPT [--reps 3] [--threads 2] [--pp 512 --tg 128]
+        [--edgefit-base BIN] [--no-bf16] [--max-load 0.5]
 
 - CKPT: a checkpoint from `cargo run --release -p engine --example random_checkpoint -- CONFIG OUT` (never committed).
 - DIR: llama.cpp's source tree (the one vendored by PyPI's `llama-cpp-python` sdist) with `build/bin/llama-bench`
   and `build/bin/llama-quantize` built (`cmake -B build -DGGML_NATIVE=ON && cmake --build build --target
   llama-bench llama-quantize`). Its `convert_hf_to_gguf.py` makes the bf16 GGUF; `llama-quantize` the Q4_0 one.
 - Arms, in this order every repetition: llama.cpp bf16, edgefit bf16 (`--exact`), llama.cpp Q4_0, edgefit W4A16
-  (the plan's path on this machine). Each prints pp and tg tok/s; edgefit also prints the read bandwidth measured in
-  its run and its tg as a fraction of the weight-read roofline.
+  (the plan's path on this machine), and with `--edgefit-base BIN` a second W4A16 arm from another build (say, the
+  commit before a kernel change); `--no-bf16` drops the two bf16 arms. Each prints pp and tg tok/s; edgefit also
+  prints the read bandwidth measured in its run and its tg as a fraction of the weight-read roofline.
+- The machine may be shared: before every repetition the script waits until the one-minute load average is below
+  `--max-load` (default: no wait), and for every arm it prints the CPU time other processes took during it, as a
+  share of the machine's cores (`others`): a number taken while others ran is not a number.
 
 The random checkpoint's tokenizer is a byte-level BPE without merges, whose pre-tokenizer hash llama.cpp does not
 know; the conversion pins it to Qwen2's (`qwen2`), which only names the pre-tokenizer in the GGUF: llama-bench feeds
@@ -16,11 +21,30 @@ token ids, never text.
 """
 import argparse
 import json
+import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+
+def busy_jiffies():
+    """Busy CPU time of the whole machine so far, in seconds (user + nice + system + irq + softirq + steal)."""
+    f = open("/proc/stat").readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in f[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def load1():
+    return float(open("/proc/loadavg").read().split()[0])
 
 
 def convert(src: Path, model: Path, out: Path):
@@ -71,6 +95,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pp", type=int, default=512)
     ap.add_argument("--tg", type=int, default=128)
+    ap.add_argument("--edgefit-base", type=Path, default=None)
+    ap.add_argument("--no-bf16", action="store_true")
+    ap.add_argument("--max-load", type=float, default=None)
     a = ap.parse_args()
     bf16 = a.model.parent / (a.model.name + "-bf16.gguf")
     q4 = a.model.parent / (a.model.name + "-q4_0.gguf")
@@ -84,10 +111,23 @@ def main():
         "llama.cpp Q4_0": lambda: llama_bench(a.llama_src, q4, a.threads, a.pp, a.tg),
         "edgefit W4A16": lambda: edgefit_bench(a.edgefit, a.model, False, a.pp, a.tg),
     }
+    if a.edgefit_base is not None:
+        arms["edgefit W4A16 (base)"] = lambda: edgefit_bench(a.edgefit_base, a.model, False, a.pp, a.tg)
+    if a.no_bf16:
+        arms = {k: v for k, v in arms.items() if "bf16" not in k}
     res = {k: [] for k in arms}
+    cores = os.cpu_count()
     for rep in range(a.reps):
+        if a.max_load is not None:
+            while load1() >= a.max_load:
+                print(f"rep {rep}: load average {load1():.2f} >= {a.max_load}, waiting", flush=True)
+                time.sleep(15)
         for name, run in arms.items():
+            l0, b0, c0, t0 = load1(), busy_jiffies(), children_cpu(), time.time()
             r = run()
+            wall = time.time() - t0
+            r["others"] = max(0.0, (busy_jiffies() - b0) - (children_cpu() - c0)) / (wall * cores)
+            r["load_before"] = l0
             res[name].append(r)
             print(f"rep {rep} {name}: {r}", flush=True)
 
@@ -95,13 +135,18 @@ def main():
         v = [r[key] for r in res[name]]
         return statistics.median(v), (max(v) - min(v)) / statistics.median(v)
 
-    print(f"\n| arm | pp{a.pp} tok/s (spread) | tg{a.tg} tok/s (spread) | tg / roofline |")
-    print("|---|---|---|---|")
+    print(f"\n| arm | pp{a.pp} tok/s (spread) | tg{a.tg} tok/s (spread) | tg / roofline | others' CPU (max) |")
+    print("|---|---|---|---|---|")
     for name in arms:
         (pp, pps), (tg, tgs) = med(name, "pp"), med(name, "tg")
         roof = f"{med(name, 'frac')[0]:.2f} (bw {med(name, 'bw')[0]:.1f} GB/s)" if "edgefit" in name else ""
-        print(f"| {name} | {pp:.2f} ({pps:.0%}) | {tg:.2f} ({tgs:.0%}) | {roof} |")
-    for ours, theirs in [("edgefit bf16", "llama.cpp bf16"), ("edgefit W4A16", "llama.cpp Q4_0")]:
+        others = max(r["others"] for r in res[name])
+        print(f"| {name} | {pp:.2f} ({pps:.0%}) | {tg:.2f} ({tgs:.0%}) | {roof} | {others:.0%} |")
+    pairs = [("edgefit bf16", "llama.cpp bf16"), ("edgefit W4A16", "llama.cpp Q4_0"),
+             ("edgefit W4A16 (base)", "llama.cpp Q4_0"), ("edgefit W4A16", "edgefit W4A16 (base)")]
+    for ours, theirs in pairs:
+        if ours not in arms or theirs not in arms:
+            continue
         print(f"{ours} / {theirs}: pp {med(ours, 'pp')[0] / med(theirs, 'pp')[0]:.2f}x, "
               f"tg {med(ours, 'tg')[0] / med(theirs, 'tg')[0]:.2f}x")
 

@@ -63,6 +63,23 @@ void ef_w4a16_avx512vbmi(const int16_t *xq, const float *xs, const int32_t *xsum
                          const uint16_t *sz, size_t npad, size_t group, size_t n, size_t b0, size_t b1, float *y);
 int ef_w4a16_xq_avx512(const float *x, size_t k, size_t group, int16_t *xq, float *xs, int32_t *xsum);
 
+/* Int4 prefill GEMM (m > 1) on integer dot products (int4_gemm_avx512.c): activations as int8 (vpdpbusd) or int16
+ * (vpdpwssd) per row and weight group. xq is chunk-major, [ceil(k / KC)][m][256 bytes] with KC = 256 int8 or 128
+ * int16 (EF_GEMM_KC8 / EF_GEMM_KC16), the pad zero; xs / xz are [m][groups] (s, s * sum X). Blocks b0..b1 of
+ * y[m][n]. The encoders fill rows r0..r1 from x[m][k] and return 0 where x cannot be held that way. */
+#define EF_GEMM_KC8 256
+#define EF_GEMM_KC16 128
+void ef_int4_gemm_a8_avx512vbmi(const int8_t *xq, const float *xs, const float *xz, size_t m, size_t k,
+                                const uint8_t *packed, const uint16_t *sz, size_t npad, size_t group, size_t n,
+                                size_t b0, size_t b1, float *y);
+void ef_int4_gemm_a16_avx512vbmi(const int16_t *xq, const float *xs, const float *xz, size_t m, size_t k,
+                                 const uint8_t *packed, const uint16_t *sz, size_t npad, size_t group, size_t n,
+                                 size_t b0, size_t b1, float *y);
+int ef_int4_gemm_xq8_avx512(const float *x, size_t m, size_t k, size_t group, size_t r0, size_t r1, int8_t *xq,
+                            float *xs, float *xz);
+int ef_int4_gemm_xq16_avx512(const float *x, size_t m, size_t k, size_t group, size_t r0, size_t r1, int16_t *xq,
+                             float *xs, float *xz);
+
 /* NVFP4 GEMV (one activation row) on integer dot products: x as three int8 limbs per 128-element chunk (xq, 384
  * bytes per chunk), the bias correction xnb (16 int32 per chunk) and the per-lane x scales xs (16 per chunk, see linear_avx512.c);
  * x itself (f32, natural order) only for the tail groups past the last full chunk. Rows r0..r1 of y[n]. */

@@ -13,7 +13,9 @@
 //!
 //! One activation row (decode) streams the weights once and decodes them in registers, aiming at the memory read
 //! bandwidth (`benchmarks/cpu-avx512-2core.md` records how close each format gets); several rows (prefill)
-//! dequantise a tile once and reuse it across rows. Activations are f32 or bf16
+//! dequantise a tile once and reuse it across rows. W4A16's several rows run, on a CPU with AVX512-VBMI, an
+//! integer GEMM instead (int16 activations per group, `vpdpwssd`, [`GemmActs`]; `benchmarks/engine-cpu.md`,
+//! "Prefill on an integer int4 GEMM"). Activations are f32 or bf16
 //! (converted to f32 once per call, `m * k` elements, negligible next to the weights).
 
 pub mod int4;
@@ -148,6 +150,61 @@ mod ffi {
             xq: *const i16,
             xs: *const f32,
             xsum: *const i32,
+            k: usize,
+            packed: *const u8,
+            sz: *const u16,
+            npad: usize,
+            group: usize,
+            n: usize,
+            b0: usize,
+            b1: usize,
+            y: *mut f32,
+        );
+    }
+    #[cfg(edgefit_x86_kernels)]
+    extern "C" {
+        pub(crate) fn ef_int4_gemm_xq8_avx512(
+            x: *const f32,
+            m: usize,
+            k: usize,
+            group: usize,
+            r0: usize,
+            r1: usize,
+            xq: *mut i8,
+            xs: *mut f32,
+            xz: *mut f32,
+        ) -> i32;
+        pub(crate) fn ef_int4_gemm_xq16_avx512(
+            x: *const f32,
+            m: usize,
+            k: usize,
+            group: usize,
+            r0: usize,
+            r1: usize,
+            xq: *mut i16,
+            xs: *mut f32,
+            xz: *mut f32,
+        ) -> i32;
+        pub(crate) fn ef_int4_gemm_a8_avx512vbmi(
+            xq: *const i8,
+            xs: *const f32,
+            xz: *const f32,
+            m: usize,
+            k: usize,
+            packed: *const u8,
+            sz: *const u16,
+            npad: usize,
+            group: usize,
+            n: usize,
+            b0: usize,
+            b1: usize,
+            y: *mut f32,
+        );
+        pub(crate) fn ef_int4_gemm_a16_avx512vbmi(
+            xq: *const i16,
+            xs: *const f32,
+            xz: *const f32,
+            m: usize,
             k: usize,
             packed: *const u8,
             sz: *const u16,
@@ -544,12 +601,13 @@ pub fn w4a16_with<'a>(
 }
 
 /// W4A16 on a given path, variant choice and thread count; returns the kernel that ran. On [`Isa::Avx512`] with
-/// [`Ext::Auto`], a CPU with AVX512-VBMI and one activation row (`m == 1`), the GEMV runs on integer dot products
-/// (x as int16 per group with a power-of-two scale, `vpermb` + `vpdpwssd`, see `csrc/linear_avx512.c`). Its
-/// results match the f32 kernel's up to rounding plus the representation of x: each x is held to within
+/// [`Ext::Auto`] and a CPU with AVX512-VBMI, the call runs on integer dot products: one activation row (`m == 1`)
+/// on the GEMV (x as int16 per group with a power-of-two scale, `vpermb` + `vpdpwssd`, see `csrc/linear_avx512.c`),
+/// several rows on the integer GEMM with the same int16 encoding ([`GemmActs::Int16`], `csrc/int4_gemm_avx512.c`).
+/// Their results match the f32 kernel's up to rounding plus the representation of x: each x is held to within
 /// max |x| / 32767 of its group (bf16 activations exactly, unless a group spans more than 2^7 in magnitude).
-/// Activations with a non-finite value, or a group with 0 < max |x| < ~3.9e-34, take the f32 kernel, as does
-/// `m > 1` (the tiled GEMM); the returned [`Ran`] says which ran.
+/// Activations with a non-finite value, or a group with 0 < max |x| < ~3.9e-34, take the f32 kernels (the GEMV,
+/// or the tiled GEMM for `m > 1`); the returned [`Ran`] says which ran.
 pub fn w4a16_ext<'a>(
     isa: Isa,
     ext: Ext,
@@ -567,7 +625,72 @@ pub fn w4a16_ext<'a>(
     let (ran, f) = W4A16.pick(OP, isa, ext)?;
     let x = x.to_f32();
     #[cfg(edgefit_x86_kernels)]
-    if let Some(xq) = vbmi_gemv_input(ran, ext, m == 1, || W4a16Xq::new(&x, w.group())) {
+    if m > 1
+        && vbmi_gemv_input(ran, ext, true, || Some(())).is_some()
+        && int4_gemm(GemmActs::Int16, threads, &x, m, w, y)
+    {
+        return Ok(Ran::AVX512_VBMI);
+    }
+    w4a16_base(ran, f, ext, threads, &x, m, w, y)
+}
+
+/// How the integer int4 GEMM (`m > 1`) holds the activations: per row and weight group, as integers times a scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemmActs {
+    /// int16 with a power-of-two scale at or above max |x_g| / 32767: the W4A16 GEMV's encoding, so prefill and
+    /// decode compute the same function; `vpdpwssd`, 32 multiply-adds per instruction. W4A16's default.
+    Int16,
+    /// int8, `s = max |x_g| / 127`, `X = round(x / s)`: llama.cpp's Q8_0 class of activation precision (its block
+    /// is 32, here the weight group), so no longer W4A16's numerics; `vpdpbusd`, 64 multiply-adds per
+    /// instruction. Only through [`w4a16_gemm_ext`], never chosen by [`w4a16`].
+    Int8,
+}
+
+/// W4A16 weights with the integer GEMM's activation encoding chosen by the caller (`acts`); otherwise as
+/// [`w4a16_ext`] (`m == 1`, a path without the integer GEMM, or activations it cannot hold run what
+/// [`w4a16_ext`] runs). With [`GemmActs::Int8`] each x of a group is held to within max |x_g| / 254.
+#[allow(clippy::too_many_arguments)]
+pub fn w4a16_gemm_ext<'a>(
+    isa: Isa,
+    ext: Ext,
+    acts: GemmActs,
+    threads: usize,
+    x: impl Into<Activations<'a>>,
+    m: usize,
+    w: &Int4Weights,
+    y: &mut [f32],
+) -> Result<Ran, KernelError> {
+    const OP: &str = "w4a16";
+    let x = x.into();
+    check_io(OP, &x, m, w.n(), w.k(), y)?;
+    let (ran, f) = W4A16.pick(OP, isa, ext)?;
+    let x = x.to_f32();
+    #[cfg(edgefit_x86_kernels)]
+    if m > 1
+        && vbmi_gemv_input(ran, ext, true, || Some(())).is_some()
+        && int4_gemm(acts, threads, &x, m, w, y)
+    {
+        return Ok(Ran::AVX512_VBMI);
+    }
+    #[cfg(not(edgefit_x86_kernels))]
+    let _ = acts;
+    w4a16_base(ran, f, ext, threads, &x, m, w, y)
+}
+
+/// The integer GEMV (`m == 1` where it applies) or the kernel `pick` chose (the f32 GEMV / tiled GEMM).
+#[allow(clippy::too_many_arguments)]
+fn w4a16_base(
+    ran: Ran,
+    f: W4a16Fn,
+    ext: Ext,
+    threads: usize,
+    x: &[f32],
+    m: usize,
+    w: &Int4Weights,
+    y: &mut [f32],
+) -> Result<Ran, KernelError> {
+    #[cfg(edgefit_x86_kernels)]
+    if let Some(xq) = vbmi_gemv_input(ran, ext, m == 1, || W4a16Xq::new(x, w.group())) {
         over_ranges(y, w.blocks(), INT4_BLOCK_ALIGN, threads, |b0, b1, y| {
             // SAFETY: xq.q holds k rounded up to even int16, xq.xs and xq.sum ceil(k/group) elements (built from
             // x just above); the packed buffer and scales have the sizes `Int4Weights` guarantees for (n, k,
@@ -650,6 +773,171 @@ impl W4a16Xq {
         };
         (ok == 1).then_some(Self { q, xs, sum })
     }
+}
+
+/// A raw pointer that the threads of one call share, each writing a disjoint part (the rows of an encoder range).
+#[cfg(edgefit_x86_kernels)]
+#[derive(Clone, Copy)]
+struct SharedMut<T>(*mut T);
+// SAFETY: used only inside `parallel_ranges`, whose ranges are disjoint and which returns only after every range
+// finished, so no element is written twice and the borrow behind the pointer outlives every use.
+#[cfg(edgefit_x86_kernels)]
+unsafe impl<T> Send for SharedMut<T> {}
+// SAFETY: as above.
+#[cfg(edgefit_x86_kernels)]
+unsafe impl<T> Sync for SharedMut<T> {}
+#[cfg(edgefit_x86_kernels)]
+impl<T> SharedMut<T> {
+    /// Taking `self` makes a closure capture the whole (Sync) wrapper, not the raw pointer field.
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// Activation rows per chunk of the integer GEMM's encoded x (`EF_GEMM_KC8` / `EF_GEMM_KC16` in
+/// `csrc/linear_common.h`): 256 bytes of every row per chunk.
+#[cfg(edgefit_x86_kernels)]
+const GEMM_KC8: usize = 256;
+#[cfg(edgefit_x86_kernels)]
+const GEMM_KC16: usize = 128;
+
+#[cfg(edgefit_x86_kernels)]
+thread_local! {
+    /// The integer GEMM's encoded activations, kept per calling thread and grown as needed: a prefill call encodes
+    /// up to m * k * 2 bytes (6 MiB for 512 x 6144), which a fresh allocation would fault in page by page on every
+    /// call. As u64 for 8-byte alignment; the int8 and int16 views are carved from it.
+    static GEMM_XQ: std::cell::RefCell<(Vec<u64>, Vec<f32>)> = const {
+        std::cell::RefCell::new((Vec::new(), Vec::new()))
+    };
+}
+
+/// The integer int4 GEMM (`csrc/int4_gemm_avx512.c`): encodes x (`acts`, rows split over the threads), then runs
+/// the GEMM over the blocks. The caller checked the sizes, `Isa::Avx512` and AVX512-VBMI. Returns false, having
+/// written nothing to y, when the encoder cannot hold x (a non-finite value, or an int16 group scale below the
+/// smallest normal f32); the caller then runs the f32 kernel.
+#[cfg(edgefit_x86_kernels)]
+fn int4_gemm(
+    acts: GemmActs,
+    threads: usize,
+    x: &[f32],
+    m: usize,
+    w: &Int4Weights,
+    y: &mut [f32],
+) -> bool {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (k, group) = (w.k(), w.group());
+    let groups = w.groups();
+    let kc = match acts {
+        GemmActs::Int8 => GEMM_KC8,
+        GemmActs::Int16 => GEMM_KC16,
+    };
+    // 256 bytes per row and chunk; these sizes are below the m * k * 4 bytes of x, so they do not overflow.
+    let xq_bytes = k.div_ceil(kc) * m * 256;
+    let mut run = |xq: &mut [u64], sc: &mut [f32]| -> bool {
+        let (xs, xz) = sc.split_at_mut(m * groups);
+        let ok = AtomicBool::new(true);
+        let (qp, sp, zp) = (
+            SharedMut(xq.as_mut_ptr().cast::<u8>()),
+            SharedMut(xs.as_mut_ptr()),
+            SharedMut(xz.as_mut_ptr()),
+        );
+        parallel_ranges(m, 1, threads, |r0, r1| {
+            // SAFETY: x is [m, k] (checked by the caller); xq holds ceil(k/KC) * m * 256 bytes and xs, xz m *
+            // groups f32 (sized above), the layout the encoders write; this range writes only rows r0..r1 of them
+            // (their 256-byte pieces and their [groups] rows), disjoint from every other range. Isa::Avx512 (the
+            // encoders' instruction set) was checked by the caller.
+            let r = unsafe {
+                match acts {
+                    GemmActs::Int8 => ffi::ef_int4_gemm_xq8_avx512(
+                        x.as_ptr(),
+                        m,
+                        k,
+                        group,
+                        r0,
+                        r1,
+                        qp.get().cast::<i8>(),
+                        sp.get(),
+                        zp.get(),
+                    ),
+                    GemmActs::Int16 => ffi::ef_int4_gemm_xq16_avx512(
+                        x.as_ptr(),
+                        m,
+                        k,
+                        group,
+                        r0,
+                        r1,
+                        qp.get().cast::<i16>(),
+                        sp.get(),
+                        zp.get(),
+                    ),
+                }
+            };
+            if r != 1 {
+                ok.store(false, Ordering::Relaxed);
+            }
+        });
+        if !ok.into_inner() {
+            return false;
+        }
+        let (xq, xs, xz): (&[u64], &[f32], &[f32]) = (xq, xs, xz);
+        over_ranges(y, w.blocks(), INT4_BLOCK_ALIGN, threads, |b0, b1, y| {
+            // SAFETY: xq, xs, xz were filled just above for all m rows (every range returned 1); the packed
+            // buffer and scales have the sizes `Int4Weights` guarantees for (n, k, group); y is [m, n] (checked
+            // by the caller); b0..b1 are block indices below `blocks()` and this thread writes only their
+            // columns. The CPU reports avx512vbmi (checked by the caller), which the kernels' target attribute
+            // adds to the AVX-512 set `Isa::Avx512` guarantees.
+            unsafe {
+                match acts {
+                    GemmActs::Int8 => ffi::ef_int4_gemm_a8_avx512vbmi(
+                        xq.as_ptr().cast::<i8>(),
+                        xs.as_ptr(),
+                        xz.as_ptr(),
+                        m,
+                        k,
+                        w.packed().as_ptr(),
+                        w.scales_zeros().as_ptr(),
+                        w.npad(),
+                        group,
+                        w.n(),
+                        b0,
+                        b1,
+                        y,
+                    ),
+                    GemmActs::Int16 => ffi::ef_int4_gemm_a16_avx512vbmi(
+                        xq.as_ptr().cast::<i16>(),
+                        xs.as_ptr(),
+                        xz.as_ptr(),
+                        m,
+                        k,
+                        w.packed().as_ptr(),
+                        w.scales_zeros().as_ptr(),
+                        w.npad(),
+                        group,
+                        w.n(),
+                        b0,
+                        b1,
+                        y,
+                    ),
+                }
+            }
+        });
+        true
+    };
+    let words = xq_bytes.div_ceil(8);
+    GEMM_XQ.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut bufs) => {
+            let (xq, sc) = &mut *bufs;
+            if xq.len() < words {
+                xq.resize(words, 0);
+            }
+            if sc.len() < 2 * m * groups {
+                sc.resize(2 * m * groups, 0.0);
+            }
+            run(&mut xq[..words], &mut sc[..2 * m * groups])
+        }
+        // A call nested in another on this thread (a kernel called from inside a parallel range) gets its own.
+        Err(_) => run(&mut vec![0u64; words], &mut vec![0.0f32; 2 * m * groups]),
+    })
 }
 
 /// 64-column blocks per thread unit for the int4 kernels: the AVX-512 GEMV walks four blocks side by side (four

@@ -70,7 +70,7 @@ if want bench; then
     dir=/tmp/q27-$m
     [ -f "$dir/model.safetensors" ] || "$BIN/random_checkpoint" "models/qwen3.8-27b-$m" "$dir" 2>&1 | tail -2
     # Decode steps as CUDA graphs (the default) and launch by launch (EDGEFIT_CUDA_GRAPHS=0), interleaved.
-    for arm in graphs launches graphs; do
+    for arm in ${ARMS:-graphs launches graphs}; do
       for b in ${BATCHES:-1 8}; do
         [ $arm = launches ] && g=0 || g=1
         f="$OUT/engine_bench_${m}_b${b}_$arm.txt"

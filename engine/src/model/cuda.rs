@@ -583,21 +583,20 @@ impl CudaModel {
         self.w.gpu.name().unwrap_or_else(|_| "CUDA device".into())
     }
 
-    /// The device's copy bandwidth now, read + write bytes per second: the best of five copies of 256 MiB of f32
-    /// through the engine's own copy kernel (the decode roofline's denominator, measured in the same run).
+    /// The device's copy bandwidth now, read + write bytes per second: the best of ten device-to-device copies of
+    /// 1 GiB (the driver's copy, as torch's `copy_` is; the decode roofline's denominator, measured in the same run).
     pub fn copy_bandwidth(&mut self) -> Result<f64, EngineError> {
         let gpu = &self.w.gpu;
-        let (rows, width) = (64usize, 1usize << 20);
-        let src = gpu.zeros::<f32>(rows * width).map_err(kerr)?;
-        let mut dst = gpu.zeros::<f32>(rows * width).map_err(kerr)?;
+        let len = 1usize << 28;
+        let src = gpu.zeros::<f32>(len).map_err(kerr)?;
+        let mut dst = gpu.zeros::<f32>(len).map_err(kerr)?;
         let mut best = 0.0f64;
-        for _ in 0..5 {
+        for _ in 0..10 {
             gpu.synchronize().map_err(kerr)?;
             let t = std::time::Instant::now();
-            gpu.copy_cols(&src, width, 0, &mut dst, width, 0, rows, width)
-                .map_err(kerr)?;
+            gpu.copy(&src, &mut dst).map_err(kerr)?;
             gpu.synchronize().map_err(kerr)?;
-            best = best.max((2 * 4 * rows * width) as f64 / t.elapsed().as_secs_f64());
+            best = best.max((2 * 4 * len) as f64 / t.elapsed().as_secs_f64());
         }
         Ok(best)
     }

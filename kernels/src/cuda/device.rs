@@ -294,6 +294,14 @@ impl Device {
             .map_err(cuda_err("write"))
     }
 
+    pub(super) fn copy<T: GpuScalar>(
+        &self,
+        src: &CudaSlice<T>,
+        dst: &mut CudaSlice<T>,
+    ) -> Result<(), KernelError> {
+        self.stream.memcpy_dtod(src, dst).map_err(cuda_err("copy"))
+    }
+
     pub(super) fn download<T: GpuScalar>(&self, src: &CudaSlice<T>) -> Result<Vec<T>, KernelError> {
         self.stream.clone_dtoh(src).map_err(cuda_err("download"))
     }

@@ -382,6 +382,24 @@ impl Gpu {
         match self.never {}
     }
 
+    /// Copies `src` into `dst` (same length) on the device, queued on the stream: the driver's own device-to-device
+    /// copy, what a copy-bandwidth measurement times.
+    pub fn copy<T: GpuScalar>(&self, src: &GpuBuffer<T>, dst: &mut GpuBuffer<T>) -> Result<(), KernelError> {
+        crate::ensure_shape!(
+            src.len() == dst.len(),
+            "Gpu::copy",
+            "src has {} elements, dst {}",
+            src.len(),
+            dst.len()
+        );
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.copy(&src.slice, &mut dst.slice)
+        }
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
+    }
+
     /// Copies `buf` back to the host, after every kernel queued before it has finished.
     pub fn download<T: GpuScalar>(&self, buf: &GpuBuffer<T>) -> Result<Vec<T>, KernelError> {
         #[cfg(feature = "cuda")]

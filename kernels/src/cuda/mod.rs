@@ -384,7 +384,11 @@ impl Gpu {
 
     /// Copies `src` into `dst` (same length) on the device, queued on the stream: the driver's own device-to-device
     /// copy, what a copy-bandwidth measurement times.
-    pub fn copy<T: GpuScalar>(&self, src: &GpuBuffer<T>, dst: &mut GpuBuffer<T>) -> Result<(), KernelError> {
+    pub fn copy<T: GpuScalar>(
+        &self,
+        src: &GpuBuffer<T>,
+        dst: &mut GpuBuffer<T>,
+    ) -> Result<(), KernelError> {
         crate::ensure_shape!(
             src.len() == dst.len(),
             "Gpu::copy",

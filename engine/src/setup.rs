@@ -178,6 +178,13 @@ pub fn admit_cuda(plan: &Plan, free: u64) -> Result<(), EngineError> {
             "the plan does not fit this device (see `cargo xtask plan` for its ledgers)".into(),
         ));
     }
+    if plan.placement.offloaded_bytes > 0 {
+        return Err(EngineError::Plan(format!(
+            "the plan places {} bytes of weights outside the GPU; the CUDA engine keeps every weight on the device \
+             (streaming offloaded weights is not built yet): plan with more GPU memory or fewer bytes offloaded",
+            plan.placement.offloaded_bytes
+        )));
+    }
     let Some(l) = plan.ledgers.iter().find(|l| l.pool != "host") else {
         return Err(EngineError::Plan(
             "the plan has no device pool: plan it for a GPU profile (`--profile h200`)".into(),
@@ -196,4 +203,36 @@ pub fn admit_cuda(plan: &Plan, free: u64) -> Result<(), EngineError> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture_plan(offload: Option<u64>) -> Plan {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_5-fp8");
+        let ck = Checkpoint::open(&dir).unwrap();
+        let w = Workload {
+            max_model_len: 256,
+            max_num_seqs: 1,
+            prompt_len: 64,
+            offload_bytes: offload,
+            ..Workload::default()
+        };
+        plan(&ck, None, &profile(Some("h200")).unwrap(), &w).unwrap()
+    }
+
+    /// The CUDA admission: a plan that fits the device's free memory is admitted, one that does not is refused
+    /// naming the bytes, and one that offloads weights is refused (the engine does not stream them).
+    #[test]
+    fn cuda_admission_checks_free_memory_and_refuses_offloaded_weights() {
+        let p = fixture_plan(None);
+        admit_cuda(&p, u64::MAX).unwrap();
+        let e = admit_cuda(&p, 1).unwrap_err().to_string();
+        assert!(e.contains("the driver reports 1 free"), "{e}");
+        let off = fixture_plan(Some(1 << 16));
+        assert!(off.placement.offloaded_bytes > 0, "the workload asked for an offload");
+        let e = admit_cuda(&off, u64::MAX).unwrap_err().to_string();
+        assert!(e.contains("outside the GPU"), "{e}");
+    }
 }

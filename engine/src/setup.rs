@@ -231,7 +231,10 @@ mod tests {
         let e = admit_cuda(&p, 1).unwrap_err().to_string();
         assert!(e.contains("the driver reports 1 free"), "{e}");
         let off = fixture_plan(Some(1 << 16));
-        assert!(off.placement.offloaded_bytes > 0, "the workload asked for an offload");
+        assert!(
+            off.placement.offloaded_bytes > 0,
+            "the workload asked for an offload"
+        );
         let e = admit_cuda(&off, u64::MAX).unwrap_err().to_string();
         assert!(e.contains("outside the GPU"), "{e}");
     }

@@ -103,11 +103,6 @@ fn st_dtype(d: DType) -> &'static str {
     }
 }
 
-/// The fixtures' value for a small tensor, as little-endian bytes.
-fn small_bytes(spec: &planner::model::ModelSpec, e: &TensorEntry, seed: u64) -> Vec<u8> {
-    crate::fixtures::small_tensor_bytes(spec, e, seed)
-}
-
 /// Bytes of one scale tensor of a quantized linear: chosen so the dequantized weights have the scale of
 /// `1/sqrt(k)`.
 fn scale_bytes(e: &TensorEntry, k: u64) -> Option<Vec<u8>> {
@@ -226,7 +221,8 @@ pub fn write_with(card_dir: &Path, out: &Path, seed: u64, small: u64) -> Result<
             }
         };
         let Some(kind) = kind else {
-            w.write_all(&small_bytes(&spec, e, tseed)).map_err(io)?;
+            w.write_all(&crate::fixtures::small_tensor_bytes(&spec, e, tseed))
+                .map_err(io)?;
             continue;
         };
         let mut left = e.bytes as usize;

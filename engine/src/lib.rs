@@ -161,8 +161,7 @@ impl Engine {
     /// [`Engine::step`] for greedy decoding: each sequence's argmax token instead of its logits. On CUDA the
     /// argmax runs on the device and only the ids cross the link.
     pub fn step_greedy(&mut self, work: &[(usize, &[u32])]) -> Result<Vec<u32>, EngineError> {
-        let decode = work.len() > 1 || work.first().is_some_and(|(_, t)| t.len() == 1);
-        if self.cuda.is_some() && decode && work.iter().all(|(_, t)| t.len() == 1) {
+        if self.cuda.is_some() && !work.is_empty() && work.iter().all(|(_, t)| t.len() == 1) {
             for &(slot, toks) in work {
                 self.check_and_reserve(slot, toks.len())?;
             }
@@ -175,11 +174,6 @@ impl Engine {
                 })
                 .collect();
             let c = self.cuda.as_deref_mut().expect("checked above");
-            for s in &steps {
-                if s.pos == 0 {
-                    c.reset_slot(s.slot)?;
-                }
-            }
             let ids = c.forward_argmax(&steps)?;
             for &(slot, _) in work {
                 self.lens[slot] += 1;
@@ -216,15 +210,7 @@ impl Engine {
 
     fn forward(&mut self, steps: &[Step<'_>]) -> Result<Vec<f32>, EngineError> {
         match &mut self.cuda {
-            Some(c) => {
-                // A sequence's first step starts from zeroed DeltaNet state on the device.
-                for s in steps {
-                    if s.pos == 0 {
-                        c.reset_slot(s.slot)?;
-                    }
-                }
-                c.forward(steps)
-            }
+            Some(c) => c.forward(steps),
             None => self.model.forward(&mut self.caches, steps),
         }
     }

@@ -146,10 +146,23 @@ fn exact_path_reproduces_the_golden_tokens_and_logits() {
 /// The same fixtures and rules on CUDA device 0 (the whole forward pass on the GPU's kernels).
 #[test]
 fn cuda_exact_path_reproduces_the_golden_tokens_and_logits() {
+    if cuda_here() {
+        exact_parity(Device::Cuda);
+    }
+}
+
+/// Whether this machine has a CUDA device the engine can use (says "skipped" when not).
+fn cuda_here() -> bool {
     match kernels::cuda::Gpu::probe() {
-        Ok(Some(_)) => exact_parity(Device::Cuda),
-        Ok(None) => println!("skipped: no CUDA device"),
-        Err(e) => println!("skipped: no CUDA device ({e})"),
+        Ok(Some(_)) => true,
+        Ok(None) => {
+            println!("skipped: no CUDA device");
+            false
+        }
+        Err(e) => {
+            println!("skipped: no CUDA device ({e})");
+            false
+        }
     }
 }
 
@@ -284,12 +297,8 @@ fn converted_paths_agree_with_the_goldens() {
 /// 1.4e-2 NVFP4, free-running). Teacher-forced, nearly every step must still pick the golden token.
 #[test]
 fn cuda_tile_paths_agree_with_the_goldens() {
-    match kernels::cuda::Gpu::probe() {
-        Ok(Some(_)) => {}
-        _ => {
-            println!("skipped: no CUDA device");
-            return;
-        }
+    if !cuda_here() {
+        return;
     }
     let mut table = String::from(
         "| fixture | path | top-1 agreement (teacher-forced) | step-0 logit error | step-0 correlation |\n|---|---|---|---|---|\n",
@@ -317,12 +326,8 @@ fn cuda_tile_paths_agree_with_the_goldens() {
 /// no logits) gives the same tokens as the argmax of the downloaded logits, on every fixture.
 #[test]
 fn cuda_greedy_ids_chosen_on_the_device_equal_the_host_argmax() {
-    match kernels::cuda::Gpu::probe() {
-        Ok(Some(_)) => {}
-        _ => {
-            println!("skipped: no CUDA device");
-            return;
-        }
+    if !cuda_here() {
+        return;
     }
     for dir in fixtures() {
         let g = golden(&dir);

@@ -602,8 +602,8 @@ impl CudaModel {
     }
 
     /// Zeroes a slot's DeltaNet state for a new sequence (its K/V positions are written before they are read), in
-    /// place: recorded graphs name these buffers.
-    pub fn reset_slot(&mut self, slot: usize) -> Result<(), EngineError> {
+    /// place: recorded graphs name these buffers. Every step at position 0 does it first.
+    fn reset_slot(&mut self, slot: usize) -> Result<(), EngineError> {
         let gpu = &self.w.gpu;
         let z = &self.zeros;
         for l in &mut self.state {
@@ -664,6 +664,12 @@ impl CudaModel {
                 "a position reaches max_model_len {}",
                 self.max_len
             )));
+        }
+        // A sequence's first step starts from zeroed DeltaNet state (queued before anything recorded runs).
+        for s in batch {
+            if s.pos == 0 {
+                self.reset_slot(s.slot)?;
+            }
         }
         let xh = self.embed_rows(&ids)?;
         let gpu = &self.w.gpu;

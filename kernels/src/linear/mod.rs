@@ -617,21 +617,7 @@ pub fn w4a16_ext<'a>(
     w: &Int4Weights,
     y: &mut [f32],
 ) -> Result<Ran, KernelError> {
-    const OP: &str = "w4a16";
-    let x = x.into();
-    check_io(OP, &x, m, w.n(), w.k(), y)?;
-    // `W4A16` has no VBMI entry, so `ran` reports `f`; the integer GEMV (its own activation encoding) is chosen
-    // below.
-    let (ran, f) = W4A16.pick(OP, isa, ext)?;
-    let x = x.to_f32();
-    #[cfg(edgefit_x86_kernels)]
-    if m > 1
-        && vbmi_gemv_input(ran, ext, true, || Some(())).is_some()
-        && int4_gemm(GemmActs::Int16, threads, &x, m, w, y)
-    {
-        return Ok(Ran::AVX512_VBMI);
-    }
-    w4a16_base(ran, f, ext, threads, &x, m, w, y)
+    w4a16_gemm_ext(isa, ext, GemmActs::Int16, threads, x, m, w, y)
 }
 
 /// How the integer int4 GEMM (`m > 1`) holds the activations: per row and weight group, as integers times a scale.
@@ -663,6 +649,8 @@ pub fn w4a16_gemm_ext<'a>(
     const OP: &str = "w4a16";
     let x = x.into();
     check_io(OP, &x, m, w.n(), w.k(), y)?;
+    // `W4A16` has no VBMI entry, so `ran` reports `f`; the integer GEMV (its own activation encoding) is chosen in
+    // `w4a16_base`.
     let (ran, f) = W4A16.pick(OP, isa, ext)?;
     let x = x.to_f32();
     #[cfg(edgefit_x86_kernels)]

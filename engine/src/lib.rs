@@ -23,7 +23,7 @@ pub mod tokenizer;
 
 use std::path::Path;
 
-pub use model::{CudaModel, Model, Step, WeightMode};
+pub use model::{CudaModel, CudaOptions, Model, Step, WeightMode};
 
 /// Everything that can stop the engine, each naming the file, tensor or limit involved.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -106,21 +106,32 @@ impl Engine {
         })
     }
 
-    /// The engine on CUDA device 0: `admit(free device bytes)` decides before anything is allocated there, then
-    /// `model`'s weights move to the device and the caches are allocated; refuses with "no CUDA device" where there
-    /// is none. `precise` runs the f32 builds of kernels that have a faster, less exact one (`--exact`).
+    /// The engine on CUDA device 0: with `opts.cap`, device memory past it is held back first (the device then
+    /// behaves as a card of that size); `admit(usable device bytes)` decides before anything else is allocated
+    /// there and answers the bytes the plan needs on the device, then `model`'s weights move to the device (or, for the linears `opts.streamed` names, to pinned host
+    /// memory) and the caches are allocated; refuses with "no CUDA device" where there is none.
     pub fn on_cuda(
         mut model: Model,
-        slots: usize,
-        max_len: usize,
-        precise: bool,
-        admit: impl FnOnce(usize) -> Result<(), EngineError>,
+        opts: CudaOptions,
+        admit: impl FnOnce(usize) -> Result<u64, EngineError>,
     ) -> Result<Engine, EngineError> {
         let gpu = kernels::cuda::Gpu::probe()
             .map_err(model::kerr)?
             .ok_or_else(|| EngineError::Unsupported("no CUDA device".into()))?;
-        admit(gpu.memory_info().map_err(model::kerr)?.0)?;
-        let cuda = CudaModel::upload(gpu, &mut model, slots, max_len, precise, |_, _| {})?;
+        let (usable, ballast) = match opts.cap {
+            Some(cap) => CudaModel::hold_back(&gpu, cap)?,
+            None => (gpu.memory_info().map_err(model::kerr)?.0 as u64, None),
+        };
+        let need = admit(usize::try_from(usable).unwrap_or(usize::MAX))?;
+        let mut opts = opts;
+        // The prefill GEMMs' copy of the quantized weights in the checkpoint layout, only where the device has
+        // room for it beyond what the plan needs (with a GiB to spare), and never beside streamed weights.
+        let second = model.quantized_bytes();
+        opts.gemm_copies &= opts.streamed.is_empty()
+            && usable.saturating_sub(need) >= second.saturating_add(1 << 30);
+        let (slots, max_len) = (opts.slots, opts.max_len);
+        let mut cuda = CudaModel::upload(gpu, &mut model, &opts, |_, _| {})?;
+        cuda.keep(ballast);
         let caches = cache::Caches::bookkeeping(slots, max_len, cuda.cache_bytes)?;
         Ok(Engine {
             model,

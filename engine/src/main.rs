@@ -70,6 +70,14 @@ struct Common {
     /// Longest sequence (prompt + generated) when the engine makes the plan.
     #[arg(long, default_value_t = 4096)]
     max_model_len: u64,
+    /// With `--device cuda`: use at most this much device memory (`24245000000`, `22.58GiB`), planned and
+    /// enforced, so a large GPU behaves as a smaller card (weights that no longer fit are streamed from the host).
+    #[arg(long)]
+    cap_gpu_memory: Option<String>,
+    /// Pin this many GiB of decoder-layer weights in host memory when the engine makes the plan (like vLLM's
+    /// `cpu_offload_gb`); on CUDA they are streamed to the device every step.
+    #[arg(long)]
+    offload_gib: Option<f64>,
 }
 
 #[derive(Args)]
@@ -118,6 +126,10 @@ struct BenchArgs {
     prompt_len: usize,
     #[arg(long, default_value_t = 128)]
     gen: usize,
+    /// With weights streamed on CUDA: time two more decode steps' copies and layers and write the spans here
+    /// (JSON), with a summary of how much of the transfer the compute hid.
+    #[arg(long)]
+    timeline: Option<PathBuf>,
 }
 
 /// Peak resident memory of this process (`VmHWM`), in bytes.
@@ -152,16 +164,36 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
     // On CUDA the plan is the GPU's: the committed H200 profile unless one is named.
     let profile_name = c.profile.as_deref().or(cuda.then_some("h200"));
     let profile = engine::setup::profile(profile_name)?;
-    let workload = Workload {
+    let cap = c
+        .cap_gpu_memory
+        .as_deref()
+        .map(|s| Workload::parse_bytes("--cap-gpu-memory", s))
+        .transpose()
+        .map_err(|e| EngineError::Plan(e.to_string()))?;
+    if cap.is_some() && !cuda {
+        return Err(EngineError::Unsupported(
+            "--cap-gpu-memory applies to --device cuda".into(),
+        ));
+    }
+    let mut workload = Workload {
         max_model_len: c.max_model_len,
         max_num_seqs,
         prompt_len: prompt_len.min(c.max_model_len),
+        gpu_memory_cap: cap,
         ..Workload::default()
     };
-    let plan = engine::setup::plan(&ck, c.plan.as_deref(), &profile, &workload)?;
-    if !cuda {
-        engine::setup::admit(&plan)?;
+    if let Some(gib) = c.offload_gib {
+        workload = workload
+            .with_offload_gib(gib)
+            .map_err(|e| EngineError::Plan(e.to_string()))?;
     }
+    let plan = engine::setup::plan(&ck, c.plan.as_deref(), &profile, &workload)?;
+    let streamed = if cuda {
+        engine::setup::streamed_linears(&plan, &ck)?
+    } else {
+        engine::setup::admit(&plan)?;
+        Default::default()
+    };
     let mode = if c.exact {
         WeightMode::Exact
     } else {
@@ -192,7 +224,18 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
         .max(1);
     let max_len = usize::try_from(plan.workload.max_model_len).unwrap_or(usize::MAX);
     let engine = if cuda {
-        Engine::on_cuda(model, slots, max_len, c.exact, |free| {
+        let opts = engine::CudaOptions {
+            slots,
+            max_len,
+            precise: c.exact,
+            streamed,
+            // A plan given with --plan carries its own cap.
+            cap: plan.workload.gpu_memory_cap,
+            // Where the device has room beyond the plan (decided at upload): `EDGEFIT_PREFILL_GEMM=0` turns it off
+            // (the benchmarks' other arm).
+            gemm_copies: std::env::var("EDGEFIT_PREFILL_GEMM").map_or(true, |v| v != "0"),
+        };
+        Engine::on_cuda(model, opts, |free| {
             engine::setup::admit_cuda(&plan, free as u64)
         })?
     } else {
@@ -505,8 +548,91 @@ fn run_bench(a: BenchArgs) -> miette::Result<()> {
         roof,
         (tg / b as f64) / roof
     );
+    if let Some(c) = l.engine.cuda_mut().filter(|c| c.streamed_layers() > 0) {
+        // Streamed weights cross the link and are then read from the staging buffers: a step takes the larger of
+        // the transfer and the device reads when they overlap, their sum when they do not.
+        let link = c.link_bandwidth()?;
+        let host = c.host_bytes as f64;
+        let t_link = host / link;
+        let t_dev = (read_bytes as f64 + host) / bw;
+        println!(
+            "streams {} bytes of {} layers per step from pinned host memory; link now {:.2} GB/s -> transfer {:.2} \
+             ms, device reads {:.2} ms; bound if overlapped {:.3} tok/s, if not {:.3} tok/s; tg at {:.2} of the \
+             overlapped bound",
+            c.host_bytes,
+            c.streamed_layers(),
+            link / 1e9,
+            t_link * 1e3,
+            t_dev * 1e3,
+            1.0 / t_link.max(t_dev),
+            1.0 / (t_link + t_dev),
+            (tg / b as f64) * t_link.max(t_dev)
+        );
+    }
+    if let Some(path) = &a.timeline {
+        timeline(&mut l.engine, &slots, &toks, path)?;
+    }
     print_profile("decode step", &prof, tg_s, a.gen);
     print_profile("prefill", &pp_prof, pp_s, b);
+    Ok(())
+}
+
+/// Two decode steps with every streamed copy and every layer timed on the device; the spans go to `path` (JSON)
+/// and the second step's summary to stdout: its length, the link's busy time and the compute's, and how much of the
+/// transfer ran under compute.
+fn timeline(engine: &mut Engine, slots: &[usize], toks: &[u32], path: &Path) -> miette::Result<()> {
+    let Some(c) = engine.cuda_mut() else {
+        miette::bail!("--timeline needs --device cuda");
+    };
+    c.start_timeline()?;
+    let mut toks = toks.to_vec();
+    for _ in 0..2 {
+        let work: Vec<(usize, &[u32])> = slots
+            .iter()
+            .zip(&toks)
+            .map(|(&s, t)| (s, std::slice::from_ref(t)))
+            .collect();
+        toks = engine.step_greedy(&work)?;
+    }
+    let spans = engine
+        .cuda_mut()
+        .ok_or_else(|| miette::miette!("--timeline needs --device cuda"))?
+        .take_timeline()?;
+    write_atomic(
+        path,
+        serde_json::to_string_pretty(&spans)
+            .into_diagnostic()?
+            .as_bytes(),
+    )?;
+    // The second step: from its first layer's compute to its last.
+    let compute: Vec<_> = spans.iter().filter(|s| s.stream == "compute").collect();
+    let n_layers = engine.model.spec.layers.len();
+    if compute.len() < 2 * n_layers {
+        miette::bail!(
+            "the timeline holds {} layer spans, expected {}",
+            compute.len(),
+            2 * n_layers
+        );
+    }
+    let (t0, t1) = (compute[n_layers].start_ms, compute[2 * n_layers - 1].end_ms);
+    let busy = |stream: &str| -> f32 {
+        spans
+            .iter()
+            .filter(|s| s.stream == stream)
+            .map(|s| (s.end_ms.min(t1) - s.start_ms.max(t0)).max(0.0))
+            .sum()
+    };
+    let (copy, comp) = (busy("copy"), busy("compute"));
+    println!(
+        "timeline ({}): step {:.2} ms; copies busy {:.2} ms, layers busy {:.2} ms; the step is {:.2} of their sum \
+         and {:.2} of the larger (1.00: fully overlapped)",
+        path.display(),
+        t1 - t0,
+        copy,
+        comp,
+        (t1 - t0) / (copy + comp),
+        (t1 - t0) / copy.max(comp)
+    );
     Ok(())
 }
 

@@ -19,7 +19,7 @@ use crate::profile::{self, Op};
 use crate::EngineError;
 
 mod cuda;
-pub use cuda::CudaModel;
+pub use cuda::{CudaModel, CudaOptions, Span};
 
 /// Which weight path the loaded linears take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -682,6 +682,15 @@ impl Model {
             Embedding::Head => (0, (self.lm_head.bytes() / self.lm_head.n().max(1)) as u64),
         };
         (lin + embed, lin + row)
+    }
+
+    /// Bytes of the FP8 and NVFP4 linears (what a second, checkpoint-layout copy on a GPU costs).
+    pub fn quantized_bytes(&self) -> u64 {
+        self.linears()
+            .iter()
+            .filter(|w| matches!(w, Weight::Fp8Block { .. } | Weight::Nvfp4 { .. }))
+            .map(|w| w.bytes() as u64)
+            .sum()
     }
 
     /// The weight path names in use (`bf16`, `w4a16`, ...), each once.

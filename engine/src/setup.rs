@@ -170,26 +170,117 @@ pub fn admit(plan: &Plan) -> Result<(), EngineError> {
     Ok(())
 }
 
-/// [`admit`] for the CUDA engine: the plan must fit, and what it places in the device's pool (weights, caches and
-/// the runtime's overhead) must fit the memory the driver reports free now, checked before anything is allocated.
-pub fn admit_cuda(plan: &Plan, free: u64) -> Result<(), EngineError> {
+/// A linear module of a decoder layer, as the CUDA engine holds it: the unit a plan's offload moves to host memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LinearRole {
+    Q,
+    K,
+    V,
+    /// q, k and v stored as one module (`q_k_v_proj`).
+    Qkv,
+    O,
+    /// The per-head output gate's projection (`g_proj`).
+    G,
+    GdnQkv,
+    GdnZ,
+    GdnB,
+    GdnA,
+    GdnOut,
+    Gate,
+    Up,
+    Down,
+}
+
+impl LinearRole {
+    /// The role of a module named `<prefix>.layers.<i>.<suffix>`, by its suffix (every family's names).
+    fn of(suffix: &str) -> Option<LinearRole> {
+        Some(match suffix {
+            "self_attn.q_proj" => LinearRole::Q,
+            "self_attn.k_proj" => LinearRole::K,
+            "self_attn.v_proj" => LinearRole::V,
+            "self_attn.q_k_v_proj" => LinearRole::Qkv,
+            "self_attn.o_proj" | "self_attn.out_proj" => LinearRole::O,
+            "self_attn.g_proj" => LinearRole::G,
+            "linear_attn.in_proj_qkv" => LinearRole::GdnQkv,
+            "linear_attn.in_proj_z" => LinearRole::GdnZ,
+            "linear_attn.in_proj_b" => LinearRole::GdnB,
+            "linear_attn.in_proj_a" => LinearRole::GdnA,
+            "linear_attn.out_proj" => LinearRole::GdnOut,
+            "mlp.gate_proj" => LinearRole::Gate,
+            "mlp.up_proj" => LinearRole::Up,
+            "mlp.down_proj" => LinearRole::Down,
+            _ => return None,
+        })
+    }
+}
+
+/// The decoder-layer linears a plan places in host memory, which the CUDA engine streams to the device a layer
+/// ahead of the step that reads them.
+pub type Streamed = std::collections::HashSet<(usize, LinearRole)>;
+
+/// What the CUDA engine must stream for `plan`: every decoder-layer weight outside the decode pool, by layer and
+/// role. The embedding stays on the host anyway (only gathered rows cross), and tensors the engine never loads (the
+/// MTP head, the vision tower) need nothing; a layer's small vectors (norms, conv kernels, biases) stay on the
+/// device, a few kilobytes per layer. Anything else placed off the device is refused by name.
+pub fn streamed_linears(plan: &Plan, ck: &Checkpoint) -> Result<Streamed, EngineError> {
+    use planner::model::Role;
+    let mut set = Streamed::new();
+    let mut refused = Vec::new();
+    for t in &ck.spec.inventory {
+        if plan.pool_for(t) == plan.device.decode_pool {
+            continue;
+        }
+        match (t.role, t.layer) {
+            (Role::Embedding | Role::MtpHead | Role::VisionTower | Role::Small, _) => {}
+            (Role::LayerWeight | Role::Scale, Some(l)) => {
+                let marker = format!("layers.{l}.");
+                let role = t.name.find(&marker).and_then(|at| {
+                    let rest = &t.name[at + marker.len()..];
+                    LinearRole::of(rest.rsplit_once('.').map_or(rest, |(m, _)| m))
+                });
+                match role {
+                    Some(r) => {
+                        set.insert((l as usize, r));
+                    }
+                    None => refused.push(t.name.clone()),
+                }
+            }
+            _ => refused.push(t.name.clone()),
+        }
+    }
+    if !refused.is_empty() {
+        return Err(EngineError::Plan(format!(
+            "the plan places these tensors outside the GPU, which the CUDA engine cannot stream (it streams \
+             decoder-layer linear weights): {}",
+            refused.join(", ")
+        )));
+    }
+    Ok(set)
+}
+
+/// The CUDA admission: refuses a plan that does not fit by its own ledgers, or whose device pool needs more than
+/// `free` bytes (what the driver reports free now, or less under `--cap-gpu-memory`); answers the bytes it needs. Weights the plan offloads are
+/// streamed ([`streamed_linears`]); the two layers of streaming buffers come out of the pool's runtime overhead.
+pub fn admit_cuda(plan: &Plan, free: u64) -> Result<u64, EngineError> {
     if plan.verdict != Verdict::Fits {
         return Err(EngineError::Plan(
             "the plan does not fit this device (see `cargo xtask plan` for its ledgers)".into(),
         ));
     }
-    if plan.placement.offloaded_bytes > 0 {
-        return Err(EngineError::Plan(format!(
-            "the plan places {} bytes of weights outside the GPU; the CUDA engine keeps every weight on the device \
-             (streaming offloaded weights is not built yet): plan with more GPU memory or fewer bytes offloaded",
-            plan.placement.offloaded_bytes
-        )));
-    }
-    let Some(l) = plan.ledgers.iter().find(|l| l.pool != "host") else {
+    let Some(l) = plan
+        .ledgers
+        .iter()
+        .find(|l| l.pool == plan.device.decode_pool)
+    else {
         return Err(EngineError::Plan(
             "the plan has no device pool: plan it for a GPU profile (`--profile h200`)".into(),
         ));
     };
+    if l.pool == "host" {
+        return Err(EngineError::Plan(
+            "the plan decodes on the host: plan it for a GPU profile (`--profile h200`)".into(),
+        ));
+    }
     let need = l
         .weight_bytes
         .saturating_add(l.cache_bytes)
@@ -202,7 +293,7 @@ pub fn admit_cuda(plan: &Plan, free: u64) -> Result<(), EngineError> {
             l.pool, l.weight_bytes, l.cache_bytes, l.runtime_overhead_bytes
         )));
     }
-    Ok(())
+    Ok(need)
 }
 
 #[cfg(test)]
@@ -223,11 +314,14 @@ mod tests {
     }
 
     /// The CUDA admission: a plan that fits the device's free memory is admitted, one that does not is refused
-    /// naming the bytes, and one that offloads weights is refused (the engine does not stream them).
+    /// naming the bytes, and one that offloads weights is admitted with the offloaded linears named for streaming.
     #[test]
-    fn cuda_admission_checks_free_memory_and_refuses_offloaded_weights() {
+    fn cuda_admission_checks_free_memory_and_streams_offloaded_linears() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_5-fp8");
+        let ck = Checkpoint::open(&dir).unwrap();
         let p = fixture_plan(None);
         admit_cuda(&p, u64::MAX).unwrap();
+        assert!(streamed_linears(&p, &ck).unwrap().is_empty());
         let e = admit_cuda(&p, 1).unwrap_err().to_string();
         assert!(e.contains("the driver reports 1 free"), "{e}");
         let off = fixture_plan(Some(1 << 16));
@@ -235,7 +329,44 @@ mod tests {
             off.placement.offloaded_bytes > 0,
             "the workload asked for an offload"
         );
-        let e = admit_cuda(&off, u64::MAX).unwrap_err().to_string();
-        assert!(e.contains("outside the GPU"), "{e}");
+        admit_cuda(&off, u64::MAX).unwrap();
+        let s = streamed_linears(&off, &ck).unwrap();
+        // Decoder layers move in checkpoint order: layer 0 first, and each module of a streamed layer is named.
+        assert!(s.iter().any(|&(l, _)| l == 0), "{s:?}");
+        let host_weights = ck
+            .spec
+            .inventory
+            .iter()
+            .filter(|t| {
+                t.role == planner::model::Role::LayerWeight
+                    && off.pool_for(t) != off.device.decode_pool
+            })
+            .count();
+        assert_eq!(s.len(), host_weights, "{s:?}");
+    }
+
+    #[test]
+    fn every_linear_module_of_every_fixture_has_a_role() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        for d in std::fs::read_dir(root).unwrap() {
+            let dir = d.unwrap().path();
+            if !dir.join("config.json").exists() {
+                continue;
+            }
+            let ck = Checkpoint::open(&dir).unwrap();
+            let p = &ck.spec.runtime.prefix;
+            for l in &ck.spec.runtime.linears {
+                let Some(rest) = l.module.strip_prefix(&format!("{p}.layers.")) else {
+                    continue;
+                };
+                let suffix = rest.split_once('.').unwrap().1;
+                assert!(
+                    LinearRole::of(suffix).is_some(),
+                    "{}: {}",
+                    dir.display(),
+                    l.module
+                );
+            }
+        }
     }
 }

@@ -25,7 +25,17 @@ fn engine_on(name: &str, slots: usize, device: Device) -> Engine {
     let model = Model::load(&ck, WeightMode::Exact, |_, _| {}).unwrap();
     match device {
         Device::Cpu => Engine::new(model, slots, 160).unwrap(),
-        Device::Cuda => Engine::on_cuda(model, slots, 160, true, |_| Ok(())).unwrap(),
+        Device::Cuda => Engine::on_cuda(
+            model,
+            engine::CudaOptions {
+                slots,
+                max_len: 160,
+                precise: true,
+                ..Default::default()
+            },
+            |_| Ok(0),
+        )
+        .unwrap(),
     }
 }
 

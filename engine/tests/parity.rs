@@ -84,7 +84,17 @@ fn run(dir: &Path, mode: WeightMode, device: Device) -> Outcome {
     let model = Model::load(&ck, mode, |_, _| {}).unwrap();
     let mut e = match device {
         Device::Cpu => Engine::new(model, 1, 256).unwrap(),
-        Device::Cuda => Engine::on_cuda(model, 1, 256, true, |_| Ok(())).unwrap(),
+        Device::Cuda => Engine::on_cuda(
+            model,
+            engine::CudaOptions {
+                slots: 1,
+                max_len: 256,
+                precise: true,
+                ..Default::default()
+            },
+            |_| Ok(0),
+        )
+        .unwrap(),
     };
     let opts = GenerateOptions {
         max_new_tokens: g.tokens.len(),
@@ -206,22 +216,34 @@ fn exact_parity(device: Device) {
 /// Teacher-forced agreement of a converted path with the goldens: at every step the golden token is fed, so one
 /// disagreement does not cascade. Returns (top-1 agreements, steps, step-0 logit error, step-0 logit correlation).
 fn teacher_forced(dir: &Path, mode: WeightMode) -> (usize, usize, f32, f64, String) {
-    teacher_forced_on(dir, mode, Device::Cpu)
+    teacher_forced_on(dir, mode, Device::Cpu, false)
 }
 
 /// [`teacher_forced`] on a device; on CUDA the fast path (not `precise`): the tile GEMVs and the TF32 DeltaNet
-/// prefill.
+/// prefill, and with `gemm` the prompt through the tensor-core prefill GEMMs.
 fn teacher_forced_on(
     dir: &Path,
     mode: WeightMode,
     device: Device,
+    gemm: bool,
 ) -> (usize, usize, f32, f64, String) {
     let g = golden(dir);
     let ck = Checkpoint::open(dir).unwrap();
     let model = Model::load(&ck, mode, |_, _| {}).unwrap();
     let mut e = match device {
         Device::Cpu => Engine::new(model, 1, 256).unwrap(),
-        Device::Cuda => Engine::on_cuda(model, 1, 256, false, |_| Ok(())).unwrap(),
+        Device::Cuda => Engine::on_cuda(
+            model,
+            engine::CudaOptions {
+                slots: 1,
+                max_len: 256,
+                precise: false,
+                gemm_copies: gemm,
+                ..Default::default()
+            },
+            |_| Ok(0),
+        )
+        .unwrap(),
     };
     let paths = e.paths().join("+");
     let slot = e.join().unwrap();
@@ -309,13 +331,20 @@ fn cuda_tile_paths_agree_with_the_goldens() {
         if !(name.ends_with("-fp8") || name.ends_with("-nvfp4")) {
             continue;
         }
-        let (agree, steps, err, corr, paths) =
-            teacher_forced_on(&dir, WeightMode::Exact, Device::Cuda);
-        table += &format!("| {name} | {paths} | {agree}/{steps} | {err:.2e} | {corr:.5} |\n");
-        if agree + 2 < steps || err > 5e-2 || corr < 0.999 {
-            failures.push(format!(
-                "{name}: {agree}/{steps}, error {err:.2e}, correlation {corr}"
-            ));
+        // The prompt through the tile GEMVs, then through the prefill GEMMs: FP8 quantizes the activations per
+        // 128 columns too (e4m3, ~2^-4 relative), so its step-0 bound is wider.
+        for (gemm, max_err, min_corr) in [(false, 5e-2, 0.999), (true, 1e-1, 0.995)] {
+            let (agree, steps, err, corr, paths) =
+                teacher_forced_on(&dir, WeightMode::Exact, Device::Cuda, gemm);
+            let arm = if gemm { "prefill GEMM" } else { "tile GEMV" };
+            table += &format!(
+                "| {name} | {paths} ({arm}) | {agree}/{steps} | {err:.2e} | {corr:.5} |\n"
+            );
+            if agree + 2 < steps || err > max_err || corr < min_corr {
+                failures.push(format!(
+                    "{name} ({arm}): {agree}/{steps}, error {err:.2e}, correlation {corr}"
+                ));
+            }
         }
     }
     println!("{table}");
@@ -334,7 +363,17 @@ fn cuda_greedy_ids_chosen_on_the_device_equal_the_host_argmax() {
         let run = |keep_logits: bool| {
             let ck = Checkpoint::open(&dir).unwrap();
             let model = Model::load(&ck, WeightMode::Exact, |_, _| {}).unwrap();
-            let mut e = Engine::on_cuda(model, 1, 256, true, |_| Ok(())).unwrap();
+            let mut e = Engine::on_cuda(
+                model,
+                engine::CudaOptions {
+                    slots: 1,
+                    max_len: 256,
+                    precise: true,
+                    ..Default::default()
+                },
+                |_| Ok(0),
+            )
+            .unwrap();
             let opts = GenerateOptions {
                 max_new_tokens: g.tokens.len(),
                 sampling: SamplingParams::GREEDY,

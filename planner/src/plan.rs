@@ -266,6 +266,8 @@ pub fn plan_parsed(
     }
     check_inventory(spec, &card.config.path)?;
     let prompt = workload.effective_prompt_len();
+    let capped = workload.capped(profile);
+    let profile = &capped;
     build(Inputs {
         spec,
         cache: crate::model::cache_budget(spec, &workload.cache_workload()),

@@ -108,6 +108,11 @@ pub struct Workload {
     /// Absent: the planner chooses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offload_bytes: Option<u64>,
+    /// Device memory the plan may use on each GPU pool (`--cap-gpu-memory`): the pool is planned as a card of this
+    /// many bytes, so a large GPU can stand in for a smaller one (the engine holds the rest back). Absent: the
+    /// profile's capacity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_cap: Option<u64>,
 }
 
 impl Default for Workload {
@@ -121,6 +126,7 @@ impl Default for Workload {
             priority: Priority::Speed,
             engine: TargetEngine::Edgefit,
             offload_bytes: None,
+            gpu_memory_cap: None,
         }
     }
 }
@@ -155,6 +161,69 @@ impl Workload {
         Ok(self)
     }
 
+    /// `profile` with every GPU's pool capped at [`Workload::gpu_memory_cap`] (unchanged without a cap, or where
+    /// the pool is smaller already); the capacity's source says so.
+    pub fn capped(&self, profile: &crate::profile::DeviceProfile) -> crate::profile::DeviceProfile {
+        let mut p = profile.clone();
+        let Some(cap) = self.gpu_memory_cap else {
+            return p;
+        };
+        let gpu_pools: Vec<String> = p
+            .compute
+            .iter()
+            .filter(|c| c.kind == crate::profile::ComputeKind::Gpu)
+            .map(|c| c.pool.clone())
+            .collect();
+        for pool in p.pools.iter_mut().filter(|m| gpu_pools.contains(&m.id)) {
+            if pool.capacity_bytes.value > cap {
+                pool.capacity_bytes.source = format!(
+                    "--cap-gpu-memory {cap} (the profile's {} bytes: {})",
+                    pool.capacity_bytes.value, pool.capacity_bytes.source
+                );
+                pool.capacity_bytes.value = cap;
+                pool.taken_bytes.value = pool.taken_bytes.value.min(cap);
+            }
+        }
+        p
+    }
+
+    /// A byte amount as a flag gives it: plain bytes (`24245000000`) or a number with a unit (`22.58GiB`, `24GB`,
+    /// `512MiB`; binary and decimal units, case-insensitive).
+    pub fn parse_bytes(flag: &str, s: &str) -> Result<u64, PlanError> {
+        let t = s.trim();
+        let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let scale: f64 = match unit.to_ascii_lowercase().as_str() {
+            "" | "b" => 1.0,
+            "kb" => 1e3,
+            "mb" => 1e6,
+            "gb" => 1e9,
+            "tb" => 1e12,
+            "kib" => 1024.0,
+            "mib" => 1024.0 * 1024.0,
+            "gib" => Self::GIB,
+            "tib" => Self::GIB * 1024.0,
+            _ => {
+                return Err(PlanError::Workload(format!(
+                    "{flag} {s}: unknown unit `{unit}` (expected bytes, or KB/MB/GB/TB, KiB/MiB/GiB/TiB)"
+                )))
+            }
+        };
+        let v: f64 = num.trim().parse().map_err(|_| {
+            PlanError::Workload(format!(
+                "{flag} expects an amount of memory such as 24245000000 or 22.58GiB, got `{s}`"
+            ))
+        })?;
+        let bytes = (v * scale).round();
+        if !bytes.is_finite() || bytes < 1.0 || bytes >= crate::plan::MAX_PLAN_INT as f64 {
+            return Err(PlanError::Workload(format!(
+                "{flag} {s} is {bytes:.0} bytes: expected at least 1 and below {}",
+                crate::plan::MAX_PLAN_INT
+            )));
+        }
+        Ok(bytes as u64)
+    }
+
     /// Reject workloads no plan can serve.
     pub fn validate(&self) -> Result<(), PlanError> {
         if self.max_model_len == 0 {
@@ -176,6 +245,14 @@ impl Workload {
                  (lower --prompt-len or raise --max-model-len)",
                 self.prompt_len, self.max_model_len
             )));
+        }
+        if let Some(c) = self.gpu_memory_cap {
+            if c == 0 || c > crate::plan::MAX_PLAN_INT {
+                return Err(PlanError::Workload(format!(
+                    "gpu_memory_cap {c} must be between 1 and {} bytes",
+                    crate::plan::MAX_PLAN_INT
+                )));
+            }
         }
         if let Some(b) = self.offload_bytes {
             if b > crate::plan::MAX_PLAN_INT {

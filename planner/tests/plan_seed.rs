@@ -616,3 +616,42 @@ fn the_weight_path_names_a_kernel_per_tensor_group() {
         "{text}"
     );
 }
+
+/// Issue 25: `--cap-gpu-memory` at the laptop's 22.58 GiB makes the H200 plan the FP8 27B as the laptop must, with
+/// weights offloaded to the host over the link; without the cap everything fits on the H200.
+#[test]
+fn a_capped_h200_offloads_the_27b_like_the_laptop() {
+    let free = plan("qwen3.8-27b-fp8", "h200", &Workload::default());
+    assert_eq!(free.verdict, Verdict::Fits);
+    assert_eq!(free.placement.offloaded_bytes, 0);
+    let cap = Workload::parse_bytes("--cap-gpu-memory", "22.58GiB").unwrap();
+    let w = Workload {
+        gpu_memory_cap: Some(cap),
+        ..Workload::default()
+    };
+    let p = plan("qwen3.8-27b-fp8", "h200", &w);
+    assert_eq!(p.verdict, Verdict::Fits);
+    assert!(
+        p.placement.offloaded_bytes > 4 << 30,
+        "{}",
+        p.placement.offloaded_bytes
+    );
+    let hbm = p.ledgers.iter().find(|l| l.pool == "hbm").unwrap();
+    assert_eq!(hbm.capacity_bytes, cap);
+    let bound = &p.prediction.as_ref().unwrap().bound;
+    assert!(bound.contains("link `host`->`hbm`"), "{bound}");
+    assert_eq!(p.workload.gpu_memory_cap, Some(cap));
+}
+
+#[test]
+fn memory_amounts_parse_with_units_and_bad_ones_are_named() {
+    let b = |s| Workload::parse_bytes("--cap-gpu-memory", s);
+    assert_eq!(b("1024").unwrap(), 1024);
+    assert_eq!(b("2GiB").unwrap(), 2 << 30);
+    assert_eq!(b("1.5 gb").unwrap(), 1_500_000_000);
+    assert_eq!(b("512MiB").unwrap(), 512 << 20);
+    for bad in ["", "GiB", "-3GiB", "0", "12 parsecs", "1e30"] {
+        let e = b(bad).unwrap_err().to_string();
+        assert!(e.contains("--cap-gpu-memory"), "{bad}: {e}");
+    }
+}

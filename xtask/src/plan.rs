@@ -34,6 +34,8 @@ usage: cargo xtask plan --device D [options]
                        with a warning); above --max-model-len is an error
   --offload-gib X      pin X GiB of decoder-layer weights in host memory, like vLLM's cpu_offload_gb; an error
                        above the model's decoder-layer bytes or on a device with no pool linked to the decode pool
+  --cap-gpu-memory M   plan each GPU pool as a card of M bytes (`24245000000`, `22.58GiB`): a large GPU standing
+                       in for a smaller one
   --priority P         speed | fidelity (default speed)
   --engine E           edgefit | vllm: what the target engine can offload (default edgefit)
   --images             prompts carry images (the vision tower runs at prefill)
@@ -124,6 +126,16 @@ fn parse_args(args: Vec<OsString>) -> Result<Args> {
                     .clone()
                     .with_offload_gib(gib)
                     .map_err(miette::Report::new)?;
+            }
+            Long("cap-gpu-memory") => {
+                let s = p
+                    .value()
+                    .map_err(|e| miette!("{e}"))?
+                    .to_string_lossy()
+                    .into_owned();
+                a.workload.gpu_memory_cap = Some(
+                    Workload::parse_bytes("--cap-gpu-memory", &s).map_err(miette::Report::new)?,
+                );
             }
             Long("priority") => {
                 let s = p

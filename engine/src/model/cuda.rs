@@ -23,8 +23,8 @@ use std::collections::HashMap;
 use kernels::attention::{AttnDims, Rope};
 use kernels::backend::Weight;
 use kernels::cuda::{
-    DenseGpuWeights, Fp8TileWeights, GdnGpuInputs, GdnGpuWeights, GdnPrefillIo, Gpu, GpuBuffer,
-    GpuScalar, Nvfp4TileWeights,
+    CopyStream, DenseGpuWeights, Fp8TileWeights, GdnGpuInputs, GdnGpuWeights, GdnPrefillIo, Gpu,
+    GpuBuffer, GpuEvent, GpuScalar, Nvfp4TileWeights, PinnedWeights, WeightBuf, WeightBufMut,
 };
 use kernels::gdn::GdnDims;
 use kernels::ops::{GatedAct, NormWeight};
@@ -32,6 +32,7 @@ use planner::model::{Activation, OutputGate};
 
 use super::{kerr, Embedding, GateUp, Mixer, Model, Qkv, Step, Table};
 use crate::profile::{self, Op};
+use crate::setup::{LinearRole, Streamed};
 use crate::EngineError;
 
 /// A linear layer's weights on the device.
@@ -40,11 +41,28 @@ enum GLinear {
     Fp8 {
         tiles: Fp8TileWeights,
         scales: GpuBuffer<f32>,
+        /// The checkpoint layout too, for the prefill GEMM, where the device has room for both.
+        raw: Option<GpuBuffer<u8>>,
     },
     Nvfp4 {
         tiles: Nvfp4TileWeights,
         global: f32,
+        /// The checkpoint layout (values, e4m3 scales) for the prefill GEMM, as for FP8.
+        raw: Option<(GpuBuffer<u8>, GpuBuffer<u8>)>,
     },
+    /// Placed in host memory by the plan: streamed into `stage`'s device buffers before its layer runs.
+    Host(Box<HostLinear>),
+}
+
+/// A streamed linear's pinned host copy, in the device layout, and the staging buffers it is copied into.
+struct HostLinear {
+    w: PinnedWeights,
+    stage: usize,
+    n: usize,
+    k: usize,
+    path: &'static str,
+    /// NVFP4's global scale (set on the stage when it is filled).
+    global: f32,
 }
 
 impl GLinear {
@@ -53,6 +71,7 @@ impl GLinear {
             GLinear::Dense(w) => w.n(),
             GLinear::Fp8 { tiles, .. } => tiles.n(),
             GLinear::Nvfp4 { tiles, .. } => tiles.n(),
+            GLinear::Host(h) => h.n,
         }
     }
     fn k(&self) -> usize {
@@ -60,16 +79,54 @@ impl GLinear {
             GLinear::Dense(w) => w.k(),
             GLinear::Fp8 { tiles, .. } => tiles.k(),
             GLinear::Nvfp4 { tiles, .. } => tiles.k(),
+            GLinear::Host(h) => h.k,
         }
     }
+    /// The device buffers, in a fixed order (what a host copy holds and a refill writes).
+    fn buffers(&self) -> Vec<WeightBuf<'_>> {
+        match self {
+            GLinear::Dense(w) => w.buffers(),
+            GLinear::Fp8 { tiles, scales, .. } => {
+                let mut v = tiles.buffers();
+                v.push(WeightBuf::F32(scales));
+                v
+            }
+            GLinear::Nvfp4 { tiles, .. } => tiles.buffers(),
+            GLinear::Host(_) => Vec::new(),
+        }
+    }
+    fn buffers_mut(&mut self) -> Vec<WeightBufMut<'_>> {
+        match self {
+            GLinear::Dense(w) => w.buffers_mut(),
+            GLinear::Fp8 { tiles, scales, .. } => {
+                let mut v = tiles.buffers_mut();
+                v.push(WeightBufMut::F32(scales));
+                v
+            }
+            GLinear::Nvfp4 { tiles, .. } => tiles.buffers_mut(),
+            GLinear::Host(_) => Vec::new(),
+        }
+    }
+    /// Device bytes (a streamed linear holds none of its own).
     fn bytes(&self) -> usize {
         match self {
+            GLinear::Host(_) => 0,
             GLinear::Dense(w) => w.device_bytes(),
             // The tile layout: 2 KiB per 16 rows x 128 columns.
-            GLinear::Fp8 { tiles, scales } => {
+            GLinear::Fp8 { tiles, scales, .. } => {
                 tiles.n().div_ceil(16) * tiles.k().div_ceil(128) * 2048 + scales.len() * 4
             }
             GLinear::Nvfp4 { tiles, .. } => tiles.device_bytes(),
+        }
+    }
+    /// Device bytes of the prefill GEMM's copy in the checkpoint layout (not read by a decode step).
+    fn gemm_bytes(&self) -> usize {
+        match self {
+            GLinear::Fp8 { raw: Some(r), .. } => r.len(),
+            GLinear::Nvfp4 {
+                raw: Some((w, s)), ..
+            } => w.len() + s.len(),
+            _ => 0,
         }
     }
     fn path_name(&self) -> &'static str {
@@ -78,6 +135,7 @@ impl GLinear {
             GLinear::Dense(DenseGpuWeights::Bf16 { .. }) => "bf16",
             GLinear::Fp8 { .. } => "fp8-block",
             GLinear::Nvfp4 { .. } => "nvfp4",
+            GLinear::Host(h) => h.path,
         }
     }
 }
@@ -159,6 +217,7 @@ enum LayerState {
 struct Pool {
     f32s: HashMap<usize, Vec<GpuBuffer<f32>>>,
     u16s: HashMap<usize, Vec<GpuBuffer<u16>>>,
+    u8s: HashMap<usize, Vec<GpuBuffer<u8>>>,
     /// While a graph is recorded nothing may be allocated: a length the pool lacks is an error then.
     frozen: bool,
 }
@@ -183,6 +242,12 @@ impl Pool {
     }
     fn u16(&mut self, gpu: &Gpu, len: usize) -> Result<GpuBuffer<u16>, EngineError> {
         Self::take(&mut self.u16s, gpu, len, self.frozen)
+    }
+    fn u8(&mut self, gpu: &Gpu, len: usize) -> Result<GpuBuffer<u8>, EngineError> {
+        Self::take(&mut self.u8s, gpu, len, self.frozen)
+    }
+    fn put_u8(&mut self, b: GpuBuffer<u8>) {
+        self.u8s.entry(b.len()).or_default().push(b);
     }
     fn put(&mut self, b: GpuBuffer<f32>) {
         self.f32s.entry(b.len()).or_default().push(b);
@@ -248,7 +313,17 @@ pub struct CudaModel {
     gemv_scratch: GpuBuffer<u32>,
     slot_buf: HashMap<usize, (GpuBuffer<u32>, GpuBuffer<u32>)>,
     max_len: usize,
-    /// Device bytes of the weights and of the caches.
+    /// The copy stream and staging buffers of the weights the plan keeps in host memory, if any.
+    streamer: Option<Streamer>,
+    /// Device memory held back so the device behaves as a smaller card (`--cap-gpu-memory`).
+    ballast: Option<GpuBuffer<u8>>,
+    /// Pinned host bytes of the streamed weights (each crosses the link once per step).
+    pub host_bytes: u64,
+    /// Device bytes of the staging buffers of the streamed weights (two per role and shape).
+    pub stage_bytes: u64,
+    /// Device bytes of the prefill GEMMs' second layout of the weights ([`CudaOptions::gemm_copies`]).
+    pub gemm_bytes: u64,
+    /// Device bytes of the resident weights (each read once per step), and of the caches.
     pub weight_bytes: u64,
     pub cache_bytes: u64,
     paths: Vec<&'static str>,
@@ -273,7 +348,9 @@ fn widen_f32(gpu: &Gpu, w: &Weight) -> Result<GLinear, EngineError> {
 /// A linear on the device. `precise` (the parity path) computes every format in f32 from its dequantized rows,
 /// the checkpoint's own numbers: the tile GEMVs read bf16 activations (about 2e-2 of the largest logit on the
 /// qwen3_5 fixtures), and GPTQ has no GPU kernel.
-fn upload_linear(gpu: &Gpu, w: &Weight, precise: bool) -> Result<GLinear, EngineError> {
+/// `w` on the device: the tile layout for FP8 and NVFP4, plus the checkpoint layout for the prefill GEMMs when
+/// `gemm` (else prefill runs the tile GEMVs 16 rows at a time).
+fn upload_linear(gpu: &Gpu, w: &Weight, precise: bool, gemm: bool) -> Result<GLinear, EngineError> {
     if precise
         && matches!(
             w,
@@ -292,6 +369,7 @@ fn upload_linear(gpu: &Gpu, w: &Weight, precise: bool) -> Result<GLinear, Engine
             GLinear::Fp8 {
                 tiles: gpu.fp8_repack_tiles(&raw, *n, *k).map_err(kerr)?,
                 scales: gpu.upload(scale_inv).map_err(kerr)?,
+                raw: gemm.then_some(raw),
             }
         }
         Weight::Nvfp4 {
@@ -306,6 +384,8 @@ fn upload_linear(gpu: &Gpu, w: &Weight, precise: bool) -> Result<GLinear, Engine
             GLinear::Nvfp4 {
                 tiles: gpu.nvfp4_repack_tiles(&raw, &sc, *n, *k).map_err(kerr)?,
                 global: *global,
+                // The GEMM takes k in whole 64-column tiles.
+                raw: (gemm && k % 64 == 0).then_some((raw, sc)),
             }
         }
         Weight::Int4 { .. } => {
@@ -357,6 +437,191 @@ fn opt_vec(gpu: &Gpu, v: &Option<Vec<f32>>) -> Result<Option<GpuBuffer<f32>>, En
     v.as_deref().map(|v| upload_vec(gpu, v)).transpose()
 }
 
+/// How [`CudaModel::upload`] places a model: sequences and their length, the exact builds, the linears the plan
+/// keeps in host memory, and the device memory the model may use.
+#[derive(Debug, Clone, Default)]
+pub struct CudaOptions {
+    pub slots: usize,
+    pub max_len: usize,
+    /// The f32 builds of kernels that have a faster, less exact one (the parity path, `--exact`).
+    pub precise: bool,
+    /// Linears streamed from pinned host memory, a layer ahead ([`crate::setup::streamed_linears`]).
+    pub streamed: Streamed,
+    /// Device bytes the model may use at most (`--cap-gpu-memory`): the rest is allocated and held back first, so
+    /// the driver itself refuses anything past it.
+    pub cap: Option<u64>,
+    /// Keep FP8 and NVFP4 weights in the checkpoint layout too, for the prefill GEMMs (tensor cores), where the
+    /// device has room for both layouts beyond the plan ([`crate::Engine::on_cuda`] decides).
+    pub gemm_copies: bool,
+}
+
+/// Places each linear on the device, or for a streamed one in pinned host memory with two staging copies on the
+/// device (one per buffer of the double buffering) shared by every streamed linear of its role and shape.
+struct Placer<'a> {
+    gpu: &'a Gpu,
+    precise: bool,
+    gemm: bool,
+    streamed: &'a Streamed,
+    stages: Vec<[GLinear; 2]>,
+    keys: HashMap<(LinearRole, usize, usize, &'static str), usize>,
+    host_bytes: u64,
+}
+
+impl Placer<'_> {
+    /// `w`, the linear of `roles` (the first names it; any of them streamed streams it) in `layer`.
+    fn put(
+        &mut self,
+        w: &Weight,
+        layer: usize,
+        roles: &[LinearRole],
+    ) -> Result<GLinear, EngineError> {
+        if !roles.iter().any(|r| self.streamed.contains(&(layer, *r))) {
+            return upload_linear(self.gpu, w, self.precise, self.gemm);
+        }
+        let dev = upload_linear(self.gpu, w, self.precise, false)?;
+        let (n, k, path) = (dev.n(), dev.k(), dev.path_name());
+        let host = self.gpu.stash(&dev.buffers()).map_err(kerr)?;
+        self.host_bytes += host.bytes() as u64;
+        let global = match &dev {
+            GLinear::Nvfp4 { global, .. } => *global,
+            _ => 1.0,
+        };
+        let key = (roles[0], n, k, path);
+        let stage = match self.keys.get(&key) {
+            Some(&i) => i,
+            None => {
+                // The second staging copy is one more upload of the same weight (its contents are overwritten).
+                let twin = upload_linear(self.gpu, w, self.precise, false)?;
+                self.stages.push([dev, twin]);
+                self.keys.insert(key, self.stages.len() - 1);
+                self.stages.len() - 1
+            }
+        };
+        Ok(GLinear::Host(Box::new(HostLinear {
+            w: host,
+            stage,
+            n,
+            k,
+            path,
+            global,
+        })))
+    }
+}
+
+/// Streams the host-placed linears: two staging buffers per role and shape; a layer's linears are copied on the copy
+/// stream into one buffer while the layer before computes from the other. `next_fill` and `next_use` count filled
+/// and computed streamed layers (cyclically over `order`, across steps), so at most two are in flight and the next
+/// step's first layers are copied while the last layers (resident) of this one compute.
+struct Streamer {
+    copy: CopyStream,
+    /// Layers with a streamed linear, in order.
+    order: Vec<usize>,
+    /// `copied[b]`: buffer `b`'s last fill done (the compute stream waits for it); `used[b]`: the last layer
+    /// computed from buffer `b` done (the copy stream waits for it before overwriting).
+    copied: [GpuEvent; 2],
+    used: [GpuEvent; 2],
+    next_fill: usize,
+    next_use: usize,
+    stages: Vec<[GLinear; 2]>,
+    /// Timing events of the copies and layers, while a timeline is being recorded.
+    timeline: Option<Vec<Mark>>,
+}
+
+/// One timed span of a timeline: a streamed layer's copy (on the copy stream) or a layer's compute.
+struct Mark {
+    copy: bool,
+    layer: usize,
+    start: GpuEvent,
+    end: GpuEvent,
+}
+
+/// A timeline span in milliseconds from the timeline's first event.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Span {
+    pub stream: &'static str,
+    pub layer: usize,
+    pub start_ms: f32,
+    pub end_ms: f32,
+}
+
+impl Streamer {
+    /// Queues fills until two streamed layers are ahead of the next one to compute.
+    fn fill_ahead(&mut self, layers: &[GLayer], gpu: &Gpu) -> Result<(), EngineError> {
+        while self.next_fill < self.next_use + 2 {
+            let layer = self.order[self.next_fill % self.order.len()];
+            let b = self.next_fill % 2;
+            self.copy.wait_for(&self.used[b]).map_err(kerr)?;
+            let start = self.mark(gpu)?;
+            if let Some(s) = &start {
+                self.copy.record(s).map_err(kerr)?;
+            }
+            for lin in layers[layer].linears() {
+                if let GLinear::Host(h) = lin {
+                    let stage = &mut self.stages[h.stage][b];
+                    self.copy
+                        .fill(&h.w, &mut stage.buffers_mut())
+                        .map_err(kerr)?;
+                    if let GLinear::Nvfp4 { global, .. } = stage {
+                        *global = h.global;
+                    }
+                }
+            }
+            self.copy.record(&self.copied[b]).map_err(kerr)?;
+            if let Some(start) = start {
+                let end = gpu.new_event(true).map_err(kerr)?;
+                self.copy.record(&end).map_err(kerr)?;
+                if let Some(t) = &mut self.timeline {
+                    t.push(Mark {
+                        copy: true,
+                        layer,
+                        start,
+                        end,
+                    });
+                }
+            }
+            self.next_fill += 1;
+        }
+        Ok(())
+    }
+
+    fn mark(&self, gpu: &Gpu) -> Result<Option<GpuEvent>, EngineError> {
+        match self.timeline {
+            Some(_) => gpu.new_event(true).map(Some).map_err(kerr),
+            None => Ok(None),
+        }
+    }
+
+    /// Before streamed layer `layer` computes: the compute stream waits for its fill; the buffer it reads.
+    fn begin(&mut self, layer: usize, gpu: &Gpu) -> Result<usize, EngineError> {
+        if self.order[self.next_use % self.order.len()] != layer {
+            return Err(EngineError::Kernel(format!(
+                "streaming: layer {layer} computes out of order"
+            )));
+        }
+        let b = self.next_use % 2;
+        gpu.wait_for(&self.copied[b]).map_err(kerr)?;
+        Ok(b)
+    }
+
+    /// After streamed layer's compute is queued: its buffer is free once the queued work is done; fills go on.
+    fn end(&mut self, layers: &[GLayer], gpu: &Gpu) -> Result<(), EngineError> {
+        gpu.record(&self.used[self.next_use % 2]).map_err(kerr)?;
+        self.next_use += 1;
+        self.fill_ahead(layers, gpu)
+    }
+
+    /// Starts a step: realigns after a step that failed midway (waits for everything queued), then fills ahead.
+    fn start(&mut self, layers: &[GLayer], gpu: &Gpu) -> Result<(), EngineError> {
+        if self.next_use % self.order.len() != 0 {
+            gpu.synchronize().map_err(kerr)?;
+            self.copy.synchronize().map_err(kerr)?;
+            self.next_use = 0;
+            self.next_fill = 0;
+        }
+        self.fill_ahead(layers, gpu)
+    }
+}
+
 impl CudaModel {
     /// Moves `model`'s weights onto `gpu` (the host copies are dropped layer by layer; `model` keeps its facts and
     /// refuses to run on the CPU afterwards) and allocates the caches for `slots` sequences of `max_len` tokens.
@@ -364,11 +629,20 @@ impl CudaModel {
     pub fn upload(
         gpu: Gpu,
         model: &mut Model,
-        slots: usize,
-        max_len: usize,
-        precise: bool,
+        opts: &CudaOptions,
         mut progress: impl FnMut(usize, usize),
     ) -> Result<CudaModel, EngineError> {
+        use LinearRole as R;
+        let (slots, max_len, precise) = (opts.slots, opts.max_len, opts.precise);
+        let mut pl = Placer {
+            gpu: &gpu,
+            precise,
+            gemm: opts.gemm_copies && !precise,
+            streamed: &opts.streamed,
+            stages: Vec::new(),
+            keys: HashMap::new(),
+            host_bytes: 0,
+        };
         let layers_host = std::mem::take(&mut model.layers);
         model.on_device = true;
         let total = layers_host.len();
@@ -381,24 +655,24 @@ impl CudaModel {
                     let qkv = match a.qkv {
                         Qkv::Split { q, k, v } => match stack_fp8(&[&q, &k, &v]) {
                             Some(w) => GQkv::Fused {
-                                w: upload_linear(&gpu, &w, precise)?,
+                                w: pl.put(&w, i, &[R::Qkv, R::Q, R::K, R::V])?,
                                 q_rows: q.n(),
                             },
                             None => GQkv::Split {
-                                q: upload_linear(&gpu, &q, precise)?,
-                                k: upload_linear(&gpu, &k, precise)?,
-                                v: upload_linear(&gpu, &v, precise)?,
+                                q: pl.put(&q, i, &[R::Q])?,
+                                k: pl.put(&k, i, &[R::K])?,
+                                v: pl.put(&v, i, &[R::V])?,
                             },
                         },
                         Qkv::Fused { w, q_rows } => GQkv::Fused {
-                            w: upload_linear(&gpu, &w, precise)?,
+                            w: pl.put(&w, i, &[R::Qkv, R::Q, R::K, R::V])?,
                             q_rows,
                         },
                     };
                     let [b0, b1, b2, b3] = &a.biases;
                     GMixer::Attn(Box::new(GAttn {
                         qkv,
-                        o: upload_linear(&gpu, &a.o, precise)?,
+                        o: pl.put(&a.o, i, &[R::O])?,
                         biases: [
                             opt_vec(&gpu, b0)?,
                             opt_vec(&gpu, b1)?,
@@ -408,7 +682,7 @@ impl CudaModel {
                         g_proj: a
                             .g_proj
                             .as_ref()
-                            .map(|g| upload_linear(&gpu, g, precise))
+                            .map(|g| pl.put(g, i, &[R::G]))
                             .transpose()?,
                         q_norm: opt_vec(&gpu, &a.q_norm)?,
                         k_norm: opt_vec(&gpu, &a.k_norm)?,
@@ -420,11 +694,11 @@ impl CudaModel {
                     let g = *g;
                     wide = wide.max(g.out.k());
                     GMixer::Gdn(Box::new(GGdn {
-                        in_qkv: upload_linear(&gpu, &g.in_qkv, precise)?,
-                        in_z: upload_linear(&gpu, &g.in_z, precise)?,
-                        in_b: upload_linear(&gpu, &g.in_b, precise)?,
-                        in_a: upload_linear(&gpu, &g.in_a, precise)?,
-                        out: upload_linear(&gpu, &g.out, precise)?,
+                        in_qkv: pl.put(&g.in_qkv, i, &[R::GdnQkv])?,
+                        in_z: pl.put(&g.in_z, i, &[R::GdnZ])?,
+                        in_b: pl.put(&g.in_b, i, &[R::GdnB])?,
+                        in_a: pl.put(&g.in_a, i, &[R::GdnA])?,
+                        out: pl.put(&g.out, i, &[R::GdnOut])?,
                         conv: upload_vec(&gpu, &g.conv)?,
                         a_log: upload_vec(&gpu, &g.a_log)?,
                         dt_bias: upload_vec(&gpu, &g.dt_bias)?,
@@ -433,12 +707,12 @@ impl CudaModel {
                 }
             };
             let gate_up = match l.gate_up {
-                GateUp::Fused(w) => GGateUp::Fused(upload_linear(&gpu, &w, precise)?),
+                GateUp::Fused(w) => GGateUp::Fused(pl.put(&w, i, &[R::Gate, R::Up])?),
                 GateUp::Split { gate, up } => match stack_fp8(&[&gate, &up]) {
-                    Some(w) => GGateUp::Fused(upload_linear(&gpu, &w, precise)?),
+                    Some(w) => GGateUp::Fused(pl.put(&w, i, &[R::Gate, R::Up])?),
                     None => GGateUp::Split {
-                        gate: upload_linear(&gpu, &gate, precise)?,
-                        up: upload_linear(&gpu, &up, precise)?,
+                        gate: pl.put(&gate, i, &[R::Gate])?,
+                        up: pl.put(&up, i, &[R::Up])?,
                     },
                 },
             };
@@ -450,7 +724,7 @@ impl CudaModel {
                 post_ff_norm: opt_vec(&gpu, &l.post_ff_norm)?,
                 mixer,
                 gate_up,
-                down: upload_linear(&gpu, &l.down, precise)?,
+                down: pl.put(&l.down, i, &[R::Down])?,
             });
             progress(i + 1, total);
         }
@@ -466,13 +740,16 @@ impl CudaModel {
         let (embed, lm_head) = match std::mem::replace(&mut model.embed, Embedding::Head) {
             Embedding::Table(t) => (
                 HostEmbed::Table(t),
-                upload_linear(&gpu, &head_host, precise)?,
+                upload_linear(&gpu, &head_host, precise, false)?,
             ),
             Embedding::Head => {
-                let dev = upload_linear(&gpu, &head_host, precise)?;
+                let dev = upload_linear(&gpu, &head_host, precise, false)?;
                 (HostEmbed::Head(head_host), dev)
             }
         };
+        let Placer {
+            stages, host_bytes, ..
+        } = pl;
         let rt = &model.spec.runtime;
         let w = Weights {
             embed,
@@ -499,22 +776,60 @@ impl CudaModel {
             gpu,
         };
         let mut weight_bytes = w.lm_head.bytes() as u64;
+        let mut gemm_bytes = 0u64;
         let mut paths = vec![w.lm_head.path_name()];
         for l in &w.layers {
             for lin in l.linears() {
                 weight_bytes += lin.bytes() as u64;
+                gemm_bytes += lin.gemm_bytes() as u64;
                 paths.push(lin.path_name());
             }
         }
+        let stage_bytes = stages
+            .iter()
+            .flatten()
+            .map(|l| l.bytes() as u64)
+            .sum::<u64>();
         paths.sort_unstable();
         paths.dedup();
         let gemv_scratch = w.gpu.zeros::<u32>(w.scratch_len).map_err(kerr)?;
         let zeros = w.gpu.zeros::<f32>(1).map_err(kerr)?;
+        let order: Vec<usize> = (0..w.layers.len())
+            .filter(|&i| {
+                w.layers[i]
+                    .linears()
+                    .iter()
+                    .any(|l| matches!(l, GLinear::Host(_)))
+            })
+            .collect();
+        let streamer = if order.is_empty() {
+            None
+        } else {
+            let ev = || w.gpu.new_event(false).map_err(kerr);
+            Some(Streamer {
+                copy: w.gpu.copy_stream().map_err(kerr)?,
+                order,
+                copied: [ev()?, ev()?],
+                used: [ev()?, ev()?],
+                next_fill: 0,
+                next_use: 0,
+                stages,
+                timeline: None,
+            })
+        };
         let mut m = CudaModel {
+            // Graph capture does not cross to the copy stream: a streamed model runs its steps launch by launch
+            // (the link, not the launches, bounds such a step).
+            graphs_on: streamer.is_none()
+                && std::env::var("EDGEFIT_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            streamer,
+            host_bytes,
+            stage_bytes,
+            gemm_bytes,
+            ballast: None,
             ids_buf: HashMap::new(),
             graphs: HashMap::new(),
             seen: Default::default(),
-            graphs_on: std::env::var("EDGEFIT_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             zeros,
             state: Vec::new(),
             pool: Pool::default(),
@@ -571,6 +886,78 @@ impl CudaModel {
         self.cache_bytes = bytes;
         self.zeros = gpu.zeros(zeros_len).map_err(kerr)?;
         Ok(())
+    }
+
+    /// Layers with a linear streamed from host memory.
+    pub fn streamed_layers(&self) -> usize {
+        self.streamer.as_ref().map_or(0, |s| s.order.len())
+    }
+
+    /// The link's host-to-device rate from pinned memory now, bytes per second (best of five 1 GiB copies): what
+    /// a streamed step's transfer is bounded by, measured in the same run.
+    pub fn link_bandwidth(&mut self) -> Result<f64, EngineError> {
+        self.w.gpu.pinned_upload_bandwidth(1 << 30).map_err(kerr)
+    }
+
+    /// Starts timing every streamed layer's copy and every layer's compute (a model without streamed layers has
+    /// nothing to show: an error).
+    pub fn start_timeline(&mut self) -> Result<(), EngineError> {
+        let st = self.streamer.as_mut().ok_or_else(|| {
+            EngineError::Unsupported("a timeline shows streaming: no layer is streamed".into())
+        })?;
+        st.timeline = Some(Vec::new());
+        Ok(())
+    }
+
+    /// Stops timing and returns the spans since [`CudaModel::start_timeline`], in milliseconds from the first,
+    /// ordered by start (waits for the work still queued).
+    pub fn take_timeline(&mut self) -> Result<Vec<Span>, EngineError> {
+        let marks = self
+            .streamer
+            .as_mut()
+            .and_then(|s| s.timeline.take())
+            .unwrap_or_default();
+        self.w.gpu.synchronize().map_err(kerr)?;
+        if let Some(st) = &self.streamer {
+            st.copy.synchronize().map_err(kerr)?;
+        }
+        let Some(first) = marks.first() else {
+            return Ok(Vec::new());
+        };
+        let mut spans = Vec::with_capacity(marks.len());
+        for m in &marks {
+            spans.push(Span {
+                stream: if m.copy { "copy" } else { "compute" },
+                layer: m.layer,
+                start_ms: first.start.elapsed_ms(&m.start).map_err(kerr)?,
+                end_ms: first.start.elapsed_ms(&m.end).map_err(kerr)?,
+            });
+        }
+        spans.sort_by(|a, b| a.start_ms.total_cmp(&b.start_ms));
+        Ok(spans)
+    }
+
+    /// Holds back device memory so that at most `cap` bytes stay usable by this process (its context counted), as
+    /// on a card of `cap` bytes; returns the bytes left usable.
+    pub fn hold_back(gpu: &Gpu, cap: u64) -> Result<(u64, Option<GpuBuffer<u8>>), EngineError> {
+        let (free, total) = gpu.memory_info().map_err(kerr)?;
+        let (free, total) = (free as u64, total as u64);
+        if cap >= total {
+            return Ok((free, None));
+        }
+        let used = total - free;
+        let usable = cap.saturating_sub(used);
+        let hold = free.saturating_sub(usable);
+        let len = usize::try_from(hold).map_err(|_| {
+            EngineError::Unsupported("--cap-gpu-memory: too much to hold back".into())
+        })?;
+        let ballast = gpu.zeros::<u8>(len).map_err(kerr)?;
+        Ok((usable, Some(ballast)))
+    }
+
+    /// Keeps `ballast` ([`CudaModel::hold_back`]) for as long as the model lives.
+    pub fn keep(&mut self, ballast: Option<GpuBuffer<u8>>) {
+        self.ballast = ballast;
     }
 
     /// The weight path names on the device, each once.
@@ -814,25 +1201,50 @@ impl CudaModel {
             gemv_scratch,
             slot_buf,
             max_len,
+            streamer,
             ..
         } = self;
+        let w: &Weights = w;
         let gpu = &w.gpu;
+        let max_len = *max_len;
         let (sb, pb) = slot_buf
             .get(&t)
             .ok_or_else(|| EngineError::Kernel("no slot buffers for this step".into()))?;
-        let mut cx = Ctx {
-            w,
-            pool,
-            scratch: gemv_scratch,
-            max_len: *max_len,
-        };
+        if let Some(st) = streamer.as_mut() {
+            st.start(&w.layers, gpu)?;
+        }
+        // A step's view for one layer: the staging buffer `buf` of the streamed linears (when the layer has any).
+        macro_rules! ctx {
+            ($buf:expr) => {
+                Ctx {
+                    w,
+                    pool: &mut *pool,
+                    scratch: &mut *gemv_scratch,
+                    max_len,
+                    stages: streamer.as_ref().map_or(&[][..], |s| &s.stages[..]),
+                    buf: $buf,
+                }
+            };
+        }
         // Each residual add is fused into the norm after it (`add_rmsnorm_f32`: one pass, one launch).
-        let layers = &cx.w.layers;
+        let layers = &w.layers;
         let mut hb = match layers.first() {
-            Some(l) => cx.norm(x, &l.input_norm)?,
+            Some(l) => ctx!(0).norm(x, &l.input_norm)?,
             None => return Err(EngineError::Unsupported("a model without layers".into())),
         };
         for (li, layer) in layers.iter().enumerate() {
+            let buf = match streamer.as_mut() {
+                Some(st) if st.order.binary_search(&li).is_ok() => Some(st.begin(li, gpu)?),
+                _ => None,
+            };
+            let timed = match streamer.as_ref().filter(|s| s.timeline.is_some()) {
+                Some(st) => st.mark(gpu)?,
+                None => None,
+            };
+            if let Some(ev) = &timed {
+                gpu.record(ev).map_err(kerr)?;
+            }
+            let mut cx = ctx!(buf.unwrap_or(0));
             let mut o = match (&layer.mixer, &mut state[li]) {
                 (GMixer::Attn(a), LayerState::Attn { k, v }) => {
                     cx.attention(a, k, v, sb, pb, &hb, t)?
@@ -870,7 +1282,23 @@ impl CudaModel {
                 }
             }
             cx.pool.put(m);
+            if let Some(start) = timed {
+                let end = gpu.new_event(true).map_err(kerr)?;
+                gpu.record(&end).map_err(kerr)?;
+                if let Some(tl) = streamer.as_mut().and_then(|s| s.timeline.as_mut()) {
+                    tl.push(Mark {
+                        copy: false,
+                        layer: li,
+                        start,
+                        end,
+                    });
+                }
+            }
+            if let (Some(_), Some(st)) = (buf, streamer.as_mut()) {
+                st.end(layers, gpu)?;
+            }
         }
+        let mut cx = ctx!(0);
         cx.pool.put(hb);
         // Logits of each sequence's last token only.
         let rows = if prefill { 1 } else { t };
@@ -962,9 +1390,20 @@ struct Ctx<'a> {
     pool: &'a mut Pool,
     scratch: &'a mut GpuBuffer<u32>,
     max_len: usize,
+    /// The staging buffers of streamed linears, and which of each pair this layer reads.
+    stages: &'a [[GLinear; 2]],
+    buf: usize,
 }
 
-impl Ctx<'_> {
+/// The device weights a linear computes from: its own, or for a streamed one this layer's staging buffer.
+fn resolve<'a>(stages: &'a [[GLinear; 2]], buf: usize, w: &'a GLinear) -> &'a GLinear {
+    match w {
+        GLinear::Host(h) => stages.get(h.stage).map_or(w, |s| &s[buf]),
+        _ => w,
+    }
+}
+
+impl<'a> Ctx<'a> {
     fn norm(
         &mut self,
         x: &GpuBuffer<f32>,
@@ -1018,6 +1457,7 @@ impl Ctx<'_> {
         m: usize,
     ) -> Result<GpuBuffer<f32>, EngineError> {
         let _t = profile::span(Op::Linear);
+        let w = resolve(self.stages, self.buf, w);
         let gpu = &self.w.gpu;
         let (n, k) = (w.n(), w.k());
         let mut y = self.pool.f32(gpu, m * n)?;
@@ -1031,6 +1471,40 @@ impl Ctx<'_> {
             self.tiles(w, &xb, &mut y, m)?;
             self.pool.put_u16(xb);
             return Ok(y);
+        }
+        // Many rows with the checkpoint layout at hand: the tensor-core GEMMs (FP8 with activations quantised per
+        // 128 columns, NVFP4 weight-only on bf16 activations).
+        match w {
+            GLinear::Fp8 {
+                raw: Some(wr),
+                scales,
+                ..
+            } if k % 16 == 0 => {
+                let mut xb = self.pool.u16(gpu, m * k)?;
+                gpu.cast_f32_to_bf16(x, &mut xb).map_err(kerr)?;
+                let mut xq = self.pool.u8(gpu, m * k)?;
+                let mut xs = self.pool.f32(gpu, m * k.div_ceil(128))?;
+                gpu.fp8_quantize_activations(&xb, &mut xq, &mut xs, m, k)
+                    .and_then(|()| gpu.fp8_block_gemm(&xq, &xs, wr, scales, &mut y, m, n, k))
+                    .map_err(kerr)?;
+                self.pool.put_u16(xb);
+                self.pool.put_u8(xq);
+                self.pool.put(xs);
+                return Ok(y);
+            }
+            GLinear::Nvfp4 {
+                raw: Some((wr, sc)),
+                global,
+                ..
+            } => {
+                let mut xb = self.pool.u16(gpu, m * k)?;
+                gpu.cast_f32_to_bf16(x, &mut xb).map_err(kerr)?;
+                gpu.nvfp4_gemm(&xb, wr, sc, *global, &mut y, m, n, k)
+                    .map_err(kerr)?;
+                self.pool.put_u16(xb);
+                return Ok(y);
+            }
+            _ => {}
         }
         let mut r0 = 0;
         while r0 < m {
@@ -1059,6 +1533,10 @@ impl Ctx<'_> {
         x: &GpuBuffer<f32>,
         m: usize,
     ) -> Result<Vec<GpuBuffer<f32>>, EngineError> {
+        let ws: Vec<&GLinear> = ws
+            .iter()
+            .map(|w| resolve(self.stages, self.buf, w))
+            .collect();
         let tiled = ws
             .iter()
             .filter(|w| !matches!(w, GLinear::Dense(_)))
@@ -1093,11 +1571,16 @@ impl Ctx<'_> {
         m: usize,
     ) -> Result<(), EngineError> {
         let gpu = &self.w.gpu;
-        match w {
-            GLinear::Fp8 { tiles, scales } => {
+        match resolve(self.stages, self.buf, w) {
+            GLinear::Host(_) => {
+                return Err(EngineError::Kernel(
+                    "a streamed linear has no staging buffer".into(),
+                ))
+            }
+            GLinear::Fp8 { tiles, scales, .. } => {
                 gpu.fp8_gemv_tiles(xb, tiles, scales, y, self.scratch, m)
             }
-            GLinear::Nvfp4 { tiles, global } => {
+            GLinear::Nvfp4 { tiles, global, .. } => {
                 gpu.nvfp4_gemv_tiles(xb, tiles, *global, y, self.scratch, m)
             }
             GLinear::Dense(d) => {
@@ -1137,7 +1620,8 @@ impl Ctx<'_> {
             }
         };
         // A tile down projection reads bf16: the activation kernel writes it directly (no f32 copy, no cast).
-        let tile_down = !matches!(layer.down, GLinear::Dense(_)) && t <= 16;
+        let down = resolve(self.stages, self.buf, &layer.down);
+        let tile_down = !matches!(down, GLinear::Dense(_)) && t <= 16;
         if tile_down && self.w.act != GatedAct::GeluTanh {
             let mut xb = self.pool.u16(gpu, t * inter)?;
             {

@@ -49,6 +49,22 @@ impl std::fmt::Debug for DenseGpuWeights {
 }
 
 impl DenseGpuWeights {
+    /// The device buffer, as [`super::Nvfp4TileWeights::buffers`].
+    pub fn buffers(&self) -> Vec<super::WeightBuf<'_>> {
+        match self {
+            DenseGpuWeights::F32 { w, .. } => vec![super::WeightBuf::F32(w)],
+            DenseGpuWeights::Bf16 { w, .. } => vec![super::WeightBuf::U16(w)],
+        }
+    }
+
+    /// [`DenseGpuWeights::buffers`], to refill.
+    pub fn buffers_mut(&mut self) -> Vec<super::WeightBufMut<'_>> {
+        match self {
+            DenseGpuWeights::F32 { w, .. } => vec![super::WeightBufMut::F32(w)],
+            DenseGpuWeights::Bf16 { w, .. } => vec![super::WeightBufMut::U16(w)],
+        }
+    }
+
     /// Output features (rows of the matrix).
     pub fn n(&self) -> usize {
         match self {

@@ -156,6 +156,16 @@ impl Device {
         })
     }
 
+    /// The context, for what lives beside the compute stream (a copy stream, pinned host memory, events).
+    pub(super) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream every kernel runs on.
+    pub(super) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
     pub(super) fn name(&self) -> Result<String, KernelError> {
         self.ctx.name().map_err(cuda_err("reading the device name"))
     }

@@ -252,6 +252,23 @@ impl std::fmt::Debug for Nvfp4TileWeights {
 }
 
 impl Nvfp4TileWeights {
+    /// The device buffers, in a fixed order: what [`Gpu::stash`] copies to the host and
+    /// [`crate::cuda::CopyStream::fill`] refills.
+    pub fn buffers(&self) -> Vec<super::WeightBuf<'_>> {
+        vec![
+            super::WeightBuf::U8(&self.w),
+            super::WeightBuf::U32(&self.scales),
+        ]
+    }
+
+    /// [`Nvfp4TileWeights::buffers`], to refill.
+    pub fn buffers_mut(&mut self) -> Vec<super::WeightBufMut<'_>> {
+        vec![
+            super::WeightBufMut::U8(&mut self.w),
+            super::WeightBufMut::U32(&mut self.scales),
+        ]
+    }
+
     /// Output rows of the weight matrix.
     pub fn n(&self) -> usize {
         self.n
@@ -290,6 +307,17 @@ impl std::fmt::Debug for Fp8TileWeights {
 }
 
 impl Fp8TileWeights {
+    /// The device buffers (the tiles; the block scales are the caller's buffer), as
+    /// [`Nvfp4TileWeights::buffers`].
+    pub fn buffers(&self) -> Vec<super::WeightBuf<'_>> {
+        vec![super::WeightBuf::U8(&self.w)]
+    }
+
+    /// [`Fp8TileWeights::buffers`], to refill.
+    pub fn buffers_mut(&mut self) -> Vec<super::WeightBufMut<'_>> {
+        vec![super::WeightBufMut::U8(&mut self.w)]
+    }
+
     /// Output rows of the weight matrix.
     pub fn n(&self) -> usize {
         self.n

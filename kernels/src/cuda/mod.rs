@@ -48,12 +48,14 @@ mod gemm;
 mod gemm_sm90a;
 mod gemv;
 mod ops;
+mod transfer;
 pub use dense::DenseGpuWeights;
 pub use gemm_sm90a::{Fp8Wgmma, Nvfp4Wgmma};
 pub use gemv::{
     Fp8Fragments, Fp8Order, Fp8TileWeights, FragmentOrder, GemvFragments, MmaSplit, Nvfp4Fragments,
     Nvfp4Order, Nvfp4TileWeights,
 };
+pub use transfer::{CopyStream, GpuEvent, PinnedWeights, WeightBuf, WeightBufMut};
 
 mod sealed {
     pub trait Sealed {}

@@ -6,7 +6,7 @@
 //! ```text
 //! cargo run --release -p engine --example serve_load -- [--model DIR] [--profile NAME] [--exact]
 //!     [--clients 64] [--duration-s 60] [--warmup-s 5] [--max-num-seqs 8] [--max-model-len 512]
-//!     [--max-tokens 48] [--prompts 8] [--disconnect-every 5] [--edgefit target/release/edgefit]
+//!     [--max-tokens 48] [--prompts 8] [--disconnect-every 5] [--edgefit target/release/edgefit] [--device cuda]
 //! ```
 //!
 //! With `--edgefit` the server is that binary, started as `edgefit serve` on an ephemeral 127.0.0.1 port and
@@ -41,6 +41,8 @@ struct Args {
     prompts: usize,
     disconnect_every: usize,
     edgefit: Option<PathBuf>,
+    /// Where the served engine runs (`--device` of `edgefit serve`; `cuda` needs `--edgefit`).
+    device: String,
 }
 
 fn args() -> Args {
@@ -60,6 +62,7 @@ fn args() -> Args {
         prompts: 8,
         disconnect_every: 5,
         edgefit: None,
+        device: "cpu".into(),
     };
     let v: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -83,6 +86,7 @@ fn args() -> Args {
             "--prompts" => a.prompts = num(val()) as usize,
             "--disconnect-every" => a.disconnect_every = num(val()) as usize,
             "--edgefit" => a.edgefit = Some(val().into()),
+            "--device" => a.device = val(),
             other => panic!("unknown flag {other}"),
         }
         i += 2;
@@ -300,6 +304,8 @@ fn main() {
             &a.max_model_len.to_string(),
             "--max-queue",
             &(4 * a.clients).to_string(),
+            "--device",
+            &a.device,
         ]);
         if a.exact {
             cmd.arg("--exact");

@@ -164,12 +164,13 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
     // On CUDA the plan is the GPU's: the committed H200 profile unless one is named.
     let profile_name = c.profile.as_deref().or(cuda.then_some("h200"));
     let profile = engine::setup::profile(profile_name)?;
-    let cap = c
-        .cap_gpu_memory
-        .as_deref()
-        .map(|s| Workload::parse_bytes("--cap-gpu-memory", s))
-        .transpose()
-        .map_err(|e| EngineError::Plan(e.to_string()))?;
+    let cap = match c.cap_gpu_memory.as_deref() {
+        Some(s) => Some(
+            Workload::parse_bytes("--cap-gpu-memory", s)
+                .map_err(|e| EngineError::Plan(e.to_string()))?,
+        ),
+        None => None,
+    };
     if cap.is_some() && !cuda {
         return Err(EngineError::Unsupported(
             "--cap-gpu-memory applies to --device cuda".into(),
@@ -517,6 +518,7 @@ fn run_bench(a: BenchArgs) -> miette::Result<()> {
     let pp = (a.prompt_len * b) as f64 / pp_s;
     let tg = (a.gen * b) as f64 / tg_s;
     let p = predicted(&l.plan);
+    println!("loaded in {:.1} s", l.load_s);
     println!("| model | paths | batch | test | t/s | predicted | ratio |");
     println!("|---|---|---|---|---|---|---|");
     let name = l.engine.model.spec.id.clone();

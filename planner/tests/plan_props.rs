@@ -229,9 +229,10 @@ fn workload() -> impl Strategy<Value = Workload> {
         any::<bool>(),
         any::<bool>(),
         prop::option::of(0u64..64),
+        prop::option::of(1u64..200),
     )
         .prop_map(
-            |(len, seqs, prompt, images, speculative, fidelity, vllm, offload)| Workload {
+            |(len, seqs, prompt, images, speculative, fidelity, vllm, offload, cap)| Workload {
                 max_model_len: len,
                 max_num_seqs: seqs,
                 // A prompt longer than the context is an error (issue 23 §4), so keep it within.
@@ -249,6 +250,7 @@ fn workload() -> impl Strategy<Value = Workload> {
                     TargetEngine::Edgefit
                 },
                 offload_bytes: offload.map(|g| g * GIB),
+                gpu_memory_cap: cap.map(|g| g * GIB),
             },
         )
 }

@@ -645,13 +645,13 @@ fn a_capped_h200_offloads_the_27b_like_the_laptop() {
 
 #[test]
 fn memory_amounts_parse_with_units_and_bad_ones_are_named() {
-    let b = |s| Workload::parse_bytes("--cap-gpu-memory", s);
+    let b = |s| Workload::parse_bytes("--cap-gpu-memory", s).map_err(|e| e.to_string());
     assert_eq!(b("1024").unwrap(), 1024);
     assert_eq!(b("2GiB").unwrap(), 2 << 30);
     assert_eq!(b("1.5 gb").unwrap(), 1_500_000_000);
     assert_eq!(b("512MiB").unwrap(), 512 << 20);
     for bad in ["", "GiB", "-3GiB", "0", "12 parsecs", "1e30"] {
-        let e = b(bad).unwrap_err().to_string();
+        let e = b(bad).unwrap_err();
         assert!(e.contains("--cap-gpu-memory"), "{bad}: {e}");
     }
 }

@@ -7,8 +7,8 @@
 # them into target-carry-engine/carry.tar.gz, which the device tool carries (`carry: ["target-carry-engine"]`).
 #
 # Usage (here):    engine/bench/h200/run_engine.sh prepare
-# Usage (device):  bash engine/bench/h200/run_engine.sh [STAGES]   (comma-separated: tests,sanitizer,bench,nsys;
-#                  baseline; default tests,sanitizer,bench). baseline needs `carry: [".whl"]` (transformers 5.25,
+# Usage (device):  bash engine/bench/h200/run_engine.sh [STAGES]   (comma-separated: tests,sanitizer,bench,offload,
+#                  prefill,serve,ncu,nsys,baseline; default tests,sanitizer,bench). baseline needs `carry: [".whl"]` (transformers 5.25,
 #                  flash-linear-attention; see engine/bench/h200/hf_baseline.py).  Env: GEN (decode steps, default 64), MODELS (fp8,nvfp4).
 # Logs: $OUT/engine_*.txt; a table last.
 set -uo pipefail
@@ -20,8 +20,9 @@ if [ "${1:-}" = prepare ]; then
   NVCC=${NVCC:-$(ls "$PWD"/.venv-cuda/lib/python3*/site-packages/nvidia/cu13/bin/nvcc | head -1)}
   export NVCC
   trap '[ $? -ne 0 ] && tail -40 /tmp/edgefit-engine-prepare.err' EXIT
-  cargo build --release -p engine --features cuda --bin edgefit --example random_checkpoint 2>/tmp/edgefit-engine-prepare.err
-  { cargo test --release -p engine --features cuda --test parity --test batching --no-run --message-format=json
+  cargo build --release -p engine --features cuda --bin edgefit --example random_checkpoint --example serve_load \
+    2>/tmp/edgefit-engine-prepare.err
+  { cargo test --release -p engine --features cuda --test parity --test batching --test offload --no-run --message-format=json
     cargo test --release -p kernels --features cuda --test gpu_engine_ops --no-run --message-format=json
   } 2>>/tmp/edgefit-engine-prepare.err | python3 -c "import sys, json
 for l in sys.stdin:
@@ -30,7 +31,7 @@ for l in sys.stdin:
         print(m['target']['name'], m['executable'])" > /tmp/edgefit-engine-bins.txt
   stage=$(mktemp -d)
   while read -r name exe; do cp "$exe" "$stage/test_$name"; done < /tmp/edgefit-engine-bins.txt
-  cp target/release/edgefit target/release/examples/random_checkpoint "$stage/"
+  cp target/release/edgefit target/release/examples/random_checkpoint target/release/examples/serve_load "$stage/"
   strip "$stage"/*
   rm -rf "$CARRY" && mkdir -p "$CARRY"
   tar -C "$stage" -czf "$CARRY/carry.tar.gz" .
@@ -52,7 +53,7 @@ want() { [[ ",$STAGES," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv | tee "$OUT/engine_env.txt"
 
 if want tests; then
-  for t in parity batching gpu_engine_ops; do
+  for t in parity batching offload gpu_engine_ops; do
     timeout 300 "$BIN/test_$t" --test-threads=1 --nocapture > "$OUT/engine_tests_$t.txt" 2>&1
     rc=$?; status+=("tests $t: rc=$rc $(grep -E '^test result' "$OUT/engine_tests_$t.txt" | tail -1)")
   done
@@ -63,6 +64,9 @@ if want sanitizer; then
   timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_parity" cuda_ --test-threads=1 \
     > "$OUT/engine_memcheck.txt" 2>&1
   rc=$?; status+=("memcheck parity (cuda): rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/engine_memcheck.txt" | tail -1)")
+  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_offload" --test-threads=1 \
+    > "$OUT/engine_memcheck_offload.txt" 2>&1
+  rc=$?; status+=("memcheck offload: rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/engine_memcheck_offload.txt" | tail -1)")
 fi
 
 if want bench; then
@@ -81,6 +85,48 @@ if want bench; then
       done
     done
   done
+fi
+
+# Streaming: the FP8 27B on the H200 capped to the laptop's 22.58 GiB (the planner chooses what to offload), with a
+# timeline of the copies and layers, then the seed's sweep of pinned offload amounts under the same cap.
+if want offload; then
+  m=fp8; dir=/tmp/q27-$m
+  [ -f "$dir/model.safetensors" ] || "$BIN/random_checkpoint" "models/qwen3.8-27b-$m" "$dir" 2>&1 | tail -2
+  for gib in ${OFFLOAD_GIB:-auto 10 12 14 16}; do
+    f="$OUT/engine_offload_${m}_$gib.txt"
+    extra=(); [ "$gib" = auto ] && extra=(--timeline "$OUT/engine_timeline_$m.json") || extra=(--offload-gib "$gib")
+    timeout 300 "$BIN/edgefit" bench --device cuda --model "$dir" --cap-gpu-memory 22.58GiB --batch 1 \
+      --prompt-len 32 --gen "${OFFLOAD_GEN:-16}" "${extra[@]}" > "$f" 2>&1
+    rc=$?; status+=("offload $m $gib GiB: rc=$rc $(grep -E 'tg[0-9]|streams|timeline' "$f" | tr '\n' ' ')")
+  done
+fi
+
+# Prefill at 512 and 4096 tokens: the tensor-core GEMMs on the checkpoint-layout copy, and the tile GEMVs
+# (EDGEFIT_PREFILL_GEMM=0), interleaved.
+if want prefill; then
+  for m in ${MODELS//,/ }; do
+    dir=/tmp/q27-$m
+    [ -f "$dir/model.safetensors" ] || "$BIN/random_checkpoint" "models/qwen3.8-27b-$m" "$dir" 2>&1 | tail -2
+    for arm in gemm tiles; do
+      for p in 512 4096; do
+        [ $arm = tiles ] && g=0 || g=1
+        f="$OUT/engine_prefill_${m}_${arm}_$p.txt"
+        EDGEFIT_PREFILL_GEMM=$g timeout 300 "$BIN/edgefit" bench --device cuda --model "$dir" --batch 1 \
+          --prompt-len $p --gen 4 > "$f" 2>&1
+        rc=$?; status+=("prefill $m $arm pp$p: rc=$rc $(grep -E ' pp[0-9]' "$f" | tr '\n' ' ')")
+      done
+    done
+  done
+fi
+
+# The server under load on the 27B geometry: 64 streaming clients, some hanging up, against single-request greedy.
+if want serve; then
+  m=${MODELS%%,*}; dir=/tmp/q27-$m
+  [ -f "$dir/model.safetensors" ] || "$BIN/random_checkpoint" "models/qwen3.8-27b-$m" "$dir" 2>&1 | tail -2
+  timeout 400 "$BIN/serve_load" --edgefit "$BIN/edgefit" --device cuda --profile h200 --model "$dir" \
+    --clients 64 --duration-s "${SERVE_S:-60}" --warmup-s 10 --max-num-seqs 16 --max-model-len 1024 --max-tokens 48 \
+    > "$OUT/engine_serve_$m.txt" 2>&1
+  rc=$?; status+=("serve load $m: rc=$rc"); tail -25 "$OUT/engine_serve_$m.txt"
 fi
 
 if want baseline; then

@@ -385,7 +385,7 @@ fn upload_linear(gpu: &Gpu, w: &Weight, precise: bool, gemm: bool) -> Result<GLi
                 tiles: gpu.nvfp4_repack_tiles(&raw, &sc, *n, *k).map_err(kerr)?,
                 global: *global,
                 // The GEMM takes k in whole 64-column tiles.
-                raw: (gemm && k % 64 == 0).then_some((raw, sc)),
+                raw: (gemm && k.is_multiple_of(64)).then_some((raw, sc)),
             }
         }
         Weight::Int4 { .. } => {
@@ -612,7 +612,7 @@ impl Streamer {
 
     /// Starts a step: realigns after a step that failed midway (waits for everything queued), then fills ahead.
     fn start(&mut self, layers: &[GLayer], gpu: &Gpu) -> Result<(), EngineError> {
-        if self.next_use % self.order.len() != 0 {
+        if !self.next_use.is_multiple_of(self.order.len()) {
             gpu.synchronize().map_err(kerr)?;
             self.copy.synchronize().map_err(kerr)?;
             self.next_use = 0;
@@ -1479,7 +1479,7 @@ impl<'a> Ctx<'a> {
                 raw: Some(wr),
                 scales,
                 ..
-            } if k % 16 == 0 => {
+            } if k.is_multiple_of(16) => {
                 let mut xb = self.pool.u16(gpu, m * k)?;
                 gpu.cast_f32_to_bf16(x, &mut xb).map_err(kerr)?;
                 let mut xq = self.pool.u8(gpu, m * k)?;

@@ -22,8 +22,8 @@ use std::time::Instant;
 
 use kernels::attention::{AttnDims, Rope};
 use kernels::cuda::{
-    Fp8Fragments, GdnGpuInputs, GdnGpuWeights, GdnPrefillIo, Gpu, GpuBuffer, GpuScalar, Nvfp4Fragments,
-    PagedAttentionDims, PagedKvCache, PrefillChunk,
+    Fp8Fragments, GdnGpuInputs, GdnGpuWeights, GdnPrefillIo, Gpu, GpuBuffer, GpuScalar,
+    Nvfp4Fragments, PagedAttentionDims, PagedKvCache, PrefillChunk,
 };
 use kernels::gdn::GdnDims;
 use kernels::ops::{GatedAct, NormWeight};
@@ -73,7 +73,10 @@ fn main() -> ExitCode {
         Err(e) => return skipped(&opts, format!("no CUDA device ({e})")),
     };
     let device = gpu.name().unwrap_or_else(|e| format!("unknown ({e})"));
-    println!("device: {device}; {} rounds of ~{} ms per row", opts.rounds, opts.round_ms);
+    println!(
+        "device: {device}; {} rounds of ~{} ms per row",
+        opts.rounds, opts.round_ms
+    );
     let mut report = Report {
         device: Some(device),
         skipped: None,
@@ -83,21 +86,31 @@ fn main() -> ExitCode {
     };
     let t0 = Instant::now();
     for g in &groups {
-        let wanted: Vec<(String, usize)> = g.rows().into_iter().filter(|(n, _)| opts.wants(n)).collect();
+        let wanted: Vec<(String, usize)> = g
+            .rows()
+            .into_iter()
+            .filter(|(n, _)| opts.wants(n))
+            .collect();
         // The copy floor runs whatever the filter: every memory-bound row is a fraction of it.
         if wanted.is_empty() && g.family != "copy" {
             continue;
         }
         let wanted = if wanted.is_empty() { g.rows() } else { wanted };
         let mut out = Vec::new();
-        let ctx = Ctx { gpu: &gpu, o: &opts };
+        let ctx = Ctx {
+            gpu: &gpu,
+            o: &opts,
+        };
         let res = catch_unwind(AssertUnwindSafe(|| ctx.run_group(g, &wanted, &mut out)));
         let err = match res {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(e.to_string()),
             Err(p) => Some(format!(
                 "panicked: {}",
-                p.downcast_ref::<String>().map(String::as_str).or(p.downcast_ref::<&str>().copied()).unwrap_or("?")
+                p.downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or(p.downcast_ref::<&str>().copied())
+                    .unwrap_or("?")
             )),
         };
         // A group whose setup failed reports every row it did not measure, with the reason.
@@ -161,7 +174,8 @@ fn print_row(r: &Row, copy: Option<f64>) {
                 "  {g:7.0} GB/s = {:5.1}% copy",
                 r.of_copy(copy).unwrap_or(f64::NAN) * 100.0
             )),
-            r.tflops().map_or(String::new(), |t| format!("  {t:7.1} TFLOP/s")),
+            r.tflops()
+                .map_or(String::new(), |t| format!("  {t:7.1} TFLOP/s")),
             r.timing,
             r.reps,
             r.sets
@@ -245,8 +259,46 @@ impl Fill {
     }
 }
 
-fn upload_sets<T: GpuScalar>(gpu: &Gpu, host: &[T], sets: usize) -> Result<Vec<GpuBuffer<T>>, KernelError> {
+fn upload_sets<T: GpuScalar>(
+    gpu: &Gpu,
+    host: &[T],
+    sets: usize,
+) -> Result<Vec<GpuBuffer<T>>, KernelError> {
     (0..sets).map(|_| gpu.upload(host)).collect()
+}
+
+/// A gated DeltaNet layer's weights (conv, gate parameters, the gated norm's weight), random.
+struct GdnLayer {
+    conv_w: GpuBuffer<f32>,
+    a_log: GpuBuffer<f32>,
+    dt_bias: GpuBuffer<f32>,
+    norm_w: GpuBuffer<f32>,
+}
+
+impl GdnLayer {
+    fn new(
+        gpu: &Gpu,
+        conv_dim: usize,
+        hv: usize,
+        fill: &mut Fill,
+    ) -> Result<GdnLayer, KernelError> {
+        Ok(GdnLayer {
+            conv_w: gpu.upload(&fill.f32s(conv_dim * 4, 0.5))?,
+            a_log: gpu.upload(&fill.f32s(hv, 0.5))?,
+            dt_bias: gpu.upload(&fill.f32s(hv, 0.5))?,
+            norm_w: gpu.upload(&fill.f32s(128, 1.0))?,
+        })
+    }
+
+    fn weights(&self) -> GdnGpuWeights<'_> {
+        GdnGpuWeights {
+            conv_weight: &self.conv_w,
+            a_log: &self.a_log,
+            dt_bias: &self.dt_bias,
+            norm_weight: &self.norm_w,
+            norm_eps: EPS,
+        }
+    }
 }
 
 struct Ctx<'a> {
@@ -264,7 +316,11 @@ struct Spec {
 
 impl Ctx<'_> {
     /// Times `call(set)` as the module docs say; `Err` is the reason the row failed.
-    fn measure(&self, sets: usize, call: &mut dyn FnMut(usize) -> KResult) -> Result<(Stats, &'static str, usize), String> {
+    fn measure(
+        &self,
+        sets: usize,
+        call: &mut dyn FnMut(usize) -> KResult,
+    ) -> Result<(Stats, &'static str, usize), String> {
         let gpu = self.gpu;
         let e = |e: KernelError| e.to_string();
         // Warm-up: modules load on first use, and every set is touched once.
@@ -305,7 +361,12 @@ impl Ctx<'_> {
 
     /// `reps` calls recorded in one graph and replayed once, or `None` where the driver refused the capture (the
     /// row is then timed eagerly, and says so).
-    fn capture(&self, reps: usize, sets: usize, call: &mut dyn FnMut(usize) -> KResult) -> Option<kernels::cuda::GpuGraph> {
+    fn capture(
+        &self,
+        reps: usize,
+        sets: usize,
+        call: &mut dyn FnMut(usize) -> KResult,
+    ) -> Option<kernels::cuda::GpuGraph> {
         let gpu = self.gpu;
         gpu.begin_capture().ok()?;
         let mut ok = true;
@@ -323,7 +384,14 @@ impl Ctx<'_> {
         Some(graph)
     }
 
-    fn row(&self, g: &Group, name: &str, v: usize, spec: Spec, call: &mut dyn FnMut(usize) -> KResult) -> Row {
+    fn row(
+        &self,
+        g: &Group,
+        name: &str,
+        v: usize,
+        spec: Spec,
+        call: &mut dyn FnMut(usize) -> KResult,
+    ) -> Row {
         let (stats, timing, reps, error) = match self.measure(spec.sets, call) {
             Ok((s, t, r)) => (Some(s), t, r, None),
             Err(e) => (None, "none", 0, Some(e)),
@@ -348,10 +416,10 @@ impl Ctx<'_> {
         match g.family {
             "copy" => self.copy(g, rows, out),
             "fp8_gemv" | "fp8_gemv_frag" | "fp8_step" => self.fp8_gemv(g, rows, out),
-            "nvfp4_gemv" | "nvfp4_gemv_frag" | "nvfp4_step_norm" | "nvfp4_unfused_norm" | "nvfp4_step_silu"
-            | "nvfp4_unfused_silu" => self.nvfp4_gemv(g, rows, out),
+            "nvfp4_gemv" | "nvfp4_gemv_frag" | "nvfp4_step_norm" | "nvfp4_unfused_norm"
+            | "nvfp4_step_silu" | "nvfp4_unfused_silu" => self.nvfp4_gemv(g, rows, out),
             "bf16_gemv" => self.bf16_gemv(g, rows, out),
-            "fp8_quant" | "fp8_gemm" => self.fp8_gemm(g, rows, out),
+            "fp8_quant" | "fp8_gemm" | "fp8_gemm_bf16" => self.fp8_gemm(g, rows, out),
             "nvfp4_gemm" => self.nvfp4_gemm(g, rows, out),
             "gdn_decode" => self.gdn_decode(g, rows, out),
             "gdn_prefill" | "gdn_prefill_f16" => self.gdn_prefill(g, rows, out),
@@ -366,7 +434,12 @@ impl Ctx<'_> {
         let n = g.get("mib") << 18; // f32 elements
         let a = self.gpu.zeros::<f32>(n)?;
         let mut b = self.gpu.zeros::<f32>(n)?;
-        let spec = Spec { call: "Gpu::copy", sets: 1, bytes: Some(8.0 * n as f64), flops: None };
+        let spec = Spec {
+            call: "Gpu::copy",
+            sets: 1,
+            bytes: Some(8.0 * n as f64),
+            flops: None,
+        };
         out.push(self.row(g, &rows[0].0, 0, spec, &mut |_| self.gpu.copy(&a, &mut b)));
         Ok(())
     }
@@ -394,7 +467,12 @@ impl Ctx<'_> {
                 "fp8_gemv" => {
                     let xs = upload_sets(gpu, &fill.bf16s(m * k), sets)?;
                     let mut scratch = gpu.zeros::<u32>(Gpu::gemv_scratch_len(m, k))?;
-                    let spec = Spec { call: "Gpu::fp8_gemv_tiles", sets, bytes, flops: None };
+                    let spec = Spec {
+                        call: "Gpu::fp8_gemv_tiles",
+                        sets,
+                        bytes,
+                        flops: None,
+                    };
                     out.push(self.row(g, name, m, spec, &mut |i| {
                         gpu.fp8_gemv_tiles(&xs[i], &tiles[i], &scales[i], &mut y, &mut scratch, m)
                     }));
@@ -404,17 +482,30 @@ impl Ctx<'_> {
                     // silu(gate) * up before the down projection.
                     let norm = k <= 8192;
                     let x = gpu.upload(&fill.f32s(if norm { m * k } else { 2 * m * k }, 1.0))?;
-                    let mut frags = Fp8Fragments::new(gpu.zeros::<u32>(Gpu::gemv_scratch_len(m, k))?);
+                    let mut frags =
+                        Fp8Fragments::new(gpu.zeros::<u32>(Gpu::gemv_scratch_len(m, k))?);
                     let produce = |frags: &mut Fp8Fragments| {
                         if norm {
-                            gpu.rmsnorm_fp8_fragments(&x, None, &norm_w, NormWeight::OnePlus, EPS, frags)
+                            gpu.rmsnorm_fp8_fragments(
+                                &x,
+                                None,
+                                &norm_w,
+                                NormWeight::OnePlus,
+                                EPS,
+                                frags,
+                            )
                         } else {
                             gpu.silu_and_mul_fp8_fragments(&x, k, frags)
                         }
                     };
                     produce(&mut frags)?;
                     if fam == "fp8_gemv_frag" {
-                        let spec = Spec { call: "Gpu::fp8_gemv_tiles_fragments", sets, bytes, flops: None };
+                        let spec = Spec {
+                            call: "Gpu::fp8_gemv_tiles_fragments",
+                            sets,
+                            bytes,
+                            flops: None,
+                        };
                         out.push(self.row(g, name, m, spec, &mut |i| {
                             gpu.fp8_gemv_tiles_fragments(&frags, &tiles[i], &scales[i], &mut y, m)
                         }));
@@ -424,7 +515,12 @@ impl Ctx<'_> {
                         } else {
                             "Gpu::silu_and_mul_fp8_fragments + Gpu::fp8_gemv_tiles_fragments"
                         };
-                        let spec = Spec { call, sets, bytes, flops: None };
+                        let spec = Spec {
+                            call,
+                            sets,
+                            bytes,
+                            flops: None,
+                        };
                         out.push(self.row(g, name, m, spec, &mut |i| {
                             produce(&mut frags)?;
                             gpu.fp8_gemv_tiles_fragments(&frags, &tiles[i], &scales[i], &mut y, m)
@@ -441,7 +537,10 @@ impl Ctx<'_> {
         let (n, k) = (g.get("n"), g.get("k"));
         let sets = n_sets(n * k / 2 + n * k / 16);
         let mut fill = Fill(2);
-        let (hw, hs) = (fill.bytes(n * k / 2, 0xFF, 0), fill.bytes(n * k / 16, 0x0F, 0x30));
+        let (hw, hs) = (
+            fill.bytes(n * k / 2, 0xFF, 0),
+            fill.bytes(n * k / 16, 0x0F, 0x30),
+        );
         let mut tiles = Vec::with_capacity(sets);
         for _ in 0..sets {
             let (w, s) = (gpu.upload(&hw)?, gpu.upload(&hs)?);
@@ -460,7 +559,12 @@ impl Ctx<'_> {
             let fam = g.family;
             let silu = fam.ends_with("_silu") || (fam == "nvfp4_gemv_frag" && k > 8192);
             let x = gpu.upload(&fill.f32s(if silu { 2 * m * k } else { m * k }, 1.0))?;
-            let spec = |call| Spec { call, sets, bytes, flops: None };
+            let spec = |call| Spec {
+                call,
+                sets,
+                bytes,
+                flops: None,
+            };
             let row = match fam {
                 "nvfp4_gemv" => {
                     let xs = upload_sets(gpu, &fill.bf16s(m * k), sets)?;
@@ -472,28 +576,63 @@ impl Ctx<'_> {
                     if silu {
                         gpu.silu_and_mul_nvfp4_fragments(&x, k, &mut frags)?;
                     } else {
-                        gpu.rmsnorm_nvfp4_fragments(&x, None, &norm_w, NormWeight::OnePlus, EPS, &mut frags)?;
+                        gpu.rmsnorm_nvfp4_fragments(
+                            &x,
+                            None,
+                            &norm_w,
+                            NormWeight::OnePlus,
+                            EPS,
+                            &mut frags,
+                        )?;
                     }
-                    self.row(g, name, m, spec("Gpu::nvfp4_gemv_tiles_fragments"), &mut |i| {
-                        gpu.nvfp4_gemv_tiles_fragments(&frags, &tiles[i], gs, &mut y, m)
+                    self.row(
+                        g,
+                        name,
+                        m,
+                        spec("Gpu::nvfp4_gemv_tiles_fragments"),
+                        &mut |i| gpu.nvfp4_gemv_tiles_fragments(&frags, &tiles[i], gs, &mut y, m),
+                    )
+                }
+                "nvfp4_step_norm" => {
+                    self.row(g, name, m, spec("Gpu::rmsnorm_nvfp4_gemv"), &mut |i| {
+                        gpu.rmsnorm_nvfp4_gemv(
+                            &x,
+                            None,
+                            &norm_w,
+                            NormWeight::OnePlus,
+                            EPS,
+                            &mut frags,
+                            &tiles[i],
+                            gs,
+                            &mut y,
+                        )
                     })
                 }
-                "nvfp4_step_norm" => self.row(g, name, m, spec("Gpu::rmsnorm_nvfp4_gemv"), &mut |i| {
-                    gpu.rmsnorm_nvfp4_gemv(&x, None, &norm_w, NormWeight::OnePlus, EPS, &mut frags, &tiles[i], gs, &mut y)
-                }),
-                "nvfp4_unfused_norm" => {
-                    self.row(g, name, m, spec("Gpu::rmsnorm + Gpu::nvfp4_gemv_tiles"), &mut |i| {
+                "nvfp4_unfused_norm" => self.row(
+                    g,
+                    name,
+                    m,
+                    spec("Gpu::rmsnorm + Gpu::nvfp4_gemv_tiles"),
+                    &mut |i| {
                         gpu.rmsnorm(&x, &norm_w, NormWeight::OnePlus, EPS, &mut xb)?;
                         gpu.nvfp4_gemv_tiles(&xb, &tiles[i], gs, &mut y, &mut scratch, m)
+                    },
+                ),
+                "nvfp4_step_silu" => {
+                    self.row(g, name, m, spec("Gpu::silu_and_mul_nvfp4_gemv"), &mut |i| {
+                        gpu.silu_and_mul_nvfp4_gemv(&x, &mut frags, &tiles[i], gs, &mut y)
                     })
                 }
-                "nvfp4_step_silu" => self.row(g, name, m, spec("Gpu::silu_and_mul_nvfp4_gemv"), &mut |i| {
-                    gpu.silu_and_mul_nvfp4_gemv(&x, &mut frags, &tiles[i], gs, &mut y)
-                }),
-                _ => self.row(g, name, m, spec("Gpu::silu_and_mul + Gpu::nvfp4_gemv_tiles"), &mut |i| {
-                    gpu.silu_and_mul(&x, k, &mut xb)?;
-                    gpu.nvfp4_gemv_tiles(&xb, &tiles[i], gs, &mut y, &mut scratch, m)
-                }),
+                _ => self.row(
+                    g,
+                    name,
+                    m,
+                    spec("Gpu::silu_and_mul + Gpu::nvfp4_gemv_tiles"),
+                    &mut |i| {
+                        gpu.silu_and_mul(&x, k, &mut xb)?;
+                        gpu.nvfp4_gemv_tiles(&xb, &tiles[i], gs, &mut y, &mut scratch, m)
+                    },
+                ),
             };
             out.push(row);
         }
@@ -506,15 +645,24 @@ impl Ctx<'_> {
         let sets = n_sets(2 * n * k);
         let mut fill = Fill(3);
         let host = fill.bf16s(n * k);
-        let ws = (0..sets).map(|_| gpu.dense_weights_bf16(&host, n, k)).collect::<Result<Vec<_>, _>>()?;
+        let ws = (0..sets)
+            .map(|_| gpu.dense_weights_bf16(&host, n, k))
+            .collect::<Result<Vec<_>, _>>()?;
         drop(host);
         for (name, m) in rows {
             let m = *m;
             let xs = upload_sets(gpu, &fill.f32s(m * k, 1.0), sets)?;
             let mut y = gpu.zeros::<f32>(m * n)?;
             let bytes = Some((2 * n * k + m * k * 4 + m * n * 4) as f64);
-            let spec = Spec { call: "Gpu::dense_linear (bf16 weights)", sets, bytes, flops: None };
-            out.push(self.row(g, name, m, spec, &mut |i| gpu.dense_linear(&xs[i], &ws[i], &mut y, m)));
+            let spec = Spec {
+                call: "Gpu::dense_linear (bf16 weights)",
+                sets,
+                bytes,
+                flops: None,
+            };
+            out.push(self.row(g, name, m, spec, &mut |i| {
+                gpu.dense_linear(&xs[i], &ws[i], &mut y, m)
+            }));
         }
         Ok(())
     }
@@ -532,8 +680,15 @@ impl Ctx<'_> {
                 let mut xq = gpu.zeros::<u8>(m * k)?;
                 let mut sc = gpu.zeros::<f32>(m * kb)?;
                 let bytes = Some((m * k * 3 + m * kb * 4) as f64);
-                let spec = Spec { call: "Gpu::fp8_quantize_activations", sets, bytes, flops: None };
-                out.push(self.row(g, name, m, spec, &mut |i| gpu.fp8_quantize_activations(&xs[i], &mut xq, &mut sc, m, k)));
+                let spec = Spec {
+                    call: "Gpu::fp8_quantize_activations",
+                    sets,
+                    bytes,
+                    flops: None,
+                };
+                out.push(self.row(g, name, m, spec, &mut |i| {
+                    gpu.fp8_quantize_activations(&xs[i], &mut xq, &mut sc, m, k)
+                }));
                 continue;
             }
             let n = g.get("n");
@@ -543,10 +698,35 @@ impl Ctx<'_> {
             let wsc = gpu.upload(&fill.f32s(nb * kb, 1e-2))?;
             let xqs = upload_sets(gpu, &fill.bytes(m * k, 0xBF, 0), sets)?;
             let xsc = gpu.upload(&fill.f32s(m * kb, 1e-2))?;
-            let mut y = gpu.zeros::<f32>(m * n)?;
             let flops = Some(2.0 * (m * n) as f64 * k as f64);
-            let spec = Spec { call: "Gpu::fp8_block_gemm", sets, bytes: None, flops };
-            out.push(self.row(g, name, m, spec, &mut |i| gpu.fp8_block_gemm(&xqs[i], &xsc, &ws[i], &wsc, &mut y, m, n, k)));
+            if g.family == "fp8_gemm_bf16" {
+                // bf16 output (what cuBLAS writes, half the output bytes): h200.md's like-for-like row against
+                // `_scaled_mm`. A specific kernel, not `Auto`'s entry, so only in a `lab` build.
+                #[cfg(feature = "lab")]
+                {
+                    let mut y = gpu.zeros::<u16>(m * n)?;
+                    let spec = Spec {
+                        call: "Gpu::fp8_block_gemm_wgmma_bf16",
+                        sets,
+                        bytes: None,
+                        flops,
+                    };
+                    out.push(self.row(g, name, m, spec, &mut |i| {
+                        gpu.fp8_block_gemm_wgmma_bf16(&xqs[i], &xsc, &ws[i], &wsc, &mut y, m, n, k)
+                    }));
+                }
+                continue;
+            }
+            let mut y = gpu.zeros::<f32>(m * n)?;
+            let spec = Spec {
+                call: "Gpu::fp8_block_gemm",
+                sets,
+                bytes: None,
+                flops,
+            };
+            out.push(self.row(g, name, m, spec, &mut |i| {
+                gpu.fp8_block_gemm(&xqs[i], &xsc, &ws[i], &wsc, &mut y, m, n, k)
+            }));
         }
         Ok(())
     }
@@ -565,26 +745,39 @@ impl Ctx<'_> {
             let xs = upload_sets(gpu, &fill.bf16s(m * k), sets)?;
             let mut y = gpu.zeros::<f32>(m * n)?;
             let flops = Some(2.0 * (m * n) as f64 * k as f64);
-            let spec = Spec { call: "Gpu::nvfp4_gemm", sets, bytes: None, flops };
-            out.push(self.row(g, name, m, spec, &mut |i| gpu.nvfp4_gemm(&xs[i], &ws[i], &ss[i], 1e-2, &mut y, m, n, k)));
+            let spec = Spec {
+                call: "Gpu::nvfp4_gemm",
+                sets,
+                bytes: None,
+                flops,
+            };
+            out.push(self.row(g, name, m, spec, &mut |i| {
+                gpu.nvfp4_gemm(&xs[i], &ws[i], &ss[i], 1e-2, &mut y, m, n, k)
+            }));
         }
         Ok(())
     }
 
     fn gdn_dims(g: &Group) -> GdnDims {
-        GdnDims { key_heads: g.get("hk"), value_heads: g.get("hv"), key_dim: 128, value_dim: 128, conv_kernel: 4 }
+        GdnDims {
+            key_heads: g.get("hk"),
+            value_heads: g.get("hv"),
+            key_dim: 128,
+            value_dim: 128,
+            conv_kernel: 4,
+        }
     }
 
     fn gdn_decode(&self, g: &Group, rows: &[(String, usize)], out: &mut Vec<Row>) -> KResult {
         let gpu = self.gpu;
         let dims = Self::gdn_dims(g);
-        let (hv, cd) = (dims.value_heads, (2 * dims.key_heads + dims.value_heads) * 128);
+        let (hv, cd) = (
+            dims.value_heads,
+            (2 * dims.key_heads + dims.value_heads) * 128,
+        );
         let mut fill = Fill(6);
-        let conv_w = gpu.upload(&fill.f32s(cd * 4, 0.5))?;
-        let a_log = gpu.upload(&fill.f32s(hv, 0.5))?;
-        let dt_bias = gpu.upload(&fill.f32s(hv, 0.5))?;
-        let norm_w = gpu.upload(&fill.f32s(128, 1.0))?;
-        let w = GdnGpuWeights { conv_weight: &conv_w, a_log: &a_log, dt_bias: &dt_bias, norm_weight: &norm_w, norm_eps: EPS };
+        let layer = GdnLayer::new(gpu, cd, hv, &mut fill)?;
+        let w = layer.weights();
         for (name, b) in rows {
             let b = *b;
             let state_len = b * hv * 128 * 128;
@@ -594,16 +787,44 @@ impl Ctx<'_> {
             let a = upload_sets(gpu, &fill.f32s(b * hv, 1.0), sets)?;
             let bb = upload_sets(gpu, &fill.f32s(b * hv, 1.0), sets)?;
             let conv_in = upload_sets(gpu, &fill.f32s(b * cd * 3, 1.0), sets)?;
-            let mut conv_out = (0..sets).map(|_| gpu.zeros::<f32>(b * cd * 3)).collect::<Result<Vec<_>, _>>()?;
+            let mut conv_out = (0..sets)
+                .map(|_| gpu.zeros::<f32>(b * cd * 3))
+                .collect::<Result<Vec<_>, _>>()?;
             let mut state = upload_sets(gpu, &fill.f32s(state_len, 0.01), sets)?;
             let mut o = gpu.zeros::<f32>(b * hv * 128)?;
             // The state read and written once, the conv history read and written, the inputs, the output and the
             // conv weights: what the step must move.
-            let bytes = 4 * (2 * state_len + 2 * b * cd * 3 + b * cd + 2 * b * hv * 128 + 2 * b * hv + cd * 4 + b * hv * 128);
-            let spec = Spec { call: "Gpu::gdn_decode_step", sets, bytes: Some(bytes as f64), flops: None };
+            let bytes = 4
+                * (2 * state_len
+                    + 2 * b * cd * 3
+                    + b * cd
+                    + 2 * b * hv * 128
+                    + 2 * b * hv
+                    + cd * 4
+                    + b * hv * 128);
+            let spec = Spec {
+                call: "Gpu::gdn_decode_step",
+                sets,
+                bytes: Some(bytes as f64),
+                flops: None,
+            };
             out.push(self.row(g, name, b, spec, &mut |i| {
-                let x = GdnGpuInputs { qkv: &qkv[i], z: &z[i], a: &a[i], b: &bb[i] };
-                gpu.gdn_decode_step(&dims, &w, &x, b, &conv_in[i], &mut conv_out[i], &mut state[i], &mut o)
+                let x = GdnGpuInputs {
+                    qkv: &qkv[i],
+                    z: &z[i],
+                    a: &a[i],
+                    b: &bb[i],
+                };
+                gpu.gdn_decode_step(
+                    &dims,
+                    &w,
+                    &x,
+                    b,
+                    &conv_in[i],
+                    &mut conv_out[i],
+                    &mut state[i],
+                    &mut o,
+                )
             }));
         }
         Ok(())
@@ -612,13 +833,14 @@ impl Ctx<'_> {
     fn gdn_prefill(&self, g: &Group, rows: &[(String, usize)], out: &mut Vec<Row>) -> KResult {
         let gpu = self.gpu;
         let dims = Self::gdn_dims(g);
-        let (hv, cd, t) = (dims.value_heads, (2 * dims.key_heads + dims.value_heads) * 128, g.get("t"));
+        let (hv, cd, t) = (
+            dims.value_heads,
+            (2 * dims.key_heads + dims.value_heads) * 128,
+            g.get("t"),
+        );
         let mut fill = Fill(7);
-        let conv_w = gpu.upload(&fill.f32s(cd * 4, 0.5))?;
-        let a_log = gpu.upload(&fill.f32s(hv, 0.5))?;
-        let dt_bias = gpu.upload(&fill.f32s(hv, 0.5))?;
-        let norm_w = gpu.upload(&fill.f32s(128, 1.0))?;
-        let w = GdnGpuWeights { conv_weight: &conv_w, a_log: &a_log, dt_bias: &dt_bias, norm_weight: &norm_w, norm_eps: EPS };
+        let layer = GdnLayer::new(gpu, cd, hv, &mut fill)?;
+        let w = layer.weights();
         for (name, seqs) in rows {
             let seqs = *seqs;
             let lens = vec![t; seqs];
@@ -634,75 +856,76 @@ impl Ctx<'_> {
             // The nominal FLOPs of the chunked form, as the Python benchmark counted them: Hv * chunks *
             // (10 C^2 d + 6 C d^2), C = 64, d = 128.
             let chunks = seqs * t.div_ceil(64);
-            let flops = Some((hv * chunks) as f64 * (10.0 * 64.0 * 64.0 * 128.0 + 6.0 * 64.0 * 128.0 * 128.0));
-            let x = GdnGpuInputs { qkv: &qkv, z: &z, a: &a, b: &b };
-            let row = if g.family == "gdn_prefill" {
-                let mut ws = gpu.zeros::<f32>(Gpu::gdn_prefill_workspace_len(&dims, &lens)?)?;
-                let spec = Spec { call: "Gpu::gdn_prefill", sets: 1, bytes: None, flops };
-                self.row(g, name, seqs, spec, &mut |_| {
-                    let io = GdnPrefillIo { conv_in: &conv_in, conv_out: &mut conv_out, state: &mut state, out: &mut o, workspace: &mut ws };
-                    gpu.gdn_prefill(&dims, &w, &x, &lens, io)
-                })
-            } else {
-                self.gdn_prefill_lab(g, name, seqs, &dims, &w, &x, &lens, flops, &conv_in, &mut conv_out, &mut state, &mut o)?
+            let flops = Some(
+                (hv * chunks) as f64 * (10.0 * 64.0 * 64.0 * 128.0 + 6.0 * 64.0 * 128.0 * 128.0),
+            );
+            let x = GdnGpuInputs {
+                qkv: &qkv,
+                z: &z,
+                a: &a,
+                b: &b,
+            };
+            let row = match g.family {
+                "gdn_prefill" => {
+                    let mut ws = gpu.zeros::<f32>(Gpu::gdn_prefill_workspace_len(&dims, &lens)?)?;
+                    let spec = Spec {
+                        call: "Gpu::gdn_prefill",
+                        sets: 1,
+                        bytes: None,
+                        flops,
+                    };
+                    self.row(g, name, seqs, spec, &mut |_| {
+                        let io = GdnPrefillIo {
+                            conv_in: &conv_in,
+                            conv_out: &mut conv_out,
+                            state: &mut state,
+                            out: &mut o,
+                            workspace: &mut ws,
+                        };
+                        gpu.gdn_prefill(&dims, &w, &x, &lens, io)
+                    })
+                }
+                // The fastest build, at fla's precision class (not `Auto`'s): h200.md's "met by the f16 variant"
+                // row. Only in a `lab` build, where the variant entry points live.
+                #[cfg(feature = "lab")]
+                _ => {
+                    const F16: &str = "wyf16_bf16_cs64";
+                    let mut ws =
+                        gpu.zeros::<f32>(Gpu::gdn_prefill_workspace_len_with(F16, &dims, &lens)?)?;
+                    let spec = Spec {
+                        call: "Gpu::gdn_prefill_with(\"wyf16_bf16_cs64\")",
+                        sets: 1,
+                        bytes: None,
+                        flops,
+                    };
+                    self.row(g, name, seqs, spec, &mut |_| {
+                        let io = GdnPrefillIo {
+                            conv_in: &conv_in,
+                            conv_out: &mut conv_out,
+                            state: &mut state,
+                            out: &mut o,
+                            workspace: &mut ws,
+                        };
+                        gpu.gdn_prefill_with(F16, &dims, &w, &x, &lens, io)
+                    })
+                }
+                #[cfg(not(feature = "lab"))]
+                other => unreachable!("the plan has {other} rows only in a lab build"),
             };
             out.push(row);
         }
         Ok(())
     }
 
-    /// The fastest chunked-prefill build, at fla's precision class (not `Auto`'s): h200.md's "met by the f16
-    /// variant" row. Only in a `lab` build, where the variant entry points live.
-    #[cfg(feature = "lab")]
-    #[allow(clippy::too_many_arguments)]
-    fn gdn_prefill_lab(
-        &self,
-        g: &Group,
-        name: &str,
-        seqs: usize,
-        dims: &GdnDims,
-        w: &GdnGpuWeights<'_>,
-        x: &GdnGpuInputs<'_>,
-        lens: &[usize],
-        flops: Option<f64>,
-        conv_in: &GpuBuffer<f32>,
-        conv_out: &mut GpuBuffer<f32>,
-        state: &mut GpuBuffer<f32>,
-        o: &mut GpuBuffer<f32>,
-    ) -> Result<Row, KernelError> {
-        const F16: &str = "wyf16_bf16_cs64";
-        let gpu = self.gpu;
-        let mut ws = gpu.zeros::<f32>(Gpu::gdn_prefill_workspace_len_with(F16, dims, lens)?)?;
-        let spec = Spec { call: "Gpu::gdn_prefill_with(\"wyf16_bf16_cs64\")", sets: 1, bytes: None, flops };
-        Ok(self.row(g, name, seqs, spec, &mut |_| {
-            let io = GdnPrefillIo { conv_in, conv_out: &mut *conv_out, state: &mut *state, out: &mut *o, workspace: &mut ws };
-            gpu.gdn_prefill_with(F16, dims, w, x, lens, io)
-        }))
-    }
-
-    #[cfg(not(feature = "lab"))]
-    #[allow(clippy::too_many_arguments)]
-    fn gdn_prefill_lab(
-        &self,
-        _: &Group,
-        _: &str,
-        _: usize,
-        _: &GdnDims,
-        _: &GdnGpuWeights<'_>,
-        _: &GdnGpuInputs<'_>,
-        _: &[usize],
-        _: Option<f64>,
-        _: &GpuBuffer<f32>,
-        _: &mut GpuBuffer<f32>,
-        _: &mut GpuBuffer<f32>,
-        _: &mut GpuBuffer<f32>,
-    ) -> Result<Row, KernelError> {
-        unreachable!("the plan has gdn_prefill_f16 rows only in a lab build")
-    }
-
     fn attn_decode(&self, g: &Group, rows: &[(String, usize)], out: &mut Vec<Row>) -> KResult {
         let gpu = self.gpu;
-        let (b, hq, hkv, d, page) = (g.get("b"), g.get("hq"), g.get("hkv"), g.get("d"), g.get("page"));
+        let (b, hq, hkv, d, page) = (
+            g.get("b"),
+            g.get("hq"),
+            g.get("hkv"),
+            g.get("d"),
+            g.get("page"),
+        );
         let mut fill = Fill(8);
         for (name, ctx) in rows {
             let ctx = *ctx;
@@ -723,12 +946,30 @@ impl Ctx<'_> {
             let sl = gpu.upload(&vec![ctx as u32; b])?;
             let q = gpu.upload(&fill.f32s(b * hq * d, 1.0))?;
             let mut o = gpu.zeros::<f32>(b * hq * d)?;
-            let dims = PagedAttentionDims { seqs: b, q_heads: hq, kv_heads: hkv, head_dim: d, page_size: page, num_pages: pages, max_pages_per_seq: pages_per };
+            let dims = PagedAttentionDims {
+                seqs: b,
+                q_heads: hq,
+                kv_heads: hkv,
+                head_dim: d,
+                page_size: page,
+                num_pages: pages,
+                max_pages_per_seq: pages_per,
+            };
             let bytes = Some((2 * b * ctx * hkv * d * 2) as f64);
-            let spec = Spec { call: "Gpu::attention_decode_paged", sets, bytes, flops: None };
+            let spec = Spec {
+                call: "Gpu::attention_decode_paged",
+                sets,
+                bytes,
+                flops: None,
+            };
             let scale = 1.0 / (d as f32).sqrt();
             out.push(self.row(g, name, ctx, spec, &mut |i| {
-                let kv = PagedKvCache { k: &ks[i], v: &vs[i], block_table: &bt, seq_lens: &sl };
+                let kv = PagedKvCache {
+                    k: &ks[i],
+                    v: &vs[i],
+                    block_table: &bt,
+                    seq_lens: &sl,
+                };
                 gpu.attention_decode_paged(&dims, &q, kv, scale, 0, &mut o)
             }));
         }
@@ -740,7 +981,11 @@ impl Ctx<'_> {
         let (hq, hkv, d) = (g.get("hq"), g.get("hkv"), g.get("d"));
         let window = Some(g.get("window")).filter(|&w| w > 0);
         let mut fill = Fill(9);
-        let dims = AttnDims { q_heads: hq, kv_heads: hkv, head_dim: d };
+        let dims = AttnDims {
+            q_heads: hq,
+            kv_heads: hkv,
+            head_dim: d,
+        };
         for (name, t) in rows {
             let t = *t;
             let sets = n_sets(2 * t * d * (hq + 2 * hkv));
@@ -749,16 +994,34 @@ impl Ctx<'_> {
             let vs = upload_sets(gpu, &fill.bf16s(t * hkv * d), sets)?;
             let mut o = gpu.zeros::<u16>(t * hq * d)?;
             let flops = Some(4.0 * (d * hq) as f64 * pairs(t, window) as f64);
-            let spec = Spec { call: "Gpu::attention_prefill", sets, bytes: None, flops };
+            let spec = Spec {
+                call: "Gpu::attention_prefill",
+                sets,
+                bytes: None,
+                flops,
+            };
             let scale = 1.0 / (d as f32).sqrt();
-            out.push(self.row(g, name, t, spec, &mut |i| gpu.attention_prefill(&dims, scale, window, t, &qs[i], &ks[i], &vs[i], &mut o)));
+            out.push(self.row(g, name, t, spec, &mut |i| {
+                gpu.attention_prefill(&dims, scale, window, t, &qs[i], &ks[i], &vs[i], &mut o)
+            }));
         }
         Ok(())
     }
 
-    fn attn_prefill_paged(&self, g: &Group, rows: &[(String, usize)], out: &mut Vec<Row>) -> KResult {
+    fn attn_prefill_paged(
+        &self,
+        g: &Group,
+        rows: &[(String, usize)],
+        out: &mut Vec<Row>,
+    ) -> KResult {
         let gpu = self.gpu;
-        let (hq, hkv, d, page, prefix) = (g.get("hq"), g.get("hkv"), g.get("d"), g.get("page"), g.get("prefix"));
+        let (hq, hkv, d, page, prefix) = (
+            g.get("hq"),
+            g.get("hkv"),
+            g.get("d"),
+            g.get("page"),
+            g.get("prefix"),
+        );
         let mut fill = Fill(10);
         for (name, t) in rows {
             let t = *t;
@@ -777,12 +1040,33 @@ impl Ctx<'_> {
             let cu = gpu.upload(&[0u32, t as u32])?;
             let pl = gpu.upload(&[prefix as u32])?;
             let mut o = gpu.zeros::<u16>(t * hq * d)?;
-            let dims = PagedAttentionDims { seqs: 1, q_heads: hq, kv_heads: hkv, head_dim: d, page_size: page, num_pages: pages, max_pages_per_seq: pages };
+            let dims = PagedAttentionDims {
+                seqs: 1,
+                q_heads: hq,
+                kv_heads: hkv,
+                head_dim: d,
+                page_size: page,
+                num_pages: pages,
+                max_pages_per_seq: pages,
+            };
             let flops = Some(4.0 * (d * hq) as f64 * (t * prefix + t * (t + 1) / 2) as f64);
-            let spec = Spec { call: "Gpu::attention_prefill_paged", sets: 1, bytes: None, flops };
+            let spec = Spec {
+                call: "Gpu::attention_prefill_paged",
+                sets: 1,
+                bytes: None,
+                flops,
+            };
             let scale = 1.0 / (d as f32).sqrt();
             out.push(self.row(g, name, t, spec, &mut |_| {
-                let chunk = PrefillChunk { q: &q, k: &k, v: &v, cu_seqlens: &cu, prefix_lens: &pl, total: t, max_seqlen: t };
+                let chunk = PrefillChunk {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    cu_seqlens: &cu,
+                    prefix_lens: &pl,
+                    total: t,
+                    max_seqlen: t,
+                };
                 gpu.attention_prefill_paged(&dims, scale, None, &kc, &vc, &bt, chunk, &mut o)
             }));
         }
@@ -795,7 +1079,12 @@ impl Ctx<'_> {
         let mut fill = Fill(11);
         for (name, r) in rows {
             let r = *r;
-            let spec = |call, sets, bytes: usize| Spec { call, sets, bytes: Some(bytes as f64), flops: None };
+            let spec = |call, sets, bytes: usize| Spec {
+                call,
+                sets,
+                bytes: Some(bytes as f64),
+                flops: None,
+            };
             let row = match g.family {
                 fam @ ("rmsnorm" | "add_rmsnorm" | "rmsnorm_f32" | "add_rmsnorm_f32") => {
                     let dim = g.get("dim");
@@ -809,7 +1098,8 @@ impl Ctx<'_> {
                     let w = gpu.upload(&fill.f32s(dim, 0.1))?;
                     let mut ob = gpu.zeros::<u16>(n)?;
                     let mut of = gpu.zeros::<f32>(n)?;
-                    let bytes = n * (4 + if add { 8 } else { 0 } + if f32_out { 4 } else { 2 }) + dim * 4;
+                    let bytes =
+                        n * (4 + if add { 8 } else { 0 } + if f32_out { 4 } else { 2 }) + dim * 4;
                     let call = match fam {
                         "rmsnorm" => "Gpu::rmsnorm",
                         "add_rmsnorm" => "Gpu::add_rmsnorm",
@@ -817,12 +1107,22 @@ impl Ctx<'_> {
                         _ => "Gpu::add_rmsnorm_f32",
                     };
                     let form = NormWeight::OnePlus;
-                    self.row(g, name, r, spec(call, sets, bytes), &mut |i| match (add, f32_out) {
-                        (false, false) => gpu.rmsnorm(&xs[i], &w, form, EPS, &mut ob),
-                        (false, true) => gpu.rmsnorm_f32(&xs[i], &w, form, EPS, &mut of),
-                        (true, false) => gpu.add_rmsnorm(&xs[i], &mut res[i], &w, form, EPS, &mut ob),
-                        (true, true) => gpu.add_rmsnorm_f32(&xs[i], &mut res[i], &w, form, EPS, &mut of),
-                    })
+                    self.row(
+                        g,
+                        name,
+                        r,
+                        spec(call, sets, bytes),
+                        &mut |i| match (add, f32_out) {
+                            (false, false) => gpu.rmsnorm(&xs[i], &w, form, EPS, &mut ob),
+                            (false, true) => gpu.rmsnorm_f32(&xs[i], &w, form, EPS, &mut of),
+                            (true, false) => {
+                                gpu.add_rmsnorm(&xs[i], &mut res[i], &w, form, EPS, &mut ob)
+                            }
+                            (true, true) => {
+                                gpu.add_rmsnorm_f32(&xs[i], &mut res[i], &w, form, EPS, &mut of)
+                            }
+                        },
+                    )
                 }
                 fam @ ("silu_and_mul" | "gelu_and_mul" | "gelu_tanh_and_mul_f32") => {
                     let inter = g.get("inter");
@@ -832,11 +1132,29 @@ impl Ctx<'_> {
                     let mut ob = gpu.zeros::<u16>(n)?;
                     let mut of = gpu.zeros::<f32>(n)?;
                     match fam {
-                        "silu_and_mul" => self.row(g, name, r, spec("Gpu::silu_and_mul", sets, n * 10), &mut |i| gpu.silu_and_mul(&gu[i], inter, &mut ob)),
-                        "gelu_and_mul" => self.row(g, name, r, spec("Gpu::gelu_and_mul", sets, n * 10), &mut |i| gpu.gelu_and_mul(&gu[i], inter, &mut ob)),
-                        _ => self.row(g, name, r, spec("Gpu::act_and_mul_f32 (GeluTanh)", sets, n * 12), &mut |i| {
-                            gpu.act_and_mul_f32(GatedAct::GeluTanh, &gu[i], inter, &mut of)
-                        }),
+                        "silu_and_mul" => self.row(
+                            g,
+                            name,
+                            r,
+                            spec("Gpu::silu_and_mul", sets, n * 10),
+                            &mut |i| gpu.silu_and_mul(&gu[i], inter, &mut ob),
+                        ),
+                        "gelu_and_mul" => self.row(
+                            g,
+                            name,
+                            r,
+                            spec("Gpu::gelu_and_mul", sets, n * 10),
+                            &mut |i| gpu.gelu_and_mul(&gu[i], inter, &mut ob),
+                        ),
+                        _ => self.row(
+                            g,
+                            name,
+                            r,
+                            spec("Gpu::act_and_mul_f32 (GeluTanh)", sets, n * 12),
+                            &mut |i| {
+                                gpu.act_and_mul_f32(GatedAct::GeluTanh, &gu[i], inter, &mut of)
+                            },
+                        ),
                     }
                 }
                 "cast_f32_to_bf16" => {
@@ -844,21 +1162,39 @@ impl Ctx<'_> {
                     let sets = n_sets(n * 4);
                     let xs = upload_sets(gpu, &fill.f32s(n, 1.0), sets)?;
                     let mut ob = gpu.zeros::<u16>(n)?;
-                    self.row(g, name, r, spec("Gpu::cast_f32_to_bf16", sets, n * 6), &mut |i| gpu.cast_f32_to_bf16(&xs[i], &mut ob))
+                    self.row(
+                        g,
+                        name,
+                        r,
+                        spec("Gpu::cast_f32_to_bf16", sets, n * 6),
+                        &mut |i| gpu.cast_f32_to_bf16(&xs[i], &mut ob),
+                    )
                 }
                 "cast_bf16_to_f32" => {
                     let n = r * g.get("dim");
                     let sets = n_sets(n * 2);
                     let xs = upload_sets(gpu, &fill.bf16s(n), sets)?;
                     let mut of = gpu.zeros::<f32>(n)?;
-                    self.row(g, name, r, spec("Gpu::cast_bf16_to_f32", sets, n * 6), &mut |i| gpu.cast_bf16_to_f32(&xs[i], &mut of))
+                    self.row(
+                        g,
+                        name,
+                        r,
+                        spec("Gpu::cast_bf16_to_f32", sets, n * 6),
+                        &mut |i| gpu.cast_bf16_to_f32(&xs[i], &mut of),
+                    )
                 }
                 "sigmoid_gate" => {
                     let n = r * g.get("dim");
                     let sets = n_sets(n * 8);
                     let mut xs = upload_sets(gpu, &fill.f32s(n, 1.0), sets)?;
                     let gs = upload_sets(gpu, &fill.f32s(n, 4.0), sets)?;
-                    self.row(g, name, r, spec("Gpu::sigmoid_gate", sets, n * 12), &mut |i| gpu.sigmoid_gate(&mut xs[i], &gs[i]))
+                    self.row(
+                        g,
+                        name,
+                        r,
+                        spec("Gpu::sigmoid_gate", sets, n * 12),
+                        &mut |i| gpu.sigmoid_gate(&mut xs[i], &gs[i]),
+                    )
                 }
                 "sigmoid_head_gate" => {
                     let (heads, d) = (g.get("heads"), g.get("d"));
@@ -867,48 +1203,89 @@ impl Ctx<'_> {
                     let mut xs = upload_sets(gpu, &fill.f32s(n, 1.0), sets)?;
                     let gs = upload_sets(gpu, &fill.f32s(r * heads, 4.0), sets)?;
                     let bytes = n * 8 + r * heads * 4;
-                    self.row(g, name, r, spec("Gpu::sigmoid_head_gate", sets, bytes), &mut |i| gpu.sigmoid_head_gate(&mut xs[i], heads, &gs[i]))
+                    self.row(
+                        g,
+                        name,
+                        r,
+                        spec("Gpu::sigmoid_head_gate", sets, bytes),
+                        &mut |i| gpu.sigmoid_head_gate(&mut xs[i], heads, &gs[i]),
+                    )
                 }
                 "rope_neox" => {
                     let (heads, d, rot) = (g.get("heads"), g.get("d"), g.get("rot"));
-                    let rope = Rope { head_dim: d, rotary_dim: rot, theta: 1e7 };
+                    let rope = Rope {
+                        head_dim: d,
+                        rotary_dim: rot,
+                        theta: 1e7,
+                    };
                     let n = r * heads * d;
                     let sets = n_sets(n * 4);
                     let mut xs = upload_sets(gpu, &fill.f32s(n, 1.0), sets)?;
                     let pos = gpu.upload(&(0..r as u32).collect::<Vec<_>>())?;
                     // Only the rotated dims are read and written.
                     let bytes = r * heads * rot * 8 + r * 4;
-                    self.row(g, name, r, spec("Gpu::rope_neox", sets, bytes), &mut |i| gpu.rope_neox(&rope, heads, &pos, &mut xs[i]))
+                    self.row(g, name, r, spec("Gpu::rope_neox", sets, bytes), &mut |i| {
+                        gpu.rope_neox(&rope, heads, &pos, &mut xs[i])
+                    })
                 }
                 "embedding_gather" => {
                     let (vocab, dim) = (g.get("vocab"), g.get("dim"));
                     // A gather's speed does not depend on the table's values, so the table is left zero (2.5 GB
                     // not generated on the host).
                     let table = gpu.zeros::<u16>(vocab * dim)?;
-                    let ids: Vec<u32> = (0..r).map(|_| (fill.next() % vocab as u64) as u32).collect();
+                    let ids: Vec<u32> = (0..r)
+                        .map(|_| (fill.next() % vocab as u64) as u32)
+                        .collect();
                     let ids = gpu.upload(&ids)?;
                     let mut of = gpu.zeros::<f32>(r * dim)?;
-                    self.row(g, name, r, spec("Gpu::embedding_gather", 1, r * dim * 6), &mut |_| gpu.embedding_gather(&table, dim, &ids, &mut of))
+                    self.row(
+                        g,
+                        name,
+                        r,
+                        spec("Gpu::embedding_gather", 1, r * dim * 6),
+                        &mut |_| gpu.embedding_gather(&table, dim, &ids, &mut of),
+                    )
                 }
                 "argmax" => {
                     let vocab = g.get("vocab");
                     let sets = n_sets(r * vocab * 4);
                     let ls = upload_sets(gpu, &fill.f32s(r * vocab, 10.0), sets)?;
                     let mut o = gpu.zeros::<u32>(r)?;
-                    self.row(g, name, r, spec("Gpu::argmax", sets, r * vocab * 4), &mut |i| gpu.argmax(&ls[i], vocab, &mut o))
+                    self.row(
+                        g,
+                        name,
+                        r,
+                        spec("Gpu::argmax", sets, r * vocab * 4),
+                        &mut |i| gpu.argmax(&ls[i], vocab, &mut o),
+                    )
                 }
                 "sample" => {
                     let (vocab, top_k) = (g.get("vocab"), g.get("top_k"));
                     let sets = n_sets(r * vocab * 4);
                     let ls = upload_sets(gpu, &fill.f32s(r * vocab, 10.0), sets)?;
-                    let words: Vec<u32> = (0..r as u64).flat_map(|s| Gpu::pcg32_words(7, s)).collect();
+                    let words: Vec<u32> =
+                        (0..r as u64).flat_map(|s| Gpu::pcg32_words(7, s)).collect();
                     let mut rng = gpu.upload(&words)?;
                     let mut o = gpu.zeros::<u32>(r)?;
                     // Qwen3's recommended sampling.
-                    let p = SamplingParams { temperature: 0.7, top_k, top_p: 0.95 };
-                    self.row(g, name, r, spec("Gpu::sample", sets, r * vocab * 4), &mut |i| gpu.sample(&ls[i], vocab, &p, &mut rng, &mut o))
+                    let p = SamplingParams {
+                        temperature: 0.7,
+                        top_k,
+                        top_p: 0.95,
+                    };
+                    self.row(
+                        g,
+                        name,
+                        r,
+                        spec("Gpu::sample", sets, r * vocab * 4),
+                        &mut |i| gpu.sample(&ls[i], vocab, &p, &mut rng, &mut o),
+                    )
                 }
-                other => return Err(KernelError::Cuda(format!("gpu bench: no runner for family `{other}`"))),
+                other => {
+                    return Err(KernelError::Cuda(format!(
+                        "gpu bench: no runner for family `{other}`"
+                    )))
+                }
             };
             out.push(row);
         }

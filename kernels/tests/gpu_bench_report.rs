@@ -16,15 +16,41 @@ fn arguments() {
     assert!(!o.quick && o.json.is_none() && o.filters.is_empty() && !o.list);
     assert_eq!((o.rounds, o.round_ms), (11, 3.0));
     // What `cargo bench -- --quick gemv` passes: cargo's own `--bench` first, a bare filter.
-    let o = parse(&["--bench", "--quick", "--json", "/tmp/x.json", "gemv", "--filter", "attn"]).unwrap().unwrap();
+    let o = parse(&[
+        "--bench",
+        "--quick",
+        "--json",
+        "/tmp/x.json",
+        "gemv",
+        "--filter",
+        "attn",
+    ])
+    .unwrap()
+    .unwrap();
     assert!(o.quick);
     assert_eq!((o.rounds, o.round_ms), (5, 1.5));
     assert_eq!(o.json.as_deref(), Some("/tmp/x.json"));
     assert_eq!(o.filters, ["gemv", "attn"]);
-    assert!(o.wants("fp8_gemv/n=5120,k=17408/m=1") && o.wants("attn_decode/b=1") && !o.wants("copy/mib=256"));
-    assert_eq!(parse(&["--rounds", "7", "--round-ms", "0.5"]).unwrap().unwrap().rounds, 7);
+    assert!(
+        o.wants("fp8_gemv/n=5120,k=17408/m=1")
+            && o.wants("attn_decode/b=1")
+            && !o.wants("copy/mib=256")
+    );
+    assert_eq!(
+        parse(&["--rounds", "7", "--round-ms", "0.5"])
+            .unwrap()
+            .unwrap()
+            .rounds,
+        7
+    );
     assert_eq!(parse(&["--help"]).unwrap(), None);
-    for bad in [&["--json"][..], &["--rounds", "0"], &["--rounds", "x"], &["--round-ms", "-1"], &["--nope"]] {
+    for bad in [
+        &["--json"][..],
+        &["--rounds", "0"],
+        &["--rounds", "x"],
+        &["--round-ms", "-1"],
+        &["--nope"],
+    ] {
         assert!(parse(bad).is_err(), "{bad:?} was accepted");
     }
 }
@@ -32,11 +58,19 @@ fn arguments() {
 #[test]
 fn plan_names_are_unique_and_cover_the_table() {
     for quick in [false, true] {
-        let names: Vec<String> = plan(quick).iter().flat_map(|g| g.rows()).map(|(n, _)| n).collect();
+        let names: Vec<String> = plan(quick)
+            .iter()
+            .flat_map(|g| g.rows())
+            .map(|(n, _)| n)
+            .collect();
         let mut sorted = names.clone();
         sorted.sort();
         sorted.dedup();
-        assert_eq!(sorted.len(), names.len(), "duplicate row names (quick = {quick})");
+        assert_eq!(
+            sorted.len(),
+            names.len(),
+            "duplicate row names (quick = {quick})"
+        );
         // Every family of benchmarks/h200.md's table has rows, and its target shapes are there in quick mode too.
         for want in [
             "copy/mib=256",
@@ -54,7 +88,10 @@ fn plan_names_are_unique_and_cover_the_table() {
             "rmsnorm/dim=5120/rows=4096",
             "sample/vocab=248320,top_k=20/rows=1",
         ] {
-            assert!(names.iter().any(|n| n == want), "{want} missing (quick = {quick})");
+            assert!(
+                names.iter().any(|n| n == want),
+                "{want} missing (quick = {quick})"
+            );
         }
     }
     // Every group names the parameters its runner reads.
@@ -82,7 +119,13 @@ fn stats_median_and_spread() {
     assert_eq!(Stats::of(&[1.0, f64::NAN]), None);
 }
 
-fn row(name: &str, us: Option<f64>, bytes: Option<f64>, flops: Option<f64>, error: Option<&str>) -> Row {
+fn row(
+    name: &str,
+    us: Option<f64>,
+    bytes: Option<f64>,
+    flops: Option<f64>,
+    error: Option<&str>,
+) -> Row {
     Row {
         name: name.into(),
         family: "fp8_gemv",
@@ -92,7 +135,10 @@ fn row(name: &str, us: Option<f64>, bytes: Option<f64>, flops: Option<f64>, erro
         reps: 140,
         rounds: 11,
         sets: 3,
-        stats: us.map(|u| Stats { median: u * 1e-6, spread: 0.02 }),
+        stats: us.map(|u| Stats {
+            median: u * 1e-6,
+            spread: 0.02,
+        }),
         bytes,
         flops,
         error: error.map(str::to_string),
@@ -107,30 +153,67 @@ fn json_and_table() {
         quick: true,
         copy_gbps: Some(4000.0),
         rows: vec![
-            row("fp8_gemv/n=5120,k=17408/m=1", Some(25.0), Some(100e6), None, None),
+            row(
+                "fp8_gemv/n=5120,k=17408/m=1",
+                Some(25.0),
+                Some(100e6),
+                None,
+                None,
+            ),
             row("fp8_gemm/x", Some(1000.0), None, Some(2e12), None),
-            row("broken", None, None, None, Some("cuda::x: bad\nsecond line")),
+            row(
+                "broken",
+                None,
+                None,
+                None,
+                Some("cuda::x: bad\nsecond line"),
+            ),
         ],
     };
     let j = report.to_json();
-    assert!(j.contains("\"schema\": \"edgefit-gpu-bench/1\""));
-    assert!(j.contains("\"device\": \"NVIDIA H200 \\\"SXM\\\"\""));
+    let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+    assert_eq!(v["schema"], "edgefit-gpu-bench/1");
+    assert_eq!(v["device"], "NVIDIA H200 \"SXM\"");
+    assert_eq!(v["copy_GBps"], 4000.0);
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3);
     // 100 MB in 25 us = 4000 GB/s = all of copy; 2 TFLOP in 1 ms = 2000 TFLOP/s.
-    assert!(j.contains("\"us\": 25") || j.contains("\"us\": 24.99999"), "{j}");
-    assert!(j.contains("\"GBps\": 4000") && j.contains("\"of_copy\": 1"), "{j}");
-    assert!(j.contains("\"TFLOPs\": 2000"), "{j}");
-    assert!(j.contains("\"params\": {\"n\": 5120, \"k\": 17408, \"m\": 1}"));
-    assert!(j.contains("\"error\": \"cuda::x: bad\\nsecond line\""));
-    assert!(!j.contains("NaN") && !j.contains("inf"));
-    // Brackets balance and every row is one object (a cheap structural check without a JSON parser).
-    assert_eq!(j.matches('{').count(), j.matches('}').count());
-    assert_eq!(j.matches("\"name\"").count(), 3);
+    let close = |x: &serde_json::Value, want: f64| (x.as_f64().unwrap() / want - 1.0).abs() < 1e-9;
+    assert!(
+        close(&rows[0]["us"], 25.0)
+            && close(&rows[0]["GBps"], 4000.0)
+            && close(&rows[0]["of_copy"], 1.0)
+    );
+    assert_eq!(
+        rows[0]["params"],
+        serde_json::json!({"n": 5120, "k": 17408, "m": 1})
+    );
+    assert_eq!(rows[0]["TFLOPs"], serde_json::Value::Null);
+    assert!(close(&rows[1]["TFLOPs"], 2000.0) && rows[1]["of_copy"].is_null());
+    assert_eq!(rows[2]["error"], "cuda::x: bad\nsecond line");
+    assert!(rows[2]["us"].is_null() && rows[2]["spread"].is_null());
     let t = report.table();
     assert!(t.lines().next().unwrap().contains("copy 4000 GB/s"));
-    assert!(t.contains("100.0%") && t.contains("2000.0") && t.contains("broken") && t.contains("FAILED: cuda::x: bad"));
+    assert!(
+        t.contains("100.0%")
+            && t.contains("2000.0")
+            && t.contains("broken")
+            && t.contains("FAILED: cuda::x: bad")
+    );
     assert!(!t.contains("second line"));
 
-    let skipped = Report { device: None, skipped: Some("no CUDA device".into()), quick: false, copy_gbps: None, rows: vec![] };
-    let j = skipped.to_json();
-    assert!(j.contains("\"skipped\": \"no CUDA device\"") && j.contains("\"rows\": []") && j.contains("\"copy_GBps\": null"));
+    let skipped = Report {
+        device: None,
+        skipped: Some("no CUDA device".into()),
+        quick: false,
+        copy_gbps: None,
+        rows: vec![],
+    };
+    let v: serde_json::Value = serde_json::from_str(&skipped.to_json()).unwrap();
+    assert_eq!(v["skipped"], "no CUDA device");
+    assert!(
+        v["device"].is_null()
+            && v["copy_GBps"].is_null()
+            && v["rows"].as_array().unwrap().is_empty()
+    );
 }

@@ -28,8 +28,12 @@ pub(crate) fn run(args: Vec<OsString>) -> Result<()> {
             cpu()
         }
         Some("gpu") => gpu(GpuArgs::parse(args)?),
-        Some(other) => Err(miette!("unknown bench target `{other}`; expected `cpu` or `gpu`")),
-        None => Err(miette!("usage: cargo xtask bench cpu | gpu [--lab] [--out DIR]")),
+        Some(other) => Err(miette!(
+            "unknown bench target `{other}`; expected `cpu` or `gpu`"
+        )),
+        None => Err(miette!(
+            "usage: cargo xtask bench cpu | gpu [--lab] [--out DIR]"
+        )),
     }
 }
 
@@ -84,7 +88,11 @@ impl GpuArgs {
 const BIN: &str = "gpu_bench";
 
 fn gpu(a: GpuArgs) -> Result<()> {
-    let features = if a.lab { "kernels/cuda,kernels/lab" } else { "kernels/cuda" };
+    let features = if a.lab {
+        "kernels/cuda,kernels/lab"
+    } else {
+        "kernels/cuda"
+    };
     // cargo's JSON messages name the built executable (a bench has a hashed name under deps/); with
     // `json-render-diagnostics` the compiler's messages still reach the terminal, rendered, on stderr.
     let mut child = Command::new(cargo())
@@ -102,7 +110,10 @@ fn gpu(a: GpuArgs) -> Result<()> {
         .stdout(Stdio::piped())
         .spawn()
         .into_diagnostic()?;
-    let stdout = child.stdout.take().ok_or_else(|| miette!("no stdout from cargo"))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| miette!("no stdout from cargo"))?;
     let mut exe = None;
     for line in std::io::BufReader::new(stdout).lines() {
         let line = line.into_diagnostic()?;
@@ -112,7 +123,9 @@ fn gpu(a: GpuArgs) -> Result<()> {
     }
     let status = child.wait().into_diagnostic()?;
     if !status.success() {
-        return Err(miette!("`cargo build --bench gpu --features {features}` failed ({status}); is NVCC set?"));
+        return Err(miette!(
+            "`cargo build --bench gpu --features {features}` failed ({status}); is NVCC set?"
+        ));
     }
     let exe = exe.ok_or_else(|| miette!("cargo built no `gpu` bench executable"))?;
     pack(&exe, &a.out)
@@ -135,7 +148,11 @@ fn pack(exe: &Path, out: &Path) -> Result<()> {
     std::fs::create_dir_all(&stage).into_diagnostic()?;
     let bin = stage.join(BIN);
     std::fs::copy(exe, &bin).into_diagnostic()?;
-    match Command::new("strip").arg("--strip-debug").arg(&bin).status() {
+    match Command::new("strip")
+        .arg("--strip-debug")
+        .arg(&bin)
+        .status()
+    {
         Ok(s) if s.success() => {}
         // Unstripped still runs; it only costs carry space.
         _ => eprintln!("note: `strip --strip-debug` failed or is missing; packing with debug info"),
@@ -192,8 +209,12 @@ mod tests {
     #[test]
     fn finds_the_bench_executable() {
         let line = r#"{"reason":"compiler-artifact","target":{"name":"gpu","kind":["bench"]},"executable":"/t/release/deps/gpu-abc"}"#;
-        assert_eq!(bench_executable(line), Some(PathBuf::from("/t/release/deps/gpu-abc")));
-        let other = r#"{"reason":"compiler-artifact","target":{"name":"kernels"},"executable":null}"#;
+        assert_eq!(
+            bench_executable(line),
+            Some(PathBuf::from("/t/release/deps/gpu-abc"))
+        );
+        let other =
+            r#"{"reason":"compiler-artifact","target":{"name":"kernels"},"executable":null}"#;
         assert_eq!(bench_executable(other), None);
         assert_eq!(bench_executable("not json"), None);
     }

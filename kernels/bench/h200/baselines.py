@@ -229,22 +229,27 @@ def attn_prefill(p):
     if w == 0:
         return "SDPA flash causal", sdpa_flash(
             lambda i: F.scaled_dot_product_attention(q[i], k[i], v[i], is_causal=True, enable_gqa=True)), sets
-    # SDPA has no sliding window: a boolean mask (no flash kernel takes one; the efficient backend does).
+    # SDPA has no sliding window: a boolean mask, which no flash kernel takes; the memory-efficient backend does,
+    # but not with enable_gqa, so K and V are expanded to the query heads first (outside the timed call), else
+    # the math backend would materialise every score.
     i_ = torch.arange(t, device=dev)
     mask = (i_[None, :] <= i_[:, None]) & (i_[:, None] - i_[None, :] < w)
+    kx = [x.repeat_interleave(hq // hkv, 1) for x in k]
+    vx = [x.repeat_interleave(hq // hkv, 1) for x in v]
     return "SDPA with a window mask", (
-        lambda i: F.scaled_dot_product_attention(q[i], k[i], v[i], attn_mask=mask, enable_gqa=True)), sets
+        lambda i: F.scaled_dot_product_attention(q[i], kx[i], vx[i], attn_mask=mask)), sets
 
 
 def attn_prefill_paged(p):
     hq, hkv, d, t, pre = p["hq"], p["hkv"], p["d"], p["t"], p["prefix"]
     q = bf16(1, hq, t, d)
-    k = bf16(1, hkv, pre + t, d)
-    v = bf16(1, hkv, pre + t, d)
+    # K and V expanded to the query heads, as for the window (the mask keeps flash out).
+    k = bf16(1, hkv, pre + t, d).repeat_interleave(hq // hkv, 1)
+    v = bf16(1, hkv, pre + t, d).repeat_interleave(hq // hkv, 1)
     i_ = torch.arange(t, device=dev)[:, None] + pre
     mask = torch.arange(pre + t, device=dev)[None, :] <= i_
     return "SDPA on the dense equivalent (mask)", (
-        lambda i: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)), 1
+        lambda i: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)), 1
 
 
 def small_op(fam, p):
@@ -344,6 +349,7 @@ OURS = {
 
 BASELINES = {
     "fp8_gemv": gemv_fp8, "fp8_gemv_frag": gemv_fp8, "bf16_gemv": gemv_bf16, "fp8_gemm": gemm_fp8,
+    "fp8_gemm_bf16": gemm_fp8,
     "nvfp4_gemm": gemm_bf16, "fp8_quant": fp8_quant, "gdn_decode": gdn_decode, "gdn_prefill": gdn_prefill,
     "gdn_prefill_f16": gdn_prefill, "attn_decode": attn_decode, "attn_prefill": attn_prefill,
     "attn_prefill_paged": attn_prefill_paged,
@@ -359,6 +365,8 @@ def key(row):
         fam = "fp8_gemv"
     if fam == "gdn_prefill_f16":
         fam = "gdn_prefill"
+    if fam == "fp8_gemm_bf16":
+        fam = "fp8_gemm"
     return fam, tuple(sorted(p.items()))
 
 

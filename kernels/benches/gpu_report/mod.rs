@@ -6,6 +6,8 @@
 
 use std::fmt::Write as _;
 
+use serde_json::{json, Value};
+
 /// Command-line options of the benchmark binary.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Opts {
@@ -52,7 +54,9 @@ impl Opts {
                 "--filter" => o.filters.push(value("--filter")?),
                 "--rounds" => {
                     let v = value("--rounds")?;
-                    let n: usize = v.parse().map_err(|_| format!("--rounds: `{v}` is not a count"))?;
+                    let n: usize = v
+                        .parse()
+                        .map_err(|_| format!("--rounds: `{v}` is not a count"))?;
                     if !(1..=1000).contains(&n) {
                         return Err(format!("--rounds: {n} is outside 1..=1000"));
                     }
@@ -60,7 +64,9 @@ impl Opts {
                 }
                 "--round-ms" => {
                     let v = value("--round-ms")?;
-                    let ms: f64 = v.parse().map_err(|_| format!("--round-ms: `{v}` is not a number"))?;
+                    let ms: f64 = v
+                        .parse()
+                        .map_err(|_| format!("--round-ms: `{v}` is not a number"))?;
                     if !(ms > 0.0 && ms <= 1000.0) {
                         return Err(format!("--round-ms: {v} is outside (0, 1000]"));
                     }
@@ -94,7 +100,11 @@ pub(crate) struct Group {
 }
 
 impl Group {
-    fn new(family: &'static str, shape: &[(&'static str, usize)], sweep: (&'static str, &[usize])) -> Group {
+    fn new(
+        family: &'static str,
+        shape: &[(&'static str, usize)],
+        sweep: (&'static str, &[usize]),
+    ) -> Group {
         Group {
             family,
             shape: shape.to_vec(),
@@ -128,7 +138,8 @@ impl Group {
 
 /// The decode GEMV shapes of Qwen3.8-27B (n x k): down projection, gate/up (one of the two), the attention / GDN
 /// projections' class and the lm_head, the four rows of `benchmarks/h200.md`.
-pub(crate) const GEMV_SHAPES: [(usize, usize); 4] = [(5120, 17408), (17408, 5120), (5120, 10240), (248320, 5120)];
+pub(crate) const GEMV_SHAPES: [(usize, usize); 4] =
+    [(5120, 17408), (17408, 5120), (5120, 10240), (248320, 5120)];
 
 /// Every row the benchmark can run, in run order. `quick` keeps the shapes the table's targets name and fewer
 /// token counts.
@@ -145,26 +156,62 @@ pub(crate) fn plan(quick: bool) -> Vec<Group> {
     // The GEMV alone on fragments a producer wrote, and the producer + GEMV decode step, both through the public
     // producer calls (`rmsnorm_*_fragments` for a 5120-wide input, `silu_and_mul_*_fragments` for the MLP's).
     for &(n, k) in &GEMV_SHAPES {
-        g.push(Group::new("fp8_gemv_frag", &[("n", n), ("k", k)], ("m", &[1, 4, 16])));
-        g.push(Group::new("fp8_step", &[("n", n), ("k", k)], ("m", &[1, 4, 16])));
-        g.push(Group::new("nvfp4_gemv_frag", &[("n", n), ("k", k)], ("m", &[1, 4, 16])));
+        g.push(Group::new(
+            "fp8_gemv_frag",
+            &[("n", n), ("k", k)],
+            ("m", &[1, 4, 16]),
+        ));
+        g.push(Group::new(
+            "fp8_step",
+            &[("n", n), ("k", k)],
+            ("m", &[1, 4, 16]),
+        ));
+        g.push(Group::new(
+            "nvfp4_gemv_frag",
+            &[("n", n), ("k", k)],
+            ("m", &[1, 4, 16]),
+        ));
     }
     // The NVFP4 decode steps in one call against the unfused producer + GEMV (h200.md's step table).
     for &(n, k) in &[(5120, 17408), (5120, 10240)] {
-        for fam in ["nvfp4_step_norm", "nvfp4_unfused_norm", "nvfp4_step_silu", "nvfp4_unfused_silu"] {
+        for fam in [
+            "nvfp4_step_norm",
+            "nvfp4_unfused_norm",
+            "nvfp4_step_silu",
+            "nvfp4_unfused_silu",
+        ] {
             g.push(Group::new(fam, &[("n", n), ("k", k)], ("m", &[1, 4])));
         }
     }
     // The bf16 lm_head of the FP8 27B build and a bf16 model's MLP-sized matrix.
     for &(n, k) in &[(248320, 5120), (17408, 5120)] {
-        g.push(Group::new("bf16_gemv", &[("n", n), ("k", k)], ("m", pick(&[1, 4, 16], &[1]))));
+        g.push(Group::new(
+            "bf16_gemv",
+            &[("n", n), ("k", k)],
+            ("m", pick(&[1, 4, 16], &[1])),
+        ));
     }
     // Prefill GEMMs (rows: tokens).
     let gemm_ms = pick(&[4096, 2048, 512], &[4096]);
     for &(n, k) in &[(5120, 17408), (17408, 5120)] {
         g.push(Group::new("fp8_quant", &[("k", k)], ("m", gemm_ms)));
-        g.push(Group::new("fp8_gemm", &[("n", n), ("k", k)], ("m", gemm_ms)));
-        g.push(Group::new("nvfp4_gemm", &[("n", n), ("k", k)], ("m", gemm_ms)));
+        g.push(Group::new(
+            "fp8_gemm",
+            &[("n", n), ("k", k)],
+            ("m", gemm_ms),
+        ));
+        if cfg!(feature = "lab") {
+            g.push(Group::new(
+                "fp8_gemm_bf16",
+                &[("n", n), ("k", k)],
+                ("m", gemm_ms),
+            ));
+        }
+        g.push(Group::new(
+            "nvfp4_gemm",
+            &[("n", n), ("k", k)],
+            ("m", gemm_ms),
+        ));
     }
     // Gated DeltaNet at the 27B's geometry (16 key heads, 48 value heads, 128 x 128, conv 4).
     g.push(Group::new(
@@ -173,15 +220,31 @@ pub(crate) fn plan(quick: bool) -> Vec<Group> {
         ("b", pick(&[1, 2, 3, 4, 8, 16, 32], &[1, 8, 32])),
     ));
     for &t in pick(&[1024, 4096, 16384], &[4096]) {
-        g.push(Group::new("gdn_prefill", &[("hk", 16), ("hv", 48), ("t", t)], ("seqs", &[1])));
+        g.push(Group::new(
+            "gdn_prefill",
+            &[("hk", 16), ("hv", 48), ("t", t)],
+            ("seqs", &[1]),
+        ));
     }
-    g.push(Group::new("gdn_prefill", &[("hk", 16), ("hv", 48), ("t", 9216)], ("seqs", &[4])));
+    g.push(Group::new(
+        "gdn_prefill",
+        &[("hk", 16), ("hv", 48), ("t", 9216)],
+        ("seqs", &[4]),
+    ));
     // The f16 split build (fla's precision class, not `Auto`'s), a lab variant.
     if cfg!(feature = "lab") {
         for &t in pick(&[1024, 4096, 16384], &[4096]) {
-            g.push(Group::new("gdn_prefill_f16", &[("hk", 16), ("hv", 48), ("t", t)], ("seqs", &[1])));
+            g.push(Group::new(
+                "gdn_prefill_f16",
+                &[("hk", 16), ("hv", 48), ("t", t)],
+                ("seqs", &[1]),
+            ));
         }
-        g.push(Group::new("gdn_prefill_f16", &[("hk", 16), ("hv", 48), ("t", 9216)], ("seqs", &[4])));
+        g.push(Group::new(
+            "gdn_prefill_f16",
+            &[("hk", 16), ("hv", 48), ("t", 9216)],
+            ("seqs", &[4]),
+        ));
     }
     // Attention: the 27B's full layers (24 q / 4 kv heads x 256), pages of 64 tokens.
     let ctxs = pick(&[4096, 8192, 32768, 65536, 131072], &[4096, 32768]);
@@ -190,16 +253,38 @@ pub(crate) fn plan(quick: bool) -> Vec<Group> {
         &[("b", 1), ("hq", 24), ("hkv", 4), ("d", 256), ("page", 64)],
         ("ctx", ctxs),
     ));
-    g.push(Group::new("attn_decode", &[("b", 8), ("hq", 24), ("hkv", 4), ("d", 256), ("page", 64)], ("ctx", &[8192])));
-    g.push(Group::new("attn_decode", &[("b", 32), ("hq", 24), ("hkv", 4), ("d", 256), ("page", 64)], ("ctx", &[4096])));
+    g.push(Group::new(
+        "attn_decode",
+        &[("b", 8), ("hq", 24), ("hkv", 4), ("d", 256), ("page", 64)],
+        ("ctx", &[8192]),
+    ));
+    g.push(Group::new(
+        "attn_decode",
+        &[("b", 32), ("hq", 24), ("hkv", 4), ("d", 256), ("page", 64)],
+        ("ctx", &[4096]),
+    ));
     let ts = pick(&[1024, 4096, 16384], &[4096]);
     for &(hq, hkv, d) in &[(24, 4, 256), (32, 8, 128), (32, 8, 64)] {
-        g.push(Group::new("attn_prefill", &[("hq", hq), ("hkv", hkv), ("d", d), ("window", 0)], ("t", ts)));
+        g.push(Group::new(
+            "attn_prefill",
+            &[("hq", hq), ("hkv", hkv), ("d", d), ("window", 0)],
+            ("t", ts),
+        ));
     }
-    g.push(Group::new("attn_prefill", &[("hq", 24), ("hkv", 4), ("d", 256), ("window", 1024)], ("t", &[16384])));
+    g.push(Group::new(
+        "attn_prefill",
+        &[("hq", 24), ("hkv", 4), ("d", 256), ("window", 1024)],
+        ("t", &[16384]),
+    ));
     g.push(Group::new(
         "attn_prefill_paged",
-        &[("hq", 24), ("hkv", 4), ("d", 256), ("page", 64), ("prefix", 8192)],
+        &[
+            ("hq", 24),
+            ("hkv", 4),
+            ("d", 256),
+            ("page", 64),
+            ("prefix", 8192),
+        ],
         ("t", &[2048]),
     ));
     // The small ops at one token and at a 4096-token prefill chunk (hidden 5120, MLP 17408, vocab 248320).
@@ -214,11 +299,31 @@ pub(crate) fn plan(quick: bool) -> Vec<Group> {
         g.push(Group::new(fam, &[("dim", 5120)], ("rows", rows)));
     }
     g.push(Group::new("sigmoid_gate", &[("dim", 6144)], ("rows", rows)));
-    g.push(Group::new("sigmoid_head_gate", &[("heads", 8), ("d", 256)], ("rows", rows)));
-    g.push(Group::new("rope_neox", &[("heads", 24), ("d", 256), ("rot", 64)], ("rows", rows)));
-    g.push(Group::new("embedding_gather", &[("vocab", 248320), ("dim", 5120)], ("rows", rows)));
-    g.push(Group::new("argmax", &[("vocab", 248320)], ("rows", &[1, 16])));
-    g.push(Group::new("sample", &[("vocab", 248320), ("top_k", 20)], ("rows", &[1, 16])));
+    g.push(Group::new(
+        "sigmoid_head_gate",
+        &[("heads", 8), ("d", 256)],
+        ("rows", rows),
+    ));
+    g.push(Group::new(
+        "rope_neox",
+        &[("heads", 24), ("d", 256), ("rot", 64)],
+        ("rows", rows),
+    ));
+    g.push(Group::new(
+        "embedding_gather",
+        &[("vocab", 248320), ("dim", 5120)],
+        ("rows", rows),
+    ));
+    g.push(Group::new(
+        "argmax",
+        &[("vocab", 248320)],
+        ("rows", &[1, 16]),
+    ));
+    g.push(Group::new(
+        "sample",
+        &[("vocab", 248320), ("top_k", 20)],
+        ("rows", &[1, 16]),
+    ));
     g
 }
 
@@ -237,8 +342,16 @@ impl Stats {
         let mut v = samples.to_vec();
         v.sort_by(f64::total_cmp);
         let n = v.len();
-        let median = if n % 2 == 1 { v[n / 2] } else { 0.5 * (v[n / 2 - 1] + v[n / 2]) };
-        let spread = if median > 0.0 { (v[n - 1] - v[0]) / median } else { f64::NAN };
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            0.5 * (v[n / 2 - 1] + v[n / 2])
+        };
+        let spread = if median > 0.0 {
+            (v[n - 1] - v[0]) / median
+        } else {
+            f64::NAN
+        };
         Some(Stats { median, spread })
     }
 }
@@ -294,79 +407,36 @@ pub(crate) struct Report {
     pub(crate) rows: Vec<Row>,
 }
 
-fn num(v: Option<f64>) -> String {
-    match v {
-        // JSON has no `inf` or `NaN` (those are null); Rust prints a finite f64 without an exponent, valid JSON.
-        Some(x) if x.is_finite() => format!("{x}"),
-        _ => "null".to_string(),
-    }
-}
-
-fn string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
-fn opt_string(s: &Option<String>) -> String {
-    s.as_deref().map_or_else(|| "null".to_string(), string)
-}
-
 impl Report {
     /// The JSON `kernels/bench/h200/baselines.py` reads (schema `edgefit-gpu-bench/1`): one object per row with
-    /// its name, family, params, median microseconds and spread, bytes/s and FLOP/s, and the fraction of the
-    /// run's copy bandwidth.
+    /// its name, family, call, params, median microseconds and spread, bytes/s and FLOP/s, and the fraction of the
+    /// run's copy bandwidth; `null` where a figure does not apply or the row failed (`error` says why).
     pub(crate) fn to_json(&self) -> String {
-        let mut s = String::new();
-        s.push_str("{\n");
-        let _ = writeln!(s, " \"schema\": \"edgefit-gpu-bench/1\",");
-        let _ = writeln!(s, " \"device\": {},", opt_string(&self.device));
-        let _ = writeln!(s, " \"skipped\": {},", opt_string(&self.skipped));
-        let _ = writeln!(s, " \"quick\": {},", self.quick);
-        let _ = writeln!(s, " \"copy_GBps\": {},", num(self.copy_gbps));
-        s.push_str(" \"rows\": [");
-        for (i, r) in self.rows.iter().enumerate() {
-            s.push_str(if i == 0 { "\n" } else { ",\n" });
-            let params: Vec<String> = r.params.iter().map(|(k, v)| format!("{}: {v}", string(k))).collect();
-            let _ = write!(
-                s,
-                "  {{\"name\": {}, \"family\": {}, \"call\": {}, \"params\": {{{}}}, \"timing\": {}, \
-                 \"reps\": {}, \"rounds\": {}, \"sets\": {}, \"us\": {}, \"spread\": {}, \"bytes\": {}, \
-                 \"flops\": {}, \"GBps\": {}, \"TFLOPs\": {}, \"of_copy\": {}, \"error\": {}}}",
-                string(&r.name),
-                string(r.family),
-                string(r.call),
-                params.join(", "),
-                string(r.timing),
-                r.reps,
-                r.rounds,
-                r.sets,
-                num(r.us()),
-                num(r.stats.map(|s| s.spread)),
-                num(r.bytes),
-                num(r.flops),
-                num(r.gbps()),
-                num(r.tflops()),
-                num(r.of_copy(self.copy_gbps)),
-                opt_string(&r.error),
-            );
-        }
-        s.push_str(if self.rows.is_empty() { "]\n}\n" } else { "\n ]\n}\n" });
-        s
+        let rows: Vec<Value> = self
+            .rows
+            .iter()
+            .map(|r| {
+                let params: serde_json::Map<String, Value> =
+                    r.params.iter().map(|&(k, v)| (k.to_string(), json!(v))).collect();
+                json!({
+                    "name": r.name, "family": r.family, "call": r.call, "params": params,
+                    "timing": r.timing, "reps": r.reps, "rounds": r.rounds, "sets": r.sets,
+                    "us": r.us(), "spread": r.stats.map(|s| s.spread), "bytes": r.bytes, "flops": r.flops,
+                    "GBps": r.gbps(), "TFLOPs": r.tflops(), "of_copy": r.of_copy(self.copy_gbps),
+                    "error": r.error,
+                })
+            })
+            .collect();
+        let v = json!({
+            "schema": "edgefit-gpu-bench/1",
+            "device": self.device,
+            "skipped": self.skipped,
+            "quick": self.quick,
+            "copy_GBps": self.copy_gbps,
+            "rows": rows,
+        });
+        // serde_json writes a non-finite f64 as null, which is what a figure that does not exist should read as.
+        serde_json::to_string_pretty(&v).expect("a JSON value always serialises") + "\n"
     }
 
     /// The short table printed last: one line per row, microseconds with spread, bytes/s and the fraction of
@@ -379,16 +449,27 @@ impl Report {
             self.device.as_deref().unwrap_or("no device"),
             self.copy_gbps.map_or("-".to_string(), |c| format!("{c:.0}"))
         );
-        let w = self.rows.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
+        let w = self
+            .rows
+            .iter()
+            .map(|r| r.name.len())
+            .max()
+            .unwrap_or(4)
+            .max(4);
         let _ = writeln!(
             s,
-            "{:w$} | {:>10} | {:>6} | {:>7} | {:>7} | {:>8} | {}",
-            "row", "us", "spread", "GB/s", "of copy", "TFLOP/s", "timing"
+            "{:w$} | {:>10} | {:>6} | {:>7} | {:>7} | {:>8} | timing",
+            "row", "us", "spread", "GB/s", "of copy", "TFLOP/s"
         );
         for r in &self.rows {
             let f = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |x| format!("{x:.p$}"));
             if let Some(e) = &r.error {
-                let _ = writeln!(s, "{:w$} | FAILED: {}", r.name, e.lines().next().unwrap_or(""));
+                let _ = writeln!(
+                    s,
+                    "{:w$} | FAILED: {}",
+                    r.name,
+                    e.lines().next().unwrap_or("")
+                );
                 continue;
             }
             let _ = writeln!(

@@ -43,6 +43,9 @@ const GRAPH_MAX_CALL_S: f64 = 200e-6;
 /// Launches per captured graph at most (a 1-2 us op reaches its round time well before).
 const MAX_REPS: usize = 4000;
 const EPS: f32 = 1e-6;
+/// The gated DeltaNet prefill's f16 split build (`Gpu::gdn_prefill_with`), timed in lab builds.
+#[cfg(feature = "lab")]
+const GDN_F16: &str = "wyf16_bf16_cs64";
 
 fn main() -> ExitCode {
     let opts = match Opts::parse(std::env::args().skip(1)) {
@@ -865,53 +868,42 @@ impl Ctx<'_> {
                 a: &a,
                 b: &b,
             };
-            let row = match g.family {
-                "gdn_prefill" => {
-                    let mut ws = gpu.zeros::<f32>(Gpu::gdn_prefill_workspace_len(&dims, &lens)?)?;
-                    let spec = Spec {
-                        call: "Gpu::gdn_prefill",
-                        sets: 1,
-                        bytes: None,
-                        flops,
-                    };
-                    self.row(g, name, seqs, spec, &mut |_| {
-                        let io = GdnPrefillIo {
-                            conv_in: &conv_in,
-                            conv_out: &mut conv_out,
-                            state: &mut state,
-                            out: &mut o,
-                            workspace: &mut ws,
-                        };
-                        gpu.gdn_prefill(&dims, &w, &x, &lens, io)
-                    })
-                }
-                // The fastest build, at fla's precision class (not `Auto`'s): h200.md's "met by the f16 variant"
-                // row. Only in a `lab` build, where the variant entry points live.
-                #[cfg(feature = "lab")]
-                _ => {
-                    const F16: &str = "wyf16_bf16_cs64";
-                    let mut ws =
-                        gpu.zeros::<f32>(Gpu::gdn_prefill_workspace_len_with(F16, &dims, &lens)?)?;
-                    let spec = Spec {
-                        call: "Gpu::gdn_prefill_with(\"wyf16_bf16_cs64\")",
-                        sets: 1,
-                        bytes: None,
-                        flops,
-                    };
-                    self.row(g, name, seqs, spec, &mut |_| {
-                        let io = GdnPrefillIo {
-                            conv_in: &conv_in,
-                            conv_out: &mut conv_out,
-                            state: &mut state,
-                            out: &mut o,
-                            workspace: &mut ws,
-                        };
-                        gpu.gdn_prefill_with(F16, &dims, &w, &x, &lens, io)
-                    })
-                }
-                #[cfg(not(feature = "lab"))]
-                other => unreachable!("the plan has {other} rows only in a lab build"),
+            // `gdn_prefill_f16` rows (lab builds only): the fastest build, at fla's precision class, not `Auto`'s
+            // (h200.md's "met by the f16 variant" row); its workspace is larger.
+            let f16 = g.family == "gdn_prefill_f16";
+            #[cfg(feature = "lab")]
+            let ws_len = if f16 {
+                Gpu::gdn_prefill_workspace_len_with(GDN_F16, &dims, &lens)?
+            } else {
+                Gpu::gdn_prefill_workspace_len(&dims, &lens)?
             };
+            #[cfg(not(feature = "lab"))]
+            let ws_len = Gpu::gdn_prefill_workspace_len(&dims, &lens)?;
+            let mut ws = gpu.zeros::<f32>(ws_len)?;
+            let spec = Spec {
+                call: if f16 {
+                    "Gpu::gdn_prefill_with(\"wyf16_bf16_cs64\")"
+                } else {
+                    "Gpu::gdn_prefill"
+                },
+                sets: 1,
+                bytes: None,
+                flops,
+            };
+            let row = self.row(g, name, seqs, spec, &mut |_| {
+                let io = GdnPrefillIo {
+                    conv_in: &conv_in,
+                    conv_out: &mut conv_out,
+                    state: &mut state,
+                    out: &mut o,
+                    workspace: &mut ws,
+                };
+                #[cfg(feature = "lab")]
+                if f16 {
+                    return gpu.gdn_prefill_with(GDN_F16, &dims, &w, &x, &lens, io);
+                }
+                gpu.gdn_prefill(&dims, &w, &x, &lens, io)
+            });
             out.push(row);
         }
         Ok(())
@@ -1085,6 +1077,9 @@ impl Ctx<'_> {
                 bytes: Some(bytes as f64),
                 flops: None,
             };
+            let time = |call, sets, bytes, f: &mut dyn FnMut(usize) -> KResult| {
+                self.row(g, name, r, spec(call, sets, bytes), f)
+            };
             let row = match g.family {
                 fam @ ("rmsnorm" | "add_rmsnorm" | "rmsnorm_f32" | "add_rmsnorm_f32") => {
                     let dim = g.get("dim");
@@ -1112,22 +1107,16 @@ impl Ctx<'_> {
                         _ => "Gpu::add_rmsnorm_f32",
                     };
                     let form = NormWeight::OnePlus;
-                    self.row(
-                        g,
-                        name,
-                        r,
-                        spec(call, sets, bytes),
-                        &mut |i| match (add, f32_out) {
-                            (false, false) => gpu.rmsnorm(&xs[i], &w, form, EPS, &mut ob),
-                            (false, true) => gpu.rmsnorm_f32(&xs[i], &w, form, EPS, &mut of),
-                            (true, false) => {
-                                gpu.add_rmsnorm(&xs[i], &mut res[i], &w, form, EPS, &mut ob)
-                            }
-                            (true, true) => {
-                                gpu.add_rmsnorm_f32(&xs[i], &mut res[i], &w, form, EPS, &mut of)
-                            }
-                        },
-                    )
+                    time(call, sets, bytes, &mut |i| match (add, f32_out) {
+                        (false, false) => gpu.rmsnorm(&xs[i], &w, form, EPS, &mut ob),
+                        (false, true) => gpu.rmsnorm_f32(&xs[i], &w, form, EPS, &mut of),
+                        (true, false) => {
+                            gpu.add_rmsnorm(&xs[i], &mut res[i], &w, form, EPS, &mut ob)
+                        }
+                        (true, true) => {
+                            gpu.add_rmsnorm_f32(&xs[i], &mut res[i], &w, form, EPS, &mut of)
+                        }
+                    })
                 }
                 fam @ ("silu_and_mul" | "gelu_and_mul" | "gelu_tanh_and_mul_f32") => {
                     let inter = g.get("inter");
@@ -1137,29 +1126,15 @@ impl Ctx<'_> {
                     let mut ob = gpu.zeros::<u16>(n)?;
                     let mut of = gpu.zeros::<f32>(n)?;
                     match fam {
-                        "silu_and_mul" => self.row(
-                            g,
-                            name,
-                            r,
-                            spec("Gpu::silu_and_mul", sets, n * 10),
-                            &mut |i| gpu.silu_and_mul(&gu[i], inter, &mut ob),
-                        ),
-                        "gelu_and_mul" => self.row(
-                            g,
-                            name,
-                            r,
-                            spec("Gpu::gelu_and_mul", sets, n * 10),
-                            &mut |i| gpu.gelu_and_mul(&gu[i], inter, &mut ob),
-                        ),
-                        _ => self.row(
-                            g,
-                            name,
-                            r,
-                            spec("Gpu::act_and_mul_f32 (GeluTanh)", sets, n * 12),
-                            &mut |i| {
-                                gpu.act_and_mul_f32(GatedAct::GeluTanh, &gu[i], inter, &mut of)
-                            },
-                        ),
+                        "silu_and_mul" => time("Gpu::silu_and_mul", sets, n * 10, &mut |i| {
+                            gpu.silu_and_mul(&gu[i], inter, &mut ob)
+                        }),
+                        "gelu_and_mul" => time("Gpu::gelu_and_mul", sets, n * 10, &mut |i| {
+                            gpu.gelu_and_mul(&gu[i], inter, &mut ob)
+                        }),
+                        _ => time("Gpu::act_and_mul_f32 (GeluTanh)", sets, n * 12, &mut |i| {
+                            gpu.act_and_mul_f32(GatedAct::GeluTanh, &gu[i], inter, &mut of)
+                        }),
                     }
                 }
                 "cast_f32_to_bf16" => {
@@ -1167,39 +1142,27 @@ impl Ctx<'_> {
                     let sets = n_sets(n * 4);
                     let xs = upload_sets(gpu, &fill.f32s(n, 1.0), sets)?;
                     let mut ob = gpu.zeros::<u16>(n)?;
-                    self.row(
-                        g,
-                        name,
-                        r,
-                        spec("Gpu::cast_f32_to_bf16", sets, n * 6),
-                        &mut |i| gpu.cast_f32_to_bf16(&xs[i], &mut ob),
-                    )
+                    time("Gpu::cast_f32_to_bf16", sets, n * 6, &mut |i| {
+                        gpu.cast_f32_to_bf16(&xs[i], &mut ob)
+                    })
                 }
                 "cast_bf16_to_f32" => {
                     let n = r * g.get("dim");
                     let sets = n_sets(n * 2);
                     let xs = upload_sets(gpu, &fill.bf16s(n), sets)?;
                     let mut of = gpu.zeros::<f32>(n)?;
-                    self.row(
-                        g,
-                        name,
-                        r,
-                        spec("Gpu::cast_bf16_to_f32", sets, n * 6),
-                        &mut |i| gpu.cast_bf16_to_f32(&xs[i], &mut of),
-                    )
+                    time("Gpu::cast_bf16_to_f32", sets, n * 6, &mut |i| {
+                        gpu.cast_bf16_to_f32(&xs[i], &mut of)
+                    })
                 }
                 "sigmoid_gate" => {
                     let n = r * g.get("dim");
                     let sets = n_sets(n * 8);
                     let mut xs = upload_sets(gpu, &fill.f32s(n, 1.0), sets)?;
                     let gs = upload_sets(gpu, &fill.f32s(n, 4.0), sets)?;
-                    self.row(
-                        g,
-                        name,
-                        r,
-                        spec("Gpu::sigmoid_gate", sets, n * 12),
-                        &mut |i| gpu.sigmoid_gate(&mut xs[i], &gs[i]),
-                    )
+                    time("Gpu::sigmoid_gate", sets, n * 12, &mut |i| {
+                        gpu.sigmoid_gate(&mut xs[i], &gs[i])
+                    })
                 }
                 "sigmoid_head_gate" => {
                     let (heads, d) = (g.get("heads"), g.get("d"));
@@ -1208,13 +1171,9 @@ impl Ctx<'_> {
                     let mut xs = upload_sets(gpu, &fill.f32s(n, 1.0), sets)?;
                     let gs = upload_sets(gpu, &fill.f32s(r * heads, 4.0), sets)?;
                     let bytes = n * 8 + r * heads * 4;
-                    self.row(
-                        g,
-                        name,
-                        r,
-                        spec("Gpu::sigmoid_head_gate", sets, bytes),
-                        &mut |i| gpu.sigmoid_head_gate(&mut xs[i], heads, &gs[i]),
-                    )
+                    time("Gpu::sigmoid_head_gate", sets, bytes, &mut |i| {
+                        gpu.sigmoid_head_gate(&mut xs[i], heads, &gs[i])
+                    })
                 }
                 "rope_neox" => {
                     let (heads, d, rot) = (g.get("heads"), g.get("d"), g.get("rot"));
@@ -1229,7 +1188,7 @@ impl Ctx<'_> {
                     let pos = gpu.upload(&(0..r as u32).collect::<Vec<_>>())?;
                     // Only the rotated dims are read and written.
                     let bytes = r * heads * rot * 8 + r * 4;
-                    self.row(g, name, r, spec("Gpu::rope_neox", sets, bytes), &mut |i| {
+                    time("Gpu::rope_neox", sets, bytes, &mut |i| {
                         gpu.rope_neox(&rope, heads, &pos, &mut xs[i])
                     })
                 }
@@ -1243,26 +1202,18 @@ impl Ctx<'_> {
                         .collect();
                     let ids = gpu.upload(&ids)?;
                     let mut of = gpu.zeros::<f32>(r * dim)?;
-                    self.row(
-                        g,
-                        name,
-                        r,
-                        spec("Gpu::embedding_gather", 1, r * dim * 6),
-                        &mut |_| gpu.embedding_gather(&table, dim, &ids, &mut of),
-                    )
+                    time("Gpu::embedding_gather", 1, r * dim * 6, &mut |_| {
+                        gpu.embedding_gather(&table, dim, &ids, &mut of)
+                    })
                 }
                 "argmax" => {
                     let vocab = g.get("vocab");
                     let sets = n_sets(r * vocab * 4);
                     let ls = upload_sets(gpu, &fill.f32s(r * vocab, 10.0), sets)?;
                     let mut o = gpu.zeros::<u32>(r)?;
-                    self.row(
-                        g,
-                        name,
-                        r,
-                        spec("Gpu::argmax", sets, r * vocab * 4),
-                        &mut |i| gpu.argmax(&ls[i], vocab, &mut o),
-                    )
+                    time("Gpu::argmax", sets, r * vocab * 4, &mut |i| {
+                        gpu.argmax(&ls[i], vocab, &mut o)
+                    })
                 }
                 "sample" => {
                     let (vocab, top_k) = (g.get("vocab"), g.get("top_k"));
@@ -1278,13 +1229,9 @@ impl Ctx<'_> {
                         top_k,
                         top_p: 0.95,
                     };
-                    self.row(
-                        g,
-                        name,
-                        r,
-                        spec("Gpu::sample", sets, r * vocab * 4),
-                        &mut |i| gpu.sample(&ls[i], vocab, &p, &mut rng, &mut o),
-                    )
+                    time("Gpu::sample", sets, r * vocab * 4, &mut |i| {
+                        gpu.sample(&ls[i], vocab, &p, &mut rng, &mut o)
+                    })
                 }
                 other => {
                     return Err(KernelError::Cuda(format!(

@@ -240,6 +240,15 @@ impl Fill {
         }
         v
     }
+    /// `0..n` shuffled (Fisher-Yates): a block table's pages in a random order, as a long-running server's pool
+    /// hands them out.
+    fn permutation(&mut self, n: usize) -> Vec<u32> {
+        let mut v: Vec<u32> = (0..n as u32).collect();
+        for i in (1..n).rev() {
+            v.swap(i, (self.next() % (i as u64 + 1)) as usize);
+        }
+        v
+    }
     /// Uniform in [-scale, scale).
     fn f32s(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n)
@@ -929,12 +938,7 @@ impl Ctx<'_> {
             let ks = upload_sets(gpu, &host, sets)?;
             let vs = upload_sets(gpu, &host, sets)?;
             drop(host);
-            // Pages in a random order, as a long-running server's pool hands them out.
-            let mut table: Vec<u32> = (0..pages as u32).collect();
-            for i in (1..table.len()).rev() {
-                table.swap(i, (fill.next() % (i as u64 + 1)) as usize);
-            }
-            let bt = gpu.upload(&table)?;
+            let bt = gpu.upload(&fill.permutation(pages))?;
             let sl = gpu.upload(&vec![ctx as u32; b])?;
             let q = gpu.upload(&fill.f32s(b * hq * d, 1.0))?;
             let mut o = gpu.zeros::<f32>(b * hq * d)?;
@@ -1021,11 +1025,7 @@ impl Ctx<'_> {
             let kv_len = pages * hkv * page * d;
             let kc = gpu.upload(&fill.bf16s(kv_len))?;
             let vc = gpu.upload(&fill.bf16s(kv_len))?;
-            let mut table: Vec<u32> = (0..pages as u32).collect();
-            for i in (1..table.len()).rev() {
-                table.swap(i, (fill.next() % (i as u64 + 1)) as usize);
-            }
-            let bt = gpu.upload(&table)?;
+            let bt = gpu.upload(&fill.permutation(pages))?;
             let q = gpu.upload(&fill.bf16s(t * hq * d))?;
             let k = gpu.upload(&fill.bf16s(t * hkv * d))?;
             let v = gpu.upload(&fill.bf16s(t * hkv * d))?;

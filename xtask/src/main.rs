@@ -40,7 +40,7 @@ fn print_usage() {
          commands:\n  \
          plan      plan a model on a device profile (cargo xtask plan --device ryzen-5090)\n  \
          codegen   regenerate the committed JSON Schemas (--check to verify only)\n  \
-         bench     run benchmarks (cargo xtask bench cpu)\n  \
+         bench     run the CPU benchmarks (bench cpu); build the GPU one to carry (bench gpu)\n  \
          fixtures  write the engine's parity fixtures (engine/tests/fixtures)"
     );
 }

@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
 # One H200 call for everything the GPU work needs checked: every GPU test binary (kernels/tests/gpu_*.rs) against
-# the CPU references, compute-sanitizer memcheck and racecheck over each, then the benchmark scripts
-# (kernels/bench/h200/bench_*.py, each against its library baseline measured in the same run, after bench.py has
-# measured the ceilings: copy bandwidth, cuBLAS bf16/FP8 at 8192^3), a status table last.
+# the CPU references, compute-sanitizer memcheck and racecheck over each, then the benchmarks, a status table last.
+# The benchmarks: the Rust GPU benchmark (kernels/benches/gpu.rs: the public kernels::cuda::Gpu calls the engine
+# makes, timed through the library) writes $OUT/gpu_bench.json, then kernels/bench/h200/baselines.py times the
+# library baselines (cuBLAS, SDPA flash, fla, torch) on the same shapes and prints the combined table that
+# benchmarks/h200.md is read from. The older cupy scripts (kernels/bench/h200/bench_*.py, which launch the PTX
+# themselves to sweep variants) still run by name.
 # It builds nothing on the device: `prepare` (here, on the build machine) builds the release test binaries with
-# the `cuda` feature and packs them with the PTX and cubins the crate embeds into target-carry/carry.tar.gz, which
-# the device tool carries (`carry: ["target-carry", ".whl"]`; the pack keeps the call under its 64 MiB).
+# the `cuda` feature and packs them with the PTX and cubins the crate embeds into target-carry/carry.tar.gz, and
+# the benchmark into target-carry/gpu_bench.tar.gz (`cargo xtask bench gpu`), which the device tool carries
+# (`carry: ["target-carry", ".whl"]`; the packs keep the call under its 64 MiB).
 #
 # Usage (here):     kernels/bench/h200/run_session.sh prepare [gpu_a,gpu_b]   (default: every gpu_* test file)
 # Usage (device):   bash kernels/bench/h200/run_session.sh [TESTS] [BENCHES] [--no-sanitizer]
-#   TESTS, BENCHES: comma-separated names (gpu_kernels,gpu_ops / ops,gemv) or "all" (default) or "none".
+#   TESTS: comma-separated names (gpu_kernels,gpu_ops) or "all" (default) or "none".
+#   BENCHES: "all" (default) = "rust" (the Rust benchmark + baselines.py); "cupy" = every bench_*.py script;
+#   or comma-separated names (rust,gemv,ops); "none".
 #   Env: SAN_TESTS (binaries to sanitize, default TESTS), SAN_ARGS (extra arguments of each sanitized binary, e.g.
 #   a test-name filter), SAN_TIMEOUT (per tool run, default 120 s), SAN_BUDGET
-#   (no new sanitizer run after this many seconds), BENCH_ARGS (e.g. --quick, passed to every bench script).
-# Logs: $OUT/tests_<name>.txt, $OUT/sanitizer_<name>.txt, $OUT/bench_<name>.txt (+ each bench's json).
+#   (no new sanitizer run after this many seconds), BENCH_ARGS (e.g. --quick: passed to the Rust benchmark,
+#   baselines.py and every bench script), GPU_BENCH_FILTER (row-name filters of the Rust benchmark, e.g. "gemv attn").
+# Logs: $OUT/tests_<name>.txt, $OUT/sanitizer_<name>.txt, $OUT/gpu_bench.{txt,json}, $OUT/baselines.{txt,json},
+#   $OUT/bench_<name>.txt (+ each cupy script's json).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 CARRY=target-carry
@@ -38,9 +46,11 @@ for l in sys.stdin:
   # bench_gemv.py's read floor, not part of the crate: the same nvcc and target as kernels/build_cuda.rs
   "${NVCC:-nvcc}" -ptx -arch=compute_90 -O3 -std=c++17 --Werror all-warnings -Ikernels/cuda \
     -o "$stage/read_floor.ptx" kernels/bench/h200/read_floor.cu
-  rm -rf "$CARRY" && mkdir -p "$CARRY"
+  mkdir -p "$CARRY" && rm -f "$CARRY/carry.tar.gz"
   tar -C "$stage" -czf "$CARRY/carry.tar.gz" .
   rm -rf "$stage"
+  # The GPU benchmark, built in the same target directory (the kernels crate is already compiled there).
+  cargo xtask bench gpu --out "$CARRY"
   ls -la "$CARRY"; cut -d' ' -f1 /tmp/edgefit-gpu-bins.txt
   exit 0
 fi
@@ -53,7 +63,9 @@ BENCHES=${2:-all}
 SANITIZE=1
 [ "${3:-}" = --no-sanitizer ] && SANITIZE=0
 BIN=/tmp/edgefit-carry
-rm -rf "$BIN" && mkdir -p "$BIN" && tar -C "$BIN" -xzf "$CARRY/carry.tar.gz"
+rm -rf "$BIN" && mkdir -p "$BIN"
+[ -f "$CARRY/carry.tar.gz" ] && tar -C "$BIN" -xzf "$CARRY/carry.tar.gz"
+[ -f "$CARRY/gpu_bench.tar.gz" ] && tar -C "$BIN" -xzf "$CARRY/gpu_bench.tar.gz"
 status=()
 t0=$(date +%s)
 
@@ -71,8 +83,18 @@ if ls .whl/*.whl > /dev/null 2>&1; then
 fi
 
 wanted() { [ "$1" = all ] || [[ ",$1," == *",$2,"* ]]; }
+# BENCHES "all" is the Rust benchmark with its baselines; "cupy" every older script.
+wanted_bench() {
+  case "$BENCHES" in
+    all) [ "$1" = rust ] ;;
+    cupy) [ "$1" != rust ] ;;
+    *) [[ ",$BENCHES," == *",$1,"* ]] ;;
+  esac
+}
 
 for exe in "$BIN"/gpu_*; do
+  [ -f "$exe" ] || continue
+  [ "$(basename "$exe")" = gpu_bench ] && continue
   name=$(basename "$exe")
   wanted "$TESTS" "$name" || continue
   echo "== $name"
@@ -82,7 +104,29 @@ for exe in "$BIN"/gpu_*; do
 done
 echo "[tests done at +$(( $(date +%s) - t0 ))s]"
 
-if [ "$BENCHES" != none ]; then
+if wanted_bench rust; then
+  echo "== Rust GPU benchmark (kernels/benches/gpu.rs)"
+  if [ -x "$BIN/gpu_bench" ]; then
+    # shellcheck disable=SC2086
+    timeout 420 "$BIN/gpu_bench" ${BENCH_ARGS:-} --json "$OUT/gpu_bench.json" ${GPU_BENCH_FILTER:-} > "$OUT/gpu_bench.txt" 2>&1
+    rc=$?; status+=("gpu_bench: rc=$rc $(grep -c FAILED "$OUT/gpu_bench.txt") FAILED lines")
+    grep -E "^(device|skipped|\[all rows)" "$OUT/gpu_bench.txt"
+    echo "[gpu_bench done at +$(( $(date +%s) - t0 ))s]"
+    echo "== baselines (kernels/bench/h200/baselines.py)"
+    # shellcheck disable=SC2086
+    timeout 300 python3 kernels/bench/h200/baselines.py "$OUT/gpu_bench.json" ${BENCH_ARGS:-} --json "$OUT/baselines.json" \
+      > "$OUT/baselines.txt" 2>&1
+    rc=$?; status+=("baselines: rc=$rc")
+    # The combined table is the last block baselines.py prints.
+    sed -n '/^Combined:/,$p' "$OUT/baselines.txt"
+    [ $rc -ne 0 ] && tail -20 "$OUT/baselines.txt"
+    echo "[baselines done at +$(( $(date +%s) - t0 ))s]"
+  else
+    status+=("gpu_bench: not carried (run \`cargo xtask bench gpu\` here first)")
+  fi
+fi
+
+if [ "$BENCHES" != none ] && [ "$BENCHES" != all ] && [ "$BENCHES" != rust ]; then
   echo "== ceilings"
   timeout 120 python3 kernels/bench/h200/bench.py "$BIN" > "$OUT/ceilings.txt" 2>&1
   rc=$?; status+=("ceilings: rc=$rc $(tail -1 "$OUT/ceilings.txt")")
@@ -91,7 +135,7 @@ fi
 
 for script in kernels/bench/h200/bench_*.py; do
   name=$(basename "$script" .py); name=${name#bench_}
-  wanted "$BENCHES" "$name" || continue
+  wanted_bench "$name" || continue
   echo "== bench $name"
   timeout 200 python3 "$script" "$BIN" ${BENCH_ARGS:-} > "$OUT/bench_$name.txt" 2>&1
   rc=$?; status+=("bench $name: rc=$rc")
@@ -106,6 +150,7 @@ done
 if [ $SANITIZE = 1 ]; then
   for exe in "$BIN"/gpu_*; do
     name=$(basename "$exe")
+    [ "$name" = gpu_bench ] && continue
     wanted "${SAN_TESTS:-$TESTS}" "$name" || continue
     for tool in memcheck racecheck; do
       if [ -n "${SAN_BUDGET:-}" ] && [ $(( $(date +%s) - t0 )) -ge "$SAN_BUDGET" ]; then

@@ -4,7 +4,7 @@
 # Qwen3.8-27B geometry (FP8 block and modelopt NVFP4, written on the device by the random_checkpoint example, never
 # committed), each beside the planner's prediction and the device's copy bandwidth measured in the same run.
 # It builds nothing on the device: `prepare` (here) builds the release binaries with the `cuda` feature and packs
-# them into target-carry-engine/carry.tar.gz, which the device tool carries (`carry: ["target-carry-engine"]`).
+# them into target-carry-engine/carry.tar.xz, which the device tool carries (`carry: ["target-carry-engine"]`).
 #
 # Usage (here):    engine/bench/h200/run_engine.sh prepare
 # Usage (device):  bash engine/bench/h200/run_engine.sh [STAGES]   (comma-separated: tests,sanitizer,bench,offload,
@@ -20,8 +20,10 @@ if [ "${1:-}" = prepare ]; then
   NVCC=${NVCC:-$(ls "$PWD"/.venv-cuda/lib/python3*/site-packages/nvidia/cu13/bin/nvcc | head -1)}
   export NVCC
   trap '[ $? -ne 0 ] && tail -40 /tmp/edgefit-engine-prepare.err' EXIT
-  cargo build --release -p engine --features cuda --bin edgefit --example random_checkpoint --example serve_load \
+  cargo build --release -p engine --features cuda --bin edgefit --example random_checkpoint \
     2>/tmp/edgefit-engine-prepare.err
+  # The load generator only speaks HTTP to an `edgefit serve` child: built without the embedded kernels (40 MB less).
+  cargo build --release -p engine --example serve_load 2>>/tmp/edgefit-engine-prepare.err
   { cargo test --release -p engine --features cuda --test parity --test batching --test offload --no-run --message-format=json
     cargo test --release -p kernels --features cuda --test gpu_engine_ops --no-run --message-format=json
   } 2>>/tmp/edgefit-engine-prepare.err | python3 -c "import sys, json
@@ -34,7 +36,8 @@ for l in sys.stdin:
   cp target/release/edgefit target/release/examples/random_checkpoint target/release/examples/serve_load "$stage/"
   strip "$stage"/*
   rm -rf "$CARRY" && mkdir -p "$CARRY"
-  tar -C "$stage" -czf "$CARRY/carry.tar.gz" .
+  # xz: the binaries embed the same PTX and cubins, which compress to about half of gzip's size.
+  tar -C "$stage" -cJf "$CARRY/carry.tar.xz" .
   rm -rf "$stage"
   ls -la "$CARRY"
   exit 0
@@ -46,7 +49,7 @@ STAGES=${1:-tests,sanitizer,bench}
 GEN=${GEN:-64}
 MODELS=${MODELS:-fp8,nvfp4}
 BIN=/tmp/edgefit-engine-bin
-rm -rf "$BIN" && mkdir -p "$BIN" && tar -C "$BIN" -xzf "$CARRY/carry.tar.gz"
+rm -rf "$BIN" && mkdir -p "$BIN" && tar -C "$BIN" -xf "$CARRY/carry.tar.xz"
 export EDGEFIT_FIXTURES=$PWD/engine/tests/fixtures
 status=()
 want() { [[ ",$STAGES," == *",$1,"* ]]; }

@@ -893,10 +893,10 @@ impl CudaModel {
         self.streamer.as_ref().map_or(0, |s| s.order.len())
     }
 
-    /// The link's host-to-device rate from pinned memory now, bytes per second (best of five 1 GiB copies): what
+    /// The link's host-to-device rate from pinned memory now, bytes per second (best of five 256 MiB copies): what
     /// a streamed step's transfer is bounded by, measured in the same run.
     pub fn link_bandwidth(&mut self) -> Result<f64, EngineError> {
-        self.w.gpu.pinned_upload_bandwidth(1 << 30).map_err(kerr)
+        self.w.gpu.pinned_upload_bandwidth(1 << 28).map_err(kerr)
     }
 
     /// Starts timing every streamed layer's copy and every layer's compute (a model without streamed layers has
@@ -971,10 +971,11 @@ impl CudaModel {
     }
 
     /// The device's copy bandwidth now, read + write bytes per second: the best of ten device-to-device copies of
-    /// 1 GiB (the driver's copy, as torch's `copy_` is; the decode roofline's denominator, measured in the same run).
+    /// 256 MiB (the driver's copy, as torch's `copy_` is; the decode roofline's denominator, measured in the same
+    /// run; 256 MiB, as `benchmarks/h200.md` measures it, fits the slack a capped device leaves).
     pub fn copy_bandwidth(&mut self) -> Result<f64, EngineError> {
         let gpu = &self.w.gpu;
-        let len = 1usize << 28;
+        let len = 1usize << 26;
         let src = gpu.zeros::<f32>(len).map_err(kerr)?;
         let mut dst = gpu.zeros::<f32>(len).map_err(kerr)?;
         let mut best = 0.0f64;

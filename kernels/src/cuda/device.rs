@@ -30,7 +30,7 @@ mod gdn;
 mod gdn_prefill;
 mod gemm;
 mod gemm_sm90a;
-mod gemv;
+pub(in crate::cuda) mod gemv;
 mod ops;
 
 pub(in crate::cuda) use gemv::Activations;

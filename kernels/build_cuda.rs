@@ -41,7 +41,11 @@ pub(crate) fn build() {
     // Entry points that exist only so tests and benchmarks can drive a variant sit in `#if EDGEFIT_LAB` blocks of
     // the .cu files: the default build embeds only what an `Auto` choice can launch.
     let lab = std::env::var_os("CARGO_FEATURE_LAB").is_some();
-    let lab_define = if lab { "-DEDGEFIT_LAB=1" } else { "-DEDGEFIT_LAB=0" };
+    let lab_define = if lab {
+        "-DEDGEFIT_LAB=1"
+    } else {
+        "-DEDGEFIT_LAB=0"
+    };
 
     let cuda_dir = manifest.join("cuda");
     let mut sources: Vec<PathBuf> = std::fs::read_dir(&cuda_dir)
@@ -160,16 +164,26 @@ fn module_table(modules: &[CudaModule]) -> String {
          pub(crate) enum Module {\n",
     );
     for m in modules {
-        g.push_str(&format!("    /// `cuda/{}.cu`.\n    {},\n", m.stem, camel(&m.stem)));
+        g.push_str(&format!(
+            "    /// `cuda/{}.cu`.\n    {},\n",
+            m.stem,
+            camel(&m.stem)
+        ));
     }
-    g.push_str("}\n\nimpl Module {\n    /// Every module, in file order.\n    #[allow(dead_code)]\n");
+    g.push_str(
+        "}\n\nimpl Module {\n    /// Every module, in file order.\n    #[allow(dead_code)]\n",
+    );
     g.push_str("    pub(crate) const ALL: &'static [Module] = &[");
     for m in modules {
         g.push_str(&format!("Module::{}, ", camel(&m.stem)));
     }
     g.push_str("];\n\n    /// The source file's stem.\n    #[allow(dead_code)]\n    pub(crate) fn stem(self) -> &'static str {\n        match self {\n");
     for m in modules {
-        g.push_str(&format!("            Module::{} => {:?},\n", camel(&m.stem), m.stem));
+        g.push_str(&format!(
+            "            Module::{} => {:?},\n",
+            camel(&m.stem),
+            m.stem
+        ));
     }
     g.push_str("        }\n    }\n\n    /// The PTX (`compute_90`), which any device of compute capability 9.0 or later can JIT; `None` for the\n    /// sm_90a-only modules.\n    #[allow(dead_code)]\n    pub(crate) fn ptx(self) -> Option<&'static str> {\n        match self {\n");
     for m in modules {
@@ -179,7 +193,10 @@ fn module_table(modules: &[CudaModule]) -> String {
                 camel(&m.stem),
                 lit(p)
             )),
-            None => g.push_str(&format!("            Module::{} => None,\n", camel(&m.stem))),
+            None => g.push_str(&format!(
+                "            Module::{} => None,\n",
+                camel(&m.stem)
+            )),
         }
     }
     g.push_str("        }\n    }\n\n    /// The module assembled by the build's ptxas for sm_90 (sm_90a for the `*_sm90a.cu` modules).\n    pub(crate) fn cubin_sm90(self) -> &'static [u8] {\n        match self {\n");
@@ -192,7 +209,11 @@ fn module_table(modules: &[CudaModule]) -> String {
     }
     g.push_str("        }\n    }\n\n    /// The kernels this build of the module defines, sorted (the PTX's `.entry` names).\n    pub(crate) fn entries(self) -> &'static [&'static str] {\n        match self {\n");
     for m in modules {
-        g.push_str(&format!("            Module::{} => &{:?},\n", camel(&m.stem), m.entries));
+        g.push_str(&format!(
+            "            Module::{} => &{:?},\n",
+            camel(&m.stem),
+            m.entries
+        ));
     }
     g.push_str("        }\n    }\n}\n");
     g

@@ -146,7 +146,11 @@ pub(in crate::cuda) fn fp8_block_gemv_kernel(
 }
 
 /// The checkpoint-layout NVFP4 kernel of [`Device::nvfp4_gemv`] and, on the CUDA cores, its rows per warp.
-pub(in crate::cuda) fn nvfp4_gemv_kernel(tensor: bool, m: usize, n: usize) -> (&'static str, usize) {
+pub(in crate::cuda) fn nvfp4_gemv_kernel(
+    tensor: bool,
+    m: usize,
+    n: usize,
+) -> (&'static str, usize) {
     match (tensor, m) {
         (true, ..=8) => ("nvfp4_gemv_mma_n8", 1),
         (true, _) => ("nvfp4_gemv_mma_n16", 1),
@@ -185,7 +189,10 @@ pub(in crate::cuda) fn fp8_tile_m1_kernel(split: MmaSplit) -> Option<&'static st
 }
 
 /// The `fp8_gemv_mma_tile_n*_w*c*` build (activations converted in the GEMV) for `m` tokens and a cut.
-pub(in crate::cuda) fn fp8_tile_converting_kernel(m: usize, split: MmaSplit) -> Option<&'static str> {
+pub(in crate::cuda) fn fp8_tile_converting_kernel(
+    m: usize,
+    split: MmaSplit,
+) -> Option<&'static str> {
     Some(match (m <= 8, split.warps, split.splits) {
         (true, 8, 1) => "fp8_gemv_mma_tile_n8_w8c1",
         (true, 8, 2) => "fp8_gemv_mma_tile_n8_w8c2",
@@ -460,13 +467,12 @@ impl Device {
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        let name = fp8_tile_m1_kernel(split)
-            .ok_or_else(|| {
-                KernelError::Cuda(format!(
-                    "no m = 1 FP8 tile GEMV build with {} warps and {} splits",
-                    split.warps, split.splits
-                ))
-            })?;
+        let name = fp8_tile_m1_kernel(split).ok_or_else(|| {
+            KernelError::Cuda(format!(
+                "no m = 1 FP8 tile GEMV build with {} warps and {} splits",
+                split.warps, split.splits
+            ))
+        })?;
         // SAFETY: matches `fp8_gemv_tile_m1_w*c*(x, wr, scales, y, n, k)` in cuda/gemv.cu; the caller checked
         // x = [1, k] with k % 16 == 0 (each lane's two 16-value activation pieces are whole inside the row or
         // skipped), w the tile layout of exactly n x k (block (b, s) reads tile b only), scales =
@@ -812,7 +818,10 @@ impl Device {
 /// The `cuda/gemv.cu` entry of a tile-layout NVFP4 GEMV build for `m` tokens (n8 for m <= 8, n16 above; the
 /// m = 1 kernels at m = 1 only), shared by `Device::nvfp4_gemv_tiles` and `Device::nvfp4_gemv_tiles_fragments`.
 /// The cluster cuts have no single name here (`mma_split_gemv`, or `_m1_w8c2` on fragments).
-pub(in crate::cuda) fn nvfp4_tiles_name(kernel: TilesKernel, m: usize) -> Result<&'static str, KernelError> {
+pub(in crate::cuda) fn nvfp4_tiles_name(
+    kernel: TilesKernel,
+    m: usize,
+) -> Result<&'static str, KernelError> {
     let n8 = m <= 8;
     Ok(match kernel {
         TilesKernel::Converting if n8 => "nvfp4_gemv_mma_tile_n8",

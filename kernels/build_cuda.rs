@@ -85,7 +85,13 @@ pub(crate) fn build() {
         );
         // Assemble the PTX here so that register spills and ptxas errors show up in the build, not at load time on
         // a borrowed GPU; the resource report goes to OUT_DIR for reading (`-v`).
-        let cubin = out_dir.join(format!("{stem}.{real}.cubin"));
+        // `<stem>.sm_90.cubin` beside the PTX; an sm_90a-only module's cubin is `<stem>.cubin` (the H200 bench
+        // scripts load both by these names).
+        let cubin = if sm90a {
+            out_dir.join(format!("{stem}.cubin"))
+        } else {
+            out_dir.join(format!("{stem}.{real}.cubin"))
+        };
         let report = out_dir.join(format!("{stem}.ptxas.txt"));
         let output = Command::new(&ptxas)
             .arg(format!("-arch={real}"))

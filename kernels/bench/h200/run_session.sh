@@ -4,7 +4,8 @@
 # (kernels/bench/h200/bench_*.py, each against its library baseline measured in the same run, after bench.py has
 # measured the ceilings: copy bandwidth, cuBLAS bf16/FP8 at 8192^3), a status table last.
 # It builds nothing on the device: `prepare` (here, on the build machine) builds the release test binaries with
-# the `cuda` feature and packs them with the PTX and cubins the crate embeds into target-carry/carry.tar.gz, which
+# the `cuda` and `lab` features (the tests and the bench scripts drive variants that only `lab` embeds) and packs
+# them with the PTX and cubins the crate embeds into target-carry/carry.tar.gz, which
 # the device tool carries (`carry: ["target-carry", ".whl"]`; the pack keeps the call under its 64 MiB).
 #
 # Usage (here):     kernels/bench/h200/run_session.sh prepare [gpu_a,gpu_b]   (default: every gpu_* test file)
@@ -25,7 +26,7 @@ if [ "${1:-}" = prepare ]; then
   if [ -n "${2:-}" ]; then for t in ${2//,/ }; do targets+=(--test "$t"); done; else targets=(--tests); fi
   # (the compiler's messages go to /tmp/edgefit-prepare.err; shown if the build fails)
   trap '[ $? -ne 0 ] && tail -40 /tmp/edgefit-prepare.err' EXIT
-  cargo test -p kernels --features cuda --release --no-run "${targets[@]}" --message-format=json 2>/tmp/edgefit-prepare.err \
+  cargo test -p kernels --features cuda,lab --release --no-run "${targets[@]}" --message-format=json 2>/tmp/edgefit-prepare.err \
     | python3 -c "import sys, json
 for l in sys.stdin:
     m = json.loads(l)

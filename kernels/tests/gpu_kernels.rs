@@ -6,21 +6,27 @@
 //! "skipped: no CUDA device" and returns. Shapes are small so the whole file also runs under
 //! `compute-sanitizer --tool memcheck|racecheck` in seconds (kernels/bench/h200/run_session.sh).
 
-use kernels::attention::AttnDims;
-use kernels::cuda::{
-    GdnGpuInputs, GdnGpuWeights, Gpu, KernelPath, PagedAttentionDims, PagedKvCache,
-};
+use kernels::cuda::{GdnGpuInputs, GdnGpuWeights, Gpu};
 use kernels::gdn::{GdnDims, GdnInputs, GdnWeights};
 use kernels::reference;
 use kernels::KernelError;
 use rand::Rng;
-use rand_chacha::ChaCha8Rng;
 
 mod gpu_common;
 use gpu_common::{
-    fp8_gemm_case, gpu, nvfp4_weights, paged_decode_case, prefill_activations, quantize_act_cpu,
-    rel_err, rng, uniform, Fp8GemmCase,
+    fp8_gemm_case, gpu, nvfp4_weights, prefill_activations, quantize_act_cpu, rel_err, rng,
+    uniform, Fp8GemmCase,
 };
+
+// What the tests of each kernel path (the lab's `_with` forms) use besides.
+#[cfg(feature = "lab")]
+use gpu_common::paged_decode_case;
+#[cfg(feature = "lab")]
+use kernels::attention::AttnDims;
+#[cfg(feature = "lab")]
+use kernels::cuda::{KernelPath, PagedAttentionDims, PagedKvCache};
+#[cfg(feature = "lab")]
+use rand_chacha::ChaCha8Rng;
 
 #[test]
 fn without_cuda_the_api_refuses_and_with_it_probing_succeeds() {
@@ -315,7 +321,8 @@ fn gdn_decode_step_refuses_unbuilt_head_dims() {
 }
 
 /// One paged-attention case (`paged_decode_case`: random bf16 K/V for ragged lengths scattered over shuffled
-/// pages) on every kernel path.
+/// pages) on every kernel path (the `_with` form is the lab's).
+#[cfg(feature = "lab")]
 fn check_attention(
     gpu: &Gpu,
     rng: &mut ChaCha8Rng,
@@ -355,6 +362,7 @@ fn check_attention(
     }
 }
 
+#[cfg(feature = "lab")]
 #[test]
 fn attention_decode_paged_matches_the_reference() {
     let Some(gpu) = gpu() else { return };
@@ -433,6 +441,7 @@ fn attention_decode_paged_matches_the_reference() {
     );
 }
 
+#[cfg(feature = "lab")]
 #[test]
 fn attention_decode_refuses_unbuilt_group_sizes() {
     let Some(gpu) = gpu() else { return };

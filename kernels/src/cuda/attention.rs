@@ -29,7 +29,7 @@ impl Gpu {
         splits: usize,
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
-        self.attention_decode_paged_with(KernelPath::Auto, dims, q, kv, scale, splits, out)
+        self.attention_decode_paged_on(KernelPath::Auto, dims, q, kv, scale, splits, out)
     }
 
     /// [`Gpu::attention_decode_paged`] on a chosen kernel family (tests and benchmarks drive each one).
@@ -37,8 +37,24 @@ impl Gpu {
     /// ([`Gpu::attention_decode_paged_tiled`] with [`DecodeKernels::PAGED_AUTO`]): group sizes 1-8, the query and the
     /// probabilities rounded to bf16 (~1e-3 relative error). [`KernelPath::CudaCores`] runs the fp32 kernel
     /// `attention_decode_split_*` (~1e-6 relative error; group sizes 1, 2, 4, 6 and 8; 2-2.5x slower).
+    #[cfg(feature = "lab")]
     #[allow(clippy::too_many_arguments)]
     pub fn attention_decode_paged_with(
+        &self,
+        path: KernelPath,
+        dims: &PagedAttentionDims,
+        q: &GpuBuffer<f32>,
+        kv: PagedKvCache<'_>,
+        scale: f32,
+        splits: usize,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        self.attention_decode_paged_on(path, dims, q, kv, scale, splits, out)
+    }
+
+    /// The body of [`Gpu::attention_decode_paged`] and its `_with` form (the latter in lab builds only).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_decode_paged_on(
         &self,
         path: KernelPath,
         dims: &PagedAttentionDims,
@@ -186,6 +202,7 @@ impl Gpu {
     /// error). `splits = 0` picks the count of [`Gpu::decode_auto_splits`]. Tests and benchmarks drive each
     /// tiling and combine; `DecodeKernels::PAGED_AUTO` is what `Auto` runs.
     #[allow(clippy::too_many_arguments)]
+    #[cfg(feature = "lab")]
     pub fn attention_decode_paged_tiled(
         &self,
         kernels: DecodeKernels,
@@ -329,7 +346,7 @@ impl Gpu {
         splits: usize,
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
-        self.attention_decode_ring_with(
+        self.attention_decode_ring_on(
             DecodeKernels::RING_AUTO,
             dims,
             seqs,
@@ -343,8 +360,25 @@ impl Gpu {
 
     /// [`Gpu::attention_decode_ring`] on the kernels `kernels` names (tiling one of [`Gpu::DECODE_TILINGS`], and
     /// the combine, as [`Gpu::attention_decode_paged_tiled`]).
+    #[cfg(feature = "lab")]
     #[allow(clippy::too_many_arguments)]
     pub fn attention_decode_ring_with(
+        &self,
+        kernels: DecodeKernels,
+        dims: &crate::attention::AttnDims,
+        seqs: usize,
+        q: &GpuBuffer<f32>,
+        kv: RingKvCache<'_>,
+        scale: f32,
+        splits: usize,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        self.attention_decode_ring_on(kernels, dims, seqs, q, kv, scale, splits, out)
+    }
+
+    /// The body of [`Gpu::attention_decode_ring`] and its `_with` form (the latter in lab builds only).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_decode_ring_on(
         &self,
         kernels: DecodeKernels,
         dims: &crate::attention::AttnDims,
@@ -515,4 +549,35 @@ fn check_heads(
 #[cfg(feature = "cuda")]
 pub(crate) fn tiled_smem(head_dim: usize, tile: usize, stages: usize) -> usize {
     stages * 2 * tile * head_dim * 2 + 2 * 4 * 32 * (tile / 8) * 2 * 4 + stages * 4 * 4
+}
+
+#[cfg(all(test, feature = "cuda"))]
+mod tests {
+    use super::*;
+
+    /// The kernels `Auto` launches on each head dim (the paged tiling, the ring tiling, the combine it picks) are
+    /// in this build's `cuda/attention.cu`, and without `lab` nothing else is; the names come from the launch
+    /// code's naming functions, the list from the PTX (`build_cuda.rs`).
+    #[test]
+    fn every_auto_decode_kernel_is_embedded() {
+        use crate::cuda::device::attention::{combine_name, tiled_name};
+        use crate::cuda::device::Module;
+        let entries = Module::Attention.entries();
+        let mut seen = std::collections::BTreeSet::new();
+        for d in [64, 128, 256] {
+            for (ring, kernels) in [
+                (false, DecodeKernels::PAGED_AUTO),
+                (true, DecodeKernels::RING_AUTO),
+            ] {
+                let t = tiling_index("t", kernels.tiling).unwrap();
+                seen.insert(tiled_name(ring, d, t));
+                seen.insert(combine_name(kernels.sliced_combine, d));
+            }
+        }
+        for k in &seen {
+            assert!(entries.contains(k), "{k} is not embedded");
+        }
+        #[cfg(not(feature = "lab"))]
+        assert_eq!(entries, seen.into_iter().collect::<Vec<_>>());
+    }
 }

@@ -22,7 +22,7 @@ mod modules {
 pub(in crate::cuda) use modules::Module;
 
 // One file per kernel family: each adds an `impl Device` block with its launches.
-mod attention;
+pub(in crate::cuda) mod attention;
 mod attention_prefill;
 mod attention_slots;
 mod dense;

@@ -482,7 +482,7 @@ fn run_items(
             std::sync::atomic::Ordering::Relaxed,
         );
     });
-    crate::ops::record_isa(op, isa, tag.into_inner())
+    crate::cpu::record_isa(op, isa, tag.into_inner())
 }
 
 fn scratch_len(dims: &AttnDims) -> usize {
@@ -888,7 +888,7 @@ fn prefill_blocked_avx512(
     let mut kt = vec![0.0f32; dims.kv_heads * dims.head_dim * tpad];
     // SAFETY: `a.k` holds t x Hkv x D floats (checked by the caller) and kt Hkv x D x tpad.
     let tag = unsafe { attn_k_transpose_avx512(a, t as i64, tpad as i64, kt.as_mut_ptr()) };
-    crate::ops::record_isa(op, Isa::Avx512, tag)?;
+    crate::cpu::record_isa(op, Isa::Avx512, tag)?;
     let rows = (PREFILL_BLOCK * (dims.q_heads / dims.kv_heads)).next_multiple_of(4);
     let scratch = rows * (TILE + dims.head_dim + 2) + dims.head_dim;
     let blocks = t.div_ceil(PREFILL_BLOCK);
@@ -955,7 +955,7 @@ pub fn rope_neox_with(
     }
     // x holds at least one row of head_dim >= rotary_dim floats, so the table and the scratch below are no larger.
     let inv: Vec<f32> = (0..rope.rotary_dim / 2).map(|i| rope.inv_freq(i)).collect();
-    let xp = crate::gdn::SharedMut(x.as_mut_ptr());
+    let xp = crate::cpu::SharedMut(x.as_mut_ptr());
     let (d, rot) = (rope.head_dim as i64, rope.rotary_dim as i64);
     // A row is a few hundred multiply-adds: below 16 rows per thread a spawned thread costs more than it saves.
     let threads = threads.min(positions.len().div_ceil(16));

@@ -37,7 +37,7 @@
 //! the microcode assists the AVX-512 prefill of 1024 tokens took 745 instead of 287 ms) and restores the caller's
 //! floating-point mode.
 
-use crate::cpu::Isa;
+use crate::cpu::{Isa, SharedMut};
 use crate::error::{checked_product, checked_sum};
 use crate::KernelError;
 
@@ -285,21 +285,6 @@ struct GdnArgs {
 // threads of `parallel_ranges`.
 unsafe impl Sync for GdnArgs {}
 
-/// A raw mutable pointer that scoped worker threads may share; each thread writes a disjoint range through it.
-#[derive(Clone, Copy)]
-pub(crate) struct SharedMut(pub(crate) *mut f32);
-
-impl SharedMut {
-    /// The pointer (a method, so closures capture the whole `Sync` wrapper rather than its raw field).
-    pub(crate) fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-// SAFETY: see the type docs; every user partitions the writes by range.
-unsafe impl Sync for SharedMut {}
-// SAFETY: as above.
-unsafe impl Send for SharedMut {}
-
 type ConvFn = unsafe extern "C" fn(
     i64,
     i64,
@@ -502,7 +487,7 @@ pub fn decode_step_with(
         };
     }
     if batch > 0 {
-        crate::ops::record_isa(OP, isa, tag)?;
+        crate::cpu::record_isa(OP, isa, tag)?;
     }
     let p = args(dims, w, &mixed, x, state, out);
     let tag = std::sync::atomic::AtomicI32::new(-1);
@@ -513,7 +498,7 @@ pub fn decode_step_with(
         tag.store(t, std::sync::atomic::Ordering::Relaxed);
     });
     if batch > 0 {
-        crate::ops::record_isa(OP, isa, tag.into_inner())?;
+        crate::cpu::record_isa(OP, isa, tag.into_inner())?;
     }
     Ok(())
 }
@@ -594,7 +579,7 @@ pub fn prefill_with(
         };
         tag.store(r, std::sync::atomic::Ordering::Relaxed);
     });
-    crate::ops::record_isa(OP, isa, tag.load(std::sync::atomic::Ordering::Relaxed))?;
+    crate::cpu::record_isa(OP, isa, tag.load(std::sync::atomic::Ordering::Relaxed))?;
     let p = args(dims, w, &mixed, x, state, out);
     let scratch_len = prefill_scratch_len(dims);
     crate::cpu::parallel_ranges(dims.value_heads, 1, threads, |h0, h1| {
@@ -604,5 +589,5 @@ pub fn prefill_with(
         let r = unsafe { prefill(&p, t as i64, h0 as i64, h1 as i64, scratch.as_mut_ptr()) };
         tag.store(r, std::sync::atomic::Ordering::Relaxed);
     });
-    crate::ops::record_isa(OP, isa, tag.into_inner())
+    crate::cpu::record_isa(OP, isa, tag.into_inner())
 }

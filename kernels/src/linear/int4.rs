@@ -15,8 +15,8 @@
 //! of the whole matrix instead: 1 GiB for a 131072 x 2048 embedding.
 
 use crate::error::{checked_product, checked_sum};
+use crate::formats::Int4Logical;
 use crate::formats::{bf16_to_f32, f32_to_bf16};
-use crate::reference::linear::Int4Logical;
 use crate::{ensure_shape, KernelError};
 
 /// Output columns per packed block.

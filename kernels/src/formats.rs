@@ -111,6 +111,9 @@ fn pow2(e: i32) -> f32 {
     f32::from_bits(((e + 127) as u32) << 23)
 }
 
+/// The int4 group sizes the tinygemm kernels are built for (`linear::int4::GROUPS`).
+pub const INT4_GROUPS: [usize; 3] = [32, 64, 128];
+
 /// Edge of the square FP8 scale block (`weight_block_size = [128, 128]`).
 pub const FP8_BLOCK: usize = 128;
 /// Elements per NVFP4 scale (modelopt's group 16).

@@ -14,15 +14,7 @@ use crate::error::checked_product;
 use crate::KernelError;
 use std::sync::atomic::Ordering;
 
-/// Which RMSNorm weight form a model uses: `x * rsqrt(mean(x^2) + eps) * w` (Llama, Spark) or `... * (1 + w)`
-/// (Gemma, Qwen3.5 — the checkpoint stores `w` centred on 0).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NormWeight {
-    /// Multiply by `w`.
-    Plain,
-    /// Multiply by `1 + w`.
-    OnePlus,
-}
+pub use crate::shapes::NormWeight;
 
 use crate::cpu::record_isa;
 pub use crate::cpu::seq_isa_calls;
@@ -362,17 +354,7 @@ pub fn gelu_and_mul_with(
     glu_with("ops::gelu_and_mul", true, isa, threads, gate_up, inter, out)
 }
 
-/// The activation of a gated MLP (`act(gate) * up`): what a model's `hidden_act` names. One name for the op on
-/// both devices: [`act_and_mul`] on the CPU, `Gpu::act_and_mul_f32` on the GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GatedAct {
-    /// `silu` (Llama, Qwen): [`silu_and_mul`].
-    Silu,
-    /// `gelu`, the exact erf form (Spark): [`gelu_and_mul`].
-    GeluErf,
-    /// `gelu_pytorch_tanh` (Gemma): [`gelu_tanh_and_mul`].
-    GeluTanh,
-}
+pub use crate::shapes::GatedAct;
 
 /// `out = act(gate) * up` over rows of `gate_up` (`[rows, 2*inter]`, gate first; `out` `[rows, inter]`), the
 /// activation `act` names: [`silu_and_mul`], [`gelu_and_mul`] or [`gelu_tanh_and_mul`].

@@ -338,7 +338,7 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     pub fn attention_decode_ring(
         &self,
-        dims: &crate::attention::AttnDims,
+        dims: &crate::shapes::AttnDims,
         seqs: usize,
         q: &GpuBuffer<f32>,
         kv: RingKvCache<'_>,
@@ -365,7 +365,7 @@ impl Gpu {
     pub fn attention_decode_ring_with(
         &self,
         kernels: DecodeKernels,
-        dims: &crate::attention::AttnDims,
+        dims: &crate::shapes::AttnDims,
         seqs: usize,
         q: &GpuBuffer<f32>,
         kv: RingKvCache<'_>,
@@ -381,7 +381,7 @@ impl Gpu {
     fn attention_decode_ring_on(
         &self,
         kernels: DecodeKernels,
-        dims: &crate::attention::AttnDims,
+        dims: &crate::shapes::AttnDims,
         seqs: usize,
         q: &GpuBuffer<f32>,
         kv: RingKvCache<'_>,

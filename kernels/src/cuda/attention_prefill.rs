@@ -5,7 +5,7 @@
 //! kernels' design is documented at the top of the .cu file.
 
 use super::{check_len, check_len_of, Gpu, GpuBuffer, PagedAttentionDims, PrefillChunk};
-use crate::attention::AttnDims;
+use crate::shapes::AttnDims;
 use crate::KernelError;
 
 /// The cached prefix of a prefix-mode launch (`attention_prefill_paged_*`) or the destination of a store:

@@ -12,7 +12,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::{GdnGpuInputs, GdnGpuWeights, GpuScalar, PagedAttentionDims};
-use crate::gdn::GdnDims;
+use crate::shapes::GdnDims;
 use crate::KernelError;
 
 // The generated `Module` enum: one variant per `cuda/*.cu`, with its embedded images and entry points.

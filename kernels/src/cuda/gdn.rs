@@ -1,7 +1,7 @@
 //! The fused gated DeltaNet decode step (`kernels/cuda/gdn.cu`).
 
 use super::{check_len, check_len_of, GdnGpuInputs, GdnGpuWeights, Gpu, GpuBuffer};
-use crate::gdn::GdnDims;
+use crate::shapes::GdnDims;
 use crate::KernelError;
 
 /// One decode-step kernel of `cuda/gdn.cu`: its entry point and launch shape (`blocks_per_head` blocks of

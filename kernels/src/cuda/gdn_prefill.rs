@@ -5,7 +5,7 @@
 
 use super::{check_len, check_len_of, GdnGpuInputs, GdnGpuWeights, GdnPrefillIo, Gpu, GpuBuffer};
 use crate::error::checked_product;
-use crate::gdn::{GdnDims, CHUNK};
+use crate::shapes::{GdnDims, CHUNK};
 use crate::KernelError;
 
 /// How the sequential state kernel (launch 3) multiplies.

@@ -1050,7 +1050,7 @@ impl Gpu {
         x: &GpuBuffer<f32>,
         residual: Option<&mut GpuBuffer<f32>>,
         weight: &GpuBuffer<f32>,
-        form: crate::ops::NormWeight,
+        form: crate::shapes::NormWeight,
         eps: f32,
         fragments: &mut Nvfp4Fragments,
         tiles: &Nvfp4TileWeights,
@@ -1559,7 +1559,7 @@ enum StepProducer<'a> {
         x: &'a GpuBuffer<f32>,
         residual: Option<&'a mut GpuBuffer<f32>>,
         weight: &'a GpuBuffer<f32>,
-        form: crate::ops::NormWeight,
+        form: crate::shapes::NormWeight,
         eps: f32,
     },
     /// [`Gpu::silu_and_mul_nvfp4_fragments`]' (or gelu's, `gelu`) operand; `inter` is the GEMV's `k`.

@@ -22,7 +22,7 @@ use crate::{ensure_shape, KernelError};
 /// Output columns per packed block.
 pub const BLOCK_N: usize = 64;
 /// Group sizes the packer accepts (the ones checkpoints use; W4A8 also needs a multiple of 4).
-pub const GROUPS: [usize; 3] = [32, 64, 128];
+pub use crate::formats::INT4_GROUPS as GROUPS;
 
 /// How the group's range maps onto the 16 codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

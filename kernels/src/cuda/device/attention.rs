@@ -349,7 +349,7 @@ impl Device {
         &self,
         tiling: usize,
         sliced: bool,
-        d: &crate::attention::AttnDims,
+        d: &crate::shapes::AttnDims,
         seqs: usize,
         slots: usize,
         q: &CudaSlice<f32>,

@@ -29,7 +29,7 @@ mod dense;
 mod gdn;
 mod gdn_prefill;
 mod gemm;
-mod gemm_sm90a;
+pub(in crate::cuda) mod gemm_sm90a;
 pub(in crate::cuda) mod gemv;
 mod ops;
 

@@ -183,45 +183,43 @@ fn module_table(modules: &[CudaModule]) -> String {
     for m in modules {
         g.push_str(&format!("Module::{}, ", camel(&m.stem)));
     }
-    g.push_str("];\n\n    /// The source file's stem.\n    #[allow(dead_code)]\n    pub(crate) fn stem(self) -> &'static str {\n        match self {\n");
-    for m in modules {
-        g.push_str(&format!(
-            "            Module::{} => {:?},\n",
-            camel(&m.stem),
-            m.stem
-        ));
-    }
-    g.push_str("        }\n    }\n\n    /// The PTX (`compute_90`), which any device of compute capability 9.0 or later can JIT; `None` for the\n    /// sm_90a-only modules.\n    #[allow(dead_code)]\n    pub(crate) fn ptx(self) -> Option<&'static str> {\n        match self {\n");
-    for m in modules {
-        match &m.ptx {
-            Some(p) => g.push_str(&format!(
-                "            Module::{} => Some(include_str!({})),\n",
+    g.push_str("];\n");
+    // One `match self` method per property, an arm per module.
+    let mut method = |doc: &str, sig: &str, arm: &dyn Fn(&CudaModule) -> String| {
+        g.push_str(&format!("\n    /// {doc}\n    #[allow(dead_code)]\n    pub(crate) fn {sig} {{\n        match self {{\n"));
+        for m in modules {
+            g.push_str(&format!(
+                "            Module::{} => {},\n",
                 camel(&m.stem),
-                lit(p)
-            )),
-            None => g.push_str(&format!(
-                "            Module::{} => None,\n",
-                camel(&m.stem)
-            )),
+                arm(m)
+            ));
         }
-    }
-    g.push_str("        }\n    }\n\n    /// The module assembled by the build's ptxas for sm_90 (sm_90a for the `*_sm90a.cu` modules).\n    pub(crate) fn cubin_sm90(self) -> &'static [u8] {\n        match self {\n");
-    for m in modules {
-        g.push_str(&format!(
-            "            Module::{} => include_bytes!({}),\n",
-            camel(&m.stem),
-            lit(&m.cubin)
-        ));
-    }
-    g.push_str("        }\n    }\n\n    /// The kernels this build of the module defines, sorted (the PTX's `.entry` names).\n    pub(crate) fn entries(self) -> &'static [&'static str] {\n        match self {\n");
-    for m in modules {
-        g.push_str(&format!(
-            "            Module::{} => &{:?},\n",
-            camel(&m.stem),
-            m.entries
-        ));
-    }
-    g.push_str("        }\n    }\n}\n");
+        g.push_str("        }\n    }\n");
+    };
+    method(
+        "The source file's stem.",
+        "stem(self) -> &'static str",
+        &|m| format!("{:?}", m.stem),
+    );
+    method(
+        "The PTX (`compute_90`), which any device of compute capability 9.0 or later can JIT; `None` for the\n    /// sm_90a-only modules.",
+        "ptx(self) -> Option<&'static str>",
+        &|m| match &m.ptx {
+            Some(p) => format!("Some(include_str!({}))", lit(p)),
+            None => "None".into(),
+        },
+    );
+    method(
+        "The module assembled by the build's ptxas for sm_90 (sm_90a for the `*_sm90a.cu` modules).",
+        "cubin_sm90(self) -> &'static [u8]",
+        &|m| format!("include_bytes!({})", lit(&m.cubin)),
+    );
+    method(
+        "The kernels this build of the module defines, sorted (the PTX's `.entry` names).",
+        "entries(self) -> &'static [&'static str]",
+        &|m| format!("&{:?}", m.entries),
+    );
+    g.push_str("}\n");
     g
 }
 

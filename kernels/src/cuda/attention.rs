@@ -29,32 +29,17 @@ impl Gpu {
         splits: usize,
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
-        self.attention_decode_paged_on(KernelPath::Auto, dims, q, kv, scale, splits, out)
+        self.attention_decode_paged_with(KernelPath::Auto, dims, q, kv, scale, splits, out)
     }
 
+    lab_pub! {
     /// [`Gpu::attention_decode_paged`] on a chosen kernel family (tests and benchmarks drive each one).
     /// [`KernelPath::Auto`] and [`KernelPath::TensorCores`] run the tiled tensor-core kernel
     /// ([`Gpu::attention_decode_paged_tiled`] with [`DecodeKernels::PAGED_AUTO`]): group sizes 1-8, the query and the
     /// probabilities rounded to bf16 (~1e-3 relative error). [`KernelPath::CudaCores`] runs the fp32 kernel
     /// `attention_decode_split_*` (~1e-6 relative error; group sizes 1, 2, 4, 6 and 8; 2-2.5x slower).
-    #[cfg(feature = "lab")]
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_decode_paged_with(
-        &self,
-        path: KernelPath,
-        dims: &PagedAttentionDims,
-        q: &GpuBuffer<f32>,
-        kv: PagedKvCache<'_>,
-        scale: f32,
-        splits: usize,
-        out: &mut GpuBuffer<f32>,
-    ) -> Result<(), KernelError> {
-        self.attention_decode_paged_on(path, dims, q, kv, scale, splits, out)
-    }
-
-    /// The body of [`Gpu::attention_decode_paged`] and its `_with` form (the latter in lab builds only).
-    #[allow(clippy::too_many_arguments)]
-    fn attention_decode_paged_on(
+    fn attention_decode_paged_with(
         &self,
         path: KernelPath,
         dims: &PagedAttentionDims,
@@ -123,6 +108,7 @@ impl Gpu {
         {
             match self.never {}
         }
+    }
     }
 }
 
@@ -346,7 +332,7 @@ impl Gpu {
         splits: usize,
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
-        self.attention_decode_ring_on(
+        self.attention_decode_ring_with(
             DecodeKernels::RING_AUTO,
             dims,
             seqs,
@@ -358,27 +344,11 @@ impl Gpu {
         )
     }
 
+    lab_pub! {
     /// [`Gpu::attention_decode_ring`] on the kernels `kernels` names (tiling one of [`Gpu::DECODE_TILINGS`], and
     /// the combine, as [`Gpu::attention_decode_paged_tiled`]).
-    #[cfg(feature = "lab")]
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_decode_ring_with(
-        &self,
-        kernels: DecodeKernels,
-        dims: &crate::shapes::AttnDims,
-        seqs: usize,
-        q: &GpuBuffer<f32>,
-        kv: RingKvCache<'_>,
-        scale: f32,
-        splits: usize,
-        out: &mut GpuBuffer<f32>,
-    ) -> Result<(), KernelError> {
-        self.attention_decode_ring_on(kernels, dims, seqs, q, kv, scale, splits, out)
-    }
-
-    /// The body of [`Gpu::attention_decode_ring`] and its `_with` form (the latter in lab builds only).
-    #[allow(clippy::too_many_arguments)]
-    fn attention_decode_ring_on(
+    fn attention_decode_ring_with(
         &self,
         kernels: DecodeKernels,
         dims: &crate::shapes::AttnDims,
@@ -458,6 +428,7 @@ impl Gpu {
             let _ = (t, sliced);
             match self.never {}
         }
+    }
     }
 }
 

@@ -218,38 +218,16 @@ impl Gpu {
         v: &GpuBuffer<u16>,
         out: &mut GpuBuffer<u16>,
     ) -> Result<(), KernelError> {
-        self.attention_prefill_varlen_on(
+        self.attention_prefill_varlen_with(
             None, dims, scale, window, cu_seqlens, seqs, total, max_seqlen, q, k, v, out,
         )
     }
 
+    lab_pub! {
     /// [`Gpu::attention_prefill_varlen`] on a chosen tiling (`None`: [`Gpu::attention_prefill_default`]), one of
     /// [`Gpu::attention_prefill_variants`]; tests and benchmarks drive each one.
-    #[cfg(feature = "lab")]
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_prefill_varlen_with(
-        &self,
-        variant: Option<&str>,
-        dims: &AttnDims,
-        scale: f32,
-        window: Option<usize>,
-        cu_seqlens: &GpuBuffer<u32>,
-        seqs: usize,
-        total: usize,
-        max_seqlen: usize,
-        q: &GpuBuffer<u16>,
-        k: &GpuBuffer<u16>,
-        v: &GpuBuffer<u16>,
-        out: &mut GpuBuffer<u16>,
-    ) -> Result<(), KernelError> {
-        self.attention_prefill_varlen_on(
-            variant, dims, scale, window, cu_seqlens, seqs, total, max_seqlen, q, k, v, out,
-        )
-    }
-
-    /// The body of [`Gpu::attention_prefill_varlen`] and its `_with` form (the latter in lab builds only).
-    #[allow(clippy::too_many_arguments)]
-    fn attention_prefill_varlen_on(
+    fn attention_prefill_varlen_with(
         &self,
         variant: Option<&str>,
         dims: &AttnDims,
@@ -278,6 +256,7 @@ impl Gpu {
             v,
             out,
         )
+    }
     }
 
     /// The tilings built for `head_dim` (`M<query rows>_W<m16 tiles per warp>_N<keys>_S<stages>`); empty for an
@@ -326,7 +305,7 @@ impl Gpu {
         chunk: PrefillChunk<'_>,
         out: &mut GpuBuffer<u16>,
     ) -> Result<(), KernelError> {
-        self.attention_prefill_paged_on(
+        self.attention_prefill_paged_with(
             None,
             dims,
             scale,
@@ -339,38 +318,11 @@ impl Gpu {
         )
     }
 
+    lab_pub! {
     /// [`Gpu::attention_prefill_paged`] on a chosen tiling (`None`: the default), one of
     /// [`Gpu::attention_prefill_variants`].
-    #[cfg(feature = "lab")]
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_prefill_paged_with(
-        &self,
-        variant: Option<&str>,
-        dims: &PagedAttentionDims,
-        scale: f32,
-        window: Option<usize>,
-        k_cache: &GpuBuffer<u16>,
-        v_cache: &GpuBuffer<u16>,
-        block_table: &GpuBuffer<u32>,
-        chunk: PrefillChunk<'_>,
-        out: &mut GpuBuffer<u16>,
-    ) -> Result<(), KernelError> {
-        self.attention_prefill_paged_on(
-            variant,
-            dims,
-            scale,
-            window,
-            k_cache,
-            v_cache,
-            block_table,
-            chunk,
-            out,
-        )
-    }
-
-    /// The body of [`Gpu::attention_prefill_paged`] and its `_with` form (the latter in lab builds only).
-    #[allow(clippy::too_many_arguments)]
-    fn attention_prefill_paged_on(
+    fn attention_prefill_paged_with(
         &self,
         variant: Option<&str>,
         dims: &PagedAttentionDims,
@@ -397,6 +349,7 @@ impl Gpu {
             out,
         )
     }
+    }
 
     /// Chunked prefill over a sliding-window ring (sliding layers): as [`Gpu::attention_prefill_paged`] with the
     /// window `window` (which every new token applies over absolute positions) and the prefix in `k_ring` /
@@ -417,33 +370,16 @@ impl Gpu {
         chunk: PrefillChunk<'_>,
         out: &mut GpuBuffer<u16>,
     ) -> Result<(), KernelError> {
-        self.attention_prefill_ring_on(None, dims, seqs, scale, window, k_ring, v_ring, chunk, out)
-    }
-
-    /// [`Gpu::attention_prefill_ring`] on a chosen tiling (`None`: the default), one of
-    /// [`Gpu::attention_prefill_variants`].
-    #[cfg(feature = "lab")]
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention_prefill_ring_with(
-        &self,
-        variant: Option<&str>,
-        dims: &AttnDims,
-        seqs: usize,
-        scale: f32,
-        window: usize,
-        k_ring: &GpuBuffer<u16>,
-        v_ring: &GpuBuffer<u16>,
-        chunk: PrefillChunk<'_>,
-        out: &mut GpuBuffer<u16>,
-    ) -> Result<(), KernelError> {
-        self.attention_prefill_ring_on(
-            variant, dims, seqs, scale, window, k_ring, v_ring, chunk, out,
+        self.attention_prefill_ring_with(
+            None, dims, seqs, scale, window, k_ring, v_ring, chunk, out,
         )
     }
 
-    /// The body of [`Gpu::attention_prefill_ring`] and its `_with` form (the latter in lab builds only).
+    lab_pub! {
+    /// [`Gpu::attention_prefill_ring`] on a chosen tiling (`None`: the default), one of
+    /// [`Gpu::attention_prefill_variants`].
     #[allow(clippy::too_many_arguments)]
-    fn attention_prefill_ring_on(
+    fn attention_prefill_ring_with(
         &self,
         variant: Option<&str>,
         dims: &AttnDims,
@@ -468,6 +404,7 @@ impl Gpu {
             chunk,
             out,
         )
+    }
     }
 
     /// Stores the new tokens' keys and values (`k`, `v`: bf16 bits `[total, kv_heads, head_dim]`, sequences as

@@ -120,32 +120,15 @@ impl Gpu {
         state: &mut GpuBuffer<f32>,
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
-        self.gdn_decode_step_on("auto", dims, w, x, seqs, conv_in, conv_out, state, out)
+        self.gdn_decode_step_variant("auto", dims, w, x, seqs, conv_in, conv_out, state, out)
     }
 
+    lab_pub! {
     /// [`Gpu::gdn_decode_step`] through a named kernel variant: `"auto"` or one of
     /// [`Gpu::GDN_DECODE_VARIANTS`] (for tests and benchmarks; an unknown name is an error that lists the known
     /// ones). Every variant reads and writes the same layouts and computes the same step.
-    #[cfg(feature = "lab")]
     #[allow(clippy::too_many_arguments)]
-    pub fn gdn_decode_step_variant(
-        &self,
-        variant: &str,
-        dims: &GdnDims,
-        w: &GdnGpuWeights<'_>,
-        x: &GdnGpuInputs<'_>,
-        seqs: usize,
-        conv_in: &GpuBuffer<f32>,
-        conv_out: &mut GpuBuffer<f32>,
-        state: &mut GpuBuffer<f32>,
-        out: &mut GpuBuffer<f32>,
-    ) -> Result<(), KernelError> {
-        self.gdn_decode_step_on(variant, dims, w, x, seqs, conv_in, conv_out, state, out)
-    }
-
-    /// The body of [`Gpu::gdn_decode_step`] and its `_variant` form (the latter in lab builds only).
-    #[allow(clippy::too_many_arguments)]
-    fn gdn_decode_step_on(
+    fn gdn_decode_step_variant(
         &self,
         variant: &str,
         dims: &GdnDims,
@@ -249,6 +232,7 @@ impl Gpu {
             let _ = kernel;
             match self.never {}
         }
+    }
     }
 }
 

@@ -27,9 +27,10 @@ impl Gpu {
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        self.fp8_block_gemv_on(KernelPath::Auto, x, w, scales, y, m, n, k)
+        self.fp8_block_gemv_with(KernelPath::Auto, x, w, scales, y, m, n, k)
     }
 
+    lab_pub! {
     /// [`Gpu::fp8_block_gemv`] on a chosen kernel family (tests and benchmarks drive each one).
     ///
     /// `Auto`'s table (H200, benchmarks/h200.md; m = 1 updated ): `m = 1` ->
@@ -55,25 +56,8 @@ impl Gpu {
     /// not explain `pp*`'s 2x. Suspected, not measured: a static equal split cannot rebalance when some SMs stream
     /// slower (the block scheduler does that for the per-tile grids), and on the row-major FP8 layout a warp's
     /// 128-byte pieces of 16 rows lie far from its block neighbours' (a per-tile block reads 1 KiB of each row).
-    #[cfg(feature = "lab")]
     #[allow(clippy::too_many_arguments)]
-    pub fn fp8_block_gemv_with(
-        &self,
-        path: KernelPath,
-        x: &GpuBuffer<u16>,
-        w: &GpuBuffer<u8>,
-        scales: &GpuBuffer<f32>,
-        y: &mut GpuBuffer<f32>,
-        m: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<(), KernelError> {
-        self.fp8_block_gemv_on(path, x, w, scales, y, m, n, k)
-    }
-
-    /// The body of [`Gpu::fp8_block_gemv`] and its `_with` form (the latter in lab builds only).
-    #[allow(clippy::too_many_arguments)]
-    fn fp8_block_gemv_on(
+    fn fp8_block_gemv_with(
         &self,
         path: KernelPath,
         x: &GpuBuffer<u16>,
@@ -115,6 +99,7 @@ impl Gpu {
             let _ = (path, ksplit, pdl);
             match self.never {}
         }
+    }
     }
 
     /// The `m = 1` CUDA-core kernel of [`Gpu::fp8_block_gemv`] with K split over `ksplit` warps of a block
@@ -186,34 +171,17 @@ impl Gpu {
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        self.nvfp4_gemv_on(KernelPath::Auto, x, w, scales, global_scale, y, m, n, k)
+        self.nvfp4_gemv_with(KernelPath::Auto, x, w, scales, global_scale, y, m, n, k)
     }
 
+    lab_pub! {
     /// [`Gpu::nvfp4_gemv`] on a chosen kernel family (tests and benchmarks drive each one).
     ///
     /// `Auto`'s table (H200, benchmarks/h200.md): `nvfp4_gemv_mma_n8` for `m <= 8`, `nvfp4_gemv_mma_n16`
     /// above (38-61% of copy bandwidth). The decode path of an engine is not this one but the repacked tile
     /// layout, [`Gpu::nvfp4_gemv_tiles`] (1.2-1.9x faster, table there).
-    #[cfg(feature = "lab")]
     #[allow(clippy::too_many_arguments)]
-    pub fn nvfp4_gemv_with(
-        &self,
-        path: KernelPath,
-        x: &GpuBuffer<u16>,
-        w: &GpuBuffer<u8>,
-        scales: &GpuBuffer<u8>,
-        global_scale: f32,
-        y: &mut GpuBuffer<f32>,
-        m: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<(), KernelError> {
-        self.nvfp4_gemv_on(path, x, w, scales, global_scale, y, m, n, k)
-    }
-
-    /// The body of [`Gpu::nvfp4_gemv`] and its `_with` form (the latter in lab builds only).
-    #[allow(clippy::too_many_arguments)]
-    fn nvfp4_gemv_on(
+    fn nvfp4_gemv_with(
         &self,
         path: KernelPath,
         x: &GpuBuffer<u16>,
@@ -256,6 +224,7 @@ impl Gpu {
             let _ = path;
             match self.never {}
         }
+    }
     }
 }
 
@@ -1384,7 +1353,7 @@ impl Gpu {
         check_fp8_gemv(OP, x, w, scales, y, m, n, k)?;
         check_scratch(OP, scratch, m, k)?;
         if m == 1 {
-            self.fp8_block_gemv_on(KernelPath::Auto, x, w, scales, y, m, n, k)
+            self.fp8_block_gemv_with(KernelPath::Auto, x, w, scales, y, m, n, k)
         } else {
             self.fp8_split_launch(x, w, scales, y, scratch, m, n, k, fp8_split_auto(m, n))
         }

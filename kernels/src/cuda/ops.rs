@@ -766,9 +766,10 @@ impl Gpu {
         self.argmax_with(cluster, logits, vocab, out)
     }
 
+    lab_pub! {
     /// [`Gpu::argmax`] on a chosen kernel: `cluster` 8 blocks per row (sm_90 thread-block clusters), or one block
     /// per row (tests and benchmarks drive both).
-    pub fn argmax_with(
+    fn argmax_with(
         &self,
         cluster: bool,
         logits: &GpuBuffer<f32>,
@@ -787,6 +788,7 @@ impl Gpu {
             let _ = (cluster, rows);
             match self.never {}
         }
+    }
     }
 
     /// The device words of a [`crate::sampling::Pcg32`] seeded with `(seed, stream)`, for the `rng` buffer of
@@ -834,9 +836,10 @@ impl Gpu {
         self.sample_with(cluster, logits, vocab, params, rng, out)
     }
 
+    lab_pub! {
     /// [`Gpu::sample`] on a chosen kernel (tests and benchmarks drive both): `cluster` 8 blocks per row (sm_90
     /// thread-block clusters; at most 65535 rows), or one block per row. Both draw the same tokens.
-    pub fn sample_with(
+    fn sample_with(
         &self,
         cluster: bool,
         logits: &GpuBuffer<f32>,
@@ -869,6 +872,7 @@ impl Gpu {
             let _ = (k, cluster);
             match self.never {}
         }
+    }
     }
 
     /// Neox RoPE in place on `x` (fp32 `[tokens, heads, head_dim]`), token `i` at `positions[i]` (device `[tokens]`),

@@ -291,9 +291,13 @@ __device__ __forceinline__ void attention_decode_combine(const float* __restrict
         attention_decode_combine<D>(ws, out, hq, splits);                                                         \
     }
 
+// The CUDA-core arm (KernelPath::CudaCores) and the block combine are the lab's: `Auto` runs the tiled kernels and
+// the sliced combine.
+#if EDGEFIT_LAB
 EDGEFIT_ATT_D(64)
 EDGEFIT_ATT_D(128)
 EDGEFIT_ATT_D(256)
+#endif
 
 // attention_decode_combine_sliced_D*: the same sum as attention_decode_combine_D*, spread over more blocks and with
 // no dependent round trip before the loads. Grid (Hq * D / 64, seqs): block x serves query head x / (D / 64), columns
@@ -736,16 +740,28 @@ __device__ __forceinline__ void attention_decode_tiled_ring(const float* q, cons
         float scale, float* out, float* ws, int hq, int hkv, int page_size, int num_pages, int max_pages) {       \
         attention_decode_tiled_paged<D, TT, SS>(q, kc, vc, bt, lens, scale, out, ws, hq, hkv, page_size, num_pages, \
                                               max_pages);                                                         \
-    }                                                                                                             \
+    }
+#define EDGEFIT_ATT_RING(D, TT, SS, MINB)                                                                           \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB) attention_decode_ring_D##D##_T##TT##_S##SS(    \
         const float* q, const uint16_t* kr, const uint16_t* vr, const uint16_t* kcur, const uint16_t* vcur,       \
         const unsigned int* pos, float scale, float* out, float* ws, int hq, int hkv, int slots) {                \
         attention_decode_tiled_ring<D, TT, SS>(q, kr, vr, kcur, vcur, pos, scale, out, ws, hq, hkv, slots);         \
     }
-#define EDGEFIT_ATT_TILED_D(D)        \
-    EDGEFIT_ATT_TILED(D, 32, 3, 2)    \
-    EDGEFIT_ATT_TILED(D, 16, 4, 3)    \
-    EDGEFIT_ATT_TILED(D, 32, 2, 3)
-EDGEFIT_ATT_TILED_D(64)
-EDGEFIT_ATT_TILED_D(128)
-EDGEFIT_ATT_TILED_D(256)
+// `Auto` runs the paged cache on (16, 4) (Gpu::DECODE_AUTO_TILING) and the ring on (32, 2)
+// (Gpu::DECODE_RING_TILING); the other tilings are the lab's (DecodeKernels).
+#define EDGEFIT_ATT_AUTO_D(D)       \
+    EDGEFIT_ATT_TILED(D, 16, 4, 3)  \
+    EDGEFIT_ATT_RING(D, 32, 2, 3)
+EDGEFIT_ATT_AUTO_D(64)
+EDGEFIT_ATT_AUTO_D(128)
+EDGEFIT_ATT_AUTO_D(256)
+#if EDGEFIT_LAB
+#define EDGEFIT_ATT_LAB_D(D)        \
+    EDGEFIT_ATT_TILED(D, 32, 3, 2)  \
+    EDGEFIT_ATT_TILED(D, 32, 2, 3)  \
+    EDGEFIT_ATT_RING(D, 32, 3, 2)   \
+    EDGEFIT_ATT_RING(D, 16, 4, 3)
+EDGEFIT_ATT_LAB_D(64)
+EDGEFIT_ATT_LAB_D(128)
+EDGEFIT_ATT_LAB_D(256)
+#endif

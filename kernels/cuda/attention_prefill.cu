@@ -438,16 +438,19 @@ __device__ __forceinline__ void attention_prefill_body(const uint16_t* __restric
 // Not built: D256 with two m16 tiles per warp (O alone is 256 registers: 1.5 KB of spills per thread).
 // Names: D<head dim>_M<BM packed rows>_W<m16 tiles per warp>_N<BN keys>_S<stages>; BM / (16 W) warps. Each tiling
 // has its plain kernel and its prefix-mode kernel (`attention_prefill_paged_...`).
-AP_INSTANTIATE(64, 128, 1, 64, 3)
+// The tilings PREFILL_DEFAULTS (Rust) picks, then the lab's (PREFILL_LAB_KERNELS; named by the `_with` calls).
 AP_INSTANTIATE(64, 128, 2, 64, 3)
-AP_INSTANTIATE(64, 64, 1, 64, 3)
 AP_INSTANTIATE(128, 128, 2, 64, 2)
-AP_INSTANTIATE(128, 128, 2, 32, 3)
-AP_INSTANTIATE(128, 128, 1, 64, 2)
 AP_INSTANTIATE(128, 64, 1, 64, 2)
-AP_INSTANTIATE(256, 64, 1, 32, 2)
 AP_INSTANTIATE(256, 64, 1, 64, 2)
 AP_INSTANTIATE(256, 128, 1, 64, 2)
+#if EDGEFIT_LAB
+AP_INSTANTIATE(64, 128, 1, 64, 3)
+AP_INSTANTIATE(64, 64, 1, 64, 3)
+AP_INSTANTIATE(128, 128, 1, 64, 2)
+AP_INSTANTIATE(128, 128, 2, 32, 3)
+AP_INSTANTIATE(256, 64, 1, 32, 2)
+#endif
 
 // Writes the new tokens' K and V (bf16 bits [total, kv_heads, D], sequences as cu_seqlens, D = 8 x chunks) into a
 // KV cache after prefix_lens[b] cached tokens: token t of sequence b is position P_b + t. Paged (block_table

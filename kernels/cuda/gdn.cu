@@ -26,13 +26,18 @@
 using namespace edgefit;
 
 constexpr int GDN_D = 128;  // dk = dv = 128, checked on the Rust side
+#if EDGEFIT_LAB
+// The one-block-per-head reference arm (`block_per_head`): no `Auto` batch size runs it, so only the lab
+// embeds it.
 constexpr int GDN_THREADS = 256;
 constexpr int GDN_ROWS = 16;  // state rows per thread: 128 rows over 8 warps
+#endif
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
 
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
+#if EDGEFIT_LAB
 extern "C" __global__ void __launch_bounds__(GDN_THREADS)
     gdn_decode_step(const float* __restrict__ qkv, const float* __restrict__ z, const float* __restrict__ a_in,
                     const float* __restrict__ b_in, const float* __restrict__ conv_w, const float* __restrict__ a_log,
@@ -154,6 +159,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
         out[idx] = o * r * norm_w[t] * silu_f(z[idx]);
     }
 }
+#endif
 
 // ---------------------------------------------------------------------------------------------------------------
 // gdn_decode_step_split<S>_t<T>_1r (what `auto` runs): grid (Hv*S, seqs), blocks of T threads, each block

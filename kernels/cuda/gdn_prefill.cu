@@ -328,7 +328,9 @@ __device__ __forceinline__ void gdn_prefill_prep_body(
     }
 
 GDN_PREFILL_PREP_KERNEL(gdn_prefill_prep, false)
+#if EDGEFIT_LAB
 GDN_PREFILL_PREP_KERNEL(gdn_prefill_prep_h, true)
+#endif
 
 // Step 2 of the WY builds (warp 0; the caller's barrier follows): the in-chunk inclusive cumulative sum of the 64
 // gates in gc, two per lane.
@@ -623,9 +625,12 @@ __device__ __forceinline__ void gdn_prefill_state_body(const float* __restrict__
         gdn_prefill_state_body<CS>(qn, kn, gcum, w_in, u_in, aqk_in, meta, state, out, hk, hv, seqs, n_chunks);     \
     }
 
-GDN_STATE_KERNEL(16)
+// `Auto` runs the tensor-core state kernel; the fp32 one serves the engine's precise path ("fp32_cs32").
 GDN_STATE_KERNEL(32)
+#if EDGEFIT_LAB
+GDN_STATE_KERNEL(16)
 GDN_STATE_KERNEL(64)
+#endif
 
 // ---------------------------------------------------------------------------------------------------------------
 // Tensor-core build of the sequential state walk: gdn_prefill_state_tc<SPLIT>_cs<CS>. Same grid, inputs, outputs
@@ -989,12 +994,15 @@ __device__ __forceinline__ void gdn_prefill_state_tc_body(const float* __restric
                                                    seqs, n_chunks);                                                \
     }
 
+// `Auto` (Gpu::GDN_PREFILL_DEFAULT, wytf32x3_tf32_cs64) runs tc1_cs64; the rest are the lab's.
+GDN_STATE_TC_KERNEL(1, 64)
+#if EDGEFIT_LAB
 GDN_STATE_TC_KERNEL(1, 16)
 GDN_STATE_TC_KERNEL(1, 32)
-GDN_STATE_TC_KERNEL(1, 64)
 GDN_STATE_TC_KERNEL(3, 16)
 GDN_STATE_TC_KERNEL(3, 32)
 GDN_STATE_TC_KERNEL(3, 64)
+#endif
 
 // ---------------------------------------------------------------------------------------------------------------
 // Tensor-core build of the chunk-local WY launch: gdn_prefill_wy_tc<1|3>. Same grid, inputs, outputs and algebra
@@ -1421,10 +1429,12 @@ __device__ __forceinline__ void gdn_prefill_wy_tc_body(const float* __restrict__
                                                   seqs, n_chunks);                                                \
     }
 
-GDN_WY_TC_KERNEL(1, gdn_prefill_wy_tc1, false)
 GDN_WY_TC_KERNEL(3, gdn_prefill_wy_tc3, false)
+#if EDGEFIT_LAB
+GDN_WY_TC_KERNEL(1, gdn_prefill_wy_tc1, false)
 GDN_WY_TC_KERNEL(1, gdn_prefill_wy_tc1_b, true)
 GDN_WY_TC_KERNEL(3, gdn_prefill_wy_tc3_b, true)
+#endif
 
 extern "C" __global__ void __launch_bounds__(256)
     gdn_prefill_gated_norm(float* __restrict__ out, const float* __restrict__ z, const float* __restrict__ norm_w,
@@ -1488,7 +1498,9 @@ namespace {
 
 constexpr int BP = D + 8;  // padded row (bf16) of a [*][128] tile: 272 bytes, so 8 ldmatrix rows hit 8 bank groups
 constexpr int HP = 64 + 8;  // padded row (bf16) of a [*][64] tile: 144 bytes
+#if EDGEFIT_LAB
 constexpr int HS_SLOT = D * D + C * D;  // bf16 per (head, chunk) slot of hs: the state, then D
+#endif
 
 typedef __nv_bfloat16 bf16;
 
@@ -1573,6 +1585,8 @@ __host__ __device__ constexpr int walk_bf16_smem_bytes() {
 
 // Inputs (all written by launches 1 and 2 of this build): kb the bf16 copy of kn (`gdn_prefill_prep`'s qb / kb),
 // w_in / u_in the bf16 W and U of `gdn_prefill_wy_tc<1|3>_b`, gcum.
+#if EDGEFIT_LAB
+// The bf16 split variants are the lab's (no `Auto` choice or engine path names one).
 extern "C" __global__ void __launch_bounds__(256, 1)
     gdn_prefill_walk_bf16(const bf16* __restrict__ kb, const float* __restrict__ gcum,
                           const bf16* __restrict__ w_in, const bf16* __restrict__ u_in,
@@ -1745,6 +1759,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         *reinterpret_cast<float2*>(sg + (dm + fg + 8) * D + 8 * n + 2 * ft) = make_float2(st[n][2], st[n][3]);
     }
 }
+#endif
 
 // 3''. gdn_prefill_walk1_bf16, the one-block walk: grid (1, Hv, seqs), 256 threads, one block per
 // (sequence, head) state, the same parameters, slots and counters as gdn_prefill_walk_bf16. Warp w owns the state's
@@ -1794,6 +1809,7 @@ __device__ __forceinline__ int x4_rc(int r0, int c0, int ld, int lane) {
 
 // Inputs (all written by launches 1 and 2 of this build): kb the bf16 copy of kn, w_in / u_in the bf16 W and U,
 // gcum. Grid (1, Hv, seqs).
+#if EDGEFIT_LAB
 extern "C" __global__ void __launch_bounds__(256, 1)
     gdn_prefill_walk1_bf16(const bf16* __restrict__ kb, const float* __restrict__ gcum,
                           const bf16* __restrict__ w_in, const bf16* __restrict__ u_in,
@@ -1991,6 +2007,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         sg[(r + 1) * D + cw + fg + 8] = st[j][3];
     }
 }
+#endif
 
 // Shared memory of gdn_prefill_out_bf16 (dynamic): Q [C][D], the chunk's state [D][D] and D [C][D], Aqk [C][C]
 // (bf16, unpadded and swizzled by `swz`), then G [C], the row sums of squares [2][C] and norm_w [D] (fp32): 75,008
@@ -2005,6 +2022,7 @@ __host__ __device__ constexpr int out_bf16_smem_bytes() {
 
 // Inputs: qb the bf16 copy of qn (`gdn_prefill_prep`), aqk_in the bf16 Aqk of `gdn_prefill_wy_tc<1|3>_b`, hs
 // the walk's slots, gcum; z, norm_w and norm_eps as in gdn_prefill_gated_norm.
+#if EDGEFIT_LAB
 extern "C" __global__ void __launch_bounds__(256, 3)
     gdn_prefill_out_bf16(const bf16* __restrict__ qb, const float* __restrict__ gcum,
                          const bf16* __restrict__ aqk_in, const bf16* __restrict__ hs,
@@ -2159,6 +2177,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
         }
     }
 }
+#endif
 
 // Eight f16 values to bf16 (through fp32: after fp32 -> f16 at most 1/16 of a bf16 ulp more than rounding the
 // fp32 value directly; for the l2-normed q and k, f16's subnormals below 6.1e-5 add at most 3e-8 absolute).
@@ -2205,6 +2224,7 @@ __device__ __forceinline__ uint4 f16x8_to_bf16x8(uint4 x) {
 //      K and V tiles and written 16 bytes per store.
 __host__ __device__ constexpr int wy_h_smem_bytes() { return 3 * C * BP * 2 + C * QP * 4 + 2 * C * 4; }
 
+#if EDGEFIT_LAB
 extern "C" __global__ void __launch_bounds__(256, 3)
     gdn_prefill_wy_h_b(const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ vv,
                        const float* __restrict__ gg, const float* __restrict__ bb, const int* __restrict__ meta,
@@ -2379,6 +2399,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
         }
     }
 }
+#endif
 
 static_assert(PREP_TT == 8, "keep PREP_TOKENS in device/gdn_prefill.rs equal");
 static_assert(WY_SMEM_BYTES == 101376, "keep GDN_WY_SMEM_BYTES in device/gdn_prefill.rs equal");

@@ -309,6 +309,8 @@ __device__ __forceinline__ void fp8_block_mma(float (&part)[64], uint32_t sA, ui
 // ---------------------------------------------------------------------------------------------------------------
 // FP8 v1: cp.async ring, no warp specialisation. Grid: ceil(M/128) * ceil(N/128) blocks (1D, see tile_of), 256
 // threads, F8V1_SMEM_BYTES dynamic shared memory. Needs K % 128 == 0, K >= 128.
+#if EDGEFIT_LAB
+// A losing build (Fp8Wgmma / Nvfp4Wgmma): only the lab's `_with` calls launch it.
 extern "C" __global__ void __launch_bounds__(256, 1)
     fp8_block_gemm_sm90a_v1(const uint8_t* __restrict__ xq, const float* __restrict__ sa,
                             const uint8_t* __restrict__ wq, const float* __restrict__ sw, float* __restrict__ y,
@@ -376,11 +378,14 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     }
     store_tile(y, acc, 1.f, r0, n0, lane, M, N);
 }
+#endif
 
 // ---------------------------------------------------------------------------------------------------------------
 // FP8 v2: TMA + mbarrier ring + warp specialisation. Grid as v1, 384 threads (warpgroup 0 produces, 1 and 2
 // consume), F8V2_SMEM_BYTES dynamic shared memory. `ta`: tensor map of xq as 2D uint8 {K, M} (row stride K),
 // box {128, 128}, SWIZZLE_128B, zero OOB fill; `tb`: the same for wq {K, N}. Needs K % 128 == 0, K >= 128.
+#if EDGEFIT_LAB
+// A losing build (Fp8Wgmma / Nvfp4Wgmma): only the lab's `_with` calls launch it.
 extern "C" __global__ void __launch_bounds__(384, 1)
     fp8_block_gemm_sm90a_v2(const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb,
                             const float* __restrict__ sa, const float* __restrict__ sw, float* __restrict__ y, int M,
@@ -445,6 +450,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     }
     store_tile(y, acc, 1.f, r0, n0, lane, M, N);
 }
+#endif
 
 // ---------------------------------------------------------------------------------------------------------------
 // FP8 v3 / v4: v2's producer/consumer structure made persistent. Grid: min(tiles, SMs) blocks (one per SM: the
@@ -673,12 +679,15 @@ __device__ __forceinline__ void fp8_persistent(const TmaDesc* ta, const TmaDesc*
 
 }  // namespace
 
+#if EDGEFIT_LAB
+// A losing build (Fp8Wgmma / Nvfp4Wgmma): only the lab's `_with` calls launch it.
 extern "C" __global__ void __launch_bounds__(384, 1)
     fp8_block_gemm_sm90a_v3(const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb,
                             const float* __restrict__ sa, const float* __restrict__ sw, float* __restrict__ y, int M,
                             int N, int K) {
     fp8_persistent<false>(&ta, &tb, sa, sw, y, M, N, K);
 }
+#endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
     fp8_block_gemm_sm90a_v4(const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb,
@@ -704,6 +713,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 // ---------------------------------------------------------------------------------------------------------------
 // NVFP4 v1: bf16 x [M,K], w e2m1 [N, K/2], s e4m3 [N, K/16], global scale; y fp32 [M,N]. Grid: ceil(M/128) *
 // ceil(N/128) blocks (1D, tile_of), 256 threads, N4_SMEM_BYTES dynamic shared memory. Needs K % 64 == 0.
+#if EDGEFIT_LAB
+// A losing build (Fp8Wgmma / Nvfp4Wgmma): only the lab's `_with` calls launch it.
 extern "C" __global__ void __launch_bounds__(256, 1)
     nvfp4_gemm_sm90a_v1(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w,
                         const uint8_t* __restrict__ sc, float global_scale, float* __restrict__ y, int M, int N,
@@ -807,6 +818,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     fence_regs(acc);
     store_tile(y, acc, global_scale, r0, n0, lane, M, N);
 }
+#endif
 
 // ---------------------------------------------------------------------------------------------------------------
 // NVFP4 v2: warp-specialised. bf16 x [M,K] by TMA, the packed weights decoded by two producer warpgroups straight
@@ -851,6 +863,8 @@ __device__ __forceinline__ void n4v2_ring_next(int& s, uint32_t& ph) {
 
 }  // namespace
 
+#if EDGEFIT_LAB
+// A losing build (Fp8Wgmma / Nvfp4Wgmma): only the lab's `_with` calls launch it.
 extern "C" __global__ void __launch_bounds__(512, 1)
     nvfp4_gemm_sm90a_v2(const __grid_constant__ TmaDesc tx, const uint8_t* __restrict__ w,
                         const uint8_t* __restrict__ sc, float global_scale, float* __restrict__ y, int M, int N,
@@ -971,6 +985,7 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     fence_regs(acc);
     store_tile(y, acc, global_scale, r0, n0, lane, M, N);
 }
+#endif
 
 // ---------------------------------------------------------------------------------------------------------------
 // NVFP4 v3: v2's warp specialisation with a cheaper decode and 256-row tiles. Grid: ceil(M/256) * ceil(N/128)

@@ -43,7 +43,10 @@ using namespace edgefit;
 
 constexpr int GEMV_WARPS = 8;
 constexpr int GEMV_THREADS = GEMV_WARPS * 32;
+#if EDGEFIT_LAB
+// Loads in flight per row of the m-generic CUDA-core builds (the lab's; `Auto` runs the m = 1 builds' own).
 constexpr int GEMV_UNROLL = 4;
+#endif
 
 // PDL (common.cuh): the first iteration's weight loads are issued before pdl_wait, activations and outputs after
 // it, so a dependent launch streams weights while the kernel before it finishes.
@@ -286,11 +289,14 @@ __device__ __forceinline__ void nvfp4_gemv(const uint16_t* __restrict__ x, const
         nvfp4_gemv<MT, 1, GEMV_UNROLL>(x, w, scales, global_scale, y, m, n, k);                                                   \
     }
 
+// KernelPath::CudaCores at every m, which `Auto` never picks (the m = 1 builds below serve it).
+#if EDGEFIT_LAB
 EDGEFIT_GEMV_ENTRIES(1)
 EDGEFIT_GEMV_ENTRIES(2)
 EDGEFIT_GEMV_ENTRIES(4)
 EDGEFIT_GEMV_ENTRIES(8)
 EDGEFIT_GEMV_ENTRIES(16)
+#endif
 
 // M = 1 on the CUDA cores: two rows per warp, two 16-byte loads in flight per row, the best 's sweep
 // of rows per warp x loads in flight (r1u8, r2u4, r2u2, r4u2: r2u2 best or within noise on all four shapes,
@@ -316,15 +322,20 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS)
         fp8_block_gemv<1, 2, 2, KS>(x, w, scales, y, m, n, k);                                                    \
     }
 EDGEFIT_FP8_M1_KS(2)
+#if EDGEFIT_LAB
 EDGEFIT_FP8_M1_KS(4)
+#endif
 #define EDGEFIT_NVFP4_VARIANT(RW, U)                                                                              \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                                 \
         nvfp4_gemv_m1_r##RW##_u##U(const uint16_t* x, const uint8_t* w, const uint8_t* scales, float global_scale, \
                                    float* y, int m, int n, int k) {                                               \
         nvfp4_gemv<1, RW, U>(x, w, scales, global_scale, y, m, n, k);                                             \
     }
-// Rust: Auto's CUDA-core NVFP4 kernel for m = 1 on n >= 16384 (r4u2 and r4u4 lost at every shape and were deleted).
+// Rust: KernelPath::CudaCores' NVFP4 kernel for m = 1 on n >= 16384 (r4u2 and r4u4 lost at every shape and were
+// deleted); `Auto` takes the tensor cores.
+#if EDGEFIT_LAB
 EDGEFIT_NVFP4_VARIANT(2, 4)
+#endif
 
 // ---------------------------------------------------------------------------------------------------------------
 // Tensor-core GEMV for M = 1..16 (mma.sync m16n8k16, f16 operands, fp32 accumulation). The CUDA-core kernels above
@@ -961,9 +972,11 @@ __device__ __forceinline__ void fp8_gemv_tile_m1(const uint16_t* __restrict__ x,
     }
 EDGEFIT_FP8_TILE_M1(8, 1, )
 EDGEFIT_FP8_TILE_M1(8, 2, __cluster_dims__(1, 2, 1))
+#if EDGEFIT_LAB
 EDGEFIT_FP8_TILE_M1(4, 1, )
 EDGEFIT_FP8_TILE_M1(4, 2, __cluster_dims__(1, 2, 1))
 EDGEFIT_FP8_TILE_M1(4, 3, __cluster_dims__(1, 3, 1))
+#endif
 
 // The variants: _pre (activations from gemv_act_frag_*, NVFP4 checkpoint layout; FP8's is the _w8c1 build below),
 // _tile (NVFP4 tile layout, activations converted here) and _tile_pre (both). One 16-row tile per block, 8 warps,
@@ -978,14 +991,22 @@ EDGEFIT_FP8_TILE_M1(4, 3, __cluster_dims__(1, 3, 1))
         const uint16_t* x, const uint8_t* wr, const uint32_t* sr, float global_scale, float* y, int m, int n,     \
         int k) {                                                                                                  \
         blockq_gemv_mma<2, NTILES, 8, false>(x, nullptr, wr, sr, global_scale, y, m, n, k);                       \
-    }                                                                                                             \
+    }
+#define EDGEFIT_MMA_TILE_PRE(NTILES, SUFFIX)                                                                      \
     extern "C" __global__ void __launch_bounds__(256) nvfp4_gemv_mma_tile_pre_##SUFFIX(                           \
         const uint4* xf, const uint8_t* wr, const uint32_t* sr, float global_scale, float* y, int m, int n,       \
         int k) {                                                                                                  \
         blockq_gemv_mma<2, NTILES, 8, true>(nullptr, xf, wr, sr, global_scale, y, m, n, k);                       \
     }
+#if EDGEFIT_LAB
 EDGEFIT_MMA_VARIANTS(1, n8)
 EDGEFIT_MMA_VARIANTS(2, n16)
+#endif
+// `Auto` runs one split of the tile layout at m >= 9 only (nvfp4_tiles_auto's `Mma`).
+EDGEFIT_MMA_TILE_PRE(2, n16)
+#if EDGEFIT_LAB
+EDGEFIT_MMA_TILE_PRE(1, n8)
+#endif
 
 // Cluster-split builds (CS >= 1 in blockq_gemv_mma; Rust: MmaSplit, Gpu::fp8_block_gemv_split,
 // Gpu::nvfp4_gemv_tiles_split): W warps per block, CS blocks per 16-row tile, grid (ceil(n/16), CS), W * 32
@@ -1000,7 +1021,8 @@ EDGEFIT_MMA_VARIANTS(2, n16)
         fp8_block_gemv_mma_pre_##NS##_w##W##c##CS(const uint4* xf, const uint8_t* w, const float* scales, float* y, \
                                                   int m, int n, int k) {                                         \
         blockq_gemv_mma<0, NTILES, W, true, CS>(nullptr, xf, w, scales, 1.f, y, m, n, k);                         \
-    }                                                                                                             \
+    }
+#define EDGEFIT_MMA_SPLIT_NVFP4(NTILES, NS, W, CS, CLUSTER)                                                        \
     extern "C" __global__ void CLUSTER __launch_bounds__(W * 32, (NTILES == 1 ? 40 : 32) / W)                       \
         nvfp4_gemv_mma_tile_pre_##NS##_w##W##c##CS(const uint4* xf, const uint8_t* wr, const uint32_t* sr,         \
                                                    float global_scale, float* y, int m, int n, int k) {           \
@@ -1020,22 +1042,49 @@ EDGEFIT_MMA_VARIANTS(2, n16)
                                              int m, int n, int k) {                                              \
         blockq_gemv_mma<3, NTILES, W, false, CS>(x, nullptr, wr, scales, 1.f, y, m, n, k);                        \
     }
+// `Auto` converts in the GEMV at m <= 8 with 8 warps x 1 block only (fp8_tiles_auto); the rest are the lab's.
 EDGEFIT_MMA_SPLIT_FP8_TILE_CONV(1, n8, 8, 1, )
+#if EDGEFIT_LAB
 EDGEFIT_MMA_SPLIT_FP8_TILE_CONV(2, n16, 8, 1, )
 EDGEFIT_MMA_SPLIT_FP8_TILE_CONV(1, n8, 8, 2, __cluster_dims__(1, 2, 1))
 EDGEFIT_MMA_SPLIT_FP8_TILE_CONV(2, n16, 8, 2, __cluster_dims__(1, 2, 1))
 EDGEFIT_MMA_SPLIT_FP8_TILE_CONV(1, n8, 4, 1, )
 EDGEFIT_MMA_SPLIT_FP8_TILE_CONV(2, n16, 4, 1, )
-#define EDGEFIT_MMA_SPLIT_NT(W, CS, CLUSTER)                                                                      \
-    EDGEFIT_MMA_SPLIT_FP8_TILE(1, n8, W, CS, CLUSTER)                                                             \
-    EDGEFIT_MMA_SPLIT_FP8_TILE(2, n16, W, CS, CLUSTER)                                                            \
-    EDGEFIT_MMA_SPLIT(1, n8, W, CS, CLUSTER)                                                                      \
-    EDGEFIT_MMA_SPLIT(2, n16, W, CS, CLUSTER)
-EDGEFIT_MMA_SPLIT_NT(8, 1, )
-EDGEFIT_MMA_SPLIT_NT(8, 2, __cluster_dims__(1, 2, 1))
-EDGEFIT_MMA_SPLIT_NT(4, 1, )
-EDGEFIT_MMA_SPLIT_NT(4, 2, __cluster_dims__(1, 2, 1))
-EDGEFIT_MMA_SPLIT_NT(4, 3, __cluster_dims__(1, 3, 1))
+#endif
+// The cuts `Auto` runs (fp8_split_auto, fp8_tiles_auto, MmaSplit::fp8_fragments, nvfp4_tiles_auto and
+// nvfp4_fragments_cut in the Rust; the test every_auto_gemv_kernel_is_embedded checks the list), then the lab's.
+EDGEFIT_MMA_SPLIT_FP8_TILE(1, n8, 8, 1, )
+EDGEFIT_MMA_SPLIT_FP8_TILE(1, n8, 8, 2, __cluster_dims__(1, 2, 1))
+EDGEFIT_MMA_SPLIT_FP8_TILE(2, n16, 8, 2, __cluster_dims__(1, 2, 1))
+EDGEFIT_MMA_SPLIT_FP8_TILE(2, n16, 4, 1, )
+EDGEFIT_MMA_SPLIT(1, n8, 8, 2, __cluster_dims__(1, 2, 1))
+EDGEFIT_MMA_SPLIT(1, n8, 4, 1, )
+EDGEFIT_MMA_SPLIT(2, n16, 4, 1, )
+EDGEFIT_MMA_SPLIT(2, n16, 4, 3, __cluster_dims__(1, 3, 1))
+EDGEFIT_MMA_SPLIT_NVFP4(1, n8, 8, 1, )
+EDGEFIT_MMA_SPLIT_NVFP4(2, n16, 8, 1, )
+EDGEFIT_MMA_SPLIT_NVFP4(1, n8, 8, 2, __cluster_dims__(1, 2, 1))
+EDGEFIT_MMA_SPLIT_NVFP4(1, n8, 4, 1, )
+#if EDGEFIT_LAB
+EDGEFIT_MMA_SPLIT_FP8_TILE(1, n8, 4, 1, )
+EDGEFIT_MMA_SPLIT_FP8_TILE(1, n8, 4, 2, __cluster_dims__(1, 2, 1))
+EDGEFIT_MMA_SPLIT_FP8_TILE(1, n8, 4, 3, __cluster_dims__(1, 3, 1))
+EDGEFIT_MMA_SPLIT_FP8_TILE(2, n16, 8, 1, )
+EDGEFIT_MMA_SPLIT_FP8_TILE(2, n16, 4, 2, __cluster_dims__(1, 2, 1))
+EDGEFIT_MMA_SPLIT_FP8_TILE(2, n16, 4, 3, __cluster_dims__(1, 3, 1))
+EDGEFIT_MMA_SPLIT(1, n8, 8, 1, )
+EDGEFIT_MMA_SPLIT(1, n8, 4, 2, __cluster_dims__(1, 2, 1))
+EDGEFIT_MMA_SPLIT(1, n8, 4, 3, __cluster_dims__(1, 3, 1))
+EDGEFIT_MMA_SPLIT(2, n16, 8, 1, )
+EDGEFIT_MMA_SPLIT(2, n16, 8, 2, __cluster_dims__(1, 2, 1))
+EDGEFIT_MMA_SPLIT(2, n16, 4, 2, __cluster_dims__(1, 2, 1))
+EDGEFIT_MMA_SPLIT_NVFP4(1, n8, 4, 2, __cluster_dims__(1, 2, 1))
+EDGEFIT_MMA_SPLIT_NVFP4(1, n8, 4, 3, __cluster_dims__(1, 3, 1))
+EDGEFIT_MMA_SPLIT_NVFP4(2, n16, 8, 2, __cluster_dims__(1, 2, 1))
+EDGEFIT_MMA_SPLIT_NVFP4(2, n16, 4, 1, )
+EDGEFIT_MMA_SPLIT_NVFP4(2, n16, 4, 2, __cluster_dims__(1, 2, 1))
+EDGEFIT_MMA_SPLIT_NVFP4(2, n16, 4, 3, __cluster_dims__(1, 3, 1))
+#endif
 
 // ---------------------------------------------------------------------------------------------------------------
 // The NVFP4 decode GEMV over the tile layout (Gpu::nvfp4_gemv_tiles, the decode path an engine uses after
@@ -1112,11 +1161,14 @@ extern "C" __global__ void __launch_bounds__(256, 5) nvfp4_gemv_tiles_n8_u1(cons
                                                                            float* y, int m, int n, int k) {
     blockq_gemv_mma<2, 1, 8, true, 0>(nullptr, xf, wr, sr, global_scale, y, m, n, k);
 }
+// `Auto` splits K at m <= 8 only (nvfp4_tiles_auto), so the n16 build is the lab's.
+#if EDGEFIT_LAB
 extern "C" __global__ void __launch_bounds__(256, 4) nvfp4_gemv_tiles_n16_u1(const uint4* xf, const uint8_t* wr,
                                                                             const uint32_t* sr, float global_scale,
                                                                             float* y, int m, int n, int k) {
     blockq_gemv_mma<2, 2, 8, true, 0>(nullptr, xf, wr, sr, global_scale, y, m, n, k);
 }
+#endif
 
 // The NVFP4 m = 1 decode GEMV over the tile layout (Gpu::nvfp4_gemv_tiles at m = 1): the group scales
 // applied after the mma instead of to every weight pair before it. At m = 1, seven of the n8 mma's eight columns
@@ -1222,11 +1274,13 @@ extern "C" __global__ void __launch_bounds__(256, 5) nvfp4_gemv_tiles_m1_w8(cons
                                                                            float* y, int n, int k) {
     nvfp4_gemv_tiles_m1<8>(xf, wr, sr, global_scale, y, n, k);
 }
+#if EDGEFIT_LAB
 extern "C" __global__ void __launch_bounds__(128, 10) nvfp4_gemv_tiles_m1_w4(const uint4* xf, const uint8_t* wr,
                                                                             const uint32_t* sr, float global_scale,
                                                                             float* y, int n, int k) {
     nvfp4_gemv_tiles_m1<4>(xf, wr, sr, global_scale, y, n, k);
 }
+#endif
 extern "C" __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(256, 5)
     nvfp4_gemv_tiles_m1_w8c2(const uint4* xf, const uint8_t* wr, const uint32_t* sr, float global_scale, float* y,
                              int n, int k) {
@@ -1250,8 +1304,11 @@ extern "C" __global__ void __launch_bounds__(256) gemv_act_frag_nvfp4_zero(const
                                                                             unsigned long long ylen) {
     gemv_act_frag_zero<1>(x, xf, m, k, nt, y, ylen);
 }
+// No Rust path launches it yet; kept for the lab's FP8 split-K experiments.
+#if EDGEFIT_LAB
 extern "C" __global__ void __launch_bounds__(256) gemv_act_frag_fp8_zero(const uint16_t* x, uint4* xf, int m,
                                                                           int k, int nt, float* y,
                                                                           unsigned long long ylen) {
     gemv_act_frag_zero<0>(x, xf, m, k, nt, y, ylen);
 }
+#endif

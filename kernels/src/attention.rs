@@ -40,95 +40,7 @@ use crate::cpu::Isa;
 use crate::error::checked_product;
 use crate::KernelError;
 
-/// Head geometry of one attention layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AttnDims {
-    /// Query heads `Hq`, a multiple of `Hkv`.
-    pub q_heads: usize,
-    /// KV heads `Hkv`.
-    pub kv_heads: usize,
-    /// Head dim `D` of queries, keys and values.
-    pub head_dim: usize,
-}
-
-impl AttnDims {
-    /// Checks that every dimension is positive and `Hq` is a multiple of `Hkv`.
-    pub fn validate(&self, op: &'static str) -> Result<(), KernelError> {
-        crate::ensure_shape!(
-            self.q_heads > 0 && self.kv_heads > 0 && self.head_dim > 0,
-            op,
-            "head counts and head_dim must be positive, got {self:?}"
-        );
-        crate::ensure_shape!(
-            self.q_heads.is_multiple_of(self.kv_heads),
-            op,
-            "q_heads ({}) must be a multiple of kv_heads ({})",
-            self.q_heads,
-            self.kv_heads
-        );
-        Ok(())
-    }
-}
-
-/// Rotary embedding of one layer type (neox style: pairs `(i, i + rotary_dim/2)` of the first `rotary_dim` dims).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Rope {
-    /// Head dim `D`.
-    pub head_dim: usize,
-    /// Rotated dims, `int(D * partial_rotary_factor)` as transformers computes it; the rest pass through.
-    pub rotary_dim: usize,
-    /// `rope_theta` of this layer type (Spark full 5e6, sliding 1e4; Qwen3.8 1e7).
-    pub theta: f64,
-}
-
-impl Rope {
-    /// The rotary setup of a layer: `rotary_dim = int(head_dim * partial_rotary_factor)`, which must be even.
-    pub fn new(
-        head_dim: usize,
-        partial_rotary_factor: f64,
-        theta: f64,
-    ) -> Result<Rope, KernelError> {
-        const OP: &str = "Rope::new";
-        crate::ensure_shape!(
-            partial_rotary_factor > 0.0 && partial_rotary_factor <= 1.0,
-            OP,
-            "partial_rotary_factor must be in (0, 1], got {partial_rotary_factor}"
-        );
-        let rope = Rope {
-            head_dim,
-            rotary_dim: (head_dim as f64 * partial_rotary_factor) as usize,
-            theta,
-        };
-        rope.validate(OP)?;
-        Ok(rope)
-    }
-
-    /// Checks `0 < rotary_dim <= head_dim`, `rotary_dim` even, `theta > 1` and finite.
-    pub fn validate(&self, op: &'static str) -> Result<(), KernelError> {
-        crate::ensure_shape!(
-            self.rotary_dim > 0
-                && self.rotary_dim <= self.head_dim
-                && self.rotary_dim.is_multiple_of(2),
-            op,
-            "rotary_dim must be even and in 1..={}, got {}",
-            self.head_dim,
-            self.rotary_dim
-        );
-        crate::ensure_shape!(
-            self.theta.is_finite() && self.theta > 1.0,
-            op,
-            "theta must be > 1, got {}",
-            self.theta
-        );
-        Ok(())
-    }
-
-    /// Inverse frequency of pair `i`, rounded to f32 the way transformers computes it
-    /// (`1 / theta^(2i/rotary_dim)` in float32); the angle of position `p` is then `f32(p) * inv_freq` in f32.
-    pub fn inv_freq(&self, i: usize) -> f32 {
-        (1.0 / self.theta.powf((2 * i) as f64 / self.rotary_dim as f64)) as f32
-    }
-}
+pub use crate::shapes::{AttnDims, Rope};
 
 /// Ring slot of the token at position `p` in a sliding window of `window` tokens (`window - 1` slots), or `None`
 /// when the window is 1 and nothing is cached.
@@ -482,7 +394,7 @@ fn run_items(
             std::sync::atomic::Ordering::Relaxed,
         );
     });
-    crate::ops::record_isa(op, isa, tag.into_inner())
+    crate::cpu::record_isa(op, isa, tag.into_inner())
 }
 
 fn scratch_len(dims: &AttnDims) -> usize {
@@ -888,7 +800,7 @@ fn prefill_blocked_avx512(
     let mut kt = vec![0.0f32; dims.kv_heads * dims.head_dim * tpad];
     // SAFETY: `a.k` holds t x Hkv x D floats (checked by the caller) and kt Hkv x D x tpad.
     let tag = unsafe { attn_k_transpose_avx512(a, t as i64, tpad as i64, kt.as_mut_ptr()) };
-    crate::ops::record_isa(op, Isa::Avx512, tag)?;
+    crate::cpu::record_isa(op, Isa::Avx512, tag)?;
     let rows = (PREFILL_BLOCK * (dims.q_heads / dims.kv_heads)).next_multiple_of(4);
     let scratch = rows * (TILE + dims.head_dim + 2) + dims.head_dim;
     let blocks = t.div_ceil(PREFILL_BLOCK);
@@ -955,7 +867,7 @@ pub fn rope_neox_with(
     }
     // x holds at least one row of head_dim >= rotary_dim floats, so the table and the scratch below are no larger.
     let inv: Vec<f32> = (0..rope.rotary_dim / 2).map(|i| rope.inv_freq(i)).collect();
-    let xp = crate::gdn::SharedMut(x.as_mut_ptr());
+    let xp = crate::cpu::SharedMut(x.as_mut_ptr());
     let (d, rot) = (rope.head_dim as i64, rope.rotary_dim as i64);
     // A row is a few hundred multiply-adds: below 16 rows per thread a spawned thread costs more than it saves.
     let threads = threads.min(positions.len().div_ceil(16));

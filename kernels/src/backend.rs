@@ -18,6 +18,7 @@
 
 use crate::cpu::{default_threads, parallel_ranges, Isa};
 use crate::linear::{self, Bf16Weights, Fp8Weights, Int4Scheme, Int4Weights, Nvfp4Weights};
+pub use crate::ops::gelu_tanh_and_mul;
 use crate::KernelError;
 
 /// A linear layer's weights `[n, k]` (output features first) in the layout its kernel reads.
@@ -327,38 +328,6 @@ pub fn f32_linear(
             }
         }
     });
-    Ok(())
-}
-
-/// `out = gelu_tanh(gate) * up` over rows of `gate_up` (`[rows, 2*inter]`, gate first): Gemma's
-/// `gelu_pytorch_tanh`, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
-pub fn gelu_tanh_and_mul(
-    gate_up: &[f32],
-    inter: usize,
-    out: &mut [f32],
-) -> Result<(), KernelError> {
-    const OP: &str = "gelu_tanh_and_mul";
-    crate::ensure_shape!(inter > 0, OP, "inter must be positive");
-    let rows = out.len() / inter;
-    crate::ensure_shape!(
-        out.len().is_multiple_of(inter)
-            && inter.checked_mul(2).and_then(|w| rows.checked_mul(w)) == Some(gate_up.len()),
-        OP,
-        "gate_up has {} elements and out {}, expected [rows, 2*{inter}] and [rows, {inter}]",
-        gate_up.len(),
-        out.len()
-    );
-    const C: f32 = 0.797_884_6; // sqrt(2 / pi)
-    for (row, o) in gate_up
-        .chunks_exact(2 * inter)
-        .zip(out.chunks_exact_mut(inter))
-    {
-        let (g, u) = row.split_at(inter);
-        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-            let t = (C * (g + 0.044_715 * g * g * g)).tanh();
-            *o = 0.5 * g * (1.0 + t) * u;
-        }
-    }
     Ok(())
 }
 

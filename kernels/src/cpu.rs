@@ -4,7 +4,10 @@
 //! The instruction set is probed once ([`Isa::detected`]). The safe entry points of each kernel module take an
 //! explicit [`Isa`] in their `_with` form so tests can run every path this machine has ([`Isa::available`]).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
+
+use crate::KernelError;
 
 /// Instruction-set paths of the C kernels, from slowest to fastest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -508,4 +511,51 @@ mod tests {
     fn detected_is_the_fastest_available() {
         assert_eq!(Some(&Isa::detected()), Isa::available().last());
     }
+}
+
+/// A raw mutable pointer that the scoped worker threads of one call share, each writing a disjoint range through
+/// it (the rows or columns [`parallel_ranges`] hands it).
+#[derive(Clone, Copy)]
+pub(crate) struct SharedMut<T>(pub(crate) *mut T);
+
+impl<T> SharedMut<T> {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper rather than its raw field).
+    pub(crate) fn get(self) -> *mut T {
+        self.0
+    }
+}
+// SAFETY: every user writes through it only inside `parallel_ranges`, whose ranges are disjoint and which returns
+// after every range finished, so no element is written twice and the borrow behind the pointer outlives each use.
+unsafe impl<T> Sync for SharedMut<T> {}
+// SAFETY: as above.
+unsafe impl<T> Send for SharedMut<T> {}
+
+static ISA_CALLS: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+
+/// How many sequence-kernel calls (GDN, attention, RoPE, small ops) ran code compiled for `isa`, counted from the
+/// ISA tag each C entry point returns. Tests read it before and after a call to prove the fast path ran.
+pub fn seq_isa_calls(isa: Isa) -> u64 {
+    ISA_CALLS[isa as usize].load(Ordering::Relaxed)
+}
+
+/// Records the tag a C entry point returned (0 scalar, 1 AVX2, 2 AVX-512) and checks it is the path asked for.
+pub(crate) fn record_isa(op: &'static str, asked: Isa, tag: i32) -> Result<(), KernelError> {
+    let ran = match tag {
+        0 => Isa::Scalar,
+        1 => Isa::Avx2,
+        2 => Isa::Avx512,
+        _ => {
+            return Err(KernelError::shape(
+                op,
+                format!("C kernel returned an unknown ISA tag {tag}"),
+            ))
+        }
+    };
+    ISA_CALLS[ran as usize].fetch_add(1, Ordering::Relaxed);
+    crate::ensure_shape!(
+        ran == asked,
+        op,
+        "asked for the {asked:?} path but code compiled for {ran:?} ran"
+    );
+    Ok(())
 }

@@ -111,6 +111,41 @@ fn pow2(e: i32) -> f32 {
     f32::from_bits(((e + 127) as u32) << 23)
 }
 
+/// The int4 group sizes the tinygemm kernels are built for (`linear::int4::GROUPS`).
+pub const INT4_GROUPS: [usize; 3] = [32, 64, 128];
+
+/// Edge of the square FP8 scale block (`weight_block_size = [128, 128]`).
+pub const FP8_BLOCK: usize = 128;
+/// Elements per NVFP4 scale (modelopt's group 16).
+pub const NVFP4_GROUP: usize = 16;
+
+/// Logical (unpacked) group-quantised int4 weights in the tinygemm convention: `codes[n][k]` in `0..16`,
+/// per-group `scales` and `zeros` `[ceil(k/group)][n]`, and `w = (code - 8) * scale + zero`. The asymmetric
+/// quantiser puts the group minimum at code 0; the symmetric (GPTQ) one has `zero = 0`, i.e. zero point 8.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Int4Logical {
+    pub n: usize,
+    pub k: usize,
+    pub group: usize,
+    pub codes: Vec<u8>,
+    pub scales: Vec<f32>,
+    pub zeros: Vec<f32>,
+}
+
+impl Int4Logical {
+    /// Number of scale rows: the last group may be short when `k` is not a multiple of `group`.
+    pub fn groups(&self) -> usize {
+        self.k.div_ceil(self.group)
+    }
+
+    /// The dequantised weight at (`row`, `col`), in f64.
+    pub fn at(&self, row: usize, col: usize) -> f64 {
+        let g = (col / self.group) * self.n + row;
+        (f64::from(self.codes[row * self.k + col]) - 8.0) * f64::from(self.scales[g])
+            + f64::from(self.zeros[g])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -37,109 +37,14 @@
 //! the microcode assists the AVX-512 prefill of 1024 tokens took 745 instead of 287 ms) and restores the caller's
 //! floating-point mode.
 
-use crate::cpu::Isa;
-use crate::error::{checked_product, checked_sum};
+use crate::cpu::{Isa, SharedMut};
+use crate::error::checked_product;
 use crate::KernelError;
 
 /// The l2-norm epsilon transformers uses for q and k (`l2norm(x, eps=1e-6)` in `modeling_qwen3_5`).
 pub const L2NORM_EPS: f32 = 1e-6;
 
-/// Prefill chunk length: 64 tokens, the chunk size of fla's `chunk_gated_delta_rule` that the GPU kernels use too.
-pub const CHUNK: usize = 64;
-
-/// Head geometry of one gated DeltaNet layer.
-///
-/// Qwen3.8-27B: `GdnDims { key_heads: 16, value_heads: 48, key_dim: 128, value_dim: 128, conv_kernel: 4 }`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GdnDims {
-    /// Key (and query) heads `Hk`.
-    pub key_heads: usize,
-    /// Value heads `Hv`, a multiple of `Hk`.
-    pub value_heads: usize,
-    /// Key head dim `dk`.
-    pub key_dim: usize,
-    /// Value head dim `dv`.
-    pub value_dim: usize,
-    /// Depthwise conv kernel length `K` (4 in every released model).
-    pub conv_kernel: usize,
-}
-
-impl GdnDims {
-    /// Channels of the depthwise conv: `2*Hk*dk + Hv*dv` (saturating; the size checks use
-    /// [`GdnDims::checked_sizes`], which refuses a geometry whose sizes overflow).
-    pub fn conv_dim(&self) -> usize {
-        self.key_heads
-            .saturating_mul(2)
-            .saturating_mul(self.key_dim)
-            .saturating_add(self.value_heads.saturating_mul(self.value_dim))
-    }
-    /// Width of the output (and of `z`): `Hv*dv`.
-    pub fn value_width(&self) -> usize {
-        self.value_heads.saturating_mul(self.value_dim)
-    }
-    /// Floats of one sequence's recurrent state: `Hv*dk*dv`.
-    pub fn state_len(&self) -> usize {
-        self.value_heads
-            .saturating_mul(self.key_dim)
-            .saturating_mul(self.value_dim)
-    }
-    /// Floats of one sequence's conv state: `conv_dim*(K-1)`.
-    pub fn conv_state_len(&self) -> usize {
-        self.conv_dim()
-            .saturating_mul(self.conv_kernel.saturating_sub(1))
-    }
-
-    /// `conv_dim`, `value_width`, `state_len` and `conv_state_len` computed with checked arithmetic, or a shape
-    /// error naming `op` when one of them does not fit in `usize`.
-    pub(crate) fn checked_sizes(&self, op: &'static str) -> Result<GdnSizes, KernelError> {
-        let qk = checked_product(op, "2*Hk*dk", &[2, self.key_heads, self.key_dim])?;
-        let value_width = checked_product(op, "Hv*dv", &[self.value_heads, self.value_dim])?;
-        let conv_dim = checked_sum(op, "2*Hk*dk + Hv*dv", &[qk, value_width])?;
-        Ok(GdnSizes {
-            conv_dim,
-            value_width,
-            state_len: checked_product(op, "Hv*dk*dv", &[value_width, self.key_dim])?,
-            conv_state_len: checked_product(
-                op,
-                "conv_dim*(K-1)",
-                &[conv_dim, self.conv_kernel.saturating_sub(1)],
-            )?,
-            conv_weight_len: checked_product(op, "conv_dim*K", &[conv_dim, self.conv_kernel])?,
-        })
-    }
-
-    /// Checks that the geometry is usable: every dimension positive, `Hv` a multiple of `Hk`.
-    pub fn validate(&self, op: &'static str) -> Result<(), KernelError> {
-        crate::ensure_shape!(
-            self.key_heads > 0 && self.value_heads > 0 && self.key_dim > 0 && self.value_dim > 0,
-            op,
-            "every head count and head dim must be positive, got {self:?}"
-        );
-        crate::ensure_shape!(
-            self.conv_kernel >= 1,
-            op,
-            "conv_kernel must be at least 1, got 0"
-        );
-        crate::ensure_shape!(
-            self.value_heads.is_multiple_of(self.key_heads),
-            op,
-            "value_heads ({}) must be a multiple of key_heads ({})",
-            self.value_heads,
-            self.key_heads
-        );
-        Ok(())
-    }
-}
-
-/// The sizes derived from a [`GdnDims`], each known to fit in `usize`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct GdnSizes {
-    pub(crate) conv_dim: usize,
-    pub(crate) value_width: usize,
-    pub(crate) state_len: usize,
-    pub(crate) conv_state_len: usize,
-    pub(crate) conv_weight_len: usize,
-}
+pub use crate::shapes::{GdnDims, CHUNK};
 
 /// The layer's parameters the kernels read (everything but the linear projections).
 #[derive(Debug, Clone, Copy)]
@@ -284,21 +189,6 @@ struct GdnArgs {
 // only the state blocks and output rows of its own items), and the borrows they come from outlive the scoped
 // threads of `parallel_ranges`.
 unsafe impl Sync for GdnArgs {}
-
-/// A raw mutable pointer that scoped worker threads may share; each thread writes a disjoint range through it.
-#[derive(Clone, Copy)]
-pub(crate) struct SharedMut(pub(crate) *mut f32);
-
-impl SharedMut {
-    /// The pointer (a method, so closures capture the whole `Sync` wrapper rather than its raw field).
-    pub(crate) fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-// SAFETY: see the type docs; every user partitions the writes by range.
-unsafe impl Sync for SharedMut {}
-// SAFETY: as above.
-unsafe impl Send for SharedMut {}
 
 type ConvFn = unsafe extern "C" fn(
     i64,
@@ -502,7 +392,7 @@ pub fn decode_step_with(
         };
     }
     if batch > 0 {
-        crate::ops::record_isa(OP, isa, tag)?;
+        crate::cpu::record_isa(OP, isa, tag)?;
     }
     let p = args(dims, w, &mixed, x, state, out);
     let tag = std::sync::atomic::AtomicI32::new(-1);
@@ -513,7 +403,7 @@ pub fn decode_step_with(
         tag.store(t, std::sync::atomic::Ordering::Relaxed);
     });
     if batch > 0 {
-        crate::ops::record_isa(OP, isa, tag.into_inner())?;
+        crate::cpu::record_isa(OP, isa, tag.into_inner())?;
     }
     Ok(())
 }
@@ -594,7 +484,7 @@ pub fn prefill_with(
         };
         tag.store(r, std::sync::atomic::Ordering::Relaxed);
     });
-    crate::ops::record_isa(OP, isa, tag.load(std::sync::atomic::Ordering::Relaxed))?;
+    crate::cpu::record_isa(OP, isa, tag.load(std::sync::atomic::Ordering::Relaxed))?;
     let p = args(dims, w, &mixed, x, state, out);
     let scratch_len = prefill_scratch_len(dims);
     crate::cpu::parallel_ranges(dims.value_heads, 1, threads, |h0, h1| {
@@ -604,5 +494,5 @@ pub fn prefill_with(
         let r = unsafe { prefill(&p, t as i64, h0 as i64, h1 as i64, scratch.as_mut_ptr()) };
         tag.store(r, std::sync::atomic::Ordering::Relaxed);
     });
-    crate::ops::record_isa(OP, isa, tag.into_inner())
+    crate::cpu::record_isa(OP, isa, tag.into_inner())
 }

@@ -17,5 +17,6 @@ pub mod linear;
 pub mod ops;
 pub mod reference;
 pub mod sampling;
+pub mod shapes;
 
 pub use error::KernelError;

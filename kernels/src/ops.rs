@@ -12,47 +12,12 @@
 use crate::cpu::Isa;
 use crate::error::checked_product;
 use crate::KernelError;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
-/// Which RMSNorm weight form a model uses: `x * rsqrt(mean(x^2) + eps) * w` (Llama, Spark) or `... * (1 + w)`
-/// (Gemma, Qwen3.5 — the checkpoint stores `w` centred on 0).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NormWeight {
-    /// Multiply by `w`.
-    Plain,
-    /// Multiply by `1 + w`.
-    OnePlus,
-}
+pub use crate::shapes::NormWeight;
 
-static ISA_CALLS: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
-
-/// How many sequence-kernel calls (GDN, attention, RoPE, small ops) ran code compiled for `isa`, counted from the
-/// ISA tag each C entry point returns. Tests read it before and after a call to prove the fast path ran.
-pub fn seq_isa_calls(isa: Isa) -> u64 {
-    ISA_CALLS[isa as usize].load(Ordering::Relaxed)
-}
-
-/// Records the tag a C entry point returned (0 scalar, 1 AVX2, 2 AVX-512) and checks it is the path asked for.
-pub(crate) fn record_isa(op: &'static str, asked: Isa, tag: i32) -> Result<(), KernelError> {
-    let ran = match tag {
-        0 => Isa::Scalar,
-        1 => Isa::Avx2,
-        2 => Isa::Avx512,
-        _ => {
-            return Err(KernelError::shape(
-                op,
-                format!("C kernel returned an unknown ISA tag {tag}"),
-            ))
-        }
-    };
-    ISA_CALLS[ran as usize].fetch_add(1, Ordering::Relaxed);
-    crate::ensure_shape!(
-        ran == asked,
-        op,
-        "asked for the {asked:?} path but code compiled for {ran:?} ran"
-    );
-    Ok(())
-}
+use crate::cpu::record_isa;
+pub use crate::cpu::seq_isa_calls;
 
 pub(crate) fn check_rmsnorm(
     op: &'static str,
@@ -251,7 +216,7 @@ fn run_rows(
         return Ok(());
     }
     let tag = std::sync::atomic::AtomicI32::new(-1);
-    let o = crate::gdn::SharedMut(out.as_mut_ptr());
+    let o = crate::cpu::SharedMut(out.as_mut_ptr());
     let threads = threads.min(rows.div_ceil(ROWS_PER_THREAD));
     crate::cpu::parallel_ranges(rows, 1, threads, |r0, r1| {
         tag.store(f(o.get(), r0 as i64, r1 as i64), Ordering::Relaxed);
@@ -389,20 +354,10 @@ pub fn gelu_and_mul_with(
     glu_with("ops::gelu_and_mul", true, isa, threads, gate_up, inter, out)
 }
 
-/// The activation of a gated MLP (`act(gate) * up`): what a model's `hidden_act` names. One name for the op on
-/// both devices: [`act_and_mul`] on the CPU, `Gpu::act_and_mul_f32` on the GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GatedAct {
-    /// `silu` (Llama, Qwen): [`silu_and_mul`].
-    Silu,
-    /// `gelu`, the exact erf form (Spark): [`gelu_and_mul`].
-    GeluErf,
-    /// `gelu_pytorch_tanh` (Gemma): [`crate::backend::gelu_tanh_and_mul`].
-    GeluTanh,
-}
+pub use crate::shapes::GatedAct;
 
 /// `out = act(gate) * up` over rows of `gate_up` (`[rows, 2*inter]`, gate first; `out` `[rows, inter]`), the
-/// activation `act` names: [`silu_and_mul`], [`gelu_and_mul`] or [`crate::backend::gelu_tanh_and_mul`].
+/// activation `act` names: [`silu_and_mul`], [`gelu_and_mul`] or [`gelu_tanh_and_mul`].
 pub fn act_and_mul(
     act: GatedAct,
     gate_up: &[f32],
@@ -412,7 +367,7 @@ pub fn act_and_mul(
     match act {
         GatedAct::Silu => silu_and_mul(gate_up, inter, out),
         GatedAct::GeluErf => gelu_and_mul(gate_up, inter, out),
-        GatedAct::GeluTanh => crate::backend::gelu_tanh_and_mul(gate_up, inter, out),
+        GatedAct::GeluTanh => gelu_tanh_and_mul(gate_up, inter, out),
     }
 }
 
@@ -449,4 +404,36 @@ pub fn fma_probe(isa: Isa, iters: u32) -> Result<f64, KernelError> {
     std::hint::black_box(sink);
     record_isa(OP, isa, tag)?;
     Ok(flops as f64)
+}
+
+/// `out = gelu_tanh(gate) * up` over rows of `gate_up` (`[rows, 2*inter]`, gate first): Gemma's
+/// `gelu_pytorch_tanh`, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+pub fn gelu_tanh_and_mul(
+    gate_up: &[f32],
+    inter: usize,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    const OP: &str = "gelu_tanh_and_mul";
+    crate::ensure_shape!(inter > 0, OP, "inter must be positive");
+    let rows = out.len() / inter;
+    crate::ensure_shape!(
+        out.len().is_multiple_of(inter)
+            && inter.checked_mul(2).and_then(|w| rows.checked_mul(w)) == Some(gate_up.len()),
+        OP,
+        "gate_up has {} elements and out {}, expected [rows, 2*{inter}] and [rows, {inter}]",
+        gate_up.len(),
+        out.len()
+    );
+    const C: f32 = 0.797_884_6; // sqrt(2 / pi)
+    for (row, o) in gate_up
+        .chunks_exact(2 * inter)
+        .zip(out.chunks_exact_mut(inter))
+    {
+        let (g, u) = row.split_at(inter);
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            let t = (C * (g + 0.044_715 * g * g * g)).tanh();
+            *o = 0.5 * g * (1.0 + t) * u;
+        }
+    }
+    Ok(())
 }

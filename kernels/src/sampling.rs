@@ -47,25 +47,7 @@ impl Pcg32 {
     }
 }
 
-/// How to pick the next token.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SamplingParams {
-    /// Softmax temperature; 0 means greedy.
-    pub temperature: f32,
-    /// Keep only the `top_k` largest logits; 0 keeps all.
-    pub top_k: usize,
-    /// Keep the smallest set of tokens whose probability reaches `top_p`; 1 keeps all.
-    pub top_p: f32,
-}
-
-impl SamplingParams {
-    /// Greedy decoding.
-    pub const GREEDY: SamplingParams = SamplingParams {
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-    };
-}
+pub use crate::shapes::SamplingParams;
 
 /// The candidates `sample` would draw from, as (token, probability) pairs by descending probability, probabilities
 /// renormalised to sum to 1. Exposed so tests (and a UI showing alternatives) can see the distribution.

@@ -14,6 +14,11 @@
 //!
 //! Small enough for `compute-sanitizer --tool memcheck|racecheck` in seconds.
 
+//!
+//! The tests compare the tilings and combines (`DecodeKernels`, the `_with` / `_tiled` forms), so the file builds
+//! with the `lab` feature only.
+#![cfg(feature = "lab")]
+
 use kernels::attention::{AttnDims, KvSlice, RingKv};
 use kernels::cuda::{DecodeKernels, Gpu, PagedAttentionDims, PagedKvCache, RingKvCache};
 use kernels::formats::bf16_to_f32;

@@ -18,6 +18,11 @@
 //!
 //! Prints "skipped: no CUDA device" and returns where there is none. Small enough for compute-sanitizer.
 
+//!
+//! The tests compare every built tiling (`_with` calls, `attention_prefill_variants`), so the file builds with the
+//! `lab` feature only.
+#![cfg(feature = "lab")]
+
 use kernels::attention::{self, AttnDims};
 use kernels::cuda::{Gpu, GpuBuffer, PrefillChunk};
 use kernels::formats::{bf16_to_f32, f32_to_bf16};

@@ -8,6 +8,10 @@
 //! Where there is no CUDA device (or no `cuda` feature) each test prints "skipped: no CUDA device". Small enough
 //! for `compute-sanitizer --tool memcheck|racecheck` in seconds.
 
+//!
+//! The tests drive named variants (`gdn_decode_step_variant`), so the file builds with the `lab` feature only.
+#![cfg(feature = "lab")]
+
 use kernels::cuda::{GdnGpuInputs, GdnGpuWeights, Gpu, GpuBuffer};
 use kernels::gdn::{GdnDims, GdnInputs, GdnWeights};
 use kernels::reference;

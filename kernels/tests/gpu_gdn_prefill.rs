@@ -4,6 +4,11 @@
 //! variant, strong decay, continuing from non-zero conv and recurrent states, prefill followed by the GPU decode
 //! step, and the refused shapes. Outputs, conv history and workspace are NaN-poisoned before each call, so an
 //! unwritten element or a read of unwritten scratch fails. Small enough for compute-sanitizer.
+//!
+//! Most tests drive named state-kernel variants, which a build without the `lab` feature refuses, so the file
+//! builds with `lab` only.
+#![cfg(feature = "lab")]
+
 mod gpu_common;
 
 use gpu_common::{gpu, rel_err, rng, uniform};

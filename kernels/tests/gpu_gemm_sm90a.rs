@@ -12,6 +12,10 @@
 //! compute capability than 9.0 (the sm_90a cubin does not load there) it prints "skipped: not sm_90". Shapes are
 //! small so the file runs under `compute-sanitizer --tool memcheck|racecheck` in seconds.
 
+//!
+//! The tests compare every wgmma build (`_with` forms), so the file builds with the `lab` feature only.
+#![cfg(feature = "lab")]
+
 use kernels::cuda::{Fp8Wgmma, Gpu, GpuBuffer, Nvfp4Wgmma};
 use kernels::formats::{bf16_to_f32, f32_to_bf16};
 use kernels::reference;

@@ -16,6 +16,11 @@
 //! Without a CUDA device (or without the `cuda` feature) each test prints "skipped: no CUDA device". Small enough
 //! for `compute-sanitizer --tool memcheck|racecheck` in seconds.
 
+//!
+//! Most tests here compare the `Auto` calls against the lab variants (or drive a variant), so the file builds with
+//! the `lab` feature only; `.ci/run` runs it with `--features cuda,lab`.
+#![cfg(feature = "lab")]
+
 use kernels::cuda::{Fp8Fragments, Gpu, GpuBuffer, MmaSplit, Nvfp4Fragments};
 use kernels::ops::NormWeight;
 use kernels::reference;

@@ -6,21 +6,27 @@
 //! "skipped: no CUDA device" and returns. Shapes are small so the whole file also runs under
 //! `compute-sanitizer --tool memcheck|racecheck` in seconds (kernels/bench/h200/run_session.sh).
 
-use kernels::attention::AttnDims;
-use kernels::cuda::{
-    GdnGpuInputs, GdnGpuWeights, Gpu, KernelPath, PagedAttentionDims, PagedKvCache,
-};
+use kernels::cuda::{GdnGpuInputs, GdnGpuWeights, Gpu};
 use kernels::gdn::{GdnDims, GdnInputs, GdnWeights};
 use kernels::reference;
 use kernels::KernelError;
 use rand::Rng;
-use rand_chacha::ChaCha8Rng;
 
 mod gpu_common;
 use gpu_common::{
-    bf16_activations, fp8_block_weights, fp8_gemm_case, gpu, nvfp4_weights, paged_decode_case,
-    prefill_activations, quantize_act_cpu, rel_err, rng, uniform, Fp8GemmCase,
+    fp8_gemm_case, gpu, nvfp4_weights, prefill_activations, quantize_act_cpu, rel_err, rng,
+    uniform, Fp8GemmCase,
 };
+
+// What the tests of each kernel path (the lab's `_with` forms) use besides.
+#[cfg(feature = "lab")]
+use gpu_common::paged_decode_case;
+#[cfg(feature = "lab")]
+use kernels::attention::AttnDims;
+#[cfg(feature = "lab")]
+use kernels::cuda::{KernelPath, PagedAttentionDims, PagedKvCache};
+#[cfg(feature = "lab")]
+use rand_chacha::ChaCha8Rng;
 
 #[test]
 fn without_cuda_the_api_refuses_and_with_it_probing_succeeds() {
@@ -44,77 +50,85 @@ fn without_cuda_the_api_refuses_and_with_it_probing_succeeds() {
 // relative; 2e-5 leaves room without hiding a wrong element (one wrong scale block moves the norm by > 1e-2 at
 // these sizes).
 const GEMV_TOL: f64 = 2e-5;
-const GEMV_PATHS: [KernelPath; 3] = [
-    KernelPath::Auto,
-    KernelPath::CudaCores,
-    KernelPath::TensorCores,
-];
 
-#[test]
-fn fp8_block_gemv_matches_the_reference_on_every_path() {
-    let Some(gpu) = gpu() else { return };
-    let mut rng = rng("fp8_block_gemv");
-    // Ragged n (not a multiple of the 16-row tile or of 2 rows per warp), k a multiple of 16 but not of 32 or 128,
-    // m across the 8-token tile boundary.
-    for &(m, n, k) in &[
-        (1, 300, 400),
-        (2, 129, 528),
-        (3, 257, 1040),
-        (7, 64, 2048),
-        (9, 33, 272),
-        (16, 1000, 656),
-        (11, 5, 16),
-    ] {
-        let (codes, scales) = fp8_block_weights(&mut rng, n, k);
-        let (xb, xf) = bf16_activations(&mut rng, m * k);
-        let want = reference::linear::fp8_block_linear(&xf, m, &codes, &scales, n, k);
-        let (dx, dw, ds) = (
-            gpu.upload(&xb).unwrap(),
-            gpu.upload(&codes).unwrap(),
-            gpu.upload(&scales).unwrap(),
-        );
-        for path in GEMV_PATHS {
-            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-            gpu.fp8_block_gemv_with(path, &dx, &dw, &ds, &mut dy, m, n, k)
-                .unwrap();
-            let got = gpu.download(&dy).unwrap();
-            let what = format!("fp8 {path:?} m={m} n={n} k={k}");
-            let e = rel_err(&what, &got, &want);
-            assert!(e < GEMV_TOL, "{what}: relative error {e:e} >= {GEMV_TOL:e}");
+/// Each `KernelPath` of the checkpoint-layout GEMVs; their `_with` forms are the lab's.
+#[cfg(feature = "lab")]
+mod gemv_paths {
+    use super::*;
+    use gpu_common::{bf16_activations, fp8_block_weights};
+
+    const GEMV_PATHS: [KernelPath; 3] = [
+        KernelPath::Auto,
+        KernelPath::CudaCores,
+        KernelPath::TensorCores,
+    ];
+
+    #[test]
+    fn fp8_block_gemv_matches_the_reference_on_every_path() {
+        let Some(gpu) = gpu() else { return };
+        let mut rng = rng("fp8_block_gemv");
+        // Ragged n (not a multiple of the 16-row tile or of 2 rows per warp), k a multiple of 16 but not of 32 or 128,
+        // m across the 8-token tile boundary.
+        for &(m, n, k) in &[
+            (1, 300, 400),
+            (2, 129, 528),
+            (3, 257, 1040),
+            (7, 64, 2048),
+            (9, 33, 272),
+            (16, 1000, 656),
+            (11, 5, 16),
+        ] {
+            let (codes, scales) = fp8_block_weights(&mut rng, n, k);
+            let (xb, xf) = bf16_activations(&mut rng, m * k);
+            let want = reference::linear::fp8_block_linear(&xf, m, &codes, &scales, n, k);
+            let (dx, dw, ds) = (
+                gpu.upload(&xb).unwrap(),
+                gpu.upload(&codes).unwrap(),
+                gpu.upload(&scales).unwrap(),
+            );
+            for path in GEMV_PATHS {
+                let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+                gpu.fp8_block_gemv_with(path, &dx, &dw, &ds, &mut dy, m, n, k)
+                    .unwrap();
+                let got = gpu.download(&dy).unwrap();
+                let what = format!("fp8 {path:?} m={m} n={n} k={k}");
+                let e = rel_err(&what, &got, &want);
+                assert!(e < GEMV_TOL, "{what}: relative error {e:e} >= {GEMV_TOL:e}");
+            }
         }
     }
-}
 
-#[test]
-fn nvfp4_gemv_matches_the_reference_on_every_path() {
-    let Some(gpu) = gpu() else { return };
-    let mut rng = rng("nvfp4_gemv");
-    // n = 16400 takes the two-rows-per-warp CUDA-core kernel (n >= 16384) with a ragged last warp.
-    for &(m, n, k) in &[
-        (1, 300, 512),
-        (2, 129, 544),
-        (4, 257, 1056),
-        (6, 64, 2048),
-        (16, 1000, 640),
-        (9, 3, 32),
-        (1, 16400, 96),
-    ] {
-        let (packed, scales, global) = nvfp4_weights(&mut rng, n, k);
-        let (xb, xf) = bf16_activations(&mut rng, m * k);
-        let want = reference::linear::nvfp4_linear(&xf, m, &packed, &scales, global, n, k);
-        let (dx, dw, ds) = (
-            gpu.upload(&xb).unwrap(),
-            gpu.upload(&packed).unwrap(),
-            gpu.upload(&scales).unwrap(),
-        );
-        for path in GEMV_PATHS {
-            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-            gpu.nvfp4_gemv_with(path, &dx, &dw, &ds, global, &mut dy, m, n, k)
-                .unwrap();
-            let got = gpu.download(&dy).unwrap();
-            let what = format!("nvfp4 {path:?} m={m} n={n} k={k}");
-            let e = rel_err(&what, &got, &want);
-            assert!(e < GEMV_TOL, "{what}: relative error {e:e} >= {GEMV_TOL:e}");
+    #[test]
+    fn nvfp4_gemv_matches_the_reference_on_every_path() {
+        let Some(gpu) = gpu() else { return };
+        let mut rng = rng("nvfp4_gemv");
+        // n = 16400 takes the two-rows-per-warp CUDA-core kernel (n >= 16384) with a ragged last warp.
+        for &(m, n, k) in &[
+            (1, 300, 512),
+            (2, 129, 544),
+            (4, 257, 1056),
+            (6, 64, 2048),
+            (16, 1000, 640),
+            (9, 3, 32),
+            (1, 16400, 96),
+        ] {
+            let (packed, scales, global) = nvfp4_weights(&mut rng, n, k);
+            let (xb, xf) = bf16_activations(&mut rng, m * k);
+            let want = reference::linear::nvfp4_linear(&xf, m, &packed, &scales, global, n, k);
+            let (dx, dw, ds) = (
+                gpu.upload(&xb).unwrap(),
+                gpu.upload(&packed).unwrap(),
+                gpu.upload(&scales).unwrap(),
+            );
+            for path in GEMV_PATHS {
+                let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+                gpu.nvfp4_gemv_with(path, &dx, &dw, &ds, global, &mut dy, m, n, k)
+                    .unwrap();
+                let got = gpu.download(&dy).unwrap();
+                let what = format!("nvfp4 {path:?} m={m} n={n} k={k}");
+                let e = rel_err(&what, &got, &want);
+                assert!(e < GEMV_TOL, "{what}: relative error {e:e} >= {GEMV_TOL:e}");
+            }
         }
     }
 }
@@ -307,7 +321,8 @@ fn gdn_decode_step_refuses_unbuilt_head_dims() {
 }
 
 /// One paged-attention case (`paged_decode_case`: random bf16 K/V for ragged lengths scattered over shuffled
-/// pages) on every kernel path.
+/// pages) on every kernel path (the `_with` form is the lab's).
+#[cfg(feature = "lab")]
 fn check_attention(
     gpu: &Gpu,
     rng: &mut ChaCha8Rng,
@@ -347,6 +362,7 @@ fn check_attention(
     }
 }
 
+#[cfg(feature = "lab")]
 #[test]
 fn attention_decode_paged_matches_the_reference() {
     let Some(gpu) = gpu() else { return };
@@ -425,6 +441,7 @@ fn attention_decode_paged_matches_the_reference() {
     );
 }
 
+#[cfg(feature = "lab")]
 #[test]
 fn attention_decode_refuses_unbuilt_group_sizes() {
     let Some(gpu) = gpu() else { return };

@@ -12,13 +12,16 @@ use kernels::formats::{bf16_to_f32, f32_to_bf16};
 use kernels::linear::{Int4Scheme, Int4Weights};
 use kernels::ops::{self, EmbeddingTable, NormWeight};
 use kernels::reference;
-use kernels::sampling::{self, Pcg32, SamplingParams};
+use kernels::sampling::SamplingParams;
+#[cfg(feature = "lab")]
+use kernels::sampling::{self, Pcg32};
 use rand::Rng;
 
 mod gpu_common;
 use gpu_common::{gpu, rng, uniform};
 
 const BF16_NAN: u16 = 0x7fc0;
+#[cfg(feature = "lab")]
 const POISON_TOKEN: u32 = 0xdead_beef;
 
 /// Row lengths for the row-wise ops: tiny, odd, the vector path's multiples of 4 and 8, the register-cached limit
@@ -320,6 +323,8 @@ fn embedding_gather_int4_matches_the_cpu_bit_for_bit() {
     }
 }
 
+// Drives each kernel through the lab's `_with` form.
+#[cfg(feature = "lab")]
 #[test]
 fn argmax_matches_the_cpu_on_both_kernels() {
     let Some(gpu) = gpu() else { return };
@@ -387,6 +392,7 @@ fn argmax_matches_the_cpu_on_both_kernels() {
 
 /// Logits for the sampler: continuous, or quantised to steps of 0.25 (many exact ties, so the k-th value is tied
 /// and the kernel's ordered tie pass runs).
+#[cfg(feature = "lab")]
 fn sample_logits(r: &mut rand_chacha::ChaCha8Rng, n: usize, ties: bool) -> Vec<f32> {
     uniform(r, n, 4.0)
         .into_iter()
@@ -394,6 +400,8 @@ fn sample_logits(r: &mut rand_chacha::ChaCha8Rng, n: usize, ties: bool) -> Vec<f
         .collect()
 }
 
+// Drives each kernel through the lab's `_with` form.
+#[cfg(feature = "lab")]
 #[test]
 fn sampling_draws_the_cpus_tokens_for_the_same_seed() {
     let Some(gpu) = gpu() else { return };
@@ -659,10 +667,13 @@ fn bad_sizes_are_refused_before_any_launch() {
     };
     assert!(msg(gpu.sample(&f(2000), 2000, &p, &mut u(3), &mut u(1))).contains("rng"));
     // The cluster kernel's grid.y holds at most 65535 rows; one block per row takes more.
-    let mut many = u(4 * 65536);
-    assert!(
-        msg(gpu.sample_with(true, &f(65536), 1, &p, &mut many, &mut u(65536))).contains("rows")
-    );
+    #[cfg(feature = "lab")]
+    {
+        let mut many = u(4 * 65536);
+        assert!(
+            msg(gpu.sample_with(true, &f(65536), 1, &p, &mut many, &mut u(65536))).contains("rows")
+        );
+    }
     // RoPE.
     let rope = Rope::new(64, 0.5, 1e4).unwrap();
     assert!(msg(gpu.rope_neox(&rope, 2, &u(3), &mut f(3 * 2 * 64 - 1))).contains("x has"));

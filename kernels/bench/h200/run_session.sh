@@ -7,8 +7,9 @@
 # benchmarks/h200.md is read from. The older cupy scripts (kernels/bench/h200/bench_*.py, which launch the PTX
 # themselves to sweep variants) still run by name.
 # It builds nothing on the device: `prepare` (here, on the build machine) builds the release test binaries with
-# the `cuda` feature and packs them with the PTX and cubins the crate embeds into target-carry/carry.tar.gz, and
-# the benchmark into target-carry/gpu_bench.tar.gz (`cargo xtask bench gpu`), which the device tool carries
+# the `cuda` and `lab` features (the tests and the bench scripts drive variants that only `lab` embeds) and packs
+# them with the PTX and cubins the crate embeds into target-carry/carry.tar.xz, and the benchmark into
+# target-carry/gpu_bench.tar.gz (`cargo xtask bench gpu`), which the device tool carries
 # (`carry: ["target-carry", ".whl"]`; the packs keep the call under its 64 MiB).
 #
 # Usage (here):     kernels/bench/h200/run_session.sh prepare [gpu_a,gpu_b]   (default: every gpu_* test file)
@@ -33,7 +34,7 @@ if [ "${1:-}" = prepare ]; then
   if [ -n "${2:-}" ]; then for t in ${2//,/ }; do targets+=(--test "$t"); done; else targets=(--tests); fi
   # (the compiler's messages go to /tmp/edgefit-prepare.err; shown if the build fails)
   trap '[ $? -ne 0 ] && tail -40 /tmp/edgefit-prepare.err' EXIT
-  cargo test -p kernels --features cuda --release --no-run "${targets[@]}" --message-format=json 2>/tmp/edgefit-prepare.err \
+  cargo test -p kernels --features cuda,lab --release --no-run "${targets[@]}" --message-format=json 2>/tmp/edgefit-prepare.err \
     | python3 -c "import sys, json
 for l in sys.stdin:
     m = json.loads(l)
@@ -46,8 +47,8 @@ for l in sys.stdin:
   # bench_gemv.py's read floor, not part of the crate: the same nvcc and target as kernels/build_cuda.rs
   "${NVCC:-nvcc}" -ptx -arch=compute_90 -O3 -std=c++17 --Werror all-warnings -Ikernels/cuda \
     -o "$stage/read_floor.ptx" kernels/bench/h200/read_floor.cu
-  mkdir -p "$CARRY" && rm -f "$CARRY/carry.tar.gz"
-  tar -C "$stage" -czf "$CARRY/carry.tar.gz" .
+  mkdir -p "$CARRY" && rm -f "$CARRY/carry.tar.xz"
+  tar -C "$stage" -cJf "$CARRY/carry.tar.xz" .
   rm -rf "$stage"
   # The GPU benchmark, built in the same target directory (the kernels crate is already compiled there).
   cargo xtask bench gpu --out "$CARRY"
@@ -64,7 +65,7 @@ SANITIZE=1
 [ "${3:-}" = --no-sanitizer ] && SANITIZE=0
 BIN=/tmp/edgefit-carry
 rm -rf "$BIN" && mkdir -p "$BIN"
-[ -f "$CARRY/carry.tar.gz" ] && tar -C "$BIN" -xzf "$CARRY/carry.tar.gz"
+[ -f "$CARRY/carry.tar.xz" ] && tar -C "$BIN" -xf "$CARRY/carry.tar.xz"
 [ -f "$CARRY/gpu_bench.tar.gz" ] && tar -C "$BIN" -xzf "$CARRY/gpu_bench.tar.gz"
 status=()
 t0=$(date +%s)

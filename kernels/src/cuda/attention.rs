@@ -32,13 +32,14 @@ impl Gpu {
         self.attention_decode_paged_with(KernelPath::Auto, dims, q, kv, scale, splits, out)
     }
 
+    lab_pub! {
     /// [`Gpu::attention_decode_paged`] on a chosen kernel family (tests and benchmarks drive each one).
     /// [`KernelPath::Auto`] and [`KernelPath::TensorCores`] run the tiled tensor-core kernel
     /// ([`Gpu::attention_decode_paged_tiled`] with [`DecodeKernels::PAGED_AUTO`]): group sizes 1-8, the query and the
     /// probabilities rounded to bf16 (~1e-3 relative error). [`KernelPath::CudaCores`] runs the fp32 kernel
     /// `attention_decode_split_*` (~1e-6 relative error; group sizes 1, 2, 4, 6 and 8; 2-2.5x slower).
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_decode_paged_with(
+    fn attention_decode_paged_with(
         &self,
         path: KernelPath,
         dims: &PagedAttentionDims,
@@ -107,6 +108,7 @@ impl Gpu {
         {
             match self.never {}
         }
+    }
     }
 }
 
@@ -186,6 +188,7 @@ impl Gpu {
     /// error). `splits = 0` picks the count of [`Gpu::decode_auto_splits`]. Tests and benchmarks drive each
     /// tiling and combine; `DecodeKernels::PAGED_AUTO` is what `Auto` runs.
     #[allow(clippy::too_many_arguments)]
+    #[cfg(feature = "lab")]
     pub fn attention_decode_paged_tiled(
         &self,
         kernels: DecodeKernels,
@@ -321,7 +324,7 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     pub fn attention_decode_ring(
         &self,
-        dims: &crate::attention::AttnDims,
+        dims: &crate::shapes::AttnDims,
         seqs: usize,
         q: &GpuBuffer<f32>,
         kv: RingKvCache<'_>,
@@ -341,13 +344,14 @@ impl Gpu {
         )
     }
 
+    lab_pub! {
     /// [`Gpu::attention_decode_ring`] on the kernels `kernels` names (tiling one of [`Gpu::DECODE_TILINGS`], and
     /// the combine, as [`Gpu::attention_decode_paged_tiled`]).
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_decode_ring_with(
+    fn attention_decode_ring_with(
         &self,
         kernels: DecodeKernels,
-        dims: &crate::attention::AttnDims,
+        dims: &crate::shapes::AttnDims,
         seqs: usize,
         q: &GpuBuffer<f32>,
         kv: RingKvCache<'_>,
@@ -424,6 +428,7 @@ impl Gpu {
             let _ = (t, sliced);
             match self.never {}
         }
+    }
     }
 }
 
@@ -515,4 +520,35 @@ fn check_heads(
 #[cfg(feature = "cuda")]
 pub(crate) fn tiled_smem(head_dim: usize, tile: usize, stages: usize) -> usize {
     stages * 2 * tile * head_dim * 2 + 2 * 4 * 32 * (tile / 8) * 2 * 4 + stages * 4 * 4
+}
+
+#[cfg(all(test, feature = "cuda"))]
+mod tests {
+    use super::*;
+
+    /// The kernels `Auto` launches on each head dim (the paged tiling, the ring tiling, the combine it picks) are
+    /// in this build's `cuda/attention.cu`, and without `lab` nothing else is; the names come from the launch
+    /// code's naming functions, the list from the PTX (`build_cuda.rs`).
+    #[test]
+    fn every_auto_decode_kernel_is_embedded() {
+        use crate::cuda::device::attention::{combine_name, tiled_name};
+        use crate::cuda::device::Module;
+        let entries = Module::Attention.entries();
+        let mut seen = std::collections::BTreeSet::new();
+        for d in [64, 128, 256] {
+            for (ring, kernels) in [
+                (false, DecodeKernels::PAGED_AUTO),
+                (true, DecodeKernels::RING_AUTO),
+            ] {
+                let t = tiling_index("t", kernels.tiling).unwrap();
+                seen.insert(tiled_name(ring, d, t));
+                seen.insert(combine_name(kernels.sliced_combine, d));
+            }
+        }
+        for k in &seen {
+            assert!(entries.contains(k), "{k} is not embedded");
+        }
+        #[cfg(not(feature = "lab"))]
+        assert_eq!(entries, seen.into_iter().collect::<Vec<_>>());
+    }
 }

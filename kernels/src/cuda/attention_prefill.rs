@@ -5,7 +5,7 @@
 //! kernels' design is documented at the top of the .cu file.
 
 use super::{check_len, check_len_of, Gpu, GpuBuffer, PagedAttentionDims, PrefillChunk};
-use crate::attention::AttnDims;
+use crate::shapes::AttnDims;
 use crate::KernelError;
 
 /// The cached prefix of a prefix-mode launch (`attention_prefill_paged_*`) or the destination of a store:
@@ -97,18 +97,24 @@ macro_rules! prefill_kernel {
     };
 }
 
-/// Every instantiation in cuda/attention_prefill.cu (`AP_INSTANTIATE`); [`PREFILL_DEFAULTS`] picks among them.
+/// The instantiations in cuda/attention_prefill.cu (`AP_INSTANTIATE`) that [`PREFILL_DEFAULTS`] picks, built in
+/// every build.
 pub(in crate::cuda) const PREFILL_KERNELS: &[PrefillKernel] = &[
-    prefill_kernel!(64, 128, 1, 64, 3),
     prefill_kernel!(64, 128, 2, 64, 3),
-    prefill_kernel!(64, 64, 1, 64, 3),
-    prefill_kernel!(128, 128, 1, 64, 2),
     prefill_kernel!(128, 128, 2, 64, 2),
-    prefill_kernel!(128, 128, 2, 32, 3),
     prefill_kernel!(128, 64, 1, 64, 2),
-    prefill_kernel!(256, 64, 1, 32, 2),
     prefill_kernel!(256, 64, 1, 64, 2),
     prefill_kernel!(256, 128, 1, 64, 2),
+];
+
+/// The tilings no [`PREFILL_DEFAULTS`] row picks, built with the `lab` feature only (`_with` calls name them).
+#[cfg(feature = "lab")]
+const PREFILL_LAB_KERNELS: &[PrefillKernel] = &[
+    prefill_kernel!(64, 128, 1, 64, 3),
+    prefill_kernel!(64, 64, 1, 64, 3),
+    prefill_kernel!(128, 128, 1, 64, 2),
+    prefill_kernel!(128, 128, 2, 32, 3),
+    prefill_kernel!(256, 64, 1, 32, 2),
 ];
 
 /// The default tiling by head dim and size of the grid: `(head_dim, least row tiles, variant)`, the first row of
@@ -144,9 +150,11 @@ pub(in crate::cuda) const PREFILL_DEFAULTS: &[(usize, usize, &str)] = &[
 
 /// The instantiations serving `head_dim`.
 fn kernels_for(head_dim: usize) -> impl Iterator<Item = &'static PrefillKernel> {
-    PREFILL_KERNELS
-        .iter()
-        .filter(move |k| k.head_dim == head_dim)
+    #[cfg(feature = "lab")]
+    let built = PREFILL_KERNELS.iter().chain(PREFILL_LAB_KERNELS);
+    #[cfg(not(feature = "lab"))]
+    let built = PREFILL_KERNELS.iter();
+    built.filter(move |k| k.head_dim == head_dim)
 }
 
 /// The default tiling of [`PREFILL_DEFAULTS`] for `total` new tokens of `q_heads` query heads.
@@ -215,10 +223,11 @@ impl Gpu {
         )
     }
 
+    lab_pub! {
     /// [`Gpu::attention_prefill_varlen`] on a chosen tiling (`None`: [`Gpu::attention_prefill_default`]), one of
     /// [`Gpu::attention_prefill_variants`]; tests and benchmarks drive each one.
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_prefill_varlen_with(
+    fn attention_prefill_varlen_with(
         &self,
         variant: Option<&str>,
         dims: &AttnDims,
@@ -248,9 +257,11 @@ impl Gpu {
             out,
         )
     }
+    }
 
     /// The tilings built for `head_dim` (`M<query rows>_W<m16 tiles per warp>_N<keys>_S<stages>`); empty for an
     /// unsupported head dim.
+    #[cfg(feature = "lab")]
     pub fn attention_prefill_variants(head_dim: usize) -> Vec<&'static str> {
         kernels_for(head_dim).map(|k| k.variant).collect()
     }
@@ -307,10 +318,11 @@ impl Gpu {
         )
     }
 
+    lab_pub! {
     /// [`Gpu::attention_prefill_paged`] on a chosen tiling (`None`: the default), one of
     /// [`Gpu::attention_prefill_variants`].
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_prefill_paged_with(
+    fn attention_prefill_paged_with(
         &self,
         variant: Option<&str>,
         dims: &PagedAttentionDims,
@@ -337,6 +349,7 @@ impl Gpu {
             out,
         )
     }
+    }
 
     /// Chunked prefill over a sliding-window ring (sliding layers): as [`Gpu::attention_prefill_paged`] with the
     /// window `window` (which every new token applies over absolute positions) and the prefix in `k_ring` /
@@ -362,10 +375,11 @@ impl Gpu {
         )
     }
 
+    lab_pub! {
     /// [`Gpu::attention_prefill_ring`] on a chosen tiling (`None`: the default), one of
     /// [`Gpu::attention_prefill_variants`].
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_prefill_ring_with(
+    fn attention_prefill_ring_with(
         &self,
         variant: Option<&str>,
         dims: &AttnDims,
@@ -390,6 +404,7 @@ impl Gpu {
             chunk,
             out,
         )
+    }
     }
 
     /// Stores the new tokens' keys and values (`k`, `v`: bf16 bits `[total, kv_heads, head_dim]`, sequences as
@@ -897,7 +912,9 @@ fn check_prefill(
                 "no prefill tiling {:?} for head_dim {} (built: {:?})",
                 variant.unwrap_or("default"),
                 dims.head_dim,
-                Gpu::attention_prefill_variants(dims.head_dim)
+                kernels_for(dims.head_dim)
+                    .map(|k| k.variant)
+                    .collect::<Vec<_>>()
             ),
         )
     })
@@ -977,10 +994,43 @@ mod tests {
         .contains("32-bit"));
     }
 
+    /// Every kernel the default table can pick, for each head dim over batches from one row tile to far past the
+    /// table's bounds, is in this build's `cuda/attention_prefill.cu` (plain and paged forms, and the K/V store),
+    /// and without `lab` nothing else is; the list comes from the PTX (`build_cuda.rs`).
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn every_default_prefill_kernel_is_embedded() {
+        use crate::cuda::device::Module;
+        let entries = Module::AttentionPrefill.entries();
+        let mut seen = std::collections::BTreeSet::from(["attention_kv_store"]);
+        for d in [64, 128, 256] {
+            for q_heads in [1, 4, 8, 16, 24, 64] {
+                for total in [1, 7, 64, 128, 1000, 4096, 1 << 20] {
+                    let k =
+                        default_kernel(d, q_heads, total).expect("a default for every head dim");
+                    seen.extend([k.name, k.paged_name]);
+                }
+            }
+        }
+        for k in &seen {
+            assert!(entries.contains(k), "{k} is not embedded");
+        }
+        #[cfg(not(feature = "lab"))]
+        assert_eq!(entries, seen.into_iter().collect::<Vec<_>>());
+        #[cfg(feature = "lab")]
+        for k in PREFILL_LAB_KERNELS {
+            assert!(
+                entries.contains(&k.name) && entries.contains(&k.paged_name),
+                "{}",
+                k.name
+            );
+        }
+    }
+
     #[test]
     fn every_head_dim_has_a_default_and_the_names_match_the_tilings() {
         for d in [64, 128, 256] {
-            let v = Gpu::attention_prefill_variants(d);
+            let v = kernels_for(d).map(|k| k.variant).collect::<Vec<_>>();
             assert!(!v.is_empty(), "head_dim {d}");
             for k in kernels_for(d) {
                 assert_eq!(
@@ -1004,14 +1054,17 @@ mod tests {
                 assert!(k.smem_bytes() <= 227 * 1024, "{}", k.name);
             }
         }
-        assert!(Gpu::attention_prefill_variants(96).is_empty());
+        assert!(kernels_for(96).next().is_none());
     }
 
     #[test]
     fn the_default_table_names_built_tilings_and_follows_the_measurements() {
         for &(d, _, v) in PREFILL_DEFAULTS {
             assert!(
-                Gpu::attention_prefill_variants(d).contains(&v),
+                kernels_for(d)
+                    .map(|k| k.variant)
+                    .collect::<Vec<_>>()
+                    .contains(&v),
                 "default {v} of head_dim {d} is not built"
             );
         }

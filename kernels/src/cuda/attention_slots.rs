@@ -12,7 +12,7 @@
 //! row of zeros for it.
 
 use super::{check_len, check_len_of, Gpu, GpuBuffer};
-use crate::attention::AttnDims;
+use crate::shapes::AttnDims;
 use crate::KernelError;
 
 const I32_MAX: usize = i32::MAX as usize;

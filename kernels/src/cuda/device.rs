@@ -12,83 +12,28 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::{GdnGpuInputs, GdnGpuWeights, GpuScalar, PagedAttentionDims};
-use crate::gdn::GdnDims;
+use crate::shapes::GdnDims;
 use crate::KernelError;
 
-mod ptx {
+// The generated `Module` enum: one variant per `cuda/*.cu`, with its embedded images and entry points.
+mod modules {
     include!(concat!(env!("OUT_DIR"), "/cuda_modules.rs"));
 }
+pub(in crate::cuda) use modules::Module;
 
 // One file per kernel family: each adds an `impl Device` block with its launches.
-mod attention;
+pub(in crate::cuda) mod attention;
 mod attention_prefill;
 mod attention_slots;
 mod dense;
 mod gdn;
 mod gdn_prefill;
 mod gemm;
-mod gemm_sm90a;
-mod gemv;
+pub(in crate::cuda) mod gemm_sm90a;
+pub(in crate::cuda) mod gemv;
 mod ops;
 
 pub(in crate::cuda) use gemv::Activations;
-
-/// The embedded modules, each loaded at most once per context.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[allow(dead_code)] // placeholder modules until their kernels land
-enum Module {
-    Gemv,
-    Gdn,
-    Attention,
-    Gemm,
-    /// `cuda/gdn_prefill.cu`: the chunked gated DeltaNet prefill.
-    GdnPrefill,
-    /// `cuda/attention_prefill.cu`: causal prefill attention.
-    AttentionPrefill,
-    /// `cuda/ops.cu`: norms, activations, embedding gather, argmax and sampling.
-    Ops,
-    /// `cuda/gemm_sm90a.cu`: wgmma/TMA GEMMs, an sm_90a cubin only (no PTX: the `a` features do not carry over).
-    GemmSm90a,
-    /// `cuda/dense.cu`: the f32 / bf16 dense GEMV and GEMM.
-    Dense,
-    /// `cuda/attention_slots.cu`: f32 KV caches of one block per slot (the engine's exact path).
-    AttentionSlots,
-}
-
-impl Module {
-    /// The PTX (`compute_90`), which any device of compute capability 9.0 or later can JIT; `None` for the
-    /// sm_90a-only modules.
-    fn ptx(self) -> Option<&'static str> {
-        Some(match self {
-            Module::Gemv => ptx::PTX_GEMV,
-            Module::Gdn => ptx::PTX_GDN,
-            Module::Attention => ptx::PTX_ATTENTION,
-            Module::Gemm => ptx::PTX_GEMM,
-            Module::GdnPrefill => ptx::PTX_GDN_PREFILL,
-            Module::AttentionPrefill => ptx::PTX_ATTENTION_PREFILL,
-            Module::Ops => ptx::PTX_OPS,
-            Module::Dense => ptx::PTX_DENSE,
-            Module::AttentionSlots => ptx::PTX_ATTENTION_SLOTS,
-            Module::GemmSm90a => return None,
-        })
-    }
-
-    /// The same module assembled for sm_90 by the build's ptxas (sm_90a for the `*_sm90a.cu` modules).
-    fn cubin_sm90(self) -> &'static [u8] {
-        match self {
-            Module::Gemv => ptx::CUBIN_SM90_GEMV,
-            Module::Gdn => ptx::CUBIN_SM90_GDN,
-            Module::Attention => ptx::CUBIN_SM90_ATTENTION,
-            Module::Gemm => ptx::CUBIN_SM90_GEMM,
-            Module::GdnPrefill => ptx::CUBIN_SM90_GDN_PREFILL,
-            Module::AttentionPrefill => ptx::CUBIN_SM90_ATTENTION_PREFILL,
-            Module::Ops => ptx::CUBIN_SM90_OPS,
-            Module::Dense => ptx::CUBIN_SM90_DENSE,
-            Module::AttentionSlots => ptx::CUBIN_SM90_ATTENTION_SLOTS,
-            Module::GemmSm90a => ptx::CUBIN_GEMM_SM90A,
-        }
-    }
-}
 
 fn cuda_err(op: &str) -> impl Fn(cudarc::driver::DriverError) -> KernelError + '_ {
     move |e| KernelError::Cuda(format!("{op}: {e:?}"))
@@ -198,6 +143,14 @@ impl Device {
                 }
             }
         };
+        // The generated list says whether this build has the kernel (a variant left out of a build without `lab`
+        // shows up here with its name rather than as the driver's CUDA_ERROR_NOT_FOUND).
+        if module.entries().binary_search(&name).is_err() {
+            return Err(KernelError::Cuda(format!(
+                "{name} is not in the embedded cuda/{}.cu of this build (variants need the `lab` feature)",
+                module.stem()
+            )));
+        }
         let f = m.load_function(name).map_err(cuda_err(name))?;
         self.functions
             .lock()

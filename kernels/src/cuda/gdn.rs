@@ -1,7 +1,7 @@
 //! The fused gated DeltaNet decode step (`kernels/cuda/gdn.cu`).
 
 use super::{check_len, check_len_of, GdnGpuInputs, GdnGpuWeights, Gpu, GpuBuffer};
-use crate::gdn::GdnDims;
+use crate::shapes::GdnDims;
 use crate::KernelError;
 
 /// One decode-step kernel of `cuda/gdn.cu`: its entry point and launch shape (`blocks_per_head` blocks of
@@ -91,6 +91,7 @@ impl Gpu {
     /// (S blocks of T threads per head, a cluster, each owning 128/S state columns, the output formed from one
     /// fused reduction of S^T k and S^T q, the gated RMSNorm's sum of squares exchanged through distributed shared
     /// memory and an mbarrier). All compute the same step; they differ in speed.
+    #[cfg(feature = "lab")]
     pub const GDN_DECODE_VARIANTS: &'static [&'static str] = &[
         "block_per_head",
         "split2_t128_1r",
@@ -122,11 +123,12 @@ impl Gpu {
         self.gdn_decode_step_variant("auto", dims, w, x, seqs, conv_in, conv_out, state, out)
     }
 
+    lab_pub! {
     /// [`Gpu::gdn_decode_step`] through a named kernel variant: `"auto"` or one of
     /// [`Gpu::GDN_DECODE_VARIANTS`] (for tests and benchmarks; an unknown name is an error that lists the known
     /// ones). Every variant reads and writes the same layouts and computes the same step.
     #[allow(clippy::too_many_arguments)]
-    pub fn gdn_decode_step_variant(
+    fn gdn_decode_step_variant(
         &self,
         variant: &str,
         dims: &GdnDims,
@@ -149,7 +151,7 @@ impl Gpu {
                         OP,
                         format!(
                             "unknown variant {variant:?}; known: \"auto\", {:?}",
-                            Gpu::GDN_DECODE_VARIANTS
+                            KERNELS.map(|k| k.name)
                         ),
                     ))
                 }
@@ -231,53 +233,38 @@ impl Gpu {
             match self.never {}
         }
     }
+    }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cuda"))]
 mod tests {
     use super::*;
 
+    /// The kernel `Auto` launches for every batch size is in this build's `cuda/gdn.cu` (the list comes from the
+    /// PTX, `build_cuda.rs`), and without `lab` nothing else is; each launch shape is one the kernels allow.
     #[test]
-    fn every_variant_name_has_one_kernel_with_a_valid_launch_shape() {
-        assert_eq!(Gpu::GDN_DECODE_VARIANTS.len(), KERNELS.len());
-        for (name, k) in Gpu::GDN_DECODE_VARIANTS.iter().zip(KERNELS.iter()) {
-            assert_eq!(*name, k.name);
-            assert!(k.entry.starts_with("gdn_decode_step"), "{k:?}");
+    fn every_auto_gdn_decode_kernel_is_embedded() {
+        use crate::cuda::device::Module;
+        let entries = Module::Gdn.entries();
+        let mut seen = std::collections::BTreeSet::new();
+        for seqs in (1..=64).chain([255, 256, 4096, 65535]) {
+            let k = auto_kernel(seqs);
             assert!(
-                [1, 2, 4, 8].contains(&k.blocks_per_head),
-                "cluster of 1..8 blocks dividing 128 columns: {k:?}"
+                entries.contains(&k.entry),
+                "batch {seqs}: {k:?} not embedded"
             );
+            assert!([1, 2, 4, 8].contains(&k.blocks_per_head), "{k:?}");
             assert!(k.threads.is_multiple_of(32) && k.threads <= 256, "{k:?}");
-            // split<S>_t<T> names carry their launch shape; a mismatch would launch the wrong grid.
-            if let Some(rest) = name.strip_prefix("split") {
-                let rest = rest.strip_suffix("_1r").expect("split<S>_t<T>_1r");
-                let (s, t) = rest.split_once("_t").expect("split<S>_t<T>");
-                assert_eq!(s.parse::<u32>().unwrap(), k.blocks_per_head, "{k:?}");
-                assert_eq!(t.parse::<u32>().unwrap(), k.threads, "{k:?}");
-            }
+            seen.insert(k.entry);
         }
-    }
-
-    #[test]
-    fn auto_follows_the_measured_table() {
-        // The table is ascending and every name in it is a kernel.
-        for w in AUTO_TABLE.windows(2) {
-            assert!(w[0].0 < w[1].0, "{AUTO_TABLE:?}");
-        }
-        for (_, name) in AUTO_TABLE {
-            assert!(KERNELS.iter().any(|k| k.name == name), "{name}");
-        }
-        assert_eq!(AUTO_TABLE[AUTO_TABLE.len() - 1].0, usize::MAX);
-        // The measured batches take the measured winners; the untested ones the documented choices.
-        let pick = |seqs| auto_kernel(seqs).name;
-        assert_eq!(pick(1), "split8_t128_1r");
-        assert_eq!(pick(2), "split8_t128_1r");
-        assert_eq!(pick(3), "split4_t128_1r");
-        for seqs in 4..=8 {
-            assert_eq!(pick(seqs), "split2_t256_1r", "batch {seqs}");
-        }
-        for seqs in [9, 16, 31, 32, 65535] {
-            assert_eq!(pick(seqs), "split2_t128_1r", "batch {seqs}");
+        #[cfg(not(feature = "lab"))]
+        assert_eq!(entries, seen.into_iter().collect::<Vec<_>>());
+        #[cfg(feature = "lab")]
+        for k in KERNELS {
+            assert!(
+                entries.contains(&k.entry),
+                "{k:?} not embedded in a lab build"
+            );
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use super::{check_len, check_len_of, GdnGpuInputs, GdnGpuWeights, GdnPrefillIo, Gpu, GpuBuffer};
 use crate::error::checked_product;
-use crate::gdn::{GdnDims, CHUNK};
+use crate::shapes::{GdnDims, CHUNK};
 use crate::KernelError;
 
 /// How the sequential state kernel (launch 3) multiplies.
@@ -112,14 +112,33 @@ impl GdnPrefillVariant {
         cols: 64,
     };
 
+    /// The engine's precise path (`"fp32_cs32"`: the fp32 WY and state walk on 32 columns), built without `lab`.
+    const PRECISE: GdnPrefillVariant = GdnPrefillVariant {
+        wy: WyMath::Fp32,
+        math: StateMath::Fp32,
+        cols: 32,
+    };
+
+    /// The variants a build without `lab` embeds the kernels of: `Auto`'s and the engine's precise one.
+    const DEFAULT_BUILD: [GdnPrefillVariant; 2] = [Self::DEFAULT, Self::PRECISE];
+
     /// [`GdnPrefillVariant::parse`], or the shape error every entry point gives for a name it does not know.
     fn named(op: &'static str, name: &str) -> Result<GdnPrefillVariant, KernelError> {
-        Self::parse(name).ok_or_else(|| {
+        let v = Self::parse(name).ok_or_else(|| {
             KernelError::shape(
                 op,
                 format!("unknown state-kernel variant {name:?}: expected \"auto\" or one of {GDN_PREFILL_VARIANTS:?}"),
             )
-        })
+        })?;
+        // The other variants' kernels are compiled only with `lab`; refusing here names the cause before any
+        // launch rather than failing on a missing kernel halfway through a prefill.
+        crate::ensure_shape!(
+            cfg!(feature = "lab") || Self::DEFAULT_BUILD.contains(&v),
+            op,
+            "state-kernel variant {name:?} needs the `lab` feature; this build has \"auto\" ({}) and \"fp32_cs32\"",
+            Gpu::GDN_PREFILL_DEFAULT
+        );
+        Ok(v)
     }
 
     fn parse(name: &str) -> Option<GdnPrefillVariant> {
@@ -801,6 +820,43 @@ mod tests {
         assert!(sl.qkb + sl.qkb_len <= sl.meta && sl.meta <= sl.total);
         assert_eq!(l.wu_len, 48 * 3 * 64 * 128);
         assert_eq!(l.aqk_len, 48 * 3 * 64 * 64);
+    }
+
+    /// Every kernel the prefill can launch for the variants this build accepts (`Auto`'s and the engine's precise
+    /// one; with `lab`, every named variant) is in the embedded `cuda/gdn_prefill.cu`, and without `lab` nothing
+    /// else is. The names come from the variant's own kernel functions and the device file's fixed launches.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn every_accepted_gdn_prefill_kernel_is_embedded() {
+        use crate::cuda::device::Module;
+        let entries = Module::GdnPrefill.entries();
+        let mut names = vec!["auto", "", "fp32_cs32"];
+        if cfg!(feature = "lab") {
+            names.extend(GDN_PREFILL_VARIANTS);
+        }
+        let mut seen = std::collections::BTreeSet::from(["gdn_prefill_meta"]);
+        for name in names {
+            let v = GdnPrefillVariant::named("t", name).unwrap();
+            seen.extend([v.prep_kernel(), v.wy_kernel(), v.kernel()]);
+            if v.split() {
+                seen.extend([
+                    "gdn_prefill_walk_bf16",
+                    "gdn_prefill_walk1_bf16",
+                    "gdn_prefill_out_bf16",
+                ]);
+            } else {
+                seen.insert("gdn_prefill_gated_norm");
+            }
+        }
+        for k in &seen {
+            assert!(entries.contains(k), "{k} is not embedded");
+        }
+        #[cfg(not(feature = "lab"))]
+        {
+            assert_eq!(entries, seen.into_iter().collect::<Vec<_>>());
+            let e = GdnPrefillVariant::named("t", "tf32_cs16").unwrap_err();
+            assert!(e.to_string().contains("needs the `lab` feature"), "{e}");
+        }
     }
 
     #[test]

@@ -175,6 +175,7 @@ impl Gpu {
 
     /// [`Gpu::fp8_block_gemm_wgmma`] on a chosen build ([`Fp8Wgmma`]; tests and benchmarks drive each one).
     /// Same layouts and constraints.
+    #[cfg(feature = "lab")]
     #[allow(clippy::too_many_arguments)]
     pub fn fp8_block_gemm_wgmma_with(
         &self,
@@ -315,6 +316,7 @@ impl Gpu {
 
     /// [`Gpu::nvfp4_gemm_wgmma`] on a chosen build ([`Nvfp4Wgmma`]; tests and benchmarks drive each one). Same
     /// layouts and constraints.
+    #[cfg(feature = "lab")]
     #[allow(clippy::too_many_arguments)]
     pub fn nvfp4_gemm_wgmma_with(
         &self,
@@ -374,5 +376,30 @@ impl Gpu {
             let _ = variant;
             match self.never {}
         }
+    }
+}
+
+#[cfg(all(test, feature = "cuda"))]
+mod tests {
+    use super::*;
+
+    /// The builds `Auto` runs (FP8 with f32 and bf16 output, NVFP4) are in this build's `cuda/gemm_sm90a.cu`, and
+    /// without `lab` the losing builds are not; the names come from the launch code's naming functions.
+    #[test]
+    fn every_auto_wgmma_kernel_is_embedded() {
+        use crate::cuda::device::gemm_sm90a::{fp8_wgmma_kernel, nvfp4_wgmma_kernel};
+        use crate::cuda::device::Module;
+        let entries = Module::GemmSm90a.entries();
+        let mut seen = vec![
+            fp8_wgmma_kernel(FP8_BEST, false).unwrap().0,
+            fp8_wgmma_kernel(FP8_BEST, true).unwrap().0,
+            nvfp4_wgmma_kernel(NVFP4_BEST).0,
+        ];
+        for k in &seen {
+            assert!(entries.contains(k), "{k} is not embedded");
+        }
+        seen.sort_unstable();
+        #[cfg(not(feature = "lab"))]
+        assert_eq!(entries, seen);
     }
 }

@@ -30,6 +30,7 @@ impl Gpu {
         self.fp8_block_gemv_with(KernelPath::Auto, x, w, scales, y, m, n, k)
     }
 
+    lab_pub! {
     /// [`Gpu::fp8_block_gemv`] on a chosen kernel family (tests and benchmarks drive each one).
     ///
     /// `Auto`'s table (H200, benchmarks/h200.md; m = 1 updated ): `m = 1` ->
@@ -56,7 +57,7 @@ impl Gpu {
     /// slower (the block scheduler does that for the per-tile grids), and on the row-major FP8 layout a warp's
     /// 128-byte pieces of 16 rows lie far from its block neighbours' (a per-tile block reads 1 KiB of each row).
     #[allow(clippy::too_many_arguments)]
-    pub fn fp8_block_gemv_with(
+    fn fp8_block_gemv_with(
         &self,
         path: KernelPath,
         x: &GpuBuffer<u16>,
@@ -99,11 +100,13 @@ impl Gpu {
             match self.never {}
         }
     }
+    }
 
     /// The `m = 1` CUDA-core kernel of [`Gpu::fp8_block_gemv`] with K split over `ksplit` warps of a block
     /// (1, 2 or 4; `fp8_block_gemv_m1_r2_u2[_k{ksplit}]`), the partial sums added in shared memory in K order.
     /// Tests and the benchmark drive each split; `Auto` picks by `n` (`fp8_m1_ksplit_auto`).
     #[allow(clippy::too_many_arguments)]
+    #[cfg(feature = "lab")]
     pub fn fp8_block_gemv_m1_ksplit(
         &self,
         x: &GpuBuffer<u16>,
@@ -171,13 +174,14 @@ impl Gpu {
         self.nvfp4_gemv_with(KernelPath::Auto, x, w, scales, global_scale, y, m, n, k)
     }
 
+    lab_pub! {
     /// [`Gpu::nvfp4_gemv`] on a chosen kernel family (tests and benchmarks drive each one).
     ///
     /// `Auto`'s table (H200, benchmarks/h200.md): `nvfp4_gemv_mma_n8` for `m <= 8`, `nvfp4_gemv_mma_n16`
     /// above (38-61% of copy bandwidth). The decode path of an engine is not this one but the repacked tile
     /// layout, [`Gpu::nvfp4_gemv_tiles`] (1.2-1.9x faster, table there).
     #[allow(clippy::too_many_arguments)]
-    pub fn nvfp4_gemv_with(
+    fn nvfp4_gemv_with(
         &self,
         path: KernelPath,
         x: &GpuBuffer<u16>,
@@ -220,6 +224,7 @@ impl Gpu {
             let _ = path;
             match self.never {}
         }
+    }
     }
 }
 
@@ -470,6 +475,7 @@ impl Gpu {
     /// [`Gpu::gemv_scratch_len`] words, contents ignored), so the GEMV's lanes load their B fragments instead of
     /// converting 32 activations per token tile for every weight tile.
     #[allow(clippy::too_many_arguments)]
+    #[cfg(feature = "lab")]
     pub fn fp8_block_gemv_preconverted(
         &self,
         x: &GpuBuffer<u16>,
@@ -490,6 +496,7 @@ impl Gpu {
     /// every run); `split.pdl` launches the conversion and the GEMV as programmatic dependents. Tests and the
     /// benchmark drive each cut; `with_scratch`'s `Auto` picks one by shape (`fp8_split_auto`).
     #[allow(clippy::too_many_arguments)]
+    #[cfg(feature = "lab")]
     pub fn fp8_block_gemv_split(
         &self,
         x: &GpuBuffer<u16>,
@@ -548,6 +555,7 @@ impl Gpu {
     /// [`Gpu::nvfp4_gemv`] on the tensor cores (checkpoint layout) with the activations converted once per call
     /// into `scratch` (at least [`Gpu::gemv_scratch_len`] words), as [`Gpu::fp8_block_gemv_preconverted`].
     #[allow(clippy::too_many_arguments)]
+    #[cfg(feature = "lab")]
     pub fn nvfp4_gemv_preconverted(
         &self,
         x: &GpuBuffer<u16>,
@@ -729,6 +737,7 @@ impl Gpu {
     /// [`Gpu::fp8_gemv_tiles`]'s kernel for one token (`m = 1`) on the CUDA cores (`fp8_gemv_tile_m1_w*c*`: each
     /// lane multiplies its 64 weights with the bf16 activations itself, no scratch), cut as `split` says (any of
     /// [`MmaSplit::BUILT`]). Tests and the benchmark drive each cut.
+    #[cfg(feature = "lab")]
     pub fn fp8_gemv_tiles_m1(
         &self,
         x: &GpuBuffer<u16>,
@@ -774,6 +783,7 @@ impl Gpu {
     /// [`Gpu::fp8_gemv_tiles`]'s kernels that convert the activations themselves (no fragment kernel, no
     /// scratch), cut as `split` says: 8 warps x 1 or 2 blocks per tile, or 4 warps x 1 (the builds the sweep
     /// kept). The same bits as [`Gpu::fp8_gemv_tiles_split`] with the same cut.
+    #[cfg(feature = "lab")]
     pub fn fp8_gemv_tiles_converting(
         &self,
         x: &GpuBuffer<u16>,
@@ -859,6 +869,7 @@ impl Gpu {
     /// checkpoint's block `scales` (`[ceil(n/128), ceil(k/128)]`): the same products added in the same order, so
     /// the same bits as [`Gpu::fp8_block_gemv_split`] with the same `split`.
     #[allow(clippy::too_many_arguments)]
+    #[cfg(feature = "lab")]
     pub fn fp8_gemv_tiles_split(
         &self,
         x: &GpuBuffer<u16>,
@@ -1036,7 +1047,7 @@ impl Gpu {
         x: &GpuBuffer<f32>,
         residual: Option<&mut GpuBuffer<f32>>,
         weight: &GpuBuffer<f32>,
-        form: crate::ops::NormWeight,
+        form: crate::shapes::NormWeight,
         eps: f32,
         fragments: &mut Nvfp4Fragments,
         tiles: &Nvfp4TileWeights,
@@ -1173,6 +1184,7 @@ impl Gpu {
     /// registers (`_u2`) lost at every shape (e.g. 283 vs 224 us on lm_head at m = 1) and was
     /// deleted.
     #[allow(clippy::too_many_arguments)]
+    #[cfg(feature = "lab")]
     pub fn nvfp4_gemv_tiles_variant(
         &self,
         x: &GpuBuffer<u16>,
@@ -1204,6 +1216,7 @@ impl Gpu {
     /// [`Gpu::gemv_scratch_len`]`(1, k)` words. Not bit for bit with the other kernels (the scale multiplies a
     /// sum, not each product).
     #[allow(clippy::too_many_arguments)]
+    #[cfg(feature = "lab")]
     pub fn nvfp4_gemv_tiles_m1(
         &self,
         x: &GpuBuffer<u16>,
@@ -1241,6 +1254,7 @@ impl Gpu {
     /// tile shared by `split.splits` blocks of one cluster whose sums meet in distributed shared memory (the same
     /// bits on every run, for every split). Tests and the benchmark drive each cut.
     #[allow(clippy::too_many_arguments)]
+    #[cfg(feature = "lab")]
     pub fn nvfp4_gemv_tiles_split(
         &self,
         x: &GpuBuffer<u16>,
@@ -1508,6 +1522,7 @@ impl MmaSplit {
     /// The pairs built for the FP8 tile GEMV that converts its own activations ([`Gpu::fp8_gemv_tiles_converting`]).
     pub const BUILT_CONVERTING: [(usize, usize); 3] = [(8, 1), (8, 2), (4, 1)];
 
+    #[cfg(feature = "lab")]
     fn check(self, op: &'static str) -> Result<(), KernelError> {
         crate::ensure_shape!(
             Self::BUILT.contains(&(self.warps, self.splits)),
@@ -1541,7 +1556,7 @@ enum StepProducer<'a> {
         x: &'a GpuBuffer<f32>,
         residual: Option<&'a mut GpuBuffer<f32>>,
         weight: &'a GpuBuffer<f32>,
-        form: crate::ops::NormWeight,
+        form: crate::shapes::NormWeight,
         eps: f32,
     },
     /// [`Gpu::silu_and_mul_nvfp4_fragments`]' (or gelu's, `gelu`) operand; `inter` is the GEMV's `k`.
@@ -1555,6 +1570,8 @@ enum StepProducer<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(in crate::cuda) enum TilesKernel {
     /// `nvfp4_gemv_mma_tile_n*`: activations converted inside the GEMV, no scratch, one split.
+    // Only the lab's `nvfp4_gemv_tiles_variant` picks it; the launch code keeps handling it in every build.
+    #[cfg_attr(not(feature = "lab"), allow(dead_code))]
     Converting,
     /// `nvfp4_gemv_mma_tile_pre_n*`: preconverted activations, one 16-row tile per block, one split.
     Mma,
@@ -1734,6 +1751,7 @@ fn check_fp8_gemv(
 }
 
 #[allow(clippy::too_many_arguments)]
+#[cfg(feature = "lab")]
 fn check_nvfp4_gemv(
     op: &'static str,
     x: &GpuBuffer<u16>,
@@ -1841,90 +1859,105 @@ mod tests {
         assert!(check_gemv_dims("t", 16, 8, 4096, 32).is_ok());
     }
 
-    /// The `Auto` tables as their documentation states them (the fastest arm per shape and m of the runs they cite).
+    /// Every kernel an `Auto` GEMV call can launch, for m = 1..=16 on every shape class the tables cut at (rows
+    /// around 8192, 16384 and 65536, the layer shapes and the lm_head), exists in this build's embedded
+    /// `cuda/gemv.cu`: the names come from the same choice and naming functions the launches use, the list from
+    /// the PTX (`build_cuda.rs`), so a kernel moved behind `lab` that `Auto` still reaches fails here, without a GPU.
+    #[cfg(feature = "cuda")]
     #[test]
-    fn auto_tables_match_their_measurements() {
-        const W4: MmaSplit = MmaSplit {
-            warps: 4,
-            splits: 1,
-            pdl: true,
+    fn every_auto_gemv_kernel_is_embedded() {
+        use crate::cuda::device::gemv::*;
+        use crate::cuda::device::Module;
+        let entries = Module::Gemv.entries();
+        let mut missing = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        let mut need = |name: &'static str, call: &str, m: usize, n: usize| {
+            seen.insert(name);
+            if entries.binary_search(&name).is_err() {
+                missing.push(format!("{call} m={m} n={n}: {name}"));
+            }
         };
-        const W8: MmaSplit = MmaSplit {
-            warps: 8,
-            splits: 1,
-            pdl: true,
-        };
-        for (m, n, want) in [
-            (1, 5120, (TilesKernel::M1 { warps: 8 }, 2)),
-            (1, 8192, (TilesKernel::M1 { warps: 8 }, 2)),
-            (1, 17408, (TilesKernel::Cluster(W8), 1)),
-            (1, 248320, (TilesKernel::Cluster(W4), 1)),
-            (2, 5120, (TilesKernel::Split, 2)),
-            (8, 5120, (TilesKernel::Split, 2)),
-            (2, 17408, (TilesKernel::Cluster(W8), 1)),
-            (16, 17408, (TilesKernel::Cluster(W8), 1)),
-            (16, 5120, (TilesKernel::Mma, 1)),
-            (4, 248320, (TilesKernel::Cluster(W4), 1)),
-            (8, 65536, (TilesKernel::Cluster(W4), 1)),
-            (9, 5120, (TilesKernel::Mma, 1)),
-            (16, 248320, (TilesKernel::Mma, 1)),
-        ] {
-            assert_eq!(nvfp4_tiles_auto(m, n), want, "nvfp4 m={m} n={n}");
-        }
-        for (m, n, want) in [
-            (2, 5120, (8, 2)),
-            (8, 8192, (8, 2)),
-            (9, 5120, (4, 3)),
-            (16, 10240, (4, 1)),
-            (4, 17408, (4, 1)),
-            (16, 248320, (4, 1)),
-        ] {
-            let s = fp8_split_auto(m, n);
-            assert_eq!(
-                (s.warps, s.splits, s.pdl),
-                (want.0, want.1, true),
-                "fp8 m={m} n={n}"
-            );
-            assert!(MmaSplit::BUILT.contains(&(s.warps, s.splits)));
-        }
-        use Fp8TileKernel::{Converting, CudaCoresM1, Preconverted};
-        for (m, n, want) in [
-            (1, 5120, (8, 2, CudaCoresM1)),
-            (1, 17408, (8, 1, CudaCoresM1)),
-            (1, 248320, (8, 1, CudaCoresM1)),
-            (2, 5120, (8, 2, Preconverted)),
-            (16, 8192, (8, 2, Preconverted)),
-            (9, 17408, (4, 1, Preconverted)),
-            (4, 17408, (8, 1, Converting)),
-            (8, 65535, (8, 1, Converting)),
-            (2, 248320, (8, 1, Preconverted)),
-            (16, 248320, (4, 1, Preconverted)),
-        ] {
-            let (s, kernel) = fp8_tiles_auto(m, n);
-            assert_eq!((s.warps, s.splits, kernel), want, "fp8 tiles m={m} n={n}");
-            assert!(s.pdl && MmaSplit::BUILT.contains(&(s.warps, s.splits)));
-            if kernel == Converting {
-                assert!(MmaSplit::BUILT_CONVERTING.contains(&(s.warps, s.splits)));
+        let shapes = [
+            16, 5120, 8192, 8193, 10240, 16383, 16384, 17408, 65535, 65536, 248320,
+        ];
+        for n in shapes {
+            for m in 1..=16 {
+                // fp8_block_gemv (Auto) and fp8_block_gemv_with_scratch.
+                let (name, _) = fp8_block_gemv_kernel(m > 1, m, fp8_m1_ksplit_auto(n)).unwrap();
+                need(name, "fp8_block_gemv", m, n);
+                if m > 1 {
+                    let s = fp8_split_auto(m, n);
+                    need(
+                        act_frag_kernel(false, false),
+                        "fp8_block_gemv_with_scratch",
+                        m,
+                        n,
+                    );
+                    let nt = if m <= 8 { 1 } else { 2 };
+                    let name = split_kernel(SplitFormat::Fp8, nt, s.warps, s.splits).unwrap();
+                    need(name, "fp8_block_gemv_with_scratch", m, n);
+                }
+                // nvfp4_gemv (Auto: the tensor cores).
+                need(nvfp4_gemv_kernel(true, m, n).0, "nvfp4_gemv", m, n);
+                // fp8_gemv_tiles.
+                let nt = if m <= 8 { 1 } else { 2 };
+                let (split, kernel) = fp8_tiles_auto(m, n);
+                match kernel {
+                    Fp8TileKernel::CudaCoresM1 => {
+                        need(fp8_tile_m1_kernel(split).unwrap(), "fp8_gemv_tiles", m, n)
+                    }
+                    Fp8TileKernel::Preconverted => {
+                        need(act_frag_kernel(false, false), "fp8_gemv_tiles", m, n);
+                        let name =
+                            split_kernel(SplitFormat::Fp8Tile, nt, split.warps, split.splits);
+                        need(name.unwrap(), "fp8_gemv_tiles", m, n);
+                    }
+                    Fp8TileKernel::Converting => need(
+                        fp8_tile_converting_kernel(m, split).unwrap(),
+                        "fp8_gemv_tiles",
+                        m,
+                        n,
+                    ),
+                }
+                // fp8_gemv_tiles_fragments.
+                let s = MmaSplit::fp8_fragments(m, n);
+                let name = split_kernel(SplitFormat::Fp8Tile, nt, s.warps, s.splits).unwrap();
+                need(name, "fp8_gemv_tiles_fragments", m, n);
+                // nvfp4_gemv_tiles and the *_nvfp4_gemv steps (the same kernel after their producer).
+                let (kernel, splits) = nvfp4_tiles_auto(m, n);
+                need(act_frag_kernel(true, false), "nvfp4_gemv_tiles", m, n);
+                if splits > 1 {
+                    need(act_frag_kernel(true, true), "nvfp4_gemv_tiles", m, n);
+                }
+                let name = match kernel {
+                    TilesKernel::Cluster(s) => {
+                        split_kernel(SplitFormat::Nvfp4Tile, nt, s.warps, s.splits).unwrap()
+                    }
+                    k => nvfp4_tiles_name(k, m).unwrap(),
+                };
+                need(name, "nvfp4_gemv_tiles", m, n);
+                // nvfp4_gemv_tiles_fragments.
+                let name = match nvfp4_fragments_cut(m, n) {
+                    TilesKernel::Cluster(s) => {
+                        split_kernel(SplitFormat::Nvfp4Tile, nt, s.warps, s.splits).unwrap()
+                    }
+                    TilesKernel::M1Cluster => "nvfp4_gemv_tiles_m1_w8c2",
+                    k => nvfp4_tiles_name(k, m).unwrap(),
+                };
+                need(name, "nvfp4_gemv_tiles_fragments", m, n);
             }
         }
-        for (n, want) in [
-            (5120, 2),
-            (10240, 2),
-            (17408, 2),
-            (65535, 2),
-            (65536, 1),
-            (248320, 1),
-        ] {
-            assert_eq!(fp8_m1_ksplit_auto(n), want, "fp8 m=1 n={n}");
-        }
-        for (n, want) in [
-            (5120, true),
-            (17408, true),
-            (65535, true),
-            (65536, false),
-            (248320, false),
-        ] {
-            assert_eq!(fp8_m1_pdl_auto(n), want, "fp8 m=1 pdl n={n}");
+        need("fp8_repack_mma", "fp8_repack_tiles", 0, 0);
+        need("nvfp4_repack_mma", "nvfp4_repack_tiles", 0, 0);
+        assert!(missing.is_empty(), "not embedded:\n{}", missing.join("\n"));
+        // Without `lab` the module holds nothing else: each embedded kernel is one some `Auto` call launches.
+        #[cfg(not(feature = "lab"))]
+        {
+            let unreached: Vec<_> = entries.iter().filter(|e| !seen.contains(*e)).collect();
+            assert!(
+                unreached.is_empty(),
+                "embedded but no Auto call launches: {unreached:?}"
+            );
         }
     }
 }

@@ -36,6 +36,20 @@ use crate::KernelError;
 #[cfg(feature = "cuda")]
 mod device;
 
+/// A variant entry point (a `_with` / `_variant` form whose `Auto` form calls it with `Auto`): `pub` with the `lab`
+/// feature, private without it, so one definition serves both builds.
+macro_rules! lab_pub {
+    ($(#[$attr:meta])* fn $($rest:tt)*) => {
+        $(#[$attr])*
+        #[cfg(feature = "lab")]
+        pub fn $($rest)*
+
+        $(#[$attr])*
+        #[cfg(not(feature = "lab"))]
+        fn $($rest)*
+    };
+}
+
 // One file per kernel family, each an `impl Gpu` block (the safe, checked entry points) over the launches in
 // `device.rs` / `device/<same name>.rs`.
 mod attention;

@@ -28,9 +28,9 @@ use super::{
     check_len, check_len_of, Fp8Fragments, FragmentOrder, GemvFragments, Gpu, GpuBuffer, GpuScalar,
     Nvfp4Fragments,
 };
-use crate::attention::Rope;
-use crate::ops::NormWeight;
-use crate::sampling::SamplingParams;
+use crate::shapes::NormWeight;
+use crate::shapes::Rope;
+use crate::shapes::SamplingParams;
 use crate::KernelError;
 
 const I32_MAX: usize = i32::MAX as usize;
@@ -200,10 +200,10 @@ fn check_int4_table(
         "n and k must be positive, got n = {n}, k = {k}"
     );
     crate::ensure_shape!(
-        crate::linear::int4::GROUPS.contains(&group),
+        crate::formats::INT4_GROUPS.contains(&group),
         op,
         "group must be one of {:?}, got {group}",
-        crate::linear::int4::GROUPS
+        crate::formats::INT4_GROUPS
     );
     let npad = n.div_ceil(64).saturating_mul(64);
     crate::ensure_shape!(
@@ -766,9 +766,10 @@ impl Gpu {
         self.argmax_with(cluster, logits, vocab, out)
     }
 
+    lab_pub! {
     /// [`Gpu::argmax`] on a chosen kernel: `cluster` 8 blocks per row (sm_90 thread-block clusters), or one block
     /// per row (tests and benchmarks drive both).
-    pub fn argmax_with(
+    fn argmax_with(
         &self,
         cluster: bool,
         logits: &GpuBuffer<f32>,
@@ -787,6 +788,7 @@ impl Gpu {
             let _ = (cluster, rows);
             match self.never {}
         }
+    }
     }
 
     /// The device words of a [`crate::sampling::Pcg32`] seeded with `(seed, stream)`, for the `rng` buffer of
@@ -834,9 +836,10 @@ impl Gpu {
         self.sample_with(cluster, logits, vocab, params, rng, out)
     }
 
+    lab_pub! {
     /// [`Gpu::sample`] on a chosen kernel (tests and benchmarks drive both): `cluster` 8 blocks per row (sm_90
     /// thread-block clusters; at most 65535 rows), or one block per row. Both draw the same tokens.
-    pub fn sample_with(
+    fn sample_with(
         &self,
         cluster: bool,
         logits: &GpuBuffer<f32>,
@@ -869,6 +872,7 @@ impl Gpu {
             let _ = (k, cluster);
             match self.never {}
         }
+    }
     }
 
     /// Neox RoPE in place on `x` (fp32 `[tokens, heads, head_dim]`), token `i` at `positions[i]` (device `[tokens]`),
@@ -995,7 +999,7 @@ impl Gpu {
     /// `0.5 g (1 + tanhf(sqrt(2/pi) (g + 0.044715 g^3)))`), in f32 with CUDA's accurate `expf` / `erff` / `tanhf`.
     pub fn act_and_mul_f32(
         &self,
-        act: crate::ops::GatedAct,
+        act: crate::shapes::GatedAct,
         gate_up: &GpuBuffer<f32>,
         inter: usize,
         out: &mut GpuBuffer<f32>,

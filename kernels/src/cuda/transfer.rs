@@ -238,7 +238,7 @@ impl CopyStream {
         );
         // Every shape first, so a mismatch queues nothing.
         for (i, (s, d)) in src.blobs.iter().zip(dst.iter()).enumerate() {
-            let same = match (s, &*d) {
+            let same = match (s, d) {
                 (Blob::U8(s), WeightBufMut::U8(d)) => s.len() == d.len(),
                 (Blob::U16(s), WeightBufMut::U16(d)) => s.len() == d.len(),
                 (Blob::U32(s), WeightBufMut::U32(d)) => s.len() == d.len(),

@@ -15,14 +15,14 @@
 //! of the whole matrix instead: 1 GiB for a 131072 x 2048 embedding.
 
 use crate::error::{checked_product, checked_sum};
+use crate::formats::Int4Logical;
 use crate::formats::{bf16_to_f32, f32_to_bf16};
-use crate::reference::linear::Int4Logical;
 use crate::{ensure_shape, KernelError};
 
 /// Output columns per packed block.
 pub const BLOCK_N: usize = 64;
 /// Group sizes the packer accepts (the ones checkpoints use; W4A8 also needs a multiple of 4).
-pub const GROUPS: [usize; 3] = [32, 64, 128];
+pub use crate::formats::INT4_GROUPS as GROUPS;
 
 /// How the group's range maps onto the 16 codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

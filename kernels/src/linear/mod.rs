@@ -25,7 +25,7 @@ pub use int4::{Int4Scheme, Int4Weights};
 use crate::cpu::{parallel_ranges, Isa};
 use crate::error::checked_product;
 use crate::formats::bf16_to_f32;
-use crate::reference::linear::{FP8_BLOCK, NVFP4_GROUP};
+use crate::formats::{FP8_BLOCK, NVFP4_GROUP};
 use crate::{ensure_shape, KernelError};
 use std::borrow::Cow;
 
@@ -763,24 +763,8 @@ impl W4a16Xq {
     }
 }
 
-/// A raw pointer that the threads of one call share, each writing a disjoint part (the rows of an encoder range).
 #[cfg(edgefit_x86_kernels)]
-#[derive(Clone, Copy)]
-struct SharedMut<T>(*mut T);
-// SAFETY: used only inside `parallel_ranges`, whose ranges are disjoint and which returns only after every range
-// finished, so no element is written twice and the borrow behind the pointer outlives every use.
-#[cfg(edgefit_x86_kernels)]
-unsafe impl<T> Send for SharedMut<T> {}
-// SAFETY: as above.
-#[cfg(edgefit_x86_kernels)]
-unsafe impl<T> Sync for SharedMut<T> {}
-#[cfg(edgefit_x86_kernels)]
-impl<T> SharedMut<T> {
-    /// Taking `self` makes a closure capture the whole (Sync) wrapper, not the raw pointer field.
-    fn get(self) -> *mut T {
-        self.0
-    }
-}
+use crate::cpu::SharedMut;
 
 /// Activation rows per chunk of the integer GEMM's encoded x (`EF_GEMM_KC8` / `EF_GEMM_KC16` in
 /// `csrc/linear_common.h`): 256 bytes of every row per chunk.
@@ -940,17 +924,30 @@ struct QuantizedRows {
     group_sums: Vec<i32>,
 }
 
+/// W4A8's own activation quantiser (its tests compare it with `reference::linear::quantize_rows_int8`, so the
+/// kernel path must not call that): per row, `scale = amax / 127` and `q = round(x / scale)` with ties away from
+/// zero (`roundf`, as the C kernels round), clamped to +-127; a zero row gets scale 0 and zero codes. The group
+/// sums let the kernels fold in the weights' zero point once per group.
 fn quantize_rows(x: &[f32], m: usize, k: usize, group: usize) -> QuantizedRows {
-    let (q, scales) = crate::reference::linear::quantize_rows_int8(x, m, k);
     let groups = k.div_ceil(group);
+    let mut q = vec![0i8; m * k];
+    let mut scales = vec![0.0f32; m];
     let mut group_sums = vec![0i32; m * groups];
     for i in 0..m {
+        let row = &x[i * k..(i + 1) * k];
+        let qrow = &mut q[i * k..(i + 1) * k];
+        let amax = row.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        scales[i] = if amax > 0.0 { amax / 127.0 } else { 0.0 };
+        for (dst, &v) in qrow.iter_mut().zip(row) {
+            *dst = (v * inv).round().clamp(-127.0, 127.0) as i8;
+        }
         for (g, s) in group_sums[i * groups..(i + 1) * groups]
             .iter_mut()
             .enumerate()
         {
-            let row = &q[i * k + g * group..i * k + ((g + 1) * group).min(k)];
-            *s = row.iter().map(|&v| i32::from(v)).sum();
+            let part = &qrow[g * group..((g + 1) * group).min(k)];
+            *s = part.iter().map(|&v| i32::from(v)).sum();
         }
     }
     QuantizedRows {
@@ -1398,4 +1395,38 @@ pub fn bf16_with<'a>(
         unsafe { f(x.as_ptr(), m, w.k, w.w.as_ptr(), w.n, r0, r1, y) }
     });
     Ok(ran)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quantize_rows;
+
+    /// W4A8's own quantiser gives the reference's codes and scales bit for bit (exact ties, a zero row, a
+    /// non-finite-free spread of magnitudes, a short last group), and its group sums add up the codes.
+    #[test]
+    fn w4a8_activation_quantiser_matches_the_reference() {
+        let (m, k, group) = (3, 70, 32);
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| match i / k {
+                0 => (i as f32 - 35.0) * 0.5,
+                1 => 0.0,
+                _ => ((i * 7919) % 1000) as f32 * 1e-3 - 0.5,
+            })
+            .collect();
+        let ours = quantize_rows(&x, m, k, group);
+        let (q, scales) = crate::reference::linear::quantize_rows_int8(&x, m, k);
+        assert_eq!(ours.q, q);
+        assert_eq!(
+            ours.scales.iter().map(|s| s.to_bits()).collect::<Vec<_>>(),
+            scales.iter().map(|s| s.to_bits()).collect::<Vec<_>>()
+        );
+        let groups = k.div_ceil(group);
+        for i in 0..m {
+            for g in 0..groups {
+                let part = &q[i * k + g * group..i * k + ((g + 1) * group).min(k)];
+                let want: i32 = part.iter().map(|&v| i32::from(v)).sum();
+                assert_eq!(ours.group_sums[i * groups + g], want, "row {i} group {g}");
+            }
+        }
+    }
 }

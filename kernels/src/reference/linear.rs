@@ -9,11 +9,10 @@
 use crate::formats::{
     bf16_to_f32, e2m1_to_f32, e4m3_to_f32, f32_to_bf16, f32_to_e2m1, f32_to_e4m3,
 };
+// The formats' constants and the logical int4 layout live in `formats` (the kernels use them too); re-exported
+// here where the references and their callers have always found them.
+pub use crate::formats::{Int4Logical, FP8_BLOCK, NVFP4_GROUP};
 
-/// Edge of the square FP8 scale block (`weight_block_size = [128, 128]`).
-pub const FP8_BLOCK: usize = 128;
-/// Elements per NVFP4 scale (modelopt's group 16).
-pub const NVFP4_GROUP: usize = 16;
 /// Largest finite e4m3 magnitude.
 const E4M3_MAX: f32 = 448.0;
 /// Largest e2m1 magnitude.
@@ -158,33 +157,6 @@ pub fn bf16_linear(x: &[f32], m: usize, w: &[u16], n: usize, k: usize) -> Vec<f3
 /// Rounds f32 weights to bf16 bits (RNE), for test data.
 pub fn to_bf16(w: &[f32]) -> Vec<u16> {
     w.iter().map(|&v| f32_to_bf16(v)).collect()
-}
-
-/// Logical (unpacked) group-quantised int4 weights in the tinygemm convention: `codes[n][k]` in `0..16`,
-/// per-group `scales` and `zeros` `[ceil(k/group)][n]`, and `w = (code - 8) * scale + zero`. The asymmetric
-/// quantiser puts the group minimum at code 0; the symmetric (GPTQ) one has `zero = 0`, i.e. zero point 8.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Int4Logical {
-    pub n: usize,
-    pub k: usize,
-    pub group: usize,
-    pub codes: Vec<u8>,
-    pub scales: Vec<f32>,
-    pub zeros: Vec<f32>,
-}
-
-impl Int4Logical {
-    /// Number of scale rows: the last group may be short when `k` is not a multiple of `group`.
-    pub fn groups(&self) -> usize {
-        self.k.div_ceil(self.group)
-    }
-
-    /// The dequantised weight at (`row`, `col`), in f64.
-    pub fn at(&self, row: usize, col: usize) -> f64 {
-        let g = (col / self.group) * self.n + row;
-        (f64::from(self.codes[row * self.k + col]) - 8.0) * f64::from(self.scales[g])
-            + f64::from(self.zeros[g])
-    }
 }
 
 /// Asymmetric group quantisation of f32 `[n, k]` weights to int4 (tinygemm convention, scales and zeros rounded

@@ -111,7 +111,7 @@ fn attention_split_name(head_dim: usize, r: usize) -> Option<&'static str> {
     })
 }
 
-fn tiled_name(ring: bool, head_dim: usize, tiling: usize) -> &'static str {
+pub(in crate::cuda) fn tiled_name(ring: bool, head_dim: usize, tiling: usize) -> &'static str {
     const PAGED: [[&str; 3]; 3] = [
         [
             "attention_decode_tiled_D64_T32_S3",
@@ -158,7 +158,7 @@ fn tiled_name(ring: bool, head_dim: usize, tiling: usize) -> &'static str {
     }
 }
 
-fn combine_name(sliced: bool, head_dim: usize) -> &'static str {
+pub(in crate::cuda) fn combine_name(sliced: bool, head_dim: usize) -> &'static str {
     match (sliced, head_dim) {
         (false, 64) => "attention_decode_combine_D64",
         (false, 128) => "attention_decode_combine_D128",
@@ -349,7 +349,7 @@ impl Device {
         &self,
         tiling: usize,
         sliced: bool,
-        d: &crate::attention::AttnDims,
+        d: &crate::shapes::AttnDims,
         seqs: usize,
         slots: usize,
         q: &CudaSlice<f32>,

@@ -2,7 +2,7 @@
 //! wrappers in `cuda/attention_slots.rs` have checked every length before anything here runs.
 
 use super::*;
-use crate::attention::AttnDims;
+use crate::shapes::AttnDims;
 
 /// Threads of the store and attention blocks (`STORE_THREADS`, `ATTN_THREADS` in cuda/attention_slots.cu).
 const STORE_THREADS: u32 = 256;

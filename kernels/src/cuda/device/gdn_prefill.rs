@@ -6,7 +6,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKerne
 use super::{cuda_err, Device, Module, PdlArgs};
 use crate::cuda::gdn_prefill::{GdnMeta, GdnPrefillLayout, GdnPrefillVariant, StateMath, WyMath};
 use crate::cuda::{GdnGpuInputs, GdnGpuWeights};
-use crate::gdn::GdnDims;
+use crate::shapes::GdnDims;
 use crate::KernelError;
 
 /// Tokens per warp of `gdn_prefill_prep` (`PREP_TT` in cuda/gdn_prefill.cu, kept equal by a static_assert

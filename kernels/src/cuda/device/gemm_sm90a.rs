@@ -139,18 +139,7 @@ impl Device {
         k: usize,
     ) -> Result<(), KernelError> {
         let bf16 = matches!(y, Fp8OutSlice::Bf16(_));
-        let (name, smem, threads) = match (variant, bf16) {
-            (Fp8Wgmma::CpAsync, false) => ("fp8_block_gemm_sm90a_v1", FP8_V1_SMEM_BYTES, 256),
-            (Fp8Wgmma::Tma, false) => ("fp8_block_gemm_sm90a_v2", FP8_V2_SMEM_BYTES, 384),
-            (Fp8Wgmma::Persistent, false) => ("fp8_block_gemm_sm90a_v3", FP8_V2_SMEM_BYTES, 384),
-            (Fp8Wgmma::PingPong, false) => ("fp8_block_gemm_sm90a_v4", FP8_V2_SMEM_BYTES, 384),
-            (Fp8Wgmma::PingPong, true) => ("fp8_block_gemm_sm90a_v4_bf16", FP8_V2_SMEM_BYTES, 384),
-            (_, true) => {
-                return Err(KernelError::Cuda(format!(
-                    "fp8_block_gemm_sm90a: no bf16 epilogue in the {variant:?} build"
-                )))
-            }
-        };
+        let (name, smem, threads) = fp8_wgmma_kernel(variant, bf16)?;
         let f = self.function(Module::GemmSm90a, name)?;
         f.set_attribute(
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -230,11 +219,7 @@ impl Device {
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        let (name, smem, threads) = match variant {
-            Nvfp4Wgmma::Synchronous => ("nvfp4_gemm_sm90a_v1", NVFP4_V1_SMEM_BYTES, 256),
-            Nvfp4Wgmma::WarpSpecialized => ("nvfp4_gemm_sm90a_v2", NVFP4_V2_SMEM_BYTES, 512),
-            Nvfp4Wgmma::PrmtDecode256 => ("nvfp4_gemm_sm90a_v3", NVFP4_V3_SMEM_BYTES, 512),
-        };
+        let (name, smem, threads) = nvfp4_wgmma_kernel(variant);
         let f = self.function(Module::GemmSm90a, name)?;
         f.set_attribute(
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -294,6 +279,34 @@ impl Device {
             }
         }
         Ok(())
+    }
+}
+
+/// The kernel of an FP8 wgmma build (bf16 or f32 output), its dynamic shared memory and threads per block.
+pub(in crate::cuda) fn fp8_wgmma_kernel(
+    variant: Fp8Wgmma,
+    bf16: bool,
+) -> Result<(&'static str, u32, u32), KernelError> {
+    Ok(match (variant, bf16) {
+        (Fp8Wgmma::CpAsync, false) => ("fp8_block_gemm_sm90a_v1", FP8_V1_SMEM_BYTES, 256),
+        (Fp8Wgmma::Tma, false) => ("fp8_block_gemm_sm90a_v2", FP8_V2_SMEM_BYTES, 384),
+        (Fp8Wgmma::Persistent, false) => ("fp8_block_gemm_sm90a_v3", FP8_V2_SMEM_BYTES, 384),
+        (Fp8Wgmma::PingPong, false) => ("fp8_block_gemm_sm90a_v4", FP8_V2_SMEM_BYTES, 384),
+        (Fp8Wgmma::PingPong, true) => ("fp8_block_gemm_sm90a_v4_bf16", FP8_V2_SMEM_BYTES, 384),
+        (_, true) => {
+            return Err(KernelError::Cuda(format!(
+                "fp8_block_gemm_sm90a: no bf16 epilogue in the {variant:?} build"
+            )))
+        }
+    })
+}
+
+/// The kernel of an NVFP4 wgmma build, its dynamic shared memory and threads per block.
+pub(in crate::cuda) fn nvfp4_wgmma_kernel(variant: Nvfp4Wgmma) -> (&'static str, u32, u32) {
+    match variant {
+        Nvfp4Wgmma::Synchronous => ("nvfp4_gemm_sm90a_v1", NVFP4_V1_SMEM_BYTES, 256),
+        Nvfp4Wgmma::WarpSpecialized => ("nvfp4_gemm_sm90a_v2", NVFP4_V2_SMEM_BYTES, 512),
+        Nvfp4Wgmma::PrmtDecode256 => ("nvfp4_gemm_sm90a_v3", NVFP4_V3_SMEM_BYTES, 512),
     }
 }
 

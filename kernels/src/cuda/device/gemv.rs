@@ -25,22 +25,7 @@ impl Device {
         // (fp8_m1_ksplit_auto, fp8_m1_pdl_auto in cuda/gemv.rs). `ksplit` (m = 1 only) warps
         // of a block share two rows, each a contiguous part of K (`fp8_block_gemv_m1_r2_u2_k{2,4}`): a block
         // covers 16 / ksplit rows.
-        let (name, rows_per_block) = match (tensor, m, ksplit) {
-            (true, ..=8, _) => ("fp8_block_gemv_mma_n8", 16),
-            (true, _, _) => ("fp8_block_gemv_mma_n16", 16),
-            (false, 1, 1) => ("fp8_block_gemv_m1_r2_u2", 16),
-            (false, 1, 2) => ("fp8_block_gemv_m1_r2_u2_k2", 8),
-            (false, 1, 4) => ("fp8_block_gemv_m1_r2_u2_k4", 4),
-            (false, 1, s) => {
-                return Err(KernelError::Cuda(format!(
-                    "fp8_block_gemv: no m = 1 build with K split {s} (1, 2 or 4)"
-                )))
-            }
-            (false, 2, _) => ("fp8_block_gemv_m2", 8),
-            (false, 3..=4, _) => ("fp8_block_gemv_m4", 8),
-            (false, 5..=8, _) => ("fp8_block_gemv_m8", 8),
-            (false, _, _) => ("fp8_block_gemv_m16", 8),
-        };
+        let (name, rows_per_block) = fp8_block_gemv_kernel(tensor, m, ksplit)?;
         let f = self.function(Module::Gemv, name)?;
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
         let cfg = LaunchConfig {
@@ -93,11 +78,7 @@ impl Device {
         k: usize,
     ) -> Result<(), KernelError> {
         if tensor {
-            let name = if m <= 8 {
-                "nvfp4_gemv_mma_n8"
-            } else {
-                "nvfp4_gemv_mma_n16"
-            };
+            let (name, _) = nvfp4_gemv_kernel(true, m, n);
             let f = self.function(Module::Gemv, name)?;
             let (mi, ni, ki) = (m as i32, n as i32, k as i32);
             let mut b = self.stream.launch_builder(&f);
@@ -119,14 +100,7 @@ impl Device {
         // (with one row per warp L1 was 88% busy in Nsight Compute and DRAM 34%); on short ones (n < 16384) that
         // leaves too few warps, and one row per warp is faster. Design sweep on the H200, 2026-11-30: 17408x5120
         // 25.1 us (r2) vs 27.9 (r1); 248320x5120 301 vs 358; 5120x17408 37.1 vs 32.1; 5120x10240 22.8 vs 21.7.
-        let (name, rows_per_warp) = match m {
-            1 if n >= 16384 => ("nvfp4_gemv_m1_r2_u4", 2),
-            1 => ("nvfp4_gemv_m1", 1),
-            2 => ("nvfp4_gemv_m2", 1),
-            3..=4 => ("nvfp4_gemv_m4", 1),
-            5..=8 => ("nvfp4_gemv_m8", 1),
-            _ => ("nvfp4_gemv_m16", 1),
-        };
+        let (name, rows_per_warp) = nvfp4_gemv_kernel(false, m, n);
         let f = self.function(Module::Gemv, name)?;
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
         let cfg = gemv_config(n, rows_per_warp);
@@ -147,9 +121,92 @@ impl Device {
     }
 }
 
+/// The kernel of [`Device::fp8_block_gemv`] and the rows one block covers.
+pub(in crate::cuda) fn fp8_block_gemv_kernel(
+    tensor: bool,
+    m: usize,
+    ksplit: usize,
+) -> Result<(&'static str, usize), KernelError> {
+    Ok(match (tensor, m, ksplit) {
+        (true, ..=8, _) => ("fp8_block_gemv_mma_n8", 16),
+        (true, _, _) => ("fp8_block_gemv_mma_n16", 16),
+        (false, 1, 1) => ("fp8_block_gemv_m1_r2_u2", 16),
+        (false, 1, 2) => ("fp8_block_gemv_m1_r2_u2_k2", 8),
+        (false, 1, 4) => ("fp8_block_gemv_m1_r2_u2_k4", 4),
+        (false, 1, s) => {
+            return Err(KernelError::Cuda(format!(
+                "fp8_block_gemv: no m = 1 build with K split {s} (1, 2 or 4)"
+            )))
+        }
+        (false, 2, _) => ("fp8_block_gemv_m2", 8),
+        (false, 3..=4, _) => ("fp8_block_gemv_m4", 8),
+        (false, 5..=8, _) => ("fp8_block_gemv_m8", 8),
+        (false, _, _) => ("fp8_block_gemv_m16", 8),
+    })
+}
+
+/// The checkpoint-layout NVFP4 kernel of [`Device::nvfp4_gemv`] and, on the CUDA cores, its rows per warp.
+pub(in crate::cuda) fn nvfp4_gemv_kernel(
+    tensor: bool,
+    m: usize,
+    n: usize,
+) -> (&'static str, usize) {
+    match (tensor, m) {
+        (true, ..=8) => ("nvfp4_gemv_mma_n8", 1),
+        (true, _) => ("nvfp4_gemv_mma_n16", 1),
+        (false, 1) if n >= 16384 => ("nvfp4_gemv_m1_r2_u4", 2),
+        (false, 1) => ("nvfp4_gemv_m1", 1),
+        (false, 2) => ("nvfp4_gemv_m2", 1),
+        (false, 3..=4) => ("nvfp4_gemv_m4", 1),
+        (false, 5..=8) => ("nvfp4_gemv_m8", 1),
+        (false, _) => ("nvfp4_gemv_m16", 1),
+    }
+}
+
+/// The activation-fragment kernel for a format (`nvfp4`, else FP8), zeroing y as well or not.
+pub(in crate::cuda) fn act_frag_kernel(nvfp4: bool, zero: bool) -> &'static str {
+    match (nvfp4, zero) {
+        (true, false) => "gemv_act_frag_nvfp4",
+        (false, false) => "gemv_act_frag_fp8",
+        (true, true) => "gemv_act_frag_nvfp4_zero",
+        (false, true) => "gemv_act_frag_fp8_zero",
+    }
+}
+
+/// The `fp8_gemv_tile_m1_w*c*` build for a cut.
+pub(in crate::cuda) fn fp8_tile_m1_kernel(split: MmaSplit) -> Option<&'static str> {
+    const NAMES: [&str; 5] = [
+        "fp8_gemv_tile_m1_w8c1",
+        "fp8_gemv_tile_m1_w8c2",
+        "fp8_gemv_tile_m1_w4c1",
+        "fp8_gemv_tile_m1_w4c2",
+        "fp8_gemv_tile_m1_w4c3",
+    ];
+    MmaSplit::BUILT
+        .iter()
+        .position(|&c| c == (split.warps, split.splits))
+        .map(|i| NAMES[i])
+}
+
+/// The `fp8_gemv_mma_tile_n*_w*c*` build (activations converted in the GEMV) for `m` tokens and a cut.
+pub(in crate::cuda) fn fp8_tile_converting_kernel(
+    m: usize,
+    split: MmaSplit,
+) -> Option<&'static str> {
+    Some(match (m <= 8, split.warps, split.splits) {
+        (true, 8, 1) => "fp8_gemv_mma_tile_n8_w8c1",
+        (true, 8, 2) => "fp8_gemv_mma_tile_n8_w8c2",
+        (true, 4, 1) => "fp8_gemv_mma_tile_n8_w4c1",
+        (false, 8, 1) => "fp8_gemv_mma_tile_n16_w8c1",
+        (false, 8, 2) => "fp8_gemv_mma_tile_n16_w8c2",
+        (false, 4, 1) => "fp8_gemv_mma_tile_n16_w4c1",
+        _ => return None,
+    })
+}
+
 /// The `_w{W}c{CS}` build of cuda/gemv.cu for a format, token tiles (1: m <= 8, 2: m <= 16), warps and splits:
 /// 8 warps x 1 or 2 splits, 4 warps x 1, 2 or 3 ([`MmaSplit::BUILT`]).
-fn split_kernel(
+pub(in crate::cuda) fn split_kernel(
     format: SplitFormat,
     nt: usize,
     warps: usize,
@@ -275,11 +332,7 @@ impl Device {
         k: usize,
         nt: usize,
     ) -> Result<(), KernelError> {
-        let name = if nvfp4 {
-            "gemv_act_frag_nvfp4"
-        } else {
-            "gemv_act_frag_fp8"
-        };
+        let name = act_frag_kernel(nvfp4, false);
         let f = self.function(Module::Gemv, name)?;
         let total = k.div_ceil(128) * nt * 128; // uint4 written, one per thread
         let (mi, ki, nti) = (m as i32, k as i32, nt as i32);
@@ -364,6 +417,7 @@ impl Device {
 
     /// NVFP4 in the checkpoint layout, activations converted first (`gemv_act_frag_nvfp4` + `nvfp4_gemv_mma_pre_n*`).
     #[allow(clippy::too_many_arguments)]
+    #[cfg(feature = "lab")]
     pub(in crate::cuda) fn nvfp4_gemv_pre(
         &self,
         x: &CudaSlice<u16>,
@@ -413,23 +467,12 @@ impl Device {
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        const NAMES: [&str; 5] = [
-            "fp8_gemv_tile_m1_w8c1",
-            "fp8_gemv_tile_m1_w8c2",
-            "fp8_gemv_tile_m1_w4c1",
-            "fp8_gemv_tile_m1_w4c2",
-            "fp8_gemv_tile_m1_w4c3",
-        ];
-        let name = MmaSplit::BUILT
-            .iter()
-            .position(|&c| c == (split.warps, split.splits))
-            .map(|i| NAMES[i])
-            .ok_or_else(|| {
-                KernelError::Cuda(format!(
-                    "no m = 1 FP8 tile GEMV build with {} warps and {} splits",
-                    split.warps, split.splits
-                ))
-            })?;
+        let name = fp8_tile_m1_kernel(split).ok_or_else(|| {
+            KernelError::Cuda(format!(
+                "no m = 1 FP8 tile GEMV build with {} warps and {} splits",
+                split.warps, split.splits
+            ))
+        })?;
         // SAFETY: matches `fp8_gemv_tile_m1_w*c*(x, wr, scales, y, n, k)` in cuda/gemv.cu; the caller checked
         // x = [1, k] with k % 16 == 0 (each lane's two 16-value activation pieces are whole inside the row or
         // skipped), w the tile layout of exactly n x k (block (b, s) reads tile b only), scales =
@@ -488,19 +531,12 @@ impl Device {
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        let name = match (m <= 8, split.warps, split.splits) {
-            (true, 8, 1) => "fp8_gemv_mma_tile_n8_w8c1",
-            (true, 8, 2) => "fp8_gemv_mma_tile_n8_w8c2",
-            (true, 4, 1) => "fp8_gemv_mma_tile_n8_w4c1",
-            (false, 8, 1) => "fp8_gemv_mma_tile_n16_w8c1",
-            (false, 8, 2) => "fp8_gemv_mma_tile_n16_w8c2",
-            (false, 4, 1) => "fp8_gemv_mma_tile_n16_w4c1",
-            (_, w, s) => {
-                return Err(KernelError::Cuda(format!(
-                    "no converting FP8 tile GEMV build with {w} warps and {s} splits"
-                )))
-            }
-        };
+        let name = fp8_tile_converting_kernel(m, split).ok_or_else(|| {
+            KernelError::Cuda(format!(
+                "no converting FP8 tile GEMV build with {} warps and {} splits",
+                split.warps, split.splits
+            ))
+        })?;
         // SAFETY: matches `fp8_gemv_mma_tile_n*_w*c*(x, wr, scales, y, m, n, k)` in cuda/gemv.cu; the caller
         // checked x = [m, k] with k % 16 == 0 (activation loads are guarded against m and k), w the tile layout of
         // exactly n x k (ceil(n/16) * ceil(k/128) * 2048 bytes; block (b, s) reads tile b only), scales =
@@ -751,7 +787,7 @@ impl Device {
         k: usize,
         nt: usize,
     ) -> Result<(), KernelError> {
-        let name = "gemv_act_frag_nvfp4_zero";
+        let name = act_frag_kernel(true, true);
         let f = self.function(Module::Gemv, name)?;
         let total = k.div_ceil(128) * nt * 128;
         let (mi, ki, nti) = (m as i32, k as i32, nt as i32);
@@ -782,7 +818,10 @@ impl Device {
 /// The `cuda/gemv.cu` entry of a tile-layout NVFP4 GEMV build for `m` tokens (n8 for m <= 8, n16 above; the
 /// m = 1 kernels at m = 1 only), shared by `Device::nvfp4_gemv_tiles` and `Device::nvfp4_gemv_tiles_fragments`.
 /// The cluster cuts have no single name here (`mma_split_gemv`, or `_m1_w8c2` on fragments).
-fn nvfp4_tiles_name(kernel: TilesKernel, m: usize) -> Result<&'static str, KernelError> {
+pub(in crate::cuda) fn nvfp4_tiles_name(
+    kernel: TilesKernel,
+    m: usize,
+) -> Result<&'static str, KernelError> {
     let n8 = m <= 8;
     Ok(match kernel {
         TilesKernel::Converting if n8 => "nvfp4_gemv_mma_tile_n8",

@@ -338,13 +338,13 @@ impl Device {
     /// `silu_and_mul_f32` / `gelu_and_mul_f32` / `gelu_tanh_and_mul_f32`: grid (rows, ceil(inter / 1024)).
     pub(in crate::cuda) fn act_and_mul_f32(
         &self,
-        act: crate::ops::GatedAct,
+        act: crate::shapes::GatedAct,
         gate_up: &CudaSlice<f32>,
         out: &mut CudaSlice<f32>,
         rows: usize,
         inter: usize,
     ) -> Result<(), KernelError> {
-        use crate::ops::GatedAct;
+        use crate::shapes::GatedAct;
         let name = match act {
             GatedAct::Silu => "silu_and_mul_f32",
             GatedAct::GeluErf => "gelu_and_mul_f32",

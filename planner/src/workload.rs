@@ -108,6 +108,10 @@ pub struct Workload {
     /// Absent: the planner chooses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offload_bytes: Option<u64>,
+    /// The activation precision of W4A16 prompt GEMMs, pinned (`--prefill-activations`). Absent: the planner
+    /// chooses (int8 on x86 with AVX-512 VNNI at priority = speed, see `weight_path::prefill`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_activations: Option<crate::weight_path::PrefillActivations>,
 }
 
 impl Default for Workload {
@@ -121,6 +125,7 @@ impl Default for Workload {
             priority: Priority::Speed,
             engine: TargetEngine::Edgefit,
             offload_bytes: None,
+            prefill_activations: None,
         }
     }
 }

@@ -435,7 +435,11 @@ pub fn choose(quant: &Quantization, unit: &ComputeUnit, w: &Workload) -> WeightP
 /// The prompt side of `path` on `unit` under workload `w`: `Some` on the x86 W4A16 path the engine runs (int8
 /// activations for prompts where the CPU has AVX-512 VNNI and the priority is speed, unless the workload pins
 /// `prefill_activations`), `None` elsewhere. A pinned choice the path cannot honour is an error naming it.
-pub fn prefill(path: &WeightPath, unit: &ComputeUnit, w: &Workload) -> Result<Option<Prefill>, PlanError> {
+pub fn prefill(
+    path: &WeightPath,
+    unit: &ComputeUnit,
+    w: &Workload,
+) -> Result<Option<Prefill>, PlanError> {
     let x86_w4a16 = path.format == WeightFormat::W4a16
         && path.runs_in_engine
         && unit.kind == ComputeKind::Cpu

@@ -15,8 +15,8 @@ use planner::profile::{
     Arch, ComputeKind, ComputeUnit, DeviceProfile, IsaFacts, KernelRate, Link, Measured,
     MemoryPool, PeakRates, WeightFormat,
 };
-use planner::workload::{Priority, TargetEngine};
 use planner::weight_path::PrefillActivations;
+use planner::workload::{Priority, TargetEngine};
 use planner::{Plan, PlanError, Verdict, Workload};
 use proptest::prelude::*;
 

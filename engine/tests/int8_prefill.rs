@@ -241,7 +241,8 @@ fn int8_prompt_activations_stay_within_their_bound_of_the_exact_path() {
             table += &format!(
                 "| {name} | {label} | {calls} | {err:.2e} | {kl:.2e} | {matched}/{STEPS} |\n"
             );
-            if !(err <= bound) {
+            // A NaN error fails too.
+            if err.is_nan() || err > bound {
                 failures.push(format!(
                     "{name} {label}: step-0 logit error {err:.3e} above {bound:.0e}"
                 ));

@@ -1,15 +1,16 @@
 """edgefit's CPU engine against llama.cpp on the same random-weight checkpoint, arms interleaved, medians and spreads.
 
     python engine/bench/cpu_vs_llamacpp.py --llama-src DIR --model CKPT [--reps 3] [--threads 2] [--pp 512 --tg 128]
-        [--edgefit-base BIN] [--no-bf16] [--max-load 0.5]
+        [--edgefit-base BIN] [--int16-prefill-arm] [--no-bf16] [--max-load 0.5]
 
 - CKPT: a checkpoint from `cargo run --release -p engine --example random_checkpoint -- CONFIG OUT` (never committed).
 - DIR: llama.cpp's source tree (the one vendored by PyPI's `llama-cpp-python` sdist) with `build/bin/llama-bench`
   and `build/bin/llama-quantize` built (`cmake -B build -DGGML_NATIVE=ON && cmake --build build --target
   llama-bench llama-quantize`). Its `convert_hf_to_gguf.py` makes the bf16 GGUF; `llama-quantize` the Q4_0 one.
 - Arms, in this order every repetition: llama.cpp bf16, edgefit bf16 (`--exact`), llama.cpp Q4_0, edgefit W4A16
-  (the plan's path on this machine), and with `--edgefit-base BIN` a second W4A16 arm from another build (say, the
-  commit before a kernel change); `--no-bf16` drops the two bf16 arms. Each prints pp and tg tok/s; edgefit also
+  (the plan's path on this machine: int8 prompt activations where the plan says so), with `--edgefit-base BIN` a
+  second W4A16 arm from another build (say, the commit before a kernel change), and with `--int16-prefill-arm` a
+  W4A16 arm of the same binary planned with `--prefill-activations int16`; `--no-bf16` drops the two bf16 arms. Each prints pp and tg tok/s; edgefit also
   prints the read bandwidth measured in its run and its tg as a fraction of the weight-read roofline.
 - The machine may be shared: before every repetition the script waits until the one-minute load average is below
   `--max-load` (default: no wait), and for every arm it prints the CPU time other processes took during it, as a
@@ -74,16 +75,18 @@ def llama_bench(src: Path, gguf: Path, threads: int, pp: int, tg: int):
     return {"pp": get(pp, 0), "tg": get(0, tg)}
 
 
-def edgefit_bench(binary: Path, model: Path, exact: bool, pp: int, tg: int):
+def edgefit_bench(binary: Path, model: Path, exact: bool, pp: int, tg: int, extra=()):
     cmd = [str(binary), "bench", "--model", str(model), "--profile", "avx512-2core", "--prompt-len", str(pp),
-           "--gen", str(tg), "--max-model-len", str(pp + tg + 16)]
+           "--gen", str(tg), "--max-model-len", str(pp + tg + 16)] + list(extra)
     if exact:
         cmd.append("--exact")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     pp_ts = float(re.search(r"\| pp\d+ \| ([\d.]+) \|", out).group(1))
     tg_ts = float(re.search(r"\| tg\d+ \| ([\d.]+) \|", out).group(1))
-    m = re.search(r"read bandwidth now ([\d.]+) GB/s -> roofline ([\d.]+) tok/s; tg at ([\d.]+)", out)
-    return {"pp": pp_ts, "tg": tg_ts, "bw": float(m.group(1)), "roof": float(m.group(2)), "frac": float(m.group(3))}
+    m = re.search(r"bandwidth now ([\d.]+) GB/s -> roofline ([\d.]+) tok/s; tg at ([\d.]+)", out)
+    acts = re.search(r"prefill activations: (.*)", out)
+    return {"pp": pp_ts, "tg": tg_ts, "bw": float(m.group(1)), "roof": float(m.group(2)), "frac": float(m.group(3)),
+            "acts": acts.group(1) if acts else "(not printed)"}
 
 
 def main():
@@ -96,6 +99,7 @@ def main():
     ap.add_argument("--pp", type=int, default=512)
     ap.add_argument("--tg", type=int, default=128)
     ap.add_argument("--edgefit-base", type=Path, default=None)
+    ap.add_argument("--int16-prefill-arm", action="store_true")
     ap.add_argument("--no-bf16", action="store_true")
     ap.add_argument("--max-load", type=float, default=None)
     a = ap.parse_args()
@@ -113,6 +117,9 @@ def main():
     }
     if a.edgefit_base is not None:
         arms["edgefit W4A16 (base)"] = lambda: edgefit_bench(a.edgefit_base, a.model, False, a.pp, a.tg)
+    if a.int16_prefill_arm:
+        arms["edgefit W4A16 int16 prefill"] = lambda: edgefit_bench(
+            a.edgefit, a.model, False, a.pp, a.tg, ["--prefill-activations", "int16"])
     if a.no_bf16:
         arms = {k: v for k, v in arms.items() if "bf16" not in k}
     res = {k: [] for k in arms}
@@ -143,7 +150,8 @@ def main():
         others = max(r["others"] for r in res[name])
         print(f"| {name} | {pp:.2f} ({pps:.0%}) | {tg:.2f} ({tgs:.0%}) | {roof} | {others:.0%} |")
     pairs = [("edgefit bf16", "llama.cpp bf16"), ("edgefit W4A16", "llama.cpp Q4_0"),
-             ("edgefit W4A16 (base)", "llama.cpp Q4_0"), ("edgefit W4A16", "edgefit W4A16 (base)")]
+             ("edgefit W4A16 (base)", "llama.cpp Q4_0"), ("edgefit W4A16", "edgefit W4A16 (base)"),
+             ("edgefit W4A16 int16 prefill", "llama.cpp Q4_0"), ("edgefit W4A16", "edgefit W4A16 int16 prefill")]
     for ours, theirs in pairs:
         if ours not in arms or theirs not in arms:
             continue

@@ -20,6 +20,7 @@ use engine::tokenizer::{Detok, GenerationConfig, Tokenizer};
 use engine::{Engine, EngineError, Model, WeightMode};
 use kernels::sampling::SamplingParams;
 use miette::IntoDiagnostic;
+use planner::weight_path::PrefillActivations;
 use planner::{Plan, Workload};
 
 #[derive(Parser)]
@@ -78,6 +79,14 @@ struct Common {
     /// `cpu_offload_gb`); on CUDA they are streamed to the device every step.
     #[arg(long)]
     offload_gib: Option<f64>,
+    /// Pin the activation precision of W4A16 prompt GEMMs, `int16` or `int8`, when the engine makes the plan
+    /// (default: the planner's choice, written in the plan's `weight_path.prefill`). With `--plan`, edit that field.
+    #[arg(long, value_parser = parse_prefill_activations)]
+    prefill_activations: Option<PrefillActivations>,
+}
+
+fn parse_prefill_activations(s: &str) -> Result<PrefillActivations, String> {
+    PrefillActivations::parse(s)
 }
 
 #[derive(Args)]
@@ -164,6 +173,16 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
     // On CUDA the plan is the GPU's: the committed H200 profile unless one is named.
     let profile_name = c.profile.as_deref().or(cuda.then_some("h200"));
     let profile = engine::setup::profile(profile_name)?;
+    if let (Some(a), Some(p)) = (c.prefill_activations, &c.plan) {
+        // The plan file is the interface: a flag that silently overrode it would run something the plan does not say.
+        return Err(EngineError::Plan(format!(
+            "--prefill-activations {} is a planning input; {} already says how prompts run (its \
+             weight_path.prefill): edit that, or plan with `cargo xtask plan --prefill-activations {}`",
+            a.name(),
+            p.display(),
+            a.name()
+        )));
+    }
     let cap = match c.cap_gpu_memory.as_deref() {
         Some(s) => Some(
             Workload::parse_bytes("--cap-gpu-memory", s)
@@ -181,6 +200,7 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
         max_num_seqs,
         prompt_len: prompt_len.min(c.max_model_len),
         gpu_memory_cap: cap,
+        prefill_activations: c.prefill_activations,
         ..Workload::default()
     };
     if let Some(gib) = c.offload_gib {
@@ -211,7 +231,7 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    let model = Model::load(&ck, mode, |done, _| {
+    let mut model = Model::load(&ck, mode, |done, _| {
         if t0.elapsed().as_secs_f64() > 1.0 && bar.is_hidden() {
             bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
         }
@@ -224,6 +244,11 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
         .unwrap_or(1)
         .max(1);
     let max_len = usize::try_from(plan.workload.max_model_len).unwrap_or(usize::MAX);
+    // The plan's prompt precision applies to the CPU's W4A16 GEMM; `--exact` and the GPU (which runs the
+    // checkpoint's formats) keep their own numerics.
+    if !c.exact && !cuda {
+        model.set_prefill(plan.weight_path.prefill.as_ref(), slots)?;
+    }
     let engine = if cuda {
         let opts = engine::CudaOptions {
             slots,
@@ -247,6 +272,23 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
         plan,
         load_s: t0.elapsed().as_secs_f64(),
     })
+}
+
+/// What the W4A16 prompt GEMMs ran with, and how many calls took int8 (the proof that the plan's path ran).
+fn prefill_activations(l: &Loaded) -> String {
+    let calls = l.engine.model.int8_prefill_calls();
+    match &l.plan.weight_path.prefill {
+        _ if l.engine.cuda().is_some() => "the checkpoint's (cuda)".into(),
+        Some(p)
+            if p.activations == PrefillActivations::Int8
+                && l.engine.model.mode == WeightMode::W4a16 =>
+        {
+            format!("int8 from {} rows ({calls} int8 GEMM calls)", p.min_rows)
+        }
+        _ if l.engine.model.mode == WeightMode::W4a16 => "int16".into(),
+        // `--exact` (or a plan of another path): f32, and int16 on a GPTQ checkpoint's int4 weights.
+        _ => "the exact path's (no int8)".into(),
+    }
 }
 
 /// The plan's predicted figures (a plan the engine runs fits, so it has them; zeros say "no prediction").
@@ -394,6 +436,7 @@ fn run_generate(a: GenerateArgs) -> miette::Result<()> {
                 "planned_cache_bytes": l.plan.cache.total_bytes,
             },
             "weight_paths": l.engine.paths(),
+            "prefill_activations": prefill_activations(&l),
             "device": format!("{:?}", l.engine.device()),
             "predicted": {
                 "decode_tok_s": p.decode_tok_s,
@@ -574,6 +617,7 @@ fn run_bench(a: BenchArgs) -> miette::Result<()> {
     if let Some(path) = &a.timeline {
         timeline(&mut l.engine, &slots, &toks, path)?;
     }
+    println!("prefill activations: {}", prefill_activations(&l));
     print_profile("decode step", &prof, tg_s, a.gen);
     print_profile("prefill", &pp_prof, pp_s, b);
     Ok(())

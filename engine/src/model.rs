@@ -13,6 +13,11 @@ use kernels::ops::{self, EmbeddingTable, NormWeight};
 use planner::model::{Activation, LayerKind, ModelSpec, NormForm, OutputGate, StoredFormat};
 use planner::profile::WeightFormat;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kernels::linear::GemmActs;
+use planner::weight_path::{Prefill, PrefillActivations};
+
 use crate::cache::Caches;
 use crate::checkpoint::{widen, Checkpoint};
 use crate::profile::{self, Op};
@@ -192,6 +197,11 @@ pub struct Model {
     paths: Vec<&'static str>,
     /// Whether the weights were moved to a device ([`CudaModel::upload`]): the CPU forward then refuses.
     on_device: bool,
+    /// Linear calls with at least this many rows (a prompt's tokens) run the W4A16 GEMM with int8 activations: the
+    /// plan's `weight_path.prefill` ([`Model::set_prefill`]). `None`: every call keeps int16, W4A16's own numerics.
+    prefill_int8_from: Option<usize>,
+    /// Linear calls that ran the int8 GEMM, so a caller (and every test of the path) can see that it ran.
+    int8_calls: AtomicU64,
 }
 
 fn usize_of(v: u64, what: &str) -> Result<usize, EngineError> {
@@ -637,6 +647,8 @@ impl Model {
             decode_read_bytes: 0,
             paths: Vec::new(),
             on_device: false,
+            prefill_int8_from: None,
+            int8_calls: AtomicU64::new(0),
         };
         let (held, read) = model.count_bytes();
         let mut paths: Vec<&'static str> = model.linears().iter().map(|w| w.path_name()).collect();
@@ -691,6 +703,58 @@ impl Model {
             .filter(|w| matches!(w, Weight::Fp8Block { .. } | Weight::Nvfp4 { .. }))
             .map(|w| w.bytes() as u64)
             .sum()
+    }
+
+    /// Applies a plan's prompt precision (`weight_path.prefill`) for an engine of `slots` concurrent sequences: with
+    /// int8, linear calls of `min_rows` or more rows take int8 activations in the W4A16 GEMM. Refused where it
+    /// cannot mean what the plan says: on a model not loaded as W4A16 (`--exact` keeps the checkpoint's numerics),
+    /// or with a threshold a decode step of `slots` sequences (one row each) would reach, since decode keeps int16.
+    pub fn set_prefill(&mut self, p: Option<&Prefill>, slots: usize) -> Result<(), EngineError> {
+        let Some(p) = p.filter(|p| p.activations == PrefillActivations::Int8) else {
+            self.prefill_int8_from = None;
+            return Ok(());
+        };
+        if self.mode != WeightMode::W4a16 {
+            return Err(EngineError::Plan(format!(
+                "the plan's weight_path.prefill asks for int8 prompt activations, which only the W4A16 path has; \
+                 this model is loaded as {:?}{}",
+                self.mode,
+                if self.mode == WeightMode::Exact {
+                    " (--exact computes the checkpoint's own numerics)"
+                } else {
+                    ""
+                }
+            )));
+        }
+        let from = usize::try_from(p.min_rows).unwrap_or(usize::MAX);
+        if from <= slots {
+            return Err(EngineError::Plan(format!(
+                "weight_path.prefill.min_rows = {} is not above the engine's {slots} sequences: a decode step of \
+                 {slots} rows would take int8 activations (decode keeps int16); plan it above max_num_seqs",
+                p.min_rows
+            )));
+        }
+        self.prefill_int8_from = Some(from);
+        Ok(())
+    }
+
+    /// Linear calls so far that ran the W4A16 GEMM with int8 activations.
+    pub fn int8_prefill_calls(&self) -> u64 {
+        self.int8_calls.load(Ordering::Relaxed)
+    }
+
+    /// `y[m, n] = x[m, k] W^T` on the loaded weight path, with int8 activations where the plan's prompt
+    /// precision says so (`m` at or above [`Model::set_prefill`]'s threshold).
+    fn lin(&self, w: &Weight, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), EngineError> {
+        let _t = profile::span(Op::Linear);
+        let acts = match self.prefill_int8_from {
+            Some(from) if m >= from => GemmActs::Int8,
+            _ => GemmActs::Int16,
+        };
+        if w.linear_acts(x, m, acts, y).map_err(kerr)? == Some(GemmActs::Int8) {
+            self.int8_calls.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// The weight path names in use (`bf16`, `w4a16`, ...), each once.
@@ -818,7 +882,7 @@ impl Model {
         let mut normed = vec![0.0; last.len()];
         self.norm(&last, &self.final_norm, &mut normed)?;
         let mut logits = vec![0.0f32; rows.len() * self.vocab()];
-        lin(&self.lm_head, &normed, rows.len(), &mut logits)?;
+        self.lin(&self.lm_head, &normed, rows.len(), &mut logits)?;
         if let Some(cap) = self.spec.runtime.final_logit_softcap {
             backend::softcap(&mut logits, cap as f32);
         }
@@ -830,14 +894,14 @@ impl Model {
         let gu = match &layer.gate_up {
             GateUp::Fused(w) => {
                 let mut gu = vec![0.0; t * 2 * inter];
-                lin(w, x, t, &mut gu)?;
+                self.lin(w, x, t, &mut gu)?;
                 gu
             }
             GateUp::Split { gate, up } => {
                 let mut g = vec![0.0; t * inter];
                 let mut u = vec![0.0; t * inter];
-                lin(gate, x, t, &mut g)?;
-                lin(up, x, t, &mut u)?;
+                self.lin(gate, x, t, &mut g)?;
+                self.lin(up, x, t, &mut u)?;
                 let mut gu = Vec::with_capacity(2 * t * inter);
                 for r in 0..t {
                     gu.extend_from_slice(&g[r * inter..(r + 1) * inter]);
@@ -856,7 +920,7 @@ impl Model {
         .map_err(kerr)?;
         drop(t_act);
         let mut out = vec![0.0; t * self.hidden()];
-        lin(&layer.down, &act, t, &mut out)?;
+        self.lin(&layer.down, &act, t, &mut out)?;
         Ok(out)
     }
 
@@ -882,11 +946,11 @@ impl Model {
                 v: wv,
             } => {
                 let mut qg = vec![0.0; t * wq.n()];
-                lin(wq, x, t, &mut qg)?;
+                self.lin(wq, x, t, &mut qg)?;
                 let mut k = vec![0.0; t * kvw];
                 let mut v = vec![0.0; t * kvw];
-                lin(wk, x, t, &mut k)?;
-                lin(wv, x, t, &mut v)?;
+                self.lin(wk, x, t, &mut k)?;
+                self.lin(wv, x, t, &mut v)?;
                 if gated {
                     let (q, g) = split_gate(&qg, d.head_dim);
                     (q, k, v, Some(g))
@@ -897,7 +961,7 @@ impl Model {
             Qkv::Fused { w, q_rows } => {
                 let n = w.n();
                 let mut all = vec![0.0; t * n];
-                lin(w, x, t, &mut all)?;
+                self.lin(w, x, t, &mut all)?;
                 let (mut q, mut k, mut v) = (
                     Vec::with_capacity(t * qw),
                     Vec::with_capacity(t * kvw),
@@ -1012,11 +1076,11 @@ impl Model {
         }
         if let Some(gp) = &a.g_proj {
             let mut g = vec![0.0; t * d.q_heads];
-            lin(gp, x, t, &mut g)?;
+            self.lin(gp, x, t, &mut g)?;
             backend::sigmoid_head_gate(&mut out, d.q_heads, &g).map_err(kerr)?;
         }
         let mut o = vec![0.0; t * self.hidden()];
-        lin(&a.o, &out, t, &mut o)?;
+        self.lin(&a.o, &out, t, &mut o)?;
         if let Some(b) = &a.biases[3] {
             for row in o.chunks_exact_mut(b.len()) {
                 row.iter_mut().zip(b).for_each(|(x, y)| *x += y);
@@ -1043,10 +1107,10 @@ impl Model {
         let mut z = vec![0.0; t * vw];
         let mut b = vec![0.0; t * hv];
         let mut a = vec![0.0; t * hv];
-        lin(&g.in_qkv, x, t, &mut qkv)?;
-        lin(&g.in_z, x, t, &mut z)?;
-        lin(&g.in_b, x, t, &mut b)?;
-        lin(&g.in_a, x, t, &mut a)?;
+        self.lin(&g.in_qkv, x, t, &mut qkv)?;
+        self.lin(&g.in_z, x, t, &mut z)?;
+        self.lin(&g.in_b, x, t, &mut b)?;
+        self.lin(&g.in_a, x, t, &mut a)?;
         let w = GdnWeights {
             conv_weight: &g.conv,
             a_log: &g.a_log,
@@ -1089,7 +1153,7 @@ impl Model {
         }
         drop(t_gdn);
         let mut o = vec![0.0; t * self.hidden()];
-        lin(&g.out, &out, t, &mut o)?;
+        self.lin(&g.out, &out, t, &mut o)?;
         Ok(o)
     }
 }
@@ -1117,11 +1181,6 @@ fn split_gate(qg: &[f32], head_dim: usize) -> (Vec<f32>, Vec<f32>) {
 }
 
 /// A linear call, timed as [`Op::Linear`] when profiling.
-fn lin(w: &Weight, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), EngineError> {
-    let _t = profile::span(Op::Linear);
-    w.linear(x, m, y).map(drop).map_err(kerr)
-}
-
 pub(crate) fn kerr(e: kernels::KernelError) -> EngineError {
     EngineError::Kernel(e.to_string())
 }

@@ -208,6 +208,36 @@ impl Weight {
         }
     }
 
+    /// [`Weight::linear`] with the W4A16 integer GEMM's activation encoding chosen by the caller (`acts`, a plan's
+    /// prompt precision); other formats ignore it. Returns the encoding the integer GEMM ran with, `None` when no
+    /// integer GEMM ran (another format, one row, a CPU without AVX512-VBMI, or activations it cannot hold, which
+    /// take the f32 kernels): the caller's proof of which numerics it got.
+    pub fn linear_acts(
+        &self,
+        x: &[f32],
+        m: usize,
+        acts: linear::GemmActs,
+        y: &mut [f32],
+    ) -> Result<Option<linear::GemmActs>, KernelError> {
+        match self {
+            Weight::Int4 { w, a8: false } => {
+                let ran = linear::w4a16_gemm_ext(
+                    Isa::detected(),
+                    linear::Ext::Auto,
+                    acts,
+                    default_threads(),
+                    x,
+                    m,
+                    w,
+                    y,
+                )?;
+                // With m > 1 the VBMI variant is only ever the integer GEMM (`w4a16_gemm_ext`).
+                Ok((m > 1 && ran.vbmi).then_some(acts))
+            }
+            _ => self.linear(x, m, y).map(|_| None),
+        }
+    }
+
     /// Row `row` of the weight as f32 (an embedding lookup through a tied head).
     pub fn row(&self, row: usize, out: &mut [f32]) -> Result<(), KernelError> {
         const OP: &str = "Weight::row";

@@ -460,6 +460,7 @@ pub fn build(inputs: Inputs<'_>) -> Result<Plan, crate::error::PlanError> {
     let unit = profile.decode_unit();
     let mut path = choose(&spec.quantization, unit, workload);
     path.groups = crate::weight_path::group_kernels(spec, &path, unit);
+    path.prefill = crate::weight_path::prefill(&path, unit, workload)?;
     check_pinned_offload(spec, &path, profile, workload)?;
     let fixed = cache.total_bytes.saturating_add(cache.rope_table_bytes);
     let a = place(&spec.inventory, &path, profile, workload, fixed);
@@ -909,6 +910,15 @@ impl Plan {
             },
             self.weight_path.reason
         );
+        if let Some(p) = &self.weight_path.prefill {
+            let _ = writeln!(
+                s,
+                "    prefill: {} activations from {} rows\n      {}",
+                p.activations.name(),
+                p.min_rows,
+                p.reason
+            );
+        }
         if !self.weight_path.groups.is_empty() {
             let groups: Vec<String> = self
                 .weight_path

@@ -16,6 +16,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::error::PlanError;
 use crate::model::{DType, Quantization, Role, TensorEntry};
 use crate::profile::{Arch, ComputeKind, ComputeUnit, KernelRate, WeightFormat};
 use crate::workload::{Priority, TargetEngine, Workload};
@@ -59,11 +60,65 @@ pub struct WeightPath {
     /// Why this path, in words (`kernel` above is the path's kernel family in words; `group` below is what the engine
     /// dispatches on).
     pub reason: String,
+    /// How a prompt's activations enter the W4A16 integer GEMM, TOML `[weight_path.prefill]`: present on x86 W4A16
+    /// paths the engine runs, absent everywhere else (W4A8 is int8 per token already; other paths have no such
+    /// choice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill: Option<Prefill>,
     /// The kernel each tensor group of the decode step runs, by stored format, TOML `[[weight_path.group]]`: what an
     /// engine dispatches on. Empty only on a path built without a model (unit tests of the choice).
     #[serde(rename = "group", default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupKernel>,
 }
+
+/// The activation precision of the W4A16 int4 GEMM for prompt (prefill) calls. Decode steps always keep int16.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PrefillActivations {
+    /// int16 per row and weight group with a power-of-two scale: the decode GEMV's encoding, so prompt and decode
+    /// compute the same function (W4A16's own numerics).
+    Int16,
+    /// int8 per row and weight group, `s = max |x_g| / 127`: llama.cpp's Q8_0 class, the activation precision of
+    /// llama.cpp's own Q4_0 prefill. Twice the integer dot products per instruction of int16 (`vpdpbusd`).
+    Int8,
+}
+
+impl PrefillActivations {
+    /// The name plans and the command lines spell it with.
+    pub fn name(self) -> &'static str {
+        match self {
+            PrefillActivations::Int16 => "int16",
+            PrefillActivations::Int8 => "int8",
+        }
+    }
+
+    /// Parses a command line's `int16` / `int8`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "int16" => Ok(PrefillActivations::Int16),
+            "int8" => Ok(PrefillActivations::Int8),
+            other => Err(format!("expected `int16` or `int8`, got `{other}`")),
+        }
+    }
+}
+
+/// The prompt (prefill) side of a W4A16 path: which activation precision its GEMM calls take, from how many rows on,
+/// and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Prefill {
+    pub activations: PrefillActivations,
+    /// A linear call with at least this many activation rows (a prompt's tokens) takes `activations`; fewer rows
+    /// run int16. Always above the workload's `max_num_seqs`, so a decode step (one row per sequence) never
+    /// reaches it.
+    pub min_rows: u64,
+    pub reason: String,
+}
+
+/// The fewest rows of a prompt call that take int8 activations: the smallest m at which the kernel benchmark
+/// measured the int8 GEMM (m = 16: 1.5-1.8x the int16 GEMM on every Qwen3-1.7B shape, `benchmarks/engine-cpu.md`).
+/// Shorter prompts cost little to prefill and keep the decode's int16 numerics.
+pub const PREFILL_INT8_MIN_ROWS: u64 = 16;
 
 /// The tensor groups of a decode step, in the order a layer runs them.
 #[derive(
@@ -377,6 +432,85 @@ pub fn choose(quant: &Quantization, unit: &ComputeUnit, w: &Workload) -> WeightP
     p
 }
 
+/// The prompt side of `path` on `unit` under workload `w`: `Some` on the x86 W4A16 path the engine runs (int8
+/// activations for prompts where the CPU has AVX-512 VNNI and the priority is speed, unless the workload pins
+/// `prefill_activations`), `None` elsewhere. A pinned choice the path cannot honour is an error naming it.
+pub fn prefill(
+    path: &WeightPath,
+    unit: &ComputeUnit,
+    w: &Workload,
+) -> Result<Option<Prefill>, PlanError> {
+    let x86_w4a16 = path.format == WeightFormat::W4a16
+        && path.runs_in_engine
+        && unit.kind == ComputeKind::Cpu
+        && unit.isa.arch == Arch::X86_64;
+    if !x86_w4a16 {
+        return match w.prefill_activations {
+            Some(a) => Err(PlanError::Workload(format!(
+                "prefill_activations = {} applies to the W4A16 path on an x86 CPU the engine runs; this plan's path \
+                 is {:?} on `{}`{}",
+                a.name(),
+                path.format,
+                unit.id,
+                if path.format == WeightFormat::W4a8 {
+                    " (int8 activations per token already; --priority fidelity plans W4A16)"
+                } else {
+                    ""
+                }
+            ))),
+            None => Ok(None),
+        };
+    }
+    // Above every decode batch: a decode step is one row per sequence, and decode keeps int16.
+    let min_rows = PREFILL_INT8_MIN_ROWS.max(w.max_num_seqs.saturating_add(1));
+    let vnni = unit.isa.avx512 && unit.isa.vnni;
+    let int8_reason = format!(
+        "prompts of {min_rows} or more tokens run the int4 GEMM with int8 activations per row and weight group \
+         (s = max|x|/127, llama.cpp's Q8_0 class: the precision llama.cpp's own Q4_0 prefill uses; pp512 on the \
+         Qwen3-1.7B geometry 1.93x llama.cpp Q4_0 against 1.20-1.25x with int16, benchmarks/engine-cpu.md); decode \
+         keeps int16 (the GEMV's encoding); prefill_activations = \"int16\" keeps W4A16's own numerics"
+    );
+    let (activations, reason) = match (w.prefill_activations, w.priority) {
+        (Some(PrefillActivations::Int8), _) if !vnni => {
+            return Err(PlanError::Workload(format!(
+                "prefill_activations = int8 needs AVX-512 VNNI (the int8 GEMM's vpdpbusd); `{}` has avx512 = {}, \
+                 vnni = {}",
+                unit.id, unit.isa.avx512, unit.isa.vnni
+            )))
+        }
+        (Some(PrefillActivations::Int8), _) => (
+            PrefillActivations::Int8,
+            format!("the workload pins prefill_activations = int8: {int8_reason}"),
+        ),
+        (Some(PrefillActivations::Int16), _) => (
+            PrefillActivations::Int16,
+            "the workload pins prefill_activations = int16: prompts keep W4A16's 16-bit activations (the decode \
+             GEMV's encoding)"
+                .to_owned(),
+        ),
+        (None, Priority::Fidelity) => (
+            PrefillActivations::Int16,
+            "priority = fidelity: prompts keep W4A16's 16-bit activations (int8 would add activation rounding \
+             of up to max|x|/254 per group)"
+                .to_owned(),
+        ),
+        (None, Priority::Speed) if !vnni => (
+            PrefillActivations::Int16,
+            "no AVX-512 VNNI: the int8 GEMM (vpdpbusd) is not there, so prompts keep W4A16's 16-bit activations"
+                .to_owned(),
+        ),
+        (None, Priority::Speed) => (
+            PrefillActivations::Int8,
+            format!("x86 with AVX-512 VNNI, priority = speed: {int8_reason}"),
+        ),
+    };
+    Ok(Some(Prefill {
+        activations,
+        min_rows,
+        reason,
+    }))
+}
+
 fn choose_path(
     quant: &Quantization,
     unit: &ComputeUnit,
@@ -394,6 +528,7 @@ fn choose_path(
         verified: true,
         conversion: None,
         reason,
+        prefill: None,
         groups: Vec::new(),
     };
     if !unit.runs_engine {
@@ -647,6 +782,58 @@ mod tests {
         let p = choose(&BF16, &u, &fidelity());
         assert_eq!(p.format, WeightFormat::W4a16);
         assert!(p.reason.contains("fidelity"));
+    }
+
+    /// The prompt side of a plan: int8 on x86 W4A16 with VNNI at priority speed, int16 where VNNI is missing, at
+    /// priority fidelity or when pinned, nothing on W4A8 (AMX) or ARM; a pin the path cannot honour is an error.
+    #[test]
+    fn prefill_activations_follow_vnni_priority_and_the_pin() {
+        let plan = |u: &ComputeUnit, w: &Workload| prefill(&choose(&BF16, u, w), u, w);
+        let vnni = unit(ComputeKind::Cpu, Arch::X86_64, None, false);
+        let p = plan(&vnni, &Workload::default()).unwrap().unwrap();
+        assert_eq!(
+            (p.activations, p.min_rows),
+            (PrefillActivations::Int8, PREFILL_INT8_MIN_ROWS)
+        );
+        assert!(p.reason.contains("VNNI, priority = speed"), "{}", p.reason);
+        // A decode step of max_num_seqs rows never reaches the threshold.
+        let batch = Workload {
+            max_num_seqs: 32,
+            ..Workload::default()
+        };
+        assert_eq!(plan(&vnni, &batch).unwrap().unwrap().min_rows, 33);
+
+        let mut no_vnni = vnni.clone();
+        no_vnni.isa.vnni = false;
+        let p = plan(&no_vnni, &Workload::default()).unwrap().unwrap();
+        assert_eq!(p.activations, PrefillActivations::Int16);
+        assert!(p.reason.contains("no AVX-512 VNNI"), "{}", p.reason);
+        let pin8 = Workload {
+            prefill_activations: Some(PrefillActivations::Int8),
+            ..Workload::default()
+        };
+        let e = plan(&no_vnni, &pin8).unwrap_err().to_string();
+        assert!(e.contains("needs AVX-512 VNNI"), "{e}");
+
+        let p = plan(&vnni, &fidelity()).unwrap().unwrap();
+        assert_eq!(p.activations, PrefillActivations::Int16);
+        assert!(p.reason.contains("fidelity"), "{}", p.reason);
+        let pin16 = Workload {
+            prefill_activations: Some(PrefillActivations::Int16),
+            ..Workload::default()
+        };
+        let p = plan(&vnni, &pin16).unwrap().unwrap();
+        assert_eq!(p.activations, PrefillActivations::Int16);
+        assert!(p.reason.contains("pins prefill_activations = int16"));
+
+        // AMX at priority speed is W4A8, whose activations are int8 per token already: no prompt choice to make.
+        let amx = unit(ComputeKind::Cpu, Arch::X86_64, None, true);
+        assert_eq!(plan(&amx, &Workload::default()).unwrap(), None);
+        let e = plan(&amx, &pin16).unwrap_err().to_string();
+        assert!(e.contains("W4a8") && e.contains("fidelity"), "{e}");
+        // ARM's W4A16 has no integer GEMM.
+        let arm = unit(ComputeKind::Cpu, Arch::Aarch64, None, false);
+        assert_eq!(plan(&arm, &Workload::default()).unwrap(), None);
     }
 
     #[test]

@@ -113,6 +113,10 @@ pub struct Workload {
     /// profile's capacity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_memory_cap: Option<u64>,
+    /// The activation precision of W4A16 prompt GEMMs, pinned (`--prefill-activations`). Absent: the planner
+    /// chooses (int8 on x86 with AVX-512 VNNI at priority = speed, see `weight_path::prefill`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_activations: Option<crate::weight_path::PrefillActivations>,
 }
 
 impl Default for Workload {
@@ -127,6 +131,7 @@ impl Default for Workload {
             engine: TargetEngine::Edgefit,
             offload_bytes: None,
             gpu_memory_cap: None,
+            prefill_activations: None,
         }
     }
 }

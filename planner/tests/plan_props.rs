@@ -15,6 +15,7 @@ use planner::profile::{
     Arch, ComputeKind, ComputeUnit, DeviceProfile, IsaFacts, KernelRate, Link, Measured,
     MemoryPool, PeakRates, WeightFormat,
 };
+use planner::weight_path::PrefillActivations;
 use planner::workload::{Priority, TargetEngine};
 use planner::{Plan, PlanError, Verdict, Workload};
 use proptest::prelude::*;
@@ -230,42 +231,67 @@ fn workload() -> impl Strategy<Value = Workload> {
         any::<bool>(),
         prop::option::of(0u64..64),
         prop::option::of(1u64..200),
+        prop::option::of(any::<bool>()),
     )
         .prop_map(
-            |(len, seqs, prompt, images, speculative, fidelity, vllm, offload, cap)| Workload {
-                max_model_len: len,
-                max_num_seqs: seqs,
-                // A prompt longer than the context is an error (issue 23 §4), so keep it within.
-                prompt_len: prompt.min(len),
-                images,
-                speculative,
-                priority: if fidelity {
-                    Priority::Fidelity
-                } else {
-                    Priority::Speed
-                },
-                engine: if vllm {
-                    TargetEngine::Vllm
-                } else {
-                    TargetEngine::Edgefit
-                },
-                offload_bytes: offload.map(|g| g * GIB),
-                gpu_memory_cap: cap.map(|g| g * GIB),
+            |(len, seqs, prompt, images, speculative, fidelity, vllm, offload, cap, int8)| {
+                Workload {
+                    max_model_len: len,
+                    max_num_seqs: seqs,
+                    // A prompt longer than the context is an error (issue 23 §4), so keep it within.
+                    prompt_len: prompt.min(len),
+                    images,
+                    speculative,
+                    priority: if fidelity {
+                        Priority::Fidelity
+                    } else {
+                        Priority::Speed
+                    },
+                    engine: if vllm {
+                        TargetEngine::Vllm
+                    } else {
+                        TargetEngine::Edgefit
+                    },
+                    offload_bytes: offload.map(|g| g * GIB),
+                    gpu_memory_cap: cap.map(|g| g * GIB),
+                    prefill_activations: int8.map(|i| {
+                        if i {
+                            PrefillActivations::Int8
+                        } else {
+                            PrefillActivations::Int16
+                        }
+                    }),
+                }
             },
         )
 }
 
-/// Plan, or the one refusal a random valid workload may meet: a pinned offload the device or the model cannot take
-/// (no pool linked to the decode pool, or more bytes than the decoder layers hold). Anything else fails the property.
+/// Plan, or the refusals a random valid workload may meet: a pinned offload the device or the model cannot take
+/// (no pool linked to the decode pool, or more bytes than the decoder layers hold), or pinned prompt activations
+/// the plan's path has no choice of. Anything else fails the property. A plan's prompt side honours the pin and
+/// stays above every decode batch.
 fn plan_or_refused(
     profile: &DeviceProfile,
     model: usize,
     w: &Workload,
 ) -> Result<Option<Plan>, TestCaseError> {
     match try_plan_for(profile, model, w) {
-        Ok(plan) => Ok(Some(plan)),
+        Ok(plan) => {
+            if let Some(p) = &plan.weight_path.prefill {
+                prop_assert!(p.min_rows > w.max_num_seqs, "{p:?}");
+                if let Some(pin) = w.prefill_activations {
+                    prop_assert_eq!(p.activations, pin);
+                }
+            }
+            Ok(Some(plan))
+        }
         Err(PlanError::Workload(msg))
             if w.offload_bytes.is_some() && msg.contains("--offload-gib") =>
+        {
+            Ok(None)
+        }
+        Err(PlanError::Workload(msg))
+            if w.prefill_activations.is_some() && msg.contains("prefill_activations") =>
         {
             Ok(None)
         }
@@ -449,6 +475,8 @@ proptest! {
         let plan = match plan {
             Ok(plan) => plan,
             Err(PlanError::Workload(msg)) if w.offload_bytes.is_some() && msg.contains("--offload-gib") => return Ok(()),
+            Err(PlanError::Workload(msg))
+                if w.prefill_activations.is_some() && msg.contains("prefill_activations") => return Ok(()),
             Err(e) => return Err(TestCaseError::fail(format!("{e}"))),
         };
         check_invariants(&plan)?;

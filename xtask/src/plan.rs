@@ -37,6 +37,9 @@ usage: cargo xtask plan --device D [options]
   --cap-gpu-memory M   plan each GPU pool as a card of M bytes (`24245000000`, `22.58GiB`): a large GPU standing
                        in for a smaller one
   --priority P         speed | fidelity (default speed)
+  --prefill-activations A
+                       int16 | int8: pin the activation precision of W4A16 prompt GEMMs (default: the planner
+                       chooses, int8 on x86 with AVX-512 VNNI at priority speed); an error on other paths
   --engine E           edgefit | vllm: what the target engine can offload (default edgefit)
   --images             prompts carry images (the vision tower runs at prefill)
   --speculative        speculative decoding with the MTP head (the head is read every token)
@@ -168,6 +171,17 @@ fn parse_args(args: Vec<OsString>) -> Result<Args> {
                         ))
                     }
                 };
+            }
+            Long("prefill-activations") => {
+                let s = p
+                    .value()
+                    .map_err(|e| miette!("{e}"))?
+                    .to_string_lossy()
+                    .into_owned();
+                a.workload.prefill_activations = Some(
+                    planner::weight_path::PrefillActivations::parse(&s)
+                        .map_err(|e| miette!("--prefill-activations {e}"))?,
+                );
             }
             Long("images") => a.workload.images = true,
             Long("speculative") => a.workload.speculative = true,
@@ -598,6 +612,8 @@ mod tests {
             "--speculative",
             "--format",
             "json",
+            "--prefill-activations",
+            "int16",
         ]))
         .unwrap();
         let w = &a.workload;
@@ -609,6 +625,10 @@ mod tests {
             (Priority::Fidelity, TargetEngine::Vllm)
         );
         assert_eq!(a.format, Format::Json);
+        assert_eq!(
+            w.prefill_activations,
+            Some(planner::weight_path::PrefillActivations::Int16)
+        );
     }
 
     #[test]
@@ -617,6 +637,7 @@ mod tests {
         assert!(err(&["--offload-gib", "-1"]).contains(">= 0"));
         assert!(err(&["--priority", "turbo"]).contains("`speed` or `fidelity`"));
         assert!(err(&["--format", "yaml"]).contains("`toml` or `json`"));
+        assert!(err(&["--prefill-activations", "int4"]).contains("`int16` or `int8`, got `int4`"));
         assert!(err(&["--max-model-len", "0"]).contains("max_model_len"));
         assert!(err(&["--bogus"]).contains("--bogus"));
     }

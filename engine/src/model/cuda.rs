@@ -174,6 +174,7 @@ enum GMixer {
     Gdn(Box<GGdn>),
 }
 
+#[allow(clippy::large_enum_variant)] // one per layer, built once
 enum GGateUp {
     Fused(GLinear),
     Split { gate: GLinear, up: GLinear },

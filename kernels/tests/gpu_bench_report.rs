@@ -76,7 +76,7 @@ fn plan_names_are_unique_and_cover_the_table() {
             "copy/mib=256",
             "fp8_gemv/n=248320,k=5120/m=16",
             "nvfp4_gemv/n=5120,k=10240/m=1",
-            "nvfp4_step_norm/n=5120,k=17408/m=4",
+            "nvfp4_step_norm/n=17408,k=5120/m=4",
             "fp8_gemm/n=17408,k=5120/m=4096",
             "nvfp4_gemm/n=5120,k=17408/m=4096",
             "gdn_decode/hk=16,hv=48/b=32",

@@ -17,6 +17,12 @@
 //! is one graph launch. `EDGEFIT_CUDA_GRAPHS=0` turns that off (the benchmarks' other arm).
 //!
 //! Scratch comes from a pool keyed by length, so a decode step allocates nothing once every shape has been seen.
+//!
+//! Linears the plan places in host memory ([`CudaOptions::streamed`]) are kept there pinned, in the tile layout,
+//! and copied on a second stream into staging buffers a layer ahead of the compute ([`Streamer`]): a step then
+//! costs the larger of the transfer and the compute, not their sum (`benchmarks/engine-h200.md`: 1.00 of the
+//! larger on the capped 27B). Prompts of more than 16 rows run the tensor-core GEMMs on a second copy of the FP8 /
+//! NVFP4 weights in the checkpoint layout, where the device has room for it ([`CudaOptions::gemm_copies`]).
 
 use std::collections::HashMap;
 

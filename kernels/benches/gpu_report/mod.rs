@@ -172,15 +172,23 @@ pub(crate) fn plan(quick: bool) -> Vec<Group> {
             ("m", &[1, 4, 16]),
         ));
     }
-    // The NVFP4 decode steps in one call against the unfused producer + GEMV (h200.md's step table).
-    for &(n, k) in &[(5120, 17408), (5120, 10240)] {
-        for fam in [
-            "nvfp4_step_norm",
-            "nvfp4_unfused_norm",
-            "nvfp4_step_silu",
-            "nvfp4_unfused_silu",
-        ] {
-            g.push(Group::new(fam, &[("n", n), ("k", k)], ("m", &[1, 4])));
+    // The NVFP4 decode steps in one call against the unfused producer + GEMV (h200.md's step table). The norm
+    // step reads the hidden state (k = 5120, the fused norm's limit is 8192) into gate/up and the GDN input
+    // projection; the SiLU step feeds the down projection.
+    for (fams, shapes) in [
+        (
+            ["nvfp4_step_norm", "nvfp4_unfused_norm"],
+            [(17408, 5120), (10240, 5120)],
+        ),
+        (
+            ["nvfp4_step_silu", "nvfp4_unfused_silu"],
+            [(5120, 17408), (5120, 10240)],
+        ),
+    ] {
+        for &(n, k) in &shapes {
+            for fam in fams {
+                g.push(Group::new(fam, &[("n", n), ("k", k)], ("m", &[1, 4])));
+            }
         }
     }
     // The bf16 lm_head of the FP8 27B build and a bf16 model's MLP-sized matrix.

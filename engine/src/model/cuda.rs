@@ -1097,6 +1097,11 @@ impl CudaModel {
             if self.seen.contains(&key) {
                 return self.record(key, batch, &xh, argmax);
             }
+            // A server's batches change with every join and leave: the batches seen once are forgotten in bulk so
+            // that a long run's bookkeeping stays bounded, as the graphs themselves are.
+            if self.seen.len() >= 4 * MAX_GRAPHS {
+                self.seen.clear();
+            }
             self.seen.insert(key);
         }
         let mut x = self.pool.f32(gpu, xh.len())?;

@@ -3,6 +3,8 @@
 //! out and returned). Also proves the fast paths ran: on an AVX-512 machine the attention, GDN and norm kernels
 //! report their AVX-512 builds.
 
+mod common;
+use common::cuda_here;
 use std::path::Path;
 
 use engine::checkpoint::Checkpoint;
@@ -36,17 +38,6 @@ fn engine_on(name: &str, slots: usize, device: Device) -> Engine {
             |_| Ok(0),
         )
         .unwrap(),
-    }
-}
-
-/// Whether this machine has a CUDA device the engine can use (says "skipped" when not).
-fn cuda_here() -> bool {
-    match kernels::cuda::Gpu::probe() {
-        Ok(Some(_)) => true,
-        _ => {
-            println!("skipped: no CUDA device");
-            false
-        }
     }
 }
 

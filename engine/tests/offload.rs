@@ -3,6 +3,8 @@
 //! kernels read the same bytes, only from staging buffers), through a prompt, greedy decode, and a second sequence
 //! joining (two streamed layers in flight across steps). Skips where there is no CUDA device.
 
+mod common;
+use common::cuda_here;
 use std::path::{Path, PathBuf};
 
 use engine::checkpoint::Checkpoint;
@@ -11,24 +13,7 @@ use engine::{CudaOptions, Engine, Model, WeightMode};
 use planner::Workload;
 
 fn fixture(name: &str) -> PathBuf {
-    std::env::var_os("EDGEFIT_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
-        .join(name)
-}
-
-fn cuda_present() -> bool {
-    match kernels::cuda::Gpu::probe() {
-        Ok(Some(_)) => true,
-        Ok(None) => {
-            println!("skipped: no CUDA device");
-            false
-        }
-        Err(e) => {
-            println!("skipped: no CUDA device ({e})");
-            false
-        }
-    }
+    common::fixtures_root().join(name)
 }
 
 /// Bytes of the fixture's decoder layers (what a pinned offload moves, in checkpoint order).
@@ -94,7 +79,7 @@ fn run(dir: &Path, offload: Option<u64>) -> (Vec<Vec<f32>>, usize) {
 
 #[test]
 fn streamed_weights_give_the_resident_runs_logits_exactly() {
-    if !cuda_present() {
+    if !cuda_here() {
         return;
     }
     for name in ["qwen3_5-fp8", "qwen3_5-nvfp4", "llama-bf16", "gemma3-bf16"] {

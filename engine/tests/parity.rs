@@ -3,6 +3,8 @@
 //! the golden greedy tokens, diverging only where the golden's top-2 margin is a near-tie, with the first steps'
 //! logits inside the bound of its format. Plan-converted paths (W4A16, W4A8) are measured against the same goldens.
 
+mod common;
+use common::cuda_here;
 use std::path::{Path, PathBuf};
 
 use engine::checkpoint::Checkpoint;
@@ -12,9 +14,7 @@ use kernels::sampling::SamplingParams;
 
 fn fixtures() -> Vec<PathBuf> {
     // EDGEFIT_FIXTURES: where a test binary built here finds the fixtures on another machine (the GPU runs).
-    let root = std::env::var_os("EDGEFIT_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"));
+    let root = common::fixtures_root();
     let mut v: Vec<PathBuf> = std::fs::read_dir(&root)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -158,21 +158,6 @@ fn exact_path_reproduces_the_golden_tokens_and_logits() {
 fn cuda_exact_path_reproduces_the_golden_tokens_and_logits() {
     if cuda_here() {
         exact_parity(Device::Cuda);
-    }
-}
-
-/// Whether this machine has a CUDA device the engine can use (says "skipped" when not).
-fn cuda_here() -> bool {
-    match kernels::cuda::Gpu::probe() {
-        Ok(Some(_)) => true,
-        Ok(None) => {
-            println!("skipped: no CUDA device");
-            false
-        }
-        Err(e) => {
-            println!("skipped: no CUDA device ({e})");
-            false
-        }
     }
 }
 

@@ -145,6 +145,21 @@ fn measured_or_extrapolated(k: &crate::profile::KernelRate) -> &'static str {
 /// peak of the dtype the path computes in, else the best declared peak.
 fn arithmetic_rate(unit: &ComputeUnit, path: &WeightPath, engine: TargetEngine) -> (f64, String) {
     if let Some(k) = path.kernel_rate(unit, engine) {
+        let int8 = path
+            .prefill
+            .as_ref()
+            .is_some_and(|p| p.activations == crate::weight_path::PrefillActivations::Int8);
+        if let (true, Some(r)) = (int8, &k.prefill_int8_flops_per_s) {
+            return (
+                r.value,
+                format!(
+                    "{} {:?} prefill rate with int8 activations on `{}`",
+                    measured_or_extrapolated(k),
+                    path.format,
+                    unit.id
+                ),
+            );
+        }
         if let Some(r) = &k.prefill_flops_per_s {
             return (
                 r.value,
@@ -600,6 +615,7 @@ mod tests {
             },
             offloaded_weight_bytes_per_s: None,
             prefill_flops_per_s: None,
+            prefill_int8_flops_per_s: None,
         });
         let p = predict_small(&profile, &Workload::default());
         assert!((p.decode_step_s - 50.1).abs() < 1e-9, "{}", p.decode_step_s);

@@ -184,6 +184,11 @@ pub struct KernelRate {
     /// Sustained FLOP/s of this kernel on prompt processing, when measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_flops_per_s: Option<Measured<f64>>,
+    /// Sustained FLOP/s on prompt processing when the plan gives the prompt's activations int8
+    /// (`weight_path.prefill`, the W4A16 integer GEMM on VNNI), when measured; `prefill_flops_per_s` is then the
+    /// int16 figure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_int8_flops_per_s: Option<Measured<f64>>,
     /// KV-cache bytes a decode step's attention consumes per second on this path, when measured (the step's growth
     /// with context over the cache bytes added). When present, the measured decode term is the weights at
     /// `decode_weight_bytes_per_s` plus every sequence's caches at this rate, one after the other.
@@ -537,6 +542,13 @@ fn validate(p: &DeviceProfile) -> Result<(), Violation> {
             }
             if let Some(r) = &kernel.prefill_flops_per_s {
                 check_rate(base("prefill_flops_per_s"), "prefill_flops_per_s", r)?;
+            }
+            if let Some(r) = &kernel.prefill_int8_flops_per_s {
+                check_rate(
+                    base("prefill_int8_flops_per_s"),
+                    "prefill_int8_flops_per_s",
+                    r,
+                )?;
             }
             if let Some(r) = &kernel.decode_cache_bytes_per_s {
                 check_rate(

@@ -927,6 +927,7 @@ mod tests {
             },
             offloaded_weight_bytes_per_s: None,
             prefill_flops_per_s: None,
+            prefill_int8_flops_per_s: None,
         });
         let p = choose(&q, &u, &Workload::default());
         assert!(p.verified);

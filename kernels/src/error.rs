@@ -1,4 +1,4 @@
-use crate::cpu::Isa;
+use crate::isa::Isa;
 
 /// Every way a kernel call can be refused. Bad sizes are errors, never undefined behaviour.
 #[derive(Debug, thiserror::Error, PartialEq)]

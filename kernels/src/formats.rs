@@ -146,6 +146,31 @@ impl Int4Logical {
     }
 }
 
+// The int4 grid: how a group of weights maps to codes, shared by the packer and the reference it is tested against.
+
+/// Scale and zero of one group, both rounded to bf16 (the stored precision) before any code is chosen, so codes
+/// are the nearest ones under the weights the kernels will actually decode.
+pub(crate) fn group_params(vals: &[f32], symmetric: bool) -> (f32, f32) {
+    let bf = |v: f32| bf16_to_f32(f32_to_bf16(v));
+    if symmetric {
+        let amax = vals.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        (bf(2.0 * amax / 15.0), 0.0)
+    } else {
+        let lo = vals.iter().fold(f32::INFINITY, |a, &v| a.min(v));
+        let hi = vals.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+        let scale = bf((hi - lo) / 15.0);
+        (scale, bf(lo + 8.0 * scale))
+    }
+}
+
+/// The code in `0..16` nearest to `v` under `(code - 8) * scale + zero`; 8 for a zero scale (constant group).
+pub(crate) fn quantize_code(v: f32, scale: f32, zero: f32) -> u8 {
+    if scale == 0.0 {
+        return 8;
+    }
+    ((v - zero) / scale + 8.0).round().clamp(0.0, 15.0) as u8
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,6 +13,7 @@ pub mod cuda;
 mod error;
 pub mod formats;
 pub mod gdn;
+pub mod isa;
 pub mod linear;
 pub mod ops;
 pub mod reference;

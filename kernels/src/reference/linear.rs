@@ -180,11 +180,11 @@ fn quantize_int4(w: &[f32], n: usize, k: usize, group: usize, symmetric: bool) -
     for r in 0..n {
         for g in 0..groups {
             let (c0, c1) = (g * group, ((g + 1) * group).min(k));
-            let (s, z) = crate::linear::int4::group_params(&w[r * k + c0..r * k + c1], symmetric);
+            let (s, z) = crate::formats::group_params(&w[r * k + c0..r * k + c1], symmetric);
             scales[g * n + r] = s;
             zeros[g * n + r] = z;
             for c in c0..c1 {
-                codes[r * k + c] = crate::linear::int4::quantize_code(w[r * k + c], s, z);
+                codes[r * k + c] = crate::formats::quantize_code(w[r * k + c], s, z);
             }
         }
     }

@@ -138,6 +138,8 @@ fn build_profile(p: &ProfileParams) -> DeviceProfile {
                 decode_weight_bytes_per_s: m(unit_rate * d),
                 offloaded_weight_bytes_per_s: Some(m(unit_rate * d * o)),
                 prefill_flops_per_s: Some(m(1e12)),
+                // The int8 prompt rate on some kernels, so a plan that chooses int8 prompts takes either rate.
+                prefill_int8_flops_per_s: (o > 0.3).then(|| m(1.5e12)),
                 // Half the generated kernels carry a measured cache rate, so the weights-then-caches term is tried.
                 decode_cache_bytes_per_s: (o > 0.5).then(|| m(unit_rate * d / 4.0)),
                 engine: None,

@@ -549,13 +549,7 @@ fn run_bench(a: BenchArgs) -> miette::Result<()> {
     engine::profile::enable();
     let t1 = Instant::now();
     for _ in 0..a.gen {
-        let work: Vec<(usize, &[u32])> = slots
-            .iter()
-            .zip(&toks)
-            .map(|(&s, t)| (s, std::slice::from_ref(t)))
-            .collect();
-        // Greedy, as a user's default decode: the ids are chosen where the step ran.
-        toks = l.engine.step_greedy(&work)?;
+        toks = greedy_step(&mut l.engine, &slots, &toks)?;
     }
     let tg_s = t1.elapsed().as_secs_f64();
     let pp = (a.prompt_len * b) as f64 / pp_s;
@@ -623,6 +617,21 @@ fn run_bench(a: BenchArgs) -> miette::Result<()> {
     Ok(())
 }
 
+/// One decode step of every sequence in `slots`, each fed its token in `toks`: the next tokens, greedy, as a user's
+/// default decode (the ids are chosen where the step ran).
+fn greedy_step(
+    engine: &mut Engine,
+    slots: &[usize],
+    toks: &[u32],
+) -> Result<Vec<u32>, EngineError> {
+    let work: Vec<(usize, &[u32])> = slots
+        .iter()
+        .zip(toks)
+        .map(|(&s, t)| (s, std::slice::from_ref(t)))
+        .collect();
+    engine.step_greedy(&work)
+}
+
 /// Two decode steps with every streamed copy and every layer timed on the device; the spans go to `path` (JSON)
 /// and the second step's summary to stdout: its length, the link's busy time and the compute's, and how much of the
 /// transfer ran under compute.
@@ -633,12 +642,7 @@ fn timeline(engine: &mut Engine, slots: &[usize], toks: &[u32], path: &Path) -> 
     c.start_timeline()?;
     let mut toks = toks.to_vec();
     for _ in 0..2 {
-        let work: Vec<(usize, &[u32])> = slots
-            .iter()
-            .zip(&toks)
-            .map(|(&s, t)| (s, std::slice::from_ref(t)))
-            .collect();
-        toks = engine.step_greedy(&work)?;
+        toks = greedy_step(engine, slots, &toks)?;
     }
     let spans = engine
         .cuda_mut()

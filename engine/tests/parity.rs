@@ -70,6 +70,19 @@ fn golden(dir: &Path) -> Golden {
     }
 }
 
+/// The engine on CUDA device 0 with one slot of 256 positions: `precise` for the f32 builds, `gemm` for the prompt
+/// through the prefill GEMMs.
+fn cuda_engine(model: Model, precise: bool, gemm: bool) -> Engine {
+    let opts = engine::CudaOptions {
+        slots: 1,
+        max_len: 256,
+        precise,
+        gemm_copies: gemm,
+        ..Default::default()
+    };
+    Engine::on_cuda(model, opts, |_| Ok(0)).unwrap()
+}
+
 struct Outcome {
     matched: usize,
     /// First step where the tokens differ, if any.
@@ -84,17 +97,7 @@ fn run(dir: &Path, mode: WeightMode, device: Device) -> Outcome {
     let model = Model::load(&ck, mode, |_, _| {}).unwrap();
     let mut e = match device {
         Device::Cpu => Engine::new(model, 1, 256).unwrap(),
-        Device::Cuda => Engine::on_cuda(
-            model,
-            engine::CudaOptions {
-                slots: 1,
-                max_len: 256,
-                precise: true,
-                ..Default::default()
-            },
-            |_| Ok(0),
-        )
-        .unwrap(),
+        Device::Cuda => cuda_engine(model, true, false),
     };
     let opts = GenerateOptions {
         max_new_tokens: g.tokens.len(),
@@ -217,18 +220,7 @@ fn teacher_forced_on(
     let model = Model::load(&ck, mode, |_, _| {}).unwrap();
     let mut e = match device {
         Device::Cpu => Engine::new(model, 1, 256).unwrap(),
-        Device::Cuda => Engine::on_cuda(
-            model,
-            engine::CudaOptions {
-                slots: 1,
-                max_len: 256,
-                precise: false,
-                gemm_copies: gemm,
-                ..Default::default()
-            },
-            |_| Ok(0),
-        )
-        .unwrap(),
+        Device::Cuda => cuda_engine(model, false, gemm),
     };
     let paths = e.paths().join("+");
     let slot = e.join().unwrap();
@@ -350,17 +342,7 @@ fn cuda_greedy_ids_chosen_on_the_device_equal_the_host_argmax() {
         let run = |keep_logits: bool| {
             let ck = Checkpoint::open(&dir).unwrap();
             let model = Model::load(&ck, WeightMode::Exact, |_, _| {}).unwrap();
-            let mut e = Engine::on_cuda(
-                model,
-                engine::CudaOptions {
-                    slots: 1,
-                    max_len: 256,
-                    precise: true,
-                    ..Default::default()
-                },
-                |_| Ok(0),
-            )
-            .unwrap();
+            let mut e = cuda_engine(model, true, false);
             let opts = GenerateOptions {
                 max_new_tokens: g.tokens.len(),
                 sampling: SamplingParams::GREEDY,

@@ -60,10 +60,16 @@ pub fn penalize(logits: &mut [f32], seen: &[u32], penalty: f32) {
 
 /// Picks the next token from one row of logits.
 pub fn pick(logits: &[f32], opts: &GenerateOptions, rng: &mut Pcg32) -> Result<u32, EngineError> {
-    let id = if opts.sampling.temperature == 0.0 {
+    draw(logits, &opts.sampling, rng)
+}
+
+/// The token `params` draws from one row of logits with `rng`: the argmax when greedy (first on ties, `rng`
+/// untouched), else [`sampling::sample`].
+pub fn draw(logits: &[f32], params: &SamplingParams, rng: &mut Pcg32) -> Result<u32, EngineError> {
+    let id = if params.temperature == 0.0 {
         kernels::ops::argmax(logits)
     } else {
-        sampling::sample(logits, &opts.sampling, rng)
+        sampling::sample(logits, params, rng)
     }
     .map_err(crate::model::kerr)?;
     Ok(id as u32)

@@ -249,8 +249,37 @@ impl Engine {
     /// cached prefix otherwise, in pieces of at most [`PREFILL_CHUNK`]; single tokens of several sequences share
     /// one decode step (one pass over the weights).
     pub fn step(&mut self, work: &[(usize, &[u32])]) -> Result<Vec<Vec<f32>>, EngineError> {
+        let mut draws: Vec<Option<Draw>> = vec![None; work.len()];
+        self.step_pick(work, &mut draws)?
+            .into_iter()
+            .map(|p| match p {
+                Picked::Logits(l) => Ok(l),
+                Picked::Token(_) => Err(EngineError::Kernel(
+                    "step: a token where logits were asked".into(),
+                )),
+            })
+            .collect()
+    }
+
+    /// [`Engine::step`] where a sequence may draw its next token instead of handing back its logits: `draws[i]`
+    /// `Some` draws `work[i]`'s token (its generator advanced as the draw advances it, as
+    /// [`generate::draw`] on the host would), `None` hands back its logits. On CUDA the decode rows draw on the
+    /// device where its sampler takes their parameters, so only the ids cross the link; prompt rows and the rest
+    /// draw on the host from the same logits.
+    pub fn step_pick(
+        &mut self,
+        work: &[(usize, &[u32])],
+        draws: &mut [Option<Draw>],
+    ) -> Result<Vec<Picked>, EngineError> {
+        if draws.len() != work.len() {
+            return Err(EngineError::Kernel(format!(
+                "step_pick: {} draws for {} sequences",
+                draws.len(),
+                work.len()
+            )));
+        }
         let vocab = self.model.vocab();
-        let mut out: Vec<Option<Vec<f32>>> = vec![None; work.len()];
+        let mut out: Vec<Option<Picked>> = (0..work.len()).map(|_| None).collect();
         let mut decode: Vec<(usize, usize)> = Vec::new();
         for (i, &(slot, toks)) in work.iter().enumerate() {
             self.check_and_reserve(slot, toks.len())?;
@@ -272,7 +301,7 @@ impl Engine {
                 last = self.forward(&[step])?;
                 self.lens[slot] = pos + piece.len();
             }
-            out[i] = Some(last);
+            out[i] = Some(pick_host(last, &mut draws[i])?);
         }
         if !decode.is_empty() {
             let steps: Vec<Step<'_>> = decode
@@ -283,12 +312,68 @@ impl Engine {
                     tokens: work[i].1,
                 })
                 .collect();
-            let logits = self.forward(&steps)?;
-            for (b, &(i, slot)) in decode.iter().enumerate() {
-                out[i] = Some(logits[b * vocab..(b + 1) * vocab].to_vec());
+            match self.cuda.as_deref_mut() {
+                Some(c) => {
+                    let mut sub: Vec<Option<Draw>> =
+                        decode.iter().map(|&(i, _)| draws[i].take()).collect();
+                    let rows = c.forward_pick(&steps, &mut sub);
+                    for (&(i, _), d) in decode.iter().zip(sub) {
+                        draws[i] = d;
+                    }
+                    for (&(i, _), row) in decode.iter().zip(rows?) {
+                        out[i] = Some(match (row, &draws[i]) {
+                            (Some(l), _) => Picked::Logits(l),
+                            (None, Some(d)) => Picked::Token(d.token),
+                            (None, None) => {
+                                return Err(EngineError::Kernel(
+                                    "step_pick: a row with neither logits nor a draw".into(),
+                                ))
+                            }
+                        });
+                    }
+                }
+                None => {
+                    let logits = self.model.forward(&mut self.caches, &steps)?;
+                    for (b, &(i, _)) in decode.iter().enumerate() {
+                        let row = logits[b * vocab..(b + 1) * vocab].to_vec();
+                        out[i] = Some(pick_host(row, &mut draws[i])?);
+                    }
+                }
+            }
+            for &(_, slot) in &decode {
                 self.lens[slot] += 1;
             }
         }
-        Ok(out.into_iter().map(|o| o.unwrap_or_default()).collect())
+        Ok(out
+            .into_iter()
+            .map(|o| o.unwrap_or(Picked::Logits(Vec::new())))
+            .collect())
     }
+}
+
+/// A row's logits, or the token its draw takes from them on the host.
+fn pick_host(logits: Vec<f32>, draw: &mut Option<Draw>) -> Result<Picked, EngineError> {
+    Ok(match draw {
+        Some(d) => {
+            d.token = generate::draw(&logits, &d.params, &mut d.rng)?;
+            Picked::Token(d.token)
+        }
+        None => Picked::Logits(logits),
+    })
+}
+
+/// One sequence's draw in a step ([`Engine::step_pick`]): its parameters and generator (advanced in place as the
+/// draw advances it), and the token drawn.
+#[derive(Debug, Clone)]
+pub struct Draw {
+    pub params: kernels::sampling::SamplingParams,
+    pub rng: kernels::sampling::Pcg32,
+    pub token: u32,
+}
+
+/// What [`Engine::step_pick`] hands back for one sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Picked {
+    Logits(Vec<f32>),
+    Token(u32),
 }

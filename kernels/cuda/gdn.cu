@@ -37,13 +37,39 @@ __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); 
 
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
+// Where sequence `seq`'s caches live. Without `slots` (nullptr): row `seq` of `state`, the history read from
+// conv_in and written to conv_out, row `seq` of each. With `slots` (the engine's caches, one row per slot, so that a
+// recorded graph serves any set of sequences): row `slots[seq]` of `state`, and conv_in == conv_out holds two
+// histories per slot, `[slot][2][conv_len]`, read from half `pos[seq] & 1` and written to the other (the next
+// position reads it), so no copy back is needed. A slot past `n_slots` is refused: false, and the caller writes NaN
+// outputs instead of touching memory.
+__device__ __forceinline__ bool gdn_rows(int seq, const unsigned* __restrict__ slots,
+                                         const unsigned* __restrict__ pos, unsigned n_slots, size_t conv_len,
+                                         const float* conv_in, float* conv_out, const float*& cin, float*& cout,
+                                         size_t& row) {
+    if (slots == nullptr) {
+        row = static_cast<size_t>(seq);
+        cin = conv_in + row * conv_len;
+        cout = conv_out + row * conv_len;
+        return true;
+    }
+    const unsigned r = slots[seq];
+    if (r >= n_slots) return false;
+    const unsigned p = pos[seq] & 1u;
+    row = r;
+    cin = conv_in + (2 * row + p) * conv_len;
+    cout = conv_out + (2 * row + (p ^ 1u)) * conv_len;
+    return true;
+}
+
 #if EDGEFIT_LAB
 extern "C" __global__ void __launch_bounds__(GDN_THREADS)
     gdn_decode_step(const float* __restrict__ qkv, const float* __restrict__ z, const float* __restrict__ a_in,
                     const float* __restrict__ b_in, const float* __restrict__ conv_w, const float* __restrict__ a_log,
                     const float* __restrict__ dt_bias, const float* __restrict__ norm_w, float norm_eps,
-                    const float* __restrict__ conv_in, float* __restrict__ conv_out, float* __restrict__ state,
-                    float* __restrict__ out, int hk, int hv, int kconv) {
+                    const float* conv_in, float* conv_out, float* __restrict__ state,
+                    float* __restrict__ out, int hk, int hv, int kconv, const unsigned* __restrict__ slots,
+                    const unsigned* __restrict__ pos, unsigned n_slots, int qkv_ld, int z_ld, int ab_ld) {
     const int h = blockIdx.x;
     const int seq = blockIdx.y;
     const int t = threadIdx.x;
@@ -52,22 +78,28 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
     const int kh = h / group;
     const int conv_dim = 2 * hk * GDN_D + hv * GDN_D;
     const int hist = kconv - 1;
+    const size_t hs = static_cast<size_t>(seq) * hv + h;
+    const float* cin;
+    float* cout;
+    size_t row;
+    if (!gdn_rows(seq, slots, pos, n_slots, static_cast<size_t>(conv_dim) * hist, conv_in, conv_out, cin, cout, row)) {
+        if (t < GDN_D) out[hs * GDN_D + t] = __int_as_float(0x7fc00000);
+        return;
+    }
 
     __shared__ float q_s[GDN_D], k_s[GDN_D], v_s[GDN_D], delta_s[GDN_D];
     __shared__ float red[GDN_THREADS / 32][GDN_D];
     __shared__ float norms[8];
 
     // 1. Issue the state loads.
-    float4* sp = reinterpret_cast<float4*>(state + (static_cast<size_t>(seq) * hv + h) * GDN_D * GDN_D) +
+    float4* sp = reinterpret_cast<float4*>(state + (row * hv + h) * GDN_D * GDN_D) +
                  (warp * GDN_ROWS) * (GDN_D / 4) + lane;
     float4 s[GDN_ROWS];
 #pragma unroll
     for (int r = 0; r < GDN_ROWS; ++r) s[r] = sp[r * (GDN_D / 4)];
 
     // 2. Causal conv + SiLU over this head's 384 channels: q (key head kh), k (key head kh), v (value head h).
-    const float* x = qkv + static_cast<size_t>(seq) * conv_dim;
-    const float* cin = conv_in + static_cast<size_t>(seq) * conv_dim * hist;
-    float* cout = conv_out + static_cast<size_t>(seq) * conv_dim * hist;
+    const float* x = qkv + static_cast<size_t>(seq) * qkv_ld;
     for (int i = t; i < 3 * GDN_D; i += GDN_THREADS) {
         const int part = i / GDN_D, j = i % GDN_D;
         const int ch = part == 0 ? kh * GDN_D + j : part == 1 ? hk * GDN_D + kh * GDN_D + j : 2 * hk * GDN_D + h * GDN_D + j;
@@ -95,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
         ss = warp_sum(ss);
         if (lane == 0) norms[warp] = (warp == 0 ? rsqrtf(static_cast<float>(GDN_D)) : 1.f) * rsqrtf(ss + 1e-6f);
     }
-    const float a = a_in[static_cast<size_t>(seq) * hv + h], b = b_in[static_cast<size_t>(seq) * hv + h];
+    const float a = a_in[static_cast<size_t>(seq) * ab_ld + h], b = b_in[static_cast<size_t>(seq) * ab_ld + h];
     const float g = -expf(a_log[h]) * softplus_f(a + dt_bias[h]);
     const float decay = expf(g);
     const float beta = 1.f / (1.f + expf(-b));
@@ -155,8 +187,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
     if (t < GDN_D) {
         const float ms = (norms[2] + norms[3] + norms[4] + norms[5]) / static_cast<float>(GDN_D);
         const float r = rsqrtf(ms + norm_eps);
-        const size_t idx = (static_cast<size_t>(seq) * hv + h) * GDN_D + t;
-        out[idx] = o * r * norm_w[t] * silu_f(z[idx]);
+        out[hs * GDN_D + t] = o * r * norm_w[t] * silu_f(z[static_cast<size_t>(seq) * z_ld + h * GDN_D + t]);
     }
 }
 #endif
@@ -267,9 +298,11 @@ __device__ __forceinline__ void gdn_split_body(const float* __restrict__ qkv, co
                                                const float* __restrict__ a_in, const float* __restrict__ b_in,
                                                const float* __restrict__ conv_w, const float* __restrict__ a_log,
                                                const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
-                                               float norm_eps, const float* __restrict__ conv_in,
-                                               float* __restrict__ conv_out, float* __restrict__ state,
-                                               float* __restrict__ out, int hk, int hv, int kconv) {
+                                               float norm_eps, const float* conv_in, float* conv_out,
+                                               float* __restrict__ state, float* __restrict__ out, int hk, int hv,
+                                               int kconv, const unsigned* __restrict__ slots,
+                                               const unsigned* __restrict__ pos, unsigned n_slots, int qkv_ld,
+                                               int z_ld, int ab_ld) {
     constexpr int C = GDN_D / S;   // state columns of this block
     constexpr int CG = C / 4;      // float4 column groups
     constexpr int RG = T / CG;     // row groups
@@ -301,6 +334,17 @@ __device__ __forceinline__ void gdn_split_body(const float* __restrict__ qkv, co
     __shared__ float ss_slot[S];
     __shared__ __align__(8) unsigned long long ss_bar;
 
+    // The sequence's cache rows. Every block of a cluster has the same sequence, so a refused slot returns the
+    // whole cluster before any cluster barrier.
+    const size_t hs = static_cast<size_t>(seq) * hv + h;
+    const float* cin;
+    float* cout;
+    size_t row;
+    if (!gdn_rows(seq, slots, pos, n_slots, static_cast<size_t>(conv_dim) * hist, conv_in, conv_out, cin, cout, row)) {
+        if (t < C) out[hs * GDN_D + col0 + t] = __int_as_float(0x7fc00000);
+        return;
+    }
+
     // The cluster's "every block has started and initialised its mbarrier" phase: a relaxed arrive now, the wait
     // before the first remote store.
     if (t == 0) {
@@ -310,7 +354,7 @@ __device__ __forceinline__ void gdn_split_body(const float* __restrict__ qkv, co
     cluster_arrive_relaxed();
 
     // 1. The state loads, first.
-    float4* sp = reinterpret_cast<float4*>(state + (static_cast<size_t>(seq) * hv + h) * GDN_D * GDN_D +
+    float4* sp = reinterpret_cast<float4*>(state + (row * hv + h) * GDN_D * GDN_D +
                                            static_cast<size_t>(rg * R) * GDN_D + col0) +
                  cg;
     float4 s[R];
@@ -318,22 +362,20 @@ __device__ __forceinline__ void gdn_split_body(const float* __restrict__ qkv, co
     for (int r = 0; r < R; ++r) s[r] = sp[r * (GDN_D / 4)];
 
     // Per-head scalars and the epilogue's operands, loaded now so nothing later waits on them.
-    const size_t hs = static_cast<size_t>(seq) * hv + h;
-    const float a = a_in[hs], b = b_in[hs], alog = a_log[h], dtb = dt_bias[h];
+    const float a = a_in[static_cast<size_t>(seq) * ab_ld + h], b = b_in[static_cast<size_t>(seq) * ab_ld + h];
+    const float alog = a_log[h], dtb = dt_bias[h];
     float zr[J], nw[J];
     if (warp == 0) {
 #pragma unroll
         for (int j = 0; j < J; ++j) {
             const int c = lane + 32 * j;
-            zr[j] = c < C ? z[hs * GDN_D + col0 + c] : 0.f;
+            zr[j] = c < C ? z[static_cast<size_t>(seq) * z_ld + h * GDN_D + col0 + c] : 0.f;
             nw[j] = c < C ? norm_w[col0 + c] : 0.f;
         }
     }
 
     // 2. Causal conv + SiLU: the 128 q and 128 k channels of key head kh, the C v channels of these columns.
-    const float* x = qkv + static_cast<size_t>(seq) * conv_dim;
-    const float* cin = conv_in + static_cast<size_t>(seq) * conv_dim * hist;
-    float* cout = conv_out + static_cast<size_t>(seq) * conv_dim * hist;
+    const float* x = qkv + static_cast<size_t>(seq) * qkv_ld;
     const bool owns_qk = h % group == 0 && rank == 0;
     // All loads of the thread's NI channels first, then the arithmetic and the stores, so the (DRAM) latencies
     // of its channels overlap instead of queueing one channel after the other.
@@ -509,10 +551,11 @@ __device__ __forceinline__ void gdn_split_body(const float* __restrict__ qkv, co
         const float* __restrict__ qkv, const float* __restrict__ z, const float* __restrict__ a_in,             \
         const float* __restrict__ b_in, const float* __restrict__ conv_w, const float* __restrict__ a_log,      \
         const float* __restrict__ dt_bias, const float* __restrict__ norm_w, float norm_eps,                    \
-        const float* __restrict__ conv_in, float* __restrict__ conv_out, float* __restrict__ state,             \
-        float* __restrict__ out, int hk, int hv, int kconv) {                                                   \
-        gdn_split_body<S, T>(qkv, z, a_in, b_in, conv_w, a_log, dt_bias, norm_w, norm_eps, conv_in,    \
-                                      conv_out, state, out, hk, hv, kconv);                                     \
+        const float* conv_in, float* conv_out, float* __restrict__ state, float* __restrict__ out, int hk,     \
+        int hv, int kconv, const unsigned* __restrict__ slots, const unsigned* __restrict__ pos,               \
+        unsigned n_slots, int qkv_ld, int z_ld, int ab_ld) {                                                    \
+        gdn_split_body<S, T>(qkv, z, a_in, b_in, conv_w, a_log, dt_bias, norm_w, norm_eps, conv_in, conv_out,  \
+                             state, out, hk, hv, kconv, slots, pos, n_slots, qkv_ld, z_ld, ab_ld);              \
     }
 
 // The _1r variants beat the earlier two-reduction (_mb) form at every batch (2-4%) and the _mb form was

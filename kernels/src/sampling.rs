@@ -39,6 +39,25 @@ impl Pcg32 {
         xorshifted.rotate_right((old >> 59) as u32)
     }
 
+    /// The generator as the GPU sampler's four words (`[state lo, state hi, inc lo, inc hi]`, the layout of
+    /// `Gpu::pcg32_words`), so a sequence's draws can move between the CPU and the device.
+    pub fn to_words(&self) -> [u32; 4] {
+        [
+            self.state as u32,
+            (self.state >> 32) as u32,
+            self.inc as u32,
+            (self.inc >> 32) as u32,
+        ]
+    }
+
+    /// The generator from [`Pcg32::to_words`]' layout (as the GPU sampler leaves it after its draws).
+    pub fn from_words(w: [u32; 4]) -> Pcg32 {
+        Pcg32 {
+            state: u64::from(w[0]) | (u64::from(w[1]) << 32),
+            inc: u64::from(w[2]) | (u64::from(w[3]) << 32),
+        }
+    }
+
     /// A uniform draw from [0, 1) with 53 random bits.
     pub fn next_f64(&mut self) -> f64 {
         let hi = (self.next_u32() as u64) << 21;

@@ -25,7 +25,9 @@ if [ "${1:-}" = prepare ]; then
   # The load generator only speaks HTTP to an `edgefit serve` child: built without the embedded kernels (40 MB less).
   cargo build --release -p engine --example serve_load 2>>/tmp/edgefit-engine-prepare.err
   { cargo test --release -p engine --features cuda --test parity --test batching --test offload --no-run --message-format=json
-    cargo test --release -p kernels --features cuda --test gpu_engine_ops --no-run --message-format=json
+    cargo test --release -p kernels --features cuda --test gpu_engine_ops --test gpu_gdn_slots --no-run --message-format=json
+    # The lab build of the GDN decode test: every variant against the f64 reference (the kernel the engine runs too).
+    cargo test --release -p kernels --features cuda,lab --test gpu_gdn_decode --no-run --message-format=json
   } 2>>/tmp/edgefit-engine-prepare.err | python3 -c "import sys, json
 for l in sys.stdin:
     m = json.loads(l)
@@ -50,13 +52,17 @@ GEN=${GEN:-64}
 MODELS=${MODELS:-fp8,nvfp4}
 BIN=/tmp/edgefit-engine-bin
 rm -rf "$BIN" && mkdir -p "$BIN" && tar -C "$BIN" -xf "$CARRY/carry.tar.xz"
+# An earlier build's edgefit, for a same-run baseline arm (`ARMS=... old ...`; carry: ["target-carry-old"]).
+if [ -f target-carry-old/edgefit.xz ]; then
+  xz -dc target-carry-old/edgefit.xz > "$BIN/edgefit-old" && chmod +x "$BIN/edgefit-old"
+fi
 export EDGEFIT_FIXTURES=$PWD/engine/tests/fixtures
 status=()
 want() { [[ ",$STAGES," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv | tee "$OUT/engine_env.txt"
 
 if want tests; then
-  for t in parity batching offload gpu_engine_ops; do
+  for t in parity batching offload gpu_engine_ops gpu_gdn_slots gpu_gdn_decode; do
     timeout 300 "$BIN/test_$t" --test-threads=1 --nocapture > "$OUT/engine_tests_$t.txt" 2>&1
     rc=$?; status+=("tests $t: rc=$rc $(grep -E '^test result' "$OUT/engine_tests_$t.txt" | tail -1)")
   done
@@ -70,6 +76,11 @@ if want sanitizer; then
   timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_offload" --test-threads=1 \
     > "$OUT/engine_memcheck_offload.txt" 2>&1
   rc=$?; status+=("memcheck offload: rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/engine_memcheck_offload.txt" | tail -1)")
+  for tool in memcheck racecheck; do
+    timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/test_gpu_gdn_slots" --test-threads=1 \
+      > "$OUT/engine_${tool}_gdn_slots.txt" 2>&1
+    rc=$?; status+=("$tool gdn_slots: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/engine_${tool}_gdn_slots.txt" | tail -1)")
+  done
 fi
 
 if want bench; then
@@ -80,8 +91,9 @@ if want bench; then
     for arm in ${ARMS:-graphs launches graphs}; do
       for b in ${BATCHES:-1 8}; do
         [ $arm = launches ] && g=0 || g=1
+        exe="$BIN/edgefit"; [ $arm = old ] && exe="$BIN/edgefit-old"
         f="$OUT/engine_bench_${m}_b${b}_$arm.txt"
-        EDGEFIT_CUDA_GRAPHS=$g timeout 300 "$BIN/edgefit" bench --device cuda --model "$dir" --batch $b \
+        EDGEFIT_CUDA_GRAPHS=$g timeout 300 "$exe" bench --device cuda --model "$dir" --batch $b \
           --prompt-len "${PROMPT:-512}" --gen "$GEN" > "$f.tmp" 2>&1
         rc=$?; status+=("bench $m b$b $arm: rc=$rc $(grep -E 'tg[0-9]|roofline' "$f.tmp" | tr '\n' ' ')")
         cat "$f.tmp" >> "$f"; rm -f "$f.tmp"
@@ -144,13 +156,15 @@ if want baseline; then
 fi
 
 if want ncu; then
-  # GPU time per kernel over one short run (prefill of 8 tokens, 3 decode steps), summed by kernel name.
-  m=${MODELS%%,*}
-  [ -f "/tmp/q27-$m/model.safetensors" ] || "$BIN/random_checkpoint" "models/qwen3.8-27b-$m" "/tmp/q27-$m" | tail -1
-  EDGEFIT_CUDA_GRAPHS=0 timeout 400 ncu --metrics gpu__time_duration.sum --csv --print-units base \
-    "$BIN/edgefit" bench --device cuda --model /tmp/q27-$m --batch 1 --prompt-len 8 --gen 3 > "$OUT/engine_ncu.csv" 2>/dev/null
-  rc=$?; status+=("ncu: rc=$rc")
-  python3 - "$OUT/engine_ncu.csv" <<'PY' | tee "$OUT/engine_ncu_summary.txt"
+  # GPU time per kernel over a window of about one decode step (launch by launch: the first launches, the prompt's
+  # and the first decode step's, are skipped), summed by kernel name, for each model.
+  for m in ${MODELS//,/ }; do
+    [ -f "/tmp/q27-$m/model.safetensors" ] || "$BIN/random_checkpoint" "models/qwen3.8-27b-$m" "/tmp/q27-$m" | tail -1
+    EDGEFIT_CUDA_GRAPHS=0 timeout 400 ncu --metrics gpu__time_duration.sum --csv --print-units base \
+      --launch-skip "${NCU_SKIP:-2600}" --launch-count "${NCU_COUNT:-1100}" \
+      "$BIN/edgefit" bench --device cuda --model /tmp/q27-$m --batch 1 --prompt-len 8 --gen 5 > "$OUT/engine_ncu_$m.csv" 2>/dev/null
+    rc=$?; status+=("ncu $m: rc=$rc")
+    python3 - "$OUT/engine_ncu_$m.csv" <<'PY' | tee "$OUT/engine_ncu_summary_$m.txt"
 import csv, sys, collections
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
 hdr = rows[0]; ki, vi = hdr.index("Kernel Name"), hdr.index("Metric Value")
@@ -160,10 +174,11 @@ for r in rows[1:]:
     except ValueError: continue
     name = r[ki].split("(")[0]; t[name] += v; n[name] += 1
 tot = sum(t.values())
-print(f"{len(rows)-1} kernels, {tot/1e6:.2f} ms GPU time in all")
-for k, v in sorted(t.items(), key=lambda x: -x[1])[:30]:
+print(f"{sys.argv[1]}: {len(rows)-1} kernels, {tot/1e6:.2f} ms GPU time in all")
+for k, v in sorted(t.items(), key=lambda x: -x[1])[:40]:
     print(f"{v/1e6:9.3f} ms {100*v/tot:5.1f}% {n[k]:6d} calls {v/n[k]/1e3:8.2f} us/call  {k}")
 PY
+  done
 fi
 
 if want nsys; then

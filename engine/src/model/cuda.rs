@@ -8,13 +8,14 @@
 //! (`precise`) computes every format in f32 from its dequantized rows instead.
 //!
 //! Caches: K/V in f32, one contiguous block of `max_len` positions per slot and layer (the exact path's numbers;
-//! sliding layers read only their window), and per slot the DeltaNet conv history (two buffers: the step reads one
-//! and writes the other) and recurrent state, each its own buffer so a lone sequence runs on its own state without
-//! a copy.
+//! sliding layers read only their window), and the DeltaNet conv histories (a pair per slot: a step reads the one
+//! its position's parity names and writes the other) and recurrent states, one buffer per layer indexed by slot
+//! inside the kernel, so no state is gathered or copied around a decode step.
 //!
-//! Decode steps are recorded as CUDA graphs, one per batch (the slots, in order): the first step of a batch runs
-//! launch by launch (it loads the modules and fills the scratch pool), the second is recorded and every later one
-//! is one graph launch. `EDGEFIT_CUDA_GRAPHS=0` turns that off (the benchmarks' other arm).
+//! Decode steps are recorded as CUDA graphs, one per batch size (every kernel reads the step's slots and positions
+//! from device buffers, so one graph serves any batch of its size): the first step of a size runs launch by launch
+//! (it loads the modules and fills the scratch pool), the second is recorded and every later one is one graph
+//! launch. `EDGEFIT_CUDA_GRAPHS=0` turns that off (the benchmarks' other arm).
 //!
 //! Scratch comes from a pool keyed by length, so a decode step allocates nothing once every shape has been seen.
 //!
@@ -29,10 +30,14 @@ use std::collections::HashMap;
 use kernels::attention::{AttnDims, Rope};
 use kernels::backend::Weight;
 use kernels::cuda::{
-    CopyStream, DenseGpuWeights, Fp8TileWeights, GdnGpuInputs, GdnGpuWeights, GdnPrefillIo, Gpu,
-    GpuBuffer, GpuEvent, GpuScalar, Nvfp4TileWeights, PinnedWeights, WeightBuf, WeightBufMut,
+    CopyStream, DenseGpuWeights, Fp8TileWeights, GdnGpuInputs, GdnGpuWeights, GdnPrefillIo,
+    GdnStackedInputs, Gpu, GpuBuffer, GpuEvent, GpuScalar, Nvfp4Fragments, Nvfp4TileWeights,
+    PinnedWeights, WeightBuf, WeightBufMut,
 };
 use kernels::gdn::GdnDims;
+use kernels::sampling::{Pcg32, SamplingParams};
+
+use crate::Draw;
 use kernels::ops::{GatedAct, NormWeight};
 use planner::model::{Activation, OutputGate};
 
@@ -164,10 +169,11 @@ struct GAttn {
 }
 
 struct GGdn {
-    in_qkv: GLinear,
-    in_z: GLinear,
-    in_b: GLinear,
-    in_a: GLinear,
+    /// `in_proj_qkv` and `in_proj_z` as one linear (the step reads its rows as `[qkv | z]`) where both share a
+    /// format and a placement; else the two, their outputs stitched into that layout.
+    qkvz: Vec<GLinear>,
+    /// `in_proj_b` and `in_proj_a` likewise, rows `[b | a]`.
+    ba: Vec<GLinear>,
     out: GLinear,
     conv: GpuBuffer<f32>,
     a_log: GpuBuffer<f32>,
@@ -203,20 +209,19 @@ enum HostEmbed {
     Head(Weight),
 }
 
-/// One slot's DeltaNet state in one layer.
-struct SlotGdn {
-    /// Conv history: `conv[0]` holds it; a step writes the next one into `conv[1]` (the kernels read one buffer
-    /// and write another) and copies it back, so the buffers a recorded graph names never change roles.
-    conv: [GpuBuffer<f32>; 2],
-    state: GpuBuffer<f32>,
-}
-
 enum LayerState {
     Attn {
         k: GpuBuffer<f32>,
         v: GpuBuffer<f32>,
     },
-    Gdn(Vec<SlotGdn>),
+    /// Every slot's DeltaNet caches in one buffer each, indexed by slot inside the kernel
+    /// ([`Gpu::gdn_decode_step_slots`]), so a recorded step serves any batch of its size: `conv`
+    /// `[slots, 2, conv_dim*(K-1)]` (a pair per slot, read from the half the position's parity names and written to
+    /// the other), `state` `[slots, Hv*dk*dv]`.
+    Gdn {
+        conv: GpuBuffer<f32>,
+        state: GpuBuffer<f32>,
+    },
 }
 
 /// Device scratch, reused by length.
@@ -288,7 +293,7 @@ struct Weights {
     gdn_prefill: &'static str,
 }
 
-/// Recorded decode graphs kept at most (a server's changing batches each record one); past it they are dropped.
+/// Recorded decode graphs kept at most (one per batch size, so at most `max_num_seqs`); past it they are dropped.
 const MAX_GRAPHS: usize = 256;
 
 /// A recorded decode step: the graph, the input buffer it reads the embedded rows from and the logits it writes.
@@ -299,9 +304,18 @@ struct Recorded {
 }
 
 /// What a step hands back: the logits, or the greedy ids chosen on the device.
+/// What a step's caller wants back: every row's logits, every row's argmax, or per row a draw or the logits.
+enum Want<'a> {
+    Logits,
+    Argmax,
+    Draws(&'a mut [Option<Draw>]),
+}
+
 enum Out {
     Logits(Vec<f32>),
     Ids(Vec<u32>),
+    /// Per row: the logits where no draw was asked.
+    Rows(Vec<Option<Vec<f32>>>),
 }
 
 /// A model placed on a CUDA device with its caches: what [`crate::Engine`] runs when `--device cuda`.
@@ -309,16 +323,21 @@ pub struct CudaModel {
     w: Weights,
     /// Argmax outputs by row count.
     ids_buf: HashMap<usize, GpuBuffer<u32>>,
-    /// Recorded decode steps by batch (the slots, in order), the batches seen once, and whether to record.
-    graphs: HashMap<Vec<usize>, Recorded>,
-    seen: std::collections::HashSet<Vec<usize>>,
+    /// Recorded decode steps by batch size (the slots and positions are read from device buffers, so one graph
+    /// serves every batch of its size), the sizes seen once, and whether to record.
+    graphs: HashMap<usize, Recorded>,
+    seen: std::collections::HashSet<usize>,
     graphs_on: bool,
     /// Zeros to clear a slot's state from, in place.
     zeros: GpuBuffer<f32>,
     state: Vec<LayerState>,
     pool: Pool,
     gemv_scratch: GpuBuffer<u32>,
+    /// The NVFP4 decode GEMVs' activation fragments, written by the fused producers (norm, gated activation).
+    frags: Nvfp4Fragments,
     slot_buf: HashMap<usize, (GpuBuffer<u32>, GpuBuffer<u32>)>,
+    /// Sequences the caches hold at once.
+    slots: usize,
     max_len: usize,
     /// The copy stream and staging buffers of the weights the plan keeps in host memory, if any.
     streamer: Option<Streamer>,
@@ -440,6 +459,68 @@ fn stack_fp8(parts: &[&Weight]) -> Option<Weight> {
     })
 }
 
+/// Weights with the same input stacked by rows into one of the same format: FP8 blocks as [`stack_fp8`], f32 and
+/// bf16 as they are, NVFP4 where the parts share their global scale. `None` when they cannot be.
+fn stack_rows(parts: &[&Weight]) -> Option<Weight> {
+    if let Some(w) = stack_fp8(parts) {
+        return Some(w);
+    }
+    let k = parts.first()?.k();
+    if parts.iter().any(|p| p.k() != k) {
+        return None;
+    }
+    let n = parts.iter().map(|p| p.n()).sum();
+    match parts[0] {
+        Weight::F32 { .. } => {
+            let mut w = Vec::with_capacity(n * k);
+            for p in parts {
+                let Weight::F32 { w: pw, .. } = p else {
+                    return None;
+                };
+                w.extend_from_slice(pw);
+            }
+            Some(Weight::F32 { w, n, k })
+        }
+        Weight::Bf16 { .. } => {
+            let mut w = Vec::with_capacity(n * k);
+            for p in parts {
+                let Weight::Bf16 { w: pw, .. } = p else {
+                    return None;
+                };
+                w.extend_from_slice(pw);
+            }
+            Some(Weight::Bf16 { w, n, k })
+        }
+        Weight::Nvfp4 { global: g0, .. } => {
+            let (mut w, mut scales) = (Vec::new(), Vec::new());
+            for p in parts {
+                let Weight::Nvfp4 {
+                    w: pw,
+                    scales: ps,
+                    global,
+                    ..
+                } = p
+                else {
+                    return None;
+                };
+                if global.to_bits() != g0.to_bits() {
+                    return None;
+                }
+                w.extend_from_slice(pw);
+                scales.extend_from_slice(ps);
+            }
+            Some(Weight::Nvfp4 {
+                w,
+                scales,
+                global: *g0,
+                n,
+                k,
+            })
+        }
+        _ => None,
+    }
+}
+
 fn opt_vec(gpu: &Gpu, v: &Option<Vec<f32>>) -> Result<Option<GpuBuffer<f32>>, EngineError> {
     v.as_deref().map(|v| upload_vec(gpu, v)).transpose()
 }
@@ -475,6 +556,26 @@ struct Placer<'a> {
 }
 
 impl Placer<'_> {
+    /// Linears of one input in `layer`, one role each: stacked into one ([`stack_rows`]) where every role has the
+    /// same placement (so nothing streams that the plan keeps resident, or the reverse), else each apart.
+    fn put_stacked(
+        &mut self,
+        parts: &[&Weight],
+        layer: usize,
+        roles: &[LinearRole],
+    ) -> Result<Vec<GLinear>, EngineError> {
+        let streamed = |r: &LinearRole| self.streamed.contains(&(layer, *r));
+        let same = roles.iter().all(|r| streamed(r) == streamed(&roles[0]));
+        if let Some(w) = stack_rows(parts).filter(|_| same) {
+            return Ok(vec![self.put(&w, layer, roles)?]);
+        }
+        parts
+            .iter()
+            .zip(roles)
+            .map(|(w, r)| self.put(w, layer, std::slice::from_ref(r)))
+            .collect()
+    }
+
     /// `w`, the linear of `roles` (the first names it; any of them streamed streams it) in `layer`.
     fn put(
         &mut self,
@@ -701,10 +802,8 @@ impl CudaModel {
                     let g = *g;
                     wide = wide.max(g.out.k());
                     GMixer::Gdn(Box::new(GGdn {
-                        in_qkv: pl.put(&g.in_qkv, i, &[R::GdnQkv])?,
-                        in_z: pl.put(&g.in_z, i, &[R::GdnZ])?,
-                        in_b: pl.put(&g.in_b, i, &[R::GdnB])?,
-                        in_a: pl.put(&g.in_a, i, &[R::GdnA])?,
+                        qkvz: pl.put_stacked(&[&g.in_qkv, &g.in_z], i, &[R::GdnQkv, R::GdnZ])?,
+                        ba: pl.put_stacked(&[&g.in_b, &g.in_a], i, &[R::GdnB, R::GdnA])?,
                         out: pl.put(&g.out, i, &[R::GdnOut])?,
                         conv: upload_vec(&gpu, &g.conv)?,
                         a_log: upload_vec(&gpu, &g.a_log)?,
@@ -800,6 +899,7 @@ impl CudaModel {
         paths.sort_unstable();
         paths.dedup();
         let gemv_scratch = w.gpu.zeros::<u32>(w.scratch_len).map_err(kerr)?;
+        let frags = Nvfp4Fragments::new(w.gpu.zeros::<u32>(w.scratch_len).map_err(kerr)?);
         let zeros = w.gpu.zeros::<f32>(1).map_err(kerr)?;
         let order: Vec<usize> = (0..w.layers.len())
             .filter(|&i| {
@@ -841,7 +941,9 @@ impl CudaModel {
             state: Vec::new(),
             pool: Pool::default(),
             gemv_scratch,
+            frags,
             slot_buf: HashMap::new(),
+            slots,
             max_len,
             weight_bytes,
             cache_bytes: 0,
@@ -876,16 +978,17 @@ impl CudaModel {
                         EngineError::Unsupported("GDN layer without geometry".into())
                     })?;
                     let (cl, sl) = (g.conv_state_len(), g.state_len());
-                    let mut v = Vec::with_capacity(slots);
-                    for _ in 0..slots {
-                        bytes += 4 * (2 * cl + sl) as u64;
-                        v.push(SlotGdn {
-                            conv: [gpu.zeros(cl).map_err(kerr)?, gpu.zeros(cl).map_err(kerr)?],
-                            state: gpu.zeros(sl).map_err(kerr)?,
-                        });
-                        zeros_len = zeros_len.max(cl).max(sl);
+                    let len = |per: usize| {
+                        per.checked_mul(slots).ok_or_else(|| {
+                            EngineError::Unsupported("the DeltaNet cache size overflows".into())
+                        })
+                    };
+                    bytes += 4 * (len(2 * cl)? + len(sl)?) as u64;
+                    zeros_len = zeros_len.max(2 * cl).max(sl);
+                    LayerState::Gdn {
+                        conv: gpu.zeros(len(2 * cl)?).map_err(kerr)?,
+                        state: gpu.zeros(len(sl)?).map_err(kerr)?,
                     }
-                    LayerState::Gdn(v)
                 }
             };
             self.state.push(s);
@@ -1001,14 +1104,14 @@ impl CudaModel {
     fn reset_slot(&mut self, slot: usize) -> Result<(), EngineError> {
         let gpu = &self.w.gpu;
         let z = &self.zeros;
+        let Some(g) = self.w.gdn_dims else {
+            return Ok(());
+        };
         for l in &mut self.state {
-            if let LayerState::Gdn(v) = l {
-                let s = v
-                    .get_mut(slot)
-                    .ok_or_else(|| EngineError::Request(format!("no slot {slot}")))?;
-                for buf in s.conv.iter_mut().chain([&mut s.state]) {
+            if let LayerState::Gdn { conv, state } = l {
+                for (buf, per) in [(conv, 2 * g.conv_state_len()), (state, g.state_len())] {
                     let n = buf.len();
-                    gpu.copy_cols(z, z.len(), 0, buf, n, 0, 1, n)
+                    gpu.copy_cols(z, z.len(), 0, buf, n, slot * per, 1, per)
                         .map_err(kerr)?;
                 }
             }
@@ -1018,10 +1121,33 @@ impl CudaModel {
 
     /// [`Model::forward`] on the device: the logits of each sequence's last token, `[batch.len(), vocab]`.
     pub fn forward(&mut self, batch: &[Step<'_>]) -> Result<Vec<f32>, EngineError> {
-        match self.forward_as(batch, false)? {
+        match self.forward_as(batch, Want::Logits)? {
             Out::Logits(l) => Ok(l),
-            Out::Ids(_) => Err(EngineError::Kernel(
+            _ => Err(EngineError::Kernel(
                 "forward: ids where logits were asked".into(),
+            )),
+        }
+    }
+
+    /// A decode step where each row either draws its next token on the device (`Some(draw)`: the device's
+    /// sampler where it takes the parameters, so only the id and the generator cross the link; otherwise the
+    /// row's logits come back and it is drawn on the host, the same draw) or hands back its logits (`None`).
+    pub fn forward_pick(
+        &mut self,
+        batch: &[Step<'_>],
+        draws: &mut [Option<Draw>],
+    ) -> Result<Vec<Option<Vec<f32>>>, EngineError> {
+        if draws.len() != batch.len() {
+            return Err(EngineError::Kernel(format!(
+                "forward_pick: {} draws for {} sequences",
+                draws.len(),
+                batch.len()
+            )));
+        }
+        match self.forward_as(batch, Want::Draws(draws))? {
+            Out::Rows(r) => Ok(r),
+            _ => Err(EngineError::Kernel(
+                "forward_pick: logits where rows were asked".into(),
             )),
         }
     }
@@ -1029,15 +1155,15 @@ impl CudaModel {
     /// The greedy next token of each sequence, chosen on the device: only the ids cross the link (first on ties,
     /// as the CPU's argmax; a row holding a NaN is an error).
     pub fn forward_argmax(&mut self, batch: &[Step<'_>]) -> Result<Vec<u32>, EngineError> {
-        match self.forward_as(batch, true)? {
+        match self.forward_as(batch, Want::Argmax)? {
             Out::Ids(ids) => Ok(ids),
-            Out::Logits(_) => Err(EngineError::Kernel(
+            _ => Err(EngineError::Kernel(
                 "forward: logits where ids were asked".into(),
             )),
         }
     }
 
-    fn forward_as(&mut self, batch: &[Step<'_>], argmax: bool) -> Result<Out, EngineError> {
+    fn forward_as(&mut self, batch: &[Step<'_>], want: Want<'_>) -> Result<Out, EngineError> {
         let prefill = batch.len() == 1 && batch[0].tokens.len() > 1;
         if !prefill && batch.iter().any(|s| s.tokens.len() != 1) {
             return Err(EngineError::Unsupported(
@@ -1060,6 +1186,21 @@ impl CudaModel {
                 self.max_len
             )));
         }
+        // The kernels index the caches by these slots: each must exist and hold one sequence of the step.
+        for (i, s) in batch.iter().enumerate() {
+            if s.slot >= self.slots {
+                return Err(EngineError::Request(format!(
+                    "no slot {} (the caches hold {})",
+                    s.slot, self.slots
+                )));
+            }
+            if batch[..i].iter().any(|o| o.slot == s.slot) {
+                return Err(EngineError::Request(format!(
+                    "two sequences of one step on slot {}",
+                    s.slot
+                )));
+            }
+        }
         // A sequence's first step starts from zeroed DeltaNet state (queued before anything recorded runs).
         for s in batch {
             if s.pos == 0 {
@@ -1081,7 +1222,7 @@ impl CudaModel {
         self.slot_buf.insert(t, (sb, pb));
         written.map_err(kerr)?;
         if !prefill && self.graphs_on {
-            let key: Vec<usize> = batch.iter().map(|s| s.slot).collect();
+            let key = t;
             if let Some(g) = self.graphs.get_mut(&key) {
                 gpu.write(&mut g.x, &xh).map_err(kerr)?;
                 gpu.launch_graph(&g.graph).map_err(kerr)?;
@@ -1091,16 +1232,11 @@ impl CudaModel {
                     &self.graphs[&key].logits,
                     vocab,
                     &mut self.ids_buf,
-                    argmax,
+                    want,
                 );
             }
             if self.seen.contains(&key) {
-                return self.record(key, batch, &xh, argmax);
-            }
-            // A server's batches change with every join and leave: the batches seen once are forgotten in bulk so
-            // that a long run's bookkeeping stays bounded, as the graphs themselves are.
-            if self.seen.len() >= 4 * MAX_GRAPHS {
-                self.seen.clear();
+                return self.record(key, batch, &xh, want);
             }
             self.seen.insert(key);
         }
@@ -1112,7 +1248,7 @@ impl CudaModel {
         self.pool.put(x);
         let logits = r?;
         let vocab = self.w.lm_head.n();
-        let out = finish(&self.w.gpu, &logits, vocab, &mut self.ids_buf, argmax);
+        let out = finish(&self.w.gpu, &logits, vocab, &mut self.ids_buf, want);
         self.pool.put(logits);
         out
     }
@@ -1121,10 +1257,10 @@ impl CudaModel {
     /// recording fails, graphs are turned off (said once on stderr) and the step runs launch by launch.
     fn record(
         &mut self,
-        key: Vec<usize>,
+        key: usize,
         batch: &[Step<'_>],
         xh: &[f32],
-        argmax: bool,
+        want: Want<'_>,
     ) -> Result<Out, EngineError> {
         if self.graphs.len() >= MAX_GRAPHS {
             self.graphs.clear();
@@ -1145,7 +1281,7 @@ impl CudaModel {
                     &logits,
                     self.w.lm_head.n(),
                     &mut self.ids_buf,
-                    argmax,
+                    want,
                 );
                 self.graphs.insert(key, Recorded { graph, x, logits });
                 out
@@ -1161,7 +1297,7 @@ impl CudaModel {
                 eprintln!("edgefit: recording a CUDA graph failed ({why}); decode steps run launch by launch");
                 self.graphs_on = false;
                 // Nothing recorded ran: the caches are as before, so the step runs again, unrecorded.
-                self.forward_as(batch, argmax)
+                self.forward_as(batch, want)
             }
         }
     }
@@ -1212,6 +1348,7 @@ impl CudaModel {
             state,
             pool,
             gemv_scratch,
+            frags,
             slot_buf,
             max_len,
             streamer,
@@ -1233,6 +1370,7 @@ impl CudaModel {
                     w,
                     pool: &mut *pool,
                     scratch: &mut *gemv_scratch,
+                    frags: &mut *frags,
                     max_len,
                     stages: streamer.as_ref().map_or(&[][..], |s| &s.stages[..]),
                     buf: $buf,
@@ -1262,8 +1400,8 @@ impl CudaModel {
                 (GMixer::Attn(a), LayerState::Attn { k, v }) => {
                     cx.attention(a, k, v, sb, pb, &hb, t)?
                 }
-                (GMixer::Gdn(g), LayerState::Gdn(slots_state)) => {
-                    cx.gdn(g, slots_state, batch, prefill, &hb, t)?
+                (GMixer::Gdn(g), LayerState::Gdn { conv, state }) => {
+                    cx.gdn(g, conv, state, (sb, pb), batch, prefill, &hb, t)?
                 }
                 _ => {
                     return Err(EngineError::Unsupported(
@@ -1277,10 +1415,16 @@ impl CudaModel {
                 cx.pool.put(std::mem::replace(&mut o, n));
             }
             let ff_norm = layer.pre_ff_norm.as_ref().unwrap_or(&layer.post_attn_norm);
-            let h2 = cx.add_norm(&o, x, ff_norm)?;
+            let mut m = match cx.norm_mlp(layer, &o, x, ff_norm, t)? {
+                Some(m) => m,
+                None => {
+                    let h2 = cx.add_norm(&o, x, ff_norm)?;
+                    let m = cx.mlp(layer, &h2, t);
+                    cx.pool.put(h2);
+                    m?
+                }
+            };
             cx.pool.put(o);
-            let mut m = cx.mlp(layer, &h2, t)?;
-            cx.pool.put(h2);
             if let Some(wn) = &layer.post_ff_norm {
                 let n = cx.norm(&m, wn)?;
                 cx.pool.put(std::mem::replace(&mut m, n));
@@ -1334,42 +1478,133 @@ impl CudaModel {
     }
 }
 
-/// The logits, or (`argmax`) the greedy ids, of a finished step's `logits` buffer (`[rows, vocab]`).
+/// What the caller wants of a finished step's `logits` buffer (`[rows, vocab]`): the logits, the greedy ids, or
+/// per row a draw (on the device where its sampler takes the parameters, rows of equal parameters in one call) or
+/// the logits.
 fn finish(
     gpu: &Gpu,
     logits: &GpuBuffer<f32>,
     vocab: usize,
     ids_buf: &mut HashMap<usize, GpuBuffer<u32>>,
-    argmax: bool,
+    want: Want<'_>,
 ) -> Result<Out, EngineError> {
     let _t = profile::span(Op::Wait);
-    if !argmax {
-        return gpu.download(logits).map(Out::Logits).map_err(kerr);
-    }
-    let rows = logits.len() / vocab;
-    let mut ids = match ids_buf.remove(&rows) {
-        Some(b) => b,
-        None => gpu.zeros::<u32>(rows).map_err(kerr)?,
+    let draws = match want {
+        Want::Logits => return gpu.download(logits).map(Out::Logits).map_err(kerr),
+        Want::Argmax => {
+            let rows = logits.len() / vocab;
+            let mut ids = match ids_buf.remove(&rows) {
+                Some(b) => b,
+                None => gpu.zeros::<u32>(rows).map_err(kerr)?,
+            };
+            let r = gpu
+                .argmax(logits, vocab, &mut ids)
+                .and_then(|()| gpu.download(&ids));
+            ids_buf.insert(rows, ids);
+            let ids = r.map_err(kerr)?;
+            if ids.contains(&Gpu::INVALID_TOKEN) {
+                return Err(EngineError::Kernel(
+                    "argmax: a row of logits holds a NaN".into(),
+                ));
+            }
+            return Ok(Out::Ids(ids));
+        }
+        Want::Draws(d) => d,
     };
-    let r = gpu
-        .argmax(logits, vocab, &mut ids)
-        .and_then(|()| gpu.download(&ids));
-    ids_buf.insert(rows, ids);
-    let ids = r.map_err(kerr)?;
-    if ids.contains(&Gpu::INVALID_TOKEN) {
-        return Err(EngineError::Kernel(
-            "argmax: a row of logits holds a NaN".into(),
-        ));
+    let rows = logits.len() / vocab;
+    let on_device = |d: &Option<Draw>| {
+        d.as_ref()
+            .is_some_and(|d| Gpu::can_sample(vocab, &d.params))
+    };
+    // Rows drawn on the host or handed back need the logits here: one download for all of them.
+    let host = if draws.iter().all(on_device) {
+        None
+    } else {
+        Some(gpu.download(logits).map_err(kerr)?)
+    };
+    // The device's draws, one call per distinct parameters; a group short of every row is copied out first.
+    let mut groups: Vec<(SamplingParams, Vec<usize>)> = Vec::new();
+    for (r, d) in draws.iter().enumerate() {
+        if let Some(d) = d.as_ref().filter(|d| Gpu::can_sample(vocab, &d.params)) {
+            match groups.iter_mut().find(|(p, _)| *p == d.params) {
+                Some((_, v)) => v.push(r),
+                None => groups.push((d.params, vec![r])),
+            }
+        }
     }
-    Ok(Out::Ids(ids))
-}
-
-/// Copies a slot's new conv history (`conv[1]`, just written) back into `conv[0]`.
-fn conv_back(gpu: &Gpu, st: &mut SlotGdn) -> Result<(), EngineError> {
-    let (c0, c1) = st.conv.split_at_mut(1);
-    let n = c0[0].len();
-    gpu.copy_cols(&c1[0], n, 0, &mut c0[0], n, 0, 1, n)
-        .map_err(kerr)
+    for (params, rs) in groups {
+        let n = rs.len();
+        let copy;
+        let src = if n == rows {
+            logits
+        } else {
+            let mut c = gpu.zeros::<f32>(n * vocab).map_err(kerr)?;
+            for (i, &r) in rs.iter().enumerate() {
+                gpu.copy_cols(
+                    logits,
+                    rows * vocab,
+                    r * vocab,
+                    &mut c,
+                    n * vocab,
+                    i * vocab,
+                    1,
+                    vocab,
+                )
+                .map_err(kerr)?;
+            }
+            copy = c;
+            &copy
+        };
+        let words: Vec<u32> = rs
+            .iter()
+            .flat_map(|&r| draws[r].as_ref().map_or([0; 4], |d| d.rng.to_words()))
+            .collect();
+        let mut rng = gpu.upload(&words).map_err(kerr)?;
+        let mut ids = match ids_buf.remove(&n) {
+            Some(b) => b,
+            None => gpu.zeros::<u32>(n).map_err(kerr)?,
+        };
+        let r = gpu
+            .sample(src, vocab, &params, &mut rng, &mut ids)
+            .and_then(|()| gpu.download(&ids))
+            .and_then(|ids| Ok((ids, gpu.download(&rng)?)));
+        ids_buf.insert(n, ids);
+        let (ids, words) = r.map_err(kerr)?;
+        for (i, &r) in rs.iter().enumerate() {
+            if ids[i] == Gpu::INVALID_TOKEN {
+                return Err(EngineError::Kernel(format!(
+                    "sampling: row {r} of logits holds a NaN or +inf"
+                )));
+            }
+            if let Some(d) = draws[r].as_mut() {
+                d.token = ids[i];
+                d.rng = Pcg32::from_words([
+                    words[4 * i],
+                    words[4 * i + 1],
+                    words[4 * i + 2],
+                    words[4 * i + 3],
+                ]);
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(rows);
+    for (r, d) in draws.iter_mut().enumerate() {
+        let row = host.as_ref().map(|h| &h[r * vocab..(r + 1) * vocab]);
+        match (d, row) {
+            (Some(d), Some(row)) if !Gpu::can_sample(vocab, &d.params) => {
+                d.token = crate::generate::draw(row, &d.params, &mut d.rng)?;
+                out.push(None);
+            }
+            (Some(_), _) => out.push(None),
+            (None, Some(row)) => out.push(Some(row.to_vec())),
+            (None, None) => {
+                return Err(EngineError::Kernel(
+                    "finish: a row's logits were not fetched".into(),
+                ))
+            }
+        }
+    }
+    Ok(Out::Rows(out))
 }
 
 impl GLayer {
@@ -1391,7 +1626,7 @@ impl GLayer {
                     v.push(g);
                 }
             }
-            GMixer::Gdn(g) => v.extend([&g.in_qkv, &g.in_z, &g.in_b, &g.in_a, &g.out]),
+            GMixer::Gdn(g) => v.extend(g.qkvz.iter().chain(&g.ba).chain([&g.out])),
         }
         v
     }
@@ -1402,6 +1637,7 @@ struct Ctx<'a> {
     w: &'a Weights,
     pool: &'a mut Pool,
     scratch: &'a mut GpuBuffer<u32>,
+    frags: &'a mut Nvfp4Fragments,
     max_len: usize,
     /// The staging buffers of streamed linears, and which of each pair this layer reads.
     stages: &'a [[GLinear; 2]],
@@ -1607,6 +1843,61 @@ impl<'a> Ctx<'a> {
         .map_err(kerr)
     }
 
+    /// The residual add, the feed-forward norm and the MLP's up projection fused where the gate/up projection is
+    /// one tile GEMV of at most 16 rows: the norm writes the bf16 activations the FP8 GEMV reads (no f32 copy, no
+    /// cast), or the NVFP4 GEMV's fragments ([`Gpu::rmsnorm_nvfp4_gemv`]: no cast, no fragment kernel), the same
+    /// bits as the unfused steps. `None` (nothing done) where it does not apply.
+    fn norm_mlp(
+        &mut self,
+        layer: &GLayer,
+        o: &GpuBuffer<f32>,
+        x: &mut GpuBuffer<f32>,
+        ff_norm: &GpuBuffer<f32>,
+        t: usize,
+    ) -> Result<Option<GpuBuffer<f32>>, EngineError> {
+        let GGateUp::Fused(gate_up) = &layer.gate_up else {
+            return Ok(None);
+        };
+        let gate_up = resolve(self.stages, self.buf, gate_up);
+        if t > 16 || !matches!(gate_up, GLinear::Fp8 { .. } | GLinear::Nvfp4 { .. }) {
+            return Ok(None);
+        }
+        let gpu = &self.w.gpu;
+        let mut gu = self.pool.f32(gpu, t * gate_up.n())?;
+        {
+            let _t = profile::span(Op::Linear);
+            let (form, eps) = (self.w.norm_form, self.w.eps);
+            // The fragment producer takes rows of at most 8192 values, a multiple of 16.
+            let dim = x.len() / t;
+            match gate_up {
+                GLinear::Nvfp4 { tiles, global, .. } if dim <= 8192 && dim.is_multiple_of(16) => {
+                    gpu.rmsnorm_nvfp4_gemv(
+                        o,
+                        Some(x),
+                        ff_norm,
+                        form,
+                        eps,
+                        self.frags,
+                        tiles,
+                        *global,
+                        &mut gu,
+                    )
+                    .map_err(kerr)?
+                }
+                _ => {
+                    let mut xb = self.pool.u16(gpu, x.len())?;
+                    let r = gpu
+                        .add_rmsnorm(o, x, ff_norm, form, eps, &mut xb)
+                        .map_err(kerr)
+                        .and_then(|()| self.tiles(gate_up, &xb, &mut gu, t));
+                    self.pool.put_u16(xb);
+                    r?;
+                }
+            }
+        }
+        self.mlp_down(layer, gu, t).map(Some)
+    }
+
     fn mlp(
         &mut self,
         layer: &GLayer,
@@ -1632,10 +1923,36 @@ impl<'a> Ctx<'a> {
                 gu
             }
         };
-        // A tile down projection reads bf16: the activation kernel writes it directly (no f32 copy, no cast).
+        self.mlp_down(layer, gu, t)
+    }
+
+    /// The gated activation of `gu` (`[t, 2 * inter]`, gate then up) and the down projection.
+    fn mlp_down(
+        &mut self,
+        layer: &GLayer,
+        gu: GpuBuffer<f32>,
+        t: usize,
+    ) -> Result<GpuBuffer<f32>, EngineError> {
+        let gpu = &self.w.gpu;
+        let inter = self.w.inter;
+        // A tile down projection reads bf16 (FP8) or its fragments (NVFP4): the activation kernel writes them
+        // directly (no f32 copy, no cast, no fragment kernel).
         let down = resolve(self.stages, self.buf, &layer.down);
         let tile_down = !matches!(down, GLinear::Dense(_)) && t <= 16;
         if tile_down && self.w.act != GatedAct::GeluTanh {
+            let mut out = self.pool.f32(gpu, t * layer.down.n())?;
+            if let GLinear::Nvfp4 { tiles, global, .. } = down {
+                let _t = profile::span(Op::Linear);
+                let r = match self.w.act {
+                    GatedAct::Silu => {
+                        gpu.silu_and_mul_nvfp4_gemv(&gu, self.frags, tiles, *global, &mut out)
+                    }
+                    _ => gpu.gelu_and_mul_nvfp4_gemv(&gu, self.frags, tiles, *global, &mut out),
+                };
+                self.pool.put(gu);
+                r.map_err(kerr)?;
+                return Ok(out);
+            }
             let mut xb = self.pool.u16(gpu, t * inter)?;
             {
                 let _t = profile::span(Op::Small);
@@ -1646,7 +1963,6 @@ impl<'a> Ctx<'a> {
                 .map_err(kerr)?;
             }
             self.pool.put(gu);
-            let mut out = self.pool.f32(gpu, t * layer.down.n())?;
             {
                 let _t = profile::span(Op::Linear);
                 self.tiles(&layer.down, &xb, &mut out, t)?;
@@ -1770,10 +2086,38 @@ impl<'a> Ctx<'a> {
         Ok(o)
     }
 
+    /// `outs` (`[m, n_i]` each) copied side by side into one `[m, sum n_i]` buffer; a single one is returned as is.
+    fn side_by_side(
+        &mut self,
+        mut outs: Vec<GpuBuffer<f32>>,
+        m: usize,
+    ) -> Result<GpuBuffer<f32>, EngineError> {
+        if outs.len() == 1 {
+            return outs
+                .pop()
+                .ok_or_else(|| EngineError::Kernel("linears: missing output".into()));
+        }
+        let gpu = &self.w.gpu;
+        let width: usize = outs.iter().map(|o| o.len() / m).sum();
+        let mut all = self.pool.f32(gpu, m * width)?;
+        let mut off = 0;
+        for o in outs {
+            let n = o.len() / m;
+            gpu.copy_cols(&o, n, 0, &mut all, width, off, m, n)
+                .map_err(kerr)?;
+            off += n;
+            self.pool.put(o);
+        }
+        Ok(all)
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn gdn(
         &mut self,
         g: &GGdn,
-        states: &mut [SlotGdn],
+        conv: &mut GpuBuffer<f32>,
+        state: &mut GpuBuffer<f32>,
+        (slots, pos): (&GpuBuffer<u32>, &GpuBuffer<u32>),
         batch: &[Step<'_>],
         prefill: bool,
         x: &GpuBuffer<f32>,
@@ -1784,11 +2128,14 @@ impl<'a> Ctx<'a> {
             .w
             .gdn_dims
             .ok_or_else(|| EngineError::Unsupported("GDN layer without geometry".into()))?;
-        let vw = dims.value_width();
-        let [qkv, z, b, a]: [GpuBuffer<f32>; 4] = self
-            .linears(&[&g.in_qkv, &g.in_z, &g.in_b, &g.in_a], x, t)?
-            .try_into()
-            .map_err(|_| EngineError::Kernel("linears: missing output".into()))?;
+        let (vw, hv, cd) = (dims.value_width(), dims.value_heads, dims.conv_dim());
+        // One pass over the input for every projection (one bf16 cast for the tile GEMVs), then the stacked
+        // layouts the step reads: [qkv | z] and [b | a] per row.
+        let parts: Vec<&GLinear> = g.qkvz.iter().chain(&g.ba).collect();
+        let mut outs = self.linears(&parts, x, t)?;
+        let ba_outs = outs.split_off(g.qkvz.len());
+        let qkvz = self.side_by_side(outs, t)?;
+        let ba = self.side_by_side(ba_outs, t)?;
         let wts = GdnGpuWeights {
             conv_weight: &g.conv,
             a_log: &g.a_log,
@@ -1796,93 +2143,80 @@ impl<'a> Ctx<'a> {
             norm_weight: &g.norm,
             norm_eps: self.w.eps,
         };
-        let inp = GdnGpuInputs {
-            qkv: &qkv,
-            z: &z,
-            a: &a,
-            b: &b,
-        };
         let mut out = self.pool.f32(gpu, t * vw)?;
         let t_gdn = profile::span(Op::Gdn);
-        let n_slots = states.len();
-        let slot_of = |s: &Step<'_>| -> Result<usize, EngineError> {
-            if s.slot < n_slots {
-                Ok(s.slot)
-            } else {
-                Err(EngineError::Request(format!("no slot {}", s.slot)))
-            }
-        };
         if prefill {
-            let s = slot_of(&batch[0])?;
-            let st = &mut states[s];
+            // The chunked prefill runs on one sequence's own rows: its state and the conv history its first
+            // position reads are copied out of the slot caches, and back (the history into the half the next
+            // position reads).
+            let (s, p0) = (batch[0].slot, batch[0].pos);
+            let (cl, sl) = (dims.conv_state_len(), dims.state_len());
+            let qkv = self.cols(&qkvz, cd + vw, 0, cd)?;
+            let z = self.cols(&qkvz, cd + vw, cd, vw)?;
+            let b = self.cols(&ba, 2 * hv, 0, hv)?;
+            let a = self.cols(&ba, 2 * hv, hv, hv)?;
+            let gpu = &self.w.gpu;
+            let mut st = self.pool.f32(gpu, sl)?;
+            let mut cin = self.pool.f32(gpu, cl)?;
+            let mut cout = self.pool.f32(gpu, cl)?;
             let ws_len = Gpu::gdn_prefill_workspace_len_with(self.w.gdn_prefill, &dims, &[t])
                 .map_err(kerr)?;
             let mut ws = self.pool.f32(gpu, ws_len)?;
-            let (c0, c1) = st.conv.split_at_mut(1);
-            let (cin, cout) = (&c0[0], &mut c1[0]);
-            gpu.gdn_prefill_with(
-                self.w.gdn_prefill,
+            let (nc, ns) = (conv.len(), state.len());
+            let r = gpu
+                .copy_cols(state, ns, s * sl, &mut st, sl, 0, 1, sl)
+                .and_then(|()| {
+                    gpu.copy_cols(conv, nc, (2 * s + p0 % 2) * cl, &mut cin, cl, 0, 1, cl)
+                })
+                .and_then(|()| {
+                    gpu.gdn_prefill_with(
+                        self.w.gdn_prefill,
+                        &dims,
+                        &wts,
+                        &GdnGpuInputs {
+                            qkv: &qkv,
+                            z: &z,
+                            a: &a,
+                            b: &b,
+                        },
+                        &[t],
+                        GdnPrefillIo {
+                            conv_in: &cin,
+                            conv_out: &mut cout,
+                            state: &mut st,
+                            out: &mut out,
+                            workspace: &mut ws,
+                        },
+                    )
+                })
+                .and_then(|()| {
+                    gpu.copy_cols(&cout, cl, 0, conv, nc, (2 * s + (p0 + t) % 2) * cl, 1, cl)
+                })
+                .and_then(|()| gpu.copy_cols(&st, sl, 0, state, ns, s * sl, 1, sl));
+            for buf in [qkv, z, b, a, st, cin, cout, ws] {
+                self.pool.put(buf);
+            }
+            r.map_err(kerr)?;
+        } else {
+            gpu.gdn_decode_step_slots(
                 &dims,
                 &wts,
-                &inp,
-                &[t],
-                GdnPrefillIo {
-                    conv_in: cin,
-                    conv_out: cout,
-                    state: &mut st.state,
-                    out: &mut out,
-                    workspace: &mut ws,
+                &GdnStackedInputs {
+                    qkvz: &qkvz,
+                    ba: &ba,
                 },
-            )
-            .map_err(kerr)?;
-            conv_back(gpu, st)?;
-            self.pool.put(ws);
-        } else if batch.len() == 1 {
-            let st = &mut states[slot_of(&batch[0])?];
-            let (c0, c1) = st.conv.split_at_mut(1);
-            gpu.gdn_decode_step(
-                &dims,
-                &wts,
-                &inp,
-                1,
-                &c0[0],
-                &mut c1[0],
-                &mut st.state,
+                t,
+                slots,
+                pos,
+                conv,
+                state,
                 &mut out,
             )
             .map_err(kerr)?;
-            conv_back(gpu, st)?;
-        } else {
-            // Several sequences: their states gathered into one batch and scattered back.
-            let bsz = batch.len();
-            let (cl, sl) = (dims.conv_state_len(), dims.state_len());
-            let mut cin = self.pool.f32(gpu, bsz * cl)?;
-            let mut cout = self.pool.f32(gpu, bsz * cl)?;
-            let mut sts = self.pool.f32(gpu, bsz * sl)?;
-            for (i, s) in batch.iter().enumerate() {
-                let st = &states[slot_of(s)?];
-                gpu.copy_cols(&st.conv[0], cl, 0, &mut cin, bsz * cl, i * cl, 1, cl)
-                    .map_err(kerr)?;
-                gpu.copy_cols(&st.state, sl, 0, &mut sts, bsz * sl, i * sl, 1, sl)
-                    .map_err(kerr)?;
-            }
-            gpu.gdn_decode_step(&dims, &wts, &inp, bsz, &cin, &mut cout, &mut sts, &mut out)
-                .map_err(kerr)?;
-            for (i, s) in batch.iter().enumerate() {
-                let st = &mut states[slot_of(s)?];
-                gpu.copy_cols(&cout, bsz * cl, i * cl, &mut st.conv[0], cl, 0, 1, cl)
-                    .map_err(kerr)?;
-                gpu.copy_cols(&sts, bsz * sl, i * sl, &mut st.state, sl, 0, 1, sl)
-                    .map_err(kerr)?;
-            }
-            self.pool.put(cin);
-            self.pool.put(cout);
-            self.pool.put(sts);
         }
         drop(t_gdn);
-        for buf in [qkv, z, b, a] {
-            self.pool.put(buf);
-        }
+        self.pool.put(qkvz);
+        self.pool.put(ba);
         let o = self.linear(&g.out, &out, t)?;
         self.pool.put(out);
         Ok(o)

@@ -21,7 +21,7 @@ use super::metrics::Shared;
 use crate::cache::PAGE_SIZE;
 use crate::generate::{penalize, pick, FinishReason, GenerateOptions};
 use crate::tokenizer::{Detok, Tokenizer};
-use crate::Engine;
+use crate::{Draw, Engine, Picked};
 
 /// What the HTTP side sends to the loop.
 pub(crate) enum Msg {
@@ -282,8 +282,24 @@ pub(crate) fn run(mut engine: Engine, tok: Arc<Tokenizer>, rx: Receiver<Msg>, sh
             .filter(|s| !s.prefilled)
             .map(|s| piece(s).len())
             .sum();
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.step(&work)));
-        let logits = match result {
+        // A sequence whose next token needs nothing but its draw (no logprobs, no repetition penalty, its prompt
+        // fed) draws it where the logits are: on CUDA the device's sampler, so only the id crosses the link.
+        let mut draws: Vec<Option<Draw>> = active
+            .iter()
+            .map(|s| {
+                let samples = s.prefilled || s.fed + PROMPT_CHUNK >= s.job.prompt.len();
+                let plain = s.job.logprobs.is_none() && s.opts.repetition_penalty == 1.0;
+                (samples && plain).then(|| Draw {
+                    params: s.opts.sampling,
+                    rng: s.rng.clone(),
+                    token: 0,
+                })
+            })
+            .collect();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            engine.step_pick(&work, &mut draws)
+        }));
+        let picked = match result {
             Ok(Ok(l)) => l,
             Ok(Err(e)) => {
                 fail_all(&mut engine, &mut active, &shared, &e.to_string());
@@ -304,7 +320,7 @@ pub(crate) fn run(mut engine: Engine, tok: Arc<Tokenizer>, rx: Receiver<Msg>, sh
         // The last events go out once the counters and gauges say the request is over, so a client that reads
         // /metrics after its response sees it counted.
         let mut done = Vec::new();
-        for (i, (s, mut row)) in active.iter_mut().zip(logits).enumerate() {
+        for (i, ((s, picked), draw)) in active.iter_mut().zip(picked).zip(draws).enumerate() {
             if !s.prefilled {
                 s.fed = (s.fed + PROMPT_CHUNK).min(s.job.prompt.len());
                 if s.fed < s.job.prompt.len() {
@@ -313,8 +329,23 @@ pub(crate) fn run(mut engine: Engine, tok: Arc<Tokenizer>, rx: Receiver<Msg>, sh
                 }
             }
             s.prefilled = true;
-            penalize(&mut row, &s.seen, s.opts.repetition_penalty);
-            let id = match pick(&row, &s.opts, &mut s.rng) {
+            let (id, row) = match (picked, draw) {
+                (Picked::Token(id), Some(d)) => {
+                    s.rng = d.rng;
+                    (Ok(id), None)
+                }
+                (Picked::Logits(mut row), _) => {
+                    penalize(&mut row, &s.seen, s.opts.repetition_penalty);
+                    (pick(&row, &s.opts, &mut s.rng), Some(row))
+                }
+                (Picked::Token(_), None) => (
+                    Err(crate::EngineError::Kernel(
+                        "a token drawn where none was asked".into(),
+                    )),
+                    None,
+                ),
+            };
+            let id = match id {
                 Ok(id) => id,
                 Err(e) => {
                     shared.metrics.errors.fetch_add(1, Ordering::Relaxed);
@@ -329,8 +360,8 @@ pub(crate) fn run(mut engine: Engine, tok: Arc<Tokenizer>, rx: Receiver<Msg>, sh
                     continue;
                 }
             };
-            if let Some(top) = s.job.logprobs {
-                let (lp, alts) = log_softmax_top(&row, id, top, &tok);
+            if let (Some(top), Some(row)) = (s.job.logprobs, &row) {
+                let (lp, alts) = log_softmax_top(row, id, top, &tok);
                 s.logprobs.push(TokenLogprob {
                     text: tok.token_text(id),
                     logprob: lp,

@@ -11,7 +11,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use super::{GdnGpuInputs, GdnGpuWeights, GpuScalar, PagedAttentionDims};
+use super::{GdnGpuWeights, GpuScalar, PagedAttentionDims};
 use crate::shapes::GdnDims;
 use crate::KernelError;
 

@@ -157,49 +157,8 @@ impl Gpu {
                 }
             }
         };
-        dims.validate(OP)?;
-        crate::ensure_shape!(
-            dims.key_dim == 128 && dims.value_dim == 128,
-            OP,
-            "the CUDA step is built for key_dim = value_dim = 128 (Qwen3.5 / Qwen3-Next), got {}x{}",
-            dims.key_dim,
-            dims.value_dim
-        );
-        crate::ensure_shape!(
-            (2..=4).contains(&dims.conv_kernel),
-            OP,
-            "conv_kernel must be 2..=4, got {}",
-            dims.conv_kernel
-        );
-        crate::ensure_shape!(
-            (1..=65535).contains(&seqs),
-            OP,
-            "seqs must be 1..=65535, got {seqs}"
-        );
-        // The grid's x is value_heads * blocks_per_head (at most 8 per head): far below 2^31 for any i32 count.
-        crate::ensure_shape!(
-            dims.value_heads <= i32::MAX as usize / 8,
-            OP,
-            "value_heads {} is too large for the kernels' 32-bit indexing",
-            dims.value_heads
-        );
-        let sizes = dims.checked_sizes(OP)?;
+        let sizes = check_step(OP, dims, w, seqs)?;
         let cd = sizes.conv_dim;
-        check_len(
-            OP,
-            "conv_weight",
-            w.conv_weight.len(),
-            sizes.conv_weight_len,
-        )?;
-        check_len(OP, "a_log", w.a_log.len(), dims.value_heads)?;
-        check_len(OP, "dt_bias", w.dt_bias.len(), dims.value_heads)?;
-        check_len(OP, "norm_weight", w.norm_weight.len(), dims.value_dim)?;
-        crate::ensure_shape!(
-            w.norm_eps.is_finite() && w.norm_eps >= 0.0,
-            OP,
-            "norm_eps must be finite and non-negative, got {}",
-            w.norm_eps
-        );
         check_len_of(OP, "qkv", x.qkv.len(), &[seqs, cd])?;
         check_len_of(OP, "z", x.z.len(), &[seqs, sizes.value_width])?;
         check_len_of(OP, "a", x.a.len(), &[seqs, dims.value_heads])?;
@@ -215,17 +174,33 @@ impl Gpu {
         check_len_of(OP, "out", out.len(), &[seqs, sizes.value_width])?;
         #[cfg(feature = "cuda")]
         {
-            self.inner.gdn_decode_step(
-                kernel,
-                dims,
-                w,
-                x,
-                seqs,
-                &conv_in.slice,
-                &mut conv_out.slice,
-                &mut state.slice,
-                &mut out.slice,
-            )
+            let d = &self.inner;
+            let (qkv, _g0) = d.addr(&x.qkv.slice);
+            let (z, _g1) = d.addr(&x.z.slice);
+            let (a, _g2) = d.addr(&x.a.slice);
+            let (b, _g3) = d.addr(&x.b.slice);
+            let (conv_in, _g4) = d.addr(&conv_in.slice);
+            let (conv_out, _g5) = d.addr_mut(&mut conv_out.slice);
+            let (state, _g6) = d.addr_mut(&mut state.slice);
+            let (out, _g7) = d.addr_mut(&mut out.slice);
+            let args = GdnStepArgs {
+                qkv,
+                z,
+                a,
+                b,
+                // Each fits: checked_sizes bounded them and check_step the heads for 32-bit indexing.
+                qkv_ld: to_i32(OP, cd)?,
+                z_ld: to_i32(OP, sizes.value_width)?,
+                ab_ld: to_i32(OP, dims.value_heads)?,
+                conv_in,
+                conv_out,
+                state,
+                out,
+                slots: 0,
+                pos: 0,
+                n_slots: 0,
+            };
+            d.gdn_decode_step(kernel, dims, w, &args, seqs)
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -234,6 +209,187 @@ impl Gpu {
         }
     }
     }
+
+    /// The decode step of `seqs` sequences on the engine's caches, indexed by slot: sequence `i`'s recurrent state
+    /// is row `slots[i]` of `state` (`[n_slots, Hv*dk*dv]`), its conv history a pair of rows of `conv`
+    /// (`[n_slots, 2, conv_dim*(K-1)]`): read from the one `pos[i] % 2` names, the advanced history written to the
+    /// other, which position `pos[i] + 1` then reads. Why: a recorded CUDA graph then serves every batch of the
+    /// same size whatever its slots, and no state is gathered, scattered or copied back around the step.
+    ///
+    /// The inputs are stacked as the engine's fused projections write them: `x.qkvz` `[seqs, conv_dim + Hv*dv]`
+    /// (each row the conv input q, k, v, then z) and `x.ba` `[seqs, 2*Hv]` (each row b, then a); `out`
+    /// `[seqs, Hv*dv]` in batch order. `slots` and `pos` live on the device (`[seqs]` each, so a graph reads this
+    /// step's values); a slot of `n_slots` or more is refused by the kernel, which writes NaN to that sequence's
+    /// output and touches no cache. The slots of one step must be distinct (two sequences on one slot race).
+    /// Otherwise as [`Gpu::gdn_decode_step`]: the same arithmetic, bit for bit, for the same variant.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_decode_step_slots(
+        &self,
+        dims: &GdnDims,
+        w: &GdnGpuWeights<'_>,
+        x: &GdnStackedInputs<'_>,
+        seqs: usize,
+        slots: &GpuBuffer<u32>,
+        pos: &GpuBuffer<u32>,
+        conv: &mut GpuBuffer<f32>,
+        state: &mut GpuBuffer<f32>,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::gdn_decode_step_slots";
+        let kernel = auto_kernel(seqs);
+        let sizes = check_step(OP, dims, w, seqs)?;
+        let cd = sizes.conv_dim;
+        let row = cd.checked_add(sizes.value_width).ok_or_else(|| {
+            KernelError::shape(OP, "conv_dim + Hv*dv overflows usize".to_string())
+        })?;
+        check_len_of(OP, "qkvz", x.qkvz.len(), &[seqs, row])?;
+        check_len_of(OP, "ba", x.ba.len(), &[seqs, 2, dims.value_heads])?;
+        check_len(OP, "slots", slots.len(), seqs)?;
+        check_len(OP, "pos", pos.len(), seqs)?;
+        check_len_of(OP, "out", out.len(), &[seqs, sizes.value_width])?;
+        crate::ensure_shape!(
+            !state.is_empty() && state.len().is_multiple_of(sizes.state_len),
+            OP,
+            "state holds {} floats, not a whole number of slots of {} (Hv*dk*dv)",
+            state.len(),
+            sizes.state_len
+        );
+        let n_slots = state.len() / sizes.state_len;
+        check_len_of(OP, "conv", conv.len(), &[n_slots, 2, sizes.conv_state_len])?;
+        let n_slots = u32::try_from(n_slots).map_err(|_| {
+            KernelError::shape(
+                OP,
+                format!("{n_slots} slots do not fit the kernel's u32 slot ids"),
+            )
+        })?;
+        #[cfg(feature = "cuda")]
+        {
+            let d = &self.inner;
+            let (qkvz, _g0) = d.addr(&x.qkvz.slice);
+            let (ba, _g1) = d.addr(&x.ba.slice);
+            let (sl, _g2) = d.addr(&slots.slice);
+            let (ps, _g3) = d.addr(&pos.slice);
+            let (cv, _g4) = d.addr_mut(&mut conv.slice);
+            let (st, _g5) = d.addr_mut(&mut state.slice);
+            let (o, _g6) = d.addr_mut(&mut out.slice);
+            let f = std::mem::size_of::<f32>() as u64;
+            let hv = dims.value_heads as u64;
+            let args = GdnStepArgs {
+                qkv: qkvz,
+                z: qkvz + cd as u64 * f,
+                b: ba,
+                a: ba + hv * f,
+                qkv_ld: to_i32(OP, row)?,
+                z_ld: to_i32(OP, row)?,
+                ab_ld: to_i32(OP, 2 * dims.value_heads)?,
+                conv_in: cv,
+                conv_out: cv,
+                state: st,
+                out: o,
+                slots: sl,
+                pos: ps,
+                n_slots,
+            };
+            d.gdn_decode_step(kernel, dims, w, &args, seqs)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (kernel, n_slots);
+            match self.never {}
+        }
+    }
+}
+
+/// The stacked inputs of [`Gpu::gdn_decode_step_slots`].
+pub struct GdnStackedInputs<'a> {
+    /// `[seqs, conv_dim + Hv*dv]`: per row the conv input (q, k, v), then z.
+    pub qkvz: &'a GpuBuffer<f32>,
+    /// `[seqs, 2*Hv]`: per row b, then a.
+    pub ba: &'a GpuBuffer<f32>,
+}
+
+/// Where the step's inputs and caches live, as device addresses (one launch argument each), built by the entry
+/// points above after their checks.
+#[cfg(feature = "cuda")]
+pub(in crate::cuda) struct GdnStepArgs {
+    pub qkv: u64,
+    pub z: u64,
+    pub a: u64,
+    pub b: u64,
+    /// Elements between two sequences' rows of qkv, z and a / b.
+    pub qkv_ld: i32,
+    pub z_ld: i32,
+    pub ab_ld: i32,
+    pub conv_in: u64,
+    pub conv_out: u64,
+    pub state: u64,
+    pub out: u64,
+    /// 0 (null) for caches in batch order; otherwise each sequence's slot and position.
+    pub slots: u64,
+    pub pos: u64,
+    pub n_slots: u32,
+}
+
+#[cfg(feature = "cuda")]
+fn to_i32(op: &'static str, v: usize) -> Result<i32, KernelError> {
+    i32::try_from(v).map_err(|_| {
+        KernelError::shape(
+            op,
+            format!("{v} is too large for the kernel's 32-bit indexing"),
+        )
+    })
+}
+
+/// The checks both entry points share: the geometry the kernels are built for, the batch, the weights.
+fn check_step(
+    op: &'static str,
+    dims: &GdnDims,
+    w: &GdnGpuWeights<'_>,
+    seqs: usize,
+) -> Result<crate::shapes::GdnSizes, KernelError> {
+    dims.validate(op)?;
+    crate::ensure_shape!(
+        dims.key_dim == 128 && dims.value_dim == 128,
+        op,
+        "the CUDA step is built for key_dim = value_dim = 128 (Qwen3.5 / Qwen3-Next), got {}x{}",
+        dims.key_dim,
+        dims.value_dim
+    );
+    crate::ensure_shape!(
+        (2..=4).contains(&dims.conv_kernel),
+        op,
+        "conv_kernel must be 2..=4, got {}",
+        dims.conv_kernel
+    );
+    crate::ensure_shape!(
+        (1..=65535).contains(&seqs),
+        op,
+        "seqs must be 1..=65535, got {seqs}"
+    );
+    // The grid's x is value_heads * blocks_per_head (at most 8 per head): far below 2^31 for any i32 count.
+    crate::ensure_shape!(
+        dims.value_heads <= i32::MAX as usize / 8,
+        op,
+        "value_heads {} is too large for the kernels' 32-bit indexing",
+        dims.value_heads
+    );
+    let sizes = dims.checked_sizes(op)?;
+    check_len(
+        op,
+        "conv_weight",
+        w.conv_weight.len(),
+        sizes.conv_weight_len,
+    )?;
+    check_len(op, "a_log", w.a_log.len(), dims.value_heads)?;
+    check_len(op, "dt_bias", w.dt_bias.len(), dims.value_heads)?;
+    check_len(op, "norm_weight", w.norm_weight.len(), dims.value_dim)?;
+    crate::ensure_shape!(
+        w.norm_eps.is_finite() && w.norm_eps >= 0.0,
+        op,
+        "norm_eps must be finite and non-negative, got {}",
+        w.norm_eps
+    );
+    Ok(sizes)
 }
 
 #[cfg(all(test, feature = "cuda"))]

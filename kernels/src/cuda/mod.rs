@@ -64,6 +64,7 @@ mod gemv;
 mod ops;
 mod transfer;
 pub use dense::DenseGpuWeights;
+pub use gdn::GdnStackedInputs;
 pub use gemm_sm90a::{Fp8Wgmma, Nvfp4Wgmma};
 pub use gemv::{
     Fp8Fragments, Fp8Order, Fp8TileWeights, FragmentOrder, GemvFragments, MmaSplit, Nvfp4Fragments,

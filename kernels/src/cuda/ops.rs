@@ -809,6 +809,12 @@ impl Gpu {
         ]
     }
 
+    /// Whether [`Gpu::sample`] takes `params` over a vocabulary of `vocab` (valid parameters leaving at most
+    /// [`Gpu::SAMPLE_TOP_K_MAX`] candidates), so a caller can draw the other rows on the host instead.
+    pub fn can_sample(vocab: usize, params: &SamplingParams) -> bool {
+        vocab > 0 && sample_k("cuda::sample", vocab, params).is_ok()
+    }
+
     /// Draws one token per row from `logits` under `params`, as [`crate::sampling::sample`] does: temperature,
     /// `top_k` largest (lower id first on ties), softmax, smallest prefix reaching `top_p`, renormalise, draw with
     /// the row's PCG32; greedy (temperature 0) and single-candidate rows do not advance the generator. With the

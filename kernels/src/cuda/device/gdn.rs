@@ -1,21 +1,32 @@
 //! Launch of `cuda/gdn.cu`: the fused gated DeltaNet decode step, every variant.
 
 use super::*;
-use crate::cuda::gdn::GdnDecodeKernel;
+use crate::cuda::gdn::{GdnDecodeKernel, GdnStepArgs};
 
 impl Device {
-    #[allow(clippy::too_many_arguments)]
+    /// A device buffer's address for a launch argument, with the guard that keeps the stream ordered for it.
+    pub(in crate::cuda) fn addr<'a, T>(
+        &'a self,
+        s: &'a CudaSlice<T>,
+    ) -> (u64, cudarc::driver::SyncOnDrop<'a>) {
+        s.device_ptr(&self.stream)
+    }
+
+    /// As [`Device::addr`] for a buffer the kernel writes.
+    pub(in crate::cuda) fn addr_mut<'a, T>(
+        &'a self,
+        s: &'a mut CudaSlice<T>,
+    ) -> (u64, cudarc::driver::SyncOnDrop<'a>) {
+        s.device_ptr_mut(&self.stream)
+    }
+
     pub(in crate::cuda) fn gdn_decode_step(
         &self,
         kernel: GdnDecodeKernel,
         dims: &GdnDims,
         w: &GdnGpuWeights<'_>,
-        x: &GdnGpuInputs<'_>,
+        x: &GdnStepArgs,
         seqs: usize,
-        conv_in: &CudaSlice<f32>,
-        conv_out: &mut CudaSlice<f32>,
-        state: &mut CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
     ) -> Result<(), KernelError> {
         let name = kernel.entry;
         let f = self.function(Module::Gdn, name)?;
@@ -36,24 +47,29 @@ impl Device {
             shared_mem_bytes: 0,
         };
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&x.qkv.slice)
-            .arg(&x.z.slice)
-            .arg(&x.a.slice)
-            .arg(&x.b.slice);
+        b.arg(&x.qkv).arg(&x.z).arg(&x.a).arg(&x.b);
         b.arg(&w.conv_weight.slice)
             .arg(&w.a_log.slice)
             .arg(&w.dt_bias.slice)
             .arg(&w.norm_weight.slice);
         b.arg(&w.norm_eps)
-            .arg(conv_in)
-            .arg(conv_out)
-            .arg(state)
-            .arg(out);
+            .arg(&x.conv_in)
+            .arg(&x.conv_out)
+            .arg(&x.state)
+            .arg(&x.out);
         b.arg(&hk).arg(&hv).arg(&kconv);
+        b.arg(&x.slots)
+            .arg(&x.pos)
+            .arg(&x.n_slots)
+            .arg(&x.qkv_ld)
+            .arg(&x.z_ld)
+            .arg(&x.ab_ld);
         // SAFETY: every entry of cuda/gdn.cu takes these arguments in this order; the caller checked dk = dv =
         // 128 (the kernels' compile-time size), conv_kernel in 2..=4, seqs in 1..=65535 (grid y), value_heads
-        // small enough for the 32-bit grid x, and every buffer's length against dims and seqs; conv_in and
-        // conv_out are distinct allocations (one is borrowed shared, the other mutably). The block size and the
+        // small enough for the 32-bit grid x, every buffer's length against dims, seqs, the row strides and (with
+        // slots) n_slots, and holds the guards of every address until this returns; a slot past n_slots is
+        // refused inside the kernel before any cache access; conv_in and conv_out are distinct allocations, or
+        // (with slots) one allocation whose halves the kernel reads and writes apart. The block size and the
         // blocks per head come from the same table entry as the entry point, so they match the kernel's
         // __launch_bounds__ and __cluster_dims__.
         unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;

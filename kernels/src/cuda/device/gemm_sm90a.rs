@@ -115,12 +115,6 @@ fn tile_grid(m: usize, n: usize) -> u32 {
 }
 
 impl Device {
-    /// Whether the sm_90a module can load here (compute capability 9.0 exactly): the public GEMMs of
-    /// `super::super::gemm` take their wgmma paths only then.
-    pub(in crate::cuda) fn has_wgmma(&self) -> bool {
-        self.is_sm90
-    }
-
     /// The FP8 wgmma kernels of cuda/gemm_sm90a.cu: `_v1` (cp.async ring, 2 warpgroups, one block per tile),
     /// `_v2` (TMA + mbarriers, producer warpgroup + 2 consumer warpgroups, one block per tile), `_v3` (v2
     /// persistent: one block per SM looping over tiles) and `_v4` (v3 with ping-pong partials); `_v4_bf16`
@@ -150,7 +144,7 @@ impl Device {
         let tiles = tile_grid(m, n);
         let blocks = match variant {
             // Persistent kernels: one block per SM (the ring's shared memory allows one), at most one per tile.
-            Fp8Wgmma::Persistent | Fp8Wgmma::PingPong => tiles.min(self.sm_count.max(1) as u32),
+            Fp8Wgmma::Persistent | Fp8Wgmma::PingPong => tiles.min(self.sm_count().max(1) as u32),
             Fp8Wgmma::CpAsync | Fp8Wgmma::Tma => tiles,
         };
         let cfg = LaunchConfig {

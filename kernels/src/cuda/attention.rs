@@ -379,7 +379,15 @@ impl Gpu {
             // ids >= num_pages; the workspace holds seqs * q_heads * splits * (head_dim + 2) floats.
             unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
             if splits > 1 {
-                dev.attention_combine(sliced, d.head_dim, d.q_heads, d.seqs, splits, ws, &mut out.slice)?;
+                dev.attention_combine(
+                    sliced,
+                    d.head_dim,
+                    d.q_heads,
+                    d.seqs,
+                    splits,
+                    ws,
+                    &mut out.slice,
+                )?;
             }
             Ok(())
         }

@@ -23,10 +23,8 @@ mod modules {
 pub(in crate::cuda) use modules::Module;
 
 // One file per kernel family: each adds an `impl Device` block with its launches.
-mod attention_prefill;
 mod dense;
 mod gdn;
-mod gdn_prefill;
 mod gemm;
 pub(in crate::cuda) mod gemm_sm90a;
 pub(in crate::cuda) mod gemv;
@@ -126,7 +124,11 @@ impl Device {
     }
 
     /// The kernel `name` of `module`, loading the module on first use.
-    pub(super) fn function(&self, module: Module, name: &'static str) -> Result<CudaFunction, KernelError> {
+    pub(super) fn function(
+        &self,
+        module: Module,
+        name: &'static str,
+    ) -> Result<CudaFunction, KernelError> {
         if let Some(f) = self.functions.lock().map_err(|_| poisoned())?.get(name) {
             return Ok(f.clone());
         }
@@ -323,7 +325,11 @@ impl Device {
 
 /// A launch of `grid` blocks of `block` threads with `smem` bytes of dynamic shared memory (cudarc's struct,
 /// built in one line at each launch).
-pub(super) fn launch_config(grid: (u32, u32, u32), block: (u32, u32, u32), smem: u32) -> LaunchConfig {
+pub(super) fn launch_config(
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    smem: u32,
+) -> LaunchConfig {
     LaunchConfig {
         grid_dim: grid,
         block_dim: block,

@@ -25,8 +25,6 @@ pub(in crate::cuda) use modules::Module;
 // One file per kernel family: each adds an `impl Device` block with its launches.
 mod dense;
 mod gdn;
-mod gemm;
-pub(in crate::cuda) mod gemm_sm90a;
 pub(in crate::cuda) mod gemv;
 mod ops;
 

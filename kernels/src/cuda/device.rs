@@ -7,8 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
-    LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -25,10 +24,7 @@ pub(in crate::cuda) use modules::Module;
 // One file per kernel family: each adds an `impl Device` block with its launches.
 mod dense;
 mod gdn;
-pub(in crate::cuda) mod gemv;
 mod ops;
-
-pub(in crate::cuda) use gemv::Activations;
 
 pub(super) fn cuda_err(op: &str) -> impl Fn(cudarc::driver::DriverError) -> KernelError + '_ {
     move |e| KernelError::Cuda(format!("{op}: {e:?}"))

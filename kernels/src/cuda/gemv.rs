@@ -210,17 +210,49 @@ impl Gpu {
         #[cfg(feature = "cuda")]
         {
             let tensor = !matches!(path, KernelPath::CudaCores);
-            self.inner.nvfp4_gemv(
-                tensor,
-                &x.slice,
-                &w.slice,
-                &scales.slice,
-                global_scale,
-                &mut y.slice,
-                m,
-                n,
-                k,
-            )
+            let dev = &self.inner;
+            let (x, w, scales, y) = (&x.slice, &w.slice, &scales.slice, &mut y.slice);
+            if tensor {
+                let (name, _) = nvfp4_gemv_kernel(true, m, n);
+                let f = dev.function(Module::Gemv, name)?;
+                let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+                let mut b = dev.stream().launch_builder(&f);
+                b.arg(x)
+                    .arg(w)
+                    .arg(scales)
+                    .arg(&global_scale)
+                    .arg(y)
+                    .arg(&mi)
+                    .arg(&ni)
+                    .arg(&ki);
+                // SAFETY: matches `nvfp4_gemv_mma_n*` in cuda/gemv.cu; buffers checked by the caller as for the
+                // CUDA-core kernel below; rows are guarded against n and k % 32 == 0 keeps every lane's 16-byte load
+                // and 2-byte scale load inside its row.
+                unsafe { b.launch(mma_config(n)) }.map_err(cuda_err(name))?;
+                return Ok(());
+            }
+            // M = 1 on tall matrices uses two rows per warp so the activations cross L1 once per two weight rows
+            // (with one row per warp L1 was 88% busy in Nsight Compute and DRAM 34%); on short ones (n < 16384) that
+            // leaves too few warps, and one row per warp is faster. Design sweep on the H200, 2026-11-30: 17408x5120
+            // 25.1 us (r2) vs 27.9 (r1); 248320x5120 301 vs 358; 5120x17408 37.1 vs 32.1; 5120x10240 22.8 vs 21.7.
+            let (name, rows_per_warp) = nvfp4_gemv_kernel(false, m, n);
+            let f = dev.function(Module::Gemv, name)?;
+            let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+            let cfg = gemv_config(n, rows_per_warp);
+            let mut b = dev.stream().launch_builder(&f);
+            b.arg(x)
+                .arg(w)
+                .arg(scales)
+                .arg(&global_scale)
+                .arg(y)
+                .arg(&mi)
+                .arg(&ni)
+                .arg(&ki);
+            // SAFETY: matches `nvfp4_gemv_m*` in cuda/gemv.cu; the caller checked x = [m, k], w = [n, k/2],
+            // scales = [n, k/16], y = [m, n] and k % 32 == 0, so each lane's 16-byte weight load and 2-byte scale load
+            // stay inside the row.
+            unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+            Ok(())
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -576,17 +608,36 @@ impl Gpu {
         check_scratch(OP, scratch, m, k)?;
         #[cfg(feature = "cuda")]
         {
-            self.inner.nvfp4_gemv_pre(
+            // NVFP4 in the checkpoint layout, activations converted first (`gemv_act_frag_nvfp4` + `nvfp4_gemv_mma_pre_n*`).
+            let dev = &self.inner;
+            let (x, xf, w, scales, y) = (
                 &x.slice,
                 &mut scratch.slice,
                 &w.slice,
                 &scales.slice,
-                global_scale,
                 &mut y.slice,
-                m,
-                n,
-                k,
-            )
+            );
+            let (nt, name) = if m <= 8 {
+                (1, "nvfp4_gemv_mma_pre_n8")
+            } else {
+                (2, "nvfp4_gemv_mma_pre_n16")
+            };
+            dev.gemv_act_frag(true, true, x, xf, m, k, nt)?;
+            let f = dev.function(Module::Gemv, name)?;
+            let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+            let mut b = dev.stream().launch_builder(&f);
+            b.arg(&*xf)
+                .arg(w)
+                .arg(scales)
+                .arg(&global_scale)
+                .arg(y)
+                .arg(&mi)
+                .arg(&ni)
+                .arg(&ki);
+            // SAFETY: matches `nvfp4_gemv_mma_pre_n*`; xf was just written for this m, k and nt; w, scales, y checked by
+            // the caller as for `nvfp4_gemv_mma_n*` (k % 32 == 0).
+            unsafe { b.launch(mma_config(n)) }.map_err(cuda_err(name))?;
+            Ok(())
         }
         #[cfg(not(feature = "cuda"))]
         match self.never {}
@@ -615,8 +666,22 @@ impl Gpu {
         let mut sr =
             self.zeros::<u32>(checked_product(OP, "tiles*32", &[tiles[0], tiles[1], 32])?)?;
         #[cfg(feature = "cuda")]
-        self.inner
-            .nvfp4_repack_mma(&w.slice, &scales.slice, &mut wr.slice, &mut sr.slice, n, k)?;
+        {
+            // `nvfp4_repack_mma`: checkpoint layout -> tile layout (cuda/gemv.cu documents it).
+            let dev = &self.inner;
+            let (w, scales, wr, sr) = (&w.slice, &scales.slice, &mut wr.slice, &mut sr.slice);
+            const NAME: &str = "nvfp4_repack_mma";
+            let f = dev.function(Module::Gemv, NAME)?;
+            let cfg = repack_config(NAME, n.div_ceil(16) * k.div_ceil(128) * 64)?;
+            let (ni, ki) = (n as i32, k as i32);
+            let mut b = dev.stream().launch_builder(&f);
+            b.arg(w).arg(scales).arg(wr).arg(sr).arg(&ni).arg(&ki);
+            // SAFETY: matches `nvfp4_repack_mma`; the caller checked w = [n, k/2], scales = [n, k/16], k % 32 == 0
+            // (every 16-byte and 2-byte load is whole and aligned inside its row; rows >= n and k0 >= k are not read),
+            // wr = ceil(n/16) * ceil(k/128) * 1024 bytes and sr = ceil(n/16) * ceil(k/128) * 32 words, exactly what
+            // the threads (one per 16 output bytes, the rest return) write.
+            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+        }
         #[cfg(not(feature = "cuda"))]
         let _ = (&mut wr, &mut sr);
         Ok(Nvfp4TileWeights {
@@ -641,7 +706,22 @@ impl Gpu {
         let len = checked_product(OP, "tiles*2048", &[n.div_ceil(16), k.div_ceil(128), 2048])?;
         let mut wr = self.zeros::<u8>(len)?;
         #[cfg(feature = "cuda")]
-        self.inner.fp8_repack_mma(&w.slice, &mut wr.slice, n, k)?;
+        {
+            // `fp8_repack_mma`: FP8 checkpoint layout -> tile layout (cuda/gemv.cu documents it).
+            let dev = &self.inner;
+            let (w, wr) = (&w.slice, &mut wr.slice);
+            const NAME: &str = "fp8_repack_mma";
+            let f = dev.function(Module::Gemv, NAME)?;
+            let cfg = repack_config(NAME, n.div_ceil(16) * k.div_ceil(128) * 128)?;
+            let (ni, ki) = (n as i32, k as i32);
+            let mut b = dev.stream().launch_builder(&f);
+            b.arg(w).arg(wr).arg(&ni).arg(&ki);
+            // SAFETY: matches `fp8_repack_mma(w, wr, n, k)`; the caller checked w = [n, k] with k % 16 == 0 (every
+            // 16-byte load is whole and aligned inside its row; rows >= n and values >= k are not read) and
+            // wr = ceil(n/16) * ceil(k/128) * 2048 bytes, exactly what the threads (one per 16 output bytes, the rest
+            // return) write.
+            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+        }
         #[cfg(not(feature = "cuda"))]
         let _ = &mut wr;
         Ok(Fp8TileWeights { w: wr, n, k })
@@ -766,15 +846,30 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         #[cfg(feature = "cuda")]
         {
-            self.inner.fp8_tile_gemv_m1(
-                split,
+            // The FP8 tile-layout GEMV for one token on the CUDA cores (`fp8_gemv_tile_m1_w*c*`: each lane multiplies its
+            // weights with the bf16 activations itself; no fragment kernel, no scratch), cut as `split` says, launched as
+            // a programmatic dependent when `split.pdl`.
+            let dev = &self.inner;
+            let (x, w, scales, y, n, k) = (
                 &x.slice,
                 &tiles.w.slice,
                 &scales.slice,
                 &mut y.slice,
                 tiles.n,
                 tiles.k,
-            )
+            );
+            let name = fp8_tile_m1_kernel(split).ok_or_else(|| {
+                KernelError::Cuda(format!(
+                    "no m = 1 FP8 tile GEMV build with {} warps and {} splits",
+                    split.warps, split.splits
+                ))
+            })?;
+            // SAFETY: matches `fp8_gemv_tile_m1_w*c*(x, wr, scales, y, n, k)` in cuda/gemv.cu; the caller checked
+            // x = [1, k] with k % 16 == 0 (each lane's two 16-value activation pieces are whole inside the row or
+            // skipped), w the tile layout of exactly n x k (block (b, s) reads tile b only), scales =
+            // [ceil(n/128), ceil(k/128)] and y = [1, n]; grid.y equals the build's cluster size; stores are guarded
+            // against n; the kernel reads x and writes y only after its pdl_wait (weights may be read before it).
+            unsafe { dev.launch_tile_gemv(name, split, x, w, scales, y, None, n, k) }
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -850,16 +945,30 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         #[cfg(feature = "cuda")]
         {
-            self.inner.fp8_tile_gemv_converting(
-                split,
+            // The FP8 tile-layout GEMV converting its own activations from bf16 `x` (`fp8_gemv_mma_tile_n*_w*c*`: no
+            // fragment kernel, no scratch), cut as `split` says (one of `MmaSplit::BUILT_CONVERTING`), launched as a
+            // programmatic dependent when `split.pdl`.
+            let dev = &self.inner;
+            let (x, w, scales, y, n, k) = (
                 &x.slice,
                 &tiles.w.slice,
                 &scales.slice,
                 &mut y.slice,
-                m,
                 tiles.n,
                 tiles.k,
-            )
+            );
+            let name = fp8_tile_converting_kernel(m, split).ok_or_else(|| {
+                KernelError::Cuda(format!(
+                    "no converting FP8 tile GEMV build with {} warps and {} splits",
+                    split.warps, split.splits
+                ))
+            })?;
+            // SAFETY: matches `fp8_gemv_mma_tile_n*_w*c*(x, wr, scales, y, m, n, k)` in cuda/gemv.cu; the caller
+            // checked x = [m, k] with k % 16 == 0 (activation loads are guarded against m and k), w the tile layout of
+            // exactly n x k (ceil(n/16) * ceil(k/128) * 2048 bytes; block (b, s) reads tile b only), scales =
+            // [ceil(n/128), ceil(k/128)] and y = [m, n]; grid.y equals the build's cluster size; stores are guarded
+            // against m and n; the kernel reads x and writes y only after its pdl_wait.
+            unsafe { dev.launch_tile_gemv(name, split, x, w, scales, y, Some(m), n, k) }
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -1903,62 +2012,6 @@ impl Device {
         }
         Ok(())
     }
-
-    #[allow(clippy::too_many_arguments)]
-    fn nvfp4_gemv(
-        &self,
-        tensor: bool,
-        x: &CudaSlice<u16>,
-        w: &CudaSlice<u8>,
-        scales: &CudaSlice<u8>,
-        global_scale: f32,
-        y: &mut CudaSlice<f32>,
-        m: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<(), KernelError> {
-        if tensor {
-            let (name, _) = nvfp4_gemv_kernel(true, m, n);
-            let f = self.function(Module::Gemv, name)?;
-            let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-            let mut b = self.stream().launch_builder(&f);
-            b.arg(x)
-                .arg(w)
-                .arg(scales)
-                .arg(&global_scale)
-                .arg(y)
-                .arg(&mi)
-                .arg(&ni)
-                .arg(&ki);
-            // SAFETY: matches `nvfp4_gemv_mma_n*` in cuda/gemv.cu; buffers checked by the caller as for the
-            // CUDA-core kernel below; rows are guarded against n and k % 32 == 0 keeps every lane's 16-byte load
-            // and 2-byte scale load inside its row.
-            unsafe { b.launch(mma_config(n)) }.map_err(cuda_err(name))?;
-            return Ok(());
-        }
-        // M = 1 on tall matrices uses two rows per warp so the activations cross L1 once per two weight rows
-        // (with one row per warp L1 was 88% busy in Nsight Compute and DRAM 34%); on short ones (n < 16384) that
-        // leaves too few warps, and one row per warp is faster. Design sweep on the H200, 2026-11-30: 17408x5120
-        // 25.1 us (r2) vs 27.9 (r1); 248320x5120 301 vs 358; 5120x17408 37.1 vs 32.1; 5120x10240 22.8 vs 21.7.
-        let (name, rows_per_warp) = nvfp4_gemv_kernel(false, m, n);
-        let f = self.function(Module::Gemv, name)?;
-        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-        let cfg = gemv_config(n, rows_per_warp);
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(x)
-            .arg(w)
-            .arg(scales)
-            .arg(&global_scale)
-            .arg(y)
-            .arg(&mi)
-            .arg(&ni)
-            .arg(&ki);
-        // SAFETY: matches `nvfp4_gemv_m*` in cuda/gemv.cu; the caller checked x = [m, k], w = [n, k/2],
-        // scales = [n, k/16], y = [m, n] and k % 32 == 0, so each lane's 16-byte weight load and 2-byte scale load
-        // stay inside the row.
-        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
-        Ok(())
-    }
 }
 
 /// The kernel of [`Device::fp8_block_gemv`] and the rows one block covers.
@@ -2244,72 +2297,6 @@ impl Device {
         Ok(())
     }
 
-    /// NVFP4 in the checkpoint layout, activations converted first (`gemv_act_frag_nvfp4` + `nvfp4_gemv_mma_pre_n*`).
-    #[allow(clippy::too_many_arguments)]
-    #[cfg(feature = "lab")]
-    fn nvfp4_gemv_pre(
-        &self,
-        x: &CudaSlice<u16>,
-        xf: &mut CudaSlice<u32>,
-        w: &CudaSlice<u8>,
-        scales: &CudaSlice<u8>,
-        global_scale: f32,
-        y: &mut CudaSlice<f32>,
-        m: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<(), KernelError> {
-        let (nt, name) = if m <= 8 {
-            (1, "nvfp4_gemv_mma_pre_n8")
-        } else {
-            (2, "nvfp4_gemv_mma_pre_n16")
-        };
-        self.gemv_act_frag(true, true, x, xf, m, k, nt)?;
-        let f = self.function(Module::Gemv, name)?;
-        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(&*xf)
-            .arg(w)
-            .arg(scales)
-            .arg(&global_scale)
-            .arg(y)
-            .arg(&mi)
-            .arg(&ni)
-            .arg(&ki);
-        // SAFETY: matches `nvfp4_gemv_mma_pre_n*`; xf was just written for this m, k and nt; w, scales, y checked by
-        // the caller as for `nvfp4_gemv_mma_n*` (k % 32 == 0).
-        unsafe { b.launch(mma_config(n)) }.map_err(cuda_err(name))?;
-        Ok(())
-    }
-
-    /// The FP8 tile-layout GEMV for one token on the CUDA cores (`fp8_gemv_tile_m1_w*c*`: each lane multiplies its
-    /// weights with the bf16 activations itself; no fragment kernel, no scratch), cut as `split` says, launched as
-    /// a programmatic dependent when `split.pdl`.
-    #[allow(clippy::too_many_arguments)]
-    fn fp8_tile_gemv_m1(
-        &self,
-        split: MmaSplit,
-        x: &CudaSlice<u16>,
-        w: &CudaSlice<u8>,
-        scales: &CudaSlice<f32>,
-        y: &mut CudaSlice<f32>,
-        n: usize,
-        k: usize,
-    ) -> Result<(), KernelError> {
-        let name = fp8_tile_m1_kernel(split).ok_or_else(|| {
-            KernelError::Cuda(format!(
-                "no m = 1 FP8 tile GEMV build with {} warps and {} splits",
-                split.warps, split.splits
-            ))
-        })?;
-        // SAFETY: matches `fp8_gemv_tile_m1_w*c*(x, wr, scales, y, n, k)` in cuda/gemv.cu; the caller checked
-        // x = [1, k] with k % 16 == 0 (each lane's two 16-value activation pieces are whole inside the row or
-        // skipped), w the tile layout of exactly n x k (block (b, s) reads tile b only), scales =
-        // [ceil(n/128), ceil(k/128)] and y = [1, n]; grid.y equals the build's cluster size; stores are guarded
-        // against n; the kernel reads x and writes y only after its pdl_wait (weights may be read before it).
-        unsafe { self.launch_tile_gemv(name, split, x, w, scales, y, None, n, k) }
-    }
-
     /// Launches the FP8 tile kernel `name` with the parameters `(x, w, scales, y, [m,] n, k)` (`m` only when
     /// given) on the grid of `split`, as a programmatic dependent when `split.pdl`.
     ///
@@ -2343,81 +2330,6 @@ impl Device {
         args.i32(n as i32).i32(k as i32);
         // SAFETY: the caller's contract above; the guards keep the buffers alive across the queued launch.
         unsafe { self.launch_ex(name, &f, cfg, &mut args, split.pdl) }
-    }
-
-    /// The FP8 tile-layout GEMV converting its own activations from bf16 `x` (`fp8_gemv_mma_tile_n*_w*c*`: no
-    /// fragment kernel, no scratch), cut as `split` says (one of `MmaSplit::BUILT_CONVERTING`), launched as a
-    /// programmatic dependent when `split.pdl`.
-    #[allow(clippy::too_many_arguments)]
-    fn fp8_tile_gemv_converting(
-        &self,
-        split: MmaSplit,
-        x: &CudaSlice<u16>,
-        w: &CudaSlice<u8>,
-        scales: &CudaSlice<f32>,
-        y: &mut CudaSlice<f32>,
-        m: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<(), KernelError> {
-        let name = fp8_tile_converting_kernel(m, split).ok_or_else(|| {
-            KernelError::Cuda(format!(
-                "no converting FP8 tile GEMV build with {} warps and {} splits",
-                split.warps, split.splits
-            ))
-        })?;
-        // SAFETY: matches `fp8_gemv_mma_tile_n*_w*c*(x, wr, scales, y, m, n, k)` in cuda/gemv.cu; the caller
-        // checked x = [m, k] with k % 16 == 0 (activation loads are guarded against m and k), w the tile layout of
-        // exactly n x k (ceil(n/16) * ceil(k/128) * 2048 bytes; block (b, s) reads tile b only), scales =
-        // [ceil(n/128), ceil(k/128)] and y = [m, n]; grid.y equals the build's cluster size; stores are guarded
-        // against m and n; the kernel reads x and writes y only after its pdl_wait.
-        unsafe { self.launch_tile_gemv(name, split, x, w, scales, y, Some(m), n, k) }
-    }
-
-    /// `fp8_repack_mma`: FP8 checkpoint layout -> tile layout (cuda/gemv.cu documents it).
-    fn fp8_repack_mma(
-        &self,
-        w: &CudaSlice<u8>,
-        wr: &mut CudaSlice<u8>,
-        n: usize,
-        k: usize,
-    ) -> Result<(), KernelError> {
-        const NAME: &str = "fp8_repack_mma";
-        let f = self.function(Module::Gemv, NAME)?;
-        let cfg = repack_config(NAME, n.div_ceil(16) * k.div_ceil(128) * 128)?;
-        let (ni, ki) = (n as i32, k as i32);
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(w).arg(wr).arg(&ni).arg(&ki);
-        // SAFETY: matches `fp8_repack_mma(w, wr, n, k)`; the caller checked w = [n, k] with k % 16 == 0 (every
-        // 16-byte load is whole and aligned inside its row; rows >= n and values >= k are not read) and
-        // wr = ceil(n/16) * ceil(k/128) * 2048 bytes, exactly what the threads (one per 16 output bytes, the rest
-        // return) write.
-        unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
-        Ok(())
-    }
-
-    /// `nvfp4_repack_mma`: checkpoint layout -> tile layout (cuda/gemv.cu documents it).
-    fn nvfp4_repack_mma(
-        &self,
-        w: &CudaSlice<u8>,
-        scales: &CudaSlice<u8>,
-        wr: &mut CudaSlice<u8>,
-        sr: &mut CudaSlice<u32>,
-        n: usize,
-        k: usize,
-    ) -> Result<(), KernelError> {
-        const NAME: &str = "nvfp4_repack_mma";
-        let f = self.function(Module::Gemv, NAME)?;
-        let cfg = repack_config(NAME, n.div_ceil(16) * k.div_ceil(128) * 64)?;
-        let (ni, ki) = (n as i32, k as i32);
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(w).arg(scales).arg(wr).arg(sr).arg(&ni).arg(&ki);
-        // SAFETY: matches `nvfp4_repack_mma`; the caller checked w = [n, k/2], scales = [n, k/16], k % 32 == 0
-        // (every 16-byte and 2-byte load is whole and aligned inside its row; rows >= n and k0 >= k are not read),
-        // wr = ceil(n/16) * ceil(k/128) * 1024 bytes and sr = ceil(n/16) * ceil(k/128) * 32 words, exactly what
-        // the threads (one per 16 output bytes, the rest return) write.
-        unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
-        Ok(())
     }
 
     /// The tile-layout NVFP4 GEMV: `kernel` picks the build (see `TilesKernel` in cuda/gemv.rs); with `xf`, the

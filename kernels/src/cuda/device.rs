@@ -373,8 +373,8 @@ pub(super) fn poisoned() -> KernelError {
 }
 
 /// For the launch-constant tests of the `cuda/*.rs` files: the integer after `<key><sep>` in a kernel or bench
-/// source (`sep` " == " for a static_assert's literal, " = " for a Python constant). Each launch file restates
-/// sizes its kernel file pins with static_asserts, and the H200 benches restate them again; nothing at build time
+/// source (`sep` " == " for a static_assert's literal, " = " for a Python constant). Each family's launch code
+/// restates sizes its kernel file pins with static_asserts, and the H200 benches restate them again; nothing at build time
 /// ties those copies together, and a size changed in one place only is a launch asking for the wrong shared
 /// memory. The tests run on CI, where no GPU runs the kernels.
 #[cfg(test)]

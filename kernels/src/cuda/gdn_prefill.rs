@@ -843,13 +843,13 @@ impl Gpu {
                     b.arg(&null).arg(&null);
                 }
                 b.arg(&hk).arg(&hv).arg(&kconv);
-                // SAFETY: matches `gdn_prefill_prep` / `gdn_prefill_prep_h` (same parameters; `_h` writes qn, kn, v
-                // as f16 into the first half of the same regions); the caller checked qkv = [N, conv_dim], a, b = [N, Hv],
+                // SAFETY: matches `gdn_prefill_prep` / `gdn_prefill_prep_h` (same parameters; `_h` writes qn, kn, v as
+                // f16 into the first half of the same regions); the caller checked qkv = [N, conv_dim], a, b = [N, Hv],
                 // conv_weight = [conv_dim, K], a_log, dt_bias = [Hv], conv_in/conv_out = [seqs, conv_dim, K-1]
                 // (distinct allocations), dk = dv = 128 and meta's offsets (non-decreasing, last = N); the workspace
                 // views are disjoint ranges of `workspace` sized by `lay` (qb / kb: [N, Hk, 128] bf16 each in the
-                // split's qkb region, or null); kconv is 2..=4 (checked by `layout`).
-                // Warps past a sequence's length or the last segment return.
+                // split's qkb region, or null); kconv is 2..=4 (checked by `layout`). Warps past a sequence's length or
+                // the last segment return.
                 unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
             }
             // 2. chunk-local WY (CUDA cores or tensor cores; same parameters and outputs).

@@ -301,8 +301,8 @@ impl Gpu {
                 b.arg(&mi).arg(&ni).arg(&ki);
                 // SAFETY: matches `fp8_block_gemm_sm90a_v2`/`_v3`/`_v4` (y fp32) and `_v4_bf16` (y bf16 bits; the match
                 // above picks by y's type): two 128-byte tensor maps by value, then pointers and sizes; the caller
-                // checked xq = [m, k], x_scales = [m, k/128], w = [n, k], w_scales = [ceil(n/128), k/128], y = [m, n] of
-                // the kernel's element type, k % 128 == 0, k >= 128 and m * n tiles within the grid limit. The maps
+                // checked xq = [m, k], x_scales = [m, k/128], w = [n, k], w_scales = [ceil(n/128), k/128], y = [m, n]
+                // of the kernel's element type, k % 128 == 0, k >= 128 and m * n tiles within the grid limit. The maps
                 // describe exactly xq and w (TMA never reads outside them; rows past m or n are zero-filled), the scale
                 // loads clamp rows to m - 1 and every store is guarded against m and n (the bf16 epilogue's 8-byte
                 // stores only where n % 4 == 0, so they are aligned in the 256-byte-aligned allocation); the persistent
@@ -450,13 +450,13 @@ impl Gpu {
                         .arg(&mi)
                         .arg(&ni)
                         .arg(&ki);
-                    // SAFETY: matches `nvfp4_gemm_sm90a_v2` and `_v3` (a 128-byte tensor map by value, then
-                    // pointers, the scale and sizes; v3 reads x in two 128-row boxes per 256-row tile, the second
-                    // only where it holds a row below m); the caller checked x = [m, k], w = [n, k/2], scales =
-                    // [n, k/16], y = [m, n] and k % 64 == 0. The map describes exactly x (TMA never reads outside it; rows past m are
+                    // SAFETY: matches `nvfp4_gemm_sm90a_v2` and `_v3` (a 128-byte tensor map by value, then pointers,
+                    // the scale and sizes; v3 reads x in two 128-row boxes per 256-row tile, the second only where it
+                    // holds a row below m); the caller checked x = [m, k], w = [n, k/2], scales = [n, k/16], y = [m, n]
+                    // and k % 64 == 0. The map describes exactly x (TMA never reads outside it; rows past m are
                     // zero-filled); the weight and scale loads are 16- and 2-byte aligned inside rows below n (rows
-                    // past n read row 0) and every store is guarded against m and n; x outlives the launch
-                    // (borrowed for this call, the stream is ordered).
+                    // past n read row 0) and every store is guarded against m and n; x outlives the launch (borrowed
+                    // for this call, the stream is ordered).
                     unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
                 }
             }

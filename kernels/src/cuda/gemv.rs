@@ -608,7 +608,8 @@ impl Gpu {
         check_scratch(OP, scratch, m, k)?;
         #[cfg(feature = "cuda")]
         {
-            // NVFP4 in the checkpoint layout, activations converted first (`gemv_act_frag_nvfp4` + `nvfp4_gemv_mma_pre_n*`).
+            // NVFP4 in the checkpoint layout, activations converted first (`gemv_act_frag_nvfp4` +
+            // `nvfp4_gemv_mma_pre_n*`).
             let dev = &self.inner;
             let (x, xf, w, scales, y) = (
                 &x.slice,
@@ -634,8 +635,8 @@ impl Gpu {
                 .arg(&mi)
                 .arg(&ni)
                 .arg(&ki);
-            // SAFETY: matches `nvfp4_gemv_mma_pre_n*`; xf was just written for this m, k and nt; w, scales, y checked by
-            // the caller as for `nvfp4_gemv_mma_n*` (k % 32 == 0).
+            // SAFETY: matches `nvfp4_gemv_mma_pre_n*`; xf was just written for this m, k and nt; w, scales, y checked
+            // by the caller as for `nvfp4_gemv_mma_n*` (k % 32 == 0).
             unsafe { b.launch(mma_config(n)) }.map_err(cuda_err(name))?;
             Ok(())
         }
@@ -846,9 +847,9 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         #[cfg(feature = "cuda")]
         {
-            // The FP8 tile-layout GEMV for one token on the CUDA cores (`fp8_gemv_tile_m1_w*c*`: each lane multiplies its
-            // weights with the bf16 activations itself; no fragment kernel, no scratch), cut as `split` says, launched as
-            // a programmatic dependent when `split.pdl`.
+            // The FP8 tile-layout GEMV for one token on the CUDA cores (`fp8_gemv_tile_m1_w*c*`: each lane multiplies
+            // its weights with the bf16 activations itself; no fragment kernel, no scratch), cut as `split` says,
+            // launched as a programmatic dependent when `split.pdl`.
             let dev = &self.inner;
             let (x, w, scales, y, n, k) = (
                 &x.slice,

@@ -4,6 +4,11 @@
 //! `attention_prefill_ring`) and the store of the new tokens' K/V into those caches (`attention_kv_store_*`). The
 //! kernels' design is documented at the top of the .cu file.
 
+#[cfg(feature = "cuda")]
+use cudarc::driver::{CudaSlice, PushKernelArg};
+
+#[cfg(feature = "cuda")]
+use super::device::{cuda_err, launch_config, Device, Module};
 use super::{check_len, check_len_of, Gpu, GpuBuffer, PagedAttentionDims, PrefillChunk};
 use crate::shapes::AttnDims;
 use crate::KernelError;
@@ -584,17 +589,54 @@ impl Gpu {
                 total,
                 max_seqlen,
             };
-            let pc = cache.launch(&prefix_lens.slice);
-            self.inner.attention_kv_store(
-                &k.slice,
-                &v.slice,
-                &mut k_cache.slice,
-                &mut v_cache.slice,
-                &batch,
-                &pc,
-                hkv,
-                d,
-            )
+            let cache = cache.launch(&prefix_lens.slice);
+            // `attention_kv_store`: grid (ceil(max_seqlen * kv_heads * head_dim / 8 / 256), seqs).
+            const NAME: &str = "attention_kv_store";
+            let f = self.inner.function(Module::AttentionPrefill, NAME)?;
+            let chunks = d / 8;
+            let grid = (
+                (batch.max_seqlen * hkv * chunks).div_ceil(256) as u32,
+                batch.seqs as u32,
+                1,
+            );
+            let cfg = launch_config(grid, (256, 1, 1), 0);
+            let ints = [
+                batch.total as i32,
+                batch.max_seqlen as i32,
+                hkv as i32,
+                chunks as i32,
+                cache.page_size as i32,
+                cache.max_pages as i32,
+                cache.num_pages as i32,
+            ];
+            let null: u64 = 0;
+            let mut b = self.inner.stream().launch_builder(&f);
+            b.arg(&k.slice)
+                .arg(&v.slice)
+                .arg(&mut k_cache.slice)
+                .arg(&mut v_cache.slice);
+            match batch.cu_seqlens {
+                Some(cu) => b.arg(cu),
+                None => b.arg(&null),
+            };
+            b.arg(cache.prefix_lens);
+            match cache.block_table {
+                Some(t) => b.arg(t),
+                None => b.arg(&null),
+            };
+            for x in &ints {
+                b.arg(x);
+            }
+            // SAFETY: matches `attention_kv_store` in cuda/attention_prefill.cu (two const and two mutable bf16
+            // pointers, cu_seqlens or null, prefix_lens, the block table or null, seven ints); checked above: k/v =
+            // [total, kv_heads, head_dim] with head_dim a multiple of 8, the caches = [num_pages, kv_heads,
+            // page_size, head_dim] with block_table = [seqs, max_pages] (or the ring [seqs, kv_heads, page_size,
+            // head_dim]), prefix_lens = [seqs], cu_seqlens = [seqs + 1], every count within i32 and the grid within
+            // CUDA's limits. The kernel clamps offsets, lengths and prefixes, and skips positions past the block
+            // table and page ids >= num_pages, so it writes only inside the caches; 16-byte accesses are aligned
+            // (row offsets are multiples of 8 elements of buffers the driver aligns to 256 bytes).
+            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+            Ok(())
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -662,6 +704,88 @@ impl Gpu {
             let _ = (kernel, window, scale_log2);
             match self.never {}
         }
+    }
+}
+
+/// The launch [`Gpu::prefill_checked`] and [`Gpu::prefix_prefill`] share.
+#[cfg(feature = "cuda")]
+impl Device {
+    /// One launch of `kernel` over the batch: grid (query tiles of the longest sequence, KV heads, sequences),
+    /// one warp per `16 * warp_tiles` packed rows. With `prefix = Some((k_cache, v_cache, cache))` the
+    /// prefix-mode kernel of the same tiling runs.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_prefill(
+        &self,
+        kernel: &PrefillKernel,
+        q: &CudaSlice<u16>,
+        k: &CudaSlice<u16>,
+        v: &CudaSlice<u16>,
+        out: &mut CudaSlice<u16>,
+        batch: &PrefillBatch<'_>,
+        q_heads: usize,
+        kv_heads: usize,
+        window: usize,
+        scale_log2: f32,
+        prefix: Option<(&CudaSlice<u16>, &CudaSlice<u16>, &PrefixCache<'_>)>,
+    ) -> Result<(), KernelError> {
+        let name = if prefix.is_some() {
+            kernel.paged_name
+        } else {
+            kernel.name
+        };
+        let smem = kernel.smem_bytes() as u32;
+        let f = self.function_with_smem(Module::AttentionPrefill, name, smem)?;
+        let group = q_heads / kv_heads;
+        let grid = (
+            (batch.max_seqlen * group).div_ceil(kernel.block_m) as u32,
+            kv_heads as u32,
+            batch.seqs as u32,
+        );
+        let cfg = launch_config(grid, (kernel.threads() as u32, 1, 1), smem);
+        let (ti, mi, hq, hkv, wi) = (
+            batch.total as i32,
+            batch.max_seqlen as i32,
+            q_heads as i32,
+            kv_heads as i32,
+            window as i32,
+        );
+        let null: u64 = 0;
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(q).arg(k).arg(v).arg(out);
+        match batch.cu_seqlens {
+            Some(cu) => b.arg(cu),
+            None => b.arg(&null),
+        };
+        b.arg(&ti)
+            .arg(&mi)
+            .arg(&hq)
+            .arg(&hkv)
+            .arg(&wi)
+            .arg(&scale_log2);
+        let (ps, mp, np) = prefix.as_ref().map_or((0, 0, 0), |(_, _, c)| {
+            (c.page_size as i32, c.max_pages as i32, c.num_pages as i32)
+        });
+        if let Some((kc, vc, cache)) = &prefix {
+            b.arg(*kc).arg(*vc);
+            match cache.block_table {
+                Some(t) => b.arg(t),
+                None => b.arg(&null),
+            };
+            b.arg(cache.prefix_lens).arg(&ps).arg(&mp).arg(&np);
+        }
+        // SAFETY: matches `attention_prefill_D*_M*_W*_N*_S*` in cuda/attention_prefill.cu (four bf16 pointers, the
+        // cu_seqlens pointer or null, five ints, one float), and with a prefix `attention_prefill_paged_*` (the
+        // same, then the two cache pointers, the block table or null, prefix_lens, three ints); the caller
+        // checked q/out = [total, q_heads, D], k/v = [total, kv_heads, D], cu_seqlens = [seqs + 1] when given,
+        // q_heads % kv_heads == 0, D = the kernel's head dim, the caches = [num_pages, kv_heads, page_size, D]
+        // with block_table = [seqs, max_pages] (or the ring [seqs, kv_heads, page_size, D]), prefix_lens =
+        // [seqs], every count within i32 and the grid within CUDA's limits. The kernel clamps every cu_seqlens
+        // entry to [0, total], each length to max_seqlen and each prefix to max_pages * page_size (ring: 2^30),
+        // skips page ids >= num_pages, and zero-fills (does not read) keys outside [window edge, prefix + len),
+        // so device-side tables cannot send it outside the buffers; the dynamic shared memory is `AP_SMEM` of
+        // the instantiation, allowed just above.
+        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        Ok(())
     }
 }
 
@@ -1000,7 +1124,6 @@ mod tests {
     #[cfg(feature = "cuda")]
     #[test]
     fn every_default_prefill_kernel_is_embedded() {
-        use crate::cuda::device::Module;
         let entries = Module::AttentionPrefill.entries();
         let mut seen = std::collections::BTreeSet::from(["attention_kv_store"]);
         for d in [64, 128, 256] {

@@ -11,11 +11,22 @@
 //! round trip, so the kernels never follow one out of range: the store skips such a token, the attention writes a
 //! row of zeros for it.
 
+#[cfg(feature = "cuda")]
+use cudarc::driver::PushKernelArg;
+
+#[cfg(feature = "cuda")]
+use super::device::{cuda_err, launch_config, Module};
 use super::{check_len, check_len_of, Gpu, GpuBuffer};
 use crate::shapes::AttnDims;
 use crate::KernelError;
 
 const I32_MAX: usize = i32::MAX as usize;
+
+/// Threads of the store and attention blocks (`STORE_THREADS`, `ATTN_THREADS` in cuda/attention_slots.cu).
+#[cfg(feature = "cuda")]
+const STORE_THREADS: u32 = 256;
+#[cfg(feature = "cuda")]
+const ATTN_THREADS: u32 = 256;
 
 /// Checks the two caches against `dims` and `max_len` and returns the slot count.
 fn check_caches(
@@ -92,17 +103,28 @@ impl Gpu {
             if t == 0 {
                 return Ok(());
             }
-            self.inner.kv_store_slots(
-                &k_new.slice,
-                &v_new.slice,
-                &slots.slice,
-                &pos.slice,
-                &mut cache_k.slice,
-                &mut cache_v.slice,
-                num_slots,
-                max_len,
-                dims.kv_heads * dims.head_dim,
-            )
+            // `kv_store_slots_f32`: one block per token.
+            const NAME: &str = "kv_store_slots_f32";
+            let f = self.inner.function(Module::AttentionSlots, NAME)?;
+            let width = dims.kv_heads * dims.head_dim;
+            let (ns, ml, w) = (num_slots as u64, max_len as u64, width as i32);
+            let cfg = launch_config((t as u32, 1, 1), (STORE_THREADS, 1, 1), 0);
+            let mut b = self.inner.stream().launch_builder(&f);
+            b.arg(&k_new.slice)
+                .arg(&v_new.slice)
+                .arg(&slots.slice)
+                .arg(&pos.slice)
+                .arg(&mut cache_k.slice)
+                .arg(&mut cache_v.slice)
+                .arg(&ns)
+                .arg(&ml)
+                .arg(&w);
+            // SAFETY: matches `kv_store_slots_f32(k_new, v_new, slots, pos, cache_k, cache_v, num_slots, max_len,
+            // width)` in cuda/attention_slots.cu; checked above: k_new, v_new = [t, width], slots, pos = [t] with
+            // 1 <= t <= i32::MAX (one block each), 1 <= width <= i32::MAX, and cache_k, cache_v = [num_slots,
+            // max_len, width]; the kernel writes only where slot < num_slots and pos < max_len.
+            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+            Ok(())
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -165,24 +187,74 @@ impl Gpu {
             if t == 0 {
                 return Ok(());
             }
-            self.inner.attention_slots(
-                dims,
-                scale,
-                window,
-                &q.slice,
-                &cache_k.slice,
-                &cache_v.slice,
-                num_slots,
-                max_len,
-                &slots.slice,
-                &pos.slice,
-                &mut out.slice,
-            )
+            // `attention_slots_f32_e{1,2,4,8}` (the fewest values per lane that hold head_dim): one block per
+            // (token, query head).
+            const NAMES: [&str; 4] = [
+                "attention_slots_f32_e1",
+                "attention_slots_f32_e2",
+                "attention_slots_f32_e4",
+                "attention_slots_f32_e8",
+            ];
+            let epl = dims.head_dim.div_ceil(32).next_power_of_two();
+            let name = NAMES[epl.trailing_zeros() as usize];
+            let f = self.inner.function(Module::AttentionSlots, name)?;
+            let (ns, ml, win) = (num_slots as u64, max_len as u64, window as u64);
+            let (hq, hkv, d) = (
+                dims.q_heads as i32,
+                dims.kv_heads as i32,
+                dims.head_dim as i32,
+            );
+            let cfg = launch_config(((t * dims.q_heads) as u32, 1, 1), (ATTN_THREADS, 1, 1), 0);
+            let mut b = self.inner.stream().launch_builder(&f);
+            b.arg(&q.slice)
+                .arg(&cache_k.slice)
+                .arg(&cache_v.slice)
+                .arg(&slots.slice)
+                .arg(&pos.slice)
+                .arg(&mut out.slice)
+                .arg(&ns)
+                .arg(&ml)
+                .arg(&win)
+                .arg(&hq)
+                .arg(&hkv)
+                .arg(&d)
+                .arg(&scale);
+            // SAFETY: matches `attention_slots_f32_e*(q, cache_k, cache_v, slots, pos, out, num_slots, max_len,
+            // window, q_heads, kv_heads, head_dim, scale)` in cuda/attention_slots.cu; checked above: dims (q_heads
+            // a multiple of kv_heads, all positive), 1 <= head_dim <= 256 so head_dim <= 32 * EPL of the kernel
+            // picked here, q and out = [t, q_heads, head_dim], slots and pos = [t] with 1 <= t * q_heads <=
+            // i32::MAX (the grid), and the caches = [num_slots, max_len, kv_heads * head_dim]; the kernel reads K/V
+            // rows only at positions lo..=pos < max_len of a slot < num_slots (others get zeros).
+            unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+            Ok(())
         }
         #[cfg(not(feature = "cuda"))]
         {
             let _ = (num_slots, window);
             match self.never {}
         }
+    }
+}
+
+#[cfg(all(test, feature = "cuda"))]
+mod tests {
+    use super::super::device::source_literal;
+
+    /// The launch constants restated here are those cuda/attention_slots.cu pins.
+    #[test]
+    fn launch_constants_match_the_kernel_source() {
+        let src = include_str!("../../cuda/attention_slots.cu");
+        assert_eq!(
+            source_literal(src, "constexpr int STORE_THREADS", " = ") as u32,
+            super::STORE_THREADS
+        );
+        assert_eq!(
+            source_literal(src, "constexpr int ATTN_THREADS", " = ") as u32,
+            super::ATTN_THREADS
+        );
+        assert_eq!(
+            source_literal(src, "ATTN_MAX_HEAD_DIM", " == ") as usize,
+            crate::cuda::Gpu::ATTENTION_SLOTS_MAX_HEAD_DIM
+        );
     }
 }

@@ -1,17 +1,17 @@
 //! The `cuda` build of [`super::Gpu`]: cudarc (driver API, loaded dynamically) over the PTX that `build.rs`
-//! embedded. The safe wrappers in `super` have checked every length before anything here runs; this file only
-//! picks the kernel instantiation, sizes the grid and launches.
+//! embedded. This file owns the context, the stream, the lazily loaded modules and the launch helpers; each op
+//! family's `cuda/<family>.rs` checks its sizes and launches through them in the same function, so an op's
+//! argument list is written once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
-    LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
-use super::{GdnGpuWeights, GpuScalar, PagedAttentionDims};
+use super::{GdnGpuWeights, GpuScalar};
 use crate::shapes::GdnDims;
 use crate::KernelError;
 
@@ -22,20 +22,11 @@ mod modules {
 pub(in crate::cuda) use modules::Module;
 
 // One file per kernel family: each adds an `impl Device` block with its launches.
-pub(in crate::cuda) mod attention;
-mod attention_prefill;
-mod attention_slots;
 mod dense;
 mod gdn;
-mod gdn_prefill;
-mod gemm;
-pub(in crate::cuda) mod gemm_sm90a;
-pub(in crate::cuda) mod gemv;
 mod ops;
 
-pub(in crate::cuda) use gemv::Activations;
-
-fn cuda_err(op: &str) -> impl Fn(cudarc::driver::DriverError) -> KernelError + '_ {
+pub(super) fn cuda_err(op: &str) -> impl Fn(cudarc::driver::DriverError) -> KernelError + '_ {
     move |e| KernelError::Cuda(format!("{op}: {e:?}"))
 }
 
@@ -47,8 +38,8 @@ pub(super) struct Device {
     is_sm90: bool,
     modules: Mutex<HashMap<Module, Arc<CudaModule>>>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
-    /// Split-K partials of the attention decode, grown on demand and reused across calls.
-    attention_ws: Mutex<Option<CudaSlice<f32>>>,
+    /// Split-K partials of the attention decode, grown on demand and reused across calls (`cuda/attention.rs`).
+    pub(super) attention_ws: Mutex<Option<CudaSlice<f32>>>,
 }
 
 impl Device {
@@ -115,7 +106,23 @@ impl Device {
         self.ctx.name().map_err(cuda_err("reading the device name"))
     }
 
-    fn function(&self, module: Module, name: &'static str) -> Result<CudaFunction, KernelError> {
+    /// Multiprocessors of the device.
+    pub(super) fn sm_count(&self) -> usize {
+        self.sm_count
+    }
+
+    /// Whether the sm_90a module can load here (compute capability 9.0 exactly): the public GEMMs of
+    /// `cuda/gemm.rs` take their wgmma paths only then.
+    pub(super) fn has_wgmma(&self) -> bool {
+        self.is_sm90
+    }
+
+    /// The kernel `name` of `module`, loading the module on first use.
+    pub(super) fn function(
+        &self,
+        module: Module,
+        name: &'static str,
+    ) -> Result<CudaFunction, KernelError> {
         if let Some(f) = self.functions.lock().map_err(|_| poisoned())?.get(name) {
             return Ok(f.clone());
         }
@@ -159,6 +166,23 @@ impl Device {
         Ok(f)
     }
 
+    /// [`Device::function`] with `smem` bytes of dynamic shared memory allowed (over the 48 KiB a launch gets
+    /// without asking), for the kernels whose tiles need more.
+    pub(super) fn function_with_smem(
+        &self,
+        module: Module,
+        name: &'static str,
+        smem: u32,
+    ) -> Result<CudaFunction, KernelError> {
+        let f = self.function(module, name)?;
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(cuda_err(name))?;
+        Ok(f)
+    }
+
     /// Launches `f` on the device's stream with programmatic dependent launch (PDL: the
     /// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION` attribute): its blocks may become resident while the
     /// kernel before it is still running, once every block of that kernel has executed
@@ -172,7 +196,7 @@ impl Device {
     /// As `LaunchArgs::launch`: `args` holds the kernel's parameters in order with the kernel's types (device
     /// addresses from `device_ptr` of buffers that outlive the queued kernel, scalars); the kernel must not read
     /// anything an earlier kernel writes, nor write anything, before its `pdl_wait`.
-    unsafe fn launch_pdl(
+    pub(super) unsafe fn launch_pdl(
         &self,
         name: &str,
         f: &CudaFunction,
@@ -188,7 +212,7 @@ impl Device {
     ///
     /// # Safety
     /// As [`Device::launch_pdl`].
-    unsafe fn launch_ex(
+    pub(super) unsafe fn launch_ex(
         &self,
         name: &str,
         f: &CudaFunction,
@@ -293,6 +317,20 @@ impl Device {
     }
 }
 
+/// A launch of `grid` blocks of `block` threads with `smem` bytes of dynamic shared memory (cudarc's struct,
+/// built in one line at each launch).
+pub(super) fn launch_config(
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    smem: u32,
+) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: grid,
+        block_dim: block,
+        shared_mem_bytes: smem,
+    }
+}
+
 /// Most parameters a [`Device::launch_pdl`] kernel takes (the launches using it take at most 8).
 const PDL_MAX_ARGS: usize = 16;
 
@@ -330,17 +368,17 @@ impl PdlArgs {
     }
 }
 
-fn poisoned() -> KernelError {
+pub(super) fn poisoned() -> KernelError {
     KernelError::Cuda("a previous kernel call panicked while holding the module cache".into())
 }
 
-/// For the launch-constant tests of the `device/*.rs` files: the integer after `<key><sep>` in a kernel or bench
-/// source (`sep` " == " for a static_assert's literal, " = " for a Python constant). Each launch file restates
-/// sizes its kernel file pins with static_asserts, and the H200 benches restate them again; nothing at build time
+/// For the launch-constant tests of the `cuda/*.rs` files: the integer after `<key><sep>` in a kernel or bench
+/// source (`sep` " == " for a static_assert's literal, " = " for a Python constant). Each family's launch code
+/// restates sizes its kernel file pins with static_asserts, and the H200 benches restate them again; nothing at build time
 /// ties those copies together, and a size changed in one place only is a launch asking for the wrong shared
 /// memory. The tests run on CI, where no GPU runs the kernels.
 #[cfg(test)]
-fn source_literal(text: &str, key: &str, sep: &str) -> u64 {
+pub(super) fn source_literal(text: &str, key: &str, sep: &str) -> u64 {
     let pat = format!("{key}{sep}");
     let at = text
         .find(&pat)

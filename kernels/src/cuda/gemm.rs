@@ -4,8 +4,22 @@
 //! constraint, otherwise to the `mma.sync` kernels of `kernels/cuda/gemm.cu`, which stay callable by name
 //! ([`Gpu::fp8_block_gemm_mma_sync`], [`Gpu::nvfp4_gemm_mma_sync`]) for tests and benchmarks.
 
+#[cfg(feature = "cuda")]
+use cudarc::driver::PushKernelArg;
+
+#[cfg(feature = "cuda")]
+use super::device::{cuda_err, launch_config, Module};
 use super::{check_len_of, Gpu, GpuBuffer};
 use crate::KernelError;
+
+/// Dynamic shared memory of `nvfp4_gemm_128x256` (cuda/gemm.cu `NG_SMEM_BYTES`).
+#[cfg(feature = "cuda")]
+const NVFP4_GEMM_SMEM_BYTES: u32 = 118_784;
+
+/// Dynamic shared memory of `fp8_block_gemm_128x128` (cuda/gemm.cu `GM_SMEM_BYTES`): 4 stages of (two 16 KiB
+/// tiles + 128 scales), over the 48 KiB a launch gets without asking.
+#[cfg(feature = "cuda")]
+const GEMM_SMEM_BYTES: u32 = 133_120;
 
 impl Gpu {
     /// Quantises bf16 activations for [`Gpu::fp8_block_gemm`]: per token, per 128 of K,
@@ -29,8 +43,24 @@ impl Gpu {
         check_len_of(OP, "scales", scales.len(), &[m, k.div_ceil(128)])?;
         #[cfg(feature = "cuda")]
         {
-            self.inner
-                .fp8_quantize_activations(&x.slice, &mut xq.slice, &mut scales.slice, m, k)
+            // `fp8_quantize_act` in cuda/gemm.cu: one warp per (token, 128 of K).
+            const NAME: &str = "fp8_quantize_act";
+            let f = self.inner.function(Module::Gemm, NAME)?;
+            let (mi, ki) = (m as i32, k as i32);
+            // 8 tokens (one per warp) x one 128-wide K block per block.
+            let grid = (m.div_ceil(8) as u32, k.div_ceil(128) as u32, 1);
+            let cfg = launch_config(grid, (256, 1, 1), 0);
+            let mut b = self.inner.stream().launch_builder(&f);
+            b.arg(&x.slice)
+                .arg(&mut xq.slice)
+                .arg(&mut scales.slice)
+                .arg(&mi)
+                .arg(&ki);
+            // SAFETY: matches `fp8_quantize_act` in cuda/gemm.cu; checked above: x = [m, k], xq = [m, k],
+            // scales = [m, ceil(k/128)] and k % 16 == 0, so each lane's 8-byte load and 4-byte store of 4 values
+            // stay inside its row (warps past m return before touching memory); grid.y = ceil(k/128) <= 65535.
+            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+            Ok(())
         }
         #[cfg(not(feature = "cuda"))]
         match self.never {}
@@ -93,16 +123,30 @@ impl Gpu {
         check_fp8_gemm(OP, xq, x_scales, w, w_scales, y, m, n, k)?;
         #[cfg(feature = "cuda")]
         {
-            self.inner.fp8_block_gemm(
-                &xq.slice,
-                &x_scales.slice,
-                &w.slice,
-                &w_scales.slice,
-                &mut y.slice,
-                m,
-                n,
-                k,
-            )
+            // `fp8_block_gemm_128x128` in cuda/gemm.cu: one 128x128 output tile per block of 8 warps.
+            const NAME: &str = "fp8_block_gemm_128x128";
+            let f = self
+                .inner
+                .function_with_smem(Module::Gemm, NAME, GEMM_SMEM_BYTES)?;
+            let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+            let grid = (m.div_ceil(128) as u32, n.div_ceil(128) as u32, 1);
+            let cfg = launch_config(grid, (256, 1, 1), GEMM_SMEM_BYTES);
+            let mut b = self.inner.stream().launch_builder(&f);
+            b.arg(&xq.slice)
+                .arg(&x_scales.slice)
+                .arg(&w.slice)
+                .arg(&w_scales.slice)
+                .arg(&mut y.slice)
+                .arg(&mi)
+                .arg(&ni)
+                .arg(&ki);
+            // SAFETY: matches `fp8_block_gemm_128x128` in cuda/gemm.cu (GM_SMEM_BYTES there is GEMM_SMEM_BYTES
+            // here, a static_assert keeps them equal); check_fp8_gemm checked xq = [m, k], x_scales = [m,
+            // ceil(k/128)], w = [n, k], w_scales = [ceil(n/128), ceil(k/128)], y = [m, n], k % 16 == 0 (every 16-byte
+            // copy is wholly inside a row or skipped) and ceil(n/128) <= 65535; rows past m or n and chunks past k
+            // are zero-filled without reading, and the epilogue guards every store against m and n.
+            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+            Ok(())
         }
         #[cfg(not(feature = "cuda"))]
         match self.never {}
@@ -166,16 +210,30 @@ impl Gpu {
         check_nvfp4_gemm(OP, x, w, scales, global_scale, y, m, n, k)?;
         #[cfg(feature = "cuda")]
         {
-            self.inner.nvfp4_gemm(
-                &x.slice,
-                &w.slice,
-                &scales.slice,
-                global_scale,
-                &mut y.slice,
-                m,
-                n,
-                k,
-            )
+            // `nvfp4_gemm_128x256` in cuda/gemm.cu: one 128x256 output tile per block of 8 warps.
+            const NAME: &str = "nvfp4_gemm_128x256";
+            let f = self
+                .inner
+                .function_with_smem(Module::Gemm, NAME, NVFP4_GEMM_SMEM_BYTES)?;
+            let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+            let grid = (m.div_ceil(128) as u32, n.div_ceil(256) as u32, 1);
+            let cfg = launch_config(grid, (256, 1, 1), NVFP4_GEMM_SMEM_BYTES);
+            let mut b = self.inner.stream().launch_builder(&f);
+            b.arg(&x.slice)
+                .arg(&w.slice)
+                .arg(&scales.slice)
+                .arg(&global_scale)
+                .arg(&mut y.slice)
+                .arg(&mi)
+                .arg(&ni)
+                .arg(&ki);
+            // SAFETY: matches `nvfp4_gemm_128x256` in cuda/gemm.cu (NG_SMEM_BYTES there is NVFP4_GEMM_SMEM_BYTES
+            // here, kept equal by a static_assert); check_nvfp4_gemm checked x = [m, k], w = [n, k/2], scales = [n,
+            // k/16], y = [m, n], k % 64 == 0 (every 16-byte copy of x and w and 4-byte copy of scales is whole and
+            // aligned) and ceil(n/256) <= 65535; rows past m or n are zero-filled without reading and every store
+            // is guarded.
+            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+            Ok(())
         }
         #[cfg(not(feature = "cuda"))]
         match self.never {}
@@ -284,5 +342,21 @@ mod tests {
             .contains("65535"));
         assert!(check_gemm_dims("t", 4097, 17408, 5120).is_ok());
         assert!(check_gemm_dims("t", 1, 1, 16).is_ok());
+    }
+
+    /// The launch constants against `cuda/gemm.cu`'s static_assert literals and the bench's copies
+    /// (`device::source_literal` says why).
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn launch_constants_match_the_kernel_file_and_the_bench() {
+        use super::super::device::source_literal;
+        const CU: &str = include_str!("../../cuda/gemm.cu");
+        const BENCH: &str = include_str!("../../bench/h200/bench.py");
+        let cu = |key: &str| source_literal(CU, key, " == ") as u32;
+        let py = |key: &str| source_literal(BENCH, key, " = ") as u32;
+        assert_eq!(cu("static_assert(GM_SMEM_BYTES"), GEMM_SMEM_BYTES);
+        assert_eq!(py("\nGEMM_SMEM"), GEMM_SMEM_BYTES);
+        assert_eq!(cu("static_assert(NG_SMEM_BYTES"), NVFP4_GEMM_SMEM_BYTES);
+        assert_eq!(py("\nNVFP4_GEMM_SMEM"), NVFP4_GEMM_SMEM_BYTES);
     }
 }

@@ -35,6 +35,11 @@
 //! [`Nvfp4Wgmma::PrmtDecode256`] (v3: v2 with 256-row tiles and a byte-permute decode), which
 //! [`Gpu::nvfp4_gemm_wgmma`] runs (the table at `NVFP4_BEST`).
 
+#[cfg(feature = "cuda")]
+use cudarc::driver::{sys, DevicePtr, DeviceRepr, PushKernelArg};
+
+#[cfg(feature = "cuda")]
+use super::device::{cuda_err, launch_config, Module};
 use super::{check_len_of, Gpu, GpuBuffer};
 use crate::KernelError;
 
@@ -103,13 +108,6 @@ const FP8_BEST: Fp8Wgmma = Fp8Wgmma::PingPong;
 enum Fp8Out<'a> {
     F32(&'a mut GpuBuffer<f32>),
     Bf16(&'a mut GpuBuffer<u16>),
-}
-
-/// [`Fp8Out`] as the launch takes it (device/gemm_sm90a.rs).
-#[cfg(feature = "cuda")]
-pub(super) enum Fp8OutSlice<'a> {
-    F32(&'a mut cudarc::driver::CudaSlice<f32>),
-    Bf16(&'a mut cudarc::driver::CudaSlice<u16>),
 }
 
 /// Sizes every wgmma GEMM accepts: positive, within the kernels' 32-bit indices, K a multiple of the kernel's K
@@ -266,21 +264,70 @@ impl Gpu {
         check_len_of(OP, "y", y_len, &[m, n])?;
         #[cfg(feature = "cuda")]
         {
-            let y = match y {
-                Fp8Out::F32(y) => Fp8OutSlice::F32(&mut y.slice),
-                Fp8Out::Bf16(y) => Fp8OutSlice::Bf16(&mut y.slice),
+            // The FP8 wgmma kernels of cuda/gemm_sm90a.cu: `_v1` (cp.async ring, 2 warpgroups, one block per
+            // tile), `_v2` (TMA + mbarriers, producer warpgroup + 2 consumer warpgroups, one block per tile), `_v3`
+            // (v2 persistent: one block per SM looping over tiles) and `_v4` (v3 with ping-pong partials);
+            // `_v4_bf16` writes bf16. A bf16 output with another build is refused.
+            let dev = &self.inner;
+            let bf16 = matches!(y, Fp8Out::Bf16(_));
+            let (name, smem, threads) = fp8_wgmma_kernel(variant, bf16)?;
+            let f = dev.function_with_smem(Module::GemmSm90a, name, smem)?;
+            let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+            let tiles = tile_grid(m, n);
+            let blocks = match variant {
+                // Persistent kernels: one block per SM (the ring's shared memory allows one), at most one per tile.
+                Fp8Wgmma::Persistent | Fp8Wgmma::PingPong => {
+                    tiles.min(dev.sm_count().max(1) as u32)
+                }
+                Fp8Wgmma::CpAsync | Fp8Wgmma::Tma => tiles,
             };
-            self.inner.fp8_block_gemm_sm90a(
-                variant,
-                &xq.slice,
-                &x_scales.slice,
-                &w.slice,
-                &w_scales.slice,
-                y,
-                m,
-                n,
-                k,
-            )
+            let cfg = launch_config((blocks, 1, 1), (threads, 1, 1), smem);
+            if variant != Fp8Wgmma::CpAsync {
+                // The guards order these raw-pointer uses after any pending writes on other streams and keep the
+                // buffers' events until the launch is queued.
+                let (xp, _gx) = xq.slice.device_ptr(dev.stream());
+                let (wp, _gw) = w.slice.device_ptr(dev.stream());
+                let ta = tensor_map_u8(xp, m, k)?;
+                let tb = tensor_map_u8(wp, n, k)?;
+                let mut b = dev.stream().launch_builder(&f);
+                b.arg(&ta)
+                    .arg(&tb)
+                    .arg(&x_scales.slice)
+                    .arg(&w_scales.slice);
+                match y {
+                    Fp8Out::F32(y) => b.arg(&mut y.slice),
+                    Fp8Out::Bf16(y) => b.arg(&mut y.slice),
+                };
+                b.arg(&mi).arg(&ni).arg(&ki);
+                // SAFETY: matches `fp8_block_gemm_sm90a_v2`/`_v3`/`_v4` (y fp32) and `_v4_bf16` (y bf16 bits; the match
+                // above picks by y's type): two 128-byte tensor maps by value, then pointers and sizes; the caller
+                // checked xq = [m, k], x_scales = [m, k/128], w = [n, k], w_scales = [ceil(n/128), k/128], y = [m, n]
+                // of the kernel's element type, k % 128 == 0, k >= 128 and m * n tiles within the grid limit. The maps
+                // describe exactly xq and w (TMA never reads outside them; rows past m or n are zero-filled), the scale
+                // loads clamp rows to m - 1 and every store is guarded against m and n (the bf16 epilogue's 8-byte
+                // stores only where n % 4 == 0, so they are aligned in the 256-byte-aligned allocation); the persistent
+                // kernels visit tiles below ceil(m/128) * ceil(n/128) only, whatever the grid. xq and w outlive the
+                // launch (borrowed for this call, the stream is ordered).
+                unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+            } else {
+                let Fp8Out::F32(y) = y else {
+                    return Err(KernelError::Cuda(format!("{name}: writes fp32 only")));
+                };
+                let mut b = dev.stream().launch_builder(&f);
+                b.arg(&xq.slice)
+                    .arg(&x_scales.slice)
+                    .arg(&w.slice)
+                    .arg(&w_scales.slice)
+                    .arg(&mut y.slice)
+                    .arg(&mi)
+                    .arg(&ni)
+                    .arg(&ki);
+                // SAFETY: matches `fp8_block_gemm_sm90a_v1`; the caller checked the same lengths as for v2 and
+                // k % 128 == 0, so every 16-byte cp.async lies wholly inside a row; rows past m or n are zero-filled
+                // without reading (from row 0, a valid address) and every store is guarded against m and n.
+                unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+            }
+            Ok(())
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -359,23 +406,213 @@ impl Gpu {
         );
         #[cfg(feature = "cuda")]
         {
-            self.inner.nvfp4_gemm_sm90a(
-                variant,
-                &x.slice,
-                &w.slice,
-                &scales.slice,
-                global_scale,
-                &mut y.slice,
-                m,
-                n,
-                k,
-            )
+            // `nvfp4_gemm_sm90a_v1` (block-synchronous: all 256 threads load, decode, then issue wgmmas), `_v2`
+            // (warp-specialised: x by TMA, two producer warpgroups decoding the weights into the ring, two consumer
+            // warpgroups) or `_v3` (v2 with 256x128 tiles and a byte-permute decode) in cuda/gemm_sm90a.cu.
+            let dev = &self.inner;
+            let (name, smem, threads) = nvfp4_wgmma_kernel(variant);
+            let f = dev.function_with_smem(Module::GemmSm90a, name, smem)?;
+            let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+            let blocks = match variant {
+                // v3's tiles are 256 rows x 128 columns.
+                Nvfp4Wgmma::PrmtDecode256 => (m.div_ceil(256) * n.div_ceil(128)) as u32,
+                Nvfp4Wgmma::Synchronous | Nvfp4Wgmma::WarpSpecialized => tile_grid(m, n),
+            };
+            let cfg = launch_config((blocks, 1, 1), (threads, 1, 1), smem);
+            match variant {
+                Nvfp4Wgmma::Synchronous => {
+                    let mut b = dev.stream().launch_builder(&f);
+                    b.arg(&x.slice)
+                        .arg(&w.slice)
+                        .arg(&scales.slice)
+                        .arg(&global_scale)
+                        .arg(&mut y.slice)
+                        .arg(&mi)
+                        .arg(&ni)
+                        .arg(&ki);
+                    // SAFETY: matches `nvfp4_gemm_sm90a_v1`; the caller checked x = [m, k], w = [n, k/2], scales =
+                    // [n, k/16], y = [m, n] and k % 64 == 0, so every 16-byte copy of x and w and 4-byte copy of the
+                    // scales is whole and aligned inside its row; rows past m or n are zero-filled without reading
+                    // and every store is guarded.
+                    unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+                }
+                Nvfp4Wgmma::WarpSpecialized | Nvfp4Wgmma::PrmtDecode256 => {
+                    // The guard orders this raw-pointer use after any pending writes on other streams and keeps the
+                    // buffer's event until the launch is queued.
+                    let (xp, _gx) = x.slice.device_ptr(dev.stream());
+                    let tx = tensor_map_u16(xp, m, k)?;
+                    let mut b = dev.stream().launch_builder(&f);
+                    b.arg(&tx)
+                        .arg(&w.slice)
+                        .arg(&scales.slice)
+                        .arg(&global_scale)
+                        .arg(&mut y.slice)
+                        .arg(&mi)
+                        .arg(&ni)
+                        .arg(&ki);
+                    // SAFETY: matches `nvfp4_gemm_sm90a_v2` and `_v3` (a 128-byte tensor map by value, then pointers,
+                    // the scale and sizes; v3 reads x in two 128-row boxes per 256-row tile, the second only where it
+                    // holds a row below m); the caller checked x = [m, k], w = [n, k/2], scales = [n, k/16], y = [m, n]
+                    // and k % 64 == 0. The map describes exactly x (TMA never reads outside it; rows past m are
+                    // zero-filled); the weight and scale loads are 16- and 2-byte aligned inside rows below n (rows
+                    // past n read row 0) and every store is guarded against m and n; x outlives the launch (borrowed
+                    // for this call, the stream is ordered).
+                    unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+                }
+            }
+            Ok(())
         }
         #[cfg(not(feature = "cuda"))]
         {
             let _ = variant;
             match self.never {}
         }
+    }
+}
+
+/// Dynamic shared memory of `fp8_block_gemm_sm90a_v1` (cuda/gemm_sm90a.cu `F8V1_SMEM_BYTES`, kept equal by a
+/// static_assert there): 4 stages of two 128x128-byte tiles plus 1 KiB to align the ring to 1024 bytes.
+#[cfg(feature = "cuda")]
+const FP8_V1_SMEM_BYTES: u32 = 132_096;
+/// `F8V2_SMEM_BYTES`: 6 stages of two 128x128-byte tiles, 1 KiB of alignment, 12 mbarriers (v2, and the
+/// persistent v3/v4 and v4's bf16 form, which share the ring).
+#[cfg(feature = "cuda")]
+const FP8_V2_SMEM_BYTES: u32 = 197_728;
+/// `N4_SMEM_BYTES`: two decoded 128x64 bf16 tiles, 4 stages of (x tile, packed weights, scales) padded to
+/// 1 KiB, 1 KiB of alignment.
+#[cfg(feature = "cuda")]
+const NVFP4_V1_SMEM_BYTES: u32 = 119_808;
+/// `N4V2_SMEM_BYTES`: 6 stages of (x tile, decoded B tile), 16 KiB each, 1 KiB of alignment, 12 mbarriers.
+#[cfg(feature = "cuda")]
+const NVFP4_V2_SMEM_BYTES: u32 = 197_728;
+/// `N4V3_SMEM_BYTES`: 4 stages of (x tile 256 x 64 bf16 = 32 KiB, decoded B tile 16 KiB), 1 KiB of alignment,
+/// 8 mbarriers.
+#[cfg(feature = "cuda")]
+const NVFP4_V3_SMEM_BYTES: u32 = 197_696;
+
+/// A CUDA tensor map passed by value as a `__grid_constant__` kernel parameter (the kernel's `TmaDesc`, 128
+/// bytes). The driver copies kernel parameters by the kernel's declared layout, so the host alignment of this
+/// wrapper only has to satisfy `cuTensorMapEncodeTiled` (64 bytes; `CUtensorMap` is 128-aligned).
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[cfg(feature = "cuda")]
+struct TensorMap(sys::CUtensorMap);
+
+// SAFETY: a plain 128-byte value with no pointers into host memory, passed to the kernel by copy.
+#[cfg(feature = "cuda")]
+unsafe impl DeviceRepr for TensorMap {}
+
+/// The tensor map of a row-major uint8 matrix `[rows, cols]` at device address `ptr`, read in boxes of 128 rows
+/// x 128 bytes with the 128-byte swizzle (what the wgmma descriptors expect), rows past `rows` zero-filled.
+/// Needs `cols % 16 == 0` (the row stride must be a multiple of 16 bytes) and a 16-byte aligned `ptr`.
+#[cfg(feature = "cuda")]
+fn tensor_map_u8(
+    ptr: sys::CUdeviceptr,
+    rows: usize,
+    cols: usize,
+) -> Result<TensorMap, KernelError> {
+    tensor_map_128b(
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        1,
+        ptr,
+        rows,
+        cols,
+    )
+}
+
+/// The same for a row-major 16-bit matrix (bf16 bits) `[rows, cols]`: boxes of 128 rows x 64 elements (128
+/// bytes). Needs `cols % 8 == 0` and a 16-byte aligned `ptr`.
+#[cfg(feature = "cuda")]
+fn tensor_map_u16(
+    ptr: sys::CUdeviceptr,
+    rows: usize,
+    cols: usize,
+) -> Result<TensorMap, KernelError> {
+    tensor_map_128b(
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+        2,
+        ptr,
+        rows,
+        cols,
+    )
+}
+
+/// A 2D tensor map of `[rows, cols]` elements of `elem_bytes` bytes, boxes of 128 rows x 128 bytes,
+/// SWIZZLE_128B, L2 promotion 256 B, zero fill out of bounds.
+#[cfg(feature = "cuda")]
+fn tensor_map_128b(
+    dtype: sys::CUtensorMapDataType,
+    elem_bytes: usize,
+    ptr: sys::CUdeviceptr,
+    rows: usize,
+    cols: usize,
+) -> Result<TensorMap, KernelError> {
+    let dims: [sys::cuuint64_t; 2] = [cols as u64, rows as u64];
+    let strides: [sys::cuuint64_t; 1] = [(cols * elem_bytes) as u64];
+    let boxes: [sys::cuuint32_t; 2] = [(128 / elem_bytes) as u32, 128];
+    let elem_strides: [sys::cuuint32_t; 2] = [1, 1];
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+    // SAFETY: every pointer is to a live local array of the rank the call reads (2 dims, 1 stride); `map` is a
+    // 128-byte, 128-aligned output; the driver only records `ptr`, which the caller keeps alive for the launch.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            dtype,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(KernelError::Cuda(format!(
+            "cuTensorMapEncodeTiled ({rows} x {cols} elements of {elem_bytes} bytes): {r:?}"
+        )));
+    }
+    // SAFETY: the call succeeded, so it wrote the whole map (and it was zeroed before).
+    Ok(TensorMap(unsafe { map.assume_init() }))
+}
+
+/// Blocks of a 128x128-tiled output: one 1D grid over all tiles (the kernels map block -> tile in groups of 8
+/// tile rows for L2 reuse).
+#[cfg(feature = "cuda")]
+fn tile_grid(m: usize, n: usize) -> u32 {
+    (m.div_ceil(128) * n.div_ceil(128)) as u32
+}
+
+/// The kernel of an FP8 wgmma build (bf16 or f32 output), its dynamic shared memory and threads per block.
+#[cfg(feature = "cuda")]
+fn fp8_wgmma_kernel(
+    variant: Fp8Wgmma,
+    bf16: bool,
+) -> Result<(&'static str, u32, u32), KernelError> {
+    Ok(match (variant, bf16) {
+        (Fp8Wgmma::CpAsync, false) => ("fp8_block_gemm_sm90a_v1", FP8_V1_SMEM_BYTES, 256),
+        (Fp8Wgmma::Tma, false) => ("fp8_block_gemm_sm90a_v2", FP8_V2_SMEM_BYTES, 384),
+        (Fp8Wgmma::Persistent, false) => ("fp8_block_gemm_sm90a_v3", FP8_V2_SMEM_BYTES, 384),
+        (Fp8Wgmma::PingPong, false) => ("fp8_block_gemm_sm90a_v4", FP8_V2_SMEM_BYTES, 384),
+        (Fp8Wgmma::PingPong, true) => ("fp8_block_gemm_sm90a_v4_bf16", FP8_V2_SMEM_BYTES, 384),
+        (_, true) => {
+            return Err(KernelError::Cuda(format!(
+                "fp8_block_gemm_sm90a: no bf16 epilogue in the {variant:?} build"
+            )))
+        }
+    })
+}
+
+/// The kernel of an NVFP4 wgmma build, its dynamic shared memory and threads per block.
+#[cfg(feature = "cuda")]
+fn nvfp4_wgmma_kernel(variant: Nvfp4Wgmma) -> (&'static str, u32, u32) {
+    match variant {
+        Nvfp4Wgmma::Synchronous => ("nvfp4_gemm_sm90a_v1", NVFP4_V1_SMEM_BYTES, 256),
+        Nvfp4Wgmma::WarpSpecialized => ("nvfp4_gemm_sm90a_v2", NVFP4_V2_SMEM_BYTES, 512),
+        Nvfp4Wgmma::PrmtDecode256 => ("nvfp4_gemm_sm90a_v3", NVFP4_V3_SMEM_BYTES, 512),
     }
 }
 
@@ -387,8 +624,6 @@ mod tests {
     /// without `lab` the losing builds are not; the names come from the launch code's naming functions.
     #[test]
     fn every_auto_wgmma_kernel_is_embedded() {
-        use crate::cuda::device::gemm_sm90a::{fp8_wgmma_kernel, nvfp4_wgmma_kernel};
-        use crate::cuda::device::Module;
         let entries = Module::GemmSm90a.entries();
         let mut seen = vec![
             fp8_wgmma_kernel(FP8_BEST, false).unwrap().0,
@@ -401,5 +636,31 @@ mod tests {
         seen.sort_unstable();
         #[cfg(not(feature = "lab"))]
         assert_eq!(entries, seen);
+    }
+
+    /// The launch constants against `cuda/gemm_sm90a.cu`'s static_assert literals and the bench's copies
+    /// (`device::source_literal` says why).
+    #[test]
+    fn launch_constants_match_the_kernel_file_and_the_bench() {
+        use super::super::device::source_literal;
+        const CU: &str = include_str!("../../cuda/gemm_sm90a.cu");
+        const BENCH: &str = include_str!("../../bench/h200/bench_gemm_sm90a.py");
+        let cu = |key: &str| source_literal(CU, key, " == ") as u32;
+        let sizes = [
+            ("F8V1_SMEM_BYTES", FP8_V1_SMEM_BYTES),
+            ("F8V2_SMEM_BYTES", FP8_V2_SMEM_BYTES),
+            ("N4_SMEM_BYTES", NVFP4_V1_SMEM_BYTES),
+            ("N4V2_SMEM_BYTES", NVFP4_V2_SMEM_BYTES),
+            ("N4V3_SMEM_BYTES", NVFP4_V3_SMEM_BYTES),
+        ];
+        for (name, bytes) in sizes {
+            assert_eq!(cu(&format!("static_assert({name}")), bytes, "{name}");
+        }
+        // The bench unpacks the five in one line, in this order.
+        let line = format!(
+            "F8V1_SMEM, F8V2_SMEM, N4_SMEM, N4V2_SMEM, N4V3_SMEM = {}",
+            sizes.map(|(_, b)| b.to_string()).join(", ")
+        );
+        assert!(BENCH.contains(&line), "bench_gemm_sm90a.py lacks `{line}`");
     }
 }

@@ -1,5 +1,7 @@
 //! Launch of `cuda/gdn.cu`: the fused gated DeltaNet decode step, every variant.
 
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+
 use super::*;
 use crate::cuda::gdn::{GdnDecodeKernel, GdnStepArgs};
 

@@ -64,7 +64,7 @@ impl Numerics for Gpu {
     fn acts(path: &str, m: usize, k: usize) -> Acts {
         match path {
             "f32" | "bf16" => Acts::F32,
-            "fp8_block" if m > 16 && k % 16 == 0 => Acts::E4m3,
+            "fp8_block" if m > 16 && k.is_multiple_of(16) => Acts::E4m3,
             _ => Acts::Bf16,
         }
     }

@@ -1,4 +1,4 @@
-//! The engine-facing op set: one vocabulary, the same on the CPU ([`Cpu`]) and on CUDA ([`Gpu`](crate::cuda::Gpu)), behind the
+//! The engine-facing op set: one vocabulary, the same on the CPU ([`Cpu`]) and on CUDA ([`Gpu`]), behind the
 //! [`Backend`] trait. A forward pass written against `B: Backend` runs on either device: the caller gives shapes
 //! and buffers ([`Backend::Buf`]), and which kernel runs (ISA path, GEMV or GEMM, tile layout) is decided inside.
 //!
@@ -9,7 +9,7 @@
 //! [`Backend::prepare_table`]).
 //!
 //! Every method is a thin, checked layer over the crate's CPU functions ([`crate::ops`], [`crate::attention`],
-//! [`crate::gdn`], [`crate::linear`]) and the public [`Gpu`](crate::cuda::Gpu) methods; no kernel lives here. All activations are
+//! [`crate::gdn`], [`crate::linear`]) and the public [`Gpu`] methods; no kernel lives here. All activations are
 //! f32; bf16 appears only as a cast target ([`Backend::cast_f32_to_bf16`]) and as a table or weight format.
 //!
 //! # The ops, by family
@@ -30,10 +30,10 @@
 //!
 //! # What differs between the devices
 //!
-//! - **int4 linear (W4A16, W4A8): CPU only.** The GPU has no int4 GEMV or GEMM; [`Backend::prepare`] on a [`Gpu`](crate::cuda::Gpu)
+//! - **int4 linear (W4A16, W4A8): CPU only.** The GPU has no int4 GEMV or GEMM; [`Backend::prepare`] on a [`Gpu`]
 //!   refuses an int4 [`Weight`] with an error naming the op. (The int4 embedding gather exists on both.)
 //! - **The f32 embedding gather on the GPU** has no kernel of its own: it reads the ids back to the host and copies
-//!   one row per id ([`Gpu::copy_cols`](crate::cuda::Gpu::copy_cols)), so it synchronises and cannot be recorded in a CUDA graph. bf16 and int4
+//!   one row per id ([`Gpu::copy_cols`]), so it synchronises and cannot be recorded in a CUDA graph. bf16 and int4
 //!   tables gather on the device.
 //! - **The GPU linear of FP8 and NVFP4** reads bf16 activations (the tile GEMVs, up to 16 rows at a time) or, past
 //!   16 rows, e4m3 activations quantised per 128 columns (the FP8 GEMM, `k % 16 == 0`) and bf16 (the NVFP4 GEMM,
@@ -42,9 +42,9 @@
 //!   tensor cores (3xTF32 products, about 2e-3 of the output's scale).
 //! - **Values on the device** (token ids, slots, positions, logits) cannot be checked by the host before a GPU
 //!   launch: an id past the table gathers NaN, a slot or position out of range is skipped by the store and gives a
-//!   zero row in attention, a NaN row of logits answers [`Gpu::INVALID_TOKEN`](crate::cuda::Gpu::INVALID_TOKEN). The CPU refuses each with an error.
+//!   zero row in attention, a NaN row of logits answers [`Gpu::INVALID_TOKEN`]. The CPU refuses each with an error.
 //! - **Not here on either device:** a MoE router (softmax / top-k over experts, expert dispatch), GPTQ unpacking
-//!   and sampling by this trait (sampling exists as [`crate::sampling::sample`] and [`Gpu::sample`](crate::cuda::Gpu::sample)).
+//!   and sampling by this trait (sampling exists as [`crate::sampling::sample`] and [`Gpu::sample`]).
 //!
 //! # Example
 //!
@@ -53,8 +53,11 @@
 //! ```
 //! use kernels::backend::{Backend, Cpu, Weight};
 //! use kernels::ops::NormWeight;
+//! use kernels::KernelError;
 //!
-//! fn step<B: Backend>(b: &B, w: &B::Linear, norm: &B::Buf<f32>, x: &B::Buf<f32>) -> Result<Vec<u32>, kernels::KernelError> {
+//! type Bufs<B> = <B as Backend>::Buf<f32>;
+//!
+//! fn step<B: Backend>(b: &B, w: &B::Linear, norm: &Bufs<B>, x: &Bufs<B>) -> Result<Vec<u32>, KernelError> {
 //!     let mut h = b.zeros::<f32>(b.len(x))?;
 //!     b.rmsnorm(x, norm, NormWeight::Plain, 1e-6, &mut h)?;
 //!     let mut logits = b.zeros::<f32>(3)?;
@@ -69,7 +72,7 @@
 //! let norm = cpu.upload(&[1.0f32, 1.0])?;
 //! let x = cpu.upload(&[1.0f32, 3.0])?;
 //! assert_eq!(step(&cpu, &w, &norm, &x)?, [1]);
-//! # Ok::<(), kernels::KernelError>(())
+//! # Ok::<(), KernelError>(())
 //! ```
 
 mod cpu;
@@ -81,6 +84,9 @@ pub use cuda::{GpuLinear, GpuTable};
 pub use host::{f32_linear, gelu_tanh_and_mul, sigmoid_gate, sigmoid_head_gate, softcap, Weight};
 
 use crate::cuda::GpuScalar;
+// The docs name the GPU backend by its type; the code reaches it only through `cuda.rs`.
+#[cfg(doc)]
+use crate::cuda::Gpu;
 use crate::error::checked_product;
 use crate::gdn::{GdnDims, GdnWeights};
 use crate::linear::Int4Weights;
@@ -349,7 +355,7 @@ impl<B: Backend + ?Sized> GdnState<B> {
     }
 }
 
-/// One device's implementation of every op a forward pass needs. Implemented by [`Cpu`] and by [`Gpu`](crate::cuda::Gpu) (which
+/// One device's implementation of every op a forward pass needs. Implemented by [`Cpu`] and by [`Gpu`] (which
 /// exists in every build and fails with [`KernelError::NotCompiledWithCuda`] without the `cuda` feature).
 ///
 /// Buffers hold f32 activations unless a method says otherwise; every length is checked (products with checked
@@ -689,7 +695,7 @@ pub trait Backend {
     /// ```
     fn softcap(&self, x: &mut Self::Buf<f32>, cap: f32) -> Result<(), KernelError>;
     /// Per row of `logits` (`[rows, vocab]`, `rows = out.len()`), the index of the largest value (the first on
-    /// ties). A NaN logit is an error on the CPU and [`Gpu::INVALID_TOKEN`](crate::cuda::Gpu::INVALID_TOKEN) on the GPU.
+    /// ties). A NaN logit is an error on the CPU and [`Gpu::INVALID_TOKEN`] on the GPU.
     fn argmax(
         &self,
         logits: &Self::Buf<f32>,

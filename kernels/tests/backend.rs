@@ -715,6 +715,28 @@ fn gdn_reference(
     out
 }
 
+/// A DeltaNet call's output, state and conv history against the reference's, within `(out, state)` bounds.
+fn check_gdn<B: Backend>(
+    b: &B,
+    what: &str,
+    (out_tol, state_tol): (f32, f32),
+    (out, want): (&B::Buf<f32>, &[f32]),
+    st: &GdnState<B>,
+    state: &[f32],
+    conv: &[f32],
+) {
+    scaled(&format!("{what} out"), &down(b, out), want, out_tol).unwrap();
+    scaled(
+        &format!("{what} state"),
+        &down(b, st.state()),
+        state,
+        state_tol,
+    )
+    .unwrap();
+    // The history is the last K-1 inputs, copied as they are.
+    scaled(&format!("{what} conv"), &down(b, st.conv()), conv, 1e-6).unwrap();
+}
+
 fn gdn<B: Numerics>(b: &B) {
     let mut r = rng("gdn");
     // dk = dv = 128 (what the GPU kernels are built for), two value heads per key head, a sequence shorter than a
@@ -758,17 +780,8 @@ fn gdn<B: Numerics>(b: &B) {
         &mut out,
     )
     .unwrap();
-    let (out_tol, state_tol) = B::GDN_PREFILL;
     let what = format!("{} gdn_prefill {seq_lens:?}", b.name());
-    scaled(&format!("{what} out"), &down(b, &out), &want, out_tol).unwrap();
-    scaled(
-        &format!("{what} state"),
-        &down(b, st.state()),
-        &state,
-        state_tol,
-    )
-    .unwrap();
-    scaled(&format!("{what} conv"), &down(b, st.conv()), &conv, 1e-6).unwrap();
+    check_gdn(b, &what, B::GDN_PREFILL, (&out, &want), &st, &state, &conv);
 
     // One decode step for every sequence, each device starting from the reference's history and state after
     // the prefill, so that the step's bound is not the prefill's.
@@ -790,17 +803,8 @@ fn gdn<B: Numerics>(b: &B) {
         &mut out,
     )
     .unwrap();
-    let (out_tol, state_tol) = B::GDN_DECODE;
     let what = format!("{} gdn_decode", b.name());
-    scaled(&format!("{what} out"), &down(b, &out), &want, out_tol).unwrap();
-    scaled(
-        &format!("{what} state"),
-        &down(b, st.state()),
-        &state,
-        state_tol,
-    )
-    .unwrap();
-    scaled(&format!("{what} conv"), &down(b, st.conv()), &conv, 1e-6).unwrap();
+    check_gdn(b, &what, B::GDN_DECODE, (&out, &want), &st, &state, &conv);
 }
 
 fn logits<B: Backend>(b: &B) {

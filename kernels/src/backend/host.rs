@@ -1,10 +1,10 @@
-//! The engine-facing CPU op set: weights prepared once into the layout their kernel reads ([`Weight`], one variant
-//! per format, each accepted only by its own kernel), one `linear` call that picks the kernel for the caller, and
-//! the small ops a forward pass needs that the per-op modules do not have (GELU in its tanh form, the sigmoid
-//! output gates, the f32 linear of the exact path, logit softcaps).
+//! The host side of the op set: a linear layer's weights as the checkpoint gives them, in the layout their CPU
+//! kernel reads ([`Weight`], one variant per format, each accepted only by its own kernel), one `linear` call that
+//! picks the kernel for the caller, and the small CPU ops the per-op modules do not have (GELU in its tanh form,
+//! the sigmoid output gates, the f32 linear of the exact path, logit softcaps).
 //!
-//! The engine calls this module and [`crate::ops`], [`crate::attention`], [`crate::gdn`] for everything; which ISA
-//! path runs is decided inside ([`crate::cpu::Isa::detected`]), not by the caller.
+//! A [`Weight`] is also what every [`super::Backend`] prepares its own linear layer from
+//! ([`super::Backend::prepare`]); the functions here stay callable on their own for the engine's CPU forward pass.
 //!
 //! ```
 //! use kernels::backend::Weight;

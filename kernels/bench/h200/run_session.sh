@@ -38,8 +38,10 @@ if [ "${1:-}" = prepare ]; then
     | python3 -c "import sys, json
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get('reason') == 'compiler-artifact' and m.get('executable') and m['target']['name'].startswith('gpu_'):
-        print(m['target']['name'], m['executable'])" > /tmp/edgefit-gpu-bins.txt
+    name = m.get('target', {}).get('name', '')
+    if m.get('reason') == 'compiler-artifact' and m.get('executable') and (name.startswith('gpu_') or name == 'backend'):
+        # The backend parity tests (CPU and CUDA arms of one op vocabulary) travel as gpu_backend.
+        print(name if name.startswith('gpu_') else 'gpu_' + name, m['executable'])" > /tmp/edgefit-gpu-bins.txt
   out=$(dirname "$(ls -t "$CARGO_TARGET_DIR"/release/build/kernels-*/out/cuda_modules.rs | head -1)")
   stage=$(mktemp -d)
   while read -r name exe; do cp "$exe" "$stage/$name"; strip --strip-debug "$stage/$name"; done < /tmp/edgefit-gpu-bins.txt
@@ -148,6 +150,26 @@ done
 # The sanitizers last: the slowest and, once clean, the least likely to change what the next step is.
 # SAN_TESTS (default: TESTS) picks the binaries; SAN_BUDGET (seconds since the start, default none) stops starting
 # new sanitizer runs once passed, so one call can fit the device tool's 10-minute limit.
+# SAN_PARALLEL=1 runs every sanitizer pass at once (each its own process and context on the one GPU; the
+# instrumentation, not the GPU, is the bottleneck), each bounded by SAN_TIMEOUT.
+if [ $SANITIZE = 1 ] && [ "${SAN_PARALLEL:-0}" = 1 ]; then
+  pids=()
+  for exe in "$BIN"/gpu_*; do
+    name=$(basename "$exe")
+    [ "$name" = gpu_bench ] && continue
+    wanted "${SAN_TESTS:-$TESTS}" "$name" || continue
+    for tool in memcheck racecheck; do
+      ( timeout "${SAN_TIMEOUT:-120}" compute-sanitizer --tool "$tool" --error-exitcode 99 "$exe" --test-threads=1 \
+          ${SAN_ARGS:-} > "$OUT/sanitizer_${name}_$tool.txt" 2>&1
+        echo "$tool $name: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_${name}_$tool.txt" | tail -1)" \
+          > "$OUT/sanitizer_${name}_$tool.status" ) &
+      pids+=($!)
+    done
+  done
+  wait "${pids[@]}"
+  for f in "$OUT"/sanitizer_*.status; do status+=("$(cat "$f")"); rm -f "$f"; done
+  SANITIZE=0
+fi
 if [ $SANITIZE = 1 ]; then
   for exe in "$BIN"/gpu_*; do
     name=$(basename "$exe")

@@ -8,10 +8,10 @@ use common::cuda_here;
 use std::path::Path;
 
 use engine::checkpoint::Checkpoint;
-use engine::generate::{generate, GenerateOptions};
-use engine::{Device, Engine, Model, WeightMode};
+use engine::generate::{draw, generate, GenerateOptions};
+use engine::{Device, Draw, Engine, Model, Picked, WeightMode};
 use kernels::cpu::Isa;
-use kernels::sampling::SamplingParams;
+use kernels::sampling::{Pcg32, SamplingParams};
 
 fn engine(name: &str, slots: usize) -> Engine {
     engine_on(name, slots, Device::Cpu)
@@ -120,8 +120,8 @@ fn sequences_join_and_leave_between_shared_steps() {
     }
 }
 
-/// The same on CUDA: batched decode steps (the DeltaNet states of several slots gathered into one step) equal
-/// each sequence alone, token for token.
+/// The same on CUDA: batched decode steps (the DeltaNet caches indexed by slot inside the kernel, one recorded graph
+/// per batch size serving every set of slots) equal each sequence alone, token for token.
 #[test]
 fn cuda_sequences_join_and_leave_between_shared_steps() {
     if !cuda_here() {
@@ -228,5 +228,85 @@ fn prompt_in_chunks(device: Device, bound: f32) {
             a = kernels::ops::argmax(&whole.step(&[(s, &[a])]).unwrap()[0]).unwrap() as u32;
             b = kernels::ops::argmax(&parts.step(&[(c, &[b])]).unwrap()[0]).unwrap() as u32;
         }
+    }
+}
+
+/// `step_pick` draws what the host draws from `step`'s logits with the same generators, and leaves each generator
+/// where the host's is: a prompt row (drawn on the host), decode rows drawn (on CUDA by the device's sampler, only
+/// the ids crossing), and a row in the same steps that hands back its logits instead.
+fn drawn_equals_host(name: &str, device: Device) {
+    let params = SamplingParams {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.9,
+    };
+    let mut a = engine_on(name, 3, device);
+    let mut b = engine_on(name, 3, device);
+    let prompts = [prompt(4, 21), prompt(5, 8), prompt(6, 13)];
+    let mut rng_a: Vec<Pcg32> = (0..2).map(|i| Pcg32::new(7 + i, 0)).collect();
+    let mut rng_b = rng_a.clone();
+    let slots_a: Vec<usize> = (0..3).map(|_| a.join().unwrap()).collect();
+    let slots_b: Vec<usize> = (0..3).map(|_| b.join().unwrap()).collect();
+    let mut next: Vec<Vec<u32>> = prompts.to_vec();
+    for step in 0..8 {
+        let work_a: Vec<(usize, &[u32])> = slots_a
+            .iter()
+            .zip(&next)
+            .map(|(&s, t)| (s, t.as_slice()))
+            .collect();
+        let work_b: Vec<(usize, &[u32])> = slots_b
+            .iter()
+            .zip(&next)
+            .map(|(&s, t)| (s, t.as_slice()))
+            .collect();
+        // Rows 0 and 1 draw; row 2 hands back its logits (and follows its argmax).
+        let mut draws: Vec<Option<Draw>> = (0..3)
+            .map(|i| {
+                (i < 2).then(|| Draw {
+                    params,
+                    rng: rng_a[i].clone(),
+                    token: 0,
+                })
+            })
+            .collect();
+        let picked = a.step_pick(&work_a, &mut draws).unwrap();
+        let logits = b.step(&work_b).unwrap();
+        let mut new_next = Vec::new();
+        for i in 0..3 {
+            let want_logits = &logits[i];
+            let tok = match (&picked[i], i < 2) {
+                (Picked::Token(t), true) => {
+                    let want = draw(want_logits, &params, &mut rng_b[i]).unwrap();
+                    assert_eq!(*t, want, "{name} step {step} row {i}: drawn token");
+                    rng_a[i] = draws[i].take().unwrap().rng;
+                    assert_eq!(rng_a[i], rng_b[i], "{name} step {step} row {i}: generator");
+                    *t
+                }
+                (Picked::Logits(l), false) => {
+                    assert_eq!(l, want_logits, "{name} step {step}: the logits row");
+                    kernels::ops::argmax(l).unwrap() as u32
+                }
+                (p, _) => panic!("{name} step {step} row {i}: unexpected {p:?}"),
+            };
+            new_next.push(vec![tok]);
+        }
+        next = new_next;
+    }
+}
+
+#[test]
+fn draws_in_the_step_equal_the_hosts() {
+    for name in ["qwen3_5-f32", "gemma3-bf16"] {
+        drawn_equals_host(name, Device::Cpu);
+    }
+}
+
+#[test]
+fn cuda_draws_on_the_device_equal_the_hosts() {
+    if !cuda_here() {
+        return;
+    }
+    for name in ["qwen3_5-f32", "qwen3_5-fp8", "gemma3-bf16"] {
+        drawn_equals_host(name, Device::Cuda);
     }
 }

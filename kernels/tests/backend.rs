@@ -64,7 +64,8 @@ impl Numerics for Gpu {
     fn acts(path: &str, m: usize, k: usize) -> Acts {
         match path {
             "f32" | "bf16" => Acts::F32,
-            "fp8_block" if m > 16 && k.is_multiple_of(16) => Acts::E4m3,
+            // FP8 per tensor is FP8 block with one scale repeated, so it takes the same GEMM.
+            "fp8_block" | "fp8_tensor" if m > 16 && k.is_multiple_of(16) => Acts::E4m3,
             _ => Acts::Bf16,
         }
     }

@@ -470,25 +470,30 @@ fn stack_rows(parts: &[&Weight]) -> Option<Weight> {
         return None;
     }
     let n = parts.iter().map(|p| p.n()).sum();
+    // Every part's rows, one after the other, where `rows` finds them in each.
+    fn concat<T: Clone>(
+        parts: &[&Weight],
+        rows: impl Fn(&Weight) -> Option<&[T]>,
+    ) -> Option<Vec<T>> {
+        let mut all = Vec::new();
+        for p in parts {
+            all.extend_from_slice(rows(p)?);
+        }
+        Some(all)
+    }
     match parts[0] {
         Weight::F32 { .. } => {
-            let mut w = Vec::with_capacity(n * k);
-            for p in parts {
-                let Weight::F32 { w: pw, .. } = p else {
-                    return None;
-                };
-                w.extend_from_slice(pw);
-            }
+            let w = concat(parts, |p| match p {
+                Weight::F32 { w, .. } => Some(&w[..]),
+                _ => None,
+            })?;
             Some(Weight::F32 { w, n, k })
         }
         Weight::Bf16 { .. } => {
-            let mut w = Vec::with_capacity(n * k);
-            for p in parts {
-                let Weight::Bf16 { w: pw, .. } = p else {
-                    return None;
-                };
-                w.extend_from_slice(pw);
-            }
+            let w = concat(parts, |p| match p {
+                Weight::Bf16 { w, .. } => Some(&w[..]),
+                _ => None,
+            })?;
             Some(Weight::Bf16 { w, n, k })
         }
         Weight::Nvfp4 { global: g0, .. } => {
@@ -2220,5 +2225,47 @@ impl<'a> Ctx<'a> {
         let o = self.linear(&g.out, &out, t)?;
         self.pool.put(out);
         Ok(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stacking by rows keeps each part's rows in order and refuses what one kernel cannot read as one weight.
+    #[test]
+    fn stack_rows_concatenates_or_refuses() {
+        let a = Weight::f32(vec![1.0, 2.0, 3.0, 4.0], 2, 2).unwrap();
+        let b = Weight::f32(vec![5.0, 6.0], 1, 2).unwrap();
+        match stack_rows(&[&a, &b]) {
+            Some(Weight::F32 { w, n, k }) => {
+                assert_eq!((w, n, k), (vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 3, 2))
+            }
+            other => panic!("f32 parts: {other:?}"),
+        }
+        let h = Weight::bf16(vec![7, 8], 1, 2).unwrap();
+        match stack_rows(&[&h, &h]) {
+            Some(Weight::Bf16 { w, n, k }) => assert_eq!((w, n, k), (vec![7, 8, 7, 8], 2, 2)),
+            other => panic!("bf16 parts: {other:?}"),
+        }
+        // Different formats, different k.
+        assert!(stack_rows(&[&a, &h]).is_none());
+        let wide = Weight::f32(vec![0.0; 3], 1, 3).unwrap();
+        assert!(stack_rows(&[&a, &wide]).is_none());
+        // NVFP4 parts stack only with one global scale.
+        let nv = |global: f32| Weight::Nvfp4 {
+            w: vec![0; 8],
+            scales: vec![0; 1],
+            global,
+            n: 1,
+            k: 16,
+        };
+        match stack_rows(&[&nv(2.0), &nv(2.0)]) {
+            Some(Weight::Nvfp4 { n, global, w, .. }) => {
+                assert_eq!((n, global, w.len()), (2, 2.0, 16))
+            }
+            other => panic!("nvfp4 parts: {other:?}"),
+        }
+        assert!(stack_rows(&[&nv(2.0), &nv(3.0)]).is_none());
     }
 }

@@ -347,20 +347,7 @@ fn check_step(
     w: &GdnGpuWeights<'_>,
     seqs: usize,
 ) -> Result<crate::shapes::GdnSizes, KernelError> {
-    dims.validate(op)?;
-    crate::ensure_shape!(
-        dims.key_dim == 128 && dims.value_dim == 128,
-        op,
-        "the CUDA step is built for key_dim = value_dim = 128 (Qwen3.5 / Qwen3-Next), got {}x{}",
-        dims.key_dim,
-        dims.value_dim
-    );
-    crate::ensure_shape!(
-        (2..=4).contains(&dims.conv_kernel),
-        op,
-        "conv_kernel must be 2..=4, got {}",
-        dims.conv_kernel
-    );
+    check_gdn_geometry(op, dims, "step")?;
     crate::ensure_shape!(
         (1..=65535).contains(&seqs),
         op,
@@ -373,6 +360,39 @@ fn check_step(
         "value_heads {} is too large for the kernels' 32-bit indexing",
         dims.value_heads
     );
+    check_gdn_weights(op, dims, w)
+}
+
+/// The geometry every DeltaNet kernel (`what`: the step, the prefill) is built for: dk = dv = 128 and a conv
+/// kernel of 2..=4 (every released model), on a valid [`GdnDims`].
+pub(in crate::cuda) fn check_gdn_geometry(
+    op: &'static str,
+    dims: &GdnDims,
+    what: &str,
+) -> Result<(), KernelError> {
+    dims.validate(op)?;
+    crate::ensure_shape!(
+        dims.key_dim == 128 && dims.value_dim == 128,
+        op,
+        "the CUDA {what} is built for key_dim = value_dim = 128 (Qwen3.5 / Qwen3-Next), got {}x{}",
+        dims.key_dim,
+        dims.value_dim
+    );
+    crate::ensure_shape!(
+        (2..=4).contains(&dims.conv_kernel),
+        op,
+        "conv_kernel must be 2..=4, got {}",
+        dims.conv_kernel
+    );
+    Ok(())
+}
+
+/// The layer's weights against `dims`, and the sizes derived from it.
+pub(in crate::cuda) fn check_gdn_weights(
+    op: &'static str,
+    dims: &GdnDims,
+    w: &GdnGpuWeights<'_>,
+) -> Result<crate::shapes::GdnSizes, KernelError> {
     let sizes = dims.checked_sizes(op)?;
     check_len(
         op,

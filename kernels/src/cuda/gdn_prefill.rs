@@ -359,20 +359,7 @@ fn layout_geom(
     meta_region: bool,
     split: bool,
 ) -> Result<GdnPrefillLayout, KernelError> {
-    dims.validate(op)?;
-    crate::ensure_shape!(
-        dims.key_dim == 128 && dims.value_dim == 128,
-        op,
-        "the CUDA prefill is built for key_dim = value_dim = 128 (Qwen3.5 / Qwen3-Next), got {}x{}",
-        dims.key_dim,
-        dims.value_dim
-    );
-    crate::ensure_shape!(
-        (2..=4).contains(&dims.conv_kernel),
-        op,
-        "conv_kernel must be 2..=4, got {}",
-        dims.conv_kernel
-    );
+    super::gdn::check_gdn_geometry(op, dims, "prefill")?;
     crate::ensure_shape!(
         (1..=65535).contains(&seqs),
         op,
@@ -702,23 +689,8 @@ impl Gpu {
             workspace,
         } = io;
         let n = lay.tokens;
-        let sizes = dims.checked_sizes(op)?;
+        let sizes = super::gdn::check_gdn_weights(op, dims, w)?;
         let cd = sizes.conv_dim;
-        check_len(
-            op,
-            "conv_weight",
-            w.conv_weight.len(),
-            sizes.conv_weight_len,
-        )?;
-        check_len(op, "a_log", w.a_log.len(), dims.value_heads)?;
-        check_len(op, "dt_bias", w.dt_bias.len(), dims.value_heads)?;
-        check_len(op, "norm_weight", w.norm_weight.len(), dims.value_dim)?;
-        crate::ensure_shape!(
-            w.norm_eps.is_finite() && w.norm_eps >= 0.0,
-            op,
-            "norm_eps must be finite and non-negative, got {}",
-            w.norm_eps
-        );
         check_len_of(op, "qkv", x.qkv.len(), &[n, cd])?;
         check_len_of(op, "z", x.z.len(), &[n, sizes.value_width])?;
         check_len_of(op, "a", x.a.len(), &[n, dims.value_heads])?;

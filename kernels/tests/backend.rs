@@ -868,6 +868,58 @@ fn logits<B: Backend>(b: &B) {
     );
 }
 
+/// Draws per row against the host's `sampling::sample` with the same generators: the tokens and the generators'
+/// words after the draw, for sampled and greedy parameters over ragged row counts.
+fn sampling<B: Backend>(b: &B) {
+    use kernels::sampling::{sample, Pcg32, SamplingParams};
+    let mut r = rng("sampling");
+    let vocab = 301;
+    let sampled = SamplingParams {
+        temperature: 0.9,
+        top_k: 50,
+        top_p: 0.9,
+    };
+    for (rows, params) in [
+        (5usize, sampled),
+        (3, SamplingParams::GREEDY),
+        (17, sampled),
+    ] {
+        let x = uniform(&mut r, rows * vocab, -4.0, 4.0);
+        let gens: Vec<Pcg32> = (0..rows).map(|i| Pcg32::new(r.gen(), i as u64)).collect();
+        let mut want_gens = gens.clone();
+        let want: Vec<u32> = x
+            .chunks_exact(vocab)
+            .zip(&mut want_gens)
+            .map(|(row, g)| sample(row, &params, g).unwrap() as u32)
+            .collect();
+        let words: Vec<u32> = gens.iter().flat_map(|g| g.to_words()).collect();
+        let mut rng_buf = b.upload(&words).unwrap();
+        let mut out = b.upload(&vec![u32::MAX - 1; rows]).unwrap();
+        b.sample(&up(b, &x), vocab, &params, &mut rng_buf, &mut out)
+            .unwrap();
+        let what = format!("{} sample rows {rows} {params:?}", b.name());
+        assert_eq!(b.download(&out).unwrap(), want, "{what}: tokens");
+        let want_words: Vec<u32> = want_gens.iter().flat_map(|g| g.to_words()).collect();
+        assert_eq!(
+            b.download(&rng_buf).unwrap(),
+            want_words,
+            "{what}: generators"
+        );
+    }
+    // The generator words must match the rows.
+    let mut short = b.upload(&[0u32; 7]).unwrap();
+    let mut out = b.upload(&[0u32; 2]).unwrap();
+    assert!(b
+        .sample(
+            &up(b, &vec![0.0; 2 * vocab]),
+            vocab,
+            &sampled,
+            &mut short,
+            &mut out
+        )
+        .is_err());
+}
+
 fn casts<B: Backend>(b: &B) {
     let mut r = rng("casts");
     // Random values, exact ties of the bf16 rounding, infinities, signed zeros, subnormals, the f32 extremes.
@@ -1139,6 +1191,7 @@ on_every_backend!(
     linear,
     gdn,
     logits,
+    sampling,
     casts,
     bad_sizes
 );

@@ -384,6 +384,38 @@ impl Backend for Cpu {
         Ok(())
     }
 
+    fn sample(
+        &self,
+        logits: &Vec<f32>,
+        vocab: usize,
+        params: &crate::sampling::SamplingParams,
+        rng: &mut Vec<u32>,
+        out: &mut Vec<u32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cpu::sample";
+        crate::ensure_shape!(vocab > 0, OP, "vocab must be positive");
+        crate::ensure_shape!(
+            vocab <= u32::MAX as usize,
+            OP,
+            "vocab = {vocab}: tokens are u32"
+        );
+        let want = checked_product(OP, "rows*vocab", &[out.len(), vocab])?;
+        check_same(OP, "logits", logits.len(), want)?;
+        let words = checked_product(OP, "rows*4", &[out.len(), 4])?;
+        check_same(OP, "rng", rng.len(), words)?;
+        for ((o, row), w) in out
+            .iter_mut()
+            .zip(logits.chunks_exact(vocab))
+            .zip(rng.chunks_exact_mut(4))
+        {
+            let mut g = crate::sampling::Pcg32::from_words([w[0], w[1], w[2], w[3]]);
+            // < vocab <= u32::MAX, checked above.
+            *o = crate::sampling::sample(row, params, &mut g)? as u32;
+            w.copy_from_slice(&g.to_words());
+        }
+        Ok(())
+    }
+
     fn add_assign(&self, x: &mut Vec<f32>, y: &Vec<f32>) -> Result<(), KernelError> {
         check_same("cpu::add_assign", "x and y", x.len(), y.len())?;
         x.iter_mut().zip(y).for_each(|(a, &b)| *a += b);

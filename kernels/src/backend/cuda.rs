@@ -457,6 +457,17 @@ impl Backend for Gpu {
         Gpu::argmax(self, logits, vocab, out)
     }
 
+    fn sample(
+        &self,
+        logits: &GpuBuffer<f32>,
+        vocab: usize,
+        params: &crate::sampling::SamplingParams,
+        rng: &mut GpuBuffer<u32>,
+        out: &mut GpuBuffer<u32>,
+    ) -> Result<(), KernelError> {
+        Gpu::sample(self, logits, vocab, params, rng, out)
+    }
+
     fn add_assign(&self, x: &mut GpuBuffer<f32>, y: &GpuBuffer<f32>) -> Result<(), KernelError> {
         Gpu::add_assign(self, x, y)
     }

@@ -25,7 +25,7 @@
 //! | gated DeltaNet | [`Backend::gdn_decode`] (conv + step), [`Backend::gdn_prefill`] (chunked) | yes | yes (`dk = dv = 128`) |
 //! | gated MLP | [`Backend::act_and_mul`] (SiLU, GELU erf, GELU tanh) | yes | yes |
 //! | linear | [`Backend::prepare`], [`Backend::linear`] (f32, bf16, FP8 block, FP8 per tensor, NVFP4, int4 W4A16 / W4A8) | yes | all but int4 |
-//! | logits and small ops | [`Backend::softcap`], [`Backend::argmax`], [`Backend::add_assign`], [`Backend::add_bias_rows`], [`Backend::scale_assign`] | yes | yes |
+//! | logits and small ops | [`Backend::softcap`], [`Backend::argmax`], [`Backend::sample`], [`Backend::add_assign`], [`Backend::add_bias_rows`], [`Backend::scale_assign`] | yes | yes |
 //! | casts | [`Backend::cast_f32_to_bf16`], [`Backend::cast_bf16_to_f32`] | yes | yes |
 //!
 //! # What differs between the devices
@@ -43,8 +43,8 @@
 //! - **Values on the device** (token ids, slots, positions, logits) cannot be checked by the host before a GPU
 //!   launch: an id past the table gathers NaN, a slot or position out of range is skipped by the store and gives a
 //!   zero row in attention, a NaN row of logits answers [`Gpu::INVALID_TOKEN`]. The CPU refuses each with an error.
-//! - **Not here on either device:** a MoE router (softmax / top-k over experts, expert dispatch), GPTQ unpacking
-//!   and sampling by this trait (sampling exists as [`crate::sampling::sample`] and [`Gpu::sample`]).
+//! - **Not here on either device:** a MoE router (softmax / top-k over experts, expert dispatch) and GPTQ
+//!   unpacking.
 //!
 //! # Example
 //!
@@ -700,6 +700,33 @@ pub trait Backend {
         &self,
         logits: &Self::Buf<f32>,
         vocab: usize,
+        out: &mut Self::Buf<u32>,
+    ) -> Result<(), KernelError>;
+    /// Per row of `logits` (`[rows, vocab]`, `rows = out.len()`), a token drawn under `params` with that row's
+    /// generator, as [`crate::sampling::sample`] draws it: `rng` holds `[rows, 4]` words
+    /// ([`crate::sampling::Pcg32::to_words`]), advanced in place as the draw advances it (greedy and
+    /// single-candidate rows leave it). The same tokens and words on both devices; the GPU takes at most
+    /// [`Gpu::SAMPLE_TOP_K_MAX`] candidates (`top_k = 0` over a larger vocabulary is refused there,
+    /// [`Gpu::can_sample`]), and answers [`Gpu::INVALID_TOKEN`] for a row with a NaN or +inf logit, which the CPU
+    /// refuses.
+    ///
+    /// ```
+    /// use kernels::backend::{Backend, Cpu};
+    /// use kernels::sampling::{Pcg32, SamplingParams};
+    /// let cpu = Cpu;
+    /// let logits = vec![0.0f32, 5.0, 1.0, 9.0, 2.0, 0.0];
+    /// let mut rng: Vec<u32> = [Pcg32::new(1, 0), Pcg32::new(2, 0)].iter().flat_map(|g| g.to_words()).collect();
+    /// let mut out = vec![0u32; 2];
+    /// cpu.sample(&logits, 3, &SamplingParams::GREEDY, &mut rng, &mut out)?;
+    /// assert_eq!(out, [1, 0]);
+    /// # Ok::<(), kernels::KernelError>(())
+    /// ```
+    fn sample(
+        &self,
+        logits: &Self::Buf<f32>,
+        vocab: usize,
+        params: &crate::sampling::SamplingParams,
+        rng: &mut Self::Buf<u32>,
         out: &mut Self::Buf<u32>,
     ) -> Result<(), KernelError>;
     /// `x += y` element-wise (the residual add).

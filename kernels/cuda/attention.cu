@@ -302,7 +302,7 @@ EDGEFIT_ATT_D(256)
 // attention_decode_combine_sliced_D*: the same sum as attention_decode_combine_D*, spread over more blocks and with
 // no dependent round trip before the loads. Grid (Hq * D / 64, seqs): block x serves query head x / (D / 64), columns
 // 64 (x mod D / 64) .. + 64. Block (32, SW) with SW = min(16, ceil(splits / 4)) warps (the launch picks it,
-// kernels/src/cuda/device/attention.rs): lane l owns columns 2l, 2l + 1 of the block's slice, warp w the splits w,
+// kernels/src/cuda/attention.rs): lane l owns columns 2l, 2l + 1 of the block's slice, warp w the splits w,
 // w + SW, w + 2 SW, ... A warp loads a chunk of up to
 // COMB_CHUNK of its splits at once, (m, l) and the float2 of acc of each (2 x COMB_CHUNK independent loads per
 // lane), weighs them against the chunk's own max and rescales its running (m, l, acc) once per chunk, so no load

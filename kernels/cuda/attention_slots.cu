@@ -1,7 +1,6 @@
 // Attention over f32 KV caches of one contiguous block per slot (sm_90): the exact path of the engine's CUDA forward
 // pass, f32 throughout so that its parity tests against transformers hold at ~1e-3 on the logits. The safe entry
-// points and their checks are in kernels/src/cuda/attention_slots.rs, the launches in
-// kernels/src/cuda/device/attention_slots.rs.
+// points, their checks and the launches are in kernels/src/cuda/attention_slots.rs.
 //
 // Layouts: cache_k / cache_v f32 [slots, max_len, kv_heads * head_dim]; new keys / values, queries and outputs are
 // rows of tokens, [t, heads * head_dim]; slots[t] and pos[t] (u32, on the device) say where each token lives.

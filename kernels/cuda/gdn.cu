@@ -20,7 +20,8 @@
 //
 // The conv history of a key head is shared by the Hv/Hk value heads (different blocks), so it cannot be updated in
 // place: it is read from conv_in and the advanced history written to conv_out, each channel by exactly one block
-// (v channels by their own head, q/k channels by the first value head of the group).
+// (v channels by their own head, q/k channels by the first value head of the group). On the engine's slot caches
+// (`slots` non-null, gdn_rows below) the two are the halves of a slot's pair, swapped by the position's parity.
 #include "common.cuh"
 
 using namespace edgefit;

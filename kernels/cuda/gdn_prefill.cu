@@ -14,7 +14,7 @@
 //   S_L = e^{G_L} S0 + sum_s e^{G_L-G_s} k_s d_s^T.
 // Every exponent is a difference G_t - G_s <= 0 (s <= t) or G_t <= 0, so nothing overflows.
 //
-// Four launches (the Rust side, kernels/src/cuda/device/gdn_prefill.rs, queues them on one stream; with a device
+// Four launches (the Rust side, kernels/src/cuda/gdn_prefill.rs, queues them on one stream; with a device
 // cu_seqlens table, Gpu::gdn_prefill_varlen, a one-block gdn_prefill_meta first builds the meta table below):
 // 1. gdn_prefill_prep: grid (ceil(max_len / 8), ceil((2Hk+Hv) / 4), seqs), 128 threads, one warp per 128-channel
 //    segment (a q head, a k head or a v head) and 8 consecutive tokens, the conv window in registers: conv + SiLU,
@@ -1090,7 +1090,7 @@ __device__ __forceinline__ void wy_load_chunk(E* Ks, E* Qs, E* Vs, float* gc, fl
 // the `_b` WY launches write (its second half, unused by the split): zeroed by the WY launch, raised by each of
 // the walk's two column blocks once it has written the chunk's hs slot, and waited for (== 2) by the output
 // launch, which runs as the walk's programmatic dependent so that its blocks fill the SMs the walk leaves idle.
-// The host passes the same address to the walk and the output launch (device/gdn_prefill.rs).
+// The host passes the same address to the walk and the output launch (cuda/gdn_prefill.rs).
 __device__ __forceinline__ int* split_ready(float* aqk, int hv, int n_chunks) {
     return reinterpret_cast<int*>(aqk) + static_cast<size_t>(hv) * n_chunks * C * C / 2;
 }
@@ -2401,9 +2401,9 @@ extern "C" __global__ void __launch_bounds__(256, 3)
 }
 #endif
 
-static_assert(PREP_TT == 8, "keep PREP_TOKENS in device/gdn_prefill.rs equal");
-static_assert(WY_SMEM_BYTES == 101376, "keep GDN_WY_SMEM_BYTES in device/gdn_prefill.rs equal");
-static_assert(wy_tc_smem_bytes() == 102912, "keep WY_TC_SMEM_BYTES in device/gdn_prefill.rs equal");
+static_assert(PREP_TT == 8, "keep PREP_TOKENS in cuda/gdn_prefill.rs equal");
+static_assert(WY_SMEM_BYTES == 101376, "keep GDN_WY_SMEM_BYTES in cuda/gdn_prefill.rs equal");
+static_assert(wy_tc_smem_bytes() == 102912, "keep WY_TC_SMEM_BYTES in cuda/gdn_prefill.rs equal");
 static_assert(state_tc_smem_bytes(16) == 103424 && state_tc_smem_bytes(32) == 115712 &&
                   state_tc_smem_bytes(64) == 225280,
               "keep gdn_prefill.rs state_tc_smem_bytes equal");

@@ -31,9 +31,9 @@ constexpr int GM_THREADS = 256;
 constexpr int GM_TILE_BYTES = GM_BM * GM_BK;                         // A or W tile, one stage
 constexpr int GM_STAGE_BYTES = 2 * GM_TILE_BYTES + GM_BM * 4;         // + the activation scales
 constexpr int GM_SMEM_BYTES = GM_STAGES * GM_STAGE_BYTES;             // 133,120 bytes (dynamic)
-// The launchers (kernels/src/cuda/device/gemm.rs, kernels/bench/h200/bench.py) pass this size; their host test
+// The launchers (kernels/src/cuda/gemm.rs, kernels/bench/h200/bench.py) pass this size; their host test
 // (launch_constants_match_the_kernel_file_and_the_bench) keeps the three equal.
-static_assert(GM_SMEM_BYTES == 133120, "device/gemm.rs GEMM_SMEM_BYTES");
+static_assert(GM_SMEM_BYTES == 133120, "cuda/gemm.rs GEMM_SMEM_BYTES");
 
 // Byte offset of 16-byte chunk `c` (0..7) of row `r` in a swizzled 128-byte-row tile.
 __device__ __forceinline__ uint32_t swz(int r, int c) { return static_cast<uint32_t>(r * 128 + ((c ^ (r & 7)) << 4)); }
@@ -261,7 +261,7 @@ constexpr int NG_W_BYTES = NG_BN * NG_W_STRIDE;
 constexpr int NG_S_BYTES = NG_BN * 4;                              // 4 scale bytes per row per K tile
 constexpr int NG_STAGE_BYTES = NG_A_BYTES + NG_W_BYTES + NG_S_BYTES;  // 29,696 = 232 x 128
 constexpr int NG_SMEM_BYTES = NG_STAGES * NG_STAGE_BYTES;          // 118,784 bytes (dynamic)
-static_assert(NG_SMEM_BYTES == 118784, "device/gemm.rs NVFP4_GEMM_SMEM_BYTES");
+static_assert(NG_SMEM_BYTES == 118784, "cuda/gemm.rs NVFP4_GEMM_SMEM_BYTES");
 static_assert(NG_STAGE_BYTES % 128 == 0, "stages stay 128-byte aligned");
 
 

@@ -1,6 +1,6 @@
 // Prefill GEMMs on Hopper's warpgroup MMA (wgmma), sm_90a only (kernels/build_cuda.rs builds this file to an
-// sm_90a cubin; the module loads only on a compute-capability-9.0 device). Safe entry points:
-// kernels/src/cuda/gemm_sm90a.rs; launches: kernels/src/cuda/device/gemm_sm90a.rs.
+// sm_90a cubin; the module loads only on a compute-capability-9.0 device). Safe entry points and their launches:
+// kernels/src/cuda/gemm_sm90a.rs.
 //
 // Why: the mma.sync kernels of gemm.cu reach 210-260 TFLOP/s on the H200, 0.18-0.26x cuBLAS, because mma.sync
 // cannot feed Hopper's tensor cores (every operand fragment goes through ldmatrix into registers of 8 warps).
@@ -84,8 +84,8 @@ constexpr int F8V1_SMEM_BYTES = F8V1_STAGES * F8_STAGE_BYTES + 1024;
 // FP8 v2: 6 stages, plus 1 KiB alignment and 2 x 6 mbarriers.
 constexpr int F8V2_STAGES = 6;
 constexpr int F8V2_SMEM_BYTES = F8V2_STAGES * F8_STAGE_BYTES + 1024 + 2 * F8V2_STAGES * 8;
-static_assert(F8V1_SMEM_BYTES == 132096, "kernels/src/cuda/device/gemm_sm90a.rs FP8_V1_SMEM_BYTES");
-static_assert(F8V2_SMEM_BYTES == 197728, "kernels/src/cuda/device/gemm_sm90a.rs FP8_V2_SMEM_BYTES");
+static_assert(F8V1_SMEM_BYTES == 132096, "kernels/src/cuda/gemm_sm90a.rs FP8_V1_SMEM_BYTES");
+static_assert(F8V2_SMEM_BYTES == 197728, "kernels/src/cuda/gemm_sm90a.rs FP8_V2_SMEM_BYTES");
 
 // NVFP4 v1: 4 stages of x (128 x 64 bf16 = 16 KiB) + packed w (128 x 32 B = 4 KiB) + scales (128 x 4 B = 512 B),
 // plus two decoded bf16 B tiles (2 x 16 KiB) and 1 KiB alignment.
@@ -97,7 +97,7 @@ constexpr int N4_S_BYTES = BN * BK4 / 16;
 // Rounded up to 1024 bytes so that every stage's x tile is a 1024-byte-aligned swizzle atom.
 constexpr int N4_STAGE_BYTES = (N4_X_BYTES + N4_W_BYTES + N4_S_BYTES + 1023) / 1024 * 1024;
 constexpr int N4_SMEM_BYTES = 1024 + 2 * BN * BK4 * 2 + N4_STAGES * N4_STAGE_BYTES;
-static_assert(N4_SMEM_BYTES == 119808, "kernels/src/cuda/device/gemm_sm90a.rs NVFP4_V1_SMEM_BYTES");
+static_assert(N4_SMEM_BYTES == 119808, "kernels/src/cuda/gemm_sm90a.rs NVFP4_V1_SMEM_BYTES");
 
 
 // Byte offset of 16-byte chunk c of row r in a K-major tile of 128-byte rows with the 128-byte swizzle.
@@ -846,7 +846,7 @@ namespace {
 constexpr int N4V2_STAGES = 6;
 constexpr int N4V2_STAGE_BYTES = 2 * BM * BK4 * 2;  // x tile + decoded B tile, 16 KiB each
 constexpr int N4V2_SMEM_BYTES = N4V2_STAGES * N4V2_STAGE_BYTES + 1024 + 2 * N4V2_STAGES * 8;
-static_assert(N4V2_SMEM_BYTES == 197728, "kernels/src/cuda/device/gemm_sm90a.rs NVFP4_V2_SMEM_BYTES");
+static_assert(N4V2_SMEM_BYTES == 197728, "kernels/src/cuda/gemm_sm90a.rs NVFP4_V2_SMEM_BYTES");
 constexpr int N4_PD = 4;  // K tiles of packed weights a producer thread holds in registers ahead of use
 
 struct Packed4 {
@@ -1017,7 +1017,7 @@ constexpr int N4V3_STAGES = 4;
 constexpr int N4V3_X_BYTES = BM3 * BK4 * 2;                       // 32 KiB
 constexpr int N4V3_STAGE_BYTES = N4V3_X_BYTES + BN * BK4 * 2;     // + decoded B, 16 KiB
 constexpr int N4V3_SMEM_BYTES = N4V3_STAGES * N4V3_STAGE_BYTES + 1024 + 2 * N4V3_STAGES * 8;
-static_assert(N4V3_SMEM_BYTES == 197696, "kernels/src/cuda/device/gemm_sm90a.rs NVFP4_V3_SMEM_BYTES");
+static_assert(N4V3_SMEM_BYTES == 197696, "kernels/src/cuda/gemm_sm90a.rs NVFP4_V3_SMEM_BYTES");
 
 __device__ __forceinline__ void n4v3_ring_next(int& s, uint32_t& ph) {
     if (++s == N4V3_STAGES) {

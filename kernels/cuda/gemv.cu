@@ -1,6 +1,6 @@
 // Decode GEMVs (M = 1..16 activation rows) over block-quantised weights: FP8 e4m3 with 128x128 block scales and
 // NVFP4 (e2m1, e4m3 scale per 16, fp32 global scale) as weight-only. y[m][n] = sum_k x[m][k] * W[n][k] * scales.
-// Two families, both launched from kernels/src/cuda/device/gemv.rs (KernelPath picks; numbers in
+// Two families, both launched from kernels/src/cuda/gemv.rs (KernelPath picks; numbers in
 // benchmarks/h200.md):
 //
 // CUDA cores (fp8_block_gemv_m*, nvfp4_gemv_m*, and the _rRW_uU variants): decode is bandwidth-bound, each weight

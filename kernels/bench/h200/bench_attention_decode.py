@@ -81,7 +81,7 @@ def auto_splits(sms, pairs, d, tile, stages, max_tokens):
 
 
 def sliced_warps(splits):
-    # kernels/src/cuda/device/attention.rs sliced_combine_warps: one warp per 4 splits, 1 to 16.
+    # kernels/src/cuda/attention.rs sliced_combine_warps: one warp per 4 splits, 1 to 16.
     return max(1, min(16, math.ceil(splits / 4)))
 
 
@@ -123,7 +123,7 @@ def arm_plan(sms, pairs, d, max_tokens, kind):
 
 def combine_launcher(mode, d, ws, out, hq, seqs, splits):
     """A call that launches the combine kernel of `mode` ("block" / "sliced") over `splits` partials as the crate
-    does (kernels/src/cuda/device/attention.rs attention_combine); None for "none" or one split."""
+    does (kernels/src/cuda/attention.rs attention_combine); None for "none" or one split."""
     if mode == "none" or splits <= 1:
         return None
     mode, _, pdl = mode.partition("+")

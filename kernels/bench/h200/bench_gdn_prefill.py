@@ -105,7 +105,7 @@ ROUNDS = 5 if b.QUICK else 7  # arms alternate; the H200 runs' spreads were <= 2
 
 
 # The bf16 split's walk for `pairs` (sequence, head) states: the one-block walk (gdn_prefill_walk1_bf16) beyond
-# one wave of two-block walk blocks (kernels/src/cuda/device/gdn_prefill.rs `walk_one_block`, whose test checks
+# one wave of two-block walk blocks (kernels/src/cuda/gdn_prefill.rs `walk_one_block`, whose test checks
 # this copy).
 def walk_one_block(pairs, sms):
     return 2 * pairs > sms
@@ -249,13 +249,13 @@ class Ours:
         self.f_meta = kern("gdn_prefill_meta")
         b.allow_smem(self.f_wy, self.wy_smem)
         if wy != "fp32":
-            try:  # two 100.5 KiB (68.5 KiB: f16) blocks per SM, as the crate asks (device/gdn_prefill.rs)
+            try:  # two 100.5 KiB (68.5 KiB: f16) blocks per SM, as the crate asks (cuda/gdn_prefill.rs)
                 self.f_wy.preferred_shared_memory_carveout = 100
             except Exception as e:  # noqa: BLE001
                 b.log(f"  note: carveout not set on {wy_name} ({e})")
         b.allow_smem(self.f_state, self.state_smem)
         if not variant.startswith("fp32"):
-            try:  # two 113 KiB blocks per SM need the whole carveout, as the crate asks (device/gdn_prefill.rs)
+            try:  # two 113 KiB blocks per SM need the whole carveout, as the crate asks (cuda/gdn_prefill.rs)
                 self.f_state.preferred_shared_memory_carveout = 100
             except Exception as e:  # noqa: BLE001
                 b.log(f"  note: carveout not set on {name} ({e})")

@@ -82,7 +82,7 @@ def sm90a(name, smem):
 class TensorMap:
     """A 128-byte CUtensorMap in a 64-byte-aligned host buffer: row-major [rows, cols] of 1-byte (uint8) or
     2-byte (uint16: bf16 bits) elements read in boxes of 128 rows x 128 bytes, SWIZZLE_128B, L2 promotion 256B,
-    zero OOB fill (what the fp8 v2-v4 and nvfp4 v2/v3 kernels expect; kernels/src/cuda/device/gemm_sm90a.rs makes
+    zero OOB fill (what the fp8 v2-v4 and nvfp4 v2/v3 kernels expect; kernels/src/cuda/gemm_sm90a.rs makes
     the same maps)."""
 
     def __init__(self, t, rows, cols, elem_bytes=1):

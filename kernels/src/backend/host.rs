@@ -21,6 +21,17 @@ use crate::linear::{self, Bf16Weights, Fp8Weights, Int4Scheme, Int4Weights, Nvfp
 pub use crate::ops::gelu_tanh_and_mul;
 use crate::KernelError;
 
+/// A GPTQ module's tensors as the checkpoint stores them, for [`Weight::gptq`]: `qweight` `[k / 8, n]` (eight
+/// 4-bit codes per word, input channel `i` in bits `4 * (i % 8)` of row `i / 8`), `qzeros` `[groups, n / 8]`
+/// (likewise by output feature), `scales` `[groups, n]`, `g_idx` `[k]` (each input channel's group).
+#[derive(Debug, Clone, Copy)]
+pub struct GptqTensors<'a> {
+    pub qweight: &'a [i32],
+    pub qzeros: &'a [i32],
+    pub scales: &'a [f32],
+    pub g_idx: &'a [i32],
+}
+
 /// A linear layer's weights `[n, k]` (output features first) in the layout its kernel reads.
 #[derive(Debug, Clone)]
 pub enum Weight {
@@ -139,6 +150,86 @@ impl Weight {
         Ok(Weight::Int4 {
             w: Int4Weights::quantize_with(n, k, group, scheme, rows)?,
             a8,
+        })
+    }
+
+    /// A GPTQ 4-bit module (`qweight`, `qzeros`, `scales`, `g_idx` as AutoGPTQ stores them, `[n, k]` logical,
+    /// groups of `group` input channels in order) unpacked into the chunked int4 pack the W4A16 kernel reads. The
+    /// stored zero is AutoGPTQ's v1 convention (`stored + 1` is the zero point; a symmetric export stores 7 for
+    /// 8), so `w = (q - z) * s` becomes the pack's `(q - 8) * s + (8 - z) * s`. The pack keeps scales and zeros in
+    /// bf16: the unpacked weights differ from the f16 scales by at most a bf16 rounding (2^-9 relative) of each
+    /// group's scale. Every tensor's length is checked against `n`, `k` and `group`, and a `g_idx` that reorders
+    /// the input channels (act-order) is refused.
+    pub fn gptq(
+        t: &GptqTensors<'_>,
+        n: usize,
+        k: usize,
+        group: usize,
+    ) -> Result<Weight, KernelError> {
+        const OP: &str = "Weight::gptq";
+        checked_len(OP, n, k)?;
+        crate::ensure_shape!(
+            crate::linear::int4::GROUPS.contains(&group),
+            OP,
+            "group {group}; the int4 pack takes {:?}",
+            crate::linear::int4::GROUPS
+        );
+        let groups = k.div_ceil(group);
+        let packed_rows = k.div_ceil(8);
+        let zero_cols = n.div_ceil(8);
+        let expect = |name: &str, got: usize, want: Option<usize>| -> Result<(), KernelError> {
+            let want = want.ok_or_else(|| {
+                KernelError::shape(OP, format!("the size of {name} overflows usize"))
+            })?;
+            crate::ensure_shape!(
+                got == want,
+                OP,
+                "{name} has {got} elements, expected {want} (n = {n}, k = {k}, group = {group})"
+            );
+            Ok(())
+        };
+        expect("qweight", t.qweight.len(), packed_rows.checked_mul(n))?;
+        expect("qzeros", t.qzeros.len(), groups.checked_mul(zero_cols))?;
+        expect("scales", t.scales.len(), groups.checked_mul(n))?;
+        expect("g_idx", t.g_idx.len(), Some(k))?;
+        if let Some(i) = (0..k).find(|&i| usize::try_from(t.g_idx[i]).ok() != Some(i / group)) {
+            return Err(KernelError::shape(
+                OP,
+                format!(
+                    "g_idx[{i}] = {} reorders the input channels (act-order); the int4 pack needs groups in order",
+                    t.g_idx[i]
+                ),
+            ));
+        }
+        let mut codes = vec![0u8; n * k];
+        for i in 0..k {
+            for j in 0..n {
+                let word = t.qweight[(i / 8) * n + j] as u32;
+                codes[j * k + i] = ((word >> (4 * (i % 8))) & 0xF) as u8;
+            }
+        }
+        let mut scales = vec![0.0f32; groups * n];
+        let mut zeros = vec![0.0f32; groups * n];
+        for g in 0..groups {
+            for j in 0..n {
+                let z =
+                    ((t.qzeros[g * zero_cols + j / 8] as u32 >> (4 * (j % 8))) & 0xF) as f32 + 1.0;
+                let s = t.scales[g * n + j];
+                scales[g * n + j] = s;
+                zeros[g * n + j] = (8.0 - z) * s;
+            }
+        }
+        let logical = crate::reference::linear::Int4Logical {
+            n,
+            k,
+            group,
+            codes,
+            scales,
+            zeros,
+        };
+        Ok(Weight::Int4 {
+            w: Int4Weights::from_logical(&logical, Int4Scheme::Asymmetric)?,
+            a8: false,
         })
     }
 

@@ -43,8 +43,8 @@
 //! - **Values on the device** (token ids, slots, positions, logits) cannot be checked by the host before a GPU
 //!   launch: an id past the table gathers NaN, a slot or position out of range is skipped by the store and gives a
 //!   zero row in attention, a NaN row of logits answers [`Gpu::INVALID_TOKEN`]. The CPU refuses each with an error.
-//! - **Not here on either device:** a MoE router (softmax / top-k over experts, expert dispatch) and GPTQ
-//!   unpacking.
+//! - **Not here on either device:** a MoE router (softmax / top-k over experts, expert dispatch). GPTQ modules
+//!   are unpacked on the host ([`Weight::gptq`]) into the int4 pack, so they run where int4 runs: the CPU.
 //!
 //! # Example
 //!
@@ -81,7 +81,9 @@ mod host;
 
 pub use cpu::Cpu;
 pub use cuda::{GpuLinear, GpuTable};
-pub use host::{f32_linear, gelu_tanh_and_mul, sigmoid_gate, sigmoid_head_gate, softcap, Weight};
+pub use host::{
+    f32_linear, gelu_tanh_and_mul, sigmoid_gate, sigmoid_head_gate, softcap, GptqTensors, Weight,
+};
 
 use crate::cuda::GpuScalar;
 // The docs name the GPU backend by its type; the code reaches it only through `cuda.rs`.

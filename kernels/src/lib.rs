@@ -15,6 +15,7 @@ pub mod formats;
 pub mod gdn;
 pub mod isa;
 pub mod linear;
+pub mod moe;
 pub mod ops;
 pub mod reference;
 pub mod sampling;

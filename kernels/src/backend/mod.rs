@@ -43,8 +43,10 @@
 //! - **Values on the device** (token ids, slots, positions, logits) cannot be checked by the host before a GPU
 //!   launch: an id past the table gathers NaN, a slot or position out of range is skipped by the store and gives a
 //!   zero row in attention, a NaN row of logits answers [`Gpu::INVALID_TOKEN`]. The CPU refuses each with an error.
-//! - **Not here on either device:** a MoE router (softmax / top-k over experts, expert dispatch). GPTQ modules
-//!   are unpacked on the host ([`Weight::gptq`]) into the int4 pack, so they run where int4 runs: the CPU.
+//! - **MoE routing is CPU-only and outside the trait:** [`crate::moe`] (the router's softmax and top-k, the dispatch
+//!   by expert, the weighted combine); the experts themselves are ordinary linears. No GPU build yet.
+//! - GPTQ modules are unpacked on the host ([`Weight::gptq`]) into the int4 pack, so they run where int4 runs: the
+//!   CPU.
 //!
 //! # Example
 //!

@@ -75,12 +75,12 @@ fn unpacked_rows_are_the_modules_weights() {
         let mut row = vec![f32::NAN; k];
         for j in 0..n {
             w.row(j, &mut row).unwrap();
-            for i in 0..k {
+            for (i, &got) in row.iter().enumerate() {
                 let want = m.want[j * k + i];
                 // bf16 scales and zeros: each term within 2^-8 of itself (the code times the scale, and the zero).
                 let s = f64::from(m.scales[(i / group) * n + j]);
                 let bound = 2f64.powi(-8) * (16.0 * s) + 1e-6;
-                let got = f64::from(row[i]);
+                let got = f64::from(got);
                 assert!(
                     (got - want).abs() <= bound,
                     "n {n} k {k} group {group}: row {j} col {i}: got {got}, want {want}"

@@ -233,8 +233,7 @@ impl Gpu {
             }
             // M = 1 on tall matrices uses two rows per warp so the activations cross L1 once per two weight rows
             // (with one row per warp L1 was 88% busy in Nsight Compute and DRAM 34%); on short ones (n < 16384) that
-            // leaves too few warps, and one row per warp is faster. Design sweep on the H200, 2026-11-30: 17408x5120
-            // 25.1 us (r2) vs 27.9 (r1); 248320x5120 301 vs 358; 5120x17408 37.1 vs 32.1; 5120x10240 22.8 vs 21.7.
+            // leaves too few warps, and one row per warp is faster (the H200 sweep's numbers: `kernels/NOTES.md`).
             let (name, rows_per_warp) = nvfp4_gemv_kernel(false, m, n);
             let f = dev.function(Module::Gemv, name)?;
             let (mi, ni, ki) = (m as i32, n as i32, k as i32);
@@ -1974,7 +1973,7 @@ impl Device {
     ) -> Result<(), KernelError> {
         // Tensor cores: one 16-row tile per block (`fp8_block_gemv_mma_n*`, blockq_gemv_mma). CUDA cores: M = 1
         // uses two rows per warp and two 16-byte loads in flight per row, the best of the design sweep in
-        // kernels/bench/h200 (3.54 TB/s on 5120x17408, 1.13x the one-row, four-load kernel, H200 2026-11-30);
+        // kernels/bench/h200 (3.54 TB/s on 5120x17408 on the H200, 1.13x the one-row, four-load kernel);
         // Auto splits K over two warps below 65536 rows and launches that as a programmatic dependent
         // (fp8_m1_ksplit_auto, fp8_m1_pdl_auto in cuda/gemv.rs). `ksplit` (m = 1 only) warps
         // of a block share two rows, each a contiguous part of K (`fp8_block_gemv_m1_r2_u2_k{2,4}`): a block

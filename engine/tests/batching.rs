@@ -310,3 +310,19 @@ fn cuda_draws_on_the_device_equal_the_hosts() {
         drawn_equals_host(name, Device::Cuda);
     }
 }
+
+/// A draw list that does not match the work is refused before anything runs: no token is cached.
+#[test]
+fn step_pick_refuses_mismatched_draws() {
+    let mut e = engine("qwen3-f32", 2);
+    let s = e.join().unwrap();
+    let p = prompt(9, 5);
+    let err = e.step_pick(&[(s, &p)], &mut []).unwrap_err().to_string();
+    assert!(err.contains("0 draws for 1 sequences"), "{err}");
+    assert_eq!(e.len(s), 0, "nothing cached");
+    // The same work with one entry runs.
+    let mut draws = vec![None];
+    let picked = e.step_pick(&[(s, &p)], &mut draws).unwrap();
+    assert!(matches!(&picked[0], Picked::Logits(l) if l.len() == e.model.vocab()));
+    assert_eq!(e.len(s), 5);
+}

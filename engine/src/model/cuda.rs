@@ -321,7 +321,7 @@ enum Out {
 /// A model placed on a CUDA device with its caches: what [`crate::Engine`] runs when `--device cuda`.
 pub struct CudaModel {
     w: Weights,
-    /// Argmax outputs by row count.
+    /// u32 scratch by length (argmax and drawn ids, generator words), kept across steps.
     ids_buf: HashMap<usize, GpuBuffer<u32>>,
     /// Recorded decode steps by batch size (the slots and positions are read from device buffers, so one graph
     /// serves every batch of its size), the sizes seen once, and whether to record.
@@ -1483,6 +1483,18 @@ impl CudaModel {
     }
 }
 
+/// A u32 scratch buffer of `len` from `bufs` (or a new one); the caller puts it back under `len`.
+fn take_u32(
+    gpu: &Gpu,
+    bufs: &mut HashMap<usize, GpuBuffer<u32>>,
+    len: usize,
+) -> Result<GpuBuffer<u32>, EngineError> {
+    match bufs.remove(&len) {
+        Some(b) => Ok(b),
+        None => gpu.zeros::<u32>(len).map_err(kerr),
+    }
+}
+
 /// What the caller wants of a finished step's `logits` buffer (`[rows, vocab]`): the logits, the greedy ids, or
 /// per row a draw (on the device where its sampler takes the parameters, rows of equal parameters in one call) or
 /// the logits.
@@ -1498,10 +1510,7 @@ fn finish(
         Want::Logits => return gpu.download(logits).map(Out::Logits).map_err(kerr),
         Want::Argmax => {
             let rows = logits.len() / vocab;
-            let mut ids = match ids_buf.remove(&rows) {
-                Some(b) => b,
-                None => gpu.zeros::<u32>(rows).map_err(kerr)?,
-            };
+            let mut ids = take_u32(gpu, ids_buf, rows)?;
             let r = gpu
                 .argmax(logits, vocab, &mut ids)
                 .and_then(|()| gpu.download(&ids));
@@ -1517,23 +1526,28 @@ fn finish(
         Want::Draws(d) => d,
     };
     let rows = logits.len() / vocab;
-    let on_device = |d: &Option<Draw>| {
-        d.as_ref()
-            .is_some_and(|d| Gpu::can_sample(vocab, &d.params))
-    };
+    // Each row's parameters where the device's sampler draws it.
+    let on_device: Vec<Option<SamplingParams>> = draws
+        .iter()
+        .map(|d| {
+            d.as_ref()
+                .map(|d| d.params)
+                .filter(|p| Gpu::can_sample(vocab, p))
+        })
+        .collect();
     // Rows drawn on the host or handed back need the logits here: one download for all of them.
-    let host = if draws.iter().all(on_device) {
+    let host = if on_device.iter().all(Option::is_some) {
         None
     } else {
         Some(gpu.download(logits).map_err(kerr)?)
     };
     // The device's draws, one call per distinct parameters; a group short of every row is copied out first.
     let mut groups: Vec<(SamplingParams, Vec<usize>)> = Vec::new();
-    for (r, d) in draws.iter().enumerate() {
-        if let Some(d) = d.as_ref().filter(|d| Gpu::can_sample(vocab, &d.params)) {
-            match groups.iter_mut().find(|(p, _)| *p == d.params) {
+    for (r, p) in on_device.iter().enumerate() {
+        if let Some(p) = p {
+            match groups.iter_mut().find(|(q, _)| q == p) {
                 Some((_, v)) => v.push(r),
-                None => groups.push((d.params, vec![r])),
+                None => groups.push((*p, vec![r])),
             }
         }
     }
@@ -1564,16 +1578,16 @@ fn finish(
             .iter()
             .flat_map(|&r| draws[r].as_ref().map_or([0; 4], |d| d.rng.to_words()))
             .collect();
-        let mut rng = gpu.upload(&words).map_err(kerr)?;
-        let mut ids = match ids_buf.remove(&n) {
-            Some(b) => b,
-            None => gpu.zeros::<u32>(n).map_err(kerr)?,
-        };
+        // Two u32 scratch buffers of different lengths (4n and n), so they never share a key.
+        let mut rng = take_u32(gpu, ids_buf, 4 * n)?;
+        let mut ids = take_u32(gpu, ids_buf, n)?;
         let r = gpu
-            .sample(src, vocab, &params, &mut rng, &mut ids)
+            .write(&mut rng, &words)
+            .and_then(|()| gpu.sample(src, vocab, &params, &mut rng, &mut ids))
             .and_then(|()| gpu.download(&ids))
             .and_then(|ids| Ok((ids, gpu.download(&rng)?)));
         ids_buf.insert(n, ids);
+        ids_buf.insert(4 * n, rng);
         let (ids, words) = r.map_err(kerr)?;
         for (i, &r) in rs.iter().enumerate() {
             if ids[i] == Gpu::INVALID_TOKEN {
@@ -1596,7 +1610,7 @@ fn finish(
     for (r, d) in draws.iter_mut().enumerate() {
         let row = host.as_ref().map(|h| &h[r * vocab..(r + 1) * vocab]);
         match (d, row) {
-            (Some(d), Some(row)) if !Gpu::can_sample(vocab, &d.params) => {
+            (Some(d), Some(row)) if on_device[r].is_none() => {
                 d.token = crate::generate::draw(row, &d.params, &mut d.rng)?;
                 out.push(None);
             }
@@ -1909,23 +1923,11 @@ impl<'a> Ctx<'a> {
         x: &GpuBuffer<f32>,
         t: usize,
     ) -> Result<GpuBuffer<f32>, EngineError> {
-        let gpu = &self.w.gpu;
-        let inter = self.w.inter;
         let gu = match &layer.gate_up {
             GGateUp::Fused(wt) => self.linear(wt, x, t)?,
             GGateUp::Split { gate, up } => {
-                let [g, u]: [GpuBuffer<f32>; 2] = self
-                    .linears(&[gate, up], x, t)?
-                    .try_into()
-                    .map_err(|_| EngineError::Kernel("linears: missing output".into()))?;
-                let mut gu = self.pool.f32(gpu, 2 * t * inter)?;
-                gpu.copy_cols(&g, inter, 0, &mut gu, 2 * inter, 0, t, inter)
-                    .map_err(kerr)?;
-                gpu.copy_cols(&u, inter, 0, &mut gu, 2 * inter, inter, t, inter)
-                    .map_err(kerr)?;
-                self.pool.put(g);
-                self.pool.put(u);
-                gu
+                let outs = self.linears(&[gate, up], x, t)?;
+                self.side_by_side(outs, t)?
             }
         };
         self.mlp_down(layer, gu, t)

@@ -1015,8 +1015,8 @@ const OUT_BF16_SMEM_BYTES: u32 = 75_008;
 /// (`gdn_prefill_walk_bf16`, 64 state columns per block) while its `2 * pairs` blocks are all resident at once
 /// (one per SM), else the one-block walk (`gdn_prefill_walk1_bf16`, all 128 columns per block, ~1.6x the
 /// two-block walk's time per chunk for twice its columns). Beyond one wave the two-block walk's last blocks start
-/// late, and the output launch (its programmatic dependent) can start only once every walk block has. H200,
-/// On the H200, the whole f16 split step with this rule's walk against the other: T = 4096 (48 pairs) 412.3 us
+/// late, and the output launch (its programmatic dependent) can start only once every walk block has. On the H200,
+/// the whole f16 split step with this rule's walk against the other: T = 4096 (48 pairs) 412.3 us
 /// two-block against 426.1 one-block; B = 4 x 9216 (192 pairs) 902.0 one-block against 929.7 two-block (fla
 /// 413.6 / 916.5), B = 2 x 4096 (96 pairs, an earlier and slower one-block walk): 816.1 against 814.6.
 #[cfg(feature = "cuda")]

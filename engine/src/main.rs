@@ -75,6 +75,11 @@ struct Common {
     /// enforced, so a large GPU behaves as a smaller card (weights that no longer fit are streamed from the host).
     #[arg(long)]
     cap_gpu_memory: Option<String>,
+    /// With `--device cuda`: run every decode step at the plan's `max_num_seqs` rows, padding the batch, so that a
+    /// sequence's tokens do not depend on what shares its steps (the same bits as a single request on the same
+    /// server). Slower at small batches: each step costs what a full batch does.
+    #[arg(long)]
+    batch_invariant: bool,
     /// Pin this many GiB of decoder-layer weights in host memory when the engine makes the plan (like vLLM's
     /// `cpu_offload_gb`); on CUDA they are streamed to the device every step.
     #[arg(long)]
@@ -195,6 +200,11 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
             "--cap-gpu-memory applies to --device cuda".into(),
         ));
     }
+    if c.batch_invariant && !cuda {
+        return Err(EngineError::Unsupported(
+            "--batch-invariant applies to --device cuda (the CPU engine's batched steps are not padded)".into(),
+        ));
+    }
     let mut workload = Workload {
         max_model_len: c.max_model_len,
         max_num_seqs,
@@ -260,6 +270,7 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
             // Where the device has room beyond the plan (decided at upload): `EDGEFIT_PREFILL_GEMM=0` turns it off
             // (the benchmarks' other arm).
             gemm_copies: std::env::var("EDGEFIT_PREFILL_GEMM").map_or(true, |v| v != "0"),
+            batch_invariant: c.batch_invariant,
         };
         Engine::on_cuda(model, opts, |free| {
             engine::setup::admit_cuda(&plan, free as u64)

@@ -18,6 +18,12 @@ fn engine(name: &str, slots: usize) -> Engine {
 }
 
 fn engine_on(name: &str, slots: usize, device: Device) -> Engine {
+    engine_with(name, slots, device, true, false)
+}
+
+/// An engine on `device`; on CUDA `precise` picks the f32 builds (else the converted fast path: tile GEMVs on bf16
+/// activations) and `invariant` runs every decode step at `slots` rows (`--batch-invariant`).
+fn engine_with(name: &str, slots: usize, device: Device, precise: bool, invariant: bool) -> Engine {
     // EDGEFIT_FIXTURES: where a test binary built here finds the fixtures on another machine (the GPU runs).
     let dir = std::env::var_os("EDGEFIT_FIXTURES")
         .map(std::path::PathBuf::from)
@@ -32,7 +38,8 @@ fn engine_on(name: &str, slots: usize, device: Device) -> Engine {
             engine::CudaOptions {
                 slots,
                 max_len: 160,
-                precise: true,
+                precise,
+                batch_invariant: invariant,
                 ..Default::default()
             },
             |_| Ok(0),
@@ -61,7 +68,12 @@ fn prompt(seed: u32, len: usize) -> Vec<u32> {
 /// Runs three sequences that join at different steps and leave early or late, in shared decode steps, and checks
 /// each against the same sequence run alone.
 fn interleaved_equals_alone(name: &str, device: Device) {
-    let mut alone = engine_on(name, 1, device);
+    interleaved_equals_alone_on(name, &|slots| engine_on(name, slots, device), 1);
+}
+
+/// [`interleaved_equals_alone`] with engines from `make(slots)`, the single runs on one of `alone_slots` slots.
+fn interleaved_equals_alone_on(name: &str, make: &dyn Fn(usize) -> Engine, alone_slots: usize) {
+    let mut alone = make(alone_slots);
     let prompts = [prompt(1, 70), prompt(2, 9), prompt(3, 33)];
     let steps = [12usize, 5, 9];
     let want: Vec<Vec<u32>> = prompts
@@ -70,7 +82,7 @@ fn interleaved_equals_alone(name: &str, device: Device) {
         .map(|(p, n)| generate(&mut alone, p, &greedy(n), |_| {}).unwrap().tokens)
         .collect();
 
-    let mut e = engine_on(name, 3, device);
+    let mut e = make(3);
     let vocab = e.model.vocab();
     let argmax = |l: &[f32]| kernels::ops::argmax(&l[..vocab]).unwrap() as u32;
     // Sequence i joins at step `join[i]`.
@@ -117,6 +129,20 @@ fn interleaved_equals_alone(name: &str, device: Device) {
 fn sequences_join_and_leave_between_shared_steps() {
     for name in ["qwen3_5-f32", "spark2_5-bf16", "gemma3-bf16", "qwen3-f32"] {
         interleaved_equals_alone(name, Device::Cpu);
+    }
+}
+
+/// On CUDA's converted fast path the batched step is not the single one bit for bit (the FP8 GEMV runs another
+/// kernel at one row than at several, the DeltaNet step another split); with `batch_invariant` every decode step
+/// runs at the engine's slot count, so each sequence's tokens equal its single run on an engine of as many slots.
+#[test]
+fn cuda_batch_invariant_fast_path_sequences_equal_alone() {
+    if !cuda_here() {
+        return;
+    }
+    for name in ["qwen3_5-fp8", "qwen3_5-nvfp4", "qwen3_5-f32", "gemma3-bf16"] {
+        let make = |slots| engine_with(name, slots, Device::Cuda, false, true);
+        interleaved_equals_alone_on(name, &make, 3);
     }
 }
 

@@ -32,6 +32,7 @@ __device__ __forceinline__ void attention_slots_body(const float* __restrict__ q
                                                      unsigned long long num_slots, unsigned long long max_len,
                                                      unsigned long long window, int q_heads, int kv_heads,
                                                      int head_dim, float scale) {
+    pdl_start();
     __shared__ float s_m[ATTN_WARPS], s_l[ATTN_WARPS];
     __shared__ float s_acc[ATTN_WARPS][32 * EPL];
     const size_t i = blockIdx.x / q_heads;
@@ -114,6 +115,7 @@ extern "C" __global__ void __launch_bounds__(STORE_THREADS)
                        const uint32_t* __restrict__ slots, const uint32_t* __restrict__ pos,
                        float* __restrict__ cache_k, float* __restrict__ cache_v, unsigned long long num_slots,
                        unsigned long long max_len, int width) {
+    pdl_start();
     const size_t i = blockIdx.x;
     const unsigned long long s = slots[i], p = pos[i];
     if (s >= num_slots || p >= max_len) return;

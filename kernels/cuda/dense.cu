@@ -59,6 +59,7 @@ struct WBf16 {
 template <typename W, int MAXM>
 __device__ __forceinline__ void dense_gemv(const float* __restrict__ x, const typename W::T* __restrict__ w,
                                            float* __restrict__ y, int m, int n, int k) {
+    pdl_start();
     constexpr int KC = GEMV_X_FLOATS / MAXM;
     static_assert(KC % (32 * 8) == 0, "a chunk is a whole number of warp steps for both weight types");
     __shared__ __align__(16) float xs[MAXM * KC];
@@ -137,6 +138,7 @@ constexpr int SPLITK_WARPS = SPLITK_THREADS / 32;
 template <typename W, int MAXM>
 __device__ __forceinline__ void dense_gemv_splitk(const float* __restrict__ x, const typename W::T* __restrict__ w,
                                                   float* __restrict__ y, int m, int n, int k) {
+    pdl_start();
     __shared__ float part[SPLITK_WARPS][MAXM];
     const int row = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const typename W::T* wr = w + (size_t)row * k;
@@ -218,6 +220,7 @@ __device__ __forceinline__ float4 load4(const uint16_t* row, int c, int k, bool 
 template <typename T>
 __device__ __forceinline__ void dense_gemm(const float* __restrict__ x, const T* __restrict__ w,
                                            float* __restrict__ y, int m, int n, int k) {
+    pdl_start();
     __shared__ __align__(16) float as[GEMM_BK][GEMM_BM];
     __shared__ __align__(16) float bs[GEMM_BK][GEMM_BN];
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;

@@ -71,6 +71,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
                     const float* conv_in, float* conv_out, float* __restrict__ state,
                     float* __restrict__ out, int hk, int hv, int kconv, const unsigned* __restrict__ slots,
                     const unsigned* __restrict__ pos, unsigned n_slots, int qkv_ld, int z_ld, int ab_ld) {
+    pdl_start();
     const int h = blockIdx.x;
     const int seq = blockIdx.y;
     const int t = threadIdx.x;
@@ -304,6 +305,7 @@ __device__ __forceinline__ void gdn_split_body(const float* __restrict__ qkv, co
                                                int kconv, const unsigned* __restrict__ slots,
                                                const unsigned* __restrict__ pos, unsigned n_slots, int qkv_ld,
                                                int z_ld, int ab_ld) {
+    pdl_start();
     constexpr int C = GDN_D / S;   // state columns of this block
     constexpr int CG = C / 4;      // float4 column groups
     constexpr int RG = T / CG;     // row groups

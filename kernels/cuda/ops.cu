@@ -67,6 +67,7 @@ template <bool ADD, typename Sink>
 __device__ __forceinline__ void rmsnorm_row_to(const float* __restrict__ x, float* __restrict__ residual,
                                                const float* __restrict__ w, float add, float eps, const Sink& sink,
                                                int dim) {
+    pdl_start();
     __shared__ float red[NORM_THREADS / 32];
     const size_t row = blockIdx.x;
     const float* xr = x + row * dim;
@@ -126,6 +127,20 @@ __device__ __forceinline__ void rmsnorm_row_to(const float* __restrict__ x, floa
         sink.store1(i, a * s * (w[i] + add));
     }
 }
+
+// Both outputs of add_rmsnorm_dual: row `row` of an fp32 and of a bf16 [rows, dim] tensor.
+struct DualSink {
+    float* f;
+    __nv_bfloat16* b;
+    __device__ __forceinline__ void store4(int e, float4 v) const {
+        store_out4(f + e, v);
+        store_out4(b + e, v);
+    }
+    __device__ __forceinline__ void store1(int e, float v) const {
+        store_out(f + e, v);
+        store_out(b + e, v);
+    }
+};
 
 template <bool ADD, typename OutT>
 __device__ __forceinline__ void rmsnorm_row(const float* __restrict__ x, float* __restrict__ residual,
@@ -188,6 +203,7 @@ __device__ __forceinline__ float act(float g) {
 // output row are 16- and 8-byte aligned), scalar otherwise.
 template <bool GELU, typename Sink>
 __device__ __forceinline__ void glu_chunk_to(const float* __restrict__ gate_up, const Sink& sink, int inter) {
+    pdl_start();
     const size_t row = blockIdx.x;
     const float* g = gate_up + row * 2 * (size_t)inter;
     const float* u = g + inter;
@@ -561,6 +577,14 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     rmsnorm_f32(const float* __restrict__ x, const float* __restrict__ w, float add, float eps,
                 float* __restrict__ out, int dim) {
     rmsnorm_row<false>(x, nullptr, w, add, eps, out, dim);
+}
+// add_rmsnorm_f32 that also writes its output rounded to bf16 (rmsnorm_bf16's rounding) into out_b: a layer's input
+// for both a dense GEMV (f32) and the tile GEMVs (bf16), without a cast kernel between.
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+    add_rmsnorm_dual(const float* __restrict__ x, float* __restrict__ residual, const float* __restrict__ w, float add,
+                     float eps, float* __restrict__ out, __nv_bfloat16* __restrict__ out_b, int dim) {
+    const size_t row = blockIdx.x;
+    rmsnorm_row_to<true>(x, residual, w, add, eps, DualSink{out + row * dim, out_b + row * dim}, dim);
 }
 // Fused residual add + RMSNorm: residual += x (written back, fp32), out = rmsnorm(residual).
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
@@ -953,6 +977,7 @@ constexpr int ROPE_PAIRS = 4;  // pairs per thread per round, loaded together
 extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
     rope_neox(float* __restrict__ x, const uint32_t* __restrict__ positions, double theta, int heads, int head_dim,
               int rot) {
+    pdl_start();
     __shared__ float cs[512], sn[512];
     const int half = rot >> 1;
     const int pairs = heads * half;
@@ -1028,6 +1053,7 @@ __device__ __forceinline__ float gated_act(float g) {
 template <int ACT>
 __device__ __forceinline__ void act_and_mul_row(const float* __restrict__ gate_up, float* __restrict__ out,
                                                 int inter) {
+    pdl_start();
     const size_t row = blockIdx.x;
     const float* g = gate_up + row * 2 * (size_t)inter;
     const float* u = g + inter;
@@ -1050,6 +1076,7 @@ __device__ __forceinline__ void act_and_mul_row(const float* __restrict__ gate_u
 // grid-stride over the whole grid.
 template <typename F, typename T>
 __device__ __forceinline__ void ew_walk(unsigned long long n, F&& f, T&& t) {
+    pdl_start();
     const unsigned long long stride = (unsigned long long)gridDim.x * EW_THREADS;
     const unsigned long long tid = (unsigned long long)blockIdx.x * EW_THREADS + threadIdx.x;
     const unsigned long long n4 = n / 4;
@@ -1107,6 +1134,23 @@ extern "C" __global__ void __launch_bounds__(EW_THREADS)
             reinterpret_cast<float4*>(out)[i] = make_float4(a.x, a.y, b.x, b.y);
         },
         [&](unsigned long long i) { out[i] = __uint_as_float((uint32_t)x[i] << 16); });
+}
+
+// out[i] = bf16(x[i] * sigmoid(gate[i])): sigmoid_gate_f32 and cast_f32_to_bf16 in one pass (the same f32 product,
+// then round to nearest even), for a gated attention output read by a tile GEMV.
+extern "C" __global__ void __launch_bounds__(EW_THREADS)
+    sigmoid_gate_bf16(const float* __restrict__ x, const float* __restrict__ gate, uint16_t* __restrict__ out,
+                      unsigned long long n) {
+    ew_walk(
+        n,
+        [&](unsigned long long i) {
+            const float4 v = reinterpret_cast<const float4*>(x)[i];
+            const float4 g = reinterpret_cast<const float4*>(gate)[i];
+            const uint32_t lo = f32_to_bf16_bits(v.x * sigmoid_f(g.x)) | (f32_to_bf16_bits(v.y * sigmoid_f(g.y)) << 16);
+            const uint32_t hi = f32_to_bf16_bits(v.z * sigmoid_f(g.z)) | (f32_to_bf16_bits(v.w * sigmoid_f(g.w)) << 16);
+            reinterpret_cast<uint2*>(out)[i] = make_uint2(lo, hi);
+        },
+        [&](unsigned long long i) { out[i] = (uint16_t)f32_to_bf16_bits(x[i] * sigmoid_f(gate[i])); });
 }
 
 // x[i] *= sigmoid(gate[i]).
@@ -1168,6 +1212,7 @@ extern "C" __global__ void __launch_bounds__(EW_THREADS)
 // (ceil(d / 256), min(groups, 65535)), the groups strided over grid.y.
 extern "C" __global__ void __launch_bounds__(EW_THREADS)
     sigmoid_head_gate_f32(float* __restrict__ x, const float* __restrict__ gate, unsigned long long groups, int d) {
+    pdl_start();
     const int j = blockIdx.x * EW_THREADS + threadIdx.x;
     if (j >= d) return;
     for (unsigned long long g = blockIdx.y; g < groups; g += gridDim.y) x[g * d + j] *= sigmoid_f(gate[g]);
@@ -1176,6 +1221,7 @@ extern "C" __global__ void __launch_bounds__(EW_THREADS)
 // x [rows, n] += bias [n]. Grid (ceil(n / 256), min(rows, 65535)), the rows strided over grid.y.
 extern "C" __global__ void __launch_bounds__(EW_THREADS)
     add_bias_rows_f32(float* __restrict__ x, const float* __restrict__ bias, unsigned long long rows, int n) {
+    pdl_start();
     const int j = blockIdx.x * EW_THREADS + threadIdx.x;
     if (j >= n) return;
     const float b = bias[j];
@@ -1188,6 +1234,7 @@ extern "C" __global__ void __launch_bounds__(EW_THREADS)
     copy_cols_f32(const float* __restrict__ src, unsigned long long src_cols, unsigned long long src_off,
                   float* __restrict__ dst, unsigned long long dst_cols, unsigned long long dst_off,
                   unsigned long long rows, unsigned long long width) {
+    pdl_start();
     for (unsigned long long r = blockIdx.y; r < rows; r += gridDim.y) {
         const float* s = src + r * src_cols + src_off;
         float* d = dst + r * dst_cols + dst_off;

@@ -305,6 +305,87 @@ fn sigmoid_gate_softcap_add_and_scale_match_the_cpu() {
     gpu.softcap(&mut e, 2.0).unwrap();
 }
 
+/// The decode step's fused pairs give the unfused pairs' bits: `add_rmsnorm_dual` = `add_rmsnorm_f32` (f32 output,
+/// residual) and `add_rmsnorm` (bf16 output), `sigmoid_gate_bf16` = `sigmoid_gate` then `cast_f32_to_bf16`. Ragged
+/// rows and lengths (the scalar tails), both norm forms, outputs poisoned; bad sizes refused.
+#[test]
+fn fused_norm_and_gate_outputs_equal_the_unfused_pairs() {
+    let Some(gpu) = gpu() else { return };
+    let mut r = rng("fused-dual");
+    for (rows, dim) in [(1, 5120), (3, 1000), (16, 4), (5, 37), (2, 9000)] {
+        for form in [ops::NormWeight::Plain, ops::NormWeight::OnePlus] {
+            let x = uniform(&mut r, rows * dim, 2.0);
+            let res = uniform(&mut r, rows * dim, 2.0);
+            let w = gpu.upload(&uniform(&mut r, dim, 1.0)).unwrap();
+            let xd = gpu.upload(&x).unwrap();
+            let (mut r1, mut r2) = (gpu.upload(&res).unwrap(), gpu.upload(&res).unwrap());
+            let mut want_f = nan_f32(&gpu, rows * dim);
+            let mut want_b = gpu.upload(&vec![0x7fc1u16; rows * dim]).unwrap();
+            gpu.add_rmsnorm_f32(&xd, &mut r1, &w, form, 1e-6, &mut want_f)
+                .unwrap();
+            // The bf16 reference adds into its own copy of the residual.
+            let mut r3 = gpu.upload(&res).unwrap();
+            gpu.add_rmsnorm(&xd, &mut r3, &w, form, 1e-6, &mut want_b)
+                .unwrap();
+            let mut got_f = nan_f32(&gpu, rows * dim);
+            let mut got_b = gpu.upload(&vec![0x7fc1u16; rows * dim]).unwrap();
+            gpu.add_rmsnorm_dual(&xd, &mut r2, &w, form, 1e-6, &mut got_f, &mut got_b)
+                .unwrap();
+            let what = format!("add_rmsnorm_dual rows {rows} dim {dim} {form:?}");
+            check_bits(
+                &format!("{what}: f32"),
+                &gpu.download(&got_f).unwrap(),
+                &gpu.download(&want_f).unwrap(),
+            );
+            check_bits(
+                &format!("{what}: residual"),
+                &gpu.download(&r2).unwrap(),
+                &gpu.download(&r1).unwrap(),
+            );
+            assert_eq!(
+                gpu.download(&got_b).unwrap(),
+                gpu.download(&want_b).unwrap(),
+                "{what}: bf16"
+            );
+        }
+    }
+    for &len in &LENS {
+        let x = uniform(&mut r, len, 8.0);
+        let g = uniform(&mut r, len, 8.0);
+        let (xd, gd) = (gpu.upload(&x).unwrap(), gpu.upload(&g).unwrap());
+        let mut gated = gpu.upload(&x).unwrap();
+        gpu.sigmoid_gate(&mut gated, &gd).unwrap();
+        let mut want = gpu.upload(&vec![0x7fc1u16; len]).unwrap();
+        gpu.cast_f32_to_bf16(&gated, &mut want).unwrap();
+        let mut got = gpu.upload(&vec![0x7fc1u16; len]).unwrap();
+        gpu.sigmoid_gate_bf16(&xd, &gd, &mut got).unwrap();
+        assert_eq!(
+            gpu.download(&got).unwrap(),
+            gpu.download(&want).unwrap(),
+            "sigmoid_gate_bf16 len {len}"
+        );
+    }
+    // Mismatched lengths are refused before anything runs.
+    let (a, b) = (gpu.zeros::<f32>(8).unwrap(), gpu.zeros::<f32>(7).unwrap());
+    let mut o = gpu.zeros::<u16>(8).unwrap();
+    assert!(gpu.sigmoid_gate_bf16(&a, &b, &mut o).is_err());
+    let mut o7 = gpu.zeros::<u16>(7).unwrap();
+    assert!(gpu.sigmoid_gate_bf16(&a, &a, &mut o7).is_err());
+    let w = gpu.zeros::<f32>(4).unwrap();
+    let (mut res, mut of) = (gpu.zeros::<f32>(8).unwrap(), gpu.zeros::<f32>(8).unwrap());
+    assert!(gpu
+        .add_rmsnorm_dual(
+            &a,
+            &mut res,
+            &w,
+            ops::NormWeight::Plain,
+            1e-6,
+            &mut of,
+            &mut o7
+        )
+        .is_err());
+}
+
 #[test]
 fn head_gate_and_bias_rows_match_the_cpu() {
     let Some(gpu) = gpu() else { return };

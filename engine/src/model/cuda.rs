@@ -140,6 +140,11 @@ impl GLinear {
             _ => 0,
         }
     }
+    /// Whether a tile GEMV computes it (it reads bf16 activations; a dense one reads f32).
+    fn tiled(&self) -> bool {
+        !matches!(self.path_name(), "f32" | "bf16")
+    }
+
     fn path_name(&self) -> &'static str {
         match self {
             GLinear::Dense(DenseGpuWeights::F32 { .. }) => "f32",
@@ -200,6 +205,20 @@ struct GLayer {
     mixer: GMixer,
     gate_up: GGateUp,
     down: GLinear,
+}
+
+impl GLayer {
+    /// Whether one of the mixer's input projections is a tile GEMV: its normed input is then worth writing in
+    /// bf16 too, by the norm itself ([`Gpu::add_rmsnorm_dual`]), instead of a cast launch in the layer.
+    fn mixer_reads_bf16(&self) -> bool {
+        match &self.mixer {
+            GMixer::Attn(a) => match &a.qkv {
+                GQkv::Split { q, k, v } => q.tiled() || k.tiled() || v.tiled(),
+                GQkv::Fused { w, .. } => w.tiled(),
+            },
+            GMixer::Gdn(g) => g.qkvz.iter().chain(&g.ba).any(GLinear::tiled),
+        }
+    }
 }
 
 /// Where a step's embedding rows come from (host memory).
@@ -328,6 +347,8 @@ pub struct CudaModel {
     graphs: HashMap<usize, Recorded>,
     seen: std::collections::HashSet<usize>,
     graphs_on: bool,
+    /// Rows every decode step runs at ([`CudaOptions::batch_invariant`]); 0 for the batch's own size.
+    pad_to: usize,
     /// Zeros to clear a slot's state from, in place.
     zeros: GpuBuffer<f32>,
     state: Vec<LayerState>,
@@ -546,6 +567,9 @@ pub struct CudaOptions {
     /// Keep FP8 and NVFP4 weights in the checkpoint layout too, for the prefill GEMMs (tensor cores), where the
     /// device has room for both layouts beyond the plan ([`crate::Engine::on_cuda`] decides).
     pub gemm_copies: bool,
+    /// Run every decode step at `slots` rows (`--batch-invariant`), the rows past the batch's padding that touch no
+    /// cache: each sequence then gets the same kernels, and so the same bits, whatever else shares its step.
+    pub batch_invariant: bool,
 }
 
 /// Places each linear on the device, or for a streamed one in pinned host memory with two staging copies on the
@@ -932,6 +956,7 @@ impl CudaModel {
         let mut m = CudaModel {
             // Graph capture does not cross to the copy stream: a streamed model runs its steps launch by launch
             // (the link, not the launches, bounds such a step).
+            pad_to: if opts.batch_invariant { opts.slots } else { 0 },
             graphs_on: streamer.is_none()
                 && std::env::var("EDGEFIT_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             streamer,
@@ -1175,16 +1200,16 @@ impl CudaModel {
                 "a step is one sequence's prompt or chunk, or one token per sequence".into(),
             ));
         }
-        let ids: Vec<u32> = batch
+        let mut ids: Vec<u32> = batch
             .iter()
             .flat_map(|s| s.tokens.iter().copied())
             .collect();
-        let t = ids.len();
         // Token i's (slot, position): a prompt's tokens run consecutively from its first position.
-        let (slots, positions): (Vec<u32>, Vec<u32>) = batch
+        let (mut slots, mut positions): (Vec<u32>, Vec<u32>) = batch
             .iter()
             .flat_map(|s| (0..s.tokens.len()).map(move |i| (s.slot as u32, (s.pos + i) as u32)))
             .unzip();
+        let rows = ids.len();
         if positions.iter().any(|&p| p as usize >= self.max_len) {
             return Err(EngineError::Request(format!(
                 "a position reaches max_model_len {}",
@@ -1212,6 +1237,15 @@ impl CudaModel {
                 self.reset_slot(s.slot)?;
             }
         }
+        // Batch-invariant decode: padding rows on a slot past the caches, which the kernels skip (no cache byte
+        // moves; their rows come out NaN and are dropped below).
+        if !prefill && rows < self.pad_to {
+            let pad = self.pad_to - rows;
+            ids.extend(std::iter::repeat_n(0, pad));
+            slots.extend(std::iter::repeat_n(self.slots as u32, pad));
+            positions.extend(std::iter::repeat_n(0, pad));
+        }
+        let t = ids.len();
         let xh = self.embed_rows(&ids)?;
         let gpu = &self.w.gpu;
         let (mut sb, mut pb) = match self.slot_buf.remove(&t) {
@@ -1235,13 +1269,13 @@ impl CudaModel {
                 return finish(
                     gpu,
                     &self.graphs[&key].logits,
-                    vocab,
+                    (rows, vocab),
                     &mut self.ids_buf,
                     want,
                 );
             }
             if self.seen.contains(&key) {
-                return self.record(key, batch, &xh, want);
+                return self.record(key, batch, &xh, rows, want);
             }
             self.seen.insert(key);
         }
@@ -1253,7 +1287,7 @@ impl CudaModel {
         self.pool.put(x);
         let logits = r?;
         let vocab = self.w.lm_head.n();
-        let out = finish(&self.w.gpu, &logits, vocab, &mut self.ids_buf, want);
+        let out = finish(&self.w.gpu, &logits, (rows, vocab), &mut self.ids_buf, want);
         self.pool.put(logits);
         out
     }
@@ -1265,6 +1299,7 @@ impl CudaModel {
         key: usize,
         batch: &[Step<'_>],
         xh: &[f32],
+        rows: usize,
         want: Want<'_>,
     ) -> Result<Out, EngineError> {
         if self.graphs.len() >= MAX_GRAPHS {
@@ -1284,7 +1319,7 @@ impl CudaModel {
                 let out = finish(
                     &self.w.gpu,
                     &logits,
-                    self.w.lm_head.n(),
+                    (rows, self.w.lm_head.n()),
                     &mut self.ids_buf,
                     want,
                 );
@@ -1388,6 +1423,8 @@ impl CudaModel {
             Some(l) => ctx!(0).norm(x, &l.input_norm)?,
             None => return Err(EngineError::Unsupported("a model without layers".into())),
         };
+        // The layer input's bf16 copy, where the norm wrote one (decode steps of tile-GEMV layers).
+        let mut hbb: Option<GpuBuffer<u16>> = None;
         for (li, layer) in layers.iter().enumerate() {
             let buf = match streamer.as_mut() {
                 Some(st) if st.order.binary_search(&li).is_ok() => Some(st.begin(li, gpu)?),
@@ -1403,11 +1440,18 @@ impl CudaModel {
             let mut cx = ctx!(buf.unwrap_or(0));
             let mut o = match (&layer.mixer, &mut state[li]) {
                 (GMixer::Attn(a), LayerState::Attn { k, v }) => {
-                    cx.attention(a, k, v, sb, pb, &hb, t)?
+                    cx.attention(a, k, v, sb, pb, (&hb, hbb.as_ref()), t)?
                 }
-                (GMixer::Gdn(g), LayerState::Gdn { conv, state }) => {
-                    cx.gdn(g, conv, state, (sb, pb), batch, prefill, &hb, t)?
-                }
+                (GMixer::Gdn(g), LayerState::Gdn { conv, state }) => cx.gdn(
+                    g,
+                    conv,
+                    state,
+                    (sb, pb),
+                    batch,
+                    prefill,
+                    (&hb, hbb.as_ref()),
+                    t,
+                )?,
                 _ => {
                     return Err(EngineError::Unsupported(
                         "cache kind does not match the layer".into(),
@@ -1415,6 +1459,9 @@ impl CudaModel {
                 }
             };
             cx.pool.put(hb);
+            if let Some(b) = hbb.take() {
+                cx.pool.put_u16(b);
+            }
             if layer.pre_ff_norm.is_some() {
                 let n = cx.norm(&o, &layer.post_attn_norm)?;
                 cx.pool.put(std::mem::replace(&mut o, n));
@@ -1435,6 +1482,11 @@ impl CudaModel {
                 cx.pool.put(std::mem::replace(&mut m, n));
             }
             match layers.get(li + 1) {
+                Some(next) if t <= 16 && next.mixer_reads_bf16() => {
+                    let (f, b) = cx.add_norm_dual(&m, x, &next.input_norm)?;
+                    hb = f;
+                    hbb = Some(b);
+                }
                 Some(next) => hb = cx.add_norm(&m, x, &next.input_norm)?,
                 None => {
                     let _t = profile::span(Op::Small);
@@ -1495,27 +1547,32 @@ fn take_u32(
     }
 }
 
-/// What the caller wants of a finished step's `logits` buffer (`[rows, vocab]`): the logits, the greedy ids, or
-/// per row a draw (on the device where its sampler takes the parameters, rows of equal parameters in one call) or
-/// the logits.
+/// What the caller wants of the first `rows` rows of a finished step's `logits` buffer (`[rows + padding,
+/// vocab]`): the logits, the greedy ids, or per row a draw (on the device where its sampler takes the parameters,
+/// rows of equal parameters in one call) or the logits.
 fn finish(
     gpu: &Gpu,
     logits: &GpuBuffer<f32>,
-    vocab: usize,
+    (rows, vocab): (usize, usize),
     ids_buf: &mut HashMap<usize, GpuBuffer<u32>>,
     want: Want<'_>,
 ) -> Result<Out, EngineError> {
     let _t = profile::span(Op::Wait);
+    let all = logits.len() / vocab;
     let draws = match want {
-        Want::Logits => return gpu.download(logits).map(Out::Logits).map_err(kerr),
+        Want::Logits => {
+            let mut l = gpu.download(logits).map_err(kerr)?;
+            l.truncate(rows * vocab);
+            return Ok(Out::Logits(l));
+        }
         Want::Argmax => {
-            let rows = logits.len() / vocab;
-            let mut ids = take_u32(gpu, ids_buf, rows)?;
+            let mut ids = take_u32(gpu, ids_buf, all)?;
             let r = gpu
                 .argmax(logits, vocab, &mut ids)
                 .and_then(|()| gpu.download(&ids));
-            ids_buf.insert(rows, ids);
-            let ids = r.map_err(kerr)?;
+            ids_buf.insert(all, ids);
+            let mut ids = r.map_err(kerr)?;
+            ids.truncate(rows);
             if ids.contains(&Gpu::INVALID_TOKEN) {
                 return Err(EngineError::Kernel(
                     "argmax: a row of logits holds a NaN".into(),
@@ -1525,7 +1582,6 @@ fn finish(
         }
         Want::Draws(d) => d,
     };
-    let rows = logits.len() / vocab;
     // Each row's parameters where the device's sampler draws it.
     let on_device: Vec<Option<SamplingParams>> = draws
         .iter()
@@ -1554,14 +1610,14 @@ fn finish(
     for (params, rs) in groups {
         let n = rs.len();
         let copy;
-        let src = if n == rows {
+        let src = if n == all {
             logits
         } else {
             let mut c = gpu.zeros::<f32>(n * vocab).map_err(kerr)?;
             for (i, &r) in rs.iter().enumerate() {
                 gpu.copy_cols(
                     logits,
-                    rows * vocab,
+                    all * vocab,
                     r * vocab,
                     &mut c,
                     n * vocab,
@@ -1700,6 +1756,22 @@ impl<'a> Ctx<'a> {
         Ok(out)
     }
 
+    /// [`Ctx::add_norm`] that also writes the normed rows in bf16, for the tile GEMVs (one kernel).
+    fn add_norm_dual(
+        &mut self,
+        y: &GpuBuffer<f32>,
+        x: &mut GpuBuffer<f32>,
+        wn: &GpuBuffer<f32>,
+    ) -> Result<(GpuBuffer<f32>, GpuBuffer<u16>), EngineError> {
+        let _t = profile::span(Op::Small);
+        let gpu = &self.w.gpu;
+        let mut out = self.pool.f32(gpu, x.len())?;
+        let mut outb = self.pool.u16(gpu, x.len())?;
+        gpu.add_rmsnorm_dual(y, x, wn, self.w.norm_form, self.w.eps, &mut out, &mut outb)
+            .map_err(kerr)?;
+        Ok((out, outb))
+    }
+
     /// Columns `[off, off + width)` of every row of `src` (`[rows, cols]`) as a new `[rows, width]` buffer.
     fn cols(
         &mut self,
@@ -1724,6 +1796,17 @@ impl<'a> Ctx<'a> {
         x: &GpuBuffer<f32>,
         m: usize,
     ) -> Result<GpuBuffer<f32>, EngineError> {
+        self.linear_in(w, (x, None), m)
+    }
+
+    /// [`Ctx::linear`] given, optionally, `x`'s bf16 copy, which a tile GEMV of at most 16 rows then reads
+    /// instead of casting `x` itself.
+    fn linear_in(
+        &mut self,
+        w: &GLinear,
+        (x, xb16): (&GpuBuffer<f32>, Option<&GpuBuffer<u16>>),
+        m: usize,
+    ) -> Result<GpuBuffer<f32>, EngineError> {
         let _t = profile::span(Op::Linear);
         let w = resolve(self.stages, self.buf, w);
         let gpu = &self.w.gpu;
@@ -1731,6 +1814,10 @@ impl<'a> Ctx<'a> {
         let mut y = self.pool.f32(gpu, m * n)?;
         if let GLinear::Dense(d) = w {
             gpu.dense_linear(x, d, &mut y, m).map_err(kerr)?;
+            return Ok(y);
+        }
+        if let (Some(xb), true) = (xb16, m <= 16) {
+            self.tiles(w, xb, &mut y, m)?;
             return Ok(y);
         }
         if m <= 16 {
@@ -1798,7 +1885,7 @@ impl<'a> Ctx<'a> {
     fn linears(
         &mut self,
         ws: &[&GLinear],
-        x: &GpuBuffer<f32>,
+        (x, xb16): (&GpuBuffer<f32>, Option<&GpuBuffer<u16>>),
         m: usize,
     ) -> Result<Vec<GpuBuffer<f32>>, EngineError> {
         let ws: Vec<&GLinear> = ws
@@ -1809,25 +1896,39 @@ impl<'a> Ctx<'a> {
             .iter()
             .filter(|w| !matches!(w, GLinear::Dense(_)))
             .count();
-        if m > 16 || tiled < 2 {
-            return ws.iter().map(|w| self.linear(w, x, m)).collect();
+        if m > 16 || (tiled < 2 && xb16.is_none()) {
+            return ws.iter().map(|w| self.linear_in(w, (x, xb16), m)).collect();
         }
         let _t = profile::span(Op::Linear);
         let gpu = &self.w.gpu;
         let k = ws[0].k();
-        let mut xb = self.pool.u16(gpu, m * k)?;
-        gpu.cast_f32_to_bf16(x, &mut xb).map_err(kerr)?;
-        let mut out = Vec::with_capacity(ws.len());
-        for w in ws {
-            let mut y = self.pool.f32(gpu, m * w.n())?;
-            match w {
-                GLinear::Dense(d) => gpu.dense_linear(x, d, &mut y, m).map_err(kerr)?,
-                _ => self.tiles(w, &xb, &mut y, m)?,
+        let owned = match xb16 {
+            Some(_) => None,
+            None => {
+                let mut xb = self.pool.u16(gpu, m * k)?;
+                gpu.cast_f32_to_bf16(x, &mut xb).map_err(kerr)?;
+                Some(xb)
             }
-            out.push(y);
+        };
+        let mut out = Vec::with_capacity(ws.len());
+        let mut r = Ok(());
+        if let Some(xb) = owned.as_ref().or(xb16) {
+            for w in ws {
+                let mut y = self.pool.f32(gpu, m * w.n())?;
+                r = match w {
+                    GLinear::Dense(d) => gpu.dense_linear(x, d, &mut y, m).map_err(kerr),
+                    _ => self.tiles(w, xb, &mut y, m),
+                };
+                out.push(y);
+                if r.is_err() {
+                    break;
+                }
+            }
         }
-        self.pool.put_u16(xb);
-        Ok(out)
+        if let Some(xb) = owned {
+            self.pool.put_u16(xb);
+        }
+        r.map(|()| out)
     }
 
     /// One tile GEMV of at most 16 rows.
@@ -1926,7 +2027,7 @@ impl<'a> Ctx<'a> {
         let gu = match &layer.gate_up {
             GGateUp::Fused(wt) => self.linear(wt, x, t)?,
             GGateUp::Split { gate, up } => {
-                let outs = self.linears(&[gate, up], x, t)?;
+                let outs = self.linears(&[gate, up], (x, None), t)?;
                 self.side_by_side(outs, t)?
             }
         };
@@ -1997,7 +2098,7 @@ impl<'a> Ctx<'a> {
         cv: &mut GpuBuffer<f32>,
         slots: &GpuBuffer<u32>,
         pos: &GpuBuffer<u32>,
-        x: &GpuBuffer<f32>,
+        (x, xb16): (&GpuBuffer<f32>, Option<&GpuBuffer<u16>>),
         t: usize,
     ) -> Result<GpuBuffer<f32>, EngineError> {
         let gpu = &self.w.gpu;
@@ -2005,7 +2106,7 @@ impl<'a> Ctx<'a> {
         let (qw, kvw) = (d.q_heads * d.head_dim, d.kv_heads * d.head_dim);
         let (qg, mut k, mut v) = match &a.qkv {
             GQkv::Split { q, k, v } => {
-                let mut o = self.linears(&[q, k, v], x, t)?.into_iter();
+                let mut o = self.linears(&[q, k, v], (x, xb16), t)?.into_iter();
                 let mut next = || {
                     o.next()
                         .ok_or_else(|| EngineError::Kernel("linears: missing output".into()))
@@ -2014,7 +2115,7 @@ impl<'a> Ctx<'a> {
             }
             GQkv::Fused { w, q_rows } => {
                 let n = w.n();
-                let all = self.linear(w, x, t)?;
+                let all = self.linear_in(w, (x, xb16), t)?;
                 let q = self.cols(&all, n, 0, *q_rows)?;
                 let k = self.cols(&all, n, *q_rows, kvw)?;
                 let v = self.cols(&all, n, *q_rows + kvw, kvw)?;
@@ -2075,18 +2176,30 @@ impl<'a> Ctx<'a> {
         self.pool.put(q);
         self.pool.put(k);
         self.pool.put(v);
+        // A per-element gate before a tile o_proj of at most 16 rows writes the bf16 the GEMV reads (no cast).
+        let o_tiled = t <= 16 && resolve(self.stages, self.buf, &a.o).tiled();
+        let mut gated_b16 = None;
         if let Some(g) = gate {
-            gpu.sigmoid_gate(&mut out, &g).map_err(kerr)?;
+            if o_tiled && a.g_proj.is_none() {
+                let mut ob = self.pool.u16(gpu, out.len())?;
+                gpu.sigmoid_gate_bf16(&out, &g, &mut ob).map_err(kerr)?;
+                gated_b16 = Some(ob);
+            } else {
+                gpu.sigmoid_gate(&mut out, &g).map_err(kerr)?;
+            }
             self.pool.put(g);
         }
         if let Some(gp) = &a.g_proj {
-            let g = self.linear(gp, x, t)?;
+            let g = self.linear_in(gp, (x, xb16), t)?;
             gpu.sigmoid_head_gate(&mut out, d.q_heads, &g)
                 .map_err(kerr)?;
             self.pool.put(g);
         }
-        let mut o = self.linear(&a.o, &out, t)?;
+        let mut o = self.linear_in(&a.o, (&out, gated_b16.as_ref()), t)?;
         self.pool.put(out);
+        if let Some(ob) = gated_b16 {
+            self.pool.put_u16(ob);
+        }
         if let Some(b) = &a.biases[3] {
             gpu.add_bias_rows(&mut o, b).map_err(kerr)?;
         }
@@ -2127,7 +2240,7 @@ impl<'a> Ctx<'a> {
         (slots, pos): (&GpuBuffer<u32>, &GpuBuffer<u32>),
         batch: &[Step<'_>],
         prefill: bool,
-        x: &GpuBuffer<f32>,
+        x: (&GpuBuffer<f32>, Option<&GpuBuffer<u16>>),
         t: usize,
     ) -> Result<GpuBuffer<f32>, EngineError> {
         let gpu = &self.w.gpu;

@@ -12,10 +12,7 @@
 //! row of zeros for it.
 
 #[cfg(feature = "cuda")]
-use cudarc::driver::PushKernelArg;
-
-#[cfg(feature = "cuda")]
-use super::device::{cuda_err, launch_config, Module};
+use super::device::{launch_config, Module, PdlArgs};
 use super::{check_len, check_len_of, Gpu, GpuBuffer};
 use crate::shapes::AttnDims;
 use crate::KernelError;
@@ -109,21 +106,29 @@ impl Gpu {
             let width = dims.kv_heads * dims.head_dim;
             let (ns, ml, w) = (num_slots as u64, max_len as u64, width as i32);
             let cfg = launch_config((t as u32, 1, 1), (STORE_THREADS, 1, 1), 0);
-            let mut b = self.inner.stream().launch_builder(&f);
-            b.arg(&k_new.slice)
-                .arg(&v_new.slice)
-                .arg(&slots.slice)
-                .arg(&pos.slice)
-                .arg(&mut cache_k.slice)
-                .arg(&mut cache_v.slice)
-                .arg(&ns)
-                .arg(&ml)
-                .arg(&w);
+            let dev = &self.inner;
+            let (kp, _g0) = dev.addr(&k_new.slice);
+            let (vp, _g1) = dev.addr(&v_new.slice);
+            let (sp, _g2) = dev.addr(&slots.slice);
+            let (pp, _g3) = dev.addr(&pos.slice);
+            let (ckp, _g4) = dev.addr_mut(&mut cache_k.slice);
+            let (cvp, _g5) = dev.addr_mut(&mut cache_v.slice);
+            let mut args = PdlArgs::default();
+            args.ptr(kp)
+                .ptr(vp)
+                .ptr(sp)
+                .ptr(pp)
+                .ptr(ckp)
+                .ptr(cvp)
+                .u64(ns)
+                .u64(ml)
+                .i32(w);
             // SAFETY: matches `kv_store_slots_f32(k_new, v_new, slots, pos, cache_k, cache_v, num_slots, max_len,
             // width)` in cuda/attention_slots.cu; checked above: k_new, v_new = [t, width], slots, pos = [t] with
             // 1 <= t <= i32::MAX (one block each), 1 <= width <= i32::MAX, and cache_k, cache_v = [num_slots,
-            // max_len, width]; the kernel writes only where slot < num_slots and pos < max_len.
-            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+            // max_len, width]; the kernel writes only where slot < num_slots and pos < max_len; a programmatic
+            // dependent (pdl_start first).
+            unsafe { dev.launch_pdl(NAME, &f, cfg, &mut args) }?;
             Ok(())
         }
         #[cfg(not(feature = "cuda"))]
@@ -205,27 +210,35 @@ impl Gpu {
                 dims.head_dim as i32,
             );
             let cfg = launch_config(((t * dims.q_heads) as u32, 1, 1), (ATTN_THREADS, 1, 1), 0);
-            let mut b = self.inner.stream().launch_builder(&f);
-            b.arg(&q.slice)
-                .arg(&cache_k.slice)
-                .arg(&cache_v.slice)
-                .arg(&slots.slice)
-                .arg(&pos.slice)
-                .arg(&mut out.slice)
-                .arg(&ns)
-                .arg(&ml)
-                .arg(&win)
-                .arg(&hq)
-                .arg(&hkv)
-                .arg(&d)
-                .arg(&scale);
+            let dev = &self.inner;
+            let (qp, _g0) = dev.addr(&q.slice);
+            let (kp, _g1) = dev.addr(&cache_k.slice);
+            let (vp, _g2) = dev.addr(&cache_v.slice);
+            let (sp, _g3) = dev.addr(&slots.slice);
+            let (pp, _g4) = dev.addr(&pos.slice);
+            let (op, _g5) = dev.addr_mut(&mut out.slice);
+            let mut args = PdlArgs::default();
+            args.ptr(qp)
+                .ptr(kp)
+                .ptr(vp)
+                .ptr(sp)
+                .ptr(pp)
+                .ptr(op)
+                .u64(ns)
+                .u64(ml)
+                .u64(win)
+                .i32(hq)
+                .i32(hkv)
+                .i32(d)
+                .f32(scale);
             // SAFETY: matches `attention_slots_f32_e*(q, cache_k, cache_v, slots, pos, out, num_slots, max_len,
             // window, q_heads, kv_heads, head_dim, scale)` in cuda/attention_slots.cu; checked above: dims (q_heads
             // a multiple of kv_heads, all positive), 1 <= head_dim <= 256 so head_dim <= 32 * EPL of the kernel
             // picked here, q and out = [t, q_heads, head_dim], slots and pos = [t] with 1 <= t * q_heads <=
             // i32::MAX (the grid), and the caches = [num_slots, max_len, kv_heads * head_dim]; the kernel reads K/V
-            // rows only at positions lo..=pos < max_len of a slot < num_slots (others get zeros).
-            unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+            // rows only at positions lo..=pos < max_len of a slot < num_slots (others get zeros); a programmatic
+            // dependent (pdl_start first).
+            unsafe { dev.launch_pdl(name, &f, cfg, &mut args) }?;
             Ok(())
         }
         #[cfg(not(feature = "cuda"))]

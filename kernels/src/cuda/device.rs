@@ -6,9 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
 
 use super::{GdnGpuWeights, GpuScalar};
@@ -331,8 +329,8 @@ pub(super) fn launch_config(
     }
 }
 
-/// Most parameters a [`Device::launch_pdl`] kernel takes (the launches using it take at most 8).
-const PDL_MAX_ARGS: usize = 16;
+/// Most parameters a [`Device::launch_pdl`] kernel takes (the DeltaNet step takes 21).
+const PDL_MAX_ARGS: usize = 24;
 
 /// The parameters of one [`Device::launch_pdl`], in order, each in its own 8-byte slot holding the value's bytes
 /// at its start (the driver reads each parameter's size from there). Fixed-size, so building one allocates
@@ -364,6 +362,12 @@ impl PdlArgs {
         self.push(&v.to_ne_bytes())
     }
     pub(super) fn u64(&mut self, v: u64) -> &mut Self {
+        self.push(&v.to_ne_bytes())
+    }
+    pub(super) fn u32(&mut self, v: u32) -> &mut Self {
+        self.push(&v.to_ne_bytes())
+    }
+    pub(super) fn f64(&mut self, v: f64) -> &mut Self {
         self.push(&v.to_ne_bytes())
     }
 }

@@ -350,6 +350,51 @@ impl Gpu {
         )
     }
 
+    /// [`Gpu::add_rmsnorm_f32`] that also writes its output rounded to bf16 into `out_bf16` (the bits
+    /// [`Gpu::add_rmsnorm`] would write): a decoder layer's normed input for both a dense GEMV, which reads f32, and
+    /// the tile GEMVs, which read bf16, without the [`Gpu::cast_f32_to_bf16`] launch between them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rmsnorm_dual(
+        &self,
+        x: &GpuBuffer<f32>,
+        residual: &mut GpuBuffer<f32>,
+        weight: &GpuBuffer<f32>,
+        form: NormWeight,
+        eps: f32,
+        out: &mut GpuBuffer<f32>,
+        out_bf16: &mut GpuBuffer<u16>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::add_rmsnorm_dual";
+        let dim = weight.len();
+        let rows = check_norm(OP, x.len(), dim, eps)?;
+        check_len(OP, "residual", residual.len(), x.len())?;
+        check_len(OP, "out", out.len(), x.len())?;
+        check_len(OP, "out_bf16", out_bf16.len(), x.len())?;
+        let add = norm_add(form);
+        #[cfg(feature = "cuda")]
+        {
+            if rows == 0 {
+                return Ok(());
+            }
+            self.inner.rmsnorm_dual(
+                &x.slice,
+                &mut residual.slice,
+                &weight.slice,
+                add,
+                eps,
+                &mut out.slice,
+                &mut out_bf16.slice,
+                rows,
+                dim,
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (add, rows, out, out_bf16);
+            match self.never {}
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn rmsnorm_any<T: GpuScalar>(
         &self,
@@ -1043,6 +1088,28 @@ impl Gpu {
             }
             self.inner
                 .ew_binary("sigmoid_gate_f32", &mut x.slice, &gate.slice)
+        }
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
+    }
+
+    /// `out = bf16(x * sigmoid(gate))` element-wise: [`Gpu::sigmoid_gate`] and [`Gpu::cast_f32_to_bf16`] in one
+    /// launch (the same bits), for a gated attention output that a tile GEMV reads next.
+    pub fn sigmoid_gate_bf16(
+        &self,
+        x: &GpuBuffer<f32>,
+        gate: &GpuBuffer<f32>,
+        out: &mut GpuBuffer<u16>,
+    ) -> Result<(), KernelError> {
+        check_len("cuda::sigmoid_gate_bf16", "gate", gate.len(), x.len())?;
+        check_len("cuda::sigmoid_gate_bf16", "out", out.len(), x.len())?;
+        #[cfg(feature = "cuda")]
+        {
+            if x.is_empty() {
+                return Ok(());
+            }
+            self.inner
+                .sigmoid_gate_bf16(&x.slice, &gate.slice, &mut out.slice)
         }
         #[cfg(not(feature = "cuda"))]
         match self.never {}

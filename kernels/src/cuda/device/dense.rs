@@ -102,9 +102,16 @@ impl Device {
             (T::GEMM, cfg)
         };
         let f = self.function(Module::Dense, name)?;
-        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x).arg(w).arg(y).arg(&mi).arg(&ni).arg(&ki);
+        let (xp, _gx) = self.addr(x);
+        let (wp, _gw) = self.addr(w);
+        let (yp, _gy) = self.addr_mut(y);
+        let mut args = PdlArgs::default();
+        args.ptr(xp)
+            .ptr(wp)
+            .ptr(yp)
+            .i32(m as i32)
+            .i32(n as i32)
+            .i32(k as i32);
         // The split-K GEMV (n < DENSE_SPLITK_MAX_N blocks, one per row) reads row `blockIdx.x < n` only.
         // SAFETY: matches `dense_gemv_*(x, w, y, m, n, k)` / `dense_gemm_*(x, w, y, m, n, k)` in cuda/dense.cu with
         // the weight type T names; the caller checked x = [m, k], w = [n, k], y = [m, n] with 1 <= n, k <= i32::MAX
@@ -112,8 +119,8 @@ impl Device {
         // grid.y = ceil(m/64) <= 65535; the GEMV's MAXM is at least m (its shared x rows past m are zeros), both
         // kernels clamp their reads to row n - 1 / m - 1 and value k - 1 and store only rows < m, columns < n; the
         // 16-byte loads run only when k is a multiple of the vector width, which keeps every row aligned in these
-        // 256-byte-aligned allocations.
-        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        // 256-byte-aligned allocations. A programmatic dependent: each kernel's pdl_start comes first.
+        unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
         Ok(())
     }
 }

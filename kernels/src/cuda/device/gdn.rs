@@ -48,24 +48,25 @@ impl Device {
             block_dim: (kernel.threads, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&x.qkv).arg(&x.z).arg(&x.a).arg(&x.b);
-        b.arg(&w.conv_weight.slice)
-            .arg(&w.a_log.slice)
-            .arg(&w.dt_bias.slice)
-            .arg(&w.norm_weight.slice);
-        b.arg(&w.norm_eps)
-            .arg(&x.conv_in)
-            .arg(&x.conv_out)
-            .arg(&x.state)
-            .arg(&x.out);
-        b.arg(&hk).arg(&hv).arg(&kconv);
-        b.arg(&x.slots)
-            .arg(&x.pos)
-            .arg(&x.n_slots)
-            .arg(&x.qkv_ld)
-            .arg(&x.z_ld)
-            .arg(&x.ab_ld);
+        let (cw, _g0) = self.addr(&w.conv_weight.slice);
+        let (al, _g1) = self.addr(&w.a_log.slice);
+        let (dt, _g2) = self.addr(&w.dt_bias.slice);
+        let (nw, _g3) = self.addr(&w.norm_weight.slice);
+        let mut args = PdlArgs::default();
+        args.u64(x.qkv).u64(x.z).u64(x.a).u64(x.b);
+        args.ptr(cw).ptr(al).ptr(dt).ptr(nw);
+        args.f32(w.norm_eps)
+            .u64(x.conv_in)
+            .u64(x.conv_out)
+            .u64(x.state)
+            .u64(x.out);
+        args.i32(hk).i32(hv).i32(kconv);
+        args.u64(x.slots)
+            .u64(x.pos)
+            .u32(x.n_slots)
+            .i32(x.qkv_ld)
+            .i32(x.z_ld)
+            .i32(x.ab_ld);
         // SAFETY: every entry of cuda/gdn.cu takes these arguments in this order; the caller checked dk = dv =
         // 128 (the kernels' compile-time size), conv_kernel in 2..=4, seqs in 1..=65535 (grid y), value_heads
         // small enough for the 32-bit grid x, every buffer's length against dims, seqs, the row strides and (with
@@ -74,7 +75,8 @@ impl Device {
         // (with slots) one allocation whose halves the kernel reads and writes apart. The block size and the
         // blocks per head come from the same table entry as the entry point, so they match the kernel's
         // __launch_bounds__ and __cluster_dims__.
-        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        // A programmatic dependent: the kernel's pdl_start comes before any memory access.
+        unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
         Ok(())
     }
 }

@@ -137,18 +137,82 @@ impl Device {
         dim: usize,
     ) -> Result<(), KernelError> {
         let f = self.function(Module::Ops, name)?;
-        let d = dim as i32;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x);
-        if let Some(r) = residual {
-            b.arg(r);
-        }
-        b.arg(w).arg(&add).arg(&eps).arg(out).arg(&d);
+        let (xp, _gx) = x.device_ptr(&self.stream);
+        let (wp, _gw) = w.device_ptr(&self.stream);
+        let (op, _go) = out.device_ptr_mut(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(xp);
+        let _gr = residual.map(|r| {
+            let (rp, g) = r.device_ptr_mut(&self.stream);
+            args.ptr(rp);
+            g
+        });
+        args.ptr(wp).f32(add).f32(eps).ptr(op).i32(dim as i32);
         // SAFETY: matches `rmsnorm_*` / `add_rmsnorm_*` in cuda/ops.cu (the caller picks the name from the output
         // type and the residual's presence); the caller checked x, residual and out = [rows, dim], w = [dim],
         // 1 <= rows <= i32::MAX (one block per row) and dim <= i32::MAX; the kernels' float4 path is taken only when
-        // dim % 4 == 0, which keeps every row 16-byte aligned in these 256-byte-aligned allocations.
-        unsafe { b.launch(per_row(rows, NORM_THREADS)) }.map_err(cuda_err(name))?;
+        // dim % 4 == 0, which keeps every row 16-byte aligned in these 256-byte-aligned allocations; a programmatic
+        // dependent (rmsnorm_row_to's pdl_start first).
+        unsafe { self.launch_pdl(name, &f, per_row(rows, NORM_THREADS), &mut args) }?;
+        Ok(())
+    }
+
+    /// `add_rmsnorm_dual`: one block per row, writing the f32 output and its bf16 copy.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) fn rmsnorm_dual(
+        &self,
+        x: &CudaSlice<f32>,
+        residual: &mut CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        add: f32,
+        eps: f32,
+        out: &mut CudaSlice<f32>,
+        out_b: &mut CudaSlice<u16>,
+        rows: usize,
+        dim: usize,
+    ) -> Result<(), KernelError> {
+        const NAME: &str = "add_rmsnorm_dual";
+        let f = self.function(Module::Ops, NAME)?;
+        let (xp, _gx) = x.device_ptr(&self.stream);
+        let (rp, _gr) = residual.device_ptr_mut(&self.stream);
+        let (wp, _gw) = w.device_ptr(&self.stream);
+        let (op, _go) = out.device_ptr_mut(&self.stream);
+        let (bp, _gb) = out_b.device_ptr_mut(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(xp)
+            .ptr(rp)
+            .ptr(wp)
+            .f32(add)
+            .f32(eps)
+            .ptr(op)
+            .ptr(bp)
+            .i32(dim as i32);
+        // SAFETY: matches `add_rmsnorm_dual(x, residual, w, add, eps, out, out_b, dim)` in cuda/ops.cu; the caller
+        // checked x, residual, out and out_b = [rows, dim], w = [dim], 1 <= rows <= i32::MAX (one block per row) and
+        // dim <= i32::MAX; the float4 path is taken only when dim % 4 == 0, which keeps every row of both outputs
+        // aligned in these 256-byte-aligned allocations; a programmatic dependent (pdl_start first).
+        unsafe { self.launch_pdl(NAME, &f, per_row(rows, NORM_THREADS), &mut args) }?;
+        Ok(())
+    }
+
+    /// `sigmoid_gate_bf16`: the flat grid over x.len().
+    pub(in crate::cuda) fn sigmoid_gate_bf16(
+        &self,
+        x: &CudaSlice<f32>,
+        gate: &CudaSlice<f32>,
+        out: &mut CudaSlice<u16>,
+    ) -> Result<(), KernelError> {
+        const NAME: &str = "sigmoid_gate_bf16";
+        let f = self.function(Module::Ops, NAME)?;
+        let (xp, _gx) = x.device_ptr(&self.stream);
+        let (gp, _gg) = gate.device_ptr(&self.stream);
+        let (op, _go) = out.device_ptr_mut(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(xp).ptr(gp).ptr(op).u64(x.len() as u64);
+        // SAFETY: matches `sigmoid_gate_bf16(x, gate, out, n)` in cuda/ops.cu; the caller checked gate.len() ==
+        // out.len() == x.len() = n >= 1; indices < n only, the vector accesses below 4 * (n / 4) from 256-byte-aligned
+        // starts; a programmatic dependent (ew_walk's pdl_start first).
+        unsafe { self.launch_pdl(NAME, &f, flat_config(x.len()), &mut args) }?;
         Ok(())
     }
 
@@ -198,12 +262,14 @@ impl Device {
         let f = self.function(Module::Ops, name)?;
         let i = inter as i32;
         let cfg = glu_config(rows, inter);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(gate_up).arg(out).arg(&i);
+        let (gp, _gg) = gate_up.device_ptr(&self.stream);
+        let (op, _go) = out.device_ptr_mut(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(gp).ptr(op).i32(i);
         // SAFETY: matches `*_and_mul_bf16` in cuda/ops.cu; the caller checked gate_up = [rows, 2*inter],
         // out = [rows, inter], rows <= i32::MAX and ceil(inter/1024) <= 65535; threads past inter return, and the
-        // float4 path runs only when inter % 4 == 0 (aligned halves).
-        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        // float4 path runs only when inter % 4 == 0 (aligned halves); a programmatic dependent (pdl_start first).
+        unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
         Ok(())
     }
 
@@ -351,14 +417,15 @@ impl Device {
             GatedAct::GeluTanh => "gelu_tanh_and_mul_f32",
         };
         let f = self.function(Module::Ops, name)?;
-        let i = inter as i32;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(gate_up).arg(out).arg(&i);
+        let (gp, _gg) = gate_up.device_ptr(&self.stream);
+        let (op, _go) = out.device_ptr_mut(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(gp).ptr(op).i32(inter as i32);
         // SAFETY: matches `*_and_mul_f32(gate_up, out, inter)` in cuda/ops.cu; the caller checked
         // gate_up = [rows, 2*inter], out = [rows, inter], 1 <= rows <= i32::MAX and 1 <= inter <= 65535 * 1024 (so
         // grid.y = ceil(inter/1024) <= 65535); threads past inter return, and the float4 path runs only when
-        // inter % 4 == 0 (aligned rows and halves).
-        unsafe { b.launch(glu_config(rows, inter)) }.map_err(cuda_err(name))?;
+        // inter % 4 == 0 (aligned rows and halves); a programmatic dependent (pdl_start first).
+        unsafe { self.launch_pdl(name, &f, glu_config(rows, inter), &mut args) }?;
         Ok(())
     }
 
@@ -370,13 +437,15 @@ impl Device {
     ) -> Result<(), KernelError> {
         const NAME: &str = "cast_f32_to_bf16";
         let f = self.function(Module::Ops, NAME)?;
-        let n = x.len() as u64;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x).arg(out).arg(&n);
+        let (xp, _gx) = x.device_ptr(&self.stream);
+        let (op, _go) = out.device_ptr_mut(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(xp).ptr(op).u64(x.len() as u64);
         // SAFETY: matches `cast_f32_to_bf16(x, out, n)` in cuda/ops.cu; the caller checked out.len() == x.len() = n
         // >= 1; the kernel touches indices < n only, its 16-byte / 8-byte vector accesses cover whole groups of 4
-        // below 4 * (n / 4) from the starts of these 256-byte-aligned allocations.
-        unsafe { b.launch(flat_config(x.len())) }.map_err(cuda_err(NAME))?;
+        // below 4 * (n / 4) from the starts of these 256-byte-aligned allocations; a programmatic dependent
+        // (ew_walk's pdl_start first).
+        unsafe { self.launch_pdl(NAME, &f, flat_config(x.len()), &mut args) }?;
         Ok(())
     }
 
@@ -388,11 +457,12 @@ impl Device {
     ) -> Result<(), KernelError> {
         const NAME: &str = "cast_bf16_to_f32";
         let f = self.function(Module::Ops, NAME)?;
-        let n = x.len() as u64;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x).arg(out).arg(&n);
+        let (xp, _gx) = x.device_ptr(&self.stream);
+        let (op, _go) = out.device_ptr_mut(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(xp).ptr(op).u64(x.len() as u64);
         // SAFETY: matches `cast_bf16_to_f32(x, out, n)` in cuda/ops.cu; as cast_f32_to_bf16 above.
-        unsafe { b.launch(flat_config(x.len())) }.map_err(cuda_err(NAME))?;
+        unsafe { self.launch_pdl(NAME, &f, flat_config(x.len()), &mut args) }?;
         Ok(())
     }
 
@@ -405,13 +475,15 @@ impl Device {
     ) -> Result<(), KernelError> {
         let f = self.function(Module::Ops, name)?;
         let len = x.len();
-        let n = len as u64;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x).arg(y).arg(&n);
+        let (xp, _gx) = x.device_ptr_mut(&self.stream);
+        let (yp, _gy) = y.device_ptr(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(xp).ptr(yp).u64(len as u64);
         // SAFETY: matches `sigmoid_gate_f32(x, gate, n)` / `add_assign_f32(x, y, n)` in cuda/ops.cu; the caller
         // checked y.len() == x.len() = n >= 1 (two distinct allocations: one is borrowed mutably); the kernel
-        // touches indices < n only, float4 accesses only below 4 * (n / 4) from 256-byte-aligned starts.
-        unsafe { b.launch(flat_config(len)) }.map_err(cuda_err(name))?;
+        // touches indices < n only, float4 accesses only below 4 * (n / 4) from 256-byte-aligned starts; a
+        // programmatic dependent (ew_walk's pdl_start first).
+        unsafe { self.launch_pdl(name, &f, flat_config(len), &mut args) }?;
         Ok(())
     }
 
@@ -424,12 +496,13 @@ impl Device {
     ) -> Result<(), KernelError> {
         let f = self.function(Module::Ops, name)?;
         let len = x.len();
-        let n = len as u64;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x).arg(&s).arg(&n);
+        let (xp, _gx) = x.device_ptr_mut(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(xp).f32(s).u64(len as u64);
         // SAFETY: matches `softcap_f32(x, cap, n)` / `scale_assign_f32(x, s, n)` in cuda/ops.cu; n = x.len() >= 1
-        // (the caller returns before an empty buffer); indices < n only, float4 accesses as in ew_binary.
-        unsafe { b.launch(flat_config(len)) }.map_err(cuda_err(name))?;
+        // (the caller returns before an empty buffer); indices < n only, float4 accesses as in ew_binary; a
+        // programmatic dependent (ew_walk's pdl_start first).
+        unsafe { self.launch_pdl(name, &f, flat_config(len), &mut args) }?;
         Ok(())
     }
 
@@ -444,7 +517,6 @@ impl Device {
         cols: usize,
     ) -> Result<(), KernelError> {
         let f = self.function(Module::Ops, name)?;
-        let (r, c) = (rows as u64, cols as i32);
         let cfg = LaunchConfig {
             grid_dim: (
                 cols.div_ceil(EW_THREADS as usize) as u32,
@@ -454,13 +526,15 @@ impl Device {
             block_dim: (EW_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x).arg(v).arg(&r).arg(&c);
+        let (xp, _gx) = x.device_ptr_mut(&self.stream);
+        let (vp, _gv) = v.device_ptr(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(xp).ptr(vp).u64(rows as u64).i32(cols as i32);
         // SAFETY: matches `sigmoid_head_gate_f32(x, gate, groups, d)` / `add_bias_rows_f32(x, bias, rows, n)` in
         // cuda/ops.cu; the caller checked x = [rows, cols] with rows, cols >= 1 and cols <= i32::MAX, and v of
         // rows elements (the gate) or cols (the bias), the only ones each kernel reads; threads past cols return
-        // and grid.y strides the rows.
-        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        // and grid.y strides the rows; a programmatic dependent (pdl_start before any return).
+        unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
         Ok(())
     }
 
@@ -489,20 +563,22 @@ impl Device {
             block_dim: (EW_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(src)
-            .arg(&a[0])
-            .arg(&a[1])
-            .arg(dst)
-            .arg(&a[2])
-            .arg(&a[3])
-            .arg(&a[4])
-            .arg(&a[5]);
+        let (sp, _gs) = src.device_ptr(&self.stream);
+        let (dp, _gd) = dst.device_ptr_mut(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(sp)
+            .u64(a[0])
+            .u64(a[1])
+            .ptr(dp)
+            .u64(a[2])
+            .u64(a[3])
+            .u64(a[4])
+            .u64(a[5]);
         // SAFETY: matches `copy_cols_f32(src, src_cols, src_off, dst, dst_cols, dst_off, rows, width)` in
         // cuda/ops.cu; the caller checked rows, width >= 1 and (rows - 1) * cols + off + width <= len on both sides
         // without overflow, so every index the kernel forms (r < rows, c < width) is inside its buffer; src and dst
-        // are distinct allocations (dst is borrowed mutably).
-        unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+        // are distinct allocations (dst is borrowed mutably); a programmatic dependent (pdl_start first).
+        unsafe { self.launch_pdl(NAME, &f, cfg, &mut args) }?;
         Ok(())
     }
 
@@ -520,13 +596,20 @@ impl Device {
     ) -> Result<(), KernelError> {
         const NAME: &str = "rope_neox";
         let f = self.function(Module::Ops, NAME)?;
-        let (h, d, r) = (heads as i32, head_dim as i32, rotary_dim as i32);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(x).arg(positions).arg(&theta).arg(&h).arg(&d).arg(&r);
+        let (xp, _gx) = x.device_ptr_mut(&self.stream);
+        let (pp, _gp) = positions.device_ptr(&self.stream);
+        let mut args = PdlArgs::default();
+        args.ptr(xp)
+            .ptr(pp)
+            .f64(theta)
+            .i32(heads as i32)
+            .i32(head_dim as i32)
+            .i32(rotary_dim as i32);
         // SAFETY: matches `rope_neox` in cuda/ops.cu; the caller checked x = [tokens, heads, head_dim],
         // positions = [tokens], 1 <= tokens <= i32::MAX, heads * head_dim <= i32::MAX, rotary_dim even,
-        // 2 <= rotary_dim <= min(head_dim, 1024) (the kernel's 512-entry angle tables).
-        unsafe { b.launch(per_row(tokens, 256)) }.map_err(cuda_err(NAME))?;
+        // 2 <= rotary_dim <= min(head_dim, 1024) (the kernel's 512-entry angle tables); a programmatic dependent
+        // (pdl_start first).
+        unsafe { self.launch_pdl(NAME, &f, per_row(tokens, 256), &mut args) }?;
         Ok(())
     }
 }

@@ -251,6 +251,12 @@ fn check_call(
 ) -> Result<usize, KernelError> {
     let npad = check_int4_table(op, w.packed.len(), w.scales_zeros.len(), w.n, w.k, w.group)?;
     crate::ensure_shape!(
+        w.n <= I32_MAX,
+        op,
+        "n = {} must fit the kernel's 32-bit column index",
+        w.n
+    );
+    crate::ensure_shape!(
         m > 0 && m <= I32_MAX,
         op,
         "m must be in 1..=i32::MAX, got {m}"

@@ -1,11 +1,13 @@
 //! Mixture-of-experts routing on the CPU (Qwen3-Next, Qwen3-MoE): the router's softmax over experts and the top-k
 //! per token ([`route`]), the dispatch that groups each expert's (token, slot) pairs so that the expert runs as one
-//! batched linear over its rows ([`dispatch`]), and the weighted combine back into token order ([`combine`]).
+//! batched linear over its rows ([`dispatch`], or [`dispatch_ids`] from ids alone), the gather of an expert's rows
+//! ([`gather_rows`]), and the weighted combine back into token order ([`combine`], [`combine_rows`]).
 //!
 //! The arithmetic is transformers' `Qwen3NextSparseMoeBlock`: `softmax` in f32 over the router logits, `topk`
 //! (the larger probability first, the lower expert id on ties), and with `norm_topk_prob` the k weights divided by
 //! their sum. The shared expert and its sigmoid gate are ordinary linears and [`crate::backend::sigmoid_gate`].
-//! There is no GPU build of these (no MoE model runs on the GPU yet).
+//! The engine-facing form of these, the same on the CPU and on CUDA, is [`crate::backend::Backend::moe_route`],
+//! `moe_gather` and `moe_combine` (the GPU's kernels are `cuda/moe.cu`).
 //!
 //! ```
 //! use kernels::moe::{combine, dispatch, route};
@@ -152,25 +154,87 @@ impl Dispatch {
     pub fn rows(&self) -> usize {
         self.tokens.len()
     }
+    /// The token of every row in dispatch order (expert `e`'s are `offset(e)..offset(e + 1)`): what
+    /// [`gather_rows`] and a backend's `moe_gather` read.
+    pub fn all_tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+    /// Each routing pair's row in dispatch order, `[tokens, top_k]`: what [`combine_rows`] and a backend's
+    /// `moe_combine` read. More than `u32::MAX` rows is an error.
+    pub fn pair_rows(&self) -> Result<Vec<u32>, KernelError> {
+        crate::ensure_shape!(
+            self.pairs.len() <= u32::MAX as usize,
+            "moe::Dispatch::pair_rows",
+            "{} rows: the pair rows are u32",
+            self.pairs.len()
+        );
+        let mut row_of = vec![0u32; self.pairs.len()];
+        for (at, &p) in self.pairs.iter().enumerate() {
+            // at < pairs.len() <= u32::MAX, checked above.
+            row_of[p] = at as u32;
+        }
+        Ok(row_of)
+    }
 }
 
 /// Groups a routing's pairs by expert (a counting sort: stable, so tokens stay ascending within an expert).
 pub fn dispatch(r: &Routing) -> Dispatch {
-    let mut offsets = vec![0usize; r.experts + 1];
-    for &e in &r.ids {
+    group_by_expert(&r.ids, vec![0; r.experts + 1], r.top_k)
+}
+
+/// [`dispatch`] from the `[tokens, top_k]` expert ids alone (what a backend's router wrote, downloaded): every id
+/// must be below `experts`, `top_k` positive and `ids` whole tokens of it.
+pub fn dispatch_ids(ids: &[u32], experts: usize, top_k: usize) -> Result<Dispatch, KernelError> {
+    const OP: &str = "moe::dispatch_ids";
+    crate::ensure_shape!(
+        experts > 0 && experts <= u32::MAX as usize,
+        OP,
+        "experts must be 1..=u32::MAX, got {experts}"
+    );
+    crate::ensure_shape!(top_k > 0, OP, "top_k must be positive");
+    crate::ensure_shape!(
+        ids.len().is_multiple_of(top_k),
+        OP,
+        "{} ids are not whole tokens of top_k = {top_k}",
+        ids.len()
+    );
+    if let Some(p) = ids.iter().position(|&e| e as usize >= experts) {
+        return Err(KernelError::shape(
+            OP,
+            format!("id {p} is expert {}, past the {experts} experts", ids[p]),
+        ));
+    }
+    // An expert count the allocator refuses is an error, not an abort.
+    let mut offsets = Vec::new();
+    offsets.try_reserve_exact(experts + 1).map_err(|_| {
+        KernelError::shape(
+            OP,
+            format!("cannot allocate the offsets of {experts} experts"),
+        )
+    })?;
+    offsets.resize(experts + 1, 0);
+    Ok(group_by_expert(ids, offsets, top_k))
+}
+
+/// The counting sort of [`dispatch`]: `offsets` is zeroed, one longer than the experts, and every id is below
+/// the experts.
+fn group_by_expert(ids: &[u32], mut offsets: Vec<usize>, top_k: usize) -> Dispatch {
+    let experts = offsets.len() - 1;
+    for &e in ids {
         offsets[e as usize + 1] += 1;
     }
-    for e in 0..r.experts {
+    for e in 0..experts {
         offsets[e + 1] += offsets[e];
     }
     let mut next = offsets.clone();
-    let mut tokens = vec![0u32; r.ids.len()];
-    let mut pairs = vec![0usize; r.ids.len()];
-    for (p, &e) in r.ids.iter().enumerate() {
+    let mut tokens = vec![0u32; ids.len()];
+    let mut pairs = vec![0usize; ids.len()];
+    for (p, &e) in ids.iter().enumerate() {
         let at = next[e as usize];
         next[e as usize] += 1;
-        // Fewer than 2^32 tokens: `route` made ids.len() = tokens * top_k in memory.
-        tokens[at] = (p / r.top_k) as u32;
+        // Fewer than 2^32 tokens: `route` made ids.len() = tokens * top_k in memory, and a token id is a u32 on
+        // both backends.
+        tokens[at] = (p / top_k) as u32;
         pairs[at] = p;
     }
     Dispatch {
@@ -178,6 +242,47 @@ pub fn dispatch(r: &Routing) -> Dispatch {
         tokens,
         pairs,
     }
+}
+
+/// `out[r] = x[tokens[r]]` for every row `r` of `out` (`[tokens.len(), hidden]`), `x` `[x_rows, hidden]`: an
+/// expert's rows of the hidden states (`tokens` its part of [`Dispatch::all_tokens`]). Every id is checked first.
+pub fn gather_rows(
+    x: &[f32],
+    hidden: usize,
+    tokens: &[u32],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    const OP: &str = "moe::gather_rows";
+    crate::ensure_shape!(hidden > 0, OP, "hidden must be positive");
+    crate::ensure_shape!(
+        x.len().is_multiple_of(hidden),
+        OP,
+        "x has {} values, not whole rows of {hidden}",
+        x.len()
+    );
+    let want = checked_product(OP, "tokens*hidden", &[tokens.len(), hidden])?;
+    crate::ensure_shape!(
+        out.len() == want,
+        OP,
+        "out has {} values, expected {} rows of {hidden}",
+        out.len(),
+        tokens.len()
+    );
+    let x_rows = x.len() / hidden;
+    if let Some(i) = tokens.iter().position(|&t| t as usize >= x_rows) {
+        return Err(KernelError::shape(
+            OP,
+            format!(
+                "token {i} is row {}, past the {x_rows} rows of x",
+                tokens[i]
+            ),
+        ));
+    }
+    for (o, &t) in out.chunks_exact_mut(hidden).zip(tokens) {
+        let t = t as usize;
+        o.copy_from_slice(&x[t * hidden..(t + 1) * hidden]);
+    }
+    Ok(())
 }
 
 /// `out[t] = sum over t's k experts of weight * that expert's output row for t`, `out` `[tokens, hidden]`
@@ -216,17 +321,64 @@ pub fn combine(
         out.len(),
         r.tokens()
     );
-    // Where each routing pair's output row sits in dispatch order.
-    let mut row_of = vec![0usize; d.pairs.len()];
-    for (at, &p) in d.pairs.iter().enumerate() {
-        row_of[p] = at;
+    combine_rows(
+        expert_out,
+        hidden,
+        &r.weights,
+        r.top_k,
+        &d.pair_rows()?,
+        out,
+    )
+}
+
+/// `out[t] = sum over j < top_k of weights[t, j] * expert_out[pair_rows[t, j]]`, added in `j` order (`out`
+/// `[tokens, hidden]` overwritten; `weights`, `pair_rows` `[tokens, top_k]`; `expert_out` `[rows, hidden]` in
+/// dispatch order, [`Dispatch::pair_rows`]): [`combine`] from the routing's arrays alone. Every pair row is checked
+/// first.
+pub fn combine_rows(
+    expert_out: &[f32],
+    hidden: usize,
+    weights: &[f32],
+    top_k: usize,
+    pair_rows: &[u32],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    const OP: &str = "moe::combine_rows";
+    crate::ensure_shape!(
+        hidden > 0 && top_k > 0,
+        OP,
+        "hidden and top_k must be positive, got {hidden} and {top_k}"
+    );
+    crate::ensure_shape!(
+        expert_out.len().is_multiple_of(hidden) && out.len().is_multiple_of(hidden),
+        OP,
+        "expert_out ({}) and out ({}) must be whole rows of {hidden}",
+        expert_out.len(),
+        out.len()
+    );
+    let (rows, tokens) = (expert_out.len() / hidden, out.len() / hidden);
+    let pairs = checked_product(OP, "tokens*top_k", &[tokens, top_k])?;
+    crate::ensure_shape!(
+        weights.len() == pairs && pair_rows.len() == pairs,
+        OP,
+        "weights ({}) and pair_rows ({}) must be {tokens} tokens x {top_k}",
+        weights.len(),
+        pair_rows.len()
+    );
+    if let Some(p) = pair_rows.iter().position(|&r| r as usize >= rows) {
+        return Err(KernelError::shape(
+            OP,
+            format!(
+                "pair {p} is row {}, past the {rows} expert rows",
+                pair_rows[p]
+            ),
+        ));
     }
     for (t, o) in out.chunks_exact_mut(hidden).enumerate() {
         o.fill(0.0);
-        for k in 0..r.top_k {
-            let p = t * r.top_k + k;
-            let w = r.weights[p];
-            let row = &expert_out[row_of[p] * hidden..(row_of[p] + 1) * hidden];
+        for p in t * top_k..(t + 1) * top_k {
+            let (w, at) = (weights[p], pair_rows[p] as usize);
+            let row = &expert_out[at * hidden..(at + 1) * hidden];
             o.iter_mut().zip(row).for_each(|(a, &v)| *a += w * v);
         }
     }

@@ -5,7 +5,9 @@
 //!
 //! Each test runs for [`Cpu`] always (`cpu_*`) and for [`Gpu`] where a device exists (`cuda_*`); without one it
 //! prints `skipped: no CUDA device`. The bounds are stated where they are checked and the numerics that differ
-//! between the devices (the activations the GPU GEMVs read, the TF32 DeltaNet prefill) are in [`Numerics`].
+//! between the devices (the activations the GPU GEMVs read, the TF32 DeltaNet prefill) are in [`Numerics`]. The int4
+//! linear and the MoE ops run on both devices: `int4_linear` sweeps the int4 group sizes and schemes, `moe` runs a
+//! whole sparse layer (route, dispatch on the host, gather, one linear per expert, combine).
 //! `the_checks_catch_wrong_answers` shows that the same checks reject a plausible wrong result.
 
 use kernels::attention::{AttnDims, Rope};
@@ -14,9 +16,11 @@ use kernels::cuda::Gpu;
 use kernels::formats::{bf16_to_f32, e4m3_to_f32, f32_to_bf16, f32_to_e4m3};
 use kernels::gdn::{GdnDims, GdnInputs, GdnWeights};
 use kernels::linear::{Int4Scheme, Int4Weights};
+use kernels::moe::dispatch_ids;
 use kernels::ops::{GatedAct, NormWeight};
 use kernels::reference;
 use kernels::KernelError;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -63,7 +67,8 @@ impl Numerics for Cpu {
 impl Numerics for Gpu {
     fn acts(path: &str, m: usize, k: usize) -> Acts {
         match path {
-            "f32" | "bf16" => Acts::F32,
+            // The int4 kernel reads f32 activations (W4A8 quantises them to the reference's int8 codes itself).
+            "f32" | "bf16" | "w4a16" | "w4a8" => Acts::F32,
             // FP8 per tensor is FP8 block with one scale repeated, so it takes the same GEMM.
             "fp8_block" | "fp8_tensor" if m > 16 && k.is_multiple_of(16) => Acts::E4m3,
             _ => Acts::Bf16,
@@ -605,7 +610,7 @@ fn linear<B: Numerics>(b: &B) {
     ];
     let n = 133;
     for (path, k) in cases {
-        for m in [1usize, 5, 19] {
+        for m in [1usize, 3, 5, 17, 19] {
             let x: Vec<f32> = (0..m * k)
                 .map(|_| {
                     if r.gen_bool(0.01) {
@@ -617,18 +622,9 @@ fn linear<B: Numerics>(b: &B) {
                 .collect();
             let case = linear_case(path, &mut r, &x, m, n, k);
             let what = format!("{} linear {path} m{m} n{n} k{k}", b.name());
-            let lin = match b.prepare(case.weight) {
-                Ok(l) => l,
-                Err(e) => {
-                    // The one documented gap: no int4 kernel on the GPU, refused by name.
-                    assert!(b.name() == "cuda" && path.starts_with("w4a"), "{what}: {e}");
-                    assert!(
-                        e.to_string().contains("int4"),
-                        "{what}: the error names the format: {e}"
-                    );
-                    continue;
-                }
-            };
+            let lin = b
+                .prepare(case.weight)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
             let mut y = poisoned(b, m * n);
             b.linear(&lin, &up(b, &x), m, &mut y).unwrap();
             let acts = B::acts(path, m, k);
@@ -640,6 +636,219 @@ fn linear<B: Numerics>(b: &B) {
             )
             .unwrap();
         }
+    }
+}
+
+/// The int4 linear over its formats' corners: every group size, both schemes (W4A16 asymmetric, W4A8 symmetric),
+/// `n` of one column, of a whole 64-column block and off it, `k` shorter than a group, off it and on it, and
+/// `m` of 1, 3 and 17 rows (the GPU's 16-row tile and one more) with a zero row (W4A8's zero scale).
+fn int4_linear<B: Numerics>(b: &B) {
+    let mut r = rng("int4_linear");
+    for (n, k, group) in [(1, 33, 32), (70, 200, 64), (129, 96, 128), (64, 256, 32)] {
+        for a8 in [false, true] {
+            let path = if a8 { "w4a8" } else { "w4a16" };
+            let scheme = if a8 {
+                Int4Scheme::Symmetric
+            } else {
+                Int4Scheme::Asymmetric
+            };
+            let w = uniform(&mut r, n * k, -0.5, 0.5);
+            let w4 = Int4Weights::quantize(&w, n, k, group, scheme).unwrap();
+            let l = w4.to_logical();
+            let deq: Vec<f64> = (0..n * k).map(|i| l.at(i / k, i % k)).collect();
+            let lin = b.prepare(Weight::Int4 { w: w4, a8 }).unwrap();
+            for m in [1usize, 3, 17] {
+                let mut x = uniform(&mut r, m * k, -2.0, 2.0);
+                if m > 1 {
+                    x[k..2 * k].fill(0.0);
+                }
+                let want: Vec<f64> = if a8 {
+                    reference::linear::w4a8_linear(&x, m, &l)
+                        .into_iter()
+                        .map(f64::from)
+                        .collect()
+                } else {
+                    dot_rows(&x, m, &deq, n, k, k)
+                };
+                let mut y = poisoned(b, m * n);
+                b.linear(&lin, &up(b, &x), m, &mut y).unwrap();
+                let acts = B::acts(path, m, k);
+                within(
+                    &format!(
+                        "{} {path} m{m} n{n} k{k} group{group} ({acts:?} activations)",
+                        b.name()
+                    ),
+                    &down(b, &y),
+                    &want,
+                    |e| linear_bound(acts, &x, &deq, e / n, e % n, k),
+                )
+                .unwrap();
+            }
+        }
+    }
+}
+
+/// The router's reference: f64 softmax, the experts ordered by probability (ties: the lower id), the top `k`'s
+/// probabilities, divided by their sum when `renorm`.
+fn route_reference(
+    logits: &[f32],
+    experts: usize,
+    top_k: usize,
+    renorm: bool,
+) -> (Vec<u32>, Vec<f32>) {
+    let (mut ids, mut weights) = (Vec::new(), Vec::new());
+    for row in logits.chunks_exact(experts) {
+        let max = row
+            .iter()
+            .fold(f64::NEG_INFINITY, |m, &v| m.max(f64::from(v)));
+        let e: Vec<f64> = row.iter().map(|&v| (f64::from(v) - max).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        let mut order: Vec<usize> = (0..experts).collect();
+        order.sort_by(|&a, &b| e[b].total_cmp(&e[a]));
+        let chosen = &order[..top_k];
+        let total: f64 = chosen.iter().map(|&i| e[i] / sum).sum();
+        for &i in chosen {
+            ids.push(i as u32);
+            weights.push((e[i] / sum / if renorm { total } else { 1.0 }) as f32);
+        }
+    }
+    (ids, weights)
+}
+
+/// A whole sparse MoE layer: the route against [`route_reference`] (rows of distinct logits 0.1 apart, so f32 and
+/// f64 cannot order a near-tie differently, and one row of equal logits, which picks the lowest ids), the dispatch
+/// on the host from the downloaded ids, each expert's rows gathered (exactly) and run through its own linear, the
+/// combine against the per-token f64 sum of the experts it chose, twice with the same bits. Then a non-finite
+/// router logit: refused on the CPU, flagged on the GPU.
+fn moe<B: Backend>(b: &B) {
+    let mut r = rng("moe");
+    for (tokens, experts, top_k, renorm, hidden, out_dim) in [
+        (1, 8, 2, true, 19, 7),
+        (3, 64, 8, false, 40, 33),
+        (17, 10, 3, true, 13, 9),
+        (5, 160, 10, true, 24, 5),
+    ] {
+        let what = format!("{} moe t{tokens} e{experts} k{top_k}", b.name());
+        let mut logits: Vec<f32> = Vec::new();
+        for _ in 0..tokens {
+            let mut row: Vec<f32> = (0..experts).map(|i| i as f32 * 0.1 - 3.0).collect();
+            row.shuffle(&mut r);
+            logits.extend(row);
+        }
+        if tokens > 1 {
+            logits[experts..2 * experts].fill(0.5);
+        }
+        let (want_ids, want_w) = route_reference(&logits, experts, top_k, renorm);
+        let mut ids = up(b, &vec![u32::MAX - 1; tokens * top_k]);
+        let mut weights = poisoned(b, tokens * top_k);
+        b.moe_route(
+            &up(b, &logits),
+            experts,
+            top_k,
+            renorm,
+            &mut ids,
+            &mut weights,
+        )
+        .unwrap();
+        let ids = b.download(&ids).unwrap();
+        assert_eq!(ids, want_ids, "{what}: ids");
+        // expf and f32 sums: a few roundings of each weight.
+        close(
+            &format!("{what}: weights"),
+            &down(b, &weights),
+            &want_w,
+            1e-9,
+            2e-6,
+        )
+        .unwrap();
+
+        let d = dispatch_ids(&ids, experts, top_k).unwrap();
+        let (tok, pair_rows) = (up(b, d.all_tokens()), up(b, &d.pair_rows().unwrap()));
+        let x = uniform(&mut r, tokens * hidden, -2.0, 2.0);
+        let xb = up(b, &x);
+        let ws: Vec<Vec<f32>> = (0..experts)
+            .map(|_| uniform(&mut r, out_dim * hidden, -0.5, 0.5))
+            .collect();
+        let mut outs = Vec::new();
+        for (e, we) in ws.iter().enumerate() {
+            let rows = d.tokens(e).len();
+            if rows == 0 {
+                continue;
+            }
+            let mut xe = poisoned(b, rows * hidden);
+            b.moe_gather(&xb, hidden, &tok, d.offset(e), &mut xe)
+                .unwrap();
+            let want_xe: Vec<f32> = d
+                .tokens(e)
+                .iter()
+                .flat_map(|&t| x[t as usize * hidden..][..hidden].to_vec())
+                .collect();
+            assert_eq!(down(b, &xe), want_xe, "{what}: expert {e}'s gathered rows");
+            let lin = b
+                .prepare(Weight::f32(we.clone(), out_dim, hidden).unwrap())
+                .unwrap();
+            let mut ye = poisoned(b, rows * out_dim);
+            b.linear(&lin, &xe, rows, &mut ye).unwrap();
+            outs.push(ye);
+        }
+        let parts: Vec<&B::Buf<f32>> = outs.iter().collect();
+        let mut out = poisoned(b, tokens * out_dim);
+        b.moe_combine(&parts, out_dim, top_k, &weights, &pair_rows, &mut out)
+            .unwrap();
+        // The reference takes the backend's own weights, so the combine is checked apart from the router.
+        let w = down(b, &weights);
+        let (mut want, mut mag) = (
+            vec![0.0f64; tokens * out_dim],
+            vec![0.0f64; tokens * out_dim],
+        );
+        for t in 0..tokens {
+            for j in 0..top_k {
+                let (e, wj) = (ids[t * top_k + j] as usize, f64::from(w[t * top_k + j]));
+                for o in 0..out_dim {
+                    let terms = (0..hidden)
+                        .map(|c| f64::from(ws[e][o * hidden + c]) * f64::from(x[t * hidden + c]));
+                    let (dot, abs) = terms.fold((0.0, 0.0), |(s, a), v| (s + v, a + v.abs()));
+                    want[t * out_dim + o] += wj * dot;
+                    mag[t * out_dim + o] += wj.abs() * abs;
+                }
+            }
+        }
+        let got = down(b, &out);
+        within(&format!("{what}: combine"), &got, &want, |i| {
+            1e-5 * mag[i] + 1e-30
+        })
+        .unwrap();
+        let mut again = poisoned(b, tokens * out_dim);
+        b.moe_combine(&parts, out_dim, top_k, &weights, &pair_rows, &mut again)
+            .unwrap();
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&down(b, &again)),
+            bits(&got),
+            "{what}: the combine is deterministic"
+        );
+    }
+
+    // A NaN router logit in token 1 of 2: the CPU refuses the call, the GPU flags the token and routes the other.
+    let mut logits = uniform(&mut r, 2 * 6, -1.0, 1.0);
+    logits[8] = f32::NAN;
+    let (mut ids, mut weights) = (up(b, &[0u32; 4]), poisoned(b, 4));
+    let routed = b.moe_route(&up(b, &logits), 6, 2, true, &mut ids, &mut weights);
+    if b.name() == "cpu" {
+        assert!(routed.is_err(), "cpu: a NaN router logit is refused");
+    } else {
+        routed.unwrap();
+        let (ids, w) = (b.download(&ids).unwrap(), down(b, &weights));
+        assert_eq!(
+            ids[2..],
+            [Gpu::INVALID_TOKEN; 2],
+            "cuda: the NaN token is flagged"
+        );
+        assert!(
+            w[2..].iter().all(|v| v.is_nan()),
+            "cuda: NaN weights for it"
+        );
+        assert_eq!(ids[..2], route_reference(&logits[..6], 6, 2, true).0[..]);
     }
 }
 
@@ -1048,6 +1257,92 @@ fn bad_sizes<B: Backend>(b: &B) {
         .act_and_mul(GatedAct::Silu, &up(b, &[0.0; 7]), 2, &mut poisoned(b, 2))
         .is_err());
     assert!(Embedding::f32(vec![0.0; 7], 2).is_err() && Embedding::bf16(vec![], 2).is_err());
+
+    // int4: a wrong output length, an overflowing m, and W4A8 on asymmetric weights (the GPU refuses them when
+    // preparing, the CPU when called).
+    let w4 = |scheme| Int4Weights::quantize(&[0.25; 3 * 40], 3, 40, 32, scheme).unwrap();
+    let lin = b
+        .prepare(Weight::Int4 {
+            w: w4(Int4Scheme::Asymmetric),
+            a8: false,
+        })
+        .unwrap();
+    let x40 = up(b, &[1.0f32; 40]);
+    assert!(
+        is_shape(b.linear(&lin, &x40, 1, &mut poisoned(b, 4)).unwrap_err()),
+        "{name}: int4 linear y length"
+    );
+    assert!(
+        is_shape(
+            b.linear(&lin, &x40, usize::MAX, &mut poisoned(b, 3))
+                .unwrap_err()
+        ),
+        "{name}: int4 linear m overflows"
+    );
+    let asym_a8 = b
+        .prepare(Weight::Int4 {
+            w: w4(Int4Scheme::Asymmetric),
+            a8: true,
+        })
+        .and_then(|l| b.linear(&l, &x40, 1, &mut poisoned(b, 3)));
+    assert!(
+        is_shape(asym_a8.unwrap_err()),
+        "{name}: W4A8 on asymmetric weights"
+    );
+
+    // MoE: top_k outside 1..=experts, logits off whole rows, outputs of the wrong length (left as they were),
+    // gathers past the dispatch or off whole rows, a combine whose pair rows do not match its tokens.
+    let logits = up(b, &[0.0f32; 12]);
+    let (mut ids, mut weights) = (up(b, &[7u32; 6]), poisoned(b, 6));
+    for (experts, top_k) in [(4, 0), (4, 5), (5, 2)] {
+        assert!(
+            is_shape(
+                b.moe_route(&logits, experts, top_k, true, &mut ids, &mut weights)
+                    .unwrap_err()
+            ),
+            "{name}: moe_route experts {experts} top_k {top_k}"
+        );
+    }
+    let mut short_ids = up(b, &[7u32; 5]);
+    assert!(is_shape(
+        b.moe_route(&logits, 4, 2, true, &mut short_ids, &mut weights)
+            .unwrap_err()
+    ));
+    assert_eq!(
+        b.download(&short_ids).unwrap(),
+        [7; 5],
+        "{name}: a refused moe_route leaves ids"
+    );
+    assert!(
+        down(b, &weights).iter().all(|v| v.is_nan()),
+        "{name}: a refused moe_route leaves weights"
+    );
+    let (x, tokens) = (up(b, &[1.0f32; 12]), up(b, &[0u32, 2, 1]));
+    for (hidden, start, out_len) in [(4, 2, 8), (4, usize::MAX, 4), (4, 0, 6), (0, 0, 4)] {
+        assert!(
+            is_shape(
+                b.moe_gather(&x, hidden, &tokens, start, &mut poisoned(b, out_len))
+                    .unwrap_err()
+            ),
+            "{name}: moe_gather hidden {hidden} start {start} out {out_len}"
+        );
+    }
+    let part = up(b, &[1.0f32; 8]);
+    let (w2, rows2) = (up(b, &[0.5f32; 4]), up(b, &[0u32, 1, 1, 0]));
+    assert!(
+        is_shape(
+            b.moe_combine(&[&part], 4, 2, &w2, &rows2, &mut poisoned(b, 12))
+                .unwrap_err()
+        ),
+        "{name}: moe_combine pair rows for 2 tokens, out for 3"
+    );
+    assert!(
+        is_shape(
+            b.moe_combine(&[&part], 3, 2, &w2, &rows2, &mut poisoned(b, 6))
+                .unwrap_err()
+        ),
+        "{name}: moe_combine parts off whole rows"
+    );
 }
 
 /// The checks above reject plausible wrong answers: the norm's other weight form, attention without its window,
@@ -1116,6 +1411,29 @@ fn the_checks_catch_wrong_answers() {
     .is_err());
     y[m * n - 1] = f32::NAN;
     assert!(within("linear unwritten", &y, &case.want, |_| f64::INFINITY).is_err());
+
+    // W4A8 against W4A16's reference (the activations unrounded) under the f32 bound both devices claim: the
+    // int8 rounding shows, so a W4A8 that skipped its own quantisation would fail `int4_linear`.
+    let (m, n, k) = (3, 70, 200);
+    let x = uniform(&mut r, m * k, -2.0, 2.0);
+    let case = linear_case("w4a8", &mut r, &x, m, n, k);
+    let lin = cpu.prepare(case.weight).unwrap();
+    let mut y = vec![f32::NAN; m * n];
+    cpu.linear(&lin, &x, m, &mut y).unwrap();
+    let bound = |e: usize| linear_bound(Acts::F32, &x, &case.deq, e / n, e % n, k);
+    assert!(within("w4a8", &y, &case.want, bound).is_ok());
+    let unrounded = dot_rows(&x, m, &case.deq, n, k, k);
+    assert!(within("w4a8 unrounded", &y, &unrounded, bound).is_err());
+
+    // The router's weights without the renormalisation the reference applies.
+    let logits = uniform(&mut r, 4 * 10, -3.0, 3.0);
+    let (ids, mut weights) = (vec![0u32; 12], vec![f32::NAN; 12]);
+    let mut ids = ids;
+    cpu.moe_route(&logits, 10, 3, false, &mut ids, &mut weights)
+        .unwrap();
+    let (want_ids, want_w) = route_reference(&logits, 10, 3, true);
+    assert_eq!(ids, want_ids);
+    assert!(close("moe weights", &weights, &want_w, 1e-9, 2e-6).is_err());
 
     let dims = GdnDims {
         key_heads: 1,
@@ -1189,6 +1507,8 @@ on_every_backend!(
     gates,
     activations,
     linear,
+    int4_linear,
+    moe,
     gdn,
     logits,
     sampling,

@@ -3,7 +3,7 @@
 //! batched linear per expert, combine) against the per-token sum it stands for, on ragged sizes. Then the refusals.
 
 use kernels::backend::Weight;
-use kernels::moe::{combine, dispatch, route};
+use kernels::moe::{combine, combine_rows, dispatch, dispatch_ids, gather_rows, route};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -89,6 +89,14 @@ fn a_sparse_layer_equals_its_per_token_sum() {
         }
     }
     assert!(d.tokens(experts).is_empty());
+    // The same grouping from the ids alone (what a backend's router gives back), and its token list and pair rows
+    // say the same as the per-expert view.
+    let from_ids = dispatch_ids(routing.ids(), experts, top_k).unwrap();
+    assert_eq!(from_ids, d);
+    let pair_rows = d.pair_rows().unwrap();
+    for (p, &row) in pair_rows.iter().enumerate() {
+        assert_eq!(d.all_tokens()[row as usize] as usize, p / top_k, "pair {p}");
+    }
     // Each expert once over its rows.
     let mut expert_out = vec![f32::NAN; d.rows() * out_dim];
     for (e, w) in ws.iter().enumerate() {
@@ -148,4 +156,25 @@ fn bad_routing_inputs_are_refused() {
     assert!(combine(&r, &d, &[0.0; 5], 3, &mut out).is_err());
     assert!(combine(&r, &d, &[0.0; 6], 3, &mut out[..5]).is_err());
     assert!(combine(&r, &d, &[0.0; 6], 0, &mut out).is_err());
+
+    let err = |r: Result<(), kernels::KernelError>| r.unwrap_err().to_string();
+    let derr = |r: Result<kernels::moe::Dispatch, kernels::KernelError>| r.unwrap_err().to_string();
+    assert!(derr(dispatch_ids(&[0, 3], 3, 1)).contains("past the 3 experts"));
+    assert!(derr(dispatch_ids(&[0, 1, 2], 3, 2)).contains("whole tokens"));
+    assert!(derr(dispatch_ids(&[0], 0, 1)).contains("experts"));
+    assert!(derr(dispatch_ids(&[0], 3, 0)).contains("top_k"));
+    let x = [1.0f32, 2.0, 3.0, 4.0];
+    let mut two = [f32::NAN; 2];
+    assert!(err(gather_rows(&x, 2, &[2], &mut two)).contains("past the 2 rows"));
+    assert!(err(gather_rows(&x, 2, &[0, 1], &mut two)).contains("out has 2"));
+    gather_rows(&x, 2, &[1], &mut two).unwrap();
+    assert_eq!(two, [3.0, 4.0]);
+    let mut out2 = [f32::NAN; 2];
+    assert!(err(combine_rows(&x, 2, &[1.0], 1, &[2], &mut out2)).contains("past the 2 expert rows"));
+    assert!(err(combine_rows(&x, 2, &[1.0, 1.0], 1, &[0], &mut out2)).contains("weights"));
+    assert_eq!(
+        out2[0].to_bits(),
+        f32::NAN.to_bits(),
+        "a refused combine writes nothing"
+    );
 }

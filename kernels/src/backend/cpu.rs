@@ -8,6 +8,7 @@ use crate::attention::{self, KvSlice, PagedKv};
 use crate::error::{checked_product, checked_sum};
 use crate::formats::{bf16_to_f32, f32_to_bf16};
 use crate::gdn::{self, GdnDims, GdnInputs, GdnWeights};
+use crate::moe;
 use crate::ops::{self, EmbeddingTable};
 use crate::shapes::{GatedAct, NormWeight, Rope};
 use crate::KernelError;
@@ -350,6 +351,82 @@ impl Backend for Cpu {
         y: &mut Vec<f32>,
     ) -> Result<(), KernelError> {
         w.linear(x, m, y).map(|_| ())
+    }
+
+    fn moe_route(
+        &self,
+        logits: &Vec<f32>,
+        experts: usize,
+        top_k: usize,
+        renormalize: bool,
+        ids: &mut Vec<u32>,
+        weights: &mut Vec<f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cpu::moe_route";
+        // The router checks experts, top_k and the logits; the outputs are checked against what it made, before
+        // either is written.
+        let r = moe::route(logits, experts, top_k, renormalize)?;
+        check_same(OP, "ids", ids.len(), r.ids().len())?;
+        check_same(OP, "weights", weights.len(), r.weights().len())?;
+        ids.copy_from_slice(r.ids());
+        weights.copy_from_slice(r.weights());
+        Ok(())
+    }
+
+    fn moe_gather(
+        &self,
+        x: &Vec<f32>,
+        hidden: usize,
+        tokens: &Vec<u32>,
+        start: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cpu::moe_gather";
+        crate::ensure_shape!(hidden > 0, OP, "hidden must be positive");
+        crate::ensure_shape!(
+            out.len().is_multiple_of(hidden),
+            OP,
+            "out has {} elements, not a whole number of rows of {hidden}",
+            out.len()
+        );
+        let rows = out.len() / hidden;
+        let Some(part) = start
+            .checked_add(rows)
+            .and_then(|end| tokens.get(start..end))
+        else {
+            return Err(KernelError::shape(
+                OP,
+                format!(
+                    "rows {start}..{start}+{rows} are past the {} tokens of the dispatch",
+                    tokens.len()
+                ),
+            ));
+        };
+        moe::gather_rows(x, hidden, part, out)
+    }
+
+    fn moe_combine(
+        &self,
+        parts: &[&Vec<f32>],
+        hidden: usize,
+        top_k: usize,
+        weights: &Vec<f32>,
+        pair_rows: &Vec<u32>,
+        out: &mut Vec<f32>,
+    ) -> Result<(), KernelError> {
+        // The expert outputs one after another, as the combine reads them (a copy only when there are several).
+        let joined;
+        let expert_out: &[f32] = match parts {
+            [one] => one,
+            _ => {
+                joined = parts
+                    .iter()
+                    .flat_map(|p| p.iter().copied())
+                    .collect::<Vec<f32>>();
+                &joined
+            }
+        };
+        moe::combine_rows(expert_out, hidden, weights, top_k, pair_rows, out)
     }
 
     fn softcap(&self, x: &mut Vec<f32>, cap: f32) -> Result<(), KernelError> {

@@ -7,10 +7,11 @@ use super::{
 };
 use crate::cuda::{
     DenseGpuWeights, Fp8TileWeights, GdnGpuInputs, GdnGpuWeights, GdnPrefillIo, Gpu, GpuBuffer,
-    Nvfp4TileWeights,
+    Int4GpuWeights, Nvfp4TileWeights,
 };
-use crate::error::checked_product;
+use crate::error::{checked_product, checked_sum};
 use crate::gdn::GdnDims;
+use crate::linear::Int4Scheme;
 use crate::shapes::{GatedAct, NormWeight, Rope};
 use crate::KernelError;
 
@@ -35,6 +36,9 @@ pub enum GpuLinear {
         global: f32,
         raw: Option<(GpuBuffer<u8>, GpuBuffer<u8>)>,
     },
+    /// The chunked int4 pack as [`crate::linear::Int4Weights`] holds it, run as W4A8 (`a8`, symmetric weights) or
+    /// W4A16.
+    Int4 { w: Int4GpuWeights, a8: bool },
 }
 
 impl std::fmt::Debug for GpuLinear {
@@ -43,6 +47,8 @@ impl std::fmt::Debug for GpuLinear {
             GpuLinear::Dense(d) => return d.fmt(f),
             GpuLinear::Fp8 { .. } => "fp8_block",
             GpuLinear::Nvfp4 { .. } => "nvfp4",
+            GpuLinear::Int4 { a8: true, .. } => "w4a8",
+            GpuLinear::Int4 { a8: false, .. } => "w4a16",
         };
         f.debug_struct("GpuLinear")
             .field("format", &format)
@@ -59,6 +65,7 @@ impl GpuLinear {
             GpuLinear::Dense(d) => d.n(),
             GpuLinear::Fp8 { tiles, .. } => tiles.n(),
             GpuLinear::Nvfp4 { tiles, .. } => tiles.n(),
+            GpuLinear::Int4 { w, .. } => w.n(),
         }
     }
 
@@ -68,6 +75,7 @@ impl GpuLinear {
             GpuLinear::Dense(d) => d.k(),
             GpuLinear::Fp8 { tiles, .. } => tiles.k(),
             GpuLinear::Nvfp4 { tiles, .. } => tiles.k(),
+            GpuLinear::Int4 { w, .. } => w.k(),
         }
     }
 }
@@ -141,11 +149,24 @@ impl Backend for Gpu {
                     raw: k.is_multiple_of(64).then_some((raw, sc)),
                 }
             }
-            Weight::Int4 { a8, .. } => {
-                return Err(KernelError::Cuda(format!(
-                    "backend::prepare: no int4 ({}) linear kernel on the GPU; run this layer on the CPU backend",
-                    if a8 { "W4A8" } else { "W4A16" }
-                )))
+            Weight::Int4 { w, a8 } => {
+                let symmetric = w.scheme() == Int4Scheme::Symmetric;
+                crate::ensure_shape!(
+                    symmetric || !a8,
+                    "cuda::backend::prepare",
+                    "W4A8 needs int4 weights on the symmetric grid (zero point 8); these are asymmetric"
+                );
+                GpuLinear::Int4 {
+                    w: self.int4_weights(
+                        w.packed(),
+                        w.scales_zeros(),
+                        w.n(),
+                        w.k(),
+                        w.group(),
+                        symmetric,
+                    )?,
+                    a8,
+                }
             }
         })
     }
@@ -383,8 +404,11 @@ impl Backend for Gpu {
         y: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::backend::linear";
-        if let GpuLinear::Dense(d) = w {
-            return self.dense_linear(x, d, y, m);
+        match w {
+            GpuLinear::Dense(d) => return self.dense_linear(x, d, y, m),
+            GpuLinear::Int4 { w, a8: false } => return self.int4_w4a16(x, w, m, y),
+            GpuLinear::Int4 { w, a8: true } => return self.int4_w4a8(x, w, m, y),
+            _ => {}
         }
         let (n, k) = (w.n(), w.k());
         crate::ensure_shape!(m > 0, OP, "m must be positive");
@@ -442,6 +466,68 @@ impl Backend for Gpu {
             r0 += c;
         }
         Ok(())
+    }
+
+    fn moe_route(
+        &self,
+        logits: &GpuBuffer<f32>,
+        experts: usize,
+        top_k: usize,
+        renormalize: bool,
+        ids: &mut GpuBuffer<u32>,
+        weights: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        Gpu::moe_route(self, logits, experts, top_k, renormalize, ids, weights)
+    }
+
+    fn moe_gather(
+        &self,
+        x: &GpuBuffer<f32>,
+        hidden: usize,
+        tokens: &GpuBuffer<u32>,
+        start: usize,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        Gpu::moe_gather(self, x, hidden, tokens, start, out)
+    }
+
+    fn moe_combine(
+        &self,
+        parts: &[&GpuBuffer<f32>],
+        hidden: usize,
+        top_k: usize,
+        weights: &GpuBuffer<f32>,
+        pair_rows: &GpuBuffer<u32>,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::backend::moe_combine";
+        if let [one] = parts {
+            return Gpu::moe_combine(self, one, hidden, top_k, weights, pair_rows, out);
+        }
+        // The expert outputs one after another in a scratch buffer: one device copy per non-empty part.
+        let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+        let total = checked_sum(OP, "sum(parts)", &lens)?;
+        if total == 0 {
+            // No expert rows: every token's pair rows are past them, which the host can see (and a device
+            // buffer cannot be empty).
+            crate::ensure_shape!(
+                out.is_empty(),
+                OP,
+                "the parts hold no expert rows for a combine of {} outputs",
+                out.len()
+            );
+            return Ok(());
+        }
+        let mut joined = Gpu::zeros::<f32>(self, total)?;
+        let mut at = 0;
+        for (p, &len) in parts.iter().zip(&lens) {
+            if len > 0 {
+                // at + len <= total: the parts' lengths add up to it (checked above).
+                self.copy_cols(p, len, 0, &mut joined, total, at, 1, len)?;
+            }
+            at += len;
+        }
+        Gpu::moe_combine(self, &joined, hidden, top_k, weights, pair_rows, out)
     }
 
     fn softcap(&self, x: &mut GpuBuffer<f32>, cap: f32) -> Result<(), KernelError> {
@@ -517,9 +603,9 @@ fn tile_gemv(
         GpuLinear::Nvfp4 { tiles, global, .. } => {
             gpu.nvfp4_gemv_tiles(xb, tiles, *global, y, &mut scratch, m)
         }
-        GpuLinear::Dense(_) => Err(KernelError::shape(
+        GpuLinear::Dense(_) | GpuLinear::Int4 { .. } => Err(KernelError::shape(
             "cuda::backend::linear",
-            "a dense weight has no tile GEMV",
+            "a dense or int4 weight has no tile GEMV",
         )),
     }
 }

@@ -9,8 +9,9 @@
 //! [`Backend::prepare_table`]).
 //!
 //! Every method is a thin, checked layer over the crate's CPU functions ([`crate::ops`], [`crate::attention`],
-//! [`crate::gdn`], [`crate::linear`]) and the public [`Gpu`] methods; no kernel lives here. All activations are
-//! f32; bf16 appears only as a cast target ([`Backend::cast_f32_to_bf16`]) and as a table or weight format.
+//! [`crate::gdn`], [`crate::linear`], [`crate::moe`]) and the public [`Gpu`] methods; no kernel lives here. All
+//! activations are f32; bf16 appears only as a cast target ([`Backend::cast_f32_to_bf16`]) and as a table or
+//! weight format.
 //!
 //! # The ops, by family
 //!
@@ -24,14 +25,18 @@
 //! | output gates | [`Backend::sigmoid_gate`] (per element), [`Backend::sigmoid_head_gate`] (per head) | yes | yes |
 //! | gated DeltaNet | [`Backend::gdn_decode`] (conv + step), [`Backend::gdn_prefill`] (chunked) | yes | yes (`dk = dv = 128`) |
 //! | gated MLP | [`Backend::act_and_mul`] (SiLU, GELU erf, GELU tanh) | yes | yes |
-//! | linear | [`Backend::prepare`], [`Backend::linear`] (f32, bf16, FP8 block, FP8 per tensor, NVFP4, int4 W4A16 / W4A8) | yes | all but int4 |
+//! | linear | [`Backend::prepare`], [`Backend::linear`] (f32, bf16, FP8 block, FP8 per tensor, NVFP4, int4 W4A16 / W4A8) | yes | yes |
+//! | mixture of experts | [`Backend::moe_route`] (softmax + top-k), [`Backend::moe_gather`], [`Backend::moe_combine`] | yes | yes (up to [`Gpu::MOE_MAX_EXPERTS`] experts) |
 //! | logits and small ops | [`Backend::softcap`], [`Backend::argmax`], [`Backend::sample`], [`Backend::add_assign`], [`Backend::add_bias_rows`], [`Backend::scale_assign`] | yes | yes |
 //! | casts | [`Backend::cast_f32_to_bf16`], [`Backend::cast_bf16_to_f32`] | yes | yes |
 //!
 //! # What differs between the devices
 //!
-//! - **int4 linear (W4A16, W4A8): CPU only.** The GPU has no int4 GEMV or GEMM; [`Backend::prepare`] on a [`Gpu`]
-//!   refuses an int4 [`Weight`] with an error naming the op. (The int4 embedding gather exists on both.)
+//! - **int4 linear (W4A16, W4A8)** reads the same pack on both devices. The GPU runs one simple kernel for every
+//!   row count ([`Gpu::int4_w4a16`], [`Gpu::int4_w4a8`]): W4A16 with f32 activations and f32 sums (the CPU's integer
+//!   kernels, where AVX512-VBMI exists, hold the activations as int16 per group instead), W4A8 with its own int8
+//!   quantisation of the activations, the CPU's codes bit for bit. Both differ from the CPU only in the order of
+//!   the f32 sums. The GPU's W4A8 allocates its activation scratch per call.
 //! - **The f32 embedding gather on the GPU** has no kernel of its own: it reads the ids back to the host and copies
 //!   one row per id ([`Gpu::copy_cols`]), so it synchronises and cannot be recorded in a CUDA graph. bf16 and int4
 //!   tables gather on the device.
@@ -42,11 +47,15 @@
 //!   tensor cores (3xTF32 products, about 2e-3 of the output's scale).
 //! - **Values on the device** (token ids, slots, positions, logits) cannot be checked by the host before a GPU
 //!   launch: an id past the table gathers NaN, a slot or position out of range is skipped by the store and gives a
-//!   zero row in attention, a NaN row of logits answers [`Gpu::INVALID_TOKEN`]. The CPU refuses each with an error.
-//! - **MoE routing is CPU-only and outside the trait:** [`crate::moe`] (the router's softmax and top-k, the dispatch
-//!   by expert, the weighted combine); the experts themselves are ordinary linears. No GPU build yet.
-//! - GPTQ modules are unpacked on the host ([`Weight::gptq`]) into the int4 pack, so they run where int4 runs: the
-//!   CPU.
+//!   zero row in attention, a NaN row of logits answers [`Gpu::INVALID_TOKEN`]; a non-finite router logit gives its
+//!   token [`Gpu::INVALID_TOKEN`] ids and NaN weights, a token or pair row past its buffer in the MoE gather or
+//!   combine a NaN row. The CPU refuses each with an error.
+//! - **MoE routing** picks the experts on the GPU by the logits (the order the probabilities have, without `expf`'s
+//!   rounding) and sums the softmax in a tree; the CPU sorts its f32 probabilities. Two logits whose probabilities
+//!   round to the same f32 may therefore be ordered differently; the weights differ by the rounding of `exp` and of
+//!   the sum. The grouping by expert ([`crate::moe::dispatch_ids`]) runs on the host for both.
+//! - GPTQ modules are unpacked on the host ([`Weight::gptq`]) into the int4 pack, so they run where int4 runs: on
+//!   both devices, as W4A16.
 //!
 //! # Example
 //!
@@ -398,9 +407,31 @@ pub trait Backend {
 
     // Weights, prepared once.
 
-    /// Takes a linear layer's weights to this device's layout (the CPU keeps the [`Weight`]; the GPU uploads it
-    /// and repacks FP8 and NVFP4 into the tile layout of its GEMVs). Only [`Backend::linear`] of the same backend
-    /// accepts the result. The GPU refuses int4 weights (no GPU kernel).
+    /// Takes a linear layer's weights to this device's layout (the CPU keeps the [`Weight`]; the GPU uploads it,
+    /// repacks FP8 and NVFP4 into the tile layout of its GEMVs and keeps the int4 pack as it is). Only
+    /// [`Backend::linear`] of the same backend accepts the result. W4A8 needs weights on the symmetric grid: the GPU
+    /// refuses others here, the CPU at the call.
+    ///
+    /// ```
+    /// use kernels::backend::{Backend, Cpu, Weight};
+    /// let cpu = Cpu;
+    /// // A 3x40 layer quantised to int4 in groups of 32 (the last group short), run as W4A16 and as W4A8: each
+    /// // output is the dot product with the layer's own dequantised row (int8 holds all-ones activations exactly).
+    /// let w: Vec<f32> = (0..120).map(|i| (i as f32 * 0.37).sin()).collect();
+    /// for a8 in [false, true] {
+    ///     let weight = Weight::int4_from_rows(3, 40, 32, a8, |r0, rows| {
+    ///         rows.copy_from_slice(&w[r0 * 40..r0 * 40 + rows.len()]);
+    ///         Ok(())
+    ///     })?;
+    ///     let mut row = vec![0.0f32; 40];
+    ///     weight.row(2, &mut row)?;
+    ///     let lin = cpu.prepare(weight)?;
+    ///     let mut y = cpu.zeros::<f32>(3)?;
+    ///     cpu.linear(&lin, &vec![1.0; 40], 1, &mut y)?;
+    ///     assert!((y[2] - row.iter().sum::<f32>()).abs() < 1e-4);
+    /// }
+    /// # Ok::<(), kernels::KernelError>(())
+    /// ```
     fn prepare(&self, w: Weight) -> Result<Self::Linear, KernelError>;
     /// Takes an embedding table to this device.
     fn prepare_table(&self, t: Embedding) -> Result<Self::Table, KernelError>;
@@ -670,6 +701,89 @@ pub trait Backend {
         x: &Self::Buf<f32>,
         m: usize,
         y: &mut Self::Buf<f32>,
+    ) -> Result<(), KernelError>;
+
+    // Mixture of experts.
+
+    /// Routes `tokens = logits.len() / experts` tokens as [`crate::moe::route`]: softmax over each row of router
+    /// logits (`[tokens, experts]`), the `top_k` most probable experts (the larger first, the lower id on ties)
+    /// into `ids` and their probabilities into `weights` (both `[tokens, top_k]`), divided by their sum when
+    /// `renormalize` (`norm_topk_prob`); `1 <= top_k <= experts`.
+    ///
+    /// A sparse layer (Qwen3-Next's) is then: download `ids` and group the pairs by expert on the host
+    /// ([`crate::moe::dispatch_ids`]: each expert's row count decides its linear's `m`), upload the dispatch's
+    /// token list and pair rows, run every expert that has rows on them ([`Backend::moe_gather`], its linears), and
+    /// add each token's expert outputs with its weights ([`Backend::moe_combine`]).
+    ///
+    /// ```
+    /// use kernels::backend::{Backend, Cpu, Weight};
+    /// use kernels::moe::dispatch_ids;
+    /// let cpu = Cpu;
+    /// // Two tokens of hidden 2, three experts (expert e multiplies by e + 1), top-2 renormalised.
+    /// let x = cpu.upload(&[1.0f32, 0.0, 0.0, 1.0])?;
+    /// let logits = cpu.upload(&[2.0f32, 1.0, 0.0, 0.0, 0.0, 3.0])?;
+    /// let (mut ids, mut weights) = (cpu.zeros::<u32>(4)?, cpu.zeros::<f32>(4)?);
+    /// cpu.moe_route(&logits, 3, 2, true, &mut ids, &mut weights)?;
+    /// assert_eq!(cpu.download(&ids)?, [0, 1, 2, 0]);
+    /// let d = dispatch_ids(&cpu.download(&ids)?, 3, 2)?;
+    /// let (tokens, pair_rows) = (cpu.upload(d.all_tokens())?, cpu.upload(&d.pair_rows()?)?);
+    /// let mut outs = Vec::new();
+    /// for e in 0..3 {
+    ///     let rows = d.tokens(e).len();
+    ///     if rows == 0 {
+    ///         continue;
+    ///     }
+    ///     let s = e as f32 + 1.0;
+    ///     let w = cpu.prepare(Weight::f32(vec![s, 0.0, 0.0, s], 2, 2)?)?;
+    ///     let mut xe = cpu.zeros::<f32>(rows * 2)?;
+    ///     cpu.moe_gather(&x, 2, &tokens, d.offset(e), &mut xe)?;
+    ///     let mut ye = cpu.zeros::<f32>(rows * 2)?;
+    ///     cpu.linear(&w, &xe, rows, &mut ye)?;
+    ///     outs.push(ye);
+    /// }
+    /// let mut out = cpu.zeros::<f32>(4)?;
+    /// cpu.moe_combine(&outs.iter().collect::<Vec<_>>(), 2, 2, &weights, &pair_rows, &mut out)?;
+    /// // Token 0 is [1, 0] through experts 0 and 1; token 1 is [0, 1] through experts 2 and 0.
+    /// let w = cpu.download(&weights)?;
+    /// assert!((out[0] - (w[0] * 1.0 + w[1] * 2.0)).abs() < 1e-6 && out[1] == 0.0);
+    /// assert!((out[3] - (w[2] * 3.0 + w[3] * 1.0)).abs() < 1e-6 && out[2] == 0.0);
+    /// # Ok::<(), kernels::KernelError>(())
+    /// ```
+    fn moe_route(
+        &self,
+        logits: &Self::Buf<f32>,
+        experts: usize,
+        top_k: usize,
+        renormalize: bool,
+        ids: &mut Self::Buf<u32>,
+        weights: &mut Self::Buf<f32>,
+    ) -> Result<(), KernelError>;
+    /// `out[r, :] = x[tokens[start + r], :]` for every row of `out` (`[rows, hidden]`; `x` `[x_rows, hidden]`):
+    /// one expert's rows of the hidden states, `tokens` a dispatch's token list
+    /// ([`crate::moe::Dispatch::all_tokens`]) and `start` the expert's offset in it ([`crate::moe::Dispatch::offset`]).
+    /// Needs `start + rows <= tokens.len()`.
+    fn moe_gather(
+        &self,
+        x: &Self::Buf<f32>,
+        hidden: usize,
+        tokens: &Self::Buf<u32>,
+        start: usize,
+        out: &mut Self::Buf<f32>,
+    ) -> Result<(), KernelError>;
+    /// `out[t, :] = sum_j weights[t, j] * expert_out[pair_rows[t, j], :]` over `j < top_k`, added in `j` order
+    /// from zero with one rounding per product and per sum on both devices, so the same bits on both and no
+    /// dependence on thread timing. `expert_out` is `parts` one after another (each expert's output rows, experts
+    /// in dispatch order, those without rows left out or empty), `[rows, hidden]`; `weights` and `pair_rows`
+    /// (`[tokens, top_k]`) are the routing's weights and [`crate::moe::Dispatch::pair_rows`]; `out`
+    /// (`[tokens, hidden]`) is overwritten.
+    fn moe_combine(
+        &self,
+        parts: &[&Self::Buf<f32>],
+        hidden: usize,
+        top_k: usize,
+        weights: &Self::Buf<f32>,
+        pair_rows: &Self::Buf<u32>,
+        out: &mut Self::Buf<f32>,
     ) -> Result<(), KernelError>;
 
     // Logits and small elementwise ops.

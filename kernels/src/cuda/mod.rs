@@ -30,6 +30,10 @@
 //!   [`Gpu::dense_linear`]): the exact path of small checkpoints.
 //! - `attention_slots`: f32 KV caches of one block per slot, [`Gpu::kv_store_slots`] and [`Gpu::attention_slots`]
 //!   (full or sliding, GQA), the engine's exact attention.
+//! - `int4`: W4A16 and W4A8 linear layers over the chunked int4 pack of [`crate::linear::Int4Weights`]
+//!   ([`Gpu::int4_weights`], [`Gpu::int4_w4a16`], [`Gpu::int4_w4a8`]), f32 activations, one simple kernel.
+//! - `moe`: mixture-of-experts routing, [`Gpu::moe_route`] (softmax + top-k), [`Gpu::moe_gather`] and
+//!   [`Gpu::moe_combine`], deterministic.
 
 use crate::KernelError;
 
@@ -62,6 +66,8 @@ mod gdn_prefill;
 mod gemm;
 mod gemm_sm90a;
 mod gemv;
+mod int4;
+mod moe;
 mod ops;
 mod transfer;
 pub use dense::DenseGpuWeights;
@@ -71,6 +77,7 @@ pub use gemv::{
     Fp8Fragments, Fp8Order, Fp8TileWeights, FragmentOrder, GemvFragments, MmaSplit, Nvfp4Fragments,
     Nvfp4Order, Nvfp4TileWeights,
 };
+pub use int4::Int4GpuWeights;
 pub use transfer::{CopyStream, GpuEvent, PinnedWeights, WeightBuf, WeightBufMut};
 
 mod sealed {

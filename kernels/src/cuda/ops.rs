@@ -185,8 +185,8 @@ fn check_rope(
     Ok(positions)
 }
 
-/// Checks a packed int4 embedding table and returns `npad`.
-fn check_int4_table(
+/// Checks a packed int4 table (an embedding, or the weights of [`Gpu::int4_weights`]) and returns `npad`.
+pub(super) fn check_int4_table(
     op: &'static str,
     packed: usize,
     scales_zeros: usize,

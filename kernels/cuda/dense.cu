@@ -1,14 +1,14 @@
 // Dense f32 / bf16 linear layers on the GPU (sm_90): y[m, n] = x[m, k] . w[n, k]^T with f32 activations, f32
 // outputs and f32 accumulation on the CUDA cores (no tensor cores, no TF32: this is the exact path of the engine,
-// whose parity tests against transformers need f32 products). The safe entry points and their checks are in
-// kernels/src/cuda/dense.rs, the launches in kernels/src/cuda/device/dense.rs.
+// whose parity tests against transformers need f32 products). The safe entry points, their checks and their
+// launches are in kernels/src/cuda/dense.rs.
 //
 // Two kernels, picked by m:
 // - dense_gemv_*: m <= 16 (decode). Bandwidth-bound: each weight row is read from memory once for all m rows of x.
 //   A warp owns GEMV_ROWS_PER_WARP output rows; x is staged in shared memory in chunks of K, padded to MAXM rows
 //   with zeros, and every lane reads its weights with 16-byte loads (when k allows it) and takes all MAXM rows of x
 //   from shared memory, so each x load serves GEMV_ROWS_PER_WARP weight loads.
-// - dense_gemv_splitk_*: m <= 16 on matrices of few rows (n < DENSE_SPLITK_MAX_N, device/dense.rs): one block of
+// - dense_gemv_splitk_*: m <= 16 on matrices of few rows (n < DENSE_SPLITK_MAX_N, cuda/dense.rs): one block of
 //   256 threads per output row, K split across its 8 warps and reduced in shared memory. The kernel above gives
 //   such a matrix ceil(n / 16) blocks, each walking whole rows: the engine's own profile of a Qwen3.8-27B decode
 //   step (H100, ncu) had the DeltaNet's 48-row in_proj_a / in_proj_b take 16 us a call, 96 calls a step, where the
@@ -29,7 +29,7 @@ constexpr int GEMV_ROWS_PER_WARP = 4;
 constexpr int GEMV_ROWS_PER_BLOCK = GEMV_WARPS * GEMV_ROWS_PER_WARP;
 // Floats of x staged per block: MAXM rows of GEMV_X_FLOATS / MAXM values each (32 KB of shared memory).
 constexpr int GEMV_X_FLOATS = 8192;
-static_assert(GEMV_ROWS_PER_BLOCK == 16, "device/dense.rs restates the rows per block");
+static_assert(GEMV_ROWS_PER_BLOCK == 16, "cuda/dense.rs restates the rows per block");
 
 // Weights of one element type: 16-byte loads of VEC values, and scalar loads, both widened to f32.
 struct WF32 {
@@ -190,7 +190,7 @@ __device__ __forceinline__ void dense_gemv_splitk(const float* __restrict__ x, c
 }
 
 constexpr int GEMM_BM = 64, GEMM_BN = 64, GEMM_BK = 16, GEMM_THREADS = 256;
-static_assert(GEMM_BM == 64 && GEMM_BN == 64, "device/dense.rs restates the tile");
+static_assert(GEMM_BM == 64 && GEMM_BN == 64, "cuda/dense.rs restates the tile");
 
 // Loads four consecutive values [c, c + 4) of a row of length k (zeros past k) as floats; `vec` (k % 4 == 0, so
 // the row and c are 16-byte aligned for f32, 8-byte for bf16) takes one load.

@@ -1,7 +1,7 @@
 // Small per-token ops of the engine on the GPU (sm_90): RMSNorm (plain and fused with the residual add), the gated
 // activations, embedding gathers (bf16 and packed int4 tables), argmax, top-k / top-p sampling and neox RoPE. Each
 // matches the CPU op of the crate (kernels/src/ops.rs, sampling.rs, attention.rs, linear/int4.rs); the safe entry
-// points and their checks are in kernels/src/cuda/ops.rs, the launches in kernels/src/cuda/device/ops.rs.
+// points, their checks and their launches are in kernels/src/cuda/ops.rs.
 //
 // All of these are memory-bound: one pass over their inputs, 16-byte accesses where the row length allows it (the
 // vector path needs only the row length to be a multiple of 4 or 8: cudarc and torch allocations are 256-byte

@@ -6,11 +6,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+    LaunchConfig,
+};
 use cudarc::nvrtc::Ptx;
 
-use super::{GdnGpuWeights, GpuScalar};
-use crate::shapes::GdnDims;
+use super::GpuScalar;
 use crate::KernelError;
 
 // The generated `Module` enum: one variant per `cuda/*.cu`, with its embedded images and entry points.
@@ -18,11 +20,6 @@ mod modules {
     include!(concat!(env!("OUT_DIR"), "/cuda_modules.rs"));
 }
 pub(in crate::cuda) use modules::Module;
-
-// One file per kernel family: each adds an `impl Device` block with its launches.
-mod dense;
-mod gdn;
-mod ops;
 
 pub(super) fn cuda_err(op: &str) -> impl Fn(cudarc::driver::DriverError) -> KernelError + '_ {
     move |e| KernelError::Cuda(format!("{op}: {e:?}"))
@@ -259,6 +256,22 @@ impl Device {
         }
         .result()
         .map_err(cuda_err(name))
+    }
+
+    /// A device buffer's address for a launch argument, with the guard that keeps the stream ordered for it.
+    pub(in crate::cuda) fn addr<'a, T>(
+        &'a self,
+        s: &'a CudaSlice<T>,
+    ) -> (u64, cudarc::driver::SyncOnDrop<'a>) {
+        s.device_ptr(&self.stream)
+    }
+
+    /// As [`Device::addr`] for a buffer the kernel writes.
+    pub(in crate::cuda) fn addr_mut<'a, T>(
+        &'a self,
+        s: &'a mut CudaSlice<T>,
+    ) -> (u64, cudarc::driver::SyncOnDrop<'a>) {
+        s.device_ptr_mut(&self.stream)
     }
 
     pub(super) fn upload<T: GpuScalar>(&self, host: &[T]) -> Result<CudaSlice<T>, KernelError> {

@@ -9,8 +9,7 @@
 //! Measured speeds and the method are in `benchmarks/h200.md`; `kernels/bench/h200/run_session.sh` reproduces them.
 //!
 //! Kernels, one file per family (`kernels/cuda/<family>.cu`, each safe entry point and its launch in
-//! `<family>.rs`; `ops`, `gdn` and `dense` still launch from `device/<family>.rs`); layouts, constraints, the
-//! measured `Auto` choices and their numbers are in each method's docs:
+//! `<family>.rs`); layouts, constraints, the measured `Auto` choices and their numbers are in each method's docs:
 //! - `gemv`: decode GEMVs for 1-16 tokens, bf16 activations, fp32 out: [`Gpu::fp8_block_gemv`] (FP8 e4m3 with
 //!   128x128 block scales) and, for NVFP4 (weight-only: Hopper has no FP4 math), [`Gpu::nvfp4_repack_tiles`] once
 //!   at load then [`Gpu::nvfp4_gemv_tiles`] per token ([`Gpu::nvfp4_gemv`] reads the checkpoint layout, slower).
@@ -55,8 +54,7 @@ macro_rules! lab_pub {
 }
 
 // One file per kernel family, each an `impl Gpu` block whose entry points check their sizes and then launch
-// through `device.rs` (`ops`, `gdn` and `dense` through `device/<same name>.rs`), so an op's argument list is
-// written once.
+// through the helpers of `device.rs`, so an op's argument list is written once.
 mod attention;
 mod attention_prefill;
 mod attention_slots;

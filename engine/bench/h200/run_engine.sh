@@ -138,10 +138,15 @@ fi
 if want serve; then
   m=${MODELS%%,*}; dir=/tmp/q27-$m
   [ -f "$dir/model.safetensors" ] || "$BIN/random_checkpoint" "models/qwen3.8-27b-$m" "$dir" 2>&1 | tail -2
-  timeout 400 "$BIN/serve_load" --edgefit "$BIN/edgefit" --device cuda --profile h200 --model "$dir" \
-    --clients 64 --duration-s "${SERVE_S:-60}" --warmup-s 10 --max-num-seqs 16 --max-model-len 1024 --max-tokens 48 \
-    > "$OUT/engine_serve_$m.txt" 2>&1
-  rc=$?; status+=("serve load $m: rc=$rc"); tail -25 "$OUT/engine_serve_$m.txt"
+  # SERVE_ARMS: `plain` (the default server) and/or `invariant` (--batch-invariant: streams must match their
+  # single-request text).
+  for arm in ${SERVE_ARMS:-plain}; do
+    extra=(); [ "$arm" = invariant ] && extra=(--batch-invariant)
+    timeout 400 "$BIN/serve_load" --edgefit "$BIN/edgefit" --device cuda --profile h200 --model "$dir" \
+      --clients 64 --duration-s "${SERVE_S:-60}" --warmup-s 10 --max-num-seqs 16 --max-model-len 1024 \
+      --max-tokens 48 "${extra[@]}" > "$OUT/engine_serve_${m}_$arm.txt" 2>&1
+    rc=$?; status+=("serve load $m $arm: rc=$rc"); tail -16 "$OUT/engine_serve_${m}_$arm.txt"
+  done
 fi
 
 if want baseline; then

@@ -128,7 +128,7 @@ impl Gpu {
             // 1 <= t <= i32::MAX (one block each), 1 <= width <= i32::MAX, and cache_k, cache_v = [num_slots,
             // max_len, width]; the kernel writes only where slot < num_slots and pos < max_len; a programmatic
             // dependent (pdl_start first).
-            unsafe { dev.launch_pdl(NAME, &f, cfg, &mut args) }?;
+            unsafe { dev.launch_small(NAME, &f, cfg, &mut args) }?;
             Ok(())
         }
         #[cfg(not(feature = "cuda"))]
@@ -238,7 +238,7 @@ impl Gpu {
             // i32::MAX (the grid), and the caches = [num_slots, max_len, kv_heads * head_dim]; the kernel reads K/V
             // rows only at positions lo..=pos < max_len of a slot < num_slots (others get zeros); a programmatic
             // dependent (pdl_start first).
-            unsafe { dev.launch_pdl(name, &f, cfg, &mut args) }?;
+            unsafe { dev.launch_small(name, &f, cfg, &mut args) }?;
             Ok(())
         }
         #[cfg(not(feature = "cuda"))]

@@ -35,6 +35,9 @@ pub(super) struct Device {
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     /// Split-K partials of the attention decode, grown on demand and reused across calls (`cuda/attention.rs`).
     pub(super) attention_ws: Mutex<Option<CudaSlice<f32>>>,
+    /// Whether [`Device::launch_small`] launches as a programmatic dependent (`EDGEFIT_SMALL_PDL=0` turns it off:
+    /// a benchmark's other arm).
+    small_pdl: bool,
 }
 
 impl Device {
@@ -84,6 +87,7 @@ impl Device {
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             attention_ws: Mutex::new(None),
+            small_pdl: std::env::var("EDGEFIT_SMALL_PDL").map_or(true, |v| v != "0"),
         })
     }
 
@@ -200,6 +204,23 @@ impl Device {
     ) -> Result<(), KernelError> {
         // SAFETY: the caller's contract above.
         unsafe { self.launch_ex(name, f, cfg, args, true) }
+    }
+
+    /// A small kernel of the decode step (norms, casts, gates, activations, RoPE, copies, the slot attention, the
+    /// DeltaNet step, the dense GEMVs): [`Device::launch_pdl`] unless `EDGEFIT_SMALL_PDL=0`. Each such kernel
+    /// starts with `pdl_start()` (cuda/common.cuh), so its own launch and ramp overlap the kernel before it.
+    ///
+    /// # Safety
+    /// As [`Device::launch_pdl`].
+    pub(super) unsafe fn launch_small(
+        &self,
+        name: &str,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        args: &mut PdlArgs,
+    ) -> Result<(), KernelError> {
+        // SAFETY: the caller's contract above.
+        unsafe { self.launch_ex(name, f, cfg, args, self.small_pdl) }
     }
 
     /// [`Device::launch_pdl`] when `pdl`, else the same parameters launched plainly (for paths whose choice between

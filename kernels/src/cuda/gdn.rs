@@ -398,7 +398,7 @@ impl Device {
         // blocks per head come from the same table entry as the entry point, so they match the kernel's
         // __launch_bounds__ and __cluster_dims__.
         // A programmatic dependent: the kernel's pdl_start comes before any memory access.
-        unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
+        unsafe { self.launch_small(name, &f, cfg, &mut args) }?;
         Ok(())
     }
 }

@@ -1434,7 +1434,7 @@ impl Device {
         // 1 <= rows <= i32::MAX (one block per row) and dim <= i32::MAX; the kernels' float4 path is taken only when
         // dim % 4 == 0, which keeps every row 16-byte aligned in these 256-byte-aligned allocations; a programmatic
         // dependent (rmsnorm_row_to's pdl_start first).
-        unsafe { self.launch_pdl(name, &f, per_row(rows, NORM_THREADS), &mut args) }?;
+        unsafe { self.launch_small(name, &f, per_row(rows, NORM_THREADS), &mut args) }?;
         Ok(())
     }
 
@@ -1472,7 +1472,7 @@ impl Device {
         // checked x, residual, out and out_b = [rows, dim], w = [dim], 1 <= rows <= i32::MAX (one block per row) and
         // dim <= i32::MAX; the float4 path is taken only when dim % 4 == 0, which keeps every row of both outputs
         // aligned in these 256-byte-aligned allocations; a programmatic dependent (pdl_start first).
-        unsafe { self.launch_pdl(NAME, &f, per_row(rows, NORM_THREADS), &mut args) }?;
+        unsafe { self.launch_small(NAME, &f, per_row(rows, NORM_THREADS), &mut args) }?;
         Ok(())
     }
 
@@ -1493,7 +1493,7 @@ impl Device {
         // SAFETY: matches `sigmoid_gate_bf16(x, gate, out, n)` in cuda/ops.cu; the caller checked gate.len() ==
         // out.len() == x.len() = n >= 1; indices < n only, the vector accesses below 4 * (n / 4) from 256-byte-aligned
         // starts; a programmatic dependent (ew_walk's pdl_start first).
-        unsafe { self.launch_pdl(NAME, &f, flat_config(x.len()), &mut args) }?;
+        unsafe { self.launch_small(NAME, &f, flat_config(x.len()), &mut args) }?;
         Ok(())
     }
 
@@ -1550,7 +1550,7 @@ impl Device {
         // SAFETY: matches `*_and_mul_bf16` in cuda/ops.cu; the caller checked gate_up = [rows, 2*inter],
         // out = [rows, inter], rows <= i32::MAX and ceil(inter/1024) <= 65535; threads past inter return, and the
         // float4 path runs only when inter % 4 == 0 (aligned halves); a programmatic dependent (pdl_start first).
-        unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
+        unsafe { self.launch_small(name, &f, cfg, &mut args) }?;
         Ok(())
     }
 
@@ -1698,7 +1698,7 @@ impl Device {
         // gate_up = [rows, 2*inter], out = [rows, inter], 1 <= rows <= i32::MAX and 1 <= inter <= 65535 * 1024 (so
         // grid.y = ceil(inter/1024) <= 65535); threads past inter return, and the float4 path runs only when
         // inter % 4 == 0 (aligned rows and halves); a programmatic dependent (pdl_start first).
-        unsafe { self.launch_pdl(name, &f, glu_config(rows, inter), &mut args) }?;
+        unsafe { self.launch_small(name, &f, glu_config(rows, inter), &mut args) }?;
         Ok(())
     }
 
@@ -1720,7 +1720,7 @@ impl Device {
         // touches indices < n only, its 16-byte / 8-byte vector accesses cover whole groups of 4 below 4 * (n / 4)
         // from the starts of these 256-byte-aligned allocations; a programmatic dependent (ew_walk's pdl_start
         // first).
-        unsafe { self.launch_pdl(name, &f, flat_config(x.len()), &mut args) }?;
+        unsafe { self.launch_small(name, &f, flat_config(x.len()), &mut args) }?;
         Ok(())
     }
 
@@ -1741,7 +1741,7 @@ impl Device {
         // checked y.len() == x.len() = n >= 1 (two distinct allocations: one is borrowed mutably); the kernel
         // touches indices < n only, float4 accesses only below 4 * (n / 4) from 256-byte-aligned starts; a
         // programmatic dependent (ew_walk's pdl_start first).
-        unsafe { self.launch_pdl(name, &f, flat_config(len), &mut args) }?;
+        unsafe { self.launch_small(name, &f, flat_config(len), &mut args) }?;
         Ok(())
     }
 
@@ -1760,7 +1760,7 @@ impl Device {
         // SAFETY: matches `softcap_f32(x, cap, n)` / `scale_assign_f32(x, s, n)` in cuda/ops.cu; n = x.len() >= 1
         // (the caller returns before an empty buffer); indices < n only, float4 accesses as in ew_binary; a
         // programmatic dependent (ew_walk's pdl_start first).
-        unsafe { self.launch_pdl(name, &f, flat_config(len), &mut args) }?;
+        unsafe { self.launch_small(name, &f, flat_config(len), &mut args) }?;
         Ok(())
     }
 
@@ -1789,7 +1789,7 @@ impl Device {
         // cuda/ops.cu; the caller checked x = [rows, cols] with rows, cols >= 1 and cols <= i32::MAX, and v of
         // rows elements (the gate) or cols (the bias), the only ones each kernel reads; threads past cols return
         // and grid.y strides the rows; a programmatic dependent (pdl_start before any return).
-        unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
+        unsafe { self.launch_small(name, &f, cfg, &mut args) }?;
         Ok(())
     }
 
@@ -1830,7 +1830,7 @@ impl Device {
         // cuda/ops.cu; the caller checked rows, width >= 1 and (rows - 1) * cols + off + width <= len on both sides
         // without overflow, so every index the kernel forms (r < rows, c < width) is inside its buffer; src and dst
         // are distinct allocations (dst is borrowed mutably); a programmatic dependent (pdl_start first).
-        unsafe { self.launch_pdl(NAME, &f, cfg, &mut args) }?;
+        unsafe { self.launch_small(NAME, &f, cfg, &mut args) }?;
         Ok(())
     }
 
@@ -1861,7 +1861,7 @@ impl Device {
         // positions = [tokens], 1 <= tokens <= i32::MAX, heads * head_dim <= i32::MAX, rotary_dim even,
         // 2 <= rotary_dim <= min(head_dim, 1024) (the kernel's 512-entry angle tables); a programmatic dependent
         // (pdl_start first).
-        unsafe { self.launch_pdl(NAME, &f, per_row(tokens, 256), &mut args) }?;
+        unsafe { self.launch_small(NAME, &f, per_row(tokens, 256), &mut args) }?;
         Ok(())
     }
 }

@@ -76,13 +76,12 @@ __device__ __forceinline__ float warp_max(float v) {
 // reads of data no kernel writes (weights) may go before it. Without the attribute both are no-ops.
 __device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-// The start of a small kernel of the decode step (Device::launch_pdl on the Rust side): the kernel after it may get
-// resident at once, and this one touches no memory before the kernel before it has finished. Called before any early
-// return, so that every block waits (a block that skipped the wait could let the grid end before its predecessor).
-__device__ __forceinline__ void pdl_start() {
-    pdl_launch_dependents();
-    pdl_wait();
-}
+// The start of a small kernel of the decode step (Device::launch_small on the Rust side): wait for the kernel before
+// it. No explicit trigger: its own dependent launches as its blocks exit, so no chain of kernels gets resident
+// beside one that may still read (into its SM's caches) a buffer a later kernel rewrites, and launched plainly (the
+// default) the kernel behaves exactly as without this call. Called before any early return, so that every block
+// waits (a block that skipped the wait could let the grid end before its predecessor).
+__device__ __forceinline__ void pdl_start() { pdl_wait(); }
 
 // (lo, hi) floats -> f16x2, saturating to +-65504 instead of overflowing to infinity.
 __device__ __forceinline__ uint32_t pack_f16x2_sat(float lo, float hi) {

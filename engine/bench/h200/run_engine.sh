@@ -90,11 +90,13 @@ if want bench; then
     for arm in ${ARMS:-graphs launches graphs}; do
       for b in ${BATCHES:-1 8}; do
         [ $arm = launches ] && g=0 || g=1
-        # nopdl: this build with the decode step's small kernels launched plainly (EDGEFIT_SMALL_PDL=0).
-        [ $arm = nopdl ] && pdl=0 || pdl=1
+        # Opt-in arms of this build: pdl (the decode step's small kernels as programmatic dependents,
+        # EDGEFIT_SMALL_PDL=1), fused (tile-GEMV inputs in bf16 from the kernel before, EDGEFIT_FUSED_CASTS=1), both.
+        pdl=0; fused=0
+        case $arm in pdl) pdl=1 ;; fused) fused=1 ;; both) pdl=1; fused=1 ;; esac
         exe="$BIN/edgefit"; [ $arm = old ] && exe="$BIN/edgefit-old"
         f="$OUT/engine_bench_${m}_b${b}_$arm.txt"
-        EDGEFIT_SMALL_PDL=$pdl EDGEFIT_CUDA_GRAPHS=$g timeout 300 "$exe" bench --device cuda --model "$dir" --batch $b \
+        EDGEFIT_SMALL_PDL=$pdl EDGEFIT_FUSED_CASTS=$fused EDGEFIT_CUDA_GRAPHS=$g timeout 300 "$exe" bench --device cuda --model "$dir" --batch $b \
           --prompt-len "${PROMPT:-512}" --gen "$GEN" > "$f.tmp" 2>&1
         rc=$?; status+=("bench $m b$b $arm: rc=$rc $(grep -E 'tg[0-9]|roofline' "$f.tmp" | tr '\n' ' ')")
         cat "$f.tmp" >> "$f"; rm -f "$f.tmp"

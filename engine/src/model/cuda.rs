@@ -291,6 +291,11 @@ impl Pool {
 /// The immutable half: device, weights and the model's facts.
 struct Weights {
     gpu: Gpu,
+    /// Tile-GEMV inputs written in bf16 by the kernel before (the norm, [`Gpu::add_rmsnorm_dual`]; the attention
+    /// gate, [`Gpu::sigmoid_gate_bf16`]) instead of a cast launch: `EDGEFIT_FUSED_CASTS=1`. Off by default until
+    /// proven: the GPU run that had it on also had `EDGEFIT_SMALL_PDL` on, and the tile path's decode went wrong
+    /// there; the two kernels alone equal the unfused pairs bit for bit on the GPU (`gpu_engine_ops`).
+    fused_casts: bool,
     embed: HostEmbed,
     embed_scale: Option<f32>,
     layers: Vec<GLayer>,
@@ -887,6 +892,7 @@ impl CudaModel {
         } = pl;
         let rt = &model.spec.runtime;
         let w = Weights {
+            fused_casts: std::env::var("EDGEFIT_FUSED_CASTS").is_ok_and(|v| v == "1"),
             embed,
             embed_scale: model.embed_scale,
             final_norm: upload_vec(&gpu, &model.final_norm)?,
@@ -1482,7 +1488,7 @@ impl CudaModel {
                 cx.pool.put(std::mem::replace(&mut m, n));
             }
             match layers.get(li + 1) {
-                Some(next) if t <= 16 && next.mixer_reads_bf16() => {
+                Some(next) if t <= 16 && w.fused_casts && next.mixer_reads_bf16() => {
                     let (f, b) = cx.add_norm_dual(&m, x, &next.input_norm)?;
                     hb = f;
                     hbb = Some(b);
@@ -2177,7 +2183,7 @@ impl<'a> Ctx<'a> {
         self.pool.put(k);
         self.pool.put(v);
         // A per-element gate before a tile o_proj of at most 16 rows writes the bf16 the GEMV reads (no cast).
-        let o_tiled = t <= 16 && resolve(self.stages, self.buf, &a.o).tiled();
+        let o_tiled = t <= 16 && self.w.fused_casts && resolve(self.stages, self.buf, &a.o).tiled();
         let mut gated_b16 = None;
         if let Some(g) = gate {
             if o_tiled && a.g_proj.is_none() {

@@ -126,7 +126,7 @@ impl Gpu {
             // SAFETY: matches `kv_store_slots_f32(k_new, v_new, slots, pos, cache_k, cache_v, num_slots, max_len,
             // width)` in cuda/attention_slots.cu; checked above: k_new, v_new = [t, width], slots, pos = [t] with
             // 1 <= t <= i32::MAX (one block each), 1 <= width <= i32::MAX, and cache_k, cache_v = [num_slots,
-            // max_len, width]; the kernel writes only where slot < num_slots and pos < max_len; a programmatic
+            // max_len, width]; the kernel writes only where slot < num_slots and pos < max_len; safe as launch_small's
             // dependent (pdl_start first).
             unsafe { dev.launch_small(NAME, &f, cfg, &mut args) }?;
             Ok(())
@@ -236,7 +236,7 @@ impl Gpu {
             // a multiple of kv_heads, all positive), 1 <= head_dim <= 256 so head_dim <= 32 * EPL of the kernel
             // picked here, q and out = [t, q_heads, head_dim], slots and pos = [t] with 1 <= t * q_heads <=
             // i32::MAX (the grid), and the caches = [num_slots, max_len, kv_heads * head_dim]; the kernel reads K/V
-            // rows only at positions lo..=pos < max_len of a slot < num_slots (others get zeros); a programmatic
+            // rows only at positions lo..=pos < max_len of a slot < num_slots (others get zeros); safe as launch_small's
             // dependent (pdl_start first).
             unsafe { dev.launch_small(name, &f, cfg, &mut args) }?;
             Ok(())

@@ -312,7 +312,7 @@ impl Device {
         // grid.y = ceil(m/64) <= 65535; the GEMV's MAXM is at least m (its shared x rows past m are zeros), both
         // kernels clamp their reads to row n - 1 / m - 1 and value k - 1 and store only rows < m, columns < n; the
         // 16-byte loads run only when k is a multiple of the vector width, which keeps every row aligned in these
-        // 256-byte-aligned allocations. A programmatic dependent: each kernel's pdl_start comes first.
+        // 256-byte-aligned allocations. Safe as launch_small's dependent: each kernel's pdl_start comes first.
         unsafe { self.launch_small(name, &f, cfg, &mut args) }?;
         Ok(())
     }

@@ -397,7 +397,7 @@ impl Device {
         // (with slots) one allocation whose halves the kernel reads and writes apart. The block size and the
         // blocks per head come from the same table entry as the entry point, so they match the kernel's
         // __launch_bounds__ and __cluster_dims__.
-        // A programmatic dependent: the kernel's pdl_start comes before any memory access.
+        // Safe under launch_small's programmatic launch: the kernel's pdl_start comes before any memory access.
         unsafe { self.launch_small(name, &f, cfg, &mut args) }?;
         Ok(())
     }

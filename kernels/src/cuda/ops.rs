@@ -1432,8 +1432,8 @@ impl Device {
         // SAFETY: matches `rmsnorm_*` / `add_rmsnorm_*` in cuda/ops.cu (the caller picks the name from the output
         // type and the residual's presence); the caller checked x, residual and out = [rows, dim], w = [dim],
         // 1 <= rows <= i32::MAX (one block per row) and dim <= i32::MAX; the kernels' float4 path is taken only when
-        // dim % 4 == 0, which keeps every row 16-byte aligned in these 256-byte-aligned allocations; a programmatic
-        // dependent (rmsnorm_row_to's pdl_start first).
+        // dim % 4 == 0, which keeps every row 16-byte aligned in these 256-byte-aligned allocations; safe as
+        // launch_small's dependent (rmsnorm_row_to's pdl_start first).
         unsafe { self.launch_small(name, &f, per_row(rows, NORM_THREADS), &mut args) }?;
         Ok(())
     }
@@ -1471,7 +1471,7 @@ impl Device {
         // SAFETY: matches `add_rmsnorm_dual(x, residual, w, add, eps, out, out_b, dim)` in cuda/ops.cu; the caller
         // checked x, residual, out and out_b = [rows, dim], w = [dim], 1 <= rows <= i32::MAX (one block per row) and
         // dim <= i32::MAX; the float4 path is taken only when dim % 4 == 0, which keeps every row of both outputs
-        // aligned in these 256-byte-aligned allocations; a programmatic dependent (pdl_start first).
+        // aligned in these 256-byte-aligned allocations; safe as launch_small's dependent (pdl_start first).
         unsafe { self.launch_small(NAME, &f, per_row(rows, NORM_THREADS), &mut args) }?;
         Ok(())
     }
@@ -1492,7 +1492,7 @@ impl Device {
         args.ptr(xp).ptr(gp).ptr(op).u64(x.len() as u64);
         // SAFETY: matches `sigmoid_gate_bf16(x, gate, out, n)` in cuda/ops.cu; the caller checked gate.len() ==
         // out.len() == x.len() = n >= 1; indices < n only, the vector accesses below 4 * (n / 4) from 256-byte-aligned
-        // starts; a programmatic dependent (ew_walk's pdl_start first).
+        // starts; safe as launch_small's dependent (ew_walk's pdl_start first).
         unsafe { self.launch_small(NAME, &f, flat_config(x.len()), &mut args) }?;
         Ok(())
     }
@@ -1549,7 +1549,8 @@ impl Device {
         args.ptr(gp).ptr(op).i32(i);
         // SAFETY: matches `*_and_mul_bf16` in cuda/ops.cu; the caller checked gate_up = [rows, 2*inter],
         // out = [rows, inter], rows <= i32::MAX and ceil(inter/1024) <= 65535; threads past inter return, and the
-        // float4 path runs only when inter % 4 == 0 (aligned halves); a programmatic dependent (pdl_start first).
+        // float4 path runs only when inter % 4 == 0 (aligned halves); safe as launch_small's dependent (pdl_start
+        // first).
         unsafe { self.launch_small(name, &f, cfg, &mut args) }?;
         Ok(())
     }
@@ -1697,7 +1698,7 @@ impl Device {
         // SAFETY: matches `*_and_mul_f32(gate_up, out, inter)` in cuda/ops.cu; the caller checked
         // gate_up = [rows, 2*inter], out = [rows, inter], 1 <= rows <= i32::MAX and 1 <= inter <= 65535 * 1024 (so
         // grid.y = ceil(inter/1024) <= 65535); threads past inter return, and the float4 path runs only when
-        // inter % 4 == 0 (aligned rows and halves); a programmatic dependent (pdl_start first).
+        // inter % 4 == 0 (aligned rows and halves); safe as launch_small's dependent (pdl_start first).
         unsafe { self.launch_small(name, &f, glu_config(rows, inter), &mut args) }?;
         Ok(())
     }
@@ -1718,7 +1719,7 @@ impl Device {
         // SAFETY: matches `cast_f32_to_bf16(x, out, n)` / `cast_bf16_to_f32(x, out, n)` in cuda/ops.cu (the caller
         // names the kernel of its element types); the caller checked out.len() == x.len() = n >= 1; the kernel
         // touches indices < n only, its 16-byte / 8-byte vector accesses cover whole groups of 4 below 4 * (n / 4)
-        // from the starts of these 256-byte-aligned allocations; a programmatic dependent (ew_walk's pdl_start
+        // from the starts of these 256-byte-aligned allocations; safe as launch_small's dependent (ew_walk's pdl_start
         // first).
         unsafe { self.launch_small(name, &f, flat_config(x.len()), &mut args) }?;
         Ok(())
@@ -1788,7 +1789,7 @@ impl Device {
         // SAFETY: matches `sigmoid_head_gate_f32(x, gate, groups, d)` / `add_bias_rows_f32(x, bias, rows, n)` in
         // cuda/ops.cu; the caller checked x = [rows, cols] with rows, cols >= 1 and cols <= i32::MAX, and v of
         // rows elements (the gate) or cols (the bias), the only ones each kernel reads; threads past cols return
-        // and grid.y strides the rows; a programmatic dependent (pdl_start before any return).
+        // and grid.y strides the rows; safe as launch_small's dependent (pdl_start before any return).
         unsafe { self.launch_small(name, &f, cfg, &mut args) }?;
         Ok(())
     }
@@ -1829,7 +1830,7 @@ impl Device {
         // SAFETY: matches `copy_cols_f32(src, src_cols, src_off, dst, dst_cols, dst_off, rows, width)` in
         // cuda/ops.cu; the caller checked rows, width >= 1 and (rows - 1) * cols + off + width <= len on both sides
         // without overflow, so every index the kernel forms (r < rows, c < width) is inside its buffer; src and dst
-        // are distinct allocations (dst is borrowed mutably); a programmatic dependent (pdl_start first).
+        // are distinct allocations (dst is borrowed mutably); safe as launch_small's dependent (pdl_start first).
         unsafe { self.launch_small(NAME, &f, cfg, &mut args) }?;
         Ok(())
     }

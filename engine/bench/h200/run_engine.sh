@@ -9,7 +9,10 @@
 # Usage (here):    engine/bench/h200/run_engine.sh prepare
 # Usage (device):  bash engine/bench/h200/run_engine.sh [STAGES]   (comma-separated: tests,sanitizer,bench,offload,
 #                  prefill,serve,ncu,nsys,baseline; default tests,sanitizer,bench). baseline needs `carry: [".whl"]` (transformers 5.25,
-#                  flash-linear-attention; see engine/bench/h200/hf_baseline.py).  Env: GEN (decode steps, default 64), MODELS (fp8,nvfp4).
+#                  flash-linear-attention; see engine/bench/h200/hf_baseline.py).  Env: GEN (decode steps, default 64), MODELS (fp8,nvfp4),
+#                  TESTS (test binaries), ARMS (graphs launches old pdl fused both), BATCHES, SERVE_ARMS (plain invariant),
+#                  SERVE_S; EDGEFIT_SMALL_PDL=1 / EDGEFIT_FUSED_CASTS=1 in the environment turn the opt-in paths on for
+#                  every stage (the tests too).
 # Logs: $OUT/engine_*.txt; a table last.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."

@@ -688,31 +688,15 @@ fn int4_linear<B: Numerics>(b: &B) {
     }
 }
 
-/// The router's reference: f64 softmax, the experts ordered by probability (ties: the lower id), the top `k`'s
-/// probabilities, divided by their sum when `renorm`.
+/// The router's reference with f32 weights (what both backends write).
 fn route_reference(
     logits: &[f32],
     experts: usize,
     top_k: usize,
     renorm: bool,
 ) -> (Vec<u32>, Vec<f32>) {
-    let (mut ids, mut weights) = (Vec::new(), Vec::new());
-    for row in logits.chunks_exact(experts) {
-        let max = row
-            .iter()
-            .fold(f64::NEG_INFINITY, |m, &v| m.max(f64::from(v)));
-        let e: Vec<f64> = row.iter().map(|&v| (f64::from(v) - max).exp()).collect();
-        let sum: f64 = e.iter().sum();
-        let mut order: Vec<usize> = (0..experts).collect();
-        order.sort_by(|&a, &b| e[b].total_cmp(&e[a]));
-        let chosen = &order[..top_k];
-        let total: f64 = chosen.iter().map(|&i| e[i] / sum).sum();
-        for &i in chosen {
-            ids.push(i as u32);
-            weights.push((e[i] / sum / if renorm { total } else { 1.0 }) as f32);
-        }
-    }
-    (ids, weights)
+    let (ids, w) = reference::moe::route(logits, experts, top_k, renorm);
+    (ids, w.into_iter().map(|v| v as f32).collect())
 }
 
 /// A whole sparse MoE layer: the route against [`route_reference`] (rows of distinct logits 0.1 apart, so f32 and

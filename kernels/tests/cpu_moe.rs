@@ -31,28 +31,17 @@ fn routing_is_softmax_then_top_k() {
             (got.tokens(), got.top_k(), got.experts()),
             (tokens, top_k, experts)
         );
-        for t in 0..tokens {
-            let row = &logits[t * experts..(t + 1) * experts];
-            let max = row
-                .iter()
-                .fold(f64::NEG_INFINITY, |m, &v| m.max(f64::from(v)));
-            let e: Vec<f64> = row.iter().map(|&v| (f64::from(v) - max).exp()).collect();
-            let sum: f64 = e.iter().sum();
-            let mut order: Vec<usize> = (0..experts).collect();
-            order.sort_by(|&a, &b| e[b].total_cmp(&e[a]));
-            let chosen = &order[..top_k];
-            let total: f64 = chosen.iter().map(|&i| e[i] / sum).sum();
-            for (k, &want) in chosen.iter().enumerate() {
-                let p = t * top_k + k;
-                assert_eq!(got.ids()[p] as usize, want, "token {t} slot {k}");
-                let w = e[want] / sum / if renorm { total } else { 1.0 };
-                assert!(
-                    (f64::from(got.weights()[p]) - w).abs() <= 1e-6 * (1.0 + w),
-                    "token {t} slot {k}: weight {} want {w}",
-                    got.weights()[p]
-                );
-            }
+        let (want_ids, want_w) = kernels::reference::moe::route(&logits, experts, top_k, renorm);
+        for (p, (&want, &w)) in want_ids.iter().zip(&want_w).enumerate() {
+            let (t, k) = (p / top_k, p % top_k);
+            assert_eq!(got.ids()[p], want, "token {t} slot {k}");
+            assert!(
+                (f64::from(got.weights()[p]) - w).abs() <= 1e-6 * (1.0 + w),
+                "token {t} slot {k}: weight {} want {w}",
+                got.weights()[p]
+            );
         }
+        assert_eq!(want_ids.len(), tokens * top_k);
     }
     // Equal logits: the lower ids, in order.
     let even = route(&[1.0; 6], 6, 3, true).unwrap();

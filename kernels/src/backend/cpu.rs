@@ -446,14 +446,7 @@ impl Backend for Cpu {
         out: &mut Vec<u32>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cpu::argmax";
-        crate::ensure_shape!(vocab > 0, OP, "vocab must be positive");
-        crate::ensure_shape!(
-            vocab <= u32::MAX as usize,
-            OP,
-            "vocab = {vocab}: tokens are u32"
-        );
-        let want = checked_product(OP, "rows*vocab", &[out.len(), vocab])?;
-        check_same(OP, "logits", logits.len(), want)?;
+        check_logit_rows(OP, logits.len(), out.len(), vocab)?;
         for (o, row) in out.iter_mut().zip(logits.chunks_exact(vocab)) {
             // < vocab <= u32::MAX, checked above.
             *o = ops::argmax(row)? as u32;
@@ -470,14 +463,7 @@ impl Backend for Cpu {
         out: &mut Vec<u32>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cpu::sample";
-        crate::ensure_shape!(vocab > 0, OP, "vocab must be positive");
-        crate::ensure_shape!(
-            vocab <= u32::MAX as usize,
-            OP,
-            "vocab = {vocab}: tokens are u32"
-        );
-        let want = checked_product(OP, "rows*vocab", &[out.len(), vocab])?;
-        check_same(OP, "logits", logits.len(), want)?;
+        check_logit_rows(OP, logits.len(), out.len(), vocab)?;
         let words = checked_product(OP, "rows*4", &[out.len(), 4])?;
         check_same(OP, "rng", rng.len(), words)?;
         for ((o, row), w) in out
@@ -554,4 +540,21 @@ fn inputs<'a>(x: &GdnIn<'a, Cpu>) -> GdnInputs<'a> {
         a: x.a,
         b: x.b,
     }
+}
+
+/// `logits` of `rows` rows of `vocab` (positive, and token ids fit u32): what argmax and sampling both read.
+fn check_logit_rows(
+    op: &'static str,
+    logits: usize,
+    rows: usize,
+    vocab: usize,
+) -> Result<(), KernelError> {
+    crate::ensure_shape!(vocab > 0, op, "vocab must be positive");
+    crate::ensure_shape!(
+        vocab <= u32::MAX as usize,
+        op,
+        "vocab = {vocab}: tokens are u32"
+    );
+    let want = checked_product(op, "rows*vocab", &[rows, vocab])?;
+    check_same(op, "logits", logits, want)
 }

@@ -4,4 +4,5 @@
 pub mod attention;
 pub mod gdn;
 pub mod linear;
+pub mod moe;
 pub mod ops;

@@ -695,7 +695,7 @@ fn route_reference(
     top_k: usize,
     renorm: bool,
 ) -> (Vec<u32>, Vec<f32>) {
-    let (ids, w) = reference::moe::route(logits, experts, top_k, renorm);
+    let (ids, w) = reference::moe::route(logits, experts, top_k, renorm).unwrap();
     (ids, w.into_iter().map(|v| v as f32).collect())
 }
 

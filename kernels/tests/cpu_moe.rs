@@ -31,7 +31,8 @@ fn routing_is_softmax_then_top_k() {
             (got.tokens(), got.top_k(), got.experts()),
             (tokens, top_k, experts)
         );
-        let (want_ids, want_w) = kernels::reference::moe::route(&logits, experts, top_k, renorm);
+        let (want_ids, want_w) =
+            kernels::reference::moe::route(&logits, experts, top_k, renorm).unwrap();
         for (p, (&want, &w)) in want_ids.iter().zip(&want_w).enumerate() {
             let (t, k) = (p / top_k, p % top_k);
             assert_eq!(got.ids()[p], want, "token {t} slot {k}");
@@ -46,6 +47,13 @@ fn routing_is_softmax_then_top_k() {
     // Equal logits: the lower ids, in order.
     let even = route(&[1.0; 6], 6, 3, true).unwrap();
     assert_eq!(even.ids(), &[0, 1, 2]);
+    // The reference refuses what it cannot route, rather than panicking.
+    for (len, experts, top_k) in [(6, 0, 1), (6, 6, 0), (6, 6, 7), (7, 6, 2)] {
+        assert!(
+            kernels::reference::moe::route(&vec![0.0; len], experts, top_k, true).is_err(),
+            "reference route of {len} logits, {experts} experts, top {top_k}"
+        );
+    }
 }
 
 #[test]

@@ -1,10 +1,29 @@
 //! The MoE router's reference ([`crate::moe::route`]): an f64 softmax per token, the experts ordered by probability
 //! (ties: the lower id), the top `k` kept.
 
+use crate::KernelError;
+
 /// Per token (rows of `experts` logits), the `top_k` chosen experts in order and their probabilities in f64,
-/// divided by the chosen ones' sum when `renorm`. Both `[tokens, top_k]`. Test data only: `experts >= top_k >= 1`
-/// and `logits.len()` a multiple of `experts` are the caller's (a short last row is left out).
-pub fn route(logits: &[f32], experts: usize, top_k: usize, renorm: bool) -> (Vec<u32>, Vec<f64>) {
+/// divided by the chosen ones' sum when `renorm`. Both `[tokens, top_k]`. Needs `1 <= top_k <= experts` and
+/// whole rows.
+pub fn route(
+    logits: &[f32],
+    experts: usize,
+    top_k: usize,
+    renorm: bool,
+) -> Result<(Vec<u32>, Vec<f64>), KernelError> {
+    const OP: &str = "reference::moe::route";
+    crate::ensure_shape!(
+        (1..=experts).contains(&top_k),
+        OP,
+        "top_k = {top_k} must be in 1..=experts ({experts})"
+    );
+    crate::ensure_shape!(
+        logits.len().is_multiple_of(experts),
+        OP,
+        "{} logits are not whole rows of {experts} experts",
+        logits.len()
+    );
     let (mut ids, mut weights) = (Vec::new(), Vec::new());
     for row in logits.chunks_exact(experts) {
         let max = row
@@ -14,12 +33,12 @@ pub fn route(logits: &[f32], experts: usize, top_k: usize, renorm: bool) -> (Vec
         let sum: f64 = e.iter().sum();
         let mut order: Vec<usize> = (0..experts).collect();
         order.sort_by(|&a, &b| e[b].total_cmp(&e[a]));
-        let chosen = &order[..top_k.min(experts)];
+        let chosen = &order[..top_k];
         let total: f64 = chosen.iter().map(|&i| e[i] / sum).sum();
         for &i in chosen {
             ids.push(i as u32);
             weights.push(e[i] / sum / if renorm { total } else { 1.0 });
         }
     }
-    (ids, weights)
+    Ok((ids, weights))
 }

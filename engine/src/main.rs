@@ -271,6 +271,8 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
             // (the benchmarks' other arm).
             gemm_copies: std::env::var("EDGEFIT_PREFILL_GEMM").map_or(true, |v| v != "0"),
             batch_invariant: c.batch_invariant,
+            // Prompt attention on the f32 slot kernel: `EDGEFIT_FLASH_PREFILL=0` (the benchmarks' other arm).
+            slot_prefill_attention: std::env::var("EDGEFIT_FLASH_PREFILL").is_ok_and(|v| v == "0"),
         };
         Engine::on_cuda(model, opts, |free| {
             engine::setup::admit_cuda(&plan, free as u64)

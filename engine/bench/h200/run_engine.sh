@@ -10,9 +10,9 @@
 # Usage (device):  bash engine/bench/h200/run_engine.sh [STAGES]   (comma-separated: tests,sanitizer,bench,offload,
 #                  prefill,serve,ncu,nsys,baseline; default tests,sanitizer,bench). baseline needs `carry: [".whl"]` (transformers 5.25,
 #                  flash-linear-attention; see engine/bench/h200/hf_baseline.py).  Env: GEN (decode steps, default 64), MODELS (fp8,nvfp4),
-#                  TESTS (test binaries), ARMS (graphs launches old pdl fused both), BATCHES, SERVE_ARMS (plain invariant),
-#                  SERVE_S; EDGEFIT_SMALL_PDL=1 / EDGEFIT_FUSED_CASTS=1 in the environment turn the opt-in paths on for
-#                  every stage (the tests too).
+#                  TESTS (test binaries), ARMS (graphs launches old nopdl nofused neither), BATCHES, SERVE_ARMS
+#                  (plain invariant), SERVE_S; EDGEFIT_SMALL_PDL=0 / EDGEFIT_FUSED_CASTS=0 in the environment turn the
+#                  small kernels' programmatic launches / the fused bf16 inputs off for every stage (the tests too).
 # Logs: $OUT/engine_*.txt; a table last.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -27,7 +27,7 @@ if [ "${1:-}" = prepare ]; then
     2>/tmp/edgefit-engine-prepare.err
   # The load generator only speaks HTTP to an `edgefit serve` child: built without the embedded kernels (40 MB less).
   cargo build --release -p engine --example serve_load 2>>/tmp/edgefit-engine-prepare.err
-  { cargo test --release -p engine --features cuda --test parity --test batching --test offload --no-run --message-format=json
+  { cargo test --release -p engine --features cuda --test parity --test batching --test offload --test flash_prefill --no-run --message-format=json
     cargo test --release -p kernels --features cuda --test gpu_engine_ops --test gpu_gdn_slots --test gpu_ops \
       --test backend --no-run --message-format=json
   } 2>>/tmp/edgefit-engine-prepare.err | python3 -c "import sys, json
@@ -64,7 +64,7 @@ want() { [[ ",$STAGES," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv | tee "$OUT/engine_env.txt"
 
 if want tests; then
-  for t in ${TESTS:-parity batching offload gpu_engine_ops gpu_gdn_slots gpu_ops backend}; do
+  for t in ${TESTS:-parity batching offload flash_prefill gpu_engine_ops gpu_gdn_slots gpu_ops backend}; do
     timeout 300 "$BIN/test_$t" --test-threads=1 --nocapture > "$OUT/engine_tests_$t.txt" 2>&1
     rc=$?; status+=("tests $t: rc=$rc $(grep -E '^test result' "$OUT/engine_tests_$t.txt" | tail -1)")
   done
@@ -93,10 +93,10 @@ if want bench; then
     for arm in ${ARMS:-graphs launches graphs}; do
       for b in ${BATCHES:-1 8}; do
         [ $arm = launches ] && g=0 || g=1
-        # Opt-in arms of this build: pdl (the decode step's small kernels as programmatic dependents,
-        # EDGEFIT_SMALL_PDL=1), fused (tile-GEMV inputs in bf16 from the kernel before, EDGEFIT_FUSED_CASTS=1), both.
-        pdl=0; fused=0
-        case $arm in pdl) pdl=1 ;; fused) fused=1 ;; both) pdl=1; fused=1 ;; esac
+        # Baseline arms of this build: nopdl (the decode step's small kernels launched plainly, EDGEFIT_SMALL_PDL=0),
+        # nofused (a cast launch before each tile GEMV, EDGEFIT_FUSED_CASTS=0), neither.
+        pdl=1; fused=1
+        case $arm in nopdl) pdl=0 ;; nofused) fused=0 ;; neither) pdl=0; fused=0 ;; esac
         exe="$BIN/edgefit"; [ $arm = old ] && exe="$BIN/edgefit-old"
         f="$OUT/engine_bench_${m}_b${b}_$arm.txt"
         EDGEFIT_SMALL_PDL=$pdl EDGEFIT_FUSED_CASTS=$fused EDGEFIT_CUDA_GRAPHS=$g timeout 300 "$exe" bench --device cuda --model "$dir" --batch $b \
@@ -123,17 +123,19 @@ if want offload; then
   done
 fi
 
-# Prefill at 512 and 4096 tokens: the tensor-core GEMMs on the checkpoint-layout copy, and the tile GEMVs
-# (EDGEFIT_PREFILL_GEMM=0), interleaved.
+# Prefill at 512 and 4096 tokens, interleaved by arm (PREFILL_ARMS): gemm (the default: the tensor-core GEMMs on
+# the checkpoint-layout copy and the flash prefill attention), slots (prompt attention on the f32 slot kernel,
+# EDGEFIT_FLASH_PREFILL=0), tiles (the tile GEMVs, EDGEFIT_PREFILL_GEMM=0).
 if want prefill; then
   for m in ${MODELS//,/ }; do
     dir=/tmp/q27-$m
     [ -f "$dir/model.safetensors" ] || "$BIN/random_checkpoint" "models/qwen3.8-27b-$m" "$dir" 2>&1 | tail -2
-    for arm in gemm tiles; do
-      for p in 512 4096; do
+    for arm in ${PREFILL_ARMS:-gemm slots tiles}; do
+      for p in ${PROMPTS:-512 4096}; do
         [ $arm = tiles ] && g=0 || g=1
+        [ $arm = slots ] && fl=0 || fl=1
         f="$OUT/engine_prefill_${m}_${arm}_$p.txt"
-        EDGEFIT_PREFILL_GEMM=$g timeout 300 "$BIN/edgefit" bench --device cuda --model "$dir" --batch 1 \
+        EDGEFIT_FLASH_PREFILL=$fl EDGEFIT_PREFILL_GEMM=$g timeout 300 "$BIN/edgefit" bench --device cuda --model "$dir" --batch 1 \
           --prompt-len $p --gen 4 --max-model-len 8192 > "$f" 2>&1
         rc=$?; status+=("prefill $m $arm pp$p: rc=$rc $(grep -E ' pp[0-9]' "$f" | tr '\n' ' ')")
       done

@@ -32,7 +32,7 @@ use kernels::backend::Weight;
 use kernels::cuda::{
     CopyStream, DenseGpuWeights, Fp8TileWeights, GdnGpuInputs, GdnGpuWeights, GdnPrefillIo,
     GdnStackedInputs, Gpu, GpuBuffer, GpuEvent, GpuScalar, Nvfp4Fragments, Nvfp4TileWeights,
-    PinnedWeights, WeightBuf, WeightBufMut,
+    PagedAttentionDims, PinnedWeights, PrefillChunk, WeightBuf, WeightBufMut,
 };
 use kernels::gdn::GdnDims;
 use kernels::sampling::{Pcg32, SamplingParams};
@@ -292,10 +292,15 @@ impl Pool {
 struct Weights {
     gpu: Gpu,
     /// Tile-GEMV inputs written in bf16 by the kernel before (the norm, [`Gpu::add_rmsnorm_dual`]; the attention
-    /// gate, [`Gpu::sigmoid_gate_bf16`]) instead of a cast launch: `EDGEFIT_FUSED_CASTS=1`. Off by default until
-    /// proven: the GPU run that had it on also had `EDGEFIT_SMALL_PDL` on, and the tile path's decode went wrong
-    /// there; the two kernels alone equal the unfused pairs bit for bit on the GPU (`gpu_engine_ops`).
+    /// gate, [`Gpu::sigmoid_gate_bf16`]) instead of a cast launch. On unless `EDGEFIT_FUSED_CASTS=0` (the same-run
+    /// baseline arm of `run_engine.sh`): the parity, offload and batching tests pass either way, and it gave about
+    /// 1% at batch 1 (benchmarks/engine-h200.md).
     fused_casts: bool,
+    /// Prompt attention through the tensor-core flash prefill kernels on bf16 copies of the chunk and of the
+    /// slot's cached prefix ([`FlashChunk`]) instead of the f32 slot kernel, whose one block per (token, head)
+    /// rereads the whole prefix: off on the precise path, for head dims the flash kernels lack, with
+    /// [`CudaOptions::slot_prefill_attention`] (`EDGEFIT_FLASH_PREFILL=0` for `edgefit`).
+    flash_prefill: bool,
     embed: HostEmbed,
     embed_scale: Option<f32>,
     layers: Vec<GLayer>,
@@ -575,6 +580,9 @@ pub struct CudaOptions {
     /// Run every decode step at `slots` rows (`--batch-invariant`), the rows past the batch's padding that touch no
     /// cache: each sequence then gets the same kernels, and so the same bits, whatever else shares its step.
     pub batch_invariant: bool,
+    /// Run prompt attention on the exact f32 slot kernel even off the precise path: the baseline the flash
+    /// prefill is checked and timed against.
+    pub slot_prefill_attention: bool,
 }
 
 /// Places each linear on the device, or for a streamed one in pinned host memory with two staging copies on the
@@ -892,7 +900,10 @@ impl CudaModel {
         } = pl;
         let rt = &model.spec.runtime;
         let w = Weights {
-            fused_casts: std::env::var("EDGEFIT_FUSED_CASTS").is_ok_and(|v| v == "1"),
+            fused_casts: std::env::var("EDGEFIT_FUSED_CASTS").map_or(true, |v| v != "0"),
+            flash_prefill: !precise
+                && !opts.slot_prefill_attention
+                && matches!(model.attn_dims.head_dim, 64 | 128 | 256),
             embed,
             embed_scale: model.embed_scale,
             final_norm: upload_vec(&gpu, &model.final_norm)?,
@@ -1409,6 +1420,23 @@ impl CudaModel {
         if let Some(st) = streamer.as_mut() {
             st.start(&w.layers, gpu)?;
         }
+        // A prompt chunk's flash attention tables (a prefill is never recorded, so these uploads may cross the link).
+        let flash = match batch {
+            [s] if prefill && w.flash_prefill => {
+                let p = s.pos as u32;
+                Some(FlashChunk {
+                    slot: s.slot,
+                    prefix: s.pos,
+                    cu_seqlens: gpu.upload(&[0, t as u32]).map_err(kerr)?,
+                    prefix_lens: gpu.upload(&[p]).map_err(kerr)?,
+                    table: match p {
+                        0 => None,
+                        _ => Some(gpu.upload(&(0..p).collect::<Vec<u32>>()).map_err(kerr)?),
+                    },
+                })
+            }
+            _ => None,
+        };
         // A step's view for one layer: the staging buffer `buf` of the streamed linears (when the layer has any).
         macro_rules! ctx {
             ($buf:expr) => {
@@ -1420,6 +1448,7 @@ impl CudaModel {
                     max_len,
                     stages: streamer.as_ref().map_or(&[][..], |s| &s.stages[..]),
                     buf: $buf,
+                    flash: flash.as_ref(),
                 }
             };
         }
@@ -1723,6 +1752,20 @@ struct Ctx<'a> {
     /// The staging buffers of streamed linears, and which of each pair this layer reads.
     stages: &'a [[GLinear; 2]],
     buf: usize,
+    /// A prompt chunk's attention through the flash prefill kernels, where the weights allow it.
+    flash: Option<&'a FlashChunk>,
+}
+
+/// What the flash prefill kernels need for one prompt chunk of one sequence, uploaded once for all layers: the
+/// chunk's offsets `[0, t]`, the prefix length `[P]` and, after a cached prefix, an identity block table
+/// `[0, P)`: the slot's prefix is copied into a bf16 `[P, kv_heads, head_dim]` buffer per layer, which is the
+/// paged layout with one token per page.
+struct FlashChunk {
+    slot: usize,
+    prefix: usize,
+    cu_seqlens: GpuBuffer<u32>,
+    prefix_lens: GpuBuffer<u32>,
+    table: Option<GpuBuffer<u32>>,
 }
 
 /// The device weights a linear computes from: its own, or for a streamed one this layer's staging buffer.
@@ -2097,6 +2140,92 @@ impl<'a> Ctx<'a> {
     }
 
     #[allow(clippy::too_many_arguments)]
+    /// One prompt chunk's attention (`q`, `k`, `v`: f32 `[t, heads * head_dim]`, RoPE applied) through the flash
+    /// prefill kernels into `out` (f32 `[t, q_heads * head_dim]`): bf16 copies of the chunk and, after a cached
+    /// prefix, of the slot's first `P` cached rows (the caches keep f32 for the exact decode kernel). Each new
+    /// token sees the prefix and the chunk up to itself, within `window`.
+    fn flash_attention(
+        &mut self,
+        f: &FlashChunk,
+        window: Option<usize>,
+        (q, k, v): (&GpuBuffer<f32>, &GpuBuffer<f32>, &GpuBuffer<f32>),
+        (ck, cv): (&GpuBuffer<f32>, &GpuBuffer<f32>),
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), EngineError> {
+        let gpu = &self.w.gpu;
+        let d = self.w.attn_dims;
+        let kvw = d.kv_heads * d.head_dim;
+        let t = k.len() / kvw;
+        let mut bf = Vec::with_capacity(3);
+        for x in [q, k, v] {
+            let mut b = self.pool.u16(gpu, x.len())?;
+            gpu.cast_f32_to_bf16(x, &mut b).map_err(kerr)?;
+            bf.push(b);
+        }
+        let mut ob = self.pool.u16(gpu, out.len())?;
+        let ran = match &f.table {
+            None => gpu.attention_prefill(
+                &d,
+                self.w.attn_scale,
+                window,
+                t,
+                &bf[0],
+                &bf[1],
+                &bf[2],
+                &mut ob,
+            ),
+            Some(table) => {
+                let (p, base) = (f.prefix, f.slot * self.max_len * kvw);
+                let mut pre = Vec::with_capacity(2);
+                for c in [ck, cv] {
+                    let mut rows = self.pool.f32(gpu, p * kvw)?;
+                    gpu.copy_cols(c, c.len(), base, &mut rows, p * kvw, 0, 1, p * kvw)
+                        .map_err(kerr)?;
+                    let mut b = self.pool.u16(gpu, p * kvw)?;
+                    gpu.cast_f32_to_bf16(&rows, &mut b).map_err(kerr)?;
+                    self.pool.put(rows);
+                    pre.push(b);
+                }
+                let dims = PagedAttentionDims {
+                    seqs: 1,
+                    q_heads: d.q_heads,
+                    kv_heads: d.kv_heads,
+                    head_dim: d.head_dim,
+                    page_size: 1,
+                    num_pages: p,
+                    max_pages_per_seq: p,
+                };
+                let chunk = PrefillChunk {
+                    q: &bf[0],
+                    k: &bf[1],
+                    v: &bf[2],
+                    cu_seqlens: &f.cu_seqlens,
+                    prefix_lens: &f.prefix_lens,
+                    total: t,
+                    max_seqlen: t,
+                };
+                let r = gpu.attention_prefill_paged(
+                    &dims,
+                    self.w.attn_scale,
+                    window,
+                    &pre[0],
+                    &pre[1],
+                    table,
+                    chunk,
+                    &mut ob,
+                );
+                pre.into_iter().for_each(|b| self.pool.put_u16(b));
+                r
+            }
+        };
+        let r = ran
+            .and_then(|()| gpu.cast_bf16_to_f32(&ob, out))
+            .map_err(kerr);
+        self.pool.put_u16(ob);
+        bf.into_iter().for_each(|b| self.pool.put_u16(b));
+        r
+    }
+
     fn attention(
         &mut self,
         a: &GAttn,
@@ -2165,19 +2294,23 @@ impl<'a> Ctx<'a> {
             let _t = profile::span(Op::Attention);
             gpu.kv_store_slots(&d, &k, &v, slots, pos, ck, cv, self.max_len)
                 .map_err(kerr)?;
-            gpu.attention_slots(
-                &d,
-                self.w.attn_scale,
-                a.window,
-                &q,
-                ck,
-                cv,
-                self.max_len,
-                slots,
-                pos,
-                &mut out,
-            )
-            .map_err(kerr)?;
+            if let Some(f) = self.flash {
+                self.flash_attention(f, a.window, (&q, &k, &v), (ck, cv), &mut out)?;
+            } else {
+                gpu.attention_slots(
+                    &d,
+                    self.w.attn_scale,
+                    a.window,
+                    &q,
+                    ck,
+                    cv,
+                    self.max_len,
+                    slots,
+                    pos,
+                    &mut out,
+                )
+                .map_err(kerr)?;
+            }
         }
         self.pool.put(q);
         self.pool.put(k);

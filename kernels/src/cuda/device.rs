@@ -35,8 +35,8 @@ pub(super) struct Device {
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     /// Split-K partials of the attention decode, grown on demand and reused across calls (`cuda/attention.rs`).
     pub(super) attention_ws: Mutex<Option<CudaSlice<f32>>>,
-    /// Whether [`Device::launch_small`] launches as a programmatic dependent (`EDGEFIT_SMALL_PDL=1`; off by
-    /// default until proven, see there).
+    /// Whether [`Device::launch_small`] launches as a programmatic dependent (on unless `EDGEFIT_SMALL_PDL=0`, see
+    /// there).
     small_pdl: bool,
 }
 
@@ -87,7 +87,7 @@ impl Device {
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             attention_ws: Mutex::new(None),
-            small_pdl: std::env::var("EDGEFIT_SMALL_PDL").is_ok_and(|v| v == "1"),
+            small_pdl: std::env::var("EDGEFIT_SMALL_PDL").map_or(true, |v| v != "0"),
         })
     }
 
@@ -207,13 +207,12 @@ impl Device {
     }
 
     /// A small kernel of the decode step (norms, casts, gates, activations, RoPE, copies, the slot attention, the
-    /// DeltaNet step, the dense GEMVs): launched plainly, or with `EDGEFIT_SMALL_PDL=1` as a programmatic
-    /// dependent ([`Device::launch_pdl`]; each such kernel starts with `pdl_start()`, cuda/common.cuh), so that its
-    /// launch and ramp overlap the kernel before it. Off by default: on the H100 the FP8 / NVFP4 tile path's decode
-    /// went wrong with it on (the parity test's teacher-forced agreement fell to 2/32; the exact path, the batching
-    /// and the op tests passed) while `pdl_start` triggered its dependents at once, which let a chain of such
-    /// kernels get resident beside a tile GEMV several steps back. It now only waits (dependents launch as its
-    /// blocks exit); that build has not run on a GPU.
+    /// DeltaNet step, the dense GEMVs): as a programmatic dependent ([`Device::launch_pdl`]; each such kernel starts
+    /// with `pdl_start()`, cuda/common.cuh), so that its launch overlaps the tail of the kernel before it
+    /// (`EDGEFIT_SMALL_PDL=0` launches plainly, the baseline arm). `pdl_start` must only wait: while it also
+    /// triggered its dependents at once, the FP8 / NVFP4 tile path's decode went wrong on an H100 (a chain of such
+    /// kernels got resident beside a tile GEMV several launches back); with the wait alone every GPU test passes
+    /// with it on and off, and batch-1 FP8 decode gains about 2% (benchmarks/engine-h200.md).
     ///
     /// # Safety
     /// As [`Device::launch_pdl`].

@@ -2139,7 +2139,6 @@ impl<'a> Ctx<'a> {
         Ok(out)
     }
 
-    #[allow(clippy::too_many_arguments)]
     /// One prompt chunk's attention (`q`, `k`, `v`: f32 `[t, heads * head_dim]`, RoPE applied) through the flash
     /// prefill kernels into `out` (f32 `[t, q_heads * head_dim]`): bf16 copies of the chunk and, after a cached
     /// prefix, of the slot's first `P` cached rows (the caches keep f32 for the exact decode kernel). Each new
@@ -2226,6 +2225,7 @@ impl<'a> Ctx<'a> {
         r
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &mut self,
         a: &GAttn,

@@ -31,11 +31,13 @@ use kernels::attention::{AttnDims, Rope};
 use kernels::backend::Weight;
 use kernels::cuda::{
     CopyStream, DenseGpuWeights, Fp8TileWeights, GdnGpuInputs, GdnGpuWeights, GdnPrefillIo,
-    GdnStackedInputs, Gpu, GpuBuffer, GpuEvent, GpuScalar, Nvfp4Fragments, Nvfp4TileWeights,
-    PagedAttentionDims, PinnedWeights, PrefillChunk, WeightBuf, WeightBufMut,
+    GdnStackedInputs, Gpu, GpuBuffer, GpuEvent, GpuScalar, Int4GpuWeights, Nvfp4Fragments,
+    Nvfp4TileWeights, PagedAttentionDims, PinnedWeights, PrefillChunk, WeightBuf, WeightBufMut,
 };
 use kernels::gdn::GdnDims;
+use kernels::linear::Int4Scheme;
 use kernels::sampling::{Pcg32, SamplingParams};
+use kernels::KernelError;
 
 use crate::Draw;
 use kernels::ops::{GatedAct, NormWeight};
@@ -61,6 +63,11 @@ enum GLinear {
         /// The checkpoint layout (values, e4m3 scales) for the prefill GEMM, as for FP8.
         raw: Option<(GpuBuffer<u8>, GpuBuffer<u8>)>,
     },
+    /// GPTQ / int4 weights on the int4 GEMV (f32 activations; `a8`: quantized to int8 per row, W4A8).
+    Int4 {
+        w: Int4GpuWeights,
+        a8: bool,
+    },
     /// Placed in host memory by the plan: streamed into `stage`'s device buffers before its layer runs.
     Host(Box<HostLinear>),
 }
@@ -82,6 +89,7 @@ impl GLinear {
             GLinear::Dense(w) => w.n(),
             GLinear::Fp8 { tiles, .. } => tiles.n(),
             GLinear::Nvfp4 { tiles, .. } => tiles.n(),
+            GLinear::Int4 { w, .. } => w.n(),
             GLinear::Host(h) => h.n,
         }
     }
@@ -90,6 +98,7 @@ impl GLinear {
             GLinear::Dense(w) => w.k(),
             GLinear::Fp8 { tiles, .. } => tiles.k(),
             GLinear::Nvfp4 { tiles, .. } => tiles.k(),
+            GLinear::Int4 { w, .. } => w.k(),
             GLinear::Host(h) => h.k,
         }
     }
@@ -103,6 +112,7 @@ impl GLinear {
                 v
             }
             GLinear::Nvfp4 { tiles, .. } => tiles.buffers(),
+            GLinear::Int4 { w, .. } => w.buffers(),
             GLinear::Host(_) => Vec::new(),
         }
     }
@@ -115,6 +125,7 @@ impl GLinear {
                 v
             }
             GLinear::Nvfp4 { tiles, .. } => tiles.buffers_mut(),
+            GLinear::Int4 { w, .. } => w.buffers_mut(),
             GLinear::Host(_) => Vec::new(),
         }
     }
@@ -128,6 +139,7 @@ impl GLinear {
                 tiles.n().div_ceil(16) * tiles.k().div_ceil(128) * 2048 + scales.len() * 4
             }
             GLinear::Nvfp4 { tiles, .. } => tiles.device_bytes(),
+            GLinear::Int4 { w, .. } => w.device_bytes(),
         }
     }
     /// Device bytes of the prefill GEMM's copy in the checkpoint layout (not read by a decode step).
@@ -140,9 +152,9 @@ impl GLinear {
             _ => 0,
         }
     }
-    /// Whether a tile GEMV computes it (it reads bf16 activations; a dense one reads f32).
+    /// Whether a tile GEMV computes it (it reads bf16 activations; the dense and int4 ones read f32).
     fn tiled(&self) -> bool {
-        !matches!(self.path_name(), "f32" | "bf16")
+        matches!(self.path_name(), "fp8-block" | "nvfp4")
     }
 
     fn path_name(&self) -> &'static str {
@@ -151,6 +163,8 @@ impl GLinear {
             GLinear::Dense(DenseGpuWeights::Bf16 { .. }) => "bf16",
             GLinear::Fp8 { .. } => "fp8-block",
             GLinear::Nvfp4 { .. } => "nvfp4",
+            GLinear::Int4 { a8: false, .. } => "int4-w4a16",
+            GLinear::Int4 { a8: true, .. } => "int4-w4a8",
             GLinear::Host(h) => h.path,
         }
     }
@@ -402,9 +416,23 @@ fn widen_f32(gpu: &Gpu, w: &Weight) -> Result<GLinear, EngineError> {
     ))
 }
 
+/// `w` widened to a bf16 dense weight, one row at a time.
+fn widen_bf16(gpu: &Gpu, w: &Weight) -> Result<GLinear, EngineError> {
+    let (n, k) = (w.n(), w.k());
+    let mut bits = Vec::with_capacity(n * k);
+    let mut row = vec![0.0f32; k];
+    for r in 0..n {
+        w.row(r, &mut row).map_err(kerr)?;
+        bits.extend(row.iter().map(|&x| half::bf16::from_f32(x).to_bits()));
+    }
+    Ok(GLinear::Dense(
+        gpu.dense_weights_bf16(&bits, n, k).map_err(kerr)?,
+    ))
+}
+
 /// A linear on the device. `precise` (the parity path) computes every format in f32 from its dequantized rows,
 /// the checkpoint's own numbers: the tile GEMVs read bf16 activations (about 2e-2 of the largest logit on the
-/// qwen3_5 fixtures), and GPTQ has no GPU kernel.
+/// qwen3_5 fixtures); GPTQ / int4 otherwise runs the int4 GEMV on its packed bits.
 /// `w` on the device: the tile layout for FP8 and NVFP4, plus the checkpoint layout for the prefill GEMMs when
 /// `gemm` (else prefill runs the tile GEMVs 16 rows at a time).
 fn upload_linear(gpu: &Gpu, w: &Weight, precise: bool, gemm: bool) -> Result<GLinear, EngineError> {
@@ -445,16 +473,25 @@ fn upload_linear(gpu: &Gpu, w: &Weight, precise: bool, gemm: bool) -> Result<GLi
                 raw: (gemm && k.is_multiple_of(64)).then_some((raw, sc)),
             }
         }
-        Weight::Int4 { .. } => {
-            // No int4 GPU kernel: widened to bf16, one row at a time.
-            let (n, k) = (w.n(), w.k());
-            let mut bits = Vec::with_capacity(n * k);
-            let mut row = vec![0.0f32; k];
-            for r in 0..n {
-                w.row(r, &mut row).map_err(kerr)?;
-                bits.extend(row.iter().map(|&x| half::bf16::from_f32(x).to_bits()));
+        Weight::Int4 { w: q, a8 } => {
+            let symmetric = q.scheme() == Int4Scheme::Symmetric;
+            match gpu.int4_weights(
+                q.packed(),
+                q.scales_zeros(),
+                q.n(),
+                q.k(),
+                q.group(),
+                symmetric,
+            ) {
+                // W4A8 needs the symmetric grid; asymmetric weights keep f32 activations.
+                Ok(iw) => GLinear::Int4 {
+                    w: iw,
+                    a8: *a8 && symmetric,
+                },
+                // A shape the int4 kernel does not take runs widened to bf16 (the paths list says "bf16").
+                Err(KernelError::Shape { .. }) => widen_bf16(gpu, w)?,
+                Err(e) => return Err(kerr(e)),
             }
-            GLinear::Dense(gpu.dense_weights_bf16(&bits, n, k).map_err(kerr)?)
         }
     })
 }
@@ -1861,9 +1898,20 @@ impl<'a> Ctx<'a> {
         let gpu = &self.w.gpu;
         let (n, k) = (w.n(), w.k());
         let mut y = self.pool.f32(gpu, m * n)?;
-        if let GLinear::Dense(d) = w {
-            gpu.dense_linear(x, d, &mut y, m).map_err(kerr)?;
-            return Ok(y);
+        match w {
+            GLinear::Dense(d) => {
+                gpu.dense_linear(x, d, &mut y, m).map_err(kerr)?;
+                return Ok(y);
+            }
+            GLinear::Int4 { w: q, a8 } => {
+                match a8 {
+                    false => gpu.int4_w4a16(x, q, m, &mut y),
+                    true => gpu.int4_w4a8(x, q, m, &mut y),
+                }
+                .map_err(kerr)?;
+                return Ok(y);
+            }
+            _ => {}
         }
         if let (Some(xb), true) = (xb16, m <= 16) {
             self.tiles(w, xb, &mut y, m)?;
@@ -1941,10 +1989,7 @@ impl<'a> Ctx<'a> {
             .iter()
             .map(|w| resolve(self.stages, self.buf, w))
             .collect();
-        let tiled = ws
-            .iter()
-            .filter(|w| !matches!(w, GLinear::Dense(_)))
-            .count();
+        let tiled = ws.iter().filter(|w| w.tiled()).count();
         if m > 16 || (tiled < 2 && xb16.is_none()) {
             return ws.iter().map(|w| self.linear_in(w, (x, xb16), m)).collect();
         }
@@ -1966,6 +2011,12 @@ impl<'a> Ctx<'a> {
                 let mut y = self.pool.f32(gpu, m * w.n())?;
                 r = match w {
                     GLinear::Dense(d) => gpu.dense_linear(x, d, &mut y, m).map_err(kerr),
+                    GLinear::Int4 { w: q, a8: false } => {
+                        gpu.int4_w4a16(x, q, m, &mut y).map_err(kerr)
+                    }
+                    GLinear::Int4 { w: q, a8: true } => {
+                        gpu.int4_w4a8(x, q, m, &mut y).map_err(kerr)
+                    }
                     _ => self.tiles(w, xb, &mut y, m),
                 };
                 out.push(y);
@@ -2001,11 +2052,12 @@ impl<'a> Ctx<'a> {
             GLinear::Nvfp4 { tiles, global, .. } => {
                 gpu.nvfp4_gemv_tiles(xb, tiles, *global, y, self.scratch, m)
             }
-            GLinear::Dense(d) => {
+            GLinear::Dense(_) | GLinear::Int4 { .. } => {
                 return Err(EngineError::Unsupported(format!(
-                    "a dense {}x{} weight has no tile GEMV",
-                    d.n(),
-                    d.k()
+                    "a {} {}x{} weight has no tile GEMV",
+                    w.path_name(),
+                    w.n(),
+                    w.k()
                 )))
             }
         }
@@ -2095,7 +2147,7 @@ impl<'a> Ctx<'a> {
         // A tile down projection reads bf16 (FP8) or its fragments (NVFP4): the activation kernel writes them
         // directly (no f32 copy, no cast, no fragment kernel).
         let down = resolve(self.stages, self.buf, &layer.down);
-        let tile_down = !matches!(down, GLinear::Dense(_)) && t <= 16;
+        let tile_down = down.tiled() && t <= 16;
         if tile_down && self.w.act != GatedAct::GeluTanh {
             let mut out = self.pool.f32(gpu, t * layer.down.n())?;
             if let GLinear::Nvfp4 { tiles, global, .. } = down {

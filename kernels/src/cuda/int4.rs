@@ -88,6 +88,22 @@ impl Int4GpuWeights {
     pub fn device_bytes(&self) -> usize {
         self.packed.len() + 2 * self.scales_zeros.len()
     }
+
+    /// The device buffers, in a fixed order (what a pinned host copy holds and a refill writes).
+    pub fn buffers(&self) -> Vec<super::WeightBuf<'_>> {
+        vec![
+            super::WeightBuf::U8(&self.packed),
+            super::WeightBuf::U16(&self.scales_zeros),
+        ]
+    }
+
+    /// [`Int4GpuWeights::buffers`], to refill.
+    pub fn buffers_mut(&mut self) -> Vec<super::WeightBufMut<'_>> {
+        vec![
+            super::WeightBufMut::U8(&mut self.packed),
+            super::WeightBufMut::U16(&mut self.scales_zeros),
+        ]
+    }
 }
 
 impl Gpu {

@@ -856,6 +856,8 @@ impl CudaModel {
                             q_rows,
                         },
                     };
+                    // The output projection reads q_heads x head_dim columns, which can exceed the hidden size.
+                    wide = wide.max(a.o.k());
                     let [b0, b1, b2, b3] = &a.biases;
                     GMixer::Attn(Box::new(GAttn {
                         qkv,

@@ -271,8 +271,8 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
             // (the benchmarks' other arm).
             gemm_copies: std::env::var("EDGEFIT_PREFILL_GEMM").map_or(true, |v| v != "0"),
             batch_invariant: c.batch_invariant,
-            // Prompt attention on the f32 slot kernel: `EDGEFIT_FLASH_PREFILL=0` (the benchmarks' other arm).
-            slot_prefill_attention: std::env::var("EDGEFIT_FLASH_PREFILL").is_ok_and(|v| v == "0"),
+            // Prompt attention through the flash prefill kernels: `EDGEFIT_FLASH_PREFILL=1` (opt-in until proven).
+            flash_prefill_attention: std::env::var("EDGEFIT_FLASH_PREFILL").is_ok_and(|v| v == "1"),
         };
         Engine::on_cuda(model, opts, |free| {
             engine::setup::admit_cuda(&plan, free as u64)
@@ -557,7 +557,9 @@ fn run_bench(a: BenchArgs) -> miette::Result<()> {
         l.engine.step(&[(s, &prompt)])?;
         l.engine.leave(s);
         if l.engine.join() != Some(s) {
-            return Err(EngineError::Kernel("bench: the warm-up slot did not come back".into()).into());
+            return Err(
+                EngineError::Kernel("bench: the warm-up slot did not come back".into()).into(),
+            );
         }
     }
     engine::profile::enable();

@@ -38,7 +38,7 @@ fn card(name: &str, head_dim: usize) -> PathBuf {
     out
 }
 
-fn engine_on(dir: &Path, slot_prefill: bool) -> Engine {
+fn engine_on(dir: &Path, flash: bool) -> Engine {
     let ck = Checkpoint::open(dir).unwrap();
     let model = Model::load(&ck, WeightMode::Exact, |_, _| {}).unwrap();
     let opts = CudaOptions {
@@ -47,7 +47,7 @@ fn engine_on(dir: &Path, slot_prefill: bool) -> Engine {
         // The fast path in both arms (the same linears and DeltaNet kernels): only prompt attention differs.
         precise: false,
         gemm_copies: false,
-        slot_prefill_attention: slot_prefill,
+        flash_prefill_attention: flash,
         ..Default::default()
     };
     Engine::on_cuda(model, opts, |_| Ok(0)).unwrap()
@@ -61,8 +61,8 @@ fn tokens(n: usize, salt: u32, vocab: u32) -> Vec<u32> {
 
 /// The logits of every step: a 700-token prompt on slot 0 (chunks of 512 and 188), then on slot 1 a 41-token
 /// prompt and a 60-token chunk after it, then three decode steps of both sequences together.
-fn run(dir: &Path, slot_prefill: bool) -> Vec<Vec<f32>> {
-    let mut e = engine_on(dir, slot_prefill);
+fn run(dir: &Path, flash: bool) -> Vec<Vec<f32>> {
+    let mut e = engine_on(dir, flash);
     let vocab = e.model.vocab() as u32;
     let a = e.join().unwrap();
     let b = e.join().unwrap();
@@ -100,11 +100,11 @@ fn flash_prefill_attention_agrees_with_the_exact_slot_kernel() {
         ("qwen3_5-fp8", 256),
     ] {
         let dir = card(name, head_dim);
-        let flash = run(&dir, false);
-        let exact = run(&dir, true);
+        let flash = run(&dir, true);
+        let exact = run(&dir, false);
         // What a chunk that ignored its cached prefix would give: the 60-token chunk as a fresh prompt.
         let dropped = {
-            let mut e = engine_on(&dir, true);
+            let mut e = engine_on(&dir, false);
             let vocab = e.model.vocab() as u32;
             let s = e.join().unwrap();
             e.step(&[(s, &tokens(60, 3, vocab))]).unwrap().remove(0)

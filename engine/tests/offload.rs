@@ -51,7 +51,7 @@ fn run(dir: &Path, offload: Option<u64>) -> (Vec<Vec<f32>>, usize) {
         // The tile GEMVs at every row count, in both runs, so the two compare bit for bit.
         gemm_copies: false,
         batch_invariant: false,
-        slot_prefill_attention: false,
+        flash_prefill_attention: false,
     };
     let mut e = Engine::on_cuda(model, opts, |_| Ok(0)).unwrap();
     let vocab = e.model.vocab() as u32;

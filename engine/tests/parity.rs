@@ -323,7 +323,11 @@ fn cuda_tile_paths_agree_with_the_goldens() {
         for &(gemm, max_err, min_corr) in arms {
             let (agree, steps, err, corr, paths) =
                 teacher_forced_on(&dir, WeightMode::Exact, Device::Cuda, gemm);
-            let arm = if gemm { "prefill GEMM" } else { "tile GEMV" };
+            let arm = match (gptq, gemm) {
+                (true, _) => "int4 GEMV",
+                (false, true) => "prefill GEMM",
+                (false, false) => "tile GEMV",
+            };
             table += &format!(
                 "| {name} | {paths} ({arm}) | {agree}/{steps} | {err:.2e} | {corr:.5} |\n"
             );

@@ -124,16 +124,16 @@ if want offload; then
 fi
 
 # Prefill at 512 and 4096 tokens, interleaved by arm (PREFILL_ARMS): gemm (the default: the tensor-core GEMMs on
-# the checkpoint-layout copy and the flash prefill attention), slots (prompt attention on the f32 slot kernel,
-# EDGEFIT_FLASH_PREFILL=0), tiles (the tile GEMVs, EDGEFIT_PREFILL_GEMM=0).
+# the checkpoint-layout copy, prompt attention on the f32 slot kernel), flash (the same with the flash prefill
+# attention, EDGEFIT_FLASH_PREFILL=1), tiles (the tile GEMVs, EDGEFIT_PREFILL_GEMM=0).
 if want prefill; then
   for m in ${MODELS//,/ }; do
     dir=/tmp/q27-$m
     [ -f "$dir/model.safetensors" ] || "$BIN/random_checkpoint" "models/qwen3.8-27b-$m" "$dir" 2>&1 | tail -2
-    for arm in ${PREFILL_ARMS:-gemm slots tiles}; do
+    for arm in ${PREFILL_ARMS:-gemm flash tiles}; do
       for p in ${PROMPTS:-512 4096}; do
         [ $arm = tiles ] && g=0 || g=1
-        [ $arm = slots ] && fl=0 || fl=1
+        [ $arm = flash ] && fl=1 || fl=0
         f="$OUT/engine_prefill_${m}_${arm}_$p.txt"
         EDGEFIT_FLASH_PREFILL=$fl EDGEFIT_PREFILL_GEMM=$g timeout 300 "$BIN/edgefit" bench --device cuda --model "$dir" --batch 1 \
           --prompt-len $p --gen 4 --max-model-len 8192 > "$f" 2>&1

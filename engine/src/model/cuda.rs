@@ -312,8 +312,8 @@ struct Weights {
     fused_casts: bool,
     /// Prompt attention through the tensor-core flash prefill kernels on bf16 copies of the chunk and of the
     /// slot's cached prefix ([`FlashChunk`]) instead of the f32 slot kernel, whose one block per (token, head)
-    /// rereads the whole prefix: off on the precise path, for head dims the flash kernels lack, with
-    /// [`CudaOptions::slot_prefill_attention`] (`EDGEFIT_FLASH_PREFILL=0` for `edgefit`).
+    /// rereads the whole prefix: [`CudaOptions::flash_prefill_attention`], never on the precise path or for head
+    /// dims the flash kernels lack.
     flash_prefill: bool,
     embed: HostEmbed,
     embed_scale: Option<f32>,
@@ -617,9 +617,10 @@ pub struct CudaOptions {
     /// Run every decode step at `slots` rows (`--batch-invariant`), the rows past the batch's padding that touch no
     /// cache: each sequence then gets the same kernels, and so the same bits, whatever else shares its step.
     pub batch_invariant: bool,
-    /// Run prompt attention on the exact f32 slot kernel even off the precise path: the baseline the flash
-    /// prefill is checked and timed against.
-    pub slot_prefill_attention: bool,
+    /// Prompt attention through the flash prefill kernels (`EDGEFIT_FLASH_PREFILL=1` for `edgefit`): 2x at 4096
+    /// tokens on the 27B geometry (benchmarks/engine-h200.md), opt-in until `tests/flash_prefill.rs` has passed
+    /// on a GPU (its one run stopped at an unrelated bug, since fixed, before comparing).
+    pub flash_prefill_attention: bool,
 }
 
 /// Places each linear on the device, or for a streamed one in pinned host memory with two staging copies on the
@@ -941,7 +942,7 @@ impl CudaModel {
         let w = Weights {
             fused_casts: std::env::var("EDGEFIT_FUSED_CASTS").map_or(true, |v| v != "0"),
             flash_prefill: !precise
-                && !opts.slot_prefill_attention
+                && opts.flash_prefill_attention
                 && matches!(model.attn_dims.head_dim, 64 | 128 | 256),
             embed,
             embed_scale: model.embed_scale,

@@ -507,8 +507,9 @@ fn paged_prefill_continues_a_paged_prefix_on_every_tiling() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("paged_prefill_continues_a_paged_prefix_on_every_tiling");
     // Ragged prefixes (not page or tile multiples, one empty) and chunks; page sizes 7, 16, 5 (a 32/64-key tile
-    // spans up to 14 pages, each key's page looked up once per tile and shuffled to the copying threads) and 64
-    // (a tile within one page, or across two).
+    // spans up to 14 pages, each key's page looked up once per tile and shuffled to the copying threads), 64
+    // (a tile within one page, or across two) and 1 (the engine's `FlashChunk` reads its slot's prefix as one
+    // token per page: `[P, kv_heads, head_dim]`, the f32 slot cache's row layout).
     let prefixes = [0usize, 37, 130, 5];
     let news = [17usize, 65, 1, 40];
     for (d, group, kv_heads, page_size) in [
@@ -516,6 +517,7 @@ fn paged_prefill_continues_a_paged_prefix_on_every_tiling() {
         (128, 4, 1, 16),
         (256, 6, 1, 5),
         (128, 2, 2, 64),
+        (256, 6, 2, 1),
     ] {
         let dims = AttnDims {
             q_heads: group * kv_heads,

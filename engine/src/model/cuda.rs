@@ -1808,6 +1808,23 @@ struct FlashChunk {
     table: Option<GpuBuffer<u32>>,
 }
 
+/// `y = x · wᵀ` for the linears that read f32 activations (dense, int4); `None` for a tile one (nothing done).
+fn f32_linear(
+    gpu: &Gpu,
+    w: &GLinear,
+    x: &GpuBuffer<f32>,
+    y: &mut GpuBuffer<f32>,
+    m: usize,
+) -> Option<Result<(), EngineError>> {
+    let r = match w {
+        GLinear::Dense(d) => gpu.dense_linear(x, d, y, m),
+        GLinear::Int4 { w: q, a8: false } => gpu.int4_w4a16(x, q, m, y),
+        GLinear::Int4 { w: q, a8: true } => gpu.int4_w4a8(x, q, m, y),
+        _ => return None,
+    };
+    Some(r.map_err(kerr))
+}
+
 /// The device weights a linear computes from: its own, or for a streamed one this layer's staging buffer.
 fn resolve<'a>(stages: &'a [[GLinear; 2]], buf: usize, w: &'a GLinear) -> &'a GLinear {
     match w {
@@ -1901,20 +1918,9 @@ impl<'a> Ctx<'a> {
         let gpu = &self.w.gpu;
         let (n, k) = (w.n(), w.k());
         let mut y = self.pool.f32(gpu, m * n)?;
-        match w {
-            GLinear::Dense(d) => {
-                gpu.dense_linear(x, d, &mut y, m).map_err(kerr)?;
-                return Ok(y);
-            }
-            GLinear::Int4 { w: q, a8 } => {
-                match a8 {
-                    false => gpu.int4_w4a16(x, q, m, &mut y),
-                    true => gpu.int4_w4a8(x, q, m, &mut y),
-                }
-                .map_err(kerr)?;
-                return Ok(y);
-            }
-            _ => {}
+        if let Some(r) = f32_linear(gpu, w, x, &mut y, m) {
+            r?;
+            return Ok(y);
         }
         if let (Some(xb), true) = (xb16, m <= 16) {
             self.tiles(w, xb, &mut y, m)?;
@@ -2012,15 +2018,9 @@ impl<'a> Ctx<'a> {
         if let Some(xb) = owned.as_ref().or(xb16) {
             for w in ws {
                 let mut y = self.pool.f32(gpu, m * w.n())?;
-                r = match w {
-                    GLinear::Dense(d) => gpu.dense_linear(x, d, &mut y, m).map_err(kerr),
-                    GLinear::Int4 { w: q, a8: false } => {
-                        gpu.int4_w4a16(x, q, m, &mut y).map_err(kerr)
-                    }
-                    GLinear::Int4 { w: q, a8: true } => {
-                        gpu.int4_w4a8(x, q, m, &mut y).map_err(kerr)
-                    }
-                    _ => self.tiles(w, xb, &mut y, m),
+                r = match f32_linear(gpu, w, x, &mut y, m) {
+                    Some(r) => r,
+                    None => self.tiles(w, xb, &mut y, m),
                 };
                 out.push(y);
                 if r.is_err() {

@@ -291,7 +291,10 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
 fn prefill_activations(l: &Loaded) -> String {
     let calls = l.engine.model.int8_prefill_calls();
     match &l.plan.weight_path.prefill {
-        _ if l.engine.cuda().is_some() => "the checkpoint's (cuda)".into(),
+        _ if l.engine.cuda().is_some() => format!(
+            "the checkpoint's (cuda); attention: {}",
+            l.engine.cuda().map_or("", |c| c.prefill_attention())
+        ),
         Some(p)
             if p.activations == PrefillActivations::Int8
                 && l.engine.model.mode == WeightMode::W4a16 =>

@@ -1086,6 +1086,15 @@ impl CudaModel {
     }
 
     /// Layers with a linear streamed from host memory.
+    /// Which kernel a prompt chunk's attention runs: the flash prefill kernels or the f32 slot kernel.
+    pub fn prefill_attention(&self) -> &'static str {
+        if self.w.flash_prefill {
+            "flash (bf16)"
+        } else {
+            "slot kernel (f32)"
+        }
+    }
+
     pub fn streamed_layers(&self) -> usize {
         self.streamer.as_ref().map_or(0, |s| s.order.len())
     }

@@ -257,24 +257,101 @@ enum LayerState {
     },
 }
 
-/// Device scratch, reused by length.
+/// Device scratch, reused by length. A step's buffers come back after it and serve the next step of the same
+/// shapes. Lengths that depend on a prompt's chunk (`t` rows, the cached prefix) would otherwise pile up one set
+/// per distinct length until the device ran out, so the [`Ledger`] frees the least recently used of those past
+/// [`POOL_CAP_BYTES`]; lengths a decode step has taken are never freed (a recorded graph holds their pointers,
+/// and the next recording must find them).
 #[derive(Default)]
 struct Pool {
     f32s: HashMap<usize, Vec<GpuBuffer<f32>>>,
     u16s: HashMap<usize, Vec<GpuBuffer<u16>>>,
     u8s: HashMap<usize, Vec<GpuBuffer<u8>>>,
+    ledger: Ledger,
     /// While a graph is recorded nothing may be allocated: a length the pool lacks is an error then.
     frozen: bool,
+    /// Set for a decode step: the lengths it takes are pinned.
+    pin: bool,
+}
+
+/// Free pooled bytes of unpinned lengths the pool keeps before it frees the least recently used.
+const POOL_CAP_BYTES: usize = 2 << 30;
+
+/// A pooled length: the element type (its size in bytes) and the element count.
+type PoolKey = (usize, usize);
+
+/// What the pool holds, by [`PoolKey`], and which lengths to free: the device-free bookkeeping of [`Pool`].
+#[derive(Default)]
+struct Ledger {
+    /// Buffers held now, and when each key was last taken or given back.
+    held: HashMap<PoolKey, (usize, u64)>,
+    pinned: std::collections::HashSet<PoolKey>,
+    /// Bytes held under unpinned keys.
+    loose: usize,
+    clock: u64,
+}
+
+impl Ledger {
+    fn bytes((size, len): PoolKey) -> usize {
+        size * len
+    }
+
+    fn take(&mut self, key: PoolKey, pin: bool, found: bool) {
+        self.clock += 1;
+        if pin && self.pinned.insert(key) {
+            self.loose -= Self::bytes(key) * self.held.get(&key).map_or(0, |h| h.0);
+        }
+        let h = self.held.entry(key).or_insert((0, 0));
+        h.1 = self.clock;
+        if found {
+            h.0 -= 1;
+            if !self.pinned.contains(&key) {
+                self.loose -= Self::bytes(key);
+            }
+        }
+    }
+
+    /// Records a buffer given back and returns the keys to free one buffer of each, oldest first, so that the
+    /// unpinned bytes held fit `cap` (never `key` itself: what a step just used is what it is likely to use next).
+    fn put(&mut self, key: PoolKey, cap: usize) -> Vec<PoolKey> {
+        self.clock += 1;
+        let h = self.held.entry(key).or_insert((0, 0));
+        h.0 += 1;
+        h.1 = self.clock;
+        if self.pinned.contains(&key) {
+            return Vec::new();
+        }
+        self.loose += Self::bytes(key);
+        let mut evict = Vec::new();
+        while self.loose > cap {
+            let oldest = self
+                .held
+                .iter()
+                .filter(|(k, h)| h.0 > 0 && **k != key && !self.pinned.contains(k))
+                .min_by_key(|(_, h)| h.1)
+                .map(|(k, _)| *k);
+            let Some(k) = oldest else { break };
+            if let Some(h) = self.held.get_mut(&k) {
+                h.0 -= 1;
+            }
+            self.loose -= Self::bytes(k);
+            evict.push(k);
+        }
+        evict
+    }
 }
 
 impl Pool {
     fn take<T: GpuScalar>(
         map: &mut HashMap<usize, Vec<GpuBuffer<T>>>,
+        ledger: &mut Ledger,
         gpu: &Gpu,
         len: usize,
-        frozen: bool,
+        (frozen, pin): (bool, bool),
     ) -> Result<GpuBuffer<T>, EngineError> {
-        match map.get_mut(&len).and_then(Vec::pop) {
+        let found = map.get_mut(&len).and_then(Vec::pop);
+        ledger.take((std::mem::size_of::<T>(), len), pin, found.is_some());
+        match found {
             Some(b) => Ok(b),
             None if frozen => Err(EngineError::Kernel(format!(
                 "recording a graph: no pooled buffer of {len} elements"
@@ -283,22 +360,56 @@ impl Pool {
         }
     }
     fn f32(&mut self, gpu: &Gpu, len: usize) -> Result<GpuBuffer<f32>, EngineError> {
-        Self::take(&mut self.f32s, gpu, len, self.frozen)
+        Self::take(
+            &mut self.f32s,
+            &mut self.ledger,
+            gpu,
+            len,
+            (self.frozen, self.pin),
+        )
     }
     fn u16(&mut self, gpu: &Gpu, len: usize) -> Result<GpuBuffer<u16>, EngineError> {
-        Self::take(&mut self.u16s, gpu, len, self.frozen)
+        Self::take(
+            &mut self.u16s,
+            &mut self.ledger,
+            gpu,
+            len,
+            (self.frozen, self.pin),
+        )
     }
     fn u8(&mut self, gpu: &Gpu, len: usize) -> Result<GpuBuffer<u8>, EngineError> {
-        Self::take(&mut self.u8s, gpu, len, self.frozen)
+        Self::take(
+            &mut self.u8s,
+            &mut self.ledger,
+            gpu,
+            len,
+            (self.frozen, self.pin),
+        )
+    }
+    fn give<T: GpuScalar>(
+        &mut self,
+        b: GpuBuffer<T>,
+        map: fn(&mut Pool) -> &mut HashMap<usize, Vec<GpuBuffer<T>>>,
+    ) {
+        let key = (std::mem::size_of::<T>(), b.len());
+        map(self).entry(b.len()).or_default().push(b);
+        for (size, len) in self.ledger.put(key, POOL_CAP_BYTES) {
+            // Dropping a buffer frees it on the device after the work queued before it (one stream).
+            match size {
+                4 => drop(self.f32s.get_mut(&len).and_then(Vec::pop)),
+                2 => drop(self.u16s.get_mut(&len).and_then(Vec::pop)),
+                _ => drop(self.u8s.get_mut(&len).and_then(Vec::pop)),
+            }
+        }
     }
     fn put_u8(&mut self, b: GpuBuffer<u8>) {
-        self.u8s.entry(b.len()).or_default().push(b);
+        self.give(b, |p| &mut p.u8s)
     }
     fn put(&mut self, b: GpuBuffer<f32>) {
-        self.f32s.entry(b.len()).or_default().push(b);
+        self.give(b, |p| &mut p.f32s)
     }
     fn put_u16(&mut self, b: GpuBuffer<u16>) {
-        self.u16s.entry(b.len()).or_default().push(b);
+        self.give(b, |p| &mut p.u16s)
     }
 }
 
@@ -1261,6 +1372,8 @@ impl CudaModel {
 
     fn forward_as(&mut self, batch: &[Step<'_>], want: Want<'_>) -> Result<Out, EngineError> {
         let prefill = batch.len() == 1 && batch[0].tokens.len() > 1;
+        // A decode step's lengths stay pooled for good (it may be recorded); a prompt chunk's may be freed.
+        self.pool.pin = !prefill;
         if !prefill && batch.iter().any(|s| s.tokens.len() != 1) {
             return Err(EngineError::Unsupported(
                 "a step is one sequence's prompt or chunk, or one token per sequence".into(),
@@ -2549,6 +2662,52 @@ impl<'a> Ctx<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Unpinned bytes the ledger says it holds, recomputed from its counts.
+    fn loose(l: &Ledger) -> usize {
+        l.held
+            .iter()
+            .filter(|(k, _)| !l.pinned.contains(k))
+            .map(|(k, h)| h.0 * Ledger::bytes(*k))
+            .sum()
+    }
+
+    /// The pool frees the least recently used unpinned lengths past its cap, never a pinned one nor the one just
+    /// given back, and its byte count stays equal to what it holds.
+    #[test]
+    fn ledger_frees_the_oldest_unpinned_lengths_past_the_cap() {
+        let mut l = Ledger::default();
+        let cap = 1000;
+        // A decode step pins its length: never freed, never counted against the cap.
+        l.take((4, 50), true, false);
+        assert!(l.put((4, 50), cap).is_empty());
+        // Prompt chunks of three lengths of 400 bytes each, given back in that order.
+        for key in [(1, 400), (2, 200)] {
+            l.take(key, false, false);
+            assert!(l.put(key, cap).is_empty());
+        }
+        assert_eq!((l.loose, loose(&l)), (800, 800));
+        // The third overflows the cap: the oldest unpinned length goes, not the pinned one nor the third itself.
+        l.take((4, 100), false, false);
+        assert_eq!(l.put((4, 100), cap), vec![(1, 400)]);
+        assert_eq!((l.loose, loose(&l)), (800, 800));
+        // Taking (2, 200) again makes it the newest: the next overflow frees (4, 100) instead.
+        l.take((2, 200), false, true);
+        assert_eq!((l.loose, loose(&l)), (400, 400));
+        assert!(l.put((2, 200), cap).is_empty());
+        l.take((1, 300), false, false);
+        assert_eq!(l.put((1, 300), cap), vec![(4, 100)]);
+        assert_eq!((l.loose, loose(&l)), (700, 700));
+        // A buffer bigger than the cap frees everything else unpinned and is kept itself.
+        l.take((1, 2000), false, false);
+        assert_eq!(l.put((1, 2000), cap), vec![(2, 200), (1, 300)]);
+        assert_eq!((l.loose, loose(&l)), (2000, 2000));
+        // Pinning a length that holds buffers takes them out of the count.
+        l.take((1, 2000), true, true);
+        assert_eq!((l.loose, loose(&l)), (0, 0));
+        assert!(l.put((1, 2000), cap).is_empty());
+        assert_eq!((l.held[&(4, 50)].0, l.held[&(1, 2000)].0), (1, 1));
+    }
 
     /// Stacking by rows keeps each part's rows in order and refuses what one kernel cannot read as one weight.
     #[test]

@@ -63,11 +63,11 @@ enum GLinear {
         /// The checkpoint layout (values, e4m3 scales) for the prefill GEMM, as for FP8.
         raw: Option<(GpuBuffer<u8>, GpuBuffer<u8>)>,
     },
-    /// GPTQ / int4 weights on the int4 GEMV (f32 activations; `a8`: quantized to int8 per row, W4A8).
-    Int4 {
-        w: Int4GpuWeights,
-        a8: bool,
-    },
+    /// GPTQ / int4 weights (W4A16 or W4A8 packs) on the W4A16 GEMV: f32 activations, which the symmetric W4A8
+    /// pack takes too (zero points 0). The GPU's W4A8 kernel would quantize the activations into scratch it
+    /// allocates per call, which a decode step must not do (nothing allocates inside a recorded step), and it
+    /// reads the same weight bytes.
+    Int4(Int4GpuWeights),
     /// Placed in host memory by the plan: streamed into `stage`'s device buffers before its layer runs.
     Host(Box<HostLinear>),
 }
@@ -89,7 +89,7 @@ impl GLinear {
             GLinear::Dense(w) => w.n(),
             GLinear::Fp8 { tiles, .. } => tiles.n(),
             GLinear::Nvfp4 { tiles, .. } => tiles.n(),
-            GLinear::Int4 { w, .. } => w.n(),
+            GLinear::Int4(w) => w.n(),
             GLinear::Host(h) => h.n,
         }
     }
@@ -98,7 +98,7 @@ impl GLinear {
             GLinear::Dense(w) => w.k(),
             GLinear::Fp8 { tiles, .. } => tiles.k(),
             GLinear::Nvfp4 { tiles, .. } => tiles.k(),
-            GLinear::Int4 { w, .. } => w.k(),
+            GLinear::Int4(w) => w.k(),
             GLinear::Host(h) => h.k,
         }
     }
@@ -112,7 +112,7 @@ impl GLinear {
                 v
             }
             GLinear::Nvfp4 { tiles, .. } => tiles.buffers(),
-            GLinear::Int4 { w, .. } => w.buffers(),
+            GLinear::Int4(w) => w.buffers(),
             GLinear::Host(_) => Vec::new(),
         }
     }
@@ -125,7 +125,7 @@ impl GLinear {
                 v
             }
             GLinear::Nvfp4 { tiles, .. } => tiles.buffers_mut(),
-            GLinear::Int4 { w, .. } => w.buffers_mut(),
+            GLinear::Int4(w) => w.buffers_mut(),
             GLinear::Host(_) => Vec::new(),
         }
     }
@@ -139,7 +139,7 @@ impl GLinear {
                 tiles.n().div_ceil(16) * tiles.k().div_ceil(128) * 2048 + scales.len() * 4
             }
             GLinear::Nvfp4 { tiles, .. } => tiles.device_bytes(),
-            GLinear::Int4 { w, .. } => w.device_bytes(),
+            GLinear::Int4(w) => w.device_bytes(),
         }
     }
     /// Device bytes of the prefill GEMM's copy in the checkpoint layout (not read by a decode step).
@@ -163,8 +163,7 @@ impl GLinear {
             GLinear::Dense(DenseGpuWeights::Bf16 { .. }) => "bf16",
             GLinear::Fp8 { .. } => "fp8-block",
             GLinear::Nvfp4 { .. } => "nvfp4",
-            GLinear::Int4 { a8: false, .. } => "int4-w4a16",
-            GLinear::Int4 { a8: true, .. } => "int4-w4a8",
+            GLinear::Int4(_) => "int4-w4a16",
             GLinear::Host(h) => h.path,
         }
     }
@@ -584,7 +583,7 @@ fn upload_linear(gpu: &Gpu, w: &Weight, precise: bool, gemm: bool) -> Result<GLi
                 raw: (gemm && k.is_multiple_of(64)).then_some((raw, sc)),
             }
         }
-        Weight::Int4 { w: q, a8 } => {
+        Weight::Int4 { w: q, .. } => {
             let symmetric = q.scheme() == Int4Scheme::Symmetric;
             match gpu.int4_weights(
                 q.packed(),
@@ -594,11 +593,7 @@ fn upload_linear(gpu: &Gpu, w: &Weight, precise: bool, gemm: bool) -> Result<GLi
                 q.group(),
                 symmetric,
             ) {
-                // W4A8 needs the symmetric grid; asymmetric weights keep f32 activations.
-                Ok(iw) => GLinear::Int4 {
-                    w: iw,
-                    a8: *a8 && symmetric,
-                },
+                Ok(iw) => GLinear::Int4(iw),
                 // A shape the int4 kernel does not take runs widened to bf16 (the paths list says "bf16").
                 Err(KernelError::Shape { .. }) => widen_bf16(gpu, w)?,
                 Err(e) => return Err(kerr(e)),
@@ -1940,8 +1935,7 @@ fn f32_linear(
 ) -> Option<Result<(), EngineError>> {
     let r = match w {
         GLinear::Dense(d) => gpu.dense_linear(x, d, y, m),
-        GLinear::Int4 { w: q, a8: false } => gpu.int4_w4a16(x, q, m, y),
-        GLinear::Int4 { w: q, a8: true } => gpu.int4_w4a8(x, q, m, y),
+        GLinear::Int4(q) => gpu.int4_w4a16(x, q, m, y),
         _ => return None,
     };
     Some(r.map_err(kerr))
@@ -2177,7 +2171,7 @@ impl<'a> Ctx<'a> {
             GLinear::Nvfp4 { tiles, global, .. } => {
                 gpu.nvfp4_gemv_tiles(xb, tiles, *global, y, self.scratch, m)
             }
-            GLinear::Dense(_) | GLinear::Int4 { .. } => {
+            GLinear::Dense(_) | GLinear::Int4(_) => {
                 return Err(EngineError::Unsupported(format!(
                     "a {} {}x{} weight has no tile GEMV",
                     w.path_name(),

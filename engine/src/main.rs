@@ -228,11 +228,9 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
     let mode = if c.exact {
         WeightMode::Exact
     } else {
-        match WeightMode::from_plan(plan.weight_path.format)? {
-            // The GPU has no int4 kernel: a CPU plan's int4 path runs there in the checkpoint's own format.
-            WeightMode::W4a16 | WeightMode::W4a8 if cuda => WeightMode::Exact,
-            m => m,
-        }
+        // A CPU plan's int4 path runs on the GPU too: the converted pack on the int4 GEMV (W4A16 with f32
+        // activations for both packs; `CudaModel::paths` says so).
+        WeightMode::from_plan(plan.weight_path.format)?
     };
     // A progress bar for loads that take more than a moment (it draws only on a terminal).
     let bar = indicatif::ProgressBar::new(ck.spec.layers.len() as u64);
@@ -271,8 +269,9 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
             // (the benchmarks' other arm).
             gemm_copies: std::env::var("EDGEFIT_PREFILL_GEMM").map_or(true, |v| v != "0"),
             batch_invariant: c.batch_invariant,
-            // Prompt attention through the flash prefill kernels: `EDGEFIT_FLASH_PREFILL=1` (opt-in until proven).
-            flash_prefill_attention: std::env::var("EDGEFIT_FLASH_PREFILL").is_ok_and(|v| v == "1"),
+            // Prompt attention through the flash prefill kernels: `EDGEFIT_FLASH_PREFILL=0` turns it off (the
+            // benchmarks' `slots` arm).
+            flash_prefill_attention: std::env::var("EDGEFIT_FLASH_PREFILL").map_or(true, |v| v != "0"),
         };
         Engine::on_cuda(model, opts, |free| {
             engine::setup::admit_cuda(&plan, free as u64)

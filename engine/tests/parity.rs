@@ -202,13 +202,9 @@ fn exact_parity(device: Device) {
 }
 
 /// Teacher-forced agreement of a converted path with the goldens: at every step the golden token is fed, so one
-/// disagreement does not cascade. Returns (top-1 agreements, steps, step-0 logit error, step-0 logit correlation).
-fn teacher_forced(dir: &Path, mode: WeightMode) -> (usize, usize, f32, f64, String) {
-    teacher_forced_on(dir, mode, Device::Cpu, false)
-}
-
-/// [`teacher_forced`] on a device; on CUDA the fast path (not `precise`): the tile GEMVs and the TF32 DeltaNet
-/// prefill, and with `gemm` the prompt through the tensor-core prefill GEMMs.
+/// disagreement does not cascade. Returns (top-1 agreements, steps, step-0 logit error, step-0 logit correlation,
+/// the kernels that ran). On CUDA the fast path (not `precise`): the tile GEMVs and the TF32 DeltaNet prefill, and
+/// with `gemm` the prompt through the tensor-core prefill GEMMs.
 fn teacher_forced_on(
     dir: &Path,
     mode: WeightMode,
@@ -271,19 +267,31 @@ fn converted_paths_agree_with_the_goldens() {
         if !(name.ends_with("-f32") || name.ends_with("-bf16")) {
             continue;
         }
-        for (mode, label) in [(WeightMode::W4a16, "w4a16"), (WeightMode::W4a8, "w4a8")] {
-            let (agree, steps, err, corr, paths) = teacher_forced(&dir, mode);
-            table += &format!(
-                "| {name} | {label} | {paths} | {agree}/{steps} | {err:.2e} | {corr:.4} |\n"
-            );
-            // These tiny random models have one int4 group per row (hidden 64) and amplified output projections,
-            // so 4-bit weights move their logits by tens of percent; a path that ran the wrong kernel or read the
-            // wrong layout is uncorrelated with the reference instead (W4A8's group of 128 does not divide the
-            // fixtures' 64 inputs, so most of their layers keep the dense kernel: the table says which ran).
-            if corr < 0.8 {
-                failures.push(format!(
-                    "{name} {label}: step-0 logits correlate {corr:.3} with the golden"
-                ));
+        // On CUDA too where there is a device: the same converted packs on the int4 GEMV (W4A16 for both).
+        let devices: &[(Device, &str)] = if cuda_here() {
+            &[(Device::Cpu, "cpu"), (Device::Cuda, "cuda")]
+        } else {
+            &[(Device::Cpu, "cpu")]
+        };
+        for &(mode, label) in &[(WeightMode::W4a16, "w4a16"), (WeightMode::W4a8, "w4a8")] {
+            for &(device, dev) in devices {
+                let (agree, steps, err, corr, paths) = teacher_forced_on(&dir, mode, device, false);
+                let label = format!("{label} ({dev})");
+                table += &format!(
+                    "| {name} | {label} | {paths} | {agree}/{steps} | {err:.2e} | {corr:.4} |\n"
+                );
+                // These tiny random models have one int4 group per row (hidden 64) and amplified output projections,
+                // so 4-bit weights move their logits by tens of percent; a path that ran the wrong kernel or read the
+                // wrong layout is uncorrelated with the reference instead (W4A8's group of 128 does not divide the
+                // fixtures' 64 inputs, so most of their layers keep the dense kernel: the table says which ran).
+                if corr < 0.8 {
+                    failures.push(format!(
+                        "{name} {label}: step-0 logits correlate {corr:.3} with the golden"
+                    ));
+                }
+                if device == Device::Cuda && !paths.contains("int4") {
+                    failures.push(format!("{name} {label}: no int4 kernel ran ({paths})"));
+                }
             }
         }
     }

@@ -323,6 +323,73 @@ fn embedding_gather_int4_matches_the_cpu_bit_for_bit() {
     }
 }
 
+/// W4A8 on scratch the caller keeps (what a recorded decode step needs): one scratch for 20 rows serves calls of
+/// 1 to 20 rows in turn, each output poisoned first, and each agrees with the CPU reference (the same int8 codes,
+/// so only the order of the f32 group sums differs) and bit for bit with the allocating call. Scratch too small in
+/// rows or in codes, and asymmetric weights, are refused.
+#[test]
+fn int4_w4a8_on_reused_scratch_matches_the_reference() {
+    let Some(gpu) = gpu() else { return };
+    let mut r = rng("int4_w4a8_reusing");
+    for &(n, k, group) in &[(70usize, 96usize, 32usize), (130, 257, 64), (64, 1000, 128)] {
+        let w = uniform(&mut r, n * k, 1.0);
+        let q = Int4Weights::quantize(&w, n, k, group, Int4Scheme::Symmetric).unwrap();
+        let wd = gpu
+            .int4_weights(q.packed(), q.scales_zeros(), n, k, group, true)
+            .unwrap();
+        let mut scratch = gpu.int4_a8_scratch(20, k).unwrap();
+        for m in [20usize, 1, 7, 16, 17, 3] {
+            let what = format!("int4_w4a8_reusing n {n} k {k} group {group} m {m}");
+            let x = uniform(&mut r, m * k, 2.0);
+            let want = reference::linear::w4a8_linear(&x, m, &q.to_logical());
+            let xd = gpu.upload(&x).unwrap();
+            let mut y = nan_f32(&gpu, m * n);
+            gpu.int4_w4a8_reusing(&xd, &wd, m, &mut scratch, &mut y)
+                .unwrap();
+            let got = gpu.download(&y).unwrap();
+            // The int32 group dots are exact; the f32 sum of k / group scaled terms differs by its order only.
+            let mag = want.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+            check_f32(&what, &got, &want, 1e-5, 1e-5 * mag + 1e-6);
+            let mut y2 = nan_f32(&gpu, m * n);
+            gpu.int4_w4a8(&xd, &wd, m, &mut y2).unwrap();
+            let again = gpu.download(&y2).unwrap();
+            assert!(
+                got.iter().zip(&again).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: the reused scratch and a fresh one disagree"
+            );
+        }
+        let xd = gpu.upload(&vec![0.5f32; 21 * k]).unwrap();
+        let mut y = nan_f32(&gpu, 21 * n);
+        let err = gpu
+            .int4_w4a8_reusing(&xd, &wd, 21, &mut scratch, &mut y)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("scratch"), "21 rows on 20 rows of scratch: {err}");
+        // Rows enough, codes not: 20 rows of k - 1 features.
+        let mut narrow = gpu.int4_a8_scratch(20, k - 1).unwrap();
+        let xd = gpu.upload(&vec![0.5f32; 20 * k]).unwrap();
+        let mut y = nan_f32(&gpu, 20 * n);
+        let err = gpu
+            .int4_w4a8_reusing(&xd, &wd, 20, &mut narrow, &mut y)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("scratch"), "scratch for k - 1 features: {err}");
+    }
+    let w = uniform(&mut r, 64 * 64, 1.0);
+    let q = Int4Weights::quantize(&w, 64, 64, 32, Int4Scheme::Asymmetric).unwrap();
+    let wd = gpu
+        .int4_weights(q.packed(), q.scales_zeros(), 64, 64, 32, false)
+        .unwrap();
+    let mut scratch = gpu.int4_a8_scratch(1, 64).unwrap();
+    let xd = gpu.upload(&vec![0.5f32; 64]).unwrap();
+    let mut y = nan_f32(&gpu, 64);
+    assert!(gpu
+        .int4_w4a8_reusing(&xd, &wd, 1, &mut scratch, &mut y)
+        .is_err());
+    assert!(gpu.int4_a8_scratch(usize::MAX, 2).is_err());
+    assert!(gpu.int4_a8_scratch(0, 2).is_err());
+}
+
 // Drives each kernel through the lab's `_with` form.
 #[cfg(feature = "lab")]
 #[test]

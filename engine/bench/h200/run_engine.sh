@@ -30,6 +30,8 @@ if [ "${1:-}" = prepare ]; then
   { cargo test --release -p engine --features cuda --test parity --test batching --test offload --test flash_prefill --no-run --message-format=json
     cargo test --release -p kernels --features cuda --test gpu_engine_ops --test gpu_gdn_slots --test gpu_ops \
       --test backend --no-run --message-format=json
+    # The prefill attention's own test compares every built tiling, so it builds with `lab`.
+    cargo test --release -p kernels --features cuda,lab --test gpu_attention_prefill --no-run --message-format=json
   } 2>>/tmp/edgefit-engine-prepare.err | python3 -c "import sys, json
 for l in sys.stdin:
     m = json.loads(l)
@@ -123,17 +125,18 @@ if want offload; then
   done
 fi
 
-# Prefill at 512 and 4096 tokens, interleaved by arm (PREFILL_ARMS): gemm (the default: the tensor-core GEMMs on
-# the checkpoint-layout copy, prompt attention on the f32 slot kernel), flash (the same with the flash prefill
-# attention, EDGEFIT_FLASH_PREFILL=1), tiles (the tile GEMVs, EDGEFIT_PREFILL_GEMM=0).
+# Prefill at 512 and 4096 tokens, interleaved by arm (PREFILL_ARMS): flash (the default: the tensor-core GEMMs on
+# the checkpoint-layout copy, prompt attention through the flash prefill kernels), slots (the same with prompt
+# attention on the exact path's f32 slot kernel, EDGEFIT_FLASH_PREFILL=0), tiles (the tile GEMVs,
+# EDGEFIT_PREFILL_GEMM=0).
 if want prefill; then
   for m in ${MODELS//,/ }; do
     dir=/tmp/q27-$m
     [ -f "$dir/model.safetensors" ] || "$BIN/random_checkpoint" "models/qwen3.8-27b-$m" "$dir" 2>&1 | tail -2
-    for arm in ${PREFILL_ARMS:-gemm flash tiles}; do
+    for arm in ${PREFILL_ARMS:-flash slots tiles}; do
       for p in ${PROMPTS:-512 4096}; do
         [ $arm = tiles ] && g=0 || g=1
-        [ $arm = flash ] && fl=1 || fl=0
+        [ $arm = slots ] && fl=0 || fl=1
         f="$OUT/engine_prefill_${m}_${arm}_$p.txt"
         EDGEFIT_FLASH_PREFILL=$fl EDGEFIT_PREFILL_GEMM=$g timeout 300 "$BIN/edgefit" bench --device cuda --model "$dir" --batch 1 \
           --prompt-len $p --gen 4 --max-model-len 8192 > "$f" 2>&1

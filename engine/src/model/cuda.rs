@@ -706,7 +706,7 @@ fn opt_vec(gpu: &Gpu, v: &Option<Vec<f32>>) -> Result<Option<GpuBuffer<f32>>, En
 
 /// How [`CudaModel::upload`] places a model: sequences and their length, the exact builds, the linears the plan
 /// keeps in host memory, and the device memory the model may use.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct CudaOptions {
     pub slots: usize,
     pub max_len: usize,
@@ -723,10 +723,27 @@ pub struct CudaOptions {
     /// Run every decode step at `slots` rows (`--batch-invariant`), the rows past the batch's padding that touch no
     /// cache: each sequence then gets the same kernels, and so the same bits, whatever else shares its step.
     pub batch_invariant: bool,
-    /// Prompt attention through the flash prefill kernels (`EDGEFIT_FLASH_PREFILL=1` for `edgefit`): 2x at 4096
-    /// tokens on the 27B geometry (benchmarks/engine-h200.md), opt-in until `tests/flash_prefill.rs` has passed
-    /// on a GPU (its one run stopped at an unrelated bug, since fixed, before comparing).
+    /// Prompt attention through the flash prefill kernels (on by default; `EDGEFIT_FLASH_PREFILL=0` for `edgefit`
+    /// turns it off): 2x at 4096 tokens on the 27B geometry, and `tests/flash_prefill.rs` holds it to the exact
+    /// slot kernel (benchmarks/engine-h200.md). Ignored on the precise path.
     pub flash_prefill_attention: bool,
+}
+
+impl Default for CudaOptions {
+    /// Nothing streamed, no cap, the exact builds off, flash prompt attention on (as `edgefit` runs it), and no
+    /// GEMM copies: they cost device memory beyond the plan, so the caller asks for them.
+    fn default() -> Self {
+        CudaOptions {
+            slots: 0,
+            max_len: 0,
+            precise: false,
+            streamed: Default::default(),
+            cap: None,
+            gemm_copies: false,
+            batch_invariant: false,
+            flash_prefill_attention: true,
+        }
+    }
 }
 
 /// Places each linear on the device, or for a streamed one in pinned host memory with two staging copies on the

@@ -198,7 +198,8 @@ impl Gpu {
 
     /// W4A8: as [`Gpu::int4_w4a16`] with the activations quantised to int8 per row first, by a kernel of its own
     /// (the CPU's grid and rounding, the same codes), on symmetric weights only (refused otherwise). Allocates its
-    /// `m * k` bytes and `m` scales of scratch per call.
+    /// `m * k` bytes and `m` scales of scratch per call: a caller that records the call in a CUDA graph, or makes
+    /// it every step, keeps an [`Int4A8Scratch`] and calls [`Gpu::int4_w4a8_reusing`] instead.
     pub fn int4_w4a8(
         &self,
         x: &GpuBuffer<f32>,
@@ -206,35 +207,67 @@ impl Gpu {
         m: usize,
         y: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
+        // The call's checks first, so that a bad call allocates nothing; x.len() = m * k is then known.
+        check_a8_call("cuda::int4_w4a8", w, x.len(), m, y.len())?;
+        let mut scratch = self.int4_a8_scratch(m, w.k)?;
+        self.int4_w4a8_reusing(x, w, m, &mut scratch, y)
+    }
+
+    /// The activation scratch of [`Gpu::int4_w4a8_reusing`] for up to `rows` rows of up to `k` features (any
+    /// call of at most `rows` rows and `rows * k` activations fits, so one scratch serves every int4 linear of a
+    /// model): `rows * k` int8 codes and `rows` scales, allocated once.
+    pub fn int4_a8_scratch(&self, rows: usize, k: usize) -> Result<Int4A8Scratch, KernelError> {
+        const OP: &str = "cuda::int4_a8_scratch";
+        crate::ensure_shape!(rows > 0 && k > 0, OP, "rows and k must be positive, got {rows} x {k}");
+        let codes = rows
+            .checked_mul(k)
+            .ok_or_else(|| KernelError::shape(OP, format!("rows * k = {rows} * {k} overflows")))?;
+        Ok(Int4A8Scratch {
+            xq: self.zeros::<u8>(codes)?,
+            xs: self.zeros::<f32>(rows)?,
+        })
+    }
+
+    /// [`Gpu::int4_w4a8`] on scratch the caller keeps: no allocation, so the launches can be recorded in a CUDA
+    /// graph and replayed. The scratch must hold at least `m` rows and `m * w.k()` codes.
+    pub fn int4_w4a8_reusing(
+        &self,
+        x: &GpuBuffer<f32>,
+        w: &Int4GpuWeights,
+        m: usize,
+        scratch: &mut Int4A8Scratch,
+        y: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
         const OP: &str = "cuda::int4_w4a8";
-        let npad = check_call(OP, w, x.len(), m, y.len())?;
+        let npad = check_a8_call(OP, w, x.len(), m, y.len())?;
         crate::ensure_shape!(
-            w.symmetric,
+            scratch.xs.len() >= m && scratch.xq.len() >= x.len(),
             OP,
-            "W4A8 needs weights on the symmetric grid (zero point 8); these are asymmetric"
+            "the scratch holds {} rows and {} codes; this call needs {m} rows of {} features",
+            scratch.xs.len(),
+            scratch.xq.len(),
+            w.k
         );
         #[cfg(feature = "cuda")]
         {
-            // x.len() = m * k was checked, so the scratch lengths do not overflow.
-            let mut xq = self.zeros::<u8>(x.len())?;
-            let mut xs = self.zeros::<f32>(m)?;
             let kk = w.k as i32;
             let f = self.inner.function(Module::Int4, QUANT_KERNEL)?;
             let mut b = self.inner.stream().launch_builder(&f);
             b.arg(&x.slice)
-                .arg(&mut xq.slice)
-                .arg(&mut xs.slice)
+                .arg(&mut scratch.xq.slice)
+                .arg(&mut scratch.xs.slice)
                 .arg(&kk);
             // SAFETY: matches `int4_quantize_rows_i8(x, xq, xs, k)` in cuda/int4.cu (xq's bytes are the kernel's
-            // int8_t, the same size); x and xq hold m * k elements and xs m (allocated just above from the checked
-            // lengths), one block per row with 1 <= m <= i32::MAX and 1 <= k <= i32::MAX.
+            // int8_t, the same size); x holds m * k elements (check_call) and the scratch at least m * k codes and
+            // m scales (checked above), one block per row with 1 <= m <= i32::MAX and
+            // 1 <= k <= i32::MAX.
             unsafe { b.launch(launch_config((m as u32, 1, 1), (QUANT_THREADS, 1, 1), 0)) }
                 .map_err(cuda_err(QUANT_KERNEL))?;
             let f = self.inner.function(Module::Int4, W4A8_KERNEL)?;
             let (mm, nn, g, np) = (m as i32, w.n as i32, w.group as i32, npad as u32);
             let mut b = self.inner.stream().launch_builder(&f);
-            b.arg(&xq.slice)
-                .arg(&xs.slice)
+            b.arg(&scratch.xq.slice)
+                .arg(&scratch.xs.slice)
                 .arg(&w.packed.slice)
                 .arg(&w.scales_zeros.slice)
                 .arg(&mut y.slice)
@@ -244,17 +277,51 @@ impl Gpu {
                 .arg(&g)
                 .arg(&np);
             // SAFETY: matches `int4_w4a8(xq, xs, packed, scales_zeros, y, m, n, k, group, npad)` in cuda/int4.cu;
-            // xq = [m, k] bytes and xs = [m] were written by the launch before on the same stream, and the rest is
-            // as for int4_w4a16 (check_call); group <= 128 keeps each int32 dot product below 2^17 in magnitude.
+            // the first m rows of xq and m scales of xs were written by the launch before on the same stream, and
+            // the rest is as for int4_w4a16 (check_call); group <= 128 keeps each int32 dot product below 2^17 in
+            // magnitude.
             unsafe { b.launch(linear_config(npad, m)) }.map_err(cuda_err(W4A8_KERNEL))?;
             Ok(())
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = npad;
+            let _ = (npad, scratch);
             match self.never {}
         }
     }
+}
+
+/// The int8 activations and per-row scales [`Gpu::int4_w4a8_reusing`] quantises into, made by
+/// [`Gpu::int4_a8_scratch`].
+pub struct Int4A8Scratch {
+    xq: GpuBuffer<u8>,
+    xs: GpuBuffer<f32>,
+}
+
+impl std::fmt::Debug for Int4A8Scratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Int4A8Scratch")
+            .field("rows", &self.xs.len())
+            .field("codes", &self.xq.len())
+            .finish()
+    }
+}
+
+/// [`check_call`] plus W4A8's own condition: weights on the symmetric grid.
+fn check_a8_call(
+    op: &'static str,
+    w: &Int4GpuWeights,
+    x: usize,
+    m: usize,
+    y: usize,
+) -> Result<usize, KernelError> {
+    let npad = check_call(op, w, x, m, y)?;
+    crate::ensure_shape!(
+        w.symmetric,
+        op,
+        "W4A8 needs weights on the symmetric grid (zero point 8); these are asymmetric"
+    );
+    Ok(npad)
 }
 
 /// Checks a linear call against its weights (again: the sizes are what the launch trusts) and returns `npad`.

@@ -75,7 +75,7 @@ pub use gemv::{
     Fp8Fragments, Fp8Order, Fp8TileWeights, FragmentOrder, GemvFragments, MmaSplit, Nvfp4Fragments,
     Nvfp4Order, Nvfp4TileWeights,
 };
-pub use int4::Int4GpuWeights;
+pub use int4::{Int4A8Scratch, Int4GpuWeights};
 pub use transfer::{CopyStream, GpuEvent, PinnedWeights, WeightBuf, WeightBufMut};
 
 mod sealed {

@@ -271,7 +271,8 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
             batch_invariant: c.batch_invariant,
             // Prompt attention through the flash prefill kernels: `EDGEFIT_FLASH_PREFILL=0` turns it off (the
             // benchmarks' `slots` arm).
-            flash_prefill_attention: std::env::var("EDGEFIT_FLASH_PREFILL").map_or(true, |v| v != "0"),
+            flash_prefill_attention: std::env::var("EDGEFIT_FLASH_PREFILL")
+                .map_or(true, |v| v != "0"),
         };
         Engine::on_cuda(model, opts, |free| {
             engine::setup::admit_cuda(&plan, free as u64)

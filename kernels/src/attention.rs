@@ -38,6 +38,7 @@
 
 use crate::cpu::Isa;
 use crate::error::checked_product;
+use crate::ops::{c_kernels, fastest_path, isa_kernels};
 use crate::KernelError;
 
 pub use crate::shapes::{AttnDims, Rope};
@@ -86,6 +87,86 @@ impl KvSliceMut<'_> {
     }
 }
 
+/// Checks that a sliding window holds at least the current token.
+fn check_window(op: &'static str, window: usize) -> Result<(), KernelError> {
+    crate::ensure_shape!(
+        window >= 1,
+        op,
+        "a sliding window must hold at least 1 token, got 0"
+    );
+    Ok(())
+}
+
+/// Checks that a K and a V buffer (`names`, of `lens` elements) both have the product of `dims` (`what` is its
+/// formula) elements.
+fn check_kv_pair(
+    op: &'static str,
+    [k, v]: [&str; 2],
+    [k_len, v_len]: [usize; 2],
+    what: &str,
+    dims: &[usize],
+) -> Result<(), KernelError> {
+    let want = checked_product(op, what, dims)?;
+    crate::ensure_shape!(
+        k_len == want && v_len == want,
+        op,
+        "{k} and {v} must have {what} = {want} elements, got {k_len} and {v_len}"
+    );
+    Ok(())
+}
+
+/// Checks that a per-sequence array (`name`) has one entry per sequence of the batch.
+fn check_per_sequence(
+    op: &'static str,
+    name: &str,
+    len: usize,
+    batch: usize,
+) -> Result<(), KernelError> {
+    crate::ensure_shape!(
+        len == batch,
+        op,
+        "{name} has {len} entries, expected batch = {batch}"
+    );
+    Ok(())
+}
+
+/// Runs a decode kernel (`kernel`, from [`kernels_for`]) over the `batch * Hkv` (sequence, KV head) items of `a`.
+///
+/// # Safety
+/// Every buffer behind `a` must have been checked for `batch` sequences of `dims`, and `kernel` must be one of the
+/// decode kernels of the path `isa`, which this CPU supports.
+unsafe fn run_decode(
+    op: &'static str,
+    isa: Isa,
+    threads: usize,
+    dims: &AttnDims,
+    batch: usize,
+    a: &AttnArgs,
+    kernel: ItemFn,
+) -> Result<(), KernelError> {
+    run_items(
+        op,
+        isa,
+        batch * dims.kv_heads,
+        threads,
+        scratch_len(dims),
+        // SAFETY: the caller checked the buffers behind `a`; each item writes only its own output rows.
+        |i0, i1, s| unsafe { kernel(a, i0, i1, s) },
+    )
+}
+
+/// Checks that `row` holds one token's keys or values, `[Hkv, D]`.
+fn check_row(op: &'static str, dims: &AttnDims, row: &[f32]) -> Result<(), KernelError> {
+    let row_len = checked_product(op, "Hkv x D", &[dims.kv_heads, dims.head_dim])?;
+    crate::ensure_shape!(
+        row.len() == row_len,
+        op,
+        "row has {} elements, expected Hkv x D = {row_len}",
+        row.len()
+    );
+    Ok(())
+}
+
 /// Stores one token's keys or values (`row`: `[Hkv, D]` f32) at position `p` of a sequence in a paged cache
 /// (`[num_pages, Hkv, page_size, D]`) through its block table. Call it for K and for V before
 /// [`decode_paged`], whose `lens` count this token.
@@ -101,13 +182,7 @@ pub fn paged_store(
     dims.validate(OP)?;
     let (hkv, d) = (dims.kv_heads, dims.head_dim);
     crate::ensure_shape!(page_size > 0, OP, "page_size must be positive");
-    let row_len = checked_product(OP, "Hkv x D", &[hkv, d])?;
-    crate::ensure_shape!(
-        row.len() == row_len,
-        OP,
-        "row has {} elements, expected Hkv x D = {row_len}",
-        row.len()
-    );
+    check_row(OP, dims, row)?;
     let page = checked_product(OP, "Hkv x page_size x D", &[hkv, page_size, d])?;
     crate::ensure_shape!(
         cache.len().is_multiple_of(page),
@@ -153,18 +228,8 @@ pub fn ring_store(
     const OP: &str = "attention::ring_store";
     dims.validate(OP)?;
     let (hkv, d) = (dims.kv_heads, dims.head_dim);
-    crate::ensure_shape!(
-        window >= 1,
-        OP,
-        "a sliding window must hold at least 1 token, got 0"
-    );
-    let row_len = checked_product(OP, "Hkv x D", &[hkv, d])?;
-    crate::ensure_shape!(
-        row.len() == row_len,
-        OP,
-        "row has {} elements, expected Hkv x D = {row_len}",
-        row.len()
-    );
+    check_window(OP, window)?;
+    check_row(OP, dims, row)?;
     let Some(slot) = ring_slot(window, p) else {
         return Ok(());
     };
@@ -247,60 +312,27 @@ impl AttnArgs {
     }
 }
 
-type ItemFn = unsafe extern "C" fn(*const AttnArgs, i64, i64, *mut f32) -> i32;
-type PrefillFn = unsafe extern "C" fn(*const AttnArgs, i64, i64, i64, *mut f32) -> i32;
-type RopeFn = unsafe extern "C" fn(
-    *mut f32,
-    i64,
-    i64,
-    i64,
-    *const u32,
-    *const f32,
-    i64,
-    i64,
-    *mut f32,
-) -> i32;
-
-macro_rules! attn_externs {
-    ($paged:ident, $ring:ident, $prefill:ident, $rope:ident) => {
-        extern "C" {
-            fn $paged(p: *const AttnArgs, i0: i64, i1: i64, scratch: *mut f32) -> i32;
-            fn $ring(p: *const AttnArgs, i0: i64, i1: i64, scratch: *mut f32) -> i32;
-            fn $prefill(p: *const AttnArgs, t: i64, i0: i64, i1: i64, scratch: *mut f32) -> i32;
-            fn $rope(
-                x: *mut f32,
-                heads: i64,
-                d: i64,
-                rot: i64,
-                pos: *const u32,
-                inv_freq: *const f32,
-                t0: i64,
-                t1: i64,
-                scratch: *mut f32,
-            ) -> i32;
-        }
-    };
-}
-attn_externs!(
+c_kernels! {
+    type ItemFn = fn(p: *const AttnArgs, i0: i64, i1: i64, scratch: *mut f32) -> i32;
     attn_decode_paged_scalar,
     attn_decode_ring_scalar,
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] attn_decode_paged_avx2,
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] attn_decode_ring_avx2,
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] attn_decode_paged_avx512,
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] attn_decode_ring_avx512,
+}
+c_kernels! {
+    type PrefillFn = fn(p: *const AttnArgs, t: i64, i0: i64, i1: i64, scratch: *mut f32) -> i32;
     attn_prefill_scalar,
-    rope_neox_scalar
-);
-#[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))]
-attn_externs!(
-    attn_decode_paged_avx2,
-    attn_decode_ring_avx2,
-    attn_prefill_avx2,
-    rope_neox_avx2
-);
-#[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))]
-attn_externs!(
-    attn_decode_paged_avx512,
-    attn_decode_ring_avx512,
-    attn_prefill_avx512,
-    rope_neox_avx512
-);
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] attn_prefill_avx2,
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] attn_prefill_avx512,
+}
+c_kernels! {
+    type RopeFn = fn(x: *mut f32, heads: i64, d: i64, rot: i64, pos: *const u32, inv_freq: *const f32, t0: i64, t1: i64, scratch: *mut f32) -> i32;
+    rope_neox_scalar,
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] rope_neox_avx2,
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] rope_neox_avx512,
+}
 
 struct Kernels {
     paged: ItemFn,
@@ -310,33 +342,11 @@ struct Kernels {
 }
 
 fn kernels_for(op: &'static str, isa: Isa) -> Result<Kernels, KernelError> {
-    if !isa.is_supported() {
-        return Err(KernelError::IsaUnavailable { op, isa });
-    }
-    Ok(match isa {
-        Isa::Scalar => Kernels {
-            paged: attn_decode_paged_scalar,
-            ring: attn_decode_ring_scalar,
-            prefill: attn_prefill_scalar,
-            rope: rope_neox_scalar,
-        },
-        #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))]
-        Isa::Avx2 => Kernels {
-            paged: attn_decode_paged_avx2,
-            ring: attn_decode_ring_avx2,
-            prefill: attn_prefill_avx2,
-            rope: rope_neox_avx2,
-        },
-        #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))]
-        Isa::Avx512 => Kernels {
-            paged: attn_decode_paged_avx512,
-            ring: attn_decode_ring_avx512,
-            prefill: attn_prefill_avx512,
-            rope: rope_neox_avx512,
-        },
-        #[cfg(not(all(target_arch = "x86_64", edgefit_x86_kernels)))]
-        _ => return Err(KernelError::IsaUnavailable { op, isa }),
-    })
+    isa_kernels!(op, isa,
+        scalar: Kernels { paged: attn_decode_paged_scalar, ring: attn_decode_ring_scalar, prefill: attn_prefill_scalar, rope: rope_neox_scalar },
+        avx2: Kernels { paged: attn_decode_paged_avx2, ring: attn_decode_ring_avx2, prefill: attn_prefill_avx2, rope: rope_neox_avx2 },
+        avx512: Kernels { paged: attn_decode_paged_avx512, ring: attn_decode_ring_avx512, prefill: attn_prefill_avx512, rope: rope_neox_avx512 },
+    )
 }
 
 /// Largest head dim the kernels accept (scratch and tiles are sized per head; no model uses more than 256).
@@ -479,26 +489,10 @@ pub struct RingKv<'a> {
     pub pos: &'a [u32],
 }
 
-/// Decode over a paged cache (full-attention layers) with the fastest path and all cores; `q`, `out`:
-/// `[batch, Hq, D]`.
-pub fn decode_paged(
-    dims: &AttnDims,
-    scale: f32,
-    batch: usize,
-    q: &[f32],
-    kv: &PagedKv<'_>,
-    out: &mut [f32],
-) -> Result<(), KernelError> {
-    decode_paged_with(
-        Isa::detected(),
-        crate::cpu::default_threads(),
-        dims,
-        scale,
-        batch,
-        q,
-        kv,
-        out,
-    )
+fastest_path! {
+    /// Decode over a paged cache (full-attention layers) with the fastest path and all cores; `q`, `out`:
+    /// `[batch, Hq, D]`.
+    pub fn decode_paged(dims: &AttnDims, scale: f32, batch: usize, q: &[f32], kv: &PagedKv<'_>, out: &mut [f32]) -> Result<(), KernelError> = decode_paged_with;
 }
 
 /// [`decode_paged`] on an explicit path and thread count (threads split the (sequence, KV head) pairs).
@@ -540,12 +534,7 @@ pub fn decode_paged_with(
         kv.block_table.len(),
         kv.max_pages
     );
-    crate::ensure_shape!(
-        kv.lens.len() == batch,
-        OP,
-        "lens has {} entries, expected batch = {batch}",
-        kv.lens.len()
-    );
+    check_per_sequence(OP, "lens", kv.lens.len(), batch)?;
     for (b, &len) in kv.lens.iter().enumerate() {
         let len = len as usize;
         crate::ensure_shape!(
@@ -578,37 +567,14 @@ pub fn decode_paged_with(
     a.lens = kv.lens.as_ptr();
     a.page_size = ps as i64;
     a.max_pages = kv.max_pages as i64;
-    // SAFETY: sizes, page ids and lengths were checked above; each item writes only its own output rows.
-    run_items(
-        OP,
-        isa,
-        batch * hkv,
-        threads,
-        scratch_len(dims),
-        |i0, i1, s| unsafe { (kern.paged)(&a, i0, i1, s) },
-    )
+    // SAFETY: sizes, page ids and lengths were checked above; `kern` is the path's own decode kernel.
+    unsafe { run_decode(OP, isa, threads, dims, batch, &a, kern.paged) }
 }
 
-/// Decode over a sliding-window ring (sliding layers) with the fastest path and all cores; `q`, `out`:
-/// `[batch, Hq, D]`.
-pub fn decode_ring(
-    dims: &AttnDims,
-    scale: f32,
-    batch: usize,
-    q: &[f32],
-    kv: &RingKv<'_>,
-    out: &mut [f32],
-) -> Result<(), KernelError> {
-    decode_ring_with(
-        Isa::detected(),
-        crate::cpu::default_threads(),
-        dims,
-        scale,
-        batch,
-        q,
-        kv,
-        out,
-    )
+fastest_path! {
+    /// Decode over a sliding-window ring (sliding layers) with the fastest path and all cores; `q`, `out`:
+    /// `[batch, Hq, D]`.
+    pub fn decode_ring(dims: &AttnDims, scale: f32, batch: usize, q: &[f32], kv: &RingKv<'_>, out: &mut [f32]) -> Result<(), KernelError> = decode_ring_with;
 }
 
 /// [`decode_ring`] on an explicit path and thread count (threads split the (sequence, KV head) pairs).
@@ -625,34 +591,23 @@ pub fn decode_ring_with(
 ) -> Result<(), KernelError> {
     const OP: &str = "attention::decode_ring";
     check_common(OP, dims, scale, batch, q, out)?;
-    crate::ensure_shape!(
-        kv.window >= 1,
-        OP,
-        "a sliding window must hold at least 1 token, got 0"
-    );
+    check_window(OP, kv.window)?;
     let (hkv, d, slots) = (dims.kv_heads, dims.head_dim, kv.window - 1);
-    let ring = checked_product(OP, "batch x Hkv x (window-1) x D", &[batch, hkv, slots, d])?;
-    crate::ensure_shape!(
-        kv.k_ring.len() == ring && kv.v_ring.len() == ring,
+    check_kv_pair(
         OP,
-        "k_ring and v_ring must have batch x Hkv x (window-1) x D = {ring} elements, got {} and {}",
-        kv.k_ring.len(),
-        kv.v_ring.len()
-    );
-    let cur = checked_product(OP, "batch x Hkv x D", &[batch, hkv, d])?;
-    crate::ensure_shape!(
-        kv.k_cur.len() == cur && kv.v_cur.len() == cur,
+        ["k_ring", "v_ring"],
+        [kv.k_ring.len(), kv.v_ring.len()],
+        "batch x Hkv x (window-1) x D",
+        &[batch, hkv, slots, d],
+    )?;
+    check_kv_pair(
         OP,
-        "k_cur and v_cur must have batch x Hkv x D = {cur} elements, got {} and {}",
-        kv.k_cur.len(),
-        kv.v_cur.len()
-    );
-    crate::ensure_shape!(
-        kv.pos.len() == batch,
-        OP,
-        "pos has {} entries, expected batch = {batch}",
-        kv.pos.len()
-    );
+        ["k_cur", "v_cur"],
+        [kv.k_cur.len(), kv.v_cur.len()],
+        "batch x Hkv x D",
+        &[batch, hkv, d],
+    )?;
+    check_per_sequence(OP, "pos", kv.pos.len(), batch)?;
     let bf16 = same_dtype(OP, &[kv.k_ring, kv.v_ring, kv.k_cur, kv.v_cur])?;
     let kern = kernels_for(OP, isa)?;
     let mut a = AttnArgs::new(dims, scale, q, out);
@@ -663,43 +618,16 @@ pub fn decode_ring_with(
     a.v_cur = kv.v_cur.ptr();
     a.pos = kv.pos.as_ptr();
     a.slots = slots as i64;
-    // SAFETY: ring, current K/V and pos sizes were checked above; the kernel reads min(pos, slots) slots per item
-    // and writes only its own output rows.
-    run_items(
-        OP,
-        isa,
-        batch * hkv,
-        threads,
-        scratch_len(dims),
-        |i0, i1, s| unsafe { (kern.ring)(&a, i0, i1, s) },
-    )
+    // SAFETY: ring, current K/V and pos sizes were checked above (the kernel reads min(pos, slots) slots per
+    // item); `kern` is the path's own decode kernel.
+    unsafe { run_decode(OP, isa, threads, dims, batch, &a, kern.ring) }
 }
 
-/// Causal prefill of `t` tokens with the fastest path and all cores (layouts: module docs); `window = Some(W)`
-/// applies the sliding-window mask.
-#[allow(clippy::too_many_arguments)]
-pub fn prefill(
-    dims: &AttnDims,
-    scale: f32,
-    window: Option<usize>,
-    t: usize,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    out: &mut [f32],
-) -> Result<(), KernelError> {
-    prefill_with(
-        Isa::detected(),
-        crate::cpu::default_threads(),
-        dims,
-        scale,
-        window,
-        t,
-        q,
-        k,
-        v,
-        out,
-    )
+fastest_path! {
+    /// Causal prefill of `t` tokens with the fastest path and all cores (layouts: module docs); `window = Some(W)`
+    /// applies the sliding-window mask.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prefill(dims: &AttnDims, scale: f32, window: Option<usize>, t: usize, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) -> Result<(), KernelError> = prefill_with;
 }
 
 /// [`prefill`] on an explicit path and thread count (threads split the (token, KV head) pairs).
@@ -718,25 +646,22 @@ pub fn prefill_with(
 ) -> Result<(), KernelError> {
     const OP: &str = "attention::prefill";
     check_common(OP, dims, scale, t, q, out)?;
-    crate::ensure_shape!(
-        window != Some(0),
-        OP,
-        "a sliding window must hold at least 1 token, got 0"
-    );
+    if let Some(w) = window {
+        check_window(OP, w)?;
+    }
     // The C kernels index tokens with 32-bit lane arithmetic in places.
     crate::ensure_shape!(
         t <= i32::MAX as usize,
         OP,
         "{t} tokens is more than the kernels index (2^31 - 1)"
     );
-    let kvn = checked_product(OP, "t x Hkv x D", &[t, dims.kv_heads, dims.head_dim])?;
-    crate::ensure_shape!(
-        k.len() == kvn && v.len() == kvn,
+    check_kv_pair(
         OP,
-        "k and v must have t x Hkv x D = {kvn} elements, got {} and {}",
-        k.len(),
-        v.len()
-    );
+        ["k", "v"],
+        [k.len(), v.len()],
+        "t x Hkv x D",
+        &[t, dims.kv_heads, dims.head_dim],
+    )?;
     let kern = kernels_for(OP, isa)?;
     let mut a = AttnArgs::new(dims, scale, q, out);
     a.k = k.as_ptr();
@@ -819,21 +744,9 @@ fn prefill_blocked_avx512(
     )
 }
 
-/// Neox RoPE in place on `x` (`[t, heads, head_dim]`), row `i` at `positions[i]`, with the fastest path.
-pub fn rope_neox(
-    rope: &Rope,
-    heads: usize,
-    positions: &[u32],
-    x: &mut [f32],
-) -> Result<(), KernelError> {
-    rope_neox_with(
-        Isa::detected(),
-        crate::cpu::default_threads(),
-        rope,
-        heads,
-        positions,
-        x,
-    )
+fastest_path! {
+    /// Neox RoPE in place on `x` (`[t, heads, head_dim]`), row `i` at `positions[i]`, with the fastest path.
+    pub fn rope_neox(rope: &Rope, heads: usize, positions: &[u32], x: &mut [f32]) -> Result<(), KernelError> = rope_neox_with;
 }
 
 /// [`rope_neox`] on an explicit path and thread count (threads split the tokens).

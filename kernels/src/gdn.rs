@@ -39,6 +39,7 @@
 
 use crate::cpu::{Isa, SharedMut};
 use crate::error::checked_product;
+use crate::ops::{c_kernels, fastest_path, isa_kernels};
 use crate::KernelError;
 
 /// The l2-norm epsilon transformers uses for q and k (`l2norm(x, eps=1e-6)` in `modeling_qwen3_5`).
@@ -190,90 +191,31 @@ struct GdnArgs {
 // threads of `parallel_ranges`.
 unsafe impl Sync for GdnArgs {}
 
-type ConvFn = unsafe extern "C" fn(
-    i64,
-    i64,
-    i64,
-    *const f32,
-    *const f32,
-    *mut f32,
-    *mut f32,
-    i64,
-    i64,
-) -> i32;
-type DecodeFn = unsafe extern "C" fn(*const GdnArgs, i64, i64) -> i32;
-type PrefillFn = unsafe extern "C" fn(*const GdnArgs, i64, i64, i64, *mut f32) -> i32;
-
-extern "C" {
-    fn gdn_conv_scalar(
-        t: i64,
-        cd: i64,
-        kk: i64,
-        x: *const f32,
-        w: *const f32,
-        cs: *mut f32,
-        y: *mut f32,
-        c0: i64,
-        c1: i64,
-    ) -> i32;
-    fn gdn_decode_scalar(p: *const GdnArgs, i0: i64, i1: i64) -> i32;
-    fn gdn_prefill_scalar(p: *const GdnArgs, t: i64, h0: i64, h1: i64, scratch: *mut f32) -> i32;
+c_kernels! {
+    type ConvFn = fn(t: i64, cd: i64, kk: i64, x: *const f32, w: *const f32, cs: *mut f32, y: *mut f32, c0: i64, c1: i64) -> i32;
+    gdn_conv_scalar,
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] gdn_conv_avx2,
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] gdn_conv_avx512,
 }
-#[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))]
-extern "C" {
-    fn gdn_conv_avx2(
-        t: i64,
-        cd: i64,
-        kk: i64,
-        x: *const f32,
-        w: *const f32,
-        cs: *mut f32,
-        y: *mut f32,
-        c0: i64,
-        c1: i64,
-    ) -> i32;
-    fn gdn_decode_avx2(p: *const GdnArgs, i0: i64, i1: i64) -> i32;
-    fn gdn_prefill_avx2(p: *const GdnArgs, t: i64, h0: i64, h1: i64, scratch: *mut f32) -> i32;
-    fn gdn_conv_avx512(
-        t: i64,
-        cd: i64,
-        kk: i64,
-        x: *const f32,
-        w: *const f32,
-        cs: *mut f32,
-        y: *mut f32,
-        c0: i64,
-        c1: i64,
-    ) -> i32;
-    fn gdn_decode_avx512(p: *const GdnArgs, i0: i64, i1: i64) -> i32;
-    fn gdn_prefill_avx512(p: *const GdnArgs, t: i64, h0: i64, h1: i64, scratch: *mut f32) -> i32;
+c_kernels! {
+    type DecodeFn = fn(p: *const GdnArgs, i0: i64, i1: i64) -> i32;
+    gdn_decode_scalar,
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] gdn_decode_avx2,
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] gdn_decode_avx512,
+}
+c_kernels! {
+    type PrefillFn = fn(p: *const GdnArgs, t: i64, h0: i64, h1: i64, scratch: *mut f32) -> i32;
+    gdn_prefill_scalar,
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] gdn_prefill_avx2,
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] gdn_prefill_avx512,
 }
 
 fn kernels_for(op: &'static str, isa: Isa) -> Result<(ConvFn, DecodeFn, PrefillFn), KernelError> {
-    if !isa.is_supported() {
-        return Err(KernelError::IsaUnavailable { op, isa });
-    }
-    Ok(match isa {
-        Isa::Scalar => (
-            gdn_conv_scalar as ConvFn,
-            gdn_decode_scalar as DecodeFn,
-            gdn_prefill_scalar as PrefillFn,
-        ),
-        #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))]
-        Isa::Avx2 => (
-            gdn_conv_avx2 as ConvFn,
-            gdn_decode_avx2 as DecodeFn,
-            gdn_prefill_avx2 as PrefillFn,
-        ),
-        #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))]
-        Isa::Avx512 => (
-            gdn_conv_avx512 as ConvFn,
-            gdn_decode_avx512 as DecodeFn,
-            gdn_prefill_avx512 as PrefillFn,
-        ),
-        #[cfg(not(all(target_arch = "x86_64", edgefit_x86_kernels)))]
-        _ => return Err(KernelError::IsaUnavailable { op, isa }),
-    })
+    isa_kernels!(op, isa,
+        scalar: (gdn_conv_scalar, gdn_decode_scalar, gdn_prefill_scalar),
+        avx2: (gdn_conv_avx2, gdn_decode_avx2, gdn_prefill_avx2),
+        avx512: (gdn_conv_avx512, gdn_decode_avx512, gdn_prefill_avx512),
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -327,30 +269,12 @@ fn args(
     }
 }
 
-/// One decode step for `batch` sequences (one token each) with the fastest path and all cores: conv state and
-/// recurrent state of every sequence advance by one token and `out` (`[batch, Hv*dv]`) receives the gated-norm
-/// output. One call per layer.
-#[allow(clippy::too_many_arguments)]
-pub fn decode_step(
-    dims: &GdnDims,
-    w: &GdnWeights<'_>,
-    batch: usize,
-    x: &GdnInputs<'_>,
-    conv_state: &mut [f32],
-    state: &mut [f32],
-    out: &mut [f32],
-) -> Result<(), KernelError> {
-    decode_step_with(
-        Isa::detected(),
-        crate::cpu::default_threads(),
-        dims,
-        w,
-        batch,
-        x,
-        conv_state,
-        state,
-        out,
-    )
+fastest_path! {
+    /// One decode step for `batch` sequences (one token each) with the fastest path and all cores: conv state and
+    /// recurrent state of every sequence advance by one token and `out` (`[batch, Hv*dv]`) receives the gated-norm
+    /// output. One call per layer.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_step(dims: &GdnDims, w: &GdnWeights<'_>, batch: usize, x: &GdnInputs<'_>, conv_state: &mut [f32], state: &mut [f32], out: &mut [f32]) -> Result<(), KernelError> = decode_step_with;
 }
 
 /// [`decode_step`] on an explicit instruction-set path and thread count (threads split the `batch * Hv`
@@ -413,30 +337,12 @@ fn prefill_scratch_len(dims: &GdnDims) -> usize {
     4 * CHUNK * dims.key_dim + 3 * CHUNK * dims.value_dim + 2 * CHUNK * CHUNK + 2 * CHUNK
 }
 
-/// Chunked prefill of `t` tokens of one sequence (chunk [`CHUNK`], WY / UT-transform form, ragged last chunk),
-/// continuing from `conv_state` / `state` (zeros for a new sequence) and leaving them as `t` calls of
-/// [`decode_step`] would. `out` is `[t, Hv*dv]`.
-#[allow(clippy::too_many_arguments)]
-pub fn prefill(
-    dims: &GdnDims,
-    w: &GdnWeights<'_>,
-    t: usize,
-    x: &GdnInputs<'_>,
-    conv_state: &mut [f32],
-    state: &mut [f32],
-    out: &mut [f32],
-) -> Result<(), KernelError> {
-    prefill_with(
-        Isa::detected(),
-        crate::cpu::default_threads(),
-        dims,
-        w,
-        t,
-        x,
-        conv_state,
-        state,
-        out,
-    )
+fastest_path! {
+    /// Chunked prefill of `t` tokens of one sequence (chunk [`CHUNK`], WY / UT-transform form, ragged last chunk),
+    /// continuing from `conv_state` / `state` (zeros for a new sequence) and leaving them as `t` calls of
+    /// [`decode_step`] would. `out` is `[t, Hv*dv]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prefill(dims: &GdnDims, w: &GdnWeights<'_>, t: usize, x: &GdnInputs<'_>, conv_state: &mut [f32], state: &mut [f32], out: &mut [f32]) -> Result<(), KernelError> = prefill_with;
 }
 
 /// [`prefill`] on an explicit instruction-set path and thread count (threads split the conv channels, then the

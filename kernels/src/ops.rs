@@ -19,6 +19,59 @@ pub use crate::shapes::NormWeight;
 use crate::cpu::record_isa;
 pub use crate::cpu::seq_isa_calls;
 
+/// Declares C kernels that share one signature, and optionally a function-pointer type for them, so the
+/// signature is written once for every path: `c_kernels! { type F = fn(x: *const f32) -> i32; k_scalar,
+/// #[cfg(..)] k_avx2 }`. The CPU op modules use it for their `extern "C"` blocks.
+macro_rules! c_kernels {
+    ($vis:vis $(type $alias:ident =)? fn $params:tt -> $ret:ty; $($(#[$m:meta])* $name:ident),+ $(,)?) => {
+        $($vis type $alias = unsafe extern "C" fn $params -> $ret;)?
+        extern "C" { $($(#[$m])* $vis fn $name $params -> $ret;)+ }
+    };
+    ($vis:vis $(type $alias:ident =)? fn $params:tt; $($(#[$m:meta])* $name:ident),+ $(,)?) => {
+        $($vis type $alias = unsafe extern "C" fn $params;)?
+        extern "C" { $($(#[$m])* $vis fn $name $params;)+ }
+    };
+}
+pub(crate) use c_kernels;
+
+/// `Ok` with the kernel (or kernel set) of `isa` among the scalar, AVX2 and AVX-512 builds, or
+/// [`KernelError::IsaUnavailable`] naming `op` when this CPU or this build lacks the path. The AVX2 and AVX-512
+/// expressions are compiled only where the x86 kernels are built, so they may name symbols that exist only there.
+macro_rules! isa_kernels {
+    ($op:expr, $isa:expr, scalar: $s:expr, avx2: $a2:expr, avx512: $a5:expr $(,)?) => {
+        'pick: {
+            let (op, isa): (&'static str, $crate::cpu::Isa) = ($op, $isa);
+            if !isa.is_supported() {
+                break 'pick Err($crate::KernelError::IsaUnavailable { op, isa });
+            }
+            // The arms are a `match`, not `Ok`s, so that distinct kernel functions coerce to one pointer type.
+            Ok(match isa {
+                $crate::cpu::Isa::Scalar => $s,
+                #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))]
+                $crate::cpu::Isa::Avx2 => $a2,
+                #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))]
+                $crate::cpu::Isa::Avx512 => $a5,
+                #[cfg(not(all(target_arch = "x86_64", edgefit_x86_kernels)))]
+                _ => break 'pick Err($crate::KernelError::IsaUnavailable { op, isa }),
+            })
+        }
+    };
+}
+pub(crate) use isa_kernels;
+
+/// Defines the plain entry point of an op, `name(args)`, as its `_with` form on the fastest path this CPU has
+/// ([`Isa::detected`]) and all cores ([`crate::cpu::default_threads`]); the doc comment and signature are written
+/// out at the call, only the forwarding body is generated.
+macro_rules! fastest_path {
+    ($(#[$m:meta])* pub fn $name:ident $(<$($lt:lifetime),+>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $with:path;) => {
+        $(#[$m])*
+        pub fn $name $(<$($lt),+>)? ($($arg: $ty),*) -> $ret {
+            $with($crate::cpu::Isa::detected(), $crate::cpu::default_threads(), $($arg),*)
+        }
+    };
+}
+pub(crate) use fastest_path;
+
 pub(crate) fn check_rmsnorm(
     op: &'static str,
     x: &[f32],
@@ -151,53 +204,25 @@ pub fn argmax(x: &[f32]) -> Result<usize, KernelError> {
     Ok(best)
 }
 
-type NormFn =
-    unsafe extern "C" fn(*const f32, *const f32, i64, i32, f32, *mut f32, i64, i64) -> i32;
-type GluFn = unsafe extern "C" fn(*const f32, i64, i32, *mut f32, i64, i64) -> i32;
-
-macro_rules! ops_externs {
-    ($norm:ident, $glu:ident) => {
-        extern "C" {
-            fn $norm(
-                x: *const f32,
-                w: *const f32,
-                dim: i64,
-                one_plus: i32,
-                eps: f32,
-                out: *mut f32,
-                r0: i64,
-                r1: i64,
-            ) -> i32;
-            fn $glu(
-                gate_up: *const f32,
-                inter: i64,
-                gelu: i32,
-                out: *mut f32,
-                r0: i64,
-                r1: i64,
-            ) -> i32;
-        }
-    };
+c_kernels! {
+    type NormFn = fn(x: *const f32, w: *const f32, dim: i64, one_plus: i32, eps: f32, out: *mut f32, r0: i64, r1: i64) -> i32;
+    ops_rmsnorm_scalar,
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] ops_rmsnorm_avx2,
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] ops_rmsnorm_avx512,
 }
-ops_externs!(ops_rmsnorm_scalar, ops_glu_scalar);
-#[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))]
-ops_externs!(ops_rmsnorm_avx2, ops_glu_avx2);
-#[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))]
-ops_externs!(ops_rmsnorm_avx512, ops_glu_avx512);
+c_kernels! {
+    type GluFn = fn(gate_up: *const f32, inter: i64, gelu: i32, out: *mut f32, r0: i64, r1: i64) -> i32;
+    ops_glu_scalar,
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] ops_glu_avx2,
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] ops_glu_avx512,
+}
 
 fn kernels_for(op: &'static str, isa: Isa) -> Result<(NormFn, GluFn), KernelError> {
-    if !isa.is_supported() {
-        return Err(KernelError::IsaUnavailable { op, isa });
-    }
-    Ok(match isa {
-        Isa::Scalar => (ops_rmsnorm_scalar as NormFn, ops_glu_scalar as GluFn),
-        #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))]
-        Isa::Avx2 => (ops_rmsnorm_avx2 as NormFn, ops_glu_avx2 as GluFn),
-        #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))]
-        Isa::Avx512 => (ops_rmsnorm_avx512 as NormFn, ops_glu_avx512 as GluFn),
-        #[cfg(not(all(target_arch = "x86_64", edgefit_x86_kernels)))]
-        _ => return Err(KernelError::IsaUnavailable { op, isa }),
-    })
+    isa_kernels!(op, isa,
+        scalar: (ops_rmsnorm_scalar, ops_glu_scalar),
+        avx2: (ops_rmsnorm_avx2, ops_glu_avx2),
+        avx512: (ops_rmsnorm_avx512, ops_glu_avx512),
+    )
 }
 
 /// Rows below which one thread does the whole op: a row of a few thousand floats takes about a microsecond, less
@@ -224,23 +249,9 @@ fn run_rows(
     record_isa(op, isa, tag.into_inner())
 }
 
-/// RMSNorm over rows of `weight.len()`: `out = x * rsqrt(mean(x^2) + eps) * w` (or `1 + w`), fastest path.
-pub fn rmsnorm(
-    x: &[f32],
-    weight: &[f32],
-    form: NormWeight,
-    eps: f32,
-    out: &mut [f32],
-) -> Result<(), KernelError> {
-    rmsnorm_with(
-        Isa::detected(),
-        crate::cpu::default_threads(),
-        x,
-        weight,
-        form,
-        eps,
-        out,
-    )
+fastest_path! {
+    /// RMSNorm over rows of `weight.len()`: `out = x * rsqrt(mean(x^2) + eps) * w` (or `1 + w`), fastest path.
+    pub fn rmsnorm(x: &[f32], weight: &[f32], form: NormWeight, eps: f32, out: &mut [f32]) -> Result<(), KernelError> = rmsnorm_with;
 }
 
 /// [`rmsnorm`] on an explicit path and thread count (threads split the rows).
@@ -300,15 +311,9 @@ fn glu_with(
     )
 }
 
-/// `out = silu(gate) * up` over rows of `gate_up` (`[rows, 2*inter]`, gate first), fastest path.
-pub fn silu_and_mul(gate_up: &[f32], inter: usize, out: &mut [f32]) -> Result<(), KernelError> {
-    silu_and_mul_with(
-        Isa::detected(),
-        crate::cpu::default_threads(),
-        gate_up,
-        inter,
-        out,
-    )
+fastest_path! {
+    /// `out = silu(gate) * up` over rows of `gate_up` (`[rows, 2*inter]`, gate first), fastest path.
+    pub fn silu_and_mul(gate_up: &[f32], inter: usize, out: &mut [f32]) -> Result<(), KernelError> = silu_and_mul_with;
 }
 
 /// [`silu_and_mul`] on an explicit path and thread count.
@@ -330,17 +335,11 @@ pub fn silu_and_mul_with(
     )
 }
 
-/// `out = gelu_erf(gate) * up` over rows of `gate_up` (`[rows, 2*inter]`, gate first), fastest path. The exact
-/// erf form, not the tanh approximation: Spark uses `gelu` (erf), and the seed measured tanh no faster on the
-/// phone NPU (1.535 vs 1.483 ms per layer) and kept erf for fidelity.
-pub fn gelu_and_mul(gate_up: &[f32], inter: usize, out: &mut [f32]) -> Result<(), KernelError> {
-    gelu_and_mul_with(
-        Isa::detected(),
-        crate::cpu::default_threads(),
-        gate_up,
-        inter,
-        out,
-    )
+fastest_path! {
+    /// `out = gelu_erf(gate) * up` over rows of `gate_up` (`[rows, 2*inter]`, gate first), fastest path. The exact
+    /// erf form, not the tanh approximation: Spark uses `gelu` (erf), and the seed measured tanh no faster on the
+    /// phone NPU (1.535 vs 1.483 ms per layer) and kept erf for fidelity.
+    pub fn gelu_and_mul(gate_up: &[f32], inter: usize, out: &mut [f32]) -> Result<(), KernelError> = gelu_and_mul_with;
 }
 
 /// [`gelu_and_mul`] on an explicit path and thread count.
@@ -371,14 +370,11 @@ pub fn act_and_mul(
     }
 }
 
-type ProbeFn = unsafe extern "C" fn(i64, *mut f32, *mut i64) -> i32;
-extern "C" {
-    fn ops_fma_probe_scalar(iters: i64, sink: *mut f32, flops: *mut i64) -> i32;
-}
-#[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))]
-extern "C" {
-    fn ops_fma_probe_avx2(iters: i64, sink: *mut f32, flops: *mut i64) -> i32;
-    fn ops_fma_probe_avx512(iters: i64, sink: *mut f32, flops: *mut i64) -> i32;
+c_kernels! {
+    type ProbeFn = fn(iters: i64, sink: *mut f32, flops: *mut i64) -> i32;
+    ops_fma_probe_scalar,
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] ops_fma_probe_avx2,
+    #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))] ops_fma_probe_avx512,
 }
 
 /// Runs the compute-roof probe (`iters` rounds of independent fused multiply-adds at the path's vector width) on
@@ -386,18 +382,11 @@ extern "C" {
 /// same run as the kernel it judges.
 pub fn fma_probe(isa: Isa, iters: u32) -> Result<f64, KernelError> {
     const OP: &str = "ops::fma_probe";
-    if !isa.is_supported() {
-        return Err(KernelError::IsaUnavailable { op: OP, isa });
-    }
-    let f: ProbeFn = match isa {
-        Isa::Scalar => ops_fma_probe_scalar,
-        #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))]
-        Isa::Avx2 => ops_fma_probe_avx2,
-        #[cfg(all(target_arch = "x86_64", edgefit_x86_kernels))]
-        Isa::Avx512 => ops_fma_probe_avx512,
-        #[cfg(not(all(target_arch = "x86_64", edgefit_x86_kernels)))]
-        _ => return Err(KernelError::IsaUnavailable { op: OP, isa }),
-    };
+    let f: ProbeFn = isa_kernels!(OP, isa,
+        scalar: ops_fma_probe_scalar,
+        avx2: ops_fma_probe_avx2,
+        avx512: ops_fma_probe_avx512,
+    )?;
     let (mut sink, mut flops) = (0.0f32, 0i64);
     // SAFETY: the probe only writes the two scalars it is given.
     let tag = unsafe { f(i64::from(iters), &mut sink, &mut flops) };

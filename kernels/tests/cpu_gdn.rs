@@ -3,91 +3,22 @@
 //! starting states, ragged head dims, poisoned outputs, and proof (the ISA tag counters) that each path ran.
 
 use kernels::cpu::Isa;
-use kernels::gdn::{self, GdnDims, GdnInputs, GdnWeights};
+use kernels::gdn::{self, GdnDims, GdnWeights};
 use kernels::ops::seq_isa_calls;
 use kernels::reference;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-struct Layer {
-    conv_weight: Vec<f32>,
-    a_log: Vec<f32>,
-    dt_bias: Vec<f32>,
-    norm_weight: Vec<f32>,
-}
+mod common;
+use common::{
+    assert_scaled_close, gdn_dims_of, gdn_layer as layer, gdn_reference_steps,
+    gdn_tokens as tokens, uniform_in as uniform, GdnLayer, GdnTokens,
+};
+use kernels::KernelError;
 
-impl Layer {
-    fn new(dims: &GdnDims, rng: &mut ChaCha8Rng, a_log_range: (f32, f32)) -> Layer {
-        Layer {
-            conv_weight: uniform(rng, dims.conv_dim() * dims.conv_kernel, -0.6, 0.6),
-            a_log: uniform(rng, dims.value_heads, a_log_range.0, a_log_range.1),
-            dt_bias: uniform(rng, dims.value_heads, -1.0, 1.0),
-            norm_weight: uniform(rng, dims.value_dim, 0.5, 1.5),
-        }
-    }
-    fn weights(&self) -> GdnWeights<'_> {
-        GdnWeights {
-            conv_weight: &self.conv_weight,
-            a_log: &self.a_log,
-            dt_bias: &self.dt_bias,
-            norm_weight: &self.norm_weight,
-            norm_eps: 1e-6,
-        }
-    }
-}
-
-struct Tokens {
-    qkv: Vec<f32>,
-    z: Vec<f32>,
-    a: Vec<f32>,
-    b: Vec<f32>,
-}
-
-impl Tokens {
-    fn new(dims: &GdnDims, n: usize, rng: &mut ChaCha8Rng) -> Tokens {
-        Tokens {
-            qkv: uniform(rng, n * dims.conv_dim(), -1.5, 1.5),
-            z: uniform(rng, n * dims.value_width(), -2.0, 2.0),
-            a: uniform(rng, n * dims.value_heads, -3.0, 2.0),
-            b: uniform(rng, n * dims.value_heads, -3.0, 3.0),
-        }
-    }
-    fn inputs(&self) -> GdnInputs<'_> {
-        GdnInputs {
-            qkv: &self.qkv,
-            z: &self.z,
-            a: &self.a,
-            b: &self.b,
-        }
-    }
-}
-
-fn uniform(rng: &mut ChaCha8Rng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.gen_range(lo..hi)).collect()
-}
-
-/// Asserts |got - want| <= tol * (1 + |want|) everywhere, naming the first offender.
+/// Asserts |got - want| <= tol * (1 + |want|) everywhere, naming the worst offender.
 fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    let mut worst = (0.0f32, 0usize);
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let err = if g.is_finite() {
-            (g - w).abs() / (1.0 + w.abs())
-        } else {
-            f32::INFINITY
-        };
-        if err > worst.0 || err.is_nan() {
-            worst = (err, i);
-        }
-    }
-    assert!(
-        worst.0 <= tol,
-        "{what}: element {} is {} expected {} (scaled error {:e} > {tol:e})",
-        worst.1,
-        got[worst.1],
-        want[worst.1],
-        worst.0
-    );
+    assert_scaled_close(what, got, want, tol, |_| String::new());
 }
 
 /// Scaled error bounds (|got - want| / (1 + |want|)) against the f64 reference. Measured on this machine over
@@ -95,75 +26,34 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 const OUT_TOL: f32 = 1e-4;
 const STATE_TOL: f32 = 4e-6;
 
-const SMALL: GdnDims = GdnDims {
-    key_heads: 2,
-    value_heads: 6,
-    key_dim: 32,
-    value_dim: 32,
-    conv_kernel: 4,
-};
-const RAGGED: GdnDims = GdnDims {
-    key_heads: 1,
-    value_heads: 3,
-    key_dim: 20,
-    value_dim: 24,
-    conv_kernel: 4,
-};
-const QWEN_HEAD: GdnDims = GdnDims {
-    key_heads: 1,
-    value_heads: 3,
-    key_dim: 128,
-    value_dim: 128,
-    conv_kernel: 4,
-};
+const SMALL: GdnDims = gdn_dims_of(2, 6, 32, 32, 4);
+const RAGGED: GdnDims = gdn_dims_of(1, 3, 20, 24, 4);
+const QWEN_HEAD: GdnDims = gdn_dims_of(1, 3, 128, 128, 4);
 
 fn check_decode(isa: Isa, dims: &GdnDims, batch: usize, steps: usize, seed: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let layer = Layer::new(dims, &mut rng, (-1.0, 1.0));
+    let layer = layer(dims, &mut rng, (-1.0, 1.0));
     let w = layer.weights();
     let mut conv = uniform(&mut rng, batch * dims.conv_state_len(), -1.0, 1.0);
     let mut state = uniform(&mut rng, batch * dims.state_len(), -0.5, 0.5);
     let (mut conv_ref, mut state_ref) = (conv.clone(), state.clone());
     for step in 0..steps {
-        let tok = Tokens::new(dims, batch, &mut rng);
+        let tok = tokens(dims, batch, &mut rng);
         let mut out = vec![f32::NAN; batch * dims.value_width()];
-        let before = seq_isa_calls(isa);
-        gdn::decode_step_with(
-            isa,
-            2,
-            dims,
-            &w,
-            batch,
-            &tok.inputs(),
-            &mut conv,
-            &mut state,
-            &mut out,
-        )
-        .unwrap();
-        assert!(seq_isa_calls(isa) > before, "{isa:?} path did not run");
-        let mut want = vec![0.0f32; batch * dims.value_width()];
-        let (cd, vw, hv) = (dims.conv_dim(), dims.value_width(), dims.value_heads);
-        for b in 0..batch {
-            let x = GdnInputs {
-                qkv: &tok.qkv[b * cd..(b + 1) * cd],
-                z: &tok.z[b * vw..(b + 1) * vw],
-                a: &tok.a[b * hv..(b + 1) * hv],
-                b: &tok.b[b * hv..(b + 1) * hv],
-            };
-            reference::gdn::step(
-                dims,
-                &w,
-                &x,
-                &mut conv_ref[b * dims.conv_state_len()..(b + 1) * dims.conv_state_len()],
-                &mut state_ref[b * dims.state_len()..(b + 1) * dims.state_len()],
-                &mut want[b * vw..(b + 1) * vw],
-            )
-            .unwrap();
-        }
+        let (x, c, s) = (tok.inputs(), &mut conv, &mut state);
+        ran_on(isa, || {
+            gdn::decode_step_with(isa, 2, dims, &w, batch, &x, c, s, &mut out)
+        });
+        let want = gdn_reference_steps(dims, &w, &tok.inputs(), &mut conv_ref, &mut state_ref);
         let ctx = format!("{isa:?} {dims:?} step {step}");
-        assert_close(&format!("{ctx} out"), &out, &want, OUT_TOL);
-        assert_close(&format!("{ctx} state"), &state, &state_ref, STATE_TOL);
-        assert_eq!(conv, conv_ref, "{ctx} conv state");
+        assert_all(
+            &ctx,
+            "state",
+            [&out, &want],
+            OUT_TOL,
+            [&state, &state_ref],
+            [&conv, &conv_ref],
+        );
     }
 }
 
@@ -176,15 +66,35 @@ fn decode_step_matches_reference_on_every_isa() {
     }
 }
 
-fn check_prefill(
-    isa: Isa,
-    dims: &GdnDims,
-    t: usize,
-    warm: bool,
-    a_log_range: (f32, f32),
-    seed: u64,
+/// Runs `f` and asserts that the `isa` path ran.
+fn ran_on(isa: Isa, f: impl FnOnce() -> Result<(), KernelError>) {
+    let before = seq_isa_calls(isa);
+    f().unwrap();
+    assert!(seq_isa_calls(isa) > before, "{isa:?} path did not run");
+}
+
+/// The output within `out_tol`, the recurrent state within STATE_TOL and the conv history exactly, each pair
+/// `[got, want]`.
+fn assert_all(
+    ctx: &str,
+    state_name: &str,
+    out: [&[f32]; 2],
+    out_tol: f32,
+    state: [&[f32]; 2],
+    conv: [&[f32]; 2],
 ) {
-    check_prefill_within(isa, dims, t, warm, a_log_range, seed, OUT_TOL);
+    assert_close(&format!("{ctx} out"), out[0], out[1], out_tol);
+    assert_close(
+        &format!("{ctx} {state_name}"),
+        state[0],
+        state[1],
+        STATE_TOL,
+    );
+    assert_eq!(conv[0], conv[1], "{ctx} conv state");
+}
+
+fn check_prefill(isa: Isa, dims: &GdnDims, t: usize, warm: bool, a_log: (f32, f32), seed: u64) {
+    check_prefill_within(isa, dims, t, warm, a_log, seed, OUT_TOL);
 }
 
 /// [`check_prefill`] with a given bound on the outputs' scaled error.
@@ -198,7 +108,7 @@ fn check_prefill_within(
     out_tol: f32,
 ) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let layer = Layer::new(dims, &mut rng, a_log_range);
+    let layer = layer(dims, &mut rng, a_log_range);
     let w = layer.weights();
     let (mut conv, mut state) = if warm {
         (
@@ -212,37 +122,23 @@ fn check_prefill_within(
         )
     };
     let (mut conv_ref, mut state_ref) = (conv.clone(), state.clone());
-    let tok = Tokens::new(dims, t, &mut rng);
+    let tok = tokens(dims, t, &mut rng);
     let mut out = vec![f32::NAN; t * dims.value_width()];
     let mut want = vec![0.0f32; t * dims.value_width()];
-    let before = seq_isa_calls(isa);
-    gdn::prefill_with(
-        isa,
-        2,
-        dims,
-        &w,
-        t,
-        &tok.inputs(),
-        &mut conv,
-        &mut state,
-        &mut out,
-    )
-    .unwrap();
-    assert!(seq_isa_calls(isa) > before, "{isa:?} path did not run");
-    reference::gdn::sequence(
-        dims,
-        &w,
-        t,
-        &tok.inputs(),
-        &mut conv_ref,
-        &mut state_ref,
-        &mut want,
-    )
-    .unwrap();
+    let (x, c, s) = (tok.inputs(), &mut conv, &mut state);
+    ran_on(isa, || {
+        gdn::prefill_with(isa, 2, dims, &w, t, &x, c, s, &mut out)
+    });
+    reference::gdn::sequence(dims, &w, t, &x, &mut conv_ref, &mut state_ref, &mut want).unwrap();
     let ctx = format!("{isa:?} {dims:?} t={t} warm={warm}");
-    assert_close(&format!("{ctx} out"), &out, &want, out_tol);
-    assert_close(&format!("{ctx} final state"), &state, &state_ref, STATE_TOL);
-    assert_eq!(conv, conv_ref, "{ctx} conv state");
+    assert_all(
+        &ctx,
+        "final state",
+        [&out, &want],
+        out_tol,
+        [&state, &state_ref],
+        [&conv, &conv_ref],
+    );
 }
 
 #[test]
@@ -265,34 +161,29 @@ fn chunked_prefill_survives_decay_that_underflows_a_chunk() {
     }
 }
 
+/// The SMALL layer and `n` tokens drawn from `seed`.
+fn small_layer_and_tokens(seed: u64, n: usize) -> (GdnLayer, GdnTokens) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let layer = layer(&SMALL, &mut rng, (-1.0, 1.0));
+    (layer, tokens(&SMALL, n, &mut rng))
+}
+
 /// Prefill then decode is the same as decoding every token: the states prefill leaves are usable by the step.
 #[test]
 fn decode_continues_a_prefill() {
     let dims = SMALL;
-    let mut rng = ChaCha8Rng::seed_from_u64(40);
-    let layer = Layer::new(&dims, &mut rng, (-1.0, 1.0));
-    let w = layer.weights();
     let t = 67;
-    let tok = Tokens::new(&dims, t + 1, &mut rng);
-    let (cd, vw, hv) = (dims.conv_dim(), dims.value_width(), dims.value_heads);
+    let (layer, tok) = small_layer_and_tokens(40, t + 1);
+    let w = layer.weights();
+    let vw = dims.value_width();
     let (mut conv, mut state) = (
         vec![0.0; dims.conv_state_len()],
         vec![0.0; dims.state_len()],
     );
     let mut out = vec![0.0; t * vw];
-    let x = GdnInputs {
-        qkv: &tok.qkv[..t * cd],
-        z: &tok.z[..t * vw],
-        a: &tok.a[..t * hv],
-        b: &tok.b[..t * hv],
-    };
+    let x = tok.rows(&dims, 0, t);
     gdn::prefill(&dims, &w, t, &x, &mut conv, &mut state, &mut out).unwrap();
-    let last = GdnInputs {
-        qkv: &tok.qkv[t * cd..],
-        z: &tok.z[t * vw..],
-        a: &tok.a[t * hv..],
-        b: &tok.b[t * hv..],
-    };
+    let last = tok.rows(&dims, t, t + 1);
     let mut step_out = vec![f32::NAN; vw];
     gdn::decode_step(&dims, &w, 1, &last, &mut conv, &mut state, &mut step_out).unwrap();
     let (mut conv_ref, mut state_ref) = (
@@ -300,11 +191,12 @@ fn decode_continues_a_prefill() {
         vec![0.0; dims.state_len()],
     );
     let mut want = vec![0.0; (t + 1) * vw];
+    let x = tok.inputs();
     reference::gdn::sequence(
         &dims,
         &w,
         t + 1,
-        &tok.inputs(),
+        &x,
         &mut conv_ref,
         &mut state_ref,
         &mut want,
@@ -317,10 +209,8 @@ fn decode_continues_a_prefill() {
 #[test]
 fn bad_sizes_are_errors_not_ub() {
     let dims = SMALL;
-    let mut rng = ChaCha8Rng::seed_from_u64(50);
-    let layer = Layer::new(&dims, &mut rng, (-1.0, 1.0));
+    let (layer, tok) = small_layer_and_tokens(50, 2);
     let w = layer.weights();
-    let tok = Tokens::new(&dims, 2, &mut rng);
     let mut conv = vec![0.0; 2 * dims.conv_state_len()];
     let mut state = vec![0.0; 2 * dims.state_len()];
     let mut out = vec![0.0; 2 * dims.value_width()];
@@ -396,13 +286,9 @@ fn collinear_keys_one_dimensional() {
     for seed in 0..24u64 {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let hk = rng.gen_range(1..3usize);
-        let dims = GdnDims {
-            key_heads: hk,
-            value_heads: hk * rng.gen_range(1..4usize),
-            key_dim: 1,
-            value_dim: rng.gen_range(1..40usize),
-            conv_kernel: rng.gen_range(1..5usize),
-        };
+        let hv = hk * rng.gen_range(1..4usize);
+        let dv = rng.gen_range(1..40usize);
+        let dims = gdn_dims_of(hk, hv, 1, dv, rng.gen_range(1..5usize));
         let t = rng.gen_range(1..140usize);
         check_prefill_within(
             Isa::detected(),

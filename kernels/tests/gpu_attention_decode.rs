@@ -22,11 +22,13 @@
 use kernels::attention::{AttnDims, KvSlice, RingKv};
 use kernels::cuda::{DecodeKernels, Gpu, PagedAttentionDims, PagedKvCache, RingKvCache};
 use kernels::formats::bf16_to_f32;
-use kernels::reference;
 use rand_chacha::ChaCha8Rng;
 
 mod gpu_common;
-use gpu_common::{gpu, kv_bits, paged_decode_case, rel_err, rng, uniform};
+use gpu_common::{
+    assert_rel, attn, decode_dense_seq, gpu, kv_bits, paged_decode_case, paged_dims, rel_err, rng,
+    run_poisoned, uniform,
+};
 
 const TOL: f64 = 5e-3;
 
@@ -46,57 +48,41 @@ fn check_paged(
     bad_page: bool,
 ) {
     let (hq, hkv, d) = (attn.q_heads, attn.kv_heads, attn.head_dim);
-    let seqs = lens.len();
     let c = paged_decode_case(gpu, rng, attn, lens, page_size, bad_page);
     let (dims, scale, want) = (c.dims, c.scale, &c.want);
-    let (dq, dk, dv, dt, dl) = (&c.q, &c.k, &c.v, &c.table, &c.lens);
     let kv = PagedKvCache {
-        k: dk,
-        v: dv,
-        block_table: dt,
-        seq_lens: dl,
+        k: &c.k,
+        v: &c.v,
+        block_table: &c.table,
+        seq_lens: &c.lens,
+    };
+    let run = |kernels| {
+        run_poisoned(gpu, want.len(), |out| {
+            gpu.attention_decode_paged_tiled(kernels, &dims, &c.q, kv, scale, splits, out)
+        })
     };
     for tiling in Gpu::DECODE_TILINGS {
-        let mut out = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
-        gpu.attention_decode_paged_tiled(
-            DecodeKernels::with_tiling(tiling),
-            &dims,
-            dq,
-            kv,
-            scale,
-            splits,
-            &mut out,
-        )
-        .unwrap();
-        let got = gpu.download(&out).unwrap();
+        let got = run(DecodeKernels::with_tiling(tiling));
         let what = format!(
             "paged tiled {tiling:?} hq={hq} hkv={hkv} d={d} lens={lens:?} page={page_size} splits={splits} \
              bad_page={bad_page}"
         );
-        let e = rel_err(&what, &got, want);
-        assert!(e < TOL, "{what}: relative error {e:e} >= {TOL:e}");
+        assert_rel(&what, &got, want, TOL);
         // Each combine kernel explicitly, poisoned each time: the same bf16 split kernel, so the two must agree to
         // fp32 rounding (and the one Auto picks with the call above).
-        let by_combine = each_combine(&what, tiling, want, |kernels| {
-            let mut outc = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
-            gpu.attention_decode_paged_tiled(kernels, &dims, dq, kv, scale, splits, &mut outc)
-                .unwrap();
-            gpu.download(&outc).unwrap()
-        });
+        let by_combine = each_combine(&what, tiling, want, &run);
         let auto = &by_combine[usize::from(Gpu::DECODE_AUTO_SLICED_COMBINE)];
         let e = rel_err(&format!("{what} vs its Auto combine"), &got, auto);
         assert!(e < COMB_TOL, "{what}: {e:e} from the combine Auto picks");
     }
     // The public entry point (KernelPath::Auto: the tiled kernel on DECODE_AUTO_TILING).
-    let mut out = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
-    gpu.attention_decode_paged(&dims, dq, kv, scale, splits, &mut out)
-        .unwrap();
-    let got = gpu.download(&out).unwrap();
+    let got = run_poisoned(gpu, want.len(), |out| {
+        gpu.attention_decode_paged(&dims, &c.q, kv, scale, splits, out)
+    });
     let what = format!(
         "paged Auto hq={hq} hkv={hkv} d={d} lens={lens:?} page={page_size} splits={splits} bad_page={bad_page}"
     );
-    let e = rel_err(&what, &got, want);
-    assert!(e < TOL, "{what}: relative error {e:e} >= {TOL:e}");
+    assert_rel(&what, &got, want, TOL);
 }
 
 #[test]
@@ -104,11 +90,7 @@ fn tiled_paged_decode_matches_the_reference() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("tiled_paged_decode");
     // Qwen3.8-27B full attention: 24 query heads on 4 KV heads of 256; 300 splits leave most partials empty.
-    let qwen = AttnDims {
-        q_heads: 24,
-        kv_heads: 4,
-        head_dim: 256,
-    };
+    let qwen = attn(24, 4, 256);
     for &splits in &[1usize, 3, 0, 300] {
         check_paged(&gpu, &mut rng, qwen, &[1, 37, 300, 1000], 16, splits, false);
     }
@@ -121,19 +103,9 @@ fn tiled_paged_decode_matches_the_reference() {
             let hkv = 1 + case % 3;
             let page = [13usize, 32, 7, 64][case % 4];
             let lens = [1 + (case * 37) % 200, 31 + case, 97 + 5 * case];
-            check_paged(
-                &gpu,
-                &mut rng,
-                AttnDims {
-                    q_heads: r * hkv,
-                    kv_heads: hkv,
-                    head_dim: d,
-                },
-                &lens,
-                page,
-                [0usize, 2, 5][case % 3],
-                case % 2 == 0,
-            );
+            let splits = [0usize, 2, 5][case % 3];
+            let dims = attn(r * hkv, hkv, d);
+            check_paged(&gpu, &mut rng, dims, &lens, page, splits, case % 2 == 0);
         }
     }
 }
@@ -152,12 +124,7 @@ fn tiled_paged_decode_at_a_batch_that_fills_the_gpu() {
         assert_eq!(s, 1, "tiling {tiling:?}: {} pairs on {sms} SMs", seqs * hkv);
     }
     let lens: Vec<usize> = (0..seqs).map(|i| 1 + ((i + 3) * 29) % 97).collect();
-    let attn = AttnDims {
-        q_heads: 2 * hkv,
-        kv_heads: hkv,
-        head_dim: d,
-    };
-    check_paged(&gpu, &mut rng, attn, &lens, 16, 0, true);
+    check_paged(&gpu, &mut rng, attn(2 * hkv, hkv, d), &lens, 16, 0, true);
 }
 
 /// The combine kernels over ragged batches and split counts that exercise the sliced one's block shapes: 1 warp
@@ -169,11 +136,7 @@ fn tiled_paged_decode_at_a_batch_that_fills_the_gpu() {
 fn combines_agree_over_ragged_batches() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("decode_combines");
-    let qwen = AttnDims {
-        q_heads: 24,
-        kv_heads: 4,
-        head_dim: 256,
-    };
+    let qwen = attn(24, 4, 256);
     let lens = [0usize, 1, 2, 31, 64, 65, 500, 1999];
     for &splits in &[2usize, 5, 9, 64, 65, 300, 0] {
         check_paged(&gpu, &mut rng, qwen, &lens, 16, splits, false);
@@ -182,18 +145,8 @@ fn combines_agree_over_ragged_batches() {
     check_paged(&gpu, &mut rng, qwen, &[1], 64, 40, false);
     check_paged(&gpu, &mut rng, qwen, &[0], 64, 12, false);
     // 1024 splits at head dims 64 and 128 (64 splits per warp, 8 chunks), group sizes 4 and 3.
-    let long = AttnDims {
-        q_heads: 4,
-        kv_heads: 1,
-        head_dim: 64,
-    };
-    check_paged(&gpu, &mut rng, long, &[8192, 5], 64, 1024, true);
-    let long = AttnDims {
-        q_heads: 6,
-        kv_heads: 2,
-        head_dim: 128,
-    };
-    check_paged(&gpu, &mut rng, long, &[6000], 256, 1024, false);
+    check_paged(&gpu, &mut rng, attn(4, 1, 64), &[8192, 5], 64, 1024, true);
+    check_paged(&gpu, &mut rng, attn(6, 2, 128), &[6000], 256, 1024, false);
 }
 
 /// The split heuristic on the H200's 132 SMs at Qwen's shape (24q/4kv x 256): one wave, never more.
@@ -288,8 +241,8 @@ fn ring_case(rng: &mut ChaCha8Rng, attn: AttnDims, window: usize, pos: &[u32]) -
     let scale = 1.0 / (d as f32).sqrt();
     // Dense reference: the valid slots in slot order, then the current token.
     let mut want = vec![0.0f32; seqs * hq * d];
-    for s in 0..seqs {
-        let valid = (pos[s] as usize).min(slots);
+    for (s, &p) in pos.iter().enumerate() {
+        let valid = (p as usize).min(slots);
         let n = valid + 1;
         let (mut kd, mut vd) = (vec![0.0f32; n * hkv * d], vec![0.0f32; n * hkv * d]);
         for t in 0..n {
@@ -307,17 +260,7 @@ fn ring_case(rng: &mut ChaCha8Rng, attn: AttnDims, window: usize, pos: &[u32]) -
                 }
             }
         }
-        reference::attention::decode_dense(
-            &attn,
-            scale,
-            None,
-            n,
-            &q[s * hq * d..(s + 1) * hq * d],
-            &kd,
-            &vd,
-            &mut want[s * hq * d..(s + 1) * hq * d],
-        )
-        .unwrap();
+        decode_dense_seq(&attn, scale, s, n, &q, &kd, &vd, &mut want);
     }
     // The CPU ring decode on the same bf16 ring (the kernel the GPU one replaces).
     let hb =
@@ -362,25 +305,16 @@ fn check_ring(
     let (hq, hkv, d) = (attn.q_heads, attn.kv_heads, attn.head_dim);
     let seqs = pos.len();
     let scale = 1.0 / (d as f32).sqrt();
-    let RingCase {
-        kr,
-        vr,
-        kcur,
-        vcur,
-        q,
-        want,
-        cpu,
-    } = ring_case(rng, attn, window, pos);
-    let (dq, dkr, dvr) = (
-        gpu.upload(&q).unwrap(),
-        gpu.upload(&kr).unwrap(),
-        gpu.upload(&vr).unwrap(),
+    let c = ring_case(rng, attn, window, pos);
+    let up = |v: &[u16]| gpu.upload(v).unwrap();
+    let (dq, dkr, dvr, dkc, dvc) = (
+        gpu.upload(&c.q).unwrap(),
+        up(&c.kr),
+        up(&c.vr),
+        up(&c.kcur),
+        up(&c.vcur),
     );
-    let (dkc, dvc, dp) = (
-        gpu.upload(&kcur).unwrap(),
-        gpu.upload(&vcur).unwrap(),
-        gpu.upload(pos).unwrap(),
-    );
+    let dp = gpu.upload(pos).unwrap();
     let kv = RingKvCache {
         window,
         k_ring: &dkr,
@@ -389,40 +323,28 @@ fn check_ring(
         v_cur: &dvc,
         pos: &dp,
     };
+    let run = |kernels| {
+        run_poisoned(gpu, c.want.len(), |out| {
+            gpu.attention_decode_ring_with(kernels, &attn, seqs, &dq, kv, scale, splits, out)
+        })
+    };
     for tiling in Gpu::DECODE_TILINGS {
-        let mut out = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
-        gpu.attention_decode_ring_with(
-            DecodeKernels::with_tiling(tiling),
-            &attn,
-            seqs,
-            &dq,
-            kv,
-            scale,
-            splits,
-            &mut out,
-        )
-        .unwrap();
-        let got = gpu.download(&out).unwrap();
+        let got = run(DecodeKernels::with_tiling(tiling));
         let what = format!(
             "ring {tiling:?} hq={hq} hkv={hkv} d={d} window={window} pos={pos:?} splits={splits}"
         );
-        let e = rel_err(&format!("{what} vs reference"), &got, &want);
-        assert!(
-            e < TOL,
-            "{what}: relative error {e:e} >= {TOL:e} against the f64 reference"
-        );
-        let e = rel_err(&format!("{what} vs cpu"), &got, &cpu);
-        assert!(
-            e < TOL,
-            "{what}: relative error {e:e} >= {TOL:e} against the CPU decode_ring"
-        );
+        for (oracle, want) in [
+            ("the f64 reference", &c.want),
+            ("the CPU decode_ring", &c.cpu),
+        ] {
+            let e = rel_err(&format!("{what} vs {oracle}"), &got, want);
+            assert!(
+                e < TOL,
+                "{what}: relative error {e:e} >= {TOL:e} against {oracle}"
+            );
+        }
         // Each combine kernel explicitly, as in check_paged.
-        each_combine(&what, tiling, &want, |kernels| {
-            let mut outc = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
-            gpu.attention_decode_ring_with(kernels, &attn, seqs, &dq, kv, scale, splits, &mut outc)
-                .unwrap();
-            gpu.download(&outc).unwrap()
-        });
+        each_combine(&what, tiling, &c.want, &run);
     }
 }
 
@@ -463,11 +385,7 @@ fn ring_decode_matches_the_cpu_ring_and_the_reference() {
     let mut rng = rng("ring_decode");
     // Gemma-3-like sliding layer at a small window: 8 query heads on 4 KV heads of 256 (r = 2); positions before
     // the ring fills (0: only the current token; 5; exactly the slot count), after it wrapped (once, many times).
-    let gemma = AttnDims {
-        q_heads: 8,
-        kv_heads: 4,
-        head_dim: 256,
-    };
+    let gemma = attn(8, 4, 256);
     for &splits in &[1usize, 0, 3, 300] {
         check_ring(&gpu, &mut rng, gemma, 100, &[0, 5, 99, 250, 10_000], splits);
     }
@@ -479,18 +397,8 @@ fn ring_decode_matches_the_cpu_ring_and_the_reference() {
             let hkv = 1 + case % 2;
             let window = [2usize, 17, 65, 130][case % 4];
             let pos = [(case * 13) as u32 % 150, 1, 4 * window as u32 + 3];
-            check_ring(
-                &gpu,
-                &mut rng,
-                AttnDims {
-                    q_heads: r * hkv,
-                    kv_heads: hkv,
-                    head_dim: d,
-                },
-                window,
-                &pos,
-                [0usize, 1, 4][case % 3],
-            );
+            let splits = [0usize, 1, 4][case % 3];
+            check_ring(&gpu, &mut rng, attn(r * hkv, hkv, d), window, &pos, splits);
         }
     }
 }
@@ -505,27 +413,14 @@ fn the_ring_reference_agrees_with_the_cpu_ring() {
         (7, 64, 2, [0, 1, 9]),
         (3, 128, 17, [16, 17, 40]),
     ] {
-        let attn = AttnDims {
-            q_heads: 2 * r,
-            kv_heads: 2,
-            head_dim: d,
-        };
-        ring_case(&mut rng, attn, window, &pos);
+        ring_case(&mut rng, attn(2 * r, 2, d), window, &pos);
     }
 }
 
 #[test]
 fn tiled_decode_refuses_what_is_not_built() {
     let Some(gpu) = gpu() else { return };
-    let dims = PagedAttentionDims {
-        seqs: 1,
-        q_heads: 8,
-        kv_heads: 1,
-        head_dim: 64,
-        page_size: 4,
-        num_pages: 2,
-        max_pages_per_seq: 2,
-    };
+    let dims = paged_dims(&attn(8, 1, 64), 1, 4, 2, 2);
     let q = gpu.upload(&vec![0.0f32; 8 * 64]).unwrap();
     let kv = gpu.upload(&vec![0u16; 2 * 4 * 64]).unwrap();
     let bt = gpu.upload(&[0u32, 1]).unwrap();
@@ -592,11 +487,7 @@ fn tiled_decode_refuses_what_is_not_built() {
         assert!(e.contains(needle), "{d:?}: expected '{needle}' in: {e}");
     }
     // Ring: window 0, and a ring of the wrong size.
-    let attn = AttnDims {
-        q_heads: 8,
-        kv_heads: 1,
-        head_dim: 64,
-    };
+    let attn = attn(8, 1, 64);
     let cur = gpu.upload(&[0u16; 64]).unwrap();
     let pos = gpu.upload(&[3u32]).unwrap();
     let ring = |window| RingKvCache {

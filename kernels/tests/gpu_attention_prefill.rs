@@ -29,7 +29,7 @@ use kernels::formats::{bf16_to_f32, f32_to_bf16};
 use rand_chacha::ChaCha8Rng;
 
 mod gpu_common;
-use gpu_common::{gpu, rel_err, rng, uniform};
+use gpu_common::{attn, gpu, paged_dims, rel_err, rng, uniform};
 
 const NAN_BF16: u16 = 0x7fc0;
 const REL_BOUND: f64 = 1e-2;
@@ -136,17 +136,12 @@ fn prefill_matches_the_cpu_on_ragged_lengths_every_head_dim_and_tiling() {
     let mut case = 0usize;
     let mut worst = 0.0f64;
     for d in [64usize, 128, 256] {
-        let mut variants: Vec<Option<&str>> = vec![None];
-        variants.extend(Gpu::attention_prefill_variants(d).into_iter().map(Some));
+        let variants = tilings(d);
         for t in [1usize, 17, 63, 64, 65, 200, 333] {
             // Group sizes 1..8 in turn, over 1 or 2 KV heads.
             let group = 1 + case % 8;
             let kv_heads = 1 + case % 2;
-            let dims = AttnDims {
-                q_heads: group * kv_heads,
-                kv_heads,
-                head_dim: d,
-            };
+            let dims = attn(group * kv_heads, kv_heads, d);
             let scale = 1.0 / (d as f32).sqrt();
             let x = inputs(&mut rng, &dims, t);
             // Two windows per shape (no window every other case), each on every tiling.
@@ -178,11 +173,7 @@ fn prefill_covers_group_sizes_one_to_eight() {
             (256, 33, Some(20)),
             (64, 90, Some(7)),
         ] {
-            let dims = AttnDims {
-                q_heads: group * 2,
-                kv_heads: 2,
-                head_dim: d,
-            };
+            let dims = attn(group * 2, 2, d);
             let scale = 0.7 / (d as f32).sqrt();
             let x = inputs(&mut rng, &dims, t);
             let want = cpu_prefill(&dims, scale, w, t, &x);
@@ -214,11 +205,7 @@ fn varlen_batch_matches_each_sequence_alone() {
         (256, 6, 1, Some(48)),
         (64, 3, 2, Some(1)),
     ] {
-        let dims = AttnDims {
-            q_heads: group * kv_heads,
-            kv_heads,
-            head_dim: d,
-        };
+        let dims = attn(group * kv_heads, kv_heads, d);
         let scale = 1.0 / (d as f32).sqrt();
         let x = inputs(&mut rng, &dims, total);
         let (hq, hkv) = (dims.q_heads, dims.kv_heads);
@@ -270,11 +257,7 @@ fn varlen_batch_matches_each_sequence_alone() {
 #[test]
 fn bad_sizes_are_errors() {
     let Some(gpu) = gpu() else { return };
-    let dims = AttnDims {
-        q_heads: 8,
-        kv_heads: 2,
-        head_dim: 128,
-    };
+    let dims = attn(8, 2, 128);
     let t = 10;
     let buf = |n: usize| -> GpuBuffer<u16> { gpu.zeros(n).unwrap() };
     let (q, k, v) = (buf(t * 8 * 128), buf(t * 2 * 128), buf(t * 2 * 128));
@@ -364,7 +347,6 @@ fn out_like(gpu: &Gpu, n: usize) -> GpuBuffer<u16> {
 
 use half::bf16;
 use kernels::attention::KvSliceMut;
-use kernels::cuda::PagedAttentionDims;
 
 /// One sequence's history: `prefix` cached tokens then `new` tokens; q rows for all of them (the prefix's are
 /// only there for the CPU oracle, which computes every row).
@@ -461,21 +443,71 @@ fn cpu_store(
     }
 }
 
-fn paged_dims(
+/// The default entry point (`None`) and every built tiling for `head_dim`.
+fn tilings(head_dim: usize) -> Vec<Option<&'static str>> {
+    let mut v = vec![None];
+    v.extend(
+        Gpu::attention_prefill_variants(head_dim)
+            .into_iter()
+            .map(Some),
+    );
+    v
+}
+
+/// Histories of `prefixes[i]` cached and `news[i]` new tokens.
+fn histories(
+    rng: &mut ChaCha8Rng,
     dims: &AttnDims,
-    seqs: usize,
-    page_size: usize,
-    num_pages: usize,
-    max_pages: usize,
-) -> PagedAttentionDims {
-    PagedAttentionDims {
-        seqs,
-        q_heads: dims.q_heads,
-        kv_heads: dims.kv_heads,
-        head_dim: dims.head_dim,
-        page_size,
-        num_pages,
-        max_pages_per_seq: max_pages,
+    prefixes: &[usize],
+    news: &[usize],
+) -> Vec<History> {
+    let pairs = prefixes.iter().zip(news);
+    pairs.map(|(&p, &n)| history(rng, dims, p, n)).collect()
+}
+
+/// The new tokens of `hs` packed on the device, with their prefix lengths and cu_seqlens.
+struct DevChunk {
+    q: GpuBuffer<u16>,
+    k: GpuBuffer<u16>,
+    v: GpuBuffer<u16>,
+    cu: GpuBuffer<u32>,
+    prefix: GpuBuffer<u32>,
+    total: usize,
+    max_len: usize,
+}
+
+impl DevChunk {
+    fn new(gpu: &Gpu, dims: &AttnDims, hs: &[History]) -> DevChunk {
+        let (q, k, v, cu) = pack_new(dims, hs);
+        let pre: Vec<u32> = hs.iter().map(|h| h.prefix as u32).collect();
+        let up = |x: &[u16]| gpu.upload(x).unwrap();
+        DevChunk {
+            q: up(&q),
+            k: up(&k),
+            v: up(&v),
+            cu: gpu.upload(&cu).unwrap(),
+            prefix: gpu.upload(&pre).unwrap(),
+            total: hs.iter().map(|h| h.new).sum(),
+            max_len: hs.iter().map(|h| h.new).max().unwrap(),
+        }
+    }
+
+    fn chunk(&self) -> PrefillChunk<'_> {
+        PrefillChunk {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            cu_seqlens: &self.cu,
+            prefix_lens: &self.prefix,
+            total: self.total,
+            max_seqlen: self.max_len,
+        }
+    }
+
+    /// A NaN-poisoned output for the chunk.
+    fn out(&self, gpu: &Gpu, dims: &AttnDims) -> GpuBuffer<u16> {
+        gpu.upload(&vec![NAN_BF16; self.total * dims.q_heads * dims.head_dim])
+            .unwrap()
     }
 }
 
@@ -519,17 +551,9 @@ fn paged_prefill_continues_a_paged_prefix_on_every_tiling() {
         (128, 2, 2, 64),
         (256, 6, 2, 1),
     ] {
-        let dims = AttnDims {
-            q_heads: group * kv_heads,
-            kv_heads,
-            head_dim: d,
-        };
+        let dims = attn(group * kv_heads, kv_heads, d);
         let scale = 1.0 / (d as f32).sqrt();
-        let hs: Vec<History> = prefixes
-            .iter()
-            .zip(news)
-            .map(|(&p, n)| history(&mut rng, &dims, p, n))
-            .collect();
+        let hs = histories(&mut rng, &dims, &prefixes, &news);
         let (table, max_pages, num_pages) = paged_layout(&mut rng, &hs, page_size);
         let cache_len = num_pages * kv_heads * page_size * d;
         let (mut kc, mut vc) = (vec![bf16::NAN; cache_len], vec![bf16::NAN; cache_len]);
@@ -547,34 +571,26 @@ fn paged_prefill_continues_a_paged_prefix_on_every_tiling() {
                 &mut vc,
             );
         }
-        let (q, k, v, cu) = pack_new(&dims, &hs);
-        let total = q.len() / (dims.q_heads * d);
-        let max_len = *news.iter().max().unwrap();
+        let dc = DevChunk::new(&gpu, &dims, &hs);
         let pd = paged_dims(&dims, hs.len(), page_size, num_pages, max_pages);
         let up = |x: &[u16]| gpu.upload(x).unwrap();
-        let (qd, kd, vd) = (up(&q), up(&k), up(&v));
         let (kcd, vcd) = (up(&to_bits(&kc)), up(&to_bits(&vc)));
         let table_d = gpu.upload(&table).unwrap();
-        let pre: Vec<u32> = prefixes.iter().map(|&p| p as u32).collect();
-        let pre_d = gpu.upload(&pre).unwrap();
-        let cu_d = gpu.upload(&cu).unwrap();
-        let mut variants: Vec<Option<&str>> = vec![None];
-        variants.extend(Gpu::attention_prefill_variants(d).into_iter().map(Some));
+        let variants = tilings(d);
         // No window; one that cuts into the longer prefixes; one token; longer than any history.
         for w in [None, Some(20), Some(1), Some(1000)] {
             for &variant in &variants {
-                let mut out = up(&vec![NAN_BF16; q.len()]);
-                let chunk = PrefillChunk {
-                    q: &qd,
-                    k: &kd,
-                    v: &vd,
-                    cu_seqlens: &cu_d,
-                    prefix_lens: &pre_d,
-                    total,
-                    max_seqlen: max_len,
-                };
+                let mut out = dc.out(&gpu, &dims);
                 gpu.attention_prefill_paged_with(
-                    variant, &pd, scale, w, &kcd, &vcd, &table_d, chunk, &mut out,
+                    variant,
+                    &pd,
+                    scale,
+                    w,
+                    &kcd,
+                    &vcd,
+                    &table_d,
+                    dc.chunk(),
+                    &mut out,
                 )
                 .unwrap();
                 let what = format!(
@@ -595,27 +611,12 @@ fn ring_prefill_continues_a_ring_prefix_on_every_tiling() {
     let prefixes = [0usize, 3, 50, 200];
     let news = [17usize, 65, 1, 40];
     for (d, group, kv_heads) in [(64usize, 2usize, 2usize), (128, 8, 1), (256, 6, 1)] {
-        let dims = AttnDims {
-            q_heads: group * kv_heads,
-            kv_heads,
-            head_dim: d,
-        };
+        let dims = attn(group * kv_heads, kv_heads, d);
         let scale = 1.0 / (d as f32).sqrt();
-        let hs: Vec<History> = prefixes
-            .iter()
-            .zip(news)
-            .map(|(&p, n)| history(&mut rng, &dims, p, n))
-            .collect();
-        let (q, k, v, cu) = pack_new(&dims, &hs);
-        let total = q.len() / (dims.q_heads * d);
-        let max_len = *news.iter().max().unwrap();
+        let hs = histories(&mut rng, &dims, &prefixes, &news);
+        let dc = DevChunk::new(&gpu, &dims, &hs);
         let up = |x: &[u16]| gpu.upload(x).unwrap();
-        let (qd, kd, vd) = (up(&q), up(&k), up(&v));
-        let pre: Vec<u32> = prefixes.iter().map(|&p| p as u32).collect();
-        let pre_d = gpu.upload(&pre).unwrap();
-        let cu_d = gpu.upload(&cu).unwrap();
-        let mut variants: Vec<Option<&str>> = vec![None];
-        variants.extend(Gpu::attention_prefill_variants(d).into_iter().map(Some));
+        let variants = tilings(d);
         // Windows of 2 (one ring slot), shorter than some prefixes and chunks, longer than every history.
         for w in [2usize, 16, 33, 300] {
             let ring_len = hs.len() * kv_heads * (w - 1) * d;
@@ -625,16 +626,7 @@ fn ring_prefill_continues_a_ring_prefix_on_every_tiling() {
             }
             let (krd, vrd) = (up(&to_bits(&kr)), up(&to_bits(&vr)));
             for &variant in &variants {
-                let mut out = up(&vec![NAN_BF16; q.len()]);
-                let chunk = PrefillChunk {
-                    q: &qd,
-                    k: &kd,
-                    v: &vd,
-                    cu_seqlens: &cu_d,
-                    prefix_lens: &pre_d,
-                    total,
-                    max_seqlen: max_len,
-                };
+                let mut out = dc.out(&gpu, &dims);
                 gpu.attention_prefill_ring_with(
                     variant,
                     &dims,
@@ -643,7 +635,7 @@ fn ring_prefill_continues_a_ring_prefix_on_every_tiling() {
                     w,
                     &krd,
                     &vrd,
-                    chunk,
+                    dc.chunk(),
                     &mut out,
                 )
                 .unwrap();
@@ -681,11 +673,7 @@ fn chunked_prefill_with_stores_matches_one_prefill_of_the_whole_history() {
         (256, 6, 1, 9, Some(30usize)),
         (64, 2, 2, 8, Some(50)),
     ] {
-        let dims = AttnDims {
-            q_heads: group * kv_heads,
-            kv_heads,
-            head_dim: d,
-        };
+        let dims = attn(group * kv_heads, kv_heads, d);
         let scale = 1.0 / (d as f32).sqrt();
         let whole: Vec<History> = lens
             .iter()
@@ -724,28 +712,11 @@ fn chunked_prefill_with_stores_matches_one_prefill_of_the_whole_history() {
                     }
                 })
                 .collect();
-            let (q, k, v, cu) = pack_new(&dims, &hs);
-            let total = c.iter().sum::<usize>();
-            let max_len = *c.iter().max().unwrap();
-            let (qd, kd, vd) = (
-                gpu.upload(&q).unwrap(),
-                gpu.upload(&k).unwrap(),
-                gpu.upload(&v).unwrap(),
-            );
-            let pre_d = gpu.upload(&[done[0] as u32, done[1] as u32]).unwrap();
-            let cu_d = gpu.upload(&cu).unwrap();
+            let dc = DevChunk::new(&gpu, &dims, &hs);
             let what = format!("chunked d={d} window={window:?} round {round}");
             // Paged: attend over the prefix, then store the chunk.
-            let chunk = PrefillChunk {
-                q: &qd,
-                k: &kd,
-                v: &vd,
-                cu_seqlens: &cu_d,
-                prefix_lens: &pre_d,
-                total,
-                max_seqlen: max_len,
-            };
-            let mut out = gpu.upload(&vec![NAN_BF16; q.len()]).unwrap();
+            let chunk = dc.chunk();
+            let mut out = dc.out(&gpu, &dims);
             gpu.attention_prefill_paged(&pd, scale, window, &kcd, &vcd, &table_d, chunk, &mut out)
                 .unwrap();
             compare_batch(
@@ -760,7 +731,7 @@ fn chunked_prefill_with_stores_matches_one_prefill_of_the_whole_history() {
                 .unwrap();
             // Ring (sliding layers): attend first (the store overwrites prefix slots), then store.
             if let Some(w) = window {
-                let mut out = gpu.upload(&vec![NAN_BF16; q.len()]).unwrap();
+                let mut out = dc.out(&gpu, &dims);
                 gpu.attention_prefill_ring(&dims, 2, scale, w, &krd, &vrd, chunk, &mut out)
                     .unwrap();
                 compare_batch(
@@ -826,11 +797,7 @@ fn chunked_prefill_with_stores_matches_one_prefill_of_the_whole_history() {
 #[test]
 fn bad_cache_sizes_are_errors() {
     let Some(gpu) = gpu() else { return };
-    let dims = AttnDims {
-        q_heads: 8,
-        kv_heads: 2,
-        head_dim: 128,
-    };
+    let dims = attn(8, 2, 128);
     let (t, ps, pages, maxp) = (10usize, 16usize, 4usize, 2usize);
     let pd = paged_dims(&dims, 2, ps, pages, maxp);
     let buf = |n: usize| -> GpuBuffer<u16> { gpu.zeros(n).unwrap() };

@@ -11,11 +11,13 @@
 
 mod gpu_common;
 
-use gpu_common::{gpu, rel_err, rng, uniform};
-use kernels::cuda::{GdnGpuInputs, GdnGpuWeights, GdnPrefillIo, Gpu, GpuBuffer};
-use kernels::gdn::{self, GdnDims, GdnInputs, GdnWeights};
+use gpu_common::{
+    assert_scaled_close, gdn_dims, gdn_layer, gdn_per_sequence, gdn_reference_steps, gdn_tokens,
+    gpu, nan_f32, rel_err, rng, uniform, GdnGpuLayer, GdnGpuTokens,
+};
+use kernels::cuda::{GdnGpuInputs, GdnPrefillIo, Gpu, GpuBuffer};
+use kernels::gdn::{self, GdnDims};
 use kernels::reference;
-use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 /// Scaled error bounds, `|got - want| / (1 + |want|)` per element, against the f64 recurrence, for the fp32
@@ -91,170 +93,21 @@ const VARIANTS: [&str; 17] = [
 ];
 
 /// Qwen3.8-27B's group of 3 value heads per key head, with 2 key heads.
-const GROUP3: GdnDims = GdnDims {
-    key_heads: 2,
-    value_heads: 6,
-    key_dim: 128,
-    value_dim: 128,
-    conv_kernel: 4,
-};
-const ONE_HEAD: GdnDims = GdnDims {
-    key_heads: 1,
-    value_heads: 1,
-    key_dim: 128,
-    value_dim: 128,
-    conv_kernel: 4,
-};
-const GROUP1_K3: GdnDims = GdnDims {
-    key_heads: 3,
-    value_heads: 3,
-    key_dim: 128,
-    value_dim: 128,
-    conv_kernel: 3,
-};
-
-struct Layer {
-    conv_weight: Vec<f32>,
-    a_log: Vec<f32>,
-    dt_bias: Vec<f32>,
-    norm_weight: Vec<f32>,
-}
-
-impl Layer {
-    fn new(dims: GdnDims, rng: &mut ChaCha8Rng, a_log: (f32, f32)) -> Layer {
-        Layer {
-            conv_weight: uniform(rng, dims.conv_dim() * dims.conv_kernel, 0.6),
-            a_log: (0..dims.value_heads)
-                .map(|_| rng.gen_range(a_log.0..a_log.1))
-                .collect(),
-            dt_bias: uniform(rng, dims.value_heads, 1.0),
-            norm_weight: (0..dims.value_dim)
-                .map(|_| rng.gen_range(0.5..1.5))
-                .collect(),
-        }
-    }
-    fn weights(&self) -> GdnWeights<'_> {
-        GdnWeights {
-            conv_weight: &self.conv_weight,
-            a_log: &self.a_log,
-            dt_bias: &self.dt_bias,
-            norm_weight: &self.norm_weight,
-            norm_eps: 1e-6,
-        }
-    }
-}
-
-struct DevLayer {
-    conv_weight: GpuBuffer<f32>,
-    a_log: GpuBuffer<f32>,
-    dt_bias: GpuBuffer<f32>,
-    norm_weight: GpuBuffer<f32>,
-}
-
-impl DevLayer {
-    fn new(gpu: &Gpu, l: &Layer) -> DevLayer {
-        DevLayer {
-            conv_weight: gpu.upload(&l.conv_weight).unwrap(),
-            a_log: gpu.upload(&l.a_log).unwrap(),
-            dt_bias: gpu.upload(&l.dt_bias).unwrap(),
-            norm_weight: gpu.upload(&l.norm_weight).unwrap(),
-        }
-    }
-    fn weights(&self) -> GdnGpuWeights<'_> {
-        GdnGpuWeights {
-            conv_weight: &self.conv_weight,
-            a_log: &self.a_log,
-            dt_bias: &self.dt_bias,
-            norm_weight: &self.norm_weight,
-            norm_eps: 1e-6,
-        }
-    }
-}
-
-struct Tokens {
-    qkv: Vec<f32>,
-    z: Vec<f32>,
-    a: Vec<f32>,
-    b: Vec<f32>,
-}
-
-impl Tokens {
-    fn new(dims: &GdnDims, n: usize, rng: &mut ChaCha8Rng) -> Tokens {
-        Tokens {
-            qkv: uniform(rng, n * dims.conv_dim(), 1.5),
-            z: uniform(rng, n * dims.value_width(), 2.0),
-            a: (0..n * dims.value_heads)
-                .map(|_| rng.gen_range(-3.0..2.0))
-                .collect(),
-            b: uniform(rng, n * dims.value_heads, 3.0),
-        }
-    }
-    /// Rows `r0..r1` as CPU inputs.
-    fn rows(&self, dims: &GdnDims, r0: usize, r1: usize) -> GdnInputs<'_> {
-        let (cd, vw, hv) = (dims.conv_dim(), dims.value_width(), dims.value_heads);
-        GdnInputs {
-            qkv: &self.qkv[r0 * cd..r1 * cd],
-            z: &self.z[r0 * vw..r1 * vw],
-            a: &self.a[r0 * hv..r1 * hv],
-            b: &self.b[r0 * hv..r1 * hv],
-        }
-    }
-}
-
-struct DevTokens {
-    qkv: GpuBuffer<f32>,
-    z: GpuBuffer<f32>,
-    a: GpuBuffer<f32>,
-    b: GpuBuffer<f32>,
-}
-
-impl DevTokens {
-    fn new(gpu: &Gpu, x: &GdnInputs<'_>) -> DevTokens {
-        DevTokens {
-            qkv: gpu.upload(x.qkv).unwrap(),
-            z: gpu.upload(x.z).unwrap(),
-            a: gpu.upload(x.a).unwrap(),
-            b: gpu.upload(x.b).unwrap(),
-        }
-    }
-    fn inputs(&self) -> GdnGpuInputs<'_> {
-        GdnGpuInputs {
-            qkv: &self.qkv,
-            z: &self.z,
-            a: &self.a,
-            b: &self.b,
-        }
-    }
-}
+const GROUP3: GdnDims = gdn_dims(2, 6, 4);
+const ONE_HEAD: GdnDims = gdn_dims(1, 1, 4);
+const GROUP1_K3: GdnDims = gdn_dims(3, 3, 3);
 
 /// Asserts the scaled error `|got - want| / (1 + |want|)` is at most `tol` everywhere, naming the worst element
 /// as (row, head, column) of a `[rows, heads, 128]` or `[seqs, heads, 128, 128]` layout; returns the worst error.
 fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32, row_len: usize) -> f32 {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    let mut worst = (0.0f32, 0usize);
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let err = if g.is_finite() {
-            (g - w).abs() / (1.0 + w.abs())
-        } else {
-            f32::INFINITY
-        };
-        if err > worst.0 {
-            worst = (err, i);
-        }
-    }
-    let i = worst.1;
-    println!("{what}: worst scaled error {:e}", worst.0);
-    assert!(
-        worst.0 <= tol,
-        "{what}: element {i} (row {}, head {}, column {}) is {} expected {} (scaled error {:e} > {tol:e})",
-        i / row_len,
-        (i % row_len) / 128,
-        i % 128,
-        got[i],
-        want[i],
-        worst.0
-    );
-    worst.0
+    assert_scaled_close(what, got, want, tol, |i| {
+        format!(
+            " (row {}, head {}, column {})",
+            i / row_len,
+            (i % row_len) / 128,
+            i % 128
+        )
+    })
 }
 
 /// What one prefill call advances and writes: the conv history out, the state (starting from `state0`), the
@@ -268,12 +121,11 @@ struct Outputs {
 
 impl Outputs {
     fn new(gpu: &Gpu, conv_len: usize, state0: &[f32], out_len: usize, ws_len: usize) -> Self {
-        let nan = |len: usize| gpu.upload(&vec![f32::NAN; len]).unwrap();
         Outputs {
-            conv_out: nan(conv_len),
+            conv_out: nan_f32(gpu, conv_len),
             state: gpu.upload(state0).unwrap(),
-            out: nan(out_len),
-            ws: nan(ws_len),
+            out: nan_f32(gpu, out_len),
+            ws: nan_f32(gpu, ws_len),
         }
     }
 
@@ -312,46 +164,36 @@ fn check_batch(
         dims.key_heads, dims.value_heads, dims.conv_kernel
     );
     let (out_tol, state_tol) = tolerances(variant);
-    let layer = Layer::new(dims, rng, a_log);
+    let layer = gdn_layer(&dims, rng, a_log);
+    let w = layer.weights();
     let n: usize = lens.iter().sum();
     let seqs = lens.len();
-    let tok = Tokens::new(&dims, n, rng);
+    let tok = gdn_tokens(&dims, n, rng);
     let (csl, sl, vw) = (dims.conv_state_len(), dims.state_len(), dims.value_width());
     let conv0 = uniform(rng, seqs * csl, 1.0);
     let state0 = uniform(rng, seqs * sl, 0.5);
 
-    let (mut conv_ref, mut state_ref, mut out_ref) =
-        (conv0.clone(), state0.clone(), vec![0.0f32; n * vw]);
-    let (mut conv_cpu, mut state_cpu, mut out_cpu) =
-        (conv0.clone(), state0.clone(), vec![0.0f32; n * vw]);
-    let mut r0 = 0;
-    for (s, &l) in lens.iter().enumerate() {
-        let x = tok.rows(&dims, r0, r0 + l);
-        reference::gdn::sequence(
-            &dims,
-            &layer.weights(),
-            l,
-            &x,
-            &mut conv_ref[s * csl..(s + 1) * csl],
-            &mut state_ref[s * sl..(s + 1) * sl],
-            &mut out_ref[r0 * vw..(r0 + l) * vw],
-        )
-        .unwrap();
-        gdn::prefill(
-            &dims,
-            &layer.weights(),
-            l,
-            &x,
-            &mut conv_cpu[s * csl..(s + 1) * csl],
-            &mut state_cpu[s * sl..(s + 1) * sl],
-            &mut out_cpu[r0 * vw..(r0 + l) * vw],
-        )
-        .unwrap();
-        r0 += l;
-    }
+    let (mut conv_ref, mut state_ref) = (conv0.clone(), state0.clone());
+    let out_ref = gdn_per_sequence(
+        &dims,
+        lens,
+        &tok.inputs(),
+        &mut conv_ref,
+        &mut state_ref,
+        |l, x, c, s, o| reference::gdn::sequence(&dims, &w, l, x, c, s, o),
+    );
+    let (mut conv_cpu, mut state_cpu) = (conv0.clone(), state0.clone());
+    let out_cpu = gdn_per_sequence(
+        &dims,
+        lens,
+        &tok.inputs(),
+        &mut conv_cpu,
+        &mut state_cpu,
+        |l, x, c, s, o| gdn::prefill(&dims, &w, l, x, c, s, o),
+    );
 
-    let dl = DevLayer::new(gpu, &layer);
-    let dx = DevTokens::new(gpu, &tok.rows(&dims, 0, n));
+    let dl = GdnGpuLayer::new(gpu, &layer);
+    let dx = GdnGpuTokens::new(gpu, &tok.rows(&dims, 0, n));
     let conv_in = gpu.upload(&conv0).unwrap();
     let ws_len = Gpu::gdn_prefill_workspace_len_with(variant, &dims, lens).unwrap();
     let mut bufs = Outputs::new(gpu, conv0.len(), &state0, n * vw, ws_len);
@@ -538,13 +380,7 @@ fn ragged_batches_of_many_states_take_the_one_block_walk() {
 fn warp_prep_tiles_and_conv_kernels_match_the_recurrence() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("gdn_prefill warp prep");
-    let k2 = GdnDims {
-        key_heads: 1,
-        value_heads: 2,
-        key_dim: 128,
-        value_dim: 128,
-        conv_kernel: 2,
-    };
+    let k2 = gdn_dims(1, 2, 2);
     let cases: [(GdnDims, &[usize]); 3] = [
         (GROUP3, &[65, 0, 1, 130, 7, 8, 9]),
         (GROUP1_K3, &[0, 77, 2, 16]),
@@ -561,32 +397,15 @@ fn warp_prep_tiles_and_conv_kernels_match_the_recurrence() {
 fn strong_decay_that_underflows_a_chunk() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("gdn_prefill strong decay");
-    check_batch(&gpu, &mut rng, GROUP3, &[130, 70], "auto", (2.0, 3.0));
-    check_batch(
-        &gpu,
-        &mut rng,
-        GROUP3,
-        &[130, 70],
+    for variant in [
+        "auto",
         "tf32x3_cs32",
-        (2.0, 3.0),
-    );
-    check_batch(
-        &gpu,
-        &mut rng,
-        GROUP3,
-        &[130, 70],
         "wytf32x3_fp32_cs32",
-        (2.0, 3.0),
-    );
-    check_batch(
-        &gpu,
-        &mut rng,
-        GROUP3,
-        &[130, 70],
         "wytf32_tf32_cs64",
-        (2.0, 3.0),
-    );
-    check_batch(&gpu, &mut rng, GROUP3, &[130, 70], "tf32_cs64", (2.0, 3.0));
+        "tf32_cs64",
+    ] {
+        check_batch(&gpu, &mut rng, GROUP3, &[130, 70], variant, (2.0, 3.0));
+    }
 }
 
 /// A batch of two sequences is prefilled, then decoded for three steps by `Gpu::gdn_decode_step` on the same conv
@@ -599,7 +418,8 @@ fn decode_continues_a_gpu_prefill() {
     let dims = GROUP3;
     let lens = [70usize, 5];
     let steps = 3;
-    let layer = Layer::new(dims, &mut rng, (-1.0, 1.0));
+    let layer = gdn_layer(&dims, &mut rng, (-1.0, 1.0));
+    let w = layer.weights();
     let (csl, sl, vw, hv) = (
         dims.conv_state_len(),
         dims.state_len(),
@@ -607,19 +427,19 @@ fn decode_continues_a_gpu_prefill() {
         dims.value_heads,
     );
     let n: usize = lens.iter().sum();
-    let pre = Tokens::new(&dims, n, &mut rng);
-    let dec: Vec<Tokens> = (0..steps)
-        .map(|_| Tokens::new(&dims, lens.len(), &mut rng))
+    let pre = gdn_tokens(&dims, n, &mut rng);
+    let dec: Vec<_> = (0..steps)
+        .map(|_| gdn_tokens(&dims, lens.len(), &mut rng))
         .collect();
     let conv0 = uniform(&mut rng, lens.len() * csl, 1.0);
     let state0 = uniform(&mut rng, lens.len() * sl, 0.5);
 
-    let dl = DevLayer::new(&gpu, &layer);
-    let dx = DevTokens::new(&gpu, &pre.rows(&dims, 0, n));
+    let dl = GdnGpuLayer::new(&gpu, &layer);
+    let dx = GdnGpuTokens::new(&gpu, &pre.rows(&dims, 0, n));
     let mut conv_a = gpu.upload(&conv0).unwrap();
-    let mut conv_b = gpu.upload(&vec![f32::NAN; conv0.len()]).unwrap();
+    let mut conv_b = nan_f32(&gpu, conv0.len());
     let mut state = gpu.upload(&state0).unwrap();
-    let mut out = gpu.upload(&vec![f32::NAN; n * vw]).unwrap();
+    let mut out = nan_f32(&gpu, n * vw);
     let mut ws = gpu
         .zeros(Gpu::gdn_prefill_workspace_len(&dims, &lens).unwrap())
         .unwrap();
@@ -640,21 +460,14 @@ fn decode_continues_a_gpu_prefill() {
     std::mem::swap(&mut conv_a, &mut conv_b);
 
     let (mut conv_ref, mut state_ref) = (conv0.clone(), state0.clone());
-    let mut r0 = 0;
-    let mut pre_ref = vec![0.0f32; n * vw];
-    for (s, &l) in lens.iter().enumerate() {
-        reference::gdn::sequence(
-            &dims,
-            &layer.weights(),
-            l,
-            &pre.rows(&dims, r0, r0 + l),
-            &mut conv_ref[s * csl..(s + 1) * csl],
-            &mut state_ref[s * sl..(s + 1) * sl],
-            &mut pre_ref[r0 * vw..(r0 + l) * vw],
-        )
-        .unwrap();
-        r0 += l;
-    }
+    let pre_ref = gdn_per_sequence(
+        &dims,
+        &lens,
+        &pre.inputs(),
+        &mut conv_ref,
+        &mut state_ref,
+        |l, x, c, s, o| reference::gdn::sequence(&dims, &w, l, x, c, s, o),
+    );
     assert_close(
         "prefill output",
         &gpu.download(&out).unwrap(),
@@ -663,20 +476,9 @@ fn decode_continues_a_gpu_prefill() {
         vw,
     );
     for (step, x) in dec.iter().enumerate() {
-        let mut want = vec![0.0f32; lens.len() * vw];
-        for s in 0..lens.len() {
-            reference::gdn::step(
-                &dims,
-                &layer.weights(),
-                &x.rows(&dims, s, s + 1),
-                &mut conv_ref[s * csl..(s + 1) * csl],
-                &mut state_ref[s * sl..(s + 1) * sl],
-                &mut want[s * vw..(s + 1) * vw],
-            )
-            .unwrap();
-        }
-        let dx = DevTokens::new(&gpu, &x.rows(&dims, 0, lens.len()));
-        let mut o = gpu.upload(&vec![f32::NAN; lens.len() * vw]).unwrap();
+        let want = gdn_reference_steps(&dims, &w, &x.inputs(), &mut conv_ref, &mut state_ref);
+        let dx = GdnGpuTokens::new(&gpu, &x.rows(&dims, 0, lens.len()));
+        let mut o = nan_f32(&gpu, lens.len() * vw);
         gpu.write(&mut conv_b, &vec![f32::NAN; conv0.len()])
             .unwrap();
         gpu.gdn_decode_step(
@@ -735,13 +537,13 @@ fn device_table_matches_the_host_table() {
             let ctx = format!("table {table:?} max_seqlen {max_len} variant {variant}");
             let n: usize = lens.iter().sum();
             let seqs = lens.len();
-            let layer = Layer::new(dims, &mut rng, (-1.0, 1.0));
-            let tok = Tokens::new(&dims, n, &mut rng);
+            let layer = gdn_layer(&dims, &mut rng, (-1.0, 1.0));
+            let tok = gdn_tokens(&dims, n, &mut rng);
             let (csl, sl, vw) = (dims.conv_state_len(), dims.state_len(), dims.value_width());
             let conv0 = uniform(&mut rng, seqs * csl, 1.0);
             let state0 = uniform(&mut rng, seqs * sl, 0.5);
-            let dl = DevLayer::new(&gpu, &layer);
-            let dx = DevTokens::new(&gpu, &tok.rows(&dims, 0, n));
+            let dl = GdnGpuLayer::new(&gpu, &layer);
+            let dx = GdnGpuTokens::new(&gpu, &tok.rows(&dims, 0, n));
             let conv_in = gpu.upload(&conv0).unwrap();
             let cu = gpu.upload(table).unwrap();
             let mut got = Vec::new();
@@ -814,10 +616,10 @@ fn device_table_bad_sizes_are_errors() {
     let mut rng = rng("gdn_prefill varlen bad sizes");
     let dims = ONE_HEAD;
     let (seqs, n) = (2usize, 5usize);
-    let layer = Layer::new(dims, &mut rng, (-1.0, 1.0));
-    let tok = Tokens::new(&dims, n, &mut rng);
-    let dl = DevLayer::new(&gpu, &layer);
-    let dx = DevTokens::new(&gpu, &tok.rows(&dims, 0, n));
+    let layer = gdn_layer(&dims, &mut rng, (-1.0, 1.0));
+    let tok = gdn_tokens(&dims, n, &mut rng);
+    let dl = GdnGpuLayer::new(&gpu, &layer);
+    let dx = GdnGpuTokens::new(&gpu, &tok.rows(&dims, 0, n));
     let conv_in = gpu.zeros(seqs * dims.conv_state_len()).unwrap();
     let mut conv_out = gpu.zeros(seqs * dims.conv_state_len()).unwrap();
     let mut state = gpu.zeros(seqs * dims.state_len()).unwrap();
@@ -939,10 +741,10 @@ fn bad_sizes_are_errors() {
     let dims = ONE_HEAD;
     let lens = [3usize, 2];
     let n = 5;
-    let layer = Layer::new(dims, &mut rng, (-1.0, 1.0));
-    let tok = Tokens::new(&dims, n, &mut rng);
-    let dl = DevLayer::new(&gpu, &layer);
-    let dx = DevTokens::new(&gpu, &tok.rows(&dims, 0, n));
+    let layer = gdn_layer(&dims, &mut rng, (-1.0, 1.0));
+    let tok = gdn_tokens(&dims, n, &mut rng);
+    let dl = GdnGpuLayer::new(&gpu, &layer);
+    let dx = GdnGpuTokens::new(&gpu, &tok.rows(&dims, 0, n));
     let conv_in = gpu.zeros(2 * dims.conv_state_len()).unwrap();
     let mut conv_out = gpu.zeros(2 * dims.conv_state_len()).unwrap();
     let mut state = gpu.zeros(2 * dims.state_len()).unwrap();

@@ -8,52 +8,18 @@
 //!
 //! Where there is no CUDA device (or no `cuda` feature) each test prints "skipped: no CUDA device".
 
-use kernels::cuda::{GdnGpuInputs, GdnGpuWeights, GdnStackedInputs, Gpu, GpuBuffer};
+use kernels::cuda::{GdnGpuInputs, GdnStackedInputs, Gpu, GpuBuffer};
 use kernels::gdn::GdnDims;
 use rand::seq::SliceRandom;
 use rand::Rng;
+use rand_chacha::ChaCha8Rng;
 
 mod gpu_common;
-use gpu_common::{gpu, rng, uniform};
+use gpu_common::{gdn_dims as dims, gpu, nan_f32, rng, uniform, GdnGpuLayer, GdnLayer};
 
-fn dims(key_heads: usize, value_heads: usize, conv_kernel: usize) -> GdnDims {
-    GdnDims {
-        key_heads,
-        value_heads,
-        key_dim: 128,
-        value_dim: 128,
-        conv_kernel,
-    }
-}
-
-struct Weights {
-    conv: GpuBuffer<f32>,
-    a_log: GpuBuffer<f32>,
-    dt_bias: GpuBuffer<f32>,
-    norm: GpuBuffer<f32>,
-}
-
-impl Weights {
-    fn new(gpu: &Gpu, rng: &mut rand_chacha::ChaCha8Rng, d: &GdnDims) -> Weights {
-        let norm: Vec<f32> = (0..d.value_dim).map(|_| rng.gen_range(0.5..1.5)).collect();
-        Weights {
-            conv: gpu
-                .upload(&uniform(rng, d.conv_dim() * d.conv_kernel, 0.5))
-                .unwrap(),
-            a_log: gpu.upload(&uniform(rng, d.value_heads, 1.0)).unwrap(),
-            dt_bias: gpu.upload(&uniform(rng, d.value_heads, 1.0)).unwrap(),
-            norm: gpu.upload(&norm).unwrap(),
-        }
-    }
-    fn view(&self) -> GdnGpuWeights<'_> {
-        GdnGpuWeights {
-            conv_weight: &self.conv,
-            a_log: &self.a_log,
-            dt_bias: &self.dt_bias,
-            norm_weight: &self.norm,
-            norm_eps: 1e-6,
-        }
-    }
+/// Random layer weights (conv in (-0.5, 0.5), `A_log` in (-1, 1)) on the device.
+fn weights(gpu: &Gpu, rng: &mut ChaCha8Rng, d: &GdnDims) -> GdnGpuLayer {
+    GdnGpuLayer::new(gpu, &GdnLayer::new(d, rng, 0.5, (-1.0, 1.0)))
 }
 
 /// Bit patterns, so that NaN == NaN and -0 != 0 where it matters.
@@ -76,7 +42,7 @@ fn check_case(gpu: &Gpu, d: GdnDims, seqs: usize, n_slots: usize, steps: usize, 
     let mut rng = rng(seed_name);
     let (cd, vw, hv) = (d.conv_dim(), d.value_width(), d.value_heads);
     let (cl, sl) = (d.conv_state_len(), d.state_len());
-    let w = Weights::new(gpu, &mut rng, &d);
+    let w = weights(gpu, &mut rng, &d);
     let what = format!(
         "Hk={} Hv={hv} K={} seqs={seqs} slots={n_slots}",
         d.key_heads, d.conv_kernel
@@ -120,12 +86,12 @@ fn check_case(gpu: &Gpu, d: GdnDims, seqs: usize, n_slots: usize, steps: usize, 
             gpu.upload(&b).unwrap(),
         );
         let cin_d = gpu.upload(&cin).unwrap();
-        let mut cout_d = gpu.upload(&vec![f32::NAN; seqs * cl]).unwrap();
+        let mut cout_d = nan_f32(gpu, seqs * cl);
         let mut st_d = gpu.upload(&st).unwrap();
-        let mut out_rows = gpu.upload(&vec![f32::NAN; seqs * vw]).unwrap();
+        let mut out_rows = nan_f32(gpu, seqs * vw);
         gpu.gdn_decode_step(
             &d,
-            &w.view(),
+            &w.weights(),
             &GdnGpuInputs {
                 qkv: &gq,
                 z: &gz,
@@ -146,10 +112,10 @@ fn check_case(gpu: &Gpu, d: GdnDims, seqs: usize, n_slots: usize, steps: usize, 
         let pos_d = gpu
             .upload(&pos.iter().map(|&p| p as u32).collect::<Vec<_>>())
             .unwrap();
-        let mut out = gpu.upload(&vec![f32::NAN; seqs * vw]).unwrap();
+        let mut out = nan_f32(gpu, seqs * vw);
         gpu.gdn_decode_step_slots(
             &d,
-            &w.view(),
+            &w.weights(),
             &GdnStackedInputs {
                 qkvz: &gpu.upload(&qkvz).unwrap(),
                 ba: &gpu.upload(&ba).unwrap(),
@@ -224,9 +190,9 @@ fn slot_caches_match_batch_order_bit_for_bit() {
 #[test]
 fn a_slot_past_the_cache_gets_nan_and_touches_nothing() {
     let Some(gpu) = gpu() else { return };
-    let d = dims(1, 3, 4);
     let mut rng = rng("gdn_slots_refused");
-    let w = Weights::new(&gpu, &mut rng, &d);
+    let d = dims(1, 3, 4);
+    let w = weights(&gpu, &mut rng, &d);
     let (cd, vw, hv) = (d.conv_dim(), d.value_width(), d.value_heads);
     let n_slots = 2;
     let conv_h = uniform(&mut rng, n_slots * 2 * d.conv_state_len(), 1.0);
@@ -239,7 +205,7 @@ fn a_slot_past_the_cache_gets_nan_and_touches_nothing() {
     let pos = gpu.upload(&[3u32, 4]).unwrap();
     gpu.gdn_decode_step_slots(
         &d,
-        &w.view(),
+        &w.weights(),
         &GdnStackedInputs {
             qkvz: &gpu.upload(&uniform(&mut rng, 2 * (cd + vw), 2.0)).unwrap(),
             ba: &gpu.upload(&uniform(&mut rng, 2 * 2 * hv, 2.0)).unwrap(),
@@ -286,9 +252,9 @@ fn a_slot_past_the_cache_gets_nan_and_touches_nothing() {
 #[test]
 fn slot_step_refuses_bad_sizes_with_a_reason() {
     let Some(gpu) = gpu() else { return };
-    let d = dims(1, 2, 4);
     let mut rng = rng("gdn_slots_sizes");
-    let w = Weights::new(&gpu, &mut rng, &d);
+    let d = dims(1, 2, 4);
+    let w = weights(&gpu, &mut rng, &d);
     let (cd, vw, hv) = (d.conv_dim(), d.value_width(), d.value_heads);
     let z = |n: usize| gpu.zeros::<f32>(n).unwrap();
     let zu = |n: usize| gpu.zeros::<u32>(n).unwrap();
@@ -302,7 +268,7 @@ fn slot_step_refuses_bad_sizes_with_a_reason() {
         let mut out = z(seqs.max(1) * vw);
         match gpu.gdn_decode_step_slots(
             &d,
-            &w.view(),
+            &w.weights(),
             &GdnStackedInputs { qkvz, ba },
             seqs,
             slots,

@@ -18,11 +18,10 @@
 
 use kernels::cuda::{Fp8Wgmma, Gpu, GpuBuffer, Nvfp4Wgmma};
 use kernels::formats::{bf16_to_f32, f32_to_bf16};
-use kernels::reference;
 use kernels::KernelError;
 
 mod gpu_common;
-use gpu_common::{fp8_gemm_case, gpu, nvfp4_weights, prefill_activations, rel_err, rng};
+use gpu_common::{fp8_gemm_case, gpu, nan_f32, nvfp4_case, prefill_activations, rel_err, rng};
 
 /// `rel_err` with a bound; on failure names the worst element, its 128x128 output tile and its 64-row warpgroup
 /// half, and how many elements are off by more than 1% of the largest reference value (one wrong K block or
@@ -133,7 +132,7 @@ fn fp8_block_gemm_wgmma_matches_the_reference_on_every_build() {
         let c = fp8_gemm_case(&gpu, &mut rng, m, n, k);
         let (dxq, dxs, dw, dws, want) = (&c.xq, &c.xs, &c.w, &c.ws, &c.want);
         for (name, f) in FP8_BUILDS {
-            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            let mut dy = nan_f32(&gpu, m * n);
             if sm90a_available(f(&gpu, dxq, dxs, dw, dws, &mut dy, m, n, k)).is_none() {
                 return;
             }
@@ -141,7 +140,7 @@ fn fp8_block_gemm_wgmma_matches_the_reference_on_every_build() {
             check(&what, &gpu.download(&dy).unwrap(), want, n, FP8_TOL);
         }
         // The mma.sync kernel on the same device buffers: the wgmma builds are drop-in replacements for it.
-        let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+        let mut dy = nan_f32(&gpu, m * n);
         gpu.fp8_block_gemm_mma_sync(dxq, dxs, dw, dws, &mut dy, m, n, k)
             .unwrap();
         check(
@@ -183,7 +182,7 @@ fn fp8_block_gemm_wgmma_bf16_is_the_fp32_result_rounded_to_nearest_even() {
         // The bf16 entry point runs v4 (the only build with a bf16 epilogue): compare it with v4's fp32 output.
         {
             let name = "v4";
-            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            let mut dy = nan_f32(&gpu, m * n);
             if sm90a_available(gpu.fp8_block_gemm_wgmma_with(
                 Fp8Wgmma::PingPong,
                 dxq,
@@ -258,7 +257,7 @@ fn fp8_block_gemm_dispatches_to_wgmma_where_it_fits_and_to_mma_sync_otherwise() 
         let c = fp8_gemm_case(&gpu, &mut rng, m, n, k);
         let (dxq, dxs, dw, dws, want) = (&c.xq, &c.xs, &c.w, &c.ws, &c.want);
         let run = |f: Fp8Fn| {
-            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            let mut dy = nan_f32(&gpu, m * n);
             f(&gpu, dxq, dxs, dw, dws, &mut dy, m, n, k).map(|()| gpu.download(&dy).unwrap())
         };
         let public = run(Gpu::fp8_block_gemm).unwrap();
@@ -409,16 +408,10 @@ fn nvfp4_gemm_wgmma_matches_the_reference_on_every_build() {
         (512, 129, 576),
         (456, 17, 128),
     ] {
-        let (packed, scales, global) = nvfp4_weights(&mut rng, n, k);
-        let (xb, xf) = prefill_activations(&mut rng, m, k);
-        let want = reference::linear::nvfp4_linear(&xf, m, &packed, &scales, global, n, k);
-        let (dx, dw, ds) = (
-            gpu.upload(&xb).unwrap(),
-            gpu.upload(&packed).unwrap(),
-            gpu.upload(&scales).unwrap(),
-        );
+        let x = prefill_activations(&mut rng, m, k);
+        let (want, global, dx, dw, ds) = nvfp4_case(&gpu, &mut rng, (m, n, k), x);
         for (name, f) in NVFP4_BUILDS {
-            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            let mut dy = nan_f32(&gpu, m * n);
             if sm90a_available(f(&gpu, &dx, &dw, &ds, global, &mut dy, m, n, k)).is_none() {
                 return;
             }
@@ -433,16 +426,10 @@ fn nvfp4_gemm_dispatches_to_wgmma_on_sm90_and_to_mma_sync_otherwise() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("nvfp4_gemm dispatch");
     for &(m, n, k) in &[(130, 257, 448), (5, 300, 128)] {
-        let (packed, scales, global) = nvfp4_weights(&mut rng, n, k);
-        let (xb, xf) = prefill_activations(&mut rng, m, k);
-        let want = reference::linear::nvfp4_linear(&xf, m, &packed, &scales, global, n, k);
-        let (dx, dw, ds) = (
-            gpu.upload(&xb).unwrap(),
-            gpu.upload(&packed).unwrap(),
-            gpu.upload(&scales).unwrap(),
-        );
+        let x = prefill_activations(&mut rng, m, k);
+        let (want, global, dx, dw, ds) = nvfp4_case(&gpu, &mut rng, (m, n, k), x);
         let run = |f: Nvfp4Fn| {
-            let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
+            let mut dy = nan_f32(&gpu, m * n);
             f(&gpu, &dx, &dw, &ds, global, &mut dy, m, n, k).map(|()| gpu.download(&dy).unwrap())
         };
         let public = run(Gpu::nvfp4_gemm).unwrap();

@@ -7,24 +7,22 @@
 //! `compute-sanitizer --tool memcheck|racecheck` in seconds (kernels/bench/h200/run_session.sh).
 
 use kernels::cuda::{GdnGpuInputs, GdnGpuWeights, Gpu};
-use kernels::gdn::{GdnDims, GdnInputs, GdnWeights};
-use kernels::reference;
+use kernels::gdn::GdnDims;
 use kernels::KernelError;
-use rand::Rng;
 
 mod gpu_common;
 use gpu_common::{
-    fp8_gemm_case, gpu, nvfp4_weights, prefill_activations, quantize_act_cpu, rel_err, rng,
-    uniform, Fp8GemmCase,
+    assert_rel, check_gdn_decode_steps, fp8_gemm_case, gdn_dims, gpu, nvfp4_case,
+    prefill_activations, quantize_act_cpu, rng, run_poisoned, Fp8GemmCase,
 };
 
 // What the tests of each kernel path (the lab's `_with` forms) use besides.
 #[cfg(feature = "lab")]
-use gpu_common::paged_decode_case;
+use gpu_common::{attn, paged_decode_case, paged_dims};
 #[cfg(feature = "lab")]
 use kernels::attention::AttnDims;
 #[cfg(feature = "lab")]
-use kernels::cuda::{KernelPath, PagedAttentionDims, PagedKvCache};
+use kernels::cuda::{KernelPath, PagedKvCache};
 #[cfg(feature = "lab")]
 use rand_chacha::ChaCha8Rng;
 
@@ -56,6 +54,7 @@ const GEMV_TOL: f64 = 2e-5;
 mod gemv_paths {
     use super::*;
     use gpu_common::{bf16_activations, fp8_block_weights};
+    use kernels::reference;
 
     const GEMV_PATHS: [KernelPath; 3] = [
         KernelPath::Auto,
@@ -87,13 +86,15 @@ mod gemv_paths {
                 gpu.upload(&scales).unwrap(),
             );
             for path in GEMV_PATHS {
-                let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-                gpu.fp8_block_gemv_with(path, &dx, &dw, &ds, &mut dy, m, n, k)
-                    .unwrap();
-                let got = gpu.download(&dy).unwrap();
-                let what = format!("fp8 {path:?} m={m} n={n} k={k}");
-                let e = rel_err(&what, &got, &want);
-                assert!(e < GEMV_TOL, "{what}: relative error {e:e} >= {GEMV_TOL:e}");
+                let got = run_poisoned(&gpu, m * n, |dy| {
+                    gpu.fp8_block_gemv_with(path, &dx, &dw, &ds, dy, m, n, k)
+                });
+                assert_rel(
+                    &format!("fp8 {path:?} m={m} n={n} k={k}"),
+                    &got,
+                    &want,
+                    GEMV_TOL,
+                );
             }
         }
     }
@@ -112,22 +113,14 @@ mod gemv_paths {
             (9, 3, 32),
             (1, 16400, 96),
         ] {
-            let (packed, scales, global) = nvfp4_weights(&mut rng, n, k);
-            let (xb, xf) = bf16_activations(&mut rng, m * k);
-            let want = reference::linear::nvfp4_linear(&xf, m, &packed, &scales, global, n, k);
-            let (dx, dw, ds) = (
-                gpu.upload(&xb).unwrap(),
-                gpu.upload(&packed).unwrap(),
-                gpu.upload(&scales).unwrap(),
-            );
+            let x = bf16_activations(&mut rng, m * k);
+            let (want, global, dx, dw, ds) = nvfp4_case(&gpu, &mut rng, (m, n, k), x);
             for path in GEMV_PATHS {
-                let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-                gpu.nvfp4_gemv_with(path, &dx, &dw, &ds, global, &mut dy, m, n, k)
-                    .unwrap();
-                let got = gpu.download(&dy).unwrap();
+                let got = run_poisoned(&gpu, m * n, |dy| {
+                    gpu.nvfp4_gemv_with(path, &dx, &dw, &ds, global, dy, m, n, k)
+                });
                 let what = format!("nvfp4 {path:?} m={m} n={n} k={k}");
-                let e = rel_err(&what, &got, &want);
-                assert!(e < GEMV_TOL, "{what}: relative error {e:e} >= {GEMV_TOL:e}");
+                assert_rel(&what, &got, &want, GEMV_TOL);
             }
         }
     }
@@ -157,143 +150,33 @@ fn gemv_shape_errors_name_the_operand() {
     assert!(e.to_string().contains("multiple of 32"), "{e}");
 }
 
-struct GdnCase {
-    dims: GdnDims,
-    conv_weight: Vec<f32>,
-    a_log: Vec<f32>,
-    dt_bias: Vec<f32>,
-    norm_weight: Vec<f32>,
-}
-
 #[test]
 fn gdn_decode_step_matches_the_reference_over_several_steps() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("gdn_decode_step");
     // Hv/Hk = 3 as in Qwen3.8-27B (48/16), with fewer heads; 3 sequences, 4 steps so the conv history and the
     // state carry over between launches.
-    let dims = GdnDims {
-        key_heads: 2,
-        value_heads: 6,
-        key_dim: 128,
-        value_dim: 128,
-        conv_kernel: 4,
-    };
-    let (seqs, steps) = (3usize, 4usize);
-    let cd = dims.conv_dim();
-    let c = GdnCase {
+    let dims = gdn_dims(2, 6, 4);
+    check_gdn_decode_steps(
+        &gpu,
+        &mut rng,
+        "gdn_decode_step",
         dims,
-        conv_weight: uniform(&mut rng, cd * dims.conv_kernel, 0.5),
-        a_log: uniform(&mut rng, dims.value_heads, 1.0),
-        dt_bias: uniform(&mut rng, dims.value_heads, 1.0),
-        norm_weight: (0..dims.value_dim)
-            .map(|_| rng.gen_range(0.5..1.5))
-            .collect(),
-    };
-    let w = GdnWeights {
-        conv_weight: &c.conv_weight,
-        a_log: &c.a_log,
-        dt_bias: &c.dt_bias,
-        norm_weight: &c.norm_weight,
-        norm_eps: 1e-6,
-    };
-    let mut conv_ref = uniform(&mut rng, seqs * dims.conv_state_len(), 1.0);
-    let mut state_ref = uniform(&mut rng, seqs * dims.state_len(), 0.1);
-
-    let dw = GdnGpuWeights {
-        conv_weight: &gpu.upload(&c.conv_weight).unwrap(),
-        a_log: &gpu.upload(&c.a_log).unwrap(),
-        dt_bias: &gpu.upload(&c.dt_bias).unwrap(),
-        norm_weight: &gpu.upload(&c.norm_weight).unwrap(),
-        norm_eps: 1e-6,
-    };
-    let mut conv_a = gpu.upload(&conv_ref).unwrap();
-    let mut conv_b = gpu.upload(&vec![f32::NAN; conv_ref.len()]).unwrap();
-    let mut state = gpu.upload(&state_ref).unwrap();
-    let vw = c.dims.value_width();
-    for step in 0..steps {
-        let qkv = uniform(&mut rng, seqs * cd, 2.0);
-        let z = uniform(&mut rng, seqs * vw, 2.0);
-        let a = uniform(&mut rng, seqs * dims.value_heads, 2.0);
-        let b = uniform(&mut rng, seqs * dims.value_heads, 3.0);
-        let mut want = vec![0.0f32; seqs * vw];
-        for s in 0..seqs {
-            let x = GdnInputs {
-                qkv: &qkv[s * cd..(s + 1) * cd],
-                z: &z[s * vw..(s + 1) * vw],
-                a: &a[s * dims.value_heads..(s + 1) * dims.value_heads],
-                b: &b[s * dims.value_heads..(s + 1) * dims.value_heads],
-            };
-            reference::gdn::step(
-                &dims,
-                &w,
-                &x,
-                &mut conv_ref[s * dims.conv_state_len()..(s + 1) * dims.conv_state_len()],
-                &mut state_ref[s * dims.state_len()..(s + 1) * dims.state_len()],
-                &mut want[s * vw..(s + 1) * vw],
-            )
-            .unwrap();
-        }
-        let (dq, dz, da, db) = (
-            gpu.upload(&qkv).unwrap(),
-            gpu.upload(&z).unwrap(),
-            gpu.upload(&a).unwrap(),
-            gpu.upload(&b).unwrap(),
-        );
-        let x = GdnGpuInputs {
-            qkv: &dq,
-            z: &dz,
-            a: &da,
-            b: &db,
-        };
-        let mut out = gpu.upload(&vec![f32::NAN; seqs * vw]).unwrap();
-        gpu.gdn_decode_step(
-            &dims,
-            &dw,
-            &x,
-            seqs,
-            &conv_a,
-            &mut conv_b,
-            &mut state,
-            &mut out,
-        )
-        .unwrap();
-        // fp32 through conv, norms and a 128-long dot against f64: ~1e-6 relative; 1e-4 is the bound.
-        let e = rel_err(
-            &format!("gdn out step {step}"),
-            &gpu.download(&out).unwrap(),
-            &want,
-        );
-        assert!(e < 1e-4, "gdn output, step {step}: relative error {e:e}");
-        let e = rel_err(
-            &format!("gdn state step {step}"),
-            &gpu.download(&state).unwrap(),
-            &state_ref,
-        );
-        assert!(e < 1e-5, "gdn state, step {step}: relative error {e:e}");
-        let e = rel_err(
-            &format!("gdn conv state step {step}"),
-            &gpu.download(&conv_b).unwrap(),
-            &conv_ref,
-        );
-        assert!(
-            e == 0.0,
-            "gdn conv state, step {step}: it is a copy, relative error {e:e}"
-        );
-        std::mem::swap(&mut conv_a, &mut conv_b);
-        gpu.write(&mut conv_b, &vec![f32::NAN; conv_ref.len()])
-            .unwrap();
-    }
+        3,
+        4,
+        &mut |w, x, seqs, conv_in, conv_out, state, out| {
+            gpu.gdn_decode_step(&dims, w, x, seqs, conv_in, conv_out, state, out)
+        },
+    );
 }
 
 #[test]
 fn gdn_decode_step_refuses_unbuilt_head_dims() {
     let Some(gpu) = gpu() else { return };
     let dims = GdnDims {
-        key_heads: 1,
-        value_heads: 1,
         key_dim: 64,
         value_dim: 64,
-        conv_kernel: 4,
+        ..gdn_dims(1, 1, 4)
     };
     let one = gpu.upload(&[0.0f32; 1]).unwrap();
     let w = GdnGpuWeights {
@@ -332,10 +215,13 @@ fn check_attention(
     splits: usize,
 ) {
     let (hq, hkv, d) = (attn.q_heads, attn.kv_heads, attn.head_dim);
-    let seqs = lens.len();
     let c = paged_decode_case(gpu, rng, attn, lens, page_size, false);
-    let (dims, scale, want) = (c.dims, c.scale, &c.want);
-    let (dq, dk, dv, dt, dl) = (&c.q, &c.k, &c.v, &c.table, &c.lens);
+    let kv = PagedKvCache {
+        k: &c.k,
+        v: &c.v,
+        block_table: &c.table,
+        seq_lens: &c.lens,
+    };
     // CUDA cores: fp32 scores and exp2 on exact bf16 inputs against f64, ~1e-6 relative, bound 1e-4. Tensor
     // cores (the tiled kernel, also what Auto runs): q and the probabilities rounded to bf16 (2^-9 relative
     // each), ~1e-3, bound 5e-3.
@@ -344,21 +230,13 @@ fn check_attention(
         (KernelPath::TensorCores, 5e-3),
         (KernelPath::Auto, 5e-3),
     ] {
-        let mut out = gpu.upload(&vec![f32::NAN; seqs * hq * d]).unwrap();
-        let kv = PagedKvCache {
-            k: dk,
-            v: dv,
-            block_table: dt,
-            seq_lens: dl,
-        };
-        gpu.attention_decode_paged_with(path, &dims, dq, kv, scale, splits, &mut out)
-            .unwrap();
-        let got = gpu.download(&out).unwrap();
+        let got = run_poisoned(gpu, c.want.len(), |out| {
+            gpu.attention_decode_paged_with(path, &c.dims, &c.q, kv, c.scale, splits, out)
+        });
         let what = format!(
             "attention {path:?} hq={hq} hkv={hkv} d={d} lens={lens:?} page={page_size} splits={splits}"
         );
-        let e = rel_err(&what, &got, want);
-        assert!(e < tol, "{what}: relative error {e:e} >= {tol:e}");
+        assert_rel(&what, &got, &c.want, tol);
     }
 }
 
@@ -368,92 +246,30 @@ fn attention_decode_paged_matches_the_reference() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng("attention_decode_paged");
     // Qwen3.8-27B full attention: 24 query heads on 4 KV heads of 256.
-    let qwen = AttnDims {
-        q_heads: 24,
-        kv_heads: 4,
-        head_dim: 256,
-    };
+    let qwen = attn(24, 4, 256);
     // 300 splits: more than the short sequences have tokens, so most partials are empty (-inf, 0) and the combine
     // kernel strides over more splits than it has threads at head_dim 64 below.
     for &splits in &[1usize, 3, 0, 300] {
         check_attention(&gpu, &mut rng, qwen, &[1, 37, 300, 1000], 16, splits);
     }
     // Spark-X2.5-4B: 16 on 4 (r = 4), page 64; and the other built head dims.
-    check_attention(
-        &gpu,
-        &mut rng,
-        AttnDims {
-            q_heads: 16,
-            kv_heads: 4,
-            head_dim: 256,
-        },
-        &[513, 2],
-        64,
-        0,
-    );
-    check_attention(
-        &gpu,
-        &mut rng,
-        AttnDims {
-            q_heads: 8,
-            kv_heads: 1,
-            head_dim: 128,
-        },
-        &[77, 129],
-        32,
-        2,
-    );
-    check_attention(
-        &gpu,
-        &mut rng,
-        AttnDims {
-            q_heads: 4,
-            kv_heads: 2,
-            head_dim: 64,
-        },
-        &[5, 250],
-        16,
-        0,
-    );
-    check_attention(
-        &gpu,
-        &mut rng,
-        AttnDims {
-            q_heads: 4,
-            kv_heads: 2,
-            head_dim: 64,
-        },
-        &[5, 250],
-        16,
-        100,
-    );
-    check_attention(
-        &gpu,
-        &mut rng,
-        AttnDims {
-            q_heads: 3,
-            kv_heads: 3,
-            head_dim: 128,
-        },
-        &[33],
-        8,
-        0,
-    );
+    let cases: [(AttnDims, &[usize], usize, usize); 5] = [
+        (attn(16, 4, 256), &[513, 2], 64, 0),
+        (attn(8, 1, 128), &[77, 129], 32, 2),
+        (attn(4, 2, 64), &[5, 250], 16, 0),
+        (attn(4, 2, 64), &[5, 250], 16, 100),
+        (attn(3, 3, 128), &[33], 8, 0),
+    ];
+    for (dims, lens, page_size, splits) in cases {
+        check_attention(&gpu, &mut rng, dims, lens, page_size, splits);
+    }
 }
 
 #[cfg(feature = "lab")]
 #[test]
 fn attention_decode_refuses_unbuilt_group_sizes() {
     let Some(gpu) = gpu() else { return };
-    let dims = PagedAttentionDims {
-        seqs: 1,
-        q_heads: 12,
-        kv_heads: 4,
-        head_dim: 256,
-        page_size: 16,
-        num_pages: 1,
-        max_pages_per_seq: 1,
-    };
+    let dims = paged_dims(&attn(12, 4, 256), 1, 16, 1, 1);
     let f = gpu.zeros::<f32>(1).unwrap();
     let h = gpu.zeros::<u16>(1).unwrap();
     let u = gpu.zeros::<u32>(1).unwrap();
@@ -474,10 +290,7 @@ fn attention_decode_refuses_unbuilt_group_sizes() {
         "{e}"
     );
     // Group size 9: built for neither (the query group is the 8 rows of one mma tile).
-    let dims = PagedAttentionDims {
-        q_heads: 36,
-        ..dims
-    };
+    let dims = paged_dims(&attn(36, 4, 256), 1, 16, 1, 1);
     for path in [KernelPath::Auto, KernelPath::TensorCores] {
         let e = gpu
             .attention_decode_paged_with(path, &dims, &f, kv, 1.0, 0, &mut o)
@@ -558,13 +371,12 @@ fn fp8_block_gemm_matches_the_reference() {
             w: dw,
             ws: dws,
         } = fp8_gemm_case(&gpu, &mut rng, m, n, k);
-        let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-        gpu.fp8_block_gemm(&dxq, &dxs, &dw, &dws, &mut dy, m, n, k)
-            .unwrap();
+        let got = run_poisoned(&gpu, m * n, |dy| {
+            gpu.fp8_block_gemm(&dxq, &dxs, &dw, &dws, dy, m, n, k)
+        });
         let what = format!("fp8 gemm m={m} n={n} k={k}");
-        let e = rel_err(&what, &gpu.download(&dy).unwrap(), &want);
+        let e = assert_rel(&what, &got, &want, GEMM_TOL);
         println!("{what}: relative error {e:.2e}");
-        assert!(e < GEMM_TOL, "{what}: relative error {e:e} >= {GEMM_TOL:e}");
 
         // The whole prefill path from bf16: the GPU quantiser, then the GEMM, against the same reference.
         let dx = gpu.upload(&xb).unwrap();
@@ -572,12 +384,11 @@ fn fp8_block_gemm_matches_the_reference() {
         let mut gs = gpu.upload(&vec![f32::NAN; m * kb]).unwrap();
         gpu.fp8_quantize_activations(&dx, &mut gq, &mut gs, m, k)
             .unwrap();
-        let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-        gpu.fp8_block_gemm(&gq, &gs, &dw, &dws, &mut dy, m, n, k)
-            .unwrap();
+        let got = run_poisoned(&gpu, m * n, |dy| {
+            gpu.fp8_block_gemm(&gq, &gs, &dw, &dws, dy, m, n, k)
+        });
         let what = format!("bf16 -> quantise -> fp8 gemm m={m} n={n} k={k}");
-        let e = rel_err(&what, &gpu.download(&dy).unwrap(), &want);
-        assert!(e < GEMM_TOL, "{what}: relative error {e:e} >= {GEMM_TOL:e}");
+        assert_rel(&what, &got, &want, GEMM_TOL);
     }
 }
 
@@ -634,21 +445,14 @@ fn nvfp4_gemm_matches_the_reference() {
         (257, 300, 1088),
         (64, 256, 64),
     ] {
-        let (packed, scales, global) = nvfp4_weights(&mut rng, n, k);
-        let (xb, xf) = prefill_activations(&mut rng, m, k);
-        let want = reference::linear::nvfp4_linear(&xf, m, &packed, &scales, global, n, k);
-        let (dx, dw, ds) = (
-            gpu.upload(&xb).unwrap(),
-            gpu.upload(&packed).unwrap(),
-            gpu.upload(&scales).unwrap(),
-        );
-        let mut dy = gpu.upload(&vec![f32::NAN; m * n]).unwrap();
-        gpu.nvfp4_gemm(&dx, &dw, &ds, global, &mut dy, m, n, k)
-            .unwrap();
+        let x = prefill_activations(&mut rng, m, k);
+        let (want, global, dx, dw, ds) = nvfp4_case(&gpu, &mut rng, (m, n, k), x);
+        let got = run_poisoned(&gpu, m * n, |dy| {
+            gpu.nvfp4_gemm(&dx, &dw, &ds, global, dy, m, n, k)
+        });
         let what = format!("nvfp4 gemm m={m} n={n} k={k}");
-        let e = rel_err(&what, &gpu.download(&dy).unwrap(), &want);
+        let e = assert_rel(&what, &got, &want, GEMV_TOL);
         println!("{what}: relative error {e:.2e}");
-        assert!(e < GEMV_TOL, "{what}: relative error {e:e} >= {GEMV_TOL:e}");
     }
 }
 

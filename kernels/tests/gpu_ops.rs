@@ -354,7 +354,9 @@ fn int4_w4a8_on_reused_scratch_matches_the_reference() {
             gpu.int4_w4a8(&xd, &wd, m, &mut y2).unwrap();
             let again = gpu.download(&y2).unwrap();
             assert!(
-                got.iter().zip(&again).all(|(a, b)| a.to_bits() == b.to_bits()),
+                got.iter()
+                    .zip(&again)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{what}: the reused scratch and a fresh one disagree"
             );
         }
@@ -364,7 +366,10 @@ fn int4_w4a8_on_reused_scratch_matches_the_reference() {
             .int4_w4a8_reusing(&xd, &wd, 21, &mut scratch, &mut y)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("scratch"), "21 rows on 20 rows of scratch: {err}");
+        assert!(
+            err.contains("scratch"),
+            "21 rows on 20 rows of scratch: {err}"
+        );
         // Rows enough, codes not: 20 rows of k - 1 features.
         let mut narrow = gpu.int4_a8_scratch(20, k - 1).unwrap();
         let xd = gpu.upload(&vec![0.5f32; 20 * k]).unwrap();

@@ -206,19 +206,22 @@ def allow_smem(fn, nbytes):
         cp.cuda.driver.funcSetAttribute(fn.ptr, 8, nbytes)
 
 
+def copy_bandwidth(nbytes=1 << 28):
+    """Bytes read + written per second by torch's device copy of `nbytes` of float32, logged."""
+    a = torch.randn(nbytes // 4, device=dev)
+    c = torch.empty_like(a)
+    res = time_arms({"copy": lambda i: c.copy_(a)}, 1, 10)
+    bw = 2 * nbytes / res["copy"][0]
+    log(f"copy {nbytes >> 20} MiB float32: {bw / 1e12:.3f} TB/s (read+write)")
+    del a, c
+    return bw
+
+
 # Ceilings, measured in this run.
 def ceilings():
     # float32 buffers of 256 MiB and 1 GiB, the better of the two: a 1 GiB uint8 copy_ measured only 2.7 TB/s
     # in an earlier run (torch's byte copy path) where 256 MiB reached 4.2 TB/s.
-    copy_bw = 0.0
-    for nbytes in (1 << 28, 1 << 30):
-        a = torch.randn(nbytes // 4, device=dev)
-        b = torch.empty_like(a)
-        res = time_arms({"copy": lambda i: b.copy_(a)}, 1, 10)
-        bw = 2 * nbytes / res["copy"][0]
-        log(f"copy {nbytes >> 20} MiB float32: {bw/1e12:.3f} TB/s (read+write)")
-        copy_bw = max(copy_bw, bw)
-        del a, b
+    copy_bw = max(copy_bandwidth(1 << 28), copy_bandwidth(1 << 30))
     m = 8192
     x = torch.randn(m, m, device=dev, dtype=torch.bfloat16)
     y = torch.randn(m, m, device=dev, dtype=torch.bfloat16)

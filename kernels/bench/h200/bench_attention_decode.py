@@ -207,6 +207,29 @@ def run_arms(case, plan, make, qb, kd, vd, out, seqs, hq, d, sets, kv_bytes, cop
         record(case, label, t, sp, kv_bytes, copy_bw, errs[name], auto_t, sdpa_t, splits, note)
 
 
+def decode_buffers(sms, seqs, hq, hkv, d, max_tokens, kind, sets):
+    """The queries (one per input set), the output, the arm plan and the split workspace of a decode case."""
+    q = [torch.randn(seqs, hq, d, device=dev) for _ in range(sets)]
+    out = torch.empty(seqs, hq, d, device=dev)
+    plan = arm_plan(sms, seqs * hkv, d, max_tokens, kind)
+    ws = torch.empty(seqs * hq * max(v[1] for v in plan.values()) * (d + 2), device=dev)
+    return q, out, plan, ws
+
+
+def tiled_arms(kind, d, ws, out, hq, hkv, seqs, args):
+    """`run_arms`' `make`: the tiled `kind` kernel on input set i's arguments `args(i)`, then the combine."""
+    def make(tiling, splits, mode):
+        fn, smem = tiled_kernel(kind, d, *tiling), tiled_smem(d, *tiling)
+        comb = combine_launcher(mode, d, ws, out, hq, seqs, splits)
+
+        def call(i):
+            b.launch(fn, (splits, hkv, seqs), (128,), args(i), shared_mem=smem)
+            if comb:
+                comb()
+        return call
+    return make
+
+
 def paged_case(copy_bw, sms, seqs, ctx, hq=24, hkv=4, d=256, page=64):
     case = f"paged B={seqs} ctx={ctx} {hq}q/{hkv}kv x{d}"
     b.log(case)
@@ -219,23 +242,10 @@ def paged_case(copy_bw, sms, seqs, ctx, hq=24, hkv=4, d=256, page=64):
     vc = [torch.randn(pages, hkv, page, d, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
     table = torch.randperm(pages, device=dev, dtype=torch.int32).view(seqs, pages_per).contiguous()
     lens = torch.full((seqs,), ctx, device=dev, dtype=torch.int32)
-    q = [torch.randn(seqs, hq, d, device=dev) for _ in range(sets)]
-    out = torch.empty(seqs, hq, d, device=dev)
-    plan = arm_plan(sms, seqs * hkv, d, pages_per * page, "paged")
-    ws = torch.empty(seqs * hq * max(v[1] for v in plan.values()) * (d + 2), device=dev)
-
-    def make(tiling, splits, mode):
-        fn, smem = tiled_kernel("tiled", d, *tiling), tiled_smem(d, *tiling)
-        comb = combine_launcher(mode, d, ws, out, hq, seqs, splits)
-
-        def call(i):
-            b.launch(fn, (splits, hkv, seqs), (128,),
-                     (b.ptr(q[i]), b.ptr(kc[i]), b.ptr(vc[i]), b.ptr(table), b.ptr(lens), np.float32(scale),
-                      b.ptr(out), b.ptr(ws), np.int32(hq), np.int32(hkv), np.int32(page), np.int32(pages),
-                      np.int32(pages_per)), shared_mem=smem)
-            if comb:
-                comb()
-        return call
+    q, out, plan, ws = decode_buffers(sms, seqs, hq, hkv, d, pages_per * page, "paged", sets)
+    make = tiled_arms("tiled", d, ws, out, hq, hkv, seqs, lambda i: (
+        b.ptr(q[i]), b.ptr(kc[i]), b.ptr(vc[i]), b.ptr(table), b.ptr(lens), np.float32(scale), b.ptr(out),
+        b.ptr(ws), np.int32(hq), np.int32(hkv), np.int32(page), np.int32(pages), np.int32(pages_per)))
 
     kd = [kc[i][table.long()].permute(0, 2, 1, 3, 4).reshape(seqs, hkv, ctx, d).contiguous() for i in range(sets)]
     vd = [vc[i][table.long()].permute(0, 2, 1, 3, 4).reshape(seqs, hkv, ctx, d).contiguous() for i in range(sets)]
@@ -258,23 +268,10 @@ def ring_case(copy_bw, sms, seqs, window, hq, hkv, d=256, model=""):
     vcur = [torch.randn(seqs, hkv, d, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
     # Positions past the window: every slot is valid (the steady state of a long generation).
     pos = torch.full((seqs,), 10 * window + 7, device=dev, dtype=torch.int32)
-    q = [torch.randn(seqs, hq, d, device=dev) for _ in range(sets)]
-    out = torch.empty(seqs, hq, d, device=dev)
-    plan = arm_plan(sms, seqs * hkv, d, window, "ring")
-    ws = torch.empty(seqs * hq * max(v[1] for v in plan.values()) * (d + 2), device=dev)
-
-    def make(tiling, splits, mode):
-        fn, smem = tiled_kernel("ring", d, *tiling), tiled_smem(d, *tiling)
-        comb = combine_launcher(mode, d, ws, out, hq, seqs, splits)
-
-        def call(i):
-            b.launch(fn, (splits, hkv, seqs), (128,),
-                     (b.ptr(q[i]), b.ptr(kr[i]), b.ptr(vr[i]), b.ptr(kcur[i]), b.ptr(vcur[i]), b.ptr(pos),
-                      np.float32(scale), b.ptr(out), b.ptr(ws), np.int32(hq), np.int32(hkv), np.int32(slots)),
-                     shared_mem=smem)
-            if comb:
-                comb()
-        return call
+    q, out, plan, ws = decode_buffers(sms, seqs, hq, hkv, d, window, "ring", sets)
+    make = tiled_arms("ring", d, ws, out, hq, hkv, seqs, lambda i: (
+        b.ptr(q[i]), b.ptr(kr[i]), b.ptr(vr[i]), b.ptr(kcur[i]), b.ptr(vcur[i]), b.ptr(pos), np.float32(scale),
+        b.ptr(out), b.ptr(ws), np.int32(hq), np.int32(hkv), np.int32(slots)))
 
     kd = [torch.cat([kr[i], kcur[i].unsqueeze(2)], dim=2) for i in range(sets)]
     vd = [torch.cat([vr[i], vcur[i].unsqueeze(2)], dim=2) for i in range(sets)]
@@ -290,14 +287,9 @@ def main():
     sms = props.multi_processor_count
     b.log(f"device: {props.name}, {sms} SMs, torch {torch.__version__}")
     load_attention_module()
-    nbytes = 1 << 28
-    a = torch.randn(nbytes // 4, device=dev)
-    c = torch.empty_like(a)
-    res = b.time_arms({"copy": lambda i: c.copy_(a)}, 1, 10)
-    copy_bw = 2 * nbytes / res["copy"][0]
-    del a, c
+    copy_bw = b.copy_bandwidth()
     torch.cuda.empty_cache()
-    b.log(f"copy 256 MiB float32: {copy_bw/1e12:.3f} TB/s (read + write), the ceiling below")
+    b.log("the copy bandwidth above is the ceiling below")
     cases = [("paged", 1, ctx) for ctx in ([4096, 32768] if b.QUICK else [4096, 8192, 32768, 65536, 131072])]
     cases += [("paged", 8, 8192), ("paged", 32, 4096)]
     cases += [("ring", 1, 1024, 16, 4, "spark-x2.5-4b"), ("ring", 1, 4096, 16, 4, "spark-x2.5-4b"),

@@ -67,17 +67,6 @@ def auto_pick(table, bsz):
 T0 = time.time()
 
 
-def copy_bw():
-    nbytes = 1 << 28
-    x = torch.randn(nbytes // 4, device=dev)
-    y = torch.empty_like(x)
-    res = b.time_arms({"copy": lambda i: y.copy_(x)}, 1, 10)
-    bw = 2 * nbytes / res["copy"][0]
-    b.log(f"copy 256 MiB float32: {bw / 1e12:.3f} TB/s (read+write)")
-    del x, y
-    return bw
-
-
 def floors(bsz):
     state = bsz * HV * D * D * 4
     ours = 2 * state + bsz * (CD + 2 * HV * D + 2 * HV) * 4 + 2 * bsz * CD * (KC - 1) * 4 + CD * KC * 4
@@ -238,7 +227,7 @@ def main():
     except Exception as e:  # noqa: BLE001
         b.log(f"fla not importable ({e}); fla baselines skipped")
         fused = None
-    bw = copy_bw()
+    bw = b.copy_bandwidth()
     W["conv_w"] = torch.randn(CD, KC, device=dev) * 0.5
     W["a_log"] = torch.randn(HV, device=dev) * 0.5
     W["dt_bias"] = torch.randn(HV, device=dev) * 0.5

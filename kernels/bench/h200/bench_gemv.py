@@ -110,17 +110,6 @@ ALT = alt_build()
 i32, f32 = np.int32, np.float32
 
 
-def copy_bandwidth():
-    nbytes = 1 << 28
-    a = torch.randn(nbytes // 4, device=dev)
-    c = torch.empty_like(a)
-    res = b.time_arms({"copy": lambda i: c.copy_(a)}, 1, 10)
-    bw = 2 * nbytes / res["copy"][0]
-    b.log(f"copy 256 MiB float32: {bw / 1e12:.3f} TB/s (read+write)")
-    del a, c
-    return bw
-
-
 def rel(y, ref):
     return ((y.float() - ref.float()).norm() / ref.float().norm()).item()
 
@@ -641,7 +630,7 @@ def main():
     t0 = time.time()
     props = torch.cuda.get_device_properties(0)
     b.log(f"device: {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, quick={QUICK}")
-    copy_bw = copy_bandwidth()
+    copy_bw = b.copy_bandwidth()
     one = torch.ones((), device=dev)
     shapes = [(5120, 17408), (17408, 5120), (5120, 10240), (248320, 5120)]
     ms = [1, 4, 16] if not QUICK else [1, 16]

@@ -35,17 +35,6 @@ AUTO_CLUSTER_MAX_ROWS = 16
 T0 = time.time()
 
 
-def copy_bw():
-    nbytes = 1 << 28
-    x = torch.randn(nbytes // 4, device=dev)
-    y = torch.empty_like(x)
-    res = b.time_arms({"copy": lambda i: y.copy_(x)}, 1, 10)
-    bw = 2 * nbytes / res["copy"][0]
-    b.log(f"copy 256 MiB float32: {bw / 1e12:.3f} TB/s (read+write)")
-    del x, y
-    return bw
-
-
 def K(name):
     return b.kern("ops", name)
 
@@ -327,7 +316,7 @@ def rope(bw, tokens, heads=32, d=256, rot=64, theta=1e7):
 def main():
     props = torch.cuda.get_device_properties(0)
     b.log(f"device: {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}")
-    bw = copy_bw()
+    bw = b.copy_bandwidth()
     for tokens in (1, 4096):
         rmsnorm(bw, tokens, False)
         rmsnorm(bw, tokens, True)

@@ -131,7 +131,11 @@ impl Gpu {
             let warps = if r.is_multiple_of(2) { r / 2 } else { r };
             let grid = (splits as u32, d.kv_heads as u32, d.seqs as u32);
             let cfg = launch_config(grid, (32 * warps as u32, 1, 1), 0);
-            let mut b = dev.stream().launch_builder(&f);
+            // SAFETY: matches `attention_decode_split_D*_R*` in cuda/attention.cu; every buffer was checked against
+            // dims above; the kernel clamps each length to max_pages * page_size and skips page ids >= num_pages,
+            // so device-side table contents cannot send it outside the cache; the workspace holds
+            // seqs * q_heads * splits * (head_dim + 2) floats.
+            unsafe { dev.launch_args(split_name, &f, cfg, |b| {
             b.arg(&q.slice)
                 .arg(&kv.k.slice)
                 .arg(&kv.v.slice)
@@ -141,11 +145,7 @@ impl Gpu {
                 .arg(&mut out.slice)
                 .arg(&mut *ws);
             b.arg(&hq).arg(&hkv).arg(&ps).arg(&np).arg(&mp);
-            // SAFETY: matches `attention_decode_split_D*_R*` in cuda/attention.cu; every buffer was checked against
-            // dims above; the kernel clamps each length to max_pages * page_size and skips page ids >= num_pages,
-            // so device-side table contents cannot send it outside the cache; the workspace holds
-            // seqs * q_heads * splits * (head_dim + 2) floats.
-            unsafe { b.launch(cfg) }.map_err(cuda_err(split_name))?;
+            }) }?;
             if splits > 1 {
                 // The CUDA-core path is the accuracy arm: it keeps the block combine it was measured with; the
                 // tiled paths use Gpu::DECODE_AUTO_SLICED_COMBINE.
@@ -363,21 +363,23 @@ impl Gpu {
             );
             let grid = (splits as u32, d.kv_heads as u32, d.seqs as u32);
             let cfg = launch_config(grid, (128, 1, 1), smem);
-            let mut b = dev.stream().launch_builder(&f);
-            b.arg(&q.slice)
-                .arg(&kv.k.slice)
-                .arg(&kv.v.slice)
-                .arg(&kv.block_table.slice)
-                .arg(&kv.seq_lens.slice)
-                .arg(&scale)
-                .arg(&mut out.slice)
-                .arg(&mut *ws);
-            b.arg(&hq).arg(&hkv).arg(&ps).arg(&np).arg(&mp);
             // SAFETY: matches `attention_decode_tiled_D*_T*_S*` in cuda/attention.cu with 4 warps and its
             // TiledGeom shared memory; every buffer was checked against dims above, and that rows and the table fit
             // the kernel's 32-bit indices; the kernel clamps each length to max_pages * page_size and skips page
             // ids >= num_pages; the workspace holds seqs * q_heads * splits * (head_dim + 2) floats.
-            unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+            unsafe {
+                dev.launch_args(name, &f, cfg, |b| {
+                    b.arg(&q.slice)
+                        .arg(&kv.k.slice)
+                        .arg(&kv.v.slice)
+                        .arg(&kv.block_table.slice)
+                        .arg(&kv.seq_lens.slice)
+                        .arg(&scale)
+                        .arg(&mut out.slice)
+                        .arg(&mut *ws);
+                    b.arg(&hq).arg(&hkv).arg(&ps).arg(&np).arg(&mp);
+                })
+            }?;
             if splits > 1 {
                 dev.attention_combine(
                     sliced,
@@ -505,7 +507,11 @@ impl Gpu {
             let (hq, hkv, sl) = (d.q_heads as i32, d.kv_heads as i32, slots as i32);
             let grid = (splits as u32, d.kv_heads as u32, seqs as u32);
             let cfg = launch_config(grid, (128, 1, 1), smem);
-            let mut b = dev.stream().launch_builder(&f);
+            // SAFETY: matches `attention_decode_ring_D*_T*_S*` in cuda/attention.cu with 4 warps and its TiledGeom
+            // shared memory; the ring ([seqs, kv_heads, slots, head_dim]), the current rows, pos and out were
+            // checked above, and that ring rows fit 32 bits; the kernel reads min(pos, slots) slots per (sequence,
+            // KV head); the workspace holds seqs * q_heads * splits * (head_dim + 2) floats.
+            unsafe { dev.launch_args(name, &f, cfg, |b| {
             b.arg(&q.slice)
                 .arg(&k_ring.slice)
                 .arg(&v_ring.slice)
@@ -516,11 +522,7 @@ impl Gpu {
                 .arg(&mut out.slice)
                 .arg(&mut *ws);
             b.arg(&hq).arg(&hkv).arg(&sl);
-            // SAFETY: matches `attention_decode_ring_D*_T*_S*` in cuda/attention.cu with 4 warps and its TiledGeom
-            // shared memory; the ring ([seqs, kv_heads, slots, head_dim]), the current rows, pos and out were
-            // checked above, and that ring rows fit 32 bits; the kernel reads min(pos, slots) slots per (sequence,
-            // KV head); the workspace holds seqs * q_heads * splits * (head_dim + 2) floats.
-            unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+            }) }?;
             if splits > 1 {
                 dev.attention_combine(sliced, d.head_dim, d.q_heads, seqs, splits, ws, &mut out.slice)?;
             }
@@ -794,8 +796,7 @@ impl Device {
         // multiple of 64); the split kernel queued before it on the same stream fills seqs * q_heads * splits
         // partials of head_dim + 2 floats (splits <= 1024, checked by the callers), which the combine reads only
         // after its pdl_wait, as it writes out ([seqs, q_heads, head_dim]); the values live across the call.
-        unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
-        Ok(())
+        unsafe { self.launch_pdl(name, &f, cfg, &mut args) }
     }
 
     /// The tiled kernel (`ring`: `attention_decode_ring_*`, else `attention_decode_tiled_*`) of `tiling` for
@@ -830,22 +831,17 @@ mod tests {
     /// code's naming functions, the list from the PTX (`build_cuda.rs`).
     #[test]
     fn every_auto_decode_kernel_is_embedded() {
-        let entries = Module::Attention.entries();
-        let mut seen = std::collections::BTreeSet::new();
+        let mut seen = Vec::new();
         for d in [64, 128, 256] {
             for (ring, kernels) in [
                 (false, DecodeKernels::PAGED_AUTO),
                 (true, DecodeKernels::RING_AUTO),
             ] {
                 let t = tiling_index("t", kernels.tiling).unwrap();
-                seen.insert(tiled_name(ring, d, t));
-                seen.insert(combine_name(kernels.sliced_combine, d));
+                seen.push(tiled_name(ring, d, t));
+                seen.push(combine_name(kernels.sliced_combine, d));
             }
         }
-        for k in &seen {
-            assert!(entries.contains(k), "{k} is not embedded");
-        }
-        #[cfg(not(feature = "lab"))]
-        assert_eq!(entries, seen.into_iter().collect::<Vec<_>>());
+        super::super::device::assert_embedded(Module::Attention, seen);
     }
 }

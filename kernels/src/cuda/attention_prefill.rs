@@ -8,7 +8,7 @@
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
 #[cfg(feature = "cuda")]
-use super::device::{cuda_err, launch_config, Device, Module};
+use super::device::{launch_config, Device, Module};
 use super::{check_len, check_len_of, Gpu, GpuBuffer, PagedAttentionDims, PrefillChunk};
 use crate::shapes::AttnDims;
 use crate::KernelError;
@@ -610,23 +610,6 @@ impl Gpu {
                 cache.num_pages as i32,
             ];
             let null: u64 = 0;
-            let mut b = self.inner.stream().launch_builder(&f);
-            b.arg(&k.slice)
-                .arg(&v.slice)
-                .arg(&mut k_cache.slice)
-                .arg(&mut v_cache.slice);
-            match batch.cu_seqlens {
-                Some(cu) => b.arg(cu),
-                None => b.arg(&null),
-            };
-            b.arg(cache.prefix_lens);
-            match cache.block_table {
-                Some(t) => b.arg(t),
-                None => b.arg(&null),
-            };
-            for x in &ints {
-                b.arg(x);
-            }
             // SAFETY: matches `attention_kv_store` in cuda/attention_prefill.cu (two const and two mutable bf16
             // pointers, cu_seqlens or null, prefix_lens, the block table or null, seven ints); checked above: k/v =
             // [total, kv_heads, head_dim] with head_dim a multiple of 8, the caches = [num_pages, kv_heads,
@@ -635,8 +618,26 @@ impl Gpu {
             // CUDA's limits. The kernel clamps offsets, lengths and prefixes, and skips positions past the block
             // table and page ids >= num_pages, so it writes only inside the caches; 16-byte accesses are aligned
             // (row offsets are multiples of 8 elements of buffers the driver aligns to 256 bytes).
-            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
-            Ok(())
+            unsafe {
+                self.inner.launch_args(NAME, &f, cfg, |b| {
+                    b.arg(&k.slice)
+                        .arg(&v.slice)
+                        .arg(&mut k_cache.slice)
+                        .arg(&mut v_cache.slice);
+                    match batch.cu_seqlens {
+                        Some(cu) => b.arg(cu),
+                        None => b.arg(&null),
+                    };
+                    b.arg(cache.prefix_lens);
+                    match cache.block_table {
+                        Some(t) => b.arg(t),
+                        None => b.arg(&null),
+                    };
+                    for x in &ints {
+                        b.arg(x);
+                    }
+                })
+            }
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -750,29 +751,9 @@ impl Device {
             window as i32,
         );
         let null: u64 = 0;
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(q).arg(k).arg(v).arg(out);
-        match batch.cu_seqlens {
-            Some(cu) => b.arg(cu),
-            None => b.arg(&null),
-        };
-        b.arg(&ti)
-            .arg(&mi)
-            .arg(&hq)
-            .arg(&hkv)
-            .arg(&wi)
-            .arg(&scale_log2);
         let (ps, mp, np) = prefix.as_ref().map_or((0, 0, 0), |(_, _, c)| {
             (c.page_size as i32, c.max_pages as i32, c.num_pages as i32)
         });
-        if let Some((kc, vc, cache)) = &prefix {
-            b.arg(*kc).arg(*vc);
-            match cache.block_table {
-                Some(t) => b.arg(t),
-                None => b.arg(&null),
-            };
-            b.arg(cache.prefix_lens).arg(&ps).arg(&mp).arg(&np);
-        }
         // SAFETY: matches `attention_prefill_D*_M*_W*_N*_S*` in cuda/attention_prefill.cu (four bf16 pointers, the
         // cu_seqlens pointer or null, five ints, one float), and with a prefix `attention_prefill_paged_*` (the
         // same, then the two cache pointers, the block table or null, prefix_lens, three ints); the caller
@@ -784,8 +765,29 @@ impl Device {
         // skips page ids >= num_pages, and zero-fills (does not read) keys outside [window edge, prefix + len),
         // so device-side tables cannot send it outside the buffers; the dynamic shared memory is `AP_SMEM` of
         // the instantiation, allowed just above.
-        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
-        Ok(())
+        unsafe {
+            self.launch_args(name, &f, cfg, |b| {
+                b.arg(q).arg(k).arg(v).arg(out);
+                match batch.cu_seqlens {
+                    Some(cu) => b.arg(cu),
+                    None => b.arg(&null),
+                };
+                b.arg(&ti)
+                    .arg(&mi)
+                    .arg(&hq)
+                    .arg(&hkv)
+                    .arg(&wi)
+                    .arg(&scale_log2);
+                if let Some((kc, vc, cache)) = &prefix {
+                    b.arg(*kc).arg(*vc);
+                    match cache.block_table {
+                        Some(t) => b.arg(t),
+                        None => b.arg(&null),
+                    };
+                    b.arg(cache.prefix_lens).arg(&ps).arg(&mp).arg(&np);
+                }
+            })
+        }
     }
 }
 

@@ -21,9 +21,9 @@ const I32_MAX: usize = i32::MAX as usize;
 
 /// Threads of the store and attention blocks (`STORE_THREADS`, `ATTN_THREADS` in cuda/attention_slots.cu).
 #[cfg(feature = "cuda")]
-const STORE_THREADS: u32 = 256;
+pub(super) const STORE_THREADS: u32 = 256;
 #[cfg(feature = "cuda")]
-const ATTN_THREADS: u32 = 256;
+pub(super) const ATTN_THREADS: u32 = 256;
 
 /// Checks the two caches against `dims` and `max_len` and returns the slot count.
 fn check_caches(
@@ -128,8 +128,7 @@ impl Gpu {
             // 1 <= t <= i32::MAX (one block each), 1 <= width <= i32::MAX, and cache_k, cache_v = [num_slots,
             // max_len, width]; the kernel writes only where slot < num_slots and pos < max_len; safe as launch_small's
             // dependent (pdl_start first).
-            unsafe { dev.launch_small(NAME, &f, cfg, &mut args) }?;
-            Ok(())
+            unsafe { dev.launch_small(NAME, &f, cfg, &mut args) }
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -238,36 +237,12 @@ impl Gpu {
             // i32::MAX (the grid), and the caches = [num_slots, max_len, kv_heads * head_dim]; the kernel reads K/V
             // rows only at positions lo..=pos < max_len of a slot < num_slots (others get zeros); safe as launch_small's
             // dependent (pdl_start first).
-            unsafe { dev.launch_small(name, &f, cfg, &mut args) }?;
-            Ok(())
+            unsafe { dev.launch_small(name, &f, cfg, &mut args) }
         }
         #[cfg(not(feature = "cuda"))]
         {
             let _ = (num_slots, window);
             match self.never {}
         }
-    }
-}
-
-#[cfg(all(test, feature = "cuda"))]
-mod tests {
-    use super::super::device::source_literal;
-
-    /// The launch constants restated here are those cuda/attention_slots.cu pins.
-    #[test]
-    fn launch_constants_match_the_kernel_source() {
-        let src = include_str!("../../cuda/attention_slots.cu");
-        assert_eq!(
-            source_literal(src, "constexpr int STORE_THREADS", " = ") as u32,
-            super::STORE_THREADS
-        );
-        assert_eq!(
-            source_literal(src, "constexpr int ATTN_THREADS", " = ") as u32,
-            super::ATTN_THREADS
-        );
-        assert_eq!(
-            source_literal(src, "ATTN_MAX_HEAD_DIM", " == ") as usize,
-            crate::cuda::Gpu::ATTENTION_SLOTS_MAX_HEAD_DIM
-        );
     }
 }

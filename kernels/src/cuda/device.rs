@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
-    LaunchConfig,
+    LaunchArgs, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -283,6 +283,98 @@ impl Device {
         .map_err(cuda_err(name))
     }
 
+    /// Queues `f` (the kernel `name`) on the stream through cudarc's launch builder, `push` adding the kernel's
+    /// parameters in order (the builder keeps each buffer's use ordered on the stream); an error names the kernel.
+    ///
+    /// # Safety
+    /// As `LaunchArgs::launch`: `push` adds exactly the kernel's parameters, in order, with the kernel's types, and
+    /// `cfg` and the buffers' lengths are what the kernel's indexing relies on.
+    pub(in crate::cuda) unsafe fn launch_args<'a>(
+        &'a self,
+        name: &str,
+        f: &'a CudaFunction,
+        cfg: LaunchConfig,
+        push: impl FnOnce(&mut LaunchArgs<'a>),
+    ) -> Result<(), KernelError> {
+        let mut b = self.stream.launch_builder(f);
+        push(&mut b);
+        // SAFETY: the caller's contract above.
+        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+        Ok(())
+    }
+
+    /// Launches a kernel whose parameters are `(x, w, scales, global_scale, y, m, n, k)` as 32-bit sizes: the NVFP4
+    /// GEMVs and GEMMs over the checkpoint layout (`x` the bf16 activations, their f16 fragments or a tensor map
+    /// of them; `w` `[n, k/2]` bytes, `scales` e4m3 `[n, k/16]`, `y` fp32 `[m, n]`).
+    ///
+    /// # Safety
+    /// As [`Device::launch_args`] for that parameter list: the caller checked the lengths and the alignment the
+    /// kernel `name` needs for these sizes, and `cfg` is its grid.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) unsafe fn launch_nvfp4<X>(
+        &self,
+        name: &str,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        x: &X,
+        w: &CudaSlice<u8>,
+        scales: &CudaSlice<u8>,
+        global_scale: f32,
+        y: &mut CudaSlice<f32>,
+        [m, n, k]: [usize; 3],
+    ) -> Result<(), KernelError>
+    where
+        X: ActivationArg,
+    {
+        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        // SAFETY: the caller's contract above; the scalars live on this frame until the launch is queued.
+        unsafe {
+            self.launch_args(name, f, cfg, |b| {
+                x.push_to(b);
+                b.arg(w)
+                    .arg(scales)
+                    .arg(&global_scale)
+                    .arg(y)
+                    .arg(&mi)
+                    .arg(&ni)
+                    .arg(&ki);
+            })
+        }
+    }
+
+    /// Launches a kernel whose parameters are `(xq, x_scales, w, w_scales, y, m, n, k)` as 32-bit sizes: the FP8
+    /// block-scaled GEMMs that read both operands from memory (`xq` e4m3 `[m, k]`, `x_scales` fp32
+    /// `[m, ceil(k/128)]`, `w` e4m3 `[n, k]`, `w_scales` fp32 `[ceil(n/128), ceil(k/128)]`, `y` fp32 `[m, n]`).
+    ///
+    /// # Safety
+    /// As [`Device::launch_nvfp4`], for this parameter list.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cuda) unsafe fn launch_fp8_gemm(
+        &self,
+        name: &str,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        (xq, x_scales): (&CudaSlice<u8>, &CudaSlice<f32>),
+        (w, w_scales): (&CudaSlice<u8>, &CudaSlice<f32>),
+        y: &mut CudaSlice<f32>,
+        [m, n, k]: [usize; 3],
+    ) -> Result<(), KernelError> {
+        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        // SAFETY: the caller's contract above; the scalars live on this frame until the launch is queued.
+        unsafe {
+            self.launch_args(name, f, cfg, |b| {
+                b.arg(xq)
+                    .arg(x_scales)
+                    .arg(w)
+                    .arg(w_scales)
+                    .arg(y)
+                    .arg(&mi)
+                    .arg(&ni)
+                    .arg(&ki);
+            })
+        }
+    }
+
     /// A device buffer's address for a launch argument, with the guard that keeps the stream ordered for it.
     pub(in crate::cuda) fn addr<'a, T>(
         &'a self,
@@ -350,6 +442,18 @@ impl Device {
 
     pub(super) fn synchronize(&self) -> Result<(), KernelError> {
         self.stream.synchronize().map_err(cuda_err("synchronize"))
+    }
+}
+
+/// The activations parameter of [`Device::launch_nvfp4`]: a device buffer, or a tensor map passed by value.
+pub(in crate::cuda) trait ActivationArg {
+    /// Pushes `self` as the next kernel parameter.
+    fn push_to<'a>(&'a self, b: &mut LaunchArgs<'a>);
+}
+
+impl<T> ActivationArg for CudaSlice<T> {
+    fn push_to<'a>(&'a self, b: &mut LaunchArgs<'a>) {
+        b.arg(self);
     }
 }
 
@@ -434,9 +538,86 @@ pub(super) fn source_literal(text: &str, key: &str, sep: &str) -> u64 {
         .unwrap_or_else(|_| panic!("no integer after `{pat}`"))
 }
 
+/// For the `every_*_kernel_is_embedded` tests: every kernel of `launched` (the names the launch code forms) is in
+/// this build's `module`, and in a build without `lab`, which leaves the variants out, nothing else is.
+#[cfg(test)]
+pub(super) fn assert_embedded(module: Module, launched: impl IntoIterator<Item = &'static str>) {
+    let entries = module.entries();
+    let launched: std::collections::BTreeSet<&str> = launched.into_iter().collect();
+    for k in &launched {
+        assert!(
+            entries.contains(k),
+            "{k} is not embedded in cuda/{}.cu",
+            module.stem()
+        );
+    }
+    #[cfg(not(feature = "lab"))]
+    assert_eq!(entries, launched.into_iter().collect::<Vec<_>>());
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{PdlArgs, PDL_MAX_ARGS};
+    use super::{source_literal, PdlArgs, PDL_MAX_ARGS};
+
+    /// The launch constants of the families whose kernel files pin them with one literal each, in one table:
+    /// (kernel source, the text before the literal, its separator, the Rust side's value).
+    #[test]
+    fn launch_constants_match_the_kernel_sources() {
+        use crate::cuda::{attention_slots as slots, dense, moe, Gpu};
+        const SLOTS: &str = include_str!("../../cuda/attention_slots.cu");
+        const DENSE: &str = include_str!("../../cuda/dense.cu");
+        const MOE: &str = include_str!("../../cuda/moe.cu");
+        let pins: [(&str, &str, &str, u64); 10] = [
+            (
+                SLOTS,
+                "constexpr int STORE_THREADS",
+                " = ",
+                slots::STORE_THREADS.into(),
+            ),
+            (
+                SLOTS,
+                "constexpr int ATTN_THREADS",
+                " = ",
+                slots::ATTN_THREADS.into(),
+            ),
+            (
+                SLOTS,
+                "ATTN_MAX_HEAD_DIM",
+                " == ",
+                Gpu::ATTENTION_SLOTS_MAX_HEAD_DIM as u64,
+            ),
+            (
+                DENSE,
+                "GEMV_ROWS_PER_BLOCK",
+                " == ",
+                dense::GEMV_ROWS_PER_BLOCK as u64,
+            ),
+            (
+                DENSE,
+                "constexpr int GEMV_THREADS",
+                " = ",
+                dense::GEMV_THREADS.into(),
+            ),
+            (
+                DENSE,
+                "constexpr int SPLITK_THREADS",
+                " = ",
+                dense::SPLITK_THREADS.into(),
+            ),
+            (DENSE, "GEMM_BM", " == ", dense::GEMM_TILE as u64),
+            (DENSE, "GEMM_THREADS", " = ", dense::GEMM_THREADS.into()),
+            (
+                MOE,
+                "constexpr int MOE_THREADS",
+                " = ",
+                moe::MOE_THREADS.into(),
+            ),
+            (MOE, "MOE_MAX_EXPERTS", " == ", Gpu::MOE_MAX_EXPERTS as u64),
+        ];
+        for (src, key, sep, want) in pins {
+            assert_eq!(source_literal(src, key, sep), want, "`{key}`");
+        }
+    }
 
     /// Each parameter sits at the start of its own slot with the value's native bytes, as the driver reads it;
     /// pushes past the capacity are counted, not stored, so `launch_pdl` can refuse them.

@@ -755,12 +755,14 @@ impl Gpu {
                     {
                         let mut table = workspace.slice_mut(lay.meta..lay.meta + lay.meta_len);
                         let cfg = launch_config((1, 1, 1), (256, 1, 1), 0);
-                        let mut b = dev.stream().launch_builder(&f);
-                        b.arg(&cu.slice).arg(&mut table);
-                        b.arg(&seqs_i).arg(&total_i).arg(&max_len_i);
                         // SAFETY: matches `gdn_prefill_meta`; cu = [seqs + 1] u32 (checked by the caller), the table
                         // view is the workspace's meta region of 2 * (seqs + 1) floats, written as int32 bits.
-                        unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+                        unsafe {
+                            dev.launch_args(NAME, &f, cfg, |b| {
+                                b.arg(&cu.slice).arg(&mut table);
+                                b.arg(&seqs_i).arg(&total_i).arg(&max_len_i);
+                            })
+                        }?;
                     }
                     let table = workspace.slice(lay.meta..lay.meta + lay.meta_len);
                     // SAFETY: the region holds 2 * (seqs + 1) 4-byte elements that `gdn_prefill_meta` wrote as int32
@@ -802,19 +804,6 @@ impl Gpu {
                 // writes them: the kernel skips them).
                 let null = 0u64;
                 let (qb, kb) = qk_bf16_views(workspace, lay)?;
-                let mut b = dev.stream().launch_builder(&f);
-                b.arg(&x.qkv.slice).arg(&x.a.slice).arg(&x.b.slice);
-                b.arg(&w.conv_weight.slice)
-                    .arg(&w.a_log.slice)
-                    .arg(&w.dt_bias.slice);
-                b.arg(conv_in).arg(&mut *conv_out).arg(&meta_dev);
-                b.arg(&qn).arg(&kn).arg(&vv).arg(&gg).arg(&bb);
-                if variant.split() && !variant.wy_writes_qk_bf16() {
-                    b.arg(&qb).arg(&kb);
-                } else {
-                    b.arg(&null).arg(&null);
-                }
-                b.arg(&hk).arg(&hv).arg(&kconv);
                 // SAFETY: matches `gdn_prefill_prep` / `gdn_prefill_prep_h` (same parameters; `_h` writes qn, kn, v as
                 // f16 into the first half of the same regions); the caller checked qkv = [N, conv_dim], a, b = [N, Hv],
                 // conv_weight = [conv_dim, K], a_log, dt_bias = [Hv], conv_in/conv_out = [seqs, conv_dim, K-1]
@@ -822,7 +811,22 @@ impl Gpu {
                 // views are disjoint ranges of `workspace` sized by `lay` (qb / kb: [N, Hk, 128] bf16 each in the
                 // split's qkb region, or null); kconv is 2..=4 (checked by `layout`). Warps past a sequence's length or
                 // the last segment return.
-                unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+                unsafe {
+                    dev.launch_args(name, &f, cfg, |b| {
+                        b.arg(&x.qkv.slice).arg(&x.a.slice).arg(&x.b.slice);
+                        b.arg(&w.conv_weight.slice)
+                            .arg(&w.a_log.slice)
+                            .arg(&w.dt_bias.slice);
+                        b.arg(conv_in).arg(&mut *conv_out).arg(&meta_dev);
+                        b.arg(&qn).arg(&kn).arg(&vv).arg(&gg).arg(&bb);
+                        if variant.split() && !variant.wy_writes_qk_bf16() {
+                            b.arg(&qb).arg(&kb);
+                        } else {
+                            b.arg(&null).arg(&null);
+                        }
+                        b.arg(&hk).arg(&hv).arg(&kconv);
+                    })
+                }?;
             }
             // 2. chunk-local WY (CUDA cores or tensor cores; same parameters and outputs).
             {
@@ -926,15 +930,17 @@ impl Gpu {
                     ws(lay.u, lay.wu_len),
                     ws(lay.aqk, lay.aqk_len),
                 );
-                let mut b = dev.stream().launch_builder(&f);
-                b.arg(&qn).arg(&kn).arg(&gc).arg(&wi).arg(&ui).arg(&ai);
-                b.arg(&meta_dev).arg(&mut *state).arg(&mut *out);
-                b.arg(&hk).arg(&hv).arg(&seqs_i).arg(&nc_i);
                 // SAFETY: matches `gdn_prefill_state_cs*` and `gdn_prefill_state_tc*_cs*` (same parameters); state =
                 // [seqs, Hv, 128, 128] and out = [N, Hv*128] were checked; each block owns `cs` columns of one
                 // (sequence, head) state and writes only those columns of that head's output rows of its sequence. A
                 // plain launch: it reads what the WY wrote, and the state kernels have no `pdl_wait`.
-                unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+                unsafe {
+                    dev.launch_args(name, &f, cfg, |b| {
+                        b.arg(&qn).arg(&kn).arg(&gc).arg(&wi).arg(&ui).arg(&ai);
+                        b.arg(&meta_dev).arg(&mut *state).arg(&mut *out);
+                        b.arg(&hk).arg(&hv).arg(&seqs_i).arg(&nc_i);
+                    })
+                }?;
             }
             // 4. gated RMSNorm in place.
             {
@@ -943,15 +949,17 @@ impl Gpu {
                 let rows = lay.tokens * dims.value_heads;
                 let rows_i = rows as i32;
                 let cfg = launch_config((rows.div_ceil(8) as u32, 1, 1), (256, 1, 1), 0);
-                let mut b = dev.stream().launch_builder(&f);
-                b.arg(&mut *out)
-                    .arg(&x.z.slice)
-                    .arg(&w.norm_weight.slice)
-                    .arg(&w.norm_eps)
-                    .arg(&rows_i);
                 // SAFETY: matches `gdn_prefill_gated_norm`; out and z are [N, Hv*128], norm_weight [128]; warps past
                 // `rows` return.
-                unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+                unsafe {
+                    dev.launch_args(NAME, &f, cfg, |b| {
+                        b.arg(&mut *out)
+                            .arg(&x.z.slice)
+                            .arg(&w.norm_weight.slice)
+                            .arg(&w.norm_eps)
+                            .arg(&rows_i);
+                    })
+                }?;
             }
             // The meta upload must outlive the kernels that read it: dropping a cudarc slice frees it in stream order
             // (cuMemFreeAsync on this stream), after the launches queued above (`meta_dev` borrows it until here).

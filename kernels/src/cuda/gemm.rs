@@ -8,7 +8,7 @@
 use cudarc::driver::PushKernelArg;
 
 #[cfg(feature = "cuda")]
-use super::device::{cuda_err, launch_config, Module};
+use super::device::{launch_config, Module};
 use super::{check_len_of, Gpu, GpuBuffer};
 use crate::KernelError;
 
@@ -50,17 +50,19 @@ impl Gpu {
             // 8 tokens (one per warp) x one 128-wide K block per block.
             let grid = (m.div_ceil(8) as u32, k.div_ceil(128) as u32, 1);
             let cfg = launch_config(grid, (256, 1, 1), 0);
-            let mut b = self.inner.stream().launch_builder(&f);
-            b.arg(&x.slice)
-                .arg(&mut xq.slice)
-                .arg(&mut scales.slice)
-                .arg(&mi)
-                .arg(&ki);
-            // SAFETY: matches `fp8_quantize_act` in cuda/gemm.cu; checked above: x = [m, k], xq = [m, k],
-            // scales = [m, ceil(k/128)] and k % 16 == 0, so each lane's 8-byte load and 4-byte store of 4 values
-            // stay inside its row (warps past m return before touching memory); grid.y = ceil(k/128) <= 65535.
-            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
-            Ok(())
+            // SAFETY: matches `fp8_quantize_act(x, xq, scales, m, k)` in cuda/gemm.cu; checked above: x = [m, k],
+            // xq = [m, k], scales = [m, ceil(k/128)] and k % 16 == 0, so each lane's 8-byte load and 4-byte store of
+            // 4 values stay inside its row (warps past m return before touching memory); grid.y = ceil(k/128) is at
+            // most 65535.
+            unsafe {
+                self.inner.launch_args(NAME, &f, cfg, |b| {
+                    b.arg(&x.slice)
+                        .arg(&mut xq.slice)
+                        .arg(&mut scales.slice)
+                        .arg(&mi)
+                        .arg(&ki);
+                })
+            }
         }
         #[cfg(not(feature = "cuda"))]
         match self.never {}
@@ -125,28 +127,17 @@ impl Gpu {
         {
             // `fp8_block_gemm_128x128` in cuda/gemm.cu: one 128x128 output tile per block of 8 warps.
             const NAME: &str = "fp8_block_gemm_128x128";
-            let f = self
-                .inner
-                .function_with_smem(Module::Gemm, NAME, GEMM_SMEM_BYTES)?;
-            let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+            let dev = &self.inner;
+            let f = dev.function_with_smem(Module::Gemm, NAME, GEMM_SMEM_BYTES)?;
             let grid = (m.div_ceil(128) as u32, n.div_ceil(128) as u32, 1);
             let cfg = launch_config(grid, (256, 1, 1), GEMM_SMEM_BYTES);
-            let mut b = self.inner.stream().launch_builder(&f);
-            b.arg(&xq.slice)
-                .arg(&x_scales.slice)
-                .arg(&w.slice)
-                .arg(&w_scales.slice)
-                .arg(&mut y.slice)
-                .arg(&mi)
-                .arg(&ni)
-                .arg(&ki);
+            let (x, w) = ((&xq.slice, &x_scales.slice), (&w.slice, &w_scales.slice));
             // SAFETY: matches `fp8_block_gemm_128x128` in cuda/gemm.cu (GM_SMEM_BYTES there is GEMM_SMEM_BYTES
             // here, a static_assert keeps them equal); check_fp8_gemm checked xq = [m, k], x_scales = [m,
             // ceil(k/128)], w = [n, k], w_scales = [ceil(n/128), ceil(k/128)], y = [m, n], k % 16 == 0 (every 16-byte
             // copy is wholly inside a row or skipped) and ceil(n/128) <= 65535; rows past m or n and chunks past k
             // are zero-filled without reading, and the epilogue guards every store against m and n.
-            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
-            Ok(())
+            unsafe { dev.launch_fp8_gemm(NAME, &f, cfg, x, w, &mut y.slice, [m, n, k]) }
         }
         #[cfg(not(feature = "cuda"))]
         match self.never {}
@@ -212,28 +203,17 @@ impl Gpu {
         {
             // `nvfp4_gemm_128x256` in cuda/gemm.cu: one 128x256 output tile per block of 8 warps.
             const NAME: &str = "nvfp4_gemm_128x256";
-            let f = self
-                .inner
-                .function_with_smem(Module::Gemm, NAME, NVFP4_GEMM_SMEM_BYTES)?;
-            let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+            let dev = &self.inner;
+            let f = dev.function_with_smem(Module::Gemm, NAME, NVFP4_GEMM_SMEM_BYTES)?;
             let grid = (m.div_ceil(128) as u32, n.div_ceil(256) as u32, 1);
             let cfg = launch_config(grid, (256, 1, 1), NVFP4_GEMM_SMEM_BYTES);
-            let mut b = self.inner.stream().launch_builder(&f);
-            b.arg(&x.slice)
-                .arg(&w.slice)
-                .arg(&scales.slice)
-                .arg(&global_scale)
-                .arg(&mut y.slice)
-                .arg(&mi)
-                .arg(&ni)
-                .arg(&ki);
+            let (x, w, scales, y) = (&x.slice, &w.slice, &scales.slice, &mut y.slice);
             // SAFETY: matches `nvfp4_gemm_128x256` in cuda/gemm.cu (NG_SMEM_BYTES there is NVFP4_GEMM_SMEM_BYTES
             // here, kept equal by a static_assert); check_nvfp4_gemm checked x = [m, k], w = [n, k/2], scales = [n,
             // k/16], y = [m, n], k % 64 == 0 (every 16-byte copy of x and w and 4-byte copy of scales is whole and
             // aligned) and ceil(n/256) <= 65535; rows past m or n are zero-filled without reading and every store
             // is guarded.
-            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
-            Ok(())
+            unsafe { dev.launch_nvfp4(NAME, &f, cfg, x, w, scales, global_scale, y, [m, n, k]) }
         }
         #[cfg(not(feature = "cuda"))]
         match self.never {}

@@ -36,10 +36,10 @@
 //! [`Gpu::nvfp4_gemm_wgmma`] runs (the table at `NVFP4_BEST`).
 
 #[cfg(feature = "cuda")]
-use cudarc::driver::{sys, DevicePtr, DeviceRepr, PushKernelArg};
+use cudarc::driver::{sys, DevicePtr, DeviceRepr, LaunchArgs, PushKernelArg};
 
 #[cfg(feature = "cuda")]
-use super::device::{cuda_err, launch_config, Module};
+use super::device::{launch_config, ActivationArg, Module};
 use super::{check_len_of, Gpu, GpuBuffer};
 use crate::KernelError;
 
@@ -272,7 +272,6 @@ impl Gpu {
             let bf16 = matches!(y, Fp8Out::Bf16(_));
             let (name, smem, threads) = fp8_wgmma_kernel(variant, bf16)?;
             let f = dev.function_with_smem(Module::GemmSm90a, name, smem)?;
-            let (mi, ni, ki) = (m as i32, n as i32, k as i32);
             let tiles = tile_grid(m, n);
             let blocks = match variant {
                 // Persistent kernels: one block per SM (the ring's shared memory allows one), at most one per tile.
@@ -289,18 +288,9 @@ impl Gpu {
                 let (wp, _gw) = w.slice.device_ptr(dev.stream());
                 let ta = tensor_map_u8(xp, m, k)?;
                 let tb = tensor_map_u8(wp, n, k)?;
-                let mut b = dev.stream().launch_builder(&f);
-                b.arg(&ta)
-                    .arg(&tb)
-                    .arg(&x_scales.slice)
-                    .arg(&w_scales.slice);
-                match y {
-                    Fp8Out::F32(y) => b.arg(&mut y.slice),
-                    Fp8Out::Bf16(y) => b.arg(&mut y.slice),
-                };
-                b.arg(&mi).arg(&ni).arg(&ki);
+                let (mi, ni, ki) = (m as i32, n as i32, k as i32);
                 // SAFETY: matches `fp8_block_gemm_sm90a_v2`/`_v3`/`_v4` (y fp32) and `_v4_bf16` (y bf16 bits; the match
-                // above picks by y's type): two 128-byte tensor maps by value, then pointers and sizes; the caller
+                // below picks by y's type): two 128-byte tensor maps by value, then pointers and sizes; the caller
                 // checked xq = [m, k], x_scales = [m, k/128], w = [n, k], w_scales = [ceil(n/128), k/128], y = [m, n]
                 // of the kernel's element type, k % 128 == 0, k >= 128 and m * n tiles within the grid limit. The maps
                 // describe exactly xq and w (TMA never reads outside them; rows past m or n are zero-filled), the scale
@@ -308,26 +298,29 @@ impl Gpu {
                 // stores only where n % 4 == 0, so they are aligned in the 256-byte-aligned allocation); the persistent
                 // kernels visit tiles below ceil(m/128) * ceil(n/128) only, whatever the grid. xq and w outlive the
                 // launch (borrowed for this call, the stream is ordered).
-                unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+                unsafe {
+                    dev.launch_args(name, &f, cfg, |b| {
+                        b.arg(&ta)
+                            .arg(&tb)
+                            .arg(&x_scales.slice)
+                            .arg(&w_scales.slice);
+                        match y {
+                            Fp8Out::F32(y) => b.arg(&mut y.slice),
+                            Fp8Out::Bf16(y) => b.arg(&mut y.slice),
+                        };
+                        b.arg(&mi).arg(&ni).arg(&ki);
+                    })
+                }
             } else {
                 let Fp8Out::F32(y) = y else {
                     return Err(KernelError::Cuda(format!("{name}: writes fp32 only")));
                 };
-                let mut b = dev.stream().launch_builder(&f);
-                b.arg(&xq.slice)
-                    .arg(&x_scales.slice)
-                    .arg(&w.slice)
-                    .arg(&w_scales.slice)
-                    .arg(&mut y.slice)
-                    .arg(&mi)
-                    .arg(&ni)
-                    .arg(&ki);
+                let (x, w) = ((&xq.slice, &x_scales.slice), (&w.slice, &w_scales.slice));
                 // SAFETY: matches `fp8_block_gemm_sm90a_v1`; the caller checked the same lengths as for v2 and
                 // k % 128 == 0, so every 16-byte cp.async lies wholly inside a row; rows past m or n are zero-filled
                 // without reading (from row 0, a valid address) and every store is guarded against m and n.
-                unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+                unsafe { dev.launch_fp8_gemm(name, &f, cfg, x, w, &mut y.slice, [m, n, k]) }
             }
-            Ok(())
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -412,44 +405,28 @@ impl Gpu {
             let dev = &self.inner;
             let (name, smem, threads) = nvfp4_wgmma_kernel(variant);
             let f = dev.function_with_smem(Module::GemmSm90a, name, smem)?;
-            let (mi, ni, ki) = (m as i32, n as i32, k as i32);
             let blocks = match variant {
                 // v3's tiles are 256 rows x 128 columns.
                 Nvfp4Wgmma::PrmtDecode256 => (m.div_ceil(256) * n.div_ceil(128)) as u32,
                 Nvfp4Wgmma::Synchronous | Nvfp4Wgmma::WarpSpecialized => tile_grid(m, n),
             };
             let cfg = launch_config((blocks, 1, 1), (threads, 1, 1), smem);
+            let (w, scales, y, mnk) = (&w.slice, &scales.slice, &mut y.slice, [m, n, k]);
             match variant {
                 Nvfp4Wgmma::Synchronous => {
-                    let mut b = dev.stream().launch_builder(&f);
-                    b.arg(&x.slice)
-                        .arg(&w.slice)
-                        .arg(&scales.slice)
-                        .arg(&global_scale)
-                        .arg(&mut y.slice)
-                        .arg(&mi)
-                        .arg(&ni)
-                        .arg(&ki);
                     // SAFETY: matches `nvfp4_gemm_sm90a_v1`; the caller checked x = [m, k], w = [n, k/2], scales =
                     // [n, k/16], y = [m, n] and k % 64 == 0, so every 16-byte copy of x and w and 4-byte copy of the
                     // scales is whole and aligned inside its row; rows past m or n are zero-filled without reading
                     // and every store is guarded.
-                    unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+                    unsafe {
+                        dev.launch_nvfp4(name, &f, cfg, &x.slice, w, scales, global_scale, y, mnk)
+                    }
                 }
                 Nvfp4Wgmma::WarpSpecialized | Nvfp4Wgmma::PrmtDecode256 => {
                     // The guard orders this raw-pointer use after any pending writes on other streams and keeps the
                     // buffer's event until the launch is queued.
                     let (xp, _gx) = x.slice.device_ptr(dev.stream());
                     let tx = tensor_map_u16(xp, m, k)?;
-                    let mut b = dev.stream().launch_builder(&f);
-                    b.arg(&tx)
-                        .arg(&w.slice)
-                        .arg(&scales.slice)
-                        .arg(&global_scale)
-                        .arg(&mut y.slice)
-                        .arg(&mi)
-                        .arg(&ni)
-                        .arg(&ki);
                     // SAFETY: matches `nvfp4_gemm_sm90a_v2` and `_v3` (a 128-byte tensor map by value, then pointers,
                     // the scale and sizes; v3 reads x in two 128-row boxes per 256-row tile, the second only where it
                     // holds a row below m); the caller checked x = [m, k], w = [n, k/2], scales = [n, k/16], y = [m, n]
@@ -457,10 +434,9 @@ impl Gpu {
                     // zero-filled); the weight and scale loads are 16- and 2-byte aligned inside rows below n (rows
                     // past n read row 0) and every store is guarded against m and n; x outlives the launch (borrowed
                     // for this call, the stream is ordered).
-                    unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+                    unsafe { dev.launch_nvfp4(name, &f, cfg, &tx, w, scales, global_scale, y, mnk) }
                 }
             }
-            Ok(())
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -501,6 +477,13 @@ struct TensorMap(sys::CUtensorMap);
 // SAFETY: a plain 128-byte value with no pointers into host memory, passed to the kernel by copy.
 #[cfg(feature = "cuda")]
 unsafe impl DeviceRepr for TensorMap {}
+
+#[cfg(feature = "cuda")]
+impl ActivationArg for TensorMap {
+    fn push_to<'a>(&'a self, b: &mut LaunchArgs<'a>) {
+        b.arg(self);
+    }
+}
 
 /// The tensor map of a row-major uint8 matrix `[rows, cols]` at device address `ptr`, read in boxes of 128 rows
 /// x 128 bytes with the 128-byte swizzle (what the wgmma descriptors expect), rows past `rows` zero-filled.
@@ -624,18 +607,12 @@ mod tests {
     /// without `lab` the losing builds are not; the names come from the launch code's naming functions.
     #[test]
     fn every_auto_wgmma_kernel_is_embedded() {
-        let entries = Module::GemmSm90a.entries();
-        let mut seen = vec![
+        let seen = [
             fp8_wgmma_kernel(FP8_BEST, false).unwrap().0,
             fp8_wgmma_kernel(FP8_BEST, true).unwrap().0,
             nvfp4_wgmma_kernel(NVFP4_BEST).0,
         ];
-        for k in &seen {
-            assert!(entries.contains(k), "{k} is not embedded");
-        }
-        seen.sort_unstable();
-        #[cfg(not(feature = "lab"))]
-        assert_eq!(entries, seen);
+        super::super::device::assert_embedded(Module::GemmSm90a, seen);
     }
 
     /// The launch constants against `cuda/gemm_sm90a.cu`'s static_assert literals and the bench's copies

@@ -5,7 +5,7 @@
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 #[cfg(feature = "cuda")]
-use super::device::{cuda_err, launch_config, Device, Module, PdlArgs};
+use super::device::{launch_config, Device, Module, PdlArgs};
 use super::{check_len_of, Gpu, GpuBuffer, KernelPath};
 use crate::error::checked_product;
 use crate::KernelError;
@@ -215,43 +215,22 @@ impl Gpu {
             if tensor {
                 let (name, _) = nvfp4_gemv_kernel(true, m, n);
                 let f = dev.function(Module::Gemv, name)?;
-                let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-                let mut b = dev.stream().launch_builder(&f);
-                b.arg(x)
-                    .arg(w)
-                    .arg(scales)
-                    .arg(&global_scale)
-                    .arg(y)
-                    .arg(&mi)
-                    .arg(&ni)
-                    .arg(&ki);
+                let cfg = mma_config(n);
                 // SAFETY: matches `nvfp4_gemv_mma_n*` in cuda/gemv.cu; buffers checked by the caller as for the
                 // CUDA-core kernel below; rows are guarded against n and k % 32 == 0 keeps every lane's 16-byte load
                 // and 2-byte scale load inside its row.
-                unsafe { b.launch(mma_config(n)) }.map_err(cuda_err(name))?;
-                return Ok(());
+                return unsafe { dev.launch_nvfp4(name, &f, cfg, x, w, scales, global_scale, y, [m, n, k]) };
             }
             // M = 1 on tall matrices uses two rows per warp so the activations cross L1 once per two weight rows
             // (with one row per warp L1 was 88% busy in Nsight Compute and DRAM 34%); on short ones (n < 16384) that
             // leaves too few warps, and one row per warp is faster (the H200 sweep's numbers: `kernels/NOTES.md`).
             let (name, rows_per_warp) = nvfp4_gemv_kernel(false, m, n);
             let f = dev.function(Module::Gemv, name)?;
-            let (mi, ni, ki) = (m as i32, n as i32, k as i32);
             let cfg = gemv_config(n, rows_per_warp);
-            let mut b = dev.stream().launch_builder(&f);
-            b.arg(x)
-                .arg(w)
-                .arg(scales)
-                .arg(&global_scale)
-                .arg(y)
-                .arg(&mi)
-                .arg(&ni)
-                .arg(&ki);
             // SAFETY: matches `nvfp4_gemv_m*` in cuda/gemv.cu; the caller checked x = [m, k], w = [n, k/2],
             // scales = [n, k/16], y = [m, n] and k % 32 == 0, so each lane's 16-byte weight load and 2-byte scale load
             // stay inside the row.
-            unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
-            Ok(())
+            unsafe { dev.launch_nvfp4(name, &f, cfg, x, w, scales, global_scale, y, [m, n, k]) }
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -624,20 +603,10 @@ impl Gpu {
             };
             dev.gemv_act_frag(true, true, x, xf, m, k, nt)?;
             let f = dev.function(Module::Gemv, name)?;
-            let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-            let mut b = dev.stream().launch_builder(&f);
-            b.arg(&*xf)
-                .arg(w)
-                .arg(scales)
-                .arg(&global_scale)
-                .arg(y)
-                .arg(&mi)
-                .arg(&ni)
-                .arg(&ki);
+            let cfg = mma_config(n);
             // SAFETY: matches `nvfp4_gemv_mma_pre_n*`; xf was just written for this m, k and nt; w, scales, y checked
             // by the caller as for `nvfp4_gemv_mma_n*` (k % 32 == 0).
-            unsafe { b.launch(mma_config(n)) }.map_err(cuda_err(name))?;
-            Ok(())
+            unsafe { dev.launch_nvfp4(name, &f, cfg, &*xf, w, scales, global_scale, y, [m, n, k]) }
         }
         #[cfg(not(feature = "cuda"))]
         match self.never {}
@@ -674,13 +643,15 @@ impl Gpu {
             let f = dev.function(Module::Gemv, NAME)?;
             let cfg = repack_config(NAME, n.div_ceil(16) * k.div_ceil(128) * 64)?;
             let (ni, ki) = (n as i32, k as i32);
-            let mut b = dev.stream().launch_builder(&f);
-            b.arg(w).arg(scales).arg(wr).arg(sr).arg(&ni).arg(&ki);
             // SAFETY: matches `nvfp4_repack_mma`; the caller checked w = [n, k/2], scales = [n, k/16], k % 32 == 0
             // (every 16-byte and 2-byte load is whole and aligned inside its row; rows >= n and k0 >= k are not read),
             // wr = ceil(n/16) * ceil(k/128) * 1024 bytes and sr = ceil(n/16) * ceil(k/128) * 32 words, exactly what
             // the threads (one per 16 output bytes, the rest return) write.
-            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+            unsafe {
+                dev.launch_args(NAME, &f, cfg, |b| {
+                    b.arg(w).arg(scales).arg(wr).arg(sr).arg(&ni).arg(&ki);
+                })
+            }?;
         }
         #[cfg(not(feature = "cuda"))]
         let _ = (&mut wr, &mut sr);
@@ -714,13 +685,15 @@ impl Gpu {
             let f = dev.function(Module::Gemv, NAME)?;
             let cfg = repack_config(NAME, n.div_ceil(16) * k.div_ceil(128) * 128)?;
             let (ni, ki) = (n as i32, k as i32);
-            let mut b = dev.stream().launch_builder(&f);
-            b.arg(w).arg(wr).arg(&ni).arg(&ki);
             // SAFETY: matches `fp8_repack_mma(w, wr, n, k)`; the caller checked w = [n, k] with k % 16 == 0 (every
             // 16-byte load is whole and aligned inside its row; rows >= n and values >= k are not read) and
             // wr = ceil(n/16) * ceil(k/128) * 2048 bytes, exactly what the threads (one per 16 output bytes, the rest
             // return) write.
-            unsafe { b.launch(cfg) }.map_err(cuda_err(NAME))?;
+            unsafe {
+                dev.launch_args(NAME, &f, cfg, |b| {
+                    b.arg(w).arg(wr).arg(&ni).arg(&ki);
+                })
+            }?;
         }
         #[cfg(not(feature = "cuda"))]
         let _ = &mut wr;
@@ -1999,16 +1972,18 @@ impl Device {
             // SAFETY: see "SAFETY (both launches)" above.
             unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
         } else {
-            let mut b = self.stream().launch_builder(&f);
-            b.arg(x)
-                .arg(w)
-                .arg(scales)
-                .arg(y)
-                .arg(&mi)
-                .arg(&ni)
-                .arg(&ki);
             // SAFETY: see "SAFETY (both launches)" above.
-            unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
+            unsafe {
+                self.launch_args(name, &f, cfg, |b| {
+                    b.arg(x)
+                        .arg(w)
+                        .arg(scales)
+                        .arg(y)
+                        .arg(&mi)
+                        .arg(&ni)
+                        .arg(&ki);
+                })
+            }?;
         }
         Ok(())
     }
@@ -2234,8 +2209,7 @@ impl Device {
         let mut args = PdlArgs::default();
         args.ptr(xp).ptr(xfp).i32(mi).i32(ki).i32(nti);
         // SAFETY: see "SAFETY (both launches)" above.
-        unsafe { self.launch_ex(name, &f, cfg, &mut args, pdl) }?;
-        Ok(())
+        unsafe { self.launch_ex(name, &f, cfg, &mut args, pdl) }
     }
 
     /// The tensor-core GEMV over preconverted activations, cut as `split` says (`cuda/gemv.cu`, the `_w{W}c{CS}`
@@ -2293,8 +2267,7 @@ impl Device {
         // ceil(k/128) * 2048 bytes, and [ceil(n/128), ceil(k/128)], k % 16 == 0; NVFP4: the tile layout of exactly
         // n x k) and y = [m, n]; grid.y equals the build's cluster size, as __cluster_dims__ requires; stores are
         // guarded against m and n; the kernel reads xf and writes y only after its pdl_wait.
-        unsafe { self.launch_ex(name, &f, cfg, &mut args, split.pdl) }?;
-        Ok(())
+        unsafe { self.launch_ex(name, &f, cfg, &mut args, split.pdl) }
     }
 
     /// Launches the FP8 tile kernel `name` with the parameters `(x, w, scales, y, [m,] n, k)` (`m` only when
@@ -2398,18 +2371,20 @@ impl Device {
                         "{name}: needs the activation scratch"
                     )));
                 }
-                let mut b = self.stream().launch_builder(&f);
-                b.arg(x)
-                    .arg(wr)
-                    .arg(sr)
-                    .arg(&global_scale)
-                    .arg(y)
-                    .arg(&mi)
-                    .arg(&ni)
-                    .arg(&ki);
                 // SAFETY: matches `nvfp4_gemv_mma_tile_n*`; x = [m, k] with k % 32 == 0 checked by the caller
                 // (activation loads are guarded against m and k), wr/sr as above, y = [m, n].
-                unsafe { b.launch(mma_config(n)) }.map_err(cuda_err(name))?;
+                unsafe {
+                    self.launch_args(name, &f, mma_config(n), |b| {
+                        b.arg(x)
+                            .arg(wr)
+                            .arg(sr)
+                            .arg(&global_scale)
+                            .arg(y)
+                            .arg(&mi)
+                            .arg(&ni)
+                            .arg(&ki);
+                    })
+                }?;
             }
         }
         Ok(())
@@ -2453,8 +2428,7 @@ impl Device {
         // ceil(n/16) blocks) and y = [m, n]; stores and atomics are guarded against m and n, and atomics (grid.y > 1
         // without a cluster) only follow a fragment kernel that zeroed y; the kernels read xf and touch y only after
         // their pdl_wait.
-        unsafe { self.launch_pdl(name, f, cfg, &mut args) }?;
-        Ok(())
+        unsafe { self.launch_pdl(name, f, cfg, &mut args) }
     }
 
     /// The GEMV alone on fragments a producer wrote, cut by `kernel`: `Gpu::nvfp4_gemv_tiles_fragments`' cuts
@@ -2547,8 +2521,7 @@ impl Device {
             .u64(ylen);
         // SAFETY: as `gemv_act_frag` above (a programmatic dependent, as there for NVFP4), plus y: the caller
         // checked y = [m, n], and the grid-stride loop writes exactly y[0 .. m*n), after its pdl_wait.
-        unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
-        Ok(())
+        unsafe { self.launch_pdl(name, &f, cfg, &mut args) }
     }
 }
 

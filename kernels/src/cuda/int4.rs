@@ -218,7 +218,11 @@ impl Gpu {
     /// model): `rows * k` int8 codes and `rows` scales, allocated once.
     pub fn int4_a8_scratch(&self, rows: usize, k: usize) -> Result<Int4A8Scratch, KernelError> {
         const OP: &str = "cuda::int4_a8_scratch";
-        crate::ensure_shape!(rows > 0 && k > 0, OP, "rows and k must be positive, got {rows} x {k}");
+        crate::ensure_shape!(
+            rows > 0 && k > 0,
+            OP,
+            "rows and k must be positive, got {rows} x {k}"
+        );
         let codes = rows
             .checked_mul(k)
             .ok_or_else(|| KernelError::shape(OP, format!("rows * k = {rows} * {k} overflows")))?;

@@ -13,7 +13,7 @@
 use cudarc::driver::PushKernelArg;
 
 #[cfg(feature = "cuda")]
-use super::device::{cuda_err, launch_config, Module};
+use super::device::{launch_config, Module};
 use super::{check_len_of, Gpu, GpuBuffer};
 use crate::KernelError;
 
@@ -21,7 +21,7 @@ const I32_MAX: usize = i32::MAX as usize;
 
 /// Threads of every block (`MOE_THREADS` in cuda/moe.cu).
 #[cfg(feature = "cuda")]
-const MOE_THREADS: u32 = 256;
+pub(super) const MOE_THREADS: u32 = 256;
 
 /// The kernels of this file, the names `every_moe_kernel_is_embedded` checks.
 #[cfg(feature = "cuda")]
@@ -92,19 +92,24 @@ impl Gpu {
             }
             let f = self.inner.function(Module::Moe, ROUTE_KERNEL)?;
             let (e, k, renorm) = (experts as i32, top_k as i32, i32::from(renormalize));
-            let mut b = self.inner.stream().launch_builder(&f);
-            b.arg(&logits.slice)
-                .arg(&mut ids.slice)
-                .arg(&mut weights.slice)
-                .arg(&e)
-                .arg(&k)
-                .arg(&renorm);
             // SAFETY: matches `moe_route(logits, ids, weights, experts, top_k, renormalize)` in cuda/moe.cu; checked
             // above: logits = [tokens, experts] with 1 <= experts <= MOE_MAX_EXPERTS (its shared row), ids and
             // weights = [tokens, top_k] with 1 <= top_k <= experts, and 1 <= tokens <= i32::MAX blocks.
-            unsafe { b.launch(launch_config((tokens as u32, 1, 1), (MOE_THREADS, 1, 1), 0)) }
-                .map_err(cuda_err(ROUTE_KERNEL))?;
-            Ok(())
+            unsafe {
+                self.inner.launch_args(
+                    ROUTE_KERNEL,
+                    &f,
+                    launch_config((tokens as u32, 1, 1), (MOE_THREADS, 1, 1), 0),
+                    |b| {
+                        b.arg(&logits.slice)
+                            .arg(&mut ids.slice)
+                            .arg(&mut weights.slice)
+                            .arg(&e)
+                            .arg(&k)
+                            .arg(&renorm);
+                    },
+                )
+            }
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -148,20 +153,25 @@ impl Gpu {
             }
             let f = self.inner.function(Module::Moe, GATHER_KERNEL)?;
             let (st, xr, h) = (start as u64, x_rows as u64, hidden as i32);
-            let mut b = self.inner.stream().launch_builder(&f);
-            b.arg(&x.slice)
-                .arg(&tokens.slice)
-                .arg(&mut out.slice)
-                .arg(&st)
-                .arg(&xr)
-                .arg(&h);
             // SAFETY: matches `moe_gather_rows(x, tokens, out, start, x_rows, hidden)` in cuda/moe.cu; checked
             // above: x = [x_rows, hidden], out = [rows, hidden] with 1 <= rows <= i32::MAX blocks, 1 <= hidden <=
             // i32::MAX, and start + rows <= tokens.len(), so every block reads its own token id; the kernel reads x
             // only at a token < x_rows.
-            unsafe { b.launch(launch_config((rows as u32, 1, 1), (MOE_THREADS, 1, 1), 0)) }
-                .map_err(cuda_err(GATHER_KERNEL))?;
-            Ok(())
+            unsafe {
+                self.inner.launch_args(
+                    GATHER_KERNEL,
+                    &f,
+                    launch_config((rows as u32, 1, 1), (MOE_THREADS, 1, 1), 0),
+                    |b| {
+                        b.arg(&x.slice)
+                            .arg(&tokens.slice)
+                            .arg(&mut out.slice)
+                            .arg(&st)
+                            .arg(&xr)
+                            .arg(&h);
+                    },
+                )
+            }
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -205,21 +215,26 @@ impl Gpu {
             }
             let f = self.inner.function(Module::Moe, COMBINE_KERNEL)?;
             let (r, k, h) = (rows as u64, top_k as i32, hidden as i32);
-            let mut b = self.inner.stream().launch_builder(&f);
-            b.arg(&expert_out.slice)
-                .arg(&weights.slice)
-                .arg(&pair_rows.slice)
-                .arg(&mut out.slice)
-                .arg(&r)
-                .arg(&k)
-                .arg(&h);
             // SAFETY: matches `moe_combine(expert_out, weights, pair_rows, out, rows, top_k, hidden)` in
             // cuda/moe.cu; checked above: expert_out = [rows, hidden], weights and pair_rows = [tokens, top_k],
             // out = [tokens, hidden] with 1 <= tokens <= i32::MAX blocks, 1 <= top_k, hidden <= i32::MAX; the kernel
             // reads expert_out only at a pair row < rows.
-            unsafe { b.launch(launch_config((tokens as u32, 1, 1), (MOE_THREADS, 1, 1), 0)) }
-                .map_err(cuda_err(COMBINE_KERNEL))?;
-            Ok(())
+            unsafe {
+                self.inner.launch_args(
+                    COMBINE_KERNEL,
+                    &f,
+                    launch_config((tokens as u32, 1, 1), (MOE_THREADS, 1, 1), 0),
+                    |b| {
+                        b.arg(&expert_out.slice)
+                            .arg(&weights.slice)
+                            .arg(&pair_rows.slice)
+                            .arg(&mut out.slice)
+                            .arg(&r)
+                            .arg(&k)
+                            .arg(&h);
+                    },
+                )
+            }
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -231,32 +246,19 @@ impl Gpu {
 
 #[cfg(all(test, feature = "cuda"))]
 mod tests {
-    use super::super::device::{source_literal, Module};
+    use super::super::device::{assert_embedded, Module};
 
     /// Every kernel a call here launches is embedded (the list comes from the PTX, `build_cuda.rs`), and nothing
     /// else is: no variant exists, with or without `lab`.
     #[test]
     fn every_moe_kernel_is_embedded() {
-        let mut launched = vec![
+        let launched = [
             super::ROUTE_KERNEL,
             super::GATHER_KERNEL,
             super::COMBINE_KERNEL,
         ];
-        launched.sort_unstable();
-        assert_eq!(Module::Moe.entries(), launched);
-    }
-
-    /// The launch constants restated here are those cuda/moe.cu pins.
-    #[test]
-    fn launch_constants_match_the_kernel_source() {
-        let src = include_str!("../../cuda/moe.cu");
-        assert_eq!(
-            source_literal(src, "constexpr int MOE_THREADS", " = ") as u32,
-            super::MOE_THREADS
-        );
-        assert_eq!(
-            source_literal(src, "MOE_MAX_EXPERTS", " == ") as usize,
-            crate::cuda::Gpu::MOE_MAX_EXPERTS
-        );
+        assert_embedded(Module::Moe, launched);
+        // No variants: a `lab` build embeds the same three.
+        assert_eq!(Module::Moe.entries().len(), launched.len());
     }
 }

@@ -28,7 +28,7 @@
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 #[cfg(feature = "cuda")]
-use super::device::{cuda_err, launch_config, Device, Module, PdlArgs};
+use super::device::{launch_config, Device, Module, PdlArgs};
 use super::{
     check_len, check_len_of, Fp8Fragments, FragmentOrder, GemvFragments, Gpu, GpuBuffer, GpuScalar,
     Nvfp4Fragments,
@@ -1378,8 +1378,7 @@ impl Device {
         // kernel's float4 path, the only one that writes fragments), and xf of at least ceil(dim/128) * nt * 512
         // words (Gpu::gemv_scratch_len), every entry the kernel writes; (y, ylen) is a whole allocation and its
         // length (zero_args) or (null, 0); as a programmatic dependent it touches memory only after its pdl_wait.
-        unsafe { self.launch_pdl(name, &f, per_row(rows, NORM_THREADS), &mut args) }?;
-        Ok(())
+        unsafe { self.launch_pdl(name, &f, per_row(rows, NORM_THREADS), &mut args) }
     }
 
     /// The producers' last two arguments: `zero`'s pointer and length (a whole allocation, so 256-byte aligned as
@@ -1434,8 +1433,7 @@ impl Device {
         // 1 <= rows <= i32::MAX (one block per row) and dim <= i32::MAX; the kernels' float4 path is taken only when
         // dim % 4 == 0, which keeps every row 16-byte aligned in these 256-byte-aligned allocations; safe as
         // launch_small's dependent (rmsnorm_row_to's pdl_start first).
-        unsafe { self.launch_small(name, &f, per_row(rows, NORM_THREADS), &mut args) }?;
-        Ok(())
+        unsafe { self.launch_small(name, &f, per_row(rows, NORM_THREADS), &mut args) }
     }
 
     /// `add_rmsnorm_dual`: one block per row, writing the f32 output and its bf16 copy.
@@ -1472,8 +1470,7 @@ impl Device {
         // checked x, residual, out and out_b = [rows, dim], w = [dim], 1 <= rows <= i32::MAX (one block per row) and
         // dim <= i32::MAX; the float4 path is taken only when dim % 4 == 0, which keeps every row of both outputs
         // aligned in these 256-byte-aligned allocations; safe as launch_small's dependent (pdl_start first).
-        unsafe { self.launch_small(NAME, &f, per_row(rows, NORM_THREADS), &mut args) }?;
-        Ok(())
+        unsafe { self.launch_small(NAME, &f, per_row(rows, NORM_THREADS), &mut args) }
     }
 
     /// `sigmoid_gate_bf16`: the flat grid over x.len().
@@ -1493,8 +1490,7 @@ impl Device {
         // SAFETY: matches `sigmoid_gate_bf16(x, gate, out, n)` in cuda/ops.cu; the caller checked gate.len() ==
         // out.len() == x.len() = n >= 1; indices < n only, the vector accesses below 4 * (n / 4) from 256-byte-aligned
         // starts; safe as launch_small's dependent (ew_walk's pdl_start first).
-        unsafe { self.launch_small(NAME, &f, flat_config(x.len()), &mut args) }?;
-        Ok(())
+        unsafe { self.launch_small(NAME, &f, flat_config(x.len()), &mut args) }
     }
 
     /// `name`: `silu_and_mul_frag_{fp8,nvfp4}` / `gelu_and_mul_frag_*`: the gated activation of `rows` token rows
@@ -1522,8 +1518,7 @@ impl Device {
         // ceil(inter/128) * nt * 512 words (Gpu::gemv_scratch_len), every entry the grid writes (threads past the
         // last 128-chunk return); (y, ylen) as zero_args says; as a programmatic dependent it touches memory only
         // after its pdl_wait.
-        unsafe { self.launch_pdl(name, &f, cfg, &mut args) }?;
-        Ok(())
+        unsafe { self.launch_pdl(name, &f, cfg, &mut args) }
     }
 
     /// `silu_and_mul_bf16` / `gelu_and_mul_bf16`: grid (rows, ceil(inter / 1024)).
@@ -1551,8 +1546,7 @@ impl Device {
         // out = [rows, inter], rows <= i32::MAX and ceil(inter/1024) <= 65535; threads past inter return, and the
         // float4 path runs only when inter % 4 == 0 (aligned halves); safe as launch_small's dependent (pdl_start
         // first).
-        unsafe { self.launch_small(name, &f, cfg, &mut args) }?;
-        Ok(())
+        unsafe { self.launch_small(name, &f, cfg, &mut args) }
     }
 
     /// `embedding_gather_bf16`: one block per id.
@@ -1567,13 +1561,14 @@ impl Device {
         const NAME: &str = "embedding_gather_bf16";
         let f = self.function(Module::Ops, NAME)?;
         let (v, d) = (vocab as u32, dim as i32);
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(table).arg(ids).arg(out).arg(&v).arg(&d);
         // SAFETY: matches `embedding_gather_bf16` in cuda/ops.cu; the caller checked table = [vocab, dim],
         // out = [ids, dim], 1 <= ids <= i32::MAX, vocab < 2^32 and dim <= i32::MAX; the kernel reads a row only for
         // an id < vocab (others become NaN rows), and its 16-byte loads only when dim % 8 == 0.
-        unsafe { b.launch(per_row(ids.len(), GATHER_THREADS)) }.map_err(cuda_err(NAME))?;
-        Ok(())
+        unsafe {
+            self.launch_args(NAME, &f, per_row(ids.len(), GATHER_THREADS), |b| {
+                b.arg(table).arg(ids).arg(out).arg(&v).arg(&d);
+            })
+        }
     }
 
     /// `embedding_gather_int4`: one block per id.
@@ -1592,20 +1587,21 @@ impl Device {
         let f = self.function(Module::Ops, NAME)?;
         let npad = n.div_ceil(64) as u32 * 64;
         let (nn, kk, g) = (n as u32, k as i32, group as i32);
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(packed)
-            .arg(scales_zeros)
-            .arg(ids)
-            .arg(out)
-            .arg(&nn)
-            .arg(&kk)
-            .arg(&g)
-            .arg(&npad);
         // SAFETY: matches `embedding_gather_int4` in cuda/ops.cu; the caller checked packed = [npad/64][k][32],
         // scales_zeros = [ceil(k/group)][npad][2], out = [ids, k], group > 0, npad < 2^32 and k <= i32::MAX;
         // ids >= n read nothing (NaN rows).
-        unsafe { b.launch(per_row(ids.len(), GATHER_THREADS)) }.map_err(cuda_err(NAME))?;
-        Ok(())
+        unsafe {
+            self.launch_args(NAME, &f, per_row(ids.len(), GATHER_THREADS), |b| {
+                b.arg(packed)
+                    .arg(scales_zeros)
+                    .arg(ids)
+                    .arg(out)
+                    .arg(&nn)
+                    .arg(&kk)
+                    .arg(&g)
+                    .arg(&npad);
+            })
+        }
     }
 
     /// `argmax_cluster8` (grid (8, rows), clusters of 8 along x) or `argmax_block` (grid (1, rows)).
@@ -1625,13 +1621,14 @@ impl Device {
         let f = self.function(Module::Ops, name)?;
         let v = vocab as u32;
         let cfg = launch_config((gx, rows as u32, 1), (ROW_THREADS, 1, 1), 0);
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(logits).arg(out).arg(&v);
         // SAFETY: matches `argmax_*` in cuda/ops.cu; the caller checked logits = [rows, vocab], out = [rows],
         // 1 <= rows <= 65535 (grid.y) and vocab <= i32::MAX; the cluster kernel's compile-time cluster of 8 divides
         // grid.x = 8; float4 loads only when vocab % 4 == 0.
-        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
-        Ok(())
+        unsafe {
+            self.launch_args(name, &f, cfg, |b| {
+                b.arg(logits).arg(out).arg(&v);
+            })
+        }
     }
 
     /// `sample_topk_topp_cluster8` (grid (8, rows), clusters of 8 along x) or `sample_topk_topp` (grid (rows)).
@@ -1659,20 +1656,21 @@ impl Device {
         let f = self.function(Module::Ops, name)?;
         let (v, kk) = (vocab as u32, k as u32);
         let cfg = launch_config(grid_dim, (ROW_THREADS, 1, 1), 0);
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(logits)
-            .arg(rng)
-            .arg(out)
-            .arg(&v)
-            .arg(&kk)
-            .arg(&temperature)
-            .arg(&top_p);
         // SAFETY: matches `sample_topk_topp*` in cuda/ops.cu; the caller checked logits = [rows, vocab],
         // rng = [rows, 4], out = [rows], 1 <= rows <= i32::MAX (one block per row) and <= 65535 for the cluster
         // kernel (grid.y), whose compile-time cluster of 8 divides grid.x = 8; 1 <= k <= min(vocab, 1024) (the
         // shared candidate array), vocab <= i32::MAX, temperature finite and > 0 unless k == 1, top_p in (0, 1].
-        unsafe { b.launch(cfg) }.map_err(cuda_err(name))?;
-        Ok(())
+        unsafe {
+            self.launch_args(name, &f, cfg, |b| {
+                b.arg(logits)
+                    .arg(rng)
+                    .arg(out)
+                    .arg(&v)
+                    .arg(&kk)
+                    .arg(&temperature)
+                    .arg(&top_p);
+            })
+        }
     }
 
     /// `silu_and_mul_f32` / `gelu_and_mul_f32` / `gelu_tanh_and_mul_f32`: grid (rows, ceil(inter / 1024)).
@@ -1699,8 +1697,7 @@ impl Device {
         // gate_up = [rows, 2*inter], out = [rows, inter], 1 <= rows <= i32::MAX and 1 <= inter <= 65535 * 1024 (so
         // grid.y = ceil(inter/1024) <= 65535); threads past inter return, and the float4 path runs only when
         // inter % 4 == 0 (aligned rows and halves); safe as launch_small's dependent (pdl_start first).
-        unsafe { self.launch_small(name, &f, glu_config(rows, inter), &mut args) }?;
-        Ok(())
+        unsafe { self.launch_small(name, &f, glu_config(rows, inter), &mut args) }
     }
 
     /// `cast_f32_to_bf16` (f32 `x`, bf16 bits `out`) / `cast_bf16_to_f32` (the reverse): the flat grid over
@@ -1721,8 +1718,7 @@ impl Device {
         // touches indices < n only, its 16-byte / 8-byte vector accesses cover whole groups of 4 below 4 * (n / 4)
         // from the starts of these 256-byte-aligned allocations; safe as launch_small's dependent (ew_walk's pdl_start
         // first).
-        unsafe { self.launch_small(name, &f, flat_config(x.len()), &mut args) }?;
-        Ok(())
+        unsafe { self.launch_small(name, &f, flat_config(x.len()), &mut args) }
     }
 
     /// `sigmoid_gate_f32` / `add_assign_f32` (`x op= y`): the flat grid over x.len().
@@ -1742,8 +1738,7 @@ impl Device {
         // checked y.len() == x.len() = n >= 1 (two distinct allocations: one is borrowed mutably); the kernel
         // touches indices < n only, float4 accesses only below 4 * (n / 4) from 256-byte-aligned starts; a
         // programmatic dependent (ew_walk's pdl_start first).
-        unsafe { self.launch_small(name, &f, flat_config(len), &mut args) }?;
-        Ok(())
+        unsafe { self.launch_small(name, &f, flat_config(len), &mut args) }
     }
 
     /// `softcap_f32` / `scale_assign_f32` (`x = op(x, s)`): the flat grid over x.len().
@@ -1761,8 +1756,7 @@ impl Device {
         // SAFETY: matches `softcap_f32(x, cap, n)` / `scale_assign_f32(x, s, n)` in cuda/ops.cu; n = x.len() >= 1
         // (the caller returns before an empty buffer); indices < n only, float4 accesses as in ew_binary; a
         // programmatic dependent (ew_walk's pdl_start first).
-        unsafe { self.launch_small(name, &f, flat_config(len), &mut args) }?;
-        Ok(())
+        unsafe { self.launch_small(name, &f, flat_config(len), &mut args) }
     }
 
     /// `sigmoid_head_gate_f32` (`v` the gate, one per group of `cols`) / `add_bias_rows_f32` (`v` the bias, one
@@ -1790,8 +1784,7 @@ impl Device {
         // cuda/ops.cu; the caller checked x = [rows, cols] with rows, cols >= 1 and cols <= i32::MAX, and v of
         // rows elements (the gate) or cols (the bias), the only ones each kernel reads; threads past cols return
         // and grid.y strides the rows; safe as launch_small's dependent (pdl_start before any return).
-        unsafe { self.launch_small(name, &f, cfg, &mut args) }?;
-        Ok(())
+        unsafe { self.launch_small(name, &f, cfg, &mut args) }
     }
 
     /// `copy_cols_f32`: grid (min(ceil(width / 256), 4096), min(rows, 65535)), both strided.
@@ -1831,8 +1824,7 @@ impl Device {
         // cuda/ops.cu; the caller checked rows, width >= 1 and (rows - 1) * cols + off + width <= len on both sides
         // without overflow, so every index the kernel forms (r < rows, c < width) is inside its buffer; src and dst
         // are distinct allocations (dst is borrowed mutably); safe as launch_small's dependent (pdl_start first).
-        unsafe { self.launch_small(NAME, &f, cfg, &mut args) }?;
-        Ok(())
+        unsafe { self.launch_small(NAME, &f, cfg, &mut args) }
     }
 
     /// `rope_neox`: one block of 256 threads per token.
@@ -1862,8 +1854,7 @@ impl Device {
         // positions = [tokens], 1 <= tokens <= i32::MAX, heads * head_dim <= i32::MAX, rotary_dim even,
         // 2 <= rotary_dim <= min(head_dim, 1024) (the kernel's 512-entry angle tables); a programmatic dependent
         // (pdl_start first).
-        unsafe { self.launch_small(NAME, &f, per_row(tokens, 256), &mut args) }?;
-        Ok(())
+        unsafe { self.launch_small(NAME, &f, per_row(tokens, 256), &mut args) }
     }
 }
 

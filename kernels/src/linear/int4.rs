@@ -44,6 +44,16 @@ pub struct Int4Weights {
     scales_zeros: Vec<u16>,
 }
 
+/// Checks that the weights given to [`Int4Weights::quantize`] or [`Int4Weights::quantize_bf16`] are `[n, k]`.
+fn check_quantize_len(len: usize, n: usize, k: usize) -> Result<(), KernelError> {
+    ensure_shape!(
+        len == checked_product("int4 quantize", "n*k", &[n, k])?,
+        "int4 quantize",
+        "weights have {len} elements, expected n*k = {n}*{k}"
+    );
+    Ok(())
+}
+
 impl Int4Weights {
     /// Quantises and packs f32 weights `[n, k]` (row-major, output features first, as checkpoints store them).
     pub fn quantize(
@@ -53,12 +63,7 @@ impl Int4Weights {
         group: usize,
         scheme: Int4Scheme,
     ) -> Result<Self, KernelError> {
-        ensure_shape!(
-            w.len() == checked_product("int4 quantize", "n*k", &[n, k])?,
-            "int4 quantize",
-            "weights have {} elements, expected n*k = {n}*{k}",
-            w.len()
-        );
+        check_quantize_len(w.len(), n, k)?;
         Self::quantize_with(n, k, group, scheme, |row0, rows| {
             rows.copy_from_slice(&w[row0 * k..row0 * k + rows.len()]);
             Ok(())
@@ -73,12 +78,7 @@ impl Int4Weights {
         group: usize,
         scheme: Int4Scheme,
     ) -> Result<Self, KernelError> {
-        ensure_shape!(
-            w.len() == checked_product("int4 quantize", "n*k", &[n, k])?,
-            "int4 quantize",
-            "weights have {} elements, expected n*k = {n}*{k}",
-            w.len()
-        );
+        check_quantize_len(w.len(), n, k)?;
         Self::quantize_with(n, k, group, scheme, |row0, rows| {
             for (d, &s) in rows.iter_mut().zip(&w[row0 * k..]) {
                 *d = bf16_to_f32(s);

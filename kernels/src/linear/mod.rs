@@ -26,335 +26,108 @@ use crate::cpu::{parallel_ranges, Isa};
 use crate::error::checked_product;
 use crate::formats::bf16_to_f32;
 use crate::formats::{FP8_BLOCK, NVFP4_GROUP};
+use crate::ops::fastest_path;
 use crate::{ensure_shape, KernelError};
 use std::borrow::Cow;
 
 mod ffi {
-    macro_rules! decl {
-        ($w4a16:ident, $w4a8:ident, $fp8:ident, $nvfp4:ident, $bf16:ident) => {
-            extern "C" {
-                pub(crate) fn $w4a16(
-                    x: *const f32,
-                    m: usize,
-                    k: usize,
-                    packed: *const u8,
-                    sz: *const u16,
-                    npad: usize,
-                    group: usize,
-                    n: usize,
-                    b0: usize,
-                    b1: usize,
-                    y: *mut f32,
-                );
-                pub(crate) fn $w4a8(
-                    xq: *const i8,
-                    xs: *const f32,
-                    xsum: *const i32,
-                    m: usize,
-                    k: usize,
-                    packed: *const u8,
-                    sz: *const u16,
-                    npad: usize,
-                    group: usize,
-                    n: usize,
-                    b0: usize,
-                    b1: usize,
-                    y: *mut f32,
-                );
-                pub(crate) fn $fp8(
-                    x: *const f32,
-                    m: usize,
-                    k: usize,
-                    w: *const u8,
-                    sinv: *const f32,
-                    n: usize,
-                    r0: usize,
-                    r1: usize,
-                    y: *mut f32,
-                );
-                pub(crate) fn $nvfp4(
-                    x: *const f32,
-                    xp: *const f32,
-                    m: usize,
-                    k: usize,
-                    w: *const u8,
-                    scales: *const u8,
-                    global: f32,
-                    n: usize,
-                    r0: usize,
-                    r1: usize,
-                    y: *mut f32,
-                );
-                pub(crate) fn $bf16(
-                    x: *const f32,
-                    m: usize,
-                    k: usize,
-                    w: *const u16,
-                    n: usize,
-                    r0: usize,
-                    r1: usize,
-                    y: *mut f32,
-                );
-            }
-        };
-    }
-    decl!(
+    use crate::ops::c_kernels;
+
+    c_kernels! {
+        pub(crate) type W4a16Fn = fn(x: *const f32, m: usize, k: usize, packed: *const u8, sz: *const u16, npad: usize, group: usize, n: usize, b0: usize, b1: usize, y: *mut f32);
         ef_w4a16_scalar,
+        #[cfg(edgefit_x86_kernels)] ef_w4a16_avx2,
+        #[cfg(edgefit_x86_kernels)] ef_w4a16_avx512,
+    }
+    c_kernels! {
+        pub(crate) type W4a8Fn = fn(xq: *const i8, xs: *const f32, xsum: *const i32, m: usize, k: usize, packed: *const u8, sz: *const u16, npad: usize, group: usize, n: usize, b0: usize, b1: usize, y: *mut f32);
         ef_w4a8_scalar,
+        #[cfg(edgefit_x86_kernels)] ef_w4a8_avx2,
+        #[cfg(edgefit_x86_kernels)] ef_w4a8_avx512,
+        #[cfg(edgefit_x86_kernels)] ef_w4a8_avx512vbmi,
+    }
+    c_kernels! {
+        pub(crate) type Fp8Fn = fn(x: *const f32, m: usize, k: usize, w: *const u8, sinv: *const f32, n: usize, r0: usize, r1: usize, y: *mut f32);
         ef_fp8_scalar,
+        #[cfg(edgefit_x86_kernels)] ef_fp8_avx2,
+        #[cfg(edgefit_x86_kernels)] ef_fp8_avx512,
+    }
+    c_kernels! {
+        pub(crate) type Nvfp4Fn = fn(x: *const f32, xp: *const f32, m: usize, k: usize, w: *const u8, scales: *const u8, global: f32, n: usize, r0: usize, r1: usize, y: *mut f32);
         ef_nvfp4_scalar,
-        ef_bf16_scalar
+        #[cfg(edgefit_x86_kernels)] ef_nvfp4_avx2,
+        #[cfg(edgefit_x86_kernels)] ef_nvfp4_avx512,
+    }
+    c_kernels! {
+        pub(crate) type Bf16Fn = fn(x: *const f32, m: usize, k: usize, w: *const u16, n: usize, r0: usize, r1: usize, y: *mut f32);
+        ef_bf16_scalar,
+        #[cfg(edgefit_x86_kernels)] ef_bf16_avx2,
+        #[cfg(edgefit_x86_kernels)] ef_bf16_avx512,
+    }
+    /// The integer int4 GEMM's activation encoder and kernel, generic over the code type (`i8` or `i16`).
+    #[cfg(edgefit_x86_kernels)]
+    pub(crate) type Int4GemmXqFn<Q> = unsafe extern "C" fn(
+        x: *const f32,
+        m: usize,
+        k: usize,
+        group: usize,
+        r0: usize,
+        r1: usize,
+        xq: *mut Q,
+        xs: *mut f32,
+        xz: *mut f32,
+    ) -> i32;
+    #[cfg(edgefit_x86_kernels)]
+    pub(crate) type Int4GemmFn<Q> = unsafe extern "C" fn(
+        xq: *const Q,
+        xs: *const f32,
+        xz: *const f32,
+        m: usize,
+        k: usize,
+        packed: *const u8,
+        sz: *const u16,
+        npad: usize,
+        group: usize,
+        n: usize,
+        b0: usize,
+        b1: usize,
+        y: *mut f32,
     );
-    #[cfg(edgefit_x86_kernels)]
-    decl!(
-        ef_w4a16_avx512,
-        ef_w4a8_avx512,
-        ef_fp8_avx512,
-        ef_nvfp4_avx512,
-        ef_bf16_avx512
-    );
-    #[cfg(edgefit_x86_kernels)]
-    extern "C" {
-        pub(crate) fn ef_nvfp4_xq_avx512vbmi(
-            x: *const f32,
-            chunks: usize,
-            xq: *mut i8,
-            xnb: *mut i32,
-            xs: *mut f32,
-        ) -> i32;
-        pub(crate) fn ef_nvfp4_avx512vbmi(
-            x: *const f32,
-            xq: *const i8,
-            xnb: *const i32,
-            xs: *const f32,
-            k: usize,
-            w: *const u8,
-            scales: *const u8,
-            global: f32,
-            r0: usize,
-            r1: usize,
-            y: *mut f32,
-        );
+    c_kernels! {
+        pub(crate) fn(x: *const f32, chunks: usize, xq: *mut i8, xnb: *mut i32, xs: *mut f32) -> i32;
+        #[cfg(edgefit_x86_kernels)] ef_nvfp4_xq_avx512vbmi,
     }
-    #[cfg(edgefit_x86_kernels)]
-    extern "C" {
-        pub(crate) fn ef_w4a16_xq_avx512(
-            x: *const f32,
-            k: usize,
-            group: usize,
-            xq: *mut i16,
-            xs: *mut f32,
-            xsum: *mut i32,
-        ) -> i32;
-        pub(crate) fn ef_w4a16_avx512vbmi(
-            xq: *const i16,
-            xs: *const f32,
-            xsum: *const i32,
-            k: usize,
-            packed: *const u8,
-            sz: *const u16,
-            npad: usize,
-            group: usize,
-            n: usize,
-            b0: usize,
-            b1: usize,
-            y: *mut f32,
-        );
+    c_kernels! {
+        pub(crate) fn(x: *const f32, xq: *const i8, xnb: *const i32, xs: *const f32, k: usize, w: *const u8, scales: *const u8, global: f32, r0: usize, r1: usize, y: *mut f32);
+        #[cfg(edgefit_x86_kernels)] ef_nvfp4_avx512vbmi,
     }
-    #[cfg(edgefit_x86_kernels)]
-    extern "C" {
-        pub(crate) fn ef_int4_gemm_xq8_avx512(
-            x: *const f32,
-            m: usize,
-            k: usize,
-            group: usize,
-            r0: usize,
-            r1: usize,
-            xq: *mut i8,
-            xs: *mut f32,
-            xz: *mut f32,
-        ) -> i32;
-        pub(crate) fn ef_int4_gemm_xq16_avx512(
-            x: *const f32,
-            m: usize,
-            k: usize,
-            group: usize,
-            r0: usize,
-            r1: usize,
-            xq: *mut i16,
-            xs: *mut f32,
-            xz: *mut f32,
-        ) -> i32;
-        pub(crate) fn ef_int4_gemm_a8_avx512vbmi(
-            xq: *const i8,
-            xs: *const f32,
-            xz: *const f32,
-            m: usize,
-            k: usize,
-            packed: *const u8,
-            sz: *const u16,
-            npad: usize,
-            group: usize,
-            n: usize,
-            b0: usize,
-            b1: usize,
-            y: *mut f32,
-        );
-        pub(crate) fn ef_int4_gemm_a16_avx512vbmi(
-            xq: *const i16,
-            xs: *const f32,
-            xz: *const f32,
-            m: usize,
-            k: usize,
-            packed: *const u8,
-            sz: *const u16,
-            npad: usize,
-            group: usize,
-            n: usize,
-            b0: usize,
-            b1: usize,
-            y: *mut f32,
-        );
+    c_kernels! {
+        pub(crate) fn(x: *const f32, k: usize, group: usize, xq: *mut i16, xs: *mut f32, xsum: *mut i32) -> i32;
+        #[cfg(edgefit_x86_kernels)] ef_w4a16_xq_avx512,
     }
-    #[cfg(edgefit_x86_kernels)]
-    extern "C" {
-        pub(crate) fn ef_w4a8_avx512vbmi(
-            xq: *const i8,
-            xs: *const f32,
-            xsum: *const i32,
-            m: usize,
-            k: usize,
-            packed: *const u8,
-            sz: *const u16,
-            npad: usize,
-            group: usize,
-            n: usize,
-            b0: usize,
-            b1: usize,
-            y: *mut f32,
-        );
+    c_kernels! {
+        pub(crate) fn(xq: *const i16, xs: *const f32, xsum: *const i32, k: usize, packed: *const u8, sz: *const u16, npad: usize, group: usize, n: usize, b0: usize, b1: usize, y: *mut f32);
+        #[cfg(edgefit_x86_kernels)] ef_w4a16_avx512vbmi,
     }
-    #[cfg(edgefit_x86_kernels)]
-    extern "C" {
-        pub(crate) fn ef_w4a16_avx2(
-            x: *const f32,
-            m: usize,
-            k: usize,
-            packed: *const u8,
-            sz: *const u16,
-            npad: usize,
-            group: usize,
-            n: usize,
-            b0: usize,
-            b1: usize,
-            y: *mut f32,
-        );
-        pub(crate) fn ef_w4a8_avx2(
-            xq: *const i8,
-            xs: *const f32,
-            xsum: *const i32,
-            m: usize,
-            k: usize,
-            packed: *const u8,
-            sz: *const u16,
-            npad: usize,
-            group: usize,
-            n: usize,
-            b0: usize,
-            b1: usize,
-            y: *mut f32,
-        );
-        pub(crate) fn ef_fp8_avx2(
-            x: *const f32,
-            m: usize,
-            k: usize,
-            w: *const u8,
-            sinv: *const f32,
-            n: usize,
-            r0: usize,
-            r1: usize,
-            y: *mut f32,
-        );
-        pub(crate) fn ef_nvfp4_avx2(
-            x: *const f32,
-            xp: *const f32,
-            m: usize,
-            k: usize,
-            w: *const u8,
-            scales: *const u8,
-            global: f32,
-            n: usize,
-            r0: usize,
-            r1: usize,
-            y: *mut f32,
-        );
-        pub(crate) fn ef_bf16_avx2(
-            x: *const f32,
-            m: usize,
-            k: usize,
-            w: *const u16,
-            n: usize,
-            r0: usize,
-            r1: usize,
-            y: *mut f32,
-        );
+    c_kernels! {
+        pub(crate) fn(x: *const f32, m: usize, k: usize, group: usize, r0: usize, r1: usize, xq: *mut i8, xs: *mut f32, xz: *mut f32) -> i32;
+        #[cfg(edgefit_x86_kernels)] ef_int4_gemm_xq8_avx512,
+    }
+    c_kernels! {
+        pub(crate) fn(x: *const f32, m: usize, k: usize, group: usize, r0: usize, r1: usize, xq: *mut i16, xs: *mut f32, xz: *mut f32) -> i32;
+        #[cfg(edgefit_x86_kernels)] ef_int4_gemm_xq16_avx512,
+    }
+    c_kernels! {
+        pub(crate) fn(xq: *const i8, xs: *const f32, xz: *const f32, m: usize, k: usize, packed: *const u8, sz: *const u16, npad: usize, group: usize, n: usize, b0: usize, b1: usize, y: *mut f32);
+        #[cfg(edgefit_x86_kernels)] ef_int4_gemm_a8_avx512vbmi,
+    }
+    c_kernels! {
+        pub(crate) fn(xq: *const i16, xs: *const f32, xz: *const f32, m: usize, k: usize, packed: *const u8, sz: *const u16, npad: usize, group: usize, n: usize, b0: usize, b1: usize, y: *mut f32);
+        #[cfg(edgefit_x86_kernels)] ef_int4_gemm_a16_avx512vbmi,
     }
 }
 
-type W4a16Fn = unsafe extern "C" fn(
-    *const f32,
-    usize,
-    usize,
-    *const u8,
-    *const u16,
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    *mut f32,
-);
-type W4a8Fn = unsafe extern "C" fn(
-    *const i8,
-    *const f32,
-    *const i32,
-    usize,
-    usize,
-    *const u8,
-    *const u16,
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    *mut f32,
-);
-type Fp8Fn = unsafe extern "C" fn(
-    *const f32,
-    usize,
-    usize,
-    *const u8,
-    *const f32,
-    usize,
-    usize,
-    usize,
-    *mut f32,
-);
-type Nvfp4Fn = unsafe extern "C" fn(
-    *const f32,
-    *const f32,
-    usize,
-    usize,
-    *const u8,
-    *const u8,
-    f32,
-    usize,
-    usize,
-    usize,
-    *mut f32,
-);
-type Bf16Fn =
-    unsafe extern "C" fn(*const f32, usize, usize, *const u16, usize, usize, usize, *mut f32);
+use ffi::{Bf16Fn, Fp8Fn, Nvfp4Fn, W4a16Fn, W4a8Fn};
 
 /// The kernels of one format for each path; `None` means the path has no code of its own for that format and
 /// the dispatcher runs (and reports) the scalar code instead. `avx512_vbmi` is a variant of the AVX-512 kernel
@@ -550,6 +323,16 @@ fn check_io(
     Ok(())
 }
 
+/// Checks the weight dimensions shared by every row-major format.
+fn check_nk(op: &'static str, n: usize, k: usize) -> Result<(), KernelError> {
+    ensure_shape!(
+        n > 0 && k > 0,
+        op,
+        "n and k must be positive (n = {n}, k = {k})"
+    );
+    Ok(())
+}
+
 /// A raw output pointer that threads share; each writes a disjoint set of columns.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -578,26 +361,32 @@ where
     parallel_ranges(units, align, threads, |r0, r1| kernel(r0, r1, out.get()));
 }
 
-/// W4A16 over packed int4 weights with the detected path and all cores.
-pub fn w4a16<'a>(
-    x: impl Into<Activations<'a>>,
-    m: usize,
-    w: &Int4Weights,
-    y: &mut [f32],
-) -> Result<Isa, KernelError> {
-    w4a16_with(Isa::detected(), crate::cpu::default_threads(), x, m, w, y)
+/// Defines a format's `name_with(isa, threads, x, m, w, y)` as its `_ext` form with [`Ext::Auto`], returning only
+/// the path that ran.
+macro_rules! auto_ext {
+    ($(#[$m:meta])* pub fn $name:ident(w: &$w:ty) = $ext:ident;) => {
+        $(#[$m])*
+        pub fn $name<'a>(
+            isa: Isa,
+            threads: usize,
+            x: impl Into<Activations<'a>>,
+            m: usize,
+            w: &$w,
+            y: &mut [f32],
+        ) -> Result<Isa, KernelError> {
+            $ext(isa, Ext::Auto, threads, x, m, w, y).map(|r| r.isa)
+        }
+    };
 }
 
-/// W4A16 on a given path and thread count; returns the path that ran.
-pub fn w4a16_with<'a>(
-    isa: Isa,
-    threads: usize,
-    x: impl Into<Activations<'a>>,
-    m: usize,
-    w: &Int4Weights,
-    y: &mut [f32],
-) -> Result<Isa, KernelError> {
-    w4a16_ext(isa, Ext::Auto, threads, x, m, w, y).map(|r| r.isa)
+fastest_path! {
+    /// W4A16 over packed int4 weights with the detected path and all cores.
+    pub fn w4a16<'a>(x: impl Into<Activations<'a>>, m: usize, w: &Int4Weights, y: &mut [f32]) -> Result<Isa, KernelError> = w4a16_with;
+}
+
+auto_ext! {
+    /// W4A16 on a given path and thread count; returns the path that ran.
+    pub fn w4a16_with(w: &Int4Weights) = w4a16_ext;
 }
 
 /// W4A16 on a given path, variant choice and thread count; returns the kernel that ran. On [`Isa::Avx512`] with
@@ -796,13 +585,47 @@ fn int4_gemm(
     w: &Int4Weights,
     y: &mut [f32],
 ) -> bool {
+    match acts {
+        GemmActs::Int8 => int4_gemm_as::<i8>(
+            GEMM_KC8,
+            ffi::ef_int4_gemm_xq8_avx512,
+            ffi::ef_int4_gemm_a8_avx512vbmi,
+            threads,
+            x,
+            m,
+            w,
+            y,
+        ),
+        GemmActs::Int16 => int4_gemm_as::<i16>(
+            GEMM_KC16,
+            ffi::ef_int4_gemm_xq16_avx512,
+            ffi::ef_int4_gemm_a16_avx512vbmi,
+            threads,
+            x,
+            m,
+            w,
+            y,
+        ),
+    }
+}
+
+/// [`int4_gemm`] with activation codes of type `Q`: `kc` rows per 256-byte chunk, `encode` and `gemm` the
+/// encoder and GEMM kernel of that code type.
+#[cfg(edgefit_x86_kernels)]
+#[allow(clippy::too_many_arguments)]
+fn int4_gemm_as<Q>(
+    kc: usize,
+    encode: ffi::Int4GemmXqFn<Q>,
+    gemm: ffi::Int4GemmFn<Q>,
+    threads: usize,
+    x: &[f32],
+    m: usize,
+    w: &Int4Weights,
+    y: &mut [f32],
+) -> bool {
     use std::sync::atomic::{AtomicBool, Ordering};
     let (k, group) = (w.k(), w.group());
     let groups = w.groups();
-    let kc = match acts {
-        GemmActs::Int8 => GEMM_KC8,
-        GemmActs::Int16 => GEMM_KC16,
-    };
     // 256 bytes per row and chunk; these sizes are below the m * k * 4 bytes of x, so they do not overflow.
     let xq_bytes = k.div_ceil(kc) * m * 256;
     let mut run = |xq: &mut [u64], sc: &mut [f32]| -> bool {
@@ -819,30 +642,17 @@ fn int4_gemm(
             // (their 256-byte pieces and their [groups] rows), disjoint from every other range. Isa::Avx512 (the
             // encoders' instruction set) was checked by the caller.
             let r = unsafe {
-                match acts {
-                    GemmActs::Int8 => ffi::ef_int4_gemm_xq8_avx512(
-                        x.as_ptr(),
-                        m,
-                        k,
-                        group,
-                        r0,
-                        r1,
-                        qp.get().cast::<i8>(),
-                        sp.get(),
-                        zp.get(),
-                    ),
-                    GemmActs::Int16 => ffi::ef_int4_gemm_xq16_avx512(
-                        x.as_ptr(),
-                        m,
-                        k,
-                        group,
-                        r0,
-                        r1,
-                        qp.get().cast::<i16>(),
-                        sp.get(),
-                        zp.get(),
-                    ),
-                }
+                encode(
+                    x.as_ptr(),
+                    m,
+                    k,
+                    group,
+                    r0,
+                    r1,
+                    qp.get().cast::<Q>(),
+                    sp.get(),
+                    zp.get(),
+                )
             };
             if r != 1 {
                 ok.store(false, Ordering::Relaxed);
@@ -859,38 +669,21 @@ fn int4_gemm(
             // columns. The CPU reports avx512vbmi (checked by the caller), which the kernels' target attribute
             // adds to the AVX-512 set `Isa::Avx512` guarantees.
             unsafe {
-                match acts {
-                    GemmActs::Int8 => ffi::ef_int4_gemm_a8_avx512vbmi(
-                        xq.as_ptr().cast::<i8>(),
-                        xs.as_ptr(),
-                        xz.as_ptr(),
-                        m,
-                        k,
-                        w.packed().as_ptr(),
-                        w.scales_zeros().as_ptr(),
-                        w.npad(),
-                        group,
-                        w.n(),
-                        b0,
-                        b1,
-                        y,
-                    ),
-                    GemmActs::Int16 => ffi::ef_int4_gemm_a16_avx512vbmi(
-                        xq.as_ptr().cast::<i16>(),
-                        xs.as_ptr(),
-                        xz.as_ptr(),
-                        m,
-                        k,
-                        w.packed().as_ptr(),
-                        w.scales_zeros().as_ptr(),
-                        w.npad(),
-                        group,
-                        w.n(),
-                        b0,
-                        b1,
-                        y,
-                    ),
-                }
+                gemm(
+                    xq.as_ptr().cast::<Q>(),
+                    xs.as_ptr(),
+                    xz.as_ptr(),
+                    m,
+                    k,
+                    w.packed().as_ptr(),
+                    w.scales_zeros().as_ptr(),
+                    w.npad(),
+                    group,
+                    w.n(),
+                    b0,
+                    b1,
+                    y,
+                )
             }
         });
         true
@@ -957,26 +750,14 @@ fn quantize_rows(x: &[f32], m: usize, k: usize, group: usize) -> QuantizedRows {
     }
 }
 
-/// W4A8 (symmetric int4 weights, int8 activations quantised per row) with the detected path and all cores.
-pub fn w4a8<'a>(
-    x: impl Into<Activations<'a>>,
-    m: usize,
-    w: &Int4Weights,
-    y: &mut [f32],
-) -> Result<Isa, KernelError> {
-    w4a8_with(Isa::detected(), crate::cpu::default_threads(), x, m, w, y)
+fastest_path! {
+    /// W4A8 (symmetric int4 weights, int8 activations quantised per row) with the detected path and all cores.
+    pub fn w4a8<'a>(x: impl Into<Activations<'a>>, m: usize, w: &Int4Weights, y: &mut [f32]) -> Result<Isa, KernelError> = w4a8_with;
 }
 
-/// W4A8 on a given path and thread count; returns the path that ran. The weights must be on the symmetric grid.
-pub fn w4a8_with<'a>(
-    isa: Isa,
-    threads: usize,
-    x: impl Into<Activations<'a>>,
-    m: usize,
-    w: &Int4Weights,
-    y: &mut [f32],
-) -> Result<Isa, KernelError> {
-    w4a8_ext(isa, Ext::Auto, threads, x, m, w, y).map(|r| r.isa)
+auto_ext! {
+    /// W4A8 on a given path and thread count; returns the path that ran. The weights must be on the symmetric grid.
+    pub fn w4a8_with(w: &Int4Weights) = w4a8_ext;
 }
 
 /// W4A8 on a given path, variant choice and thread count; returns the kernel that ran. On [`Isa::Avx512`] with
@@ -1040,11 +821,7 @@ pub struct Fp8Weights<'a> {
 impl<'a> Fp8Weights<'a> {
     pub fn new(w: &'a [u8], scale_inv: &'a [f32], n: usize, k: usize) -> Result<Self, KernelError> {
         const OP: &str = "fp8 weights";
-        ensure_shape!(
-            n > 0 && k > 0,
-            OP,
-            "n and k must be positive (n = {n}, k = {k})"
-        );
+        check_nk(OP, n, k)?;
         ensure_shape!(
             w.len() == checked_product(OP, "n*k", &[n, k])?,
             OP,
@@ -1073,14 +850,9 @@ impl<'a> Fp8Weights<'a> {
 /// Rows per thread unit for the row-major formats: the GEMM's 64-row panel, so threads never split a panel.
 const ROW_ALIGN: usize = 64;
 
-/// FP8 block linear with the detected path and all cores.
-pub fn fp8<'a>(
-    x: impl Into<Activations<'a>>,
-    m: usize,
-    w: &Fp8Weights<'_>,
-    y: &mut [f32],
-) -> Result<Isa, KernelError> {
-    fp8_with(Isa::detected(), crate::cpu::default_threads(), x, m, w, y)
+fastest_path! {
+    /// FP8 block linear with the detected path and all cores.
+    pub fn fp8<'a>(x: impl Into<Activations<'a>>, m: usize, w: &Fp8Weights<'_>, y: &mut [f32]) -> Result<Isa, KernelError> = fp8_with;
 }
 
 /// FP8 block linear on a given path and thread count; returns the path that ran.
@@ -1137,11 +909,7 @@ impl<'a> Nvfp4Weights<'a> {
         k: usize,
     ) -> Result<Self, KernelError> {
         const OP: &str = "nvfp4 weights";
-        ensure_shape!(
-            n > 0 && k > 0,
-            OP,
-            "n and k must be positive (n = {n}, k = {k})"
-        );
+        check_nk(OP, n, k)?;
         ensure_shape!(
             k.is_multiple_of(NVFP4_GROUP),
             OP,
@@ -1238,26 +1006,14 @@ impl Nvfp4Xq {
     }
 }
 
-/// NVFP4 linear with the detected path and all cores.
-pub fn nvfp4<'a>(
-    x: impl Into<Activations<'a>>,
-    m: usize,
-    w: &Nvfp4Weights<'_>,
-    y: &mut [f32],
-) -> Result<Isa, KernelError> {
-    nvfp4_with(Isa::detected(), crate::cpu::default_threads(), x, m, w, y)
+fastest_path! {
+    /// NVFP4 linear with the detected path and all cores.
+    pub fn nvfp4<'a>(x: impl Into<Activations<'a>>, m: usize, w: &Nvfp4Weights<'_>, y: &mut [f32]) -> Result<Isa, KernelError> = nvfp4_with;
 }
 
-/// NVFP4 linear on a given path and thread count; returns the path that ran.
-pub fn nvfp4_with<'a>(
-    isa: Isa,
-    threads: usize,
-    x: impl Into<Activations<'a>>,
-    m: usize,
-    w: &Nvfp4Weights<'_>,
-    y: &mut [f32],
-) -> Result<Isa, KernelError> {
-    nvfp4_ext(isa, Ext::Auto, threads, x, m, w, y).map(|r| r.isa)
+auto_ext! {
+    /// NVFP4 linear on a given path and thread count; returns the path that ran.
+    pub fn nvfp4_with(w: &Nvfp4Weights<'_>) = nvfp4_ext;
 }
 
 /// NVFP4 linear on a given path, variant choice and thread count; returns the kernel that ran. On [`Isa::Avx512`]
@@ -1346,11 +1102,7 @@ pub struct Bf16Weights<'a> {
 impl<'a> Bf16Weights<'a> {
     pub fn new(w: &'a [u16], n: usize, k: usize) -> Result<Self, KernelError> {
         const OP: &str = "bf16 weights";
-        ensure_shape!(
-            n > 0 && k > 0,
-            OP,
-            "n and k must be positive (n = {n}, k = {k})"
-        );
+        check_nk(OP, n, k)?;
         ensure_shape!(
             w.len() == checked_product(OP, "n*k", &[n, k])?,
             OP,
@@ -1365,14 +1117,9 @@ impl<'a> Bf16Weights<'a> {
     }
 }
 
-/// bf16 linear with the detected path and all cores.
-pub fn bf16<'a>(
-    x: impl Into<Activations<'a>>,
-    m: usize,
-    w: &Bf16Weights<'_>,
-    y: &mut [f32],
-) -> Result<Isa, KernelError> {
-    bf16_with(Isa::detected(), crate::cpu::default_threads(), x, m, w, y)
+fastest_path! {
+    /// bf16 linear with the detected path and all cores.
+    pub fn bf16<'a>(x: impl Into<Activations<'a>>, m: usize, w: &Bf16Weights<'_>, y: &mut [f32]) -> Result<Isa, KernelError> = bf16_with;
 }
 
 /// bf16 linear on a given path and thread count; returns the path that ran.

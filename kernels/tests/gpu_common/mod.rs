@@ -1,16 +1,21 @@
 //! What every GPU test file shares: opening the device (or saying "skipped: no CUDA device"), a seeded generator
 //! whose seed is printed, random inputs (plain, and the FP8 / NVFP4 weights and activations of the GEMV and GEMM
 //! tests), and the relative error that fails on an unwritten (NaN-poisoned) element.
-//! Each `kernels/tests/gpu_*.rs` includes it with `mod gpu_common;`.
+//! Each `kernels/tests/gpu_*.rs` includes it with `mod gpu_common;`; it re-exports the device-free `common` module.
 #![allow(dead_code)] // each test file uses a different subset
 
 use kernels::attention::AttnDims;
-use kernels::cuda::{Gpu, GpuBuffer, PagedAttentionDims};
+use kernels::cuda::{GdnGpuInputs, GdnGpuWeights, Gpu, GpuBuffer, PagedAttentionDims};
 use kernels::formats::{bf16_to_f32, e4m3_to_f32, f32_to_bf16, f32_to_e4m3};
+use kernels::gdn::{GdnDims, GdnInputs};
 use kernels::reference;
 use kernels::KernelError;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+#[path = "../common/mod.rs"]
+mod common;
+pub(crate) use common::*;
 
 pub(crate) fn gpu() -> Option<Gpu> {
     match Gpu::probe() {
@@ -37,7 +42,30 @@ pub(crate) fn rng(test: &str) -> ChaCha8Rng {
 }
 
 pub(crate) fn uniform(rng: &mut ChaCha8Rng, n: usize, amp: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.gen_range(-amp..amp)).collect()
+    uniform_in(rng, n, -amp, amp)
+}
+
+/// `n` NaN on the device: an output buffer whose unwritten elements fail `rel_err`.
+pub(crate) fn nan_f32(gpu: &Gpu, n: usize) -> GpuBuffer<f32> {
+    gpu.upload(&vec![f32::NAN; n]).unwrap()
+}
+
+/// Runs `launch` on a NaN-poisoned output of `n` elements and returns what it left there.
+pub(crate) fn run_poisoned(
+    gpu: &Gpu,
+    n: usize,
+    launch: impl FnOnce(&mut GpuBuffer<f32>) -> Result<(), KernelError>,
+) -> Vec<f32> {
+    let mut out = nan_f32(gpu, n);
+    launch(&mut out).unwrap();
+    gpu.download(&out).unwrap()
+}
+
+/// Asserts `rel_err(what, got, want) < tol`; returns the error.
+pub(crate) fn assert_rel(what: &str, got: &[f32], want: &[f32], tol: f64) -> f64 {
+    let e = rel_err(what, got, want);
+    assert!(e < tol, "{what}: relative error {e:e} >= {tol:e}");
+    e
 }
 
 /// `||got - want|| / ||want||` in f64, failing on any non-finite element (an unwritten NaN-poisoned one).
@@ -174,6 +202,48 @@ pub(crate) fn fp8_gemm_case(
     }
 }
 
+/// One NVFP4 GEMV or GEMM case: random NVFP4 weights `[n, k]` (`nvfp4_weights`) against the given bf16 activations
+/// `[m, k]` (bits and exact values): the reference product, the global scale, and the activations, packed weights
+/// and group scales on the device.
+pub(crate) type Nvfp4Case = (Vec<f32>, f32, GpuBuffer<u16>, GpuBuffer<u8>, GpuBuffer<u8>);
+
+pub(crate) fn nvfp4_case(
+    gpu: &Gpu,
+    rng: &mut ChaCha8Rng,
+    (m, n, k): (usize, usize, usize),
+    (xb, xf): (Vec<u16>, Vec<f32>),
+) -> Nvfp4Case {
+    let (packed, scales, global) = nvfp4_weights(rng, n, k);
+    let want = reference::linear::nvfp4_linear(&xf, m, &packed, &scales, global, n, k);
+    let up = |v: &[u8]| gpu.upload(v).unwrap();
+    (
+        want,
+        global,
+        gpu.upload(&xb).unwrap(),
+        up(&packed),
+        up(&scales),
+    )
+}
+
+/// The paged-cache dims of `seqs` sequences with `attn`'s heads.
+pub(crate) fn paged_dims(
+    attn: &AttnDims,
+    seqs: usize,
+    page_size: usize,
+    num_pages: usize,
+    max_pages: usize,
+) -> PagedAttentionDims {
+    PagedAttentionDims {
+        seqs,
+        q_heads: attn.q_heads,
+        kv_heads: attn.kv_heads,
+        head_dim: attn.head_dim,
+        page_size,
+        num_pages,
+        max_pages_per_seq: max_pages,
+    }
+}
+
 /// Random bf16 bits in [-1, 1), every 7th scaled by 4 (peaky softmax: a wrong max or a lost rescale shows) and
 /// every 5th negated.
 pub(crate) fn kv_bits(rng: &mut ChaCha8Rng, n: usize) -> Vec<u16> {
@@ -185,6 +255,23 @@ pub(crate) fn kv_bits(rng: &mut ChaCha8Rng, n: usize) -> Vec<u16> {
         *x = f32_to_bf16(-bf16_to_f32(*x));
     }
     v
+}
+
+/// `decode_dense` of sequence `s` of a batch (`q` and `out` `[seqs, q_heads, head_dim]`) over its `n` dense tokens.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decode_dense_seq(
+    attn: &AttnDims,
+    scale: f32,
+    s: usize,
+    n: usize,
+    q: &[f32],
+    kd: &[f32],
+    vd: &[f32],
+    out: &mut [f32],
+) {
+    let row = attn.q_heads * attn.head_dim;
+    let (q, out) = (&q[s * row..(s + 1) * row], &mut out[s * row..(s + 1) * row]);
+    reference::attention::decode_dense(attn, scale, None, n, q, kd, vd, out).unwrap();
 }
 
 /// One decode-attention case over a paged bf16 cache, as the decode tests draw it: ragged `lens` scattered over
@@ -256,27 +343,9 @@ pub(crate) fn paged_decode_case(
             // an empty history, so the expectation is written here (`want` starts at 0).
             continue;
         }
-        reference::attention::decode_dense(
-            &attn,
-            scale,
-            None,
-            n,
-            &q[s * hq * d..(s + 1) * hq * d],
-            &kd,
-            &vd,
-            &mut want[s * hq * d..(s + 1) * hq * d],
-        )
-        .unwrap();
+        decode_dense_seq(&attn, scale, s, n, &q, &kd, &vd, &mut want);
     }
-    let dims = PagedAttentionDims {
-        seqs,
-        q_heads: hq,
-        kv_heads: hkv,
-        head_dim: d,
-        page_size,
-        num_pages,
-        max_pages_per_seq: max_pages,
-    };
+    let dims = paged_dims(&attn, seqs, page_size, num_pages, max_pages);
     let lens32: Vec<u32> = lens.iter().map(|&l| l as u32).collect();
     let (dq, dk, dv) = (
         gpu.upload(&q).unwrap(),
@@ -293,5 +362,173 @@ pub(crate) fn paged_decode_case(
         v: dv,
         table: dt,
         lens: dl,
+    }
+}
+
+// Gated DeltaNet on the device.
+
+/// A `GdnLayer`'s weights on the device: conv weight, `A_log`, dt bias, norm weight.
+pub(crate) struct GdnGpuLayer([GpuBuffer<f32>; 4]);
+
+impl GdnGpuLayer {
+    pub(crate) fn new(gpu: &Gpu, l: &GdnLayer) -> GdnGpuLayer {
+        let host = [&l.conv_weight, &l.a_log, &l.dt_bias, &l.norm_weight];
+        GdnGpuLayer(host.map(|v| gpu.upload(v).unwrap()))
+    }
+
+    pub(crate) fn weights(&self) -> GdnGpuWeights<'_> {
+        let [conv_weight, a_log, dt_bias, norm_weight] = &self.0;
+        GdnGpuWeights {
+            conv_weight,
+            a_log,
+            dt_bias,
+            norm_weight,
+            norm_eps: 1e-6,
+        }
+    }
+}
+
+/// GDN inputs on the device: qkv, z, a, b.
+pub(crate) struct GdnGpuTokens([GpuBuffer<f32>; 4]);
+
+impl GdnGpuTokens {
+    pub(crate) fn new(gpu: &Gpu, x: &GdnInputs<'_>) -> GdnGpuTokens {
+        GdnGpuTokens([x.qkv, x.z, x.a, x.b].map(|v| gpu.upload(v).unwrap()))
+    }
+
+    pub(crate) fn inputs(&self) -> GdnGpuInputs<'_> {
+        let [qkv, z, a, b] = &self.0;
+        GdnGpuInputs { qkv, z, a, b }
+    }
+}
+
+/// The element of `got` farthest from `want`, as "index i (what it is): got g, want w".
+pub(crate) fn worst(got: &[f32], want: &[f32], name: impl Fn(usize) -> String) -> String {
+    let (mut at, mut d) = (0usize, -1.0f64);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let e = if g.is_finite() {
+            (g as f64 - w as f64).abs()
+        } else {
+            f64::INFINITY
+        };
+        if e > d {
+            (at, d) = (i, e);
+        }
+    }
+    format!(
+        "worst element {at} ({}): got {}, want {}",
+        name(at),
+        got[at],
+        want[at]
+    )
+}
+
+/// What one GDN decode launch gets: weights, inputs, batch, conv history in and out, state, output.
+pub(crate) type GdnDecodeLaunch<'a> = dyn FnMut(
+        &GdnGpuWeights<'_>,
+        &GdnGpuInputs<'_>,
+        usize,
+        &GpuBuffer<f32>,
+        &mut GpuBuffer<f32>,
+        &mut GpuBuffer<f32>,
+        &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError>
+    + 'a;
+
+/// Runs a GDN decode step (`launch`) for `steps` steps of `seqs` sequences against the f64 reference, so the conv
+/// history and the state carry over between launches; the output and the advanced conv history are NaN-poisoned
+/// before each launch. Panics naming `what`, the step, the buffer and its worst element on a mismatch.
+pub(crate) fn check_gdn_decode_steps(
+    gpu: &Gpu,
+    rng: &mut ChaCha8Rng,
+    what: &str,
+    dims: GdnDims,
+    seqs: usize,
+    steps: usize,
+    launch: &mut GdnDecodeLaunch<'_>,
+) {
+    let (vw, d) = (dims.value_width(), dims.value_dim);
+    let layer = GdnLayer::new(&dims, rng, 0.5, (-1.0, 1.0));
+    let w = layer.weights();
+    let dev_layer = GdnGpuLayer::new(gpu, &layer);
+    let dw = dev_layer.weights();
+    let mut conv_ref = uniform(rng, seqs * dims.conv_state_len(), 1.0);
+    let mut state_ref = uniform(rng, seqs * dims.state_len(), 0.1);
+    let mut conv_a = gpu.upload(&conv_ref).unwrap();
+    let mut conv_b = nan_f32(gpu, conv_ref.len());
+    let mut state = gpu.upload(&state_ref).unwrap();
+    let hist = dims.conv_kernel - 1;
+    let out_name = |i: usize| {
+        format!(
+            "seq {}, value head {}, column {}",
+            i / vw,
+            i % vw / d,
+            i % d
+        )
+    };
+    let state_name = |i: usize| {
+        let per_head = dims.key_dim * d;
+        format!(
+            "seq {}, value head {}, row (key dim) {}, column (value dim) {}",
+            i / dims.state_len(),
+            i % dims.state_len() / per_head,
+            i % per_head / d,
+            i % d
+        )
+    };
+    let conv_name = |i: usize| {
+        let ch = i % dims.conv_state_len() / hist;
+        let part = if ch < dims.key_heads * dims.key_dim {
+            "q"
+        } else if ch < 2 * dims.key_heads * dims.key_dim {
+            "k"
+        } else {
+            "v"
+        };
+        format!(
+            "seq {}, channel {ch} ({part}), tap {}",
+            i / dims.conv_state_len(),
+            i % hist
+        )
+    };
+    for step in 0..steps {
+        let tok = GdnTokens::new(&dims, seqs, rng, 2.0, (-2.0, 2.0));
+        let want = gdn_reference_steps(&dims, &w, &tok.inputs(), &mut conv_ref, &mut state_ref);
+        let dx = GdnGpuTokens::new(gpu, &tok.inputs());
+        let mut out = nan_f32(gpu, seqs * vw);
+        launch(
+            &dw,
+            &dx.inputs(),
+            seqs,
+            &conv_a,
+            &mut conv_b,
+            &mut state,
+            &mut out,
+        )
+        .unwrap_or_else(|e| panic!("{what}, step {step}: {e}"));
+        // fp32 through the conv, the norms and 128-long dots against f64: ~1e-6 relative; bounds 1e-4 (output,
+        // after the RMSNorm's division) and 1e-5 (state). The conv history is a copy: exact.
+        for (buf, got, want, tol, name) in [
+            (
+                "output",
+                &out,
+                &want,
+                1e-4,
+                &out_name as &dyn Fn(usize) -> String,
+            ),
+            ("state", &state, &state_ref, 1e-5, &state_name),
+            ("conv state", &conv_b, &conv_ref, 0.0, &conv_name),
+        ] {
+            let got = gpu.download(got).unwrap();
+            let e = rel_err(&format!("{what}, {buf} step {step}"), &got, want);
+            assert!(
+                e < tol || e == 0.0,
+                "{what}, {buf} step {step}: relative error {e:e} (bound {tol:e}, 0 for a copy); {}",
+                worst(&got, want, name)
+            );
+        }
+        std::mem::swap(&mut conv_a, &mut conv_b);
+        gpu.write(&mut conv_b, &vec![f32::NAN; conv_ref.len()])
+            .unwrap();
     }
 }

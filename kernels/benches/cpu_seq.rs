@@ -19,10 +19,14 @@
 mod common;
 
 use common::{env_usize, f32_bytes, read_pass, Stats};
+// The GDN layer and token holders (and row slicing) the GDN tests use.
+#[path = "../tests/common/mod.rs"]
+mod gdn_common;
+use gdn_common::{token_rows, GdnLayer, GdnTokens};
 
 use kernels::attention::{self, AttnDims, KvSlice, PagedKv};
 use kernels::cpu::{default_threads, parallel_ranges, Isa};
-use kernels::gdn::{self, GdnDims, GdnInputs, GdnWeights};
+use kernels::gdn::{self, GdnDims};
 use kernels::ops;
 use std::time::Instant;
 
@@ -42,6 +46,26 @@ const PAGE: usize = 64;
 const MIB: usize = 1 << 20;
 
 /// Deterministic pseudo-random floats in [-1, 1) (xorshift); content only has to be non-trivial.
+/// A GDN layer's weights, each array `fill`ed from its own seed: `seed`, `seed + 1`, ...
+fn gdn_layer(dims: &GdnDims, seed: u64) -> GdnLayer {
+    GdnLayer {
+        conv_weight: fill(dims.conv_dim() * dims.conv_kernel, seed),
+        a_log: fill(dims.value_heads, seed + 1),
+        dt_bias: fill(dims.value_heads, seed + 2),
+        norm_weight: fill(dims.value_dim, seed + 3),
+    }
+}
+
+/// `n` GDN tokens, each array `fill`ed from its own seed: `seed`, `seed + 1`, ...
+fn gdn_tokens(dims: &GdnDims, n: usize, seed: u64) -> GdnTokens {
+    GdnTokens {
+        qkv: fill(n * dims.conv_dim(), seed),
+        z: fill(n * dims.value_width(), seed + 1),
+        a: fill(n * dims.value_heads, seed + 2),
+        b: fill(n * dims.value_heads, seed + 3),
+    }
+}
+
 fn fill(len: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..len)
@@ -193,17 +217,8 @@ fn main() {
     let dims = QWEN_GDN;
     let state_bytes = dims.state_len() * 4;
     let layers = (pool_mib * MIB / state_bytes).max(1);
-    let conv_weight = fill(dims.conv_dim() * dims.conv_kernel, 2);
-    let a_log = fill(dims.value_heads, 3);
-    let dt_bias = fill(dims.value_heads, 4);
-    let norm_weight = fill(dims.value_dim, 5);
-    let w = GdnWeights {
-        conv_weight: &conv_weight,
-        a_log: &a_log,
-        dt_bias: &dt_bias,
-        norm_weight: &norm_weight,
-        norm_eps: 1e-6,
-    };
+    let layer = gdn_layer(&dims, 2);
+    let w = layer.weights();
     let mut states: Vec<Vec<f32>> = (0..layers)
         .map(|l| {
             fill(dims.state_len(), 100 + l as u64)
@@ -215,16 +230,8 @@ fn main() {
     let mut convs: Vec<Vec<f32>> = (0..layers)
         .map(|l| fill(dims.conv_state_len(), 1000 + l as u64))
         .collect();
-    let qkv = fill(dims.conv_dim(), 6);
-    let z = fill(dims.value_width(), 7);
-    let a = fill(dims.value_heads, 8);
-    let b = fill(dims.value_heads, 9);
-    let x1 = GdnInputs {
-        qkv: &qkv,
-        z: &z,
-        a: &a,
-        b: &b,
-    };
+    let tokens1 = gdn_tokens(&dims, 1, 6);
+    let x1 = tokens1.inputs();
     let mut out1 = vec![0.0f32; dims.value_width()];
     if want("decode") {
         let st = std::cell::RefCell::new((&mut states, &mut convs, &mut out1));
@@ -277,16 +284,8 @@ fn main() {
 
     // ---- GDN chunked prefill -----------------------------------------------------------------------------------
     let t_pre = 512;
-    let qkv_t = fill(t_pre * dims.conv_dim(), 10);
-    let z_t = fill(t_pre * dims.value_width(), 11);
-    let a_t = fill(t_pre * dims.value_heads, 12);
-    let b_t = fill(t_pre * dims.value_heads, 13);
-    let xt = GdnInputs {
-        qkv: &qkv_t,
-        z: &z_t,
-        a: &a_t,
-        b: &b_t,
-    };
+    let tokens_t = gdn_tokens(&dims, t_pre, 10);
+    let xt = tokens_t.inputs();
     if want("prefill") {
         let mut arms = Arms::new();
         let (w, xt) = (&w, &xt);
@@ -311,15 +310,9 @@ fn main() {
                 let mut conv = vec![0.0f32; dims.conv_state_len()];
                 let mut state = vec![0.0f32; dims.state_len()];
                 let mut out = vec![0.0f32; dims.value_width()];
-                let (cd, vw, hv) = (dims.conv_dim(), dims.value_width(), dims.value_heads);
                 timed(|| {
                     for i in 0..t_pre {
-                        let xi = GdnInputs {
-                            qkv: &xt.qkv[i * cd..(i + 1) * cd],
-                            z: &xt.z[i * vw..(i + 1) * vw],
-                            a: &xt.a[i * hv..(i + 1) * hv],
-                            b: &xt.b[i * hv..(i + 1) * hv],
-                        };
+                        let xi = token_rows(&dims, xt, i, i + 1);
                         gdn::decode_step_with(
                             best, threads, &dims, w, 1, &xi, &mut conv, &mut state, &mut out,
                         )

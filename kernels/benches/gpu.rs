@@ -326,6 +326,28 @@ struct Spec {
     flops: Option<f64>,
 }
 
+impl Spec {
+    /// A row rated by the bytes it moves.
+    fn moving(call: &'static str, sets: usize, bytes: f64) -> Spec {
+        Spec {
+            call,
+            sets,
+            bytes: Some(bytes),
+            flops: None,
+        }
+    }
+
+    /// A row rated by the arithmetic it does.
+    fn computing(call: &'static str, sets: usize, flops: f64) -> Spec {
+        Spec {
+            call,
+            sets,
+            bytes: None,
+            flops: Some(flops),
+        }
+    }
+}
+
 impl Ctx<'_> {
     /// Times `call(set)` as the module docs say; `Err` is the reason the row failed.
     fn measure(
@@ -446,12 +468,7 @@ impl Ctx<'_> {
         let n = g.get("mib") << 18; // f32 elements
         let a = self.gpu.zeros::<f32>(n)?;
         let mut b = self.gpu.zeros::<f32>(n)?;
-        let spec = Spec {
-            call: "Gpu::copy",
-            sets: 1,
-            bytes: Some(8.0 * n as f64),
-            flops: None,
-        };
+        let spec = Spec::moving("Gpu::copy", 1, 8.0 * n as f64);
         out.push(self.row(g, &rows[0].0, 0, spec, &mut |_| self.gpu.copy(&a, &mut b)));
         Ok(())
     }
@@ -473,18 +490,13 @@ impl Ctx<'_> {
         let norm_w = gpu.upload(&fill.f32s(k, 0.1))?;
         for (name, m) in rows {
             let m = *m;
-            let bytes = Some((n * k + nb * kb * 4 + m * k * 2 + m * n * 4) as f64);
+            let bytes = (n * k + nb * kb * 4 + m * k * 2 + m * n * 4) as f64;
             let mut y = gpu.zeros::<f32>(m * n)?;
             match g.family {
                 "fp8_gemv" => {
                     let xs = upload_sets(gpu, &fill.bf16s(m * k), sets)?;
                     let mut scratch = gpu.zeros::<u32>(Gpu::gemv_scratch_len(m, k))?;
-                    let spec = Spec {
-                        call: "Gpu::fp8_gemv_tiles",
-                        sets,
-                        bytes,
-                        flops: None,
-                    };
+                    let spec = Spec::moving("Gpu::fp8_gemv_tiles", sets, bytes);
                     out.push(self.row(g, name, m, spec, &mut |i| {
                         gpu.fp8_gemv_tiles(&xs[i], &tiles[i], &scales[i], &mut y, &mut scratch, m)
                     }));
@@ -512,12 +524,7 @@ impl Ctx<'_> {
                     };
                     produce(&mut frags)?;
                     if fam == "fp8_gemv_frag" {
-                        let spec = Spec {
-                            call: "Gpu::fp8_gemv_tiles_fragments",
-                            sets,
-                            bytes,
-                            flops: None,
-                        };
+                        let spec = Spec::moving("Gpu::fp8_gemv_tiles_fragments", sets, bytes);
                         out.push(self.row(g, name, m, spec, &mut |i| {
                             gpu.fp8_gemv_tiles_fragments(&frags, &tiles[i], &scales[i], &mut y, m)
                         }));
@@ -527,12 +534,7 @@ impl Ctx<'_> {
                         } else {
                             "Gpu::silu_and_mul_fp8_fragments + Gpu::fp8_gemv_tiles_fragments"
                         };
-                        let spec = Spec {
-                            call,
-                            sets,
-                            bytes,
-                            flops: None,
-                        };
+                        let spec = Spec::moving(call, sets, bytes);
                         out.push(self.row(g, name, m, spec, &mut |i| {
                             produce(&mut frags)?;
                             gpu.fp8_gemv_tiles_fragments(&frags, &tiles[i], &scales[i], &mut y, m)
@@ -563,7 +565,7 @@ impl Ctx<'_> {
         let norm_w = gpu.upload(&fill.f32s(k, 0.1))?;
         for (name, m) in rows {
             let m = *m;
-            let bytes = Some((n * k / 2 + n * k / 16 + m * k * 2 + m * n * 4) as f64);
+            let bytes = (n * k / 2 + n * k / 16 + m * k * 2 + m * n * 4) as f64;
             let mut y = gpu.zeros::<f32>(m * n)?;
             let mut scratch = gpu.zeros::<u32>(Gpu::gemv_scratch_len(m, k))?;
             let mut frags = Nvfp4Fragments::new(gpu.zeros::<u32>(Gpu::gemv_scratch_len(m, k))?);
@@ -571,12 +573,7 @@ impl Ctx<'_> {
             let fam = g.family;
             let silu = fam.ends_with("_silu") || (fam == "nvfp4_gemv_frag" && k > 8192);
             let x = gpu.upload(&fill.f32s(if silu { 2 * m * k } else { m * k }, 1.0))?;
-            let spec = |call| Spec {
-                call,
-                sets,
-                bytes,
-                flops: None,
-            };
+            let spec = |call| Spec::moving(call, sets, bytes);
             let row = match fam {
                 "nvfp4_gemv" => {
                     let xs = upload_sets(gpu, &fill.bf16s(m * k), sets)?;
@@ -665,13 +662,8 @@ impl Ctx<'_> {
             let m = *m;
             let xs = upload_sets(gpu, &fill.f32s(m * k, 1.0), sets)?;
             let mut y = gpu.zeros::<f32>(m * n)?;
-            let bytes = Some((2 * n * k + m * k * 4 + m * n * 4) as f64);
-            let spec = Spec {
-                call: "Gpu::dense_linear (bf16 weights)",
-                sets,
-                bytes,
-                flops: None,
-            };
+            let bytes = (2 * n * k + m * k * 4 + m * n * 4) as f64;
+            let spec = Spec::moving("Gpu::dense_linear (bf16 weights)", sets, bytes);
             out.push(self.row(g, name, m, spec, &mut |i| {
                 gpu.dense_linear(&xs[i], &ws[i], &mut y, m)
             }));
@@ -691,13 +683,8 @@ impl Ctx<'_> {
                 let xs = upload_sets(gpu, &fill.bf16s(m * k), sets)?;
                 let mut xq = gpu.zeros::<u8>(m * k)?;
                 let mut sc = gpu.zeros::<f32>(m * kb)?;
-                let bytes = Some((m * k * 3 + m * kb * 4) as f64);
-                let spec = Spec {
-                    call: "Gpu::fp8_quantize_activations",
-                    sets,
-                    bytes,
-                    flops: None,
-                };
+                let bytes = (m * k * 3 + m * kb * 4) as f64;
+                let spec = Spec::moving("Gpu::fp8_quantize_activations", sets, bytes);
                 out.push(self.row(g, name, m, spec, &mut |i| {
                     gpu.fp8_quantize_activations(&xs[i], &mut xq, &mut sc, m, k)
                 }));
@@ -710,19 +697,14 @@ impl Ctx<'_> {
             let wsc = gpu.upload(&fill.f32s(nb * kb, 1e-2))?;
             let xqs = upload_sets(gpu, &fill.bytes(m * k, 0xBF, 0), sets)?;
             let xsc = gpu.upload(&fill.f32s(m * kb, 1e-2))?;
-            let flops = Some(2.0 * (m * n) as f64 * k as f64);
+            let flops = 2.0 * (m * n) as f64 * k as f64;
             if g.family == "fp8_gemm_bf16" {
                 // bf16 output (what cuBLAS writes, half the output bytes): h200.md's like-for-like row against
                 // `_scaled_mm`. A specific kernel, not `Auto`'s entry, so only in a `lab` build.
                 #[cfg(feature = "lab")]
                 {
                     let mut y = gpu.zeros::<u16>(m * n)?;
-                    let spec = Spec {
-                        call: "Gpu::fp8_block_gemm_wgmma_bf16",
-                        sets,
-                        bytes: None,
-                        flops,
-                    };
+                    let spec = Spec::computing("Gpu::fp8_block_gemm_wgmma_bf16", sets, flops);
                     out.push(self.row(g, name, m, spec, &mut |i| {
                         gpu.fp8_block_gemm_wgmma_bf16(&xqs[i], &xsc, &ws[i], &wsc, &mut y, m, n, k)
                     }));
@@ -730,12 +712,7 @@ impl Ctx<'_> {
                 continue;
             }
             let mut y = gpu.zeros::<f32>(m * n)?;
-            let spec = Spec {
-                call: "Gpu::fp8_block_gemm",
-                sets,
-                bytes: None,
-                flops,
-            };
+            let spec = Spec::computing("Gpu::fp8_block_gemm", sets, flops);
             out.push(self.row(g, name, m, spec, &mut |i| {
                 gpu.fp8_block_gemm(&xqs[i], &xsc, &ws[i], &wsc, &mut y, m, n, k)
             }));
@@ -756,13 +733,8 @@ impl Ctx<'_> {
             let ss = upload_sets(gpu, &hs, sets)?;
             let xs = upload_sets(gpu, &fill.bf16s(m * k), sets)?;
             let mut y = gpu.zeros::<f32>(m * n)?;
-            let flops = Some(2.0 * (m * n) as f64 * k as f64);
-            let spec = Spec {
-                call: "Gpu::nvfp4_gemm",
-                sets,
-                bytes: None,
-                flops,
-            };
+            let flops = 2.0 * (m * n) as f64 * k as f64;
+            let spec = Spec::computing("Gpu::nvfp4_gemm", sets, flops);
             out.push(self.row(g, name, m, spec, &mut |i| {
                 gpu.nvfp4_gemm(&xs[i], &ws[i], &ss[i], 1e-2, &mut y, m, n, k)
             }));
@@ -814,12 +786,7 @@ impl Ctx<'_> {
                     + 2 * b * hv
                     + cd * 4
                     + b * hv * 128);
-            let spec = Spec {
-                call: "Gpu::gdn_decode_step",
-                sets,
-                bytes: Some(bytes as f64),
-                flops: None,
-            };
+            let spec = Spec::moving("Gpu::gdn_decode_step", sets, bytes as f64);
             out.push(self.row(g, name, b, spec, &mut |i| {
                 let x = GdnGpuInputs {
                     qkv: &qkv[i],
@@ -868,9 +835,8 @@ impl Ctx<'_> {
             // The nominal FLOPs of the chunked form, as the Python benchmark counted them: Hv * chunks *
             // (10 C^2 d + 6 C d^2), C = 64, d = 128.
             let chunks = seqs * t.div_ceil(64);
-            let flops = Some(
-                (hv * chunks) as f64 * (10.0 * 64.0 * 64.0 * 128.0 + 6.0 * 64.0 * 128.0 * 128.0),
-            );
+            let flops =
+                (hv * chunks) as f64 * (10.0 * 64.0 * 64.0 * 128.0 + 6.0 * 64.0 * 128.0 * 128.0);
             let x = GdnGpuInputs {
                 qkv: &qkv,
                 z: &z,
@@ -889,16 +855,15 @@ impl Ctx<'_> {
             #[cfg(not(feature = "lab"))]
             let ws_len = Gpu::gdn_prefill_workspace_len(&dims, &lens)?;
             let mut ws = gpu.zeros::<f32>(ws_len)?;
-            let spec = Spec {
-                call: if f16 {
+            let spec = Spec::computing(
+                if f16 {
                     "Gpu::gdn_prefill_with(\"wyf16_bf16_cs64\")"
                 } else {
                     "Gpu::gdn_prefill"
                 },
-                sets: 1,
-                bytes: None,
+                1,
                 flops,
-            };
+            );
             let row = self.row(g, name, seqs, spec, &mut |_| {
                 let io = GdnPrefillIo {
                     conv_in: &conv_in,
@@ -920,13 +885,8 @@ impl Ctx<'_> {
 
     fn attn_decode(&self, g: &Group, rows: &[(String, usize)], out: &mut Vec<Row>) -> KResult {
         let gpu = self.gpu;
-        let (b, hq, hkv, d, page) = (
-            g.get("b"),
-            g.get("hq"),
-            g.get("hkv"),
-            g.get("d"),
-            g.get("page"),
-        );
+        let b = g.get("b");
+        let (hq, hkv, d, page) = paged_geometry(g);
         let mut fill = Fill(8);
         for (name, ctx) in rows {
             let ctx = *ctx;
@@ -942,22 +902,9 @@ impl Ctx<'_> {
             let sl = gpu.upload(&vec![ctx as u32; b])?;
             let q = gpu.upload(&fill.f32s(b * hq * d, 1.0))?;
             let mut o = gpu.zeros::<f32>(b * hq * d)?;
-            let dims = PagedAttentionDims {
-                seqs: b,
-                q_heads: hq,
-                kv_heads: hkv,
-                head_dim: d,
-                page_size: page,
-                num_pages: pages,
-                max_pages_per_seq: pages_per,
-            };
-            let bytes = Some((2 * b * ctx * hkv * d * 2) as f64);
-            let spec = Spec {
-                call: "Gpu::attention_decode_paged",
-                sets,
-                bytes,
-                flops: None,
-            };
+            let dims = paged_dims(g, b, pages, pages_per);
+            let bytes = (2 * b * ctx * hkv * d * 2) as f64;
+            let spec = Spec::moving("Gpu::attention_decode_paged", sets, bytes);
             let scale = 1.0 / (d as f32).sqrt();
             out.push(self.row(g, name, ctx, spec, &mut |i| {
                 let kv = PagedKvCache {
@@ -989,13 +936,8 @@ impl Ctx<'_> {
             let ks = upload_sets(gpu, &fill.bf16s(t * hkv * d), sets)?;
             let vs = upload_sets(gpu, &fill.bf16s(t * hkv * d), sets)?;
             let mut o = gpu.zeros::<u16>(t * hq * d)?;
-            let flops = Some(4.0 * (d * hq) as f64 * pairs(t, window) as f64);
-            let spec = Spec {
-                call: "Gpu::attention_prefill",
-                sets,
-                bytes: None,
-                flops,
-            };
+            let flops = 4.0 * (d * hq) as f64 * pairs(t, window) as f64;
+            let spec = Spec::computing("Gpu::attention_prefill", sets, flops);
             let scale = 1.0 / (d as f32).sqrt();
             out.push(self.row(g, name, t, spec, &mut |i| {
                 gpu.attention_prefill(&dims, scale, window, t, &qs[i], &ks[i], &vs[i], &mut o)
@@ -1011,13 +953,8 @@ impl Ctx<'_> {
         out: &mut Vec<Row>,
     ) -> KResult {
         let gpu = self.gpu;
-        let (hq, hkv, d, page, prefix) = (
-            g.get("hq"),
-            g.get("hkv"),
-            g.get("d"),
-            g.get("page"),
-            g.get("prefix"),
-        );
+        let prefix = g.get("prefix");
+        let (hq, hkv, d, page) = paged_geometry(g);
         let mut fill = Fill(10);
         for (name, t) in rows {
             let t = *t;
@@ -1032,22 +969,9 @@ impl Ctx<'_> {
             let cu = gpu.upload(&[0u32, t as u32])?;
             let pl = gpu.upload(&[prefix as u32])?;
             let mut o = gpu.zeros::<u16>(t * hq * d)?;
-            let dims = PagedAttentionDims {
-                seqs: 1,
-                q_heads: hq,
-                kv_heads: hkv,
-                head_dim: d,
-                page_size: page,
-                num_pages: pages,
-                max_pages_per_seq: pages,
-            };
-            let flops = Some(4.0 * (d * hq) as f64 * (t * prefix + t * (t + 1) / 2) as f64);
-            let spec = Spec {
-                call: "Gpu::attention_prefill_paged",
-                sets: 1,
-                bytes: None,
-                flops,
-            };
+            let dims = paged_dims(g, 1, pages, pages);
+            let flops = 4.0 * (d * hq) as f64 * (t * prefix + t * (t + 1) / 2) as f64;
+            let spec = Spec::computing("Gpu::attention_prefill_paged", 1, flops);
             let scale = 1.0 / (d as f32).sqrt();
             out.push(self.row(g, name, t, spec, &mut |_| {
                 let chunk = PrefillChunk {
@@ -1071,12 +995,7 @@ impl Ctx<'_> {
         let mut fill = Fill(11);
         for (name, r) in rows {
             let r = *r;
-            let spec = |call, sets, bytes: usize| Spec {
-                call,
-                sets,
-                bytes: Some(bytes as f64),
-                flops: None,
-            };
+            let spec = |call, sets, bytes: usize| Spec::moving(call, sets, bytes as f64);
             let time = |call, sets, bytes, f: &mut dyn FnMut(usize) -> KResult| {
                 self.row(g, name, r, spec(call, sets, bytes), f)
             };
@@ -1242,6 +1161,30 @@ impl Ctx<'_> {
             out.push(row);
         }
         Ok(())
+    }
+}
+
+/// A paged-attention group's query heads, KV heads, head dim and page size.
+fn paged_geometry(g: &Group) -> (usize, usize, usize, usize) {
+    (g.get("hq"), g.get("hkv"), g.get("d"), g.get("page"))
+}
+
+/// The paged-attention shape of `seqs` sequences of `g`'s geometry over `num_pages` pages.
+fn paged_dims(
+    g: &Group,
+    seqs: usize,
+    num_pages: usize,
+    max_pages_per_seq: usize,
+) -> PagedAttentionDims {
+    let (q_heads, kv_heads, head_dim, page_size) = paged_geometry(g);
+    PagedAttentionDims {
+        seqs,
+        q_heads,
+        kv_heads,
+        head_dim,
+        page_size,
+        num_pages,
+        max_pages_per_seq,
     }
 }
 

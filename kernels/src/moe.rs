@@ -198,12 +198,9 @@ pub fn dispatch_ids(ids: &[u32], experts: usize, top_k: usize) -> Result<Dispatc
         "{} ids are not whole tokens of top_k = {top_k}",
         ids.len()
     );
-    if let Some(p) = ids.iter().position(|&e| e as usize >= experts) {
-        return Err(KernelError::shape(
-            OP,
-            format!("id {p} is expert {}, past the {experts} experts", ids[p]),
-        ));
-    }
+    check_below(OP, ids, experts, |p, e| {
+        format!("id {p} is expert {e}, past the {experts} experts")
+    })?;
     // An expert count the allocator refuses is an error, not an abort.
     let mut offsets = Vec::new();
     offsets.try_reserve_exact(experts + 1).map_err(|_| {
@@ -214,6 +211,20 @@ pub fn dispatch_ids(ids: &[u32], experts: usize, top_k: usize) -> Result<Dispatc
     })?;
     offsets.resize(experts + 1, 0);
     Ok(group_by_expert(ids, offsets, top_k))
+}
+
+/// Checks that every index in `ids` is below `limit`; the first one that is not becomes the error `message(i, id)`
+/// names.
+fn check_below(
+    op: &'static str,
+    ids: &[u32],
+    limit: usize,
+    message: impl FnOnce(usize, u32) -> String,
+) -> Result<(), KernelError> {
+    match ids.iter().position(|&id| id as usize >= limit) {
+        Some(i) => Err(KernelError::shape(op, message(i, ids[i]))),
+        None => Ok(()),
+    }
 }
 
 /// The counting sort of [`dispatch`]: `offsets` is zeroed, one longer than the experts, and every id is below
@@ -269,15 +280,9 @@ pub fn gather_rows(
         tokens.len()
     );
     let x_rows = x.len() / hidden;
-    if let Some(i) = tokens.iter().position(|&t| t as usize >= x_rows) {
-        return Err(KernelError::shape(
-            OP,
-            format!(
-                "token {i} is row {}, past the {x_rows} rows of x",
-                tokens[i]
-            ),
-        ));
-    }
+    check_below(OP, tokens, x_rows, |i, t| {
+        format!("token {i} is row {t}, past the {x_rows} rows of x")
+    })?;
     for (o, &t) in out.chunks_exact_mut(hidden).zip(tokens) {
         let t = t as usize;
         o.copy_from_slice(&x[t * hidden..(t + 1) * hidden]);
@@ -365,15 +370,9 @@ pub fn combine_rows(
         weights.len(),
         pair_rows.len()
     );
-    if let Some(p) = pair_rows.iter().position(|&r| r as usize >= rows) {
-        return Err(KernelError::shape(
-            OP,
-            format!(
-                "pair {p} is row {}, past the {rows} expert rows",
-                pair_rows[p]
-            ),
-        ));
-    }
+    check_below(OP, pair_rows, rows, |p, r| {
+        format!("pair {p} is row {r}, past the {rows} expert rows")
+    })?;
     for (t, o) in out.chunks_exact_mut(hidden).enumerate() {
         o.fill(0.0);
         for p in t * top_k..(t + 1) * top_k {

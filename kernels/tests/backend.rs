@@ -10,7 +10,7 @@
 //! whole sparse layer (route, dispatch on the host, gather, one linear per expert, combine).
 //! `the_checks_catch_wrong_answers` shows that the same checks reject a plausible wrong result.
 
-use kernels::attention::{AttnDims, Rope};
+use kernels::attention::Rope;
 use kernels::backend::{Backend, Cpu, Embedding, GdnIn, GdnLayer, GdnState, KvCache, Weight};
 use kernels::cuda::Gpu;
 use kernels::formats::{bf16_to_f32, e4m3_to_f32, f32_to_bf16, f32_to_e4m3};
@@ -23,6 +23,8 @@ use kernels::KernelError;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+mod common;
 
 // ---------------------------------------------------------------------------------------------------------------
 // What differs between the devices.
@@ -140,6 +142,19 @@ fn close(what: &str, got: &[f32], want: &[f32], atol: f64, rtol: f64) -> Result<
     within(what, got, &want, |i| atol + rtol * want[i].abs())
 }
 
+/// `close` on what `out` holds, failing the test with the backend's name and `what`.
+fn expect_close<B: Backend>(
+    b: &B,
+    what: &str,
+    out: &B::Buf<f32>,
+    want: &[f32],
+    atol: f64,
+    rtol: f64,
+) {
+    let what = format!("{} {what}", b.name());
+    close(&what, &down(b, out), want, atol, rtol).unwrap();
+}
+
 /// The scaled error `|got - want| / (1 + |want|) <= tol` of the DeltaNet tests.
 fn scaled(what: &str, got: &[f32], want: &[f32], tol: f32) -> Result<(), String> {
     close(what, got, want, f64::from(tol), f64::from(tol))
@@ -208,14 +223,7 @@ fn embedding<B: Backend>(b: &B) {
         let t = b.prepare_table(table).unwrap();
         let mut out = poisoned(b, ids.len() * dim);
         b.embedding_gather(&t, &up(b, ids), &mut out).unwrap();
-        close(
-            &format!("{} gather {what}", b.name()),
-            &down(b, &out),
-            &want,
-            1e-6,
-            1e-6,
-        )
-        .unwrap();
+        expect_close(b, &format!("gather {what}"), &out, &want, 1e-6, 1e-6);
     }
 }
 
@@ -227,28 +235,26 @@ fn norms<B: Backend>(b: &B) {
         let res = uniform(&mut r, rows * dim, -3.0, 3.0);
         let w = uniform(&mut r, dim, -1.0, 1.0);
         for form in [NormWeight::Plain, NormWeight::OnePlus] {
-            let what = format!("{} rmsnorm {rows}x{dim} {form:?}", b.name());
+            let what = format!("rmsnorm {rows}x{dim} {form:?}");
             let mut want = vec![0.0; rows * dim];
             reference::ops::rmsnorm(&x, &w, form, 1e-6, &mut want).unwrap();
             let mut out = poisoned(b, rows * dim);
             b.rmsnorm(&up(b, &x), &up(b, &w), form, 1e-6, &mut out)
                 .unwrap();
-            close(&what, &down(b, &out), &want, OP_ATOL, OP_RTOL).unwrap();
+            expect_close(b, &what, &out, &want, OP_ATOL, OP_RTOL);
 
             let sum: Vec<f32> = res.iter().zip(&x).map(|(a, b)| a + b).collect();
             reference::ops::rmsnorm(&sum, &w, form, 1e-6, &mut want).unwrap();
             let (mut residual, mut out) = (up(b, &res), poisoned(b, rows * dim));
             b.add_rmsnorm(&up(b, &x), &mut residual, &up(b, &w), form, 1e-6, &mut out)
                 .unwrap();
-            assert_eq!(down(b, &residual), sum, "{what}: residual += x");
-            close(
-                &format!("{what} add"),
-                &down(b, &out),
-                &want,
-                OP_ATOL,
-                OP_RTOL,
-            )
-            .unwrap();
+            assert_eq!(
+                down(b, &residual),
+                sum,
+                "{} {what}: residual += x",
+                b.name()
+            );
+            expect_close(b, &format!("{what} add"), &out, &want, OP_ATOL, OP_RTOL);
         }
     }
 }
@@ -267,12 +273,8 @@ fn rope<B: Backend>(b: &B) {
         let mut got = up(b, &x);
         b.rope_neox(&rope, heads, &up(b, &positions), &mut got)
             .unwrap();
-        let what = format!(
-            "{} rope D{head_dim} rot{} theta{theta}",
-            b.name(),
-            rope.rotary_dim
-        );
-        close(&what, &down(b, &got), &want, 1e-5, 1e-5).unwrap();
+        let what = format!("rope D{head_dim} rot{} theta{theta}", rope.rotary_dim);
+        expect_close(b, &what, &got, &want, 1e-5, 1e-5);
     }
 }
 
@@ -295,11 +297,7 @@ impl Histories {
 
 fn attention<B: Backend>(b: &B) {
     let mut r = rng("attention");
-    let dims = AttnDims {
-        q_heads: 6,
-        kv_heads: 2,
-        head_dim: 40,
-    };
+    let dims = common::attn(6, 2, 40);
     let (slots, max_len, width, qw) = (3usize, 50usize, 2 * 40, 6 * 40);
     let lens = [11usize, 29, 23];
     let scale = 1.0 / (40f32).sqrt();
@@ -386,14 +384,14 @@ fn attention<B: Backend>(b: &B) {
                 &mut out,
             )
             .unwrap();
-            close(
-                &format!("{} attention {what} window {window:?}", b.name()),
-                &down(b, &out),
+            expect_close(
+                b,
+                &format!("attention {what} window {window:?}"),
+                &out,
                 &want,
                 2e-5,
                 1e-4,
-            )
-            .unwrap();
+            );
         }
     }
 }
@@ -412,14 +410,7 @@ fn gates<B: Backend>(b: &B) {
         .collect();
     let mut got = up(b, &x);
     b.sigmoid_gate(&mut got, &up(b, &g)).unwrap();
-    close(
-        &format!("{} sigmoid_gate", b.name()),
-        &down(b, &got),
-        &want,
-        OP_ATOL,
-        OP_RTOL,
-    )
-    .unwrap();
+    expect_close(b, "sigmoid_gate", &got, &want, OP_ATOL, OP_RTOL);
     let want: Vec<f32> = x
         .iter()
         .enumerate()
@@ -427,14 +418,7 @@ fn gates<B: Backend>(b: &B) {
         .collect();
     let mut got = up(b, &x);
     b.sigmoid_head_gate(&mut got, heads, &up(b, &gh)).unwrap();
-    close(
-        &format!("{} sigmoid_head_gate", b.name()),
-        &down(b, &got),
-        &want,
-        OP_ATOL,
-        OP_RTOL,
-    )
-    .unwrap();
+    expect_close(b, "sigmoid_head_gate", &got, &want, OP_ATOL, OP_RTOL);
 }
 
 fn activations<B: Backend>(b: &B) {
@@ -461,14 +445,14 @@ fn activations<B: Backend>(b: &B) {
         }
         let mut out = poisoned(b, rows * inter);
         b.act_and_mul(act, &up(b, &gu), inter, &mut out).unwrap();
-        close(
-            &format!("{} act_and_mul {act:?}", b.name()),
-            &down(b, &out),
+        expect_close(
+            b,
+            &format!("act_and_mul {act:?}"),
+            &out,
             &want,
             OP_ATOL,
             OP_RTOL,
-        )
-        .unwrap();
+        );
     }
 }
 
@@ -846,6 +830,17 @@ struct GdnCase {
 }
 
 impl GdnCase {
+    /// Conv weights in (-0.6, 0.6), `A_log` and dt bias in (-1, 1), norm weights in (0.5, 1.5).
+    fn new(r: &mut ChaCha8Rng, dims: GdnDims) -> GdnCase {
+        GdnCase {
+            dims,
+            conv_weight: uniform(r, dims.conv_dim() * dims.conv_kernel, -0.6, 0.6),
+            a_log: uniform(r, dims.value_heads, -1.0, 1.0),
+            dt_bias: uniform(r, dims.value_heads, -1.0, 1.0),
+            norm: uniform(r, dims.value_dim, 0.5, 1.5),
+        }
+    }
+
     fn weights(&self) -> GdnWeights<'_> {
         GdnWeights {
             conv_weight: &self.conv_weight,
@@ -865,6 +860,16 @@ fn gdn_tokens(r: &mut ChaCha8Rng, d: &GdnDims, n: usize) -> [Vec<f32>; 4] {
         uniform(r, n * d.value_heads, -3.0, 2.0),
         uniform(r, n * d.value_heads, -3.0, 3.0),
     ]
+}
+
+/// The four token buffers `(qkv, z, a, b)` as one DeltaNet input.
+fn gdn_in<B: Backend>(x: &[B::Buf<f32>]) -> GdnIn<'_, B> {
+    GdnIn {
+        qkv: &x[0],
+        z: &x[1],
+        a: &x[2],
+        b: &x[3],
+    }
 }
 
 /// The reference: each sequence through [`reference::gdn::sequence`] from the given history and state.
@@ -935,20 +940,8 @@ fn gdn<B: Numerics>(b: &B) {
     let mut r = rng("gdn");
     // dk = dv = 128 (what the GPU kernels are built for), two value heads per key head, a sequence shorter than a
     // chunk, an empty one, and one of more than a chunk with a ragged end; a history and state that are not zero.
-    let dims = GdnDims {
-        key_heads: 1,
-        value_heads: 2,
-        key_dim: 128,
-        value_dim: 128,
-        conv_kernel: 4,
-    };
-    let c = GdnCase {
-        dims,
-        conv_weight: uniform(&mut r, dims.conv_dim() * 4, -0.6, 0.6),
-        a_log: uniform(&mut r, 2, -1.0, 1.0),
-        dt_bias: uniform(&mut r, 2, -1.0, 1.0),
-        norm: uniform(&mut r, 128, 0.5, 1.5),
-    };
+    let dims = common::gdn_dims_of(1, 2, 128, 128, 4);
+    let c = GdnCase::new(&mut r, dims);
     let seq_lens = [37usize, 0, 70];
     let seqs = seq_lens.len();
     let mut conv = uniform(&mut r, seqs * dims.conv_state_len(), -1.0, 1.0);
@@ -963,12 +956,7 @@ fn gdn<B: Numerics>(b: &B) {
     b.gdn_prefill(
         &dims,
         &layer,
-        &GdnIn {
-            qkv: &xb[0],
-            z: &xb[1],
-            a: &xb[2],
-            b: &xb[3],
-        },
+        &gdn_in::<B>(&xb),
         &seq_lens,
         &mut st,
         &mut out,
@@ -984,19 +972,8 @@ fn gdn<B: Numerics>(b: &B) {
     let want = gdn_reference(&c, &x, &[1; 3], &mut conv, &mut state);
     let xb: Vec<B::Buf<f32>> = x.iter().map(|v| up(b, v)).collect();
     let mut out = poisoned(b, seqs * dims.value_width());
-    b.gdn_decode(
-        &dims,
-        &layer,
-        &GdnIn {
-            qkv: &xb[0],
-            z: &xb[1],
-            a: &xb[2],
-            b: &xb[3],
-        },
-        &mut st,
-        &mut out,
-    )
-    .unwrap();
+    b.gdn_decode(&dims, &layer, &gdn_in::<B>(&xb), &mut st, &mut out)
+        .unwrap();
     let what = format!("{} gdn_decode", b.name());
     check_gdn(b, &what, B::GDN_DECODE, (&out, &want), &st, &state, &conv);
 }
@@ -1015,14 +992,7 @@ fn logits<B: Backend>(b: &B) {
             .collect();
         let mut got = up(b, &x);
         b.softcap(&mut got, 30.0).unwrap();
-        close(
-            &format!("{} softcap", b.name()),
-            &down(b, &got),
-            &want,
-            1e-5,
-            OP_RTOL,
-        )
-        .unwrap();
+        expect_close(b, "softcap", &got, &want, 1e-5, OP_RTOL);
         let best: Vec<u32> = x
             .chunks_exact(vocab)
             .map(|row| {
@@ -1155,22 +1125,12 @@ fn casts<B: Backend>(b: &B) {
 fn bad_sizes<B: Backend>(b: &B) {
     let name = b.name();
     let is_shape = |e: KernelError| matches!(e, KernelError::Shape { .. });
-    let dims = AttnDims {
-        q_heads: 2,
-        kv_heads: 1,
-        head_dim: 8,
-    };
+    let dims = common::attn(2, 1, 8);
     assert!(
         KvCache::new(b, dims, usize::MAX / 4, 8).is_err(),
         "{name}: a cache whose size overflows"
     );
-    let gd = GdnDims {
-        key_heads: 1,
-        value_heads: 1,
-        key_dim: 128,
-        value_dim: 128,
-        conv_kernel: 4,
-    };
+    let gd = common::gdn_dims_of(1, 1, 128, 128, 4);
     assert!(
         GdnState::new(b, gd, usize::MAX / 8).is_err(),
         "{name}: a state whose size overflows"
@@ -1346,11 +1306,7 @@ fn the_checks_catch_wrong_answers() {
         .unwrap();
     assert!(close("rmsnorm form", &got, &want, OP_ATOL, OP_RTOL).is_err());
 
-    let dims = AttnDims {
-        q_heads: 2,
-        kv_heads: 1,
-        head_dim: 16,
-    };
+    let dims = common::attn(2, 1, 16);
     let t = 20;
     let (q, k, v) = (
         uniform(&mut r, t * 32, -1.0, 1.0),
@@ -1419,20 +1375,8 @@ fn the_checks_catch_wrong_answers() {
     assert_eq!(ids, want_ids);
     assert!(close("moe weights", &weights, &want_w, 1e-9, 2e-6).is_err());
 
-    let dims = GdnDims {
-        key_heads: 1,
-        value_heads: 2,
-        key_dim: 16,
-        value_dim: 16,
-        conv_kernel: 4,
-    };
-    let c = GdnCase {
-        dims,
-        conv_weight: uniform(&mut r, dims.conv_dim() * 4, -0.6, 0.6),
-        a_log: uniform(&mut r, 2, -1.0, 1.0),
-        dt_bias: uniform(&mut r, 2, -1.0, 1.0),
-        norm: uniform(&mut r, 16, 0.5, 1.5),
-    };
+    let dims = common::gdn_dims_of(1, 2, 16, 16, 4);
+    let c = GdnCase::new(&mut r, dims);
     let x = gdn_tokens(&mut r, &dims, 40);
     let (conv0, state0) = (
         uniform(&mut r, dims.conv_state_len(), -1.0, 1.0),
@@ -1442,20 +1386,8 @@ fn the_checks_catch_wrong_answers() {
     let layer = GdnLayer::upload(&cpu, &c.weights()).unwrap();
     let mut st = GdnState::new(&cpu, dims, 1).unwrap();
     let mut out = vec![f32::NAN; 40 * 32];
-    cpu.gdn_prefill(
-        &dims,
-        &layer,
-        &GdnIn {
-            qkv: &x[0],
-            z: &x[1],
-            a: &x[2],
-            b: &x[3],
-        },
-        &[40],
-        &mut st,
-        &mut out,
-    )
-    .unwrap();
+    cpu.gdn_prefill(&dims, &layer, &gdn_in::<Cpu>(&x), &[40], &mut st, &mut out)
+        .unwrap();
     assert!(scaled("gdn from zero", &out, &want, Gpu::GDN_PREFILL.0).is_err());
 }
 

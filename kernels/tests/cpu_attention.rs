@@ -9,12 +9,11 @@ use kernels::ops::seq_isa_calls;
 use kernels::reference;
 use proptest::prelude::*;
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-fn uniform(rng: &mut ChaCha8Rng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.gen_range(lo..hi)).collect()
-}
+mod common;
+use common::uniform_in as uniform;
 
 /// Scaled error bound |got - want| / (1 + |want|) against the f64 reference. Measured worst over these tests:
 /// 3.2e-7 (every ISA path, histories up to 700 keys), so 2e-5 leaves a wide margin yet catches a wrong mask
@@ -210,21 +209,9 @@ fn check_decode(
 
 #[test]
 fn paged_and_ring_decode_match_dense_on_every_isa() {
-    let qwen = AttnDims {
-        q_heads: 6,
-        kv_heads: 1,
-        head_dim: 256,
-    };
-    let spark = AttnDims {
-        q_heads: 4,
-        kv_heads: 2,
-        head_dim: 256,
-    };
-    let ragged = AttnDims {
-        q_heads: 3,
-        kv_heads: 3,
-        head_dim: 40,
-    };
+    let qwen = common::attn(6, 1, 256);
+    let spark = common::attn(4, 2, 256);
+    let ragged = common::attn(3, 3, 40);
     for isa in Isa::available() {
         // Spark's real window (512: the ring holds 511) with histories shorter and longer than it.
         for bf16 in [false, true] {
@@ -270,16 +257,8 @@ fn check_prefill(isa: Isa, dims: &AttnDims, t: usize, window: Option<usize>, see
 
 #[test]
 fn prefill_matches_reference_with_and_without_window() {
-    let spark = AttnDims {
-        q_heads: 4,
-        kv_heads: 2,
-        head_dim: 256,
-    };
-    let ragged = AttnDims {
-        q_heads: 6,
-        kv_heads: 2,
-        head_dim: 72,
-    };
+    let spark = common::attn(4, 2, 256);
+    let ragged = common::attn(6, 2, 72);
     for isa in Isa::available() {
         check_prefill(isa, &spark, 77, None, 10);
         check_prefill(isa, &spark, 77, Some(16), 11);
@@ -307,11 +286,7 @@ proptest! {
 fn prefill_in_qwen_geometry() {
     // 24 query / 4 KV heads of 256 (group 6), a length that is neither a multiple of the 16-token query block
     // nor of the 32-key tile.
-    let qwen = AttnDims {
-        q_heads: 24,
-        kv_heads: 4,
-        head_dim: 256,
-    };
+    let qwen = common::attn(24, 4, 256);
     for isa in Isa::available() {
         check_prefill(isa, &qwen, 83, None, 15);
     }
@@ -351,11 +326,7 @@ fn rope_matches_reference_for_partial_and_full_rotation() {
 
 #[test]
 fn bad_caches_are_errors() {
-    let dims = AttnDims {
-        q_heads: 2,
-        kv_heads: 1,
-        head_dim: 8,
-    };
+    let dims = common::attn(2, 1, 8);
     let q = vec![0.0f32; 32];
     let mut out = vec![0.0f32; 32];
     let pages = vec![0.0f32; 3 * 4 * 8];
@@ -437,11 +408,7 @@ fn bad_caches_are_errors() {
 #[test]
 fn token_by_token_generation_through_the_store_helpers() {
     use kernels::attention::{paged_store, ring_store, KvSliceMut};
-    let dims = AttnDims {
-        q_heads: 4,
-        kv_heads: 2,
-        head_dim: 24,
-    };
+    let dims = common::attn(4, 2, 24);
     let (hq, hkv, d) = (dims.q_heads, dims.kv_heads, dims.head_dim);
     let (page_size, window, steps, batch) = (5usize, 7usize, 23usize, 2usize);
     let scale = 0.3;
@@ -484,6 +451,13 @@ fn token_by_token_generation_through_the_store_helpers() {
                 KvSliceMut::F32(f)
             }
         }
+        fn read<'a>(bf16: bool, f: &'a [f32], h: &'a [bf16]) -> KvSlice<'a> {
+            if bf16 {
+                KvSlice::Bf16(h)
+            } else {
+                KvSlice::F32(f)
+            }
+        }
         for p in 0..steps {
             let q = uniform(&mut rng, batch * hq * d, -2.0, 2.0);
             let row = |h: &History, kv: bool| -> Vec<f32> {
@@ -492,34 +466,16 @@ fn token_by_token_generation_through_the_store_helpers() {
             };
             for (b, h) in hist.iter().enumerate() {
                 let bt = &block_table[b * max_pages..(b + 1) * max_pages];
-                paged_store(
-                    &dims,
-                    pick(bf16, &mut kp32, &mut kp16),
-                    page_size,
-                    bt,
-                    p,
-                    &row(h, true),
-                )
-                .unwrap();
-                paged_store(
-                    &dims,
-                    pick(bf16, &mut vp32, &mut vp16),
-                    page_size,
-                    bt,
-                    p,
-                    &row(h, false),
-                )
-                .unwrap();
+                for (f, half, is_k) in [(&mut kp32, &mut kp16, true), (&mut vp32, &mut vp16, false)]
+                {
+                    paged_store(&dims, pick(bf16, f, half), page_size, bt, p, &row(h, is_k))
+                        .unwrap();
+                }
             }
             let lens = vec![p as u32 + 1; batch];
-            let (k_pages, v_pages) = if bf16 {
-                (KvSlice::Bf16(&kp16), KvSlice::Bf16(&vp16))
-            } else {
-                (KvSlice::F32(&kp32), KvSlice::F32(&vp32))
-            };
             let kv = PagedKv {
-                k_pages,
-                v_pages,
+                k_pages: read(bf16, &kp32, &kp16),
+                v_pages: read(bf16, &vp32, &vp16),
                 page_size,
                 block_table: &block_table,
                 max_pages,
@@ -533,14 +489,9 @@ fn token_by_token_generation_through_the_store_helpers() {
             let pos = vec![p as u32; batch];
             let mut ring_out = vec![f32::NAN; batch * hq * d];
             {
-                let (k_ring, v_ring) = if bf16 {
-                    (KvSlice::Bf16(&kr16), KvSlice::Bf16(&vr16))
-                } else {
-                    (KvSlice::F32(&kr32), KvSlice::F32(&vr32))
-                };
                 let ring = RingKv {
-                    k_ring,
-                    v_ring,
+                    k_ring: read(bf16, &kr32, &kr16),
+                    v_ring: read(bf16, &vr32, &vr16),
                     window,
                     k_cur: as_cache(&cur_k, &mut ck16, bf16),
                     v_cur: as_cache(&cur_v, &mut cv16, bf16),
@@ -549,59 +500,35 @@ fn token_by_token_generation_through_the_store_helpers() {
                 attention::decode_ring(&dims, scale, batch, &q, &ring, &mut ring_out).unwrap();
             }
             for (b, h) in hist.iter().enumerate() {
-                ring_store(
-                    &dims,
-                    pick(bf16, &mut kr32, &mut kr16),
-                    window,
-                    b,
-                    p,
-                    &row(h, true),
-                )
-                .unwrap();
-                ring_store(
-                    &dims,
-                    pick(bf16, &mut vr32, &mut vr16),
-                    window,
-                    b,
-                    p,
-                    &row(h, false),
-                )
-                .unwrap();
+                for (f, half, is_k) in [(&mut kr32, &mut kr16, true), (&mut vr32, &mut vr16, false)]
+                {
+                    ring_store(&dims, pick(bf16, f, half), window, b, p, &row(h, is_k)).unwrap();
+                }
                 let (kk, vv) = (&h.k[..(p + 1) * hkv * d], &h.v[..(p + 1) * hkv * d]);
                 let qb = &q[b * hq * d..(b + 1) * hq * d];
-                let mut want = vec![0.0f32; hq * d];
-                reference::attention::decode_dense(
-                    &dims,
-                    scale,
-                    None,
-                    p + 1,
-                    qb,
-                    kk,
-                    vv,
-                    &mut want,
-                )
-                .unwrap();
-                assert_close(
-                    &format!("paged bf16={bf16} step {p} seq {b}"),
-                    &paged_out[b * hq * d..(b + 1) * hq * d],
-                    &want,
-                );
-                reference::attention::decode_dense(
-                    &dims,
-                    scale,
-                    Some(window),
-                    p + 1,
-                    qb,
-                    kk,
-                    vv,
-                    &mut want,
-                )
-                .unwrap();
-                assert_close(
-                    &format!("ring bf16={bf16} step {p} seq {b}"),
-                    &ring_out[b * hq * d..(b + 1) * hq * d],
-                    &want,
-                );
+                // The paged cache holds the whole history, the ring the last `window` tokens.
+                for (cache, win, out) in [
+                    ("paged", None, &paged_out),
+                    ("ring", Some(window), &ring_out),
+                ] {
+                    let mut want = vec![0.0f32; hq * d];
+                    reference::attention::decode_dense(
+                        &dims,
+                        scale,
+                        win,
+                        p + 1,
+                        qb,
+                        kk,
+                        vv,
+                        &mut want,
+                    )
+                    .unwrap();
+                    assert_close(
+                        &format!("{cache} bf16={bf16} step {p} seq {b}"),
+                        &out[b * hq * d..(b + 1) * hq * d],
+                        &want,
+                    );
+                }
             }
         }
         let e = paged_store(

@@ -27,6 +27,18 @@ fn check_same(op: &'static str, what: &str, a: usize, b: usize) -> Result<(), Ke
     Ok(())
 }
 
+/// `out[i] = f(x[i])` for two buffers of the same length (the casts).
+fn cast<A: Copy, B>(
+    op: &'static str,
+    x: &[A],
+    out: &mut [B],
+    f: impl Fn(A) -> B,
+) -> Result<(), KernelError> {
+    check_same(op, "x and out", x.len(), out.len())?;
+    out.iter_mut().zip(x).for_each(|(o, &v)| *o = f(v));
+    Ok(())
+}
+
 /// Checks that every `(slot, pos)` of a call is inside the cache (the host can: the values are in host memory).
 fn check_slots(
     op: &'static str,
@@ -507,19 +519,11 @@ impl Backend for Cpu {
     }
 
     fn cast_f32_to_bf16(&self, x: &Vec<f32>, out: &mut Vec<u16>) -> Result<(), KernelError> {
-        check_same("cpu::cast_f32_to_bf16", "x and out", x.len(), out.len())?;
-        out.iter_mut()
-            .zip(x)
-            .for_each(|(o, &v)| *o = f32_to_bf16(v));
-        Ok(())
+        cast("cpu::cast_f32_to_bf16", x, out, f32_to_bf16)
     }
 
     fn cast_bf16_to_f32(&self, x: &Vec<u16>, out: &mut Vec<f32>) -> Result<(), KernelError> {
-        check_same("cpu::cast_bf16_to_f32", "x and out", x.len(), out.len())?;
-        out.iter_mut()
-            .zip(x)
-            .for_each(|(o, &v)| *o = bf16_to_f32(v));
-        Ok(())
+        cast("cpu::cast_bf16_to_f32", x, out, bf16_to_f32)
     }
 }
 

@@ -16,7 +16,7 @@
 //! assert_eq!(y, [10.0, 10.0, 10.0, 2.0, 2.0, 2.0]);
 //! ```
 
-use crate::cpu::{default_threads, parallel_ranges, Isa};
+use crate::cpu::{default_threads, parallel_ranges, Isa, SharedMut};
 use crate::linear::{self, Bf16Weights, Fp8Weights, Int4Scheme, Int4Weights, Nvfp4Weights};
 pub use crate::ops::gelu_tanh_and_mul;
 use crate::KernelError;
@@ -59,37 +59,28 @@ pub enum Weight {
 }
 
 fn checked_len(op: &'static str, n: usize, k: usize) -> Result<usize, KernelError> {
-    crate::ensure_shape!(
-        n > 0 && k > 0,
-        op,
-        "n and k must be positive (n = {n}, k = {k})"
-    );
+    linear::check_nk(op, n, k)?;
     n.checked_mul(k)
         .ok_or_else(|| KernelError::shape(op, format!("n*k overflows ({n} x {k})")))
+}
+
+/// Checks an unquantised `[n, k]` weight of `len` elements.
+fn check_dense(op: &'static str, n: usize, k: usize, len: usize) -> Result<(), KernelError> {
+    let want = checked_len(op, n, k)?;
+    crate::ensure_shape!(len == want, op, "{len} elements, expected {n}x{k}");
+    Ok(())
 }
 
 impl Weight {
     /// f32 weights `[n, k]`.
     pub fn f32(w: Vec<f32>, n: usize, k: usize) -> Result<Weight, KernelError> {
-        let len = checked_len("Weight::f32", n, k)?;
-        crate::ensure_shape!(
-            w.len() == len,
-            "Weight::f32",
-            "{} elements, expected {n}x{k}",
-            w.len()
-        );
+        check_dense("Weight::f32", n, k, w.len())?;
         Ok(Weight::F32 { w, n, k })
     }
 
     /// bf16 weights `[n, k]` (bits).
     pub fn bf16(w: Vec<u16>, n: usize, k: usize) -> Result<Weight, KernelError> {
-        let len = checked_len("Weight::bf16", n, k)?;
-        crate::ensure_shape!(
-            w.len() == len,
-            "Weight::bf16",
-            "{} elements, expected {n}x{k}",
-            w.len()
-        );
+        check_dense("Weight::bf16", n, k, w.len())?;
         Ok(Weight::Bf16 { w, n, k })
     }
 
@@ -235,23 +226,22 @@ impl Weight {
 
     /// Output features.
     pub fn n(&self) -> usize {
-        match self {
-            Weight::F32 { n, .. }
-            | Weight::Bf16 { n, .. }
-            | Weight::Fp8Block { n, .. }
-            | Weight::Nvfp4 { n, .. } => *n,
-            Weight::Int4 { w, .. } => w.n(),
-        }
+        self.shape().0
     }
 
     /// Input features.
     pub fn k(&self) -> usize {
+        self.shape().1
+    }
+
+    /// `(n, k)`.
+    fn shape(&self) -> (usize, usize) {
         match self {
-            Weight::F32 { k, .. }
-            | Weight::Bf16 { k, .. }
-            | Weight::Fp8Block { k, .. }
-            | Weight::Nvfp4 { k, .. } => *k,
-            Weight::Int4 { w, .. } => w.k(),
+            Weight::F32 { n, k, .. }
+            | Weight::Bf16 { n, k, .. }
+            | Weight::Fp8Block { n, k, .. }
+            | Weight::Nvfp4 { n, k, .. } => (*n, *k),
+            Weight::Int4 { w, .. } => (w.n(), w.k()),
         }
     }
 
@@ -372,20 +362,6 @@ impl Weight {
     }
 }
 
-/// A raw output pointer shared by the threads of [`f32_linear`]; each writes a disjoint column range.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: used only inside `parallel_ranges`, whose ranges are disjoint and which returns only after every range
-// finished, so no element is written twice and the borrow of `y` outlives every use.
-unsafe impl Send for Out {}
-// SAFETY: as above.
-unsafe impl Sync for Out {}
-impl Out {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
 /// f32 linear `y[m, n] = x[m, k] @ w[n, k]^T`, threads splitting the output features. Plain Rust: it runs the
 /// exact path of small f32 checkpoints (parity tests), not a decode hot path, so the compiler's vectorisation of
 /// four independent dot products is enough.
@@ -424,7 +400,7 @@ pub fn f32_linear(
         "y has {} elements, expected {m}x{n}",
         y.len()
     );
-    let out = Out(y.as_mut_ptr());
+    let out = SharedMut(y.as_mut_ptr());
     parallel_ranges(n, 8, default_threads(), |c0, c1| {
         for r in 0..m {
             let xr = &x[r * k..(r + 1) * k];

@@ -153,10 +153,7 @@ impl Gpu {
             }
             Ok(())
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            match self.never {}
-        }
+        no_cuda!(self)
     }
     }
 }
@@ -302,10 +299,7 @@ impl Gpu {
         {
             self.inner.sm_count()
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            match self.never {}
-        }
+        no_cuda!(self)
     }
 
     /// The checks and the launch of the tiled paged kernel.
@@ -393,11 +387,7 @@ impl Gpu {
             }
             Ok(())
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (t, sliced);
-            match self.never {}
-        }
+        no_cuda!(self, t, sliced)
     }
 
     /// Decode over a sliding-window ring (sliding layers), as [`crate::attention::decode_ring`] with a bf16
@@ -528,11 +518,7 @@ impl Gpu {
             }
             Ok(())
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (t, sliced);
-            match self.never {}
-        }
+        no_cuda!(self, t, sliced)
     }
     }
 }

@@ -518,11 +518,7 @@ impl Gpu {
                 Some((&k_cache.slice, &v_cache.slice, &pc)),
             )
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (kernel, window, scale_log2, prefix_lens, cu_seqlens);
-            match self.never {}
-        }
+        no_cuda!(self, kernel, window, scale_log2, prefix_lens, cu_seqlens)
     }
 
     /// The checks and the launch shared by [`Gpu::attention_kv_store_paged`] and [`Gpu::attention_kv_store_ring`].
@@ -639,11 +635,7 @@ impl Gpu {
                 })
             }
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (k_cache, v_cache);
-            match self.never {}
-        }
+        no_cuda!(self, k_cache, v_cache)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -700,11 +692,7 @@ impl Gpu {
                 None,
             )
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (kernel, window, scale_log2);
-            match self.never {}
-        }
+        no_cuda!(self, kernel, window, scale_log2)
     }
 }
 

@@ -130,11 +130,7 @@ impl Gpu {
             // dependent (pdl_start first).
             unsafe { dev.launch_small(NAME, &f, cfg, &mut args) }
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = num_slots;
-            match self.never {}
-        }
+        no_cuda!(self, num_slots)
     }
 
     /// `out[i, h, :] = softmax_j(scale * q[i, h] . K[slots[i], j, kvh]) V[slots[i], j, kvh]` over
@@ -239,10 +235,6 @@ impl Gpu {
             // dependent (pdl_start first).
             unsafe { dev.launch_small(name, &f, cfg, &mut args) }
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (num_slots, window);
-            match self.never {}
-        }
+        no_cuda!(self, num_slots, window)
     }
 }

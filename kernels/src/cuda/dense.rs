@@ -190,8 +190,7 @@ impl Gpu {
                 }
             }
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 }
 

@@ -205,11 +205,7 @@ impl Gpu {
             };
             d.gdn_decode_step(kernel, dims, w, &args, seqs)
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = kernel;
-            match self.never {}
-        }
+        no_cuda!(self, kernel)
     }
     }
 
@@ -295,11 +291,7 @@ impl Gpu {
             };
             d.gdn_decode_step(kernel, dims, w, &args, seqs)
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (kernel, n_slots);
-            match self.never {}
-        }
+        no_cuda!(self, kernel, n_slots)
     }
 }
 

@@ -476,6 +476,11 @@ impl Gpu {
     /// 514.6, norm 72.0 us.
     pub const GDN_PREFILL_DEFAULT: &'static str = "wytf32x3_tf32_cs64";
 
+    /// Every named variant [`Gpu::gdn_prefill_with`] accepts besides `""` and `"auto"` (the crate's
+    /// `GDN_PREFILL_VARIANTS`), so the tests and the benchmark drive the one list the parser checks against.
+    #[cfg(feature = "lab")]
+    pub const GDN_PREFILL_VARIANTS: [&'static str; 17] = GDN_PREFILL_VARIANTS;
+
     /// Floats of the workspace [`Gpu::gdn_prefill`] needs for this batch: about
     /// `4 * N * (2*Hk + Hv) * 128` bytes for the normalised q/k/v, `4 * Hv * NC * 64 * (2*128 + 64)` for the
     /// chunk-local W, U and Aqk (`N` tokens, `NC = sum ceil(len / 64)` chunks) and three `[N, Hv]` gate arrays:
@@ -967,11 +972,7 @@ impl Gpu {
             drop(uploaded);
             Ok(())
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (variant, meta, conv_in, conv_out, state, out);
-            match self.never {}
-        }
+        no_cuda!(self, variant, meta, conv_in, conv_out, state, out)
     }
 }
 

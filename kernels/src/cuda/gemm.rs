@@ -9,7 +9,7 @@ use cudarc::driver::PushKernelArg;
 
 #[cfg(feature = "cuda")]
 use super::device::{launch_config, Module};
-use super::{check_len_of, Gpu, GpuBuffer};
+use super::{check_len_of, check_nvfp4_operands, Gpu, GpuBuffer};
 use crate::KernelError;
 
 /// Dynamic shared memory of `nvfp4_gemm_128x256` (cuda/gemm.cu `NG_SMEM_BYTES`).
@@ -64,8 +64,7 @@ impl Gpu {
                 })
             }
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 
     /// `y[m][n] = sum_k e4m3(xq[m][k]) * x_scales[m][k/128] * e4m3(w[n][k]) * w_scales[n/128][k/128]` for
@@ -139,8 +138,7 @@ impl Gpu {
             // are zero-filled without reading, and the epilogue guards every store against m and n.
             unsafe { dev.launch_fp8_gemm(NAME, &f, cfg, x, w, &mut y.slice, [m, n, k]) }
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 
     /// `y[m][n] = global_scale * sum_k x[m][k] * e2m1(w[n][k]) * e4m3(scales[n][k/16])` for prefill (any `m`;
@@ -173,7 +171,8 @@ impl Gpu {
         k: usize,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::nvfp4_gemm";
-        check_nvfp4_gemm(OP, x, w, scales, global_scale, y, m, n, k)?;
+        check_nvfp4_gemm_dims(OP, m, n, k)?;
+        check_nvfp4_operands(OP, x, w, scales, global_scale, y, m, n, k)?;
         if super::gemm_sm90a::wgmma_fits(m, n, k, 64) && self.has_wgmma() {
             self.nvfp4_gemm_wgmma(x, w, scales, global_scale, y, m, n, k)
         } else {
@@ -198,7 +197,8 @@ impl Gpu {
         k: usize,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::nvfp4_gemm_mma_sync";
-        check_nvfp4_gemm(OP, x, w, scales, global_scale, y, m, n, k)?;
+        check_nvfp4_gemm_dims(OP, m, n, k)?;
+        check_nvfp4_operands(OP, x, w, scales, global_scale, y, m, n, k)?;
         #[cfg(feature = "cuda")]
         {
             // `nvfp4_gemm_128x256` in cuda/gemm.cu: one 128x256 output tile per block of 8 warps.
@@ -209,14 +209,13 @@ impl Gpu {
             let cfg = launch_config(grid, (256, 1, 1), NVFP4_GEMM_SMEM_BYTES);
             let (x, w, scales, y) = (&x.slice, &w.slice, &scales.slice, &mut y.slice);
             // SAFETY: matches `nvfp4_gemm_128x256` in cuda/gemm.cu (NG_SMEM_BYTES there is NVFP4_GEMM_SMEM_BYTES
-            // here, kept equal by a static_assert); check_nvfp4_gemm checked x = [m, k], w = [n, k/2], scales = [n,
-            // k/16], y = [m, n], k % 64 == 0 (every 16-byte copy of x and w and 4-byte copy of scales is whole and
-            // aligned) and ceil(n/256) <= 65535; rows past m or n are zero-filled without reading and every store
-            // is guarded.
+            // here, kept equal by a static_assert); the checks above gave x = [m, k], w = [n, k/2], scales =
+            // [n, k/16], y = [m, n], k % 64 == 0 (every 16-byte copy of x and w and 4-byte copy of scales is whole
+            // and aligned) and ceil(n/256) <= 65535; rows past m or n are zero-filled without reading and every
+            // store is guarded.
             unsafe { dev.launch_nvfp4(NAME, &f, cfg, x, w, scales, global_scale, y, [m, n, k]) }
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 }
 
@@ -243,15 +242,9 @@ fn check_fp8_gemm(
     check_len_of(op, "y", y.len(), &[m, n])
 }
 
-/// The NVFP4 GEMM's arguments, as both paths need them.
-#[allow(clippy::too_many_arguments)]
-fn check_nvfp4_gemm(
+/// The NVFP4 GEMM's sizes, as both paths need them (its operands: [`check_nvfp4_operands`]).
+fn check_nvfp4_gemm_dims(
     op: &'static str,
-    x: &GpuBuffer<u16>,
-    w: &GpuBuffer<u8>,
-    scales: &GpuBuffer<u8>,
-    global_scale: f32,
-    y: &GpuBuffer<f32>,
     m: usize,
     n: usize,
     k: usize,
@@ -261,15 +254,6 @@ fn check_nvfp4_gemm(
         k.is_multiple_of(64),
         op,
         "k must be a multiple of 64 (the NVFP4 GEMM's K tile), got {k}"
-    );
-    check_len_of(op, "x", x.len(), &[m, k])?;
-    check_len_of(op, "w", w.len(), &[n, k / 2])?;
-    check_len_of(op, "scales", scales.len(), &[n, k / 16])?;
-    check_len_of(op, "y", y.len(), &[m, n])?;
-    crate::ensure_shape!(
-        global_scale.is_finite(),
-        op,
-        "global_scale must be finite, got {global_scale}"
     );
     Ok(())
 }

@@ -40,7 +40,7 @@ use cudarc::driver::{sys, DevicePtr, DeviceRepr, LaunchArgs, PushKernelArg};
 
 #[cfg(feature = "cuda")]
 use super::device::{launch_config, ActivationArg, Module};
-use super::{check_len_of, Gpu, GpuBuffer};
+use super::{check_len_of, check_nvfp4_operands, Gpu, GpuBuffer};
 use crate::KernelError;
 
 /// Which build of the wgmma FP8 GEMM runs (see the module docs).
@@ -233,8 +233,7 @@ impl Gpu {
         {
             self.inner.has_wgmma()
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -322,11 +321,7 @@ impl Gpu {
                 unsafe { dev.launch_fp8_gemm(name, &f, cfg, x, w, &mut y.slice, [m, n, k]) }
             }
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (variant, y);
-            match self.never {}
-        }
+        no_cuda!(self, variant, y)
     }
 
     /// [`Gpu::nvfp4_gemm`] on wgmma, the measured-best build (v3, [`Nvfp4Wgmma::PrmtDecode256`];
@@ -388,15 +383,7 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::nvfp4_gemm_wgmma";
         check_dims(OP, m, n, k, 64)?;
-        check_len_of(OP, "x", x.len(), &[m, k])?;
-        check_len_of(OP, "w", w.len(), &[n, k / 2])?;
-        check_len_of(OP, "scales", scales.len(), &[n, k / 16])?;
-        check_len_of(OP, "y", y.len(), &[m, n])?;
-        crate::ensure_shape!(
-            global_scale.is_finite(),
-            OP,
-            "global_scale must be finite, got {global_scale}"
-        );
+        check_nvfp4_operands(OP, x, w, scales, global_scale, y, m, n, k)?;
         #[cfg(feature = "cuda")]
         {
             // `nvfp4_gemm_sm90a_v1` (block-synchronous: all 256 threads load, decode, then issue wgmmas), `_v2`
@@ -438,11 +425,7 @@ impl Gpu {
                 }
             }
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = variant;
-            match self.never {}
-        }
+        no_cuda!(self, variant)
     }
 }
 

@@ -6,7 +6,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKerne
 
 #[cfg(feature = "cuda")]
 use super::device::{launch_config, Device, Module, PdlArgs};
-use super::{check_len_of, Gpu, GpuBuffer, KernelPath};
+use super::{check_len_of, check_nvfp4_operands, Gpu, GpuBuffer, KernelPath};
 use crate::error::checked_product;
 use crate::KernelError;
 
@@ -97,11 +97,7 @@ impl Gpu {
                 k,
             )
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (path, ksplit, pdl);
-            match self.never {}
-        }
+        no_cuda!(self, path, ksplit, pdl)
     }
     }
 
@@ -142,10 +138,7 @@ impl Gpu {
                 k,
             )
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            match self.never {}
-        }
+        no_cuda!(self)
     }
 
     /// `y[m][n] = global_scale * sum_k x[m][k] * e2m1(w[n][k]) * e4m3(scales[n][k/16])` for decode
@@ -198,15 +191,7 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::nvfp4_gemv";
         check_gemv_dims(OP, m, n, k, 32)?;
-        check_len_of(OP, "x", x.len(), &[m, k])?;
-        check_len_of(OP, "w", w.len(), &[n, k / 2])?;
-        check_len_of(OP, "scales", scales.len(), &[n, k / 16])?;
-        check_len_of(OP, "y", y.len(), &[m, n])?;
-        crate::ensure_shape!(
-            global_scale.is_finite(),
-            OP,
-            "global_scale must be finite, got {global_scale}"
-        );
+        check_nvfp4_operands(OP, x, w, scales, global_scale, y, m, n, k)?;
         #[cfg(feature = "cuda")]
         {
             let tensor = !matches!(path, KernelPath::CudaCores);
@@ -232,11 +217,7 @@ impl Gpu {
             // stay inside the row.
             unsafe { dev.launch_nvfp4(name, &f, cfg, x, w, scales, global_scale, y, [m, n, k]) }
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = path;
-            match self.never {}
-        }
+        no_cuda!(self, path)
     }
     }
 }
@@ -558,11 +539,7 @@ impl Gpu {
                 k,
             )
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (x, w, scales, y, scratch, m, n, k, split);
-            match self.never {}
-        }
+        no_cuda!(self, x, w, scales, y, scratch, m, n, k, split)
     }
 
     /// [`Gpu::nvfp4_gemv`] on the tensor cores (checkpoint layout) with the activations converted once per call
@@ -582,7 +559,8 @@ impl Gpu {
         k: usize,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::nvfp4_gemv_preconverted";
-        check_nvfp4_gemv(OP, x, w, scales, global_scale, y, m, n, k)?;
+        check_gemv_dims(OP, m, n, k, 32)?;
+        check_nvfp4_operands(OP, x, w, scales, global_scale, y, m, n, k)?;
         check_scratch(OP, scratch, m, k)?;
         #[cfg(feature = "cuda")]
         {
@@ -608,8 +586,7 @@ impl Gpu {
             // by the caller as for `nvfp4_gemv_mma_n*` (k % 32 == 0).
             unsafe { dev.launch_nvfp4(name, &f, cfg, &*xf, w, scales, global_scale, y, [m, n, k]) }
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 
     /// Rearranges NVFP4 weights (`w`: `[n, k/2]`, `scales`: e4m3 `[n, k/16]`, as [`Gpu::nvfp4_gemv`]) into the
@@ -783,11 +760,7 @@ impl Gpu {
                 k,
             )
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (fragments, scales, y, split);
-            match self.never {}
-        }
+        no_cuda!(self, fragments, scales, y, split)
     }
 
     /// [`Gpu::fp8_gemv_tiles`]'s kernel for one token (`m = 1`) on the CUDA cores (`fp8_gemv_tile_m1_w*c*`: each
@@ -844,11 +817,7 @@ impl Gpu {
             // against n; the kernel reads x and writes y only after its pdl_wait (weights may be read before it).
             unsafe { dev.launch_tile_gemv(name, split, x, w, scales, y, None, n, k) }
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (x, tiles, scales, y, split);
-            match self.never {}
-        }
+        no_cuda!(self, x, tiles, scales, y, split)
     }
 
     /// [`Gpu::fp8_gemv_tiles`]'s kernels that convert the activations themselves (no fragment kernel, no
@@ -943,11 +912,7 @@ impl Gpu {
             // against m and n; the kernel reads x and writes y only after its pdl_wait.
             unsafe { dev.launch_tile_gemv(name, split, x, w, scales, y, Some(m), n, k) }
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (x, tiles, scales, y, m, split);
-            match self.never {}
-        }
+        no_cuda!(self, x, tiles, scales, y, m, split)
     }
 
     /// [`Gpu::fp8_block_gemv_split`] over FP8 weights in the tile layout ([`Gpu::fp8_repack_tiles`]) with the
@@ -999,11 +964,7 @@ impl Gpu {
                 k,
             )
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (x, scales, y, scratch, m, n, k, split);
-            match self.never {}
-        }
+        no_cuda!(self, x, scales, y, scratch, m, n, k, split)
     }
 
     /// `y[m][n] = global_scale * x[m][k] . W[n][k]` over NVFP4 weights in the tile layout (the same product as
@@ -1111,11 +1072,7 @@ impl Gpu {
                 tiles.k,
             )
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (fragments, y, global_scale, kernel, splits);
-            match self.never {}
-        }
+        no_cuda!(self, fragments, y, global_scale, kernel, splits)
     }
 
     /// The NVFP4 decode step from the norm: [`Gpu::rmsnorm_nvfp4_fragments`] (with or without `residual`) into
@@ -1438,11 +1395,7 @@ impl Gpu {
                 splits,
             )
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (kernel, scratch, splits);
-            match self.never {}
-        }
+        no_cuda!(self, kernel, scratch, splits)
     }
 
     /// [`Gpu::fp8_block_gemv`] with a caller-owned activation scratch (at least [`Gpu::gemv_scratch_len`]`(m, k)`
@@ -1833,32 +1786,6 @@ fn check_fp8_gemv(
         &[n.div_ceil(128), k.div_ceil(128)],
     )?;
     check_len_of(op, "y", y.len(), &[m, n])
-}
-
-#[allow(clippy::too_many_arguments)]
-#[cfg(feature = "lab")]
-fn check_nvfp4_gemv(
-    op: &'static str,
-    x: &GpuBuffer<u16>,
-    w: &GpuBuffer<u8>,
-    scales: &GpuBuffer<u8>,
-    global_scale: f32,
-    y: &GpuBuffer<f32>,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<(), KernelError> {
-    check_gemv_dims(op, m, n, k, 32)?;
-    check_len_of(op, "x", x.len(), &[m, k])?;
-    check_len_of(op, "w", w.len(), &[n, k / 2])?;
-    check_len_of(op, "scales", scales.len(), &[n, k / 16])?;
-    check_len_of(op, "y", y.len(), &[m, n])?;
-    crate::ensure_shape!(
-        global_scale.is_finite(),
-        op,
-        "global_scale must be finite, got {global_scale}"
-    );
-    Ok(())
 }
 
 pub(in crate::cuda) fn check_scratch(

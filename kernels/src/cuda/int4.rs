@@ -189,11 +189,7 @@ impl Gpu {
             unsafe { b.launch(linear_config(npad, m)) }.map_err(cuda_err(W4A16_KERNEL))?;
             Ok(())
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = npad;
-            match self.never {}
-        }
+        no_cuda!(self, npad)
     }
 
     /// W4A8: as [`Gpu::int4_w4a16`] with the activations quantised to int8 per row first, by a kernel of its own
@@ -287,11 +283,7 @@ impl Gpu {
             unsafe { b.launch(linear_config(npad, m)) }.map_err(cuda_err(W4A8_KERNEL))?;
             Ok(())
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (npad, scratch);
-            match self.never {}
-        }
+        no_cuda!(self, npad, scratch)
     }
 }
 

@@ -53,6 +53,25 @@ macro_rules! lab_pub {
     };
 }
 
+/// The tail of an entry point for the build without the `cuda` feature, after its `#[cfg(feature = "cuda")]`
+/// launch block: `no_cuda!(self, a, b)` stands for
+/// `#[cfg(not(feature = "cuda"))] { let _ = (a, b); match self.never {} }`. No value of `self` exists there (its
+/// `never` field is uninhabited), so the tail never runs; it names the arguments only the launch block reads, so
+/// neither build warns of an unused variable.
+macro_rules! no_cuda {
+    ($this:ident) => {
+        #[cfg(not(feature = "cuda"))]
+        match $this.never {}
+    };
+    ($this:ident, $($unused:expr),+ $(,)?) => {
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = ($($unused,)+);
+            match $this.never {}
+        }
+    };
+}
+
 // One file per kernel family, each an `impl Gpu` block whose entry points check their sizes and then launch
 // through the helpers of `device.rs`, so an op's argument list is written once.
 mod attention;
@@ -350,8 +369,7 @@ impl Gpu {
         {
             self.inner.name()
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 
     /// Copies `host` to a new device buffer.
@@ -362,11 +380,7 @@ impl Gpu {
                 slice: self.inner.upload(host)?,
             })
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = host;
-            match self.never {}
-        }
+        no_cuda!(self, host)
     }
 
     /// A new zero-filled device buffer of `len` elements.
@@ -377,11 +391,7 @@ impl Gpu {
                 slice: self.inner.zeros(len)?,
             })
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = len;
-            match self.never {}
-        }
+        no_cuda!(self, len)
     }
 
     /// Overwrites `buf` with `host` (same length).
@@ -401,8 +411,7 @@ impl Gpu {
         {
             self.inner.write(&mut buf.slice, host)
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 
     /// Copies `src` into `dst` (same length) on the device, queued on the stream: the driver's own device-to-device
@@ -423,8 +432,7 @@ impl Gpu {
         {
             self.inner.copy(&src.slice, &mut dst.slice)
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 
     /// Copies `buf` back to the host, after every kernel queued before it has finished.
@@ -433,11 +441,7 @@ impl Gpu {
         {
             self.inner.download(&buf.slice)
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = buf;
-            match self.never {}
-        }
+        no_cuda!(self, buf)
     }
 
     /// Starts recording every launch queued on this device's stream into a graph instead of running it, until
@@ -448,8 +452,7 @@ impl Gpu {
         {
             self.inner.begin_capture()
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 
     /// Ends a capture begun by [`Gpu::begin_capture`] and instantiates what was recorded. The graph holds the
@@ -464,8 +467,7 @@ impl Gpu {
                 )),
             }
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 
     /// Queues a recorded graph on this device's stream: every kernel it holds, in order, in one launch.
@@ -478,11 +480,7 @@ impl Gpu {
                 .launch()
                 .map_err(|e| KernelError::Cuda(format!("launch_graph: {e:?}")))
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = graph;
-            match self.never {}
-        }
+        no_cuda!(self, graph)
     }
 
     /// Free and total bytes of device memory, as the driver reports them now (what an engine admits a plan
@@ -492,8 +490,7 @@ impl Gpu {
         {
             self.inner.memory_info()
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 
     /// Waits for every queued kernel and reports an asynchronous launch error, if any.
@@ -502,8 +499,7 @@ impl Gpu {
         {
             self.inner.synchronize()
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 }
 
@@ -531,6 +527,33 @@ fn check_len_of(
         ));
     };
     check_len(op, name, got, want)
+}
+
+/// The NVFP4 operands of every NVFP4 GEMV and GEMM (checkpoint layout), after the caller's own checks of `m`, `n`
+/// and `k`: `x` bf16 `[m, k]`, `w` `[n, k/2]` bytes, `scales` e4m3 `[n, k/16]`, `y` fp32 `[m, n]` and a finite
+/// `global_scale`.
+#[allow(clippy::too_many_arguments)]
+fn check_nvfp4_operands(
+    op: &'static str,
+    x: &GpuBuffer<u16>,
+    w: &GpuBuffer<u8>,
+    scales: &GpuBuffer<u8>,
+    global_scale: f32,
+    y: &GpuBuffer<f32>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), KernelError> {
+    check_len_of(op, "x", x.len(), &[m, k])?;
+    check_len_of(op, "w", w.len(), &[n, k / 2])?;
+    check_len_of(op, "scales", scales.len(), &[n, k / 16])?;
+    check_len_of(op, "y", y.len(), &[m, n])?;
+    crate::ensure_shape!(
+        global_scale.is_finite(),
+        op,
+        "global_scale must be finite, got {global_scale}"
+    );
+    Ok(())
 }
 
 #[cfg(test)]

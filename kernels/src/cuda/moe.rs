@@ -111,11 +111,7 @@ impl Gpu {
                 )
             }
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = renormalize;
-            match self.never {}
-        }
+        no_cuda!(self, renormalize)
     }
 
     /// `out[r, :] = x[tokens[start + r], :]` for every row `r` of `out` (`[rows, hidden]`), `x` `[x_rows, hidden]`:
@@ -173,11 +169,7 @@ impl Gpu {
                 )
             }
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = x_rows;
-            match self.never {}
-        }
+        no_cuda!(self, x_rows)
     }
 
     /// `out[t, :] = sum_j weights[t, j] * expert_out[pair_rows[t, j], :]` over `j < top_k`, added in `j` order
@@ -236,11 +228,7 @@ impl Gpu {
                 )
             }
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = rows;
-            match self.never {}
-        }
+        no_cuda!(self, rows)
     }
 }
 

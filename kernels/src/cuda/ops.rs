@@ -393,11 +393,7 @@ impl Gpu {
                 dim,
             )
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (add, rows, out, out_bf16);
-            match self.never {}
-        }
+        no_cuda!(self, add, rows, out, out_bf16)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -436,11 +432,7 @@ impl Gpu {
                 dim,
             )
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (kernel, residual, add, rows);
-            match self.never {}
-        }
+        no_cuda!(self, kernel, residual, add, rows)
     }
 
     /// [`Gpu::rmsnorm`] (or, with `residual`, [`Gpu::add_rmsnorm`]'s `residual += x` first) of `m` token rows
@@ -544,11 +536,7 @@ impl Gpu {
                 dim,
             )
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (residual, add, fragments, zero, rows);
-            match self.never {}
-        }
+        no_cuda!(self, residual, add, fragments, zero, rows)
     }
 
     /// `out = bf16(silu(gate) * up)` over rows of `gate_up` (fp32 `[rows, 2*inter]`, gate half first, as
@@ -682,11 +670,7 @@ impl Gpu {
                 inter,
             )
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (gelu, fragments, zero, rows);
-            match self.never {}
-        }
+        no_cuda!(self, gelu, fragments, zero, rows)
     }
 
     fn glu(
@@ -707,11 +691,7 @@ impl Gpu {
             self.inner
                 .glu(gelu, &gate_up.slice, &mut out.slice, rows, inter)
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = gelu;
-            match self.never {}
-        }
+        no_cuda!(self, gelu)
     }
 
     /// Embedding gather from a bf16 table: `out[i] = f32(table[ids[i]])` (exact), as
@@ -755,8 +735,7 @@ impl Gpu {
             self.inner
                 .embedding_gather_bf16(&table.slice, &ids.slice, &mut out.slice, vocab, dim)
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 
     /// Embedding gather from a packed int4 table in the tinygemm layout of [`crate::linear::Int4Weights`] (its
@@ -796,8 +775,7 @@ impl Gpu {
                 group,
             )
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 
     /// Argmax per row, as [`crate::ops::argmax`]: the index of the largest value, the first one on ties (an all
@@ -833,11 +811,7 @@ impl Gpu {
             self.inner
                 .argmax(cluster, &logits.slice, &mut out.slice, rows, vocab)
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (cluster, rows);
-            match self.never {}
-        }
+        no_cuda!(self, cluster, rows)
     }
     }
 
@@ -923,11 +897,7 @@ impl Gpu {
                 params.top_p,
             )
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (k, cluster);
-            match self.never {}
-        }
+        no_cuda!(self, k, cluster)
     }
     }
 
@@ -959,11 +929,7 @@ impl Gpu {
                 rope.rotary_dim,
             )
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = tokens;
-            match self.never {}
-        }
+        no_cuda!(self, tokens)
     }
 }
 
@@ -1028,8 +994,7 @@ impl Gpu {
             self.inner
                 .cast("cast_f32_to_bf16", &x.slice, &mut out.slice)
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 
     /// `out = f32(x)` element-wise: bf16 bits `x` widened exactly to f32 `out` of the same length.
@@ -1047,8 +1012,7 @@ impl Gpu {
             self.inner
                 .cast("cast_bf16_to_f32", &x.slice, &mut out.slice)
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 
     /// `out[r, i] = act(gate_up[r, i]) * gate_up[r, inter + i]`: `gate_up` f32 `[rows, 2*inter]` (gate first),
@@ -1073,11 +1037,7 @@ impl Gpu {
             self.inner
                 .act_and_mul_f32(act, &gate_up.slice, &mut out.slice, rows, inter)
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = act;
-            match self.never {}
-        }
+        no_cuda!(self, act)
     }
 
     /// `x *= sigmoid(gate)` element-wise (`x`, `gate` f32 of the same length; sigmoid `1 / (1 + expf(-g))`):
@@ -1096,8 +1056,7 @@ impl Gpu {
             self.inner
                 .ew_binary("sigmoid_gate_f32", &mut x.slice, &gate.slice)
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 
     /// `out = bf16(x * sigmoid(gate))` element-wise: [`Gpu::sigmoid_gate`] and [`Gpu::cast_f32_to_bf16`] in one
@@ -1118,8 +1077,7 @@ impl Gpu {
             self.inner
                 .sigmoid_gate_bf16(&x.slice, &gate.slice, &mut out.slice)
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 
     /// `x[r, h, :] *= sigmoid(gate[r, h])`: `x` f32 `[rows, heads, d]`, `gate` f32 `[rows, heads]` (`d` and `rows`
@@ -1146,8 +1104,7 @@ impl Gpu {
             self.inner
                 .ew_rows("sigmoid_head_gate_f32", &mut x.slice, &gate.slice, gl, d)
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 
     /// `x = cap * tanhf(x / cap)` element-wise (Gemma's logit and attention softcap), as
@@ -1165,11 +1122,7 @@ impl Gpu {
             }
             self.inner.ew_scalar("softcap_f32", &mut x.slice, cap)
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = x;
-            match self.never {}
-        }
+        no_cuda!(self, x)
     }
 
     /// `x += y` element-wise (f32, the same length): the residual add.
@@ -1187,8 +1140,7 @@ impl Gpu {
             self.inner
                 .ew_binary("add_assign_f32", &mut x.slice, &y.slice)
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 
     /// `x *= s` element-wise (f32; any `s`, a non-finite one propagates as in IEEE arithmetic).
@@ -1200,11 +1152,7 @@ impl Gpu {
             }
             self.inner.ew_scalar("scale_assign_f32", &mut x.slice, s)
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (x, s);
-            match self.never {}
-        }
+        no_cuda!(self, x, s)
     }
 
     /// `x[r, :] += bias` for every row: `x` f32 `[rows, n]`, `bias` f32 `[n]` (`rows` follows from the lengths;
@@ -1231,8 +1179,7 @@ impl Gpu {
             self.inner
                 .ew_rows("add_bias_rows_f32", &mut x.slice, &bias.slice, xl / n, n)
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 
     /// `dst[r*dst_cols + dst_off + c] = src[r*src_cols + src_off + c]` for `r < rows`, `c < width` (f32): splits a
@@ -1279,8 +1226,7 @@ impl Gpu {
                 width,
             )
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 }
 

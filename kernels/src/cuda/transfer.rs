@@ -75,8 +75,7 @@ impl PinnedWeights {
         {
             self.blobs.iter().map(Blob::bytes).sum()
         }
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
+        no_cuda!(self)
     }
 }
 
@@ -104,11 +103,7 @@ impl GpuEvent {
         {
             self.ev.elapsed_ms(&end.ev).map_err(cuda_err("elapsed_ms"))
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = end;
-            match self.never {}
-        }
+        no_cuda!(self, end)
     }
 }
 

@@ -22,7 +22,7 @@ pub mod int4;
 
 pub use int4::{Int4Scheme, Int4Weights};
 
-use crate::cpu::{parallel_ranges, Isa};
+use crate::cpu::{parallel_ranges, Isa, SharedMut};
 use crate::error::checked_product;
 use crate::formats::bf16_to_f32;
 use crate::formats::{FP8_BLOCK, NVFP4_GROUP};
@@ -324,30 +324,13 @@ fn check_io(
 }
 
 /// Checks the weight dimensions shared by every row-major format.
-fn check_nk(op: &'static str, n: usize, k: usize) -> Result<(), KernelError> {
+pub(crate) fn check_nk(op: &'static str, n: usize, k: usize) -> Result<(), KernelError> {
     ensure_shape!(
         n > 0 && k > 0,
         op,
         "n and k must be positive (n = {n}, k = {k})"
     );
     Ok(())
-}
-
-/// A raw output pointer that threads share; each writes a disjoint set of columns.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: the pointer is only used inside `parallel_ranges`, whose ranges are disjoint, so no two threads write the
-// same element, and `parallel_ranges` returns only after every range finished, so the borrow of `y` outlives every
-// use.
-unsafe impl Send for OutPtr {}
-// SAFETY: as above.
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// Taking `self` makes a closure capture the whole (Sync) wrapper, not the raw pointer field.
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// Runs `kernel(r0, r1, y)` on every range `r0..r1` of `0..units` that [`parallel_ranges`] hands to `threads`
@@ -357,7 +340,7 @@ fn over_ranges<K>(y: &mut [f32], units: usize, align: usize, threads: usize, ker
 where
     K: Fn(usize, usize, *mut f32) + Sync,
 {
-    let out = OutPtr(y.as_mut_ptr());
+    let out = SharedMut(y.as_mut_ptr());
     parallel_ranges(units, align, threads, |r0, r1| kernel(r0, r1, out.get()));
 }
 
@@ -454,6 +437,26 @@ pub fn w4a16_gemm_ext<'a>(
     w4a16_base(ran, f, ext, threads, &x, m, w, y)
 }
 
+/// Calls the int4 kernel `f` with its own activation arguments (`acts`), then the arguments every int4 kernel
+/// ends with: the weights' `k, packed, scales_zeros, npad, group, n` (`w`, an [`Int4Weights`]), the block range
+/// `b0..b1` and the output `y`.
+macro_rules! int4_kernel {
+    ($($f:ident)::+($($acts:expr),*), $w:expr, $b0:expr, $b1:expr, $y:expr) => {
+        $($f)::+(
+            $($acts,)*
+            $w.k(),
+            $w.packed().as_ptr(),
+            $w.scales_zeros().as_ptr(),
+            $w.npad(),
+            $w.group(),
+            $w.n(),
+            $b0,
+            $b1,
+            $y,
+        )
+    };
+}
+
 /// The integer GEMV (`m == 1` where it applies) or the kernel `pick` chose (the f32 GEMV / tiled GEMM).
 #[allow(clippy::too_many_arguments)]
 fn w4a16_base(
@@ -475,19 +478,12 @@ fn w4a16_base(
             // their columns. The CPU reports avx512vbmi, which the kernel's target attribute adds to the AVX-512
             // set `Isa::Avx512` guarantees.
             unsafe {
-                ffi::ef_w4a16_avx512vbmi(
-                    xq.q.as_ptr(),
-                    xq.xs.as_ptr(),
-                    xq.sum.as_ptr(),
-                    w.k(),
-                    w.packed().as_ptr(),
-                    w.scales_zeros().as_ptr(),
-                    w.npad(),
-                    w.group(),
-                    w.n(),
+                int4_kernel!(
+                    ffi::ef_w4a16_avx512vbmi(xq.q.as_ptr(), xq.xs.as_ptr(), xq.sum.as_ptr()),
+                    w,
                     b0,
                     b1,
-                    y,
+                    y
                 )
             }
         });
@@ -497,21 +493,7 @@ fn w4a16_base(
         // SAFETY: x is [m, k], the packed buffer and scales have the sizes `Int4Weights` guarantees for (n, k,
         // group), y is [m, n] (all checked above); b0..b1 are block indices below `blocks()`, and this thread
         // writes only columns 64*b0..min(64*b1, n), disjoint from every other thread's.
-        unsafe {
-            f(
-                x.as_ptr(),
-                m,
-                w.k(),
-                w.packed().as_ptr(),
-                w.scales_zeros().as_ptr(),
-                w.npad(),
-                w.group(),
-                w.n(),
-                b0,
-                b1,
-                y,
-            )
-        }
+        unsafe { int4_kernel!(f(x.as_ptr(), m), w, b0, b1, y) }
     });
     Ok(ran)
 }
@@ -551,9 +533,6 @@ impl W4a16Xq {
         (ok == 1).then_some(Self { q, xs, sum })
     }
 }
-
-#[cfg(edgefit_x86_kernels)]
-use crate::cpu::SharedMut;
 
 /// Activation rows per chunk of the integer GEMM's encoded x (`EF_GEMM_KC8` / `EF_GEMM_KC16` in
 /// `csrc/linear_common.h`): 256 bytes of every row per chunk.
@@ -669,20 +648,12 @@ fn int4_gemm_as<Q>(
             // columns. The CPU reports avx512vbmi (checked by the caller), which the kernels' target attribute
             // adds to the AVX-512 set `Isa::Avx512` guarantees.
             unsafe {
-                gemm(
-                    xq.as_ptr().cast::<Q>(),
-                    xs.as_ptr(),
-                    xz.as_ptr(),
-                    m,
-                    k,
-                    w.packed().as_ptr(),
-                    w.scales_zeros().as_ptr(),
-                    w.npad(),
-                    group,
-                    w.n(),
+                int4_kernel!(
+                    gemm(xq.as_ptr().cast::<Q>(), xs.as_ptr(), xz.as_ptr(), m),
+                    w,
                     b0,
                     b1,
-                    y,
+                    y
                 )
             }
         });
@@ -788,20 +759,12 @@ pub fn w4a8_ext<'a>(
         // construction of `Int4Weights`, y is [m, n]; this thread writes only the columns of blocks b0..b1. `pick`
         // returned a kernel whose instructions this CPU has (the VBMI variant only where avx512vbmi is reported).
         unsafe {
-            f(
-                qr.q.as_ptr(),
-                qr.scales.as_ptr(),
-                qr.group_sums.as_ptr(),
-                m,
-                w.k(),
-                w.packed().as_ptr(),
-                w.scales_zeros().as_ptr(),
-                w.npad(),
-                w.group(),
-                w.n(),
+            int4_kernel!(
+                f(qr.q.as_ptr(), qr.scales.as_ptr(), qr.group_sums.as_ptr(), m),
+                w,
                 b0,
                 b1,
-                y,
+                y
             )
         }
     });

@@ -161,7 +161,7 @@ impl Gpu {
         y: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::int4_w4a16";
-        let npad = check_call(OP, w, x.len(), m, y.len())?;
+        let npad = check_call(OP, w, false, x.len(), m, y.len())?;
         #[cfg(feature = "cuda")]
         {
             let f = self.inner.function(Module::Int4, W4A16_KERNEL)?;
@@ -204,7 +204,7 @@ impl Gpu {
         y: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
         // The call's checks first, so that a bad call allocates nothing; x.len() = m * k is then known.
-        check_a8_call("cuda::int4_w4a8", w, x.len(), m, y.len())?;
+        check_call("cuda::int4_w4a8", w, true, x.len(), m, y.len())?;
         let mut scratch = self.int4_a8_scratch(m, w.k)?;
         self.int4_w4a8_reusing(x, w, m, &mut scratch, y)
     }
@@ -239,7 +239,7 @@ impl Gpu {
         y: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::int4_w4a8";
-        let npad = check_a8_call(OP, w, x.len(), m, y.len())?;
+        let npad = check_call(OP, w, true, x.len(), m, y.len())?;
         crate::ensure_shape!(
             scratch.xs.len() >= m && scratch.xq.len() >= x.len(),
             OP,
@@ -303,27 +303,12 @@ impl std::fmt::Debug for Int4A8Scratch {
     }
 }
 
-/// [`check_call`] plus W4A8's own condition: weights on the symmetric grid.
-fn check_a8_call(
-    op: &'static str,
-    w: &Int4GpuWeights,
-    x: usize,
-    m: usize,
-    y: usize,
-) -> Result<usize, KernelError> {
-    let npad = check_call(op, w, x, m, y)?;
-    crate::ensure_shape!(
-        w.symmetric,
-        op,
-        "W4A8 needs weights on the symmetric grid (zero point 8); these are asymmetric"
-    );
-    Ok(npad)
-}
-
-/// Checks a linear call against its weights (again: the sizes are what the launch trusts) and returns `npad`.
+/// Checks a linear call against its weights (again: the sizes are what the launch trusts) and returns `npad`;
+/// `a8`: W4A8, which also needs the weights on the symmetric grid.
 fn check_call(
     op: &'static str,
     w: &Int4GpuWeights,
+    a8: bool,
     x: usize,
     m: usize,
     y: usize,
@@ -342,6 +327,11 @@ fn check_call(
     );
     check_len_of(op, "x", x, &[m, w.k])?;
     check_len_of(op, "y", y, &[m, w.n])?;
+    crate::ensure_shape!(
+        !a8 || w.symmetric,
+        op,
+        "W4A8 needs weights on the symmetric grid (zero point 8); these are asymmetric"
+    );
     Ok(npad)
 }
 

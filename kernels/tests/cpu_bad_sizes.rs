@@ -62,6 +62,30 @@ fn is_shape(r: &Result<impl std::fmt::Debug, KernelError>) -> bool {
     matches!(r, Err(KernelError::Shape { .. }))
 }
 
+/// Runs both GDN entry points on `n` sequences / tokens, inputs `bufs[4..8]`, fresh state and output buffers
+/// (copies of `bufs[8]`); each must refuse with a shape error.
+fn gdn_refuses(
+    isa: Isa,
+    threads: usize,
+    dims: &GdnDims,
+    w: &GdnWeights<'_>,
+    n: usize,
+    bufs: &[Vec<f32>],
+) -> Result<(), TestCaseError> {
+    let x = &GdnInputs {
+        qkv: &bufs[4],
+        z: &bufs[5],
+        a: &bufs[6],
+        b: &bufs[7],
+    };
+    let (mut conv, mut state, mut out) = (bufs[8].clone(), bufs[8].clone(), bufs[8].clone());
+    let r = gdn::decode_step_with(isa, threads, dims, w, n, x, &mut conv, &mut state, &mut out);
+    prop_assert!(is_shape(&r), "{:?}", r);
+    let r = gdn::prefill_with(isa, threads, dims, w, n, x, &mut conv, &mut state, &mut out);
+    prop_assert!(is_shape(&r), "{:?}", r);
+    Ok(())
+}
+
 /// The crash this file was written for: weights of 2^32 x 2^32 bf16 elements with an empty buffer passed the
 /// size check (the product wrapped to 0) and the scalar GEMV then read and wrote far past the buffers.
 #[test]
@@ -271,12 +295,7 @@ proptest! {
         // Never panics on its own, whatever the geometry.
         let _ = (dims.conv_dim(), dims.value_width(), dims.state_len(), dims.conv_state_len());
         let w = GdnWeights { conv_weight: &bufs[0], a_log: &bufs[1], dt_bias: &bufs[2], norm_weight: &bufs[3], norm_eps: 1e-6 };
-        let x = GdnInputs { qkv: &bufs[4], z: &bufs[5], a: &bufs[6], b: &bufs[7] };
-        let (mut conv_state, mut state, mut out) = (bufs[8].clone(), bufs[8].clone(), bufs[8].clone());
-        let r = gdn::decode_step_with(isa, threads, &dims, &w, n, &x, &mut conv_state, &mut state, &mut out);
-        prop_assert!(is_shape(&r), "{:?}", r);
-        let r = gdn::prefill_with(isa, threads, &dims, &w, n, &x, &mut conv_state, &mut state, &mut out);
-        prop_assert!(is_shape(&r), "{:?}", r);
+        gdn_refuses(isa, threads, &dims, &w, n, &bufs)?;
     }
 
     #[test]
@@ -286,12 +305,7 @@ proptest! {
         let dims = GdnDims { key_heads: 1, value_heads: 2, key_dim: 2, value_dim: 2, conv_kernel: 4 };
         let (conv_weight, heads) = (vec![0.1f32; 32], vec![0.5f32; 2]);
         let w = GdnWeights { conv_weight: &conv_weight, a_log: &heads, dt_bias: &heads, norm_weight: &heads, norm_eps: 1e-6 };
-        let x = GdnInputs { qkv: &bufs[4], z: &bufs[5], a: &bufs[6], b: &bufs[7] };
-        let (mut conv_state, mut state, mut out) = (bufs[8].clone(), bufs[8].clone(), bufs[8].clone());
-        let r = gdn::decode_step_with(isa, threads, &dims, &w, big, &x, &mut conv_state, &mut state, &mut out);
-        prop_assert!(is_shape(&r), "{:?}", r);
-        let r = gdn::prefill_with(isa, threads, &dims, &w, big, &x, &mut conv_state, &mut state, &mut out);
-        prop_assert!(is_shape(&r), "{:?}", r);
+        gdn_refuses(isa, threads, &dims, &w, big, &bufs)?;
     }
 
     #[test]

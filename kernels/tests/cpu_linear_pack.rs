@@ -15,6 +15,21 @@ fn scheme(sym: bool) -> Int4Scheme {
     }
 }
 
+/// The reference quantiser of the scheme `sym` picks.
+fn reference_quantized(
+    w: &[f32],
+    n: usize,
+    k: usize,
+    group: usize,
+    sym: bool,
+) -> reference::Int4Logical {
+    if sym {
+        reference::quantize_int4_sym(w, n, k, group)
+    } else {
+        reference::quantize_int4_asym(w, n, k, group)
+    }
+}
+
 /// (n, k, group, weights): n and k deliberately range over values that are not multiples of 64 or the group.
 fn matrix() -> impl Strategy<Value = (usize, usize, usize, Vec<f32>)> {
     (
@@ -37,22 +52,14 @@ proptest! {
 
     #[test]
     fn pack_unpack_round_trips_bit_exactly((n, k, group, w) in matrix(), sym in any::<bool>()) {
-        let logical = if sym {
-            reference::quantize_int4_sym(&w, n, k, group)
-        } else {
-            reference::quantize_int4_asym(&w, n, k, group)
-        };
+        let logical = reference_quantized(&w, n, k, group, sym);
         let packed = Int4Weights::from_logical(&logical, scheme(sym)).unwrap();
         prop_assert_eq!(packed.to_logical(), logical);
     }
 
     #[test]
     fn chunked_pack_is_byte_identical_to_whole_matrix_pack((n, k, group, w) in matrix(), sym in any::<bool>()) {
-        let whole = if sym {
-            reference::quantize_int4_sym(&w, n, k, group)
-        } else {
-            reference::quantize_int4_asym(&w, n, k, group)
-        };
+        let whole = reference_quantized(&w, n, k, group, sym);
         let whole = Int4Weights::from_logical(&whole, scheme(sym)).unwrap();
         let chunked = Int4Weights::quantize(&w, n, k, group, scheme(sym)).unwrap();
         prop_assert_eq!(chunked.packed(), whole.packed());

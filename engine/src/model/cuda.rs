@@ -64,9 +64,8 @@ enum GLinear {
         raw: Option<(GpuBuffer<u8>, GpuBuffer<u8>)>,
     },
     /// GPTQ / int4 weights (W4A16 or W4A8 packs) on the W4A16 GEMV: f32 activations, which the symmetric W4A8
-    /// pack takes too (zero points 0). The GPU's W4A8 kernel would quantize the activations into scratch it
-    /// allocates per call, which a decode step must not do (nothing allocates inside a recorded step), and it
-    /// reads the same weight bytes.
+    /// pack takes too (zero points 0). The W4A8 kernel reads the same weight bytes and would need an
+    /// [`kernels::cuda::Int4A8Scratch`] kept per model (a recorded step allocates nothing); not wired yet.
     Int4(Int4GpuWeights),
     /// Placed in host memory by the plan: streamed into `stage`'s device buffers before its layer runs.
     Host(Box<HostLinear>),
@@ -1066,7 +1065,7 @@ impl CudaModel {
             fused_casts: std::env::var("EDGEFIT_FUSED_CASTS").map_or(true, |v| v != "0"),
             flash_prefill: !precise
                 && opts.flash_prefill_attention
-                && matches!(model.attn_dims.head_dim, 64 | 128 | 256),
+                && Gpu::ATTENTION_PREFILL_HEAD_DIMS.contains(&model.attn_dims.head_dim),
             embed,
             embed_scale: model.embed_scale,
             final_norm: upload_vec(&gpu, &model.final_norm)?,
@@ -1208,7 +1207,6 @@ impl CudaModel {
         Ok(())
     }
 
-    /// Layers with a linear streamed from host memory.
     /// Which kernel a prompt chunk's attention runs: the flash prefill kernels or the f32 slot kernel.
     pub fn prefill_attention(&self) -> &'static str {
         if self.w.flash_prefill {
@@ -1218,6 +1216,7 @@ impl CudaModel {
         }
     }
 
+    /// Layers with a linear streamed from host memory.
     pub fn streamed_layers(&self) -> usize {
         self.streamer.as_ref().map_or(0, |s| s.order.len())
     }

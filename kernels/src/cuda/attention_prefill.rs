@@ -173,6 +173,10 @@ fn default_kernel(head_dim: usize, q_heads: usize, total: usize) -> Option<&'sta
 }
 
 impl Gpu {
+    /// The head dims the prefill kernels are built for (one tiling per dim): a caller with another falls back to
+    /// its own path rather than being refused.
+    pub const ATTENTION_PREFILL_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
     /// Causal prefill attention of one sequence of `t` tokens, the semantics of the CPU
     /// [`crate::attention::prefill`]: token `i` attends to tokens `j <= i` and, with `window = Some(W)`, only to
     /// `i - j < W` (the window counts the token itself); query head `h` reads KV head `h / (q_heads / kv_heads)`;
@@ -974,7 +978,7 @@ fn check_prefill(
 ) -> Result<&'static PrefillKernel, KernelError> {
     dims.validate(op)?;
     crate::ensure_shape!(
-        matches!(dims.head_dim, 64 | 128 | 256),
+        Gpu::ATTENTION_PREFILL_HEAD_DIMS.contains(&dims.head_dim),
         op,
         "head_dim must be 64, 128 or 256, got {}",
         dims.head_dim

@@ -273,6 +273,11 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
             // benchmarks' `slots` arm).
             flash_prefill_attention: std::env::var("EDGEFIT_FLASH_PREFILL")
                 .map_or(true, |v| v != "0"),
+            // Decode attention split over the context, and stacked projections: `EDGEFIT_SPLIT_ATTENTION=0` and
+            // `EDGEFIT_STACK=0` turn them off (the benchmarks' `nosplit` and `nostack` arms).
+            split_decode_attention: std::env::var("EDGEFIT_SPLIT_ATTENTION")
+                .map_or(true, |v| v != "0"),
+            stack_projections: std::env::var("EDGEFIT_STACK").map_or(true, |v| v != "0"),
         };
         Engine::on_cuda(model, opts, |free| {
             engine::setup::admit_cuda(&plan, free as u64)

@@ -52,6 +52,7 @@ fn run(dir: &Path, offload: Option<u64>) -> (Vec<Vec<f32>>, usize) {
         gemm_copies: false,
         batch_invariant: false,
         flash_prefill_attention: false,
+        ..Default::default()
     };
     let mut e = Engine::on_cuda(model, opts, |_| Ok(0)).unwrap();
     let vocab = e.model.vocab() as u32;

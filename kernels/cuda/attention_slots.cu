@@ -18,20 +18,30 @@ constexpr int STORE_THREADS = 256;
 constexpr int ATTN_THREADS = 256;
 constexpr int ATTN_WARPS = ATTN_THREADS / 32;
 constexpr int ATTN_MAX_HEAD_DIM = 256;
+constexpr int COMBINE_THREADS = 128;
+// The split kernel's fewest positions per block (4 per warp): a short context fills the first blocks only.
+constexpr unsigned long long SPLIT_MIN_CHUNK = 32;
+constexpr int MAX_SPLITS = 64;
 static_assert(ATTN_MAX_HEAD_DIM == 256, "kernels/src/cuda/attention_slots.rs restates the largest head_dim");
 
 // One block per (token i, query head h): warp w takes positions lo + w, lo + w + ATTN_WARPS, ... of [lo, pos[i]],
 // each lane holding EPL elements (c = lane + 32 * e) of the query, of its running output and of each key and value
 // row (coalesced 128-byte loads); the score is a warp sum, the softmax an online one per warp in f32 (expf), and the
 // warps' partial (max, sum, output) are merged through shared memory at the end.
-template <int EPL>
+//
+// SPLIT (grid (t * q_heads, splits)): block y takes only its share of [lo, pos[i]] (chunks of at least
+// SPLIT_MIN_CHUNK positions, so a short context leaves the later blocks empty) and writes the unnormalised partial
+// record (max, sum, output[head_dim]) to ws[(token, head, y)] instead of out; attention_slots_combine_f32 merges
+// the records. Why: one block per (token, head) is 24 blocks for a 27B decode step, each walking the whole context
+// position by position on a mostly idle GPU (latency-bound: ~70 us a layer at 512 positions on an H100).
+template <int EPL, bool SPLIT>
 __device__ __forceinline__ void attention_slots_body(const float* __restrict__ q, const float* __restrict__ cache_k,
                                                      const float* __restrict__ cache_v,
                                                      const uint32_t* __restrict__ slots,
                                                      const uint32_t* __restrict__ pos, float* __restrict__ out,
-                                                     unsigned long long num_slots, unsigned long long max_len,
-                                                     unsigned long long window, int q_heads, int kv_heads,
-                                                     int head_dim, float scale) {
+                                                     float* __restrict__ ws, unsigned long long num_slots,
+                                                     unsigned long long max_len, unsigned long long window,
+                                                     int q_heads, int kv_heads, int head_dim, float scale) {
     pdl_start();
     __shared__ float s_m[ATTN_WARPS], s_l[ATTN_WARPS];
     __shared__ float s_acc[ATTN_WARPS][32 * EPL];
@@ -41,12 +51,31 @@ __device__ __forceinline__ void attention_slots_body(const float* __restrict__ q
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t row = (i * q_heads + h) * (size_t)head_dim;
     float* o = out + row;
+    // SPLIT: this block's record, (max, sum, output[head_dim]).
+    float* rec = SPLIT ? ws + ((size_t)blockIdx.x * gridDim.y + blockIdx.y) * (size_t)(head_dim + 2) : nullptr;
     const unsigned long long s = slots[i], p = pos[i];
     if (s >= num_slots || p >= max_len) {
-        for (int c = threadIdx.x; c < head_dim; c += ATTN_THREADS) o[c] = 0.0f;
+        if (SPLIT) {
+            // An empty record: the combine writes the row of zeros.
+            if (threadIdx.x == 0) {
+                rec[0] = -CUDART_INF_F;
+                rec[1] = 0.0f;
+            }
+            for (int c = threadIdx.x; c < head_dim; c += ATTN_THREADS) rec[2 + c] = 0.0f;
+        } else {
+            for (int c = threadIdx.x; c < head_dim; c += ATTN_THREADS) o[c] = 0.0f;
+        }
         return;
     }
     const unsigned long long lo = (window != 0 && p + 1 > window) ? p + 1 - window : 0;
+    unsigned long long beg = lo, end = p + 1;
+    if (SPLIT) {
+        const unsigned long long n = p + 1 - lo;
+        unsigned long long chunk = (n + gridDim.y - 1) / gridDim.y;
+        if (chunk < SPLIT_MIN_CHUNK) chunk = SPLIT_MIN_CHUNK;
+        beg = lo + blockIdx.y * chunk;
+        end = beg < p + 1 ? (beg + chunk < p + 1 ? beg + chunk : p + 1) : beg;
+    }
     const size_t width = (size_t)kv_heads * head_dim;
     const size_t base = (size_t)s * max_len * width + (size_t)kvh * head_dim;
 
@@ -58,7 +87,7 @@ __device__ __forceinline__ void attention_slots_body(const float* __restrict__ q
         acc[e] = 0.0f;
     }
     float m = -CUDART_INF_F, l = 0.0f;
-    for (unsigned long long j = lo + warp; j <= p; j += ATTN_WARPS) {
+    for (unsigned long long j = beg + warp; j < end; j += ATTN_WARPS) {
         const float* kr = cache_k + base + j * width;
         const float* vr = cache_v + base + j * width;
         float dot = 0.0f;
@@ -87,7 +116,8 @@ __device__ __forceinline__ void attention_slots_body(const float* __restrict__ q
     for (int e = 0; e < EPL; ++e) s_acc[warp][lane + 32 * e] = acc[e];
     __syncthreads();
     // A warp that had no position keeps m = -inf and l = 0 and weighs 0. Position p itself is always in range, so
-    // the largest m is finite unless a score was not (a NaN one propagates to the output).
+    // the largest m is finite unless a score was not (a NaN one propagates to the output); a SPLIT block may have
+    // no position at all and then records (-inf, 0, zeros).
     float mx = -CUDART_INF_F;
 #pragma unroll
     for (int w = 0; w < ATTN_WARPS; ++w) mx = fmaxf(mx, s_m[w]);
@@ -96,6 +126,19 @@ __device__ __forceinline__ void attention_slots_body(const float* __restrict__ q
     for (int w = 0; w < ATTN_WARPS; ++w) {
         wt[w] = s_m[w] == -CUDART_INF_F ? 0.0f : expf(s_m[w] - mx);
         sum += s_l[w] * wt[w];
+    }
+    if (SPLIT) {
+        if (threadIdx.x == 0) {
+            rec[0] = mx;
+            rec[1] = sum;
+        }
+        for (int c = threadIdx.x; c < head_dim; c += ATTN_THREADS) {
+            float v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < ATTN_WARPS; ++w) v = fmaf(s_acc[w][c], wt[w], v);
+            rec[2 + c] = v;
+        }
+        return;
     }
     const float inv = 1.0f / sum;
     for (int c = threadIdx.x; c < head_dim; c += ATTN_THREADS) {
@@ -128,16 +171,53 @@ extern "C" __global__ void __launch_bounds__(STORE_THREADS)
 
 // q, out f32 [t, q_heads * head_dim]; caches as above; window 0 for a full layer. Grid (t * q_heads); head_dim
 // <= 32 * EPL.
+// The split build: grid (t * q_heads, splits), ws f32 [t * q_heads, splits, head_dim + 2], splits <= MAX_SPLITS;
+// out is not written (attention_slots_combine_f32 writes it).
 #define ATTENTION_SLOTS(EPL)                                                                                      \
     extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention_slots_f32_e##EPL(                      \
         const float* __restrict__ q, const float* __restrict__ cache_k, const float* __restrict__ cache_v,        \
         const uint32_t* __restrict__ slots, const uint32_t* __restrict__ pos, float* __restrict__ out,           \
         unsigned long long num_slots, unsigned long long max_len, unsigned long long window, int q_heads,         \
         int kv_heads, int head_dim, float scale) {                                                                \
-        attention_slots_body<EPL>(q, cache_k, cache_v, slots, pos, out, num_slots, max_len, window, q_heads,     \
-                                  kv_heads, head_dim, scale);                                                     \
+        attention_slots_body<EPL, false>(q, cache_k, cache_v, slots, pos, out, nullptr, num_slots, max_len,      \
+                                         window, q_heads, kv_heads, head_dim, scale);                             \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention_slots_split_f32_e##EPL(                \
+        const float* __restrict__ q, const float* __restrict__ cache_k, const float* __restrict__ cache_v,        \
+        const uint32_t* __restrict__ slots, const uint32_t* __restrict__ pos, float* __restrict__ ws,            \
+        unsigned long long num_slots, unsigned long long max_len, unsigned long long window, int q_heads,         \
+        int kv_heads, int head_dim, float scale) {                                                                \
+        attention_slots_body<EPL, true>(q, cache_k, cache_v, slots, pos, nullptr, ws, num_slots, max_len,        \
+                                        window, q_heads, kv_heads, head_dim, scale);                              \
     }
 ATTENTION_SLOTS(1)
 ATTENTION_SLOTS(2)
 ATTENTION_SLOTS(4)
 ATTENTION_SLOTS(8)
+
+// Merges the split kernel's records: out[r, :] = sum_y e^(m_y - M) acc_y / sum_y e^(m_y - M) l_y over the splits y
+// of row r = (token, head), M the largest m_y; a row whose records are all empty (its token out of range) gets
+// zeros. ws f32 [rows, splits, head_dim + 2], out f32 [rows, head_dim]; grid (rows), splits <= MAX_SPLITS.
+extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
+    attention_slots_combine_f32(const float* __restrict__ ws, float* __restrict__ out, int splits, int head_dim) {
+    pdl_start();
+    __shared__ float s_w[MAX_SPLITS];
+    const size_t rl = (size_t)head_dim + 2;
+    const float* rec = ws + (size_t)blockIdx.x * splits * rl;
+    float mx = -CUDART_INF_F;
+    for (int y = 0; y < splits; ++y) mx = fmaxf(mx, rec[y * rl]);
+    for (int y = threadIdx.x; y < splits; y += COMBINE_THREADS) {
+        const float m = rec[y * rl];
+        s_w[y] = m == -CUDART_INF_F ? 0.0f : expf(m - mx);
+    }
+    __syncthreads();
+    float sum = 0.0f;
+    for (int y = 0; y < splits; ++y) sum = fmaf(rec[y * rl + 1], s_w[y], sum);
+    float* o = out + (size_t)blockIdx.x * head_dim;
+    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+    for (int c = threadIdx.x; c < head_dim; c += COMBINE_THREADS) {
+        float v = 0.0f;
+        for (int y = 0; y < splits; ++y) v = fmaf(rec[y * rl + 2 + c], s_w[y], v);
+        o[c] = v * inv;
+    }
+}

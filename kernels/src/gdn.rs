@@ -91,23 +91,36 @@ pub(crate) fn check_weights(
     w: &GdnWeights<'_>,
 ) -> Result<(), KernelError> {
     dims.validate(op)?;
-    let sizes = dims.checked_sizes(op)?;
-    check_len(
-        op,
-        "conv_weight",
+    let lens = [
         w.conv_weight.len(),
-        sizes.conv_weight_len,
-    )?;
-    check_len(op, "a_log", w.a_log.len(), dims.value_heads)?;
-    check_len(op, "dt_bias", w.dt_bias.len(), dims.value_heads)?;
-    check_len(op, "norm_weight", w.norm_weight.len(), dims.value_dim)?;
-    crate::ensure_shape!(
-        w.norm_eps.is_finite() && w.norm_eps >= 0.0,
-        op,
-        "norm_eps must be finite and non-negative, got {}",
-        w.norm_eps
-    );
+        w.a_log.len(),
+        w.dt_bias.len(),
+        w.norm_weight.len(),
+    ];
+    check_weight_lens(op, dims, lens, w.norm_eps)?;
     Ok(())
+}
+
+/// The lengths of a layer's weights (`conv_weight`, `a_log`, `dt_bias`, `norm_weight`, in that order) and its
+/// norm epsilon against `dims`, shared by the CPU and the CUDA checks so both refuse the same layers; returns the
+/// sizes derived from `dims`.
+pub(crate) fn check_weight_lens(
+    op: &'static str,
+    dims: &GdnDims,
+    [conv_weight, a_log, dt_bias, norm_weight]: [usize; 4],
+    norm_eps: f32,
+) -> Result<crate::shapes::GdnSizes, KernelError> {
+    let sizes = dims.checked_sizes(op)?;
+    check_len(op, "conv_weight", conv_weight, sizes.conv_weight_len)?;
+    check_len(op, "a_log", a_log, dims.value_heads)?;
+    check_len(op, "dt_bias", dt_bias, dims.value_heads)?;
+    check_len(op, "norm_weight", norm_weight, dims.value_dim)?;
+    crate::ensure_shape!(
+        norm_eps.is_finite() && norm_eps >= 0.0,
+        op,
+        "norm_eps must be finite and non-negative, got {norm_eps}"
+    );
+    Ok(sizes)
 }
 
 /// Checks `n` tokens of inputs against `dims`.

@@ -144,6 +144,23 @@ pub enum EmbeddingTable<'a> {
     F32(&'a [f32]),
 }
 
+/// `out` of an embedding gather holds `ids` rows of `dim`, checked alike by the CPU gather and the GPU backend's f32
+/// gather.
+pub(crate) fn check_gather_out(
+    op: &'static str,
+    ids: usize,
+    dim: usize,
+    out: usize,
+) -> Result<(), KernelError> {
+    let want = checked_product(op, "ids*dim", &[ids, dim])?;
+    crate::ensure_shape!(
+        out == want,
+        op,
+        "out has {out} elements, expected ids*dim = {want}"
+    );
+    Ok(())
+}
+
 /// Gathers `out[i] = table[ids[i]]` (`[ids.len(), dim]` f32); an id past the vocabulary is an error naming it.
 pub fn embedding_gather(
     table: EmbeddingTable<'_>,
@@ -163,13 +180,7 @@ pub fn embedding_gather(
         "table has {len} elements, not a whole number of rows of {dim}"
     );
     let vocab = len / dim;
-    let want = checked_product(OP, "ids*dim", &[ids.len(), dim])?;
-    crate::ensure_shape!(
-        out.len() == want,
-        OP,
-        "out has {} elements, expected ids*dim = {want}",
-        out.len()
-    );
+    check_gather_out(OP, ids.len(), dim, out.len())?;
     if let Some((i, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
         return Err(KernelError::shape(
             OP,

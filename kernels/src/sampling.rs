@@ -68,6 +68,33 @@ impl Pcg32 {
 
 pub use crate::shapes::SamplingParams;
 
+/// The temperature and top-p checks of a sampling call, shared by the CPU and the GPU samplers so both refuse the
+/// same parameters.
+pub(crate) fn check_params(op: &'static str, params: &SamplingParams) -> Result<(), KernelError> {
+    crate::ensure_shape!(
+        params.temperature.is_finite() && params.temperature >= 0.0,
+        op,
+        "temperature must be finite and >= 0, got {}",
+        params.temperature
+    );
+    crate::ensure_shape!(
+        params.top_p > 0.0 && params.top_p <= 1.0,
+        op,
+        "top_p must be in (0, 1], got {}",
+        params.top_p
+    );
+    Ok(())
+}
+
+/// How many of `vocab` tokens `params.top_k` keeps (0 keeps all).
+pub(crate) fn top_k_of(params: &SamplingParams, vocab: usize) -> usize {
+    if params.top_k == 0 {
+        vocab
+    } else {
+        params.top_k.min(vocab)
+    }
+}
+
 /// The candidates `sample` would draw from, as (token, probability) pairs by descending probability, probabilities
 /// renormalised to sum to 1. Exposed so tests (and a UI showing alternatives) can see the distribution.
 pub fn candidates(
@@ -76,18 +103,7 @@ pub fn candidates(
 ) -> Result<Vec<(usize, f64)>, KernelError> {
     const OP: &str = "sampling";
     crate::ensure_shape!(!logits.is_empty(), OP, "empty logits");
-    crate::ensure_shape!(
-        params.temperature.is_finite() && params.temperature >= 0.0,
-        OP,
-        "temperature must be finite and >= 0, got {}",
-        params.temperature
-    );
-    crate::ensure_shape!(
-        params.top_p > 0.0 && params.top_p <= 1.0,
-        OP,
-        "top_p must be in (0, 1], got {}",
-        params.top_p
-    );
+    check_params(OP, params)?;
     if let Some(i) = logits.iter().position(|v| v.is_nan()) {
         return Err(KernelError::shape(OP, format!("logits[{i}] is NaN")));
     }
@@ -108,11 +124,7 @@ pub fn candidates(
     // of a 248k vocabulary is the slow part of sampling.
     let order = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
     let mut idx: Vec<usize> = (0..logits.len()).collect();
-    let k = if params.top_k == 0 {
-        logits.len()
-    } else {
-        params.top_k.min(logits.len())
-    };
+    let k = top_k_of(params, logits.len());
     if k < idx.len() {
         idx.select_nth_unstable_by(k - 1, order);
         idx.truncate(k);

@@ -24,6 +24,18 @@ fn has_vbmi_or_skip() -> bool {
     true
 }
 
+/// Random weights `[n, k]` in +-0.3, quantised on `scheme`'s grid.
+fn int4_weights(
+    r: &mut ChaCha8Rng,
+    n: usize,
+    k: usize,
+    group: usize,
+    scheme: Int4Scheme,
+) -> Int4Weights {
+    let wf: Vec<f32> = (0..n * k).map(|_| r.gen_range(-0.3f32..0.3)).collect();
+    Int4Weights::quantize(&wf, n, k, group, scheme).unwrap()
+}
+
 /// Activations as a real layer's: mostly in +-2, 1% outliers up to +-40, one all-zero group in row 0, one row of
 /// values around 1e-20 (representable by both encodings).
 fn activations(r: &mut ChaCha8Rng, m: usize, k: usize, group: usize) -> Vec<f32> {
@@ -117,9 +129,8 @@ fn int4_gemm_matches_the_reference_with_both_encodings() {
                 let mut r = ChaCha8Rng::seed_from_u64(
                     0x6e33 + (case * 16 + group) as u64 * 2 + scheme as u64,
                 );
-                let wf: Vec<f32> = (0..n * k).map(|_| r.gen_range(-0.3f32..0.3)).collect();
+                let w = int4_weights(&mut r, n, k, group, scheme);
                 let x = activations(&mut r, m, k, group);
-                let w = Int4Weights::quantize(&wf, n, k, group, scheme).unwrap();
                 let l = w.to_logical();
                 let want = reference::int4_linear(&x, m, &l);
                 for acts in [GemmActs::Int16, GemmActs::Int8] {
@@ -158,8 +169,7 @@ fn w4a16_takes_the_int16_gemm_for_several_rows_and_base_takes_the_f32_gemm() {
     }
     let (m, n, k, group) = (9usize, 130usize, 400usize, 64usize);
     let mut r = ChaCha8Rng::seed_from_u64(0x6e34);
-    let wf: Vec<f32> = (0..n * k).map(|_| r.gen_range(-0.3f32..0.3)).collect();
-    let w = Int4Weights::quantize(&wf, n, k, group, Int4Scheme::Asymmetric).unwrap();
+    let w = int4_weights(&mut r, n, k, group, Int4Scheme::Asymmetric);
     let l = w.to_logical();
     // bf16 activations of magnitudes in [2^-5, 2): every group spans less than 2^6, which int16 holds exactly,
     // so the integer GEMM stays within the f32 bound alone.
@@ -187,8 +197,7 @@ fn activations_the_encodings_cannot_hold_take_the_f32_gemm() {
     }
     let (m, n, k, group) = (4usize, 70usize, 384usize, 128usize);
     let mut r = ChaCha8Rng::seed_from_u64(0x6e35);
-    let wf: Vec<f32> = (0..n * k).map(|_| r.gen_range(-0.3f32..0.3)).collect();
-    let w = Int4Weights::quantize(&wf, n, k, group, Int4Scheme::Asymmetric).unwrap();
+    let w = int4_weights(&mut r, n, k, group, Int4Scheme::Asymmetric);
     for acts in [GemmActs::Int16, GemmActs::Int8] {
         for (bad, v) in [("NaN", f32::NAN), ("infinity", f32::INFINITY)] {
             let mut x: Vec<f32> = (0..m * k).map(|_| r.gen_range(-1.0f32..1.0)).collect();

@@ -2,7 +2,7 @@
 //! (`cuda/dense.cu`, f32 and bf16 weights, both the GEMV at m <= 16 and the tiled GEMM past it), the f32
 //! elementwise ops of `cuda/ops.cu` (casts, [`Gpu::act_and_mul_f32`], the sigmoid gates, softcap, adds, scales,
 //! bias rows, [`Gpu::copy_cols`]) and the per-slot f32 attention of `cuda/attention_slots.cu`
-//! ([`Gpu::kv_store_slots`], [`Gpu::attention_slots`]).
+//! ([`Gpu::kv_store_slots`], [`Gpu::attention_slots`], [`Gpu::attention_slots_split`]).
 //!
 //! Fresh random inputs each run (the seed is printed), ragged shapes (odd n, k not a multiple of 8, m in 1..=17
 //! and 70, lengths past the grid-stride limits), every output poisoned with NaN before the launch, a bound stated
@@ -653,6 +653,7 @@ fn kv_store_and_attention_over_slots_match_the_reference() {
         (4, 1, 128),
         (6, 3, 40),
         (2, 1, 200),
+        (24, 4, 256),
     ];
     for (gi, &(hq, hkv, d)) in geoms.iter().enumerate() {
         let dims = AttnDims {
@@ -660,7 +661,15 @@ fn kv_store_and_attention_over_slots_match_the_reference() {
             kv_heads: hkv,
             head_dim: d,
         };
-        let (num_slots, max_len) = (3, 37 + 20 * gi);
+        // The last geometry (the 27B's attention) has a context long enough for many split chunks of 32.
+        let (num_slots, max_len) = (
+            3,
+            if gi == geoms.len() - 1 {
+                700
+            } else {
+                37 + 20 * gi
+            },
+        );
         let t = [1usize, 5, 11][gi % 3];
         let c = slot_case(&mut r, dims, num_slots, max_len, t, t >= 2);
         let (want_k, want_v) = store_cpu(&c);
@@ -697,44 +706,67 @@ fn kv_store_and_attention_over_slots_match_the_reference() {
         let row = hq * d;
         // Windows: 1 (the token alone), smaller than most positions, larger than every position, and full.
         for window in [Some(1usize), Some(5), Some(max_len + 10), None] {
-            let what = format!("attention_slots {dims:?} window {window:?} t {t}");
-            let mut od = nan_f32(&gpu, t * row);
-            gpu.attention_slots(
-                &dims, scale, window, &qd, &ck, &cv, max_len, &sd, &pd, &mut od,
-            )
-            .unwrap();
-            let got = gpu.download(&od).unwrap();
-            for i in 0..t {
-                let (s, p) = (c.slots[i] as usize, c.pos[i] as usize);
-                let got_i = &got[i * row..(i + 1) * row];
-                if s >= num_slots || p >= max_len {
-                    assert!(
+            // The one-block kernel, then the split one at 1, 3, the device's choice and the most splits, each on a
+            // poisoned output and workspace.
+            let auto = gpu.attention_slots_splits(&dims);
+            for splits in [
+                None,
+                Some(1),
+                Some(3),
+                Some(auto),
+                Some(Gpu::ATTENTION_SLOTS_MAX_SPLITS),
+            ] {
+                let what =
+                    format!("attention_slots {dims:?} window {window:?} t {t} splits {splits:?}");
+                let mut od = nan_f32(&gpu, t * row);
+                match splits {
+                    None => gpu.attention_slots(
+                        &dims, scale, window, &qd, &ck, &cv, max_len, &sd, &pd, &mut od,
+                    ),
+                    Some(n) => {
+                        let len = Gpu::attention_slots_workspace_len(&dims, t, n).unwrap();
+                        // One more value than needed: a workspace may be larger.
+                        let mut ws = nan_f32(&gpu, len + 1);
+                        gpu.attention_slots_split(
+                            &dims, scale, window, &qd, &ck, &cv, max_len, &sd, &pd, n, &mut ws,
+                            &mut od,
+                        )
+                    }
+                }
+                .unwrap();
+                let got = gpu.download(&od).unwrap();
+                for i in 0..t {
+                    let (s, p) = (c.slots[i] as usize, c.pos[i] as usize);
+                    let got_i = &got[i * row..(i + 1) * row];
+                    if s >= num_slots || p >= max_len {
+                        assert!(
                         got_i.iter().all(|&v| v == 0.0),
                         "{what}: token {i} has slot {s} / pos {p} out of range and must be zeros"
                     );
-                    continue;
+                        continue;
+                    }
+                    let base = s * max_len * width;
+                    let n = p + 1;
+                    let hist_k = &want_k[base..base + n * width];
+                    let hist_v = &want_v[base..base + n * width];
+                    let mut want = vec![0.0f32; row];
+                    reference::attention::decode_dense(
+                        &dims,
+                        scale,
+                        window,
+                        n,
+                        &c.q[i * row..(i + 1) * row],
+                        hist_k,
+                        hist_v,
+                        &mut want,
+                    )
+                    .unwrap();
+                    let e = rel_err(&format!("{what} token {i}"), got_i, &want);
+                    assert!(
+                        e <= ATTN_TOL,
+                        "{what}: token {i} (slot {s}, pos {p}): relative error {e:e}"
+                    );
                 }
-                let base = s * max_len * width;
-                let n = p + 1;
-                let hist_k = &want_k[base..base + n * width];
-                let hist_v = &want_v[base..base + n * width];
-                let mut want = vec![0.0f32; row];
-                reference::attention::decode_dense(
-                    &dims,
-                    scale,
-                    window,
-                    n,
-                    &c.q[i * row..(i + 1) * row],
-                    hist_k,
-                    hist_v,
-                    &mut want,
-                )
-                .unwrap();
-                let e = rel_err(&format!("{what} token {i}"), got_i, &want);
-                assert!(
-                    e <= ATTN_TOL,
-                    "{what}: token {i} (slot {s}, pos {p}): relative error {e:e}"
-                );
             }
         }
     }
@@ -904,6 +936,31 @@ fn bad_sizes_are_refused_before_any_launch() {
     assert!(msg(attend(&dims, 0.3, None, qn - 1, qn, &p2)).contains("q has"));
     assert!(msg(attend(&dims, 0.3, None, qn, qn + 1, &p2)).contains("out has"));
     assert!(msg(attend(&dims, 0.3, None, qn, qn, &u(1))).contains("pos"));
+    // The split form: its own checks, then the shared ones.
+    let split = |splits: usize, ws: usize, q: usize| {
+        gpu.attention_slots_split(
+            &dims,
+            0.3,
+            None,
+            &f(q),
+            &ck,
+            &cv,
+            ml,
+            &s2,
+            &p2,
+            splits,
+            &mut f(ws),
+            &mut f(qn),
+        )
+    };
+    let need = Gpu::attention_slots_workspace_len(&dims, 2, 4).unwrap();
+    assert_eq!(need, 2 * dims.q_heads * 4 * (dims.head_dim + 2));
+    assert!(split(4, need, qn).is_ok());
+    assert!(msg(split(4, need - 1, qn)).contains("workspace"));
+    assert!(msg(split(0, need, qn)).contains("splits"));
+    assert!(msg(split(Gpu::ATTENTION_SLOTS_MAX_SPLITS + 1, 1 << 20, qn)).contains("splits"));
+    assert!(msg(split(4, need, qn - 1)).contains("q has"));
+    assert!(Gpu::attention_slots_workspace_len(&dims, usize::MAX, 2).is_err());
     let wide = AttnDims {
         q_heads: 2,
         kv_heads: 1,

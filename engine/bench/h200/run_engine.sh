@@ -10,7 +10,8 @@
 # Usage (device):  bash engine/bench/h200/run_engine.sh [STAGES]   (comma-separated: tests,sanitizer,bench,offload,
 #                  prefill,serve,ncu,nsys,baseline; default tests,sanitizer,bench). baseline needs `carry: [".whl"]` (transformers 5.25,
 #                  flash-linear-attention; see engine/bench/h200/hf_baseline.py).  Env: GEN (decode steps, default 64), MODELS (fp8,nvfp4),
-#                  TESTS (test binaries), ARMS (graphs launches old nopdl nofused neither), BATCHES, SERVE_ARMS
+#                  TESTS (test binaries), ARMS (graphs launches old nopdl nofused neither nosplit
+#                  nostack), BATCHES, SERVE_ARMS
 #                  (plain invariant), SERVE_S; EDGEFIT_SMALL_PDL=0 / EDGEFIT_FUSED_CASTS=0 in the environment turn the
 #                  small kernels' programmatic launches / the fused bf16 inputs off for every stage (the tests too).
 # Logs: $OUT/engine_*.txt; a table last.
@@ -27,11 +28,12 @@ if [ "${1:-}" = prepare ]; then
     2>/tmp/edgefit-engine-prepare.err
   # The load generator only speaks HTTP to an `edgefit serve` child: built without the embedded kernels (40 MB less).
   cargo build --release -p engine --example serve_load 2>>/tmp/edgefit-engine-prepare.err
-  { cargo test --release -p engine --features cuda --test parity --test batching --test offload --test flash_prefill --no-run --message-format=json
+  { cargo test --release -p engine --features cuda --test parity --test batching --test offload --test flash_prefill --test fast_paths --no-run --message-format=json
     cargo test --release -p kernels --features cuda --test gpu_engine_ops --test gpu_gdn_slots --test gpu_ops \
       --test backend --no-run --message-format=json
-    # The prefill attention's own test compares every built tiling, so it builds with `lab`.
-    cargo test --release -p kernels --features cuda,lab --test gpu_attention_prefill --no-run --message-format=json
+    # The attention and DeltaNet kernels' own tests compare every built variant, so they build with `lab`.
+    cargo test --release -p kernels --features cuda,lab --test gpu_attention_prefill --test gpu_attention_decode \
+      --test gpu_gdn_decode --test gpu_gdn_prefill --no-run --message-format=json
   } 2>>/tmp/edgefit-engine-prepare.err | python3 -c "import sys, json
 for l in sys.stdin:
     m = json.loads(l)
@@ -42,8 +44,9 @@ for l in sys.stdin:
   cp target/release/edgefit target/release/examples/random_checkpoint target/release/examples/serve_load "$stage/"
   strip "$stage"/*
   rm -rf "$CARRY" && mkdir -p "$CARRY"
-  # xz: the binaries embed the same PTX and cubins, which compress to about half of gzip's size.
-  tar -C "$stage" -cJf "$CARRY/carry.tar.xz" .
+  # xz with a dictionary larger than one binary: they embed the same PTX and cubins, so each after the first
+  # packs to little (about 16x smaller than gzip).
+  tar -C "$stage" -cf - . | xz -T2 -9 --lzma2=dict=256MiB > "$CARRY/carry.tar.xz"
   rm -rf "$stage"
   ls -la "$CARRY"
   exit 0
@@ -66,7 +69,7 @@ want() { [[ ",$STAGES," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv | tee "$OUT/engine_env.txt"
 
 if want tests; then
-  for t in ${TESTS:-parity batching offload flash_prefill gpu_engine_ops gpu_gdn_slots gpu_ops backend}; do
+  for t in ${TESTS:-parity batching offload flash_prefill fast_paths gpu_engine_ops gpu_gdn_slots gpu_ops backend}; do
     timeout 300 "$BIN/test_$t" --test-threads=1 --nocapture > "$OUT/engine_tests_$t.txt" 2>&1
     rc=$?; status+=("tests $t: rc=$rc $(grep -E '^test result' "$OUT/engine_tests_$t.txt" | tail -1)")
   done
@@ -74,16 +77,21 @@ if want tests; then
 fi
 
 if want sanitizer; then
-  timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_parity" cuda_ --test-threads=1 \
-    > "$OUT/engine_memcheck.txt" 2>&1
-  rc=$?; status+=("memcheck parity (cuda): rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/engine_memcheck.txt" | tail -1)")
-  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_offload" --test-threads=1 \
-    > "$OUT/engine_memcheck_offload.txt" 2>&1
-  rc=$?; status+=("memcheck offload: rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/engine_memcheck_offload.txt" | tail -1)")
-  for tool in memcheck racecheck; do
-    timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/test_gpu_gdn_slots" --test-threads=1 \
-      > "$OUT/engine_${tool}_gdn_slots.txt" 2>&1
-    rc=$?; status+=("$tool gdn_slots: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/engine_${tool}_gdn_slots.txt" | tail -1)")
+  # ENGINE_SAN: the engine test binaries under memcheck (default: parity's CUDA tests, then offload).
+  for spec in ${ENGINE_SAN:-parity:cuda_ offload}; do
+    b=${spec%%:*}; filt=""; [ "$b" != "$spec" ] && filt=${spec#*:}
+    timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_$b" $filt --test-threads=1 \
+      > "$OUT/engine_memcheck_$b.txt" 2>&1
+    rc=$?; status+=("memcheck $spec: rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/engine_memcheck_$b.txt" | tail -1)")
+  done
+  # SAN_BINS: test binaries (`name` or `name:filter`) under memcheck and racecheck.
+  for spec in ${SAN_BINS:-gpu_gdn_slots}; do
+    b=${spec%%:*}; filt=""; [ "$b" != "$spec" ] && filt=${spec#*:}
+    for tool in memcheck racecheck; do
+      timeout "${SAN_TIMEOUT:-200}" compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/test_$b" $filt --test-threads=1 \
+        > "$OUT/engine_${tool}_$b.txt" 2>&1
+      rc=$?; status+=("$tool $spec: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/engine_${tool}_$b.txt" | tail -1)")
+    done
   done
 fi
 
@@ -96,12 +104,14 @@ if want bench; then
       for b in ${BATCHES:-1 8}; do
         [ $arm = launches ] && g=0 || g=1
         # Baseline arms of this build: nopdl (the decode step's small kernels launched plainly, EDGEFIT_SMALL_PDL=0),
-        # nofused (a cast launch before each tile GEMV, EDGEFIT_FUSED_CASTS=0), neither.
-        pdl=1; fused=1
-        case $arm in nopdl) pdl=0 ;; nofused) fused=0 ;; neither) pdl=0; fused=0 ;; esac
+        # nofused (a cast launch before each tile GEMV, EDGEFIT_FUSED_CASTS=0), neither, nosplit (decode attention on
+        # one block per (token, head), EDGEFIT_SPLIT_ATTENTION=0), nostack (q/k/v and gate/up apart, EDGEFIT_STACK=0).
+        pdl=1; fused=1; split=1; stack=1
+        case $arm in nopdl) pdl=0 ;; nofused) fused=0 ;; neither) pdl=0; fused=0 ;; nosplit) split=0 ;;
+          nostack) stack=0 ;; esac
         exe="$BIN/edgefit"; [ $arm = old ] && exe="$BIN/edgefit-old"
         f="$OUT/engine_bench_${m}_b${b}_$arm.txt"
-        EDGEFIT_SMALL_PDL=$pdl EDGEFIT_FUSED_CASTS=$fused EDGEFIT_CUDA_GRAPHS=$g timeout 300 "$exe" bench --device cuda --model "$dir" --batch $b \
+        EDGEFIT_SMALL_PDL=$pdl EDGEFIT_FUSED_CASTS=$fused EDGEFIT_SPLIT_ATTENTION=$split EDGEFIT_STACK=$stack EDGEFIT_CUDA_GRAPHS=$g timeout 300 "$exe" bench --device cuda --model "$dir" --batch $b \
           --prompt-len "${PROMPT:-512}" --gen "$GEN" > "$f.tmp" 2>&1
         rc=$?; status+=("bench $m b$b $arm: rc=$rc $(grep -E 'tg[0-9]|roofline' "$f.tmp" | tr '\n' ' ')")
         cat "$f.tmp" >> "$f"; rm -f "$f.tmp"
@@ -176,9 +186,12 @@ if want ncu; then
   # and the first decode step's, are skipped), summed by kernel name, for each model.
   for m in ${MODELS//,/ }; do
     [ -f "/tmp/q27-$m/model.safetensors" ] || "$BIN/random_checkpoint" "models/qwen3.8-27b-$m" "/tmp/q27-$m" | tail -1
-    EDGEFIT_CUDA_GRAPHS=0 timeout 400 ncu --metrics gpu__time_duration.sum --csv --print-units base \
+    # NCU_REAL=1: the card's own clocks and warm caches (`--clock-control none --cache-control none`), so each
+    # kernel's time is what it costs in the step (launch by launch, still without the overlap PDL gives).
+    real=(); [ "${NCU_REAL:-0}" = 1 ] && real=(--clock-control none --cache-control none)
+    EDGEFIT_CUDA_GRAPHS=0 timeout 400 ncu "${real[@]}" --metrics gpu__time_duration.sum --csv --print-units base \
       --launch-skip "${NCU_SKIP:-2600}" --launch-count "${NCU_COUNT:-1100}" \
-      "$BIN/edgefit" bench --device cuda --model /tmp/q27-$m --batch 1 --prompt-len 8 --gen 5 > "$OUT/engine_ncu_$m.csv" 2>/dev/null
+      "$BIN/edgefit" bench --device cuda --model /tmp/q27-$m --batch 1 --prompt-len 8 --gen "${NCU_GEN:-5}" > "$OUT/engine_ncu_$m.csv" 2>/dev/null
     rc=$?; status+=("ncu $m: rc=$rc")
     python3 - "$OUT/engine_ncu_$m.csv" <<'PY' | tee "$OUT/engine_ncu_summary_$m.txt"
 import csv, sys, collections
@@ -190,7 +203,7 @@ for r in rows[1:]:
     except ValueError: continue
     name = r[ki].split("(")[0]; t[name] += v; n[name] += 1
 tot = sum(t.values())
-print(f"{sys.argv[1]}: {len(rows)-1} kernels, {tot/1e6:.2f} ms GPU time in all")
+print(f"{sys.argv[1]}: {len(rows)-1} kernels ({sum(n.values())} timed), {tot/1e6:.2f} ms GPU time in all")
 for k, v in sorted(t.items(), key=lambda x: -x[1])[:40]:
     print(f"{v/1e6:9.3f} ms {100*v/tot:5.1f}% {n[k]:6d} calls {v/n[k]/1e3:8.2f} us/call  {k}")
 PY

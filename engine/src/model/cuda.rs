@@ -424,6 +424,10 @@ struct Weights {
     /// rereads the whole prefix: [`CudaOptions::flash_prefill_attention`], never on the precise path or for head
     /// dims the flash kernels lack.
     flash_prefill: bool,
+    /// Blocks per (token, query head) of the slot attention in steps of at most 16 tokens
+    /// ([`Gpu::attention_slots_split`], the device's choice); `None` without
+    /// [`CudaOptions::split_decode_attention`] (the one-block kernel).
+    decode_splits: Option<usize>,
     embed: HostEmbed,
     embed_scale: Option<f32>,
     layers: Vec<GLayer>,
@@ -669,34 +673,50 @@ fn stack_rows(parts: &[&Weight]) -> Option<Weight> {
             })?;
             Some(Weight::Bf16 { w, n, k })
         }
-        Weight::Nvfp4 { global: g0, .. } => {
-            let (mut w, mut scales) = (Vec::new(), Vec::new());
-            for p in parts {
-                let Weight::Nvfp4 {
-                    w: pw,
-                    scales: ps,
-                    global,
-                    ..
-                } = p
-                else {
-                    return None;
-                };
-                if global.to_bits() != g0.to_bits() {
-                    return None;
-                }
-                w.extend_from_slice(pw);
-                scales.extend_from_slice(ps);
-            }
-            Some(Weight::Nvfp4 {
-                w,
-                scales,
-                global: *g0,
-                n,
-                k,
-            })
-        }
+        Weight::Nvfp4 { .. } => stack_nvfp4(parts),
         _ => None,
     }
+}
+
+/// NVFP4 weights with the same input and the same global scale stacked by rows (the group scales are per row, so
+/// they stack too). modelopt gives the projections it expects fused (q/k/v, gate/up) one global scale for this.
+/// `None` when they cannot be.
+fn stack_nvfp4(parts: &[&Weight]) -> Option<Weight> {
+    let (mut w, mut scales) = (Vec::new(), Vec::new());
+    let (mut n, mut first) = (0, None);
+    for p in parts {
+        let Weight::Nvfp4 {
+            w: pw,
+            scales: ps,
+            global,
+            n: pn,
+            k,
+        } = p
+        else {
+            return None;
+        };
+        let (g0, k0) = *first.get_or_insert((global.to_bits(), *k));
+        if global.to_bits() != g0 || *k != k0 {
+            return None;
+        }
+        w.extend_from_slice(pw);
+        scales.extend_from_slice(ps);
+        n += pn;
+    }
+    let (g0, k) = first?;
+    Some(Weight::Nvfp4 {
+        w,
+        scales,
+        global: f32::from_bits(g0),
+        n,
+        k,
+    })
+}
+
+/// The quantized formats' stacking ([`stack_fp8`], [`stack_nvfp4`]): the exact path's f32 and bf16 linears stay
+/// apart, as the checkpoint has them.
+fn stack_quantized(parts: &[&Weight]) -> Option<Weight> {
+    stack_fp8(parts).or_else(|| stack_nvfp4(parts))
 }
 
 fn opt_vec(gpu: &Gpu, v: &Option<Vec<f32>>) -> Result<Option<GpuBuffer<f32>>, EngineError> {
@@ -726,10 +746,21 @@ pub struct CudaOptions {
     /// turns it off): 2x at 4096 tokens on the 27B geometry, and `tests/flash_prefill.rs` holds it to the exact
     /// slot kernel (benchmarks/engine-h200.md). Ignored on the precise path.
     pub flash_prefill_attention: bool,
+    /// Attention in steps of at most 16 tokens with each (token, head)'s context shared by several blocks
+    /// ([`Gpu::attention_slots_split`]; on by default, `EDGEFIT_SPLIT_ATTENTION=0` for `edgefit` turns it off).
+    /// One block per (token, head) is 24 blocks in a 27B decode step, each walking the whole context
+    /// (benchmarks/engine-h200.md).
+    pub split_decode_attention: bool,
+    /// Projections of one input stacked by rows into one linear at load where the format allows it (FP8 block:
+    /// q/k/v and gate/up; NVFP4 where the parts share their global scale, as modelopt exports the projections it
+    /// expects fused): one GEMV a step instead of one per part, and for gate/up the fused norm step. On by
+    /// default; `EDGEFIT_STACK=0` for `edgefit` turns it off.
+    pub stack_projections: bool,
 }
 
 impl Default for CudaOptions {
-    /// Nothing streamed, no cap, the exact builds off, flash prompt attention on (as `edgefit` runs it), and no
+    /// Nothing streamed, no cap, the exact builds off, flash prompt attention, split decode attention and stacked
+    /// projections on (as `edgefit` runs them), and no
     /// GEMM copies: they cost device memory beyond the plan, so the caller asks for them.
     fn default() -> Self {
         CudaOptions {
@@ -741,6 +772,8 @@ impl Default for CudaOptions {
             gemm_copies: false,
             batch_invariant: false,
             flash_prefill_attention: true,
+            split_decode_attention: true,
+            stack_projections: true,
         }
     }
 }
@@ -958,22 +991,25 @@ impl CudaModel {
         let total = layers_host.len();
         let mut layers = Vec::with_capacity(total);
         let mut wide = model.hidden();
+        let stack = opts.stack_projections;
         for (i, l) in layers_host.into_iter().enumerate() {
             let mixer = match l.mixer {
                 Mixer::Attn(a) => {
                     let a = *a;
                     let qkv = match a.qkv {
-                        Qkv::Split { q, k, v } => match stack_fp8(&[&q, &k, &v]) {
-                            Some(w) => GQkv::Fused {
-                                w: pl.put(&w, i, &[R::Qkv, R::Q, R::K, R::V])?,
-                                q_rows: q.n(),
-                            },
-                            None => GQkv::Split {
-                                q: pl.put(&q, i, &[R::Q])?,
-                                k: pl.put(&k, i, &[R::K])?,
-                                v: pl.put(&v, i, &[R::V])?,
-                            },
-                        },
+                        Qkv::Split { q, k, v } => {
+                            match stack.then(|| stack_quantized(&[&q, &k, &v])).flatten() {
+                                Some(w) => GQkv::Fused {
+                                    w: pl.put(&w, i, &[R::Qkv, R::Q, R::K, R::V])?,
+                                    q_rows: q.n(),
+                                },
+                                None => GQkv::Split {
+                                    q: pl.put(&q, i, &[R::Q])?,
+                                    k: pl.put(&k, i, &[R::K])?,
+                                    v: pl.put(&v, i, &[R::V])?,
+                                },
+                            }
+                        }
                         Qkv::Fused { w, q_rows } => GQkv::Fused {
                             w: pl.put(&w, i, &[R::Qkv, R::Q, R::K, R::V])?,
                             q_rows,
@@ -1018,13 +1054,15 @@ impl CudaModel {
             };
             let gate_up = match l.gate_up {
                 GateUp::Fused(w) => GGateUp::Fused(pl.put(&w, i, &[R::Gate, R::Up])?),
-                GateUp::Split { gate, up } => match stack_fp8(&[&gate, &up]) {
-                    Some(w) => GGateUp::Fused(pl.put(&w, i, &[R::Gate, R::Up])?),
-                    None => GGateUp::Split {
-                        gate: pl.put(&gate, i, &[R::Gate])?,
-                        up: pl.put(&up, i, &[R::Up])?,
-                    },
-                },
+                GateUp::Split { gate, up } => {
+                    match stack.then(|| stack_quantized(&[&gate, &up])).flatten() {
+                        Some(w) => GGateUp::Fused(pl.put(&w, i, &[R::Gate, R::Up])?),
+                        None => GGateUp::Split {
+                            gate: pl.put(&gate, i, &[R::Gate])?,
+                            up: pl.put(&up, i, &[R::Up])?,
+                        },
+                    }
+                }
             };
             wide = wide.max(l.down.k());
             layers.push(GLayer {
@@ -1063,6 +1101,9 @@ impl CudaModel {
         let rt = &model.spec.runtime;
         let w = Weights {
             fused_casts: std::env::var("EDGEFIT_FUSED_CASTS").map_or(true, |v| v != "0"),
+            decode_splits: opts
+                .split_decode_attention
+                .then(|| gpu.attention_slots_splits(&model.attn_dims)),
             flash_prefill: !precise
                 && opts.flash_prefill_attention
                 && Gpu::ATTENTION_PREFILL_HEAD_DIMS.contains(&model.attn_dims.head_dim),
@@ -1291,6 +1332,11 @@ impl CudaModel {
     /// The weight path names on the device, each once.
     pub fn paths(&self) -> Vec<&'static str> {
         self.paths.clone()
+    }
+
+    /// The decoder layers' linears as loaded: a stacked projection ([`CudaOptions::stack_projections`]) counts once.
+    pub fn linear_count(&self) -> usize {
+        self.w.layers.iter().map(|l| l.linears().len()).sum()
     }
 
     /// The device's name.
@@ -2483,6 +2529,25 @@ impl<'a> Ctx<'a> {
                 .map_err(kerr)?;
             if let Some(f) = self.flash {
                 self.flash_attention(f, a.window, (&q, &k, &v), (ck, cv), &mut out)?;
+            } else if let (Some(splits), true) = (self.w.decode_splits, t <= 16) {
+                let len = Gpu::attention_slots_workspace_len(&d, t, splits).map_err(kerr)?;
+                let mut ws = self.pool.f32(gpu, len)?;
+                let r = gpu.attention_slots_split(
+                    &d,
+                    self.w.attn_scale,
+                    a.window,
+                    &q,
+                    ck,
+                    cv,
+                    self.max_len,
+                    slots,
+                    pos,
+                    splits,
+                    &mut ws,
+                    &mut out,
+                );
+                self.pool.put(ws);
+                r.map_err(kerr)?;
             } else {
                 gpu.attention_slots(
                     &d,

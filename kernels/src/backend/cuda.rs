@@ -210,13 +210,7 @@ impl Backend for Gpu {
                 // No f32 gather kernel: the ids come back to the host and each row is one device copy.
                 const OP: &str = "cuda::backend::embedding_gather";
                 let dim = *dim;
-                let want = checked_product(OP, "ids*dim", &[ids.len(), dim])?;
-                crate::ensure_shape!(
-                    out.len() == want,
-                    OP,
-                    "out has {} elements, expected ids*dim = {want}",
-                    out.len()
-                );
+                crate::ops::check_gather_out(OP, ids.len(), dim, out.len())?;
                 let vocab = w.len() / dim;
                 for (i, id) in Gpu::download(self, ids)?.into_iter().enumerate() {
                     crate::ensure_shape!(

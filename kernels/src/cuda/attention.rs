@@ -113,45 +113,15 @@ impl Gpu {
                 )
             })?;
             let f = dev.function(Module::Attention, split_name)?;
-            let mut ws_guard =
-                dev.attention_workspace(d.seqs * d.q_heads * splits * (d.head_dim + 2))?;
-            let Some(ws) = ws_guard.as_mut() else {
-                return Err(KernelError::Cuda(
-                    "attention workspace was not allocated".into(),
-                ));
-            };
-            let (hq, hkv, ps, np, mp) = (
-                d.q_heads as i32,
-                d.kv_heads as i32,
-                d.page_size as i32,
-                d.num_pages as i32,
-                d.max_pages_per_seq as i32,
-            );
             // One warp per two query heads (per head when the group size is odd), as cuda/attention.cu's AttGeom.
             let warps = if r.is_multiple_of(2) { r / 2 } else { r };
-            let grid = (splits as u32, d.kv_heads as u32, d.seqs as u32);
-            let cfg = launch_config(grid, (32 * warps as u32, 1, 1), 0);
-            // SAFETY: matches `attention_decode_split_D*_R*` in cuda/attention.cu; every buffer was checked against
-            // dims above; the kernel clamps each length to max_pages * page_size and skips page ids >= num_pages,
-            // so device-side table contents cannot send it outside the cache; the workspace holds
-            // seqs * q_heads * splits * (head_dim + 2) floats.
-            unsafe { dev.launch_args(split_name, &f, cfg, |b| {
-            b.arg(&q.slice)
-                .arg(&kv.k.slice)
-                .arg(&kv.v.slice)
-                .arg(&kv.block_table.slice)
-                .arg(&kv.seq_lens.slice)
-                .arg(&scale)
-                .arg(&mut out.slice)
-                .arg(&mut *ws);
-            b.arg(&hq).arg(&hkv).arg(&ps).arg(&np).arg(&mp);
-            }) }?;
-            if splits > 1 {
-                // The CUDA-core path is the accuracy arm: it keeps the block combine it was measured with; the
-                // tiled paths use Gpu::DECODE_AUTO_SLICED_COMBINE.
-                dev.attention_combine(false, d.head_dim, d.q_heads, d.seqs, splits, ws, &mut out.slice)?;
+            // The CUDA-core path is the accuracy arm, so it keeps the block combine (`sliced` false) it was measured
+            // with; the tiled paths use Gpu::DECODE_AUTO_SLICED_COMBINE.
+            // SAFETY: `attention_decode_split_D*_R*` in cuda/attention.cu takes the paged parameter list with
+            // `warps` warps and no dynamic shared memory; every buffer was checked against dims above.
+            unsafe {
+                dev.launch_paged_decode(split_name, &f, 32 * warps as u32, 0, false, d, q, kv, scale, splits, out)
             }
-            Ok(())
         }
         no_cuda!(self)
     }
@@ -341,51 +311,12 @@ impl Gpu {
             let max_tokens = d.max_pages_per_seq * d.page_size;
             let splits = dev.tiled_splits(d.seqs * d.kv_heads, d.head_dim, t, max_tokens, splits);
             let (f, name, smem) = dev.tiled_function(false, d.head_dim, t)?;
-            let mut ws_guard =
-                dev.attention_workspace(d.seqs * d.q_heads * splits * (d.head_dim + 2))?;
-            let Some(ws) = ws_guard.as_mut() else {
-                return Err(KernelError::Cuda(
-                    "attention workspace was not allocated".into(),
-                ));
-            };
-            let (hq, hkv, ps, np, mp) = (
-                d.q_heads as i32,
-                d.kv_heads as i32,
-                d.page_size as i32,
-                d.num_pages as i32,
-                d.max_pages_per_seq as i32,
-            );
-            let grid = (splits as u32, d.kv_heads as u32, d.seqs as u32);
-            let cfg = launch_config(grid, (128, 1, 1), smem);
-            // SAFETY: matches `attention_decode_tiled_D*_T*_S*` in cuda/attention.cu with 4 warps and its
-            // TiledGeom shared memory; every buffer was checked against dims above, and that rows and the table fit
-            // the kernel's 32-bit indices; the kernel clamps each length to max_pages * page_size and skips page
-            // ids >= num_pages; the workspace holds seqs * q_heads * splits * (head_dim + 2) floats.
+            // SAFETY: `attention_decode_tiled_D*_T*_S*` in cuda/attention.cu takes the paged parameter list with 4
+            // warps and its TiledGeom shared memory; every buffer was checked against dims above, and that rows and
+            // the table fit the kernel's 32-bit indices.
             unsafe {
-                dev.launch_args(name, &f, cfg, |b| {
-                    b.arg(&q.slice)
-                        .arg(&kv.k.slice)
-                        .arg(&kv.v.slice)
-                        .arg(&kv.block_table.slice)
-                        .arg(&kv.seq_lens.slice)
-                        .arg(&scale)
-                        .arg(&mut out.slice)
-                        .arg(&mut *ws);
-                    b.arg(&hq).arg(&hkv).arg(&ps).arg(&np).arg(&mp);
-                })
-            }?;
-            if splits > 1 {
-                dev.attention_combine(
-                    sliced,
-                    d.head_dim,
-                    d.q_heads,
-                    d.seqs,
-                    splits,
-                    ws,
-                    &mut out.slice,
-                )?;
+                dev.launch_paged_decode(name, &f, 128, smem, sliced, d, q, kv, scale, splits, out)
             }
-            Ok(())
         }
         no_cuda!(self, t, sliced)
     }
@@ -727,6 +658,75 @@ impl Device {
             pairs,
             max_tokens,
         )
+    }
+
+    /// Launches the paged split kernel `f` (the CUDA-core and the tiled ones share one parameter list: q, K, V, block
+    /// table, lengths, scale, out, the partials workspace, then q_heads, kv_heads, page_size, num_pages,
+    /// max_pages_per_seq) on `splits` blocks per (sequence, KV head), then with more than one split the combine
+    /// `sliced` picks.
+    ///
+    /// # Safety
+    /// `f` is the kernel `name`, which takes that parameter list with `threads` threads per block and `smem` bytes
+    /// of dynamic shared memory; `q`, `kv` and `out` were checked against `d` (`check_paged_lens`).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_paged_decode(
+        &self,
+        name: &str,
+        f: &cudarc::driver::CudaFunction,
+        threads: u32,
+        smem: u32,
+        sliced: bool,
+        d: &PagedAttentionDims,
+        q: &GpuBuffer<f32>,
+        kv: PagedKvCache<'_>,
+        scale: f32,
+        splits: usize,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        let mut ws_guard =
+            self.attention_workspace(d.seqs * d.q_heads * splits * (d.head_dim + 2))?;
+        let Some(ws) = ws_guard.as_mut() else {
+            return Err(KernelError::Cuda(
+                "attention workspace was not allocated".into(),
+            ));
+        };
+        let (hq, hkv, ps, np, mp) = (
+            d.q_heads as i32,
+            d.kv_heads as i32,
+            d.page_size as i32,
+            d.num_pages as i32,
+            d.max_pages_per_seq as i32,
+        );
+        let grid = (splits as u32, d.kv_heads as u32, d.seqs as u32);
+        let cfg = launch_config(grid, (threads, 1, 1), smem);
+        // SAFETY: the caller's contract above; the kernels clamp each length to max_pages * page_size and skip
+        // page ids >= num_pages, so device-side table contents cannot send them outside the cache; the workspace
+        // holds seqs * q_heads * splits * (head_dim + 2) floats.
+        unsafe {
+            self.launch_args(name, f, cfg, |b| {
+                b.arg(&q.slice)
+                    .arg(&kv.k.slice)
+                    .arg(&kv.v.slice)
+                    .arg(&kv.block_table.slice)
+                    .arg(&kv.seq_lens.slice)
+                    .arg(&scale)
+                    .arg(&mut out.slice)
+                    .arg(&mut *ws);
+                b.arg(&hq).arg(&hkv).arg(&ps).arg(&np).arg(&mp);
+            })
+        }?;
+        if splits > 1 {
+            self.attention_combine(
+                sliced,
+                d.head_dim,
+                d.q_heads,
+                d.seqs,
+                splits,
+                ws,
+                &mut out.slice,
+            )?;
+        }
+        Ok(())
     }
 
     /// The split kernel's partials workspace, grown to `len` floats.

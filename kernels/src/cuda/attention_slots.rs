@@ -24,6 +24,9 @@ const I32_MAX: usize = i32::MAX as usize;
 pub(super) const STORE_THREADS: u32 = 256;
 #[cfg(feature = "cuda")]
 pub(super) const ATTN_THREADS: u32 = 256;
+/// Threads of the split records' merge (`COMBINE_THREADS`).
+#[cfg(feature = "cuda")]
+pub(super) const COMBINE_THREADS: u32 = 128;
 
 /// Checks the two caches against `dims` and `max_len` and returns the slot count.
 fn check_caches(
@@ -67,6 +70,61 @@ fn check_tokens(op: &'static str, slots: usize, pos: usize) -> Result<usize, Ker
         "{slots} tokens: at most i32::MAX (one block per token)"
     );
     Ok(slots)
+}
+
+/// What [`check_attend`] found: the caches' slot count, the token count and the window as the kernels take it
+/// (0 for a full layer).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct Attend {
+    num_slots: usize,
+    t: usize,
+    max_len: usize,
+    window: usize,
+}
+
+/// The checks [`Gpu::attention_slots`] and [`Gpu::attention_slots_split`] share.
+#[allow(clippy::too_many_arguments)]
+fn check_attend(
+    op: &'static str,
+    dims: &AttnDims,
+    scale: f32,
+    window: Option<usize>,
+    (q, cache_k, cache_v): (&GpuBuffer<f32>, &GpuBuffer<f32>, &GpuBuffer<f32>),
+    max_len: usize,
+    (slots, pos): (&GpuBuffer<u32>, &GpuBuffer<u32>),
+    out: &GpuBuffer<f32>,
+) -> Result<Attend, KernelError> {
+    let num_slots = check_caches(op, dims, cache_k.len(), cache_v.len(), max_len)?;
+    crate::ensure_shape!(
+        dims.head_dim <= Gpu::ATTENTION_SLOTS_MAX_HEAD_DIM,
+        op,
+        "head_dim must be at most {}, got {}",
+        Gpu::ATTENTION_SLOTS_MAX_HEAD_DIM,
+        dims.head_dim
+    );
+    crate::ensure_shape!(scale.is_finite(), op, "scale must be finite, got {scale}");
+    crate::ensure_shape!(
+        window != Some(0),
+        op,
+        "a sliding window must hold at least 1 token, got 0"
+    );
+    let t = check_tokens(op, slots.len(), pos.len())?;
+    crate::ensure_shape!(
+        t.checked_mul(dims.q_heads).is_some_and(|b| b <= I32_MAX),
+        op,
+        "{t} tokens x {} query heads: at most i32::MAX blocks",
+        dims.q_heads
+    );
+    check_len_of(op, "q", q.len(), &[t, dims.q_heads, dims.head_dim])?;
+    check_len(op, "out", out.len(), q.len())?;
+    // A window of max_len or more reaches every position a slot holds: the full layer's bounds.
+    let window = window.filter(|&w| w < max_len).unwrap_or(0);
+    Ok(Attend {
+        num_slots,
+        t,
+        max_len,
+        window,
+    })
 }
 
 impl Gpu {
@@ -141,7 +199,8 @@ impl Gpu {
     /// position is out of range gets a row of zeros, never an out-of-bounds read.
     ///
     /// One block of 8 warps per (token, query head), the warps taking every 8th position: simple and exact, not
-    /// fast over long contexts (each query head reads its slot's keys and values again).
+    /// fast over long contexts (each query head reads its slot's keys and values again, on few blocks at one
+    /// token: [`Gpu::attention_slots_split`] is the decode step's form).
     #[allow(clippy::too_many_arguments)]
     pub fn attention_slots(
         &self,
@@ -157,84 +216,251 @@ impl Gpu {
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda::attention_slots";
-        let num_slots = check_caches(OP, dims, cache_k.len(), cache_v.len(), max_len)?;
-        crate::ensure_shape!(
-            dims.head_dim <= Gpu::ATTENTION_SLOTS_MAX_HEAD_DIM,
+        let a = check_attend(
             OP,
-            "head_dim must be at most {}, got {}",
-            Gpu::ATTENTION_SLOTS_MAX_HEAD_DIM,
-            dims.head_dim
-        );
-        crate::ensure_shape!(scale.is_finite(), OP, "scale must be finite, got {scale}");
-        crate::ensure_shape!(
-            window != Some(0),
-            OP,
-            "a sliding window must hold at least 1 token, got 0"
-        );
-        let t = check_tokens(OP, slots.len(), pos.len())?;
-        crate::ensure_shape!(
-            t.checked_mul(dims.q_heads).is_some_and(|b| b <= I32_MAX),
-            OP,
-            "{t} tokens x {} query heads: at most i32::MAX blocks",
-            dims.q_heads
-        );
-        check_len_of(OP, "q", q.len(), &[t, dims.q_heads, dims.head_dim])?;
-        check_len(OP, "out", out.len(), q.len())?;
-        // A window of max_len or more reaches every position a slot holds: the full layer's bounds.
-        let window = window.filter(|&w| w < max_len).unwrap_or(0);
+            dims,
+            scale,
+            window,
+            (q, cache_k, cache_v),
+            max_len,
+            (slots, pos),
+            out,
+        )?;
         #[cfg(feature = "cuda")]
         {
-            if t == 0 {
+            self.attend_launch(
+                dims,
+                scale,
+                &a,
+                (q, cache_k, cache_v),
+                (slots, pos),
+                out,
+                None,
+            )
+        }
+        no_cuda!(self, a)
+    }
+
+    /// How many blocks [`Gpu::attention_slots_split`] gives each (token, query head) on this device: enough that
+    /// one token's heads fill every SM twice, a power of two, at most 64. It depends on the device and `dims`
+    /// only, so a recorded step and every batch compute each token the same way.
+    pub fn attention_slots_splits(&self, dims: &AttnDims) -> usize {
+        (2 * self.sm_count().max(1))
+            .div_ceil(dims.q_heads.max(1))
+            .next_power_of_two()
+            .clamp(1, Self::ATTENTION_SLOTS_MAX_SPLITS)
+    }
+
+    /// Most splits [`Gpu::attention_slots_split`] takes (`MAX_SPLITS` in cuda/attention_slots.cu).
+    pub const ATTENTION_SLOTS_MAX_SPLITS: usize = 64;
+
+    /// f32 values of the workspace [`Gpu::attention_slots_split`] needs for `t` tokens and `splits` splits:
+    /// `t * q_heads * splits * (head_dim + 2)` (one record of max, sum and output per block).
+    pub fn attention_slots_workspace_len(
+        dims: &AttnDims,
+        t: usize,
+        splits: usize,
+    ) -> Result<usize, KernelError> {
+        crate::error::checked_product(
+            "cuda::attention_slots_workspace_len",
+            "t*q_heads*splits*(head_dim+2)",
+            &[t, dims.q_heads, splits, dims.head_dim.saturating_add(2)],
+        )
+    }
+
+    /// [`Gpu::attention_slots`] with each (token, query head)'s positions shared by `splits` blocks (flash
+    /// decoding: chunks of at least 32 positions, so a short context leaves the later blocks empty), whose
+    /// partial softmax records a second kernel merges. The same result up to the order of the f32 sums. `splits`
+    /// in `1..=64` ([`Gpu::attention_slots_splits`] is this device's choice); `workspace` holds at least
+    /// [`Gpu::attention_slots_workspace_len`] f32 values, its contents are overwritten. Each token's result depends
+    /// on its own (slot, position) and `splits` only, not on the other tokens of the call.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_slots_split(
+        &self,
+        dims: &AttnDims,
+        scale: f32,
+        window: Option<usize>,
+        q: &GpuBuffer<f32>,
+        cache_k: &GpuBuffer<f32>,
+        cache_v: &GpuBuffer<f32>,
+        max_len: usize,
+        slots: &GpuBuffer<u32>,
+        pos: &GpuBuffer<u32>,
+        splits: usize,
+        workspace: &mut GpuBuffer<f32>,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda::attention_slots_split";
+        let a = check_attend(
+            OP,
+            dims,
+            scale,
+            window,
+            (q, cache_k, cache_v),
+            max_len,
+            (slots, pos),
+            out,
+        )?;
+        crate::ensure_shape!(
+            (1..=Self::ATTENTION_SLOTS_MAX_SPLITS).contains(&splits),
+            OP,
+            "splits must be in 1..={}, got {splits}",
+            Self::ATTENTION_SLOTS_MAX_SPLITS
+        );
+        let need = Self::attention_slots_workspace_len(dims, a.t, splits)?;
+        crate::ensure_shape!(
+            workspace.len() >= need,
+            OP,
+            "workspace holds {} f32 values, {need} needed (t x q_heads x splits x (head_dim + 2))",
+            workspace.len()
+        );
+        #[cfg(feature = "cuda")]
+        {
+            if a.t == 0 {
                 return Ok(());
             }
-            // `attention_slots_f32_e{1,2,4,8}` (the fewest values per lane that hold head_dim): one block per
-            // (token, query head).
-            const NAMES: [&str; 4] = [
+            self.attend_launch(
+                dims,
+                scale,
+                &a,
+                (q, cache_k, cache_v),
+                (slots, pos),
+                workspace,
+                Some(splits),
+            )?;
+            // `attention_slots_combine_f32`: one block per (token, query head).
+            const NAME: &str = "attention_slots_combine_f32";
+            let f = self.inner.function(Module::AttentionSlots, NAME)?;
+            let rows = a.t * dims.q_heads;
+            let cfg = launch_config((rows as u32, 1, 1), (COMBINE_THREADS, 1, 1), 0);
+            let dev = &self.inner;
+            let (wp, _g0) = dev.addr(&workspace.slice);
+            let (op, _g1) = dev.addr_mut(&mut out.slice);
+            let mut args = PdlArgs::default();
+            args.ptr(wp)
+                .ptr(op)
+                .i32(splits as i32)
+                .i32(dims.head_dim as i32);
+            // SAFETY: matches `attention_slots_combine_f32(ws, out, splits, head_dim)` in cuda/attention_slots.cu;
+            // checked above: 1 <= rows = t * q_heads <= i32::MAX (the grid), 1 <= splits <= 64 (its shared
+            // weights), workspace >= [rows, splits, head_dim + 2] (written by the split launch just before, which
+            // this one waits for: pdl_start first), out = [rows, head_dim].
+            unsafe { dev.launch_small(NAME, &f, cfg, &mut args) }
+        }
+        no_cuda!(self, a, need)
+    }
+
+    /// The launch of `attention_slots_f32_e*` (`splits` None, into `dst` = the output) or
+    /// `attention_slots_split_f32_e*` (grid `(t * q_heads, splits)`, into `dst` = the workspace), after
+    /// [`check_attend`] (and the split's checks).
+    #[cfg(feature = "cuda")]
+    #[allow(clippy::too_many_arguments)]
+    fn attend_launch(
+        &self,
+        dims: &AttnDims,
+        scale: f32,
+        a: &Attend,
+        (q, cache_k, cache_v): (&GpuBuffer<f32>, &GpuBuffer<f32>, &GpuBuffer<f32>),
+        (slots, pos): (&GpuBuffer<u32>, &GpuBuffer<u32>),
+        dst: &mut GpuBuffer<f32>,
+        splits: Option<usize>,
+    ) -> Result<(), KernelError> {
+        if a.t == 0 {
+            return Ok(());
+        }
+        // The fewest values per lane that hold head_dim; one block per (token, query head[, split]).
+        const NAMES: [[&str; 4]; 2] = [
+            [
                 "attention_slots_f32_e1",
                 "attention_slots_f32_e2",
                 "attention_slots_f32_e4",
                 "attention_slots_f32_e8",
-            ];
-            let epl = dims.head_dim.div_ceil(32).next_power_of_two();
-            let name = NAMES[epl.trailing_zeros() as usize];
-            let f = self.inner.function(Module::AttentionSlots, name)?;
-            let (ns, ml, win) = (num_slots as u64, max_len as u64, window as u64);
-            let (hq, hkv, d) = (
-                dims.q_heads as i32,
-                dims.kv_heads as i32,
-                dims.head_dim as i32,
-            );
-            let cfg = launch_config(((t * dims.q_heads) as u32, 1, 1), (ATTN_THREADS, 1, 1), 0);
-            let dev = &self.inner;
-            let (qp, _g0) = dev.addr(&q.slice);
-            let (kp, _g1) = dev.addr(&cache_k.slice);
-            let (vp, _g2) = dev.addr(&cache_v.slice);
-            let (sp, _g3) = dev.addr(&slots.slice);
-            let (pp, _g4) = dev.addr(&pos.slice);
-            let (op, _g5) = dev.addr_mut(&mut out.slice);
-            let mut args = PdlArgs::default();
-            args.ptr(qp)
-                .ptr(kp)
-                .ptr(vp)
-                .ptr(sp)
-                .ptr(pp)
-                .ptr(op)
-                .u64(ns)
-                .u64(ml)
-                .u64(win)
-                .i32(hq)
-                .i32(hkv)
-                .i32(d)
-                .f32(scale);
-            // SAFETY: matches `attention_slots_f32_e*(q, cache_k, cache_v, slots, pos, out, num_slots, max_len,
-            // window, q_heads, kv_heads, head_dim, scale)` in cuda/attention_slots.cu; checked above: dims (q_heads
-            // a multiple of kv_heads, all positive), 1 <= head_dim <= 256 so head_dim <= 32 * EPL of the kernel
-            // picked here, q and out = [t, q_heads, head_dim], slots and pos = [t] with 1 <= t * q_heads <=
-            // i32::MAX (the grid), and the caches = [num_slots, max_len, kv_heads * head_dim]; the kernel reads K/V
-            // rows only at positions lo..=pos < max_len of a slot < num_slots (others get zeros); safe as launch_small's
-            // dependent (pdl_start first).
-            unsafe { dev.launch_small(name, &f, cfg, &mut args) }
+            ],
+            [
+                "attention_slots_split_f32_e1",
+                "attention_slots_split_f32_e2",
+                "attention_slots_split_f32_e4",
+                "attention_slots_split_f32_e8",
+            ],
+        ];
+        let epl = dims.head_dim.div_ceil(32).next_power_of_two();
+        let name = NAMES[usize::from(splits.is_some())][epl.trailing_zeros() as usize];
+        let f = self.inner.function(Module::AttentionSlots, name)?;
+        let (ns, ml, win) = (a.num_slots as u64, a.max_len as u64, a.window as u64);
+        let (hq, hkv, d) = (
+            dims.q_heads as i32,
+            dims.kv_heads as i32,
+            dims.head_dim as i32,
+        );
+        let cfg = launch_config(
+            ((a.t * dims.q_heads) as u32, splits.unwrap_or(1) as u32, 1),
+            (ATTN_THREADS, 1, 1),
+            0,
+        );
+        let dev = &self.inner;
+        let (qp, _g0) = dev.addr(&q.slice);
+        let (kp, _g1) = dev.addr(&cache_k.slice);
+        let (vp, _g2) = dev.addr(&cache_v.slice);
+        let (sp, _g3) = dev.addr(&slots.slice);
+        let (pp, _g4) = dev.addr(&pos.slice);
+        let (dp, _g5) = dev.addr_mut(&mut dst.slice);
+        let mut args = PdlArgs::default();
+        args.ptr(qp)
+            .ptr(kp)
+            .ptr(vp)
+            .ptr(sp)
+            .ptr(pp)
+            .ptr(dp)
+            .u64(ns)
+            .u64(ml)
+            .u64(win)
+            .i32(hq)
+            .i32(hkv)
+            .i32(d)
+            .f32(scale);
+        // SAFETY: matches `attention_slots[_split]_f32_e*(q, cache_k, cache_v, slots, pos, out | ws, num_slots,
+        // max_len, window, q_heads, kv_heads, head_dim, scale)` in cuda/attention_slots.cu; checked by the callers:
+        // dims (q_heads a multiple of kv_heads, all positive), 1 <= head_dim <= 256 so head_dim <= 32 * EPL of the
+        // kernel picked here, q = [t, q_heads, head_dim], dst = out of q's size (one block) or a workspace of at
+        // least [t, q_heads, splits, head_dim + 2] (split, 1 <= splits <= 64), slots and pos = [t] with
+        // 1 <= t * q_heads <= i32::MAX (the grid), and the caches = [num_slots, max_len, kv_heads * head_dim]; the
+        // kernel reads K/V rows only at positions lo..=pos < max_len of a slot < num_slots (others get zeros or an
+        // empty record); safe as launch_small's dependent (pdl_start first).
+        unsafe { dev.launch_small(name, &f, cfg, &mut args) }
+    }
+}
+
+#[cfg(all(test, feature = "cuda"))]
+mod tests {
+    use super::super::device::{assert_embedded, source_literal, Module};
+    use super::{Gpu, COMBINE_THREADS};
+
+    /// Every kernel the launch code above can name is embedded (and, without `lab`, nothing else).
+    #[test]
+    fn every_attention_slots_kernel_is_embedded() {
+        let mut launched = vec!["kv_store_slots_f32", "attention_slots_combine_f32"];
+        for e in ["e1", "e2", "e4", "e8"] {
+            launched.push(Box::leak(
+                format!("attention_slots_f32_{e}").into_boxed_str(),
+            ));
+            launched.push(Box::leak(
+                format!("attention_slots_split_f32_{e}").into_boxed_str(),
+            ));
         }
-        no_cuda!(self, num_slots, window)
+        assert_embedded(Module::AttentionSlots, launched);
+    }
+
+    /// The split launch's constants are the kernel file's.
+    #[test]
+    fn split_constants_match_the_kernel_source() {
+        const SRC: &str = include_str!("../../cuda/attention_slots.cu");
+        assert_eq!(
+            source_literal(SRC, "constexpr int COMBINE_THREADS", " = "),
+            u64::from(COMBINE_THREADS)
+        );
+        assert_eq!(
+            source_literal(SRC, "constexpr int MAX_SPLITS", " = "),
+            Gpu::ATTENTION_SLOTS_MAX_SPLITS as u64
+        );
     }
 }

@@ -447,23 +447,13 @@ pub(in crate::cuda) fn check_gdn_weights(
     dims: &GdnDims,
     w: &GdnGpuWeights<'_>,
 ) -> Result<crate::shapes::GdnSizes, KernelError> {
-    let sizes = dims.checked_sizes(op)?;
-    check_len(
-        op,
-        "conv_weight",
+    let lens = [
         w.conv_weight.len(),
-        sizes.conv_weight_len,
-    )?;
-    check_len(op, "a_log", w.a_log.len(), dims.value_heads)?;
-    check_len(op, "dt_bias", w.dt_bias.len(), dims.value_heads)?;
-    check_len(op, "norm_weight", w.norm_weight.len(), dims.value_dim)?;
-    crate::ensure_shape!(
-        w.norm_eps.is_finite() && w.norm_eps >= 0.0,
-        op,
-        "norm_eps must be finite and non-negative, got {}",
-        w.norm_eps
-    );
-    Ok(sizes)
+        w.a_log.len(),
+        w.dt_bias.len(),
+        w.norm_weight.len(),
+    ];
+    crate::gdn::check_weight_lens(op, dims, lens, w.norm_eps)
 }
 
 #[cfg(all(test, feature = "cuda"))]

@@ -111,26 +111,11 @@ fn check_fragment_rows(op: &'static str, rows: usize, what: &str) -> Result<(), 
 /// The candidate count `k` of a sampling call (1 when greedy), after checking the parameters as the CPU's
 /// `sampling::candidates` does and against the GPU's limit.
 fn sample_k(op: &'static str, vocab: usize, p: &SamplingParams) -> Result<usize, KernelError> {
-    crate::ensure_shape!(
-        p.temperature.is_finite() && p.temperature >= 0.0,
-        op,
-        "temperature must be finite and >= 0, got {}",
-        p.temperature
-    );
-    crate::ensure_shape!(
-        p.top_p > 0.0 && p.top_p <= 1.0,
-        op,
-        "top_p must be in (0, 1], got {}",
-        p.top_p
-    );
+    crate::sampling::check_params(op, p)?;
     if p.temperature == 0.0 {
         return Ok(1);
     }
-    let k = if p.top_k == 0 {
-        vocab
-    } else {
-        p.top_k.min(vocab)
-    };
+    let k = crate::sampling::top_k_of(p, vocab);
     crate::ensure_shape!(
         k <= Gpu::SAMPLE_TOP_K_MAX,
         op,

@@ -1,0 +1,110 @@
+//! The CUDA decode step's load-time and launch-time shortcuts against the plain way, on random checkpoints of the
+//! FP8 and NVFP4 fixture cards (`bench_checkpoint`, which gives the projections of one input one NVFP4 global scale,
+//! as modelopt exports those it expects fused): stacked q/k/v and gate/up projections against the parts apart
+//! (fewer linears, the same logits up to the order of the sums), and decode attention split over the context
+//! against one block per (token, head), over a 300-token context (ten chunks of the split kernel). Skips where there
+//! is no CUDA device.
+
+mod common;
+use common::cuda_here;
+use std::path::{Path, PathBuf};
+
+use engine::checkpoint::Checkpoint;
+use engine::{CudaOptions, Engine, EngineError, Model, WeightMode};
+
+/// A random checkpoint of a fixture's card.
+fn card(name: &str) -> PathBuf {
+    let src = common::fixtures_root().join(name);
+    let tmp = std::env::temp_dir().join(format!("edgefit-fast-{name}-{}", std::process::id()));
+    let cfg_dir = tmp.join("card");
+    std::fs::create_dir_all(&cfg_dir).unwrap();
+    for f in ["config.json", "hf_quant_config.json"] {
+        if let Ok(text) = std::fs::read_to_string(src.join(f)) {
+            std::fs::write(cfg_dir.join(f), text).unwrap();
+        }
+    }
+    let out = tmp.join("model");
+    engine::bench_checkpoint::write_with(&cfg_dir, &out, 5, 1 << 22).unwrap();
+    out
+}
+
+fn engine_on(dir: &Path, stack: bool, split: bool) -> Result<Engine, EngineError> {
+    let ck = Checkpoint::open(dir)?;
+    let model = Model::load(&ck, WeightMode::Exact, |_, _| {})?;
+    let opts = CudaOptions {
+        slots: 2,
+        max_len: 512,
+        precise: false,
+        stack_projections: stack,
+        split_decode_attention: split,
+        ..Default::default()
+    };
+    Engine::on_cuda(model, opts, |_| Ok(0))
+}
+
+fn tokens(n: usize, salt: u32, vocab: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i.wrapping_mul(2654435761) ^ salt) % vocab)
+        .collect()
+}
+
+/// The linears loaded, and the logits of every step: a 300-token prompt on slot 0, a 9-token one on slot 1, then
+/// four decode steps of both together.
+fn run(dir: &Path, stack: bool, split: bool) -> Result<(usize, Vec<Vec<f32>>), EngineError> {
+    let mut e = engine_on(dir, stack, split)?;
+    let linears = e.cuda().map_or(0, |c| c.linear_count());
+    let vocab = e.model.vocab() as u32;
+    let (a, b) = (e.join().unwrap(), e.join().unwrap());
+    let mut out = Vec::new();
+    out.extend(e.step(&[(a, &tokens(300, 1, vocab))])?);
+    out.extend(e.step(&[(b, &tokens(9, 2, vocab))])?);
+    for s in 0..4u32 {
+        let (ta, tb) = ([(s * 7 + 1) % vocab], [(s * 11 + 3) % vocab]);
+        out.extend(e.step(&[(a, &ta[..]), (b, &tb[..])])?);
+    }
+    Ok((linears, out))
+}
+
+/// max |a - b| / max |b| over every step's logits.
+fn rel_err(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len(), "step counts differ");
+    let scale = b.iter().flatten().fold(0.0f32, |m, x| m.max(x.abs()));
+    let diff = a
+        .iter()
+        .zip(b)
+        .flat_map(|(x, y)| {
+            assert_eq!(x.len(), y.len());
+            x.iter().zip(y).map(|(p, q)| (p - q).abs())
+        })
+        .fold(0.0f32, f32::max);
+    diff / scale
+}
+
+#[test]
+fn stacked_projections_and_split_attention_agree_with_the_plain_step() {
+    if !cuda_here() {
+        return;
+    }
+    for name in ["qwen3_5-fp8", "qwen3_5-nvfp4"] {
+        let dir = card(name);
+        let (n_fast, fast) = run(&dir, true, true).unwrap();
+        let (n_apart, apart) = run(&dir, false, true).unwrap();
+        let (_, one_block) = run(&dir, true, false).unwrap();
+        let e_stack = rel_err(&fast, &apart);
+        let e_split = rel_err(&fast, &one_block);
+        println!(
+            "{name}: {n_fast} linears stacked, {n_apart} apart; logits max|diff| / max|logit|: stacked vs apart \
+             {e_stack:.2e}, split vs one-block attention {e_split:.2e}"
+        );
+        // The fixture card's one attention layer stacks q/k/v and every layer its gate/up.
+        assert!(
+            n_fast < n_apart,
+            "{name}: stacking loaded {n_fast} linears, apart {n_apart}"
+        );
+        // Only the order of f32 sums differs (the GEMV's cut for a taller matrix, the softmax's merge); a wrong
+        // row offset, scale or chunk edge is O(1).
+        assert!(e_stack < 2e-3, "{name}: stacked vs apart {e_stack:e}");
+        assert!(e_split < 2e-3, "{name}: split vs one-block {e_split:e}");
+        std::fs::remove_dir_all(dir.parent().unwrap()).ok();
+    }
+}

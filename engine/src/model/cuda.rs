@@ -517,22 +517,6 @@ fn upload_vec(gpu: &Gpu, v: &[f32]) -> Result<GpuBuffer<f32>, EngineError> {
     gpu.upload(v).map_err(kerr)
 }
 
-/// The DeltaNet's b/a projection (value_heads rows, 48 on the 27B) dequantized exactly to f32 where it is NVFP4:
-/// so short a matrix is latency-bound on the NVFP4 tile GEMV, which also needs a fragment kernel before it (the
-/// stacked pair took 5.5 + 2.6 us a layer on an H100, where the FP8 build's bf16 pair takes 4.2 us on the dense
-/// split-K GEMV; benchmarks/engine-h200.md). `None` for any other format (it loads as it is).
-fn gate_rows_f32(w: &Weight) -> Result<Option<Weight>, EngineError> {
-    if !matches!(w, Weight::Nvfp4 { .. }) {
-        return Ok(None);
-    }
-    let (n, k) = (w.n(), w.k());
-    let mut all = vec![0.0f32; n * k];
-    for (r, row) in all.chunks_exact_mut(k).enumerate() {
-        w.row(r, row).map_err(kerr)?;
-    }
-    Ok(Some(Weight::F32 { w: all, n, k }))
-}
-
 /// A weight's rows dequantized to f32 (`Weight::row`), as one dense f32 weight on the device.
 fn widen_f32(gpu: &Gpu, w: &Weight) -> Result<GLinear, EngineError> {
     let (n, k) = (w.n(), w.k());
@@ -1059,12 +1043,7 @@ impl CudaModel {
                     wide = wide.max(g.out.k());
                     GMixer::Gdn(Box::new(GGdn {
                         qkvz: pl.put_stacked(&[&g.in_qkv, &g.in_z], i, &[R::GdnQkv, R::GdnZ])?,
-                        ba: {
-                            let (b, a) = (gate_rows_f32(&g.in_b)?, gate_rows_f32(&g.in_a)?);
-                            let parts =
-                                [b.as_ref().unwrap_or(&g.in_b), a.as_ref().unwrap_or(&g.in_a)];
-                            pl.put_stacked(&parts, i, &[R::GdnB, R::GdnA])?
-                        },
+                        ba: pl.put_stacked(&[&g.in_b, &g.in_a], i, &[R::GdnB, R::GdnA])?,
                         out: pl.put(&g.out, i, &[R::GdnOut])?,
                         conv: upload_vec(&gpu, &g.conv)?,
                         a_log: upload_vec(&gpu, &g.a_log)?,

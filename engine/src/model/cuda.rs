@@ -760,8 +760,8 @@ pub struct CudaOptions {
 
 impl Default for CudaOptions {
     /// Nothing streamed, no cap, the exact builds off, flash prompt attention, split decode attention and stacked
-    /// projections on (as `edgefit` runs them), and no
-    /// GEMM copies: they cost device memory beyond the plan, so the caller asks for them.
+    /// projections on (as `edgefit` runs them), and no GEMM copies: they cost device memory beyond the plan, so the
+    /// caller asks for them.
     fn default() -> Self {
         CudaOptions {
             slots: 0,
@@ -2819,5 +2819,32 @@ mod tests {
             other => panic!("nvfp4 parts: {other:?}"),
         }
         assert!(stack_rows(&[&nv(2.0), &nv(3.0)]).is_none());
+        // The projections' stacking takes the quantized formats only, each part's rows in order, and refuses a
+        // different k.
+        let rows = |first: u8, global: f32, k: usize| Weight::Nvfp4 {
+            w: vec![first; k / 2],
+            scales: vec![first; k / 16],
+            global,
+            n: 1,
+            k,
+        };
+        match stack_quantized(&[&rows(1, 0.5, 32), &rows(2, 0.5, 32), &rows(3, 0.5, 32)]) {
+            Some(Weight::Nvfp4 {
+                w,
+                scales,
+                global,
+                n,
+                k,
+            }) => {
+                assert_eq!((n, k, global), (3, 32, 0.5));
+                assert_eq!(w, [[1u8; 16], [2; 16], [3; 16]].concat());
+                assert_eq!(scales, vec![1, 1, 2, 2, 3, 3]);
+            }
+            other => panic!("nvfp4 projections: {other:?}"),
+        }
+        assert!(stack_quantized(&[&rows(1, 0.5, 32), &rows(1, 0.5, 16)]).is_none());
+        assert!(stack_quantized(&[&rows(1, 0.5, 32), &rows(1, 0.25, 32)]).is_none());
+        assert!(stack_quantized(&[&a, &a]).is_none());
+        assert!(stack_quantized(&[&h, &h]).is_none());
     }
 }

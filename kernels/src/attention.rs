@@ -87,10 +87,11 @@ impl KvSliceMut<'_> {
     }
 }
 
-/// Checks that a sliding window holds at least the current token.
-fn check_window(op: &'static str, window: usize) -> Result<(), KernelError> {
+/// Checks that a sliding window (`Some`; `None` is a full layer) holds at least the current token: every
+/// attention entry point's one window check, CPU and CUDA.
+pub(crate) fn check_window(op: &'static str, window: Option<usize>) -> Result<(), KernelError> {
     crate::ensure_shape!(
-        window >= 1,
+        window != Some(0),
         op,
         "a sliding window must hold at least 1 token, got 0"
     );
@@ -228,7 +229,7 @@ pub fn ring_store(
     const OP: &str = "attention::ring_store";
     dims.validate(OP)?;
     let (hkv, d) = (dims.kv_heads, dims.head_dim);
-    check_window(OP, window)?;
+    check_window(OP, Some(window))?;
     check_row(OP, dims, row)?;
     let Some(slot) = ring_slot(window, p) else {
         return Ok(());
@@ -591,7 +592,7 @@ pub fn decode_ring_with(
 ) -> Result<(), KernelError> {
     const OP: &str = "attention::decode_ring";
     check_common(OP, dims, scale, batch, q, out)?;
-    check_window(OP, kv.window)?;
+    check_window(OP, Some(kv.window))?;
     let (hkv, d, slots) = (dims.kv_heads, dims.head_dim, kv.window - 1);
     check_kv_pair(
         OP,
@@ -646,9 +647,7 @@ pub fn prefill_with(
 ) -> Result<(), KernelError> {
     const OP: &str = "attention::prefill";
     check_common(OP, dims, scale, t, q, out)?;
-    if let Some(w) = window {
-        check_window(OP, w)?;
-    }
+    check_window(OP, window)?;
     // The C kernels index tokens with 32-bit lane arithmetic in places.
     crate::ensure_shape!(
         t <= i32::MAX as usize,

@@ -193,11 +193,7 @@ impl Backend for Cpu {
         const OP: &str = "cpu::attention";
         let dims = cache.dims;
         check_slots(OP, slots, pos, cache.slots, cache.max_len)?;
-        crate::ensure_shape!(
-            window != Some(0),
-            OP,
-            "a sliding window must hold at least 1 token, got 0"
-        );
+        crate::attention::check_window(OP, window)?;
         let t = slots.len();
         let qw = dims.q_heads * dims.head_dim;
         let q_len = checked_product(OP, "t*q_heads*head_dim", &[t, qw])?;

@@ -388,11 +388,7 @@ impl Gpu {
             splits,
             scale,
         )?;
-        crate::ensure_shape!(
-            window >= 1,
-            op,
-            "a sliding window must hold at least 1 token, got 0"
-        );
+        crate::attention::check_window(op, Some(window))?;
         let slots = window - 1;
         crate::ensure_shape!(
             seqs.checked_mul(dims.kv_heads)

@@ -984,11 +984,7 @@ fn check_prefill(
         dims.head_dim
     );
     crate::ensure_shape!(scale.is_finite(), op, "scale must be finite, got {scale}");
-    crate::ensure_shape!(
-        window != Some(0),
-        op,
-        "a sliding window must hold at least 1 token, got 0"
-    );
+    crate::attention::check_window(op, window)?;
     crate::ensure_shape!(
         (1..=65535).contains(&seqs) && dims.kv_heads <= 65535,
         op,

@@ -103,11 +103,7 @@ fn check_attend(
         dims.head_dim
     );
     crate::ensure_shape!(scale.is_finite(), op, "scale must be finite, got {scale}");
-    crate::ensure_shape!(
-        window != Some(0),
-        op,
-        "a sliding window must hold at least 1 token, got 0"
-    );
+    crate::attention::check_window(op, window)?;
     let t = check_tokens(op, slots.len(), pos.len())?;
     crate::ensure_shape!(
         t.checked_mul(dims.q_heads).is_some_and(|b| b <= I32_MAX),

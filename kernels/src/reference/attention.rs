@@ -3,6 +3,7 @@
 //! oracle for the C kernels (paged and ring decode, tiled prefill) and the CUDA ones.
 
 use crate::shapes::{AttnDims, Rope};
+use crate::attention::check_window;
 use crate::KernelError;
 
 /// Applies neox RoPE in place to `x` (`[t, heads, head_dim]`), row `i` at position `positions[i]`.
@@ -78,15 +79,6 @@ fn attend(
     for (o, a) in out.iter_mut().zip(acc) {
         *o = (a / z) as f32;
     }
-}
-
-fn check_window(op: &'static str, window: Option<usize>) -> Result<(), KernelError> {
-    crate::ensure_shape!(
-        window != Some(0),
-        op,
-        "a sliding window must hold at least 1 token, got 0"
-    );
-    Ok(())
 }
 
 /// Decode for one sequence: query `q` (`[Hq, D]`) is the token at position `n - 1` and attends over the dense

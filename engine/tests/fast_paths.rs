@@ -6,31 +6,17 @@
 //! is no CUDA device.
 
 mod common;
-use common::cuda_here;
+use common::{cuda_engine, cuda_here, tokens};
 use std::path::{Path, PathBuf};
 
-use engine::checkpoint::Checkpoint;
-use engine::{CudaOptions, Engine, EngineError, Model, WeightMode};
+use engine::{CudaOptions, Engine, EngineError};
 
 /// A random checkpoint of a fixture's card.
 fn card(name: &str) -> PathBuf {
-    let src = common::fixtures_root().join(name);
-    let tmp = std::env::temp_dir().join(format!("edgefit-fast-{name}-{}", std::process::id()));
-    let cfg_dir = tmp.join("card");
-    std::fs::create_dir_all(&cfg_dir).unwrap();
-    for f in ["config.json", "hf_quant_config.json"] {
-        if let Ok(text) = std::fs::read_to_string(src.join(f)) {
-            std::fs::write(cfg_dir.join(f), text).unwrap();
-        }
-    }
-    let out = tmp.join("model");
-    engine::bench_checkpoint::write_with(&cfg_dir, &out, 5, 1 << 22).unwrap();
-    out
+    common::random_card(name, &format!("fast-{name}"), 5, |_| {})
 }
 
 fn engine_on(dir: &Path, precise: bool, stack: bool, split: bool) -> Result<Engine, EngineError> {
-    let ck = Checkpoint::open(dir)?;
-    let model = Model::load(&ck, WeightMode::Exact, |_, _| {})?;
     let opts = CudaOptions {
         slots: 2,
         max_len: 512,
@@ -39,13 +25,7 @@ fn engine_on(dir: &Path, precise: bool, stack: bool, split: bool) -> Result<Engi
         split_decode_attention: split,
         ..Default::default()
     };
-    Engine::on_cuda(model, opts, |_| Ok(0))
-}
-
-fn tokens(n: usize, salt: u32, vocab: u32) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i.wrapping_mul(2654435761) ^ salt) % vocab)
-        .collect()
+    cuda_engine(dir, opts)
 }
 
 /// The linears loaded, and the logits of every step: a 300-token prompt on slot 0, a 9-token one on slot 1, then
@@ -73,16 +53,11 @@ fn run(
 /// max |a - b| / max |b| over every step's logits.
 fn rel_err(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     assert_eq!(a.len(), b.len(), "step counts differ");
-    let scale = b.iter().flatten().fold(0.0f32, |m, x| m.max(x.abs()));
-    let diff = a
-        .iter()
-        .zip(b)
-        .flat_map(|(x, y)| {
-            assert_eq!(x.len(), y.len());
-            x.iter().zip(y).map(|(p, q)| (p - q).abs())
-        })
-        .fold(0.0f32, f32::max);
-    diff / scale
+    assert!(
+        a.iter().zip(b).all(|(x, y)| x.len() == y.len()),
+        "logit rows differ in length"
+    );
+    common::rel_err(&a.concat(), &b.concat())
 }
 
 #[test]

@@ -5,42 +5,19 @@
 //! and the decode steps after them (which read the caches the prompt left). Skips where there is no CUDA device.
 
 mod common;
-use common::cuda_here;
+use common::{cuda_engine, cuda_here, rel_err, tokens};
 use std::path::{Path, PathBuf};
 
-use engine::checkpoint::Checkpoint;
-use engine::{CudaOptions, Engine, EngineError, Model, WeightMode};
+use engine::{CudaOptions, Engine, EngineError};
 
 /// A random checkpoint of a fixture's card with its attention heads widened to `head_dim`.
 fn card(name: &str, head_dim: usize) -> PathBuf {
-    let src = common::fixtures_root().join(name);
-    let tmp = std::env::temp_dir().join(format!(
-        "edgefit-flash-{name}-{head_dim}-{}",
-        std::process::id()
-    ));
-    let cfg_dir = tmp.join("card");
-    std::fs::create_dir_all(&cfg_dir).unwrap();
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
-    let text = cfg.get_mut("text_config").is_some();
-    let c = if text {
-        cfg.get_mut("text_config").unwrap()
-    } else {
-        &mut cfg
-    };
-    c["head_dim"] = serde_json::json!(head_dim);
-    std::fs::write(cfg_dir.join("config.json"), cfg.to_string()).unwrap();
-    if let Ok(q) = std::fs::read_to_string(src.join("hf_quant_config.json")) {
-        std::fs::write(cfg_dir.join("hf_quant_config.json"), q).unwrap();
-    }
-    let out = tmp.join("model");
-    engine::bench_checkpoint::write_with(&cfg_dir, &out, 11, 1 << 22).unwrap();
-    out
+    common::random_card(name, &format!("flash-{name}-{head_dim}"), 11, |c| {
+        c["head_dim"] = serde_json::json!(head_dim)
+    })
 }
 
 fn engine_on(dir: &Path, flash: bool) -> Result<Engine, EngineError> {
-    let ck = Checkpoint::open(dir)?;
-    let model = Model::load(&ck, WeightMode::Exact, |_, _| {})?;
     let opts = CudaOptions {
         slots: 2,
         max_len: 1024,
@@ -50,13 +27,7 @@ fn engine_on(dir: &Path, flash: bool) -> Result<Engine, EngineError> {
         flash_prefill_attention: flash,
         ..Default::default()
     };
-    Engine::on_cuda(model, opts, |_| Ok(0))
-}
-
-fn tokens(n: usize, salt: u32, vocab: u32) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i.wrapping_mul(2654435761) ^ salt) % vocab)
-        .collect()
+    cuda_engine(dir, opts)
 }
 
 /// The logits of every step: a 700-token prompt on slot 0 (chunks of 512 and 188), then on slot 1 a 41-token
@@ -82,15 +53,6 @@ fn prefix_dropped(dir: &Path) -> Result<Vec<f32>, EngineError> {
     let vocab = e.model.vocab() as u32;
     let s = e.join().unwrap();
     Ok(e.step(&[(s, &tokens(60, 3, vocab))])?.remove(0))
-}
-
-/// max |a - b| / max |b|.
-fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-    let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-    a.iter()
-        .zip(b)
-        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
-        / scale
 }
 
 #[test]

@@ -2,8 +2,8 @@
 //! optional sliding window, and neox RoPE. Layouts are those of [`crate::attention`] (module docs). These are the
 //! oracle for the C kernels (paged and ring decode, tiled prefill) and the CUDA ones.
 
-use crate::shapes::{AttnDims, Rope};
 use crate::attention::check_window;
+use crate::shapes::{AttnDims, Rope};
 use crate::KernelError;
 
 /// Applies neox RoPE in place to `x` (`[t, heads, head_dim]`), row `i` at position `positions[i]`.

@@ -138,7 +138,8 @@ fi
 # Prefill at 512 and 4096 tokens, interleaved by arm (PREFILL_ARMS): flash (the default: the tensor-core GEMMs on
 # the checkpoint-layout copy, prompt attention through the flash prefill kernels), slots (the same with prompt
 # attention on the exact path's f32 slot kernel, EDGEFIT_FLASH_PREFILL=0), tiles (the tile GEMVs,
-# EDGEFIT_PREFILL_GEMM=0).
+# EDGEFIT_PREFILL_GEMM=0), blocking (flash with CUDA_LAUNCH_BLOCKING=1: every launch waits for its kernel, so the
+# engine's per-op profile then holds each op family's device time plus its host time, serialized).
 if want prefill; then
   for m in ${MODELS//,/ }; do
     dir=/tmp/q27-$m
@@ -147,8 +148,9 @@ if want prefill; then
       for p in ${PROMPTS:-512 4096}; do
         [ $arm = tiles ] && g=0 || g=1
         [ $arm = slots ] && fl=0 || fl=1
+        [ $arm = blocking ] && bl=1 || bl=0
         f="$OUT/engine_prefill_${m}_${arm}_$p.txt"
-        EDGEFIT_FLASH_PREFILL=$fl EDGEFIT_PREFILL_GEMM=$g timeout 300 "$BIN/edgefit" bench --device cuda --model "$dir" --batch 1 \
+        CUDA_LAUNCH_BLOCKING=$bl EDGEFIT_FLASH_PREFILL=$fl EDGEFIT_PREFILL_GEMM=$g timeout 300 "$BIN/edgefit" bench --device cuda --model "$dir" --batch 1 \
           --prompt-len $p --gen 4 --max-model-len 8192 > "$f" 2>&1
         rc=$?; status+=("prefill $m $arm pp$p: rc=$rc $(grep -E ' pp[0-9]' "$f" | tr '\n' ' ')")
       done

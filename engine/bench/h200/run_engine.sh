@@ -8,7 +8,7 @@
 #
 # Usage (here):    engine/bench/h200/run_engine.sh prepare
 # Usage (device):  bash engine/bench/h200/run_engine.sh [STAGES]   (comma-separated: tests,sanitizer,bench,offload,
-#                  prefill,serve,ncu,nsys,baseline; default tests,sanitizer,bench). baseline needs `carry: [".whl"]` (transformers 5.25,
+#                  prefill,serve,ncu,nsys,trace,baseline; default tests,sanitizer,bench). baseline needs `carry: [".whl"]` (transformers 5.25,
 #                  flash-linear-attention; see engine/bench/h200/hf_baseline.py).  Env: GEN (decode steps, default 64), MODELS (fp8,nvfp4),
 #                  TESTS (test binaries), ARMS (graphs launches old nopdl nofused neither nosplit
 #                  nostack), BATCHES, SERVE_ARMS
@@ -42,6 +42,15 @@ for l in sys.stdin:
   stage=$(mktemp -d)
   while read -r name exe; do cp "$exe" "$stage/test_$name"; done < /tmp/edgefit-engine-bins.txt
   cp target/release/edgefit target/release/examples/random_checkpoint target/release/examples/serve_load "$stage/"
+  # The `trace` stage's GPU timeline (the machine has no Nsight Systems): CUPTI 13.0 from PyPI and the injection
+  # library that records through it (engine/bench/h200/cupti_trace.c).
+  cupti=$(mktemp -d)
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps 'nvidia-cuda-cupti==13.0.85' -d "$cupti"
+  unzip -q -o "$cupti"/*.whl 'nvidia/cu13/include/*' 'nvidia/cu13/lib/libcupti.so.13' -d "$cupti"
+  cc -shared -fPIC -O2 -Wall -Wextra -Werror -I"$cupti/nvidia/cu13/include" -I"$(dirname "$NVCC")/../include" \
+    engine/bench/h200/cupti_trace.c -L"$cupti/nvidia/cu13/lib" -l:libcupti.so.13 -o "$stage/libedgefit_cupti.so"
+  cp "$cupti/nvidia/cu13/lib/libcupti.so.13" "$stage/"
+  rm -rf "$cupti"
   strip "$stage"/*
   rm -rf "$CARRY" && mkdir -p "$CARRY"
   # xz with a dictionary larger than one binary: they embed the same PTX and cubins, so each after the first
@@ -209,6 +218,27 @@ print(f"{sys.argv[1]}: {len(rows)-1} kernels ({sum(n.values())} timed), {tot/1e6
 for k, v in sorted(t.items(), key=lambda x: -x[1])[:40]:
     print(f"{v/1e6:9.3f} ms {100*v/tot:5.1f}% {n[k]:6d} calls {v/n[k]/1e3:8.2f} us/call  {k}")
 PY
+  done
+fi
+
+# A GPU timeline (what `nsys -t cuda` records, through CUPTI: the machine has no Nsight Systems) of a short bench
+# run per model: every step's GPU span, busy time and idle gaps, the median decode step's and the prompt's time by
+# kernel, and that decode step kernel by kernel (engine_trace_step_*.tsv). TRACE_PROMPTS: prompt lengths.
+if want trace; then
+  for m in ${MODELS//,/ }; do
+    dir=/tmp/q27-$m
+    [ -f "$dir/model.safetensors" ] || "$BIN/random_checkpoint" "models/qwen3.8-27b-$m" "$dir" 2>&1 | tail -2
+    for p in ${TRACE_PROMPTS:-512}; do
+      t="/tmp/engine_trace_${m}_$p.tsv"
+      CUDA_INJECTION64_PATH="$BIN/libedgefit_cupti.so" EDGEFIT_CUPTI_TRACE="$t" \
+        LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}" timeout 300 "$BIN/edgefit" bench --device cuda --model "$dir" \
+        --batch 1 --prompt-len "$p" --gen "${TRACE_GEN:-8}" --max-model-len 8192 > "$OUT/engine_trace_bench_${m}_$p.txt" 2>&1
+      rc=$?; status+=("trace $m pp$p: rc=$rc $(grep -E ' (pp|tg)[0-9]' "$OUT/engine_trace_bench_${m}_$p.txt" | tr '\n' ' ')")
+      python3 engine/bench/h200/cupti_timeline.py "$t" --step-out "$OUT/engine_trace_step_${m}_$p.tsv" \
+        > "$OUT/engine_trace_summary_${m}_$p.txt" 2>&1
+      sed -n '/^decode:/,$p' "$OUT/engine_trace_summary_${m}_$p.txt" | head -60
+      rm -f "$t"
+    done
   done
 fi
 

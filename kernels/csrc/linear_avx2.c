@@ -114,29 +114,9 @@ void ef_bf16_avx2(const float *x, size_t m, size_t k, const uint16_t *w, size_t 
     }
 }
 
-/* W4A8 without VNNI: the same four-row transpose as the AVX-512 path (see linear_avx512.c), then
+/* W4A8 without VNNI: the four-row transpose of the AVX-512 path (ef_w4a8_quads, linear_common.h), then
  * maddubs (u8 codes x s8 activations -> i16 pair sums, at most 2 * 15 * 127, no saturation) and madd with ones
  * (-> i32), which is what vpdpbusd does in one instruction. */
-static inline void w4a8_quads_avx2(const uint8_t *rows, __m256i quad[8]) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256i r[4];
-    for (int q = 0; q < 4; q++) r[q] = _mm256_loadu_si256((const __m256i *)(rows + 32 * q));
-    __m256i l[4], h[4];
-    for (int q = 0; q < 4; q++) {
-        l[q] = _mm256_and_si256(r[q], m4);
-        h[q] = _mm256_and_si256(_mm256_srli_epi16(r[q], 4), m4);
-    }
-    for (int half = 0; half < 2; half++) {
-        __m256i *v = half ? h : l;
-        __m256i a = _mm256_unpacklo_epi8(v[0], v[1]), bb = _mm256_unpacklo_epi8(v[2], v[3]);
-        __m256i c = _mm256_unpackhi_epi8(v[0], v[1]), d = _mm256_unpackhi_epi8(v[2], v[3]);
-        quad[4 * half + 0] = _mm256_unpacklo_epi16(a, bb);
-        quad[4 * half + 1] = _mm256_unpackhi_epi16(a, bb);
-        quad[4 * half + 2] = _mm256_unpacklo_epi16(c, d);
-        quad[4 * half + 3] = _mm256_unpackhi_epi16(c, d);
-    }
-}
-
 void ef_w4a8_avx2(const int8_t *xq, const float *xs, const int32_t *xsum, size_t m, size_t k, const uint8_t *packed,
                   const uint16_t *sz, size_t npad, size_t group, size_t n, size_t b0, size_t b1, float *y) {
     size_t groups = (k + group - 1) / group;
@@ -166,19 +146,13 @@ void ef_w4a8_avx2(const int8_t *xq, const float *xs, const int32_t *xsum, size_t
                     memcpy(&xw, xt, 4);
                     __m256i xb = _mm256_set1_epi32(xw);
                     __m256i quad[8];
-                    w4a8_quads_avx2(src, quad);
+                    ef_w4a8_quads(src, quad);
                     for (int j = 0; j < 8; j++)
                         acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(_mm256_maddubs_epi16(quad[j], xb), ones));
                 }
-                /* Back to column order (see fix_order in linear_avx512.c), then (sum x q - 8 sum x) * scale. */
+                /* Back to column order, then (sum x q - 8 sum x) * scale. */
                 __m256i ord[8];
-                for (int half = 0; half < 2; half++) {
-                    const __m256i *a = acc + 4 * half;
-                    ord[4 * half + 0] = _mm256_permute2x128_si256(a[0], a[1], 0x20);
-                    ord[4 * half + 1] = _mm256_permute2x128_si256(a[2], a[3], 0x20);
-                    ord[4 * half + 2] = _mm256_permute2x128_si256(a[0], a[1], 0x31);
-                    ord[4 * half + 3] = _mm256_permute2x128_si256(a[2], a[3], 0x31);
-                }
+                ef_w4a8_fix_order(acc, ord);
                 __m256i corr = _mm256_set1_epi32(8 * xsum[i * groups + g]);
                 const uint16_t *s = sz + (g * npad + b * 64) * 2;
                 for (int q = 0; q < 8; q++) {

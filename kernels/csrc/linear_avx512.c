@@ -377,40 +377,6 @@ int ef_w4a16_xq_avx512(const float *x, size_t k, size_t group, int16_t *xq, floa
 /* ----------------------------------------------------------------------------------------------------------------
  * W4A8: the same packed layout on the symmetric grid, int8 activations, VNNI dot products. */
 
-/* Four consecutive k-rows of a block become, per column, one dword of four codes (k, k+1, k+2, k+3), which is the
- * operand shape of vpdpbusd. The unpacks work inside 128-bit lanes, so the 8 outputs hold columns in the order
- * {0-3,16-19}, {4-7,20-23}, {8-11,24-27}, {12-15,28-31} and the same +32 for the high nibbles; fix_order restores
- * column order once per group. */
-static inline void w4a8_quads(const uint8_t *rows, __m256i quad[8]) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256i r0 = _mm256_loadu_si256((const __m256i *)rows), r1 = _mm256_loadu_si256((const __m256i *)(rows + 32));
-    __m256i r2 = _mm256_loadu_si256((const __m256i *)(rows + 64)), r3 = _mm256_loadu_si256((const __m256i *)(rows + 96));
-    __m256i l[4] = {_mm256_and_si256(r0, m4), _mm256_and_si256(r1, m4), _mm256_and_si256(r2, m4), _mm256_and_si256(r3, m4)};
-    __m256i h[4] = {_mm256_and_si256(_mm256_srli_epi16(r0, 4), m4), _mm256_and_si256(_mm256_srli_epi16(r1, 4), m4),
-                    _mm256_and_si256(_mm256_srli_epi16(r2, 4), m4), _mm256_and_si256(_mm256_srli_epi16(r3, 4), m4)};
-    for (int half = 0; half < 2; half++) {
-        __m256i *v = half ? h : l;
-        __m256i a = _mm256_unpacklo_epi8(v[0], v[1]), bb = _mm256_unpacklo_epi8(v[2], v[3]);
-        __m256i c = _mm256_unpackhi_epi8(v[0], v[1]), d = _mm256_unpackhi_epi8(v[2], v[3]);
-        quad[4 * half + 0] = _mm256_unpacklo_epi16(a, bb);
-        quad[4 * half + 1] = _mm256_unpackhi_epi16(a, bb);
-        quad[4 * half + 2] = _mm256_unpacklo_epi16(c, d);
-        quad[4 * half + 3] = _mm256_unpackhi_epi16(c, d);
-    }
-}
-
-/* acc in quad order -> 8 vectors of 8 consecutive columns (0-7, 8-15, ..., 56-63). */
-static inline void fix_order(const __m256i acc[8], __m256i out[8]) {
-    for (int half = 0; half < 2; half++) {
-        const __m256i *a = acc + 4 * half;
-        __m256i *o = out + 4 * half;
-        o[0] = _mm256_permute2x128_si256(a[0], a[1], 0x20); /* cols 0-7   */
-        o[1] = _mm256_permute2x128_si256(a[2], a[3], 0x20); /* cols 8-15  */
-        o[2] = _mm256_permute2x128_si256(a[0], a[1], 0x31); /* cols 16-23 */
-        o[3] = _mm256_permute2x128_si256(a[2], a[3], 0x31); /* cols 24-31 */
-    }
-}
-
 /* One row of int8 activations against NB blocks side by side (NB weight streams in flight, as in the W4A16 GEMV):
  * y[b + j] columns for j < nb. */
 static inline __attribute__((always_inline)) void w4a8_row_blocks(const int8_t *xr, const float xs,
@@ -453,7 +419,7 @@ static inline __attribute__((always_inline)) void w4a8_row_blocks(const int8_t *
                     _mm_prefetch((const char *)src + EF_PREFETCH + 64, EF_PREFETCH_HINT);
                 }
                 __m256i quad[8];
-                w4a8_quads(src, quad);
+                ef_w4a8_quads(src, quad);
                 for (int q = 0; q < 8; q++) acc[j][q] = _mm256_dpbusd_epi32(acc[j][q], quad[q], xb);
             }
         }
@@ -461,7 +427,7 @@ static inline __attribute__((always_inline)) void w4a8_row_blocks(const int8_t *
         __m512i corr = _mm512_set1_epi32(8 * xsum[g]);
         for (int j = 0; j < nb; j++) {
             __m256i ordered[8];
-            fix_order(acc[j], ordered);
+            ef_w4a8_fix_order(acc[j], ordered);
             const uint16_t *s = sz + (g * npad + (b + (size_t)j) * 64) * 2;
             for (int q = 0; q < 4; q++) {
                 __m512i a16 = _mm512_inserti64x4(_mm512_castsi256_si512(ordered[2 * q]), ordered[2 * q + 1], 1);
@@ -503,7 +469,7 @@ void ef_w4a8_avx512(const int8_t *xq, const float *xs, const int32_t *xsum, size
  * vpermt2b gathers, for 16 byte positions c, the four rows' bytes into dword c (bytes r0[c], r1[c], r2[c], r3[c]);
  * a mask leaves the low nibbles (columns c) and a shift plus mask the high ones (columns c + 32): the operand of a
  * zmm vpdpbusd, already in column order. Per 4 k-rows x 64 columns that is 2 permutes, 6 logic ops and 4 zmm
- * vpdpbusd, against 16 unpacks, 12 logic ops and 8 ymm vpdpbusd in w4a8_quads + fix_order above, and the 4
+ * vpdpbusd, against 16 unpacks, 12 logic ops and 8 ymm vpdpbusd in ef_w4a8_quads + ef_w4a8_fix_order (linear_common.h), and the 4
  * accumulators per block leave room for four blocks side by side (four weight streams in flight, as in the W4A16
  * GEMV) where the base path holds two. The results are bit-identical to the base path (same integer sums, same
  * order of float operations per group).

@@ -88,6 +88,47 @@ void ef_nvfp4_avx512vbmi(const float *x, const int8_t *xq, const int32_t *xnb, c
 /* Builds xq, xnb, xs of ef_nvfp4_avx512vbmi from x[chunks * 128]; 0 where x cannot be held that way. */
 int ef_nvfp4_xq_avx512vbmi(const float *x, size_t chunks, int8_t *xq, int32_t *xnb, float *xs);
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+/* The W4A8 transpose that the AVX2 and AVX-512 kernels share (the AVX2 one follows it with maddubs + madd, the
+ * AVX-512 one with vpdpbusd). */
+
+/* Four consecutive k-rows of a block become, per column, one dword of four codes (k, k+1, k+2, k+3), which is the
+ * operand shape of vpdpbusd. The unpacks work inside 128-bit lanes, so the 8 outputs hold columns in the order
+ * {0-3,16-19}, {4-7,20-23}, {8-11,24-27}, {12-15,28-31} and the same +32 for the high nibbles; ef_w4a8_fix_order
+ * restores column order once per group. */
+static inline void ef_w4a8_quads(const uint8_t *rows, __m256i quad[8]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i r0 = _mm256_loadu_si256((const __m256i *)rows), r1 = _mm256_loadu_si256((const __m256i *)(rows + 32));
+    __m256i r2 = _mm256_loadu_si256((const __m256i *)(rows + 64)), r3 = _mm256_loadu_si256((const __m256i *)(rows + 96));
+    __m256i l[4] = {_mm256_and_si256(r0, m4), _mm256_and_si256(r1, m4), _mm256_and_si256(r2, m4), _mm256_and_si256(r3, m4)};
+    __m256i h[4] = {_mm256_and_si256(_mm256_srli_epi16(r0, 4), m4), _mm256_and_si256(_mm256_srli_epi16(r1, 4), m4),
+                    _mm256_and_si256(_mm256_srli_epi16(r2, 4), m4), _mm256_and_si256(_mm256_srli_epi16(r3, 4), m4)};
+    for (int half = 0; half < 2; half++) {
+        __m256i *v = half ? h : l;
+        __m256i a = _mm256_unpacklo_epi8(v[0], v[1]), bb = _mm256_unpacklo_epi8(v[2], v[3]);
+        __m256i c = _mm256_unpackhi_epi8(v[0], v[1]), d = _mm256_unpackhi_epi8(v[2], v[3]);
+        quad[4 * half + 0] = _mm256_unpacklo_epi16(a, bb);
+        quad[4 * half + 1] = _mm256_unpackhi_epi16(a, bb);
+        quad[4 * half + 2] = _mm256_unpacklo_epi16(c, d);
+        quad[4 * half + 3] = _mm256_unpackhi_epi16(c, d);
+    }
+}
+
+/* acc in quad order -> 8 vectors of 8 consecutive columns (0-7, 8-15, ..., 56-63). */
+static inline void ef_w4a8_fix_order(const __m256i acc[8], __m256i out[8]) {
+    for (int half = 0; half < 2; half++) {
+        const __m256i *a = acc + 4 * half;
+        __m256i *o = out + 4 * half;
+        o[0] = _mm256_permute2x128_si256(a[0], a[1], 0x20); /* cols 0-7   */
+        o[1] = _mm256_permute2x128_si256(a[2], a[3], 0x20); /* cols 8-15  */
+        o[2] = _mm256_permute2x128_si256(a[0], a[1], 0x31); /* cols 16-23 */
+        o[3] = _mm256_permute2x128_si256(a[2], a[3], 0x31); /* cols 24-31 */
+    }
+}
+#endif
+
 /* FP8 scale blocks are 128 x 128; NVFP4 scales cover 16 elements. */
 #define EF_FP8_BLOCK 128
 #define EF_NVFP4_GROUP 16

@@ -15,13 +15,7 @@ static inline __m256 ops_exp256(__m256 x) {
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
-    __m256 y = _mm256_set1_ps(1.0f / 720.0f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f / 120.0f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f / 24.0f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f / 6.0f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(0.5f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f));
+    const __m256 y = SEQ_EXP_POLY(_mm256_fmadd_ps, _mm256_set1_ps, r);
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
@@ -35,17 +29,7 @@ static inline __m256 ops_gelu256(__m256 x) {
     const __m256 u = _mm256_mul_ps(x, _mm256_set1_ps(0.70710678f));
     const __m256 au = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), u);
     const __m256 t = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_fmadd_ps(au, _mm256_set1_ps(0.5f), _mm256_set1_ps(1.0f)));
-    __m256 y = _mm256_set1_ps(0.17087277f);
-    y = _mm256_fmadd_ps(y, t, _mm256_set1_ps(-0.82215223f));
-    y = _mm256_fmadd_ps(y, t, _mm256_set1_ps(1.48851587f));
-    y = _mm256_fmadd_ps(y, t, _mm256_set1_ps(-1.13520398f));
-    y = _mm256_fmadd_ps(y, t, _mm256_set1_ps(0.27886807f));
-    y = _mm256_fmadd_ps(y, t, _mm256_set1_ps(-0.18628806f));
-    y = _mm256_fmadd_ps(y, t, _mm256_set1_ps(0.09678418f));
-    y = _mm256_fmadd_ps(y, t, _mm256_set1_ps(0.37409196f));
-    y = _mm256_fmadd_ps(y, t, _mm256_set1_ps(1.00002368f));
-    y = _mm256_fmadd_ps(y, t, _mm256_set1_ps(-1.26551223f));
-    y = _mm256_fnmadd_ps(au, au, y);
+    const __m256 y = _mm256_fnmadd_ps(au, au, SEQ_ERFC_POLY(_mm256_fmadd_ps, _mm256_set1_ps, t));
     const __m256 erfc = _mm256_mul_ps(t, ops_exp256(y));
     const __m256 neg = _mm256_cmp_ps(u, _mm256_setzero_ps(), _CMP_LT_OQ);
     const __m256 one_plus_erf = _mm256_blendv_ps(_mm256_sub_ps(_mm256_set1_ps(2.0f), erfc), erfc, neg);

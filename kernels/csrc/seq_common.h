@@ -69,6 +69,26 @@ static inline float seq_silu(float x) { return x / (1.0f + expf(-x)); }
 static inline float seq_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 static inline float seq_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
+/* The polynomials of the vector exp and erfc, written once for every vector width: `fma` and `set1` are that
+ * width's _mm*_fmadd_ps and _mm*_set1_ps. Horner form, highest coefficient first. */
+/* e^r on |r| <= ln2/2: its degree-6 Taylor polynomial. */
+#define SEQ_EXP_POLY(fma, set1, r)                                                                                 \
+    fma(fma(fma(fma(fma(fma(set1(1.0f / 720.0f), r, set1(1.0f / 120.0f)), r, set1(1.0f / 24.0f)), r,            \
+                    set1(1.0f / 6.0f)),                                                                          \
+                r, set1(0.5f)),                                                                                  \
+            r, set1(1.0f)),                                                                                      \
+        r, set1(1.0f))
+/* poly(t) of Numerical Recipes' erfcc, erfc(|u|) = t exp(-u^2 + poly(t)) with t = 1/(1 + |u|/2). */
+#define SEQ_ERFC_POLY(fma, set1, t)                                                                                \
+    fma(fma(fma(fma(fma(fma(fma(fma(fma(set1(0.17087277f), t, set1(-0.82215223f)), t, set1(1.48851587f)), t,      \
+                                set1(-1.13520398f)),                                                             \
+                            t, set1(0.27886807f)),                                                               \
+                        t, set1(-0.18628806f)),                                                                  \
+                    t, set1(0.09678418f)),                                                                       \
+                t, set1(0.37409196f)),                                                                           \
+            t, set1(1.00002368f)),                                                                               \
+        t, set1(-1.26551223f))
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -80,13 +100,7 @@ static inline __m512 seq_exp512(__m512 x) {
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-    __m512 y = _mm512_set1_ps(1.0f / 720.0f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f / 120.0f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f / 24.0f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f / 6.0f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(0.5f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f));
+    const __m512 y = SEQ_EXP_POLY(_mm512_fmadd_ps, _mm512_set1_ps, r);
     return _mm512_scalef_ps(y, n);
 }
 
@@ -101,17 +115,7 @@ static inline __m512 seq_gelu512(__m512 x) {
     const __m512 u = _mm512_mul_ps(x, _mm512_set1_ps(0.70710678f));
     const __m512 au = _mm512_abs_ps(u);
     const __m512 t = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(au, _mm512_set1_ps(0.5f), _mm512_set1_ps(1.0f)));
-    __m512 y = _mm512_set1_ps(0.17087277f);
-    y = _mm512_fmadd_ps(y, t, _mm512_set1_ps(-0.82215223f));
-    y = _mm512_fmadd_ps(y, t, _mm512_set1_ps(1.48851587f));
-    y = _mm512_fmadd_ps(y, t, _mm512_set1_ps(-1.13520398f));
-    y = _mm512_fmadd_ps(y, t, _mm512_set1_ps(0.27886807f));
-    y = _mm512_fmadd_ps(y, t, _mm512_set1_ps(-0.18628806f));
-    y = _mm512_fmadd_ps(y, t, _mm512_set1_ps(0.09678418f));
-    y = _mm512_fmadd_ps(y, t, _mm512_set1_ps(0.37409196f));
-    y = _mm512_fmadd_ps(y, t, _mm512_set1_ps(1.00002368f));
-    y = _mm512_fmadd_ps(y, t, _mm512_set1_ps(-1.26551223f));
-    y = _mm512_fnmadd_ps(au, au, y);
+    const __m512 y = _mm512_fnmadd_ps(au, au, SEQ_ERFC_POLY(_mm512_fmadd_ps, _mm512_set1_ps, t));
     const __m512 erfc = _mm512_mul_ps(t, seq_exp512(y));
     /* erf(u) = 1 - erfc(|u|) for u >= 0, erfc(|u|) - 1 for u < 0; gelu = x/2 (1 + erf(u)). */
     const __mmask16 neg = _mm512_cmp_ps_mask(u, _mm512_setzero_ps(), _CMP_LT_OQ);

@@ -219,36 +219,35 @@ macro_rules! x86 {
     };
 }
 
-const W4A16: Table<W4a16Fn> = Table {
-    scalar: ffi::ef_w4a16_scalar,
-    avx2: x86!(ffi::ef_w4a16_avx2),
-    avx512: x86!(ffi::ef_w4a16_avx512),
-    avx512_vbmi: None,
-};
-const W4A8: Table<W4a8Fn> = Table {
-    scalar: ffi::ef_w4a8_scalar,
-    avx2: x86!(ffi::ef_w4a8_avx2),
-    avx512: x86!(ffi::ef_w4a8_avx512),
-    avx512_vbmi: x86!(ffi::ef_w4a8_avx512vbmi),
-};
-const FP8: Table<Fp8Fn> = Table {
-    scalar: ffi::ef_fp8_scalar,
-    avx2: x86!(ffi::ef_fp8_avx2),
-    avx512: x86!(ffi::ef_fp8_avx512),
-    avx512_vbmi: None,
-};
-const NVFP4: Table<Nvfp4Fn> = Table {
-    scalar: ffi::ef_nvfp4_scalar,
-    avx2: x86!(ffi::ef_nvfp4_avx2),
-    avx512: x86!(ffi::ef_nvfp4_avx512),
-    avx512_vbmi: None,
-};
-const BF16: Table<Bf16Fn> = Table {
-    scalar: ffi::ef_bf16_scalar,
-    avx2: x86!(ffi::ef_bf16_avx2),
-    avx512: x86!(ffi::ef_bf16_avx512),
-    avx512_vbmi: None,
-};
+/// A format's [`Table`] from its C kernels' stem (`ef_<stem>_<isa>`): the scalar kernel always, the AVX2 and
+/// AVX-512 ones where this build has x86 kernels, and the AVX-512 VBMI variant where the format has one.
+macro_rules! table {
+    ($scalar:ident, $avx2:ident, $avx512:ident) => {
+        table!($scalar, $avx2, $avx512, None)
+    };
+    ($scalar:ident, $avx2:ident, $avx512:ident, vbmi: $vbmi:ident) => {
+        table!($scalar, $avx2, $avx512, x86!(ffi::$vbmi))
+    };
+    ($scalar:ident, $avx2:ident, $avx512:ident, $vbmi:expr) => {
+        Table {
+            scalar: ffi::$scalar,
+            avx2: x86!(ffi::$avx2),
+            avx512: x86!(ffi::$avx512),
+            avx512_vbmi: $vbmi,
+        }
+    };
+}
+
+const W4A16: Table<W4a16Fn> = table!(ef_w4a16_scalar, ef_w4a16_avx2, ef_w4a16_avx512);
+const W4A8: Table<W4a8Fn> = table!(
+    ef_w4a8_scalar,
+    ef_w4a8_avx2,
+    ef_w4a8_avx512,
+    vbmi: ef_w4a8_avx512vbmi
+);
+const FP8: Table<Fp8Fn> = table!(ef_fp8_scalar, ef_fp8_avx2, ef_fp8_avx512);
+const NVFP4: Table<Nvfp4Fn> = table!(ef_nvfp4_scalar, ef_nvfp4_avx2, ef_nvfp4_avx512);
+const BF16: Table<Bf16Fn> = table!(ef_bf16_scalar, ef_bf16_avx2, ef_bf16_avx512);
 
 /// Activations of a linear call: row-major `[m, k]`, f32 or bf16 bits.
 #[derive(Debug, Clone, Copy)]
@@ -257,26 +256,22 @@ pub enum Activations<'a> {
     Bf16(&'a [u16]),
 }
 
-impl<'a> From<&'a [f32]> for Activations<'a> {
-    fn from(x: &'a [f32]) -> Self {
-        Activations::F32(x)
-    }
+/// `From` a slice or a `Vec` of each element type into its [`Activations`] variant.
+macro_rules! activations_from {
+    ($($variant:ident: $ty:ty),*) => {$(
+        impl<'a> From<&'a [$ty]> for Activations<'a> {
+            fn from(x: &'a [$ty]) -> Self {
+                Activations::$variant(x)
+            }
+        }
+        impl<'a> From<&'a Vec<$ty>> for Activations<'a> {
+            fn from(x: &'a Vec<$ty>) -> Self {
+                Activations::$variant(x)
+            }
+        }
+    )*};
 }
-impl<'a> From<&'a Vec<f32>> for Activations<'a> {
-    fn from(x: &'a Vec<f32>) -> Self {
-        Activations::F32(x)
-    }
-}
-impl<'a> From<&'a [u16]> for Activations<'a> {
-    fn from(x: &'a [u16]) -> Self {
-        Activations::Bf16(x)
-    }
-}
-impl<'a> From<&'a Vec<u16>> for Activations<'a> {
-    fn from(x: &'a Vec<u16>) -> Self {
-        Activations::Bf16(x)
-    }
-}
+activations_from!(F32: f32, Bf16: u16);
 
 impl<'a> Activations<'a> {
     fn len(&self) -> usize {

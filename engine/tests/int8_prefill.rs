@@ -216,6 +216,12 @@ fn int8_prompt_activations_stay_within_their_bound_of_the_exact_path() {
          |---|---|---|---|---|---|\n",
     );
     let mut failures = Vec::new();
+    // The int8 prompt GEMM is an AVX-512 VBMI kernel; elsewhere the engine runs the f32 kernels for it (still held
+    // to the bounds below), so only the checks that it ran are skipped.
+    let int8_gemm = kernels::cpu::has_avx512_vbmi();
+    if !int8_gemm {
+        println!("skipped: the int8 GEMM checks (this CPU has no AVX-512 VBMI); the accuracy checks still run");
+    }
     for &name in FIXTURES {
         let dir = grid_checkpoint(name);
         let prompt = prompt(&dir);
@@ -229,7 +235,7 @@ fn int8_prompt_activations_stay_within_their_bound_of_the_exact_path() {
             let (tokens, got) = run(&mut e, &prompt);
             let calls = e.model.int8_prefill_calls();
             // The prompt's GEMMs took int8 (every linear of every layer at least), the decode steps never did.
-            if int8 != (calls > 0) {
+            if int8_gemm && int8 != (calls > 0) {
                 failures.push(format!("{name} {label}: {calls} int8 GEMM calls"));
             }
             let (err, kl) = errors(&got[..vocab], &want[..vocab]);
@@ -255,7 +261,7 @@ fn int8_prompt_activations_stay_within_their_bound_of_the_exact_path() {
             step0.push(got[..vocab].to_vec());
         }
         // Bit-identical int8 and int16 logits would mean the int8 encoding never ran (BRIEF §2).
-        if step0[0] == step0[1] {
+        if int8_gemm && step0[0] == step0[1] {
             failures.push(format!(
                 "{name}: int8 and int16 prompt logits are identical"
             ));

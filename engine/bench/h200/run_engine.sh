@@ -14,7 +14,8 @@
 #                  nostack), BATCHES, SERVE_ARMS
 #                  (plain invariant), SERVE_S; EDGEFIT_SMALL_PDL=0 / EDGEFIT_FUSED_CASTS=0 in the environment turn the
 #                  small kernels' programmatic launches / the fused bf16 inputs off for every stage (the tests too).
-# Logs: $OUT/engine_*.txt; a table last.
+# Logs: $OUT/engine_*.txt; a table last. The device tool brings back only so many files from $OUT: with several stages
+# in one call, give each its own OUT and print what matters to stdout too.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 CARRY=target-carry-engine

@@ -517,23 +517,6 @@ fn upload_vec(gpu: &Gpu, v: &[f32]) -> Result<GpuBuffer<f32>, EngineError> {
     gpu.upload(v).map_err(kerr)
 }
 
-/// The DeltaNet's b/a projection (value_heads rows, 48 on the 27B) dequantized exactly to f32 where it is NVFP4
-/// (an e2m1 value times its e4m3 scale times the f32 global scale is one f32 rounding, the same the CPU's
-/// `Weight::row` makes): so short a matrix is latency-bound on the NVFP4 tile GEMV, which also needs a fragment
-/// kernel before it (5.5 + 2.6 us a layer on an H100, where the FP8 build's bf16 pair takes 4.2 us on the dense
-/// split-K GEMV; benchmarks/engine-h200.md). `None` for any other format (it loads as it is).
-fn gate_rows_f32(w: &Weight) -> Result<Option<Weight>, EngineError> {
-    if !matches!(w, Weight::Nvfp4 { .. }) {
-        return Ok(None);
-    }
-    let (n, k) = (w.n(), w.k());
-    let mut all = vec![0.0f32; n * k];
-    for (r, row) in all.chunks_exact_mut(k).enumerate() {
-        w.row(r, row).map_err(kerr)?;
-    }
-    Ok(Some(Weight::F32 { w: all, n, k }))
-}
-
 /// A weight's rows dequantized to f32 (`Weight::row`), as one dense f32 weight on the device.
 fn widen_f32(gpu: &Gpu, w: &Weight) -> Result<GLinear, EngineError> {
     let (n, k) = (w.n(), w.k());
@@ -828,11 +811,6 @@ impl Placer<'_> {
             .collect()
     }
 
-    /// Whether the plan streams any of `roles` in `layer`.
-    fn streams(&self, layer: usize, roles: &[LinearRole]) -> bool {
-        roles.iter().any(|r| self.streamed.contains(&(layer, *r)))
-    }
-
     /// `w`, the linear of `roles` (the first names it; any of them streamed streams it) in `layer`.
     fn put(
         &mut self,
@@ -840,7 +818,7 @@ impl Placer<'_> {
         layer: usize,
         roles: &[LinearRole],
     ) -> Result<GLinear, EngineError> {
-        if !self.streams(layer, roles) {
+        if !roles.iter().any(|r| self.streamed.contains(&(layer, *r))) {
             return upload_linear(self.gpu, w, self.precise, self.gemm);
         }
         let dev = upload_linear(self.gpu, w, self.precise, false)?;
@@ -1065,17 +1043,7 @@ impl CudaModel {
                     wide = wide.max(g.out.k());
                     GMixer::Gdn(Box::new(GGdn {
                         qkvz: pl.put_stacked(&[&g.in_qkv, &g.in_z], i, &[R::GdnQkv, R::GdnZ])?,
-                        ba: {
-                            // Streamed, the f32 copy would cross the link at 8x NVFP4's bytes: it keeps its format.
-                            let roles = [R::GdnB, R::GdnA];
-                            let (b, a) = match pl.streams(i, &roles) {
-                                false => (gate_rows_f32(&g.in_b)?, gate_rows_f32(&g.in_a)?),
-                                true => (None, None),
-                            };
-                            let parts =
-                                [b.as_ref().unwrap_or(&g.in_b), a.as_ref().unwrap_or(&g.in_a)];
-                            pl.put_stacked(&parts, i, &roles)?
-                        },
+                        ba: pl.put_stacked(&[&g.in_b, &g.in_a], i, &[R::GdnB, R::GdnA])?,
                         out: pl.put(&g.out, i, &[R::GdnOut])?,
                         conv: upload_vec(&gpu, &g.conv)?,
                         a_log: upload_vec(&gpu, &g.a_log)?,
@@ -2878,30 +2846,5 @@ mod tests {
         assert!(stack_quantized(&[&rows(1, 0.5, 32), &rows(1, 0.25, 32)]).is_none());
         assert!(stack_quantized(&[&a, &a]).is_none());
         assert!(stack_quantized(&[&h, &h]).is_none());
-    }
-
-    /// The DeltaNet gate rows widen NVFP4 (and only NVFP4) to f32, row for row what `Weight::row` gives.
-    #[test]
-    fn gate_rows_widen_nvfp4_exactly() {
-        // Two rows of 32: every e2m1 code in both nibbles, two e4m3 scales per row, a global scale.
-        let w: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(37)).collect();
-        let nv = Weight::Nvfp4 {
-            w,
-            scales: vec![0x38, 0x41, 0x2c, 0x50],
-            global: 0.375,
-            n: 2,
-            k: 32,
-        };
-        let Some(Weight::F32 { w: f, n: 2, k: 32 }) = gate_rows_f32(&nv).unwrap() else {
-            panic!("NVFP4 widens to a 2 x 32 f32 weight");
-        };
-        let mut row = vec![0.0f32; 32];
-        for r in 0..2 {
-            nv.row(r, &mut row).unwrap();
-            assert_eq!(&f[r * 32..(r + 1) * 32], &row[..], "row {r}");
-        }
-        assert!(f.iter().any(|&x| x != 0.0) && f.iter().any(|&x| x < 0.0));
-        let h = Weight::bf16(vec![7, 8], 1, 2).unwrap();
-        assert!(gate_rows_f32(&h).unwrap().is_none());
     }
 }

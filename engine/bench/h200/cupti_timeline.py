@@ -20,6 +20,8 @@ def read(path):
     kernels, copies, api = [], [], []
     with open(path) as f:
         for line in f:
+            if line.startswith("# dropped"):
+                sys.exit(f"{path}: CUPTI {line[2:].strip()}: gaps in this trace would read as idle time")
             if line.startswith("#"):
                 continue
             p = line.rstrip("\n").split("\t")

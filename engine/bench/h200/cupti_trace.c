@@ -27,8 +27,6 @@ static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *ma
 
 static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
                                       size_t valid) {
-    (void)ctx;
-    (void)stream;
     (void)size;
     CUpti_Activity *rec = NULL;
     while (out && cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
@@ -68,6 +66,12 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
         default:
             break;
         }
+    }
+    // A step with dropped records would read as idle time: say so where the reader sees it.
+    size_t dropped = 0;
+    if (out && cuptiActivityGetNumDroppedRecords(ctx, stream, &dropped) == CUPTI_SUCCESS && dropped > 0) {
+        fprintf(out, "# dropped %zu records\n", dropped);
+        fprintf(stderr, "cupti_trace: CUPTI dropped %zu records\n", dropped);
     }
     free(buffer);
 }

@@ -19,15 +19,19 @@ import sys
 def read(path):
     kernels, copies, api = [], [], []
     with open(path) as f:
-        for line in f:
+        for n, line in enumerate(f, 1):
             if line.startswith("# dropped"):
                 sys.exit(f"{path}: CUPTI {line[2:].strip()}: gaps in this trace would read as idle time")
             if line.startswith("#"):
                 continue
             p = line.rstrip("\n").split("\t")
             if len(p) < 8:
-                continue
-            rec = (int(p[1]), int(p[2]), p[7], int(p[3]), int(p[5]))
+                sys.exit(f"{path}:{n}: expected 8 tab-separated fields (cupti_trace.c's format), got {len(p)}")
+            try:
+                rec = (int(p[1]), int(p[2]), p[7], int(p[3]), int(p[5]))
+            except ValueError:
+                sys.exit(f"{path}:{n}: expected integer start, end, stream and graph fields (cupti_trace.c's "
+                         f"format), got {line.strip()[:120]!r}")
             {"K": kernels, "C": copies, "S": copies, "D": api}.get(p[0], []).append(rec)
     kernels.sort()
     copies.sort()
@@ -142,7 +146,7 @@ def main():
             print(f"  (every kernel of the step, in order: {a.step_out})")
     ks = steps[prompt]
     span, b = rows[prompt][2], rows[prompt][3]
-    print(f"\nprompt (step {prompt}): {len(ks)} kernels, span {span/1e6:.3f} ms, busy {b/1e6:.3f} ms "
+    print(f"\nthe largest step, {prompt} (the prompt, with what ran before its first token: load, warm-up): {len(ks)} kernels, span {span/1e6:.3f} ms, busy {b/1e6:.3f} ms "
           f"({b/max(span,1):.2f}); GPU time by kernel:")
     by_name(ks, a.top)
     print("  idle gaps inside the prompt:")

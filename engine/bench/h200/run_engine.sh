@@ -45,13 +45,15 @@ for l in sys.stdin:
   cp target/release/edgefit target/release/examples/random_checkpoint target/release/examples/serve_load "$stage/"
   # The `trace` stage's GPU timeline (the machine has no Nsight Systems): CUPTI 13.0 from PyPI and the injection
   # library that records through it (engine/bench/h200/cupti_trace.c).
-  cupti=$(mktemp -d)
-  python3 -m pip download --quiet --disable-pip-version-check --no-deps 'nvidia-cuda-cupti==13.0.85' -d "$cupti"
-  unzip -q -o "$cupti"/*.whl 'nvidia/cu13/include/*' 'nvidia/cu13/lib/libcupti.so.13' -d "$cupti"
+  # Kept under target/ after the first download.
+  cupti=target/cupti-13.0.85
+  if [ ! -f "$cupti/nvidia/cu13/lib/libcupti.so.13" ]; then
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps 'nvidia-cuda-cupti==13.0.85' -d "$cupti"
+    unzip -q -o "$cupti"/*.whl 'nvidia/cu13/include/*' 'nvidia/cu13/lib/libcupti.so.13' -d "$cupti"
+  fi
   cc -shared -fPIC -O2 -Wall -Wextra -Werror -I"$cupti/nvidia/cu13/include" -I"$(dirname "$NVCC")/../include" \
     engine/bench/h200/cupti_trace.c -L"$cupti/nvidia/cu13/lib" -l:libcupti.so.13 -o "$stage/libedgefit_cupti.so"
   cp "$cupti/nvidia/cu13/lib/libcupti.so.13" "$stage/"
-  rm -rf "$cupti"
   strip "$stage"/*
   rm -rf "$CARRY" && mkdir -p "$CARRY"
   # xz with a dictionary larger than one binary: they embed the same PTX and cubins, so each after the first

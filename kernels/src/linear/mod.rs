@@ -219,35 +219,36 @@ macro_rules! x86 {
     };
 }
 
-/// A format's [`Table`] from its C kernels' stem (`ef_<stem>_<isa>`): the scalar kernel always, the AVX2 and
-/// AVX-512 ones where this build has x86 kernels, and the AVX-512 VBMI variant where the format has one.
-macro_rules! table {
-    ($scalar:ident, $avx2:ident, $avx512:ident) => {
-        table!($scalar, $avx2, $avx512, None)
-    };
-    ($scalar:ident, $avx2:ident, $avx512:ident, vbmi: $vbmi:ident) => {
-        table!($scalar, $avx2, $avx512, x86!(ffi::$vbmi))
-    };
-    ($scalar:ident, $avx2:ident, $avx512:ident, $vbmi:expr) => {
-        Table {
-            scalar: ffi::$scalar,
-            avx2: x86!(ffi::$avx2),
-            avx512: x86!(ffi::$avx512),
-            avx512_vbmi: $vbmi,
-        }
-    };
-}
-
-const W4A16: Table<W4a16Fn> = table!(ef_w4a16_scalar, ef_w4a16_avx2, ef_w4a16_avx512);
-const W4A8: Table<W4a8Fn> = table!(
-    ef_w4a8_scalar,
-    ef_w4a8_avx2,
-    ef_w4a8_avx512,
-    vbmi: ef_w4a8_avx512vbmi
-);
-const FP8: Table<Fp8Fn> = table!(ef_fp8_scalar, ef_fp8_avx2, ef_fp8_avx512);
-const NVFP4: Table<Nvfp4Fn> = table!(ef_nvfp4_scalar, ef_nvfp4_avx2, ef_nvfp4_avx512);
-const BF16: Table<Bf16Fn> = table!(ef_bf16_scalar, ef_bf16_avx2, ef_bf16_avx512);
+const W4A16: Table<W4a16Fn> = Table {
+    scalar: ffi::ef_w4a16_scalar,
+    avx2: x86!(ffi::ef_w4a16_avx2),
+    avx512: x86!(ffi::ef_w4a16_avx512),
+    avx512_vbmi: None,
+};
+const W4A8: Table<W4a8Fn> = Table {
+    scalar: ffi::ef_w4a8_scalar,
+    avx2: x86!(ffi::ef_w4a8_avx2),
+    avx512: x86!(ffi::ef_w4a8_avx512),
+    avx512_vbmi: x86!(ffi::ef_w4a8_avx512vbmi),
+};
+const FP8: Table<Fp8Fn> = Table {
+    scalar: ffi::ef_fp8_scalar,
+    avx2: x86!(ffi::ef_fp8_avx2),
+    avx512: x86!(ffi::ef_fp8_avx512),
+    avx512_vbmi: None,
+};
+const NVFP4: Table<Nvfp4Fn> = Table {
+    scalar: ffi::ef_nvfp4_scalar,
+    avx2: x86!(ffi::ef_nvfp4_avx2),
+    avx512: x86!(ffi::ef_nvfp4_avx512),
+    avx512_vbmi: None,
+};
+const BF16: Table<Bf16Fn> = Table {
+    scalar: ffi::ef_bf16_scalar,
+    avx2: x86!(ffi::ef_bf16_avx2),
+    avx512: x86!(ffi::ef_bf16_avx512),
+    avx512_vbmi: None,
+};
 
 /// Activations of a linear call: row-major `[m, k]`, f32 or bf16 bits.
 #[derive(Debug, Clone, Copy)]

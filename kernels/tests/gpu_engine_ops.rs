@@ -140,6 +140,44 @@ fn dense_linear_matches_the_f64_product_for_f32_and_bf16_weights() {
     }
 }
 
+/// The GEMM with k split over a cluster (few output tiles, k >= 512): the DeltaNet gate shape at a prompt, k not
+/// a multiple of 16 (the last slice ragged) or of 4 (the scalar loads), slices past k (k = 520: the eighth is
+/// empty), m not a multiple of 64, and the same bits on a second run (the partials are added in a fixed order).
+#[test]
+fn dense_gemm_split_over_k_matches_and_repeats_bit_for_bit() {
+    let Some(gpu) = gpu() else { return };
+    let mut r = rng("dense_gemm_split");
+    for (m, n, k) in [
+        (200, 96, 5120),
+        (130, 24, 1037),
+        (65, 7, 600),
+        (17, 130, 520),
+        (300, 1, 512),
+    ] {
+        let wf = uniform(&mut r, n * k, 1.0);
+        let wb: Vec<u16> = wf.iter().map(|&v| f32_to_bf16(v)).collect();
+        let wb_vals: Vec<f32> = wb.iter().map(|&b| bf16_to_f32(b)).collect();
+        let w32 = gpu.dense_weights_f32(&wf, n, k).unwrap();
+        let w16 = gpu.dense_weights_bf16(&wb, n, k).unwrap();
+        check_dense(&gpu, &mut r, m, n, k, &wf, &w32);
+        check_dense(&gpu, &mut r, m, n, k, &wb_vals, &w16);
+        let xd = gpu.upload(&uniform(&mut r, m * k, 1.0)).unwrap();
+        for w in [&w32, &w16] {
+            let mut runs = Vec::new();
+            for _ in 0..2 {
+                let mut yd = nan_f32(&gpu, m * n);
+                gpu.dense_linear(&xd, w, &mut yd, m).unwrap();
+                runs.push(gpu.download(&yd).unwrap());
+            }
+            check_bits(
+                &format!("dense_linear m {m} n {n} k {k} twice"),
+                &runs[1],
+                &runs[0],
+            );
+        }
+    }
+}
+
 // ---- elementwise ops ------------------------------------------------------------------------------------------
 
 /// Flat lengths: tiny, around the float4 groups, and past one grid-stride sweep (4096 blocks x 256 threads x 4).

@@ -424,9 +424,10 @@ impl Pool {
 struct Weights {
     gpu: Gpu,
     /// Tile-GEMV inputs written in bf16 by the kernel before (the norm, [`Gpu::add_rmsnorm_dual`]; the attention
-    /// gate, [`Gpu::sigmoid_gate_bf16`]) instead of a cast launch. On unless `EDGEFIT_FUSED_CASTS=0` (the same-run
-    /// baseline arm of `run_engine.sh`): the parity, offload and batching tests pass either way, and it gave about
-    /// 1% at batch 1 (benchmarks/engine-h200.md).
+    /// gate, [`Gpu::sigmoid_gate_bf16`]) instead of a cast launch, and an NVFP4 GEMV's f32 input cast straight into
+    /// its fragments ([`Gpu::cast_nvfp4_gemv`]) instead of a cast and a fragment launch. On unless
+    /// `EDGEFIT_FUSED_CASTS=0` (the same-run baseline arm of `run_engine.sh`): the parity, offload and batching
+    /// tests pass either way, and it gave about 1% at batch 1 (benchmarks/engine-h200.md).
     fused_casts: bool,
     /// Prompt attention through the tensor-core flash prefill kernels on bf16 copies of the chunk and of the
     /// slot's cached prefix ([`FlashChunk`]) instead of the f32 slot kernel, whose one block per (token, head)
@@ -2151,6 +2152,16 @@ impl<'a> Ctx<'a> {
         if let (Some(xb), true) = (xb16, m <= 16) {
             self.tiles(w, xb, &mut y, m)?;
             return Ok(y);
+        }
+        // An NVFP4 tile GEMV with no bf16 copy at hand (the GDN out_proj): the cast writes the GEMV's fragments
+        // itself ([`Gpu::cast_nvfp4_gemv`]: no bf16 copy, no fragment kernel), the same bits as the cast + GEMV
+        // below. The producer takes rows of a multiple of 16 values within its grid.
+        if let GLinear::Nvfp4 { tiles, global, .. } = w {
+            if m <= 16 && self.w.fused_casts && k.is_multiple_of(16) && k <= 65535 * 1024 {
+                gpu.cast_nvfp4_gemv(x, self.frags, tiles, *global, &mut y)
+                    .map_err(kerr)?;
+                return Ok(y);
+            }
         }
         if m <= 16 {
             let mut xb = self.pool.u16(gpu, m * k)?;

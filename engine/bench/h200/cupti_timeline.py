@@ -146,8 +146,9 @@ def main():
             print(f"  (every kernel of the step, in order: {a.step_out})")
     ks = steps[prompt]
     span, b = rows[prompt][2], rows[prompt][3]
-    print(f"\nthe largest step, {prompt} (the prompt, with what ran before its first token: load, warm-up): {len(ks)} kernels, span {span/1e6:.3f} ms, busy {b/1e6:.3f} ms "
-          f"({b/max(span,1):.2f}); GPU time by kernel:")
+    print(f"\nthe largest step, {prompt} (the prompt, with what ran before its first token: load, warm-up): "
+          f"{len(ks)} kernels, span {span/1e6:.3f} ms, busy {b/1e6:.3f} ms ({b/max(span,1):.2f}); "
+          "GPU time by kernel:")
     by_name(ks, a.top)
     print("  idle gaps inside the prompt:")
     gap_table(gaps(ks))

@@ -124,6 +124,15 @@ fn timed(f: impl FnOnce()) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
+/// What the arm `name` is held to: `one` where it ran on one thread, `all` where it ran on all of them.
+fn by_threads(name: &str, one: f64, all: f64) -> f64 {
+    if name.ends_with(" 1 thread(s)") {
+        one
+    } else {
+        all
+    }
+}
+
 fn row(name: &str, s: &Stats, extra: &str) {
     println!(
         "  {name:<44} {:>10.3} ms  spread {:>5.1}%  {extra}",
@@ -263,11 +272,7 @@ fn main() {
         println!("  byte floor (read + write the state at the measured read+write bandwidth): {:.3} ms on all threads, {:.3} ms on 1", floor_all * 1e3, floor_one * 1e3);
         let base = res[0].1.median;
         for (name, s) in &res {
-            let floor = if name.ends_with(" 1 thread(s)") {
-                floor_one
-            } else {
-                floor_all
-            };
+            let floor = by_threads(name, floor_one, floor_all);
             row(
                 name,
                 s,
@@ -342,11 +347,7 @@ fn main() {
         );
         let recurrent = res[res.len() - 1].1.median;
         for (name, s) in &res {
-            let roof = if name.ends_with(" 1 thread(s)") {
-                roof_one
-            } else {
-                roof_all
-            };
+            let roof = by_threads(name, roof_one, roof_all);
             row(
                 name,
                 s,

@@ -43,7 +43,6 @@
 #define DPWSSD(acc, w, x) __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x))
 
 static inline size_t gmin(size_t a, size_t b) { return a < b ? a : b; }
-static inline __mmask16 gmask(size_t cnt) { return cnt >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cnt) - 1u); }
 
 /* Unpacks k-rows k0..k0+kc of block `blk` (rows past k read as code 0; their activations are 0) into the panel.
  * int8: per 4 rows, zmm q holds columns 16q..16q+15, each dword the codes of rows k..k+3.
@@ -105,7 +104,7 @@ tile(const __m512i *panel, int h, size_t steps_per_group, size_t chunk_groups, s
     for (int r = 0; r < mr; r++)
         for (int j = 0; j < 2; j++) {
             size_t cj = cols > (size_t)(16 * j) ? cols - 16 * j : 0;
-            res[r][j] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(gmask(cj), y + r * n + c0 + 16 * j);
+            res[r][j] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(ef_mask16(cj), y + r * n + c0 + 16 * j);
         }
     const size_t kstep = 4; /* bytes of activations per dot-product step: 4 int8 or 2 int16 */
     const __m512i *w = panel + h;
@@ -149,7 +148,7 @@ tile(const __m512i *panel, int h, size_t steps_per_group, size_t chunk_groups, s
     for (int r = 0; r < mr; r++)
         for (int j = 0; j < 2; j++) {
             size_t cj = cols > (size_t)(16 * j) ? cols - 16 * j : 0;
-            _mm512_mask_storeu_ps(y + r * n + c0 + 16 * j, gmask(cj), res[r][j]);
+            _mm512_mask_storeu_ps(y + r * n + c0 + 16 * j, ef_mask16(cj), res[r][j]);
         }
 }
 
@@ -249,7 +248,7 @@ int ef_int4_gemm_xq8_avx512(const float *x, size_t m, size_t k, size_t group, si
             int8_t *dst = xq + ((k0 / GEMM_KC8) * m + r) * 256 + k0 % GEMM_KC8;
             __m512 amax = _mm512_setzero_ps();
             for (size_t kk = k0; kk < k1; kk += 16) {
-                __mmask16 mk = gmask(k1 - kk);
+                __mmask16 mk = ef_mask16(k1 - kk);
                 __m512 a = _mm512_abs_ps(_mm512_maskz_loadu_ps(mk, xr + kk));
                 if (_mm512_mask_cmp_ps_mask(mk, a, _mm512_set1_ps(3.4028234663852886e38f), _CMP_LE_OQ) != mk)
                     return 0;
@@ -260,7 +259,7 @@ int ef_int4_gemm_xq8_avx512(const float *x, size_t m, size_t k, size_t group, si
             __m512i sum = _mm512_setzero_si512();
             const __m512 vinv = _mm512_set1_ps(inv);
             for (size_t kk = k0; kk < k1; kk += 16) {
-                __mmask16 mk = gmask(k1 - kk);
+                __mmask16 mk = ef_mask16(k1 - kk);
                 __m512i X = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, xr + kk), vinv),
                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
                 X = _mm512_max_epi32(_mm512_min_epi32(X, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));

@@ -19,7 +19,6 @@
 #define EF_PREFETCH_HINT _MM_HINT_T1
 
 static inline size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
-static inline __mmask16 mask_n(size_t cnt) { return cnt >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cnt) - 1u); }
 
 /* ----------------------------------------------------------------------------------------------------------------
  * int4, tinygemm layout [Npad/64][K][32] */
@@ -59,7 +58,7 @@ static inline void prefetch_sz(const uint16_t *sz, size_t g, size_t groups, size
 /* Sum of x[k0..k1). */
 static inline float sum_range(const float *x, size_t k0, size_t k1) {
     __m512 s = _mm512_setzero_ps();
-    for (size_t kk = k0; kk < k1; kk += 16) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(mask_n(k1 - kk), x + kk));
+    for (size_t kk = k0; kk < k1; kk += 16) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(ef_mask16(k1 - kk), x + kk));
     return _mm512_reduce_add_ps(s);
 }
 
@@ -141,7 +140,7 @@ static inline __attribute__((always_inline)) void axpy_rows(const float *x, size
     for (int r = 0; r < mr; r++)
         for (int j = 0; j < 4; j++) {
             size_t cj = cols > (size_t)(16 * j) ? cols - 16 * j : 0;
-            acc[r][j] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask_n(cj), y + r * n + c0 + 16 * j);
+            acc[r][j] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(ef_mask16(cj), y + r * n + c0 + 16 * j);
         }
     for (size_t kk = 0; kk < kc; kk++) {
         __m512 t0 = _mm512_loadu_ps(tile + kk * 64), t1 = _mm512_loadu_ps(tile + kk * 64 + 16);
@@ -157,7 +156,7 @@ static inline __attribute__((always_inline)) void axpy_rows(const float *x, size
     for (int r = 0; r < mr; r++)
         for (int j = 0; j < 4; j++) {
             size_t cj = cols > (size_t)(16 * j) ? cols - 16 * j : 0;
-            _mm512_mask_storeu_ps(y + r * n + c0 + 16 * j, mask_n(cj), acc[r][j]);
+            _mm512_mask_storeu_ps(y + r * n + c0 + 16 * j, ef_mask16(cj), acc[r][j]);
         }
 }
 
@@ -177,7 +176,7 @@ void ef_w4a16_avx512(const float *x, size_t m, size_t k, const uint8_t *packed, 
                 size_t bj = b + (size_t)j, cols = min_sz(n - bj * 64, 64);
                 for (int q = 0; q < 4; q++) {
                     size_t cq = cols > (size_t)(16 * q) ? cols - 16 * q : 0;
-                    _mm512_mask_storeu_ps(y + bj * 64 + 16 * q, mask_n(cq), out[j][q]);
+                    _mm512_mask_storeu_ps(y + bj * 64 + 16 * q, ef_mask16(cq), out[j][q]);
                 }
             }
         }
@@ -187,7 +186,7 @@ void ef_w4a16_avx512(const float *x, size_t m, size_t k, const uint8_t *packed, 
             size_t cols = min_sz(n - b * 64, 64);
             for (int q = 0; q < 4; q++) {
                 size_t cq = cols > (size_t)(16 * q) ? cols - 16 * q : 0;
-                _mm512_mask_storeu_ps(y + b * 64 + 16 * q, mask_n(cq), out[q]);
+                _mm512_mask_storeu_ps(y + b * 64 + 16 * q, ef_mask16(cq), out[q]);
             }
         }
         return;
@@ -316,7 +315,7 @@ w4a16i_blocks(const int16_t *xq, const float *xs, const int32_t *xsum, size_t k,
         size_t bj = b + (size_t)j, cols = min_sz(n - bj * 64, 64);
         for (int q = 0; q < 4; q++) {
             size_t cq = cols > (size_t)(16 * q) ? cols - 16 * q : 0;
-            _mm512_mask_storeu_ps(y + bj * 64 + 16 * q, mask_n(cq), out[j][q]);
+            _mm512_mask_storeu_ps(y + bj * 64 + 16 * q, ef_mask16(cq), out[j][q]);
         }
     }
 }
@@ -341,7 +340,7 @@ int ef_w4a16_xq_avx512(const float *x, size_t k, size_t group, int16_t *xq, floa
         size_t k0 = g * group, k1 = min_sz(k0 + group, k);
         __m512 amax = _mm512_setzero_ps();
         for (size_t kk = k0; kk < k1; kk += 16) {
-            __mmask16 mk = mask_n(k1 - kk);
+            __mmask16 mk = ef_mask16(k1 - kk);
             __m512 a = _mm512_abs_ps(_mm512_maskz_loadu_ps(mk, x + kk));
             if (_mm512_mask_cmp_ps_mask(mk, a, _mm512_set1_ps(3.4028234663852886e38f), _CMP_LE_OQ) != mk) return 0;
             amax = _mm512_max_ps(amax, a);
@@ -357,7 +356,7 @@ int ef_w4a16_xq_avx512(const float *x, size_t k, size_t group, int16_t *xq, floa
             memcpy(&s, &sb, sizeof s);
             const __m512 inv = _mm512_set1_ps(1.0f / s);
             for (size_t kk = k0; kk < k1; kk += 16) {
-                __mmask16 mk = mask_n(k1 - kk);
+                __mmask16 mk = ef_mask16(k1 - kk);
                 __m512i X = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + kk), inv),
                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
                 __m256i X16 = _mm512_cvtsepi32_epi16(X);
@@ -365,7 +364,7 @@ int ef_w4a16_xq_avx512(const float *x, size_t k, size_t group, int16_t *xq, floa
                 sum = _mm512_add_epi32(sum, _mm512_cvtepi16_epi32(_mm256_maskz_mov_epi16(mk, X16)));
             }
         } else {
-            for (size_t kk = k0; kk < k1; kk += 16) _mm256_mask_storeu_epi16(xq + kk, mask_n(k1 - kk), _mm256_setzero_si256());
+            for (size_t kk = k0; kk < k1; kk += 16) _mm256_mask_storeu_epi16(xq + kk, ef_mask16(k1 - kk), _mm256_setzero_si256());
         }
         xs[g] = s;
         xsum[g] = _mm512_reduce_add_epi32(sum);
@@ -443,7 +442,7 @@ static inline __attribute__((always_inline)) void w4a8_row_blocks(const int8_t *
         size_t bj = b + (size_t)j, cols = min_sz(n - bj * 64, 64);
         for (int q = 0; q < 4; q++) {
             size_t cq = cols > (size_t)(16 * q) ? cols - 16 * q : 0;
-            _mm512_mask_storeu_ps(yr + bj * 64 + 16 * q, mask_n(cq), _mm512_mul_ps(out[j][q], vxs));
+            _mm512_mask_storeu_ps(yr + bj * 64 + 16 * q, ef_mask16(cq), _mm512_mul_ps(out[j][q], vxs));
         }
     }
 }
@@ -555,7 +554,7 @@ w4a8v_row_blocks(const int8_t *xr, const float xs, const int32_t *xsum, size_t k
         size_t bj = b + (size_t)j, cols = min_sz(n - bj * 64, 64);
         for (int q = 0; q < 4; q++) {
             size_t cq = cols > (size_t)(16 * q) ? cols - 16 * q : 0;
-            _mm512_mask_storeu_ps(yr + bj * 64 + 16 * q, mask_n(cq), _mm512_mul_ps(out[j][q], vxs));
+            _mm512_mask_storeu_ps(yr + bj * 64 + 16 * q, ef_mask16(cq), _mm512_mul_ps(out[j][q], vxs));
         }
     }
 }
@@ -644,7 +643,7 @@ static void fp8_panel(const void *vctx, size_t r, size_t k0, size_t kc, float *o
     size_t kb = (c->k + EF_FP8_BLOCK - 1) / EF_FP8_BLOCK;
     const uint8_t *wr = c->w + r * c->k;
     for (size_t kk = 0; kk < kc; kk += 16) {
-        __mmask16 mk = mask_n(kc - kk);
+        __mmask16 mk = ef_mask16(kc - kk);
         float s = c->sinv[(r / EF_FP8_BLOCK) * kb + (k0 + kk) / EF_FP8_BLOCK];
         __m512 v = e4m3x16_s8(_mm_maskz_loadu_epi8(mk, wr + k0 + kk));
         _mm512_mask_storeu_ps(out + kk, mk, _mm512_mul_ps(v, _mm512_set1_ps(s * 256.0f)));
@@ -691,7 +690,7 @@ static inline __attribute__((always_inline)) void fp8_gemv_rows(const float *x, 
             }
         }
         for (; kk < k1; kk += 16) {
-            __mmask16 mk = mask_n(k1 - kk);
+            __mmask16 mk = ef_mask16(k1 - kk);
             __m512 xv = _mm512_maskz_loadu_ps(mk, x + kk);
             for (int j = 0; j < nr; j++)
                 a[j][0] = _mm512_fmadd_ps(e4m3x16_s8(_mm_maskz_loadu_epi8(mk, wr[j] + kk)), xv, a[j][0]);
@@ -983,7 +982,7 @@ static void bf16_panel(const void *vctx, size_t r, size_t k0, size_t kc, float *
     const bf16_ctx *c = (const bf16_ctx *)vctx;
     const uint16_t *wr = c->w + r * c->k + k0;
     for (size_t kk = 0; kk < kc; kk += 16) {
-        __mmask16 mk = mask_n(kc - kk);
+        __mmask16 mk = ef_mask16(kc - kk);
         _mm512_mask_storeu_ps(out + kk, mk, bf16x16(_mm256_maskz_loadu_epi16(mk, wr + kk)));
     }
 }
@@ -1020,7 +1019,7 @@ void ef_bf16_avx512(const float *x, size_t m, size_t k, const uint16_t *w, size_
 #undef BF16_ROW2
         }
         for (; kk < k; kk += 16) {
-            __mmask16 mk = mask_n(k - kk);
+            __mmask16 mk = ef_mask16(k - kk);
             __m512 xv = _mm512_maskz_loadu_ps(mk, x + kk);
             a0 = _mm512_fmadd_ps(bf16x16(_mm256_maskz_loadu_epi16(mk, w0 + kk)), xv, a0);
             a1 = _mm512_fmadd_ps(bf16x16(_mm256_maskz_loadu_epi16(mk, w1 + kk)), xv, a1);
@@ -1036,7 +1035,7 @@ void ef_bf16_avx512(const float *x, size_t m, size_t k, const uint16_t *w, size_
         const uint16_t *wr = w + r * k;
         __m512 a0 = _mm512_setzero_ps();
         for (size_t kk = 0; kk < k; kk += 16) {
-            __mmask16 mk = mask_n(k - kk);
+            __mmask16 mk = ef_mask16(k - kk);
             a0 = _mm512_fmadd_ps(bf16x16(_mm256_maskz_loadu_epi16(mk, wr + kk)), _mm512_maskz_loadu_ps(mk, x + kk), a0);
         }
         y[r] = _mm512_reduce_add_ps(a0);

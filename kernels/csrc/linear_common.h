@@ -127,6 +127,11 @@ static inline void ef_w4a8_fix_order(const __m256i acc[8], __m256i out[8]) {
         o[3] = _mm256_permute2x128_si256(a[2], a[3], 0x31); /* cols 24-31 */
     }
 }
+
+#if defined(__AVX512F__)
+/* Mask of the first cnt lanes of a 16-float vector (all of them from 16 up); the AVX-512 files share it. */
+static inline __mmask16 ef_mask16(size_t cnt) { return cnt >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cnt) - 1u); }
+#endif
 #endif
 
 /* FP8 scale blocks are 128 x 128; NVFP4 scales cover 16 elements. */

@@ -51,20 +51,8 @@ int ops_fma_probe_avx512(int64_t iters, float *sink, int64_t *flops) {
     __m512 acc[12];
     for (int i = 0; i < 12; i++) acc[i] = _mm512_set1_ps((float)i * 1e-3f);
     const __m512 m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-7f);
-    for (int64_t it = 0; it < iters; it++) {
-        acc[0] = _mm512_fmadd_ps(acc[0], m, a);
-        acc[1] = _mm512_fmadd_ps(acc[1], m, a);
-        acc[2] = _mm512_fmadd_ps(acc[2], m, a);
-        acc[3] = _mm512_fmadd_ps(acc[3], m, a);
-        acc[4] = _mm512_fmadd_ps(acc[4], m, a);
-        acc[5] = _mm512_fmadd_ps(acc[5], m, a);
-        acc[6] = _mm512_fmadd_ps(acc[6], m, a);
-        acc[7] = _mm512_fmadd_ps(acc[7], m, a);
-        acc[8] = _mm512_fmadd_ps(acc[8], m, a);
-        acc[9] = _mm512_fmadd_ps(acc[9], m, a);
-        acc[10] = _mm512_fmadd_ps(acc[10], m, a);
-        acc[11] = _mm512_fmadd_ps(acc[11], m, a);
-    }
+    for (int64_t it = 0; it < iters; it++)
+        for (int i = 0; i < 12; i++) acc[i] = _mm512_fmadd_ps(acc[i], m, a);
     __m512 s = acc[0];
     for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, acc[i]);
     *sink = seq_hsum512(s);

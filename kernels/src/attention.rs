@@ -37,7 +37,7 @@
 //! positions in a 2048-token deployment).
 
 use crate::cpu::Isa;
-use crate::error::checked_product;
+use crate::error::{check_len, checked_product};
 use crate::ops::{c_kernels, fastest_path, isa_kernels};
 use crate::KernelError;
 
@@ -376,12 +376,7 @@ fn check_common(
         "q has {} elements, expected {rows} x Hq x D = {want}",
         q.len()
     );
-    crate::ensure_shape!(
-        out.len() == want,
-        op,
-        "out has {} elements, expected {want}",
-        out.len()
-    );
+    check_len(op, "out", out.len(), want)?;
     Ok(())
 }
 

@@ -64,3 +64,36 @@ pub(crate) fn checked_sum(
         .try_fold(0usize, |acc, &t| acc.checked_add(t))
         .ok_or_else(|| KernelError::shape(op, format!("{what} overflows usize (terms {terms:?})")))
 }
+
+/// Fails with a [`KernelError::Shape`] naming `op` unless buffer `name` holds `want` elements (`got`).
+pub(crate) fn check_len(
+    op: &'static str,
+    name: &str,
+    got: usize,
+    want: usize,
+) -> Result<(), KernelError> {
+    crate::ensure_shape!(
+        got == want,
+        op,
+        "{name} has {got} elements, expected {want}"
+    );
+    Ok(())
+}
+
+/// The rows of `width` elements that `len` elements of `name` make, or a [`KernelError::Shape`] naming `op` when
+/// `width` (`width_name`) is 0 or `len` is not a whole number of rows.
+pub(crate) fn whole_rows(
+    op: &'static str,
+    name: &str,
+    len: usize,
+    width_name: &str,
+    width: usize,
+) -> Result<usize, KernelError> {
+    crate::ensure_shape!(width > 0, op, "{width_name} must be positive");
+    crate::ensure_shape!(
+        len.is_multiple_of(width),
+        op,
+        "{name} has {len} elements, not a whole number of rows of {width}"
+    );
+    Ok(len / width)
+}

@@ -38,7 +38,7 @@
 //! floating-point mode.
 
 use crate::cpu::{Isa, SharedMut};
-use crate::error::checked_product;
+use crate::error::{check_len, checked_product};
 use crate::ops::{c_kernels, fastest_path, isa_kernels};
 use crate::KernelError;
 
@@ -73,15 +73,6 @@ pub struct GdnInputs<'a> {
     pub a: &'a [f32],
     /// `[n, Hv]`.
     pub b: &'a [f32],
-}
-
-fn check_len(op: &'static str, name: &str, got: usize, want: usize) -> Result<(), KernelError> {
-    crate::ensure_shape!(
-        got == want,
-        op,
-        "{name} has {got} elements, expected {want}"
-    );
-    Ok(())
 }
 
 /// Checks the weights against `dims`.

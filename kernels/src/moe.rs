@@ -26,7 +26,7 @@
 //! # Ok::<(), kernels::KernelError>(())
 //! ```
 
-use crate::error::checked_product;
+use crate::error::{checked_product, whole_rows};
 use crate::KernelError;
 
 /// Each token's `top_k` experts and their weights, token-major (`[tokens, top_k]`), the larger weight first.
@@ -61,6 +61,27 @@ impl Routing {
     }
 }
 
+/// The tokens that `logits` router logits hold, or an error unless `1 <= top_k <= experts` and they are whole rows
+/// of `experts`: the shape [`route`] and its reference both check.
+pub(crate) fn check_route_shape(
+    op: &'static str,
+    logits: usize,
+    experts: usize,
+    top_k: usize,
+) -> Result<usize, KernelError> {
+    crate::ensure_shape!(
+        (1..=experts).contains(&top_k),
+        op,
+        "top_k must be 1..={experts}, got {top_k}"
+    );
+    crate::ensure_shape!(
+        logits.is_multiple_of(experts),
+        op,
+        "{logits} logits are not whole rows of {experts} experts"
+    );
+    Ok(logits / experts)
+}
+
 /// Routes `tokens = logits.len() / experts` tokens: softmax over each row of router logits (`[tokens, experts]`),
 /// the `top_k` most probable experts (ties: the lower id), their probabilities as weights, divided by their sum
 /// when `renormalize` (`norm_topk_prob`). A NaN or infinite logit is an error.
@@ -76,24 +97,13 @@ pub fn route(
         OP,
         "experts must be 1..=u32::MAX, got {experts}"
     );
-    crate::ensure_shape!(
-        (1..=experts).contains(&top_k),
-        OP,
-        "top_k must be 1..={experts}, got {top_k}"
-    );
-    crate::ensure_shape!(
-        logits.len().is_multiple_of(experts),
-        OP,
-        "{} logits are not whole rows of {experts} experts",
-        logits.len()
-    );
+    let tokens = check_route_shape(OP, logits.len(), experts, top_k)?;
     if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
         return Err(KernelError::shape(
             OP,
             format!("router logit {i} is {}", logits[i]),
         ));
     }
-    let tokens = logits.len() / experts;
     let mut ids = Vec::with_capacity(checked_product(OP, "tokens*top_k", &[tokens, top_k])?);
     let mut weights = Vec::with_capacity(ids.capacity());
     let mut probs = vec![0.0f32; experts];
@@ -264,22 +274,8 @@ pub fn gather_rows(
     out: &mut [f32],
 ) -> Result<(), KernelError> {
     const OP: &str = "moe::gather_rows";
-    crate::ensure_shape!(hidden > 0, OP, "hidden must be positive");
-    crate::ensure_shape!(
-        x.len().is_multiple_of(hidden),
-        OP,
-        "x has {} values, not whole rows of {hidden}",
-        x.len()
-    );
-    let want = checked_product(OP, "tokens*hidden", &[tokens.len(), hidden])?;
-    crate::ensure_shape!(
-        out.len() == want,
-        OP,
-        "out has {} values, expected {} rows of {hidden}",
-        out.len(),
-        tokens.len()
-    );
-    let x_rows = x.len() / hidden;
+    let x_rows = whole_rows(OP, "x", x.len(), "hidden", hidden)?;
+    check_hidden_rows(OP, "out", out.len(), tokens.len(), "rows", hidden)?;
     check_below(OP, tokens, x_rows, |i, t| {
         format!("token {i} is row {t}, past the {x_rows} rows of x")
     })?;
@@ -287,6 +283,25 @@ pub fn gather_rows(
         let t = t as usize;
         o.copy_from_slice(&x[t * hidden..(t + 1) * hidden]);
     }
+    Ok(())
+}
+
+/// Checks that `name` (`len` values) holds `rows` rows of `hidden` values; `unit` names the rows ("rows" or
+/// "tokens") in the error and in the size product.
+fn check_hidden_rows(
+    op: &'static str,
+    name: &str,
+    len: usize,
+    rows: usize,
+    unit: &str,
+    hidden: usize,
+) -> Result<(), KernelError> {
+    let want = checked_product(op, &format!("{unit}*hidden"), &[rows, hidden])?;
+    crate::ensure_shape!(
+        len == want,
+        op,
+        "{name} has {len} values, expected {rows} {unit} of {hidden}"
+    );
     Ok(())
 }
 
@@ -310,22 +325,8 @@ pub fn combine(
         d.pairs.len(),
         r.ids.len()
     );
-    let want_in = checked_product(OP, "rows*hidden", &[d.rows(), hidden])?;
-    crate::ensure_shape!(
-        expert_out.len() == want_in,
-        OP,
-        "expert_out has {} values, expected {} rows of {hidden}",
-        expert_out.len(),
-        d.rows()
-    );
-    let want_out = checked_product(OP, "tokens*hidden", &[r.tokens(), hidden])?;
-    crate::ensure_shape!(
-        out.len() == want_out,
-        OP,
-        "out has {} values, expected {} tokens of {hidden}",
-        out.len(),
-        r.tokens()
-    );
+    check_hidden_rows(OP, "expert_out", expert_out.len(), d.rows(), "rows", hidden)?;
+    check_hidden_rows(OP, "out", out.len(), r.tokens(), "tokens", hidden)?;
     combine_rows(
         expert_out,
         hidden,

@@ -10,7 +10,7 @@
 //! `SiluAndMul` convention; transformers computes `act(gate_proj(x)) * up_proj(x)`, the same numbers).
 
 use crate::cpu::Isa;
-use crate::error::checked_product;
+use crate::error::{check_len, checked_product, whole_rows};
 use crate::KernelError;
 use std::sync::atomic::Ordering;
 
@@ -80,20 +80,8 @@ pub(crate) fn check_rmsnorm(
     out: &[f32],
 ) -> Result<(), KernelError> {
     crate::ensure_shape!(!weight.is_empty(), op, "weight must not be empty");
-    crate::ensure_shape!(
-        x.len().is_multiple_of(weight.len()),
-        op,
-        "x has {} elements, not a whole number of rows of {}",
-        x.len(),
-        weight.len()
-    );
-    crate::ensure_shape!(
-        out.len() == x.len(),
-        op,
-        "out has {} elements, expected {}",
-        out.len(),
-        x.len()
-    );
+    whole_rows(op, "x", x.len(), "weight", weight.len())?;
+    check_len(op, "out", out.len(), x.len())?;
     crate::ensure_shape!(
         eps.is_finite() && eps >= 0.0,
         op,
@@ -169,17 +157,11 @@ pub fn embedding_gather(
     out: &mut [f32],
 ) -> Result<(), KernelError> {
     const OP: &str = "embedding_gather";
-    crate::ensure_shape!(dim > 0, OP, "dim must be positive");
     let len = match table {
         EmbeddingTable::Bf16(t) => t.len(),
         EmbeddingTable::F32(t) => t.len(),
     };
-    crate::ensure_shape!(
-        len % dim == 0,
-        OP,
-        "table has {len} elements, not a whole number of rows of {dim}"
-    );
-    let vocab = len / dim;
+    let vocab = whole_rows(OP, "table", len, "dim", dim)?;
     check_gather_out(OP, ids.len(), dim, out.len())?;
     if let Some((i, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
         return Err(KernelError::shape(
@@ -413,17 +395,7 @@ pub fn gelu_tanh_and_mul(
     inter: usize,
     out: &mut [f32],
 ) -> Result<(), KernelError> {
-    const OP: &str = "gelu_tanh_and_mul";
-    crate::ensure_shape!(inter > 0, OP, "inter must be positive");
-    let rows = out.len() / inter;
-    crate::ensure_shape!(
-        out.len().is_multiple_of(inter)
-            && inter.checked_mul(2).and_then(|w| rows.checked_mul(w)) == Some(gate_up.len()),
-        OP,
-        "gate_up has {} elements and out {}, expected [rows, 2*{inter}] and [rows, {inter}]",
-        gate_up.len(),
-        out.len()
-    );
+    check_glu("gelu_tanh_and_mul", gate_up, inter, out)?;
     const C: f32 = 0.797_884_6; // sqrt(2 / pi)
     for (row, o) in gate_up
         .chunks_exact(2 * inter)

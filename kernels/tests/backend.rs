@@ -595,15 +595,7 @@ fn linear<B: Numerics>(b: &B) {
     let n = 133;
     for (path, k) in cases {
         for m in [1usize, 3, 5, 17, 19] {
-            let x: Vec<f32> = (0..m * k)
-                .map(|_| {
-                    if r.gen_bool(0.01) {
-                        r.gen_range(-20.0..20.0)
-                    } else {
-                        r.gen_range(-2.0..2.0)
-                    }
-                })
-                .collect();
+            let x = common::with_outliers(&mut r, m * k, 2.0, 20.0);
             let case = linear_case(path, &mut r, &x, m, n, k);
             let what = format!("{} linear {path} m{m} n{n} k{k}", b.name());
             let lin = b

@@ -12,6 +12,8 @@ use kernels::reference::linear as reference;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+mod common;
+
 /// Relative to the sum of |x w| terms, as in `cpu_linear.rs`: f32 rescaling and accumulation of per-group sums.
 const F32_REL: f64 = 1e-5;
 
@@ -39,15 +41,7 @@ fn int4_weights(
 /// Activations as a real layer's: mostly in +-2, 1% outliers up to +-40, one all-zero group in row 0, one row of
 /// values around 1e-20 (representable by both encodings).
 fn activations(r: &mut ChaCha8Rng, m: usize, k: usize, group: usize) -> Vec<f32> {
-    let mut x: Vec<f32> = (0..m * k)
-        .map(|_| {
-            if r.gen_bool(0.01) {
-                r.gen_range(-40.0f32..40.0)
-            } else {
-                r.gen_range(-2.0f32..2.0)
-            }
-        })
-        .collect();
+    let mut x = common::with_outliers(r, m * k, 2.0, 40.0);
     x[..group.min(k)].iter_mut().for_each(|v| *v = 0.0);
     if m > 2 {
         x[k..2 * k].iter_mut().for_each(|v| *v *= 1e-20);

@@ -25,6 +25,8 @@ import traceback
 import torch
 import torch.nn.functional as F
 
+from cuda_graph import capture
+
 dev = torch.device("cuda")
 QUICK = "--quick" in sys.argv
 ROUNDS = 5 if QUICK else 11
@@ -52,15 +54,7 @@ def time_call(call, sets):
     graph = None
     if per < 200e-6:
         try:
-            graph = torch.cuda.CUDAGraph()
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.graph(graph, stream=s):
-                for r in range(reps):
-                    call(r % sets)
-            torch.cuda.synchronize()
-            graph.replay()
-            torch.cuda.synchronize()
+            graph = capture(call, sets, reps)
         except Exception:  # noqa: BLE001 - a baseline torch cannot capture is timed eagerly
             graph = None
             torch.cuda.synchronize()

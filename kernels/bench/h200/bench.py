@@ -27,6 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cuda_graph import capture
+
 PTX = sys.argv[1]
 QUICK = "--quick" in sys.argv
 OUT = os.environ.get("OUT", ".")
@@ -112,16 +114,7 @@ def graph_of(call, sets, reps):
     for i in range(sets):  # warm-up: module load, autotune, allocator
         call(i)
     torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.graph(g, stream=s):
-        for r in range(reps):
-            call(r % sets)
-    torch.cuda.synchronize()
-    g.replay()
-    torch.cuda.synchronize()
-    return g
+    return capture(call, sets, reps)
 
 
 def time_arms(arms, sets, reps, rounds=None):

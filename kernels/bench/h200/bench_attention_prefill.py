@@ -102,6 +102,18 @@ def rel(a, ref):
     return ((a - ref).norm() / ref.norm()).item()
 
 
+def checked(call, out, ref, what, against):
+    """Runs call(0) into out (NaN-filled first) and returns its relative error against ref, logging a FAIL where
+    it is not below 2e-2."""
+    out.fill_(float("nan"))
+    call(0)
+    torch.cuda.synchronize()
+    err = rel(out, ref)
+    if not err < 2e-2:
+        b.log(f"  FAIL {what}: rel err vs {against} {err:.2e}")
+    return err
+
+
 def sdpa_flash_fn(qs, ks, vs, hq, hkv):
     """Returns (call(i) -> out [1, hq, t, d], label): flash backend, GQA native when accepted, else expanded K/V."""
     def native(i):
@@ -168,12 +180,7 @@ def case(hq, hkv, d, t, window=None):
 
             def call(i, fn=fn, bm=bm, threads=threads, smem=smem):
                 launch_ours(fn, bm, threads, smem, q[i], k[i], v[i], out, t, hq, hkv, d, window, scale)
-            out.fill_(float("nan"))
-            call(0)
-            torch.cuda.synchronize()
-            errs[variant] = rel(out, ref)
-            if not errs[variant] < 2e-2:
-                b.log(f"  FAIL {label} {variant}: rel err vs {base_name} {errs[variant]:.2e}")
+            errs[variant] = checked(call, out, ref, f"{label} {variant}", base_name)
             arms[variant] = call
         except Exception as e:  # noqa: BLE001
             b.log(f"  FAIL {label} {variant}: {type(e).__name__}: {e}")
@@ -283,12 +290,7 @@ def paged_case(hq, hkv, d, prefix, n, page_size=16):
                     np.int32(hq), np.int32(hkv), np.int32(0), np.float32(scale * LOG2E), b.ptr(kc[i]), b.ptr(vc[i]),
                     b.ptr(tables[i]), b.ptr(pre), np.int32(page_size), np.int32(pages), np.int32(num_pages)),
                     shared_mem=smem)
-            out.fill_(float("nan"))
-            call(0)
-            torch.cuda.synchronize()
-            errs[variant] = rel(out, ref)
-            if not errs[variant] < 2e-2:
-                b.log(f"  FAIL {label} {variant}: rel err vs the full-history reference {errs[variant]:.2e}")
+            errs[variant] = checked(call, out, ref, f"{label} {variant}", "the full-history reference")
             arms[variant] = call
         except Exception as e:  # noqa: BLE001
             b.log(f"  FAIL {label} {variant}: {type(e).__name__}: {e}")

@@ -119,6 +119,14 @@ def rel(y, ref):
     return ((y.float() - ref).norm() / ref.norm()).item()
 
 
+def run_once(f, out, ref):
+    """Runs f(0) into out (NaN-filled first): its relative error against ref and its count of NaN."""
+    out.fill_(float("nan"))
+    f(0)
+    torch.cuda.synchronize()
+    return rel(out, ref), torch.isnan(out).sum().item()
+
+
 def fp8_case(m, n, k):
     kb, nb = k // 128, (n + 127) // 128
     sets = b.n_sets(m * k + n * k)
@@ -177,10 +185,7 @@ def fp8_case(m, n, k):
     for name, f in (("v1", v1), ("v2", v2), ("v3", v3), ("v4", v4), ("v4 bf16out", v4b), ("mma.sync", mma)):
         try:
             out = yb if name in fp32_of else y
-            out.fill_(float("nan"))
-            f(0)
-            torch.cuda.synchronize()
-            e, nan = rel(out, ref), torch.isnan(out).sum().item()
+            e, nan = run_once(f, out, ref)
             errs[name] = f"{e:.1e}, {nan} NaN"
             # bf16 out: one more rounding of at most 2^-8 relative per element (cuBLAS's bf16 out: 1.7e-3).
             ok = e < (2e-3 + 2 ** -8 if out is yb else 2e-3) and nan == 0
@@ -277,10 +282,7 @@ def nvfp4_case(m, n, k):
     arms, errs = {}, {}
     for name, f in (("v1", v1), ("v2", v2), ("v3", v3), ("mma.sync", mma)):
         try:
-            y.fill_(float("nan"))
-            f(0)
-            torch.cuda.synchronize()
-            e, nan = rel(y, ref), torch.isnan(y).sum().item()
+            e, nan = run_once(f, y, ref)
             errs[name] = f"{e:.1e}, {nan} NaN"
             ok = e < 1e-4 and nan == 0
             b.log(f"  nvfp4 {name} M={m} N={n} K={k}: rel err vs fp32 torch {e:.2e}, {nan} NaN -> "

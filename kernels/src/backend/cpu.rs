@@ -5,7 +5,7 @@ use super::{
     check_gdn_inputs, Backend, Embedding, GdnIn, GdnLayer, GdnState, KvCache, Scalar, Weight,
 };
 use crate::attention::{self, KvSlice, PagedKv};
-use crate::error::{checked_product, checked_sum};
+use crate::error::{checked_product, checked_sum, whole_rows};
 use crate::formats::{bf16_to_f32, f32_to_bf16};
 use crate::gdn::{self, GdnDims, GdnInputs, GdnWeights};
 use crate::moe;
@@ -390,14 +390,7 @@ impl Backend for Cpu {
         out: &mut Vec<f32>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cpu::moe_gather";
-        crate::ensure_shape!(hidden > 0, OP, "hidden must be positive");
-        crate::ensure_shape!(
-            out.len().is_multiple_of(hidden),
-            OP,
-            "out has {} elements, not a whole number of rows of {hidden}",
-            out.len()
-        );
-        let rows = out.len() / hidden;
+        let rows = whole_rows(OP, "out", out.len(), "hidden", hidden)?;
         let Some(part) = start
             .checked_add(rows)
             .and_then(|end| tokens.get(start..end))
@@ -496,13 +489,7 @@ impl Backend for Cpu {
     fn add_bias_rows(&self, x: &mut Vec<f32>, bias: &Vec<f32>) -> Result<(), KernelError> {
         const OP: &str = "cpu::add_bias_rows";
         crate::ensure_shape!(!bias.is_empty(), OP, "bias must not be empty");
-        crate::ensure_shape!(
-            x.len().is_multiple_of(bias.len()),
-            OP,
-            "x has {} elements, not a whole number of rows of {}",
-            x.len(),
-            bias.len()
-        );
+        whole_rows(OP, "x", x.len(), "bias", bias.len())?;
         for row in x.chunks_exact_mut(bias.len()) {
             row.iter_mut().zip(bias).for_each(|(a, &b)| *a += b);
         }

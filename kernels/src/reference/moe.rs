@@ -1,6 +1,7 @@
 //! The MoE router's reference ([`crate::moe::route`]): an f64 softmax per token, the experts ordered by probability
 //! (ties: the lower id), the top `k` kept.
 
+use crate::moe::check_route_shape;
 use crate::KernelError;
 
 /// Per token (rows of `experts` logits), the `top_k` chosen experts in order and their probabilities in f64,
@@ -13,17 +14,7 @@ pub fn route(
     renorm: bool,
 ) -> Result<(Vec<u32>, Vec<f64>), KernelError> {
     const OP: &str = "reference::moe::route";
-    crate::ensure_shape!(
-        (1..=experts).contains(&top_k),
-        OP,
-        "top_k = {top_k} must be in 1..=experts ({experts})"
-    );
-    crate::ensure_shape!(
-        logits.len().is_multiple_of(experts),
-        OP,
-        "{} logits are not whole rows of {experts} experts",
-        logits.len()
-    );
+    check_route_shape(OP, logits.len(), experts, top_k)?;
     let (mut ids, mut weights) = (Vec::new(), Vec::new());
     for row in logits.chunks_exact(experts) {
         let max = row

@@ -16,6 +16,24 @@ pub(crate) fn uniform_in(rng: &mut ChaCha8Rng, n: usize, lo: f32, hi: f32) -> Ve
     (0..n).map(|_| rng.gen_range(lo..hi)).collect()
 }
 
+/// `n` activations as a real layer's: mostly in `-typical..typical`, 1% outliers in `-outlier..outlier`.
+pub(crate) fn with_outliers(
+    rng: &mut ChaCha8Rng,
+    n: usize,
+    typical: f32,
+    outlier: f32,
+) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            if rng.gen_bool(0.01) {
+                rng.gen_range(-outlier..outlier)
+            } else {
+                rng.gen_range(-typical..typical)
+            }
+        })
+        .collect()
+}
+
 /// Attention head counts and head dim.
 pub(crate) fn attn(q_heads: usize, kv_heads: usize, head_dim: usize) -> AttnDims {
     AttnDims {

@@ -287,7 +287,7 @@ pub fn gather_rows(
 }
 
 /// Checks that `name` (`len` values) holds `rows` rows of `hidden` values; `unit` names the rows ("rows" or
-/// "tokens") in the error and in the size product.
+/// "tokens") in the error. The size product is labelled by `name`, so the check formats nothing unless it fails.
 fn check_hidden_rows(
     op: &'static str,
     name: &str,
@@ -296,7 +296,7 @@ fn check_hidden_rows(
     unit: &str,
     hidden: usize,
 ) -> Result<(), KernelError> {
-    let want = checked_product(op, &format!("{unit}*hidden"), &[rows, hidden])?;
+    let want = checked_product(op, name, &[rows, hidden])?;
     crate::ensure_shape!(
         len == want,
         op,

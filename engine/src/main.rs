@@ -278,6 +278,9 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
             split_decode_attention: std::env::var("EDGEFIT_SPLIT_ATTENTION")
                 .map_or(true, |v| v != "0"),
             stack_projections: std::env::var("EDGEFIT_STACK").map_or(true, |v| v != "0"),
+            // Short NVFP4 matrices' f32 rows for decode beside the GEMM copies: `EDGEFIT_NVFP4_F32_ROWS=0` turns
+            // them off (the benchmarks' `norows` arm).
+            nvfp4_f32_rows: std::env::var("EDGEFIT_NVFP4_F32_ROWS").map_or(true, |v| v != "0"),
         };
         Engine::on_cuda(model, opts, |free| {
             engine::setup::admit_cuda(&plan, free as u64)

@@ -696,12 +696,19 @@ impl Model {
         (lin + embed, lin + row)
     }
 
-    /// Bytes of the FP8 and NVFP4 linears (what a second, checkpoint-layout copy on a GPU costs).
+    /// Bytes of the FP8 and NVFP4 linears (what a second, checkpoint-layout copy on a GPU costs), plus the f32
+    /// rows a GPU keeps beside the short NVFP4 ones ([`cuda::NVFP4_F32_ROWS_MAX_N`]).
     pub fn quantized_bytes(&self) -> u64 {
         self.linears()
             .iter()
-            .filter(|w| matches!(w, Weight::Fp8Block { .. } | Weight::Nvfp4 { .. }))
-            .map(|w| w.bytes() as u64)
+            .map(|w| match w {
+                Weight::Fp8Block { .. } => w.bytes() as u64,
+                Weight::Nvfp4 { n, k, .. } if *n <= cuda::NVFP4_F32_ROWS_MAX_N => {
+                    (w.bytes() + n * k * 4) as u64
+                }
+                Weight::Nvfp4 { .. } => w.bytes() as u64,
+                _ => 0,
+            })
             .sum()
     }
 

@@ -97,3 +97,55 @@ fn stacked_projections_and_split_attention_agree_with_the_plain_step() {
         std::fs::remove_dir_all(dir.parent().unwrap()).ok();
     }
 }
+
+/// Short NVFP4 matrices (the DeltaNet's stacked in_proj_b/a) keep exact f32 rows beside the GEMM copies, and steps
+/// of at most 16 rows read them instead of the tiles: the prompt is the same (both run the GEMMs), and decode
+/// differs from the tiles' only by their bf16 activations (2^-9 of each input), which the gates' softplus and
+/// sigmoid shrink further; a wrong row, scale or dispatch is O(1).
+#[test]
+fn short_nvfp4_matrices_decode_on_their_exact_f32_rows() {
+    if !cuda_here() {
+        return;
+    }
+    let dir = card("qwen3_5-nvfp4");
+    let run_rows = |rows: bool| -> (usize, usize, Vec<Vec<f32>>) {
+        let opts = CudaOptions {
+            slots: 2,
+            max_len: 512,
+            gemm_copies: true,
+            nvfp4_f32_rows: rows,
+            ..Default::default()
+        };
+        let mut e = cuda_engine(&dir, opts).unwrap();
+        let c = e.cuda().unwrap();
+        let (with_rows, gemm_bytes) = (c.f32_row_linears(), c.gemm_bytes as usize);
+        let vocab = e.model.vocab() as u32;
+        let a = e.join().unwrap();
+        let mut out = e.step(&[(a, &tokens(40, 5, vocab))]).unwrap();
+        for s in 0..6u32 {
+            let t = [(s * 13 + 2) % vocab];
+            out.extend(e.step(&[(a, &t[..])]).unwrap());
+        }
+        (with_rows, gemm_bytes, out)
+    };
+    let (n_rows, bytes_rows, rows) = run_rows(true);
+    let (n_tiles, bytes_tiles, tiles) = run_rows(false);
+    let e_prompt = rel_err(&rows[..1], &tiles[..1]);
+    let e_decode = rel_err(&rows[1..], &tiles[1..]);
+    println!(
+        "qwen3_5-nvfp4: {n_rows} linears on f32 rows; logits max|diff| / max|logit|: prompt {e_prompt:.2e}, decode \
+         {e_decode:.2e}"
+    );
+    assert!(
+        n_rows > 0 && n_tiles == 0,
+        "{n_rows} / {n_tiles} linears kept f32 rows"
+    );
+    // The copy decode no longer reads (the tiles) is counted with the GEMM copies.
+    assert!(
+        bytes_rows > bytes_tiles,
+        "GEMM-copy bytes {bytes_rows} vs {bytes_tiles}"
+    );
+    assert_eq!(e_prompt, 0.0, "the prompt runs the same kernels either way");
+    assert!(e_decode < 2e-2, "f32 rows vs tiles in decode: {e_decode:e}");
+    std::fs::remove_dir_all(dir.parent().unwrap()).ok();
+}

@@ -15,9 +15,18 @@
 //   bytes take 0.2 us.
 // - dense_gemm_*: m > 16 (prefill). A plain shared-memory tiled SGEMM: 64 x 64 output tiles, K in steps of 16,
 //   256 threads with 4 x 4 outputs each.
+// - dense_gemm_split_*: the same tiles with K split over the GEMM_SPLITS blocks of a thread-block cluster, for
+//   matrices whose tiles alone would leave most of the GPU idle (cuda/dense.rs picks it). Each block sums its slice
+//   of K, the cluster exchanges the partial tiles through distributed shared memory, and block r adds the
+//   GEMM_SPLITS partials of rows [r * 8, r * 8 + 8) of the tile in rank order: one launch, no workspace (so a
+//   recorded graph needs no scratch), and the same bits on every run. The engine's GPU timeline of a 512-token
+//   prompt of the Qwen3.8-27B FP8 build had the stacked 96 x 5120 bf16 in_proj_b/a at 387 us a call on 16 blocks
+//   of dense_gemm_bf16, a quarter of the prompt (benchmarks/engine-h200.md).
 //
 // Offsets into x, w and y are computed in 64 bits (a 248320 x 5120 matrix has 1.3e9 elements).
 #include "common.cuh"
+
+#include <cooperative_groups.h>
 
 using namespace edgefit;
 
@@ -213,28 +222,27 @@ __device__ __forceinline__ float4 load4(const uint16_t* row, int c, int k, bool 
     return make_float4(v[0], v[1], v[2], v[3]);
 }
 
-// y = x . w^T, grid (ceil(n / 64), ceil(m / 64)). Thread (tx, ty) = (tid % 16, tid / 16) computes rows
-// by * 64 + ty * 4 + 0..4 and columns bx * 64 + tx * 4 + 0..4 of y. Each step loads a 64 x 16 tile of x and of w
-// (thread tid: row tid / 4, values 4 * (tid % 4) + 0..4), stored transposed ([k][row]) so the inner loop reads
-// four rows of each with one 16-byte shared load. Out-of-range rows and values load as zeros.
+// The 64 x 64 tile of x . w^T at rows m0.., columns n0.. over values [kb, ke) of k into `acc`: thread
+// (tx, ty) = (tid % 16, tid / 16) accumulates rows m0 + ty * 4 + 0..4 and columns n0 + tx * 4 + 0..4. Each step
+// loads a 64 x 16 tile of x and of w (thread tid: row tid / 4, values 4 * (tid % 4) + 0..4), stored transposed
+// ([k][row]) so the inner loop reads four rows of each with one 16-byte shared load. Out-of-range rows and values
+// (past m, n or ke) load as zeros. `ke` is k or a multiple of GEMM_BK, so a 4-value load below it stays in the row
+// and in the slice.
 template <typename T>
-__device__ __forceinline__ void dense_gemm(const float* __restrict__ x, const T* __restrict__ w,
-                                           float* __restrict__ y, int m, int n, int k) {
-    pdl_start();
+__device__ __forceinline__ void dense_gemm_tile(const float* __restrict__ x, const T* __restrict__ w, int m, int n,
+                                                int k, int m0, int n0, int kb, int ke, float (&acc)[4][4]) {
     __shared__ __align__(16) float as[GEMM_BK][GEMM_BM];
     __shared__ __align__(16) float bs[GEMM_BK][GEMM_BN];
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-    const int m0 = blockIdx.y * GEMM_BM, n0 = blockIdx.x * GEMM_BN;
     const int lr = tid >> 2, lc = (tid & 3) * 4;
     const bool vec = (k & 3) == 0;
     const int xr = min(m0 + lr, m - 1), wrow = min(n0 + lr, n - 1);
     const float* xrow = x + (size_t)xr * k;
     const T* wrp = w + (size_t)wrow * k;
     const bool xok = m0 + lr < m, wok = n0 + lr < n;
-    float acc[4][4] = {};
-    for (int k0 = 0; k0 < k; k0 += GEMM_BK) {
-        float4 a = xok ? load4(xrow, k0 + lc, k, vec) : make_float4(0.f, 0.f, 0.f, 0.f);
-        float4 b = wok ? load4(wrp, k0 + lc, k, vec) : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k0 = kb; k0 < ke; k0 += GEMM_BK) {
+        float4 a = xok ? load4(xrow, k0 + lc, ke, vec) : make_float4(0.f, 0.f, 0.f, 0.f);
+        float4 b = wok ? load4(wrp, k0 + lc, ke, vec) : make_float4(0.f, 0.f, 0.f, 0.f);
         __syncthreads();  // the previous step's reads are done
         as[lc][lr] = a.x; as[lc + 1][lr] = a.y; as[lc + 2][lr] = a.z; as[lc + 3][lr] = a.w;
         bs[lc][lr] = b.x; bs[lc + 1][lr] = b.y; bs[lc + 2][lr] = b.z; bs[lc + 3][lr] = b.w;
@@ -250,6 +258,17 @@ __device__ __forceinline__ void dense_gemm(const float* __restrict__ x, const T*
                 for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(ar[i], br[j], acc[i][j]);
         }
     }
+}
+
+// y = x . w^T, grid (ceil(n / 64), ceil(m / 64)): one block per output tile, over all of k.
+template <typename T>
+__device__ __forceinline__ void dense_gemm(const float* __restrict__ x, const T* __restrict__ w,
+                                           float* __restrict__ y, int m, int n, int k) {
+    pdl_start();
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    const int m0 = blockIdx.y * GEMM_BM, n0 = blockIdx.x * GEMM_BN;
+    float acc[4][4] = {};
+    dense_gemm_tile(x, w, m, n, k, m0, n0, 0, k, acc);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int r = m0 + ty * 4 + i;
@@ -260,6 +279,55 @@ __device__ __forceinline__ void dense_gemm(const float* __restrict__ x, const T*
             if (c < n) y[(size_t)r * n + c] = acc[i][j];
         }
     }
+}
+
+constexpr int GEMM_SPLITS = 8;
+constexpr int SPLIT_ROWS = GEMM_BM / GEMM_SPLITS;  // tile rows each block of a cluster adds up and stores
+static_assert(SPLIT_ROWS * GEMM_SPLITS == GEMM_BM && SPLIT_ROWS * (GEMM_BN / 4) <= GEMM_THREADS,
+              "each block reduces whole rows, one float4 per thread");
+
+// y = x . w^T, grid (ceil(n / 64) * GEMM_SPLITS, ceil(m / 64)) in clusters of GEMM_SPLITS blocks along x: the
+// cluster at x / GEMM_SPLITS owns one output tile, its block of rank r sums values [r * kc, (r + 1) * kc) of k
+// (kc = ceil(k / GEMM_SPLITS) rounded up to GEMM_BK; a slice past k sums nothing), then adds the cluster's partial
+// tiles for its SPLIT_ROWS rows in rank order. Every block reaches both cluster barriers: the first publishes the
+// partials, the second keeps each block's shared memory alive until the others have read it.
+template <typename T>
+__device__ __forceinline__ void dense_gemm_split(const float* __restrict__ x, const T* __restrict__ w,
+                                                 float* __restrict__ y, int m, int n, int k) {
+    pdl_start();
+    namespace cg = cooperative_groups;
+    __shared__ __align__(16) float part[GEMM_BM][GEMM_BN];
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = (int)cluster.block_rank();
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const int m0 = blockIdx.y * GEMM_BM, n0 = (blockIdx.x / GEMM_SPLITS) * GEMM_BN;
+    const int kc = ((k + GEMM_SPLITS - 1) / GEMM_SPLITS + GEMM_BK - 1) / GEMM_BK * GEMM_BK;
+    const int kb = min(k, rank * kc), ke = min(k, kb + kc);
+    float acc[4][4] = {};
+    dense_gemm_tile(x, w, m, n, k, m0, n0, kb, ke, acc);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        *reinterpret_cast<float4*>(&part[ty * 4 + i][tx * 4]) =
+            make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+    cluster.sync();
+    if (tid < SPLIT_ROWS * (GEMM_BN / 4)) {
+        const int row = rank * SPLIT_ROWS + tid / (GEMM_BN / 4), c4 = (tid % (GEMM_BN / 4)) * 4;
+        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int q = 0; q < GEMM_SPLITS; ++q) {
+            const float* remote = cluster.map_shared_rank(&part[0][0], q);
+            const float4 v = *reinterpret_cast<const float4*>(remote + row * GEMM_BN + c4);
+            s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+        }
+        const int r = m0 + row;
+        const float sv[4] = {s.x, s.y, s.z, s.w};
+        if (r < m) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (n0 + c4 + j < n) y[(size_t)r * n + n0 + c4 + j] = sv[j];
+        }
+    }
+    cluster.sync();
 }
 
 }  // namespace
@@ -310,4 +378,16 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
     dense_gemm_bf16(const float* __restrict__ x, const uint16_t* __restrict__ w, float* __restrict__ y, int m, int n,
                     int k) {
     dense_gemm<uint16_t>(x, w, y, m, n, k);
+}
+
+// As dense_gemm_*, K split over a cluster of GEMM_SPLITS blocks: grid (ceil(n / 64) * GEMM_SPLITS, ceil(m / 64)).
+extern "C" __global__ void __cluster_dims__(GEMM_SPLITS, 1, 1) __launch_bounds__(GEMM_THREADS)
+    dense_gemm_split_f32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int m,
+                         int n, int k) {
+    dense_gemm_split<float>(x, w, y, m, n, k);
+}
+extern "C" __global__ void __cluster_dims__(GEMM_SPLITS, 1, 1) __launch_bounds__(GEMM_THREADS)
+    dense_gemm_split_bf16(const float* __restrict__ x, const uint16_t* __restrict__ w, float* __restrict__ y, int m,
+                          int n, int k) {
+    dense_gemm_split<uint16_t>(x, w, y, m, n, k);
 }

@@ -249,6 +249,27 @@ __device__ __forceinline__ void glu_frag_chunk(const float* __restrict__ gate_up
     glu_chunk_to<GELU>(gate_up, sink, inter);
 }
 
+// x (fp32 [rows <= 16, dim]) straight into a decode GEMV's B fragments: cast_f32_to_bf16 followed by the GEMV's
+// fragment kernel in one launch (a linear whose input no fused kernel writes, e.g. the GDN out_proj). FragSink
+// rounds to nearest even to bf16 as f32_to_bf16_bits does (they differ only in which NaN a NaN becomes), then to
+// f16 as the fragment kernel. Grid, padding, PDL and (y, ylen) as glu_frag_chunk; needs dim % 16 == 0.
+template <int FMT>
+__device__ __forceinline__ void cast_frag_chunk(const float* __restrict__ x, uint32_t* __restrict__ xf, int dim,
+                                                float* __restrict__ y, unsigned long long ylen) {
+    pdl_launch_dependents();
+    pdl_wait();
+    if (y != nullptr)
+        zero_f32(y, ylen, (static_cast<size_t>(blockIdx.x) * gridDim.y + blockIdx.y) * GLU_THREADS + threadIdx.x,
+                 static_cast<size_t>(gridDim.x) * gridDim.y * GLU_THREADS);
+    const FragSink<FMT> sink = FragSink<FMT>::of_block(xf);
+    const int j = (blockIdx.y * GLU_THREADS + threadIdx.x) * 4;
+    if (j >= dim) {
+        if (j < ((dim + 127) & ~127)) sink.store4(j, make_float4(0.f, 0.f, 0.f, 0.f));
+        return;
+    }
+    sink.store4(j, *reinterpret_cast<const float4*>(x + static_cast<size_t>(blockIdx.x) * dim + j));
+}
+
 constexpr int GATHER_THREADS = 128;
 
 // Monotone map of a float onto u32: a larger float (IEEE total order, -0 below +0, as Rust's total_cmp) gets a
@@ -680,6 +701,19 @@ extern "C" __global__ void __launch_bounds__(GLU_THREADS)
     gelu_and_mul_frag_nvfp4(const float* __restrict__ gate_up, uint32_t* __restrict__ xf, int inter,
                             float* __restrict__ y, unsigned long long ylen) {
     glu_frag_chunk<true, 1>(gate_up, xf, inter, y, ylen);
+}
+
+// The cast into the decode GEMVs' fragments (cast_frag_chunk; FP8's and NVFP4's pair order): x fp32
+// [rows <= 16, dim]; (y, ylen) as the norm producers'.
+extern "C" __global__ void __launch_bounds__(GLU_THREADS)
+    cast_frag_fp8(const float* __restrict__ x, uint32_t* __restrict__ xf, int dim, float* __restrict__ y,
+                  unsigned long long ylen) {
+    cast_frag_chunk<0>(x, xf, dim, y, ylen);
+}
+extern "C" __global__ void __launch_bounds__(GLU_THREADS)
+    cast_frag_nvfp4(const float* __restrict__ x, uint32_t* __restrict__ xf, int dim, float* __restrict__ y,
+                    unsigned long long ylen) {
+    cast_frag_chunk<1>(x, xf, dim, y, ylen);
 }
 
 // Embedding gather from a bf16 table [vocab, dim] into fp32 out [n, dim], one block of 128 threads per id. An id >=

@@ -2,7 +2,8 @@
 //! (`cuda/dense.cu`, f32 and bf16 weights, both the GEMV at m <= 16 and the tiled GEMM past it), the f32
 //! elementwise ops of `cuda/ops.cu` (casts, [`Gpu::act_and_mul_f32`], the sigmoid gates, softcap, adds, scales,
 //! bias rows, [`Gpu::copy_cols`]) and the per-slot f32 attention of `cuda/attention_slots.cu`
-//! ([`Gpu::kv_store_slots`], [`Gpu::attention_slots`], [`Gpu::attention_slots_split`]).
+//! ([`Gpu::kv_store_slots`], [`Gpu::attention_slots`], [`Gpu::attention_slots_split`]), and the cast producers
+//! that write a decode GEMV's fragments from f32 ([`Gpu::cast_nvfp4_gemv`], [`Gpu::cast_fp8_fragments`]).
 //!
 //! Fresh random inputs each run (the seed is printed), ragged shapes (odd n, k not a multiple of 8, m in 1..=17
 //! and 70, lengths past the grid-stride limits), every output poisoned with NaN before the launch, a bound stated
@@ -13,7 +14,7 @@
 
 use kernels::attention::AttnDims;
 use kernels::backend;
-use kernels::cuda::{DenseGpuWeights, Gpu, GpuBuffer};
+use kernels::cuda::{DenseGpuWeights, Fp8Fragments, Gpu, GpuBuffer, Nvfp4Fragments};
 use kernels::formats::{bf16_to_f32, f32_to_bf16};
 use kernels::ops::{self, GatedAct};
 use kernels::reference;
@@ -21,7 +22,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 mod gpu_common;
-use gpu_common::{gpu, rel_err, rng, uniform};
+use gpu_common::{assert_rel, gpu, rel_err, rng, uniform};
 
 fn nan_f32(gpu: &Gpu, n: usize) -> GpuBuffer<f32> {
     gpu.upload(&vec![f32::NAN; n]).expect("upload")
@@ -136,6 +137,44 @@ fn dense_linear_matches_the_f64_product_for_f32_and_bf16_weights() {
             }
             check_dense(&gpu, &mut r, m, n, k, &wf, &w32);
             check_dense(&gpu, &mut r, m, n, k, &wb_vals, &w16);
+        }
+    }
+}
+
+/// The GEMM with k split over a cluster (few output tiles, k >= 512): the DeltaNet gate shape at a prompt, k not
+/// a multiple of 16 (the last slice ragged) or of 4 (the scalar loads), slices past k (k = 520: the eighth is
+/// empty), m not a multiple of 64, and the same bits on a second run (the partials are added in a fixed order).
+#[test]
+fn dense_gemm_split_over_k_matches_and_repeats_bit_for_bit() {
+    let Some(gpu) = gpu() else { return };
+    let mut r = rng("dense_gemm_split");
+    for (m, n, k) in [
+        (200, 96, 5120),
+        (130, 24, 1037),
+        (65, 7, 600),
+        (17, 130, 520),
+        (300, 1, 512),
+    ] {
+        let wf = uniform(&mut r, n * k, 1.0);
+        let wb: Vec<u16> = wf.iter().map(|&v| f32_to_bf16(v)).collect();
+        let wb_vals: Vec<f32> = wb.iter().map(|&b| bf16_to_f32(b)).collect();
+        let w32 = gpu.dense_weights_f32(&wf, n, k).unwrap();
+        let w16 = gpu.dense_weights_bf16(&wb, n, k).unwrap();
+        check_dense(&gpu, &mut r, m, n, k, &wf, &w32);
+        check_dense(&gpu, &mut r, m, n, k, &wb_vals, &w16);
+        let xd = gpu.upload(&uniform(&mut r, m * k, 1.0)).unwrap();
+        for w in [&w32, &w16] {
+            let mut runs = Vec::new();
+            for _ in 0..2 {
+                let mut yd = nan_f32(&gpu, m * n);
+                gpu.dense_linear(&xd, w, &mut yd, m).unwrap();
+                runs.push(gpu.download(&yd).unwrap());
+            }
+            check_bits(
+                &format!("dense_linear m {m} n {n} k {k} twice"),
+                &runs[1],
+                &runs[0],
+            );
         }
     }
 }
@@ -770,6 +809,183 @@ fn kv_store_and_attention_over_slots_match_the_reference() {
             }
         }
     }
+}
+
+// ---- the cast producers ---------------------------------------------------------------------------------------
+
+/// A fragment buffer of `len` words of f16 NaN pairs, so an entry the GEMV reads and the producer did not write
+/// poisons the product.
+fn poisoned_words(gpu: &Gpu, len: usize) -> GpuBuffer<u32> {
+    gpu.upload(&vec![0x7e00_7e00u32; len]).unwrap()
+}
+
+/// Random activations in (-amp, amp) with, every 97th element, a value past f16's range (the fragments saturate
+/// it) or a bf16 rounding tie (to even, down and up).
+fn cast_inputs(r: &mut ChaCha8Rng, len: usize, amp: f32) -> Vec<f32> {
+    let specials = [
+        1e5f32,
+        -7e4,
+        f32::from_bits(0x3f80_8000),
+        f32::from_bits(0x3f81_8000),
+    ];
+    let mut x = uniform(r, len, amp);
+    for (v, &s) in x.iter_mut().zip(specials.iter().cycle()).step_by(97) {
+        *v = s;
+    }
+    x
+}
+
+/// `Gpu::cast_nvfp4_gemv` (the cast writing the NVFP4 GEMV's fragments, then the GEMV: two launches) gives the
+/// bits of `Gpu::cast_f32_to_bf16` + `Gpu::nvfp4_gemv_tiles` (three): every m from 1 to 16 (one and two fragment
+/// tiles), k a multiple of 128 and not (the cast zeroes the last chunk's tail), n up to 8192, where m <= 8 adds two
+/// K splits into a y the cast zeroes, and past it; fragments and outputs poisoned, the step run twice into the same
+/// y (an unzeroed y shows the second time).
+#[test]
+fn cast_nvfp4_gemv_equals_the_cast_and_the_gemv_bit_for_bit() {
+    let Some(gpu) = gpu() else { return };
+    let mut r = rng("cast_nvfp4_gemv");
+    for (n, k) in [(300, 5120), (8192, 160), (8200, 160), (40, 4128)] {
+        let w = uniform(&mut r, n * k, 0.05);
+        let (packed, scales, global) = reference::linear::quantize_nvfp4(&w, n, k);
+        let (dw, ds) = (gpu.upload(&packed).unwrap(), gpu.upload(&scales).unwrap());
+        let tiles = gpu.nvfp4_repack_tiles(&dw, &ds, n, k).unwrap();
+        for m in 1..=16 {
+            let what = format!("m={m} n={n} k={k}");
+            let xd = gpu.upload(&cast_inputs(&mut r, m * k, 4.0)).unwrap();
+            let mut xb = gpu.upload(&vec![0x7fc1u16; m * k]).unwrap();
+            gpu.cast_f32_to_bf16(&xd, &mut xb).unwrap();
+            let mut scratch = poisoned_words(&gpu, Gpu::gemv_scratch_len(m, k));
+            let mut ya = nan_f32(&gpu, m * n);
+            gpu.nvfp4_gemv_tiles(&xb, &tiles, global, &mut ya, &mut scratch, m)
+                .unwrap();
+            let want = gpu.download(&ya).unwrap();
+            assert!(
+                want.iter().all(|v| v.is_finite()),
+                "{what}: the unfused path is not finite"
+            );
+            let mut frags = Nvfp4Fragments::new(poisoned_words(&gpu, Gpu::gemv_scratch_len(m, k)));
+            let mut yb = nan_f32(&gpu, m * n);
+            for run in 0..2 {
+                gpu.cast_nvfp4_gemv(&xd, &mut frags, &tiles, global, &mut yb)
+                    .unwrap();
+                check_bits(
+                    &format!("cast_nvfp4_gemv {what}, run {run}"),
+                    &gpu.download(&yb).unwrap(),
+                    &want,
+                );
+            }
+            assert_eq!(frags.written(), Some((m, k)), "{what}: the record");
+        }
+    }
+}
+
+/// The FP8-order twin, `Gpu::cast_fp8_fragments` + `Gpu::fp8_gemv_tiles_fragments`, against the f64 reference on
+/// the bf16-rounded input (exact in f16 over this range, so only the f32 sums round: 2e-5 relative, as the GEMV
+/// tests): k a multiple of 16 and not of 32 (what NVFP4 cannot take) or 128, m on both sides of the tile of 8.
+#[test]
+fn cast_fp8_fragments_feed_the_fp8_gemv() {
+    let Some(gpu) = gpu() else { return };
+    let mut r = rng("cast_fp8_fragments");
+    for (n, k) in [(40, 144), (300, 4112), (9000, 160)] {
+        let w = uniform(&mut r, n * k, 0.05);
+        let (codes, scale_inv) = reference::linear::quantize_fp8_block(&w, n, k);
+        let dw = gpu.upload(&codes).unwrap();
+        let ds = gpu.upload(&scale_inv).unwrap();
+        let tiles = gpu.fp8_repack_tiles(&dw, n, k).unwrap();
+        for m in [1, 3, 8, 9, 16] {
+            let what = format!("cast_fp8_fragments m={m} n={n} k={k}");
+            let x = uniform(&mut r, m * k, 2.0);
+            let xs: Vec<f32> = x.iter().map(|&v| bf16_to_f32(f32_to_bf16(v))).collect();
+            let want = reference::linear::fp8_block_linear(&xs, m, &codes, &scale_inv, n, k);
+            let mut frags = Fp8Fragments::new(poisoned_words(&gpu, Gpu::gemv_scratch_len(m, k)));
+            gpu.cast_fp8_fragments(&gpu.upload(&x).unwrap(), k, &mut frags)
+                .unwrap();
+            assert_eq!(frags.written(), Some((m, k)), "{what}: the record");
+            let mut y = nan_f32(&gpu, m * n);
+            gpu.fp8_gemv_tiles_fragments(&frags, &tiles, &ds, &mut y, m)
+                .unwrap();
+            assert_rel(&what, &gpu.download(&y).unwrap(), &want, 2e-5);
+        }
+    }
+}
+
+/// The cast producers and the step refuse, before any launch, a k that is not a positive multiple of 16, an x
+/// that is not whole rows of k, more than 16 rows, a short fragment buffer and a y of the wrong length; a refused
+/// call leaves y and the fragments' record as they were.
+#[test]
+fn cast_producers_refuse_bad_sizes() {
+    let Some(gpu) = gpu() else { return };
+    let msg = |e: Result<(), kernels::KernelError>| e.unwrap_err().to_string();
+    let (n, k) = (8, 160);
+    let tiles = gpu
+        .nvfp4_repack_tiles(
+            &gpu.zeros::<u8>(n * k / 2).unwrap(),
+            &gpu.upload(&vec![0x38u8; n * k / 16]).unwrap(),
+            n,
+            k,
+        )
+        .unwrap();
+    let mut f4 = Nvfp4Fragments::new(gpu.zeros::<u32>(Gpu::gemv_scratch_len(16, k)).unwrap());
+    let mut f8 = Fp8Fragments::new(gpu.zeros::<u32>(Gpu::gemv_scratch_len(16, k)).unwrap());
+    let x = |len| gpu.zeros::<f32>(len).unwrap();
+    for (e, want) in [
+        (
+            msg(gpu.cast_nvfp4_fragments(&x(3 * 40), 40, &mut f4)),
+            "k must be a positive multiple of 16 (the NVFP4 GEMV's fragments), got 40",
+        ),
+        (
+            msg(gpu.cast_fp8_fragments(&x(3 * 40), 0, &mut f8)),
+            "k must be a positive multiple of 16 (the FP8 GEMV's fragments), got 0",
+        ),
+        (
+            msg(gpu.cast_nvfp4_fragments(&x(3 * k + 16), k, &mut f4)),
+            "x has 496 elements, not a whole number of rows of k = 160",
+        ),
+        (
+            msg(gpu.cast_fp8_fragments(&x(17 * k), k, &mut f8)),
+            "1 to 16 token rows, x has 17 rows",
+        ),
+        (
+            msg(gpu.cast_nvfp4_fragments(&x(0), k, &mut f4)),
+            "x has 0 rows",
+        ),
+        (
+            msg(gpu.cast_nvfp4_fragments(
+                &x(9 * k),
+                k,
+                &mut Nvfp4Fragments::new(gpu.zeros::<u32>(Gpu::gemv_scratch_len(8, k)).unwrap()),
+            )),
+            "scratch has 1024 words, the activations of m = 9, k = 160 need 2048",
+        ),
+    ] {
+        assert!(e.contains(want), "{e}");
+    }
+    assert_eq!(f4.written(), None, "a refused call recorded a shape");
+    assert_eq!(f8.written(), None, "a refused call recorded a shape");
+    gpu.cast_nvfp4_fragments(&x(2 * k), k, &mut f4).unwrap();
+    let mut y = nan_f32(&gpu, 3 * n);
+    let mut step = |xlen: usize, y: &mut GpuBuffer<f32>| {
+        msg(gpu.cast_nvfp4_gemv(&x(xlen), &mut f4, &tiles, 1.0, y))
+    };
+    for (e, want) in [
+        (
+            step(3 * k + 16, &mut y),
+            "x has 496 elements, not a whole number of rows of 160 (the GEMV's k = 160)",
+        ),
+        (step(2 * k, &mut y), "y has 24 elements, expected 16"),
+        (step(17 * k, &mut nan_f32(&gpu, 17 * n)), "m must be 1..=16"),
+    ] {
+        assert!(e.contains(want), "{e}");
+    }
+    assert_eq!(
+        f4.written(),
+        Some((2, k)),
+        "a refused step changed the record"
+    );
+    assert!(
+        gpu.download(&y).unwrap().iter().all(|v| v.is_nan()),
+        "a refused step wrote y"
+    );
 }
 
 // ---- bad sizes ------------------------------------------------------------------------------------------------

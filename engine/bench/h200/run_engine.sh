@@ -11,7 +11,7 @@
 #                  prefill,serve,ncu,nsys,trace,baseline; default tests,sanitizer,bench). baseline needs `carry: [".whl"]` (transformers 5.25,
 #                  flash-linear-attention; see engine/bench/h200/hf_baseline.py).  Env: GEN (decode steps, default 64), MODELS (fp8,nvfp4),
 #                  TESTS (test binaries), ARMS (graphs launches old nopdl nofused neither nosplit
-#                  nostack), BATCHES, SERVE_ARMS
+#                  nostack norows), PREFILL_ARMS (flash slots tiles blocking old), BATCHES, SERVE_ARMS
 #                  (plain invariant), SERVE_S; EDGEFIT_SMALL_PDL=0 / EDGEFIT_FUSED_CASTS=0 in the environment turn the
 #                  small kernels' programmatic launches / the fused bf16 inputs off for every stage (the tests too).
 # Logs: $OUT/engine_*.txt; a table last. The device tool brings back only so many files from $OUT: with several stages
@@ -118,12 +118,14 @@ if want bench; then
         # Baseline arms of this build: nopdl (the decode step's small kernels launched plainly, EDGEFIT_SMALL_PDL=0),
         # nofused (a cast launch before each tile GEMV, EDGEFIT_FUSED_CASTS=0), neither, nosplit (decode attention on
         # one block per (token, head), EDGEFIT_SPLIT_ATTENTION=0), nostack (q/k/v and gate/up apart, EDGEFIT_STACK=0).
-        pdl=1; fused=1; split=1; stack=1
+        # norows (short NVFP4 matrices on their tiles instead of exact f32 rows, EDGEFIT_NVFP4_F32_ROWS=0).
+        pdl=1; fused=1; split=1; stack=1; rows=1
         case $arm in nopdl) pdl=0 ;; nofused) fused=0 ;; neither) pdl=0; fused=0 ;; nosplit) split=0 ;;
-          nostack) stack=0 ;; esac
+          nostack) stack=0 ;; norows) rows=0 ;; esac
         exe="$BIN/edgefit"; [ $arm = old ] && exe="$BIN/edgefit-old"
         f="$OUT/engine_bench_${m}_b${b}_$arm.txt"
-        EDGEFIT_SMALL_PDL=$pdl EDGEFIT_FUSED_CASTS=$fused EDGEFIT_SPLIT_ATTENTION=$split EDGEFIT_STACK=$stack EDGEFIT_CUDA_GRAPHS=$g timeout 300 "$exe" bench --device cuda --model "$dir" --batch $b \
+        EDGEFIT_SMALL_PDL=$pdl EDGEFIT_FUSED_CASTS=$fused EDGEFIT_SPLIT_ATTENTION=$split EDGEFIT_STACK=$stack \
+          EDGEFIT_NVFP4_F32_ROWS=$rows EDGEFIT_CUDA_GRAPHS=$g timeout 300 "$exe" bench --device cuda --model "$dir" --batch $b \
           --prompt-len "${PROMPT:-512}" --gen "$GEN" > "$f.tmp" 2>&1
         rc=$?; status+=("bench $m b$b $arm: rc=$rc $(grep -E 'tg[0-9]|roofline' "$f.tmp" | tr '\n' ' ')")
         cat "$f.tmp" >> "$f"; rm -f "$f.tmp"
@@ -151,7 +153,8 @@ fi
 # the checkpoint-layout copy, prompt attention through the flash prefill kernels), slots (the same with prompt
 # attention on the exact path's f32 slot kernel, EDGEFIT_FLASH_PREFILL=0), tiles (the tile GEMVs,
 # EDGEFIT_PREFILL_GEMM=0), blocking (flash with CUDA_LAUNCH_BLOCKING=1: every launch waits for its kernel, so the
-# engine's per-op profile then holds each op family's device time plus its host time, serialized).
+# engine's per-op profile then holds each op family's device time plus its host time, serialized), old (flash on
+# the earlier build of target-carry-old).
 if want prefill; then
   for m in ${MODELS//,/ }; do
     dir=/tmp/q27-$m
@@ -161,8 +164,9 @@ if want prefill; then
         [ $arm = tiles ] && g=0 || g=1
         [ $arm = slots ] && fl=0 || fl=1
         [ $arm = blocking ] && bl=1 || bl=0
+        exe="$BIN/edgefit"; [ $arm = old ] && exe="$BIN/edgefit-old"
         f="$OUT/engine_prefill_${m}_${arm}_$p.txt"
-        CUDA_LAUNCH_BLOCKING=$bl EDGEFIT_FLASH_PREFILL=$fl EDGEFIT_PREFILL_GEMM=$g timeout 300 "$BIN/edgefit" bench --device cuda --model "$dir" --batch 1 \
+        CUDA_LAUNCH_BLOCKING=$bl EDGEFIT_FLASH_PREFILL=$fl EDGEFIT_PREFILL_GEMM=$g timeout 300 "$exe" bench --device cuda --model "$dir" --batch 1 \
           --prompt-len $p --gen 4 --max-model-len 8192 > "$f" 2>&1
         rc=$?; status+=("prefill $m $arm pp$p: rc=$rc $(grep -E ' pp[0-9]' "$f" | tr '\n' ' ')")
       done

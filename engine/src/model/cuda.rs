@@ -62,6 +62,9 @@ enum GLinear {
         global: f32,
         /// The checkpoint layout (values, e4m3 scales) for the prefill GEMM, as for FP8.
         raw: Option<(GpuBuffer<u8>, GpuBuffer<u8>)>,
+        /// A short matrix's rows dequantized exactly to f32, which steps of at most 16 rows read instead of the
+        /// tiles ([`NVFP4_F32_ROWS_MAX_N`]); kept beside the GEMM's copy, where the device has room for both.
+        rows: Option<DenseGpuWeights>,
     },
     /// GPTQ / int4 weights (W4A16 or W4A8 packs) on the W4A16 GEMV: f32 activations, which the symmetric W4A8
     /// pack takes too (zero points 0). The W4A8 kernel reads the same weight bytes and would need an
@@ -137,17 +140,23 @@ impl GLinear {
             GLinear::Fp8 { tiles, scales, .. } => {
                 tiles.n().div_ceil(16) * tiles.k().div_ceil(128) * 2048 + scales.len() * 4
             }
+            // A decode step reads the f32 rows where they exist, else the tiles.
+            GLinear::Nvfp4 { rows: Some(r), .. } => r.device_bytes(),
             GLinear::Nvfp4 { tiles, .. } => tiles.device_bytes(),
             GLinear::Int4(w) => w.device_bytes(),
         }
     }
-    /// Device bytes of the prefill GEMM's copy in the checkpoint layout (not read by a decode step).
+    /// Device bytes of the copies a decode step does not read: the prefill GEMM's checkpoint layout, and an NVFP4
+    /// linear's tiles where its f32 rows serve decode.
     fn gemm_bytes(&self) -> usize {
         match self {
             GLinear::Fp8 { raw: Some(r), .. } => r.len(),
             GLinear::Nvfp4 {
-                raw: Some((w, s)), ..
-            } => w.len() + s.len(),
+                raw, rows, tiles, ..
+            } => {
+                raw.as_ref().map_or(0, |(w, s)| w.len() + s.len())
+                    + rows.as_ref().map_or(0, |_| tiles.device_bytes())
+            }
             _ => 0,
         }
     }
@@ -415,9 +424,10 @@ impl Pool {
 struct Weights {
     gpu: Gpu,
     /// Tile-GEMV inputs written in bf16 by the kernel before (the norm, [`Gpu::add_rmsnorm_dual`]; the attention
-    /// gate, [`Gpu::sigmoid_gate_bf16`]) instead of a cast launch. On unless `EDGEFIT_FUSED_CASTS=0` (the same-run
-    /// baseline arm of `run_engine.sh`): the parity, offload and batching tests pass either way, and it gave about
-    /// 1% at batch 1 (benchmarks/engine-h200.md).
+    /// gate, [`Gpu::sigmoid_gate_bf16`]) instead of a cast launch, and an NVFP4 GEMV's f32 input cast straight into
+    /// its fragments ([`Gpu::cast_nvfp4_gemv`]) instead of a cast and a fragment launch. On unless
+    /// `EDGEFIT_FUSED_CASTS=0` (the same-run baseline arm of `run_engine.sh`): the parity, offload and batching
+    /// tests pass either way, and it gave about 1% at batch 1 (benchmarks/engine-h200.md).
     fused_casts: bool,
     /// Prompt attention through the tensor-core flash prefill kernels on bf16 copies of the chunk and of the
     /// slot's cached prefix ([`FlashChunk`]) instead of the f32 slot kernel, whose one block per (token, head)
@@ -519,15 +529,25 @@ fn upload_vec(gpu: &Gpu, v: &[f32]) -> Result<GpuBuffer<f32>, EngineError> {
 
 /// A weight's rows dequantized to f32 (`Weight::row`), as one dense f32 weight on the device.
 fn widen_f32(gpu: &Gpu, w: &Weight) -> Result<GLinear, EngineError> {
+    Ok(GLinear::Dense(dense_f32(gpu, w)?))
+}
+
+/// A weight's rows dequantized to f32 on the device. For NVFP4 each value is one f32 rounding of e2m1 x e4m3 x
+/// the global scale, the product the NVFP4 kernels form, so the dense kernels compute the same linear.
+fn dense_f32(gpu: &Gpu, w: &Weight) -> Result<DenseGpuWeights, EngineError> {
     let (n, k) = (w.n(), w.k());
     let mut all = vec![0.0f32; n * k];
     for (r, row) in all.chunks_exact_mut(k).enumerate() {
         w.row(r, row).map_err(kerr)?;
     }
-    Ok(GLinear::Dense(
-        gpu.dense_weights_f32(&all, n, k).map_err(kerr)?,
-    ))
+    gpu.dense_weights_f32(&all, n, k).map_err(kerr)
 }
+
+/// NVFP4 matrices of at most this many rows also keep exact f32 rows for decode, where the device has room for a
+/// second layout ([`CudaOptions::gemm_copies`]): so short a matrix (the DeltaNet's 96-row stacked `in_proj_b/a`
+/// on Qwen3.8-27B) is latency-bound on the NVFP4 tile GEMV and its fragment kernel, 8.1 us a layer on an H100
+/// against 4.2 us on the dense split-K GEMV (benchmarks/engine-h200.md), while a prompt keeps the NVFP4 GEMM.
+pub(crate) const NVFP4_F32_ROWS_MAX_N: usize = 256;
 
 /// `w` widened to a bf16 dense weight, one row at a time.
 fn widen_bf16(gpu: &Gpu, w: &Weight) -> Result<GLinear, EngineError> {
@@ -547,8 +567,15 @@ fn widen_bf16(gpu: &Gpu, w: &Weight) -> Result<GLinear, EngineError> {
 /// the checkpoint's own numbers: the tile GEMVs read bf16 activations (about 2e-2 of the largest logit on the
 /// qwen3_5 fixtures); GPTQ / int4 otherwise runs the int4 GEMV on its packed bits.
 /// `w` on the device: the tile layout for FP8 and NVFP4, plus the checkpoint layout for the prefill GEMMs when
-/// `gemm` (else prefill runs the tile GEMVs 16 rows at a time).
-fn upload_linear(gpu: &Gpu, w: &Weight, precise: bool, gemm: bool) -> Result<GLinear, EngineError> {
+/// `gemm` (else prefill runs the tile GEMVs 16 rows at a time), and with `rows` a short NVFP4 matrix's f32 rows.
+fn upload_linear(
+    gpu: &Gpu,
+    w: &Weight,
+    precise: bool,
+    gemm: bool,
+    rows: bool,
+) -> Result<GLinear, EngineError> {
+    let whole = w;
     if precise
         && matches!(
             w,
@@ -582,6 +609,10 @@ fn upload_linear(gpu: &Gpu, w: &Weight, precise: bool, gemm: bool) -> Result<GLi
             GLinear::Nvfp4 {
                 tiles: gpu.nvfp4_repack_tiles(&raw, &sc, *n, *k).map_err(kerr)?,
                 global: *global,
+                rows: match rows && *n <= NVFP4_F32_ROWS_MAX_N {
+                    true => Some(dense_f32(gpu, whole)?),
+                    false => None,
+                },
                 // The GEMM takes k in whole 64-column tiles.
                 raw: (gemm && k.is_multiple_of(64)).then_some((raw, sc)),
             }
@@ -756,6 +787,9 @@ pub struct CudaOptions {
     /// expects fused): one GEMV a step instead of one per part, and for gate/up the fused norm step. On by
     /// default; `EDGEFIT_STACK=0` for `edgefit` turns it off.
     pub stack_projections: bool,
+    /// With the GEMM copies, short NVFP4 matrices also keep exact f32 rows that steps of at most 16 rows read
+    /// ([`NVFP4_F32_ROWS_MAX_N`]). On by default; `EDGEFIT_NVFP4_F32_ROWS=0` for `edgefit` turns it off.
+    pub nvfp4_f32_rows: bool,
 }
 
 impl Default for CudaOptions {
@@ -774,6 +808,7 @@ impl Default for CudaOptions {
             flash_prefill_attention: true,
             split_decode_attention: true,
             stack_projections: true,
+            nvfp4_f32_rows: true,
         }
     }
 }
@@ -784,6 +819,8 @@ struct Placer<'a> {
     gpu: &'a Gpu,
     precise: bool,
     gemm: bool,
+    /// Short NVFP4 matrices' exact f32 rows for decode ([`CudaOptions::nvfp4_f32_rows`]).
+    rows: bool,
     streamed: &'a Streamed,
     stages: Vec<[GLinear; 2]>,
     keys: HashMap<(LinearRole, usize, usize, &'static str), usize>,
@@ -819,9 +856,9 @@ impl Placer<'_> {
         roles: &[LinearRole],
     ) -> Result<GLinear, EngineError> {
         if !roles.iter().any(|r| self.streamed.contains(&(layer, *r))) {
-            return upload_linear(self.gpu, w, self.precise, self.gemm);
+            return upload_linear(self.gpu, w, self.precise, self.gemm, self.rows);
         }
-        let dev = upload_linear(self.gpu, w, self.precise, false)?;
+        let dev = upload_linear(self.gpu, w, self.precise, false, false)?;
         let (n, k, path) = (dev.n(), dev.k(), dev.path_name());
         let host = self.gpu.stash(&dev.buffers()).map_err(kerr)?;
         self.host_bytes += host.bytes() as u64;
@@ -834,7 +871,7 @@ impl Placer<'_> {
             Some(&i) => i,
             None => {
                 // The second staging copy is one more upload of the same weight (its contents are overwritten).
-                let twin = upload_linear(self.gpu, w, self.precise, false)?;
+                let twin = upload_linear(self.gpu, w, self.precise, false, false)?;
                 self.stages.push([dev, twin]);
                 self.keys.insert(key, self.stages.len() - 1);
                 self.stages.len() - 1
@@ -981,6 +1018,7 @@ impl CudaModel {
             gpu: &gpu,
             precise,
             gemm: opts.gemm_copies && !precise,
+            rows: opts.gemm_copies && !precise && opts.nvfp4_f32_rows,
             streamed: &opts.streamed,
             stages: Vec::new(),
             keys: HashMap::new(),
@@ -1088,10 +1126,10 @@ impl CudaModel {
         let (embed, lm_head) = match std::mem::replace(&mut model.embed, Embedding::Head) {
             Embedding::Table(t) => (
                 HostEmbed::Table(t),
-                upload_linear(&gpu, &head_host, precise, false)?,
+                upload_linear(&gpu, &head_host, precise, false, false)?,
             ),
             Embedding::Head => {
-                let dev = upload_linear(&gpu, &head_host, precise, false)?;
+                let dev = upload_linear(&gpu, &head_host, precise, false, false)?;
                 (HostEmbed::Head(head_host), dev)
             }
         };
@@ -1337,6 +1375,16 @@ impl CudaModel {
     /// The decoder layers' linears as loaded: a stacked projection ([`CudaOptions::stack_projections`]) counts once.
     pub fn linear_count(&self) -> usize {
         self.w.layers.iter().map(|l| l.linears().len()).sum()
+    }
+
+    /// The decoder layers' NVFP4 linears that keep exact f32 rows for decode ([`CudaOptions::nvfp4_f32_rows`]).
+    pub fn f32_row_linears(&self) -> usize {
+        let rows = |l: &&&GLinear| matches!(l, GLinear::Nvfp4 { rows: Some(_), .. });
+        self.w
+            .layers
+            .iter()
+            .map(|l| l.linears().iter().filter(rows).count())
+            .sum()
     }
 
     /// The device's name.
@@ -1997,6 +2045,7 @@ fn f32_linear(
 ) -> Option<Result<(), EngineError>> {
     let r = match w {
         GLinear::Dense(d) => gpu.dense_linear(x, d, y, m),
+        GLinear::Nvfp4 { rows: Some(d), .. } if m <= 16 => gpu.dense_linear(x, d, y, m),
         GLinear::Int4(q) => gpu.int4_w4a16(x, q, m, y),
         _ => return None,
     };
@@ -2103,6 +2152,16 @@ impl<'a> Ctx<'a> {
         if let (Some(xb), true) = (xb16, m <= 16) {
             self.tiles(w, xb, &mut y, m)?;
             return Ok(y);
+        }
+        // An NVFP4 tile GEMV with no bf16 copy at hand (the GDN out_proj): the cast writes the GEMV's fragments
+        // itself ([`Gpu::cast_nvfp4_gemv`]: no bf16 copy, no fragment kernel), the same bits as the cast + GEMV
+        // below. The producer takes rows of a multiple of 16 values within its grid.
+        if let GLinear::Nvfp4 { tiles, global, .. } = w {
+            if m <= 16 && self.w.fused_casts && k.is_multiple_of(16) && k <= 65535 * 1024 {
+                gpu.cast_nvfp4_gemv(x, self.frags, tiles, *global, &mut y)
+                    .map_err(kerr)?;
+                return Ok(y);
+            }
         }
         if m <= 16 {
             let mut xb = self.pool.u16(gpu, m * k)?;

@@ -153,8 +153,9 @@ impl Gpu {
     ///
     /// `m <= 16` ([`Gpu::DENSE_GEMV_MAX_ROWS`], decode) runs a GEMV that reads each weight row once for all `m`
     /// rows (a warp per 4 rows, 16-byte loads when `k` is a multiple of 4 for f32 or 8 for bf16, `x` staged in
-    /// shared memory); more rows run a shared-memory tiled GEMM (64 x 64 output tiles). Needs `m >= 1` and
-    /// `m <= 65535 * 64`.
+    /// shared memory); more rows run a shared-memory tiled GEMM (64 x 64 output tiles), with k split over a
+    /// cluster of 8 blocks per tile when the tiles are too few to fill the GPU (the partials are added in a fixed
+    /// order: the same bits every run). Needs `m >= 1` and `m <= 65535 * 64`.
     pub fn dense_linear(
         &self,
         x: &GpuBuffer<f32>,
@@ -208,10 +209,23 @@ pub(super) const SPLITK_THREADS: u32 = 256;
 #[cfg(feature = "cuda")]
 const DENSE_SPLITK_MAX_N: usize = 4096;
 /// Output tile of the GEMM (`GEMM_BM` = `GEMM_BN`) and its threads (`GEMM_THREADS`).
-#[cfg(feature = "cuda")]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(super) const GEMM_TILE: usize = 64;
 #[cfg(feature = "cuda")]
 pub(super) const GEMM_THREADS: u32 = 256;
+/// Blocks of a split GEMM's cluster (`GEMM_SPLITS`): each sums an eighth of k.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(super) const GEMM_SPLITS: usize = 8;
+
+/// Whether `dense_gemm_split_*` runs a GEMM of `m` x `n` outputs over `k` on a GPU of `sms` multiprocessors: when
+/// its 64 x 64 tiles are fewer than four per multiprocessor (a block per tile, each walking all of k, leaves the
+/// rest idle: the 96-row DeltaNet gates of Qwen3.8-27B are 16 tiles at a 512-token prompt) and k gives each of the
+/// GEMM_SPLITS blocks at least four steps of 16.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn dense_gemm_splits_k(m: usize, n: usize, k: usize, sms: usize) -> bool {
+    let tiles = n.div_ceil(GEMM_TILE).saturating_mul(m.div_ceil(GEMM_TILE));
+    tiles < sms.max(1).saturating_mul(4) && k >= GEMM_SPLITS * 64
+}
 
 /// The weight element types of `cuda/dense.cu`: f32 and bf16 bits.
 #[cfg(feature = "cuda")]
@@ -222,6 +236,8 @@ trait DenseWeight: GpuScalar {
     const SPLITK: [&'static str; 5];
     /// `dense_gemm_<dtype>`.
     const GEMM: &'static str;
+    /// `dense_gemm_split_<dtype>`.
+    const GEMM_SPLIT: &'static str;
 }
 
 #[cfg(feature = "cuda")]
@@ -241,6 +257,7 @@ impl DenseWeight for f32 {
         "dense_gemv_splitk_f32_m16",
     ];
     const GEMM: &'static str = "dense_gemm_f32";
+    const GEMM_SPLIT: &'static str = "dense_gemm_split_f32";
 }
 
 #[cfg(feature = "cuda")]
@@ -260,6 +277,7 @@ impl DenseWeight for u16 {
         "dense_gemv_splitk_bf16_m16",
     ];
     const GEMM: &'static str = "dense_gemm_bf16";
+    const GEMM_SPLIT: &'static str = "dense_gemm_split_bf16";
 }
 
 /// The launch of [`Gpu::dense_linear`], generic over the weight type; the entry point has checked every length.
@@ -284,6 +302,15 @@ impl Device {
             let grid = (n.div_ceil(GEMV_ROWS_PER_BLOCK) as u32, 1, 1);
             let cfg = launch_config(grid, (GEMV_THREADS, 1, 1), 0);
             (T::GEMV[which], cfg)
+        } else if dense_gemm_splits_k(m, n, k, self.sm_count()) {
+            // A cluster of GEMM_SPLITS blocks per tile; few tiles, so grid.x stays far below its limit.
+            let grid = (
+                (n.div_ceil(GEMM_TILE) * GEMM_SPLITS) as u32,
+                m.div_ceil(GEMM_TILE) as u32,
+                1,
+            );
+            let cfg = launch_config(grid, (GEMM_THREADS, 1, 1), 0);
+            (T::GEMM_SPLIT, cfg)
         } else {
             let grid = (
                 n.div_ceil(GEMM_TILE) as u32,
@@ -305,13 +332,60 @@ impl Device {
             .i32(n as i32)
             .i32(k as i32);
         // The split-K GEMV (n < DENSE_SPLITK_MAX_N blocks, one per row) reads row `blockIdx.x < n` only.
-        // SAFETY: matches `dense_gemv_*(x, w, y, m, n, k)` / `dense_gemm_*(x, w, y, m, n, k)` in cuda/dense.cu with
-        // the weight type T names; the caller checked x = [m, k], w = [n, k], y = [m, n] with 1 <= n, k <= i32::MAX
-        // and 1 <= m <= 65535 * 64, so m, n and k fit i32, grid.x = ceil(n/16) or ceil(n/64) fits the grid and
-        // grid.y = ceil(m/64) <= 65535; the GEMV's MAXM is at least m (its shared x rows past m are zeros), both
+        // SAFETY: matches `dense_gemv_*(x, w, y, m, n, k)` / `dense_gemm_*(x, w, y, m, n, k)` /
+        // `dense_gemm_split_*(x, w, y, m, n, k)` in cuda/dense.cu with the weight type T names; the caller checked
+        // x = [m, k], w = [n, k], y = [m, n] with 1 <= n, k <= i32::MAX and 1 <= m <= 65535 * 64, so m, n and k fit
+        // i32, grid.x = ceil(n/16), ceil(n/64), or ceil(n/64) * 8 (a multiple of the split kernel's compiled cluster
+        // of 8, and small: it runs only below 4 tiles per multiprocessor) fits the grid and grid.y = ceil(m/64) <=
+        // 65535; the GEMV's MAXM is at least m (its shared x rows past m are zeros), the
         // kernels clamp their reads to row n - 1 / m - 1 and value k - 1 and store only rows < m, columns < n; the
         // 16-byte loads run only when k is a multiple of the vector width, which keeps every row aligned in these
         // 256-byte-aligned allocations. Safe as launch_small's dependent: each kernel's pdl_start comes first.
         unsafe { self.launch_small(name, &f, cfg, &mut args) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dense_gemm_splits_k;
+
+    /// The split runs where the tiles would leave most of the GPU idle and k is long enough to split, and nowhere
+    /// else (132 multiprocessors, an H100's and an H200's count).
+    #[test]
+    fn the_gemm_splits_k_only_for_few_tiles_and_long_k() {
+        // The DeltaNet gates of Qwen3.8-27B (96 x 5120) at 512 and 4096 prompt tokens, and at 32 decode rows.
+        assert!(dense_gemm_splits_k(512, 96, 5120, 132));
+        assert!(dense_gemm_splits_k(4096, 96, 5120, 132));
+        assert!(dense_gemm_splits_k(32, 96, 5120, 132));
+        // A vocabulary-sized head has tiles to spare.
+        assert!(!dense_gemm_splits_k(512, 248_320, 5120, 132));
+        // The boundary: 4 tiles per multiprocessor, and k of 8 slices of 64.
+        assert!(!dense_gemm_splits_k(64, 64 * 528, 5120, 132));
+        assert!(dense_gemm_splits_k(64, 64 * 527, 5120, 132));
+        assert!(!dense_gemm_splits_k(512, 96, 511, 132));
+        assert!(dense_gemm_splits_k(512, 96, 512, 132));
+        // Sizes that overflow the tile count saturate into "enough tiles" instead of wrapping.
+        assert!(!dense_gemm_splits_k(usize::MAX, usize::MAX, 5120, 132));
+        assert!(dense_gemm_splits_k(17, 1, 512, 0));
+    }
+}
+
+#[cfg(all(test, feature = "cuda"))]
+mod embedded {
+    use super::super::device::{assert_embedded, Module};
+    use super::DenseWeight;
+
+    /// Every kernel `dense_linear` can launch, for both weight types, is embedded, and nothing else is.
+    #[test]
+    fn every_dense_kernel_is_embedded() {
+        fn names<T: DenseWeight>() -> Vec<&'static str> {
+            let mut v = T::GEMV.to_vec();
+            v.extend(T::SPLITK);
+            v.extend([T::GEMM, T::GEMM_SPLIT]);
+            v
+        }
+        let mut launched = names::<f32>();
+        launched.extend(names::<u16>());
+        assert_embedded(Module::Dense, launched);
     }
 }

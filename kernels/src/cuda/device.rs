@@ -567,7 +567,7 @@ mod tests {
         const SLOTS: &str = include_str!("../../cuda/attention_slots.cu");
         const DENSE: &str = include_str!("../../cuda/dense.cu");
         const MOE: &str = include_str!("../../cuda/moe.cu");
-        let pins: [(&str, &str, &str, u64); 10] = [
+        let pins: [(&str, &str, &str, u64); 11] = [
             (
                 SLOTS,
                 "constexpr int STORE_THREADS",
@@ -606,6 +606,12 @@ mod tests {
             ),
             (DENSE, "GEMM_BM", " == ", dense::GEMM_TILE as u64),
             (DENSE, "GEMM_THREADS", " = ", dense::GEMM_THREADS.into()),
+            (
+                DENSE,
+                "constexpr int GEMM_SPLITS",
+                " = ",
+                dense::GEMM_SPLITS as u64,
+            ),
             (
                 MOE,
                 "constexpr int MOE_THREADS",

@@ -334,9 +334,9 @@ impl Fp8TileWeights {
 pub trait FragmentOrder: sealed_order::Sealed {
     /// The format, for messages.
     const FORMAT: &'static str;
-    /// The producers' kernels in `cuda/ops.cu`: rmsnorm, add + rmsnorm, silu * up, gelu * up.
+    /// The producers' kernels in `cuda/ops.cu`: rmsnorm, add + rmsnorm, silu * up, gelu * up, cast.
     #[doc(hidden)]
-    const KERNELS: [&'static str; 4];
+    const KERNELS: [&'static str; 5];
 }
 
 mod sealed_order {
@@ -354,20 +354,22 @@ pub enum Nvfp4Order {}
 
 impl FragmentOrder for Fp8Order {
     const FORMAT: &'static str = "FP8";
-    const KERNELS: [&'static str; 4] = [
+    const KERNELS: [&'static str; 5] = [
         "rmsnorm_frag_fp8",
         "add_rmsnorm_frag_fp8",
         "silu_and_mul_frag_fp8",
         "gelu_and_mul_frag_fp8",
+        "cast_frag_fp8",
     ];
 }
 impl FragmentOrder for Nvfp4Order {
     const FORMAT: &'static str = "NVFP4";
-    const KERNELS: [&'static str; 4] = [
+    const KERNELS: [&'static str; 5] = [
         "rmsnorm_frag_nvfp4",
         "add_rmsnorm_frag_nvfp4",
         "silu_and_mul_frag_nvfp4",
         "gelu_and_mul_frag_nvfp4",
+        "cast_frag_nvfp4",
     ];
 }
 
@@ -1162,6 +1164,29 @@ impl Gpu {
         )
     }
 
+    /// The NVFP4 decode step of a linear whose f32 input no fused producer writes (the GDN out_proj):
+    /// [`Gpu::cast_nvfp4_fragments`] of `x` (`[m, k]`, `k` the GEMV's) into `fragments`, then the GEMV into `y`,
+    /// two launches where [`Gpu::cast_f32_to_bf16`] + [`Gpu::nvfp4_gemv_tiles`] take three. As
+    /// [`Gpu::rmsnorm_nvfp4_gemv`], the cast's launch zeroes `y` where the GEMV adds K splits into it, so `y` is
+    /// bit for bit that of the unfused pair.
+    pub fn cast_nvfp4_gemv(
+        &self,
+        x: &GpuBuffer<f32>,
+        fragments: &mut Nvfp4Fragments,
+        tiles: &Nvfp4TileWeights,
+        global_scale: f32,
+        y: &mut GpuBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        self.nvfp4_step(
+            "cuda::cast_nvfp4_gemv",
+            StepProducer::Cast { x },
+            fragments,
+            tiles,
+            global_scale,
+            y,
+        )
+    }
+
     /// The body of the `*_nvfp4_gemv` steps: the GEMV's operands checked, then the producer (which checks its
     /// own before launching; it zeroes `y` where the kernel adds into it), then the GEMV.
     fn nvfp4_step(
@@ -1187,6 +1212,7 @@ impl Gpu {
             }
             // k is at most i32::MAX (the tiles were checked when made), so 2k fits.
             StepProducer::Glu { gate_up, .. } => ("gate_up", 2 * k, gate_up.len()),
+            StepProducer::Cast { x } => ("x", k, x.len()),
         };
         crate::ensure_shape!(
             len.is_multiple_of(width),
@@ -1210,6 +1236,7 @@ impl Gpu {
             StepProducer::Glu { gelu, gate_up } => {
                 self.glu_fragments(op, gelu, gate_up, k, fragments, zero)?
             }
+            StepProducer::Cast { x } => self.cast_fragments(op, x, k, fragments, zero)?,
         }
         let splits = if adds { splits } else { 1 };
         self.nvfp4_fragments_launch(op, fragments, tiles, global_scale, y, m, kernel, splits)
@@ -1587,7 +1614,7 @@ pub(in crate::cuda) enum SplitFormat {
 }
 
 /// What the `*_nvfp4_gemv` decode steps run before their GEMV ([`Gpu::rmsnorm_nvfp4_gemv`],
-/// [`Gpu::silu_and_mul_nvfp4_gemv`], [`Gpu::gelu_and_mul_nvfp4_gemv`]).
+/// [`Gpu::silu_and_mul_nvfp4_gemv`], [`Gpu::gelu_and_mul_nvfp4_gemv`], [`Gpu::cast_nvfp4_gemv`]).
 enum StepProducer<'a> {
     /// [`Gpu::rmsnorm_nvfp4_fragments`]' operands.
     Norm {
@@ -1602,6 +1629,8 @@ enum StepProducer<'a> {
         gelu: bool,
         gate_up: &'a GpuBuffer<f32>,
     },
+    /// [`Gpu::cast_nvfp4_fragments`]' operand; its `k` is the GEMV's.
+    Cast { x: &'a GpuBuffer<f32> },
 }
 
 /// The builds of the tile-layout NVFP4 GEMV (`cuda/gemv.cu`) that `Device::nvfp4_gemv_tiles` launches.
@@ -2597,5 +2626,19 @@ mod tests {
                 "embedded but no Auto call launches: {unreached:?}"
             );
         }
+    }
+
+    /// Every producer kernel the fragment writers can launch (`FragmentOrder::KERNELS` of both formats: norm,
+    /// add + norm, the gated activations and the cast) is in this build's embedded `cuda/ops.cu`.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn every_fragment_producer_kernel_is_embedded() {
+        let entries = Module::Ops.entries();
+        let names = Fp8Order::KERNELS.iter().chain(&Nvfp4Order::KERNELS);
+        let missing: Vec<_> = names.filter(|k| !entries.contains(*k)).collect();
+        assert!(
+            missing.is_empty(),
+            "not embedded in cuda/ops.cu: {missing:?}"
+        );
     }
 }

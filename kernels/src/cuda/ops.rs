@@ -658,6 +658,76 @@ impl Gpu {
         no_cuda!(self, gelu, fragments, zero, rows)
     }
 
+    /// `x` (fp32 `[m, k]`, `1 <= m <= 16`) written straight into the FP8 decode GEMV's activation fragments
+    /// `fragments` (at least [`Gpu::gemv_scratch_len`]`(m, k)` words; records `m` and `k`) for
+    /// [`Gpu::fp8_gemv_tiles_fragments`]: the same bits as [`Gpu::cast_f32_to_bf16`] converted by the GEMV's own
+    /// fragment kernel, one launch fewer for a linear whose input no fused producer writes. Launched as a
+    /// programmatic dependent. Needs `k % 16 == 0`.
+    pub fn cast_fp8_fragments(
+        &self,
+        x: &GpuBuffer<f32>,
+        k: usize,
+        fragments: &mut Fp8Fragments,
+    ) -> Result<(), KernelError> {
+        self.cast_fragments("cuda::cast_fp8_fragments", x, k, fragments, None)
+    }
+
+    /// [`Gpu::cast_fp8_fragments`] into the NVFP4 decode GEMV's fragments for
+    /// [`Gpu::nvfp4_gemv_tiles_fragments`]: the same bits as [`Gpu::cast_f32_to_bf16`] converted by
+    /// [`Gpu::nvfp4_gemv_tiles`]' fragment kernel (the GEMV then needs `k % 32 == 0`).
+    pub fn cast_nvfp4_fragments(
+        &self,
+        x: &GpuBuffer<f32>,
+        k: usize,
+        fragments: &mut Nvfp4Fragments,
+    ) -> Result<(), KernelError> {
+        self.cast_fragments("cuda::cast_nvfp4_fragments", x, k, fragments, None)
+    }
+
+    /// The cast producers' body; `zero` as `Gpu::rmsnorm_fragments`'.
+    pub(in crate::cuda) fn cast_fragments<O: FragmentOrder>(
+        &self,
+        op: &'static str,
+        x: &GpuBuffer<f32>,
+        k: usize,
+        fragments: &mut GemvFragments<O>,
+        zero: Option<&mut GpuBuffer<f32>>,
+    ) -> Result<(), KernelError> {
+        crate::ensure_shape!(
+            k > 0 && k.is_multiple_of(16),
+            op,
+            "k must be a positive multiple of 16 (the {} GEMV's fragments), got {k}",
+            O::FORMAT
+        );
+        // The grid's y covers k rounded up to 128-value chunks, 1024 values per block.
+        crate::ensure_shape!(
+            k <= 65535 * 1024,
+            op,
+            "k = {k} is past the kernel's grid (at most 65535 * 1024)"
+        );
+        crate::ensure_shape!(
+            x.len().is_multiple_of(k),
+            op,
+            "x has {} elements, not a whole number of rows of k = {k}",
+            x.len()
+        );
+        let rows = x.len() / k;
+        check_fragment_rows(op, rows, "x")?;
+        let fragments = fragments.for_write(op, rows, k)?;
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.cast_fragments(
+                O::KERNELS[4],
+                &x.slice,
+                &mut fragments.slice,
+                zero.map(|z| &mut z.slice),
+                rows,
+                k,
+            )
+        }
+        no_cuda!(self, fragments, zero, rows)
+    }
+
     fn glu(
         &self,
         op: &'static str,
@@ -1449,6 +1519,34 @@ impl Device {
         // ceil(inter/128) * nt * 512 words (Gpu::gemv_scratch_len), every entry the grid writes (threads past the
         // last 128-chunk return); (y, ylen) as zero_args says; as a programmatic dependent it touches memory only
         // after its pdl_wait.
+        unsafe { self.launch_pdl(name, &f, cfg, &mut args) }
+    }
+
+    /// `name`: `cast_frag_{fp8,nvfp4}`: `rows` token rows of `x` written as a decode GEMV's activation fragments,
+    /// as a programmatic dependent.
+    fn cast_fragments(
+        &self,
+        name: &'static str,
+        x: &CudaSlice<f32>,
+        xf: &mut CudaSlice<u32>,
+        zero: Option<&mut CudaSlice<f32>>,
+        rows: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        let f = self.function(Module::Ops, name)?;
+        // As glu_fragments: the grid covers k rounded up to whole 128-value chunks, whose padding is written too.
+        let cfg = glu_config(rows, k.div_ceil(128) * 128);
+        let (xp, _gx) = self.addr(x);
+        let (fp, _gf) = self.addr_mut(xf);
+        let mut args = PdlArgs::default();
+        args.ptr(xp).ptr(fp).i32(k as i32);
+        let _gz = self.zero_args(&mut args, zero);
+        // SAFETY: matches `cast_frag_{fp8,nvfp4}(x, xf, dim, y, ylen)` in cuda/ops.cu; the caller checked x =
+        // [rows, k] with 1 <= rows <= 16, k % 16 == 0 (so every row and each float4 load is 16-byte aligned, and
+        // no load passes the row's end) and k <= 65535 * 1024 (a multiple of 128, so the padded grid's y stays
+        // <= 65535 and k fits the i32), and xf of at least ceil(k/128) * nt * 512 words (Gpu::gemv_scratch_len),
+        // every entry the grid writes (threads past the last 128-chunk return); (y, ylen) as zero_args says; as a
+        // programmatic dependent it touches memory only after its pdl_wait.
         unsafe { self.launch_pdl(name, &f, cfg, &mut args) }
     }
 

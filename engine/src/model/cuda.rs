@@ -165,6 +165,13 @@ impl GLinear {
         matches!(self.path_name(), "fp8-block" | "nvfp4")
     }
 
+    /// Whether a step of `m` rows computes it on a tile GEMV, from bf16 activations alone: a short NVFP4 matrix's
+    /// exact f32 rows read the f32 activations at m <= 16 ([`f32_linear`]), so its caller must keep those current.
+    fn tiled_at(&self, m: usize) -> bool {
+        let rows = matches!(self, GLinear::Nvfp4 { rows: Some(_), .. }) && m <= F32_ROWS_MAX_M;
+        self.tiled() && !rows
+    }
+
     fn path_name(&self) -> &'static str {
         match self {
             GLinear::Dense(DenseGpuWeights::F32 { .. }) => "f32",
@@ -523,6 +530,35 @@ pub struct CudaModel {
     paths: Vec<&'static str>,
 }
 
+/// With `EDGEFIT_TRACE_MEMORY=1`, the driver's free device memory after a load phase, on stderr: where a load that
+/// runs out of memory spent it.
+fn trace_memory(gpu: &Gpu, what: std::fmt::Arguments<'_>) {
+    if std::env::var_os("EDGEFIT_TRACE_MEMORY").is_some_and(|v| v == "1") {
+        if let Ok((free, _)) = gpu.memory_info() {
+            eprintln!("memory: {what}: {} MiB free", free >> 20);
+        }
+    }
+}
+
+/// `e`, an error while placing `what` on the device, with the driver's free memory then; running out says that the
+/// load needed more than the plan's ledger counted, and how to see where it went.
+fn placing(gpu: &Gpu, what: std::fmt::Arguments<'_>, e: EngineError) -> EngineError {
+    let EngineError::Kernel(msg) = e else {
+        return e;
+    };
+    let free = gpu.memory_info().map_or_else(
+        |_| "unknown".to_string(),
+        |(free, _)| format!("{} MiB", free >> 20),
+    );
+    let hint = match msg.contains("OUT_OF_MEMORY") {
+        true => " (the load needed more device memory than the plan counts; EDGEFIT_TRACE_MEMORY=1 prints where it went)",
+        false => "",
+    };
+    EngineError::Kernel(format!(
+        "placing {what}: {msg}; {free} free on the device{hint}"
+    ))
+}
+
 fn upload_vec(gpu: &Gpu, v: &[f32]) -> Result<GpuBuffer<f32>, EngineError> {
     gpu.upload(v).map_err(kerr)
 }
@@ -548,6 +584,9 @@ fn dense_f32(gpu: &Gpu, w: &Weight) -> Result<DenseGpuWeights, EngineError> {
 /// on Qwen3.8-27B) is latency-bound on the NVFP4 tile GEMV and its fragment kernel, 8.1 us a layer on an H100
 /// against 4.2 us on the dense split-K GEMV (benchmarks/engine-h200.md), while a prompt keeps the NVFP4 GEMM.
 pub(crate) const NVFP4_F32_ROWS_MAX_N: usize = 256;
+
+/// Steps of at most this many rows read those f32 rows; longer ones keep the NVFP4 GEMM.
+const F32_ROWS_MAX_M: usize = 16;
 
 /// `w` widened to a bf16 dense weight, one row at a time.
 fn widen_bf16(gpu: &Gpu, w: &Weight) -> Result<GLinear, EngineError> {
@@ -1014,6 +1053,7 @@ impl CudaModel {
     ) -> Result<CudaModel, EngineError> {
         use LinearRole as R;
         let (slots, max_len, precise) = (opts.slots, opts.max_len, opts.precise);
+        trace_memory(&gpu, format_args!("before the weights"));
         let mut pl = Placer {
             gpu: &gpu,
             precise,
@@ -1031,88 +1071,98 @@ impl CudaModel {
         let mut wide = model.hidden();
         let stack = opts.stack_projections;
         for (i, l) in layers_host.into_iter().enumerate() {
-            let mixer = match l.mixer {
-                Mixer::Attn(a) => {
-                    let a = *a;
-                    let qkv = match a.qkv {
-                        Qkv::Split { q, k, v } => {
-                            match stack.then(|| stack_quantized(&[&q, &k, &v])).flatten() {
-                                Some(w) => GQkv::Fused {
-                                    w: pl.put(&w, i, &[R::Qkv, R::Q, R::K, R::V])?,
-                                    q_rows: q.n(),
-                                },
-                                None => GQkv::Split {
-                                    q: pl.put(&q, i, &[R::Q])?,
-                                    k: pl.put(&k, i, &[R::K])?,
-                                    v: pl.put(&v, i, &[R::V])?,
-                                },
+            let place = || -> Result<GLayer, EngineError> {
+                let mixer = match l.mixer {
+                    Mixer::Attn(a) => {
+                        let a = *a;
+                        let qkv = match a.qkv {
+                            Qkv::Split { q, k, v } => {
+                                match stack.then(|| stack_quantized(&[&q, &k, &v])).flatten() {
+                                    Some(w) => GQkv::Fused {
+                                        w: pl.put(&w, i, &[R::Qkv, R::Q, R::K, R::V])?,
+                                        q_rows: q.n(),
+                                    },
+                                    None => GQkv::Split {
+                                        q: pl.put(&q, i, &[R::Q])?,
+                                        k: pl.put(&k, i, &[R::K])?,
+                                        v: pl.put(&v, i, &[R::V])?,
+                                    },
+                                }
                             }
-                        }
-                        Qkv::Fused { w, q_rows } => GQkv::Fused {
-                            w: pl.put(&w, i, &[R::Qkv, R::Q, R::K, R::V])?,
-                            q_rows,
-                        },
-                    };
-                    // The output projection reads q_heads x head_dim columns, which can exceed the hidden size.
-                    wide = wide.max(a.o.k());
-                    let [b0, b1, b2, b3] = &a.biases;
-                    GMixer::Attn(Box::new(GAttn {
-                        qkv,
-                        o: pl.put(&a.o, i, &[R::O])?,
-                        biases: [
-                            opt_vec(&gpu, b0)?,
-                            opt_vec(&gpu, b1)?,
-                            opt_vec(&gpu, b2)?,
-                            opt_vec(&gpu, b3)?,
-                        ],
-                        g_proj: a
-                            .g_proj
-                            .as_ref()
-                            .map(|g| pl.put(g, i, &[R::G]))
-                            .transpose()?,
-                        q_norm: opt_vec(&gpu, &a.q_norm)?,
-                        k_norm: opt_vec(&gpu, &a.k_norm)?,
-                        rope: a.rope,
-                        window: a.window,
-                    }))
-                }
-                Mixer::Gdn(g) => {
-                    let g = *g;
-                    wide = wide.max(g.out.k());
-                    GMixer::Gdn(Box::new(GGdn {
-                        qkvz: pl.put_stacked(&[&g.in_qkv, &g.in_z], i, &[R::GdnQkv, R::GdnZ])?,
-                        ba: pl.put_stacked(&[&g.in_b, &g.in_a], i, &[R::GdnB, R::GdnA])?,
-                        out: pl.put(&g.out, i, &[R::GdnOut])?,
-                        conv: upload_vec(&gpu, &g.conv)?,
-                        a_log: upload_vec(&gpu, &g.a_log)?,
-                        dt_bias: upload_vec(&gpu, &g.dt_bias)?,
-                        norm: upload_vec(&gpu, &g.norm)?,
-                    }))
-                }
-            };
-            let gate_up = match l.gate_up {
-                GateUp::Fused(w) => GGateUp::Fused(pl.put(&w, i, &[R::Gate, R::Up])?),
-                GateUp::Split { gate, up } => {
-                    match stack.then(|| stack_quantized(&[&gate, &up])).flatten() {
-                        Some(w) => GGateUp::Fused(pl.put(&w, i, &[R::Gate, R::Up])?),
-                        None => GGateUp::Split {
-                            gate: pl.put(&gate, i, &[R::Gate])?,
-                            up: pl.put(&up, i, &[R::Up])?,
-                        },
+                            Qkv::Fused { w, q_rows } => GQkv::Fused {
+                                w: pl.put(&w, i, &[R::Qkv, R::Q, R::K, R::V])?,
+                                q_rows,
+                            },
+                        };
+                        // The output projection reads q_heads x head_dim columns, which can exceed the hidden size.
+                        wide = wide.max(a.o.k());
+                        let [b0, b1, b2, b3] = &a.biases;
+                        GMixer::Attn(Box::new(GAttn {
+                            qkv,
+                            o: pl.put(&a.o, i, &[R::O])?,
+                            biases: [
+                                opt_vec(&gpu, b0)?,
+                                opt_vec(&gpu, b1)?,
+                                opt_vec(&gpu, b2)?,
+                                opt_vec(&gpu, b3)?,
+                            ],
+                            g_proj: a
+                                .g_proj
+                                .as_ref()
+                                .map(|g| pl.put(g, i, &[R::G]))
+                                .transpose()?,
+                            q_norm: opt_vec(&gpu, &a.q_norm)?,
+                            k_norm: opt_vec(&gpu, &a.k_norm)?,
+                            rope: a.rope,
+                            window: a.window,
+                        }))
                     }
-                }
+                    Mixer::Gdn(g) => {
+                        let g = *g;
+                        wide = wide.max(g.out.k());
+                        GMixer::Gdn(Box::new(GGdn {
+                            qkvz: pl.put_stacked(
+                                &[&g.in_qkv, &g.in_z],
+                                i,
+                                &[R::GdnQkv, R::GdnZ],
+                            )?,
+                            ba: pl.put_stacked(&[&g.in_b, &g.in_a], i, &[R::GdnB, R::GdnA])?,
+                            out: pl.put(&g.out, i, &[R::GdnOut])?,
+                            conv: upload_vec(&gpu, &g.conv)?,
+                            a_log: upload_vec(&gpu, &g.a_log)?,
+                            dt_bias: upload_vec(&gpu, &g.dt_bias)?,
+                            norm: upload_vec(&gpu, &g.norm)?,
+                        }))
+                    }
+                };
+                let gate_up = match l.gate_up {
+                    GateUp::Fused(w) => GGateUp::Fused(pl.put(&w, i, &[R::Gate, R::Up])?),
+                    GateUp::Split { gate, up } => {
+                        match stack.then(|| stack_quantized(&[&gate, &up])).flatten() {
+                            Some(w) => GGateUp::Fused(pl.put(&w, i, &[R::Gate, R::Up])?),
+                            None => GGateUp::Split {
+                                gate: pl.put(&gate, i, &[R::Gate])?,
+                                up: pl.put(&up, i, &[R::Up])?,
+                            },
+                        }
+                    }
+                };
+                wide = wide.max(l.down.k());
+                Ok(GLayer {
+                    input_norm: upload_vec(&gpu, &l.input_norm)?,
+                    post_attn_norm: upload_vec(&gpu, &l.post_attn_norm)?,
+                    pre_ff_norm: opt_vec(&gpu, &l.pre_ff_norm)?,
+                    post_ff_norm: opt_vec(&gpu, &l.post_ff_norm)?,
+                    mixer,
+                    gate_up,
+                    down: pl.put(&l.down, i, &[R::Down])?,
+                })
             };
-            wide = wide.max(l.down.k());
-            layers.push(GLayer {
-                input_norm: upload_vec(&gpu, &l.input_norm)?,
-                post_attn_norm: upload_vec(&gpu, &l.post_attn_norm)?,
-                pre_ff_norm: opt_vec(&gpu, &l.pre_ff_norm)?,
-                post_ff_norm: opt_vec(&gpu, &l.post_ff_norm)?,
-                mixer,
-                gate_up,
-                down: pl.put(&l.down, i, &[R::Down])?,
-            });
+            let layer = place()
+                .map_err(|e| placing(&gpu, format_args!("decoder layer {i} of {total}"), e))?;
+            layers.push(layer);
             progress(i + 1, total);
+            trace_memory(&gpu, format_args!("layer {i} placed"));
         }
         // The head goes to the device; a tied table keeps its host copy for the embedding gather.
         let head_host = std::mem::replace(
@@ -1123,15 +1173,16 @@ impl CudaModel {
                 k: 0,
             },
         );
-        let (embed, lm_head) = match std::mem::replace(&mut model.embed, Embedding::Head) {
-            Embedding::Table(t) => (
-                HostEmbed::Table(t),
-                upload_linear(&gpu, &head_host, precise, false, false)?,
-            ),
-            Embedding::Head => {
-                let dev = upload_linear(&gpu, &head_host, precise, false, false)?;
-                (HostEmbed::Head(head_host), dev)
-            }
+        let lm_head = upload_linear(&gpu, &head_host, precise, false, false).map_err(|e| {
+            placing(
+                &gpu,
+                format_args!("the lm_head ({} MiB)", head_host.bytes() >> 20),
+                e,
+            )
+        })?;
+        let embed = match std::mem::replace(&mut model.embed, Embedding::Head) {
+            Embedding::Table(t) => HostEmbed::Table(t),
+            Embedding::Head => HostEmbed::Head(head_host),
         };
         let Placer {
             stages, host_bytes, ..
@@ -1238,7 +1289,9 @@ impl CudaModel {
             paths,
             w,
         };
+        trace_memory(&m.w.gpu, format_args!("scratch and streams"));
         m.alloc_caches(slots)?;
+        trace_memory(&m.w.gpu, format_args!("caches"));
         Ok(m)
     }
 
@@ -2045,7 +2098,7 @@ fn f32_linear(
 ) -> Option<Result<(), EngineError>> {
     let r = match w {
         GLinear::Dense(d) => gpu.dense_linear(x, d, y, m),
-        GLinear::Nvfp4 { rows: Some(d), .. } if m <= 16 => gpu.dense_linear(x, d, y, m),
+        GLinear::Nvfp4 { rows: Some(d), .. } if m <= F32_ROWS_MAX_M => gpu.dense_linear(x, d, y, m),
         GLinear::Int4(q) => gpu.int4_w4a16(x, q, m, y),
         _ => return None,
     };
@@ -2626,8 +2679,10 @@ impl<'a> Ctx<'a> {
         self.pool.put(q);
         self.pool.put(k);
         self.pool.put(v);
-        // A per-element gate before a tile o_proj of at most 16 rows writes the bf16 the GEMV reads (no cast).
-        let o_tiled = t <= 16 && self.w.fused_casts && resolve(self.stages, self.buf, &a.o).tiled();
+        // A per-element gate before a tile o_proj of at most 16 rows writes only the bf16 the GEMV reads (no cast),
+        // so an o_proj that reads f32 activations (its exact f32 rows) must take the gate in f32.
+        let o_tiled =
+            t <= 16 && self.w.fused_casts && resolve(self.stages, self.buf, &a.o).tiled_at(t);
         let mut gated_b16 = None;
         if let Some(g) = gate {
             if o_tiled && a.g_proj.is_none() {

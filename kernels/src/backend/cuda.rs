@@ -290,6 +290,28 @@ impl Backend for Gpu {
         pos: &GpuBuffer<u32>,
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), KernelError> {
+        // A decode batch (few tokens) shares each (token, head)'s positions among several blocks, as the engine's
+        // step does: one block per (token, head) leaves most of the card idle there. A prompt fills it already.
+        let t = slots.len();
+        if (1..=16).contains(&t) {
+            let splits = self.attention_slots_splits(&cache.dims);
+            let need = Gpu::attention_slots_workspace_len(&cache.dims, t, splits)?;
+            let mut workspace = Gpu::zeros::<f32>(self, need)?;
+            return self.attention_slots_split(
+                &cache.dims,
+                scale,
+                window,
+                q,
+                &cache.k,
+                &cache.v,
+                cache.max_len,
+                slots,
+                pos,
+                splits,
+                &mut workspace,
+                out,
+            );
+        }
         self.attention_slots(
             &cache.dims,
             scale,

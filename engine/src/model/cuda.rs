@@ -550,9 +550,10 @@ fn placing(gpu: &Gpu, what: std::fmt::Arguments<'_>, e: EngineError) -> EngineEr
         |_| "unknown".to_string(),
         |(free, _)| format!("{} MiB", free >> 20),
     );
-    let hint = match msg.contains("OUT_OF_MEMORY") {
-        true => " (the load needed more device memory than the plan counts; EDGEFIT_TRACE_MEMORY=1 prints where it went)",
-        false => "",
+    let hint = if msg.contains("OUT_OF_MEMORY") {
+        " (the load needed more device memory than the plan counts; EDGEFIT_TRACE_MEMORY=1 prints where it went)"
+    } else {
+        ""
     };
     EngineError::Kernel(format!(
         "placing {what}: {msg}; {free} free on the device{hint}"
@@ -1071,6 +1072,7 @@ impl CudaModel {
         let mut wide = model.hidden();
         let stack = opts.stack_projections;
         for (i, l) in layers_host.into_iter().enumerate() {
+            // One layer's weights, called at once: an error then names the layer it stopped in.
             let place = || -> Result<GLayer, EngineError> {
                 let mixer = match l.mixer {
                     Mixer::Attn(a) => {

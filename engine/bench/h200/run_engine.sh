@@ -30,7 +30,7 @@ if [ "${1:-}" = prepare ]; then
   # The load generator only speaks HTTP to an `edgefit serve` child: built without the embedded kernels (40 MB less).
   cargo build --release -p engine --example serve_load 2>>/tmp/edgefit-engine-prepare.err
   { cargo test --release -p engine --features cuda --test parity --test batching --test offload --test flash_prefill --test fast_paths --no-run --message-format=json
-    cargo test --release -p kernels --features cuda --test gpu_engine_ops --test gpu_gdn_slots --test gpu_ops \
+    cargo test --release -p kernels --features cuda --test gpu_engine_ops --test gpu_gdn_slots --test gpu_ops --test gpu_memory \
       --test backend --no-run --message-format=json
     # The attention and DeltaNet kernels' own tests compare every built variant, so they build with `lab`.
     cargo test --release -p kernels --features cuda,lab --test gpu_attention_prefill --test gpu_attention_decode \
@@ -81,7 +81,7 @@ want() { [[ ",$STAGES," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv | tee "$OUT/engine_env.txt"
 
 if want tests; then
-  for t in ${TESTS:-parity batching offload flash_prefill fast_paths gpu_engine_ops gpu_gdn_slots gpu_ops backend}; do
+  for t in ${TESTS:-parity batching offload flash_prefill fast_paths gpu_engine_ops gpu_gdn_slots gpu_ops gpu_memory backend}; do
     timeout 300 "$BIN/test_$t" --test-threads=1 --nocapture > "$OUT/engine_tests_$t.txt" 2>&1
     rc=$?; status+=("tests $t: rc=$rc $(grep -E '^test result' "$OUT/engine_tests_$t.txt" | tail -1)")
   done

@@ -1160,7 +1160,11 @@ impl CudaModel {
                     down: pl.put(&l.down, i, &[R::Down])?,
                 })
             };
+            // Each linear is uploaded raw and repacked into a new buffer, the raw one freed into the allocator's
+            // pool; without handing that back, every resident FP8 27B layer held ~57 MB more than it keeps and the
+            // planner's own choice under a 22.58 GiB cap ran out loading the head (benchmarks/engine-h200.md).
             let layer = place()
+                .and_then(|l| gpu.release_unused().map(|()| l).map_err(kerr))
                 .map_err(|e| placing(&gpu, format_args!("decoder layer {i} of {total}"), e))?;
             layers.push(layer);
             progress(i + 1, total);

@@ -421,6 +421,25 @@ impl Device {
         self.stream.clone_dtoh(src).map_err(cuda_err("download"))
     }
 
+    /// Waits for the stream, then hands the memory pool's unused reservations back to the driver.
+    pub(super) fn release_unused(&self) -> Result<(), KernelError> {
+        let err = cuda_err("release_unused");
+        self.stream.synchronize().map_err(&err)?;
+        // Without pool support cudarc frees synchronously: nothing stays reserved.
+        if !self.ctx.has_async_alloc() {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(&err)?;
+        // SAFETY: `cu_device` is the device this context was created on, and its default pool lives as long as
+        // the device; cudarc allocates from that pool (cuMemAllocAsync on a pool-capable device), and trimming
+        // releases only memory no allocation holds, after the stream's frees have completed (synchronized above).
+        unsafe {
+            let pool = cudarc::driver::result::device::get_default_mem_pool(self.ctx.cu_device())
+                .map_err(&err)?;
+            cudarc::driver::result::mem_pool::trim_to(pool, 0).map_err(&err)
+        }
+    }
+
     pub(super) fn memory_info(&self) -> Result<(usize, usize), KernelError> {
         self.ctx.bind_to_thread().map_err(cuda_err("memory_info"))?;
         cudarc::driver::result::mem_get_info().map_err(cuda_err("memory_info"))

@@ -493,6 +493,18 @@ impl Gpu {
         no_cuda!(self)
     }
 
+    /// Waits for every queued kernel, then returns the device memory that freed buffers left reserved in the
+    /// allocator's pool to the driver: buffers are freed in stream order into a pool that keeps their memory, so
+    /// a load that allocates and frees buffers of changing sizes (raw weights repacked into tiles) otherwise
+    /// holds more than it keeps, and `memory_info` counts the difference as used.
+    pub fn release_unused(&self) -> Result<(), KernelError> {
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.release_unused()
+        }
+        no_cuda!(self)
+    }
+
     /// Waits for every queued kernel and reports an asynchronous launch error, if any.
     pub fn synchronize(&self) -> Result<(), KernelError> {
         #[cfg(feature = "cuda")]

@@ -45,6 +45,9 @@ pub enum EngineError {
     Unsupported(String),
     #[error("kernel: {0}")]
     Kernel(String),
+    /// The driver had no memory left for an allocation (device, or page-locked host).
+    #[error("kernel: {0}")]
+    OutOfMemory(String),
     #[error("the KV cache is full: {needed} more pages needed, {free} free")]
     CacheFull { needed: usize, free: usize },
     #[error("{0}")]

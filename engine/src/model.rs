@@ -1189,5 +1189,8 @@ fn split_gate(qg: &[f32], head_dim: usize) -> (Vec<f32>, Vec<f32>) {
 
 /// A linear call, timed as [`Op::Linear`] when profiling.
 pub(crate) fn kerr(e: kernels::KernelError) -> EngineError {
-    EngineError::Kernel(e.to_string())
+    match e {
+        kernels::KernelError::OutOfMemory(_) => EngineError::OutOfMemory(e.to_string()),
+        _ => EngineError::Kernel(e.to_string()),
+    }
 }

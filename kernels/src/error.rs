@@ -15,6 +15,10 @@ pub enum KernelError {
     /// A CUDA driver or launch error.
     #[error("CUDA: {0}")]
     Cuda(String),
+    /// The driver could not allocate the device (or page-locked host) memory asked for: a caller can tell this from
+    /// a failure that retrying smaller would not fix.
+    #[error("CUDA: out of memory: {0}")]
+    OutOfMemory(String),
 }
 
 impl KernelError {

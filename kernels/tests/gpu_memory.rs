@@ -6,44 +6,93 @@
 mod gpu_common;
 use gpu_common::gpu;
 
-/// A load's pattern: a raw buffer, the repacked one beside it, the raw one freed, the sizes changing (the 27B's FP8
-/// linears, in MiB). What stays taken after `release_unused` is what is kept, to the allocator's granularity; and
-/// once everything is dropped, everything comes back.
-#[test]
-fn release_unused_hands_the_freed_buffers_back_to_the_driver() {
-    let Some(gpu) = gpu() else { return };
-    const SLACK: usize = 64 << 20;
-    gpu.release_unused().expect("release");
-    let (before, _) = gpu.memory_info().expect("memory_info");
+use kernels::cuda::{Gpu, GpuBuffer};
+use kernels::KernelError;
+
+/// The 27B's FP8 linears, in MiB, two layers' worth: sizes that change from one to the next.
+const LINEARS_MIB: [usize; 8] = [178, 89, 84, 31, 178, 89, 84, 31];
+/// The allocator's granularity, and the small buffers' share.
+const SLACK: usize = 64 << 20;
+
+fn free(gpu: &Gpu) -> usize {
+    gpu.memory_info().expect("memory_info").0
+}
+
+/// A load's pattern for each linear: its small scales, the raw upload, the repacked buffer beside it, the raw one
+/// freed; with `release_each`, handed back at once (what the engine's loader does). Returns what is kept and the
+/// bytes the device lost for it (before a final `release_unused`).
+fn load(gpu: &Gpu, release_each: bool) -> (Vec<GpuBuffer<u8>>, usize) {
+    let before = free(gpu);
     let mut kept = Vec::new();
-    for mib in [178usize, 89, 84, 31, 178, 89, 84, 31] {
+    for mib in LINEARS_MIB {
+        kept.push(gpu.zeros::<u8>(mib << 10).expect("scales"));
         let raw = gpu.zeros::<u8>(mib << 20).expect("raw");
         kept.push(gpu.zeros::<u8>(mib << 20).expect("tiles"));
         drop(raw);
+        if release_each {
+            gpu.release_unused().expect("release");
+        }
     }
-    let kept_bytes: usize = kept.iter().map(|b| b.len()).sum();
-    let (unreleased, _) = gpu.memory_info().expect("memory_info");
     gpu.release_unused().expect("release");
-    let (after, _) = gpu.memory_info().expect("memory_info");
+    let taken = before.saturating_sub(free(gpu));
+    (kept, taken)
+}
+
+/// Handing each freed raw buffer back before the next allocation leaves taken what is kept, to the allocator's
+/// granularity; freeing them into the pool and releasing only at the end is printed beside it (the pool cuts kept
+/// buffers from the freed ones, so trimming at the end may not return them). Once everything is dropped, everything
+/// comes back.
+#[test]
+fn release_unused_hands_each_freed_buffer_back_to_the_driver() {
+    let Some(gpu) = gpu() else { return };
+    gpu.release_unused().expect("release");
+    let start = free(&gpu);
     let mib = |b: usize| b >> 20;
+
+    let (kept, pooled) = load(&gpu, false);
+    let kept_bytes: usize = kept.iter().map(|b| b.len()).sum();
+    drop(kept);
+    gpu.release_unused().expect("release");
+    let (kept, released) = load(&gpu, true);
     println!(
-        "kept {} MiB; taken {} MiB before release_unused, {} MiB after",
+        "kept {} MiB; taken {} MiB releasing once at the end, {} MiB releasing after each free",
         mib(kept_bytes),
-        mib(before.saturating_sub(unreleased)),
-        mib(before.saturating_sub(after))
+        mib(pooled),
+        mib(released)
     );
     assert!(
-        before.saturating_sub(after) <= kept_bytes + SLACK,
+        released <= kept_bytes + SLACK,
         "{} MiB taken for {} MiB kept",
-        mib(before.saturating_sub(after)),
+        mib(released),
         mib(kept_bytes)
     );
     drop(kept);
     gpu.release_unused().expect("release");
-    let (end, _) = gpu.memory_info().expect("memory_info");
+    let end = free(&gpu);
     assert!(
-        end + SLACK >= before,
+        end + SLACK >= start,
         "{} MiB still taken with nothing kept",
-        mib(before.saturating_sub(end))
+        mib(start.saturating_sub(end))
     );
+}
+
+/// Asking for more than the device has is a typed error the caller can tell apart, not a panic; the context goes on
+/// working after it.
+#[test]
+fn running_out_is_out_of_memory() {
+    let Some(gpu) = gpu() else { return };
+    let (_, total) = gpu.memory_info().expect("memory_info");
+    match gpu.zeros::<u8>(total + (1 << 30)) {
+        Err(KernelError::OutOfMemory(msg)) => println!("{msg}"),
+        Err(e) => panic!("expected OutOfMemory, got {e}"),
+        Ok(_) => panic!(
+            "allocated {} MiB on a {} MiB device",
+            (total >> 20) + 1024,
+            total >> 20
+        ),
+    }
+    let x = gpu
+        .upload(&[1.0f32, 2.0, 3.0])
+        .expect("upload after running out");
+    assert_eq!(gpu.download(&x).expect("download"), [1.0, 2.0, 3.0]);
 }

@@ -543,21 +543,24 @@ fn trace_memory(gpu: &Gpu, what: std::fmt::Arguments<'_>) {
 /// `e`, an error while placing `what` on the device, with the driver's free memory then; running out says that the
 /// load needed more than the plan's ledger counted, and how to see where it went.
 fn placing(gpu: &Gpu, what: std::fmt::Arguments<'_>, e: EngineError) -> EngineError {
-    let EngineError::Kernel(msg) = e else {
-        return e;
+    let free = || {
+        gpu.memory_info().map_or_else(
+            |_| "unknown".to_string(),
+            |(free, _)| format!("{} MiB", free >> 20),
+        )
     };
-    let free = gpu.memory_info().map_or_else(
-        |_| "unknown".to_string(),
-        |(free, _)| format!("{} MiB", free >> 20),
-    );
-    let hint = if msg.contains("OUT_OF_MEMORY") {
-        " (the load needed more device memory than the plan counts; EDGEFIT_TRACE_MEMORY=1 prints where it went)"
-    } else {
-        ""
-    };
-    EngineError::Kernel(format!(
-        "placing {what}: {msg}; {free} free on the device{hint}"
-    ))
+    match e {
+        EngineError::OutOfMemory(msg) => EngineError::OutOfMemory(format!(
+            "placing {what}: {msg}; {} free on the device (the load needed more device memory than the plan \
+             counts; EDGEFIT_TRACE_MEMORY=1 prints where it went)",
+            free()
+        )),
+        EngineError::Kernel(msg) => EngineError::Kernel(format!(
+            "placing {what}: {msg}; {} free on the device",
+            free()
+        )),
+        e => e,
+    }
 }
 
 fn upload_vec(gpu: &Gpu, v: &[f32]) -> Result<GpuBuffer<f32>, EngineError> {
@@ -630,11 +633,14 @@ fn upload_linear(
             GLinear::Dense(gpu.dense_weights_bf16(w, *n, *k).map_err(kerr)?)
         }
         Weight::Fp8Block { w, scale_inv, n, k } => {
+            // What stays is allocated before the raw upload, so nothing kept shares the raw buffer's memory.
+            let scales = gpu.upload(scale_inv).map_err(kerr)?;
             let raw = gpu.upload(w).map_err(kerr)?;
+            let tiles = gpu.fp8_repack_tiles(&raw, *n, *k).map_err(kerr)?;
             GLinear::Fp8 {
-                tiles: gpu.fp8_repack_tiles(&raw, *n, *k).map_err(kerr)?,
-                scales: gpu.upload(scale_inv).map_err(kerr)?,
-                raw: gemm.then_some(raw),
+                tiles,
+                scales,
+                raw: keep_or_release(gpu, gemm, raw)?,
             }
         }
         Weight::Nvfp4 {
@@ -646,15 +652,17 @@ fn upload_linear(
         } => {
             let raw = gpu.upload(w).map_err(kerr)?;
             let sc = gpu.upload(scales).map_err(kerr)?;
+            let tiles = gpu.nvfp4_repack_tiles(&raw, &sc, *n, *k).map_err(kerr)?;
+            // The GEMM takes k in whole 64-column tiles.
+            let raw = keep_or_release(gpu, gemm && k.is_multiple_of(64), (raw, sc))?;
             GLinear::Nvfp4 {
-                tiles: gpu.nvfp4_repack_tiles(&raw, &sc, *n, *k).map_err(kerr)?,
+                tiles,
                 global: *global,
                 rows: match rows && *n <= NVFP4_F32_ROWS_MAX_N {
                     true => Some(dense_f32(gpu, whole)?),
                     false => None,
                 },
-                // The GEMM takes k in whole 64-column tiles.
-                raw: (gemm && k.is_multiple_of(64)).then_some((raw, sc)),
+                raw,
             }
         }
         Weight::Int4 { w: q, .. } => {
@@ -674,6 +682,20 @@ fn upload_linear(
             }
         }
     })
+}
+
+/// `raw` kept when `keep`; else freed, and its memory handed back to the driver at once
+/// ([`Gpu::release_unused`]). A freed buffer stays reserved in the allocator's pool, and the next linear's kept
+/// buffers are cut from it, the rest of it then held by them: each resident FP8 27B layer took ~57 MB more than it
+/// keeps that way, and the planner's own choice under a 22.58 GiB cap ran out loading the head
+/// (benchmarks/engine-h200.md).
+fn keep_or_release<T>(gpu: &Gpu, keep: bool, raw: T) -> Result<Option<T>, EngineError> {
+    if keep {
+        return Ok(Some(raw));
+    }
+    drop(raw);
+    gpu.release_unused().map_err(kerr)?;
+    Ok(None)
 }
 
 /// FP8 block weights with the same input, stacked by rows into one (each part's rows a whole number of 128-row
@@ -908,7 +930,11 @@ impl Placer<'_> {
         };
         let key = (roles[0], n, k, path);
         let stage = match self.keys.get(&key) {
-            Some(&i) => i,
+            Some(&i) => {
+                // Only the host copy stays: the device one goes back to the driver (see [`keep_or_release`]).
+                keep_or_release(self.gpu, false, dev)?;
+                i
+            }
             None => {
                 // The second staging copy is one more upload of the same weight (its contents are overwritten).
                 let twin = upload_linear(self.gpu, w, self.precise, false, false)?;
@@ -1160,11 +1186,7 @@ impl CudaModel {
                     down: pl.put(&l.down, i, &[R::Down])?,
                 })
             };
-            // Each linear is uploaded raw and repacked into a new buffer, the raw one freed into the allocator's
-            // pool; without handing that back, every resident FP8 27B layer held ~57 MB more than it keeps and the
-            // planner's own choice under a 22.58 GiB cap ran out loading the head (benchmarks/engine-h200.md).
             let layer = place()
-                .and_then(|l| gpu.release_unused().map(|()| l).map_err(kerr))
                 .map_err(|e| placing(&gpu, format_args!("decoder layer {i} of {total}"), e))?;
             layers.push(layer);
             progress(i + 1, total);

@@ -21,8 +21,17 @@ mod modules {
 }
 pub(in crate::cuda) use modules::Module;
 
+/// A driver error of `op`, running out of memory kept apart ([`KernelError::OutOfMemory`]).
 pub(super) fn cuda_err(op: &str) -> impl Fn(cudarc::driver::DriverError) -> KernelError + '_ {
-    move |e| KernelError::Cuda(format!("{op}: {e:?}"))
+    move |e| {
+        let what = format!("{op}: {e:?}");
+        match e.0 {
+            cudarc::driver::sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => {
+                KernelError::OutOfMemory(what)
+            }
+            _ => KernelError::Cuda(what),
+        }
+    }
 }
 
 pub(super) struct Device {

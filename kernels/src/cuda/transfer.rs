@@ -18,9 +18,7 @@ use super::{Gpu, GpuBuffer};
 use crate::KernelError;
 
 #[cfg(feature = "cuda")]
-fn cuda_err(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> KernelError {
-    move |e| KernelError::Cuda(format!("{op}: {e:?}"))
-}
+use super::device::cuda_err;
 
 /// One device buffer of a weight, borrowed to copy it to the host.
 pub enum WeightBuf<'a> {

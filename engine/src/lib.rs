@@ -67,6 +67,19 @@ impl EngineError {
 /// bounded (the chunked DeltaNet continues its state across chunks; attention reads the cached prefix).
 pub const PREFILL_CHUNK: usize = 512;
 
+/// The prompt chunk a new engine runs: [`PREFILL_CHUNK`], or `EDGEFIT_PREFILL_CHUNK` tokens (a bench arm that
+/// trades activation memory for longer GEMMs).
+fn prefill_chunk() -> Result<usize, EngineError> {
+    match std::env::var("EDGEFIT_PREFILL_CHUNK") {
+        Err(_) => Ok(PREFILL_CHUNK),
+        Ok(v) => v.parse::<usize>().ok().filter(|&c| c >= 1).ok_or_else(|| {
+            EngineError::Request(format!(
+                "EDGEFIT_PREFILL_CHUNK={v}: expected a whole number of tokens, at least 1"
+            ))
+        }),
+    }
+}
+
 /// A loaded model with its caches: the unit that runs steps.
 pub struct Engine {
     pub model: Model,
@@ -75,6 +88,8 @@ pub struct Engine {
     pub max_len: usize,
     /// Tokens cached per slot.
     lens: Vec<usize>,
+    /// Longest piece of a prompt one step runs ([`PREFILL_CHUNK`] unless the environment says otherwise).
+    prefill_chunk: usize,
     /// The model placed on a CUDA device, when the engine runs there (`model` then holds only its facts).
     cuda: Option<Box<CudaModel>>,
 }
@@ -105,6 +120,7 @@ impl Engine {
             caches,
             max_len,
             lens: vec![0; slots],
+            prefill_chunk: prefill_chunk()?,
             cuda: None,
         })
     }
@@ -118,6 +134,7 @@ impl Engine {
         opts: CudaOptions,
         admit: impl FnOnce(usize) -> Result<u64, EngineError>,
     ) -> Result<Engine, EngineError> {
+        let prefill_chunk = prefill_chunk()?;
         let gpu = kernels::cuda::Gpu::probe()
             .map_err(model::kerr)?
             .ok_or_else(|| EngineError::Unsupported("no CUDA device".into()))?;
@@ -141,6 +158,7 @@ impl Engine {
             caches,
             max_len,
             lens: vec![0; slots],
+            prefill_chunk,
             cuda: Some(Box::new(cuda)),
         })
     }
@@ -291,11 +309,11 @@ impl Engine {
                 decode.push((i, slot));
                 continue;
             }
-            // A prompt runs in chunks of at most PREFILL_CHUNK tokens, so activations stay bounded: the first as a
-            // prefill when the sequence is fresh, the rest after the cached prefix.
+            // A prompt runs in chunks of at most `prefill_chunk` tokens, so activations stay bounded: the first as
+            // a prefill when the sequence is fresh, the rest after the cached prefix.
             let mut last = Vec::new();
-            for (c, piece) in toks.chunks(PREFILL_CHUNK).enumerate() {
-                let pos = len + c * PREFILL_CHUNK;
+            for (c, piece) in toks.chunks(self.prefill_chunk).enumerate() {
+                let pos = len + c * self.prefill_chunk;
                 let step = Step {
                     slot,
                     pos,

@@ -321,6 +321,9 @@ impl Engine {
                 };
                 last = self.forward(&[step])?;
                 self.lens[slot] = pos + piece.len();
+                if let Some(c) = self.cuda.as_deref() {
+                    c.trace_memory(format_args!("after a {}-token prompt chunk", piece.len()));
+                }
             }
             out[i] = Some(pick_host(last, &mut draws[i])?);
         }

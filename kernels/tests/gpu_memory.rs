@@ -11,7 +11,11 @@ use kernels::KernelError;
 
 /// The 27B's FP8 linears, in MiB, two layers' worth: sizes that change from one to the next.
 const LINEARS_MIB: [usize; 8] = [178, 89, 84, 31, 178, 89, 84, 31];
-/// The allocator's granularity, and the small buffers' share.
+/// What the allocator may take beyond the bytes kept, per allocation: its granularity. On an H100 the pattern
+/// below took 864 MiB for 764 MiB kept over 16 allocations (6.3 MiB each) when each freed buffer was handed back
+/// at once, 896 MiB when the pool kept them until the end (benchmarks/engine-h200.md).
+const SLACK_PER_ALLOCATION: usize = 8 << 20;
+/// What may stay taken once everything is dropped and released.
 const SLACK: usize = 64 << 20;
 
 fn free(gpu: &Gpu) -> usize {
@@ -61,7 +65,7 @@ fn release_unused_hands_each_freed_buffer_back_to_the_driver() {
         mib(released)
     );
     assert!(
-        released <= kept_bytes + SLACK,
+        released <= kept_bytes + kept.len() * SLACK_PER_ALLOCATION,
         "{} MiB taken for {} MiB kept",
         mib(released),
         mib(kept_bytes)

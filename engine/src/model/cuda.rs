@@ -1323,6 +1323,11 @@ impl CudaModel {
         Ok(m)
     }
 
+    /// [`trace_memory`] for a step of the engine's: what a prompt chunk's activations took.
+    pub(crate) fn trace_memory(&self, what: std::fmt::Arguments<'_>) {
+        trace_memory(&self.w.gpu, what);
+    }
+
     fn alloc_caches(&mut self, slots: usize) -> Result<(), EngineError> {
         let gpu = &self.w.gpu;
         let d = self.w.attn_dims;

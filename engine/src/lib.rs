@@ -163,6 +163,11 @@ impl Engine {
         })
     }
 
+    /// Longest piece of a prompt one step runs.
+    pub fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk
+    }
+
     /// Where the steps run.
     pub fn device(&self) -> Device {
         if self.cuda.is_some() {

@@ -551,8 +551,8 @@ fn placing(gpu: &Gpu, what: std::fmt::Arguments<'_>, e: EngineError) -> EngineEr
     };
     match e {
         EngineError::OutOfMemory(msg) => EngineError::OutOfMemory(format!(
-            "placing {what}: {msg}; {} free on the device (the load needed more device memory than the plan \
-             counts; EDGEFIT_TRACE_MEMORY=1 prints where it went)",
+            "placing {what}: {msg}; {} free on the device (the load needed more memory than the plan counts; \
+             EDGEFIT_TRACE_MEMORY=1 prints where the device's went)",
             free()
         )),
         EngineError::Kernel(msg) => EngineError::Kernel(format!(
@@ -685,10 +685,10 @@ fn upload_linear(
 }
 
 /// `raw` kept when `keep`; else freed, and its memory handed back to the driver at once
-/// ([`Gpu::release_unused`]). A freed buffer stays reserved in the allocator's pool, and the next linear's kept
-/// buffers are cut from it, the rest of it then held by them: each resident FP8 27B layer took ~57 MB more than it
-/// keeps that way, and the planner's own choice under a 22.58 GiB cap ran out loading the head
-/// (benchmarks/engine-h200.md).
+/// ([`Gpu::release_unused`]). A freed buffer stays reserved in the allocator's pool, where later kept buffers can be
+/// cut from it and pin the rest: freed into the pool, the raw uploads left each resident FP8 27B layer holding ~57 MB
+/// more than it keeps (~9 MB handed back at once), and the planner's own choice under a 22.58 GiB cap ran out
+/// loading the head (benchmarks/engine-h200.md, runs 12-13).
 fn keep_or_release<T>(gpu: &Gpu, keep: bool, raw: T) -> Result<Option<T>, EngineError> {
     if keep {
         return Ok(Some(raw));

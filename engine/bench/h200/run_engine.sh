@@ -11,7 +11,7 @@
 #                  prefill,serve,ncu,nsys,trace,baseline; default tests,sanitizer,bench). baseline needs `carry: [".whl"]` (transformers 5.25,
 #                  flash-linear-attention; see engine/bench/h200/hf_baseline.py).  Env: GEN (decode steps, default 64), MODELS (fp8,nvfp4),
 #                  TESTS (test binaries), ARMS (graphs launches old nopdl nofused neither nosplit
-#                  nostack norows), PREFILL_ARMS (flash slots tiles blocking old), BATCHES, SERVE_ARMS
+#                  nostack norows), PREFILL_ARMS (flash slots tiles blocking old cN), BATCHES, SERVE_ARMS
 #                  (plain invariant), SERVE_S; EDGEFIT_SMALL_PDL=0 / EDGEFIT_FUSED_CASTS=0 in the environment turn the
 #                  small kernels' programmatic launches / the fused bf16 inputs off for every stage (the tests too).
 # Logs: $OUT/engine_*.txt; a table last. The device tool brings back only so many files from $OUT: with several stages

@@ -30,9 +30,11 @@ fn load(gpu: &Gpu, release_each: bool) -> (Vec<GpuBuffer<u8>>, usize) {
     let mut kept = Vec::new();
     for mib in LINEARS_MIB {
         kept.push(gpu.zeros::<u8>(mib << 10).expect("scales"));
-        let raw = gpu.zeros::<u8>(mib << 20).expect("raw");
-        kept.push(gpu.zeros::<u8>(mib << 20).expect("tiles"));
-        drop(raw);
+        {
+            // The raw upload, freed at the end of this block.
+            let _raw = gpu.zeros::<u8>(mib << 20).expect("raw");
+            kept.push(gpu.zeros::<u8>(mib << 20).expect("tiles"));
+        }
         if release_each {
             gpu.release_unused().expect("release");
         }

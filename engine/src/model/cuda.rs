@@ -530,8 +530,8 @@ pub struct CudaModel {
     paths: Vec<&'static str>,
 }
 
-/// With `EDGEFIT_TRACE_MEMORY=1`, the driver's free device memory after a load phase, on stderr: where a load that
-/// runs out of memory spent it.
+/// With `EDGEFIT_TRACE_MEMORY=1`, the driver's free device memory after a load phase or a prompt chunk, on stderr:
+/// where a load that runs out of memory spent it, and what a chunk's scratch holds.
 fn trace_memory(gpu: &Gpu, what: std::fmt::Arguments<'_>) {
     if std::env::var_os("EDGEFIT_TRACE_MEMORY").is_some_and(|v| v == "1") {
         if let Ok((free, _)) = gpu.memory_info() {

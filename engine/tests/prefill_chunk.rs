@@ -2,16 +2,14 @@
 //! value that is not a positive whole number is refused when the engine is made. Its own binary, with one test,
 //! because it sets a variable of the whole process that every engine made meanwhile would read.
 
-use std::path::Path;
+mod common;
+use common::{fixtures_root, rel_max_err};
 
 use engine::checkpoint::Checkpoint;
 use engine::{Engine, EngineError, Model, WeightMode};
 
 fn engine(name: &str) -> Result<Engine, EngineError> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name);
-    let ck = Checkpoint::open(&dir).unwrap();
+    let ck = Checkpoint::open(&fixtures_root().join(name)).unwrap();
     let model = Model::load(&ck, WeightMode::Exact, |_, _| {}).unwrap();
     Engine::new(model, 1, 160)
 }
@@ -49,12 +47,7 @@ fn a_chunk_from_the_environment_runs_and_a_bad_one_is_refused() {
         let want = logits(name, &prompt);
         set("7");
         let got = logits(name, &prompt);
-        let scale = want.iter().fold(0.0f32, |a, x| a.max(x.abs()));
-        let err = got
-            .iter()
-            .zip(&want)
-            .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()))
-            / scale;
+        let err = rel_max_err(&got, &want);
         assert!(
             err < 1e-4,
             "{name}: chunks of 7 differ by {err:.2e} of the largest logit"

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 /// Whether this machine has a CUDA device the engine can use (says "skipped" when not).
+#[allow(dead_code)] // not every test binary has a CUDA arm
 pub(crate) fn cuda_here() -> bool {
     match kernels::cuda::Gpu::probe() {
         Ok(Some(_)) => true,
@@ -81,5 +82,15 @@ pub(crate) fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     a.iter()
         .zip(b)
         .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+        / scale
+}
+
+/// The largest difference between `got` and `want`, over the largest magnitude in `want`.
+#[allow(dead_code)] // the binaries that compare logits
+pub(crate) fn rel_max_err(got: &[f32], want: &[f32]) -> f32 {
+    let scale = want.iter().fold(0.0f32, |a, x| a.max(x.abs()));
+    got.iter()
+        .zip(want)
+        .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()))
         / scale
 }

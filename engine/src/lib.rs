@@ -67,17 +67,27 @@ impl EngineError {
 /// bounded (the chunked DeltaNet continues its state across chunks; attention reads the cached prefix).
 pub const PREFILL_CHUNK: usize = 512;
 
-/// The prompt chunk a new engine runs: [`PREFILL_CHUNK`], or `EDGEFIT_PREFILL_CHUNK` tokens (a bench arm that
-/// trades activation memory for longer GEMMs).
-fn prefill_chunk() -> Result<usize, EngineError> {
+/// `EDGEFIT_PREFILL_CHUNK` tokens, when set: a bench arm that trades activation memory for longer GEMMs, and
+/// overrides the plan's chunk.
+fn chunk_from_env() -> Result<Option<usize>, EngineError> {
     match std::env::var("EDGEFIT_PREFILL_CHUNK") {
-        Err(_) => Ok(PREFILL_CHUNK),
-        Ok(v) => v.parse::<usize>().ok().filter(|&c| c >= 1).ok_or_else(|| {
-            EngineError::Request(format!(
-                "EDGEFIT_PREFILL_CHUNK={v}: expected a whole number of tokens, at least 1"
-            ))
-        }),
+        Err(_) => Ok(None),
+        Ok(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|&c| c >= 1)
+            .map(Some)
+            .ok_or_else(|| {
+                EngineError::Request(format!(
+                    "EDGEFIT_PREFILL_CHUNK={v}: expected a whole number of tokens, at least 1"
+                ))
+            }),
     }
+}
+
+/// The prompt chunk a new engine runs: [`PREFILL_CHUNK`] unless the environment says otherwise.
+fn prefill_chunk() -> Result<usize, EngineError> {
+    Ok(chunk_from_env()?.unwrap_or(PREFILL_CHUNK))
 }
 
 /// A loaded model with its caches: the unit that runs steps.
@@ -88,7 +98,8 @@ pub struct Engine {
     pub max_len: usize,
     /// Tokens cached per slot.
     lens: Vec<usize>,
-    /// Longest piece of a prompt one step runs ([`PREFILL_CHUNK`] unless the environment says otherwise).
+    /// Longest piece of a prompt one step runs ([`PREFILL_CHUNK`] unless the plan or the environment says
+    /// otherwise).
     prefill_chunk: usize,
     /// The model placed on a CUDA device, when the engine runs there (`model` then holds only its facts).
     cuda: Option<Box<CudaModel>>,
@@ -166,6 +177,23 @@ impl Engine {
     /// Longest piece of a prompt one step runs.
     pub fn prefill_chunk(&self) -> usize {
         self.prefill_chunk
+    }
+
+    /// Runs prompts in chunks of `tokens`, the plan's `[prompt_chunk]` (its ledger charged the activations a chunk
+    /// longer than [`PREFILL_CHUNK`] takes), unless `EDGEFIT_PREFILL_CHUNK` overrides it.
+    pub fn with_planned_chunk(mut self, tokens: u64) -> Result<Engine, EngineError> {
+        self.prefill_chunk = match chunk_from_env()? {
+            Some(c) => c,
+            None => usize::try_from(tokens)
+                .ok()
+                .filter(|&c| c >= 1)
+                .ok_or_else(|| {
+                    EngineError::Plan(format!(
+                        "the plan's prompt_chunk.tokens = {tokens}: expected a whole number of tokens, at least 1"
+                    ))
+                })?,
+        };
+        Ok(self)
     }
 
     /// Where the steps run.

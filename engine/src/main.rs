@@ -288,6 +288,7 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
     } else {
         Engine::new(model, slots, max_len)?
     };
+    let engine = engine.with_planned_chunk(plan.prompt_chunk.tokens)?;
     Ok(Loaded {
         engine,
         plan,
@@ -461,6 +462,7 @@ fn run_generate(a: GenerateArgs) -> miette::Result<()> {
             },
             "weight_paths": l.engine.paths(),
             "prefill_activations": prefill_activations(&l),
+            "prompt_chunk": l.engine.prefill_chunk(),
             "device": format!("{:?}", l.engine.device()),
             "predicted": {
                 "decode_tok_s": p.decode_tok_s,
@@ -647,6 +649,12 @@ fn run_bench(a: BenchArgs) -> miette::Result<()> {
         timeline(&mut l.engine, &slots, &toks, path)?;
     }
     println!("prefill activations: {}", prefill_activations(&l));
+    println!(
+        "prompt chunk: {} tokens (plan: {}, {} MiB of scratch beyond the default)",
+        l.engine.prefill_chunk(),
+        l.plan.prompt_chunk.tokens,
+        l.plan.prompt_chunk.extra_scratch_bytes >> 20
+    );
     print_profile("decode step", &prof, tg_s, a.gen);
     print_profile("prefill", &pp_prof, pp_s, b);
     Ok(())

@@ -133,7 +133,8 @@ pub fn admit(plan: &Plan) -> Result<(), EngineError> {
             .iter()
             .map(|l| {
                 format!(
-                    "  {}: capacity {} taken {} overhead {} reserve {} cache {} weights {} free {} shortfall {}",
+                    "  {}: capacity {} taken {} overhead {} reserve {} cache {} weights {} prompt {} free {} \
+                     shortfall {}",
                     l.pool,
                     l.capacity_bytes,
                     l.taken_bytes,
@@ -141,6 +142,7 @@ pub fn admit(plan: &Plan) -> Result<(), EngineError> {
                     l.reserve_bytes,
                     l.cache_bytes,
                     l.weight_bytes,
+                    l.prompt_scratch_bytes,
                     l.free_bytes,
                     l.shortfall_bytes
                 )
@@ -158,11 +160,13 @@ pub fn admit(plan: &Plan) -> Result<(), EngineError> {
         .inventory
         .planned_bytes
         .saturating_add(plan.cache.total_bytes)
-        .saturating_add(plan.cache.rope_table_bytes);
+        .saturating_add(plan.cache.rope_table_bytes)
+        .saturating_add(plan.prompt_chunk.extra_scratch_bytes);
     if let Some(avail) = available_bytes() {
         if need > avail {
             return Err(EngineError::Plan(format!(
-                "the plan needs {need} bytes of weights and caches but the OS reports {avail} available; its ledgers:\n{}",
+                "the plan needs {need} bytes of weights, caches and prompt activations but the OS reports {avail} \
+                 available; its ledgers:\n{}",
                 ledgers()
             )));
         }
@@ -285,12 +289,13 @@ pub fn admit_cuda(plan: &Plan, free: u64) -> Result<u64, EngineError> {
         .weight_bytes
         .saturating_add(l.cache_bytes)
         .saturating_add(l.rope_table_bytes)
-        .saturating_add(l.runtime_overhead_bytes);
+        .saturating_add(l.runtime_overhead_bytes)
+        .saturating_add(l.prompt_scratch_bytes);
     if need > free {
         return Err(EngineError::Plan(format!(
-            "the plan places {need} bytes in {} (weights {}, cache {}, runtime {}) but the driver reports {free} \
-             free",
-            l.pool, l.weight_bytes, l.cache_bytes, l.runtime_overhead_bytes
+            "the plan places {need} bytes in {} (weights {}, cache {}, runtime {}, prompt chunk {}) but the driver \
+             reports {free} free",
+            l.pool, l.weight_bytes, l.cache_bytes, l.runtime_overhead_bytes, l.prompt_scratch_bytes
         )));
     }
     Ok(need)
@@ -301,16 +306,50 @@ mod tests {
     use super::*;
 
     fn fixture_plan(offload: Option<u64>) -> Plan {
+        fixture_plan_of(offload, 256)
+    }
+
+    fn fixture_plan_of(offload: Option<u64>, max_model_len: u64) -> Plan {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_5-fp8");
         let ck = Checkpoint::open(&dir).unwrap();
         let w = Workload {
-            max_model_len: 256,
+            max_model_len,
             max_num_seqs: 1,
             prompt_len: 64,
             offload_bytes: offload,
             ..Workload::default()
         };
         plan(&ck, None, &profile(Some("h200")).unwrap(), &w).unwrap()
+    }
+
+    /// A plan whose prompt chunk is longer than the default charges its activations, and the CUDA admission
+    /// counts them: the same plan with one byte less free is refused, naming the chunk.
+    #[test]
+    fn cuda_admission_counts_the_planned_prompt_chunk() {
+        let short = fixture_plan_of(None, 256);
+        assert_eq!(short.prompt_chunk.tokens, 512);
+        let long = fixture_plan_of(None, 1024);
+        assert_eq!(long.prompt_chunk.tokens, 1024);
+        let scratch = long.prompt_chunk.extra_scratch_bytes;
+        assert!(scratch > 0);
+        let need = admit_cuda(&long, u64::MAX).unwrap();
+        let l = long
+            .ledgers
+            .iter()
+            .find(|l| l.pool == long.device.decode_pool)
+            .unwrap();
+        assert_eq!(l.prompt_scratch_bytes, scratch);
+        assert_eq!(
+            need,
+            l.weight_bytes
+                + l.cache_bytes
+                + l.rope_table_bytes
+                + l.runtime_overhead_bytes
+                + scratch
+        );
+        admit_cuda(&long, need).unwrap();
+        let e = admit_cuda(&long, need - 1).unwrap_err().to_string();
+        assert!(e.contains(&format!("prompt chunk {scratch}")), "{e}");
     }
 
     /// The CUDA admission: a plan that fits the device's free memory is admitted, one that does not is refused

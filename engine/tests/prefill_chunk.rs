@@ -1,6 +1,7 @@
-//! `EDGEFIT_PREFILL_CHUNK`: a prompt run in chunks of that many tokens gives the logits of the default chunk, and a
-//! value that is not a positive whole number is refused when the engine is made. Its own binary, with one test,
-//! because it sets a variable of the whole process that every engine made meanwhile would read.
+//! The prompt chunk, from the plan (`Engine::with_planned_chunk`) or from `EDGEFIT_PREFILL_CHUNK`, which overrides
+//! it: a prompt run in chunks of that many tokens gives the logits of the default chunk, and a value that is not a
+//! positive whole number is refused when the engine is made. Its own binary, with one test, because it sets a
+//! variable of the whole process that every engine made meanwhile would read.
 
 mod common;
 use common::{fixtures_root, rel_max_err};
@@ -53,5 +54,35 @@ fn a_chunk_from_the_environment_runs_and_a_bad_one_is_refused() {
             "{name}: chunks of 7 differ by {err:.2e} of the largest logit"
         );
     }
+    unsafe { std::env::remove_var("EDGEFIT_PREFILL_CHUNK") };
+    // The plan's chunk is taken, and gives the default's logits; the environment overrides it; a plan's chunk of
+    // zero tokens is refused.
+    let want = logits("qwen3_5-f32", &prompt);
+    let mut planned = engine("qwen3_5-f32")
+        .unwrap()
+        .with_planned_chunk(5)
+        .unwrap();
+    assert_eq!(planned.prefill_chunk(), 5);
+    let s = planned.join().unwrap();
+    let got = planned.step(&[(s, &prompt[..])]).unwrap().remove(0);
+    let err = rel_max_err(&got, &want);
+    assert!(err < 1e-4, "the plan's chunks of 5 differ by {err:.2e}");
+    let e = engine("qwen3_5-f32").unwrap().with_planned_chunk(0).err();
+    assert!(
+        e.as_ref()
+            .is_some_and(|e| e.to_string().contains("prompt_chunk.tokens = 0")),
+        "{:?}",
+        e.map(|e| e.to_string())
+    );
+    set("9");
+    let over = engine("qwen3_5-f32")
+        .unwrap()
+        .with_planned_chunk(5)
+        .unwrap();
+    assert_eq!(
+        over.prefill_chunk(),
+        9,
+        "the environment overrides the plan"
+    );
     unsafe { std::env::remove_var("EDGEFIT_PREFILL_CHUNK") };
 }

@@ -22,8 +22,8 @@ pub enum Verdict {
     DoesNotFit,
 }
 
-/// One pool's accounts: `taken + runtime_overhead + reserve + cache + rope_tables + weights + free ==
-/// capacity + shortfall`, with at most one of `free` and `shortfall` above zero.
+/// One pool's accounts: `taken + runtime_overhead + reserve + cache + rope_tables + weights + prompt_scratch + free
+/// == capacity + shortfall`, with at most one of `free` and `shortfall` above zero.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Ledger {
@@ -36,6 +36,10 @@ pub struct Ledger {
     pub rope_table_bytes: u64,
     pub weight_bytes: u64,
     pub weight_tensors: u64,
+    /// Prompt activations beyond what the runtime overhead holds (a chunk longer than the default, see
+    /// [`crate::prompt_chunk`]); charged last, out of what was free.
+    #[serde(default)]
+    pub prompt_scratch_bytes: u64,
     pub free_bytes: u64,
     pub shortfall_bytes: u64,
     /// False when the pool declares no runtime-overhead budget.
@@ -51,6 +55,7 @@ impl Ledger {
             + u128::from(self.cache_bytes)
             + u128::from(self.rope_table_bytes)
             + u128::from(self.weight_bytes)
+            + u128::from(self.prompt_scratch_bytes)
             + u128::from(self.free_bytes);
         charged == u128::from(self.capacity_bytes) + u128::from(self.shortfall_bytes)
             && (self.free_bytes == 0 || self.shortfall_bytes == 0)
@@ -219,6 +224,7 @@ pub fn admit(
             rope_table_bytes: components[4].1,
             cache_bytes: components[5].1,
             weight_tensors,
+            prompt_scratch_bytes: 0,
             free_bytes: free,
             shortfall_bytes: shortfall,
             budget_declared: pool.runtime_overhead_bytes.is_some(),
@@ -285,6 +291,7 @@ mod tests {
             rope_table_bytes: 0,
             weight_bytes: 70 - free + shortfall,
             weight_tensors: 1,
+            prompt_scratch_bytes: 0,
             free_bytes: free,
             shortfall_bytes: shortfall,
             budget_declared: true,

@@ -17,6 +17,7 @@ use crate::model::{Access, CacheBudget, LayerKind, ModelSpec, Quantization, Role
 use crate::placement::{is_decoder_layer_tensor, place, Assignment};
 use crate::predict::{predict, Prediction, Work};
 use crate::profile::DeviceProfile;
+use crate::prompt_chunk::PromptChunk;
 use crate::weight_path::{choose, WeightPath};
 use crate::workload::Workload;
 
@@ -45,6 +46,10 @@ pub struct Plan {
     pub inventory: InventorySummary,
     pub cache: CacheBudget,
     pub placement: Placement,
+    /// How many prompt tokens a step runs, and the memory that costs (absent in plans written before it was planned:
+    /// the engine's default chunk then).
+    #[serde(default)]
+    pub prompt_chunk: PromptChunk,
     /// One ledger per memory pool, TOML `[[ledger]]`.
     #[serde(rename = "ledger")]
     pub ledgers: Vec<Ledger>,
@@ -464,7 +469,7 @@ pub fn build(inputs: Inputs<'_>) -> Result<Plan, crate::error::PlanError> {
     check_pinned_offload(spec, &path, profile, workload)?;
     let fixed = cache.total_bytes.saturating_add(cache.rope_table_bytes);
     let a = place(&spec.inventory, &path, profile, workload, fixed);
-    let (ledgers, mut verdict, mut shortfall) =
+    let (mut ledgers, mut verdict, mut shortfall) =
         admit(profile, &a, cache.total_bytes, cache.rope_table_bytes);
     let vision: Vec<usize> = if workload.images {
         (0..spec.inventory.len())
@@ -491,6 +496,18 @@ pub fn build(inputs: Inputs<'_>) -> Result<Plan, crate::error::PlanError> {
     if shortfall.is_none() && refused.is_some() {
         verdict = Verdict::DoesNotFit;
         shortfall = refused;
+    }
+    // The chunk takes what the plan left free, so it is chosen after everything else and never makes a plan not fit.
+    let decode_pool = &profile.pools[a.primary].id;
+    let prompt_chunk = crate::prompt_chunk::choose(
+        spec,
+        unit,
+        workload.max_model_len,
+        ledgers.iter().find(|l| &l.pool == decode_pool),
+        verdict == Verdict::Fits,
+    );
+    if let Some(l) = ledgers.iter_mut().find(|l| &l.pool == decode_pool) {
+        crate::prompt_chunk::charge(l, &prompt_chunk);
     }
     let prefill_tokens = workload.effective_prompt_len();
     let prediction = predict(
@@ -535,6 +552,7 @@ pub fn build(inputs: Inputs<'_>) -> Result<Plan, crate::error::PlanError> {
         placement: placement_summary(spec, profile, &a),
         weight_path: path,
         cache,
+        prompt_chunk,
         ledgers,
         stages,
         // A plan that does not fit has no speed: the rates of a placement that cannot be admitted would only mislead
@@ -946,13 +964,22 @@ impl Plan {
         let _ = writeln!(s, "  memory map (GiB):");
         let _ = writeln!(
             s,
-            "    {:<10} {:>9} {:>8} {:>9} {:>8} {:>8} {:>9} {:>8} {:>9}",
-            "pool", "capacity", "taken", "overhead", "reserve", "cache", "weights", "free", "short"
+            "    {:<10} {:>9} {:>8} {:>9} {:>8} {:>8} {:>9} {:>7} {:>8} {:>9}",
+            "pool",
+            "capacity",
+            "taken",
+            "overhead",
+            "reserve",
+            "cache",
+            "weights",
+            "prompt",
+            "free",
+            "short"
         );
         for l in &self.ledgers {
             let _ = writeln!(
                 s,
-                "    {:<10} {:>9.2} {:>8.2} {:>9.2} {:>8.2} {:>8.2} {:>9.2} {:>8.2} {:>9.2}{}",
+                "    {:<10} {:>9.2} {:>8.2} {:>9.2} {:>8.2} {:>8.2} {:>9.2} {:>7.2} {:>8.2} {:>9.2}{}",
                 l.pool,
                 gib(l.capacity_bytes),
                 gib(l.taken_bytes),
@@ -960,6 +987,7 @@ impl Plan {
                 gib(l.reserve_bytes),
                 gib(l.cache_bytes.saturating_add(l.rope_table_bytes)),
                 gib(l.weight_bytes),
+                gib(l.prompt_scratch_bytes),
                 gib(l.free_bytes),
                 gib(l.shortfall_bytes),
                 if l.budget_declared {
@@ -982,6 +1010,13 @@ impl Plan {
             })
             .collect();
         let _ = writeln!(s, "  stages: {}", stages.join("; "));
+        let _ = writeln!(
+            s,
+            "  prompt chunk: {} tokens ({:.2} MiB of activations a token): {}",
+            self.prompt_chunk.tokens,
+            self.prompt_chunk.scratch_bytes_per_token as f64 / 1048576.0,
+            self.prompt_chunk.reason
+        );
         let _ = writeln!(s, "  placement: {}", self.placement.policy);
         for p in &self.placement.pools {
             let _ = writeln!(

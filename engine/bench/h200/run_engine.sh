@@ -154,7 +154,8 @@ fi
 # attention on the exact path's f32 slot kernel, EDGEFIT_FLASH_PREFILL=0), tiles (the tile GEMVs,
 # EDGEFIT_PREFILL_GEMM=0), blocking (flash with CUDA_LAUNCH_BLOCKING=1: every launch waits for its kernel, so the
 # engine's per-op profile then holds each op family's device time plus its host time, serialized), old (flash on
-# the earlier build of target-carry-old), cN (flash in prompt chunks of N tokens).
+# the earlier build of target-carry-old), cN (flash in prompt chunks of N tokens, EDGEFIT_PREFILL_CHUNK, instead
+# of the plan's chunk; c512 is the engine's default).
 if want prefill; then
   for m in ${MODELS//,/ }; do
     dir=/tmp/q27-$m
@@ -164,13 +165,13 @@ if want prefill; then
         [ $arm = tiles ] && g=0 || g=1
         [ $arm = slots ] && fl=0 || fl=1
         [ $arm = blocking ] && bl=1 || bl=0
-        # cN: flash with prompts run in chunks of N tokens (EDGEFIT_PREFILL_CHUNK) instead of the default 512.
-        chunk=512; [[ $arm =~ ^c([0-9]+)$ ]] && chunk=${BASH_REMATCH[1]}
+        # cN: flash with prompts run in chunks of N tokens (EDGEFIT_PREFILL_CHUNK); every other arm: the plan's.
+        chunk=(); [[ $arm =~ ^c([0-9]+)$ ]] && chunk=(EDGEFIT_PREFILL_CHUNK=${BASH_REMATCH[1]})
         exe="$BIN/edgefit"; [ $arm = old ] && exe="$BIN/edgefit-old"
         f="$OUT/engine_prefill_${m}_${arm}_$p.txt"
-        EDGEFIT_PREFILL_CHUNK=$chunk CUDA_LAUNCH_BLOCKING=$bl EDGEFIT_FLASH_PREFILL=$fl EDGEFIT_PREFILL_GEMM=$g timeout 300 "$exe" bench --device cuda --model "$dir" --batch 1 \
+        env "${chunk[@]}" CUDA_LAUNCH_BLOCKING=$bl EDGEFIT_FLASH_PREFILL=$fl EDGEFIT_PREFILL_GEMM=$g timeout 300 "$exe" bench --device cuda --model "$dir" --batch 1 \
           --prompt-len $p --gen 4 --max-model-len 8192 > "$f" 2>&1
-        rc=$?; status+=("prefill $m $arm pp$p: rc=$rc $(grep -E ' pp[0-9]' "$f" | tr '\n' ' ')")
+        rc=$?; status+=("prefill $m $arm pp$p: rc=$rc $(grep -E ' pp[0-9]|^prompt chunk' "$f" | tr '\n' ' ')")
       done
     done
   done

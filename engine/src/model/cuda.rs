@@ -693,9 +693,14 @@ fn keep_or_release<T>(gpu: &Gpu, keep: bool, raw: T) -> Result<Option<T>, Engine
     if keep {
         return Ok(Some(raw));
     }
-    drop(raw);
-    gpu.release_unused().map_err(kerr)?;
+    release(gpu, raw)?;
     Ok(None)
+}
+
+/// Frees `buffers` and hands their memory back to the driver at once (why: [`keep_or_release`]).
+fn release<T>(gpu: &Gpu, buffers: T) -> Result<(), EngineError> {
+    drop(buffers);
+    gpu.release_unused().map_err(kerr)
 }
 
 /// FP8 block weights with the same input, stacked by rows into one (each part's rows a whole number of 128-row
@@ -931,8 +936,8 @@ impl Placer<'_> {
         let key = (roles[0], n, k, path);
         let stage = match self.keys.get(&key) {
             Some(&i) => {
-                // Only the host copy stays: the device one goes back to the driver (see [`keep_or_release`]).
-                keep_or_release(self.gpu, false, dev)?;
+                // Only the host copy stays: the device one goes back to the driver.
+                release(self.gpu, dev)?;
                 i
             }
             None => {

@@ -8,11 +8,12 @@
 #
 # Usage (here):    engine/bench/h200/run_engine.sh prepare
 # Usage (device):  bash engine/bench/h200/run_engine.sh [STAGES]   (comma-separated: tests,sanitizer,bench,offload,
-#                  prefill,serve,ncu,nsys,trace,baseline; default tests,sanitizer,bench). baseline needs `carry: [".whl"]` (transformers 5.25,
-#                  flash-linear-attention; see engine/bench/h200/hf_baseline.py).  Env: GEN (decode steps, default 64), MODELS (fp8,nvfp4),
-#                  TESTS (test binaries), ARMS (graphs launches old nopdl nofused neither nosplit
-#                  nostack norows), PREFILL_ARMS (flash slots tiles blocking old cN), BATCHES, SERVE_ARMS
-#                  (plain invariant), SERVE_S; EDGEFIT_SMALL_PDL=0 / EDGEFIT_FUSED_CASTS=0 in the environment turn the
+#                  prefill,serve,ncu,nsys,trace,baseline; default tests,sanitizer,bench). baseline needs
+#                  `carry: [".whl"]` (transformers 5.25, flash-linear-attention; see engine/bench/h200/hf_baseline.py).
+#                  Env: GEN (decode steps, default 64), MODELS (fp8,nvfp4), TESTS (test binaries), ARMS (graphs
+#                  launches old nopdl nofused neither nosplit nostack norows), PREFILL_ARMS (flash slots tiles
+#                  blocking old cN), BATCHES, SERVE_ARMS (plain invariant), SERVE_S, TRACE_BATCH (sequences in the
+#                  traced steps, default 1); EDGEFIT_SMALL_PDL=0 / EDGEFIT_FUSED_CASTS=0 in the environment turn the
 #                  small kernels' programmatic launches / the fused bf16 inputs off for every stage (the tests too).
 # Logs: $OUT/engine_*.txt; a table last. The device tool brings back only so many files from $OUT: with several stages
 # in one call, give each its own OUT and print what matters to stdout too.
@@ -242,7 +243,7 @@ if want trace; then
       t="/tmp/engine_trace_${m}_$p.tsv"
       CUDA_INJECTION64_PATH="$BIN/libedgefit_cupti.so" EDGEFIT_CUPTI_TRACE="$t" \
         LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}" timeout 300 "$BIN/edgefit" bench --device cuda --model "$dir" \
-        --batch 1 --prompt-len "$p" --gen "${TRACE_GEN:-8}" --max-model-len 8192 > "$OUT/engine_trace_bench_${m}_$p.txt" 2>&1
+        --batch "${TRACE_BATCH:-1}" --prompt-len "$p" --gen "${TRACE_GEN:-8}" --max-model-len 8192 > "$OUT/engine_trace_bench_${m}_$p.txt" 2>&1
       rc=$?; status+=("trace $m pp$p: rc=$rc $(grep -E ' (pp|tg)[0-9]' "$OUT/engine_trace_bench_${m}_$p.txt" | tr '\n' ' ')")
       python3 engine/bench/h200/cupti_timeline.py "$t" --step-out "$OUT/engine_trace_step_${m}_$p.tsv" \
         > "$OUT/engine_trace_summary_${m}_$p.txt" 2>&1

@@ -137,13 +137,14 @@ impl Engine {
     }
 
     /// The engine on CUDA device 0: with `opts.cap`, device memory past it is held back first (the device then
-    /// behaves as a card of that size); `admit(usable device bytes)` decides before anything else is allocated
-    /// there and answers the bytes the plan needs on the device, then `model`'s weights move to the device (or, for the linears `opts.streamed` names, to pinned host
+    /// behaves as a card of that size); `admit(usable device bytes, the bytes of the caches the engine will
+    /// allocate)` decides before anything else is allocated there and answers the bytes the plan needs on the
+    /// device, then `model`'s weights move to the device (or, for the linears `opts.streamed` names, to pinned host
     /// memory) and the caches are allocated; refuses with "no CUDA device" where there is none.
     pub fn on_cuda(
         mut model: Model,
         opts: CudaOptions,
-        admit: impl FnOnce(usize) -> Result<u64, EngineError>,
+        admit: impl FnOnce(usize, u64) -> Result<u64, EngineError>,
     ) -> Result<Engine, EngineError> {
         let prefill_chunk = prefill_chunk()?;
         let gpu = kernels::cuda::Gpu::probe()
@@ -153,7 +154,8 @@ impl Engine {
             Some(cap) => CudaModel::hold_back(&gpu, cap)?,
             None => (gpu.memory_info().map_err(model::kerr)?.0 as u64, None),
         };
-        let need = admit(usize::try_from(usable).unwrap_or(usize::MAX))?;
+        let caches = model.cuda_cache_sizes(opts.slots, opts.max_len)?;
+        let need = admit(usize::try_from(usable).unwrap_or(usize::MAX), caches.bytes)?;
         let mut opts = opts;
         // The prefill GEMMs' copy of the quantized weights in the checkpoint layout, only where the device has
         // room for it beyond what the plan needs (with a GiB to spare), and never beside streamed weights.

@@ -282,8 +282,8 @@ fn load(c: &Common, max_num_seqs: u64, prompt_len: u64) -> Result<Loaded, Engine
             // them off (the benchmarks' `norows` arm).
             nvfp4_f32_rows: std::env::var("EDGEFIT_NVFP4_F32_ROWS").map_or(true, |v| v != "0"),
         };
-        Engine::on_cuda(model, opts, |free| {
-            engine::setup::admit_cuda(&plan, free as u64)
+        Engine::on_cuda(model, opts, |free, caches| {
+            engine::setup::admit_cuda(&plan, free as u64, caches)
         })?
     } else {
         Engine::new(model, slots, max_len)?

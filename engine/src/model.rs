@@ -175,6 +175,18 @@ struct Layer {
     down: Weight,
 }
 
+/// The caches the CUDA engine allocates (`CudaModel`'s per-layer state), in elements, and their bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaCacheSizes {
+    /// f32 K (and as many V) values per attention layer: every slot, every position, `kv_heads * head_dim` wide.
+    pub kv_len: usize,
+    /// f32 conv-state values per DeltaNet layer: a pair per slot (read from one half, written to the other).
+    pub conv_len: usize,
+    /// f32 recurrent-state values per DeltaNet layer.
+    pub state_len: usize,
+    pub bytes: u64,
+}
+
 /// A loaded model: weights in their planned format, ready for [`Model::forward`].
 pub struct Model {
     pub spec: ModelSpec,
@@ -397,6 +409,52 @@ fn norm_vec(ck: &Checkpoint, name: &str) -> Result<Vec<f32>, EngineError> {
 }
 
 impl Model {
+    /// The caches the CUDA engine allocates for `slots` sequences of `max_len` tokens. They are larger than the
+    /// plan's: K/V stay f32 at every position of every attention layer (sliding ones too) for the slot kernels,
+    /// where the plan budgets bf16 and a ring of `window - 1` for sliding layers, so the CUDA admission counts this
+    /// figure, not the plan's (`setup::admit_cuda`).
+    pub fn cuda_cache_sizes(
+        &self,
+        slots: usize,
+        max_len: usize,
+    ) -> Result<CudaCacheSizes, EngineError> {
+        let overflow = |what: &str| {
+            EngineError::Unsupported(format!(
+                "the {what} cache for {slots} sequences of {max_len} tokens overflows"
+            ))
+        };
+        let d = self.attn_dims;
+        let kv_len = [slots, max_len, d.kv_heads, d.head_dim]
+            .iter()
+            .try_fold(1usize, |a, &b| a.checked_mul(b))
+            .ok_or_else(|| overflow("KV"))?;
+        let (conv_len, state_len) = match self.gdn_dims {
+            Some(g) => (
+                g.conv_state_len()
+                    .checked_mul(2 * slots)
+                    .ok_or_else(|| overflow("DeltaNet"))?,
+                g.state_len()
+                    .checked_mul(slots)
+                    .ok_or_else(|| overflow("DeltaNet"))?,
+            ),
+            None => (0, 0),
+        };
+        let mut bytes = 0u128;
+        for &k in &self.spec.layers {
+            bytes += match k {
+                LayerKind::LinearAttention => 4 * (conv_len as u128 + state_len as u128),
+                LayerKind::FullAttention | LayerKind::SlidingAttention => 8 * kv_len as u128,
+            };
+        }
+        let bytes = u64::try_from(bytes).map_err(|_| overflow("whole"))?;
+        Ok(CudaCacheSizes {
+            kv_len,
+            conv_len,
+            state_len,
+            bytes,
+        })
+    }
+
     /// Converts every tensor the forward pass reads into `mode`'s weight path. `progress(done, total)` is called
     /// after each layer.
     pub fn load(

@@ -263,9 +263,12 @@ pub fn streamed_linears(plan: &Plan, ck: &Checkpoint) -> Result<Streamed, Engine
 }
 
 /// The CUDA admission: refuses a plan that does not fit by its own ledgers, or whose device pool needs more than
-/// `free` bytes (what the driver reports free now, or less under `--cap-gpu-memory`); answers the bytes it needs. Weights the plan offloads are
-/// streamed ([`streamed_linears`]); the two layers of streaming buffers come out of the pool's runtime overhead.
-pub fn admit_cuda(plan: &Plan, free: u64) -> Result<u64, EngineError> {
+/// `free` bytes (what the driver reports free now, or less under `--cap-gpu-memory`); answers the bytes it needs.
+/// The caches count at `engine_cache_bytes` (what the CUDA engine will allocate, [`crate::Model::cuda_cache_sizes`])
+/// where that is more than the plan's: its K/V are f32 at every position, the plan budgets bf16. Weights the plan
+/// offloads are streamed ([`streamed_linears`]); the two layers of streaming buffers come out of the pool's runtime
+/// overhead.
+pub fn admit_cuda(plan: &Plan, free: u64, engine_cache_bytes: u64) -> Result<u64, EngineError> {
     if plan.verdict != Verdict::Fits {
         return Err(EngineError::Plan(
             "the plan does not fit this device (see `cargo xtask plan` for its ledgers)".into(),
@@ -285,17 +288,24 @@ pub fn admit_cuda(plan: &Plan, free: u64) -> Result<u64, EngineError> {
             "the plan decodes on the host: plan it for a GPU profile (`--profile h200`)".into(),
         ));
     }
+    let caches = l
+        .cache_bytes
+        .saturating_add(l.rope_table_bytes)
+        .max(engine_cache_bytes);
     let need = l
         .weight_bytes
-        .saturating_add(l.cache_bytes)
-        .saturating_add(l.rope_table_bytes)
+        .saturating_add(caches)
         .saturating_add(l.runtime_overhead_bytes)
         .saturating_add(l.prompt_scratch_bytes);
     if need > free {
         return Err(EngineError::Plan(format!(
-            "the plan places {need} bytes in {} (weights {}, cache {}, runtime {}, prompt chunk {}) but the driver \
-             reports {free} free",
-            l.pool, l.weight_bytes, l.cache_bytes, l.runtime_overhead_bytes, l.prompt_scratch_bytes
+            "the plan places {need} bytes in {} (weights {}, caches {caches} (the plan budgets {}; the engine \
+             keeps f32 K/V), runtime {}, prompt chunk {}) but the driver reports {free} free",
+            l.pool,
+            l.weight_bytes,
+            l.cache_bytes.saturating_add(l.rope_table_bytes),
+            l.runtime_overhead_bytes,
+            l.prompt_scratch_bytes
         )));
     }
     Ok(need)
@@ -332,7 +342,7 @@ mod tests {
         assert_eq!(long.prompt_chunk.tokens, 1024);
         let scratch = long.prompt_chunk.extra_scratch_bytes;
         assert!(scratch > 0);
-        let need = admit_cuda(&long, u64::MAX).unwrap();
+        let need = admit_cuda(&long, u64::MAX, 0).unwrap();
         let l = long
             .ledgers
             .iter()
@@ -347,9 +357,56 @@ mod tests {
                 + l.runtime_overhead_bytes
                 + scratch
         );
-        admit_cuda(&long, need).unwrap();
-        let e = admit_cuda(&long, need - 1).unwrap_err().to_string();
+        admit_cuda(&long, need, 0).unwrap();
+        let e = admit_cuda(&long, need - 1, 0).unwrap_err().to_string();
         assert!(e.contains(&format!("prompt chunk {scratch}")), "{e}");
+    }
+
+    /// The CUDA engine's caches, sized on the CPU: its f32 K/V are twice the plan's bf16 ones (the planner's cache
+    /// model and the engine's dims agree), and the admission counts them where they are more than the plan's.
+    #[test]
+    fn cuda_admission_counts_the_engines_own_caches() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_5-fp8");
+        let ck = Checkpoint::open(&dir).unwrap();
+        let model = crate::Model::load(&ck, crate::WeightMode::Exact, |_, _| {}).unwrap();
+        let p = fixture_plan(None);
+        let (slots, len) = (
+            p.workload.max_num_seqs as usize,
+            p.workload.max_model_len as usize,
+        );
+        let sizes = model.cuda_cache_sizes(slots, len).unwrap();
+        let attn = model
+            .spec
+            .layers
+            .iter()
+            .filter(|&&k| k != planner::model::LayerKind::LinearAttention)
+            .count() as u64;
+        assert_eq!(
+            8 * sizes.kv_len as u64 * attn,
+            2 * p.cache.bytes_per_token_hybrid * (slots * len) as u64
+        );
+        assert!(sizes.bytes > p.cache.total_bytes, "{sizes:?}");
+        let plain = admit_cuda(&p, u64::MAX, 0).unwrap();
+        let need = admit_cuda(&p, u64::MAX, sizes.bytes).unwrap();
+        let l = p
+            .ledgers
+            .iter()
+            .find(|l| l.pool == p.device.decode_pool)
+            .unwrap();
+        assert_eq!(
+            need - plain,
+            sizes.bytes - l.cache_bytes - l.rope_table_bytes
+        );
+        let e = admit_cuda(&p, need - 1, sizes.bytes)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the engine keeps f32 K/V"), "{e}");
+        // A cache too large to count is an error, not a panic.
+        let e = model
+            .cuda_cache_sizes(usize::MAX, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("overflows"), "{e}");
     }
 
     /// The CUDA admission: a plan that fits the device's free memory is admitted, one that does not is refused
@@ -359,16 +416,16 @@ mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_5-fp8");
         let ck = Checkpoint::open(&dir).unwrap();
         let p = fixture_plan(None);
-        admit_cuda(&p, u64::MAX).unwrap();
+        admit_cuda(&p, u64::MAX, 0).unwrap();
         assert!(streamed_linears(&p, &ck).unwrap().is_empty());
-        let e = admit_cuda(&p, 1).unwrap_err().to_string();
+        let e = admit_cuda(&p, 1, 0).unwrap_err().to_string();
         assert!(e.contains("the driver reports 1 free"), "{e}");
         let off = fixture_plan(Some(1 << 16));
         assert!(
             off.placement.offloaded_bytes > 0,
             "the workload asked for an offload"
         );
-        admit_cuda(&off, u64::MAX).unwrap();
+        admit_cuda(&off, u64::MAX, 0).unwrap();
         let s = streamed_linears(&off, &ck).unwrap();
         // Decoder layers move in checkpoint order: layer 0 first, and each module of a streamed layer is named.
         assert!(s.iter().any(|&(l, _)| l == 0), "{s:?}");

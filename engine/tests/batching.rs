@@ -42,7 +42,7 @@ fn engine_with(name: &str, slots: usize, device: Device, precise: bool, invarian
                 batch_invariant: invariant,
                 ..Default::default()
             },
-            |_| Ok(0),
+            |_, _| Ok(0),
         )
         .unwrap(),
     }

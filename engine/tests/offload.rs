@@ -54,7 +54,7 @@ fn run(dir: &Path, offload: Option<u64>) -> (Vec<Vec<f32>>, usize) {
         flash_prefill_attention: false,
         ..Default::default()
     };
-    let mut e = Engine::on_cuda(model, opts, |_| Ok(0)).unwrap();
+    let mut e = Engine::on_cuda(model, opts, |_, _| Ok(0)).unwrap();
     let vocab = e.model.vocab() as u32;
     let prompt: Vec<u32> = (0..19u32).map(|i| (i * 37 + 5) % vocab).collect();
     let mut out = Vec::new();

@@ -80,7 +80,7 @@ fn cuda_engine(model: Model, precise: bool, gemm: bool) -> Engine {
         gemm_copies: gemm,
         ..Default::default()
     };
-    Engine::on_cuda(model, opts, |_| Ok(0)).unwrap()
+    Engine::on_cuda(model, opts, |_, _| Ok(0)).unwrap()
 }
 
 struct Outcome {

@@ -43,7 +43,7 @@ use crate::Draw;
 use kernels::ops::{GatedAct, NormWeight};
 use planner::model::{Activation, OutputGate};
 
-use super::{kerr, Embedding, GateUp, Mixer, Model, Qkv, Step, Table};
+use super::{kerr, CudaCacheSizes, Embedding, GateUp, Mixer, Model, Qkv, Step, Table};
 use crate::profile::{self, Op};
 use crate::setup::{LinearRole, Streamed};
 use crate::EngineError;
@@ -1085,6 +1085,8 @@ impl CudaModel {
     ) -> Result<CudaModel, EngineError> {
         use LinearRole as R;
         let (slots, max_len, precise) = (opts.slots, opts.max_len, opts.precise);
+        // Sized first: a cache that overflows is refused before anything is uploaded.
+        let cache_sizes = model.cuda_cache_sizes(slots, max_len)?;
         trace_memory(&gpu, format_args!("before the weights"));
         let mut pl = Placer {
             gpu: &gpu,
@@ -1323,7 +1325,7 @@ impl CudaModel {
             w,
         };
         trace_memory(&m.w.gpu, format_args!("scratch and streams"));
-        m.alloc_caches(slots)?;
+        m.alloc_caches(cache_sizes)?;
         trace_memory(&m.w.gpu, format_args!("caches"));
         Ok(m)
     }
@@ -1333,46 +1335,30 @@ impl CudaModel {
         trace_memory(&self.w.gpu, what);
     }
 
-    fn alloc_caches(&mut self, slots: usize) -> Result<(), EngineError> {
+    /// The per-layer caches, of the sizes [`Model::cuda_cache_sizes`] gave the admission.
+    fn alloc_caches(&mut self, sizes: CudaCacheSizes) -> Result<(), EngineError> {
         let gpu = &self.w.gpu;
-        let d = self.w.attn_dims;
-        let kvw = d.kv_heads * d.head_dim;
-        let kv_len = [slots, self.max_len, kvw]
-            .iter()
-            .try_fold(1usize, |a, &b| a.checked_mul(b))
-            .ok_or_else(|| EngineError::Unsupported("the KV cache size overflows".into()))?;
-        let mut bytes = 0u64;
         let mut zeros_len = 1;
         for l in &self.w.layers {
             let s = match &l.mixer {
-                GMixer::Attn(_) => {
-                    bytes += 8 * kv_len as u64;
-                    LayerState::Attn {
-                        k: gpu.zeros(kv_len).map_err(kerr)?,
-                        v: gpu.zeros(kv_len).map_err(kerr)?,
-                    }
-                }
+                GMixer::Attn(_) => LayerState::Attn {
+                    k: gpu.zeros(sizes.kv_len).map_err(kerr)?,
+                    v: gpu.zeros(sizes.kv_len).map_err(kerr)?,
+                },
                 GMixer::Gdn(_) => {
                     let g = self.w.gdn_dims.ok_or_else(|| {
                         EngineError::Unsupported("GDN layer without geometry".into())
                     })?;
-                    let (cl, sl) = (g.conv_state_len(), g.state_len());
-                    let len = |per: usize| {
-                        per.checked_mul(slots).ok_or_else(|| {
-                            EngineError::Unsupported("the DeltaNet cache size overflows".into())
-                        })
-                    };
-                    bytes += 4 * (len(2 * cl)? + len(sl)?) as u64;
-                    zeros_len = zeros_len.max(2 * cl).max(sl);
+                    zeros_len = zeros_len.max(2 * g.conv_state_len()).max(g.state_len());
                     LayerState::Gdn {
-                        conv: gpu.zeros(len(2 * cl)?).map_err(kerr)?,
-                        state: gpu.zeros(len(sl)?).map_err(kerr)?,
+                        conv: gpu.zeros(sizes.conv_len).map_err(kerr)?,
+                        state: gpu.zeros(sizes.state_len).map_err(kerr)?,
                     }
                 }
             };
             self.state.push(s);
         }
-        self.cache_bytes = bytes;
+        self.cache_bytes = sizes.bytes;
         self.zeros = gpu.zeros(zeros_len).map_err(kerr)?;
         Ok(())
     }

@@ -64,7 +64,7 @@ pub(crate) fn cuda_engine(
 ) -> Result<engine::Engine, engine::EngineError> {
     let ck = engine::checkpoint::Checkpoint::open(dir)?;
     let model = engine::Model::load(&ck, engine::WeightMode::Exact, |_, _| {})?;
-    engine::Engine::on_cuda(model, opts, |_| Ok(0))
+    engine::Engine::on_cuda(model, opts, |_, _| Ok(0))
 }
 
 /// `n` token ids below `vocab`, spread by a multiplicative hash salted with `salt`.

@@ -4,7 +4,8 @@
 //!
 //! The model side lives in [`model`]; the device side is [`profile`] (measured facts), [`workload`],
 //! [`weight_path`] (format + kernel per device), [`placement`] (every tensor in exactly one pool), [`admission`]
-//! (ledgers and the verdict), [`prompt_chunk`] (the prompt's step size and its memory), [`predict`] (decode/prefill rates and the bound) and [`plan`] (the serialized plan).
+//! (ledgers and the verdict), [`prompt_chunk`] (the prompt's step size and its memory), [`predict`] (decode/prefill
+//! rates and the bound) and [`plan`] (the serialized plan).
 
 // Input errors carry their file's text and a span so miette can show the offending line; they are built once, on
 // the failure path, so a large `Err` variant costs nothing that matters and boxing would only add noise.

@@ -54,7 +54,7 @@ impl Default for PromptChunk {
 /// An upper estimate of the activation bytes one prompt token takes on the GPU engine: per layer type, every
 /// linear's output in f32 twice (the stacked projection and the copy it is split or activated into) and its input
 /// three bytes a value (the bf16 cast and the FP8 quantization the GEMM reads), the MLP once (every layer type
-/// shares its widths, and the engine's scratch pool keeps one buffer per length), plus [`HIDDEN_STREAMS`] f32 hidden
+/// shares its widths, and the engine's scratch pool keeps one buffer per length), plus four f32 hidden
 /// rows. Routed experts count `experts_per_token` of them. On the 27B FP8 geometry this gives 0.91 MiB against the
 /// 0.69-0.72 MiB a token the engine's free memory showed at chunks of 512 to 2048.
 pub fn scratch_bytes_per_token(spec: &ModelSpec) -> u64 {

@@ -885,14 +885,87 @@ impl Plan {
 
     /// Read a plan back (round-trip, or a plan handed to the engine).
     pub fn from_toml(path: &str, text: &str) -> Result<Self, crate::error::InputError> {
-        toml::from_str(text).map_err(|e| {
+        let plan: Plan = toml::from_str(text).map_err(|e| {
             crate::error::InputError::new(
                 path,
                 text,
                 format!("invalid plan: {}", e.message().trim()),
             )
             .at(e.span(), "here")
-        })
+        })?;
+        plan.check_accounts(path, text)?;
+        Ok(plan)
+    }
+
+    /// A plan read back must keep the accounts the planner wrote: the engine sizes its prompt chunk and its
+    /// admission from them, so a hand edit that runs a longer chunk than the ledger charges, or a ledger that no
+    /// longer adds up, is refused here, pointing at the section to re-plan.
+    fn check_accounts(&self, path: &str, text: &str) -> Result<(), crate::error::InputError> {
+        let section = |name: &str| {
+            let head = format!("[{name}]");
+            let mut at = 0;
+            for line in text.split_inclusive('\n') {
+                if line.trim_end() == head {
+                    return Some(at..at + head.len());
+                }
+                at += line.len();
+            }
+            None
+        };
+        let err = |msg: String, name: &str| {
+            crate::error::InputError::new(path, text, msg)
+                .at(section(name), "re-plan rather than edit this")
+        };
+        let c = &self.prompt_chunk;
+        let needed = c
+            .tokens
+            .saturating_sub(crate::prompt_chunk::BASE_TOKENS)
+            .checked_mul(c.scratch_bytes_per_token);
+        if c.tokens == 0 || needed.is_none_or(|n| n > c.extra_scratch_bytes) {
+            return Err(err(
+                format!(
+                    "invalid plan: [prompt_chunk] runs {} tokens of {} bytes each beyond the first {} but charges {} \
+                     bytes: a chunk is at least 1 token, and its extra_scratch_bytes cover \
+                     (tokens - {}) x scratch_bytes_per_token",
+                    c.tokens,
+                    c.scratch_bytes_per_token,
+                    crate::prompt_chunk::BASE_TOKENS,
+                    c.extra_scratch_bytes,
+                    crate::prompt_chunk::BASE_TOKENS
+                ),
+                "prompt_chunk",
+            ));
+        }
+        let charged = self
+            .ledgers
+            .iter()
+            .find(|l| l.pool == self.device.decode_pool)
+            .map_or(0, |l| l.prompt_scratch_bytes);
+        if charged < c.extra_scratch_bytes {
+            return Err(err(
+                format!(
+                    "invalid plan: [prompt_chunk] needs {} bytes beyond the runtime overhead but the `{}` ledger \
+                     charges {charged} (prompt_scratch_bytes)",
+                    c.extra_scratch_bytes, self.device.decode_pool
+                ),
+                "prompt_chunk",
+            ));
+        }
+        if let Some(l) = self.ledgers.iter().find(|l| !l.adds_up()) {
+            let head = format!("[[ledger]]\npool = \"{}\"", l.pool);
+            let span = text.find(&head).map(|at| at..at + head.len());
+            return Err(crate::error::InputError::new(
+                path,
+                text,
+                format!(
+                    "invalid plan: the `{}` ledger does not add up (taken + overhead + reserve + cache + RoPE \
+                     tables + weights + prompt scratch + free must equal capacity + shortfall)",
+                    l.pool
+                ),
+            )
+            .at(span, "re-plan rather than edit this"));
+        }
+        Ok(())
     }
 
     /// A readable summary: verdict, the memory map per pool, the bottleneck, the prediction.

@@ -130,7 +130,9 @@ fn the_chunk_halves_to_what_is_free() {
 /// A plan written before the chunk was planned still parses, and runs the engine's default chunk.
 #[test]
 fn a_plan_without_a_chunk_reads_as_the_default() {
-    let p = plan("qwen3.8-27b-fp8", "h200", &Workload::default());
+    // A plan of the default chunk charges nothing, so without the new lines it is what the planner wrote before.
+    let p = plan("qwen3.8-27b-fp8", "ryzen-5090", &Workload::default());
+    assert_eq!(p.prompt_chunk.extra_scratch_bytes, 0);
     let text = p.to_toml().unwrap();
     let mut old = String::new();
     let mut skip = false;
@@ -147,4 +149,39 @@ fn a_plan_without_a_chunk_reads_as_the_default() {
     let back = Plan::from_toml("old.toml", &old).unwrap();
     assert_eq!(back.prompt_chunk.tokens, BASE_TOKENS);
     assert!(back.ledgers.iter().all(|l| l.prompt_scratch_bytes == 0));
+}
+
+/// A hand edit that runs a longer chunk than the ledger charges, or breaks a ledger's sum, is refused on reading,
+/// pointing at the line to re-plan.
+#[test]
+fn a_hand_edited_chunk_or_ledger_is_refused_with_its_line() {
+    let p = plan("qwen3.8-27b-fp8", "h200", &Workload::default());
+    let text = p.to_toml().unwrap();
+    let line_of = |t: &str, l: &str| t.lines().position(|x| x == l).unwrap() + 1;
+    // Longer than what was charged.
+    let longer = text.replacen("tokens = 2048", "tokens = 4096", 1);
+    let e = Plan::from_toml("p.toml", &longer).unwrap_err();
+    assert_eq!(e.line(), Some(line_of(&longer, "[prompt_chunk]")));
+    assert!(e.message.contains("4096 tokens"), "{}", e.message);
+    // Zero tokens.
+    let zero = text.replacen("tokens = 2048", "tokens = 0", 1);
+    assert!(Plan::from_toml("p.toml", &zero).is_err());
+    // A chunk the ledger does not charge.
+    let l = decode_ledger(&p);
+    let uncharged = text.replacen(
+        &format!("prompt_scratch_bytes = {}", l.prompt_scratch_bytes),
+        "prompt_scratch_bytes = 0",
+        1,
+    );
+    let e = Plan::from_toml("p.toml", &uncharged).unwrap_err();
+    assert!(e.message.contains("prompt_scratch_bytes"), "{}", e.message);
+    // A ledger that no longer adds up: the free bytes of the decode pool edited.
+    let edited = text.replacen(
+        &format!("free_bytes = {}", l.free_bytes),
+        &format!("free_bytes = {}", l.free_bytes + 1),
+        1,
+    );
+    let e = Plan::from_toml("p.toml", &edited).unwrap_err();
+    assert!(e.message.contains("does not add up"), "{}", e.message);
+    assert_eq!(e.line(), Some(line_of(&edited, "[[ledger]]")));
 }

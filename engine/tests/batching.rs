@@ -4,7 +4,7 @@
 //! report their AVX-512 builds.
 
 mod common;
-use common::{cuda_here, rel_max_err};
+use common::{cuda_here, rel_err};
 use std::path::Path;
 
 use engine::checkpoint::Checkpoint;
@@ -237,7 +237,7 @@ fn prompt_in_chunks(device: Device, bound: f32) {
         for piece in [&p[..30], &p[30..31], &p[31..]] {
             got = parts.step(&[(c, piece)]).unwrap().remove(0);
         }
-        let err = rel_max_err(&got, &want);
+        let err = rel_err(&got, &want);
         assert!(
             err < bound,
             "{name} on {device:?}: chunked prompt logits differ by {err:.2e} of the largest"

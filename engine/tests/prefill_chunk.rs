@@ -4,7 +4,7 @@
 //! variable of the whole process that every engine made meanwhile would read.
 
 mod common;
-use common::{fixtures_root, rel_max_err};
+use common::{fixtures_root, rel_err};
 
 use engine::checkpoint::Checkpoint;
 use engine::{Engine, EngineError, Model, WeightMode};
@@ -48,7 +48,7 @@ fn a_chunk_from_the_environment_runs_and_a_bad_one_is_refused() {
         let want = logits(name, &prompt);
         set("7");
         let got = logits(name, &prompt);
-        let err = rel_max_err(&got, &want);
+        let err = rel_err(&got, &want);
         assert!(
             err < 1e-4,
             "{name}: chunks of 7 differ by {err:.2e} of the largest logit"
@@ -65,7 +65,7 @@ fn a_chunk_from_the_environment_runs_and_a_bad_one_is_refused() {
     assert_eq!(planned.prefill_chunk(), 5);
     let s = planned.join().unwrap();
     let got = planned.step(&[(s, &prompt[..])]).unwrap().remove(0);
-    let err = rel_max_err(&got, &want);
+    let err = rel_err(&got, &want);
     assert!(err < 1e-4, "the plan's chunks of 5 differ by {err:.2e}");
     let e = engine("qwen3_5-f32").unwrap().with_planned_chunk(0).err();
     assert!(

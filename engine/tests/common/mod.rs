@@ -75,22 +75,12 @@ pub(crate) fn tokens(n: usize, salt: u32, vocab: u32) -> Vec<u32> {
         .collect()
 }
 
-/// max |a - b| / max |b|.
+/// max |a - b| / max |b|: the largest difference over the reference's largest magnitude.
 #[allow(dead_code)]
 pub(crate) fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     a.iter()
         .zip(b)
         .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
-        / scale
-}
-
-/// The largest difference between `got` and `want`, over the largest magnitude in `want`.
-#[allow(dead_code)] // the binaries that compare logits
-pub(crate) fn rel_max_err(got: &[f32], want: &[f32]) -> f32 {
-    let scale = want.iter().fold(0.0f32, |a, x| a.max(x.abs()));
-    got.iter()
-        .zip(want)
-        .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()))
         / scale
 }

@@ -274,11 +274,7 @@ pub fn admit_cuda(plan: &Plan, free: u64, engine_cache_bytes: u64) -> Result<u64
             "the plan does not fit this device (see `cargo xtask plan` for its ledgers)".into(),
         ));
     }
-    let Some(l) = plan
-        .ledgers
-        .iter()
-        .find(|l| l.pool == plan.device.decode_pool)
-    else {
+    let Some(l) = plan.decode_ledger() else {
         return Err(EngineError::Plan(
             "the plan has no device pool: plan it for a GPU profile (`--profile h200`)".into(),
         ));
@@ -343,11 +339,7 @@ mod tests {
         let scratch = long.prompt_chunk.extra_scratch_bytes;
         assert!(scratch > 0);
         let need = admit_cuda(&long, u64::MAX, 0).unwrap();
-        let l = long
-            .ledgers
-            .iter()
-            .find(|l| l.pool == long.device.decode_pool)
-            .unwrap();
+        let l = long.decode_ledger().unwrap();
         assert_eq!(l.prompt_scratch_bytes, scratch);
         assert_eq!(
             need,
@@ -388,11 +380,7 @@ mod tests {
         assert!(sizes.bytes > p.cache.total_bytes, "{sizes:?}");
         let plain = admit_cuda(&p, u64::MAX, 0).unwrap();
         let need = admit_cuda(&p, u64::MAX, sizes.bytes).unwrap();
-        let l = p
-            .ledgers
-            .iter()
-            .find(|l| l.pool == p.device.decode_pool)
-            .unwrap();
+        let l = p.decode_ledger().unwrap();
         assert_eq!(
             need - plain,
             sizes.bytes - l.cache_bytes - l.rope_table_bytes

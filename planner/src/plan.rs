@@ -498,16 +498,18 @@ pub fn build(inputs: Inputs<'_>) -> Result<Plan, crate::error::PlanError> {
         shortfall = refused;
     }
     // The chunk takes what the plan left free, so it is chosen after everything else and never makes a plan not fit.
-    let decode_pool = &profile.pools[a.primary].id;
+    let decode = ledgers
+        .iter()
+        .position(|l| l.pool == profile.pools[a.primary].id);
     let prompt_chunk = crate::prompt_chunk::choose(
         spec,
         unit,
         workload.max_model_len,
-        ledgers.iter().find(|l| &l.pool == decode_pool),
+        decode.map(|i| &ledgers[i]),
         verdict == Verdict::Fits,
     );
-    if let Some(l) = ledgers.iter_mut().find(|l| &l.pool == decode_pool) {
-        crate::prompt_chunk::charge(l, &prompt_chunk);
+    if let Some(i) = decode {
+        crate::prompt_chunk::charge(&mut ledgers[i], &prompt_chunk);
     }
     let prefill_tokens = workload.effective_prompt_len();
     let prediction = predict(
@@ -897,25 +899,23 @@ impl Plan {
         Ok(plan)
     }
 
+    /// The ledger of the pool decode reads (every plan has one: admission writes a ledger per pool).
+    pub fn decode_ledger(&self) -> Option<&Ledger> {
+        self.ledgers
+            .iter()
+            .find(|l| l.pool == self.device.decode_pool)
+    }
+
     /// A plan read back must keep the accounts the planner wrote: the engine sizes its prompt chunk and its
     /// admission from them, so a hand edit that runs a longer chunk than the ledger charges, or a ledger that no
-    /// longer adds up, is refused here, pointing at the section to re-plan.
+    /// longer adds up, is refused here, pointing at the table to re-plan.
     fn check_accounts(&self, path: &str, text: &str) -> Result<(), crate::error::InputError> {
-        let section = |name: &str| {
-            let head = format!("[{name}]");
-            let mut at = 0;
-            for line in text.split_inclusive('\n') {
-                if line.trim_end() == head {
-                    return Some(at..at + head.len());
-                }
-                at += line.len();
-            }
-            None
-        };
-        let err = |msg: String, name: &str| {
+        use crate::profile::{span_of, Seg};
+        let err = |msg: String, at: &[Seg]| {
             crate::error::InputError::new(path, text, msg)
-                .at(section(name), "re-plan rather than edit this")
+                .at(span_of(text, at), "re-plan rather than edit this")
         };
+        let chunk = [Seg::Key("prompt_chunk")];
         let c = &self.prompt_chunk;
         let needed = c
             .tokens
@@ -933,14 +933,10 @@ impl Plan {
                     c.extra_scratch_bytes,
                     crate::prompt_chunk::BASE_TOKENS
                 ),
-                "prompt_chunk",
+                &chunk,
             ));
         }
-        let charged = self
-            .ledgers
-            .iter()
-            .find(|l| l.pool == self.device.decode_pool)
-            .map_or(0, |l| l.prompt_scratch_bytes);
+        let charged = self.decode_ledger().map_or(0, |l| l.prompt_scratch_bytes);
         if charged < c.extra_scratch_bytes {
             return Err(err(
                 format!(
@@ -948,22 +944,18 @@ impl Plan {
                      charges {charged} (prompt_scratch_bytes)",
                     c.extra_scratch_bytes, self.device.decode_pool
                 ),
-                "prompt_chunk",
+                &chunk,
             ));
         }
-        if let Some(l) = self.ledgers.iter().find(|l| !l.adds_up()) {
-            let head = format!("[[ledger]]\npool = \"{}\"", l.pool);
-            let span = text.find(&head).map(|at| at..at + head.len());
-            return Err(crate::error::InputError::new(
-                path,
-                text,
+        if let Some((i, l)) = self.ledgers.iter().enumerate().find(|(_, l)| !l.adds_up()) {
+            return Err(err(
                 format!(
                     "invalid plan: the `{}` ledger does not add up (taken + overhead + reserve + cache + RoPE \
                      tables + weights + prompt scratch + free must equal capacity + shortfall)",
                     l.pool
                 ),
-            )
-            .at(span, "re-plan rather than edit this"));
+                &[Seg::Key("ledger"), Seg::Index(i)],
+            ));
         }
         Ok(())
     }

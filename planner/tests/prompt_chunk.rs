@@ -8,9 +8,7 @@ use planner::prompt_chunk::{choose, scratch_bytes_per_token, BASE_TOKENS, MAX_TO
 use planner::{Plan, Workload};
 
 fn decode_ledger(p: &Plan) -> &Ledger {
-    p.ledgers
-        .iter()
-        .find(|l| l.pool == p.device.decode_pool)
+    p.decode_ledger()
         .expect("a plan has its decode pool's ledger")
 }
 
